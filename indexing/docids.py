@@ -1,0 +1,46 @@
+"""``docids.tsv``: one line per document, ``doc_id<TAB>code`` with code ``12-3-27`` (positions from the root)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from gdr.io import atomic_write_text
+
+__all__ = ["format_code", "parse_code", "write_docids", "read_docids"]
+
+
+def format_code(code: Sequence[int]) -> str:
+    return "-".join(str(int(c)) for c in code)
+
+
+def parse_code(s: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in s.split("-"))
+
+
+def write_docids(path: str | os.PathLike, doc_ids: Sequence[str], codes: Sequence[Sequence[int]]) -> None:
+    if len(doc_ids) != len(codes):
+        raise ValueError(f"{len(doc_ids)} doc ids but {len(codes)} codes")
+    atomic_write_text(path, "".join(f"{d}\t{format_code(c)}\n" for d, c in zip(doc_ids, codes)))
+
+
+def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...]]]:
+    """Read ``docids.tsv``; a malformed line raises an error naming the file and line."""
+    doc_ids, codes = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2:
+                raise ValueError(f"{path}:{lineno}: expected `doc_id<TAB>code`, got {line[:80]!r}")
+            try:
+                code = parse_code(parts[1])
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: code {parts[1]!r} is not dash-separated integers") from None
+            if any(c < 0 for c in code):
+                raise ValueError(f"{path}:{lineno}: negative position in code {parts[1]!r}")
+            doc_ids.append(parts[0])
+            codes.append(code)
+    return doc_ids, codes
