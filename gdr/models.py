@@ -56,6 +56,11 @@ def _convert_smollm2() -> Path:
     tok = AutoTokenizer.from_pretrained(str(src), gguf_file=ggufs[0].name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
+    # The GGUF weights are dequantized to float on load; drop the quantizer marker so the
+    # model saves as a plain checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)

@@ -1,0 +1,63 @@
+"""BM25 reference (``bm25s``) on the same corpus and queries as the generative retriever."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from eval.retrieval import Run
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BM25Result", "bm25_search", "bm25_run"]
+
+
+@dataclass
+class BM25Result:
+    """doc_idx : int64 (n_queries, k) document indices best first, -1 where fewer matched
+    scores : float32 (n_queries, k), BM25 scores (-inf where doc_idx = -1)"""
+
+    doc_idx: np.ndarray
+    scores: np.ndarray
+
+
+def bm25_search(doc_texts: Sequence[str], queries: Sequence[str], k: int = 100, k1: float = 1.5,
+                b: float = 0.75, stopwords: str | None = "en", show_progress: bool = False) -> BM25Result:
+    """Top-k BM25 documents per query (Lucene variant, no stemming).
+
+    Documents that share no term with a query (score 0) are dropped from its list.
+    """
+    import bm25s
+
+    if not doc_texts:
+        raise ValueError("BM25 needs at least one document")
+    retriever = bm25s.BM25(k1=k1, b=b)
+    retriever.index(bm25s.tokenize(list(doc_texts), stopwords=stopwords, show_progress=show_progress),
+                    show_progress=show_progress)
+    q_tok = bm25s.tokenize(list(queries), stopwords=stopwords, return_ids=False, show_progress=show_progress)
+    kk = min(k, len(doc_texts))
+    docs, scores = retriever.retrieve(q_tok, k=kk, show_progress=show_progress)
+    docs = np.asarray(docs, dtype=np.int64)
+    scores = np.asarray(scores, dtype=np.float32)
+    keep = scores > 0
+    docs = np.where(keep, docs, -1)
+    scores = np.where(keep, scores, -np.inf).astype(np.float32)
+    if kk < k:
+        docs = np.pad(docs, ((0, 0), (0, k - kk)), constant_values=-1)
+        scores = np.pad(scores, ((0, 0), (0, k - kk)), constant_values=-np.inf)
+    return BM25Result(docs, scores)
+
+
+def bm25_run(doc_ids: Sequence[str], doc_texts: Sequence[str], qids: Sequence[str], queries: Sequence[str],
+             k: int = 100, **kw) -> Run:
+    """BM25 results as a :class:`~eval.retrieval.Run`."""
+    res = bm25_search(doc_texts, queries, k=k, **kw)
+    ids = np.asarray(list(doc_ids), dtype=object)
+    out_docs, out_scores = [], []
+    for d, s in zip(res.doc_idx, res.scores):
+        m = d >= 0
+        out_docs.append(ids[d[m]].tolist())
+        out_scores.append(s[m].astype(float).tolist())
+    return Run(list(qids), out_docs, out_scores)

@@ -1,0 +1,204 @@
+"""Retrieval metrics, TREC run files and qrels.
+
+Definitions (the GDR convention of NCI/BMI and the seed paper):
+
+- **Recall@k** (hit@k, ``ir_measures``' ``Success@k``): the fraction of evaluated queries with at
+  least one relevant document among the top ``k`` results.
+- **MRR@100** (``RR@100``): the mean over evaluated queries of ``1 / r``, where ``r`` is the rank of
+  the first relevant result, and 0 if there is none in the top 100.
+
+Evaluated queries are those with at least one relevant document in the qrels; a query of the qrels
+absent from the run counts as a miss. A *rank* is normally the 1-based position in the ranked list;
+a generative retriever gives one rank per *docid*, so documents that share a docid share its rank
+(:class:`Run` carries explicit ranks for that case). Everything is computed on arrays: the run as
+an int matrix of document indices (n_queries, depth), ranks the same shape.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from gdr.io import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Run", "RetrievalMetrics", "first_relevant_rank", "metrics_from_ranks", "evaluate_run",
+    "write_trec_run", "write_qrels", "read_trec_run", "markdown_table",
+]
+
+
+@dataclass
+class Run:
+    """Ranked results per query, best first.
+
+    qids : n_queries query ids
+    doc_ids : per query, the ranked document ids
+    scores : per query, the scores (same lengths as doc_ids)
+    ranks : per query, 1-based ranks; None means position + 1. Documents sharing a docid share a rank.
+    """
+
+    qids: list[str]
+    doc_ids: list[list[str]]
+    scores: list[list[float]]
+    ranks: list[list[int]] | None = None
+
+    def __post_init__(self):
+        if not (len(self.qids) == len(self.doc_ids) == len(self.scores)):
+            raise ValueError(f"run has {len(self.qids)} qids, {len(self.doc_ids)} result lists, "
+                             f"{len(self.scores)} score lists; they must match")
+        if self.ranks is not None and len(self.ranks) != len(self.qids):
+            raise ValueError(f"run has {len(self.qids)} qids but {len(self.ranks)} rank lists")
+
+    def rank_lists(self) -> list[Sequence[int]]:
+        if self.ranks is not None:
+            return self.ranks
+        return [range(1, len(d) + 1) for d in self.doc_ids]
+
+
+@dataclass
+class RetrievalMetrics:
+    """Recall@k (hit@k) for each k and MRR@mrr_depth over ``n_queries`` evaluated queries."""
+
+    n_queries: int
+    recall: dict[int, float]
+    mrr: float
+    mrr_depth: int = 100
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {f"recall@{k}": v for k, v in self.recall.items()}
+        out[f"mrr@{self.mrr_depth}"] = self.mrr
+        out.update(self.extra)
+        out["n_queries"] = self.n_queries
+        return out
+
+
+def first_relevant_rank(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.ndarray, rel_doc: np.ndarray) -> np.ndarray:
+    """Rank of the first relevant result of each query; 0 if none.
+
+    Parameters
+    ----------
+    doc_idx : int array of shape (n_queries, depth), document indices best first, -1 = padding
+    ranks : int array of shape (n_queries, depth), 1-based rank of each entry
+    rel_query, rel_doc : int arrays of shape (n_rel,), the relevant (query, document) pairs
+
+    Returns int64 array of shape (n_queries,).
+    """
+    n_q, depth = doc_idx.shape
+    n_docs = int(max(doc_idx.max(initial=-1), rel_doc.max(initial=-1))) + 1
+    key = np.arange(n_q, dtype=np.int64)[:, None] * n_docs + doc_idx  # (n_q, depth)
+    hits = np.isin(key, rel_query.astype(np.int64) * n_docs + rel_doc) & (doc_idx >= 0)
+    r = np.where(hits, ranks, np.iinfo(np.int64).max).min(axis=1) if depth else np.full(n_q, np.iinfo(np.int64).max)
+    return np.where(r == np.iinfo(np.int64).max, 0, r).astype(np.int64)
+
+
+def metrics_from_ranks(first_rank: np.ndarray, ks: Sequence[int] = (1, 10, 100), mrr_depth: int = 100) -> RetrievalMetrics:
+    """Recall@k and MRR@mrr_depth from first-relevant ranks of shape (n_queries,) (0 = not found)."""
+    r = np.asarray(first_rank, dtype=np.int64)
+    found = r > 0
+    n = len(r)
+    if n == 0:
+        return RetrievalMetrics(0, {k: float("nan") for k in ks}, float("nan"), mrr_depth)
+    recall = {int(k): float(np.mean(found & (r <= k))) for k in ks}
+    rr = np.where(found & (r <= mrr_depth), 1.0 / np.maximum(r, 1), 0.0)
+    return RetrievalMetrics(n, recall, float(rr.mean()), mrr_depth)
+
+
+def _qrels_pairs(qrels: Mapping[str, Iterable[str]]) -> tuple[list[str], list[str]]:
+    qs, ds = [], []
+    for q, docs in qrels.items():
+        for d in docs:
+            qs.append(q)
+            ds.append(d)
+    return qs, ds
+
+
+def evaluate_run(run: Run, qrels: Mapping[str, Iterable[str]], ks: Sequence[int] = (1, 10, 100),
+                 mrr_depth: int = 100) -> tuple[RetrievalMetrics, dict[str, int]]:
+    """Evaluate ``run`` against ``qrels`` (qid -> relevant doc ids).
+
+    Returns the metrics and, per evaluated qid, the rank of its first relevant result (0 = none).
+    """
+    qrels = {q: list(ds) for q, ds in qrels.items() if len(list(ds))}
+    eval_q = list(qrels)
+    if not eval_q:
+        raise ValueError("no query has a relevant document; nothing to evaluate")
+    run_pos = {q: i for i, q in enumerate(run.qids)}
+    missing = [q for q in eval_q if q not in run_pos]
+    if missing:
+        log.warning("%d of %d evaluated queries are missing from the run (counted as misses), e.g. %s",
+                    len(missing), len(eval_q), missing[:3])
+    depth = max((len(run.doc_ids[run_pos[q]]) for q in eval_q if q in run_pos), default=0)
+    rank_lists = run.rank_lists()
+    # one vocabulary of doc ids for run and qrels, built by np.unique (vectorised)
+    rq, rd = _qrels_pairs(qrels)
+    run_docs = [d for q in eval_q if q in run_pos for d in run.doc_ids[run_pos[q]]]
+    vocab, inv = np.unique(np.asarray(run_docs + rd, dtype=object).astype(str), return_inverse=True)
+    run_inv, rel_inv = inv[: len(run_docs)], inv[len(run_docs):]
+    doc_idx = np.full((len(eval_q), depth), -1, dtype=np.int64)
+    ranks = np.zeros((len(eval_q), depth), dtype=np.int64)
+    lens = np.array([len(run.doc_ids[run_pos[q]]) if q in run_pos else 0 for q in eval_q], dtype=np.int64)
+    rows = np.repeat(np.arange(len(eval_q)), lens)
+    cols = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+    doc_idx[rows, cols] = run_inv
+    ranks[rows, cols] = np.fromiter((r for q in eval_q if q in run_pos for r in rank_lists[run_pos[q]]),
+                                    dtype=np.int64, count=int(lens.sum()))
+    qpos = {q: i for i, q in enumerate(eval_q)}
+    rel_query = np.fromiter((qpos[q] for q in rq), dtype=np.int64, count=len(rq))
+    first = first_relevant_rank(doc_idx, ranks, rel_query, rel_inv.astype(np.int64))
+    return metrics_from_ranks(first, ks, mrr_depth), dict(zip(eval_q, first.tolist()))
+
+
+def write_trec_run(path: str | os.PathLike, run: Run, tag: str = "gdr", depth: int = 100) -> None:
+    """TREC run file: ``qid Q0 docid rank score tag``, the top ``depth`` entries of each query.
+
+    Ranks are positions (1, 2, ...) as TREC requires; documents sharing a docid carry equal scores.
+    """
+    lines = []
+    for q, docs, scores in zip(run.qids, run.doc_ids, run.scores):
+        for i, (d, s) in enumerate(zip(docs[:depth], scores[:depth]), 1):
+            lines.append(f"{q} Q0 {d} {i} {float(s):.6f} {tag}\n")
+    atomic_write_text(path, "".join(lines))
+
+
+def write_qrels(path: str | os.PathLike, qrels: Mapping[str, Iterable[str]]) -> None:
+    """TREC qrels: ``qid 0 docid 1`` per relevant pair."""
+    atomic_write_text(path, "".join(f"{q} 0 {d} 1\n" for q, ds in qrels.items() for d in ds))
+
+
+def read_trec_run(path: str | os.PathLike) -> Run:
+    """Read a TREC run file (entries sorted by rank per query)."""
+    by_q: dict[str, list[tuple[int, str, float]]] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6:
+                raise ValueError(f"{path}:{lineno}: expected `qid Q0 docid rank score tag`, got {line.strip()!r}")
+            by_q.setdefault(parts[0], []).append((int(parts[3]), parts[2], float(parts[4])))
+    qids = list(by_q)
+    rows = [sorted(by_q[q]) for q in qids]
+    return Run(qids, [[d for _, d, _ in r] for r in rows], [[s for _, _, s in r] for r in rows])
+
+
+def markdown_table(rows: Mapping[str, Mapping[str, float]], columns: Sequence[str] | None = None) -> str:
+    """A markdown table: one row per system, metrics as percentages (n_queries as is)."""
+    if not rows:
+        return ""
+    columns = list(columns or next(iter(rows.values())).keys())
+    head = "| system | " + " | ".join(columns) + " |"
+    sep = "|---|" + "---:|" * len(columns)
+    body = []
+    for name, m in rows.items():
+        cells = []
+        for c in columns:
+            v = m.get(c, float("nan"))
+            cells.append(str(int(v)) if c == "n_queries" else f"{100 * float(v):.2f}")
+        body.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join([head, sep, *body]) + "\n"

@@ -1,0 +1,123 @@
+"""Benchmark of generative clustering on a synthetic log P with planted clusters.
+
+``python -m gdr.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]``
+
+Prints human-readable lines and, as the last line, one JSON object with ``seconds`` (whole
+``GenerativeClustering.fit``: clip, phi, W, all ``n_init`` runs), ``iterations`` (summed over
+runs), ``ms_per_iteration``, ``peak_rss_mb`` (``ru_maxrss`` of the process, nothing subtracted),
+``baseline_rss_mb`` (after imports, before the data), ``logp_mb`` and ``ari`` of the planted labels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+
+from eval.clustering import ari as adjusted_rand_index
+from gdr.cluster import GenerativeClustering
+
+log = logging.getLogger(__name__)
+
+
+def planted_logp(n_docs: int, n_queries: int, n_clusters: int, seed: int = 0,
+                 dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic log P of shape (n_docs, n_queries) with planted clusters, and the labels (n_docs,).
+
+    Modelled on doc2query scores: each query has a base log-probability (its length/difficulty,
+    -70..-40) and a home topic (the cluster of the document it was sampled from); documents of a
+    cluster share a profile over queries (+4 on their topic's queries, plus a cluster-specific
+    N(0, 1.5^2) pattern), plus a per-document offset (length effect, N(0, 3^2)) and N(0, 3^2) noise.
+    The query's own source document gets +25 (the outliers that Eq. clip removes). Cluster sizes
+    are unequal. Values land around -30..-80. Generated in row blocks into one float32 array.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = rng.uniform(0.5, 1.5, n_clusters)
+    labels = rng.choice(n_clusters, size=n_docs, p=sizes / sizes.sum())
+    base = rng.uniform(-70.0, -40.0, n_queries)                         # (J,)
+    topic = rng.integers(0, n_clusters, n_queries)                      # (J,) home cluster of query j
+    profile = base + rng.normal(0.0, 1.5, (n_clusters, n_queries))      # (K, J)
+    profile[topic, np.arange(n_queries)] += 4.0 * rng.uniform(0.5, 1.5, n_queries)
+    offset = rng.normal(0.0, 3.0, n_docs)                               # (N,)
+    out = np.empty((n_docs, n_queries), dtype=dtype)
+    step = max(1, (1 << 20) // n_queries)
+    for s in range(0, n_docs, step):
+        e = min(n_docs, s + step)
+        noise = rng.standard_normal((e - s, n_queries), dtype=np.float32)
+        noise *= 3.0
+        noise += profile[labels[s:e]].astype(np.float32)
+        noise += offset[s:e, None].astype(np.float32)
+        out[s:e] = noise
+    # the source document of each query (one in its home cluster when there is one)
+    members = np.flatnonzero(np.isin(labels, topic))
+    src = rng.choice(members if members.size else np.arange(n_docs), size=n_queries)
+    out[src, np.arange(n_queries)] += 25.0
+    return out, labels
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gdr.bench.clustering", description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--queries", type=int, default=1024)
+    ap.add_argument("--clusters", type=int, default=30)
+    ap.add_argument("--n-init", type=int, default=10)
+    ap.add_argument("--max-iter", type=int, default=100)
+    ap.add_argument("--alpha", type=float, default=0.25)
+    ap.add_argument("--init", default="random", choices=["random", "k-means++"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    baseline = _rss_mb()
+    t0 = time.perf_counter()
+    logp, planted = planted_logp(args.docs, args.queries, args.clusters, args.seed)
+    gen_s = time.perf_counter() - t0
+    logp_mb = logp.nbytes / 2**20
+    print(f"log P: {logp.shape[0]} docs x {logp.shape[1]} queries float32 = {logp_mb:.1f} MB, "
+          f"range [{logp.min():.1f}, {logp.max():.1f}], {args.clusters} planted clusters ({gen_s:.1f} s)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, dtype {args.dtype}")
+
+    gc = GenerativeClustering(args.clusters, alpha=args.alpha, init=args.init, n_init=args.n_init,
+                              max_iter=args.max_iter, seed=args.seed, device=args.device, dtype=args.dtype)
+    if torch.device(args.device).type == "cuda":  # context and cuBLAS/cuSPARSE start-up are not the fit
+        w = torch.ones(8, 8, device=args.device)
+        torch.sparse.mm(w.to_sparse(), w @ w)
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    gc.fit(logp)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    iters = gc.result_.n_iter_total
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ari = float(adjusted_rand_index(planted, gc.labels_))
+    print(f"fit: {seconds:.2f} s, {iters} iterations over {args.n_init} runs "
+          f"({1000 * seconds / max(iters, 1):.1f} ms per iteration incl. setup), "
+          f"selected run {gc.result_.best_run} with {gc.n_iter_} iterations")
+    print(f"distortion {gc.distortion_:.6g}; runs: {', '.join(f'{d:.6g}' for d in gc.all_distortions_)}")
+    print(f"peak RSS {peak:.0f} MB (after imports {baseline:.0f} MB) = {peak / logp_mb:.2f} x log P; "
+          f"ARI vs planted {ari:.4f}")
+    print(json.dumps({
+        "docs": args.docs, "queries": args.queries, "clusters": args.clusters, "n_init": args.n_init,
+        "device": args.device, "dtype": args.dtype, "seconds": round(seconds, 3), "iterations": iters,
+        "ms_per_iteration": round(1000 * seconds / max(iters, 1), 2), "peak_rss_mb": round(peak, 1),
+        "baseline_rss_mb": round(baseline, 1), "logp_mb": round(logp_mb, 1),
+        "ari": round(ari, 4), "distortion": gc.distortion_,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

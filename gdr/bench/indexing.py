@@ -1,0 +1,111 @@
+"""Benchmark: hierarchical GC indexing on a synthetic log P with a planted two-level hierarchy.
+
+    python -m gdr.bench.indexing                      # paper scale: 138,457 docs x 4,096 queries
+    python -m gdr.bench.indexing --docs 5000 --queries 512
+
+Writes log P as a float16 ``.npy`` to a temporary folder (block by block), builds the GC index
+from the memory-mapped file exactly as ``gdr index method=gc`` does (including writing
+``docids.tsv``, ``tree.json``, ``tree_state.npz`` and the summary) and reports time, depth, peak
+resident memory (``ru_maxrss``, which includes the Python/torch baseline of a few hundred MB)
+against the size of the float16 P matrix, and how well the planted top level is recovered
+(adjusted Rand index of the first code position against the planted top clusters).
+The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gdr.bench.indexing", description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=138_457, help="N documents (default: MS MARCO Lite size)")
+    ap.add_argument("--queries", type=int, default=4096, help="J sampled queries (default 4096)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clusters", type=int, default=30, help="K (also the number of planted top clusters)")
+    ap.add_argument("--leaf-size", type=int, default=30, help="c")
+    ap.add_argument("--sub", type=int, default=30, help="planted sub clusters per top cluster")
+    ap.add_argument("--n-init", type=int, default=5, help="fit_generative runs at the root")
+    ap.add_argument("--n-init-inner", type=int, default=1, help="fit_generative runs below the root")
+    ap.add_argument("--init", default="random", choices=["random", "k-means++"])
+    ap.add_argument("--memory-mb", type=float, default=1024.0, help="per-node working-set budget (gc.memory_mb)")
+    ap.add_argument("--chunk-rows", type=int, default=2048)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--no-write", action="store_true", help="skip writing the index files")
+    ap.add_argument("--tmp", default=None, help="folder for the temporary P.npy (default: the system temp dir)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+
+    from sklearn.metrics import adjusted_rand_score
+
+    from indexing.gc import GCOptions, build_gc_index
+    from indexing.output import write_index
+    from indexing.pmatrix import PMatrix
+    from indexing.synthetic import planted_hierarchy, write_planted_npy
+
+    with tempfile.TemporaryDirectory(dir=args.tmp, prefix="gdr-bench-indexing-") as tmp:
+        tmp = Path(tmp)
+        t0 = time.time()
+        h = planted_hierarchy(args.docs, args.queries, n_top=args.clusters, n_sub=args.sub, seed=args.seed)
+        path = write_planted_npy(tmp / "P.npy", h, dtype=np.float16)
+        gen_s = time.time() - t0
+        p_mb = path.stat().st_size / 2**20
+        print(f"synthetic log P: {args.docs} docs x {args.queries} queries, float16, {p_mb:.1f} MiB, "
+              f"{args.clusters} x {args.sub} planted clusters ({gen_s:.1f} s to write)")
+        rss_before = _peak_rss_mb()
+        opts = GCOptions(n_init=args.n_init, n_init_inner=args.n_init_inner, init=args.init,
+                         memory_mb=args.memory_mb, chunk_rows=args.chunk_rows)
+        t0 = time.time()
+        tree = build_gc_index(PMatrix(path), n_clusters=args.clusters, leaf_size=args.leaf_size, options=opts,
+                              seed=args.seed, workers=args.workers, progress=not args.quiet)
+        build_s = time.time() - t0
+        write_s = 0.0
+        if not args.no_write:
+            t0 = time.time()
+            write_index(tmp / "index", tree, [f"d{i}" for i in range(args.docs)], method="gc", plot=True)
+            write_s = time.time() - t0
+        peak = _peak_rss_mb()
+    codes = tree.codes
+    top = np.array([c[0] for c in codes])
+    ari_top = float(adjusted_rand_score(h.top, top))
+    second = np.array([c[0] * 10_000 + (c[1] if len(c) > 2 else -1) for c in codes])
+    ari_two = float(adjusted_rand_score(h.top * 10_000 + h.sub, second))
+    lengths = np.array([len(c) for c in codes])
+    root = tree.nodes[0]
+    print(f"GC index: {build_s:.1f} s build + {write_s:.1f} s write; depth {tree.depth} (mean code length "
+          f"{lengths.mean():.2f}); {len(tree.internal_nodes)} internal nodes, {len(tree.leaves)} leaves, "
+          f"{tree.n_fallback} fallbacks")
+    print(f"root: {root.n_children} children, info {root.info}")
+    print(f"options: n_init root {opts.n_init}, below root {opts.n_init_inner}, init {opts.init}, "
+          f"memory_mb {opts.memory_mb:g}, chunk_rows {opts.chunk_rows}, workers {args.workers}")
+    print(f"peak RSS {peak:.0f} MiB (before indexing {rss_before:.0f} MiB) = {peak / p_mb:.2f} x the float16 P "
+          f"({p_mb:.0f} MiB)")
+    print(f"planted structure: ARI top level {ari_top:.4f}, ARI top+sub (first two positions) {ari_two:.4f}")
+    print(json.dumps({
+        "docs": args.docs, "queries": args.queries, "seconds": round(build_s + write_s, 2),
+        "build_seconds": round(build_s, 2), "write_seconds": round(write_s, 2), "depth": int(tree.depth),
+        "mean_depth": round(float(lengths.mean()), 4), "n_fallback": int(tree.n_fallback),
+        "peak_rss_mb": round(peak, 1), "p_matrix_mb": round(p_mb, 1), "rss_over_p": round(peak / p_mb, 3),
+        "ari_top": round(ari_top, 4), "ari_two_levels": round(ari_two, 4), "n_init": opts.n_init,
+        "n_init_inner": opts.n_init_inner, "memory_mb": opts.memory_mb,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

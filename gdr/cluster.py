@@ -1,0 +1,748 @@
+"""Generative clustering of documents (the paper's Algorithm 1).
+
+Input is ``logp = log P`` of shape (n_docs, n_queries): ``logp[i, j] = log p(y_j | x_i)`` for J
+texts sampled once from the generative LM. The pipeline, with the paper's equation names:
+
+1. Eq. clip      ``clip_logp``      per column, values above ``mu_j + 5 sigma_j`` are set to that bound.
+2. Eq. vmp       ``log_proposal``   ``log phi_j = (logsumexp_i(2 alpha logp_ij) - log N) / (2 alpha)``.
+3. weights       ``log_weights``    ``log W_ij = alpha (logp_ij - log phi_j)``.
+4. Eq. ris       ``distortion_matrix``  ``d(x_i, k) = (1/J) sum_j W_ij (logp_ij - log c_kj)``.
+5. Eqs. init / optim-centroid and the two-step loop: ``fit_generative`` / ``GenerativeClustering``.
+
+Numerics
+--------
+Everything is kept in the log domain until the last moment. The kernel factorises each row of W
+exactly as ``W_ij = exp(r_i) * V_ij`` with ``r_i = max_j log W_ij`` (float64) and
+``V_ij = exp(log W_ij - r_i)`` in (0, 1] (the kernel dtype). This is *not* a row rescaling that
+is forgotten: ``exp(r_i)`` is carried along exactly, so
+
+* assignment ``argmin_k d(x_i, k) = argmax_k V_i . log c_k`` only needs V (a row factor never
+  changes a row's argmin), and every row has an entry equal to 1, so no row underflows to zeros;
+* the centroid update weighs each document by ``exp(r_i - R_k)`` (``R_k`` = largest ``r_i`` in
+  cluster k), which is Eq. optim-centroid up to the per-cluster factor ``exp(R_k)`` that the
+  normalisation removes;
+* distortions are assembled in float64 as ``exp(r_i) / J * (a_i - V_i . log c_k)`` with
+  ``a_i = sum_j V_ij logp_ij``.
+
+With this factorisation float32 (the default ``dtype``) is safe for log-probabilities anywhere in
+float range (tested with ``logp`` in [-400, -50] and alpha = 1); ``dtype=torch.float64`` doubles
+the cost and is used by the equation tests. Entries that underflow (``V_ij`` or ``c_kj`` below the
+dtype's smallest normal number, i.e. ``exp(-87)`` relative to the row maximum in float32) count as
+zero weight; ``log c`` is floored at ``log(tiny)`` so that ``0 * log 0`` never produces NaN.
+
+Empty clusters: when an assignment step leaves a cluster empty, it is re-seeded (as scikit-learn
+does) with the document of largest current distortion taken from a cluster that keeps at least
+one member; that document becomes the cluster's only member, so the new centroid is its normalised
+W row. This never increases the total distortion: for a single document, its own normalised W row
+is the distortion-minimising centroid (Eq. optim-centroid with one member).
+
+Stopping: after each iteration (assign, update, total distortion as in Algorithm 1) the loop stops
+when no label changed, when the relative improvement ``(D_prev - D) / |D_prev|`` is below ``tol``,
+or after ``max_iter`` iterations. A final assignment with the final centroids makes ``labels``
+consistent with ``log_centroids`` (as scikit-learn's k-means does), unless that would empty a
+cluster. Model selection: the run with the lowest total distortion among ``n_init`` (no labels).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "GCResult",
+    "GenerativeClustering",
+    "centroid_update",
+    "clip_bounds",
+    "clip_logp",
+    "describe_clusters",
+    "distortion_matrix",
+    "fit_generative",
+    "init_centroids",
+    "log_proposal",
+    "log_weights",
+]
+
+_CHUNK_ELEMS = 1 << 21  # elements per row block in the streamed passes (16 MB of float64)
+_INITS = ("random", "k-means++")
+_PHIS = ("power", "naive")
+
+
+# ----------------------------------------------------------------------------------------------
+# validation (public edge only; kernels assume valid input)
+
+def _as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
+    """``x`` as a float32/float64 ndarray of shape (n, J); clear errors otherwise."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (n_docs, n_queries); got shape {x.shape}")
+    if x.dtype not in (np.float32, np.float64):
+        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+            raise ValueError(f"{name} must hold numbers (log-probabilities); got dtype {x.dtype}")
+        x = x.astype(np.float64)
+    if x.shape[0] < min_rows:
+        what = "a single document" if x.shape[0] == 1 else f"{x.shape[0]} documents"
+        raise ValueError(f"{name} has {what}; clustering needs at least {min_rows} documents (rows)")
+    if x.shape[1] < 1:
+        raise ValueError(f"{name} has no columns (queries); shape {x.shape}")
+    _check_finite(x, name)
+    return x
+
+
+def _check_finite(x: np.ndarray, name: str) -> None:
+    """Raise naming the first non-finite entry. A row sum finds suspect rows without an N x J mask."""
+    sums = x.sum(axis=1, dtype=np.float64)
+    bad_rows = np.flatnonzero(~np.isfinite(sums))
+    for i in bad_rows:  # loops over offending rows only (usually none)
+        cols = np.flatnonzero(~np.isfinite(x[i]))
+        if cols.size:  # else the row sum merely overflowed
+            j = int(cols[0])
+            raise ValueError(
+                f"{name}[{i}, {j}] = {x[i, j]} (document row {i}, query column {j}; "
+                f"{int((~np.isfinite(x[bad_rows])).sum())} non-finite value(s) in all): log-probabilities "
+                "must be finite. Re-score that pair, drop the row/column, or floor -inf, e.g. "
+                "np.maximum(logp, -1e4).")
+
+
+def _check_n_clusters(n_clusters: int, n_docs: int) -> None:
+    if not isinstance(n_clusters, (int, np.integer)) or n_clusters < 1:
+        raise ValueError(f"n_clusters must be a positive integer; got {n_clusters!r}")
+    if n_clusters > n_docs:
+        raise ValueError(f"n_clusters={n_clusters} is larger than the number of documents ({n_docs}); "
+                         "use at most one cluster per document")
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (isinstance(alpha, (int, float, np.floating)) and math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a finite number >= 0 (the paper uses 0.25); got {alpha!r}")
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        out = dtype
+    else:
+        out = {"float32": torch.float32, "float": torch.float32,
+               "float64": torch.float64, "double": torch.float64}.get(str(dtype))
+    if out not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64 (or their names); got {dtype!r}")
+    return out
+
+
+def _row_blocks(n_rows: int, n_cols: int):
+    step = max(1, _CHUNK_ELEMS // max(n_cols, 1))
+    for s in range(0, n_rows, step):
+        yield s, min(n_rows, s + step)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eq. clip, Eq. vmp, weights
+
+def clip_bounds(logp: np.ndarray, n_sigma: float = 5.0) -> np.ndarray:
+    """Upper bounds ``mu_j + n_sigma * sigma_j`` of Eq. clip (population std), float64 of shape (J,).
+
+    Streams over row blocks in float64, so no N x J temporary is made.
+    """
+    logp = _as_2d_float(logp, "logp")
+    return _clip_bounds(logp, float(n_sigma))
+
+
+def _clip_bounds(logp: np.ndarray, n_sigma: float) -> np.ndarray:
+    n, j = logp.shape
+    total = np.zeros(j)
+    for s, e in _row_blocks(n, j):
+        total += logp[s:e].sum(axis=0, dtype=np.float64)
+    mu = total / n
+    sq = np.zeros(j)
+    for s, e in _row_blocks(n, j):  # two passes: no cancellation in E[x^2] - E[x]^2
+        dev = logp[s:e] - mu
+        sq += np.einsum("ij,ij->j", dev, dev)
+    return mu + n_sigma * np.sqrt(sq / n)
+
+
+def clip_logp(logp: np.ndarray, n_sigma: float = 5.0) -> np.ndarray:
+    """Eq. clip: per column j, values above ``mu_j + n_sigma * sigma_j`` are set to that bound.
+
+    Parameters
+    ----------
+    logp : array of shape (n_docs, n_queries)
+        log P; mean and population standard deviation are taken per column (query).
+
+    Returns
+    -------
+    array of shape (n_docs, n_queries), same dtype as ``logp`` (a new array).
+    """
+    logp = _as_2d_float(logp, "logp")
+    upper = _clip_bounds(logp, float(n_sigma))
+    return np.minimum(logp, upper.astype(logp.dtype))
+
+
+def log_proposal(logp: np.ndarray, alpha: float = 0.25, method: str = "power") -> np.ndarray:
+    """log phi(y_j) of Eq. vmp, float64 of shape (n_queries,).
+
+    ``method="power"``: ``(logsumexp_i(2 alpha logp_ij) - log N) / (2 alpha)``, the 2-alpha power
+    mean of each column of P (for ``alpha = 0`` its limit, the column mean of log P).
+    ``method="naive"``: ``logsumexp_i(logp_ij) - log N``, the log of the column mean of P.
+    Pass the clipped ``logp`` (Algorithm 1 clips first). Streams over row blocks in float64.
+    """
+    logp = _as_2d_float(logp, "logp")
+    _check_alpha(alpha)
+    if method not in _PHIS:
+        raise ValueError(f"method must be one of {_PHIS}; got {method!r}")
+    return _log_proposal(logp, float(alpha), method, None)
+
+
+def _log_proposal(logp: np.ndarray, alpha: float, method: str, upper: np.ndarray | None) -> np.ndarray:
+    """Column power means in log space; ``upper`` clips on the fly (no clipped copy of logp)."""
+    n, j = logp.shape
+    p = 1.0 if method == "naive" else 2.0 * alpha
+    if p == 0.0:  # geometric mean: the p -> 0 limit of the power mean
+        total = np.zeros(j)
+        for s, e in _row_blocks(n, j):
+            blk = logp[s:e] if upper is None else np.minimum(logp[s:e], upper)
+            total += blk.sum(axis=0, dtype=np.float64)
+        return total / n
+    colmax = logp.max(axis=0).astype(np.float64)
+    if upper is not None:
+        colmax = np.minimum(colmax, upper)
+    acc = np.zeros(j)
+    for s, e in _row_blocks(n, j):
+        blk = logp[s:e].astype(np.float64)
+        if upper is not None:
+            np.minimum(blk, upper, out=blk)
+        blk -= colmax
+        blk *= p
+        acc += np.exp(blk, out=blk).sum(axis=0)
+    return colmax + (np.log(acc) - math.log(n)) / p
+
+
+def log_weights(logp: np.ndarray, log_phi: np.ndarray, alpha: float = 0.25) -> np.ndarray:
+    """log W_ij = alpha (logp_ij - log phi_j), of shape (n_docs, n_queries), dtype of ``logp``."""
+    logp = _as_2d_float(logp, "logp")
+    log_phi = np.asarray(log_phi, dtype=np.float64)
+    if log_phi.shape != (logp.shape[1],):
+        raise ValueError(f"log_phi must have shape ({logp.shape[1]},) to match logp {logp.shape}; "
+                         f"got {log_phi.shape}")
+    _check_alpha(alpha)
+    return (alpha * (logp - log_phi.astype(logp.dtype))).astype(logp.dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eq. ris, Eq. optim-centroid as plain numpy (reference-exact, float64)
+
+def _row_factors(log_w: np.ndarray, logp: np.ndarray):
+    """r (n,), V (n, J) float64 with W = exp(r)[:, None] * V, and a_i = sum_j V_ij logp_ij."""
+    log_w = np.asarray(log_w, dtype=np.float64)
+    r = log_w.max(axis=1)
+    v = np.exp(log_w - r[:, None])
+    a = np.einsum("ij,ij->i", v, np.asarray(logp, dtype=np.float64))
+    return r, v, a
+
+
+def distortion_matrix(logp: np.ndarray, log_w: np.ndarray, log_c: np.ndarray) -> np.ndarray:
+    """Eq. ris for every document and cluster, float64 of shape (n_docs, n_clusters).
+
+    ``d(x_i, k) = (1/J) sum_j W_ij (logp_ij - log c_kj)``, computed as
+    ``(1/J) [sum_j W_ij logp_ij - W @ log_c.T]`` with W factorised per row (see module doc);
+    never an N x J x K tensor.
+
+    Parameters
+    ----------
+    logp : (n_docs, n_queries) log P (clipped as in fitting).
+    log_w : (n_docs, n_queries) log W.
+    log_c : (n_clusters, n_queries) log centroids (normalised or not; unnormalised shifts d).
+    """
+    logp = _as_2d_float(logp, "logp")
+    log_w = _as_2d_float(log_w, "log_w")
+    log_c = np.asarray(log_c, dtype=np.float64)
+    if log_w.shape != logp.shape or log_c.ndim != 2 or log_c.shape[1] != logp.shape[1]:
+        raise ValueError(f"shapes do not match: logp {logp.shape}, log_w {log_w.shape}, log_c {log_c.shape} "
+                         "(expected (N, J), (N, J), (K, J))")
+    return _distortion_matrix(logp, log_w, log_c)
+
+
+def _distortion_matrix(logp, log_w, log_c) -> np.ndarray:
+    r, v, a = _row_factors(log_w, logp)
+    log_c = np.maximum(log_c, np.log(np.finfo(np.float64).tiny))  # 0 * log 0 -> 0, not NaN
+    s = v @ log_c.T                                                # (N, K)
+    return np.exp(r)[:, None] / logp.shape[1] * (a[:, None] - s)
+
+
+def centroid_update(log_w: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.ndarray:
+    """Eq. optim-centroid: log c_k = log(sum_{i in k} W_i) normalised, float64 of shape (K, J).
+
+    An empty cluster gets a row of NaN (the fitting loop never produces one; see module doc).
+    """
+    log_w = _as_2d_float(log_w, "log_w")
+    labels = np.asarray(labels)
+    if labels.shape != (log_w.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be integers of shape ({log_w.shape[0]},); got {labels.dtype} {labels.shape}")
+    if labels.size and (labels.min() < 0 or labels.max() >= n_clusters):
+        raise ValueError(f"labels must lie in [0, {n_clusters}); got range [{labels.min()}, {labels.max()}]")
+    lw = log_w.astype(np.float64)
+    r = lw.max(axis=1)
+    rk = np.full(n_clusters, -np.inf)
+    np.maximum.at(rk, labels, r)
+    wts = np.exp(r - rk[labels])                          # (N,) in (0, 1]
+    v = np.exp(lw - r[:, None])
+    wk = np.zeros((n_clusters, lw.shape[1]))
+    np.add.at(wk, labels, v * wts[:, None])                # scatter-add of W rows (per-cluster scale)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(wk) - np.log(wk.sum(axis=1, keepdims=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# torch kernel
+
+@dataclass
+class _Prepared:
+    """W factorised per row, on the device. Shapes: V (N, J); r, a (N,)."""
+
+    v: torch.Tensor          # (N, J) kernel dtype, V_ij = exp(log W_ij - r_i) in (0, 1]
+    r: torch.Tensor          # (N,) float64, r_i = max_j log W_ij
+    a: torch.Tensor          # (N,) float64, a_i = sum_j V_ij logp_ij
+    r_max: float             # max_i r_i (global shift, undone when reporting distortions)
+    a_total: float           # sum_i exp(r_i - r_max) a_i
+
+    @property
+    def n(self) -> int:
+        return self.v.shape[0]
+
+    @property
+    def j(self) -> int:
+        return self.v.shape[1]
+
+
+def _prepare(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | None = None,
+             upper: np.ndarray | None = None, log_w: np.ndarray | None = None,
+             device="cpu", dtype=torch.float32) -> _Prepared:
+    """Stream row blocks: clip (``upper``), log W (given or ``alpha (logp - log_phi)``), V, r, a.
+
+    Only V (N x J, kernel dtype) is allocated at full size.
+    """
+    n, j = logp.shape
+    v = torch.empty((n, j), dtype=dtype, device=device)
+    r = np.empty(n)
+    a = np.empty(n)
+    for s, e in _row_blocks(n, j):
+        lp = logp[s:e].astype(np.float64)
+        if upper is not None:
+            np.minimum(lp, upper, out=lp)
+        lw = log_w[s:e].astype(np.float64) if log_w is not None else alpha * (lp - log_phi)
+        rr = lw.max(axis=1)
+        lw -= rr[:, None]
+        np.exp(lw, out=lw)
+        r[s:e] = rr
+        a[s:e] = np.einsum("ij,ij->i", lw, lp)
+        v[s:e].copy_(torch.from_numpy(lw))
+    r_max = float(r.max())
+    a_total = float(np.dot(np.exp(r - r_max), a))
+    return _Prepared(v=v, r=torch.from_numpy(r).to(device), a=torch.from_numpy(a).to(device),
+                     r_max=r_max, a_total=a_total)
+
+
+def _log_normalise(w: torch.Tensor) -> torch.Tensor:
+    """log(w / w.sum(1)) with a floor at log(tiny) for zero entries; w of shape (K, J), >= 0."""
+    tiny = torch.finfo(w.dtype).tiny
+    return torch.log(w.clamp_min(tiny)) - torch.log(w.sum(dim=1, keepdim=True))
+
+
+def _doc_distortion(p: _Prepared, s_best: torch.Tensor) -> torch.Tensor:
+    """exp(r_i - r_max) (a_i - s_i), float64 of shape (N,): d(x_i, .) up to exp(r_max) / J."""
+    return torch.exp(p.r - p.r_max) * (p.a - s_best.double())
+
+
+def _cluster_sums(p: _Prepared, labels: torch.Tensor, k: int):
+    """Per-cluster W-row sums up to exp(R_k): (wk (K, J) kernel dtype, R (K,) float64).
+
+    A sparse (K, N) one-hot with weights exp(r_i - R_k) times V: N x J multiply-adds, no N x J
+    temporary (index_add_ of V rows with per-doc scales would need one).
+    """
+    n = p.n
+    rk = torch.full((k,), -math.inf, dtype=torch.float64, device=p.v.device)
+    rk = rk.scatter_reduce(0, labels, p.r, reduce="amax")
+    wts = torch.exp(p.r - rk[labels]).to(p.v.dtype)                      # (N,) in (0, 1]
+    idx = torch.stack([labels, torch.arange(n, device=p.v.device)])      # (2, N)
+    onehot = torch.sparse_coo_tensor(idx, wts, (k, n), check_invariants=False)
+    return torch.sparse.mm(onehot, p.v), rk
+
+
+def _total_distortion(p: _Prepared, wk64: torch.Tensor, rk: torch.Tensor, log_c64: torch.Tensor) -> float:
+    """sum_i d(x_i, f(x_i)) = (1/J)[sum_i W_i.logp_i - sum_k (sum_{i in k} W_i) . log c_k], float64."""
+    scale = torch.exp(rk - p.r_max)
+    scale = torch.where(torch.isfinite(rk), scale, torch.zeros_like(scale))     # empty clusters
+    b = float((scale * (wk64 * log_c64).sum(dim=1)).sum())
+    return math.exp(p.r_max) * (p.a_total - b) / p.j
+
+
+def _init_random(p: _Prepared, k: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.choice(p.n, size=k, replace=False)
+
+
+def _kmeanspp_probs(dmin: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Appendix k-means++: offset d so min is 0, p proportional to d^2; chosen docs get 0.
+
+    Falls back to uniform over the unchosen documents when all offsets are 0.
+    """
+    d = dmin - dmin.min()
+    prob = d * d
+    prob[chosen] = 0.0
+    total = prob.sum()
+    if not np.isfinite(total) or total <= 0.0:
+        prob = np.ones_like(dmin)
+        prob[chosen] = 0.0
+        total = prob.sum()
+    return prob / total
+
+
+def _init_kmeanspp(p: _Prepared, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Appendix k-means++ (loop over centroids; each step one (N, J) @ (J,) product)."""
+    chosen = np.empty(k, dtype=np.int64)
+    chosen[0] = rng.integers(p.n)
+    dmin = None
+    for step in range(1, k + 1):
+        row = p.v[int(chosen[step - 1])]
+        log_c = _log_normalise(row[None, :])[0]                       # (J,)
+        d = _doc_distortion(p, p.v @ log_c).cpu().numpy()             # (N,) up to exp(r_max)/J
+        dmin = d if dmin is None else np.minimum(dmin, d)
+        if step == k:
+            break
+        chosen[step] = rng.choice(p.n, p=_kmeanspp_probs(dmin, chosen[:step]))
+    return chosen
+
+
+def _reseed_empty(p: _Prepared, labels: torch.Tensor, s_best: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Move the worst-fitting documents into empty clusters (never emptying their own cluster)."""
+    counts = counts.cpu().numpy().copy()
+    lab = labels.cpu().numpy().copy()
+    order = np.argsort(-_doc_distortion(p, s_best).cpu().numpy(), kind="stable")
+    pos = 0
+    for k in np.flatnonzero(counts == 0):   # loop over empty clusters; the scan is short
+        while counts[lab[order[pos]]] < 2:
+            pos += 1
+        i = order[pos]
+        pos += 1
+        counts[lab[i]] -= 1
+        lab[i] = k
+        counts[k] = 1
+    return torch.from_numpy(lab).to(labels.device)
+
+
+@dataclass
+class _Run:
+    labels: torch.Tensor
+    log_c64: torch.Tensor
+    distortion: float
+    n_iter: int
+    history: list[float]
+    converged: bool
+
+
+def _lloyd(p: _Prepared, init_idx: np.ndarray, max_iter: int, tol: float) -> _Run:
+    """Algorithm 1, lines 9-14, from centroids = normalised W rows ``init_idx`` (Eq. init)."""
+    k = len(init_idx)
+    idx = torch.as_tensor(init_idx, device=p.v.device)
+    log_c64 = _log_normalise(p.v[idx].double())                          # (K, J)
+    labels = None
+    hist: list[float] = []
+    prev = math.inf
+    converged = False
+    it = 0
+    for it in range(1, max_iter + 1):
+        s = p.v @ log_c64.to(p.v.dtype).T                                 # (N, K) = V @ log c^T
+        s_best, new = s.max(dim=1)                                        # argmin_k d = argmax_k V.log c_k
+        counts = torch.bincount(new, minlength=k)
+        if bool((counts == 0).any()):
+            new = _reseed_empty(p, new, s_best, counts)
+        unchanged = labels is not None and torch.equal(new, labels)
+        labels = new
+        wk, rk = _cluster_sums(p, labels, k)                              # Eq. optim-centroid
+        wk64 = wk.double()
+        log_c64 = _log_normalise(wk64)
+        dist = _total_distortion(p, wk64, rk, log_c64)
+        hist.append(dist)
+        if unchanged or prev - dist < tol * abs(prev):
+            converged = True
+            break
+        prev = dist
+    # final assignment: labels consistent with the returned centroids (unless it empties a cluster)
+    s = p.v @ log_c64.to(p.v.dtype).T
+    s_best, final = s.max(dim=1)
+    if int(torch.bincount(final, minlength=k).min()) > 0:
+        labels = final
+    else:
+        s_best = s.gather(1, labels[:, None])[:, 0]
+    d = _doc_distortion(p, s_best)
+    dist = math.exp(p.r_max) * float(d.sum()) / p.j
+    return _Run(labels=labels, log_c64=log_c64, distortion=dist, n_iter=it, history=hist, converged=converged)
+
+
+def _spawn(seed, n: int) -> list[np.random.Generator]:
+    if isinstance(seed, np.random.Generator):
+        return seed.spawn(n)
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
+
+
+@dataclass
+class GCResult:
+    """Result of ``fit_generative`` (the selected run among ``n_init``).
+
+    labels : (N,) int64 cluster of each document.
+    log_centroids : (K, J) float64 log c_k, normalised (logsumexp over j = 0).
+    distortion : total distortion sum_i d(x_i, f(x_i)) at ``labels`` and ``log_centroids``.
+    n_iter : iterations of the selected run.
+    distortion_history : total distortion after each iteration of the selected run (non-increasing).
+    all_distortions : final distortion of every run, in run order (n_init,).
+    best_run : index of the selected run; converged : whether it stopped before ``max_iter``.
+    """
+
+    labels: np.ndarray
+    log_centroids: np.ndarray
+    distortion: float
+    n_iter: int
+    distortion_history: list[float]
+    all_distortions: list[float]
+    best_run: int = 0
+    converged: bool = True
+    n_iter_total: int = 0
+    init_indices: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+_SMALL_WORK = 1 << 20  # N * J * K below this: one CPU thread (thread wake-ups cost more than the work)
+
+
+@contextmanager
+def _cpu_threads(device, work: int):
+    if torch.device(device).type != "cpu" or work >= _SMALL_WORK or torch.get_num_threads() == 1:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _fit_prepared(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter: int, tol: float,
+                  seed, progress: bool = False) -> GCResult:
+    with _cpu_threads(p.v.device, p.n * p.j * n_clusters):
+        return _fit_runs(p, n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed,
+                         progress=progress)
+
+
+def _fit_runs(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter: int, tol: float,
+              seed, progress: bool) -> GCResult:
+    best: _Run | None = None
+    best_r, best_idx = -1, None
+    dists: list[float] = []
+    total_iter = 0
+    init_fn = _init_random if init == "random" else _init_kmeanspp
+    rngs = _spawn(seed, n_init)
+    for r in tqdm(range(n_init), desc="gc runs", unit="run", disable=not progress, leave=False):
+        idx = init_fn(p, n_clusters, rngs[r])
+        run = _lloyd(p, idx, max_iter, tol)
+        total_iter += run.n_iter
+        dists.append(run.distortion)
+        log.debug("gc run %d: distortion %.6g after %d iterations", r, run.distortion, run.n_iter)
+        if best is None or run.distortion < best.distortion:
+            best, best_r, best_idx = run, r, idx
+    if not best.converged:
+        log.warning("generative clustering: the selected run hit max_iter=%d before converging", max_iter)
+    return GCResult(
+        labels=best.labels.cpu().numpy().astype(np.int64), log_centroids=best.log_c64.cpu().numpy(),
+        distortion=best.distortion, n_iter=best.n_iter, distortion_history=best.history,
+        all_distortions=dists, best_run=best_r, converged=best.converged, n_iter_total=total_iter,
+        init_indices=np.asarray(best_idx, dtype=np.int64))
+
+
+def _check_fit_params(init: str, n_init: int, max_iter: int, tol: float) -> None:
+    if init not in _INITS:
+        raise ValueError(f"init must be one of {_INITS}; got {init!r}")
+    if not (isinstance(n_init, (int, np.integer)) and n_init >= 1):
+        raise ValueError(f"n_init must be a positive integer; got {n_init!r}")
+    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
+        raise ValueError(f"max_iter must be a positive integer; got {max_iter!r}")
+    if not (tol >= 0):
+        raise ValueError(f"tol must be >= 0; got {tol!r}")
+
+
+def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = "random",
+                   n_init: int = 10, max_iter: int = 100, tol: float = 1e-6, seed=0, device="cpu",
+                   dtype=torch.float32, progress: bool = False) -> GCResult:
+    """The CLUSTERING function of Algorithm 1 on given log P and log W.
+
+    Parameters
+    ----------
+    logp : (n_docs, n_queries) log P, already clipped if clipping is wanted.
+    log_w : (n_docs, n_queries) log W, e.g. ``log_weights(logp, log_proposal(logp, alpha), alpha)``.
+    n_clusters : K.
+    init : ``"random"`` (Eq. init: K distinct random rows of W, normalised) or ``"k-means++"`` (Appendix).
+    n_init : runs with different seeds; the one with lowest total distortion is returned.
+    seed : int or numpy Generator; run r uses the r-th child of ``SeedSequence(seed)``.
+    device : torch device of the kernel (``"cpu"``, ``"cuda"``).
+    dtype : kernel dtype, float32 (default; safe thanks to the per-row factorisation) or float64.
+    """
+    logp = _as_2d_float(logp, "logp", min_rows=2)
+    log_w = _as_2d_float(log_w, "log_w", min_rows=2)
+    if log_w.shape != logp.shape:
+        raise ValueError(f"log_w has shape {log_w.shape} but logp has {logp.shape}; they must match")
+    _check_n_clusters(n_clusters, logp.shape[0])
+    _check_fit_params(init, n_init, max_iter, tol)
+    p = _prepare(logp, log_w=log_w, device=device, dtype=_torch_dtype(dtype))
+    return _fit_prepared(p, int(n_clusters), init=init, n_init=int(n_init), max_iter=int(max_iter),
+                         tol=float(tol), seed=seed, progress=progress)
+
+
+def init_centroids(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = "random",
+                   seed=0, dtype=torch.float64):
+    """Initial centroids as ``fit_generative`` makes them (for inspection and tests).
+
+    Returns ``(log_c, indices)``: (K, J) float64 normalised log W rows and the (K,) chosen rows.
+    """
+    logp = _as_2d_float(logp, "logp", min_rows=2)
+    log_w = _as_2d_float(log_w, "log_w", min_rows=2)
+    _check_n_clusters(n_clusters, logp.shape[0])
+    _check_fit_params(init, 1, 1, 0.0)
+    p = _prepare(logp, log_w=log_w, dtype=_torch_dtype(dtype))
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    idx = (_init_random if init == "random" else _init_kmeanspp)(p, int(n_clusters), rng)
+    return _log_normalise(p.v[torch.as_tensor(idx)].double()).numpy(), np.asarray(idx, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# estimator
+
+class GenerativeClustering:
+    """Generative clustering (Algorithm 1), scikit-learn style.
+
+    Parameters
+    ----------
+    n_clusters : K.
+    alpha : RIS regularisation (Eq. ris), 0.25 in the paper.
+    clip_sigma : n_sigma of Eq. clip (5 in the paper); None disables clipping.
+    phi : ``"power"`` (Eq. vmp) or ``"naive"`` (column mean of P).
+    init, n_init, max_iter, tol, seed, device, dtype, progress : see ``fit_generative``.
+
+    Attributes after ``fit``
+    ------------------------
+    labels_ (N,), distortion_, log_centroids_ (K, J), n_iter_, distortion_history_,
+    all_distortions_, log_phi_ (J,), clip_upper_ (J,) or None, result_ (GCResult).
+    """
+
+    def __init__(self, n_clusters: int, alpha: float = 0.25, clip_sigma: float | None = 5.0,
+                 phi: str = "power", init: str = "random", n_init: int = 10, max_iter: int = 100,
+                 tol: float = 1e-6, seed=0, device="cpu", dtype=torch.float32, progress: bool = False):
+        self.n_clusters = n_clusters
+        self.alpha = alpha
+        self.clip_sigma = clip_sigma
+        self.phi = phi
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.seed = seed
+        self.device = device
+        self.dtype = dtype
+        self.progress = progress
+
+    def _check_params(self) -> None:
+        _check_alpha(self.alpha)
+        if self.phi not in _PHIS:
+            raise ValueError(f"phi must be one of {_PHIS}; got {self.phi!r}")
+        if self.clip_sigma is not None and not (self.clip_sigma > 0):
+            raise ValueError(f"clip_sigma must be > 0 or None (no clipping); got {self.clip_sigma!r}")
+        _check_fit_params(self.init, self.n_init, self.max_iter, self.tol)
+
+    def fit(self, logp: np.ndarray) -> "GenerativeClustering":
+        """Cluster documents from ``logp`` = log P of shape (n_docs, n_queries).
+
+        Clipping, phi and W are streamed in row blocks: besides ``logp`` only one N x J array
+        (V, kernel dtype) is held.
+        """
+        self._check_params()
+        logp = _as_2d_float(logp, "logp", min_rows=2)
+        _check_n_clusters(self.n_clusters, logp.shape[0])
+        alpha = float(self.alpha)
+        self.clip_upper_ = None if self.clip_sigma is None else _clip_bounds(logp, float(self.clip_sigma))
+        self.log_phi_ = _log_proposal(logp, alpha, self.phi, self.clip_upper_)
+        p = _prepare(logp, alpha=alpha, log_phi=self.log_phi_, upper=self.clip_upper_,
+                     device=self.device, dtype=_torch_dtype(self.dtype))
+        res = _fit_prepared(p, int(self.n_clusters), init=self.init, n_init=int(self.n_init),
+                            max_iter=int(self.max_iter), tol=float(self.tol), seed=self.seed,
+                            progress=self.progress)
+        del p
+        self.result_ = res
+        self.labels_ = res.labels
+        self.distortion_ = res.distortion
+        self.log_centroids_ = res.log_centroids
+        self.n_iter_ = res.n_iter
+        self.distortion_history_ = res.distortion_history
+        self.all_distortions_ = res.all_distortions
+        self.n_features_in_ = logp.shape[1]
+        return self
+
+    def _check_fitted(self, x, name: str) -> np.ndarray:
+        if not hasattr(self, "log_centroids_"):
+            raise RuntimeError("GenerativeClustering is not fitted yet; call fit(logp) first")
+        x = _as_2d_float(x, name)
+        if x.shape[1] != self.n_features_in_:
+            raise ValueError(f"{name} has {x.shape[1]} columns but the model was fitted on "
+                             f"{self.n_features_in_} queries; score the same sampled queries")
+        return x
+
+    def transform(self, logp_rows: np.ndarray) -> np.ndarray:
+        """Distortion d(x, k) of new documents, float64 of shape (n, K) (same clip bounds and phi)."""
+        logp_rows = self._check_fitted(logp_rows, "logp_rows")
+        out = np.empty((logp_rows.shape[0], self.n_clusters))
+        for s, e in _row_blocks(*logp_rows.shape):
+            lp = logp_rows[s:e].astype(np.float64)
+            if self.clip_upper_ is not None:
+                np.minimum(lp, self.clip_upper_, out=lp)
+            out[s:e] = _distortion_matrix(lp, self.alpha * (lp - self.log_phi_), self.log_centroids_)
+        return out
+
+    def predict(self, logp_rows: np.ndarray) -> np.ndarray:
+        """Cluster of new documents (rows of log P over the same queries), int64 of shape (n,)."""
+        return self.transform(logp_rows).argmin(axis=1).astype(np.int64)
+
+    def fit_predict(self, logp: np.ndarray) -> np.ndarray:
+        return self.fit(logp).labels_
+
+
+# ----------------------------------------------------------------------------------------------
+# descriptions
+
+def describe_clusters(log_centroids: np.ndarray, queries: Sequence[str], top: int = 5,
+                      log_reference: np.ndarray | None = None) -> list[list[tuple[str, float]]]:
+    """For each cluster, the ``top`` sampled queries with the highest centroid weight c_kj.
+
+    Duplicate query strings (i.i.d. sampling or resampling repeats texts) are merged by summing
+    their weights. With ``log_reference`` (J,), e.g. ``log_phi_``, queries are ranked by the lift
+    ``c_kj / ref_j`` instead (still reporting c_kj), which favours cluster-specific queries.
+
+    Returns a list (K) of lists of (query, weight) pairs, highest first.
+    """
+    log_c = np.asarray(log_centroids, dtype=np.float64)
+    if log_c.ndim != 2 or log_c.shape[1] != len(queries):
+        raise ValueError(f"log_centroids must have shape (K, {len(queries)}) to match the queries; got {log_c.shape}")
+    uniq, inv = np.unique(np.asarray(queries, dtype=object).astype(str), return_inverse=True)
+    weight = np.exp(log_c)                                   # (K, J)
+    merged = np.zeros((log_c.shape[0], len(uniq)))
+    np.add.at(merged, (slice(None), inv), weight)            # (K, U) summed over duplicate texts
+    score = merged
+    if log_reference is not None:
+        ref = np.zeros(len(uniq))
+        np.add.at(ref, inv, np.exp(np.asarray(log_reference, dtype=np.float64)))
+        score = merged / ref
+    top = min(int(top), len(uniq))
+    order = np.argsort(-score, axis=1, kind="stable")[:, :top]
+    return [[(str(uniq[u]), float(merged[k, u])) for u in order[k]] for k in range(log_c.shape[0])]

@@ -1,0 +1,93 @@
+"""Thin entry points for ``gdr sample`` and ``gdr score``: compose config, call the library."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from gdr.config import load_config, save_config, to_container
+
+log = logging.getLogger(__name__)
+
+
+def _compose(name: str, argv: list[str]):
+    show = "--cfg" in argv
+    cfg = load_config(name, [a for a in argv if a != "--cfg"])
+    if show:
+        print(OmegaConf.to_yaml(cfg))
+        sys.exit(0)
+    return cfg
+
+
+def build_lm(cfg):
+    from gdr.lm import GenerativeLM, PromptConfig
+
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    prompt = PromptConfig(**to_container(cfg.model.prompt)) if cfg.model.get("prompt") else None
+    return GenerativeLM(cfg.model.name, prompt=prompt, max_doc_tokens=cfg.model.max_doc_tokens, device=cfg.device)
+
+
+def load_data(cfg):
+    from gdr.data import load_corpus
+
+    d = cfg.data
+    return load_corpus(d.name, path=d.get("path"), n_docs=d.get("n_docs"), seed=d.get("seed", 0))
+
+
+def sample_queries_for(cfg, lm, corpus) -> list[dict]:
+    from gdr.store import sample_run
+
+    s = cfg.sample
+    return sample_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_queries=s.n_queries, seed=s.seed,
+                      batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
+                      temperature=s.temperature, progress=cfg.progress)
+
+
+def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
+    from gdr.store import score_run
+
+    sc = cfg.score
+    bs = sc.doc_batch_size
+    if bs == "auto":
+        bs = 16 if lm.device.type == "cuda" else 1
+    return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], cfg.out,
+                     dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(bs),
+                     max_query_tokens=sc.max_query_tokens, progress=cfg.progress)
+
+
+def sample_main(argv: list[str]) -> int:
+    cfg = _compose("sample", argv)
+    corpus = load_data(cfg)
+    lm = build_lm(cfg)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    save_config(cfg, cfg.out, "sample.config.yaml")
+    rows = sample_queries_for(cfg, lm, corpus)
+    for r in rows[:5]:
+        log.info("sample query from %s: %s", r["source_doc_id"], r["text"])
+    log.info("%d queries in %s", len(rows), Path(cfg.out) / "queries.jsonl")
+    return 0
+
+
+def score_main(argv: list[str]) -> int:
+    from gdr.store import dist_info
+
+    cfg = _compose("score", argv)
+    corpus = load_data(cfg)
+    lm = build_lm(cfg)
+    rank, _ = dist_info()
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        save_config(cfg, cfg.out, "score.config.yaml")
+    qfile = Path(cfg.out) / "queries.jsonl"
+    if rank == 0 or qfile.exists():
+        queries = sample_queries_for(cfg, lm, corpus)
+    else:
+        raise SystemExit(f"{qfile} missing: run `gdr sample out={cfg.out}` before a multi-process `gdr score`")
+    path = score_matrix_for(cfg, lm, corpus, queries)
+    if rank == 0:
+        log.info("P matrix %s", path)
+    return 0

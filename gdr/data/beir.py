@@ -1,0 +1,250 @@
+"""BEIR folders, the field's interchange format: read and write.
+
+A folder holds ``corpus.jsonl`` (``{"_id", "title", "text"}`` per line), ``queries.jsonl``
+(``{"_id", "text"}``) and ``qrels/<split>.tsv`` with the header ``query-id corpus-id score``.
+A judgement with score > 0 is relevant (its score kept as the grade); score <= 0 is a
+judged non-relevant pair (counted, not kept). gdr adds one optional corpus field, ``label``,
+so labelled corpora survive a round trip; other BEIR tools ignore it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, require_file
+from gdr.io import atomic_write_text
+
+__all__ = ["load_beir", "load_beir_queries", "beir_doc_ids", "write_beir", "SPLIT_ORDER"]
+
+log = logging.getLogger(__name__)
+
+SPLIT_ORDER = ("train", "dev", "test")
+_QRELS_HEADER = ("query-id", "corpus-id", "score")
+
+
+def _folder(path: str | os.PathLike | None) -> Path:
+    if path is None:
+        raise ValueError("a BEIR corpus needs path= the folder holding corpus.jsonl, queries.jsonl and qrels/")
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: BEIR folder does not exist; pass path= the folder holding corpus.jsonl, "
+                                "queries.jsonl and qrels/")
+    return p
+
+
+def _jsonl(path: Path) -> Iterable[tuple[int, dict]]:
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+                            "fix or delete that line") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}; "
+                            "each line must be one record")
+        yield lineno, row
+
+
+def _id(row: dict, path: Path, lineno: int) -> str:
+    v = row.get("_id")
+    if v is None or (isinstance(v, str) and not v.strip()):
+        raise DataError(f"{path}:{lineno}: record has no '_id'; give every record a non-empty '_id'")
+    if not isinstance(v, (str, int)):
+        raise DataError(f"{path}:{lineno}: '_id' must be a string, got {v!r}")
+    return str(v)
+
+
+def _str_field(row: dict, key: str, path: Path, lineno: int) -> str:
+    v = row.get(key, "")
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise DataError(f"{path}:{lineno}: '{key}' must be a string, got {type(v).__name__}; fix that record")
+    return v
+
+
+def load_beir(path: str | os.PathLike | None, on_empty: str = "error", name: str | None = None) -> Corpus:
+    """Read ``<path>/corpus.jsonl`` into a Corpus (name defaults to the folder name).
+
+    ``on_empty`` decides what an empty ``text`` does: ``"error"`` (default), ``"drop"``,
+    ``"keep"`` or ``"title"`` (use the title as text); see :class:`gdr.data.core.DocTable`.
+    """
+    folder = _folder(path)
+    file = require_file(folder / "corpus.jsonl", "BEIR corpus", "a BEIR folder holds corpus.jsonl")
+    table = DocTable(on_empty=on_empty)
+    for lineno, row in _jsonl(file):
+        doc_id = _id(row, file, lineno)
+        if "text" not in row:
+            raise DataError(f"{file}:{lineno}: document {doc_id!r} has no 'text' field; add it")
+        label = row.get("label")
+        table.add(
+            doc_id,
+            _str_field(row, "text", file, lineno),
+            title=_str_field(row, "title", file, lineno).strip() or None,
+            label=None if label is None else str(label),
+            where=f"{file}:{lineno}",
+        )
+    return table.build(name or folder.resolve().name, str(file))
+
+
+def beir_doc_ids(path: str | os.PathLike) -> list[str]:
+    """The ``_id`` of every record in ``<path>/corpus.jsonl`` (for checking qrels without building a Corpus)."""
+    file = require_file(_folder(path) / "corpus.jsonl", "BEIR corpus", "a BEIR folder holds corpus.jsonl")
+    return [_id(row, file, lineno) for lineno, row in _jsonl(file)]
+
+
+def _available_splits(qdir: Path) -> list[str]:
+    found = sorted(p.stem for p in qdir.glob("*.tsv"))
+    return [s for s in SPLIT_ORDER if s in found] + [s for s in found if s not in SPLIT_ORDER]
+
+
+def load_beir_queries(
+    path: str | os.PathLike | None,
+    split: str | None = None,
+    doc_ids: Iterable[str] | None = None,
+    name: str | None = None,
+) -> QuerySet:
+    """Read ``queries.jsonl`` and ``qrels/<split>.tsv`` (all splits when ``split`` is None).
+
+    Parameters
+    ----------
+    doc_ids : ids the qrels may name (default: the ids of ``corpus.jsonl``); an unknown id is an error.
+
+    Returns
+    -------
+    QuerySet with one row per (split, query with at least one relevant judgement), in qrels
+    order; ``grades`` are the scores. Queries whose judgements are all non-relevant are
+    counted in ``info["filtered"]["no_relevant"]``.
+    """
+    folder = _folder(path)
+    qfile = require_file(folder / "queries.jsonl", "BEIR queries", "a BEIR folder holds queries.jsonl")
+    qdir = folder / "qrels"
+    if not qdir.is_dir():
+        raise FileNotFoundError(f"{qdir}: BEIR qrels folder does not exist; add qrels/<split>.tsv files")
+    splits = _available_splits(qdir) if split is None else [split]
+    if not splits:
+        raise FileNotFoundError(f"{qdir}: no <split>.tsv files; add e.g. qrels/test.tsv")
+    for s in splits:
+        if not (qdir / f"{s}.tsv").is_file():
+            raise FileNotFoundError(f"{qdir / (s + '.tsv')}: no qrels for split {s!r}; available splits: "
+                                    f"{_available_splits(qdir)}")
+    known = set(doc_ids) if doc_ids is not None else set(beir_doc_ids(folder))
+
+    query_text: dict[str, str] = {}
+    query_line: dict[str, int] = {}
+    for lineno, row in _jsonl(qfile):
+        qid = _id(row, qfile, lineno)
+        if qid in query_text:
+            raise DataError(f"{qfile}:{lineno}: duplicate query _id {qid!r} (first on line {query_line[qid]}); "
+                            "give each query a unique _id")
+        text = _str_field(row, "text", qfile, lineno)
+        if not text.strip():
+            raise DataError(f"{qfile}:{lineno}: query {qid!r} has empty text; fill it in or delete the record")
+        query_text[qid] = text
+        query_line[qid] = lineno
+
+    qids, texts, relevant, grades, out_splits = [], [], [], [], []
+    filtered: Counter[str] = Counter()
+    nonrel = 0
+    for s in splits:
+        file = qdir / f"{s}.tsv"
+        rel: dict[str, list[str]] = {}
+        grd: dict[str, list[int]] = {}
+        judged: dict[tuple[str, str], int] = {}
+        for lineno, line in iter_lines(file):
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if lineno == 1 and tuple(p.strip() for p in parts) == _QRELS_HEADER:
+                continue
+            if len(parts) != 3:
+                raise DataError(f"{file}:{lineno}: expected 3 tab-separated columns (query-id, corpus-id, score), "
+                                f"got {len(parts)}; fix that line")
+            qid, did, score_s = (p.strip() for p in parts)
+            try:
+                score = int(float(score_s))
+            except ValueError:
+                hint = " (the first line must be the header 'query-id<TAB>corpus-id<TAB>score')" if lineno == 1 else ""
+                raise DataError(f"{file}:{lineno}: score {score_s!r} is not a number{hint}; fix that line") from None
+            if qid not in query_text:
+                raise DataError(f"{file}:{lineno}: query-id {qid!r} is not in {qfile.name}; add the query or "
+                                "delete the judgement")
+            if did not in known:
+                raise DataError(f"{file}:{lineno}: corpus-id {did!r} is not in the corpus; add the document or "
+                                "delete the judgement")
+            if (qid, did) in judged:
+                raise DataError(f"{file}:{lineno}: query {qid!r} and doc {did!r} were already judged on line "
+                                f"{judged[qid, did]}; keep one judgement")
+            judged[qid, did] = lineno
+            rel.setdefault(qid, [])
+            grd.setdefault(qid, [])
+            if score <= 0:
+                nonrel += 1
+                continue
+            rel[qid].append(did)
+            grd[qid].append(score)
+        for qid, r in rel.items():
+            if not r:
+                filtered["no_relevant"] += 1
+                continue
+            qids.append(qid)
+            texts.append(query_text[qid])
+            relevant.append(r)
+            grades.append(grd[qid])
+            out_splits.append(s)
+    if not qids:
+        raise DataError(f"{qdir}: no query with a relevant judgement in split(s) {splits}")
+    info = {"source": str(folder), "filtered": dict(filtered), "nonrelevant_judgements": nonrel,
+            "unjudged_queries": len(set(query_text) - set(qids))}
+    if filtered:
+        log.info("%s: %d queries have only non-relevant judgements and are left out", folder, filtered["no_relevant"])
+    return QuerySet(name=name or folder.resolve().name, qids=qids, texts=texts, relevant=relevant,
+                    splits=out_splits, grades=grades, info=info)
+
+
+def _one_line(s: str, what: str) -> str:
+    if "\t" in s or "\n" in s or "\r" in s:
+        raise DataError(f"{what} contains a tab or newline, which a qrels TSV cannot hold; clean the id")
+    return s
+
+
+def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLike) -> Path:
+    """Write ``corpus`` (and ``queries``, if given) as a BEIR folder; returns the folder.
+
+    Files are written atomically. Queries that occur in several splits must have the same
+    text there; relevance scores are the ``grades`` when present, else 1.
+    """
+    folder = Path(folder)
+    rows = []
+    for i, d in enumerate(corpus.doc_ids):
+        row = {"_id": d, "title": (corpus.titles[i] or "") if corpus.titles is not None else "",
+               "text": corpus.texts[i]}
+        if corpus.labels is not None:
+            row["label"] = corpus.labels[i]
+        rows.append(json.dumps(row, ensure_ascii=False))
+    atomic_write_text(folder / "corpus.jsonl", "\n".join(rows) + "\n")
+    if queries is None:
+        return folder
+    text_of: dict[str, str] = {}
+    for q, t in zip(queries.qids, queries.texts):
+        if text_of.setdefault(q, t) != t:
+            raise DataError(f"query {q!r} has different texts in different splits; BEIR keeps one text per _id, "
+                            "so give the queries distinct ids")
+    atomic_write_text(folder / "queries.jsonl",
+                      "".join(json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n" for q, t in text_of.items()))
+    by_split: dict[str, list[str]] = {}
+    for i, s in enumerate(queries.splits):
+        q = _one_line(queries.qids[i], f"query id {queries.qids[i]!r}")
+        g = queries.grades[i] if queries.grades is not None else [1] * len(queries.relevant[i])
+        lines = by_split.setdefault(s, ["\t".join(_QRELS_HEADER)])
+        lines.extend(f"{q}\t{_one_line(d, f'doc id {d!r}')}\t{int(x)}" for d, x in zip(queries.relevant[i], g))
+    for s, lines in by_split.items():
+        atomic_write_text(folder / "qrels" / f"{s}.tsv", "\n".join(lines) + "\n")
+    log.info("wrote BEIR folder %s: %d documents, %d queries", folder, len(corpus), len(text_of))
+    return folder

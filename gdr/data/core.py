@@ -1,0 +1,522 @@
+"""Corpus and QuerySet containers, the data folder, and strict line-level readers.
+
+A :class:`Corpus` holds documents (doc_id, text, optional title, optional label); a
+:class:`QuerySet` holds queries (qid, text, relevant doc_ids, split). Both keep plain
+Python lists for fast access and expose a ``datasets.Dataset`` view on demand.
+
+Loaders (``gdr.data.reuters`` etc.) parse raw files through :func:`iter_lines` and
+:class:`DocTable`, so that every problem is reported as ``file:line: what is wrong;
+how to fix it`` and anything filtered is counted in ``info["filtered"]``.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Corpus",
+    "QuerySet",
+    "DataError",
+    "data_dir",
+    "require_file",
+    "iter_lines",
+    "normalize_space",
+    "DocTable",
+    "ON_EMPTY",
+]
+
+log = logging.getLogger(__name__)
+
+ON_EMPTY = ("error", "drop", "keep", "title")
+
+
+class DataError(ValueError):
+    """Bad input data. The message names the file, the line or id, and the fix."""
+
+
+# ---------------------------------------------------------------------------- paths
+
+def data_dir() -> Path:
+    """Root of the shared data: ``$GDR_DATA_DIR`` or ``<repo>/../shared/data``.
+
+    CI clones the repository with ``shared/`` beside it, so the default is resolved
+    relative to the installed package, never to the working directory.
+    """
+    env = os.environ.get("GDR_DATA_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    import gdr
+
+    return (Path(gdr.__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+
+
+def require_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:
+    """Return ``path`` as a Path if it is a file, else raise FileNotFoundError saying what it is."""
+    p = Path(path)
+    if not p.is_file():
+        hint = f"; {fix}" if fix else ""
+        where = "is a folder, not a file" if p.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{p}: {what} {where}{hint}")
+    return p
+
+
+def _require_dir(path: str | os.PathLike, what: str, fix: str = "") -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        hint = f"; {fix}" if fix else ""
+        raise FileNotFoundError(f"{p}: {what} folder does not exist{hint}")
+    return p
+
+
+# ---------------------------------------------------------------------------- readers
+
+def iter_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
+    """Yield ``(lineno, line)`` (1-based, line ending stripped); ``.gz`` files are read transparently.
+
+    Each line is decoded strictly, so undecodable bytes raise a :class:`DataError`
+    naming the file, line and column instead of turning into replacement characters.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode(encoding)
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: byte {raw[e.start:e.start + 1]!r} at column {e.start + 1} is not "
+                    f"valid {encoding}; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`) "
+                    "or fix that line"
+                ) from None
+            yield lineno, line.rstrip("\r\n")
+
+
+_WS = re.compile(r"\s+")
+
+
+def normalize_space(s: str) -> str:
+    """Collapse every whitespace run (newlines included) into one space and strip the ends."""
+    return _WS.sub(" ", s).strip()
+
+
+# ---------------------------------------------------------------------------- builder
+
+class DocTable:
+    """Accumulates parsed documents, checking each one where it was read.
+
+    Parameters
+    ----------
+    on_empty : {"error", "drop", "keep", "title"}
+        What to do with a document whose text is empty: raise (default), drop it
+        (counted in ``info["filtered"]["empty_text"]``), keep it as is (ids listed in
+        ``info["empty_text"]``) or use its title as text (ids in ``info["text_from_title"]``;
+        an error when the title is empty too).
+    """
+
+    def __init__(self, on_empty: str = "error"):
+        if on_empty not in ON_EMPTY:
+            raise ValueError(f"on_empty={on_empty!r}; use one of {ON_EMPTY}")
+        self.on_empty = on_empty
+        self.doc_ids: list[str] = []
+        self.texts: list[str] = []
+        self.titles: list[str | None] = []
+        self.labels: list[str | None] = []
+        self.where: dict[str, str] = {}
+        self.filtered: Counter[str] = Counter()
+        self.empty_text: list[str] = []
+        self.text_from_title: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    def add(self, doc_id: str, text: str, title: str | None = None, label: str | None = None,
+            where: str = "") -> None:
+        """Add one document read at ``where`` (``"file:line"``)."""
+        if not doc_id:
+            raise DataError(f"{where}: empty doc id; give every document a non-empty id")
+        if doc_id in self.where:
+            raise DataError(
+                f"{where}: duplicate doc_id {doc_id!r} (first seen at {self.where[doc_id]}); "
+                "give each document a unique id or delete the duplicate"
+            )
+        title = title or None
+        if not text.strip():
+            if self.on_empty == "drop":
+                self.filtered["empty_text"] += 1
+                return
+            if self.on_empty == "keep":
+                self.empty_text.append(doc_id)
+            elif self.on_empty == "title" and title:
+                text = title
+                self.text_from_title.append(doc_id)
+            else:
+                extra = " and no title" if self.on_empty == "title" else ""
+                raise DataError(
+                    f"{where}: document {doc_id!r} has empty text{extra}; fill it in or delete the record "
+                    "(or load with on_empty='drop' to skip such documents, counted in "
+                    "corpus.info['filtered'], on_empty='title' to use the title as text, or on_empty='keep')"
+                )
+        self.where[doc_id] = where
+        self.doc_ids.append(doc_id)
+        self.texts.append(text)
+        self.titles.append(title)
+        self.labels.append(label)
+
+    def build(self, name: str, source: str, info: dict | None = None) -> "Corpus":
+        """The finished :class:`Corpus`; empty title/label columns become ``None``."""
+        if not self.doc_ids:
+            raise DataError(f"{source}: no documents were read; check that the path points at the data")
+        info = dict(info or {})
+        info.setdefault("source", source)
+        filtered = Counter(info.get("filtered", {}))
+        filtered.update(self.filtered)
+        info["filtered"] = dict(filtered)
+        if self.empty_text:
+            info["empty_text"] = list(self.empty_text)
+            log.warning("%s: kept %d documents with empty text: %s", source, len(self.empty_text),
+                        ", ".join(self.empty_text[:10]))
+        if self.text_from_title:
+            info["text_from_title"] = list(self.text_from_title)
+            log.info("%s: %d documents have no body; their title is used as text",
+                     source, len(self.text_from_title))
+        if any(filtered.values()):
+            log.info("%s: filtered %s", source, ", ".join(f"{k}={v}" for k, v in filtered.items() if v))
+        titles = self.titles if any(t is not None for t in self.titles) else None
+        labels = self.labels if all(lab is not None for lab in self.labels) else None
+        if labels is None and any(lab is not None for lab in self.labels):
+            missing = next(d for d, lab in zip(self.doc_ids, self.labels) if lab is None)
+            raise DataError(f"{self.where[missing]}: document {missing!r} has no label while others do; "
+                            "label every document or none")
+        corpus = Corpus(name=name, doc_ids=self.doc_ids, texts=self.texts, titles=titles,
+                        labels=labels, info=info)
+        log.info("loaded %s: %d documents from %s", name, len(corpus), source)
+        return corpus
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _take(xs: list, idx: np.ndarray) -> list:
+    """``[xs[i] for i in idx]`` done in C (object-array fancy indexing)."""
+    if len(idx) == 0:
+        return []
+    arr = np.empty(len(xs), dtype=object)
+    arr[:] = xs
+    return arr[idx].tolist()
+
+
+def _as_indices(indices: Iterable[int] | np.ndarray, n: int, what: str) -> np.ndarray:
+    idx = np.asarray(list(indices) if not isinstance(indices, np.ndarray) else indices)
+    if idx.dtype == bool:
+        if idx.shape != (n,):
+            raise ValueError(f"{what}.select: boolean mask of shape {idx.shape}, expected ({n},)")
+        return np.flatnonzero(idx)
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{what}.select: expected a 1-D sequence of integer positions, got dtype "
+                         f"{idx.dtype} and shape {idx.shape}")
+    if idx.min() < -n or idx.max() >= n:
+        raise IndexError(f"{what}.select: position out of range for {n} items "
+                         f"(min {idx.min()}, max {idx.max()})")
+    return idx.astype(np.int64) % max(n, 1)
+
+
+def _first_duplicate(items: Sequence[str]) -> str | None:
+    seen: set[str] = set()
+    for x in items:
+        if x in seen:
+            return x
+        seen.add(x)
+    return None
+
+
+def _join_title(title: str | None, text: str, sep: str) -> str:
+    if not title:
+        return text
+    t = title.strip()
+    if text.startswith(t):  # Cranfield repeats the title at the start of the abstract
+        return text
+    if sep == ". " and t[-1:] in ".!?:;":
+        return f"{t} {text}"
+    return f"{t}{sep}{text}"
+
+
+# ---------------------------------------------------------------------------- Corpus
+
+@dataclass(eq=False, repr=False)
+class Corpus:
+    """Documents: ids, texts, optional titles and labels, plus loader ``info``.
+
+    Attributes
+    ----------
+    name : str
+        Short name (``"r5"``, ``"cranfield"``, a BEIR folder name, ...).
+    doc_ids : list[str] of length n_docs
+        Unique document ids.
+    texts : list[str] of length n_docs
+        Document bodies (titles kept separately).
+    titles : list[str | None] of length n_docs, or None when no document has a title.
+    labels : list[str] of length n_docs, or None for unlabelled corpora.
+    info : dict
+        What the loader did: ``source``, ``filtered`` (reason -> count), label counts, ...
+    """
+
+    name: str
+    doc_ids: list[str]
+    texts: list[str]
+    titles: list[str | None] | None = None
+    labels: list[str] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.doc_ids = [str(d) for d in self.doc_ids]
+        self.texts = list(self.texts)
+        n = len(self.doc_ids)
+        for col in ("texts", "titles", "labels"):
+            v = getattr(self, col)
+            if v is not None:
+                v = list(v)
+                setattr(self, col, v)
+                if len(v) != n:
+                    raise ValueError(f"Corpus {self.name!r}: {len(v)} {col} for {n} doc_ids; "
+                                     "every column needs one entry per document")
+        dup = _first_duplicate(self.doc_ids) if len(set(self.doc_ids)) != n else None
+        if dup is not None:
+            raise DataError(f"Corpus {self.name!r}: duplicate doc_id {dup!r}; doc ids must be unique")
+
+    # ------------------------------------------------------------------ basics
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    def __repr__(self) -> str:
+        extra = []
+        if self.titles is not None:
+            extra.append("titles")
+        if self.labels is not None:
+            extra.append(f"{len(set(self.labels))} labels")
+        return f"Corpus(name={self.name!r}, n_docs={len(self)}{', ' + ', '.join(extra) if extra else ''})"
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """One document as a dict with keys doc_id, text, title, label."""
+        return {
+            "doc_id": self.doc_ids[i],
+            "text": self.texts[i],
+            "title": None if self.titles is None else self.titles[i],
+            "label": None if self.labels is None else self.labels[i],
+        }
+
+    @cached_property
+    def _pos(self) -> dict[str, int]:
+        return {d: i for i, d in enumerate(self.doc_ids)}
+
+    def indices(self, doc_ids: Iterable[str]) -> np.ndarray:
+        """Positions of ``doc_ids`` in this corpus, of shape (len(doc_ids),); unknown ids raise."""
+        pos = self._pos
+        out = []
+        for d in doc_ids:
+            if d not in pos:
+                raise KeyError(f"doc_id {d!r} is not in corpus {self.name!r} ({len(self)} documents)")
+            out.append(pos[d])
+        return np.asarray(out, dtype=np.int64)
+
+    @property
+    def label_names(self) -> list[str]:
+        """Sorted distinct labels ([] for an unlabelled corpus)."""
+        return sorted(set(self.labels)) if self.labels is not None else []
+
+    # ------------------------------------------------------------------ subsets
+    def select(self, indices: Iterable[int] | np.ndarray) -> "Corpus":
+        """Subset in the order of ``indices`` (integer positions or a boolean mask of shape (n_docs,))."""
+        idx = _as_indices(indices, len(self), "Corpus")
+        return Corpus(
+            name=self.name,
+            doc_ids=_take(self.doc_ids, idx),
+            texts=_take(self.texts, idx),
+            titles=None if self.titles is None else _take(self.titles, idx),
+            labels=None if self.labels is None else _take(self.labels, idx),
+            info=dict(self.info),
+        )
+
+    def sample(self, n: int | None, seed: int = 0) -> "Corpus":
+        """``n`` documents uniformly without replacement, kept in corpus order; deterministic in ``seed``.
+
+        ``n=None`` or ``n >= len(self)`` returns the whole corpus.
+        """
+        if n is None or n >= len(self):
+            return self
+        if n < 0:
+            raise ValueError(f"Corpus.sample: n={n}; use a non-negative number of documents or None for all")
+        rng = np.random.default_rng(seed)
+        idx = np.sort(rng.choice(len(self), size=n, replace=False))
+        out = self.select(idx)
+        out.info["sample"] = {"n": int(n), "seed": int(seed), "of": len(self)}
+        return out
+
+    # ------------------------------------------------------------------ views
+    def model_inputs(self, with_title: bool = True, sep: str = ". ") -> list[str]:
+        """Texts as fed to a model: ``"title. text"`` where a title exists, else the text.
+
+        No separator is doubled when the title already ends with punctuation, and the
+        title is not prepended when the text already starts with it (Cranfield).
+        ``sep="\\n"`` gives ``"title\\ntext"``.
+        """
+        if not with_title or self.titles is None:
+            return list(self.texts)
+        return [_join_title(t, x, sep) for t, x in zip(self.titles, self.texts)]
+
+    @cached_property
+    def dataset(self):
+        """A ``datasets.Dataset`` with string columns doc_id, text, title, label (None where absent)."""
+        import datasets
+
+        n = len(self)
+        features = datasets.Features({c: datasets.Value("string") for c in ("doc_id", "text", "title", "label")})
+        return datasets.Dataset.from_dict(
+            {
+                "doc_id": self.doc_ids,
+                "text": self.texts,
+                "title": self.titles if self.titles is not None else [None] * n,
+                "label": self.labels if self.labels is not None else [None] * n,
+            },
+            features=features,
+        )
+
+    @classmethod
+    def from_dataset(cls, ds, name: str, info: dict | None = None) -> "Corpus":
+        """Build a Corpus from a ``datasets.Dataset`` with columns doc_id, text and optionally title, label."""
+        for col in ("doc_id", "text"):
+            if col not in ds.column_names:
+                raise DataError(f"dataset for {name!r} has no {col!r} column (columns: {ds.column_names})")
+        titles = list(ds["title"]) if "title" in ds.column_names else None
+        labels = list(ds["label"]) if "label" in ds.column_names else None
+        if titles is not None and all(t is None for t in titles):
+            titles = None
+        if labels is not None and all(lab is None for lab in labels):
+            labels = None
+        return cls(name=name, doc_ids=list(ds["doc_id"]), texts=list(ds["text"]), titles=titles,
+                   labels=labels, info=dict(info or {}))
+
+
+# ---------------------------------------------------------------------------- QuerySet
+
+@dataclass(eq=False, repr=False)
+class QuerySet:
+    """Queries with their relevant documents.
+
+    Attributes
+    ----------
+    name : str
+    qids : list[str] of length n_queries
+        Query ids, unique within a split.
+    texts : list[str] of length n_queries
+    relevant : list[list[str]] of length n_queries
+        Relevant doc ids per query (at least one each), in the order the judgements were read.
+    splits : list[str] of length n_queries
+        ``"train"``, ``"dev"``, ``"test"``, ...
+    grades : list[list[int]] aligned with ``relevant``, or None
+        The source's relevance code for each relevant doc (Cranfield: 1 = most relevant ... 4).
+    info : dict
+        What the loader did (``source``, ``filtered``, ...).
+    """
+
+    name: str
+    qids: list[str]
+    texts: list[str]
+    relevant: list[list[str]]
+    splits: list[str]
+    grades: list[list[int]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.qids = [str(q) for q in self.qids]
+        n = len(self.qids)
+        for col in ("texts", "relevant", "splits", "grades"):
+            v = getattr(self, col)
+            if v is not None:
+                v = list(v)
+                setattr(self, col, v)
+                if len(v) != n:
+                    raise ValueError(f"QuerySet {self.name!r}: {len(v)} {col} for {n} qids; "
+                                     "every column needs one entry per query")
+        if self.grades is not None:
+            for q, r, g in zip(self.qids, self.relevant, self.grades):
+                if len(r) != len(g):
+                    raise ValueError(f"QuerySet {self.name!r}: query {q!r} has {len(r)} relevant docs "
+                                     f"but {len(g)} grades")
+        keys = list(zip(self.splits, self.qids))
+        if len(set(keys)) != n:
+            split, qid = _first_duplicate([f"{s}\x00{q}" for s, q in keys]).split("\x00")  # type: ignore[union-attr]
+            raise DataError(f"QuerySet {self.name!r}: duplicate qid {qid!r} in split {split!r}; "
+                            "query ids must be unique within a split")
+
+    def __len__(self) -> int:
+        return len(self.qids)
+
+    def __repr__(self) -> str:
+        counts = Counter(self.splits)
+        return f"QuerySet(name={self.name!r}, n_queries={len(self)}, splits={dict(counts)})"
+
+    @property
+    def split_names(self) -> list[str]:
+        """Distinct splits in order of first appearance."""
+        return list(dict.fromkeys(self.splits))
+
+    def select(self, indices: Iterable[int] | np.ndarray) -> "QuerySet":
+        """Subset in the order of ``indices`` (integer positions or a boolean mask of shape (n_queries,))."""
+        idx = _as_indices(indices, len(self), "QuerySet")
+        return QuerySet(
+            name=self.name,
+            qids=_take(self.qids, idx),
+            texts=_take(self.texts, idx),
+            relevant=_take(self.relevant, idx),
+            splits=_take(self.splits, idx),
+            grades=None if self.grades is None else _take(self.grades, idx),
+            info=dict(self.info),
+        )
+
+    def filter(self, split: str | Sequence[str] | None = None) -> "QuerySet":
+        """Queries of the given split(s); ``None`` keeps all. An absent split is an error."""
+        if split is None:
+            return self
+        wanted = [split] if isinstance(split, str) else list(split)
+        missing = [s for s in wanted if s not in set(self.splits)]
+        if missing:
+            raise DataError(f"QuerySet {self.name!r} has no split {missing[0]!r}; "
+                            f"available: {self.split_names}")
+        mask = np.isin(np.asarray(self.splits, dtype=object), wanted)
+        return self.select(mask)
+
+    def qrels(self) -> dict[str, dict[str, int]]:
+        """Binary qrels ``{qid: {doc_id: 1}}`` (e.g. for ir_measures); qids must be unique across splits."""
+        if len(set(self.qids)) != len(self):
+            raise DataError(f"QuerySet {self.name!r}: a qid occurs in several splits; "
+                            "call .filter(split=...) first")
+        return {q: {d: 1 for d in rel} for q, rel in zip(self.qids, self.relevant)}
+
+    def check_against(self, corpus: Corpus | Iterable[str], source: str = "") -> None:
+        """Raise a DataError naming the first query whose relevant doc id is not in ``corpus``."""
+        known = corpus._pos if isinstance(corpus, Corpus) else set(corpus)
+        for q, s, rel in zip(self.qids, self.splits, self.relevant):
+            for d in rel:
+                if d not in known:
+                    where = f"{source}: " if source else ""
+                    raise DataError(f"{where}query {q!r} ({s}) names doc_id {d!r}, which is not in the corpus; "
+                                    "fix the judgement or load the matching corpus")
+
+    @property
+    def dataset(self):
+        """A ``datasets.Dataset`` with columns qid, text, relevant (list of str), split."""
+        import datasets
+
+        return datasets.Dataset.from_dict(
+            {"qid": self.qids, "text": self.texts, "relevant": self.relevant, "split": self.splits}
+        )

@@ -1,0 +1,145 @@
+"""Reuters-21578 (Distribution 1.0): the 22 SGML files, parsed here with regular expressions.
+
+R2 and R5 follow the definition in ``shared/data/README.md``: stories that have a BODY
+and exactly one TOPICS label, restricted to {earn, acq} (R2, 5,860 stories) or to the
+five most frequent topics {earn, acq, crude, trade, money-fx} (R5, 6,807 stories).
+Text is the body (entities unescaped, control characters and the trailing
+" Reuter &#3;" removed, one paragraph per line); the headline is the title; the
+label is the topic; the doc id is NEWID.
+"""
+from __future__ import annotations
+
+import html
+import logging
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from gdr.data.core import Corpus, DataError, DocTable, _require_dir, data_dir, normalize_space
+
+__all__ = ["R2_TOPICS", "R5_TOPICS", "load_reuters"]
+
+log = logging.getLogger(__name__)
+
+R2_TOPICS = ("earn", "acq")
+R5_TOPICS = ("earn", "acq", "crude", "trade", "money-fx")
+N_FILES = 22
+
+_STORY = re.compile(r"<REUTERS([^>]*)>(.*?)</REUTERS>", re.S)
+_ATTR = re.compile(r'([A-Z]+)="([^"]*)"')
+_TOPICS = re.compile(r"<TOPICS>(.*?)</TOPICS>", re.S)
+_D = re.compile(r"<D>(.*?)</D>", re.S)
+_TITLE = re.compile(r"<TITLE>(.*?)</TITLE>", re.S)
+_BODY = re.compile(r"<BODY>(.*?)</BODY>", re.S)
+# The wire trailer: "Reuter", "REUTER...", "reuter^M" (a literal caret-M) before the &#3; end-of-text mark.
+# It must start a line or follow a sentence end, so "... told Reuters" stays.
+_TRAILER = re.compile(r"(?:(?<=[\n.!?\"])\s*reuters?\b(?:\.\.\.|\^M|\s)*)?\s*(?:&#3;)?\s*$", re.I)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_PARA = re.compile(r"\n\s{2,}")  # paragraphs start on an indented line
+
+
+def _clean(raw: str) -> str:
+    s = html.unescape(raw)
+    s = _CONTROL.sub("", s)
+    return s
+
+
+def _body_text(raw: str) -> str:
+    # Only the tail can hold the trailer (regex over the whole body is slow); twice, because a few
+    # stories end "REUTER\n Reuter\n&#3;".
+    head, tail = raw[:-100], raw[-100:]
+    raw = head + _TRAILER.sub("", _TRAILER.sub("", tail))
+    paras = (normalize_space(p) for p in _PARA.split(_clean(raw)))
+    return "\n".join(p for p in paras if p)
+
+
+def load_reuters(
+    path: str | os.PathLike | None = None,
+    topics: Sequence[str] = R5_TOPICS,
+    split: str | None = None,
+    name: str | None = None,
+) -> Corpus:
+    """Load Reuters-21578 stories with a body and exactly one of ``topics`` as their only TOPICS label.
+
+    Parameters
+    ----------
+    path : folder holding ``reut2-000.sgm`` .. ``reut2-021.sgm`` (default ``<data>/reuters21578``).
+    topics : the topics to keep (``R2_TOPICS``, ``R5_TOPICS`` or any others).
+    split : ``None`` for all stories, or ``"train"`` / ``"test"`` / ``"not-used"`` (the LEWISSPLIT attribute).
+    name : corpus name (default ``"r2"`` / ``"r5"`` for those topic sets, else ``"reuters"``).
+
+    Returns
+    -------
+    Corpus with titles and labels; ``info["filtered"]`` counts every story left out, by reason
+    (``no_body``, ``no_topic``, ``several_topics``, ``other_topic``, ``other_split``), and
+    ``info["label_counts"]`` the kept stories per topic.
+    """
+    folder = _require_dir(path or data_dir() / "reuters21578", "Reuters-21578",
+                          "pass path= the folder holding reut2-000.sgm .. reut2-021.sgm, or set GDR_DATA_DIR")
+    files = sorted(folder.glob("reut2-*.sgm"))
+    if len(files) != N_FILES:
+        raise FileNotFoundError(f"{folder}: found {len(files)} reut2-*.sgm files, expected {N_FILES}; "
+                                "point path= at a complete Reuters-21578 Distribution 1.0 copy")
+    topics = tuple(topics)
+    keep = set(topics)
+    if name is None:
+        name = {R2_TOPICS: "r2", R5_TOPICS: "r5"}.get(topics, "reuters")
+    want_split = None if split is None else split.upper()
+    if want_split is not None and want_split not in {"TRAIN", "TEST", "NOT-USED"}:
+        raise ValueError(f"split={split!r}; Reuters LEWISSPLIT values are 'train', 'test', 'not-used'")
+
+    table = DocTable(on_empty="error")
+    filtered: Counter[str] = Counter()
+    n_stories = 0
+    for f in files:
+        # latin-1 maps every byte, so decoding cannot fail
+        text = f.read_text(encoding="latin-1")
+        line, pos = 1, 0  # line number of `pos`, advanced incrementally for error messages
+        for m in _STORY.finditer(text):
+            n_stories += 1
+            line += text.count("\n", pos, m.start())
+            pos = m.start()
+            attrs = dict(_ATTR.findall(m.group(1)))
+            story = m.group(2)
+            doc_id = attrs.get("NEWID")
+            if not doc_id:
+                raise DataError(f"{f}:{line}: <REUTERS> tag without NEWID; this is not an original "
+                                "Reuters-21578 file, restore it from the distribution")
+            if want_split is not None and attrs.get("LEWISSPLIT") != want_split:
+                filtered["other_split"] += 1
+                continue
+            body = _BODY.search(story)
+            if body is None:
+                filtered["no_body"] += 1
+                continue
+            tm = _TOPICS.search(story)
+            labels = _D.findall(tm.group(1)) if tm else []
+            if not labels:
+                filtered["no_topic"] += 1
+                continue
+            if len(labels) > 1:
+                filtered["several_topics"] += 1
+                continue
+            if labels[0] not in keep:
+                filtered["other_topic"] += 1
+                continue
+            tt = _TITLE.search(story)
+            title = normalize_space(_clean(tt.group(1))) if tt else None
+            table.add(doc_id, _body_text(body.group(1)), title=title, label=labels[0],
+                      where=f"{f}:{line} (NEWID {doc_id})")
+    info = {
+        "topics": list(topics),
+        "split": split,
+        "n_stories": n_stories,
+        "filtered": dict(filtered),
+        "label_counts": dict(Counter(table.labels).most_common()),
+        "definition": "stories with a BODY and exactly one TOPICS label in `topics`",
+    }
+    corpus = table.build(name, str(folder), info)
+    missing = [t for t in topics if t not in corpus.info["label_counts"]]
+    if missing:
+        raise DataError(f"{folder}: no story kept for topic(s) {missing}; check the topic names "
+                        f"(e.g. {list(R5_TOPICS)})")
+    return corpus

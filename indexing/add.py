@@ -1,0 +1,205 @@
+"""`gdr index add`: place new documents into an existing GC tree without re-clustering.
+
+A new document (its row of log P over the *same* J queries) is clipped with the root's Eq.-clip
+bounds and descends the tree: at each internal node it goes to the child whose stored
+centroid has the smallest GC distortion
+``d(x, k) = (1/J) sum_j W~_xj (log P~_xj - log c_kj)`` with ``W~ = (P~ / phi~)^alpha`` on that
+node's resampled columns and localized phi~ (exactly what clustering at that node used).
+At a leaf with n positions in use it takes position n, so the code stays prefix-free (a leaf's
+documents end in distinct final positions, and nothing is below a leaf).
+
+Full leaves. Positions must stay < K, so a leaf holds at most K documents (the clustering
+limit c only bounds leaves it built). We never change an existing code (a trained retriever
+depends on them) and never split a leaf. Instead, the descent is capacity-aware: at each node
+the children are ranked by distortion and the best one *with room* is taken (a leaf with < K
+documents, or an internal node with room below it); if no child has room and the node has
+m < K children, a new leaf child m is opened (its centroid = the document's own normalised W
+row, Eq. init) and the document gets code ``path + (m, 0)``. Only if the whole tree is full
+is it an error. Documents whose greedy leaf has room (the usual case) are placed in batches;
+only overflowing ones take the per-document capacity-aware path.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.special import logsumexp
+
+from gdr.cluster import distortion_matrix, log_weights
+from gdr.io import atomic_write_json, write_manifest
+from indexing.docids import format_code, read_docids, write_docids
+from indexing.pmatrix import PMatrix, load_pmatrix_run
+from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
+from indexing.summary import summarize, write_summary
+
+__all__ = ["AddResult", "place_documents", "add_to_index"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AddResult:
+    doc_ids: list[str]
+    codes: list[tuple[int, ...]]
+    n_new_leaves: int      # leaves opened because the preferred ones were full
+    n_redirected: int      # documents that did not go to their greedy (best) leaf
+
+
+def _node_weights(x: np.ndarray, st: NodeState, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    xs = x[:, st.columns]                                              # P~ (b, J)
+    return xs, log_weights(xs, st.log_phi[st.columns], alpha)          # log W~ (b, J)
+
+
+def _node_distortion(x: np.ndarray, st: NodeState, alpha: float) -> np.ndarray:
+    """d(x, k) at a node for clipped rows ``x`` (b, J): float64 of shape (b, m)."""
+    xs, lw = _node_weights(x, st, alpha)
+    return distortion_matrix(xs, lw, st.log_centroids)
+
+
+class _Placer:
+    def __init__(self, st: TreeState):
+        self.st = st
+        self.K = st.n_clusters
+        self.full: set[tuple[int, ...]] = set()  # subtrees known to be full (they only fill up)
+        self.n_new_leaves = 0
+
+    def has_room(self, path: tuple[int, ...]) -> bool:
+        if path in self.full:
+            return False
+        st = self.st
+        if path in st.leaves:
+            room = st.leaves[path] < self.K
+        else:
+            node = st.nodes[path]
+            room = node.n_children < self.K or any(self.has_room(path + (k,)) for k in range(node.n_children))
+        if not room:
+            self.full.add(path)
+        return room
+
+    def take(self, leaf: tuple[int, ...]) -> tuple[int, ...]:
+        pos = self.st.leaves[leaf]
+        self.st.leaves[leaf] = pos + 1
+        return leaf + (pos,)
+
+    def place_one(self, x: np.ndarray) -> tuple[int, ...]:
+        """Capacity-aware descent of one clipped row ``x`` (1, J)."""
+        st, path = self.st, ()
+        if path in st.leaves:
+            if not self.has_room(path):
+                raise ValueError(f"the index is full: its root is a leaf with {self.K} = K documents")
+            return self.take(path)
+        while True:
+            node = st.nodes[path]
+            order = np.argsort(_node_distortion(x, node, st.alpha)[0], kind="stable")
+            child = next((path + (int(k),) for k in order if self.has_room(path + (int(k),))), None)
+            if child is None:
+                if node.n_children >= self.K:
+                    raise ValueError(f"the index is full below node {format_code(path) or 'root'}")
+                _, lw = _node_weights(x, node, st.alpha)
+                c = lw[0].astype(np.float64)
+                node.log_centroids = np.vstack([node.log_centroids, (c - logsumexp(c))[None].astype(np.float32)])
+                child = path + (node.n_children - 1,)
+                st.leaves[child] = 0
+                self.n_new_leaves += 1
+            if child in st.leaves:
+                return self.take(child)
+            path = child
+
+
+def place_documents(st: TreeState, pmatrix: PMatrix, *, chunk_rows: int = 2048) -> tuple[list[tuple[int, ...]], dict]:
+    """Codes for the rows of ``pmatrix`` (new documents x the same J queries); updates ``st`` in place."""
+    if pmatrix.n_cols != st.n_queries:
+        raise ValueError(f"the index was built on J = {st.n_queries} queries but the new P matrix has "
+                         f"{pmatrix.n_cols} columns in use")
+    placer = _Placer(st)
+    clip = None if st.clip_upper is None else np.asarray(st.clip_upper).astype(np.float32)
+    codes: list[tuple[int, ...]] = []
+    n_redirected = 0
+    for _, x in pmatrix.iter_rows(None, chunk_rows):                    # chunks in order: deterministic ids
+        if clip is not None:
+            np.minimum(x, clip, out=x)
+        n = len(x)
+        greedy: dict[tuple[int, ...], list[np.ndarray]] = defaultdict(list)
+        if () in st.leaves:
+            greedy[()].append(np.arange(n))
+        frontier = {(): np.arange(n)} if () in st.nodes else {}
+        while frontier:                                                 # level by level, vectorized per node
+            nxt: dict[tuple[int, ...], list[np.ndarray]] = defaultdict(list)
+            for path, idx in frontier.items():
+                best = _node_distortion(x[idx], st.nodes[path], st.alpha).argmin(axis=1)
+                for k in np.unique(best):
+                    child = path + (int(k),)
+                    (nxt if child in st.nodes else greedy)[child].append(idx[best == k])
+            frontier = {p: np.sort(np.concatenate(v)) for p, v in nxt.items()}
+        chunk_codes: list[tuple[int, ...] | None] = [None] * n
+        overflow = []
+        for leaf in sorted(greedy, key=lambda p: (len(p), p)):
+            idx = np.sort(np.concatenate(greedy[leaf]))
+            free = max(st.n_clusters - st.leaves[leaf], 0)
+            for i in idx[:free].tolist():
+                chunk_codes[i] = placer.take(leaf)
+            overflow.extend(idx[free:].tolist())
+        for i in sorted(overflow):                                     # rare: per-document, capacity-aware
+            chunk_codes[i] = placer.place_one(x[i:i + 1])
+        n_redirected += len(overflow)
+        codes.extend(chunk_codes)  # type: ignore[arg-type]
+    return codes, {"n_new_leaves": placer.n_new_leaves, "n_redirected": n_redirected}
+
+
+def _update_tree_json(path: Path, new_codes: list[tuple[int, ...]]) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        tree = json.load(f)
+    by_path = {n["path"]: n for n in tree["nodes"]}
+    for code in new_codes:
+        leaf = code[:-1]
+        for d in range(len(leaf) + 1):
+            p = format_code(leaf[:d])
+            if p not in by_path:  # a leaf opened by this add
+                rec = {"path": p, "depth": d, "size": 0, "children": 0, "added": True}
+                tree["nodes"].append(rec)
+                by_path[p] = rec
+                by_path[format_code(leaf[:d - 1])]["children"] += 1
+            by_path[p]["size"] += 1
+    tree["n_docs"] += len(new_codes)
+    tree["depth"] = max(tree["depth"], max((len(c) for c in new_codes), default=0))
+    atomic_write_json(path, tree)
+    return tree["nodes"]
+
+
+def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = 2048,
+                 plot: bool = True) -> AddResult:
+    """Add the documents of P-matrix run ``run_dir`` to the GC index in ``index_dir``.
+
+    Rewrites ``docids.tsv`` (old lines, then the new ones), ``tree_state.npz``, ``tree.json`` and the
+    summary, each atomically, and writes ``manifest.add-<n>.json``.
+    """
+    index_dir = Path(index_dir)
+    st = load_tree_state(index_dir / "tree_state.npz")
+    run = load_pmatrix_run(run_dir, n_queries=st.n_queries)
+    if st.query_hash and run.query_hash != st.query_hash:
+        raise ValueError(f"{run.path / 'queries.jsonl'}: the first {st.n_queries} query ids differ from those the "
+                         f"index in {index_dir} was built on; score the new documents against the same queries")
+    old_ids, old_codes = read_docids(index_dir / "docids.tsv")
+    known = set(old_ids)
+    dup = next((d for d in run.doc_ids if d in known), None)
+    if dup is not None:
+        raise ValueError(f"doc id {dup!r} of {run.path / 'doc_ids.json'} is already in {index_dir / 'docids.tsv'}; "
+                         "drop already indexed documents from the new run")
+    codes, stats = place_documents(st, run.pmatrix, chunk_rows=chunk_rows)
+    # state first: if we die before docids.tsv is rewritten, a retry uses fresh positions (gaps, no clashes)
+    save_tree_state(index_dir / "tree_state.npz", st)
+    write_docids(index_dir / "docids.tsv", old_ids + run.doc_ids, old_codes + codes)
+    nodes = _update_tree_json(index_dir / "tree.json", codes)
+    summary = summarize(old_codes + codes, nodes, st.n_clusters, st.leaf_size, method="gc")
+    write_summary(index_dir, summary, plot=plot)
+    n_prev = len(list(index_dir.glob("manifest.add-*.json")))
+    write_manifest(index_dir, name=f"manifest.add-{n_prev + 1}.json", command="index add", run=str(run.path),
+                   n_added=len(codes), n_total=len(old_codes) + len(codes), **stats)
+    log.info("added %d documents to %s (%d redirected from a full leaf, %d new leaves)", len(codes), index_dir,
+             stats["n_redirected"], stats["n_new_leaves"])
+    return AddResult(doc_ids=list(run.doc_ids), codes=codes, **stats)

@@ -1,0 +1,130 @@
+"""Baseline indexers by hierarchical k-means (faiss) on embeddings, same K, c and driver as GC.
+
+* HKmI (DSI, NCI): embeddings of the documents themselves.
+* BMI (Du et al. 2024): each document is the mean embedding of its generated queries.
+
+Embeddings come from any ``embed_fn(texts) -> (n, d) float32`` (default
+:func:`gdr.embed.embed_texts` with the bundled ``minilm-l6``), so tests inject a tiny one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from gdr.io import read_jsonl
+from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
+
+__all__ = [
+    "EmbedFn",
+    "default_embed_fn",
+    "KMeansSplitter",
+    "build_kmeans_index",
+    "document_embeddings",
+    "query_mean_embeddings",
+    "read_doc_queries",
+]
+
+log = logging.getLogger(__name__)
+
+EmbedFn = Callable[[Sequence[str]], np.ndarray]
+
+
+def default_embed_fn(model: str = "minilm-l6", batch_size: int = 64) -> EmbedFn:
+    from gdr.embed import embed_texts
+
+    return lambda texts: embed_texts(texts, model=model, batch_size=batch_size)
+
+
+@dataclass
+class KMeansSplitter:
+    """faiss k-means on the rows' embeddings; seeded per node path.
+
+    embeddings: (n_docs, d) float32. ``n_init`` = faiss ``nredo``, ``max_iter`` = ``niter``.
+    Every point is used for training (no faiss subsampling) and no minimum cluster size is imposed.
+    """
+
+    embeddings: np.ndarray
+    seed: int = 0
+    n_init: int = 1
+    max_iter: int = 25
+    spherical: bool = False
+
+    def __call__(self, rows: np.ndarray, path: tuple[int, ...], n_children: int) -> SplitResult:
+        import faiss
+
+        x = np.ascontiguousarray(self.embeddings[rows], dtype=np.float32)   # (n, d)
+        seed = int(node_seed_sequence(self.seed, path).generate_state(1)[0] & 0x7FFFFFFF)
+        km = faiss.Kmeans(x.shape[1], n_children, niter=self.max_iter, nredo=self.n_init, seed=seed,
+                          spherical=self.spherical, verbose=False, min_points_per_centroid=1,
+                          max_points_per_centroid=1 << 30)
+        km.train(x)
+        _, assign = km.index.search(x, 1)
+        centroids = km.centroids.copy()
+
+        def finalize(labels: np.ndarray, kept: np.ndarray | None) -> dict:
+            if kept is not None:
+                return {"centroids": centroids[kept]}
+            m = int(labels.max()) + 1
+            sums = np.zeros((m, x.shape[1]))
+            np.add.at(sums, labels, x)
+            return {"centroids": (sums / np.bincount(labels, minlength=m)[:, None]).astype(np.float32)}
+
+        return SplitResult(labels=assign[:, 0].astype(np.int64), finalize=finalize)
+
+
+def build_kmeans_index(embeddings: np.ndarray, *, n_clusters: int = 30, leaf_size: int = 30, seed: int = 0,
+                       n_init: int = 1, max_iter: int = 25, spherical: bool = False, workers: int = 1,
+                       progress: bool = True, method: str = "hkmi") -> IndexTree:
+    """Hierarchical k-means codes for the rows of ``embeddings`` (n_docs, d)."""
+    embeddings = np.asarray(embeddings)
+    if embeddings.ndim != 2 or not len(embeddings):
+        raise ValueError(f"embeddings must have shape (n_docs, dim) with n_docs >= 1; got {embeddings.shape}")
+    if not np.isfinite(embeddings).all():
+        i = int(np.flatnonzero(~np.isfinite(embeddings).all(axis=1))[0])
+        raise ValueError(f"embedding of document row {i} is not finite; re-embed it")
+    splitter = KMeansSplitter(np.ascontiguousarray(embeddings, dtype=np.float32), seed=seed, n_init=n_init,
+                              max_iter=max_iter, spherical=spherical)
+    tree = build_tree(len(embeddings), splitter, n_clusters, leaf_size, workers=workers, progress=progress,
+                      desc=f"{method} index")
+    tree.meta.update(method=method, seed=seed)
+    return tree
+
+
+def document_embeddings(texts: Sequence[str], embed_fn: EmbedFn) -> np.ndarray:
+    """HKmI input: one embedding per document text, float32 of shape (n_docs, d)."""
+    return np.ascontiguousarray(embed_fn(list(texts)), dtype=np.float32)
+
+
+def query_mean_embeddings(doc_ids: Sequence[str], doc_queries: Mapping[str, Sequence[str]], embed_fn: EmbedFn,
+                          normalize: bool = True) -> np.ndarray:
+    """BMI input: mean embedding of each document's generated queries, float32 of shape (n_docs, d).
+
+    All query texts are embedded in one call; the per-document mean is a segment sum
+    (``np.add.reduceat``), not a loop over documents.
+    """
+    missing = [d for d in doc_ids if not doc_queries.get(d)]
+    if missing:
+        raise ValueError(f"{len(missing)} document(s) have no generated queries (first: {missing[0]!r}); BMI needs "
+                         "at least one query per document: sample queries for them or drop them")
+    counts = np.array([len(doc_queries[d]) for d in doc_ids], dtype=np.int64)
+    flat = [q for d in doc_ids for q in doc_queries[d]]
+    emb = np.asarray(embed_fn(flat), dtype=np.float64)                     # (sum counts, d)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    mean = np.add.reduceat(emb, starts, axis=0) / counts[:, None]           # (n_docs, d)
+    if normalize:
+        mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+    return mean.astype(np.float32)
+
+
+def read_doc_queries(path: str | os.PathLike) -> dict[str, list[str]]:
+    """Read ``{"doc_id": ..., "queries": [...]}`` lines (repeated doc ids are merged)."""
+    out: dict[str, list[str]] = {}
+    for i, row in enumerate(read_jsonl(path), 1):
+        if "doc_id" not in row or not isinstance(row.get("queries"), list):
+            raise ValueError(f"{path}: record {i} needs a 'doc_id' and a list 'queries'; got keys {sorted(row)}")
+        out.setdefault(str(row["doc_id"]), []).extend(str(q) for q in row["queries"])
+    return out

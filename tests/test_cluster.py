@@ -1,0 +1,335 @@
+"""Generative clustering (gdr.cluster): every equation on hand-computed toys, the loop's
+invariants, numerics at extreme log-probabilities, and the errors at the edge."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eval.clustering import ari
+from gdr.cluster import (
+    GenerativeClustering,
+    _kmeanspp_probs,
+    centroid_update,
+    clip_bounds,
+    clip_logp,
+    describe_clusters,
+    distortion_matrix,
+    fit_generative,
+    init_centroids,
+    log_proposal,
+    log_weights,
+)
+
+F64 = torch.float64
+
+
+def planted(n=120, j=24, k=3, sep=4.0, noise=1.0, seed=0, doc_offset=0.0):
+    """Documents of a cluster share a profile over queries; optional per-document offsets."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % k
+    profile = -40.0 + rng.normal(0.0, sep, (k, j))
+    lp = profile[y] + rng.normal(0.0, noise, (n, j)) + rng.uniform(-doc_offset, 0.0, (n, 1))
+    return lp, y
+
+
+def pipeline(lp, alpha=0.25, n_sigma=5.0, method="power"):
+    c = clip_logp(lp, n_sigma)
+    phi = log_proposal(c, alpha, method)
+    return c, log_weights(c, phi, alpha)
+
+
+# ---------------------------------------------------------------- Eq. clip
+
+def test_clip_hand_computed_one_sigma():
+    # column 0: [0,0,0,4]: mu=1, sigma=sqrt(3) -> bound 1+sqrt(3); column 1: [1,2,3,4]: mu=2.5, sigma=sqrt(1.25)
+    lp = np.array([[0.0, 1.0], [0.0, 2.0], [0.0, 3.0], [4.0, 4.0]])
+    out = clip_logp(lp, n_sigma=1.0)
+    b0, b1 = 1 + math.sqrt(3), 2.5 + math.sqrt(1.25)
+    np.testing.assert_allclose(out, [[0, 1], [0, 2], [0, 3], [b0, b1]])
+    np.testing.assert_allclose(clip_bounds(lp, 1.0), [b0, b1])
+    assert lp[3, 0] == 4.0  # input untouched
+
+
+def test_clip_five_sigma_uses_population_std():
+    # n values, one outlier M and the rest 0: the outlier's z-score is exactly sqrt(n - 1)
+    def column(n):
+        return np.r_[np.zeros(n - 1), 10.0][:, None]
+    assert clip_logp(column(25))[-1, 0] == 10.0          # z = sqrt(24) < 5: kept
+    clipped = clip_logp(column(27))[-1, 0]               # z = sqrt(26) > 5: set to mu + 5 sigma
+    mu, sigma = 10 / 27, 10 * math.sqrt(26) / 27
+    assert clipped == pytest.approx(mu + 5 * sigma)
+    assert clip_logp(np.float32(column(27))).dtype == np.float32
+
+
+# ---------------------------------------------------------------- Eq. vmp, weights
+
+def test_proposal_hand_computed():
+    # P column [0.04, 0.16]: power (alpha=1/4): ((0.2 + 0.4) / 2)^2 = 0.09; naive: mean = 0.1
+    lp = np.log([[0.04], [0.16]])
+    np.testing.assert_allclose(log_proposal(lp, 0.25, "power"), [math.log(0.09)])
+    np.testing.assert_allclose(log_proposal(lp, 0.25, "naive"), [math.log(0.1)])
+    np.testing.assert_allclose(log_proposal(lp, 0.5, "power"), [math.log(0.1)])   # 2 alpha = 1: mean
+    np.testing.assert_allclose(log_proposal(lp, 0.0, "power"), [np.log([0.04, 0.16]).mean()])
+
+
+def test_proposal_no_underflow_far_in_the_tail():
+    lp = np.array([[-300.0], [-302.0]])
+    expect = -300 + 2 * math.log((1 + math.exp(-1)) / 2)     # 2 * (logsumexp(-150, -151) - log 2)
+    np.testing.assert_allclose(log_proposal(lp, 0.25), [expect])
+    np.testing.assert_allclose(log_proposal(lp, 0.25, "naive"), [-300 + math.log((1 + math.exp(-2)) / 2)])
+
+
+def test_weights_hand_computed():
+    lp = np.log([[0.04], [0.16]])
+    lw = log_weights(lp, np.array([math.log(0.09)]), 0.25)
+    np.testing.assert_allclose(np.exp(lw), [[(0.04 / 0.09) ** 0.25], [(0.16 / 0.09) ** 0.25]])
+
+
+@pytest.mark.parametrize("alpha", [0.25, 1.0])
+def test_phi_and_w_match_direct_formulas(alpha):
+    rng = np.random.default_rng(1)
+    lp = rng.uniform(-6.0, -1.0, (50, 7))
+    p = np.exp(lp)
+    phi = np.mean(p ** (2 * alpha), axis=0) ** (1 / (2 * alpha))
+    np.testing.assert_allclose(np.exp(log_proposal(lp, alpha)), phi, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(log_proposal(lp, alpha, "naive")), p.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(np.exp(log_weights(lp, np.log(phi), alpha)), (p / phi) ** alpha, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- Eq. ris
+
+def test_distortion_hand_computed():
+    # one document, W = [1, 1], P = [0.5, 0.5]; centroids [0.5, 0.5] and [0.9, 0.1]
+    lp = np.log([[0.5, 0.5]])
+    lw = np.zeros((1, 2))
+    log_c = np.log([[0.5, 0.5], [0.9, 0.1]])
+    d = distortion_matrix(lp, lw, log_c)
+    np.testing.assert_allclose(d, [[0.0, 0.5 * (math.log(0.5 / 0.9) + math.log(0.5 / 0.1))]], atol=1e-15)
+    # weights scale each term: W = [2, 0.5]
+    d2 = distortion_matrix(lp, np.log([[2.0, 0.5]]), log_c)
+    np.testing.assert_allclose(d2[0, 1], 0.5 * (2 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)))
+
+
+def test_distortion_matches_direct_sum_and_survives_underflow():
+    rng = np.random.default_rng(2)
+    lp = rng.uniform(-5, -1, (9, 6))
+    lw = rng.normal(0, 1, (9, 6))
+    log_c = np.log(rng.dirichlet(np.ones(6), size=4))
+    direct = (np.exp(lw)[:, None, :] * (lp[:, None, :] - log_c[None])).mean(axis=2)   # (N, K, J) only here
+    np.testing.assert_allclose(distortion_matrix(lp, lw, log_c), direct, rtol=1e-12)
+    # W entries that underflow and zero centroid entries give no NaN
+    lw[0, 0] = -2000.0
+    log_c[1, 0] = -np.inf
+    assert np.isfinite(distortion_matrix(lp, lw, log_c)).all()
+
+
+# ---------------------------------------------------------------- Eq. optim-centroid, Eq. init
+
+def test_centroid_update_hand_computed():
+    # cluster 0 = docs 0, 1 with W rows [1, 3] + [2, 2] = [3, 5]; cluster 1 = doc 2 with [4, 0.5]
+    lw = np.log([[1.0, 3.0], [2.0, 2.0], [4.0, 0.5]])
+    labels = np.array([0, 0, 1])
+    np.testing.assert_allclose(np.exp(centroid_update(lw, labels, 2)), [[3 / 8, 5 / 8], [8 / 9, 1 / 9]])
+    # a common shift of the whole matrix far below exp's range changes nothing (log domain)
+    np.testing.assert_allclose(np.exp(centroid_update(lw - 5000.0, labels, 2)), [[3 / 8, 5 / 8], [8 / 9, 1 / 9]])
+    # a document's weight counts with its true scale: doc 1 1000x smaller -> cluster 0 ~ doc 0
+    lw2 = lw.copy()
+    lw2[1] -= math.log(1000.0)
+    np.testing.assert_allclose(np.exp(centroid_update(lw2, labels, 2))[0], [1.002 / 4.004, 3.002 / 4.004])
+
+
+def test_random_init_is_normalised_distinct_rows():
+    lp = np.zeros((4, 2))
+    lw = np.log([[1.0, 3.0], [2.0, 2.0], [4.0, 4.0], [9.0, 1.0]])
+    log_c, idx = init_centroids(lp, lw, 3, init="random", seed=5)
+    assert len(set(idx.tolist())) == 3
+    w = np.exp(lw[idx])
+    np.testing.assert_allclose(np.exp(log_c), w / w.sum(axis=1, keepdims=True))
+    log_c2, idx2 = init_centroids(lp, lw, 3, init="random", seed=5)
+    np.testing.assert_array_equal(idx, idx2)
+
+
+def test_kmeanspp_probabilities_hand_computed():
+    # offsets [0, 2, 1, 4] -> squares [0, 4, 1, 16]; doc 3 is already chosen -> [0, 4, 1, 0] / 5
+    np.testing.assert_allclose(_kmeanspp_probs(np.array([1.0, 3.0, 2.0, 5.0]), np.array([3])), [0, 0.8, 0.2, 0])
+    # all distances equal: uniform over the unchosen documents
+    np.testing.assert_allclose(_kmeanspp_probs(np.full(4, 7.0), np.array([0])), [0, 1 / 3, 1 / 3, 1 / 3])
+
+
+def test_kmeanspp_second_pick_follows_the_appendix():
+    # d(x) = min over chosen of d-hat(x, k), offset to min 0, P(pick) ~ d^2 (chosen docs excluded)
+    lp = np.log([[0.1, 0.2, 0.7], [0.6, 0.3, 0.1], [0.3, 0.3, 0.4], [0.8, 0.1, 0.1]])
+    lw = 0.5 * lp
+    counts = np.zeros((4, 4))
+    for seed in range(600):
+        _, idx = init_centroids(lp, lw, 2, init="k-means++", seed=seed)
+        assert idx[0] != idx[1]
+        counts[idx[0], idx[1]] += 1
+    for first in range(4):
+        log_c = centroid_update(lw[[first]], np.array([0]), 1)
+        d = distortion_matrix(lp, lw, log_c)[:, 0]
+        expect = _kmeanspp_probs(d, np.array([first]))
+        np.testing.assert_allclose(counts[first] / counts[first].sum(), expect, atol=0.15)
+        assert np.all(counts[first][expect == 0] == 0)
+
+
+# ---------------------------------------------------------------- the loop
+
+def reference_lloyd(lp, lw, init_idx, max_iter=100, tol=1e-6):
+    """Algorithm 1's loop written plainly in float64 numpy (no empty clusters expected)."""
+    k = len(init_idx)
+    log_c = centroid_update(lw[init_idx], np.arange(k), k)
+    prev, hist, labels = np.inf, [], None
+    for _ in range(max_iter):
+        new = distortion_matrix(lp, lw, log_c).argmin(axis=1)
+        unchanged = labels is not None and np.array_equal(new, labels)
+        labels = new
+        log_c = centroid_update(lw, labels, k)
+        dist = distortion_matrix(lp, lw, log_c)[np.arange(len(labels)), labels].sum()
+        hist.append(dist)
+        if unchanged or prev - dist < tol * abs(prev):
+            break
+        prev = dist
+    final = distortion_matrix(lp, lw, log_c).argmin(axis=1)   # labels consistent with the centroids
+    return (final if np.bincount(final, minlength=k).min() > 0 else labels), log_c, hist
+
+
+def test_kernel_matches_plain_numpy_reference():
+    lp, _ = planted(n=200, j=20, k=4, sep=1.0, noise=1.0, seed=3)   # overlapping: several iterations
+    c, lw = pipeline(lp)
+    res = fit_generative(c, lw, 4, n_init=1, seed=7, dtype=F64)
+    labels, log_c, hist = reference_lloyd(c, lw, res.init_indices)
+    assert len(hist) > 2
+    np.testing.assert_allclose(res.distortion_history, hist, rtol=1e-10)
+    np.testing.assert_array_equal(res.labels, labels)
+    np.testing.assert_allclose(res.log_centroids, log_c, rtol=1e-10)
+    d = distortion_matrix(c, lw, res.log_centroids)
+    assert res.distortion == pytest.approx(d[np.arange(len(labels)), res.labels].sum(), rel=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_distortion_never_increases(dtype):
+    rng = np.random.default_rng(4)
+    lp = rng.normal(-50, 3, (400, 32))
+    c, lw = pipeline(lp)
+    for seed in range(4):
+        for init in ("random", "k-means++"):
+            res = fit_generative(c, lw, 6, init=init, n_init=1, seed=seed, dtype=dtype, tol=0.0)
+            h = np.asarray(res.distortion_history)
+            slack = 1e-6 * np.abs(h[:-1]) if dtype == torch.float32 else 1e-10 * np.abs(h[:-1])
+            assert np.all(np.diff(h) <= slack), h
+            assert res.distortion <= h[-1] + slack.max(initial=1e-9)
+
+
+def test_n_init_selects_lowest_distortion_and_same_seed_same_labels():
+    lp, _ = planted(n=150, j=16, k=5, sep=1.5, seed=5)
+    a = GenerativeClustering(5, n_init=4, seed=11).fit(lp)
+    b = GenerativeClustering(5, n_init=4, seed=11).fit(lp)
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    assert a.distortion_ == b.distortion_ == min(a.all_distortions_)
+    assert len(a.all_distortions_) == 4
+    g = GenerativeClustering(5, n_init=2, seed=np.random.default_rng(3)).fit(lp)   # a Generator works too
+    assert g.labels_.shape == (150,)
+
+
+def test_empty_clusters_are_reseeded():
+    # identical documents: every assignment ties into cluster 0; the empty ones get re-seeded
+    lp = np.tile(np.log([[0.2, 0.3, 0.5]]), (5, 1))
+    res = fit_generative(lp, np.zeros_like(lp), 3, n_init=1, dtype=F64)
+    assert np.bincount(res.labels, minlength=3).min() >= 1
+    h = np.asarray(res.distortion_history)
+    assert np.all(np.diff(h) <= 1e-12)
+
+
+def test_estimator_attributes_match_the_equations_and_predict_reproduces_labels():
+    lp, y = planted(n=90, j=30, k=3, sep=4.0, seed=6)
+    lp[0, 0] += 80.0                                        # an outlier for Eq. clip
+    gc = GenerativeClustering(3, n_init=3, dtype=F64).fit(lp)
+    c, lw = pipeline(lp)
+    np.testing.assert_allclose(gc.clip_upper_, clip_bounds(lp))
+    np.testing.assert_allclose(gc.log_phi_, log_proposal(c))
+    assert ari(y, gc.labels_) == 1.0
+    d = distortion_matrix(c, lw, gc.log_centroids_)
+    assert gc.distortion_ == pytest.approx(d[np.arange(90), gc.labels_].sum(), rel=1e-10)
+    np.testing.assert_allclose(np.exp(gc.log_centroids_).sum(axis=1), 1.0)
+    np.testing.assert_array_equal(gc.predict(lp), gc.labels_)
+    np.testing.assert_array_equal(gc.predict(lp[:7]), gc.labels_[:7])
+    assert gc.transform(lp[:4]).shape == (4, 3)
+    assert gc.fit_predict(lp).shape == (90,)
+    g2 = GenerativeClustering(3, n_init=2, clip_sigma=None, phi="naive").fit(lp)
+    assert g2.clip_upper_ is None and ari(y, g2.labels_) == 1.0
+
+
+@pytest.mark.parametrize("alpha", [0.25, 1.0])
+def test_extreme_log_probs_float32(alpha):
+    rng = np.random.default_rng(7)
+    lp = rng.uniform(-400.0, -50.0, (200, 40))
+    gc = GenerativeClustering(4, alpha=alpha, n_init=2).fit(lp.astype(np.float32))
+    assert np.isfinite(gc.distortion_) and not np.isnan(gc.log_centroids_).any()
+    assert np.isfinite(gc.distortion_history_).all()
+    # planted clusters under per-document offsets of up to 300 nats: W rows differ by exp(alpha*300)
+    lp2, y = planted(n=120, j=24, k=3, sep=4.0, doc_offset=300.0, seed=8)
+    g32 = GenerativeClustering(3, alpha=alpha, n_init=3, seed=1).fit(lp2.astype(np.float32))
+    g64 = GenerativeClustering(3, alpha=alpha, n_init=3, seed=1, dtype=F64).fit(lp2)
+    assert ari(y, g32.labels_) == 1.0 and ari(y, g64.labels_) == 1.0
+    assert g32.distortion_ == pytest.approx(g64.distortion_, rel=1e-4)
+
+
+def test_describe_clusters():
+    log_c = np.log([[0.5, 0.2, 0.3, 0.0 + 1e-9], [0.1, 0.1, 0.1, 0.7 - 1e-9]])
+    out = describe_clusters(log_c, ["a", "b", "a", "c"], top=2)
+    assert [q for q, _ in out[0]] == ["a", "b"] and out[0][0][1] == pytest.approx(0.8)   # duplicates merged
+    assert [q for q, _ in out[1]] == ["c", "a"] and out[1][1][1] == pytest.approx(0.2)
+    lift = describe_clusters(log_c, ["a", "b", "a", "c"], top=1, log_reference=np.log([0.3, 0.05, 0.3, 0.35]))
+    assert lift[0][0][0] == "b"                                  # 0.2 / 0.05 beats 0.8 / 0.6
+    with pytest.raises(ValueError, match="match the queries"):
+        describe_clusters(log_c, ["a"], top=1)
+
+
+# ---------------------------------------------------------------- edge validation
+
+def test_errors_are_clear():
+    lp = np.full((3, 4), -10.0)
+    with pytest.raises(ValueError, match="larger than the number of documents"):
+        GenerativeClustering(4).fit(lp)
+    with pytest.raises(ValueError, match="single document"):
+        GenerativeClustering(1).fit(lp[:1])
+    with pytest.raises(ValueError, match="2-D"):
+        GenerativeClustering(2).fit(lp[0])
+    with pytest.raises(ValueError, match="2-D"):
+        GenerativeClustering(2).fit(lp[None])
+    bad = lp.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"logp\[1, 2\] = nan \(document row 1, query column 2"):
+        GenerativeClustering(2).fit(bad)
+    bad[1, 2] = -np.inf
+    with pytest.raises(ValueError, match=r"logp\[1, 2\] = -inf"):
+        clip_logp(bad)
+    with pytest.raises(ValueError, match="phi must be one of"):
+        GenerativeClustering(2, phi="mean").fit(lp)
+    with pytest.raises(ValueError, match="init must be one of"):
+        fit_generative(lp, lp, 2, init="kmeans")
+    with pytest.raises(ValueError, match="log_w has shape"):
+        fit_generative(lp, lp[:, :2], 2)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        GenerativeClustering(2).predict(lp)
+    gc = GenerativeClustering(2, n_init=1).fit(np.random.default_rng(0).normal(-10, 1, (6, 4)))
+    with pytest.raises(ValueError, match="fitted on 4 queries"):
+        gc.predict(lp[:, :3])
+
+
+# ---------------------------------------------------------------- CUDA
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    lp, y = planted(n=300, j=32, k=4, sep=3.0, seed=9)
+    cpu = GenerativeClustering(4, n_init=3, seed=2, dtype=F64).fit(lp)
+    gpu = GenerativeClustering(4, n_init=3, seed=2, dtype=F64, device="cuda").fit(lp)
+    np.testing.assert_array_equal(cpu.labels_, gpu.labels_)
+    assert gpu.distortion_ == pytest.approx(cpu.distortion_, rel=1e-9)
+    g32 = GenerativeClustering(4, n_init=3, seed=2, device="cuda", init="k-means++").fit(lp)
+    assert ari(y, g32.labels_) == 1.0

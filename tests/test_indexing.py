@@ -1,0 +1,362 @@
+"""Hierarchical GC indexing (Algorithm 2) and the baseline indexers: small synthetic inputs, CPU, seconds."""
+from __future__ import annotations
+
+import json
+import math
+import zlib
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from gdr.cluster import clip_bounds, clip_logp, log_proposal, log_weights
+from indexing.docids import read_docids
+from indexing.gc import (GCOptions, GCSplitter, bootstrap_columns, build_gc_index, resampling_log_probs,
+                         root_statistics, row_groups)
+from indexing.kmeans import build_kmeans_index, query_mean_embeddings
+from indexing.pmatrix import PMatrix
+from indexing.synthetic import planted_hierarchy, planted_logp, write_planted_npy
+from indexing.tree import (atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels,
+                           random_tree)
+
+FAST = dict(n_init=2, n_init_inner=1, max_iter=30)
+
+
+def gc_tree(x, K=6, c=6, seed=0, **opts):
+    return build_gc_index(PMatrix(x), n_clusters=K, leaf_size=c, options=GCOptions(**{**FAST, **opts}), seed=seed,
+                          progress=False)
+
+
+def write_run(folder, x, doc_ids=None, qids=None):
+    """A P-matrix run folder as `gdr score` writes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "P.npy", x.astype(np.float16))
+    doc_ids = doc_ids or [f"d{i}" for i in range(len(x))]
+    (folder / "doc_ids.json").write_text(json.dumps(doc_ids))
+    qids = qids or [f"q{j}" for j in range(x.shape[1])]
+    (folder / "queries.jsonl").write_text("".join(
+        json.dumps({"qid": q, "text": f"query {q}", "source_doc_id": doc_ids[0]}) + "\n" for q in qids))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def planted():
+    h = planted_hierarchy(900, 192, n_top=5, n_sub=4, top_signal=8.0, sub_signal=5.0, seed=1)
+    return h, planted_logp(h)
+
+
+# --- the driver -------------------------------------------------------------------------------------------
+
+
+def test_densify_drops_empty_clusters_and_renumbers():
+    labels, kept = densify_labels(np.array([4, 4, 1, 1, 4]), 6)
+    assert labels.tolist() == [1, 1, 0, 0, 1] and kept.tolist() == [1, 4]
+
+
+def test_balanced_labels_groups():
+    assert balanced_labels(10, 30, 3).tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]  # ceil(10/3) = 4 groups
+    assert np.bincount(balanced_labels(5, 30, 30)).tolist() == [3, 2]            # at least 2 groups
+
+
+def test_check_prefix_code_rejects_prefixes():
+    check_prefix_code([(0, 1), (0, 2), (1,)], 3)
+    with pytest.raises(ValueError, match="prefix"):
+        check_prefix_code([(0,), (0, 1)])
+    with pytest.raises(ValueError, match=">= K"):
+        check_prefix_code([(0, 3)], 3)
+
+
+def test_degenerate_splitter_always_terminates():
+    """A splitter that puts everything in one cluster triggers the balanced fallback at every node."""
+    def lump(rows, path, k):
+        from indexing.tree import SplitResult
+        return SplitResult(labels=np.full(len(rows), k - 1))
+
+    tree = build_tree(1000, lump, n_clusters=4, leaf_size=3, progress=False)
+    check_prefix_code(tree.codes, 4)
+    assert tree.n_fallback == len(tree.internal_nodes) > 0
+    assert tree.depth <= math.ceil(math.log(1000 / 3, 4)) + 2
+
+
+# --- GC indexing ------------------------------------------------------------------------------------------
+
+
+def test_planted_top_level_is_recovered(planted):
+    h, x = planted
+    tree = gc_tree(x, K=5, c=5, n_init=10)
+    check_prefix_code(tree.codes, 5)
+    top = np.array([c[0] for c in tree.codes])
+    assert adjusted_rand_score(h.top, top) > 0.95
+    assert tree.n_fallback == 0
+
+
+@pytest.mark.parametrize("n", [1, 5, 6, 7, 3, 250])
+def test_codes_valid_on_random_inputs(n):
+    x = np.random.default_rng(n).normal(-30, 3, size=(n, 40)).astype(np.float32)
+    tree = gc_tree(x, K=6, c=6)  # n = 1, c (6), c+1 (7), N < K (3)
+    check_prefix_code(tree.codes, 6)
+    assert len(tree.codes) == n
+    if n <= 6:
+        assert tree.depth == 1 and sorted(c[0] for c in tree.codes) == list(range(n))
+    else:
+        assert tree.depth >= 2
+
+
+def test_identical_rows_fall_back_and_stay_shallow():
+    x = np.tile(np.linspace(-40, -10, 30, dtype=np.float32), (500, 1))
+    tree = gc_tree(x, K=5, c=5)
+    check_prefix_code(tree.codes, 5)
+    assert tree.n_fallback == len(tree.internal_nodes) > 0
+    assert tree.depth <= math.ceil(math.log(500 / 5, 5)) + 2  # balanced, not peeled K-1 at a time
+
+
+def test_duplicate_documents_are_clustered_together(planted):
+    h, x = planted
+    x = np.concatenate([x[:300], x[:300], x[300:330]])  # each of the first 300 documents twice
+    tree = gc_tree(x, K=6, c=6)
+    check_prefix_code(tree.codes, 6)
+    same_top = np.mean([tree.codes[i][0] == tree.codes[300 + i][0] for i in range(300)])
+    assert same_top == 1.0
+
+
+def test_row_groups_finds_identical_rows():
+    x = np.array([[1, 2], [3, 4], [1, 2], [1, 2.0001]], dtype=np.float32)
+    first, inverse, counts = row_groups(x)
+    assert first.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2] and counts.tolist() == [2, 1, 1]
+
+
+def test_root_statistics_match_kernels_streamed(planted):
+    _, x = planted
+    for method in ("power", "naive"):
+        st = root_statistics(PMatrix(x), clip_sigma=5.0, alpha=0.25, proposal=method, chunk_rows=97,
+                             progress=False)
+        np.testing.assert_allclose(st.clip_upper, clip_bounds(x, 5.0), rtol=1e-6)
+        np.testing.assert_allclose(st.log_phi, log_proposal(clip_logp(x, 5.0), 0.25, method), atol=1e-5)
+    clipped = PMatrix(x).read_rows(slice(None))
+    np.minimum(clipped, st.clip_upper.astype(np.float32), out=clipped)
+    np.testing.assert_allclose(clipped, clip_logp(x, 5.0), atol=1e-6)
+    assert (clipped < x).sum() > 0  # the planted outliers are clipped
+
+
+def test_localized_phi_at_root_is_global_phi_and_below_is_local(planted):
+    _, x = planted
+    tree = gc_tree(x, K=5, c=5)
+    xc = clip_logp(x, 5.0)
+    root = tree.nodes[0]
+    np.testing.assert_allclose(root.state["log_phi"], log_proposal(xc, 0.25), atol=1e-4)
+    np.testing.assert_array_equal(root.state["columns"], np.arange(x.shape[1]))  # no resampling at the root
+    child = next(n for n in tree.nodes if n.path == (0,))
+    rows = np.array([i for i, c in enumerate(tree.codes) if c[0] == 0])
+    np.testing.assert_allclose(child.state["log_phi"], log_proposal(xc[rows], 0.25), atol=1e-4)
+    # Eq. resampling + W~: re-deriving the child's columns from its seed gives the stored ones
+    splitter = GCSplitter(PMatrix(x), root_statistics(PMatrix(x), progress=False), GCOptions(**FAST))
+    _, col_rng, _ = splitter._rngs((0,))
+    log_r = resampling_log_probs(log_proposal(xc[rows], 0.25), tree.meta["log_phi"], 0.25)
+    np.testing.assert_array_equal(child.state["columns"], bootstrap_columns(log_r, x.shape[1], col_rng))
+
+
+def test_resampling_weights_follow_eq_resampling():
+    phi_local, phi = np.log([1.0, 2.0, 4.0, 8.0]), np.log([1.0, 1.0, 2.0, 1.0])
+    log_r = resampling_log_probs(phi_local, phi, alpha=0.5)
+    r = np.array([1.0, 2.0, 2.0, 8.0]) ** 0.5                    # (phi~ / phi)^alpha by hand
+    np.testing.assert_allclose(np.exp(log_r), r / r.sum())
+    idx = bootstrap_columns(log_r, 200_000, np.random.default_rng(0))
+    np.testing.assert_allclose(np.bincount(idx, minlength=4) / 200_000, r / r.sum(), atol=0.005)
+    assert np.all(np.diff(idx) >= 0)
+
+
+def test_node_weights_are_resampled_p_over_local_phi(planted):
+    """W~ = (P~ / phi~)^alpha: the stored centroids are Eq. optim-centroid of exactly these weights."""
+    from gdr.cluster import centroid_update
+
+    _, x = planted
+    tree = gc_tree(x, K=5, c=5)
+    xc = clip_logp(x, 5.0)
+    child = next(n for n in tree.nodes if n.path == (1,) and n.n_children)
+    rows = np.array([i for i, c in enumerate(tree.codes) if c[0] == 1])
+    sub = np.array([c[1] for c in tree.codes if c[0] == 1])
+    cols, lphi = child.state["columns"], child.state["log_phi"].astype(np.float64)
+    lw = 0.25 * (xc[rows][:, cols] - lphi[cols])
+    np.testing.assert_allclose(log_weights(xc[rows][:, cols], lphi[cols], 0.25), lw, atol=1e-4)
+    np.testing.assert_allclose(child.state["log_centroids"], centroid_update(lw, sub, child.n_children), atol=2e-3)
+
+
+def test_same_seed_same_ids_regardless_of_workers(planted):
+    _, x = planted
+    a = gc_tree(x[:400], seed=3).codes
+    b = build_gc_index(PMatrix(x[:400]), n_clusters=6, leaf_size=6, options=GCOptions(**FAST), seed=3, workers=3,
+                       progress=False).codes
+    assert a == b
+    assert gc_tree(x[:400], seed=4).codes != a
+
+
+def test_switches_and_streamed_root(planted, tmp_path):
+    h, x = planted
+    path = write_planted_npy(tmp_path / "P.npy", h)  # float16 on disk, read by memory map
+    pm = PMatrix(path, n_cols=128)                   # J: first 128 columns only
+    opts = GCOptions(**{**FAST, "n_init": 10}, memory_mb=2.0, chunk_rows=128, localized=False, bootstrap=False, clip_sigma=None)
+    tree = build_gc_index(pm, n_clusters=5, leaf_size=5, options=opts, progress=False)
+    check_prefix_code(tree.codes, 5)
+    root = tree.nodes[0]
+    assert root.info["streamed"] and root.info["fit_rows"] < len(x) and root.info["refine_passes"] >= 1
+    assert tree.meta["clip_upper"] is None and root.state["log_centroids"].shape[1] == 128
+    # localized off: every node uses the global phi; bootstrap off: columns are the identity
+    for n in tree.internal_nodes:
+        np.testing.assert_array_equal(n.state["columns"], np.arange(128))
+        np.testing.assert_allclose(n.state["log_phi"], tree.meta["log_phi"], atol=1e-5)
+    assert adjusted_rand_score(h.top, [c[0] for c in tree.codes]) > 0.8
+
+
+def test_streamed_pass_matches_kernels(planted):
+    """The out-of-core pass: distortions = distortion_matrix, centroid sums = Eq. optim-centroid (centroid_update)."""
+    from gdr.cluster import centroid_update, distortion_matrix
+
+    _, x = planted
+    pm = PMatrix(x)
+    stats = root_statistics(pm, progress=False)
+    sp = GCSplitter(pm, stats, GCOptions(chunk_rows=64))
+    xc = clip_logp(x, 5.0)
+    rows = np.arange(10, 700, 3)
+    cols = np.sort(np.random.default_rng(0).integers(0, x.shape[1], x.shape[1]))
+    lphi = stats.log_phi[cols]
+    lw = log_weights(xc[rows][:, cols], lphi, 0.25)
+    labels = np.random.default_rng(1).integers(0, 4, len(rows))
+    _, _, acc = sp._pass(rows, cols, lphi, labels=labels)
+    log_c = centroid_update(lw, labels, 4)
+    np.testing.assert_allclose(acc - np.log(np.exp(acc).sum(1, keepdims=True)), log_c, atol=1e-4)
+    got, total, _ = sp._pass(rows, cols, lphi, log_c=log_c)
+    d = distortion_matrix(xc[rows][:, cols], lw, log_c)
+    assert np.array_equal(got, d.argmin(1))
+    assert total == pytest.approx(d.min(1).sum(), rel=1e-6)
+
+
+# --- output, CLI, add -------------------------------------------------------------------------------------
+
+
+def _cli_index(tmp_path, x, K=8, c=4, extra=()):
+    from indexing.cli import index_main
+
+    run = write_run(tmp_path / "run", x)
+    out = tmp_path / "index"
+    rc = index_main([f"run={run}", f"out={out}", f"n_clusters={K}", f"leaf_size={c}", "progress=false",
+                     "gc.n_init=2", "gc.n_init_inner=1", *extra])
+    assert rc == 0
+    return run, out
+
+
+def test_cli_writes_every_artifact(planted, tmp_path):
+    _, x = planted
+    run, out = _cli_index(tmp_path, x[:300])
+    for f in ("docids.tsv", "tree.json", "tree_state.npz", "summary.txt", "summary.json", "summary.png",
+              "config.yaml", "manifest.json"):
+        assert (out / f).exists(), f
+    ids, codes = read_docids(out / "docids.tsv")
+    assert ids == [f"d{i}" for i in range(300)]
+    check_prefix_code(codes, 8)
+    tree = json.loads((out / "tree.json").read_text())
+    root = tree["nodes"][0]
+    assert root["path"] == "" and root["size"] == 300 and len(root["typical_queries"]) == root["children"]
+    assert all(len(q) == 5 and q[0].startswith("query ") for q in root["typical_queries"])
+    assert np.array(root["log_centroids"]).shape == (root["children"], x.shape[1])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_docs"] == 300 and summary["depth_max"] == max(len(c) for c in codes)
+
+
+def test_add_places_a_copy_next_to_its_original(planted, tmp_path):
+    from indexing.cli import index_main
+
+    _, x = planted
+    run, out = _cli_index(tmp_path, x[:300])
+    ids, codes = read_docids(out / "docids.tsv")
+    code_of = dict(zip(ids, codes))
+    pick = [0, 17, 123, 299]
+    new = write_run(tmp_path / "new", x[pick], doc_ids=[f"copy{i}" for i in pick])
+    assert index_main(["add", f"run={new}", f"index={out}", "progress=false"]) == 0
+    ids2, codes2 = read_docids(out / "docids.tsv")
+    assert ids2[:300] == ids and codes2[:300] == codes          # existing ids never change
+    check_prefix_code(codes2, 8)
+    for i in pick:
+        c = dict(zip(ids2, codes2))[f"copy{i}"]
+        assert c[:-1] == code_of[f"d{i}"][:-1]                  # same leaf, next free position
+    tree = json.loads((out / "tree.json").read_text())
+    assert tree["n_docs"] == 304 and tree["nodes"][0]["size"] == 304
+
+
+def test_add_overflowing_a_leaf_keeps_codes_valid(planted, tmp_path):
+    from indexing.add import add_to_index
+
+    _, x = planted
+    run, out = _cli_index(tmp_path, x[:200], K=4, c=4)
+    new = write_run(tmp_path / "new", np.repeat(x[:1], 30, axis=0), doc_ids=[f"n{i}" for i in range(30)])
+    res = add_to_index(out, new, plot=False)
+    assert res.n_redirected > 0
+    ids, codes = read_docids(out / "docids.tsv")
+    assert len(ids) == 230
+    check_prefix_code(codes, 4)
+    with pytest.raises(ValueError, match="already in"):
+        add_to_index(out, new, plot=False)
+
+
+def test_add_rejects_other_queries(planted, tmp_path):
+    from indexing.add import add_to_index
+
+    _, x = planted
+    run, out = _cli_index(tmp_path, x[:100])
+    new = write_run(tmp_path / "new", x[:2], doc_ids=["a", "b"], qids=[f"other{j}" for j in range(x.shape[1])])
+    with pytest.raises(ValueError, match="same queries"):
+        add_to_index(out, new, plot=False)
+
+
+# --- baselines --------------------------------------------------------------------------------------------
+
+
+def tiny_embed(texts):
+    """A deterministic stand-in for MiniLM: texts 'topic<t> ...' near one of 4 random directions."""
+    base = np.random.default_rng(0).normal(size=(4, 16))
+    out = np.empty((len(texts), 16), dtype=np.float32)
+    for i, t in enumerate(texts):
+        rng = np.random.default_rng(zlib.crc32(t.encode()))
+        out[i] = base[int(t.split()[0][5:]) % 4] + 0.1 * rng.normal(size=16)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 60])
+def test_random_and_atomic_codes(n):
+    t = random_tree(n, n_clusters=4, leaf_size=4, seed=0, progress=False)
+    check_prefix_code(t.codes, 4)
+    assert t.codes == random_tree(n, n_clusters=4, leaf_size=4, seed=0, progress=False).codes
+    if n > 16:
+        assert t.depth == 3  # balanced: 60 -> 4 x 15 -> 4 x ~4
+    a = atomic_codes(n)
+    assert a.codes == [(i,) for i in range(n)]
+
+
+def test_hkmi_and_bmi_on_tiny_inputs():
+    texts = [f"topic{i % 4} doc {i}" for i in range(80)]
+    emb = tiny_embed(texts)
+    t = build_kmeans_index(emb, n_clusters=4, leaf_size=4, seed=0, n_init=5, progress=False)
+    check_prefix_code(t.codes, 4)
+    assert adjusted_rand_score([i % 4 for i in range(80)], [c[0] for c in t.codes]) == 1.0
+    doc_ids = [f"d{i}" for i in range(80)]
+    dq = {d: [f"topic{i % 4} q{k} of {d}" for k in range(3)] for i, d in enumerate(doc_ids)}
+    qemb = query_mean_embeddings(doc_ids, dq, tiny_embed)
+    assert qemb.shape == (80, 16)
+    np.testing.assert_allclose(np.linalg.norm(qemb, axis=1), 1.0, rtol=1e-5)
+    tb = build_kmeans_index(qemb, n_clusters=4, leaf_size=4, seed=0, progress=False, method="bmi")
+    check_prefix_code(tb.codes, 4)
+    for n in (1, 2, 5):
+        check_prefix_code(build_kmeans_index(emb[:n], n_clusters=4, leaf_size=4, progress=False).codes, 4)
+    with pytest.raises(ValueError, match="no generated queries"):
+        query_mean_embeddings(["d0", "zz"], dq, tiny_embed)
+
+
+def test_cli_random_and_atomic(planted, tmp_path):
+    from indexing.cli import index_main
+
+    _, x = planted
+    run = write_run(tmp_path / "run", x[:50])
+    for method in ("random", "atomic"):
+        out = tmp_path / method
+        assert index_main([f"method={method}", f"run={run}", f"out={out}", "progress=false", "plot=false"]) == 0
+        ids, codes = read_docids(out / "docids.tsv")
+        assert len(ids) == 50 and len(set(codes)) == 50

@@ -1,0 +1,338 @@
+"""The seq2seq retriever: trie, model, constrained beam search, training, resume, CLI.
+
+Every model here is random-init and tiny (a word-level tokenizer over a few dozen words, d_model 32),
+so a training run takes a second or two on one CPU thread.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from indexing.docids import write_docids
+from indexing.trie import build_trie, load_trie
+from training.model import GenerativeRetriever, RetrieverConfig
+from training.search import Retriever, constrained_beam_search, expand_nodes
+from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+
+WORDS = ("apple river stone cloud tiger piano garden silver winter castle ocean forest candle mirror rocket "
+         "desert violin bridge harbor meadow planet thunder lemon falcon marble anchor basket copper dragon "
+         "ember").split()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # the dev machines are shared; tiny models run faster on one thread than on contended two
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer(tmp_path_factory) -> str:
+    """A word-level tokenizer over WORDS, saved like any HF tokenizer; returns its folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + WORDS)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+    path = tmp_path_factory.mktemp("tok")
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def tiny_config(tokenizer: str, K: int = 0, L: int = 0, pawa: bool = False, dropout: float = 0.0) -> RetrieverConfig:
+    return RetrieverConfig(encoder=None, encoder_config=dict(d_model=32, num_layers=2, num_heads=4, d_ff=64),
+                           tokenizer=tokenizer, n_digits=K, max_code_len=L, d_model=32, num_layers=2,
+                           num_heads=4, d_ff=64, dropout=dropout, pawa=pawa, pawa_rank=4)
+
+
+def toy_corpus(n: int = 20, seed: int = 0):
+    """n documents of three distinct words each, and n distinct 3-digit codes (K = 4)."""
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, 3, replace=False)) for _ in range(n)]
+    grid = np.stack(np.meshgrid(range(4), range(4), range(4), indexing="ij"), -1).reshape(-1, 3)
+    codes = [tuple(int(x) for x in c) for c in grid[rng.permutation(len(grid))[:n]]]
+    return [f"d{i}" for i in range(n)], texts, codes
+
+
+def brute_force_topk(model, ids, mask, trie, k, length_penalty):
+    """Score every docid of the trie by teacher forcing; returns (codes, scores) of the top k per query."""
+    seq = torch.from_numpy(trie.slot_sequences())  # (n_docs, L+1)
+    labels = seq.masked_fill(seq < 0, -100)
+    n = len(labels)
+    out = []
+    for q in range(len(ids)):
+        lg = torch.log_softmax(model(ids[q:q + 1].expand(n, -1), mask[q:q + 1].expand(n, -1), labels).float(), -1)
+        s = lg.gather(2, labels.clamp_min(0)[..., None])[..., 0].masked_fill(labels < 0, 0).sum(1)
+        length = (labels >= 0).sum(1).float()
+        top = (s / length ** length_penalty).topk(k)
+        out.append(([tuple(int(c) for c in trie.codes[i, :trie.lengths[i]]) for i in top.indices], top.values))
+    return out
+
+
+# ----------------------------------------------------------------------------- trie
+
+def test_trie_children_eos_and_shared_docids():
+    codes = [(0, 1), (0, 2), (1,), (0, 1), (0, 1, 2)]  # doc 3 shares doc 0's code; (0,1) prefixes (0,1,2)
+    trie = build_trie(codes)
+    K = trie.n_digits
+    assert (K, trie.max_len) == (3, 3)
+    root = trie.child[0]
+    assert root[0] >= 0 and root[1] >= 0 and root[2] < 0 and root[K] < 0  # digits 0, 1 start codes
+    n01 = int(trie.child[int(trie.child[0, 0]), 1])
+    assert trie.child[n01, K] >= 0 and trie.child[n01, 2] >= 0  # (0,1) ends here *and* continues
+    term = int(trie.child[n01, K])
+    assert sorted(trie.docs_of(term).tolist()) == [0, 3]
+    assert trie.code_of(term) == (0, 1)
+    assert trie.n_codes == 4
+    assert trie.doc_node[0] == trie.doc_node[3] == term
+    allowed = trie.allowed(torch.tensor([0, n01]))
+    assert allowed.tolist() == [[True, True, False, False], [False, False, True, True]]
+    assert trie.contains((0, 1, 2)) and not trie.contains((0,)) and not trie.contains((2,))
+
+
+def test_trie_rejects_bad_codes_and_reads_docids(tmp_path):
+    with pytest.raises(ValueError, match="empty code"):
+        build_trie([(0, 1), ()])
+    with pytest.raises(ValueError, match="negative"):
+        build_trie([(0, -1)])
+    with pytest.raises(ValueError, match="n_digits"):
+        build_trie([(0, 5)], n_digits=3)
+    p = tmp_path / "docids.tsv"
+    write_docids(p, ["a", "b", "a"], [(0,), (1,), (2,)])
+    with pytest.raises(ValueError, match="appears twice"):
+        load_trie(p)
+
+
+# ----------------------------------------------------------------------------- model and search
+
+def test_incremental_decoding_matches_teacher_forcing(word_tokenizer):
+    torch.manual_seed(0)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=5, L=3, pawa=True)).eval()
+    torch.nn.init.normal_(model.pawa_a.weight)  # make PAWA matter
+    ids = torch.randint(2, 30, (3, 6))
+    mask = torch.ones_like(ids)
+    labels = torch.tensor([[1, 2, 5, -100], [0, 5, -100, -100], [4, 4, 4, 5]])
+    full = torch.log_softmax(model(ids, mask, labels), -1)  # (3, 4, 6)
+    assert torch.isinf(full[:, 3, :5]).all()  # after L digits only EOS
+    state = model.start(model.encode(ids, mask), mask)
+    tok = torch.zeros(3, dtype=torch.long)
+    for t in range(3):
+        step = model.step(state, tok)
+        assert torch.allclose(step, full[:, t], atol=1e-5)
+        tok = model.slot_tokens[t][labels[:, t].clamp_min(0)]
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_beam_search_equals_brute_force(word_tokenizer, length_penalty):
+    torch.manual_seed(1)
+    rng = np.random.default_rng(1)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=rng.integers(1, 4))) for _ in range(60)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3, pawa=True)).eval()
+    torch.nn.init.normal_(model.pawa_a.weight)
+    ids = torch.randint(2, 30, (3, 5))
+    mask = torch.ones_like(ids)
+    # beam >= trie width at every depth: the search is exhaustive
+    out = constrained_beam_search(model, ids, mask, trie, beam=200, k=10, length_penalty=length_penalty)
+    for q, (codes_bf, scores_bf) in enumerate(brute_force_topk(model, ids, mask, trie, 10, length_penalty)):
+        assert [trie.code_of(int(n)) for n in out.nodes[q]] == codes_bf
+        assert torch.allclose(out.scores[q], scores_bf, atol=1e-5)
+    # a narrow beam still returns valid, distinct, sorted docids
+    narrow = constrained_beam_search(model, ids, mask, trie, beam=4, k=4, length_penalty=length_penalty)
+    for row, sc in zip(narrow.nodes.tolist(), narrow.scores):
+        assert len(set(row)) == 4 and all(trie.code_of(n) in codes for n in row)
+        assert (sc[:-1] >= sc[1:]).all()
+
+
+def test_beam_search_never_leaves_the_trie(word_tokenizer, monkeypatch):
+    torch.manual_seed(2)
+    codes = [(0, 0), (0, 1), (1, 2), (2, 1)]
+    trie = build_trie(codes, n_digits=3)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=3, L=2)).eval()
+    invalid = (2, 2)  # not a docid; make the model love it
+    plain = model.slot_logits
+
+    def biased(h, steps, pawa_h):
+        logits = plain(h, steps, pawa_h).clone()
+        for j, t in enumerate(steps.tolist()):
+            if t < len(invalid):
+                logits[..., j, invalid[t]] += 50.0
+        return logits
+
+    monkeypatch.setattr(model, "slot_logits", biased)
+    ids = torch.randint(2, 30, (4, 5))
+    mask = torch.ones_like(ids)
+    # unconstrained greedy decoding picks the invalid code...
+    state = model.start(model.encode(ids, mask), mask)
+    tok = torch.zeros(4, dtype=torch.long)
+    greedy = []
+    for t in range(2):
+        s = model.step(state, tok).argmax(-1)
+        greedy.append(s)
+        tok = model.slot_tokens[t][s]
+    assert all(tuple(int(g[i]) for g in greedy) == invalid for i in range(4))
+    # ...the constrained search never does, at any beam width
+    for beam in (1, 2, 4):
+        out = constrained_beam_search(model, ids, mask, trie, beam=beam, k=1)
+        got = {trie.code_of(int(n)) for n in out.nodes.flatten() if n >= 0}
+        assert got <= set(codes) and invalid not in got
+
+
+def test_shared_docid_returns_every_document(word_tokenizer):
+    torch.manual_seed(3)
+    codes = [(0, 1), (1, 0), (0, 1), (1, 1)]  # docs a and c share a docid
+    trie = build_trie(codes)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=2, L=2)).eval()
+    from transformers import AutoTokenizer
+
+    r = Retriever(model, AutoTokenizer.from_pretrained(word_tokenizer), trie, ["a", "b", "c", "d"], device="cpu", beam=10)
+    res = r.search(["apple river", "stone"], k=3)  # 3 docids = 4 documents
+    for row in res:
+        ids = [d for d, _ in row]
+        assert sorted(ids) == ["a", "b", "c", "d"]
+        score = dict(row)
+        assert score["a"] == score["c"]
+    docs, scores, ranks = expand_nodes(trie, np.array([[int(trie.doc_node[0]), -1]]), np.array([[-1.0, -np.inf]]))
+    assert sorted(docs[0].tolist()) == [0, 2] and ranks[0].tolist() == [1, 1]
+
+
+# ----------------------------------------------------------------------------- data
+
+def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
+    from transformers import AutoTokenizer
+
+    from training.data import build_examples
+
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    doc_ids, texts, _ = toy_corpus(10)
+    long_texts = [" ".join([t] * 10) for t in texts]  # 30 words: room for random windows of 8
+    queries = [f"{WORDS[i]} {WORDS[i + 10]}" for i in range(10)]  # distinct
+    kw = dict(doc_texts=long_texts, train_queries=queries, train_rel=[[i] for i in range(10)],
+              gen_queries=["apple", "river"], gen_docs=[0, 1], doc_windows=2, window=8, dev_fraction=0.2, seed=7)
+    ex = build_examples(tok, 10, **kw)
+    c = ex.counts
+    assert (c["real_queries"], c["generated_queries"], c["doc_first"], c["doc_windows"]) == (8, 2, 10, 20)
+    assert c["dev_queries"] == 2 and c["dev_from"] == "real_queries"
+    assert c["train_examples"] == 8 + 2 + 10 + 20
+    dev = {tuple(ex.dev[i]) for i in range(len(ex.dev))}
+    train_q = {tuple(ex.train[i]) for i in range(8)}
+    assert not dev & train_q  # held-out queries are not trained on
+    assert all(len(ex.train[i]) <= 8 for i in range(10, len(ex.train)))
+    again = build_examples(tok, 10, **kw)
+    assert np.array_equal(again.train.ids, ex.train.ids)  # seeded windows
+    only_gen = build_examples(tok, 10, gen_queries=["apple", "river", "stone", "cloud"], gen_docs=[0, 1, 2, 3],
+                              dev_fraction=0.5)
+    assert only_gen.counts["dev_from"] == "generated_queries" and len(only_gen.dev) == 2
+    with pytest.raises(ValueError, match="no training examples"):
+        build_examples(tok, 10)
+
+
+# ----------------------------------------------------------------------------- training
+
+def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), **optim):
+    cfg = tiny_config(tok, dropout=dropout)
+    return train(
+        out, cfg, doc_ids, codes, doc_texts=None, train_queries=texts * 4, train_rel=[[i] for i in range(len(texts))] * 4,
+        examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
+        optim=OptimOptions(**{"lr_encoder": 3e-3, "lr_decoder": 3e-3, "warmup_steps": 5, "weight_decay": 0.0, **optim}),
+        trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=20, enable_progress_bar=False,
+                                    tensorboard=False, resume=resume, log_every_n_steps=1),
+        seed=0, callbacks=callbacks,
+    )
+
+
+def test_tiny_model_memorises_20_documents(tmp_path, word_tokenizer):
+    from eval.retrieval import evaluate_run, Run
+
+    doc_ids, texts, codes = toy_corpus(20)
+    res = _train(tmp_path / "run", word_tokenizer, doc_ids, texts, codes, steps=60)
+    assert res.losses[-1] < 0.1 * res.losses[0]
+    r = Retriever.load(tmp_path / "run", device="cpu", beam=10)
+    out = r.search(texts, k=10)
+    run = Run([f"q{i}" for i in range(20)], [[d for d, _ in row] for row in out], [[s for _, s in row] for row in out])
+    metrics, _ = evaluate_run(run, {f"q{i}": [d] for i, d in enumerate(doc_ids)})
+    assert metrics.recall[1] == 1.0
+    assert list((tmp_path / "run" / "logs").glob("version_*/metrics.csv"))
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tokenizer):
+    import pytorch_lightning as pl
+
+    class Kill(pl.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            if trainer.global_step == 8:
+                raise RuntimeError("killed")
+
+    doc_ids, texts, codes = toy_corpus(20)
+    # 4 steps per epoch; dropout on, so dropout masks must not depend on what ran before the resume
+    full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
+    with pytest.raises(RuntimeError, match="killed"):
+        _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+               callbacks=[Kill()])
+    assert (tmp_path / "part" / "checkpoints" / "last.ckpt").exists()
+    resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+                     resume=True)
+    assert len(full.losses) == 12 and len(resumed.losses) == 4
+    assert resumed.losses[0] == pytest.approx(full.losses[8], rel=1e-5)
+    assert resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
+
+
+def test_consistency_regulariser_and_pawa_train(word_tokenizer):
+    from training.module import RetrieverModule
+
+    cfg = tiny_config(word_tokenizer, K=4, L=3, pawa=True, dropout=0.3)
+    mod = RetrieverModule(cfg.to_dict(), consistency_weight=1.0).train()
+    mod.log = lambda *a, **k: None  # no trainer attached
+    batch = {"input_ids": torch.randint(2, 30, (6, 5)), "attention_mask": torch.ones(6, 5, dtype=torch.long),
+             "labels": torch.tensor([[0, 1, 2, 4]] * 3 + [[3, 3, 0, 4]] * 3)}
+    torch.manual_seed(0)
+    loss = mod._step(batch, "train")
+    torch.manual_seed(0)
+    mod.hparams.consistency_weight = 0.0
+    ce = mod._step(batch, "train")
+    assert torch.isfinite(loss) and loss > ce  # symmetric KL between dropout views is positive
+    loss.backward()
+    assert mod.model.pawa_a.weight.grad is not None and mod.model.pawa_a.weight.grad.abs().sum() > 0
+
+
+def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys):
+    from gdr.cli import main
+    from gdr.data import Corpus, QuerySet, write_beir
+
+    doc_ids, texts, codes = toy_corpus(20)
+    corpus = Corpus(name="toy", doc_ids=doc_ids, texts=texts)
+    qs = QuerySet(name="toy", qids=[f"tr{i}" for i in range(20)] + [f"te{i}" for i in range(20)],
+                  texts=texts + [" ".join(t.split()[:2]) for t in texts],
+                  relevant=[[d] for d in doc_ids] * 2, splits=["train"] * 20 + ["test"] * 20)
+    folder = write_beir(corpus, qs, tmp_path / "toy")
+    write_docids(tmp_path / "docids.tsv", doc_ids, codes)
+    run = tmp_path / "run"
+    common = [f"data.name={folder}"]
+    assert main(["train", *common, f"model.tokenizer={word_tokenizer}", f"docids={tmp_path / 'docids.tsv'}", f"out_dir={run}", "model.size=tiny",
+                 "model.dropout=0.0", "optim.lr_encoder=3e-3", "optim.lr_decoder=3e-3", "optim.warmup_steps=5",
+                 "trainer.max_steps=40", "trainer.max_epochs=1000", "trainer.batch_size=16",
+                 "trainer.enable_progress_bar=false", "trainer.tensorboard=false", "trainer.val_beam=5",
+                 "trainer.check_val_every_n_epoch=5", "examples.window=4"]) == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["examples"]["dev_from"] == "real_queries" and manifest["examples"]["dev_queries"] == 2
+    assert (run / "model" / "retriever.json").exists() and (run / "config.yaml").exists()
+    ev = tmp_path / "eval"
+    assert main(["evaluate", *common, f"run_dir={run}", f"out_dir={ev}", "k=10", "beam=10"]) == 0
+    m = json.loads((ev / "metrics.json").read_text())
+    assert set(m["systems"]) == {"gdr", "bm25"} and m["systems"]["gdr"]["n_queries"] == 20
+    assert m["systems"]["bm25"]["recall@10"] == 1.0  # every test query shares two words with its document
+    lines = (ev / "run.trec").read_text().splitlines()
+    assert len(lines) == 20 * 10 and lines[0].split()[1] == "Q0"
+    assert (ev / "qrels.txt").exists() and (ev / "metrics.md").exists() and (ev / "manifest.json").exists()
+    capsys.readouterr()
+    assert main(["search", texts[0], f"run_dir={run}", "k=3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["query"] == texts[0] and len(out["results"]) == 3

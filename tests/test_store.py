@@ -1,0 +1,115 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdr.store import load_run, sample_run, score_run
+from tiny_models import DOCS, QUERIES, tiny_llama
+
+HERE = Path(__file__).parent
+DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_llama()
+
+
+def test_score_run_writes_matrix_and_manifest(lm, tmp_path):
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    run = load_run(tmp_path)
+    np.testing.assert_allclose(run.logp, lm.score(DOCS, QUERIES, progress=False), atol=1e-5)
+    m = run.manifest
+    assert m["status"] == "complete" and m["shape"] == [len(DOCS), len(QUERIES)]
+    assert m["lm"]["prompt"]["style"] == "chat" and m["doc_ids_hash"] and m["queries_hash"]
+    assert run.doc_ids == DOC_IDS
+    assert len(list((tmp_path / "P.shards").glob("*.done"))) == 3
+
+
+def test_float16_storage(lm, tmp_path):
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, dtype="float16", shard_size=4, progress=False)
+    run = load_run(tmp_path)
+    assert run.logp.dtype == np.float16
+    np.testing.assert_allclose(run.logp.astype(np.float32), lm.score(DOCS, QUERIES, progress=False), rtol=2e-3)
+
+
+def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
+    ref = tmp_path / "ref"
+    score_run(lm, DOCS, DOC_IDS, QUERIES, ref, shard_size=2, progress=False)
+    part = tmp_path / "part"
+    score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False, max_shards=2)
+    assert json.loads((part / "P.manifest.json").read_text())["status"] == "partial"
+    with pytest.raises(RuntimeError, match="partial"):
+        load_run(part)
+    calls = []
+    orig = lm.score
+    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
+    try:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False)
+    finally:
+        del lm.score
+    assert sum(calls) == len(DOCS) - 4  # finished shards were not redone
+    assert np.array_equal(np.load(ref / "P.npy"), np.load(part / "P.npy"))
+
+
+def test_mismatched_run_folder_is_refused(lm, tmp_path):
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=4, progress=False)
+    before = np.load(tmp_path / "P.npy").copy()
+    with pytest.raises(FileExistsError, match="queries_hash"):
+        score_run(lm, DOCS, DOC_IDS, QUERIES[:-1], tmp_path, shard_size=4, progress=False)
+    assert np.array_equal(before, np.load(tmp_path / "P.npy"))  # nothing corrupted
+
+
+def _script(out, *extra):
+    env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return [sys.executable, str(HERE / "score_script.py"), str(out), *extra], env
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    cmd, env = _script(ref)
+    subprocess.run(cmd, env=env, check=True, timeout=300)
+    cmd, env = _script(killed, "0.5")
+    proc = subprocess.Popen(cmd, env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list((killed / "P.shards").glob("*.done"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_done = len(list((killed / "P.shards").glob("*.done")))
+    assert 2 <= n_done < 11, n_done  # killed in the middle of the run
+    cmd, env = _script(killed)
+    subprocess.run(cmd, env=env, check=True, timeout=300)
+    assert np.array_equal(np.load(ref / "P.npy"), np.load(killed / "P.npy"))
+    assert json.loads((killed / "P.manifest.json").read_text())["status"] == "complete"
+
+
+def test_two_processes_equal_one(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    cmd, env = _script(one)
+    subprocess.run(cmd, env=env, check=True, timeout=300)
+    cmd, env = _script(two)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                str(29500 + os.getpid() % 1000)]
+    subprocess.run(torchrun + cmd[1:], env=env, check=True, timeout=300)
+    assert np.array_equal(np.load(one / "P.npy"), np.load(two / "P.npy"))
+    assert json.loads((two / "P.manifest.json").read_text())["world_size"] == 2
+
+
+def test_sample_run_reuses_and_refuses(lm, tmp_path):
+    rows = sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=5, seed=2, batch_size=2, max_new_tokens=5,
+                      progress=False)
+    assert [r["qid"] for r in rows] == [f"q{j}" for j in range(5)]
+    assert all(r["source_doc_id"] == DOC_IDS[r["source_index"]] for r in rows)
+    assert sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=5, seed=2, batch_size=2, max_new_tokens=5,
+                      progress=False) == rows
+    with pytest.raises(FileExistsError, match="seed"):
+        sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=5, seed=3, batch_size=2, max_new_tokens=5,
+                   progress=False)
+    assert not (tmp_path / "queries.partial.jsonl").exists()

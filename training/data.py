@@ -1,0 +1,354 @@
+"""Training data for the retriever: (input text, target docid) pairs as token ids.
+
+Sources, each switchable (NCI/BMI use all three):
+
+- **real queries**: training queries with their relevant documents (one example per pair);
+- **generated queries**: per-document queries from a jsonl ``{"doc_id": ..., "queries": [...]}``
+  (written by ``gdr sample``);
+- **document as query**: the first ``window`` tokens of each document, and ``doc_windows`` random
+  ``window``-token windows per document (positions drawn from ``seed``).
+
+A **dev split** for model selection is held out from the *training* queries (a seeded random
+``dev_fraction``, at most ``dev_max`` queries); without real queries it is held out from the
+generated ones. The test split is never seen here.
+
+Token ids are stored flat (``TokenStore``: one int32 array and offsets), not as Python lists, so a
+corpus of 10^5 documents with several windows each stays small.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from indexing.trie import DocidTrie
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TokenStore", "RetrievalExamples", "build_examples", "read_generated_queries", "EpochSampler",
+           "RetrievalDataModule"]
+
+
+@dataclass
+class TokenStore:
+    """Variable-length token id sequences: ``ids[offsets[i]:offsets[i + 1]]`` is sequence ``i``."""
+
+    ids: np.ndarray  # int32 (total,)
+    offsets: np.ndarray  # int64 (n + 1,)
+
+    @classmethod
+    def from_lists(cls, seqs: Sequence[Sequence[int]]) -> "TokenStore":
+        lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        ids = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
+        return cls(ids, offsets)
+
+    @classmethod
+    def concat(cls, stores: Sequence["TokenStore"]) -> "TokenStore":
+        stores = [s for s in stores if len(s)]
+        if not stores:
+            return cls(np.zeros(0, np.int32), np.zeros(1, np.int64))
+        ids = np.concatenate([s.ids for s in stores])
+        lens = np.concatenate([np.diff(s.offsets) for s in stores])
+        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return cls(ids, offsets)
+
+    def take(self, idx: np.ndarray) -> "TokenStore":
+        """Sequences ``idx`` (int array of shape (m,)), gathered without a Python loop."""
+        idx = np.asarray(idx, dtype=np.int64)
+        lens = self.offsets[idx + 1] - self.offsets[idx]
+        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        pos = np.repeat(self.offsets[idx] - offsets[:-1], lens) + np.arange(offsets[-1])
+        return TokenStore(self.ids[pos], offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+
+@dataclass
+class RetrievalExamples:
+    """Tokenised training and dev examples.
+
+    train : encoder inputs of n_train examples; train_doc : int64 (n_train,) target document index
+    dev : encoder inputs of n_dev queries; dev_rel : per dev query, the relevant document indices
+    counts : examples per source (logged and written to the run's manifest)
+    """
+
+    train: TokenStore
+    train_doc: np.ndarray
+    dev: TokenStore
+    dev_rel: list[np.ndarray]
+    counts: dict[str, int | str] = field(default_factory=dict)
+
+
+def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """Read ``{"doc_id": ..., "queries": [...]}`` lines; returns (texts, doc indices).
+
+    Lines for doc ids not in ``doc_ids`` are an error naming the line (a docids/corpus mismatch).
+    """
+    from gdr.io import read_jsonl
+
+    pos = {d: i for i, d in enumerate(doc_ids)}
+    texts, docs = [], []
+    for lineno, row in enumerate(read_jsonl(path), 1):
+        if "doc_id" not in row or "queries" not in row:
+            raise ValueError(f"{path}: row {lineno} lacks `doc_id` or `queries`; expected "
+                             '{"doc_id": ..., "queries": [...]}')
+        d = str(row["doc_id"])
+        if d not in pos:
+            raise ValueError(f"{path}: row {lineno}: doc id {d!r} is not in the corpus/docids; "
+                             "regenerate the queries for this corpus")
+        qs = [q for q in row["queries"] if isinstance(q, str) and q.strip()]
+        texts.extend(qs)
+        docs.extend([pos[d]] * len(qs))
+    return texts, np.asarray(docs, dtype=np.int64)
+
+
+def _tokenize(tokenizer, texts: Sequence[str], max_len: int, chunk: int = 4096) -> TokenStore:
+    stores = []
+    for s in range(0, len(texts), chunk):
+        enc = tokenizer(list(texts[s:s + chunk]), truncation=True, max_length=max_len, add_special_tokens=True)
+        stores.append(TokenStore.from_lists(enc["input_ids"]))
+    return TokenStore.concat(stores)
+
+
+def _special_wrap(tokenizer) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a text (e.g. [CLS] ... [SEP], ... </s>)."""
+    for probe in ("hello world", "a", "the"):
+        bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
+        full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+        for i in range(len(full) - len(bare) + 1):
+            if bare and full[i:i + len(bare)] == bare:
+                return list(full[:i]), list(full[i + len(bare):])
+    return [], []
+
+
+def _doc_windows(tokenizer, doc_texts: Sequence[str], window: int, n_windows: int, first: bool,
+                 max_doc_tokens: int, rng: np.random.Generator, chunk: int = 2048) -> tuple[TokenStore, np.ndarray, np.ndarray]:
+    """First-``window`` and random-window inputs per document; returns (store, doc index, is_first)."""
+    pre, post = _special_wrap(tokenizer)
+    body = max(window - len(pre) - len(post), 1)
+    seqs, docs, is_first = [], [], []
+    for s in range(0, len(doc_texts), chunk):
+        enc = tokenizer(list(doc_texts[s:s + chunk]), truncation=True, max_length=max_doc_tokens,
+                        add_special_tokens=False)["input_ids"]
+        lens = np.fromiter((len(e) for e in enc), dtype=np.int64, count=len(enc))
+        # window starts, vectorised over documents: uniform in [0, len - body]
+        starts = rng.integers(0, np.maximum(lens - body, 0)[:, None] + 1, size=(len(enc), max(n_windows, 1)))
+        for j, ids in enumerate(enc):  # slicing token lists; no per-document arithmetic
+            if first:
+                seqs.append(pre + ids[:body] + post)
+                docs.append(s + j)
+                is_first.append(True)
+            if n_windows and lens[j] > body:
+                for st in starts[j, :n_windows]:
+                    seqs.append(pre + ids[st:st + body] + post)
+                    docs.append(s + j)
+                    is_first.append(False)
+    return TokenStore.from_lists(seqs), np.asarray(docs, dtype=np.int64), np.asarray(is_first, dtype=bool)
+
+
+def build_examples(
+    tokenizer,
+    n_docs: int,
+    doc_texts: Sequence[str] | None = None,
+    train_queries: Sequence[str] = (),
+    train_rel: Sequence[Sequence[int]] = (),
+    gen_queries: Sequence[str] = (),
+    gen_docs: np.ndarray | Sequence[int] = (),
+    use_real: bool = True,
+    use_generated: bool = True,
+    doc_first: bool = True,
+    doc_windows: int = 2,
+    window: int = 64,
+    max_query_len: int = 64,
+    max_doc_tokens: int = 2048,
+    dev_fraction: float = 0.1,
+    dev_max: int = 1000,
+    seed: int = 0,
+) -> RetrievalExamples:
+    """Tokenise every source and hold out the dev split (see the module docstring).
+
+    Parameters
+    ----------
+    n_docs : number of documents (targets are indices in [0, n_docs))
+    doc_texts : n_docs document texts (needed for document-as-query inputs)
+    train_queries, train_rel : real training queries and their relevant document indices
+    gen_queries, gen_docs : generated queries and the document each was generated from
+    """
+    rng = np.random.default_rng(seed)
+    if len(train_queries) != len(train_rel):
+        raise ValueError(f"{len(train_queries)} training queries but {len(train_rel)} relevance lists")
+    if len(gen_queries) != len(gen_docs):
+        raise ValueError(f"{len(gen_queries)} generated queries but {len(gen_docs)} document indices")
+    parts: list[TokenStore] = []
+    targets: list[np.ndarray] = []
+    counts: dict[str, int | str] = {}
+    dev = TokenStore.concat([])
+    dev_rel: list[np.ndarray] = []
+
+    real_q = list(train_queries) if use_real else []
+    gen_q = list(gen_queries) if use_generated else []
+    gen_d = np.asarray(gen_docs, dtype=np.int64) if use_generated else np.zeros(0, np.int64)
+    if len(real_q):
+        rel = [np.asarray(r, dtype=np.int64) for r in train_rel]
+        bad = [i for i, r in enumerate(rel) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
+        if bad:
+            raise ValueError(f"training query #{bad[0]} ({real_q[bad[0]][:60]!r}) has no valid relevant document")
+        n_dev = min(dev_max, int(round(dev_fraction * len(real_q)))) if len(real_q) > 1 else 0
+        perm = rng.permutation(len(real_q))
+        dev_idx, tr_idx = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
+        store = _tokenize(tokenizer, real_q, max_query_len)
+        dev = store.take(dev_idx)
+        dev_rel = [rel[i] for i in dev_idx]
+        # one training example per (query, relevant document) pair
+        n_rel = np.array([len(rel[i]) for i in tr_idx], dtype=np.int64)
+        parts.append(store.take(np.repeat(tr_idx, n_rel)))
+        targets.append(np.concatenate([rel[i] for i in tr_idx]) if len(tr_idx) else np.zeros(0, np.int64))
+        counts["real_queries"] = int(n_rel.sum())
+        counts["dev_from"] = "real_queries"
+    if len(gen_q):
+        if gen_d.min() < 0 or gen_d.max() >= n_docs:
+            raise ValueError("a generated query points at a document index outside the corpus")
+        store = _tokenize(tokenizer, gen_q, max_query_len)
+        keep = np.arange(len(gen_q))
+        if not len(real_q) and len(gen_q) > 1:
+            n_dev = min(dev_max, int(round(dev_fraction * len(gen_q))))
+            perm = rng.permutation(len(gen_q))
+            dev_idx, keep = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
+            dev = store.take(dev_idx)
+            dev_rel = [gen_d[i:i + 1] for i in dev_idx]
+            counts["dev_from"] = "generated_queries"
+        parts.append(store.take(keep) if len(keep) < len(gen_q) else store)
+        targets.append(gen_d[keep])
+        counts["generated_queries"] = int(len(keep))
+    if doc_texts is not None and (doc_first or doc_windows):
+        if len(doc_texts) != n_docs:
+            raise ValueError(f"{len(doc_texts)} document texts for {n_docs} documents")
+        store, docs, is_first = _doc_windows(tokenizer, doc_texts, window, doc_windows, doc_first,
+                                             max_doc_tokens, rng)
+        if not len(dev_rel) and len(docs):
+            # no queries at all: hold out random windows (or, without windows, first windows: a memorisation check)
+            pool = np.flatnonzero(~is_first) if (~is_first).any() else np.arange(len(docs))
+            n_dev = min(dev_max, max(1, int(round(dev_fraction * len(pool)))))
+            dev_idx = np.sort(rng.choice(pool, size=min(n_dev, len(pool)), replace=False))
+            dev = store.take(dev_idx)
+            dev_rel = [docs[i:i + 1] for i in dev_idx]
+            if not (~is_first).any():
+                log.warning("no queries and no random windows: the dev split repeats training inputs")
+            else:
+                mask = np.ones(len(docs), dtype=bool)
+                mask[dev_idx] = False
+                store, docs, is_first = store.take(np.flatnonzero(mask)), docs[mask], is_first[mask]
+            counts["dev_from"] = "document_windows"
+        parts.append(store)
+        targets.append(docs)
+        counts["doc_first"] = int(is_first.sum())
+        counts["doc_windows"] = int((~is_first).sum())
+    train = TokenStore.concat(parts)
+    train_doc = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+    if len(train) == 0:
+        raise ValueError("no training examples: enable real queries, generated queries or document windows")
+    counts["train_examples"] = len(train)
+    counts["dev_queries"] = len(dev)
+    counts["docs_without_example"] = int(n_docs - len(np.unique(train_doc)))
+    log.info("training examples: %s", counts)
+    return RetrievalExamples(train, train_doc, dev, dev_rel, counts)
+
+
+class EpochSampler(Sampler[int]):
+    """Shuffles with a permutation that depends only on (seed, epoch): a run resumed from a
+    checkpoint sees the same order as an uninterrupted one (Lightning calls ``set_epoch``)."""
+
+    def __init__(self, n: int, seed: int = 0, shuffle: bool = True):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.n))
+        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _Examples(Dataset):
+    def __init__(self, store: TokenStore, targets: np.ndarray | list[np.ndarray]):
+        self.store, self.targets = store, targets
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, i: int):
+        return self.store[i], self.targets[i]
+
+
+def _pad(seqs: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):  # batch assembly (collate), not a hot numeric path
+        ids[i, : len(s)] = torch.from_numpy(s.astype(np.int64))
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+class RetrievalDataModule(pl.LightningDataModule):
+    """Batches for training (queries -> slot labels) and validation (queries -> relevant terminal nodes).
+
+    Training batch: ``input_ids``, ``attention_mask`` (B, S) and ``labels`` (B, L + 1) slot indices
+    (digit, K = EOS, -100 padding). Validation batch: ``input_ids``, ``attention_mask`` and
+    ``rel_nodes`` (B, R) terminal trie nodes of the relevant documents (-1 padding).
+    """
+
+    def __init__(self, examples: RetrievalExamples, trie: DocidTrie, pad_token_id: int, batch_size: int = 64,
+                 eval_batch_size: int = 32, num_workers: int = 0, seed: int = 0):
+        super().__init__()
+        self.examples, self.trie = examples, trie
+        self.pad_token_id = pad_token_id
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.seed = num_workers, seed
+        seq = trie.slot_sequences()
+        self.labels = torch.from_numpy(np.where(seq < 0, -100, seq))  # (n_docs, L + 1)
+        self.doc_node = torch.from_numpy(trie.doc_node)
+
+    def _collate_train(self, batch):
+        seqs, docs = zip(*batch)
+        ids, mask = _pad(seqs, self.pad_token_id)
+        return {"input_ids": ids, "attention_mask": mask, "labels": self.labels[torch.as_tensor(np.asarray(docs))]}
+
+    def _collate_dev(self, batch):
+        seqs, rels = zip(*batch)
+        ids, mask = _pad(seqs, self.pad_token_id)
+        R = max(len(r) for r in rels)
+        rel = torch.full((len(rels), R), -1, dtype=torch.long)
+        for i, r in enumerate(rels):
+            rel[i, : len(r)] = self.doc_node[torch.as_tensor(r)]
+        return {"input_ids": ids, "attention_mask": mask, "rel_nodes": rel}
+
+    def train_dataloader(self) -> DataLoader:
+        ds = _Examples(self.examples.train, self.examples.train_doc)
+        return DataLoader(ds, batch_size=self.batch_size, sampler=EpochSampler(len(ds), self.seed),
+                          collate_fn=self._collate_train, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, drop_last=False)
+
+    def val_dataloader(self) -> DataLoader | list:
+        if len(self.examples.dev) == 0:
+            return []
+        ds = _Examples(self.examples.dev, self.examples.dev_rel)
+        return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, collate_fn=self._collate_dev,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)

@@ -1,0 +1,344 @@
+"""NCI-style seq2seq retriever: a text encoder and a small docid decoder.
+
+Architecture (Wang et al. 2022, NCI; Du et al. 2024, BMI):
+
+- **Encoder**: a pretrained T5 encoder (``t5-small``, ``t5-base``, a local path) or any HF encoder
+  checkpoint (``AutoModel``; ``minilm-l6`` is bundled and works offline), or a random-init T5
+  encoder built from ``encoder_config`` (tests). Its hidden states are projected to the decoder
+  width when the sizes differ.
+- **Decoder**: a T5 decoder stack (causal self-attention, cross-attention, relative position bias)
+  trained from scratch over a *position-aware* docid vocabulary: digit ``d`` at position ``p`` is
+  token ``2 + p*K + d``; token 0 is pad and decoder start, token 1 ends a docid (EOS). The output
+  layer is tied to the decoder's input embeddings (scaled by ``d_model**-0.5`` as in T5).
+- **Per-position output mask**: at step ``t`` only the ``K`` digit tokens of position ``t`` and EOS
+  are possible, so the output layer is evaluated on those ``K + 1`` *slots* only: the logits have
+  shape (batch, steps, K + 1) and slot ``s < K`` is digit ``s`` at that step, slot ``K`` is EOS.
+  At step ``L`` (after the longest code) only EOS is possible.
+
+Options, off by default:
+
+- **PAWA** (NCI's prefix-aware weight-adaptive decoder): the output weights depend on the decoded
+  prefix, so the same digit at the same position can mean different clusters under different
+  parents. Implemented simply: a GRU reads the prefix tokens (decoder inputs) and emits a
+  low-rank correction of the slot weights, ``W_t = E[slot tokens of t] + A(prefix_t) B``
+  with ``A(prefix_t)`` of shape (K + 1, r) and ``B`` of shape (r, d_model). ``A``'s output layer
+  starts at zero, so a PAWA model starts as the plain tied decoder.
+- **Consistency regulariser** (NCI): two forward passes of a batch with different dropout masks;
+  the loss adds ``w * (KL(p1 || p2) + KL(p2 || p1)) / 2`` over target positions (see
+  ``training.module``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "load_tokenizer", "PAD", "EOS"]
+
+PAD = 0  # also the decoder start token (T5 convention)
+EOS = 1  # end of docid
+N_SPECIAL = 2
+
+
+@dataclass
+class RetrieverConfig:
+    """Everything needed to rebuild a retriever (saved as ``retriever.json`` with each model).
+
+    encoder : hub id, local path or bundled short name (``minilm-l6``) of a pretrained encoder;
+        None builds a random-init T5 encoder from ``encoder_config``.
+    encoder_config : T5Config keyword arguments for the random-init encoder (``vocab_size`` is
+        taken from the tokenizer).
+    tokenizer : tokenizer to use; default the encoder's.
+    n_digits, max_code_len : K and L of the docids (the decoder vocabulary is 2 + L*K tokens).
+    d_model, num_layers, num_heads, d_ff, d_kv : decoder size (d_kv default d_model // num_heads).
+    dropout : dropout rate in the decoder (and a random-init encoder).
+    pawa, pawa_rank : prefix-aware weight-adaptive output layer and its rank.
+    max_query_len : queries are truncated to this many encoder tokens.
+    """
+
+    encoder: str | None = None
+    encoder_config: dict[str, Any] | None = None
+    tokenizer: str | None = None
+    n_digits: int = 30
+    max_code_len: int = 4
+    d_model: int = 256
+    num_layers: int = 3
+    num_heads: int = 4
+    d_ff: int = 1024
+    d_kv: int | None = None
+    dropout: float = 0.1
+    pawa: bool = False
+    pawa_rank: int = 16
+    max_query_len: int = 64
+    # filled in by `build`: the encoder's HF config, so a saved model rebuilds without the hub
+    encoder_hf_config: dict[str, Any] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RetrieverConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown retriever config keys {unknown}; known: {sorted(names)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def vocab_size(self) -> int:
+        return N_SPECIAL + self.max_code_len * self.n_digits
+
+    @property
+    def tokenizer_name(self) -> str:
+        name = self.tokenizer or self.encoder
+        if name is None:
+            raise ValueError("a random-init encoder needs `tokenizer` (e.g. tokenizer=minilm-l6)")
+        return name
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    from gdr.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(name))
+
+
+_T5_TYPES = {"t5", "mt5", "umt5", "longt5"}
+
+
+def _without_pooler(fn, arg):
+    """BERT-like models carry a pooler we never use (DDP complains about unused weights): drop it."""
+    try:
+        return fn(arg, add_pooling_layer=False)
+    except TypeError:
+        return fn(arg)
+
+
+def _build_encoder(cfg: RetrieverConfig, vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
+    """The encoder module and its HF config as a dict (saved so loading needs no hub access)."""
+    from transformers import AutoConfig, AutoModel, T5Config, T5EncoderModel
+
+    from gdr.models import resolve_model
+
+    if cfg.encoder_hf_config is not None:  # rebuilding a saved model: architecture only
+        hf = dict(cfg.encoder_hf_config)
+        model_type = hf.pop("model_type")
+        conf = AutoConfig.for_model(model_type, **hf)
+        if model_type in _T5_TYPES:
+            enc = T5EncoderModel(conf)
+        else:
+            enc = _without_pooler(AutoModel.from_config, conf)
+    elif cfg.encoder is None:
+        kw = dict(cfg.encoder_config or {})
+        kw.setdefault("dropout_rate", cfg.dropout)
+        kw["vocab_size"] = vocab_size
+        conf = T5Config(**kw)
+        enc = T5EncoderModel(conf)
+    else:
+        path = resolve_model(cfg.encoder)
+        conf = AutoConfig.from_pretrained(path)
+        if conf.model_type in _T5_TYPES:
+            enc = T5EncoderModel.from_pretrained(path)
+        else:
+            enc = _without_pooler(AutoModel.from_pretrained, path)
+    hf = enc.config.to_dict()
+    hf = {k: v for k, v in hf.items() if not k.startswith("_") and k not in {"architectures", "transformers_version"}}
+    hf["model_type"] = enc.config.model_type
+    return enc, hf
+
+
+def _hidden_size(conf) -> int:
+    for name in ("d_model", "hidden_size", "dim"):
+        if getattr(conf, name, None):
+            return int(getattr(conf, name))
+    raise ValueError(f"cannot tell the hidden size of encoder config {type(conf).__name__}")
+
+
+@dataclass
+class DecoderState:
+    """Incremental decoding state for ``N`` hypotheses.
+
+    cache : transformers ``EncoderDecoderCache`` (self-attention grows one step per call; the
+        cross-attention keys/values are computed at the first step and reused)
+    enc : encoder states of shape (N, S, d_model); enc_mask of shape (N, S)
+    pawa : GRU hidden state of shape (1, N, d_model) or None
+    step : number of tokens consumed so far
+    """
+
+    cache: Any
+    enc: torch.Tensor
+    enc_mask: torch.Tensor
+    pawa: torch.Tensor | None
+    step: int = 0
+
+
+class GenerativeRetriever(nn.Module):
+    """Query -> docid sequence model. Build with :meth:`build` (loads a pretrained encoder)."""
+
+    def __init__(self, config: RetrieverConfig, encoder: nn.Module):
+        super().__init__()
+        from transformers import T5Config
+        from transformers.models.t5.modeling_t5 import T5Stack
+
+        self.config = config
+        self.encoder = encoder
+        enc_dim = _hidden_size(encoder.config)
+        d = config.d_model
+        self.proj = nn.Identity() if enc_dim == d else nn.Linear(enc_dim, d, bias=False)
+        dec_conf = T5Config(
+            vocab_size=config.vocab_size, d_model=d, d_kv=config.d_kv or d // config.num_heads,
+            d_ff=config.d_ff, num_layers=config.num_layers, num_decoder_layers=config.num_layers,
+            num_heads=config.num_heads, dropout_rate=config.dropout, is_decoder=True,
+            is_encoder_decoder=True, use_cache=True, pad_token_id=PAD, eos_token_id=EOS,
+            decoder_start_token_id=PAD, relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+        )
+        self.decoder = T5Stack(dec_conf)
+        nn.init.normal_(self.decoder.embed_tokens.weight, std=1.0)  # T5's init of tied embeddings
+        K, L = config.n_digits, config.max_code_len
+        # slot_tokens[t, s]: token id of slot s at step t; at step L only EOS is valid
+        slot_tokens = torch.full((L + 1, K + 1), PAD, dtype=torch.long)
+        slot_tokens[:L, :K] = N_SPECIAL + torch.arange(L)[:, None] * K + torch.arange(K)[None, :]
+        slot_tokens[:, K] = EOS
+        slot_valid = torch.ones(L + 1, K + 1, dtype=torch.bool)
+        slot_valid[L, :K] = False
+        self.register_buffer("slot_tokens", slot_tokens, persistent=False)
+        self.register_buffer("slot_valid", slot_valid, persistent=False)
+        if config.pawa:
+            r = config.pawa_rank
+            self.pawa_rnn = nn.GRU(d, d, batch_first=True)
+            self.pawa_a = nn.Linear(d, (K + 1) * r)
+            self.pawa_b = nn.Linear(d, r, bias=False)
+            nn.init.zeros_(self.pawa_a.weight)
+            nn.init.zeros_(self.pawa_a.bias)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(cls, config: RetrieverConfig, vocab_size: int | None = None) -> "GenerativeRetriever":
+        """Build a model; a pretrained encoder is loaded from ``config.encoder``.
+
+        vocab_size : the tokenizer's size, needed only for a random-init encoder.
+        """
+        if config.encoder is None and config.encoder_hf_config is None and vocab_size is None:
+            vocab_size = len(load_tokenizer(config.tokenizer_name))
+        encoder, hf = _build_encoder(config, vocab_size or 0)
+        config.encoder_hf_config = hf
+        return cls(config, encoder)
+
+    def n_params(self) -> dict[str, int]:
+        enc = sum(p.numel() for p in self.encoder.parameters())
+        total = sum(p.numel() for p in self.parameters())
+        return {"encoder": enc, "decoder": total - enc, "total": total}
+
+    def save(self, out_dir: str | os.PathLike) -> None:
+        """Write ``retriever.json`` and ``model.pt`` (the full state dict)."""
+        from gdr.io import atomic_write_text
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "retriever.json", json.dumps(self.config.to_dict(), indent=2, default=str) + "\n")
+        tmp = out / ".model.pt.tmp"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, out / "model.pt")
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike, map_location: str | torch.device = "cpu") -> "GenerativeRetriever":
+        d = Path(model_dir)
+        if not (d / "retriever.json").exists():
+            raise FileNotFoundError(f"{d}: no retriever.json; point at the `model/` folder of a `gdr train` run")
+        config = RetrieverConfig.from_dict(json.loads((d / "retriever.json").read_text()))
+        model = cls.build(config)
+        state = torch.load(d / "model.pt", map_location=map_location, weights_only=True)
+        model.load_state_dict(state)
+        return model
+
+    # ------------------------------------------------------------------ forward (training)
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Encoder states projected to the decoder width: (B, S) -> (B, S, d_model)."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        return self.proj(out.last_hidden_state)
+
+    def labels_to_inputs(self, labels: torch.Tensor) -> torch.Tensor:
+        """Teacher-forcing decoder inputs from slot labels (B, T) (-100 = padding) -> token ids (B, T)."""
+        B, T = labels.shape
+        prev = labels[:, :-1]
+        steps = torch.arange(T - 1, device=labels.device).expand(B, T - 1)
+        tok = self.slot_tokens[steps, prev.clamp_min(0)]
+        tok = tok.masked_fill(prev < 0, PAD)
+        start = torch.full((B, 1), PAD, dtype=torch.long, device=labels.device)
+        return torch.cat([start, tok], dim=1)
+
+    def slot_logits(self, h: torch.Tensor, steps: torch.Tensor, pawa_h: torch.Tensor | None) -> torch.Tensor:
+        """Logits over the K + 1 slots.
+
+        h : decoder outputs of shape (..., T, d_model); steps : int tensor of shape (T,), the decoding
+        step of each position; pawa_h : PAWA prefix states shaped like h, or None. Returns (..., T, K + 1).
+        """
+        W = self.decoder.embed_tokens(self.slot_tokens[steps])  # (T, K+1, d): shared by the whole batch
+        h = h * (self.config.d_model ** -0.5)
+        logits = torch.einsum("...td,tkd->...tk", h, W)
+        if self.config.pawa:
+            K1, r = self.config.n_digits + 1, self.config.pawa_rank
+            A = self.pawa_a(pawa_h).unflatten(-1, (K1, r))  # (..., T, K+1, r)
+            logits = logits + torch.einsum("...kr,...r->...k", A, self.pawa_b(h))
+        return logits.masked_fill(~self.slot_valid[steps], float("-inf"))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Slot logits of shape (B, T, K + 1) for queries (B, S) and slot labels (B, T)."""
+        enc = self.encode(input_ids, attention_mask)
+        dec_in = self.labels_to_inputs(labels)  # (B, T)
+        out = self.decoder(input_ids=dec_in, encoder_hidden_states=enc, encoder_attention_mask=attention_mask,
+                           use_cache=False)
+        h = out.last_hidden_state  # (B, T, d)
+        pawa_h = None
+        if self.config.pawa:
+            pawa_h, _ = self.pawa_rnn(self.decoder.embed_tokens(dec_in))  # (B, T, d)
+        return self.slot_logits(h, torch.arange(labels.shape[1], device=labels.device), pawa_h)
+
+    # ------------------------------------------------------------------ incremental decoding
+    def start(self, enc: torch.Tensor, enc_mask: torch.Tensor) -> DecoderState:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        conf = self.decoder.config
+        cache = EncoderDecoderCache(DynamicCache(config=conf), DynamicCache(config=conf))
+        pawa = enc.new_zeros(1, enc.shape[0], self.config.d_model) if self.config.pawa else None
+        return DecoderState(cache, enc, enc_mask, pawa, 0)
+
+    def step(self, state: DecoderState, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per hypothesis (N,); returns slot log-probs (N, K + 1) for the next symbol."""
+        t = state.step
+        ids = tokens[:, None]  # (N, 1)
+        out = self.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=state.enc_mask,
+                           cache=state.cache, use_cache=True)
+        h = out.last_hidden_state  # (N, 1, d)
+        pawa_h = None
+        if self.config.pawa:
+            pawa_h, state.pawa = self.pawa_rnn(self.decoder.embed_tokens(ids), state.pawa)  # (N, 1, d)
+        steps = torch.full((1,), t, dtype=torch.long, device=h.device)
+        state.step = t + 1
+        return F.log_softmax(self.slot_logits(h, steps, pawa_h)[:, 0].float(), dim=-1)
+
+    @staticmethod
+    def reorder(state: DecoderState, index: torch.Tensor, cross: bool) -> None:
+        """Keep hypotheses ``index`` (N',) of the state, in that order.
+
+        cross=False leaves the cross-attention keys/values alone: correct when ``index`` only permutes
+        hypotheses within each query (all hypotheses of a query share its encoder states).
+        """
+        state.cache.self_attention_cache.batch_select_indices(index)
+        if cross:
+            state.cache.cross_attention_cache.batch_select_indices(index)
+            state.enc = state.enc.index_select(0, index)
+            state.enc_mask = state.enc_mask.index_select(0, index)
+        if state.pawa is not None:
+            state.pawa = state.pawa.index_select(1, index)

@@ -1,0 +1,135 @@
+"""LightningModule: cross-entropy on docid slots, validation Recall@k by constrained beam search."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+from indexing.trie import DocidTrie
+from training.model import GenerativeRetriever, RetrieverConfig
+from training.search import constrained_beam_search
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RetrieverModule", "linear_warmup_decay"]
+
+
+def linear_warmup_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier: linear 0 -> 1 over ``warmup_steps``, then linear 1 -> 0 at ``total_steps``."""
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    return f
+
+
+class RetrieverModule(pl.LightningModule):
+    """Trains a :class:`~training.model.GenerativeRetriever`.
+
+    Parameters
+    ----------
+    model_config : ``RetrieverConfig.to_dict()``
+    lr_encoder, lr_decoder : AdamW learning rates of the encoder and of everything else (a new
+        decoder learns faster than a pretrained encoder may move)
+    weight_decay : AdamW weight decay on matrices (not on biases, norms, embeddings' 1-D params)
+    warmup_steps : linear warmup; then linear decay to 0 at the trainer's last step
+    consistency_weight : NCI's consistency regulariser (0 = off): two dropout views of each batch,
+        loss = mean CE + w * symmetric KL of their slot distributions
+    val_beam, val_k, length_penalty : validation beam search
+    seed : dropout masks are drawn from (seed, global step, rank), so a run resumed from a
+        checkpoint continues exactly as an uninterrupted one
+    trie : the docid trie (not a hyperparameter; needed for validation)
+    """
+
+    def __init__(self, model_config: dict[str, Any], lr_encoder: float = 1e-4, lr_decoder: float = 1e-3,
+                 weight_decay: float = 0.01, warmup_steps: int = 1000, consistency_weight: float = 0.0,
+                 val_beam: int = 10, val_k: int = 10, length_penalty: float = 1.0, seed: int = 0,
+                 trie: DocidTrie | None = None):
+        super().__init__()
+        self.save_hyperparameters(ignore=["trie"])
+        self.model = GenerativeRetriever.build(RetrieverConfig.from_dict(dict(model_config)))
+        self.trie = trie
+        self._trie_dev: DocidTrie | None = None
+        self._val_first: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------ training
+    def _slot_ce(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+    def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        logits = self.model(ids, mask, labels)  # (B, T, K+1)
+        loss = ce = self._slot_ce(logits, labels)
+        w = self.hparams.consistency_weight
+        if w > 0 and stage == "train":
+            logits2 = self.model(ids, mask, labels)  # a second dropout view
+            ce = (ce + self._slot_ce(logits2, labels)) / 2
+            valid = labels >= 0  # (B, T)
+            lp1 = F.log_softmax(logits.float(), -1).clamp_min(-1e4)[valid]  # (n_valid, K+1)
+            lp2 = F.log_softmax(logits2.float(), -1).clamp_min(-1e4)[valid]
+            kl = 0.5 * (F.kl_div(lp2, lp1, log_target=True, reduction="batchmean")
+                        + F.kl_div(lp1, lp2, log_target=True, reduction="batchmean"))
+            loss = ce + w * kl
+            self.log(f"{stage}/kl", kl, batch_size=len(ids))
+        self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=len(ids))
+        if w > 0:
+            self.log(f"{stage}/ce", ce, batch_size=len(ids))
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        torch.manual_seed((self.hparams.seed * 1_000_003 + self.global_step * 1_009 + self.global_rank) % 2**63)
+        return self._step(batch, "train")
+
+    # ------------------------------------------------------------------ validation
+    def _trie_on_device(self) -> DocidTrie:
+        if self._trie_dev is None or self._trie_dev.child.device != self.device:
+            self._trie_dev = self.trie.to(self.device)
+        return self._trie_dev
+
+    def validation_step(self, batch, batch_idx):
+        if self.trie is None:
+            return
+        out = constrained_beam_search(self.model, batch["input_ids"], batch["attention_mask"], self._trie_on_device(),
+                                      beam=max(self.hparams.val_beam, self.hparams.val_k), k=self.hparams.val_k,
+                                      length_penalty=self.hparams.length_penalty)
+        rel = batch["rel_nodes"]  # (B, R), -1 padding
+        hit = (out.nodes[:, :, None] == rel[:, None, :]) & (rel[:, None, :] >= 0)  # (B, k, R)
+        hit_at = hit.any(-1)  # (B, k)
+        k = hit_at.shape[1]
+        pos = torch.arange(1, k + 1, device=hit_at.device).expand_as(hit_at)
+        first = torch.where(hit_at, pos, torch.full_like(pos, k + 1)).min(1).values  # (B,), k+1 = miss
+        self._val_first.append(first)
+
+    def on_validation_epoch_end(self):
+        if not self._val_first:
+            return
+        first = torch.cat(self._val_first).float()
+        self._val_first.clear()
+        first = self.all_gather(first).flatten() if self.trainer.world_size > 1 else first
+        k = self.hparams.val_k
+        self.log("val/recall@1", (first <= 1).float().mean(), prog_bar=True, sync_dist=False)
+        self.log(f"val/recall@{k}", (first <= k).float().mean(), sync_dist=False)
+        self.log(f"val/mrr@{k}", torch.where(first <= k, 1.0 / first, torch.zeros_like(first)).mean(), sync_dist=False)
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        hp = self.hparams
+        groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+        enc_ids = {id(p) for p in self.model.encoder.parameters()}
+        for p in self.model.parameters():
+            if p.requires_grad:
+                groups.setdefault((id(p) in enc_ids, p.ndim >= 2), []).append(p)
+        param_groups = [
+            {"params": ps, "lr": hp.lr_encoder if is_enc else hp.lr_decoder,
+             "weight_decay": hp.weight_decay if decay else 0.0}
+            for (is_enc, decay), ps in sorted(groups.items())
+        ]
+        opt = torch.optim.AdamW(param_groups)
+        total = self.trainer.estimated_stepping_batches
+        total = int(total) if math.isfinite(total) else 10 * hp.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(hp.warmup_steps, total))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,226 @@
+"""``train(...)``: fit a retriever on docids and export it (a pure function; ``gdr train`` wraps it).
+
+Run folder layout::
+
+    out_dir/
+      docids.tsv               the docids the model was trained on
+      model/                   retriever.json, model.pt, tokenizer files (Retriever.load reads this)
+      checkpoints/last.ckpt    resume point (a killed run restarts from here)
+      checkpoints/best-*.ckpt  best val/recall@1
+      logs/version_N/metrics.csv   CSVLogger, one version per start (tensorboard/ when installed)
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from indexing.docids import write_docids
+from indexing.trie import build_trie
+from training.data import RetrievalDataModule, build_examples
+from training.model import RetrieverConfig, load_tokenizer
+from training.module import RetrieverModule
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train"]
+
+
+@dataclass
+class ExampleOptions:
+    """Which training inputs to use (see ``training.data``)."""
+
+    use_real: bool = True
+    use_generated: bool = True
+    doc_first: bool = True
+    doc_windows: int = 2
+    window: int = 64
+    max_doc_tokens: int = 2048
+    dev_fraction: float = 0.1
+    dev_max: int = 1000
+
+
+@dataclass
+class OptimOptions:
+    lr_encoder: float = 1e-4
+    lr_decoder: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 1000
+    consistency_weight: float = 0.0
+
+
+@dataclass
+class TrainerOptions:
+    """Lightning Trainer settings. ``precision`` None = bf16-mixed on GPU, 32 on CPU."""
+
+    max_epochs: int = 20
+    max_steps: int = -1
+    batch_size: int = 64
+    eval_batch_size: int = 32
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    strategy: str = "auto"
+    precision: str | None = None
+    gradient_clip_val: float = 1.0
+    check_val_every_n_epoch: int = 1
+    val_check_interval: float | int | None = None
+    limit_val_batches: float | int = 1.0
+    patience: int = 5
+    val_beam: int = 10
+    length_penalty: float = 1.0
+    num_workers: int = 0
+    log_every_n_steps: int = 50
+    checkpoint_every_n_steps: int | None = None
+    num_sanity_val_steps: int = 2
+    tensorboard: bool = True
+    resume: bool = True
+    enable_progress_bar: bool = True
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    model_dir: Path
+    best_checkpoint: str | None
+    best_val_recall1: float | None
+    counts: dict[str, Any]
+    n_params: dict[str, int]
+    global_step: int
+    losses: list[float] = field(default_factory=list, repr=False)
+
+
+class _LossRecorder(pl.Callback):
+    """Keeps every training loss (used by tests and written to nowhere else)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.losses.append(float(loss.detach()))
+
+
+def _precision(p: str | None, accelerator: str) -> str:
+    if p is not None:
+        return str(p)
+    gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+    return "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def train(
+    out_dir: str | os.PathLike,
+    model_config: RetrieverConfig,
+    doc_ids: Sequence[str],
+    codes: Sequence[Sequence[int]],
+    doc_texts: Sequence[str] | None = None,
+    train_queries: Sequence[str] = (),
+    train_rel: Sequence[Sequence[int]] = (),
+    gen_queries: Sequence[str] = (),
+    gen_docs: Sequence[int] | np.ndarray = (),
+    examples: ExampleOptions = ExampleOptions(),
+    optim: OptimOptions = OptimOptions(),
+    trainer_opts: TrainerOptions = TrainerOptions(),
+    seed: int = 0,
+    callbacks: Sequence[pl.Callback] = (),
+) -> TrainResult:
+    """Train a retriever mapping queries to the docids ``codes`` and export it to ``out_dir/model``.
+
+    Parameters
+    ----------
+    model_config : the architecture; ``n_digits``/``max_code_len`` of 0 or None are taken from ``codes``
+    doc_ids, codes : one docid per document (``read_docids``), aligned with ``doc_texts``
+    train_queries, train_rel : real training queries and their relevant document indices
+    gen_queries, gen_docs : generated queries and their source document indices
+    callbacks : extra Lightning callbacks
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if len(doc_ids) != len(codes):
+        raise ValueError(f"{len(doc_ids)} doc ids but {len(codes)} codes")
+    pl.seed_everything(seed, workers=True)
+    K = max(max(c) for c in codes) + 1
+    L = max(len(c) for c in codes)
+    cfg = RetrieverConfig.from_dict(model_config.to_dict())
+    if not cfg.n_digits:
+        cfg.n_digits = K
+    if not cfg.max_code_len:
+        cfg.max_code_len = L
+    if cfg.n_digits < K or cfg.max_code_len < L:
+        raise ValueError(f"docids need K >= {K} digits and length >= {L}, but the model has "
+                         f"n_digits={cfg.n_digits}, max_code_len={cfg.max_code_len}; raise them or set them to null")
+    trie = build_trie(codes, n_digits=cfg.n_digits)
+    write_docids(out / "docids.tsv", doc_ids, codes)
+    tokenizer = load_tokenizer(cfg.tokenizer_name)
+    ex = build_examples(
+        tokenizer, len(doc_ids), doc_texts=doc_texts, train_queries=train_queries, train_rel=train_rel,
+        gen_queries=gen_queries, gen_docs=gen_docs, max_query_len=cfg.max_query_len, seed=seed,
+        **asdict(examples),
+    )
+    dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=trainer_opts.batch_size,
+                             eval_batch_size=trainer_opts.eval_batch_size, num_workers=trainer_opts.num_workers,
+                             seed=seed)
+    module = RetrieverModule(cfg.to_dict(), lr_encoder=optim.lr_encoder, lr_decoder=optim.lr_decoder,
+                             weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
+                             consistency_weight=optim.consistency_weight, val_beam=trainer_opts.val_beam,
+                             length_penalty=trainer_opts.length_penalty, seed=seed, trie=trie)
+    n_params = module.model.n_params()
+    log.info("retriever parameters: %s", n_params)
+
+    t = trainer_opts
+    has_dev = len(ex.dev) > 0
+    ckpt_dir = out / "checkpoints"
+    # Lightning 2.6 writes `save_last` only when a top-k checkpoint is written in the same step, so
+    # the resume point is a checkpoint callback of its own: monitor None, top-1 = the latest state.
+    last_ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False,
+        every_n_train_steps=t.checkpoint_every_n_steps,
+    )
+    best_ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor="val/recall@1", mode="max", save_top_k=1,
+        auto_insert_metric_name=False,
+    ) if has_dev else None
+    recorder = _LossRecorder()
+    callbacks = [last_ckpt, *([best_ckpt] if best_ckpt else []), recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), *callbacks]
+    if has_dev and t.patience > 0:
+        callbacks.append(pl.callbacks.EarlyStopping(monitor="val/recall@1", mode="max", patience=t.patience))
+    # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
+    loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
+    if t.tensorboard:
+        try:
+            import tensorboard  # noqa: F401
+
+            loggers.append(pl.loggers.TensorBoardLogger(out, name="tensorboard"))
+        except ImportError:
+            pass
+    trainer = pl.Trainer(
+        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, accelerator=t.accelerator,
+        devices=t.devices, strategy=t.strategy, precision=_precision(t.precision, t.accelerator),
+        gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
+        val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
+        log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=loggers,
+        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
+        enable_model_summary=False, deterministic=False,
+    )
+    last = ckpt_dir / "last.ckpt"
+    ckpt_path = str(last) if (t.resume and last.exists()) else None
+    if ckpt_path:
+        log.info("resuming from %s", ckpt_path)
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+
+    best = (best_ckpt.best_model_path or None) if best_ckpt else None
+    best_score = float(best_ckpt.best_model_score) if best_ckpt and best_ckpt.best_model_score is not None else None
+    if trainer.is_global_zero:
+        if best:
+            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+            module.load_state_dict(state)
+        model_dir = out / "model"
+        module.model.cpu().save(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    return TrainResult(out, out / "model", best, best_score, dict(ex.counts), n_params,
+                       int(trainer.global_step), recorder.losses)
