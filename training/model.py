@@ -147,12 +147,14 @@ def _build_encoder(cfg: RetrieverConfig, vocab_size: int) -> tuple[nn.Module, di
     else:
         path = resolve_model(cfg.encoder)
         conf = AutoConfig.from_pretrained(path)
+        # float32 master weights whatever dtype the checkpoint was saved in; autocast does bf16
         if conf.model_type in _T5_TYPES:
-            enc = T5EncoderModel.from_pretrained(path)
+            enc = T5EncoderModel.from_pretrained(path, dtype=torch.float32)
         else:
-            enc = _without_pooler(AutoModel.from_pretrained, path)
+            enc = _without_pooler(lambda p, **kw: AutoModel.from_pretrained(p, dtype=torch.float32, **kw), path)
     hf = enc.config.to_dict()
-    hf = {k: v for k, v in hf.items() if not k.startswith("_") and k not in {"architectures", "transformers_version"}}
+    drop = {"architectures", "transformers_version", "dtype", "torch_dtype"}
+    hf = {k: v for k, v in hf.items() if not k.startswith("_") and k not in drop}
     hf["model_type"] = enc.config.model_type
     return enc, hf
 

