@@ -25,7 +25,7 @@ demo: install
 	$(BIN)/gdr cluster +experiment=demo
 
 test: install
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q
 
 test-all: install
 	$(BIN)/python -m pytest -q

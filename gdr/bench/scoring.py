@@ -24,7 +24,7 @@ T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layer
                vocab_size=32128, feed_forward_proj="relu", tie_word_embeddings=True)
 
 
-def build_lm(name: str, doc_tokens: int, device: str):
+def build_lm(name: str, doc_tokens: int, device: str, tokenizer: str | None = None):
     from gdr.lm import GenerativeLM, PromptConfig
 
     if name.endswith("-random"):
@@ -33,7 +33,7 @@ def build_lm(name: str, doc_tokens: int, device: str):
 
         from gdr.models import resolve_model
 
-        tok = AutoTokenizer.from_pretrained(resolve_model("minilm-l6"))
+        tok = AutoTokenizer.from_pretrained(tokenizer or resolve_model("minilm-l6"))
         tok.eos_token = tok.sep_token
         torch.manual_seed(0)
         if name == "t5-base-random":
@@ -52,7 +52,11 @@ def build_lm(name: str, doc_tokens: int, device: str):
     return GenerativeLM(name, max_doc_tokens=doc_tokens, device=device)
 
 
-def bench_texts(n: int, seed: int) -> list[str]:
+def bench_texts(n: int, seed: int, docs_file: str | None = None) -> list[str]:
+    if docs_file:  # one document per line (for machines without ../shared/data)
+        with open(docs_file, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+        return (lines * (n // max(len(lines), 1) + 1))[:n]
     from gdr.data import load_corpus
 
     return load_corpus("r5").sample(n, seed=seed).model_inputs()
@@ -68,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc-batch-size", type=int, default=4)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
+    ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    lm = build_lm(args.model, args.doc_tokens, args.device)
+    lm = build_lm(args.model, args.doc_tokens, args.device, args.tokenizer)
     n_docs = max(1, args.pairs // args.queries)
-    docs = bench_texts(n_docs, args.seed)
+    docs = bench_texts(n_docs, args.seed, args.docs_file)
     queries = lm.sample_queries(docs, args.queries, seed=args.seed, progress=False).texts
     print(f"model {args.model} on {lm.device}: {n_docs} docs x {len(queries)} queries, docs cut to {args.doc_tokens} tokens")
 

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from gdr.cli import COMMANDS, main
+from gdr.cluster_cli import cluster_corpus, restrict, results_table
+from gdr.config import load_config, save_config
+
+
+def test_every_command_resolves():
+    import importlib
+
+    for name, (module, func) in COMMANDS.items():
+        assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_help_and_unknown_command(capsys):
+    assert main(["--help"]) == 0
+    assert "cluster" in capsys.readouterr().out
+    assert main(["nope"]) == 2
+
+
+def test_config_composition_and_overrides(tmp_path):
+    cfg = load_config("cluster", ["data=r5", "data.n_docs=10", "cluster.gc.alpha=1.0", "+experiment=reuters"])
+    assert cfg.data.name == "r5" and cfg.data.n_docs == 10  # command-line overrides win over the experiment
+    assert cfg.cluster.gc.alpha == 1.0 and set(cfg.cluster.variants) == {"gc", "alpha=1", "naive-phi", "no-clip"}
+    assert cfg.model.name == "smollm2-135m" and cfg.model.prompt.style == "chat"
+    assert cfg.score.shard_size > 0 and cfg.sample.n_queries == 64
+    path = save_config(cfg, tmp_path)
+    assert "alpha: 1.0" in path.read_text()
+    with pytest.raises(Exception):
+        load_config("cluster", ["data=does-not-exist"])
+
+
+def test_restrict_keeps_rows_and_their_queries():
+    labels = ["earn", "acq", "crude", "earn"]
+    source = np.array([0, 2, 3, 1, 2])
+    rows, cols = restrict(np.zeros((4, 5)), labels, source, ["earn", "acq"])
+    assert rows.tolist() == [0, 1, 3] and cols.tolist() == [0, 2, 3]
+    with pytest.raises(ValueError, match="not among the corpus labels"):
+        restrict(np.zeros((4, 5)), labels, source, ["ship"])
+
+
+def test_cluster_corpus_on_planted_logp():
+    rng = np.random.default_rng(0)
+    k, per, j = 3, 20, 30
+    profile = rng.normal(-60, 15, (k, j))
+    y = np.repeat(np.arange(k), per)
+    logp = profile[y] + rng.normal(0, 2, (k * per, j))
+    queries = [f"query {q}" for q in range(j)]
+    res = cluster_corpus(logp, queries, k, {"gc": {"alpha": 0.25, "clip_sigma": 5.0, "phi": "power"}},
+                         labels=[f"t{v}" for v in y], baselines=["logp"], n_init=3, repeats=2, seed=0)
+    gc = res["methods"]["GC"]
+    assert gc["mean"]["acc"] == pytest.approx(100.0)
+    assert len(gc["descriptions"]) == k and all(len(d) == 5 for d in gc["descriptions"])
+    assert "k-means (logp)" in res["methods"]
+    table = results_table(res)
+    assert "| GC | 100.0 (0.0)" in table
