@@ -112,6 +112,7 @@ def write_summary(out_dir: str | os.PathLike, s: dict, plot: bool = True) -> Non
     a.bar(list(map(int, dh)), list(dh.values()), color="C0")
     a.set_xlabel("code length (positions)")
     a.set_ylabel("documents")
+    a.set_xticks(list(map(int, dh)))
     a.set_title("depth histogram")
     lh = s["leaf_size_hist"]
     b.bar(list(map(int, lh)), list(lh.values()), color="C1")

@@ -235,7 +235,9 @@ class GenerativeRetriever(nn.Module):
             vocab_size = len(load_tokenizer(config.tokenizer_name))
         encoder, hf = _build_encoder(config, vocab_size or 0)
         config.encoder_hf_config = hf
-        return cls(config, encoder)
+        # from_pretrained returns modules in eval mode; Lightning keeps modes as found, so a
+        # pretrained encoder would train without dropout
+        return cls(config, encoder).train()
 
     def n_params(self) -> dict[str, int]:
         enc = sum(p.numel() for p in self.encoder.parameters())

@@ -186,7 +186,8 @@ def train(
         auto_insert_metric_name=False,
     ) if has_dev else None
     recorder = _LossRecorder()
-    callbacks = [last_ckpt, *([best_ckpt] if best_ckpt else []), recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), *callbacks]
+    # best before last: last.ckpt then carries the best-checkpoint callback's updated state
+    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), *callbacks]
     if has_dev and t.patience > 0:
         callbacks.append(pl.callbacks.EarlyStopping(monitor="val/recall@1", mode="max", patience=t.patience))
     # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
@@ -215,6 +216,9 @@ def train(
 
     best = (best_ckpt.best_model_path or None) if best_ckpt else None
     best_score = float(best_ckpt.best_model_score) if best_ckpt and best_ckpt.best_model_score is not None else None
+    if best_ckpt and best is None:  # e.g. resumed after the last epoch: nothing new was validated
+        found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+        best = str(found[-1]) if found else None
     if trainer.is_global_zero:
         if best:
             state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-mb", type=float, default=1024.0, help="per-node working-set budget (gc.memory_mb)")
     ap.add_argument("--chunk-rows", type=int, default=2048)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--torch-threads", type=int, default=1, help="gc.torch_threads (0 = torch's default)")
     ap.add_argument("--no-write", action="store_true", help="skip writing the index files")
     ap.add_argument("--tmp", default=None, help="folder for the temporary P.npy (default: the system temp dir)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.clusters} x {args.sub} planted clusters ({gen_s:.1f} s to write)")
         rss_before = _peak_rss_mb()
         opts = GCOptions(n_init=args.n_init, n_init_inner=args.n_init_inner, init=args.init,
-                         memory_mb=args.memory_mb, chunk_rows=args.chunk_rows)
+                         memory_mb=args.memory_mb, chunk_rows=args.chunk_rows, torch_threads=args.torch_threads or None)
         t0 = time.time()
         tree = build_gc_index(PMatrix(path), n_clusters=args.clusters, leaf_size=args.leaf_size, options=opts,
                               seed=args.seed, workers=args.workers, progress=not args.quiet)
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{tree.n_fallback} fallbacks")
     print(f"root: {root.n_children} children, info {root.info}")
     print(f"options: n_init root {opts.n_init}, below root {opts.n_init_inner}, init {opts.init}, "
-          f"memory_mb {opts.memory_mb:g}, chunk_rows {opts.chunk_rows}, workers {args.workers}")
+          f"memory_mb {opts.memory_mb:g}, chunk_rows {opts.chunk_rows}, workers {args.workers}, "
+          f"torch threads {opts.torch_threads or 'default'}")
     print(f"peak RSS {peak:.0f} MiB (before indexing {rss_before:.0f} MiB) = {peak / p_mb:.2f} x the float16 P "
           f"({p_mb:.0f} MiB)")
     print(f"planted structure: ARI top level {ari_top:.4f}, ARI top+sub (first two positions) {ari_two:.4f}")
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "mean_depth": round(float(lengths.mean()), 4), "n_fallback": int(tree.n_fallback),
         "peak_rss_mb": round(peak, 1), "p_matrix_mb": round(p_mb, 1), "rss_over_p": round(peak / p_mb, 3),
         "ari_top": round(ari_top, 4), "ari_two_levels": round(ari_two, 4), "n_init": opts.n_init,
-        "n_init_inner": opts.n_init_inner, "memory_mb": opts.memory_mb,
+        "n_init_inner": opts.n_init_inner, "memory_mb": opts.memory_mb, "torch_threads": opts.torch_threads,
     }))
     return 0
 
