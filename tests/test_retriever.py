@@ -1,7 +1,7 @@
 """The seq2seq retriever: trie, model, constrained beam search, training, resume, CLI.
 
 Every model here is random-init and tiny (a word-level tokenizer over a few dozen words, d_model 32),
-so a training run takes a second or two on one CPU thread.
+so a training run takes a second or two on one CPU thread (conftest sets one thread).
 """
 from __future__ import annotations
 
@@ -20,15 +20,6 @@ from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 WORDS = ("apple river stone cloud tiger piano garden silver winter castle ocean forest candle mirror rocket "
          "desert violin bridge harbor meadow planet thunder lemon falcon marble anchor basket copper dragon "
          "ember").split()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # the dev machines are shared; tiny models run faster on one thread than on contended two
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")
@@ -127,6 +118,9 @@ def test_incremental_decoding_matches_teacher_forcing(word_tokenizer):
         step = model.step(state, tok)
         assert torch.allclose(step, full[:, t], atol=1e-5)
         tok = model.slot_tokens[t][labels[:, t].clamp_min(0)]
+    # the KV cache holds the history; cross-attention keys are computed once
+    assert state.cache.self_attention_cache.get_seq_length() == 3
+    assert state.cache.cross_attention_cache.get_seq_length() == ids.shape[1]
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])

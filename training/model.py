@@ -29,6 +29,7 @@ Options, off by default:
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -206,6 +207,10 @@ class GenerativeRetriever(nn.Module):
             relative_attention_max_distance=16,
         )
         self.decoder = T5Stack(dec_conf)
+        # transformers renamed the decoder's cache argument (past_key_values -> cache); an unknown
+        # name is swallowed by **kwargs and decoding silently runs without its history
+        params = inspect.signature(T5Stack.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         nn.init.normal_(self.decoder.embed_tokens.weight, std=1.0)  # T5's init of tied embeddings
         K, L = config.n_digits, config.max_code_len
         # slot_tokens[t, s]: token id of slot s at step t; at step L only EOS is valid
@@ -323,7 +328,7 @@ class GenerativeRetriever(nn.Module):
         t = state.step
         ids = tokens[:, None]  # (N, 1)
         out = self.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=state.enc_mask,
-                           cache=state.cache, use_cache=True)
+                           use_cache=True, **{self._cache_kw: state.cache})
         h = out.last_hidden_state  # (N, 1, d)
         pawa_h = None
         if self.config.pawa:

@@ -86,7 +86,7 @@ def _beam_kernel(model, input_ids, attention_mask, trie, beam, k, length_penalty
     enc = model.encode(input_ids, attention_mask)  # (B, S, d)
     B = enc.shape[0]
     state = model.start(enc, attention_mask)
-    neg_inf = torch.tensor(float("-inf"), device=device)
+    neg_inf = float("-inf")
     nodes = torch.zeros(B, 1, dtype=torch.long, device=device)  # all start at the root
     scores = torch.zeros(B, 1, device=device)
     length = torch.zeros(B, 1, device=device)

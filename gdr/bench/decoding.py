@@ -78,7 +78,7 @@ def reference_beam_search(model: GenerativeRetriever, input_ids: torch.Tensor, a
     enc = model.encode(input_ids, attention_mask)
     B = enc.shape[0]
     state = model.start(enc, attention_mask)
-    neg_inf = torch.tensor(float("-inf"), device=device)
+    neg_inf = float("-inf")
     seqs = torch.full((B, 1, 1), PAD, dtype=torch.long, device=device)  # (B, w, t+1) like HF input_ids
     scores = torch.zeros(B, 1, device=device)
     length = torch.zeros(B, 1, device=device)
