@@ -65,6 +65,15 @@ def sample_main(argv: list[str]) -> int:
     lm = build_lm(cfg)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     save_config(cfg, cfg.out, "sample.config.yaml")
+    s = cfg.sample
+    if s.get("per_doc"):
+        from gdr.store import sample_per_doc_run
+
+        path = sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_per_doc=s.per_doc,
+                                  seed=s.seed, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
+                                  top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=cfg.progress)
+        log.info("%d queries per document in %s", s.per_doc, path)
+        return 0
     rows = sample_queries_for(cfg, lm, corpus)
     for r in rows[:5]:
         log.info("sample query from %s: %s", r["source_doc_id"], r["text"])

@@ -225,3 +225,74 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
         doc_ids = json.load(f)
     queries = read_jsonl(out / Q_FILE) if (out / Q_FILE).exists() else []
     return PRun(out, doc_ids, queries, np.load(out / P_FILE, mmap_mode="r"), man)
+
+
+# ------------------------------------------------------------------------------ per-document generation
+DOCQ_FILE = "doc_queries.jsonl"
+
+
+def _read_appended_jsonl(path: Path) -> list[dict]:
+    """Rows of an append-only jsonl; a torn (unparsable) LAST line from a kill is dropped, any other bad
+    line is an error naming the file and line."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if lineno >= len(lines) - 1 and not any(x.strip() for x in lines[lineno:]):
+                log.warning("%s:%d: dropping a torn last line left by an interrupted run", path, lineno)
+                break
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or delete that line") from e
+    return rows
+
+
+def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
+                       n_per_doc: int, seed: int = 0, batch_size: int = 16, max_new_tokens: int = 32,
+                       top_k: int = 50, top_p: float = 0.99, temperature: float = 1.0,
+                       progress: bool = True) -> Path:
+    """Generate ``n_per_doc`` queries for every document into ``out_dir/doc_queries.jsonl``.
+
+    One line ``{"doc_id", "queries": [...]}`` per document, in corpus order: the training data of the
+    retriever (NCI/BMI's generated queries) and the input of the BMI indexer. Resumable: finished
+    batches are appended (and flushed) as they complete; a rerun continues after the last full batch.
+    Batch b is generated with seed ``seed * 1_000_003 + b`` so a resumed file equals an uninterrupted one.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / DOCQ_FILE
+    ident = {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
+             "n_per_doc": n_per_doc, "seed": seed, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+             "top_k": top_k, "top_p": top_p, "temperature": temperature}
+    old = read_manifest(out, "doc_queries.manifest.json")
+    if old is not None:
+        changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
+        if changed:
+            raise FileExistsError(f"{out / 'doc_queries.manifest.json'} was written with different settings "
+                                  f"({', '.join(changed)}); use another out= folder or delete {path}")
+    write_manifest(out, "doc_queries.manifest.json", **ident, status="running")
+    done = 0
+    if path.exists():
+        rows = _read_appended_jsonl(path)
+        done = len(rows) - (len(rows) % batch_size if len(rows) < len(texts) else 0)
+        write_jsonl(path, rows[:done])  # keep whole batches only; the torn batch is redone
+        if done:
+            log.info("resuming per-document generation after %d documents", done)
+    bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc", disable=not progress)
+    with open(path, "a", encoding="utf-8") as f:
+        for b0 in range(done, len(texts), batch_size):
+            batch = list(texts[b0:b0 + batch_size])
+            gen = lm.generate(batch, seed=seed * 1_000_003 + b0, max_new_tokens=max_new_tokens, top_k=top_k,
+                              top_p=top_p, temperature=temperature, num_return_sequences=n_per_doc)
+            for i in range(len(batch)):
+                qs = [q for q in gen[i * n_per_doc:(i + 1) * n_per_doc] if q]
+                f.write(json.dumps({"doc_id": doc_ids[b0 + i], "queries": qs}, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            bar.update(len(batch))
+    bar.close()
+    write_manifest(out, "doc_queries.manifest.json", **ident, status="complete")
+    return path

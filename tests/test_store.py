@@ -113,3 +113,26 @@ def test_sample_run_reuses_and_refuses(lm, tmp_path):
         sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=5, seed=3, batch_size=2, max_new_tokens=5,
                    progress=False)
     assert not (tmp_path / "queries.partial.jsonl").exists()
+
+
+def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
+    from gdr.io import read_jsonl
+    from gdr.store import sample_per_doc_run
+
+    kw = dict(n_per_doc=2, seed=1, batch_size=3, max_new_tokens=5, progress=False)
+    full = read_jsonl(sample_per_doc_run(lm, DOCS, DOC_IDS, tmp_path / "a", **kw))
+    assert [r["doc_id"] for r in full] == DOC_IDS and all(len(r["queries"]) == 2 for r in full)
+    # a run killed after its first batch, with a torn half-written line at the end
+    part = tmp_path / "b"
+    sample_per_doc_run(lm, DOCS[:3], DOC_IDS[:3], part, **kw)
+    (part / "doc_queries.manifest.json").unlink()  # same settings, now for the whole corpus
+    with open(part / "doc_queries.jsonl", "a") as f:
+        f.write('{"doc_id": "d3", "quer')
+    resumed = read_jsonl(sample_per_doc_run(lm, DOCS, DOC_IDS, part, **kw))
+    assert resumed == full
+    # a corrupt line in the middle is not silently dropped
+    lines = (part / "doc_queries.jsonl").read_text().splitlines()
+    lines[1] = "{oops"
+    (part / "doc_queries.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="doc_queries.jsonl:2"):
+        sample_per_doc_run(lm, DOCS, DOC_IDS, part, **kw)
