@@ -4,15 +4,20 @@ A P-matrix run folder holds ``P.npy`` (log p(query | doc), float16 or float32, o
 (n_docs, n_queries)), ``queries.jsonl`` (one ``{"qid", "text", "source_doc_id"}`` per
 line, column order) and ``doc_ids.json`` (the doc ids in row order).
 
-``P.npy`` may be larger than memory. :class:`PMatrix` therefore maps the file only for the
-duration of one read and copies the requested rows out as float32: pages touched by a read
-leave the process when the map closes (the OS page cache keeps them for the next read), so
-resident memory stays at the size of what the caller asked for.
+``P.npy`` may be larger than memory, and the pages of a memory map that a process touches
+count in its resident set (``ru_maxrss``) until the map closes -- with the kernel's fault-around,
+a gather of every 8th row of a map touches nearly all of it. :class:`PMatrix` therefore copies
+the requested rows out as float32 with explicit reads: a run of consecutive rows is read with
+``os.preadv`` into a bounded buffer (no map at all); scattered rows are gathered from a map of
+only their span, opened for a block of rows small enough that its touched pages stay under
+``_MAP_RSS_BYTES`` (16 MiB), and closed before the next block. Resident memory stays at the size
+of what the caller asked for; the file's pages stay in the OS page cache for the next read.
 """
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +31,36 @@ __all__ = ["PMatrix", "PMatrixRun", "load_pmatrix_run"]
 
 log = logging.getLogger(__name__)
 
-# Rows copied per fancy-indexing call: bounds the float16 temporary of a read.
+# Rows copied per block of a read: bounds the float16/float32 temporaries of a read.
 _READ_BLOCK = 2048
+# Resident bytes a gather may touch in one map before the map is closed; each scattered row costs
+# its own pages plus the kernel's fault-around window (64 KiB by default) of neighbouring pages.
+_MAP_RSS_BYTES = 16 << 20
+_FAULT_AROUND = 64 << 10
+
+
+def _read_npy_header(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, data offset) of a ``.npy`` file, without mapping it."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:  # 3.0: utf-8 header, same layout
+            shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # noqa: SLF001
+        return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype), f.tell()
+
+
+def _pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
+    """Fill the C-contiguous ``buf`` with the file's bytes from ``offset`` (loops over short reads)."""
+    mv = memoryview(buf).cast("B")
+    done = 0
+    while done < len(mv):
+        k = os.preadv(fd, [mv[done:]], offset + done)
+        if k <= 0:
+            raise OSError(f"unexpected end of file at byte {offset + done}")
+        done += k
 
 
 class PMatrix:
@@ -47,16 +80,19 @@ class PMatrix:
                 raise ValueError(f"log P must be 2-D (n_docs, n_queries), got shape {source.shape}")
             self.path: Path | None = None
             self._array: np.ndarray | None = source
+            self._fortran, self._offset = False, 0
             shape, self.dtype = source.shape, source.dtype
         else:
             self.path = Path(source)
             if not self.path.exists():
                 raise FileNotFoundError(f"no P matrix at {self.path}; run `gdr score` first or fix the path")
-            mm = np.load(self.path, mmap_mode="r")
-            if mm.ndim != 2:
-                raise ValueError(f"{self.path}: P must be 2-D (n_docs, n_queries), got shape {mm.shape}")
-            shape, self.dtype = mm.shape, mm.dtype
-            del mm
+            shape, self._fortran, self.dtype, self._offset = _read_npy_header(self.path)
+            if len(shape) != 2:
+                raise ValueError(f"{self.path}: P must be 2-D (n_docs, n_queries), got shape {shape}")
+            need = self._offset + shape[0] * shape[1] * self.dtype.itemsize
+            if self.path.stat().st_size < need:
+                raise ValueError(f"{self.path} is truncated ({self.path.stat().st_size} bytes, its header needs "
+                                 f"{need}); rerun `gdr score` to finish it")
             self._array = None
         if not np.issubdtype(self.dtype, np.floating):
             raise ValueError(f"{self.path or 'log P'}: expected float16/float32 log-probabilities, got {self.dtype}")
@@ -78,12 +114,68 @@ class PMatrix:
     def nbytes_on_disk(self) -> int:
         return self.n_rows * self.n_cols_total * np.dtype(self.dtype).itemsize
 
-    def _open(self) -> np.ndarray:
-        return self._array if self._array is not None else np.load(self.path, mmap_mode="r")
-
     def read_rows(self, rows: np.ndarray | slice) -> np.ndarray:
         """Rows ``rows`` (sorted indices or a slice) as a new float32 array of shape (n, n_cols)."""
-        src = self._open()
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(self.n_rows)
+            if step != 1:
+                rows = np.arange(start, stop, step, dtype=np.int64)
+        if self._array is not None or self._fortran:
+            return self._read_mapped(rows)
+        J = self.n_cols
+        if isinstance(rows, slice):
+            out = np.empty((max(stop - start, 0), J), dtype=np.float32)
+            with open(self.path, "rb", buffering=0) as f:
+                self._read_run(f.fileno(), start, out)
+            return out
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), J), dtype=np.float32)
+        if not len(rows):
+            return out
+        if rows[0] < 0 or rows[-1] >= self.n_rows:
+            raise IndexError(f"row indices must lie in [0, {self.n_rows}); got {rows[0]}..{rows[-1]}")
+        row_bytes = self.n_cols_total * self.dtype.itemsize
+        gather = max(1, _MAP_RSS_BYTES // (row_bytes + mmap.PAGESIZE + _FAULT_AROUND))  # rows per map
+        with open(self.path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            for a in range(0, len(rows), gather):
+                r = rows[a:a + gather]
+                if r[-1] - r[0] + 1 == len(r):                    # a run of consecutive rows: plain reads
+                    self._read_run(fd, int(r[0]), out[a:a + len(r)])
+                else:
+                    self._gather(fd, r, out[a:a + len(r)])
+        return out
+
+    def _read_run(self, fd: int, start: int, out: np.ndarray) -> None:
+        """Rows ``start:start + len(out)`` into ``out`` (float32, (b, n_cols)) by ``preadv``, in blocks."""
+        J, Jt = self.n_cols, self.n_cols_total
+        row_bytes = Jt * self.dtype.itemsize
+        buf = np.empty((min(_READ_BLOCK, len(out)), Jt), dtype=self.dtype)
+        for a in range(0, len(out), _READ_BLOCK):
+            b = min(a + _READ_BLOCK, len(out))
+            blk = buf[:b - a]
+            _pread_into(fd, blk, self._offset + (start + a) * row_bytes)
+            out[a:b] = blk[:, :J]
+
+    def _gather(self, fd: int, rows: np.ndarray, out: np.ndarray) -> None:
+        """Sorted scattered ``rows`` into ``out``, from a map of their span that is closed on return."""
+        Jt = self.n_cols_total
+        row_bytes = Jt * self.dtype.itemsize
+        first = self._offset + int(rows[0]) * row_bytes
+        base = first - first % mmap.ALLOCATIONGRANULARITY
+        length = self._offset + (int(rows[-1]) + 1) * row_bytes - base
+        mm = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=base)
+        try:
+            src = np.frombuffer(mm, dtype=self.dtype, count=(int(rows[-1]) - int(rows[0]) + 1) * Jt,
+                                offset=first - base).reshape(-1, Jt)
+            out[:] = src[rows - rows[0], :self.n_cols]
+            del src
+        finally:
+            mm.close()  # unmaps: the touched pages leave this process's resident set
+
+    def _read_mapped(self, rows: np.ndarray | slice) -> np.ndarray:
+        """In-memory arrays (and Fortran-ordered files, mapped for the duration of the read)."""
+        src = self._array if self._array is not None else np.load(self.path, mmap_mode="r")
         J = self.n_cols
         if isinstance(rows, slice):
             start, stop, _ = rows.indices(self.n_rows)
@@ -100,7 +192,7 @@ class PMatrix:
                     out[a:a + len(r)] = src[r[0]:r[-1] + 1, :J]
                 else:
                     out[a:a + len(r)] = src[r, :J]
-        del src  # closes the map: its pages leave this process's resident set
+        del src
         return out
 
     def iter_rows(self, rows: np.ndarray | None, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:

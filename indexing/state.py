@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,24 +78,50 @@ def tree_state_from_tree(tree: IndexTree, query_hash: str = "") -> TreeState:
                      meta={"options": meta["options"], "seed": meta.get("seed")})
 
 
+def _write_npy_member(zf: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
+    with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
+
+
+def _write_stacked_member(zf: zipfile.ZipFile, name: str, parts, n_rows: int, n_cols: int, dtype) -> None:
+    """Write ``np.concatenate(parts)`` (shape (n_rows, n_cols)) as one ``.npy`` member, part by part.
+
+    The stacked array is never built: each part is converted (if needed) and written on its own.
+    """
+    dtype = np.dtype(dtype)
+    with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                  "fortran_order": False, "shape": (n_rows, n_cols)})
+        written = 0
+        for part in parts:
+            part = np.ascontiguousarray(part, dtype=dtype)
+            if part.ndim == 1:
+                part = part[None]
+            if part.shape[1:] != (n_cols,):
+                raise ValueError(f"tree_state {name}: a part of shape {part.shape} does not have {n_cols} columns")
+            f.write(memoryview(part).cast("B"))
+            written += len(part)
+        if written != n_rows:
+            raise ValueError(f"tree_state {name}: wrote {written} rows, expected {n_rows}")
+
+
 def save_tree_state(path: str | os.PathLike, st: TreeState) -> Path:
-    """Write ``st`` atomically (temp file + rename)."""
+    """Write ``st`` atomically (temp file + rename), node by node.
+
+    The per-node arrays are streamed into the ``.npz`` (an uncompressed zip of ``.npy`` members, as
+    ``np.savez`` writes it), so writing never holds a second, stacked copy of the state in memory.
+    """
     path = Path(path)
     order = sorted(st.nodes, key=lambda p: (len(p), p))
     J = st.n_queries
-    cents = [st.nodes[p].log_centroids for p in order]
-    offsets = np.concatenate([[0], np.cumsum([len(c) for c in cents])]).astype(np.int64)
+    sizes = np.array([st.nodes[p].n_children for p in order], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     leaf_order = sorted(st.leaves, key=lambda p: (len(p), p))
     meta = {"version": STATE_VERSION, "n_clusters": st.n_clusters, "leaf_size": st.leaf_size, "n_queries": J,
             "alpha": st.alpha, "query_hash": st.query_hash, **st.meta}
-    arrays = dict(
+    small = dict(
         node_paths=np.array([_path_str(p) for p in order], dtype=str),
-        node_log_phi=np.stack([st.nodes[p].log_phi for p in order]).astype(np.float32) if order
-        else np.zeros((0, J), np.float32),
-        node_columns=np.stack([st.nodes[p].columns for p in order]).astype(np.int32) if order
-        else np.zeros((0, J), np.int32),
         centroid_offsets=offsets,
-        centroids=np.concatenate(cents).astype(np.float32) if cents else np.zeros((0, J), np.float32),
         leaf_paths=np.array([_path_str(p) for p in leaf_order], dtype=str),
         leaf_counts=np.array([st.leaves[p] for p in leaf_order], dtype=np.int64),
         clip_upper=np.zeros(0) if st.clip_upper is None else np.asarray(st.clip_upper, np.float64),
@@ -105,7 +132,17 @@ def save_tree_state(path: str | os.PathLike, st: TreeState) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.npz")
     os.close(fd)
     try:
-        np.savez(tmp, **arrays)
+        with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            _write_npy_member(zf, "node_paths", small.pop("node_paths"))
+            _write_stacked_member(zf, "node_log_phi", (st.nodes[p].log_phi for p in order), len(order), J,
+                                  np.float32)
+            _write_stacked_member(zf, "node_columns", (st.nodes[p].columns for p in order), len(order), J,
+                                  np.int32)
+            _write_npy_member(zf, "centroid_offsets", small.pop("centroid_offsets"))
+            _write_stacked_member(zf, "centroids", (st.nodes[p].log_centroids for p in order), int(offsets[-1]), J,
+                                  np.float32)
+            for name, arr in small.items():
+                _write_npy_member(zf, name, arr)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -125,10 +162,11 @@ def load_tree_state(path: str | os.PathLike) -> TreeState:
                              "rebuild the index with this gdr")
         offs = z["centroid_offsets"]
         cents = z["centroids"]
+        log_phi, columns = z["node_log_phi"], z["node_columns"]
         nodes = {}
         for i, s in enumerate(z["node_paths"].tolist()):
-            nodes[_str_path(s)] = NodeState(log_phi=z["node_log_phi"][i], columns=z["node_columns"][i],
-                                            log_centroids=cents[offs[i]:offs[i + 1]].copy())
+            nodes[_str_path(s)] = NodeState(log_phi=log_phi[i], columns=columns[i],
+                                            log_centroids=cents[offs[i]:offs[i + 1]])  # views, no copies
         leaves = {_str_path(s): int(c) for s, c in zip(z["leaf_paths"].tolist(), z["leaf_counts"].tolist())}
         clip = z["clip_upper"]
         st = TreeState(

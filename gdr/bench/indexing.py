@@ -3,13 +3,21 @@
     python -m gdr.bench.indexing                      # paper scale: 138,457 docs x 4,096 queries
     python -m gdr.bench.indexing --docs 5000 --queries 512
 
-Writes log P as a float16 ``.npy`` to a temporary folder (block by block), builds the GC index
-from the memory-mapped file exactly as ``gdr index method=gc`` does (including writing
-``docids.tsv``, ``tree.json``, ``tree_state.npz`` and the summary) and reports time, depth, peak
-resident memory (``ru_maxrss``, which includes the Python/torch baseline of a few hundred MB)
-against the size of the float16 P matrix, and how well the planted top level is recovered
-(adjusted Rand index of the first code position against the planted top clusters).
-The last line is one JSON object.
+Writes log P as a float16 ``.npy`` (block by block), builds the GC index from the file exactly as
+``gdr index method=gc`` does (including writing ``docids.tsv``, ``tree.json``, ``tree_state.npz``
+and the summary) and reports time, depth, peak resident memory against the size of the float16
+P matrix, and how well the planted top level is recovered (adjusted Rand index of the first
+code position against the planted top clusters). The last line is one JSON object.
+
+Memory. ``peak_rss_mb`` is ``ru_maxrss`` (the high-water mark of the resident set: anonymous
+memory plus the file pages mapped into the process -- shared libraries and any mapped pages of
+P -- including the Python/torch baseline of a few hundred MB). A background thread also samples
+``/proc/self/status`` every 20 ms and reports the peaks of ``RssAnon`` (heap: arrays, tensors)
+and ``RssFile`` (mapped files) separately; sampled peaks can miss spikes shorter than that.
+
+With ``--tmp DIR`` the synthetic P is kept as ``DIR/planted-<docs>x<queries>-...npy`` and reused
+by later runs with the same shape, clusters and seed (the generator is deterministic); the
+index itself is always written to a temporary folder and deleted.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ import json
 import logging
 import resource
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +37,67 @@ log = logging.getLogger(__name__)
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _status_mb(keys=("RssAnon", "RssFile")) -> dict[str, float]:
+    """Fields of ``/proc/self/status`` in MiB (empty where it does not exist, e.g. not Linux)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in keys:
+                    out[k] = int(v.split()[0]) / 1024.0  # kB
+    except OSError:
+        pass
+    return out
+
+
+class _MemSampler(threading.Thread):
+    """Peaks of RssAnon / RssFile, sampled every ``interval`` seconds until :meth:`stop`."""
+
+    def __init__(self, interval: float = 0.02):
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.peak: dict[str, float] = _status_mb()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            for k, v in _status_mb().items():
+                if v > self.peak.get(k, 0.0):
+                    self.peak[k] = v
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self.join()
+        for k, v in _status_mb().items():
+            self.peak[k] = max(self.peak.get(k, 0.0), v)
+        return self.peak
+
+
+def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
+    """The float16 P of ``h`` in ``folder`` (reused if ``cache`` and a file of the right shape is there)."""
+    from indexing.pmatrix import PMatrix
+    from indexing.synthetic import write_planted_npy
+
+    name = (f"planted-{args.docs}x{args.queries}-top{args.clusters}-sub{args.sub}-seed{args.seed}.f16.npy" if cache
+            else "P.npy")
+    path = folder / name
+    if cache and path.exists():
+        try:
+            pm = PMatrix(path)
+            if pm.shape == (args.docs, args.queries) and pm.dtype == np.float16:
+                return path, True
+        except (ValueError, OSError) as e:
+            log.warning("%s is unusable (%s); writing it again", path, e)
+    tmp = path.with_name(f".{path.name}.{time.time_ns()}.tmp")
+    try:
+        write_planted_npy(tmp, h, dtype=np.float16)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path, False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,18 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     from indexing.gc import GCOptions, build_gc_index
     from indexing.output import write_index
     from indexing.pmatrix import PMatrix
-    from indexing.synthetic import planted_hierarchy, write_planted_npy
+    from indexing.synthetic import planted_hierarchy
 
+    if args.tmp is not None:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="gdr-bench-indexing-") as tmp:
         tmp = Path(tmp)
         t0 = time.time()
         h = planted_hierarchy(args.docs, args.queries, n_top=args.clusters, n_sub=args.sub, seed=args.seed)
-        path = write_planted_npy(tmp / "P.npy", h, dtype=np.float16)
+        path, reused = _planted_file(Path(args.tmp) if args.tmp is not None else tmp, h, args,
+                                     cache=args.tmp is not None)
         gen_s = time.time() - t0
         p_mb = path.stat().st_size / 2**20
         print(f"synthetic log P: {args.docs} docs x {args.queries} queries, float16, {p_mb:.1f} MiB, "
-              f"{args.clusters} x {args.sub} planted clusters ({gen_s:.1f} s to write)")
+              f"{args.clusters} x {args.sub} planted clusters "
+              f"({'reused ' + str(path) if reused else f'{gen_s:.1f} s to write'})")
         rss_before = _peak_rss_mb()
+        status_before = _status_mb()
+        sampler = _MemSampler()
+        sampler.start()
         opts = GCOptions(n_init=args.n_init, n_init_inner=args.n_init_inner, init=args.init,
                          memory_mb=args.memory_mb, chunk_rows=args.chunk_rows, torch_threads=args.torch_threads or None)
         t0 = time.time()
@@ -81,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             write_index(tmp / "index", tree, [f"d{i}" for i in range(args.docs)], method="gc", plot=True)
             write_s = time.time() - t0
         peak = _peak_rss_mb()
+        mem = sampler.stop()
     codes = tree.codes
     top = np.array([c[0] for c in codes])
     ari_top = float(adjusted_rand_score(h.top, top))
@@ -97,12 +175,18 @@ def main(argv: list[str] | None = None) -> int:
           f"torch threads {opts.torch_threads or 'default'}")
     print(f"peak RSS {peak:.0f} MiB (before indexing {rss_before:.0f} MiB) = {peak / p_mb:.2f} x the float16 P "
           f"({p_mb:.0f} MiB)")
+    if mem:
+        print(f"sampled peaks while indexing: anonymous {mem.get('RssAnon', 0):.0f} MiB (before "
+              f"{status_before.get('RssAnon', 0):.0f}), file-backed {mem.get('RssFile', 0):.0f} MiB (before "
+              f"{status_before.get('RssFile', 0):.0f}: shared libraries)")
     print(f"planted structure: ARI top level {ari_top:.4f}, ARI top+sub (first two positions) {ari_two:.4f}")
     print(json.dumps({
         "docs": args.docs, "queries": args.queries, "seconds": round(build_s + write_s, 2),
         "build_seconds": round(build_s, 2), "write_seconds": round(write_s, 2), "depth": int(tree.depth),
         "mean_depth": round(float(lengths.mean()), 4), "n_fallback": int(tree.n_fallback),
         "peak_rss_mb": round(peak, 1), "p_matrix_mb": round(p_mb, 1), "rss_over_p": round(peak / p_mb, 3),
+        "rss_before_mb": round(rss_before, 1), "peak_anon_mb": round(mem.get("RssAnon", float("nan")), 1),
+        "peak_file_mb": round(mem.get("RssFile", float("nan")), 1),
         "ari_top": round(ari_top, 4), "ari_two_levels": round(ari_two, 4), "n_init": opts.n_init,
         "n_init_inner": opts.n_init_inner, "memory_mb": opts.memory_mb, "torch_threads": opts.torch_threads,
     }))
