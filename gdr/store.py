@@ -195,6 +195,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
                disable=not progress)
     t0 = time.perf_counter()
     for s in mine:
+        if (shard_dir / f"{s:05d}.done").exists():  # finished meanwhile by another process on this folder
+            continue
         rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
         lp = lm.score([texts[i] for i in rows], queries, doc_batch_size=doc_batch_size,
                       max_query_tokens=max_query_tokens, progress=False)

@@ -357,7 +357,9 @@ class GCSplitter:
         sample = np.sort(sub_rng.choice(n, size=m, replace=False))
         log.info("node %s: %d docs x %d queries exceed gc.memory_mb=%g; fitting on %d sampled rows, then "
                  "refining on all rows in chunks of %d", path or "root", n, J, opt.memory_mb, m, opt.chunk_rows)
-        xs = self._read(rows[sample])[:, cols]
+        xs = self._read(rows[sample])
+        if not _is_identity(cols):
+            xs = xs[:, cols]                                                     # P~ of the sample (m, J)
         fit = self._fit(xs, log_weights(xs, lphi, opt.alpha), k, opt.n_init if not path else opt.n_init_inner,
                         fit_seed)
         del xs

@@ -4,20 +4,23 @@ A P-matrix run folder holds ``P.npy`` (log p(query | doc), float16 or float32, o
 (n_docs, n_queries)), ``queries.jsonl`` (one ``{"qid", "text", "source_doc_id"}`` per
 line, column order) and ``doc_ids.json`` (the doc ids in row order).
 
-``P.npy`` may be larger than memory, and the pages of a memory map that a process touches
-count in its resident set (``ru_maxrss``) until the map closes -- with the kernel's fault-around,
-a gather of every 8th row of a map touches nearly all of it. :class:`PMatrix` therefore copies
-the requested rows out as float32 with explicit reads: a run of consecutive rows is read with
-``os.preadv`` into a bounded buffer (no map at all); scattered rows are gathered from a map of
-only their span, opened for a block of rows small enough that its touched pages stay under
-``_MAP_RSS_BYTES`` (16 MiB), and closed before the next block. Resident memory stays at the size
-of what the caller asked for; the file's pages stay in the OS page cache for the next read.
+``P.npy`` may be larger than memory. :class:`PMatrix` copies the requested rows out as float32
+with explicit reads (``os.preadv`` into a bounded buffer) and never memory-maps the file (a
+Fortran-ordered ``P.npy``, which ``gdr score`` never writes, is mapped for each read): the
+pages of a map that a process touches count in its resident set (``ru_maxrss``) until the map
+closes, and a fault maps a whole page-cache folio (up to 2 MiB on Linux 6.x with large folios,
+measured), so a map-based gather of a few thousand scattered rows pulled nearly all of P into
+the process. With reads, the file's pages stay in the kernel's page cache (shared, reclaimable)
+and resident memory stays at the size of what the caller asked for plus one buffer.
+
+Scattered rows are read as *runs*: rows closer than ``_MERGE_BYTES`` are read together (the
+rows in between are read and dropped), so a gather costs one system call per run -- a loop over
+runs of rows, which is as vectorized as reading scattered rows without mapping them can be.
 """
 from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +36,9 @@ log = logging.getLogger(__name__)
 
 # Rows copied per block of a read: bounds the float16/float32 temporaries of a read.
 _READ_BLOCK = 2048
-# Resident bytes a gather may touch in one map before the map is closed; each scattered row costs
-# its own pages plus the kernel's fault-around window (64 KiB by default) of neighbouring pages.
-_MAP_RSS_BYTES = 16 << 20
-_FAULT_AROUND = 64 << 10
+# Bytes of one read buffer (a gather uses two), and the largest gap read through between two rows.
+_BUFFER_BYTES = 8 << 20
+_MERGE_BYTES = 32 << 10
 
 
 def _read_npy_header(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
@@ -52,15 +54,23 @@ def _read_npy_header(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
         return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype), f.tell()
 
 
-def _pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
-    """Fill the C-contiguous ``buf`` with the file's bytes from ``offset`` (loops over short reads)."""
-    mv = memoryview(buf).cast("B")
+def _pread_into(fd: int, mv: memoryview, offset: int) -> None:
+    """Fill the byte view ``mv`` with the file's bytes from ``offset`` (loops over short reads)."""
     done = 0
     while done < len(mv):
-        k = os.preadv(fd, [mv[done:]], offset + done)
+        if _HAS_PREADV:
+            k = os.preadv(fd, [mv[done:]], offset + done)
+        else:  # no preadv (e.g. Windows): one copy through bytes; fds are per read, so seeking is safe
+            os.lseek(fd, offset + done, os.SEEK_SET)
+            chunk = os.read(fd, len(mv) - done)
+            k = len(chunk)
+            mv[done:done + k] = chunk
         if k <= 0:
             raise OSError(f"unexpected end of file at byte {offset + done}")
         done += k
+
+
+_HAS_PREADV = hasattr(os, "preadv")
 
 
 class PMatrix:
@@ -69,7 +79,8 @@ class PMatrix:
     Parameters
     ----------
     source
-        Path to a ``.npy`` file (memory-mapped per read) or an in-memory array.
+        Path to a ``.npy`` file (read with explicit reads, never mapped; see the module doc) or an
+        in-memory array.
     n_cols
         Use only the first ``n_cols`` columns (the first J queries); ``None`` = all.
     """
@@ -134,16 +145,11 @@ class PMatrix:
             return out
         if rows[0] < 0 or rows[-1] >= self.n_rows:
             raise IndexError(f"row indices must lie in [0, {self.n_rows}); got {rows[0]}..{rows[-1]}")
-        row_bytes = self.n_cols_total * self.dtype.itemsize
-        gather = max(1, _MAP_RSS_BYTES // (row_bytes + mmap.PAGESIZE + _FAULT_AROUND))  # rows per map
         with open(self.path, "rb", buffering=0) as f:
-            fd = f.fileno()
-            for a in range(0, len(rows), gather):
-                r = rows[a:a + gather]
-                if r[-1] - r[0] + 1 == len(r):                    # a run of consecutive rows: plain reads
-                    self._read_run(fd, int(r[0]), out[a:a + len(r)])
-                else:
-                    self._gather(fd, r, out[a:a + len(r)])
+            if rows[-1] - rows[0] + 1 == len(rows):                 # one run of consecutive rows
+                self._read_run(f.fileno(), int(rows[0]), out)
+            else:
+                self._gather(f.fileno(), rows, out)
         return out
 
     def _read_run(self, fd: int, start: int, out: np.ndarray) -> None:
@@ -154,24 +160,51 @@ class PMatrix:
         for a in range(0, len(out), _READ_BLOCK):
             b = min(a + _READ_BLOCK, len(out))
             blk = buf[:b - a]
-            _pread_into(fd, blk, self._offset + (start + a) * row_bytes)
+            _pread_into(fd, memoryview(blk).cast("B"), self._offset + (start + a) * row_bytes)
             out[a:b] = blk[:, :J]
 
     def _gather(self, fd: int, rows: np.ndarray, out: np.ndarray) -> None:
-        """Sorted scattered ``rows`` into ``out``, from a map of their span that is closed on return."""
+        """Sorted scattered ``rows`` (shape (n,)) into ``out`` (float32, (n, n_cols)), one ``preadv`` per run.
+
+        Runs: consecutive requested rows at most ``_MERGE_BYTES`` apart are read as one span, and
+        spans are cut to at most ``cap`` rows. Span ``s`` starts at row ``c_s`` of the concatenation
+        of all spans; it lands in buffer ``c_s // cap`` at row ``c_s % cap`` (a buffer holds 2 * cap
+        rows, so every span fits), and each filled buffer is gathered into ``out`` at once.
+        """
         Jt = self.n_cols_total
         row_bytes = Jt * self.dtype.itemsize
-        first = self._offset + int(rows[0]) * row_bytes
-        base = first - first % mmap.ALLOCATIONGRANULARITY
-        length = self._offset + (int(rows[-1]) + 1) * row_bytes - base
-        mm = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=base)
-        try:
-            src = np.frombuffer(mm, dtype=self.dtype, count=(int(rows[-1]) - int(rows[0]) + 1) * Jt,
-                                offset=first - base).reshape(-1, Jt)
-            out[:] = src[rows - rows[0], :self.n_cols]
-            del src
-        finally:
-            mm.close()  # unmaps: the touched pages leave this process's resident set
+        cap = max(1, _BUFFER_BYTES // row_bytes)
+        merge = max(1, _MERGE_BYTES // row_bytes)
+        n = len(rows)
+        new_run = np.empty(n, dtype=bool)
+        new_run[0] = True
+        new_run[1:] = np.diff(rows) > merge
+        run = np.cumsum(new_run) - 1                                    # (n,) run of each row
+        run_first = rows[new_run]
+        piece_key = run * (cap + int(rows[-1] - rows[0]) + 1) + (rows - run_first[run]) // cap
+        new_piece = np.empty(n, dtype=bool)
+        new_piece[0] = True
+        new_piece[1:] = piece_key[1:] != piece_key[:-1]
+        piece = np.cumsum(new_piece) - 1                                # (n,) span of each row
+        starts = np.flatnonzero(new_piece)
+        first = rows[starts]                                            # (S,) first file row of each span
+        last = rows[np.append(starts[1:], n) - 1]
+        span = last - first + 1                                         # (S,) rows read, <= cap
+        c = np.cumsum(span) - span
+        batch, base = c // cap, c % cap                                 # (S,) buffer, row in it
+        local = base[piece] + (rows - first[piece])                     # (n,) row of each row in its buffer
+        row_batch = batch[piece]
+        buf = np.empty((2 * cap, Jt), dtype=self.dtype)
+        mv = memoryview(buf).cast("B")
+        bounds = np.searchsorted(batch, np.arange(int(batch[-1]) + 2))  # spans of each buffer
+        rbounds = np.searchsorted(row_batch, np.arange(int(batch[-1]) + 2))
+        offs = (self._offset + first * row_bytes).tolist()
+        lo, hi = (base * row_bytes).tolist(), ((base + span) * row_bytes).tolist()
+        for bi in range(len(bounds) - 1):
+            for s_ in range(bounds[bi], bounds[bi + 1]):                # one system call per span
+                _pread_into(fd, mv[lo[s_]:hi[s_]], offs[s_])
+            a, b = rbounds[bi], rbounds[bi + 1]
+            out[a:b] = buf[local[a:b], :self.n_cols]
 
     def _read_mapped(self, rows: np.ndarray | slice) -> np.ndarray:
         """In-memory arrays (and Fortran-ordered files, mapped for the duration of the read)."""

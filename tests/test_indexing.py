@@ -78,6 +78,60 @@ def test_degenerate_splitter_always_terminates():
     assert tree.depth <= math.ceil(math.log(1000 / 3, 4)) + 2
 
 
+# --- reading P --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["<f2", ">f4"])
+def test_pmatrix_file_reads_match_the_array(tmp_path, monkeypatch, dtype):
+    """Explicit reads (runs of nearby rows, bounded buffers) return exactly P[rows, :J] as float32."""
+    import indexing.pmatrix as pmatrix
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((301, 37)).astype(dtype)
+    np.save(tmp_path / "P.npy", x)
+    picks = [slice(None), slice(5, 299), slice(0, 0), slice(3, 100, 7), np.arange(301), np.array([0, 1, 2, 300]),
+             np.sort(rng.choice(301, 100, replace=False)), np.r_[0:50, 52:90, 150:152, 290:301], np.array([7]),
+             np.array([], dtype=np.int64)]
+    # defaults, then tiny buffers (every run cut into 1-row spans), then merging across big gaps
+    for buffer_bytes, merge_bytes in ((8 << 20, 32 << 10), (1, 1), (37 * 4 * 5, 37 * 4 * 30)):
+        monkeypatch.setattr(pmatrix, "_BUFFER_BYTES", buffer_bytes)
+        monkeypatch.setattr(pmatrix, "_MERGE_BYTES", merge_bytes)
+        for n_cols in (37, 10):
+            pm = PMatrix(tmp_path / "P.npy", n_cols=n_cols)
+            for rows in picks:
+                got = pm.read_rows(rows)
+                assert got.dtype == np.float32
+                np.testing.assert_array_equal(got, x[rows, :n_cols].astype(np.float32))
+    np.save(tmp_path / "F.npy", np.asfortranarray(x))  # Fortran order: mapped per read, still correct
+    np.testing.assert_array_equal(PMatrix(tmp_path / "F.npy").read_rows(np.array([1, 5])), x[[1, 5]].astype(np.float32))
+
+
+def test_pmatrix_never_maps_a_c_ordered_file(tmp_path, monkeypatch):
+    """Mapped pages count in ru_maxrss; reads of a C-ordered P.npy must not map it (nor load it whole)."""
+    import mmap
+
+    x = np.arange(60, dtype=np.float16).reshape(12, 5)
+    np.save(tmp_path / "P.npy", x)
+
+    def refuse(*a, **k):
+        raise AssertionError("P.npy was mapped or loaded whole")
+
+    monkeypatch.setattr(np, "load", refuse)
+    monkeypatch.setattr(np, "memmap", refuse)
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    pm = PMatrix(tmp_path / "P.npy")
+    np.testing.assert_array_equal(pm.read_rows(np.array([0, 3, 11])), x[[0, 3, 11]].astype(np.float32))
+    np.testing.assert_array_equal(next(pm.iter_rows(None, 5))[1], x[:5].astype(np.float32))
+
+
+def test_pmatrix_rejects_a_truncated_file(tmp_path):
+    np.save(tmp_path / "P.npy", np.zeros((10, 4), np.float16))
+    data = (tmp_path / "P.npy").read_bytes()
+    (tmp_path / "P.npy").write_bytes(data[:-8])
+    with pytest.raises(ValueError, match="truncated"):
+        PMatrix(tmp_path / "P.npy")
+
+
 # --- GC indexing ------------------------------------------------------------------------------------------
 
 
@@ -192,7 +246,7 @@ def test_same_seed_same_ids_regardless_of_workers(planted):
 
 def test_switches_and_streamed_root(planted, tmp_path):
     h, x = planted
-    path = write_planted_npy(tmp_path / "P.npy", h)  # float16 on disk, read by memory map
+    path = write_planted_npy(tmp_path / "P.npy", h)  # float16 on disk, read with explicit reads
     pm = PMatrix(path, n_cols=128)                   # J: first 128 columns only
     opts = GCOptions(**{**FAST, "n_init": 10}, memory_mb=2.0, chunk_rows=128, localized=False, bootstrap=False, clip_sigma=None)
     tree = build_gc_index(pm, n_clusters=5, leaf_size=5, options=opts, progress=False)
@@ -260,6 +314,28 @@ def test_cli_writes_every_artifact(planted, tmp_path):
     assert np.array(root["log_centroids"]).shape == (root["children"], x.shape[1])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_docs"] == 300 and summary["depth_max"] == max(len(c) for c in codes)
+
+
+def test_tree_state_is_written_node_by_node_as_stacked_arrays(planted, tmp_path):
+    """save_tree_state streams the per-node arrays: the .npz holds exactly their concatenation, and loads back."""
+    from indexing.state import load_tree_state, save_tree_state, tree_state_from_tree
+
+    _, x = planted
+    tree = gc_tree(x[:200], K=5, c=5)
+    st = tree_state_from_tree(tree)
+    save_tree_state(tmp_path / "s.npz", st)
+    order = sorted(st.nodes, key=lambda p: (len(p), p))
+    with np.load(tmp_path / "s.npz") as z:
+        assert z["centroids"].dtype == np.float32 and z["node_columns"].dtype == np.int32
+        np.testing.assert_array_equal(z["centroids"], np.concatenate([st.nodes[p].log_centroids for p in order]))
+        np.testing.assert_array_equal(z["node_log_phi"], np.stack([st.nodes[p].log_phi for p in order]))
+        np.testing.assert_array_equal(z["node_columns"], np.stack([st.nodes[p].columns for p in order]))
+        np.testing.assert_array_equal(np.diff(z["centroid_offsets"]), [st.nodes[p].n_children for p in order])
+    back = load_tree_state(tmp_path / "s.npz")
+    assert sorted(back.nodes) == sorted(st.nodes) and back.leaves == st.leaves
+    for p in order:
+        np.testing.assert_array_equal(back.nodes[p].log_centroids, st.nodes[p].log_centroids)
+        np.testing.assert_array_equal(back.nodes[p].columns, st.nodes[p].columns)
 
 
 def test_add_places_a_copy_next_to_its_original(planted, tmp_path):
