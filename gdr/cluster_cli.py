@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from scipy.special import logsumexp
 
 from gdr.config import save_config, to_container
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
@@ -59,8 +60,11 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
                                   device=device).fit(logp)
         res = {"kind": "gc", "settings": v, "labels": gc.labels_.tolist(), "distortion": float(gc.distortion_),
                "n_iter": int(gc.n_iter_), "distortion_history": [float(d) for d in gc.distortion_history_],
+               # what sets a cluster apart: lift of its centroid over the mean centroid of all clusters
+               # (ranking by c_k alone, or by c_k / phi, lists the same generic queries for every cluster)
                "descriptions": describe_clusters(gc.log_centroids_, queries, top=describe_top,
-                                                 log_reference=gc.log_phi_)}
+                                                 log_reference=logsumexp(gc.log_centroids_, axis=0)
+                                                 - np.log(n_clusters))}
         if labels is not None:
             res["single"] = clustering_scores(labels, gc.labels_)
             if repeats > 0:

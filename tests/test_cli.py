@@ -52,6 +52,12 @@ def test_cluster_corpus_on_planted_logp():
     gc = res["methods"]["GC"]
     assert gc["mean"]["acc"] == pytest.approx(100.0)
     assert len(gc["descriptions"]) == k and all(len(d) == 5 for d in gc["descriptions"])
+    tops = [d[0][0] for d in gc["descriptions"]]
+    assert len(set(tops)) == k  # each cluster is described by what sets it apart
+    for c, d in enumerate(gc["descriptions"]):  # the top query is one the cluster's own profile favours
+        members = np.asarray(gc["labels"]) == c
+        j = int(d[0][0].split()[1])
+        assert logp[members, j].mean() > logp[~members, j].mean()
     assert "k-means (logp)" in res["methods"]
     table = results_table(res)
     assert "| GC | 100.0 (0.0)" in table
