@@ -106,7 +106,7 @@ def descriptions_md(result: dict, labels: Sequence[str] | None) -> str:
     gc = result["methods"]["GC"] if "GC" in result["methods"] else next(iter(result["methods"].values()))
     pred = np.asarray(gc["labels"])
     lines = ["# What each cluster is about", "",
-             "The sampled queries with the highest centroid weight relative to the proposal phi.", ""]
+             "The sampled queries whose centroid weight most exceeds the mean centroid of all clusters (lift).", ""]
     for k, desc in enumerate(gc["descriptions"]):
         members = pred == k
         head = f"## cluster {k}: {int(members.sum())} documents"
