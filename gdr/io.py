@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -54,17 +55,27 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Read a JSON-lines file; a bad line raises an error naming the file and line."""
-    rows = []
+def read_jsonl(path: str | os.PathLike, drop_torn_tail: bool = False) -> list[dict]:
+    """Read a JSON-lines file; a bad line raises an error naming the file and line.
+
+    ``drop_torn_tail``: for append-only files of resumable jobs, an unparsable *last* line (a write cut
+    short by a kill) is dropped with a warning instead; a bad line anywhere else is still an error.
+    """
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or delete that line") from e
+        lines = f.read().split("\n")
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if drop_torn_tail and i == last:
+                logging.getLogger(__name__).warning("%s:%d: dropping a torn last line left by an interrupted run",
+                                                    path, i + 1)
+                break
+            raise ValueError(f"{path}:{i + 1}: not valid JSON ({e.msg}); fix or delete that line") from e
     return rows
 
 

@@ -233,25 +233,6 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
 DOCQ_FILE = "doc_queries.jsonl"
 
 
-def _read_appended_jsonl(path: Path) -> list[dict]:
-    """Rows of an append-only jsonl; a torn (unparsable) LAST line from a kill is dropped, any other bad
-    line is an error naming the file and line."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if lineno >= len(lines) - 1 and not any(x.strip() for x in lines[lineno:]):
-                log.warning("%s:%d: dropping a torn last line left by an interrupted run", path, lineno)
-                break
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or delete that line") from e
-    return rows
-
-
 def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
                        n_per_doc: int, seed: int = 0, batch_size: int = 16, max_new_tokens: int = 32,
                        top_k: int = 50, top_p: float = 0.99, temperature: float = 1.0,
@@ -278,7 +259,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     write_manifest(out, "doc_queries.manifest.json", **ident, status="running")
     done = 0
     if path.exists():
-        rows = _read_appended_jsonl(path)
+        rows = read_jsonl(path, drop_torn_tail=True)
         done = len(rows) - (len(rows) % batch_size if len(rows) < len(texts) else 0)
         write_jsonl(path, rows[:done])  # keep whole batches only; the torn batch is redone
         if done:
