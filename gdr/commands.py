@@ -6,18 +6,15 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from gdr.config import load_config, save_config, to_container
+from gdr.config import command_config, save_config, to_container
 
 log = logging.getLogger(__name__)
 
 
 def _compose(name: str, argv: list[str]):
-    show = "--cfg" in argv
-    cfg = load_config(name, [a for a in argv if a != "--cfg"])
-    if show:
-        print(OmegaConf.to_yaml(cfg))
+    cfg = command_config(name, argv)
+    if cfg is None:  # --cfg: printed
         sys.exit(0)
     return cfg
 
@@ -32,10 +29,9 @@ def build_lm(cfg):
 
 
 def load_data(cfg):
-    from gdr.data import load_corpus
+    from gdr.data import corpus_from_config
 
-    d = cfg.data
-    return load_corpus(d.name, path=d.get("path"), n_docs=d.get("n_docs"), seed=d.get("seed", 0))
+    return corpus_from_config(to_container(cfg.data))
 
 
 def sample_queries_for(cfg, lm, corpus) -> list[dict]:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gdr.io import atomic_write_text
 
-__all__ = ["conf_dir", "load_config", "save_config", "to_container"]
+__all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,15 @@ def load_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     with initialize_config_dir(config_dir=str(cdir), version_base=None):
         cfg = compose(config_name=name, overrides=list(overrides))
     OmegaConf.resolve(cfg)
+    return cfg
+
+
+def command_config(name: str, argv: Sequence[str]) -> DictConfig | None:
+    """A command's config from its argv; with ``--cfg`` print the composed config and return None."""
+    cfg = load_config(name, [a for a in argv if a != "--cfg"])
+    if "--cfg" in argv:
+        print(OmegaConf.to_yaml(cfg))
+        return None
     return cfg
 
 

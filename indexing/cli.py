@@ -11,9 +11,8 @@ import logging
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
 
-from gdr.config import load_config, save_config, to_container
+from gdr.config import command_config, save_config, to_container
 from gdr.io import read_jsonl, write_manifest
 
 __all__ = ["index_main", "add_main"]
@@ -24,18 +23,14 @@ METHODS = ("gc", "hkmi", "bmi", "random", "atomic")
 
 
 def _compose(argv: list[str]):
-    show = "--cfg" in argv
-    cfg = load_config("index", [a for a in argv if a != "--cfg"])
-    if show:
-        print(OmegaConf.to_yaml(cfg))
-    return cfg, show
+    cfg = command_config("index", argv)
+    return cfg, cfg is None
 
 
 def _corpus(cfg):
-    from gdr.data import load_corpus
+    from gdr.data import corpus_from_config
 
-    d = to_container(cfg.data)
-    return load_corpus(d.pop("name"), **d)
+    return corpus_from_config(to_container(cfg.data))
 
 
 def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:

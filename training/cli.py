@@ -15,17 +15,6 @@ log = logging.getLogger(__name__)
 __all__ = ["train_main", "evaluate_main", "search_main", "model_config_from", "evaluate_retriever"]
 
 
-def _print_cfg(argv: Sequence[str], name: str) -> bool:
-    if "--cfg" in argv:
-        from omegaconf import OmegaConf
-
-        from gdr.config import load_config
-
-        print(OmegaConf.to_yaml(load_config(name, [a for a in argv if a != "--cfg"])))
-        return True
-    return False
-
-
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
     """The preset named ``model['size']`` with every non-null key of ``model`` on top."""
     from training.model import RetrieverConfig
@@ -38,13 +27,6 @@ def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
     merged.setdefault("n_digits", 0)
     merged.setdefault("max_code_len", 0)
     return RetrieverConfig.from_dict(merged)
-
-
-def _load_corpus(data: dict[str, Any]):
-    from gdr.data import load_corpus
-
-    kw = {k: data[k] for k in ("path", "docs_tsv", "n_docs", "seed", "split", "on_empty") if data.get(k) is not None}
-    return load_corpus(data["name"], **kw)
 
 
 def _load_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], docs_tsv=None):
@@ -92,20 +74,21 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
 
 
 def train_main(argv: list[str]) -> int:
-    if _print_cfg(argv, "train"):
-        return 0
-    from gdr.config import load_config, save_config, to_container
+    from gdr.config import command_config, save_config, to_container
+    from gdr.data import corpus_from_config
     from gdr.io import write_manifest
     from training.data import read_generated_queries
     from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
-    cfg = load_config("train", argv)
+    cfg = command_config("train", argv)
+    if cfg is None:  # --cfg: printed
+        return 0
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
     t0 = time.time()
-    corpus = _load_corpus(c["data"])
+    corpus = corpus_from_config(c["data"])
     codes = _align_docids(c["docids"], corpus.doc_ids)
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
     qs = _load_queries(c["queries"], c["data"], set(pos), c["data"].get("docs_tsv"))
@@ -140,21 +123,22 @@ def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], q
 
 
 def evaluate_main(argv: list[str]) -> int:
-    if _print_cfg(argv, "evaluate"):
-        return 0
     from eval.bm25 import bm25_run
     from eval.retrieval import evaluate_run, markdown_table, write_qrels, write_trec_run
-    from gdr.config import load_config, save_config, to_container
+    from gdr.config import command_config, save_config, to_container
+    from gdr.data import corpus_from_config
     from gdr.io import atomic_write_json, atomic_write_text, write_manifest
     from training.search import Retriever
 
-    cfg = load_config("evaluate", argv)
+    cfg = command_config("evaluate", argv)
+    if cfg is None:  # --cfg: printed
+        return 0
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
     t0 = time.time()
-    corpus = _load_corpus(c["data"])
+    corpus = corpus_from_config(c["data"])
     qs = _load_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "

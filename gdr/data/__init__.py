@@ -136,3 +136,9 @@ def load_queries(
         doc_ids = _doc_ids(nq320k_docs_file(path, docs_tsv)) if docs_tsv is not None else None
         return load_nq320k_queries(path, split=split, doc_ids=doc_ids)
     return load_beir_queries(path, split=split)
+
+
+def corpus_from_config(data) -> Corpus:
+    """``load_corpus`` from a ``data:`` config section (``name`` plus any non-null keyword)."""
+    d = {k: v for k, v in dict(data).items() if v is not None}
+    return load_corpus(d.pop("name"), **d)

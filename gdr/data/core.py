@@ -252,6 +252,17 @@ def _join_title(title: str | None, text: str, sep: str) -> str:
 
 # ---------------------------------------------------------------------------- Corpus
 
+def _columns_as_lists(obj, cols, n: int, owner: str, key: str, unit: str) -> None:
+    """Turn each non-None column of ``obj`` into a list and check it has one entry per row."""
+    for col in cols:
+        v = getattr(obj, col)
+        if v is not None:
+            v = list(v)
+            setattr(obj, col, v)
+            if len(v) != n:
+                raise ValueError(f"{owner}: {len(v)} {col} for {n} {key}; every column needs one entry per {unit}")
+
+
 @dataclass(eq=False, repr=False)
 class Corpus:
     """Documents: ids, texts, optional titles and labels, plus loader ``info``.
@@ -281,14 +292,7 @@ class Corpus:
         self.doc_ids = [str(d) for d in self.doc_ids]
         self.texts = list(self.texts)
         n = len(self.doc_ids)
-        for col in ("texts", "titles", "labels"):
-            v = getattr(self, col)
-            if v is not None:
-                v = list(v)
-                setattr(self, col, v)
-                if len(v) != n:
-                    raise ValueError(f"Corpus {self.name!r}: {len(v)} {col} for {n} doc_ids; "
-                                     "every column needs one entry per document")
+        _columns_as_lists(self, ("texts", "titles", "labels"), n, f"Corpus {self.name!r}", "doc_ids", "document")
         dup = _first_duplicate(self.doc_ids) if len(set(self.doc_ids)) != n else None
         if dup is not None:
             raise DataError(f"Corpus {self.name!r}: duplicate doc_id {dup!r}; doc ids must be unique")
@@ -439,14 +443,8 @@ class QuerySet:
     def __post_init__(self) -> None:
         self.qids = [str(q) for q in self.qids]
         n = len(self.qids)
-        for col in ("texts", "relevant", "splits", "grades"):
-            v = getattr(self, col)
-            if v is not None:
-                v = list(v)
-                setattr(self, col, v)
-                if len(v) != n:
-                    raise ValueError(f"QuerySet {self.name!r}: {len(v)} {col} for {n} qids; "
-                                     "every column needs one entry per query")
+        _columns_as_lists(self, ("texts", "relevant", "splits", "grades"), n, f"QuerySet {self.name!r}", "qids",
+                          "query")
         if self.grades is not None:
             for q, r, g in zip(self.qids, self.relevant, self.grades):
                 if len(r) != len(g):
