@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from gdr.cli import COMMANDS, main
-from gdr.cluster_cli import cluster_corpus, restrict, results_table
+from eval.cluster_report import cluster_corpus, restrict, results_table
 from gdr.config import load_config, save_config
 
 

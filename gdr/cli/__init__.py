@@ -12,14 +12,14 @@ import logging
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sample": ("gdr.commands", "sample_main", ),
-    "score": ("gdr.commands", "score_main"),
-    "cluster": ("gdr.cluster_cli", "cluster_main"),
-    "index": ("indexing.cli", "index_main"),
-    "train": ("training.cli", "train_main"),
-    "evaluate": ("training.cli", "evaluate_main"),
-    "search": ("training.cli", "search_main"),
-    "bench": ("gdr.bench", "bench_main"),
+    "sample": ("gdr.cli.score", "sample_main", ),
+    "score": ("gdr.cli.score", "score_main"),
+    "cluster": ("gdr.cli.cluster", "cluster_main"),
+    "index": ("gdr.cli.index", "index_main"),
+    "train": ("gdr.cli.train", "train_main"),
+    "evaluate": ("gdr.cli.train", "evaluate_main"),
+    "search": ("gdr.cli.train", "search_main"),
+    "bench": ("gdr.cli.bench", "bench_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",

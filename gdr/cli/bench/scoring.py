@@ -1,6 +1,6 @@
 """Benchmark: the scoring engine against the naive way (one full forward pass per pair).
 
-    python -m gdr.bench.scoring --model smollm2-135m --pairs 512
+    python -m gdr.cli.bench.scoring --model smollm2-135m --pairs 512
 
 Documents are real Reuters stories cut to ``--doc-tokens`` tokens; queries are sampled from them by the
 same model. The engine scores all ``pairs`` (n_docs x n_queries); the naive reference scores a subset
@@ -63,7 +63,7 @@ def bench_texts(n: int, seed: int, docs_file: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.scoring", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--pairs", type=int, default=512, help="pairs scored by the engine (n_docs x n_queries)")
     ap.add_argument("--queries", type=int, default=64, help="queries per document (J)")

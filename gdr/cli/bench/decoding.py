@@ -1,6 +1,6 @@
 """Constrained beam search: tensor trie vs a per-beam Python trie walk.
 
-``python -m gdr.bench.decoding [--queries 32] [--beam 100] [--docs 100000]``
+``python -m gdr.cli.bench.decoding [--queries 32] [--beam 100] [--docs 100000]``
 
 A small random-init retriever decodes ``--queries`` random queries at beam ``--beam`` over a trie
 of ``--docs`` random docids (K = 30, depth 4), twice on the same model and inputs:

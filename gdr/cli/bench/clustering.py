@@ -1,6 +1,6 @@
 """Benchmark of generative clustering on a synthetic log P with planted clusters.
 
-``python -m gdr.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]``
+``python -m gdr.cli.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]``
 
 Prints human-readable lines and, as the last line, one JSON object with ``seconds`` (whole
 ``GenerativeClustering.fit``: clip, phi, W, all ``n_init`` runs), ``iterations`` (summed over
@@ -66,7 +66,7 @@ def _rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.bench.clustering", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.clustering", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--queries", type=int, default=1024)
     ap.add_argument("--clusters", type=int, default=30)

@@ -1,0 +1,5 @@
+import sys
+
+from gdr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""``gdr cluster``: one command from a dataset to a clustering result.
+
+Samples queries and scores P (reusing a finished P matrix whose manifest matches), runs generative
+clustering (and its configured variants), evaluates against labels when the corpus has them (with the
+k-means baselines), and writes ``metrics.json``, ``results.md``, ``clusters.md``, ``labels.tsv`` and
+``clusters.png`` into the run folder.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from eval.cluster_report import cluster_corpus, descriptions_md, plot_clusters, restrict, results_table
+from gdr.config import save_config, to_container
+from gdr.io import atomic_write_json, atomic_write_text, write_manifest
+
+log = logging.getLogger(__name__)
+
+
+def cluster_main(argv: list[str]) -> int:
+    from gdr.cli.score import _compose, build_lm, load_data, sample_queries_for, score_matrix_for
+    from gdr.store import load_run
+
+    cfg = _compose("cluster", argv)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = load_data(cfg)
+    c = cfg.cluster
+    if corpus.labels is None and c.n_clusters is None:
+        raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
+    lm = build_lm(cfg)
+    queries = sample_queries_for(cfg, lm, corpus)
+    score_matrix_for(cfg, lm, corpus, queries)
+    del lm
+    run = load_run(out)
+    logp = np.asarray(run.logp, dtype=np.float32)
+    qtexts = run.query_texts
+    labels, texts = corpus.labels, corpus.model_inputs()
+    if c.restrict_labels:
+        rows, cols = restrict(logp, corpus.labels, np.array([q["source_index"] for q in queries]),
+                              list(c.restrict_labels))
+        log.info("restricting to labels %s: %d of %d documents, %d of %d queries", list(c.restrict_labels),
+                 len(rows), logp.shape[0], len(cols), logp.shape[1])
+        logp = logp[np.ix_(rows, cols)]
+        qtexts = [qtexts[j] for j in cols]
+        labels, texts = [labels[i] for i in rows], [texts[i] for i in rows]
+    k = c.n_clusters or len(set(labels))
+    base = to_container(c.gc)
+    variants = {name: {**base, **(to_container(v) if v else {})} for name, v in c.variants.items()}
+    result = cluster_corpus(logp, qtexts, k, variants, labels=labels, texts=texts,
+                            baselines=list(c.baselines) if labels is not None else [], embed_model=c.embed_model,
+                            n_init=c.n_init, repeats=c.repeats if labels is not None else 0, init=c.init,
+                            max_iter=c.max_iter, tol=c.tol, seed=c.seed,
+                            device="cuda" if str(cfg.device) in ("auto", "cuda") and _cuda() else "cpu")
+    tag = "-".join(c.restrict_labels) if c.restrict_labels else corpus.name
+    metrics = {name: {key: r.get(key) for key in ("mean", "std", "single", "distortion", "objective", "n_iter",
+                                                   "seconds", "settings")}
+               for name, r in result["methods"].items()}
+    atomic_write_json(out / f"metrics.{tag}.json" if c.restrict_labels else out / "metrics.json",
+                      {"dataset": tag, "n_docs": result["n_docs"], "n_queries": result["n_queries"],
+                       "n_clusters": k, "repeats": c.repeats, "n_init": c.n_init, "methods": metrics})
+    suffix = f".{tag}" if c.restrict_labels else ""
+    table = results_table(result)
+    atomic_write_text(out / f"results{suffix}.md",
+                      f"# {tag}: {result['n_docs']} documents, J = {result['n_queries']}, K = {k}\n\n"
+                      f"Mean (std) over {c.repeats} repeats of best-of-{c.n_init} by distortion.\n\n" + table)
+    atomic_write_text(out / f"clusters{suffix}.md", descriptions_md(result, labels))
+    atomic_write_text(out / f"labels{suffix}.tsv", "".join(
+        f"{d}\t{l}\n" for d, l in zip(np.asarray(corpus.doc_ids)[rows] if c.restrict_labels else corpus.doc_ids,
+                                      result["methods"]["GC"]["labels"])))
+    plot_clusters(result, labels, out / f"clusters{suffix}.png")
+    save_config(cfg, out, f"cluster{suffix}.config.yaml")
+    write_manifest(out, f"cluster{suffix}.manifest.json", dataset=tag, p_matrix=run.manifest.get("doc_ids_hash"),
+                   queries_hash=run.manifest.get("queries_hash"))
+    print()
+    if labels is not None:
+        print(table)
+    for kk, desc in enumerate(result["methods"]["GC"]["descriptions"]):
+        print(f"cluster {kk}: " + " | ".join(q for q, _ in desc[:3]))
+    print(f"\nresults in {out}")
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
