@@ -101,7 +101,7 @@ def test_cranfield_documents(cranfield):
 
 def test_cranfield_queries_follow_qrel_numbering(cranfield):
     qs = load_queries("cranfield")
-    assert len(qs) == 225 and qs.split_names == ["test"]
+    assert len(qs) == 225 and sorted(qs.split_names) == ["dev", "test", "train"]  # splits: tests/test_titles.py
     assert qs.qids[:3] == ["1", "2", "3"]
     # the 3rd query of cran.qry is numbered 004 there and 3 in cranqrel
     assert qs.info["file_numbers"][:4] == ["001", "002", "004", "008"]
@@ -112,7 +112,7 @@ def test_cranfield_queries_follow_qrel_numbering(cranfield):
     assert qs.relevant[0][0] == "184" and qs.grades[0][0] == 2
     assert sum(map(len, qs.relevant)) == 1837 - 225 and qs.info["nonrelevant_judgements"] == 225
     qs.check_against(cranfield)
-    assert len(load_queries("cranfield", split="test")) == 225
+    assert len(load_queries("cranfield", split="test")) == 68
 
 
 # ----------------------------------------------------------------------------- BBC
@@ -496,10 +496,11 @@ def test_load_corpus_argument_errors():
         load_queries("bbc")
 
 
-@pytest.mark.parametrize("name", ["bbc", "r2", "r5", "cranfield"])
-def test_conf_data_files(name):
+@pytest.mark.parametrize("name, extra", [("bbc", {"drop_title": False}), ("r2", {"drop_title": False}),
+                                         ("r5", {"drop_title": False}), ("cranfield", {"on_empty": None})])
+def test_conf_data_files(name, extra):
     cfg = OmegaConf.load(CONF / f"{name}.yaml")
-    assert dict(cfg) == {"name": name, "path": None, "n_docs": None, "seed": 0}
+    assert dict(cfg) == {"name": name, "path": None, "n_docs": None, "seed": 0, **extra}
 
 
 def test_conf_n_docs_feeds_load_corpus():

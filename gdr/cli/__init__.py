@@ -2,8 +2,12 @@
 
 Each sub-command is ``module:function``; the function takes the remaining argv
 (Hydra-style overrides such as ``data=r5 score.n_queries=64``), composes its config
-from ``conf/`` and calls one plain library function. Modules are imported lazily so
-``gdr --help`` stays fast.
+from ``conf/``, validates it (:mod:`gdr.cli.validate`) and calls one plain library
+function. Modules are imported lazily so ``gdr --help`` stays fast.
+
+Errors the user can fix (a bad value, an unknown key, a missing file) print one line
+``gdr <command>: error: <message>`` and exit 2; ``--debug`` anywhere on the command line
+re-raises them with the full traceback.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("gdr.cli.train", "evaluate_main"),
     "search": ("gdr.cli.train", "search_main"),
     "bench": ("gdr.cli.bench", "bench_main"),
+    "run": ("gdr.cli.run", "run_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",
@@ -30,6 +35,7 @@ HELP = {
     "evaluate": "Recall@k / MRR@100 of a trained retriever (and BM25)",
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding",
+    "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
 }
 
 
@@ -37,7 +43,8 @@ def _usage() -> str:
     lines = ["usage: gdr <command> [key=value ...]", "", "commands:"]
     lines += [f"  {name:<9} {HELP[name]}" for name in COMMANDS]
     lines += ["", "Overrides use Hydra's grammar, e.g. `gdr cluster data=r5 score.n_queries=64`;",
-              "`gdr <command> --cfg` prints the composed config and exits."]
+              "`gdr <command> --cfg` prints the composed config and exits;",
+              "`--debug` shows the full traceback of an error instead of its one-line message."]
     return "\n".join(lines)
 
 
@@ -51,6 +58,8 @@ def setup_logging(level: str = "INFO") -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0
@@ -60,8 +69,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging()
     module, func = COMMANDS[name]
-    fn = getattr(importlib.import_module(module), func)
-    rc = fn(rest)
+    try:
+        rc = getattr(importlib.import_module(module), func)(rest)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"gdr {name}: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # `raise SystemExit("message")` in a command, or sys.exit(code)
+        if not isinstance(e.code, str):
+            return int(e.code or 0)
+        if debug:
+            raise
+        from gdr.cli.validate import exit_line
+
+        print(f"gdr {name}: error: {exit_line(e.code, name)}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from gdr.cli.validate import error_line
+
+        line = None if debug else error_line(e)
+        if line is None:  # --debug, or not an error the command line can fix: the full traceback
+            raise
+        print(f"gdr {name}: error: {line}", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 

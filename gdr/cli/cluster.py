@@ -34,7 +34,24 @@ def cluster_main(argv: list[str]) -> int:
     queries = sample_queries_for(cfg, lm, corpus)
     score_matrix_for(cfg, lm, corpus, queries)
     del lm
-    run = load_run(out)
+    result, table = cluster_from_run(cfg, corpus, load_run(out), out)
+    print()
+    if result["labels"] is not None:
+        print(table)
+    for kk, desc in enumerate(result["methods"]["GC"]["descriptions"]):
+        print(f"cluster {kk}: " + " | ".join(q for q, _ in desc[:3]))
+    print(f"\nresults in {out}")
+    return 0
+
+
+def cluster_from_run(cfg, corpus, run, out: Path) -> tuple[dict, str]:
+    """Cluster the P matrix of ``run`` (a :class:`gdr.store.PRun` of ``corpus``) with the ``cluster:``
+    settings of ``cfg``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
+
+    Returns (the result of :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
+    c = cfg.cluster
+    out.mkdir(parents=True, exist_ok=True)
+    queries = run.queries
     logp = np.asarray(run.logp, dtype=np.float32)
     qtexts = run.query_texts
     labels, texts = corpus.labels, corpus.model_inputs()
@@ -74,13 +91,8 @@ def cluster_main(argv: list[str]) -> int:
     save_config(cfg, out, f"cluster{suffix}.config.yaml")
     write_manifest(out, f"cluster{suffix}.manifest.json", dataset=tag, p_matrix=run.manifest.get("doc_ids_hash"),
                    queries_hash=run.manifest.get("queries_hash"))
-    print()
-    if labels is not None:
-        print(table)
-    for kk, desc in enumerate(result["methods"]["GC"]["descriptions"]):
-        print(f"cluster {kk}: " + " | ".join(q for q, _ in desc[:3]))
-    print(f"\nresults in {out}")
-    return 0
+    result["labels"] = labels
+    return result, table
 
 
 def _cuda() -> bool:

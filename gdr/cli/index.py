@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 
+from gdr.cli.validate import validate
 from gdr.config import command_config, save_config, to_container
 from gdr.io import read_jsonl, write_manifest
 
-__all__ = ["index_main", "add_main"]
+__all__ = ["index_main", "add_main", "build_index"]
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ METHODS = ("gc", "hkmi", "bmi", "random", "atomic")
 
 def _compose(argv: list[str]):
     cfg = command_config("index", argv)
+    if cfg is not None:
+        validate("index", cfg)
     return cfg, cfg is None
 
 
@@ -73,6 +76,13 @@ def index_main(argv: list[str]) -> int:
     cfg, show = _compose(argv)
     if show:
         return 0
+    build_index(cfg)
+    print(open(Path(cfg.out) / "summary.txt", encoding="utf-8").read(), end="")
+    return 0
+
+
+def build_index(cfg) -> dict:
+    """Build one index from a composed ``conf/index.yaml`` config into ``cfg.out``; returns its summary."""
     if cfg.method not in METHODS:
         raise ValueError(f"method={cfg.method!r}: choose one of {', '.join(METHODS)}")
     if not cfg.out:
@@ -145,8 +155,7 @@ def index_main(argv: list[str]) -> int:
     save_config(cfg, out)
     write_manifest(out, command="index", method=cfg.method, n_docs=len(doc_ids), seconds=round(time.time() - t0, 2),
                    depth=summary["depth_max"], n_fallback=summary["n_fallback"], **extra)
-    print(open(out / "summary.txt", encoding="utf-8").read(), end="")
-    return 0
+    return summary
 
 
 def add_main(argv: list[str]) -> int:

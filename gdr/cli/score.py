@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from gdr.cli.validate import validate
 from gdr.config import command_config, save_config, to_container
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,7 @@ def _compose(name: str, argv: list[str]):
     cfg = command_config(name, argv)
     if cfg is None:  # --cfg: printed
         sys.exit(0)
+    validate(name, cfg)
     return cfg
 
 
@@ -55,6 +57,16 @@ def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
                      max_query_tokens=sc.max_query_tokens, progress=cfg.progress)
 
 
+def sample_per_doc_for(cfg, lm, corpus) -> Path:
+    """``sample.per_doc`` queries for every document into ``cfg.out/doc_queries.jsonl`` (resumable)."""
+    from gdr.store import sample_per_doc_run
+
+    s = cfg.sample
+    return sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_per_doc=s.per_doc,
+                              seed=s.seed, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
+                              top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=cfg.progress)
+
+
 def sample_main(argv: list[str]) -> int:
     cfg = _compose("sample", argv)
     corpus = load_data(cfg)
@@ -63,11 +75,7 @@ def sample_main(argv: list[str]) -> int:
     save_config(cfg, cfg.out, "sample.config.yaml")
     s = cfg.sample
     if s.get("per_doc"):
-        from gdr.store import sample_per_doc_run
-
-        path = sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_per_doc=s.per_doc,
-                                  seed=s.seed, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
-                                  top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=cfg.progress)
+        path = sample_per_doc_for(cfg, lm, corpus)
         log.info("%d queries per document in %s", s.per_doc, path)
         return 0
     rows = sample_queries_for(cfg, lm, corpus)
@@ -78,11 +86,17 @@ def sample_main(argv: list[str]) -> int:
 
 
 def score_main(argv: list[str]) -> int:
+    cfg = _compose("score", argv)
+    score_from_config(cfg)
+    return 0
+
+
+def score_from_config(cfg, corpus=None, lm=None) -> Path:
+    """Sample (unless ``queries.jsonl`` exists) and score into ``cfg.out``; returns the P matrix path."""
     from gdr.store import dist_info
 
-    cfg = _compose("score", argv)
-    corpus = load_data(cfg)
-    lm = build_lm(cfg)
+    corpus = load_data(cfg) if corpus is None else corpus
+    lm = build_lm(cfg) if lm is None else lm
     rank, _ = dist_info()
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     if rank == 0:
@@ -95,4 +109,4 @@ def score_main(argv: list[str]) -> int:
     path = score_matrix_for(cfg, lm, corpus, queries)
     if rank == 0:
         log.info("P matrix %s", path)
-    return 0
+    return path

@@ -10,9 +10,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gdr.cli.validate import validate
+
 log = logging.getLogger(__name__)
 
-__all__ = ["train_main", "evaluate_main", "search_main", "model_config_from", "evaluate_retriever"]
+__all__ = ["train_main", "evaluate_main", "search_main", "model_config_from", "evaluate_retriever",
+           "train_from_config", "evaluate_from_config"]
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
@@ -36,13 +39,18 @@ def _load_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     name = q.get("name")
     if not name:
         return None
-    if name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
+    if name == "titles":  # each title is the query of its own article (bbc, r2, r5)
+        from gdr.data import load_title_queries
+
+        qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0))
+    elif name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
         log.info("%s has no query set; no real queries", name)
         return None
-    kw = {"path": q.get("path")} if q.get("path") else {}
-    if docs_tsv:
-        kw["docs_tsv"] = docs_tsv
-    qs = load_queries(name, **kw)
+    else:
+        kw = {"path": q.get("path")} if q.get("path") else {}
+        if docs_tsv:
+            kw["docs_tsv"] = docs_tsv
+        qs = load_queries(name, **kw)
     if q["split"] not in qs.split_names:
         log.info("query set %s has no split %r (has %s); no real queries from it", name, q["split"], qs.split_names)
         return None
@@ -74,15 +82,25 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
 
 
 def train_main(argv: list[str]) -> int:
-    from gdr.config import command_config, save_config, to_container
+    from gdr.config import command_config
+
+    cfg = command_config("train", argv)
+    if cfg is None:  # --cfg: printed
+        return 0
+    validate("train", cfg)
+    res = train_from_config(cfg)
+    print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")
+    return 0
+
+
+def train_from_config(cfg):
+    """Train one retriever from a composed ``conf/train.yaml`` config; returns the ``TrainResult``."""
+    from gdr.config import save_config, to_container
     from gdr.data import corpus_from_config
     from gdr.io import write_manifest
     from training.data import read_generated_queries
     from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
-    cfg = command_config("train", argv)
-    if cfg is None:  # --cfg: printed
-        return 0
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -106,8 +124,7 @@ def train_main(argv: list[str]) -> int:
                    generated=c.get("generated"), examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
                    global_step=res.global_step, seconds=round(time.time() - t0, 1))
-    print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")
-    return 0
+    return res
 
 
 def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], qrels: dict[str, list[str]],
@@ -123,16 +140,28 @@ def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], q
 
 
 def evaluate_main(argv: list[str]) -> int:
-    from eval.bm25 import bm25_run
-    from eval.retrieval import evaluate_run, markdown_table, write_qrels, write_trec_run
-    from gdr.config import command_config, save_config, to_container
-    from gdr.data import corpus_from_config
-    from gdr.io import atomic_write_json, atomic_write_text, write_manifest
-    from training.search import Retriever
+    from gdr.config import command_config
 
     cfg = command_config("evaluate", argv)
     if cfg is None:  # --cfg: printed
         return 0
+    validate("evaluate", cfg)
+    _, table = evaluate_from_config(cfg)
+    print(table, end="")
+    return 0
+
+
+def evaluate_from_config(cfg) -> tuple[dict, str]:
+    """Evaluate a trained retriever from a composed ``conf/evaluate.yaml`` config into ``out_dir``.
+
+    Returns (the ``metrics.json`` content, its markdown table)."""
+    from eval.bm25 import bm25_run
+    from eval.retrieval import evaluate_run, markdown_table, write_qrels, write_trec_run
+    from gdr.config import save_config, to_container
+    from gdr.data import corpus_from_config
+    from gdr.io import atomic_write_json, atomic_write_text, write_manifest
+    from training.search import Retriever
+
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -160,14 +189,13 @@ def evaluate_main(argv: list[str]) -> int:
         bm, _ = evaluate_run(brun, qrels)
         rows["bm25"] = bm.as_dict()
         write_trec_run(out / "bm25.trec", brun, tag="bm25", depth=c["k"])
-    atomic_write_json(out / "metrics.json", {"split": c["queries"]["split"], "systems": rows,
-                                              "queries_per_s": len(qs) / max(search_s, 1e-9)})
+    metrics_json = {"split": c["queries"]["split"], "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9)}
+    atomic_write_json(out / "metrics.json", metrics_json)
     table = markdown_table(rows, ["recall@1", "recall@10", "recall@100", "mrr@100", "n_queries"])
     atomic_write_text(out / "metrics.md", table)
     write_manifest(out, command="evaluate", run_dir=c["run_dir"], corpus=corpus.name, split=c["queries"]["split"],
                    n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2))
-    print(table, end="")
-    return 0
+    return metrics_json, table
 
 
 def search_main(argv: list[str]) -> int:
@@ -181,7 +209,9 @@ def search_main(argv: list[str]) -> int:
     if not queries:
         print('usage: gdr search "query" [...] run_dir=RUN [k=10] [beam=100] [--json]', file=sys.stderr)
         return 2
-    c = to_container(load_config("evaluate", overrides))
+    cfg = load_config("evaluate", overrides)
+    validate("search", cfg)
+    c = to_container(cfg)
     retriever = Retriever.load(c["run_dir"], device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
     k = int(c["k"]) if any(a.startswith("k=") for a in overrides) else 10

@@ -3,10 +3,16 @@
 >>> from gdr.data import load_corpus, load_queries
 >>> corpus = load_corpus("r5")                       # doctest: +SKIP
 >>> qs = load_queries("cranfield", split="test")     # doctest: +SKIP
+>>> titles = load_title_queries("bbc", split="test")  # doctest: +SKIP
+>>> articles = load_corpus("bbc", drop_title=True)   # doctest: +SKIP
 
 Names: ``bbc``, ``r2``, ``r5``, ``cranfield``, ``msmarco-lite``, ``nq320k``, ``beir`` (the
 latter needs ``path=``; a path to a BEIR folder also works as the name). Default paths
 live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
+
+Queries: :func:`load_queries` reads the query sets that ship with a collection
+(``QUERY_SETS``); :func:`load_title_queries` builds title queries for the titled corpora
+without one (``TITLE_CORPORA``: bbc, r2, r5), a known-item proxy task (``gdr.data.titles``).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from gdr.data.cranfield import load_cranfield, load_cranfield_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
+from gdr.data.titles import drop_titles, title_queries
 
 __all__ = [
     "Corpus",
@@ -28,9 +35,13 @@ __all__ = [
     "DataError",
     "CORPORA",
     "QUERY_SETS",
+    "TITLE_CORPORA",
     "data_dir",
     "load_corpus",
     "load_queries",
+    "load_title_queries",
+    "title_queries",
+    "drop_titles",
     "load_bbc",
     "load_reuters",
     "load_cranfield",
@@ -50,6 +61,7 @@ log = logging.getLogger(__name__)
 
 CORPORA = ("bbc", "r2", "r5", "cranfield", "msmarco-lite", "nq320k", "beir")
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
+TITLE_CORPORA = ("bbc", "r2", "r5")
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
@@ -71,6 +83,7 @@ def load_corpus(
     n_docs: int | None = None,
     seed: int = 0,
     on_empty: str | None = None,
+    drop_title: bool = False,
 ) -> Corpus:
     """Load a corpus by name, optionally subsampled.
 
@@ -83,6 +96,9 @@ def load_corpus(
         no document splits (``split`` belongs to :func:`load_queries`) and refuse it.
     n_docs, seed : keep ``n_docs`` documents drawn uniformly with ``seed`` (:meth:`Corpus.sample`); None = all.
     on_empty : what an empty document does (``"error"``, ``"drop"``, ``"keep"``, ``"title"``); default per corpus.
+    drop_title : remove every title (``titles=None``), so ``model_inputs()`` is the article only: the corpus
+        side of title queries (:func:`load_title_queries`). Texts are not edited; BBC and Reuters bodies
+        never start with their title, Cranfield abstracts do and keep it.
     """
     name, path = _resolve(name, path)
     if split is not None and name not in ("r2", "r5"):
@@ -106,6 +122,8 @@ def load_corpus(
         corpus = load_nq320k(path, docs_tsv=docs_tsv, **kw)
     else:
         corpus = load_beir(path, **kw)
+    if drop_title:
+        corpus = drop_titles(corpus)
     return corpus.sample(n_docs, seed)
 
 
@@ -119,11 +137,13 @@ def load_queries(
     """Load the query set of a corpus; ``split=None`` gives every split that exists.
 
     Relevant doc ids are checked against the corpus's id list (read from the raw files,
-    or from ``docs_tsv`` for ``nq320k``). Reuters and BBC have labels, not queries.
+    or from ``docs_tsv`` for ``nq320k``). Reuters and BBC have labels, not queries; their title
+    queries come from :func:`load_title_queries`.
     """
     name, path = _resolve(name, path)
     if name not in QUERY_SETS:
-        raise ValueError(f"{name!r} has no query set (it is evaluated by its labels); "
+        hint = f"; load_title_queries({name!r}) gives its title queries" if name in TITLE_CORPORA else ""
+        raise ValueError(f"{name!r} has no query set (it is evaluated by its labels{hint}); "
                          f"query sets: {', '.join(QUERY_SETS)}")
     if name == "cranfield":
         qs = load_cranfield_queries(path)
@@ -138,7 +158,38 @@ def load_queries(
     return load_beir_queries(path, split=split)
 
 
+def load_title_queries(
+    name: str,
+    split: str | None = None,
+    *,
+    path: str | os.PathLike | None = None,
+    seed: int = 0,
+) -> QuerySet:
+    """Title queries of the whole corpus ``name`` (one of ``TITLE_CORPORA``), optionally one split.
+
+    Each article's title is the query and the article its one relevant document; the split of a
+    document depends on its doc id and ``seed`` only (80/10/10 expected), so the queries of the
+    documents in ``load_corpus(name, n_docs=...)`` keep their split. Documents whose title or text
+    is shared with another document get no query. A proxy task: see :mod:`gdr.data.titles`.
+    Pair it with ``load_corpus(name, drop_title=True)`` so the retriever never reads the titles.
+
+    Parameters
+    ----------
+    name : ``"bbc"``, ``"r2"`` or ``"r5"``.
+    split : ``"train"``, ``"dev"``, ``"test"``, or None for all three.
+    path : the corpus folder, as in :func:`load_corpus`.
+    seed : the split seed (not the ``n_docs`` sampling seed of :func:`load_corpus`).
+    """
+    if name not in TITLE_CORPORA:
+        raise ValueError(f"{name!r} has no title queries; title queries exist for {', '.join(TITLE_CORPORA)} "
+                         f"(query sets of other collections: load_queries, one of {', '.join(QUERY_SETS)})")
+    return title_queries(load_corpus(name, path=path), seed=seed).filter(split)
+
+
 def corpus_from_config(data) -> Corpus:
-    """``load_corpus`` from a ``data:`` config section (``name`` plus any non-null keyword)."""
+    """``load_corpus`` from a ``data:`` config section (``name`` plus any non-null keyword of it).
+
+    Keys: ``path``, ``n_docs``, ``seed``, ``docs_tsv``, ``on_empty``, ``drop_title`` (see ``conf/data/*.yaml``).
+    """
     d = {k: v for k, v in dict(data).items() if v is not None}
     return load_corpus(d.pop("name"), **d)

@@ -12,6 +12,12 @@ Quirks handled here (see ``shared/data/README.md``):
 - A few records are scrambled in the distribution (a stray ``.A``/``.B``/``.W`` marker line
   inside the abstract of documents 240, 576, 578); everything after the first ``.W`` is the
   abstract, marker lines dropped (their count is ``info["stray_markers"]``).
+
+Query splits: the collection has no official split. :func:`load_cranfield_queries` draws one
+with a seeded permutation of the 225 queries, 60/10/30 (``SPLIT_FRACTIONS``): with the default
+``seed=0`` that is 135 train, 22 dev, 68 test queries (sizes ``floor(0.6 n)``, ``floor(0.1 n)``
+and the rest). Documents are shared by all splits, so a test query may share relevant documents
+with a train query; ``split=None`` still gives all 225 (the classic evaluation uses them all).
 """
 from __future__ import annotations
 
@@ -20,13 +26,17 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
+
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, data_dir, iter_lines, normalize_space, require_file
 
-__all__ = ["load_cranfield", "load_cranfield_queries", "RELEVANT_CODES"]
+__all__ = ["load_cranfield", "load_cranfield_queries", "query_splits", "RELEVANT_CODES", "SPLIT_FRACTIONS"]
 
 log = logging.getLogger(__name__)
 
 RELEVANT_CODES = (1, 2, 3, 4)
+SPLIT_NAMES = ("train", "dev", "test")
+SPLIT_FRACTIONS = (0.6, 0.1, 0.3)
 NONRELEVANT_CODE = -1
 _ID_LINE = re.compile(r"^\.I\s+(\d+)\s*$")
 _FIELD = re.compile(r"^\.([TABW])\s*$")
@@ -91,18 +101,37 @@ def load_cranfield(path: str | os.PathLike | None = None, on_empty: str = "keep"
     return table.build("cranfield", str(file), {"stray_markers": stray})
 
 
-def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None) -> QuerySet:
-    """The 225 Cranfield queries (split ``"test"``) with relevant docs from ``cranqrel``.
+def query_splits(n: int, seed: int = 0, fractions=SPLIT_FRACTIONS) -> list[str]:
+    """Split names for ``n`` queries in file order: a seeded permutation cut into ``floor(f_train n)``
+    train, ``floor(f_dev n)`` dev and the rest test (225 queries, seed 0: 135 / 22 / 68)."""
+    f = np.asarray(fractions, dtype=np.float64)
+    if f.shape != (3,) or (f < 0).any() or not np.isclose(f.sum(), 1.0):
+        raise ValueError(f"fractions={tuple(fractions)}; give three non-negative numbers for train/dev/test "
+                         "that sum to 1, e.g. (0.6, 0.1, 0.3)")
+    n_train, n_dev = (int(np.floor(x * n + 1e-9)) for x in f[:2])  # 1e-9: 0.6 * 225 must be 135, not 134
+    which = np.full(n, 2, dtype=np.int64)  # test
+    perm = np.random.default_rng(seed).permutation(n)
+    which[perm[:n_train]] = 0
+    which[perm[n_train:n_train + n_dev]] = 1
+    return np.asarray(SPLIT_NAMES, dtype=object)[which].tolist()
+
+
+def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None, seed: int = 0,
+                           fractions=SPLIT_FRACTIONS) -> QuerySet:
+    """The 225 Cranfield queries with relevant docs from ``cranqrel``, split 135/22/68 train/dev/test.
 
     Parameters
     ----------
     path : the Cranfield folder (default ``<data>/cranfield``).
     doc_ids : ids judgements may name (default: the ids in ``cran.all.1400``).
+    seed, fractions : the query split (:func:`query_splits`); the default gives 135 train, 22 dev
+        and 68 test queries, the same on every machine.
 
     Returns
     -------
-    QuerySet with qids ``"1"`` .. ``"225"`` (the qrel numbering), ``relevant`` = documents with
-    codes 1-4 in ``cranqrel`` order and ``grades`` = those codes (1 = most relevant).
+    QuerySet with qids ``"1"`` .. ``"225"`` (the qrel numbering, in file order), ``relevant`` =
+    documents with codes 1-4 in ``cranqrel`` order, ``grades`` = those codes (1 = most relevant),
+    and ``splits`` from :func:`query_splits` (``info["split"]`` records seed and fractions).
     """
     folder = _folder(path)
     qry = require_file(folder / "cran.qry", "Cranfield queries", _FIX)
@@ -167,8 +196,10 @@ def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None) 
         qids=[str(i + 1) for i in range(n)],
         texts=texts,
         relevant=relevant,
-        splits=["test"] * n,
+        splits=query_splits(n, seed, fractions),
         grades=grades,
         info={"source": str(folder), "file_numbers": file_numbers, "nonrelevant_judgements": nonrel,
-              "filtered": {}, "grade_meaning": "1 = most relevant .. 4 = least relevant"},
+              "filtered": {}, "grade_meaning": "1 = most relevant .. 4 = least relevant",
+              "split": {"seed": int(seed), "fractions": [float(x) for x in fractions],
+                        "method": "seeded permutation"}},
     )

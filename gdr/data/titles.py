@@ -1,0 +1,137 @@
+"""Titles as queries: a known-item retrieval proxy for corpora that have titles but no queries.
+
+Each document's title becomes a query whose one relevant document is that article, with the
+title removed from what the retriever sees (``load_corpus(name, drop_title=True)`` or
+:func:`drop_titles`). This is a proxy task, built here so that labelled corpora without query
+sets (BBC News, Reuters R2/R5) can be scored end to end; it is not a benchmark of the field and
+its numbers are not comparable with published retrieval results.
+
+Splits are by document: a document's split ("train", "dev", "test") is a function of its id and
+the seed only (blake2b of ``f"{seed}:{doc_id}"`` mapped to [0, 1) and cut at the cumulative
+fractions), so subsampling a corpus (``n_docs=``) never moves a document to another split.
+
+Ambiguous known items (measured on the real data; see :func:`title_queries`): a title shared by
+several documents (BBC: 129 titles on 258 articles; R5: 153 titles on 308 stories) or a body
+shared by several documents (BBC: 133 bodies on 266 articles, mostly the same repeated
+article) does not point at one document. By default such documents get no query; they stay in
+the corpus as distractors. Checked on the real files: no BBC or Reuters body starts with its
+title (one R5 story, NEWID 5692, opens with a sentence that reads like its headline in lower
+case; it is the lead sentence, not a repeated title, and is left as is).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from gdr.data.core import Corpus, DataError, QuerySet
+
+__all__ = ["title_queries", "drop_titles", "split_of", "TITLE_SPLITS", "DUPLICATES"]
+
+log = logging.getLogger(__name__)
+
+TITLE_SPLITS = ("train", "dev", "test")
+DUPLICATES = ("drop", "keep")
+
+
+def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
+    f = np.asarray(fractions, dtype=np.float64)
+    if f.shape != (len(TITLE_SPLITS),) or (f < 0).any() or not np.isclose(f.sum(), 1.0):
+        raise ValueError(f"fractions={tuple(fractions)}; give three non-negative numbers for "
+                         f"{'/'.join(TITLE_SPLITS)} that sum to 1, e.g. (0.8, 0.1, 0.1)")
+    return f
+
+
+def _unit_hash(doc_ids: Sequence[str], seed: int) -> np.ndarray:
+    """blake2b of ``f"{seed}:{doc_id}"`` as a number in [0, 1), of shape (n,)."""
+    digests = b"".join(hashlib.blake2b(f"{seed}:{d}".encode(), digest_size=8).digest() for d in doc_ids)
+    # 53 high bits -> exact float64 in [0, 1)
+    return (np.frombuffer(digests, dtype=">u8") >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def split_of(doc_ids: Sequence[str], seed: int = 0, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> list[str]:
+    """The title-query split of each doc id, of length len(doc_ids); depends on the id and seed only."""
+    f = _check_fractions(fractions)
+    if len(doc_ids) == 0:
+        return []
+    cuts = np.cumsum(f)[:-1]  # (2,): train | dev | test
+    which = np.searchsorted(cuts, _unit_hash(doc_ids, seed), side="right")
+    return np.asarray(TITLE_SPLITS, dtype=object)[which].tolist()
+
+
+def _shared(values: Sequence[str | None]) -> np.ndarray:
+    """Boolean mask of shape (n,): the value occurs more than once (None never counts)."""
+    counts = Counter(v for v in values if v)
+    return np.fromiter((bool(v) and counts[v] > 1 for v in values), dtype=bool, count=len(values))
+
+
+def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = (0.8, 0.1, 0.1),
+                  duplicates: str = "drop") -> QuerySet:
+    """One query per document with a title: the title is the text, the document the one relevant item.
+
+    Parameters
+    ----------
+    corpus : a Corpus with titles (load it without ``drop_title``).
+    seed : split seed; a document's split depends on its doc id and ``seed`` only (see :func:`split_of`).
+    fractions : expected shares of train, dev, test; the realised counts are binomial around them.
+    duplicates : ``"drop"`` (default) gives no query to a document whose title or whose text is
+        identical to another document's in ``corpus``, since neither the query nor the article
+        would single it out (counted in ``info["filtered"]["shared_title"]`` and ``["shared_text"]``;
+        the documents stay in the corpus). ``"keep"`` keeps them: identical query texts then
+        each name their own document as the only relevant one, and may fall in different splits.
+        Which documents are dropped depends on the corpus passed (a subsample may lose a twin).
+
+    Returns
+    -------
+    QuerySet named ``"<corpus>-titles"``: qid = doc id, text = title, relevant = [doc id],
+    splits ``"train"``/``"dev"``/``"test"``, in corpus order. Documents without a title are
+    counted in ``info["filtered"]["no_title"]``.
+    """
+    if duplicates not in DUPLICATES:
+        raise ValueError(f"duplicates={duplicates!r}; use one of {DUPLICATES}")
+    f = _check_fractions(fractions)
+    if corpus.titles is None:
+        raise DataError(f"corpus {corpus.name!r} has no titles, so it has no title queries; load it without "
+                        "drop_title=True (titles are only dropped from what the retriever reads)")
+    titles = [t.strip() if t else None for t in corpus.titles]
+    has_title = np.fromiter((bool(t) for t in titles), dtype=bool, count=len(titles))
+    keep = has_title.copy()
+    filtered = {"no_title": int((~has_title).sum())}
+    if duplicates == "drop":
+        shared_title = _shared(titles) & keep
+        keep &= ~shared_title
+        shared_text = _shared(corpus.texts) & keep
+        keep &= ~shared_text
+        filtered.update(shared_title=int(shared_title.sum()), shared_text=int(shared_text.sum()))
+    if not keep.any():
+        raise DataError(f"corpus {corpus.name!r}: no document has a title of its own; nothing to query")
+    sub = corpus.select(keep)
+    splits = split_of(sub.doc_ids, seed, f)
+    qs = QuerySet(
+        name=f"{corpus.name}-titles",
+        qids=sub.doc_ids,
+        texts=[t for t, k in zip(titles, keep) if k],
+        relevant=[[d] for d in sub.doc_ids],
+        splits=splits,
+        info={"source": corpus.info.get("source", corpus.name), "task": "titles as queries (known-item proxy)",
+              "seed": int(seed), "fractions": [float(x) for x in f], "duplicates": duplicates,
+              "filtered": {k: v for k, v in filtered.items() if v}, "n_docs": len(corpus)},
+    )
+    log.info("%s: %d title queries (%s) from %d documents; left out %s", qs.name, len(qs),
+             ", ".join(f"{s}={n}" for s, n in Counter(splits).items()), len(corpus), filtered)
+    return qs
+
+
+def drop_titles(corpus: Corpus) -> Corpus:
+    """The same corpus with every title removed (``titles=None``), so ``model_inputs()`` is the text only.
+
+    Texts are not edited: a body that repeats its title keeps it (Cranfield abstracts do; BBC
+    and Reuters bodies do not).
+    """
+    info = dict(corpus.info)
+    info["titles_dropped"] = True
+    return dataclasses.replace(corpus, titles=None, info=info)
