@@ -1,0 +1,127 @@
+"""`gdr run` end to end on a 30-document corpus with tiny random-init models (offline, CPU)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdr.cli import main
+from gdr.data import Corpus, QuerySet, write_beir
+from tiny_models import tiny_llama
+
+TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
+INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A saved tiny causal LM (loadable by path, like any checkpoint) and a 30-document BEIR folder."""
+    root = tmp_path_factory.mktemp("pipeline")
+    lm = tiny_llama()
+    lm.model.save_pretrained(root / "tiny-llama")
+    lm.tokenizer.save_pretrained(root / "tiny-llama")
+    ids, texts, qtexts = [], [], []
+    for i in range(30):
+        t = TOPICS[i % 5].split()
+        ids.append(f"d{i}")
+        texts.append(f"{' '.join(t)} story number {i} about {t[0]} and {t[-1]} item{i}")
+        qtexts.append(f"{t[0]} item{i}")
+    qs = QuerySet(name="toy", qids=[f"q{i}" for i in range(30)], texts=qtexts, relevant=[[d] for d in ids],
+                  splits=["test" if i % 3 == 0 else "train" for i in range(30)])
+    folder = write_beir(Corpus(name="toy", doc_ids=ids, texts=texts), qs, root / "toy")
+    return root, folder
+
+
+def _args(root: Path, folder: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "run", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
+        "sample.n_queries=16", "sample.batch_size=8", "sample.max_new_tokens=6", "doc_queries.per_doc=2",
+        "index.n_clusters=4", "index.leaf_size=4", "index.gc.n_init=2", "index.gc.n_init_inner=1",
+        "train.model.size=tiny", "train.trainer.max_steps=6", "train.trainer.max_epochs=100",
+        "train.trainer.batch_size=16", "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false",
+        "train.trainer.val_beam=4", "train.trainer.check_val_every_n_epoch=50", "train.trainer.num_sanity_val_steps=0",
+        "train.optim.warmup_steps=2", "evaluate.k=10", "evaluate.beam=10", "seeds=[0]", "progress=false",
+        "threads=1", f"out={out}", *extra,
+    ]
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _stages(out: Path) -> dict[str, dict]:
+    return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
+
+
+def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypatch):
+    root, folder = setup
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out)) == 0
+    head = _last_json(capsys)
+    assert {"seconds", "recall_at_1", "bm25_recall_at_1"} <= set(head)
+    for m in INDEXERS:
+        assert 0.0 <= head[f"{m}_recall_at_1"] <= 100.0
+
+    # every artifact present, every stage finished
+    for name in ("report.md", "report.json", "report.png", "run.config.yaml"):
+        assert (out / name).is_file(), name
+    stages = _stages(out)
+    expected = {"score", "doc-queries", "bm25"} | {f"index-{m}" for m in INDEXERS} \
+        | {f"{s}-{m}-s0" for m in INDEXERS for s in ("train", "eval")}
+    assert set(stages) == expected and not any(s["reused"] for s in stages.values())
+    for s in stages.values():
+        marker = json.loads((out / s["folder"] / "stage.json").read_text())
+        assert marker["status"] == "complete" and s["folder"].endswith(marker["key"])
+    score = out / stages["score"]["folder"]
+    logp = np.load(score / "P.npy")
+    assert logp.shape == (30, 16) and np.isfinite(logp).all() and (logp < 0).all()
+    assert len((out / stages["doc-queries"]["folder"] / "doc_queries.jsonl").read_text().splitlines()) == 30
+    for m in INDEXERS:
+        assert len((out / stages[f"index-{m}"]["folder"] / "docids.tsv").read_text().splitlines()) == 30
+        ev = json.loads((out / stages[f"eval-{m}-s0"]["folder"] / "metrics.json").read_text())
+        r = ev["systems"]["gdr"]
+        assert r["n_queries"] == 10 and 0.0 <= r["recall@1"] <= r["recall@10"] <= 1.0
+    report = json.loads((out / "report.json").read_text())
+    assert report["bm25"]["recall@10"] == 100.0  # each test query shares a unique word with its document
+    assert "| gc |" in (out / "report.md").read_text()
+
+    # a second run reuses every stage and reports the same numbers
+    assert main(_args(root, folder, out)) == 0
+    again = _last_json(capsys)
+    assert all(s["reused"] for s in _stages(out).values())
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in head.items() if k != "seconds"}
+
+    # a changed alpha re-runs GC indexing and what depends on it, nothing else
+    assert main(_args(root, folder, out, "index.gc.alpha=0.5")) == 0
+    capsys.readouterr()
+    ran = {name for name, s in _stages(out).items() if not s["reused"]}
+    assert ran == {"index-gc", "train-gc-s0", "eval-gc-s0"}
+
+    # a run killed inside a stage continues there: finished stages are reused, the killed one re-runs
+    import gdr.cli.train as train_cli
+
+    calls = {"n": 0}
+    real = train_cli.train_from_config
+
+    def dies_on_second(cfg):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(cfg)
+
+    monkeypatch.setattr(train_cli, "train_from_config", dies_on_second)
+    try:
+        rc = main(_args(root, folder, out, "seeds=[1]"))
+    except KeyboardInterrupt:
+        rc = 130
+    assert rc != 0
+    monkeypatch.setattr(train_cli, "train_from_config", real)
+    killed = [p for p in out.glob("train-hkmi-s1-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
+    assert len(killed) == 1
+    assert main(_args(root, folder, out, "seeds=[1]")) == 0
+    capsys.readouterr()
+    ran = {name for name, s in _stages(out).items() if not s["reused"]}
+    assert ran == {f"{s}-{m}-s1" for m in INDEXERS[1:] for s in ("train", "eval")}
+    assert json.loads((killed[0] / "stage.json").read_text())["status"] == "complete"
