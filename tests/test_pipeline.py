@@ -125,3 +125,14 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     ran = {name for name, s in _stages(out).items() if not s["reused"]}
     assert ran == {f"{s}-{m}-s1" for m in INDEXERS[1:] for s in ("train", "eval")}
     assert json.loads((killed[0] / "stage.json").read_text())["status"] == "complete"
+
+
+def test_score_processes_give_the_same_p_as_one(setup, tmp_path):
+    root, folder = setup
+    common = ["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
+              "sample.n_queries=8", "sample.max_new_tokens=6", "score.shard_size=4", "progress=false", "threads=1"]
+    assert main([*common, f"out={tmp_path / 'one'}"]) == 0
+    assert main([*common, f"out={tmp_path / 'two'}", "score.processes=2"]) == 0
+    one, two = np.load(tmp_path / "one" / "P.npy"), np.load(tmp_path / "two" / "P.npy")
+    assert one.shape == (30, 8) and np.array_equal(one, two)
+    assert len(list((tmp_path / "two" / "P.shards").glob("*.done"))) == 8

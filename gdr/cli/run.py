@@ -51,7 +51,7 @@ INDEX_KEYS = {
 }
 # Settings that change how fast a stage runs, not what it computes: left out of its key.
 _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
-              "log_every_n_steps", "torch_threads", "device", "batch_size_eval"}
+              "log_every_n_steps", "torch_threads", "device", "processes"}
 
 
 def stage_key(inputs: dict) -> str:
