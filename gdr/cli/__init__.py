@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from gdr.cli.validate import error_line
 
-        line = None if debug else error_line(e)
+        line = None if debug else error_line(e, rest)
         if line is None:  # --debug, or not an error the command line can fix: the full traceback
             raise
         print(f"gdr {name}: error: {line}", file=sys.stderr)
