@@ -64,10 +64,13 @@ class RetrieverConfig:
     dropout : dropout rate in the decoder (and a random-init encoder).
     pawa, pawa_rank : prefix-aware weight-adaptive output layer and its rank.
     max_query_len : queries are truncated to this many encoder tokens.
+    encoder_layers : keep only the first this many layers of a pretrained encoder (None = all): a
+        cheaper encoder for CPU runs that keeps the pretrained embeddings and lower layers.
     """
 
     encoder: str | None = None
     encoder_config: dict[str, Any] | None = None
+    encoder_layers: int | None = None
     tokenizer: str | None = None
     n_digits: int = 30
     max_code_len: int = 4
@@ -148,11 +151,15 @@ def _build_encoder(cfg: RetrieverConfig, vocab_size: int) -> tuple[nn.Module, di
     else:
         path = resolve_model(cfg.encoder)
         conf = AutoConfig.from_pretrained(path)
+        t5 = conf.model_type in _T5_TYPES
+        # the first `encoder_layers` layers only: the config override makes from_pretrained skip the rest
+        cut = {} if cfg.encoder_layers is None else {("num_layers" if t5 else "num_hidden_layers"): cfg.encoder_layers}
         # float32 master weights whatever dtype the checkpoint was saved in; autocast does bf16
-        if conf.model_type in _T5_TYPES:
-            enc = T5EncoderModel.from_pretrained(path, dtype=torch.float32)
+        if t5:
+            enc = T5EncoderModel.from_pretrained(path, dtype=torch.float32, **cut)
         else:
-            enc = _without_pooler(lambda p, **kw: AutoModel.from_pretrained(p, dtype=torch.float32, **kw), path)
+            enc = _without_pooler(lambda p, **kw: AutoModel.from_pretrained(p, dtype=torch.float32, **cut, **kw),
+                                  path)
     hf = enc.config.to_dict()
     drop = {"architectures", "transformers_version", "dtype", "torch_dtype"}
     hf = {k: v for k, v in hf.items() if not k.startswith("_") and k not in drop}
