@@ -118,7 +118,10 @@ class Pipeline:
 # ---------------------------------------------------------------------------------------------- stages
 def _queries_section(cfg: DictConfig, split: str) -> dict:
     q = cfg.queries
-    return {"name": q.name, "split": split, "path": q.path, "seed": q.get("seed", 0)}
+    out = {"name": q.name, "split": split, "path": q.path}
+    if q.name == "titles":
+        out.update(seed=int(q.get("seed") or 0), fractions=list(q.get("fractions") or (0.8, 0.1, 0.1)))
+    return out
 
 
 def _check(cfg: DictConfig) -> None:

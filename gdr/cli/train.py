@@ -42,7 +42,8 @@ def _load_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     if name == "titles":  # each title is the query of its own article (bbc, r2, r5)
         from gdr.data import load_title_queries
 
-        qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0))
+        qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
+                                fractions=tuple(q.get("fractions") or (0.8, 0.1, 0.1)))
     elif name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
         log.info("%s has no query set; no real queries", name)
         return None

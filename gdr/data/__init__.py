@@ -164,6 +164,7 @@ def load_title_queries(
     *,
     path: str | os.PathLike | None = None,
     seed: int = 0,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
 ) -> QuerySet:
     """Title queries of the whole corpus ``name`` (one of ``TITLE_CORPORA``), optionally one split.
 
@@ -179,11 +180,12 @@ def load_title_queries(
     split : ``"train"``, ``"dev"``, ``"test"``, or None for all three.
     path : the corpus folder, as in :func:`load_corpus`.
     seed : the split seed (not the ``n_docs`` sampling seed of :func:`load_corpus`).
+    fractions : expected train/dev/test shares (a small corpus may want a larger test share).
     """
     if name not in TITLE_CORPORA:
         raise ValueError(f"{name!r} has no title queries; title queries exist for {', '.join(TITLE_CORPORA)} "
                          f"(query sets of other collections: load_queries, one of {', '.join(QUERY_SETS)})")
-    return title_queries(load_corpus(name, path=path), seed=seed).filter(split)
+    return title_queries(load_corpus(name, path=path), seed=seed, fractions=tuple(fractions)).filter(split)
 
 
 def corpus_from_config(data) -> Corpus:
