@@ -6,7 +6,6 @@ what a person reads.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path

@@ -94,20 +94,25 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
-def train_from_config(cfg):
-    """Train one retriever from a composed ``conf/train.yaml`` config; returns the ``TrainResult``."""
+def _start(cfg):
+    """The config as a dict, the output folder (created, config saved), the start time and the corpus."""
     from gdr.config import save_config, to_container
     from gdr.data import corpus_from_config
-    from gdr.io import write_manifest
-    from training.data import read_generated_queries
-    from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
-    t0 = time.time()
-    corpus = corpus_from_config(c["data"])
+    return c, out, time.time(), corpus_from_config(c["data"])
+
+
+def train_from_config(cfg):
+    """Train one retriever from a composed ``conf/train.yaml`` config; returns the ``TrainResult``."""
+    from gdr.io import write_manifest
+    from training.data import read_generated_queries
+    from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+
+    c, out, t0, corpus = _start(cfg)
     codes = _align_docids(c["docids"], corpus.doc_ids)
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
     qs = _load_queries(c["queries"], c["data"], set(pos), c["data"].get("docs_tsv"))
@@ -158,17 +163,10 @@ def evaluate_from_config(cfg) -> tuple[dict, str]:
     Returns (the ``metrics.json`` content, its markdown table)."""
     from eval.bm25 import bm25_run
     from eval.retrieval import evaluate_run, markdown_table, write_qrels, write_trec_run
-    from gdr.config import save_config, to_container
-    from gdr.data import corpus_from_config
     from gdr.io import atomic_write_json, atomic_write_text, write_manifest
     from training.search import Retriever
 
-    c = to_container(cfg)
-    out = Path(c["out_dir"])
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out)
-    t0 = time.time()
-    corpus = corpus_from_config(c["data"])
+    c, out, t0, corpus = _start(cfg)
     qs = _load_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "
