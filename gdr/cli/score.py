@@ -125,7 +125,13 @@ def _free_port() -> int:
 
 
 def _score_worker(rank: int, world: int, port: int, cfg_dict: dict) -> None:
-    """One scoring process of :func:`score_in_processes`: its round-robin share of the shards."""
+    """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
+
+    With CUDA and ``device`` auto/cuda, rank r scores on ``cuda:{r % n_gpus}``. The process group is
+    set up here, after ``torch.cuda.set_device``, so that ``gdr.store.dist_info`` finds it ready: NCCL
+    when every rank has a GPU of its own, gloo when ranks share one (NCCL refuses two ranks on one
+    device; the group only carries barriers). On a CPU, ``dist_info`` sets up gloo as before."""
+    import torch.distributed as dist
     from omegaconf import OmegaConf
 
     from gdr.cli import setup_logging
@@ -137,9 +143,15 @@ def _score_worker(rank: int, world: int, port: int, cfg_dict: dict) -> None:
     cfg = OmegaConf.create(cfg_dict)
     if not cfg.get("threads"):
         cfg.threads = 1
+    if torch.cuda.is_available() and str(cfg.get("device", "auto")) in ("auto", "cuda"):
+        n_gpus = torch.cuda.device_count()
+        gpu = rank % n_gpus
+        torch.cuda.set_device(gpu)  # before the process group: NCCL binds each rank to the current device
+        cfg.device = f"cuda:{gpu}"
+        dist.init_process_group("nccl" if world <= n_gpus else "gloo", rank=rank, world_size=world)
+        log.info("scoring process %d of %d on %s", rank, world, cfg.device)
     corpus, lm = load_data(cfg), build_lm(cfg)
     score_matrix_for(cfg, lm, corpus, read_jsonl(Path(cfg.out) / "queries.jsonl"))
-    import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,93 @@
+"""Every ``conf/experiment/*.yaml`` composes with the command it is meant for and passes validation.
+
+Fast (config composition only): no model, no data loaded. Data files an experiment needs are replaced
+by stand-in paths under ``tmp_path``, so the checks run on a machine without MS MARCO or NQ320K.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gdr.cli.validate import ConfigError, validate
+from gdr.config import conf_dir, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+# Where an experiment's command is written down (`gdr cluster +experiment=demo` in the Makefile).
+DOCS = [REPO / "Makefile", REPO / "README.md", *sorted((REPO / "reports").glob("*.md"))]
+
+
+def commands_for(name: str) -> set[str]:
+    """The `gdr <command>`s used with ``+experiment=name`` in the file itself and the docs; ``run`` if none."""
+    pattern = re.compile(rf"gdr (\w+) [^\n]*\+experiment={re.escape(name)}(?![\w-])")
+    texts = [(conf_dir() / "experiment" / f"{name}.yaml").read_text()]
+    texts += [p.read_text() for p in DOCS if p.is_file()]
+    found = {m.group(1) for t in texts for m in pattern.finditer(t)}
+    return found or {"run"}
+
+
+def stand_ins(data_name: str, tmp_path: Path) -> list[str]:
+    """Overrides that point an experiment's data at stand-in files (validation stats paths, never reads them)."""
+    folder = tmp_path / data_name
+    folder.mkdir(exist_ok=True)
+    if data_name == "msmarco-lite":
+        docs = tmp_path / "msmarco-docs.tsv"
+        docs.write_text("")
+        return [f"data.path={folder}", f"data.docs_tsv={docs}"]
+    if data_name in ("nq320k", "beir"):
+        return [f"data.path={folder}"]
+    return []
+
+
+def compose(command: str, name: str, tmp_path: Path, *extra: str):
+    first = load_config(command, [f"+experiment={name}"])
+    return load_config(command, [f"+experiment={name}", *stand_ins(first.data.name, tmp_path), *extra])
+
+
+def test_experiments_found():
+    assert {"msmarco-lite", "nq320k"} <= set(EXPERIMENTS)
+    assert commands_for("demo") == {"cluster"}  # the Makefile's `gdr cluster +experiment=demo`
+    assert "run" in commands_for("msmarco-lite")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_and_validates(name, tmp_path):
+    for command in sorted(commands_for(name)):
+        cfg = compose(command, name, tmp_path)
+        validate(command, cfg)
+
+
+@pytest.mark.parametrize("name,data,n_test", [("msmarco-lite", "msmarco-lite", "dev"), ("nq320k", "nq320k", "dev")])
+def test_paper_settings(name, data, n_test, tmp_path):
+    """The settings of the paper's GDR experiment (Section "Application to Generative Retrieval")."""
+    cfg = compose("run", name, tmp_path)
+    assert cfg.data.name == data
+    assert cfg.model.name == "doc2query/all-with_prefix-t5-base-v1" and cfg.model.prompt.prefix == "text2query: "
+    assert cfg.sample.n_queries == 4096                       # J
+    assert cfg.index.n_clusters == 30 and cfg.index.leaf_size == 30
+    assert cfg.index.gc.alpha == 0.25 and cfg.index.gc.localized and cfg.index.gc.n_queries is None
+    assert cfg.score.dtype == "float16" and cfg.score.doc_batch_size == 16 and cfg.device == "auto"
+    assert cfg.doc_queries.per_doc == 15 and cfg.train.examples.use_real and cfg.train.examples.use_generated
+    assert cfg.train.model.size == "small30m"                 # "about 30M parameters"
+    assert {"gc", "hkmi", "bmi"} <= set(cfg.indexers)
+    assert cfg.queries.test_split == n_test and cfg.queries.train_split == "train"
+    # one device unless asked: Lightning's default ddp on several GPUs would re-launch the whole `gdr run`
+    assert cfg.train.trainer.devices == 1
+    assert cfg.evaluate.k == 100 and cfg.evaluate.beam >= 100
+
+
+def test_multi_gpu_overrides_validate(tmp_path):
+    """The 8-GPU command of reports/paper-scale.md composes and validates (without GPUs: no cuda device named)."""
+    cfg = compose("run", "msmarco-lite", tmp_path, "score.processes=8", "train.trainer.devices=8",
+                  "train.trainer.strategy=ddp_spawn", "train.trainer.batch_size=64")
+    validate("run", cfg)
+    assert cfg.score.processes == 8 and cfg.train.trainer.strategy == "ddp_spawn"
+
+
+def test_stand_ins_are_checked(tmp_path):
+    """Validation does look at the data paths: a missing document TSV is named, with its key."""
+    cfg = compose("run", "msmarco-lite", tmp_path, f"data.docs_tsv={tmp_path / 'absent.tsv'}")
+    with pytest.raises(ConfigError, match=r"^data\.docs_tsv=.*absent\.tsv: no such file"):
+        validate("run", cfg)
