@@ -51,10 +51,11 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
                  "n_clusters": n_clusters}
     for name, v in variants.items():
         t0 = time.perf_counter()
+        ess = v.get("ess_target", 0.5)
         gc = GenerativeClustering(n_clusters, alpha=v["alpha"], clip_sigma=v["clip_sigma"], phi=v["phi"],
                                   init=init, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed,
-                                  device=device).fit(logp)
-        res = {"kind": "gc", "settings": v, "labels": gc.labels_.tolist(), "distortion": float(gc.distortion_),
+                                  device=device, ess_target=ess).fit(logp)
+        res = {"kind": "gc", "settings": {**v, "alpha_used": gc.alpha_}, "labels": gc.labels_.tolist(), "distortion": float(gc.distortion_),
                "n_iter": int(gc.n_iter_), "distortion_history": [float(d) for d in gc.distortion_history_],
                # what sets a cluster apart: lift of its centroid over the mean centroid of all clusters
                # (ranking by c_k alone, or by c_k / phi, lists the same generic queries for every cluster)
@@ -64,7 +65,7 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
         if labels is not None:
             res["single"] = clustering_scores(labels, gc.labels_)
             if repeats > 0:
-                fit_fn = make_gc_fit_fn(logp, n_clusters, alpha=v["alpha"], clip_sigma=v["clip_sigma"], phi=v["phi"],
+                fit_fn = make_gc_fit_fn(logp, n_clusters, alpha=gc.alpha_, clip_sigma=v["clip_sigma"], phi=v["phi"],
                                         init=init, max_iter=max_iter, tol=tol, device=device)
                 rep = repeated_best_of(fit_fn, labels, n_repeats=repeats, n_init=n_init, seed=seed, progress=False)
                 res["mean"], res["std"] = rep.mean, rep.std

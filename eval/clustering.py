@@ -194,9 +194,9 @@ def repeated_best_of(fit_fn: Callable[[int], Any], y_true: Sequence, n_repeats: 
                           labels=first_labels, seeds=seeds)
 
 
-def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float = 0.25, clip_sigma: float | None = 5.0,
+def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = 0.25, clip_sigma: float | None = 5.0,
                    phi: str = "power", init: str = "random", max_iter: int = 100, tol: float = 1e-6,
-                   device="cpu", dtype=None) -> Callable[[int], Any]:
+                   device="cpu", dtype=None, ess_target: float = 0.5) -> Callable[[int], Any]:
     """A single-run GC ``fit_fn(seed)`` for ``repeated_best_of``; clip, phi and W are computed once."""
     import torch
 
@@ -209,6 +209,7 @@ def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float = 0.25, cl
     logp = gcmod._as_2d_float(logp, "logp", min_rows=2)
     gcmod._check_n_clusters(n_clusters, logp.shape[0])
     upper = None if clip_sigma is None else gcmod._clip_bounds(logp, float(clip_sigma))
+    alpha = gcmod.resolve_alpha(alpha, logp, ess_target=ess_target, phi=phi, upper=upper)
     log_phi = gcmod._log_proposal(logp, float(alpha), phi, upper)
     prepared = gcmod._prepare(logp, alpha=float(alpha), log_phi=log_phi, upper=upper, device=device,
                               dtype=gcmod._torch_dtype(est.dtype))

@@ -66,7 +66,9 @@ _BYTES_PER_ELEM = 24
 class GCOptions:
     """Switches of hierarchical GC (defaults: the paper, K and c set on the tree).
 
-    alpha: RIS regularisation (Eq. ris), 0.25 in the paper.
+    alpha: RIS regularisation (Eq. ris), 0.25 in the paper; "auto": chosen once at the root by
+        :func:`gdr.cluster.auto_alpha` (mean effective sample size ``ess_target * J``) and used at every node.
+    ess_target: the ESS fraction of ``alpha="auto"``.
     clip_sigma: n_sigma of Eq. clip, applied once with the root's bounds; None disables clipping.
     proposal: "power" (Eq. vmp) or "naive" (column mean of P).
     localized: re-estimate phi~ on each node's documents (else every node uses the global phi).
@@ -84,7 +86,8 @@ class GCOptions:
         (K, J) tensor operations ran 20-40x slower with 2 OpenMP threads than with 1 (measured).
     """
 
-    alpha: float = 0.25
+    alpha: float | str = 0.25
+    ess_target: float = 0.5
     clip_sigma: float | None = 5.0
     proposal: str = "power"
     localized: bool = True
@@ -103,8 +106,11 @@ class GCOptions:
     torch_threads: int | None = 1
 
     def validate(self) -> None:
-        if not (math.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(f"gc.alpha must be > 0 (the paper uses 0.25); got {self.alpha}")
+        if self.alpha != "auto" and not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
+                                         and self.alpha > 0):
+            raise ValueError(f"gc.alpha must be > 0 or 'auto' (the paper uses 0.25); got {self.alpha!r}")
+        if not 0 < self.ess_target < 1:
+            raise ValueError(f"gc.ess_target must be in (0, 1); got {self.ess_target}")
         if self.clip_sigma is not None and not self.clip_sigma > 0:
             raise ValueError(f"gc.clip_sigma must be > 0 or null (no clipping); got {self.clip_sigma}")
         if self.proposal not in ("power", "naive"):
@@ -152,6 +158,21 @@ def _chunked_proposal(pm: PMatrix, rows: np.ndarray | None, clip_upper: np.ndarr
             np.minimum(x, clip_upper.astype(np.float32), out=x)
         parts.append((len(x), log_proposal(x, alpha, proposal)))
     return _combine_proposals(parts, _proposal_power(alpha, proposal))
+
+
+def _resolve_auto_alpha(pm: PMatrix, options: GCOptions, seed: int, max_rows: int = 20_000) -> GCOptions:
+    """``alpha="auto"`` made a number once, on (a seeded sample of) the clipped root P."""
+    from dataclasses import replace
+
+    from gdr.cluster import _clip_bounds, auto_alpha
+
+    n = pm.n_rows
+    rows = np.arange(n) if n <= max_rows else np.sort(np.random.default_rng(seed).choice(n, max_rows, replace=False))
+    x = pm.read_rows(rows).astype(np.float32)
+    upper = None if options.clip_sigma is None else _clip_bounds(x, float(options.clip_sigma))
+    alpha = auto_alpha(x, options.ess_target, options.proposal, upper)
+    log.info("gc.alpha=auto: %.4g (mean ESS %.0f%% of J at the root)", alpha, 100 * options.ess_target)
+    return replace(options, alpha=alpha)
 
 
 def root_statistics(pm: PMatrix, *, clip_sigma: float | None = 5.0, alpha: float = 0.25, proposal: str = "power",
@@ -481,6 +502,9 @@ def build_gc_index(
     """
     options = options or GCOptions()
     options.validate()
+    if options.alpha == "auto":
+        options = _resolve_auto_alpha(pmatrix, options, seed)
+        stats = None  # the global phi depends on alpha
     if stats is None:
         stats = root_statistics(pmatrix, clip_sigma=options.clip_sigma, alpha=options.alpha,
                                 proposal=options.proposal, chunk_rows=options.chunk_rows, progress=progress)

@@ -333,3 +333,38 @@ def test_cuda_matches_cpu():
     assert gpu.distortion_ == pytest.approx(cpu.distortion_, rel=1e-9)
     g32 = GenerativeClustering(4, n_init=3, seed=2, device="cuda", init="k-means++").fit(lp)
     assert ari(y, g32.labels_) == 1.0
+
+
+def test_effective_sample_size_bounds_and_auto_alpha_hits_its_target():
+    from gdr.cluster import GenerativeClustering, auto_alpha, effective_sample_size
+
+    rng = np.random.default_rng(0)
+    J = 64
+    flat = np.full((3, J), -20.0)
+    assert np.allclose(effective_sample_size(flat, 0.25, phi="naive"), J)        # uniform weights: ESS = J
+    logp = rng.normal(-60.0, 15.0, size=(200, J))                                 # right-skewed P, like an LM's
+    ess = [effective_sample_size(logp, a).mean() for a in (0.05, 0.25, 1.0)]
+    assert ess[0] > ess[1] > ess[2] >= 1.0                                        # lower alpha, more ESS
+    for target in (0.3, 0.5, 0.8):
+        a = auto_alpha(logp, target=target)
+        assert 1e-3 < a < 1.0
+        assert abs(effective_sample_size(logp, a).mean() / J - target) < 0.01
+    gc = GenerativeClustering(3, alpha="auto", n_init=2, seed=0).fit(logp)
+    again = GenerativeClustering(3, alpha="auto", n_init=2, seed=0).fit(logp)
+    assert gc.alpha_ == again.alpha_ == auto_alpha(logp, 0.5, upper=gc.clip_upper_)
+    assert np.array_equal(gc.labels_, again.labels_) and gc.predict(logp[:5]).shape == (5,)
+    with pytest.raises(ValueError, match="ESS target"):
+        auto_alpha(logp, target=1.5)
+
+
+def test_hierarchical_gc_with_auto_alpha_resolves_it_once(tmp_path):
+    from indexing.gc import GCOptions, build_gc_index
+    from indexing.pmatrix import PMatrix
+
+    logp = np.random.default_rng(1).normal(-50.0, 10.0, size=(120, 48)).astype(np.float32)
+    tree = build_gc_index(PMatrix(logp), n_clusters=4, leaf_size=4,
+                          options=GCOptions(alpha="auto", n_init=2, n_init_inner=1), seed=0, progress=False)
+    alpha = tree.meta["options"]["alpha"]
+    assert isinstance(alpha, float) and 0 < alpha < 1
+    with pytest.raises(ValueError, match="auto"):
+        GCOptions(alpha="sometimes").validate()

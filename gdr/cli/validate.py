@@ -338,7 +338,8 @@ SCORE = (
     Rule("score.processes", POSITIVE, "scoring processes on this machine"),
 )
 GC_VARIANT = (  # cluster.gc and every cluster.variants.<name> (keys set on top of cluster.gc)
-    Rule("alpha", number(0), "GC's regularisation; the paper uses 0.25"),
+    Rule("alpha", auto_or(number(0)), "GC's regularisation; the paper uses 0.25; auto = by effective sample size"),
+    Rule("ess_target", number(0, 1, hi_open=True), "alpha=auto's mean ESS as a fraction of J"),
     Rule("clip_sigma", optional(number(0)), "clipping at mu + n sigma; null = none"),
     Rule("phi", one_of("power", "naive"), "the proposal phi"),
 )
@@ -364,7 +365,8 @@ INDEX_STAGE = (
     Rule("progress", boolean),
     Rule("plot", boolean),
     Rule("gc.n_queries", OPT_POSITIVE, "the first J columns of P; null = all"),
-    Rule("gc.alpha", number(0), "GC's regularisation; the paper uses 0.25"),
+    Rule("gc.alpha", auto_or(number(0)), "GC's regularisation; the paper uses 0.25; auto = by effective sample size"),
+    Rule("gc.ess_target", number(0, 1, hi_open=True), "alpha=auto's mean ESS as a fraction of J"),
     Rule("gc.clip_sigma", optional(number(0)), "clipping at mu + n sigma; null = none"),
     Rule("gc.proposal", one_of("power", "naive")),
     Rule("gc.localized", boolean),
