@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/gdr cluster +experiment=demo
+	$(BIN)/gdr run +experiment=demo
 
 test: install
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q

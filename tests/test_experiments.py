@@ -15,7 +15,7 @@ from gdr.config import conf_dir, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
-# Where an experiment's command is written down (`gdr cluster +experiment=demo` in the Makefile).
+# Where an experiment's command is written down (`gdr run +experiment=demo` in the Makefile).
 DOCS = [REPO / "Makefile", REPO / "README.md", *sorted((REPO / "reports").glob("*.md"))]
 
 
@@ -48,7 +48,7 @@ def compose(command: str, name: str, tmp_path: Path, *extra: str):
 
 def test_experiments_found():
     assert {"msmarco-lite", "nq320k"} <= set(EXPERIMENTS)
-    assert commands_for("demo") == {"cluster"}  # the Makefile's `gdr cluster +experiment=demo`
+    assert commands_for("demo") == {"run"}  # the Makefile's `gdr run +experiment=demo`
     assert "run" in commands_for("msmarco-lite")
 
 
