@@ -136,3 +136,12 @@ def test_score_processes_give_the_same_p_as_one(setup, tmp_path):
     one, two = np.load(tmp_path / "one" / "P.npy"), np.load(tmp_path / "two" / "P.npy")
     assert one.shape == (30, 8) and np.array_equal(one, two)
     assert len(list((tmp_path / "two" / "P.shards").glob("*.done"))) == 8
+
+
+def test_titles_need_articles_without_titles_and_bmi_needs_generated_queries(capsys):
+    # refused before anything loads, with one line naming the setting
+    assert main(["run", "data=bbc", "queries.name=titles", "data.drop_title=false"]) == 2
+    assert "data.drop_title=true" in capsys.readouterr().err.strip()
+    assert main(["run", "data=bbc", "indexers=[gc,bmi]", "doc_queries.per_doc=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "per_doc" in err[0]
