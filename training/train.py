@@ -219,12 +219,19 @@ def train(
     if best_ckpt and best is None:  # e.g. resumed after the last epoch: nothing new was validated
         found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
         best = str(found[-1]) if found else None
+    global_step = int(trainer.global_step)
     if trainer.is_global_zero:
         if best:
-            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-            module.load_state_dict(state)
+            ckpt = torch.load(best, map_location="cpu", weights_only=False)
+            module.load_state_dict(ckpt["state_dict"])
+            if best_score is None:  # ddp_spawn hands back only the path: read the score from the checkpoint
+                scores = [v.get("best_model_score") for k, v in ckpt.get("callbacks", {}).items()
+                          if "ModelCheckpoint" in str(k) and isinstance(v, dict)]
+                best_score = next((float(x) for x in scores if x is not None), None)
+        if global_step == 0 and last.exists():  # likewise the step count: the last checkpoint has it
+            global_step = int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
         model_dir = out / "model"
         module.model.cpu().save(model_dir)
         tokenizer.save_pretrained(model_dir)
     return TrainResult(out, out / "model", best, best_score, dict(ex.counts), n_params,
-                       int(trainer.global_step), recorder.losses)
+                       global_step, recorder.losses)
