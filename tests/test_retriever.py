@@ -297,7 +297,8 @@ def test_consistency_regulariser_and_pawa_train(word_tokenizer):
     assert mod.model.pawa_a.weight.grad is not None and mod.model.pawa_a.weight.grad.abs().sum() > 0
 
 
-def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys):
+@pytest.mark.parametrize("monitor", ["val/recall@1", "val/mrr"])
+def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
     from gdr.cli import main
     from gdr.data import Corpus, QuerySet, write_beir
 
@@ -314,8 +315,9 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys):
                  "model.dropout=0.0", "optim.lr_encoder=3e-3", "optim.lr_decoder=3e-3", "optim.warmup_steps=5",
                  "trainer.max_steps=40", "trainer.max_epochs=1000", "trainer.batch_size=16",
                  "trainer.enable_progress_bar=false", "trainer.tensorboard=false", "trainer.val_beam=5",
-                 "trainer.check_val_every_n_epoch=5", "examples.window=4"]) == 0
+                 "trainer.check_val_every_n_epoch=5", "examples.window=4", f"trainer.monitor={monitor}"]) == 0
     manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["best_checkpoint"] and manifest["best_val_recall1"] is not None  # the monitored score
     assert manifest["examples"]["dev_from"] == "real_queries" and manifest["examples"]["dev_queries"] == 2
     assert (run / "model" / "retriever.json").exists() and (run / "config.yaml").exists()
     ev = tmp_path / "eval"

@@ -113,7 +113,9 @@ class RetrieverModule(pl.LightningModule):
         k = self.hparams.val_k
         self.log("val/recall@1", (first <= 1).float().mean(), prog_bar=True, sync_dist=False)
         self.log(f"val/recall@{k}", (first <= k).float().mean(), sync_dist=False)
-        self.log(f"val/mrr@{k}", torch.where(first <= k, 1.0 / first, torch.zeros_like(first)).mean(), sync_dist=False)
+        mrr = torch.where(first <= k, 1.0 / first, torch.zeros_like(first)).mean()
+        self.log(f"val/mrr@{k}", mrr, sync_dist=False)
+        self.log("val/mrr", mrr, sync_dist=False)  # the same under a name that does not depend on the beam
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):

@@ -72,6 +72,9 @@ class TrainerOptions:
     val_check_interval: float | int | None = None
     limit_val_batches: float | int = 1.0
     patience: int = 5
+    # what picks the exported checkpoint and stops early: "val/recall@1" (NCI) or "val/mrr" (MRR@val_beam,
+    # finer-grained: on a dev set of a few queries recall@1 ties at 0 and the first epoch would be kept)
+    monitor: str = "val/recall@1"
     val_beam: int = 10
     length_penalty: float = 1.0
     num_workers: int = 0
@@ -182,14 +185,14 @@ def train(
         every_n_train_steps=t.checkpoint_every_n_steps,
     )
     best_ckpt = pl.callbacks.ModelCheckpoint(
-        dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor="val/recall@1", mode="max", save_top_k=1,
+        dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
         auto_insert_metric_name=False,
     ) if has_dev else None
     recorder = _LossRecorder()
     # best before last: last.ckpt then carries the best-checkpoint callback's updated state
     callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), *callbacks]
     if has_dev and t.patience > 0:
-        callbacks.append(pl.callbacks.EarlyStopping(monitor="val/recall@1", mode="max", patience=t.patience))
+        callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience))
     # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
     loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
     if t.tensorboard:

@@ -129,6 +129,7 @@ def train_from_config(cfg):
     write_manifest(out, command="train", corpus=corpus.name, n_docs=len(corpus), docids=c["docids"],
                    generated=c.get("generated"), examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
+                   best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
                    global_step=res.global_step, seconds=round(time.time() - t0, 1))
     return res
 

@@ -429,6 +429,7 @@ TRAIN_STAGE = (
     Rule("trainer.val_check_interval", optional(number(0))),
     Rule("trainer.limit_val_batches", number(0)),
     Rule("trainer.patience", NON_NEGATIVE, "validations without improvement before stopping"),
+    Rule("trainer.monitor", one_of("val/recall@1", "val/mrr"), "the dev metric that picks the checkpoint"),
     Rule("trainer.val_beam", POSITIVE),
     Rule("trainer.num_workers", NON_NEGATIVE),
     Rule("trainer.log_every_n_steps", POSITIVE),
