@@ -427,12 +427,9 @@ def run_main(argv: list[str]) -> int:
     cfg = command_config("run", argv)
     if cfg is None:  # --cfg: printed
         return 0
-    try:
-        from gdr.cli.validate import validate
-    except ImportError:  # pragma: no cover - validation lands with the CLI error handling
-        validate = None
-    if validate is not None:
-        validate("run", cfg)
+    from gdr.cli.validate import validate
+
+    validate("run", cfg)
     _check(cfg)
     report = run_pipeline(cfg, argv)
     print(open(Path(cfg.out) / "report.md", encoding="utf-8").read())
