@@ -144,8 +144,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     save_config(cfg, pipe.root, "run.config.yaml")
     corpus = load_data(cfg)
     texts = corpus.model_inputs()
-    corpus_sig = {"data": to_container(cfg.data), "doc_ids": hash_strings(corpus.doc_ids),
-                  "texts": hash_strings(texts), "n_docs": len(corpus)}
+    corpus_sig = corpus_signature(cfg, corpus)
     lm_sig = to_container(cfg.model)
     lm_box: dict = {}
 
@@ -162,8 +161,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         path = score_from_config(sub, corpus=corpus, lm=lm())
         return {"p_matrix": str(path)}
 
-    score = pipe.stage("score", {"corpus": corpus_sig, "lm": lm_sig, "sample": _keyed(to_container(cfg.sample)),
-                                 "score": _keyed(to_container(cfg.score))}, build_score)
+    score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score)
 
     # 2. flat clustering against labels (the data scientist's view; the demo's headline)
     cluster_rec = None
@@ -268,6 +266,18 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     seconds = round(time.perf_counter() - t_start, 1)
     report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds)
     return report
+
+
+def corpus_signature(cfg: DictConfig, corpus) -> dict:
+    """What identifies the corpus in stage keys: its config and hashes of its ids and model inputs."""
+    return {"data": to_container(cfg.data), "doc_ids": hash_strings(corpus.doc_ids),
+            "texts": hash_strings(corpus.model_inputs()), "n_docs": len(corpus)}
+
+
+def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
+    """The inputs that key the score stage (sampled queries and P)."""
+    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "sample": _keyed(to_container(cfg.sample)),
+            "score": _keyed(to_container(cfg.score))}
 
 
 def _with(cfg: DictConfig, **overrides) -> DictConfig:
