@@ -105,11 +105,11 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     calls = {"n": 0}
     real = train_cli.train_from_config
 
-    def dies_on_second(cfg):
+    def dies_on_second(cfg, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt("killed")
-        return real(cfg)
+        return real(cfg, *args, **kwargs)
 
     monkeypatch.setattr(train_cli, "train_from_config", dies_on_second)
     try:

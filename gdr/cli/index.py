@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 
+from gdr.cli.score import load_data
 from gdr.cli.validate import validate
 from gdr.config import command_config, save_config, to_container
 from gdr.io import read_jsonl, write_manifest
@@ -30,12 +31,6 @@ def _compose(argv: list[str]):
     return cfg, cfg is None
 
 
-def _corpus(cfg):
-    from gdr.data import corpus_from_config
-
-    return corpus_from_config(to_container(cfg.data))
-
-
 def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:
     rows = read_jsonl(path)
     for i, r in enumerate(rows, 1):
@@ -44,14 +39,14 @@ def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:
     return [str(r["doc_id"]) for r in rows], [str(r["text"]) for r in rows]
 
 
-def _doc_ids(cfg) -> list[str]:
+def _doc_ids(cfg, corpus=None) -> list[str]:
     """Doc ids for random/atomic/bmi: from run=, data=, kmeans.docs or kmeans.doc_queries (first given)."""
     if cfg.run:
         from indexing.pmatrix import load_pmatrix_run
 
         return load_pmatrix_run(cfg.run).doc_ids
     if cfg.get("data"):
-        return _corpus(cfg).doc_ids
+        return (corpus if corpus is not None else load_data(cfg)).doc_ids
     if cfg.kmeans.docs:
         return _docs_jsonl(cfg.kmeans.docs)[0]
     if cfg.kmeans.doc_queries:
@@ -81,8 +76,10 @@ def index_main(argv: list[str]) -> int:
     return 0
 
 
-def build_index(cfg) -> dict:
-    """Build one index from a composed ``conf/index.yaml`` config into ``cfg.out``; returns its summary."""
+def build_index(cfg, corpus=None) -> dict:
+    """Build one index from a composed ``conf/index.yaml`` config into ``cfg.out``; returns its summary.
+
+    ``corpus``: the corpus of ``cfg.data`` when the caller has it loaded already (``gdr run``)."""
     if cfg.method not in METHODS:
         raise ValueError(f"method={cfg.method!r}: choose one of {', '.join(METHODS)}")
     if not cfg.out:
@@ -111,7 +108,7 @@ def build_index(cfg) -> dict:
         embed_fn = default_embed_fn(km.embed_model, int(km.batch_size))
         if cfg.method == "hkmi":
             if cfg.get("data"):
-                corpus = _corpus(cfg)
+                corpus = corpus if corpus is not None else load_data(cfg)
                 doc_ids, texts = corpus.doc_ids, corpus.model_inputs()
             elif km.docs:
                 doc_ids, texts = _docs_jsonl(km.docs)
@@ -131,7 +128,7 @@ def build_index(cfg) -> dict:
             if not km.doc_queries:
                 raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
             doc_queries = read_doc_queries(km.doc_queries)
-            doc_ids = _doc_ids(cfg) if (cfg.run or cfg.get("data") or km.docs) else list(doc_queries)
+            doc_ids = _doc_ids(cfg, corpus) if (cfg.run or cfg.get("data") or km.docs) else list(doc_queries)
             emb = query_mean_embeddings(doc_ids, doc_queries, embed_fn)
         tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km.n_init),
                                   max_iter=int(km.max_iter), spherical=bool(km.spherical),
@@ -140,12 +137,12 @@ def build_index(cfg) -> dict:
     elif cfg.method == "random":
         from indexing.tree import random_tree
 
-        doc_ids = _doc_ids(cfg)
+        doc_ids = _doc_ids(cfg, corpus)
         tree = random_tree(len(doc_ids), K, c, seed=int(cfg.seed), progress=bool(cfg.progress))
     else:
         from indexing.tree import atomic_codes
 
-        doc_ids = _doc_ids(cfg)
+        doc_ids = _doc_ids(cfg, corpus)
         tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic.warn_above))
     from indexing.output import write_index
 

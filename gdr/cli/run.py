@@ -211,7 +211,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                     "run": str(score.path) if method == "gc" else None})
             if method == "bmi":
                 sub.kmeans.doc_queries = str(doc_q.path / "doc_queries.jsonl")
-            summary = build_index(sub)
+            summary = build_index(sub, corpus)
             return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
                                             "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
@@ -244,7 +244,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                         "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
                                         "queries": _queries_section(cfg, cfg.queries.train_split),
                                         "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-                res = train_from_config(sub)
+                res = train_from_config(sub, corpus)
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 
@@ -256,7 +256,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                 sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
                                         "run_dir": str(tr.path), "out_dir": str(folder), "bm25": False,
                                         "queries": test_q})
-                m, _ = evaluate_from_config(sub)
+                m, _ = evaluate_from_config(sub, corpus)
                 return {"metrics": m["systems"][sub.tag]}
 
             ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q,

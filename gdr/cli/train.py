@@ -94,8 +94,9 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
-def _start(cfg):
-    """The config as a dict, the output folder (created, config saved), the start time and the corpus."""
+def _start(cfg, corpus=None):
+    """The config as a dict, the output folder (created, config saved), the start time and the corpus
+    (``corpus`` when the caller has the corpus of ``cfg.data`` loaded already, e.g. ``gdr run``)."""
     from gdr.config import save_config, to_container
     from gdr.data import corpus_from_config
 
@@ -103,16 +104,16 @@ def _start(cfg):
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
-    return c, out, time.time(), corpus_from_config(c["data"])
+    return c, out, time.time(), corpus if corpus is not None else corpus_from_config(c["data"])
 
 
-def train_from_config(cfg):
+def train_from_config(cfg, corpus=None):
     """Train one retriever from a composed ``conf/train.yaml`` config; returns the ``TrainResult``."""
     from gdr.io import write_manifest
     from training.data import read_generated_queries
     from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
-    c, out, t0, corpus = _start(cfg)
+    c, out, t0, corpus = _start(cfg, corpus)
     codes = _align_docids(c["docids"], corpus.doc_ids)
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
     qs = _load_queries(c["queries"], c["data"], set(pos), c["data"].get("docs_tsv"))
@@ -158,7 +159,7 @@ def evaluate_main(argv: list[str]) -> int:
     return 0
 
 
-def evaluate_from_config(cfg) -> tuple[dict, str]:
+def evaluate_from_config(cfg, corpus=None) -> tuple[dict, str]:
     """Evaluate a trained retriever from a composed ``conf/evaluate.yaml`` config into ``out_dir``.
 
     Returns (the ``metrics.json`` content, its markdown table)."""
@@ -167,7 +168,7 @@ def evaluate_from_config(cfg) -> tuple[dict, str]:
     from gdr.io import atomic_write_json, atomic_write_text, write_manifest
     from training.search import Retriever
 
-    c, out, t0, corpus = _start(cfg)
+    c, out, t0, corpus = _start(cfg, corpus)
     qs = _load_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "
