@@ -28,7 +28,10 @@ from gdr.models import resolve_model
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PromptConfig", "GenerativeLM", "SampledQueries", "clean_query"]
+__all__ = ["PromptConfig", "GenerativeLM", "SampledQueries", "clean_query", "saved_generator", "GENERATOR_FILE"]
+
+# Written by `gdr qg` next to a fine-tuned generator: the prompt (and document length) it was trained with.
+GENERATOR_FILE = "gdr_generator.json"
 
 
 @dataclass
@@ -81,6 +84,23 @@ class SampledQueries:
     n_redrawn: int = 0
 
 
+def saved_generator(path: str) -> dict | None:
+    """The ``gdr_generator.json`` of a local model folder written by ``gdr qg`` (None when absent)."""
+    import json
+    from pathlib import Path
+
+    f = Path(path) / GENERATOR_FILE
+    if not f.is_file():
+        return None
+    try:
+        meta = json.loads(f.read_text())
+        PromptConfig(**meta["prompt"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{f}: not a valid gdr generator file ({e}); re-export the model with `gdr qg` "
+                         "or delete the file to use the prompt of the config") from e
+    return meta
+
+
 def _autodevice(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -106,9 +126,11 @@ class GenerativeLM:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
         self.device = _autodevice(device)
+        saved = None
         if isinstance(model, str):
             self.name = model
             path = resolve_model(model)
+            saved = saved_generator(path)
             cfg = AutoConfig.from_pretrained(path)
             cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
             self.model = cls.from_pretrained(path)
@@ -120,12 +142,17 @@ class GenerativeLM:
             self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.model.eval().to(self.device)
         self.is_seq2seq = bool(self.model.config.is_encoder_decoder)
+        if isinstance(prompt, dict):
+            prompt = PromptConfig(**prompt)
+        if saved is not None:  # a `gdr qg` model: always the prompt it was fine-tuned with
+            if prompt is not None and prompt != PromptConfig(**saved["prompt"]):
+                log.info("%s was fine-tuned with its own prompt (%s); using that, not the configured one",
+                         self.name, GENERATOR_FILE)
+            prompt = PromptConfig(**saved["prompt"])
         if prompt is None:
             prompt = PromptConfig.for_model(self.name if isinstance(model, str) else "")
             if self.is_seq2seq and prompt.style == "chat":
                 prompt = PromptConfig(style="prefix", prefix="", system=None, shots=[])
-        elif isinstance(prompt, dict):
-            prompt = PromptConfig(**prompt)
         if prompt.style == "chat" and getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"model {self.name!r} has no chat template; use prompt style 'prefix' "

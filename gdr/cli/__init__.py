@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "search": ("gdr.cli.train", "search_main"),
     "bench": ("gdr.cli.bench", "bench_main"),
     "run": ("gdr.cli.run", "run_main"),
+    "qg": ("gdr.cli.qg", "qg_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",
@@ -36,6 +37,7 @@ HELP = {
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
+    "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
 }
 
 

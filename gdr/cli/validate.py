@@ -356,6 +356,44 @@ CLUSTER = (
     Rule("cluster.baselines", string_list("tfidf", "embedding", "logp"), "k-means baselines"),
     Rule("cluster.describe_top", NON_NEGATIVE),
 )
+def qg_pairs(v, sec):
+    if v in ("titles", "queries"):
+        return None
+    if isinstance(v, str) and v.endswith(".jsonl"):
+        return _path_problem(v, "file")
+    return "must be titles | queries | the path of a .jsonl of {doc or doc_id, query} pairs"
+
+
+def corpus_list(v, sec):
+    from gdr.data import CORPORA
+
+    vals = list(v) if isinstance(v, (list, ListConfig)) else None
+    if vals is None or any(x not in CORPORA for x in vals):
+        return f"must be a list of corpus names ({', '.join(CORPORA)}), e.g. [r5]"
+    return None
+
+
+QG = (
+    Rule("seed", seed),
+    Rule("qg.pairs", qg_pairs, "where the training pairs come from"),
+    Rule("qg.exclude", corpus_list, "corpora never trained on"),
+    Rule("qg.max_pairs", OPT_POSITIVE, "pairs kept; null = all"),
+    Rule("qg.dev_fraction", number(0, 1, lo_open=False, hi_open=True), "documents held out for the dev loss"),
+    Rule("qg.dev_max", OPT_POSITIVE, "dev pairs at most"),
+    Rule("qg.shots", NON_NEGATIVE, "prompt examples kept"),
+    Rule("qg.lowercase", boolean),
+    Rule("qg.train.train_layers", OPT_POSITIVE, "blocks trained; null = all"),
+    Rule("qg.train.lr", number(0), "AdamW learning rate"),
+    Rule("qg.train.weight_decay", number(0, lo_open=False)),
+    Rule("qg.train.warmup_steps", NON_NEGATIVE),
+    Rule("qg.train.batch_size", POSITIVE, "pairs per step"),
+    Rule("qg.train.eval_batch_size", POSITIVE),
+    Rule("qg.train.max_epochs", POSITIVE),
+    Rule("qg.train.max_steps", int_at_least(-1), "-1 = by max_epochs"),
+    Rule("qg.train.patience", NON_NEGATIVE),
+    Rule("qg.train.resume", boolean),
+    Rule("queries.split", one_of("train"), "gdr qg trains on the train split only"),
+)
 # Indexer settings: `gdr index` at the root, `gdr run` under `index.` (conf/stage/index.yaml).
 INDEX_STAGE = (
     Rule("seed", seed),
@@ -483,6 +521,7 @@ TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "evaluate": [("", DATA + EVALUATE_COMMAND + EVALUATE_STAGE)],
     # `gdr search` returns k=10 unless k= is given, so the config's k need not fit a smaller beam=
     "search": [("", EVALUATE_COMMAND + tuple(r for r in EVALUATE_STAGE if r.key != "k") + (Rule("k", POSITIVE),))],
+    "qg": [("", DATA + LM + QG)],
     "run": [("", DATA + LM + SAMPLE + SCORE + CLUSTER + RUN), ("index", INDEX_STAGE), ("train", TRAIN_STAGE),
             ("evaluate", EVALUATE_STAGE)],
 }

@@ -6,13 +6,14 @@
 >>> titles = load_title_queries("bbc", split="test")  # doctest: +SKIP
 >>> articles = load_corpus("bbc", drop_title=True)   # doctest: +SKIP
 
-Names: ``bbc``, ``r2``, ``r5``, ``cranfield``, ``msmarco-lite``, ``nq320k``, ``beir`` (the
-latter needs ``path=``; a path to a BEIR folder also works as the name). Default paths
+Names: ``bbc``, ``r2``, ``r5``, ``reuters`` (every story with a body, unlabelled), ``cranfield``,
+``msmarco-lite``, ``nq320k``, ``beir`` (the latter needs ``path=``; a path to a BEIR folder also works
+as the name). Default paths
 live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
 
 Queries: :func:`load_queries` reads the query sets that ship with a collection
 (``QUERY_SETS``); :func:`load_title_queries` builds title queries for the titled corpora
-without one (``TITLE_CORPORA``: bbc, r2, r5), a known-item proxy task (``gdr.data.titles``).
+without one (``TITLE_CORPORA``: bbc, r2, r5, reuters), a known-item proxy task (``gdr.data.titles``).
 """
 from __future__ import annotations
 
@@ -59,9 +60,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("bbc", "r2", "r5", "cranfield", "msmarco-lite", "nq320k", "beir")
+CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir")
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
-TITLE_CORPORA = ("bbc", "r2", "r5")
+TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
@@ -101,15 +102,16 @@ def load_corpus(
         never start with their title, Cranfield abstracts do and keep it.
     """
     name, path = _resolve(name, path)
-    if split is not None and name not in ("r2", "r5"):
+    if split is not None and name not in ("r2", "r5", "reuters"):
         raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
     if docs_tsv is not None and name not in ("msmarco-lite", "nq320k"):
         raise ValueError(f"docs_tsv= applies to msmarco-lite and nq320k, not {name!r}")
     kw = {} if on_empty is None else {"on_empty": on_empty}
-    if name in ("r2", "r5"):
+    if name in ("r2", "r5", "reuters"):
         if on_empty is not None:
             raise ValueError("on_empty= does not apply to Reuters (stories without a body are always filtered)")
-        corpus = load_reuters(path, topics=R2_TOPICS if name == "r2" else R5_TOPICS, split=split, name=name)
+        topics = {"r2": R2_TOPICS, "r5": R5_TOPICS, "reuters": None}[name]
+        corpus = load_reuters(path, topics=topics, split=split, name=name)
     elif name == "bbc":
         if on_empty is not None:
             raise ValueError("on_empty= does not apply to BBC News")
@@ -176,7 +178,7 @@ def load_title_queries(
 
     Parameters
     ----------
-    name : ``"bbc"``, ``"r2"`` or ``"r5"``.
+    name : ``"bbc"``, ``"r2"``, ``"r5"`` or ``"reuters"``.
     split : ``"train"``, ``"dev"``, ``"test"``, or None for all three.
     path : the corpus folder, as in :func:`load_corpus`.
     seed : the split seed (not the ``n_docs`` sampling seed of :func:`load_corpus`).

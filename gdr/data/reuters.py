@@ -57,7 +57,7 @@ def _body_text(raw: str) -> str:
 
 def load_reuters(
     path: str | os.PathLike | None = None,
-    topics: Sequence[str] = R5_TOPICS,
+    topics: Sequence[str] | None = R5_TOPICS,
     split: str | None = None,
     name: str | None = None,
 ) -> Corpus:
@@ -66,7 +66,9 @@ def load_reuters(
     Parameters
     ----------
     path : folder holding ``reut2-000.sgm`` .. ``reut2-021.sgm`` (default ``<data>/reuters21578``).
-    topics : the topics to keep (``R2_TOPICS``, ``R5_TOPICS`` or any others).
+    topics : the topics to keep (``R2_TOPICS``, ``R5_TOPICS`` or any others); ``None`` keeps every story
+        with a body, whatever its TOPICS, without labels (corpus ``"reuters"``, 19,043 stories: e.g. the
+        training pairs of a query generator, minus the R5 stories).
     split : ``None`` for all stories, or ``"train"`` / ``"test"`` / ``"not-used"`` (the LEWISSPLIT attribute).
     name : corpus name (default ``"r2"`` / ``"r5"`` for those topic sets, else ``"reuters"``).
 
@@ -82,8 +84,8 @@ def load_reuters(
     if len(files) != N_FILES:
         raise FileNotFoundError(f"{folder}: found {len(files)} reut2-*.sgm files, expected {N_FILES}; "
                                 "point path= at a complete Reuters-21578 Distribution 1.0 copy")
-    topics = tuple(topics)
-    keep = set(topics)
+    topics = None if topics is None else tuple(topics)
+    keep = set(topics or ())
     if name is None:
         name = {R2_TOPICS: "r2", R5_TOPICS: "r5"}.get(topics, "reuters")
     want_split = None if split is None else split.upper()
@@ -116,6 +118,11 @@ def load_reuters(
                 continue
             tm = _TOPICS.search(story)
             labels = _D.findall(tm.group(1)) if tm else []
+            if topics is None:
+                tt = _TITLE.search(story)
+                title = normalize_space(_clean(tt.group(1))) if tt else None
+                table.add(doc_id, _body_text(body.group(1)), title=title, where=f"{f}:{line} (NEWID {doc_id})")
+                continue
             if not labels:
                 filtered["no_topic"] += 1
                 continue
@@ -130,15 +137,16 @@ def load_reuters(
             table.add(doc_id, _body_text(body.group(1)), title=title, label=labels[0],
                       where=f"{f}:{line} (NEWID {doc_id})")
     info = {
-        "topics": list(topics),
+        "topics": None if topics is None else list(topics),
         "split": split,
         "n_stories": n_stories,
         "filtered": dict(filtered),
         "label_counts": dict(Counter(table.labels).most_common()),
-        "definition": "stories with a BODY and exactly one TOPICS label in `topics`",
+        "definition": ("stories with a BODY and exactly one TOPICS label in `topics`" if topics is not None
+                       else "every story with a BODY (any TOPICS, no labels)"),
     }
     corpus = table.build(name, str(folder), info)
-    missing = [t for t in topics if t not in corpus.info["label_counts"]]
+    missing = [t for t in topics or () if t not in corpus.info["label_counts"]]
     if missing:
         raise DataError(f"{folder}: no story kept for topic(s) {missing}; check the topic names "
                         f"(e.g. {list(R5_TOPICS)})")

@@ -1,0 +1,182 @@
+"""gdr qg: fine-tuning a query generator (training/qg.py, gdr/cli/qg.py) with tiny random-init models."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gdr.lm import GENERATOR_FILE, GenerativeLM, PromptConfig
+from tests.tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
+from training.qg import QGModule, QGOptions, QGPairs, _collate, fine_tune_qg, freeze_below, split_pairs
+
+FAST = dict(max_epochs=100, batch_size=4, eval_batch_size=4, warmup_steps=0, enable_progress_bar=False, accelerator="cpu",
+            devices=1, log_every_n_steps=1, checkpoint_every_n_steps=1)
+
+
+def _pairs(n_copies: int = 4) -> QGPairs:
+    docs, queries, ids = [], [], []
+    for c in range(n_copies):
+        for i, (d, q) in enumerate(zip(DOCS, QUERIES)):
+            docs.append(d), queries.append(q), ids.append(f"d{c}-{i}")
+    return QGPairs(docs, queries, ids)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_t5], ids=["causal", "seq2seq"])
+def test_training_loss_is_eq1_of_the_scorer(make):
+    """The loss trains exactly what `score` measures: summed NLL of a pair == -log p(query | doc)."""
+    lm = make()
+    pairs = _pairs(1)
+    batch = _collate(lm.pad_id, lm.is_seq2seq)(
+        [(np.asarray(p), np.asarray(q)) for p, q in zip(lm.prompt_ids(pairs.docs), lm.query_ids(pairs.queries))])
+    module = QGModule(lm.model, 1e-3, 0.0, 0, lm.is_seq2seq)
+    with torch.no_grad():
+        nll, n = module._token_nll(batch)
+    want = -np.diag(lm.score(pairs.docs, pairs.queries, progress=False))
+    np.testing.assert_allclose(nll.numpy(), want, rtol=1e-4, atol=1e-3)
+    assert n.tolist() == [len(q) for q in lm.query_ids(pairs.queries)]
+
+
+def test_split_pairs_by_document():
+    p = QGPairs(["x"] * 60, [f"q{i}" for i in range(60)], [f"doc{i // 3}" for i in range(60)])  # 3 pairs per doc
+    tr, dev = split_pairs(p, 0.3, seed=1)
+    assert len(tr) + len(dev) == 60 and len(dev) > 0
+    assert not {p.doc_ids[i] for i in tr} & {p.doc_ids[i] for i in dev}
+    tr2, dev2 = split_pairs(p, 0.3, seed=1)
+    assert tr.tolist() == tr2.tolist() and dev.tolist() == dev2.tolist()
+    tr3, dev3 = split_pairs(p, 0.3, seed=1, dev_max=4)
+    assert len(dev3) <= 4 and not {p.doc_ids[i] for i in tr3} & {p.doc_ids[i] for i in dev3}
+    with pytest.raises(ValueError, match="dev_fraction"):
+        split_pairs(p, 1.0)
+
+
+def test_freeze_below_trains_only_the_top_block():
+    lm = tiny_llama()
+    counts = freeze_below(lm.model, 1)
+    trainable = {n for n, q in lm.model.named_parameters() if q.requires_grad}
+    assert trainable and all(n.startswith("model.layers.1.") or n == "model.norm.weight" for n in trainable)
+    assert "model.norm.weight" in trainable and counts["trainable"] < counts["total"]
+    with pytest.raises(ValueError, match="has 2 blocks"):
+        freeze_below(lm.model, 3)
+
+
+def test_fine_tune_raises_logp_exports_with_its_prompt_and_resumes(tmp_path):
+    lm = tiny_llama(seed=3)
+    pairs = _pairs(4)
+    before = np.diag(lm.score(pairs.docs, pairs.queries, progress=False)).mean()
+    frozen = {n: q.detach().clone() for n, q in lm.model.named_parameters() if n.startswith("model.layers.0.")}
+    res = fine_tune_qg(tmp_path / "qg", lm, pairs, QGOptions(lr=1e-2, max_steps=6, train_layers=1, **FAST),
+                       dev_fraction=0.25, seed=0)
+    assert res.global_step == 6 and res.n_dev > 0 and res.n_train + res.n_dev == len(pairs)
+    assert res.dev_loss is not None and res.dev_loss < res.dev_loss_before
+    for n, q in lm.model.named_parameters():  # frozen block untouched
+        if n in frozen:
+            assert torch.equal(q.detach(), frozen[n])
+    lm.model.eval()
+    after = lm.score(pairs.docs, pairs.queries, progress=False)
+    assert np.diag(after).mean() > before + 1.0
+    # The export loads by path with the prompt it was trained with, whatever the caller passes.
+    meta = json.loads((res.model_dir / GENERATOR_FILE).read_text())
+    assert meta["prompt"]["system"] == lm.prompt.system and meta["family"] == "causal"
+    other = PromptConfig(style="chat", system="something else", shots=[])
+    loaded = GenerativeLM(str(res.model_dir), prompt=other, max_doc_tokens=lm.max_doc_tokens, device="cpu")
+    assert loaded.prompt == lm.prompt
+    np.testing.assert_allclose(loaded.score(pairs.docs, pairs.queries, progress=False), after, rtol=1e-5, atol=1e-4)
+    # Resume: a second call with a larger budget continues from last.ckpt; the "before" figure is kept.
+    lm2 = tiny_llama(seed=3)
+    res2 = fine_tune_qg(tmp_path / "qg", lm2, pairs, QGOptions(lr=1e-2, max_steps=9, train_layers=1, **FAST),
+                        dev_fraction=0.25, seed=0)
+    assert res2.global_step == 9 and res2.dev_loss_before == res.dev_loss_before
+
+
+def test_fine_tune_seq2seq_and_same_seed_same_model(tmp_path):
+    runs = []
+    for k in range(2):
+        lm = tiny_t5(seed=1)
+        res = fine_tune_qg(tmp_path / f"r{k}", lm, _pairs(2), QGOptions(lr=1e-2, max_steps=3, **FAST),
+                           dev_fraction=0.0, seed=5)
+        assert res.dev_loss is None and res.global_step == 3
+        runs.append(lm.score(DOCS[:3], QUERIES[:3], progress=False))
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_saved_generator_file_is_checked(tmp_path):
+    from gdr.lm import saved_generator
+
+    (tmp_path / GENERATOR_FILE).write_text('{"prompt": {"style": "chat", "nope": 1}}')
+    with pytest.raises(ValueError, match="not a valid gdr generator file"):
+        saved_generator(str(tmp_path))
+    assert saved_generator(str(tmp_path / "absent")) is None
+
+
+def test_pairs_jsonl_errors_name_the_line(tmp_path):
+    from gdr.cli.qg import read_pairs_jsonl
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"doc": "a b c", "query": "a"}\n\n{"doc": "x", "query": ""}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:3: needs a non-empty string \"query\""):
+        read_pairs_jsonl(str(f))
+    f.write_text('{"doc": "a b c", "query": "a"}\n{"doc_id": "7", "query": "q"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2: needs \"doc\""):
+        read_pairs_jsonl(str(f))
+    f.write_text('{"doc": "a b c", "query": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match="p.jsonl:2: not JSON"):
+        read_pairs_jsonl(str(f))
+    f.write_text('{"doc": "a b c", "query": " a "}\n')
+    p = read_pairs_jsonl(str(f))
+    assert p.queries == ["a"] and p.docs == ["a b c"] and p.doc_ids == ["p.jsonl:1"]
+
+
+def _save_tiny(path):
+    lm = tiny_llama(seed=2)
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return path
+
+
+def test_gdr_qg_command_end_to_end(tmp_path, capsys):
+    from gdr.cli import main
+
+    base = _save_tiny(tmp_path / "base")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"doc": d, "query": q, "doc_id": f"d{c}-{i}"}) + "\n"
+                             for c in range(3) for i, (d, q) in enumerate(zip(DOCS, QUERIES))))
+    out = tmp_path / "out"
+    rc = main(["qg", f"qg.pairs={pairs}", f"model.name={base}", "model.max_doc_tokens=24", f"out={out}",
+               "qg.train.max_steps=2", "qg.train.max_epochs=5", "qg.train.batch_size=4", "qg.dev_fraction=0.3", "device=cpu",
+               "progress=false", "qg.train.accelerator=cpu", "qg.lowercase=true"])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["global_step"] == 2 and last["n_dev"] > 0
+    man = json.loads((out / "qg.manifest.json").read_text())
+    assert man["prompt"]["shots"] == [] and man["pairs"]["pairs"] == 18
+    assert (out / "qg.config.yaml").exists() and (out / "model" / GENERATOR_FILE).exists()
+    lm = GenerativeLM(str(out / "model"), max_doc_tokens=24, device="cpu")
+    assert lm.prompt.shots == [] and np.isfinite(lm.score(DOCS[:2], QUERIES[:2], progress=False)).all()
+
+
+def test_gdr_qg_refuses_eval_splits_and_bad_sources(capsys):
+    from gdr.cli import main
+
+    assert main(["qg", "qg.pairs=queries", "queries.split=test"]) == 2
+    assert "queries.split=test" in capsys.readouterr().err
+    assert main(["qg", "qg.pairs=nope.jsonl"]) == 2
+    assert "qg.pairs=nope.jsonl" in capsys.readouterr().err
+
+
+def test_title_pairs_exclude_r2_from_r5():
+    """Real data: R5 title pairs minus every R2 story (and so its title)."""
+    from gdr.cli.qg import build_pairs
+    from gdr.config import load_config
+    from gdr.data import load_corpus
+
+    cfg = load_config("qg", ["data=r5", "qg.exclude=[r2]"])
+    pairs, info = build_pairs(cfg)
+    r2 = set(load_corpus("r2").doc_ids)
+    assert len(pairs) > 500 and not r2 & set(pairs.doc_ids)
+    r5 = load_corpus("r5")
+    title = dict(zip(r5.doc_ids, r5.titles))
+    text = dict(zip(r5.doc_ids, r5.texts))
+    assert all(title[d] == q and text[d] == doc for d, q, doc in zip(pairs.doc_ids[:50], pairs.queries, pairs.docs))
+    assert info["excluded_docs"] == len(r2) and info["pairs"] == len(pairs)

@@ -1,0 +1,354 @@
+"""Fine-tune a query generator (DSI-QG / NCI style): teach an LM to write queries for documents.
+
+``fine_tune_qg(...)`` trains any model :class:`gdr.lm.GenerativeLM` can score with (causal, e.g. the
+bundled ``smollm2-135m``, or seq2seq, e.g. T5 by hub id or path) on (document, query) pairs, with the
+exact input format it will be sampled and scored with: the prompt tokens of ``GenerativeLM.prompt_ids``
+followed by the query tokens of ``GenerativeLM.query_ids`` (query + end-of-sequence), cross-entropy on
+the query tokens only. So the loss is -log p(query | doc) of Eq. (1) divided by the query's length, and
+the exported model scores P with the same prompt it was trained with.
+
+Run folder layout (``gdr qg``)::
+
+    out_dir/
+      pairs.manifest.json       where the pairs came from, counts, the train/dev split by document
+      model/                    save_pretrained() checkpoint + tokenizer + gdr_generator.json (the prompt)
+      checkpoints/last.ckpt     resume point; checkpoints/best-*.ckpt lowest dev loss
+      logs/version_N/metrics.csv
+      qg.manifest.json          dev loss before and after, steps, seconds
+
+The dev part is held out **by document** (a seeded hash of the doc id, :func:`gdr.data.titles.split_of`),
+so no document is seen in training and dev. ``model.name=out_dir/model`` then works in every command.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gdr.io import atomic_write_text
+from gdr.lm import GENERATOR_FILE
+from training.data import EpochSampler, TokenStore
+from training.module import linear_warmup_decay
+from training.train import _precision
+
+log = logging.getLogger(__name__)
+
+__all__ = ["QGOptions", "QGResult", "QGPairs", "fine_tune_qg", "split_pairs", "export_generator"]
+
+
+@dataclass
+class QGOptions:
+    """Optimiser and trainer settings of ``gdr qg`` (``conf/qg.yaml``, section ``qg.train``)."""
+
+    train_layers: int | None = None  # None: every weight; N: only the last N blocks (of the decoder) and the
+    # final norm, embeddings frozen: backward stops at the first trained block (about 2x faster on CPU)
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    batch_size: int = 16
+    eval_batch_size: int = 32
+    max_epochs: int = 1
+    max_steps: int = -1
+    val_check_interval: float | int | None = None  # None = once per epoch; an int = every that many steps
+    patience: int = 0  # > 0: stop when the dev loss has not improved for that many validations
+    gradient_clip_val: float = 1.0
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    strategy: str = "auto"
+    precision: str | None = None  # None: bf16-mixed on a GPU, 32-true on CPU
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int | None = 50
+    resume: bool = True
+    enable_progress_bar: bool = True
+
+
+@dataclass
+class QGPairs:
+    """(document, query) training pairs: ``docs[i]`` was answered by ``queries[i]``; ``doc_ids[i]`` names it."""
+
+    docs: list[str]
+    queries: list[str]
+    doc_ids: list[str]
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    def take(self, idx: np.ndarray) -> "QGPairs":
+        return QGPairs([self.docs[i] for i in idx], [self.queries[i] for i in idx], [self.doc_ids[i] for i in idx])
+
+
+@dataclass
+class QGResult:
+    out_dir: Path
+    model_dir: Path
+    dev_loss_before: float | None  # mean NLL per query token on the dev pairs, before fine-tuning
+    dev_loss: float | None  # the same for the exported model (lowest dev loss seen)
+    dev_nll_per_query_before: float | None  # -mean log p(query | doc), the P scale
+    dev_nll_per_query: float | None
+    global_step: int
+    n_train: int
+    n_dev: int
+    n_params: dict[str, int]
+
+
+def split_pairs(pairs: QGPairs, dev_fraction: float, seed: int = 0, dev_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the train and dev pairs: dev = the pairs of a seeded ``dev_fraction`` of the documents
+    (hash of the doc id, so the split does not move when pairs are added), capped at ``dev_max`` pairs."""
+    from gdr.data.titles import split_of
+
+    if not 0.0 <= dev_fraction < 1.0:
+        raise ValueError(f"dev_fraction={dev_fraction}; use a number in [0, 1)")
+    uniq, inv = np.unique(np.asarray(pairs.doc_ids, dtype=object).astype(str), return_inverse=True)
+    where = np.asarray(split_of(uniq.tolist(), seed, (1.0 - dev_fraction, dev_fraction, 0.0)), dtype=object)
+    is_dev = where[inv] == "dev"
+    dev = np.flatnonzero(is_dev)
+    if dev_max is not None and len(dev) > dev_max:
+        # keep whole documents: the first dev documents (in hash order) until dev_max pairs
+        dev = dev[:dev_max]
+        is_dev[:] = False
+        is_dev[dev] = True
+        keep_docs = set(inv[dev].tolist())
+        is_train = ~np.isin(inv, list(keep_docs)) & ~is_dev
+        return np.flatnonzero(is_train), dev
+    return np.flatnonzero(~is_dev), dev
+
+
+class _PairData(Dataset):
+    def __init__(self, prompts: TokenStore, queries: TokenStore):
+        self.prompts, self.queries = prompts, queries
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    def __getitem__(self, i: int):
+        return self.prompts[i], self.queries[i]
+
+
+def _collate(pad_id: int, seq2seq: bool):
+    def collate(batch):
+        prompts, queries = zip(*batch)
+        if seq2seq:
+            src = [np.asarray(p) for p in prompts]
+            tgt = [np.asarray(q) for q in queries]
+        else:
+            src = [np.concatenate([p, q]) for p, q in zip(prompts, queries)]
+            tgt = None
+        n = max(len(s) for s in src)
+        ids = torch.full((len(src), n), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(src), n), dtype=torch.long)
+        for r, s in enumerate(src):  # batch assembly (collate), not a numeric hot path
+            ids[r, :len(s)] = torch.from_numpy(s.astype(np.int64))
+            mask[r, :len(s)] = 1
+        if seq2seq:
+            m = max(len(t) for t in tgt)
+            labels = torch.full((len(tgt), m), -100, dtype=torch.long)
+            for r, t in enumerate(tgt):
+                labels[r, :len(t)] = torch.from_numpy(t.astype(np.int64))
+        else:  # loss on the query tokens (and their end-of-sequence token) only
+            labels = ids.masked_fill(mask == 0, -100)
+            plen = torch.tensor([len(p) for p in prompts])
+            labels[torch.arange(n)[None, :] < plen[:, None]] = -100
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return collate
+
+
+class QGModule(pl.LightningModule):
+    """Cross-entropy on query tokens; validation logs ``val/loss`` (per token) and ``val/nll_query``."""
+
+    def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, seq2seq: bool):
+        super().__init__()
+        self.model = model
+        self.seq2seq = seq2seq
+        self.save_hyperparameters(ignore=["model"])
+        self._val: list[torch.Tensor] = []
+
+    def _token_nll(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed NLL per sequence (B,) and scored tokens per sequence (B,)."""
+        labels = batch["labels"]
+        if self.seq2seq:
+            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                labels=labels).logits
+            tgt = labels
+        else:
+            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+            tgt = labels[:, 1:]
+        valid = tgt != -100
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, tgt.clamp_min(0)[..., None])[..., 0]
+        return -(lp * valid).sum(-1), valid.sum(-1)
+
+    def training_step(self, batch, batch_idx):
+        nll, n = self._token_nll(batch)
+        loss = nll.sum() / n.sum().clamp_min(1)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(n))
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        nll, n = self._token_nll(batch)
+        self._val.append(torch.stack([nll.sum(), n.sum().float(), torch.tensor(float(len(n)), device=nll.device)]))
+
+    def on_validation_epoch_end(self):
+        if not self._val:
+            return
+        s = torch.stack(self._val).sum(0)
+        s = self.all_gather(s).reshape(-1, 3).sum(0) if self.trainer.world_size > 1 else s
+        self._val.clear()
+        self.log("val/loss", s[0] / s[1].clamp_min(1), prog_bar=True, sync_dist=False)
+        self.log("val/nll_query", s[0] / s[2].clamp_min(1), sync_dist=False)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim >= 2]
+        rest = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": h.weight_decay},
+                                 {"params": rest, "weight_decay": 0.0}], lr=h.lr)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(h.warmup_steps, max(total, 1)))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def freeze_below(model, n_layers: int | None) -> dict[str, int]:
+    """Train only the last ``n_layers`` transformer blocks (the decoder's, for seq2seq) and the norms outside
+    the blocks; ``None`` trains everything. Returns trainable / total parameter counts."""
+    import torch.nn as nn
+
+    if n_layers is not None:
+        seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+        lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+                 and (not seq2seq or "decoder" in n)]
+        if not lists:
+            raise ValueError(f"{type(model).__name__}: found no list of transformer blocks; use train_layers=null")
+        name, blocks = max(lists, key=lambda nm: len(nm[1]))
+        if not 1 <= n_layers <= len(blocks):
+            raise ValueError(f"train_layers={n_layers}; the model has {len(blocks)} blocks ({name})")
+        keep = tuple(f"{name}.{i}." for i in range(len(blocks) - n_layers, len(blocks)))
+        in_block = f"{name}."
+        for pname, p in model.named_parameters():
+            outer_norm = "norm" in pname and not pname.startswith(in_block) and (not seq2seq or "decoder" in pname)
+            p.requires_grad_(pname.startswith(keep) or outer_norm)
+    total = sum(p.numel() for p in model.parameters())
+    return {"trainable": sum(p.numel() for p in model.parameters() if p.requires_grad), "total": total}
+
+
+def _stores(lm, pairs: QGPairs) -> tuple[TokenStore, TokenStore]:
+    return TokenStore.from_lists(lm.prompt_ids(pairs.docs)), TokenStore.from_lists(lm.query_ids(pairs.queries))
+
+
+def _dev_figures(trainer: pl.Trainer) -> tuple[float | None, float | None]:
+    m = trainer.callback_metrics
+    loss, per_q = m.get("val/loss"), m.get("val/nll_query")
+    return (None if loss is None else float(loss)), (None if per_q is None else float(per_q))
+
+
+def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOptions = QGOptions(),
+                 dev_fraction: float = 0.05, dev_max: int | None = 1000, seed: int = 0,
+                 callbacks: Sequence[pl.Callback] = ()) -> QGResult:
+    """Fine-tune ``lm.model`` (a :class:`gdr.lm.GenerativeLM`) on ``pairs``; export to ``out_dir/model``.
+
+    The export is a ``save_pretrained`` checkpoint of the lowest-dev-loss state (the last state when
+    there is no dev part) with ``gdr_generator.json``: the prompt and ``max_doc_tokens`` it was trained
+    with, which :class:`gdr.lm.GenerativeLM` applies whenever it loads that folder. A killed run resumes
+    from ``checkpoints/last.ckpt`` (same batch order: the shuffle depends on seed and epoch only).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if len(pairs) == 0:
+        raise ValueError("no training pairs; check the pair source (qg.pairs) and qg.exclude")
+    pl.seed_everything(seed, workers=True)
+    tr_idx, dev_idx = split_pairs(pairs, dev_fraction, seed, dev_max)
+    if len(tr_idx) == 0:
+        raise ValueError(f"all {len(pairs)} pairs fell in the dev part; lower qg.dev_fraction")
+    train_p, dev_p = _stores(lm, pairs.take(tr_idx)), _stores(lm, pairs.take(dev_idx)) if len(dev_idx) else None
+    o = options
+    coll = _collate(lm.pad_id, lm.is_seq2seq)
+    train_dl = DataLoader(_PairData(*train_p), batch_size=o.batch_size, sampler=EpochSampler(len(tr_idx), seed),
+                          collate_fn=coll)
+    dev_dl = DataLoader(_PairData(*dev_p), batch_size=o.eval_batch_size, shuffle=False, collate_fn=coll) if dev_p else None
+    lm.model.train()
+    counts = freeze_below(lm.model, o.train_layers)
+    log.info("query generator parameters: %s", counts)
+    module = QGModule(lm.model, o.lr, o.weight_decay, o.warmup_steps, lm.is_seq2seq)
+    ckpt_dir = out / "checkpoints"
+    last_ckpt = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
+                                             enable_version_counter=False,
+                                             every_n_train_steps=o.checkpoint_every_n_steps, save_weights_only=False)
+    best_ckpt = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="best-{step}", monitor="val/loss", mode="min",
+                                             save_top_k=1, auto_insert_metric_name=False,
+                                             save_weights_only=True) if dev_dl else None
+    cbs = [*([best_ckpt] if best_ckpt else []), last_ckpt, *callbacks]
+    if dev_dl and o.patience > 0:
+        cbs.append(pl.callbacks.EarlyStopping(monitor="val/loss", mode="min", patience=o.patience))
+    trainer = pl.Trainer(
+        default_root_dir=out, max_epochs=o.max_epochs, max_steps=o.max_steps, accelerator=o.accelerator,
+        devices=o.devices, strategy=o.strategy, precision=_precision(o.precision, o.accelerator),
+        gradient_clip_val=o.gradient_clip_val, val_check_interval=o.val_check_interval,
+        limit_val_batches=1.0 if dev_dl else 0, num_sanity_val_steps=0, log_every_n_steps=o.log_every_n_steps,
+        callbacks=cbs, logger=[pl.loggers.CSVLogger(out, name="logs")], enable_progress_bar=o.enable_progress_bar,
+        enable_model_summary=False,
+    )
+    last = ckpt_dir / "last.ckpt"
+    resume = str(last) if (o.resume and last.exists()) else None
+    state_path = out / "qg.state.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    if dev_dl and "dev_loss_before" not in state:
+        trainer.validate(module, dataloaders=dev_dl, verbose=False)
+        state["dev_loss_before"], state["dev_nll_per_query_before"] = _dev_figures(trainer)
+        atomic_write_text(state_path, json.dumps(state))
+        log.info("dev loss before fine-tuning: %.4f per token, %.3f nats per query",
+                 state["dev_loss_before"], state["dev_nll_per_query_before"])
+    if resume:
+        log.info("resuming from %s", resume)
+    trainer.fit(module, train_dataloaders=train_dl, val_dataloaders=dev_dl, ckpt_path=resume)
+
+    best = (best_ckpt.best_model_path or None) if best_ckpt else None
+    if best_ckpt and not best:
+        found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+        best = str(found[-1]) if found else None
+    if best:
+        module.load_state_dict(torch.load(best, map_location="cpu", weights_only=False)["state_dict"])
+    dev_loss = dev_per_q = None
+    if dev_dl:  # the exported state's dev figures, measured (not read from a callback)
+        trainer_eval = pl.Trainer(accelerator=o.accelerator, devices=1, logger=False, enable_progress_bar=False,
+                                  precision=_precision(o.precision, o.accelerator), enable_model_summary=False)
+        trainer_eval.validate(module, dataloaders=dev_dl, verbose=False)
+        dev_loss, dev_per_q = _dev_figures(trainer_eval)
+    model_dir = out / "model"
+    if trainer.is_global_zero:
+        export_generator(lm, model_dir)
+    step = int(trainer.global_step)
+    if step == 0 and last.exists():
+        step = int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
+    return QGResult(out, model_dir, state.get("dev_loss_before"), dev_loss, state.get("dev_nll_per_query_before"),
+                    dev_per_q, step, len(tr_idx), len(dev_idx), counts)
+
+
+def export_generator(lm, model_dir: str | os.PathLike) -> Path:
+    """``save_pretrained`` the model and tokenizer, plus the prompt it must be used with (atomic)."""
+    import shutil
+    import tempfile
+
+    model_dir = Path(model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=model_dir.parent, prefix=".model-"))
+    try:
+        lm.model.cpu().eval()
+        lm.model.save_pretrained(tmp)
+        lm.tokenizer.save_pretrained(tmp)
+        atomic_write_text(tmp / GENERATOR_FILE, json.dumps(
+            {"prompt": asdict(lm.prompt), "max_doc_tokens": lm.max_doc_tokens, "base_model": lm.name,
+             "family": "seq2seq" if lm.is_seq2seq else "causal"}, indent=2))
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        os.replace(tmp, model_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return model_dir
