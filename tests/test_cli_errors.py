@@ -63,7 +63,7 @@ CASES = {
         (["sample", "progress=flase"], "progress=flase", "true or false"),
     ],
     "unknown name": [
-        (["sample", "data.name=reuters"], "data.name=reuters", "unknown corpus"),
+        (["sample", "data.name=reuter"], "data.name=reuter", "unknown corpus"),
         (["score", "model.name=smollm2-13m"], "model.name=smollm2-13m", "did you mean smollm2-135m"),
         (["index", "method=kmeans", "run={run}"], "method=kmeans", "gc | hkmi | bmi | random | atomic"),
         (["index", "run={run}", "gc.proposal=mean"], "gc.proposal=mean", "power | naive"),
@@ -84,7 +84,7 @@ CASES = {
         (["sample", "sample.nqueries=3"], "sample.nqueries", "did you mean sample.n_queries"),
         (["train", "docids={docids}", "trainer.batchsize=3"], "trainer.batchsize", "did you mean trainer.batch_size"),
         (["index", "gc.alpa=1"], "gc.alpa", "did you mean gc.alpha"),
-        (["cluster", "data=reuters"], "data/reuters", "r5"),
+        (["cluster", "data=r6"], "data/r6", "r5"),
     ],
     "missing mandatory": [
         (["train"], "docids=???", "set docids="),
