@@ -180,3 +180,17 @@ def test_title_pairs_exclude_r2_from_r5():
     text = dict(zip(r5.doc_ids, r5.texts))
     assert all(title[d] == q and text[d] == doc for d, q, doc in zip(pairs.doc_ids[:50], pairs.queries, pairs.docs))
     assert info["excluded_docs"] == len(r2) and info["pairs"] == len(pairs)
+
+
+def test_query_pairs_use_the_train_split_only():
+    """Real data: Cranfield pairs come from its train queries, one per (query, relevant document)."""
+    from gdr.cli.qg import build_pairs
+    from gdr.config import load_config
+    from gdr.data import load_queries
+
+    pairs, info = build_pairs(load_config("qg", ["data=cranfield", "qg.pairs=queries"]))
+    qs = load_queries("cranfield")
+    train, held = qs.filter("train"), [qs.filter(s) for s in qs.split_names if s != "train"]
+    assert len(pairs) == sum(len(r) for r in train.relevant) and set(pairs.queries) <= set(train.texts)
+    assert not set(pairs.queries) & {t for h in held for t in h.texts}
+    assert info["source"] == "queries" and info["documents"] == len(set(pairs.doc_ids))
