@@ -194,3 +194,35 @@ def test_query_pairs_use_the_train_split_only():
     assert len(pairs) == sum(len(r) for r in train.relevant) and set(pairs.queries) <= set(train.texts)
     assert not set(pairs.queries) & {t for h in held for t in h.texts}
     assert info["source"] == "queries" and info["documents"] == len(set(pairs.doc_ids))
+
+
+class _Kill(Exception):
+    pass
+
+
+class _KillAt:
+    """Lightning callback that dies after optimiser step ``step`` (a stand-in for kill -9 after a checkpoint)."""
+
+    def __new__(cls, step):
+        import pytorch_lightning as pl
+
+        class K(pl.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                if trainer.global_step == step:
+                    raise _Kill()
+        return K()
+
+
+def test_killed_fine_tune_resumes_to_the_uninterrupted_model(tmp_path):
+    pairs = _pairs(4)
+    opts = QGOptions(lr=1e-2, max_steps=8, **FAST)  # 5 batches per epoch: the resumed run crosses an epoch
+    ref = tiny_llama(seed=4)
+    fine_tune_qg(tmp_path / "ref", ref, pairs, opts, dev_fraction=0.25, seed=0)
+    lm = tiny_llama(seed=4)
+    with pytest.raises(_Kill):
+        fine_tune_qg(tmp_path / "run", lm, pairs, opts, dev_fraction=0.25, seed=0, callbacks=[_KillAt(3)])
+    lm = tiny_llama(seed=4)  # a fresh process: the model comes back from last.ckpt
+    res = fine_tune_qg(tmp_path / "run", lm, pairs, opts, dev_fraction=0.25, seed=0)
+    assert res.global_step == 8
+    for (n, a), (_, b) in zip(ref.model.named_parameters(), lm.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)

@@ -238,6 +238,32 @@ def freeze_below(model, n_layers: int | None) -> dict[str, int]:
     return {"trainable": sum(p.numel() for p in model.parameters() if p.requires_grad), "total": total}
 
 
+class _ResumeSampler(EpochSampler):
+    """:class:`EpochSampler` that, in the epoch a run was killed in, skips the ``skip`` examples it had
+    already trained on, so a resumed run sees exactly the batches an uninterrupted one would. The
+    length stays the full epoch: Lightning's loop, restored to the killed batch index, ends the epoch
+    when the iterator is exhausted."""
+
+    def __init__(self, n: int, seed: int = 0, resume_epoch: int = -1, skip: int = 0):
+        super().__init__(n, seed)
+        self.resume_epoch, self.skip = resume_epoch, skip
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        if self.epoch == self.resume_epoch and self.skip:
+            order = order[self.skip:]
+            self.resume_epoch, self.skip = -1, 0
+        return iter(order.tolist())
+
+
+def _resume_point(ckpt: Path, n_train: int, batch_size: int) -> tuple[int, int]:
+    """(epoch, examples of that epoch already trained on) of a Lightning checkpoint."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    epoch, step = int(state.get("epoch", 0)), int(state.get("global_step", 0))
+    per_epoch = math.ceil(n_train / batch_size)
+    return epoch, max(0, step - epoch * per_epoch) * batch_size
+
+
 def _stores(lm, pairs: QGPairs) -> tuple[TokenStore, TokenStore]:
     return TokenStore.from_lists(lm.prompt_ids(pairs.docs)), TokenStore.from_lists(lm.query_ids(pairs.queries))
 
@@ -256,7 +282,9 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
     The export is a ``save_pretrained`` checkpoint of the lowest-dev-loss state (the last state when
     there is no dev part) with ``gdr_generator.json``: the prompt and ``max_doc_tokens`` it was trained
     with, which :class:`gdr.lm.GenerativeLM` applies whenever it loads that folder. A killed run resumes
-    from ``checkpoints/last.ckpt`` (same batch order: the shuffle depends on seed and epoch only).
+    from ``checkpoints/last.ckpt`` with the batches an uninterrupted run would have seen next (the
+    shuffle depends on seed and epoch only; the batches of the killed epoch already trained on are
+    skipped), so it ends with the same weights (tested).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,8 +297,11 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
     train_p, dev_p = _stores(lm, pairs.take(tr_idx)), _stores(lm, pairs.take(dev_idx)) if len(dev_idx) else None
     o = options
     coll = _collate(lm.pad_id, lm.is_seq2seq)
-    train_dl = DataLoader(_PairData(*train_p), batch_size=o.batch_size, sampler=EpochSampler(len(tr_idx), seed),
-                          collate_fn=coll)
+    last = out / "checkpoints" / "last.ckpt"
+    resume = str(last) if (o.resume and last.exists()) else None
+    r_epoch, r_skip = _resume_point(last, len(tr_idx), o.batch_size) if resume else (-1, 0)
+    train_dl = DataLoader(_PairData(*train_p), batch_size=o.batch_size,
+                          sampler=_ResumeSampler(len(tr_idx), seed, r_epoch, r_skip), collate_fn=coll)
     dev_dl = DataLoader(_PairData(*dev_p), batch_size=o.eval_batch_size, shuffle=False, collate_fn=coll) if dev_p else None
     lm.model.train()
     counts = freeze_below(lm.model, o.train_layers)
@@ -294,8 +325,6 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
         callbacks=cbs, logger=[pl.loggers.CSVLogger(out, name="logs")], enable_progress_bar=o.enable_progress_bar,
         enable_model_summary=False,
     )
-    last = ckpt_dir / "last.ckpt"
-    resume = str(last) if (o.resume and last.exists()) else None
     state_path = out / "qg.state.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {}
     if dev_dl and "dev_loss_before" not in state:
@@ -305,7 +334,7 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
         log.info("dev loss before fine-tuning: %.4f per token, %.3f nats per query",
                  state["dev_loss_before"], state["dev_nll_per_query_before"])
     if resume:
-        log.info("resuming from %s", resume)
+        log.info("resuming from %s (epoch %d, %d examples of it done)", resume, r_epoch, r_skip)
     trainer.fit(module, train_dataloaders=train_dl, val_dataloaders=dev_dl, ckpt_path=resume)
 
     best = (best_ckpt.best_model_path or None) if best_ckpt else None
