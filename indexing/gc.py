@@ -11,7 +11,8 @@ At a node with documents D~ (rows of the root log P, of shape (n_docs, J)):
    proportional to ``r_j = (phi~_j / phi_j)^alpha`` (phi = global); ``P~ = P[:, idx]`` and
    ``log W~ = alpha (log P~ - log phi~[idx])``; P is never recomputed. The root does not
    resample by default (it runs Algorithm 1; ``bootstrap_root=True`` resamples it uniformly);
-4. ``fit_generative(P~, W~, K)`` from :mod:`gdr.cluster`.
+4. ``fit_generative(P~, W~, K)`` from :mod:`gdr.cluster` (by default greedy k-means++ seeding, the
+   best of ``n_init`` runs by total distortion, then split/merge moves; ``init="random"`` is Eq. init).
 
 Exact duplicates. Rows identical on the node's columns are clustered once, with their
 multiplicity folded into the weights (``log W += log m``: the distortion of a row scales by m,
@@ -40,7 +41,7 @@ import torch
 from scipy.special import logsumexp
 from tqdm.auto import tqdm
 
-from gdr.cluster import centroid_update, distortion_matrix, fit_generative, log_proposal, log_weights
+from gdr.cluster import _INITS, centroid_update, distortion_matrix, fit_generative, log_proposal, log_weights
 from indexing.pmatrix import PMatrix
 from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 
@@ -53,6 +54,7 @@ __all__ = [
     "row_groups",
     "GCSplitter",
     "build_gc_index",
+    "partition_distortion",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,8 +76,9 @@ class GCOptions:
     localized: re-estimate phi~ on each node's documents (else every node uses the global phi).
     bootstrap: resample the J columns at each node by Eq. resampling (else use all J as they are).
     bootstrap_root: also resample at the root (r_j = 1 there: a uniform bootstrap).
-    init, n_init, max_iter, tol: passed to ``fit_generative``; ``n_init`` at the root,
-        ``n_init_inner`` below it.
+    init, n_init, max_iter, tol, split_merge: passed to ``fit_generative``; ``n_init`` at the root,
+        ``n_init_inner`` below it. ``init``: "greedy-k-means++" (default), "random" (Eq. init) or
+        "k-means++" (Appendix); ``split_merge``: null = on for "greedy-k-means++" only.
     dedupe: cluster identical rows once (weighted by multiplicity).
     device: torch device of the kernel.
     memory_mb: working-set budget of one node; larger nodes are fitted on a row sample and
@@ -93,7 +96,7 @@ class GCOptions:
     localized: bool = True
     bootstrap: bool = True
     bootstrap_root: bool = False
-    init: str = "random"
+    init: str = "greedy-k-means++"
     n_init: int = 10
     n_init_inner: int = 3
     max_iter: int = 100
@@ -104,6 +107,7 @@ class GCOptions:
     chunk_rows: int = 2048
     refine_max_iter: int = 30
     torch_threads: int | None = 1
+    split_merge: bool | None = None
 
     def validate(self) -> None:
         if self.alpha != "auto" and not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
@@ -115,8 +119,11 @@ class GCOptions:
             raise ValueError(f"gc.clip_sigma must be > 0 or null (no clipping); got {self.clip_sigma}")
         if self.proposal not in ("power", "naive"):
             raise ValueError(f"gc.proposal must be 'power' or 'naive'; got {self.proposal!r}")
-        if self.init not in ("random", "k-means++"):
-            raise ValueError(f"gc.init must be 'random' or 'k-means++'; got {self.init!r}")
+        if self.init not in _INITS:
+            raise ValueError(f"gc.init must be one of {', '.join(_INITS)}; got {self.init!r}")
+        if self.split_merge is not None and not isinstance(self.split_merge, bool):
+            raise ValueError(f"gc.split_merge must be true, false or null (on for greedy-k-means++); "
+                             f"got {self.split_merge!r}")
         for name in ("n_init", "n_init_inner", "max_iter", "chunk_rows"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"gc.{name} must be >= 1; got {getattr(self, name)}")
@@ -325,9 +332,11 @@ class GCSplitter:
         else:
             xs_u, lw_u = xs, log_w
         res = fit_generative(xs_u, lw_u, min(k, u), init=self.opt.init, n_init=n_init, max_iter=self.opt.max_iter,
-                             tol=self.opt.tol, seed=seed, device=self.opt.device)
+                             tol=self.opt.tol, seed=seed, device=self.opt.device, split_merge=self.opt.split_merge)
         info = {"distortion": float(res.distortion), "n_iter": int(res.n_iter), "converged": bool(res.converged),
                 "n_distinct": u}
+        if res.distortion_before_moves is not None:
+            info["split_merge_moves"] = int(res.n_moves)
         return _Fit(labels=np.asarray(res.labels, dtype=np.int64)[inverse], log_c=np.asarray(res.log_centroids),
                     info=info)
 
@@ -426,7 +435,9 @@ class GCSplitter:
               labels: np.ndarray | None = None):
         """One streamed pass: assign with ``log_c`` (or take ``labels``); per-cluster log sums of W rows.
 
-        Returns labels (n,), total distortion, and ``acc`` (k, J) float64 with
+        With both ``log_c`` and ``labels``, the labels are kept and the total distortion is that of
+        ``labels`` under ``log_c``. Returns labels (n,), total distortion (0 without ``log_c``), and
+        ``acc`` (k, J) float64 with
         ``acc[k, j] = log sum_{i in k} W~_ij`` (-inf for an empty cluster). Per chunk, the sums are
         one (k, b) @ (b, J) product of row-scaled weights with ``V = exp(log W~ - row max)`` in (0, 1].
         """
@@ -443,11 +454,12 @@ class GCSplitter:
             xs = x if identity else x[:, cols]                                   # (b, J)
             del x
             lw = log_weights(xs, lphi, self.opt.alpha)                          # (b, J) float32
-            if labels is None:
+            if log_c is not None:
                 d = distortion_matrix(xs, lw, log_c)                             # (b, k) float64
-                lab = d.argmin(axis=1)
+                lab = d.argmin(axis=1) if labels is None else labels[off:off + b]
                 total += float(d[np.arange(b), lab].sum())
-                out[off:off + b] = lab
+                if labels is None:
+                    out[off:off + b] = lab
                 del d
             else:
                 lab = labels[off:off + b]
@@ -463,6 +475,31 @@ class GCSplitter:
                 part = np.log((onehot @ v).astype(np.float64)) + rk[:, None]     # (k, J) log sums of the chunk
             np.logaddexp(acc, part, out=acc)
         return out, total, acc
+
+
+def partition_distortion(pmatrix: PMatrix, tree: IndexTree, labels: np.ndarray,
+                         options: GCOptions | None = None) -> float:
+    """Total distortion at the root of ``tree`` of a given partition of all documents (e.g. planted labels).
+
+    Uses the root's clip bounds, global phi and columns (as stored in ``tree``) and the partition's
+    own centroids (Eq. optim-centroid), in two streamed passes of ``chunk_rows`` rows, so it is
+    directly comparable with the root's fitted ``info["distortion"]``. Labels are not used by the
+    fit; this is for benchmarks and diagnostics.
+    """
+    options = options or GCOptions(**{k: v for k, v in tree.meta["options"].items()
+                                      if k in GCOptions.__dataclass_fields__})
+    labels = np.asarray(labels, dtype=np.int64)
+    stats = RootStats(clip_upper=tree.meta["clip_upper"], log_phi=np.asarray(tree.meta["log_phi"]))
+    sp = GCSplitter(pmatrix, stats, options, seed=int(tree.meta.get("seed") or 0))
+    root = tree.nodes[0]
+    cols = np.asarray(root.state["columns"]) if root.state else np.arange(pmatrix.n_cols)
+    lphi = stats.log_phi[cols]
+    rows = np.arange(pmatrix.n_rows)
+    _, _, acc = sp._pass(rows, cols, lphi, labels=labels)
+    with np.errstate(invalid="ignore"):
+        log_c = acc - logsumexp(acc, axis=1, keepdims=True)                  # Eq. optim-centroid
+    _, total, _ = sp._pass(rows, cols, lphi, log_c=log_c, labels=labels)
+    return float(total)
 
 
 def _is_identity(cols: np.ndarray) -> bool:

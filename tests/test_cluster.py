@@ -200,7 +200,7 @@ def reference_lloyd(lp, lw, init_idx, max_iter=100, tol=1e-6):
 def test_kernel_matches_plain_numpy_reference():
     lp, _ = planted(n=200, j=20, k=4, sep=1.0, noise=1.0, seed=3)   # overlapping: several iterations
     c, lw = pipeline(lp)
-    res = fit_generative(c, lw, 4, n_init=1, seed=7, dtype=F64)
+    res = fit_generative(c, lw, 4, init="random", n_init=1, seed=7, dtype=F64)   # Algorithm 1 exactly
     labels, log_c, hist = reference_lloyd(c, lw, res.init_indices)
     assert len(hist) > 2
     np.testing.assert_allclose(res.distortion_history, hist, rtol=1e-10)
@@ -216,7 +216,7 @@ def test_distortion_never_increases(dtype):
     lp = rng.normal(-50, 3, (400, 32))
     c, lw = pipeline(lp)
     for seed in range(4):
-        for init in ("random", "k-means++"):
+        for init in ("random", "k-means++", "greedy-k-means++"):   # the last with split/merge moves
             res = fit_generative(c, lw, 6, init=init, n_init=1, seed=seed, dtype=dtype, tol=0.0)
             h = np.asarray(res.distortion_history)
             slack = 1e-6 * np.abs(h[:-1]) if dtype == torch.float32 else 1e-10 * np.abs(h[:-1])
@@ -226,11 +226,15 @@ def test_distortion_never_increases(dtype):
 
 def test_n_init_selects_lowest_distortion_and_same_seed_same_labels():
     lp, _ = planted(n=150, j=16, k=5, sep=1.5, seed=5)
-    a = GenerativeClustering(5, n_init=4, seed=11).fit(lp)
-    b = GenerativeClustering(5, n_init=4, seed=11).fit(lp)
+    a = GenerativeClustering(5, init="random", n_init=4, seed=11).fit(lp)
+    b = GenerativeClustering(5, init="random", n_init=4, seed=11).fit(lp)
     np.testing.assert_array_equal(a.labels_, b.labels_)
     assert a.distortion_ == b.distortion_ == min(a.all_distortions_)
     assert len(a.all_distortions_) == 4
+    assert a.result_.n_moves == 0 and a.result_.distortion_before_moves is None   # no moves with "random"
+    d = GenerativeClustering(5, n_init=4, seed=11).fit(lp)                          # default: moves after selection
+    assert d.result_.distortion_before_moves == min(d.all_distortions_)
+    assert d.distortion_ <= min(d.all_distortions_)
     g = GenerativeClustering(5, n_init=2, seed=np.random.default_rng(3)).fit(lp)   # a Generator works too
     assert g.labels_.shape == (150,)
 
@@ -278,6 +282,136 @@ def test_extreme_log_probs_float32(alpha):
     assert g32.distortion_ == pytest.approx(g64.distortion_, rel=1e-4)
 
 
+# ---------------------------------------------------------------- default fit: greedy k-means++, split/merge
+
+@pytest.fixture
+def one_thread():
+    """One torch thread (the tests below are small; the CPUs may be shared)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _prepared(lp, alpha=0.25, dtype=F64):
+    from gdr.cluster import _prepare
+
+    c, lw = pipeline(lp, alpha)
+    return c, lw, _prepare(c, log_w=lw, dtype=dtype)
+
+
+def _total(c, lw, labels, k):
+    """Reference (numpy, float64) total distortion of ``labels`` with their own centroids."""
+    d = distortion_matrix(c, lw, centroid_update(lw, labels, k))
+    return d[np.arange(len(labels)), labels].sum()
+
+
+def test_greedy_probs_hand_computed():
+    from gdr.cluster import _greedy_probs
+
+    # excess [0, 2, 1, -0.5 (rounding)] -> squares [0, 4, 1, 0]; doc 0 chosen -> [0, 4, 1, 0] / 5
+    np.testing.assert_allclose(_greedy_probs(np.array([0.0, 2.0, 1.0, -0.5]), np.array([0])), [0, 0.8, 0.2, 0])
+    np.testing.assert_allclose(_greedy_probs(np.zeros(4), np.array([2])), [1 / 3, 1 / 3, 0, 1 / 3])
+
+
+def test_greedy_kmeanspp_keeps_the_candidate_that_lowers_the_total_most():
+    from gdr.cluster import _init_greedy_kmeanspp
+
+    lp, _ = planted(n=8, j=6, k=3, sep=2.0, seed=2)
+    c, lw, p = _prepared(lp)
+    d_all = distortion_matrix(c, lw, centroid_update(lw, np.arange(8), 8))      # (8, 8): d(x_i, row k)
+    own = np.diag(d_all)
+    assert np.allclose(own, d_all.min(axis=1))            # a document's own row is its best centroid
+    for seed in range(5):
+        # 400 candidates drawn from the 7 unchosen documents: every one with excess > 0 is tried
+        idx = _init_greedy_kmeanspp(p, 2, np.random.default_rng(seed), n_local=400)
+        first = idx[0]
+        pot = np.minimum(d_all[:, [first]], d_all).sum(axis=0)    # total after adding each document
+        pot[first] = np.inf
+        assert idx[1] == int(np.argmin(pot)), (seed, idx, pot)
+    _, idx = init_centroids(lp, lw, 5, init="greedy-k-means++", seed=3)
+    assert len(set(idx.tolist())) == 5
+
+
+def test_merge_costs_and_split_gains_are_exact():
+    from gdr.cli.bench.clustering import planted_logp
+    from gdr.cluster import _cluster_sums, _merge_costs, _split_gains
+
+    lp, y = planted_logp(300, 40, 6, seed=1, dtype=np.float64)
+    c, lw, p = _prepared(lp)
+    lab = torch.as_tensor(y)
+    wk, rk = _cluster_sums(p, lab, 6)
+    cost = _merge_costs(p, wk.double(), rk).numpy()
+    base = _total(c, lw, y, 6)
+    for a in range(6):
+        assert cost[a, a] == np.inf
+        for b in range(a + 1, 6):
+            merged = np.where(y == b, a, y)
+            merged = np.unique(merged, return_inverse=True)[1]
+            assert cost[a, b] == cost[b, a] == pytest.approx(_total(c, lw, merged, 5) - base, rel=1e-9, abs=1e-9)
+    gains, half = _split_gains(p, lab, 6, 100, 1e-6, np.random.default_rng(0))
+    half = half.numpy()
+    for k in range(6):
+        split = np.where((y == k) & (half == 1), 6, y)
+        assert gains[k] > 0 and gains[k] == pytest.approx(base - _total(c, lw, split, 7), rel=1e-9)
+
+
+def test_split_merge_escapes_a_local_optimum():
+    from gdr.cluster import _cluster_sums, _lloyd_from, _log_normalise, _split_merge
+
+    lp, y = planted(n=200, j=24, k=4, sep=4.0, noise=1.0, seed=11)
+    c, lw, p = _prepared(lp)
+    # groups 0 and 1 share a cluster, group 2 is cut in two: a fixed point of the two-step loop
+    bad = np.where(y == 1, 0, y)
+    g2 = np.flatnonzero(y == 2)
+    bad[g2[: len(g2) // 2]] = 1
+    wk, _ = _cluster_sums(p, torch.as_tensor(bad), 4)
+    run = _lloyd_from(p, _log_normalise(wk.double()), 100, 1e-9)
+    assert ari(y, run.labels.numpy()) < 0.9                    # the loop alone stays there
+    out, moves = _split_merge(p, run, 4, 100, 1e-9, np.random.default_rng(0))
+    assert moves >= 1 and out.distortion < run.distortion
+    assert ari(y, out.labels.numpy()) == 1.0
+    assert out.distortion == pytest.approx(_total(c, lw, out.labels.numpy(), 4), rel=1e-9)
+    assert np.all(np.diff(out.history) <= 1e-9 * np.abs(np.asarray(out.history[:-1])))
+
+
+@pytest.mark.parametrize("data_seed", [0, 2])
+def test_default_fit_beats_random_init_on_the_planted_benchmark(one_thread, data_seed):
+    """The benchmark's generator, small: the default reaches a lower distortion than the paper's
+    random init (Algorithm 1, same n_init and seed), below the planted partition's, and a better ARI."""
+    from gdr.cli.bench.clustering import planted_distortion, planted_logp
+
+    lp, y = planted_logp(2000, 256, 10, seed=data_seed)
+    new = GenerativeClustering(10, seed=0).fit(lp)
+    old = GenerativeClustering(10, init="random", seed=0).fit(lp)
+    planted_d = planted_distortion(new, lp, y)
+    assert new.distortion_ < old.distortion_ - 2.0
+    assert new.distortion_ < planted_d
+    assert ari(y, new.labels_) >= 0.8 > ari(y, old.labels_)
+    # the planted distortion is that of the reference equations (float32 kernel, so a loose rel)
+    c = np.minimum(lp.astype(np.float64), new.clip_upper_)
+    lw = log_weights(c, new.log_phi_, new.alpha_)
+    assert planted_d == pytest.approx(_total(c, lw, y, 10), rel=1e-6)
+
+
+def test_default_fit_same_seed_same_result(one_thread):
+    from gdr.cli.bench.clustering import planted_logp
+
+    lp, _ = planted_logp(600, 64, 8, seed=3)
+    runs = [GenerativeClustering(8, seed=5).fit(lp) for _ in range(2)]
+    a, b = runs
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_array_equal(a.log_centroids_, b.log_centroids_)
+    assert a.distortion_ == b.distortion_ and a.result_.n_moves == b.result_.n_moves
+    assert a.distortion_history_ == b.distortion_history_ and a.all_distortions_ == b.all_distortions_
+    np.testing.assert_array_equal(a.result_.init_indices, b.result_.init_indices)
+    g1 = GenerativeClustering(8, seed=np.random.default_rng(9)).fit(lp)
+    g2 = GenerativeClustering(8, seed=np.random.default_rng(9)).fit(lp)
+    np.testing.assert_array_equal(g1.labels_, g2.labels_)
+    other = GenerativeClustering(8, seed=6).fit(lp)
+    assert not np.array_equal(other.result_.init_indices, a.result_.init_indices)   # the seed matters
+
+
 def test_describe_clusters():
     log_c = np.log([[0.5, 0.2, 0.3, 0.0 + 1e-9], [0.1, 0.1, 0.1, 0.7 - 1e-9]])
     out = describe_clusters(log_c, ["a", "b", "a", "c"], top=2)
@@ -310,8 +444,10 @@ def test_errors_are_clear():
         clip_logp(bad)
     with pytest.raises(ValueError, match="phi must be one of"):
         GenerativeClustering(2, phi="mean").fit(lp)
-    with pytest.raises(ValueError, match="init must be one of"):
+    with pytest.raises(ValueError, match="init must be one of .*greedy-k-means"):
         fit_generative(lp, lp, 2, init="kmeans")
+    with pytest.raises(ValueError, match="split_merge must be"):
+        GenerativeClustering(2, split_merge="yes").fit(lp)
     with pytest.raises(ValueError, match="log_w has shape"):
         fit_generative(lp, lp[:, :2], 2)
     with pytest.raises(RuntimeError, match="not fitted"):

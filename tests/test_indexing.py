@@ -282,6 +282,42 @@ def test_streamed_pass_matches_kernels(planted):
     d = distortion_matrix(xc[rows][:, cols], lw, log_c)
     assert np.array_equal(got, d.argmin(1))
     assert total == pytest.approx(d.min(1).sum(), rel=1e-6)
+    kept, total_at, _ = sp._pass(rows, cols, lphi, log_c=log_c, labels=labels)   # given labels: their distortion
+    assert kept is labels
+    assert total_at == pytest.approx(d[np.arange(len(rows)), labels].sum(), rel=1e-6)
+
+
+def test_gc_options_init_and_split_merge():
+    assert GCOptions().init == "greedy-k-means++" and GCOptions().split_merge is None
+    for init in ("random", "k-means++", "greedy-k-means++"):
+        GCOptions(init=init).validate()
+    with pytest.raises(ValueError, match="gc.init must be one of random, k-means\\+\\+, greedy-k-means\\+\\+"):
+        GCOptions(init="kmeans").validate()
+    with pytest.raises(ValueError, match="gc.split_merge"):
+        GCOptions(split_merge="on").validate()
+
+
+def test_default_root_fit_reaches_the_planted_partition():
+    """A root where the paper's random init (Algorithm 1) stops in a local optimum with a higher distortion
+    than the planted top clusters; the default fit (greedy k-means++, split/merge) reaches the planted one."""
+    from indexing.gc import partition_distortion
+
+    h = planted_hierarchy(1500, 128, n_top=10, n_sub=2, top_signal=2.0, seed=0)
+    pm = PMatrix(planted_logp(h))
+    out = {}
+    for init in ("greedy-k-means++", "random"):
+        tree = build_gc_index(pm, n_clusters=10, leaf_size=10, options=GCOptions(**{**FAST, "n_init": 3}, init=init),
+                              seed=0, progress=False)
+        check_prefix_code(tree.codes, 10)
+        top = np.array([c[0] for c in tree.codes])
+        fitted, planted_d = partition_distortion(pm, tree, top), partition_distortion(pm, tree, h.top)
+        assert tree.nodes[0].info["distortion"] == pytest.approx(fitted, rel=1e-7)   # same quantity, streamed
+        assert ("split_merge_moves" in tree.nodes[0].info) == (init == "greedy-k-means++")
+        out[init] = (adjusted_rand_score(h.top, top), fitted, planted_d)
+    ari_new, fit_new, planted_d = out["greedy-k-means++"]
+    ari_old, fit_old, _ = out["random"]
+    assert ari_new == 1.0 and fit_new == pytest.approx(planted_d, rel=1e-9)
+    assert ari_old < 0.9 and fit_old > planted_d + 1.0
 
 
 # --- output, CLI, add -------------------------------------------------------------------------------------

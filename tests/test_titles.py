@@ -234,7 +234,7 @@ def test_conf_data_composes(name):
     assert data.name == name and data.seed == 0 and data.n_docs is None
     # every key is a load_corpus keyword, so corpus_from_config can pass them through
     assert set(data) - {"name"} <= set(inspect.signature(load_corpus).parameters)
-    assert ("drop_title" in data) == (name in ("bbc", "r2", "r5"))
+    assert ("drop_title" in data) == (name in ("bbc", "r2", "r5", "reuters"))
     assert ("docs_tsv" in data) == (name in ("msmarco-lite", "nq320k"))
 
 

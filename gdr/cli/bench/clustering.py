@@ -1,11 +1,22 @@
 """Benchmark of generative clustering on a synthetic log P with planted clusters.
 
-``python -m gdr.cli.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]``
+``python -m gdr.cli.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]
+[--init greedy-k-means++] [--compare random,k-means++,greedy-k-means++:nosm]``
 
 Prints human-readable lines and, as the last line, one JSON object with ``seconds`` (whole
-``GenerativeClustering.fit``: clip, phi, W, all ``n_init`` runs), ``iterations`` (summed over
-runs), ``ms_per_iteration``, ``peak_rss_mb`` (``ru_maxrss`` of the process, nothing subtracted),
-``baseline_rss_mb`` (after imports, before the data), ``logp_mb`` and ``ari`` of the planted labels.
+``GenerativeClustering.fit``: clip, phi, W, all ``n_init`` runs, split/merge moves), ``iterations``
+(summed over runs and moves), ``ms_per_iteration``, ``peak_rss_mb`` (``ru_maxrss`` of the process,
+nothing subtracted, taken after the main fit and before the comparisons), ``baseline_rss_mb`` (after
+imports, before the data), ``logp_mb``, ``ari`` of the planted labels, ``distortion`` (total, of the
+selected fit), ``planted_distortion`` (the total distortion of the planted partition with its own
+centroids, Eq. optim-centroid, on the same clipped P and W), ``init``, ``split_merge``, ``n_moves``
+and ``compare``: for every strategy of ``--compare`` (fitted in the same process on the same log P,
+same seed), its ``distortion``, ``ari``, ``seconds``, ``iterations`` and ``n_moves``.
+
+A strategy is an init name, optionally with ``:sm`` or ``:nosm`` to force split/merge moves on or
+off (default: on for ``greedy-k-means++`` only). ``--compare random`` is the old default
+(Algorithm 1 with Eq. init); ``--compare none`` fits the main strategy only. Labels are used only
+to score (ARI) and for the planted distortion, never inside a fit.
 """
 from __future__ import annotations
 
@@ -20,6 +31,7 @@ import numpy as np
 import torch
 
 from eval.clustering import ari as adjusted_rand_index
+from gdr import cluster as gcmod
 from gdr.cluster import GenerativeClustering
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,45 @@ def planted_logp(n_docs: int, n_queries: int, n_clusters: int, seed: int = 0,
     return out, labels
 
 
+def _parse_strategy(s: str) -> tuple[str, bool | None]:
+    """``"random"`` -> ("random", None); ``"random:sm"`` -> ("random", True); ``":nosm"`` -> False."""
+    name, _, flag = s.strip().partition(":")
+    if name not in gcmod._INITS or flag not in ("", "sm", "nosm"):
+        raise argparse.ArgumentTypeError(f"bad strategy {s!r}: an init of {gcmod._INITS}, optionally "
+                                         "followed by :sm or :nosm")
+    return name, {"": None, "sm": True, "nosm": False}[flag]
+
+
+def _strategy_name(init: str, split_merge: bool | None) -> str:
+    sm = gcmod._use_split_merge(init, split_merge)
+    return init + ("" if split_merge is None else (":sm" if sm else ":nosm"))
+
+
+def planted_distortion(gc: GenerativeClustering, logp: np.ndarray, labels: np.ndarray) -> float:
+    """Total distortion of the partition ``labels`` with its own centroids (Eq. optim-centroid).
+
+    Same clip bounds, phi, alpha and kernel as the fitted ``gc`` (W factorised per row), so the
+    number is directly comparable with ``gc.distortion_``.
+    """
+    p = gcmod._prepare(logp, alpha=gc.alpha_, log_phi=gc.log_phi_, upper=gc.clip_upper_, device=gc.device,
+                       dtype=gcmod._torch_dtype(gc.dtype))
+    k = int(labels.max()) + 1
+    wk, rk = gcmod._cluster_sums(p, torch.as_tensor(labels, dtype=torch.long, device=p.v.device), k)
+    wk64 = wk.double()
+    return gcmod._total_distortion(p, wk64, rk, gcmod._log_normalise(wk64))
+
+
+def _timed_fit(args, logp: np.ndarray, init: str, split_merge: bool | None) -> tuple[GenerativeClustering, float]:
+    gc = GenerativeClustering(args.clusters, alpha=args.alpha, init=init, n_init=args.n_init,
+                              max_iter=args.max_iter, seed=args.seed, device=args.device, dtype=args.dtype,
+                              split_merge=split_merge)
+    t0 = time.perf_counter()
+    gc.fit(logp)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return gc, time.perf_counter() - t0
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
@@ -73,11 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-init", type=int, default=10)
     ap.add_argument("--max-iter", type=int, default=100)
     ap.add_argument("--alpha", type=float, default=0.25)
-    ap.add_argument("--init", default="random", choices=["random", "k-means++"])
+    ap.add_argument("--init", type=_parse_strategy, default=("greedy-k-means++", None),
+                    help="strategy of the main fit: an init of %s, optionally :sm or :nosm (default: the "
+                         "library default, greedy-k-means++ with split/merge moves)" % (gcmod._INITS,))
+    ap.add_argument("--compare", default="random",
+                    help="comma-separated strategies fitted after the main one for a side-by-side table "
+                         "(default: random, the old default; 'none': no comparison)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     args = ap.parse_args(argv)
+    try:
+        compare = [] if args.compare.strip().lower() in ("", "none") else [
+            _parse_strategy(s) for s in args.compare.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--compare: {e}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     baseline = _rss_mb()
@@ -89,32 +150,47 @@ def main(argv: list[str] | None = None) -> int:
           f"range [{logp.min():.1f}, {logp.max():.1f}], {args.clusters} planted clusters ({gen_s:.1f} s)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, dtype {args.dtype}")
 
-    gc = GenerativeClustering(args.clusters, alpha=args.alpha, init=args.init, n_init=args.n_init,
-                              max_iter=args.max_iter, seed=args.seed, device=args.device, dtype=args.dtype)
     if torch.device(args.device).type == "cuda":  # context and cuBLAS/cuSPARSE start-up are not the fit
         w = torch.ones(8, 8, device=args.device)
         torch.sparse.mm(w.to_sparse(), w @ w)
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    gc.fit(logp)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    init, split_merge = args.init
+    name = _strategy_name(init, split_merge)
+    gc, seconds = _timed_fit(args, logp, init, split_merge)
     iters = gc.result_.n_iter_total
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ari = float(adjusted_rand_index(planted, gc.labels_))
-    print(f"fit: {seconds:.2f} s, {iters} iterations over {args.n_init} runs "
-          f"({1000 * seconds / max(iters, 1):.1f} ms per iteration incl. setup), "
-          f"selected run {gc.result_.best_run} with {gc.n_iter_} iterations")
-    print(f"distortion {gc.distortion_:.6g}; runs: {', '.join(f'{d:.6g}' for d in gc.all_distortions_)}")
+    res = gc.result_
+    sm = gcmod._use_split_merge(init, split_merge)
+    print(f"fit ({name}{', split/merge' if sm else ''}): {seconds:.2f} s, {iters} iterations over "
+          f"{args.n_init} runs ({1000 * seconds / max(iters, 1):.1f} ms per iteration incl. setup), "
+          f"selected run {res.best_run} with {gc.n_iter_} iterations")
+    moves = (f"; {res.n_moves} split/merge move(s) from {res.distortion_before_moves:.6g}"
+             if res.distortion_before_moves is not None else "")
+    print(f"distortion {gc.distortion_:.6g}{moves}; runs: {', '.join(f'{d:.6g}' for d in gc.all_distortions_)}")
     print(f"peak RSS {peak:.0f} MB (after imports {baseline:.0f} MB) = {peak / logp_mb:.2f} x log P; "
           f"ARI vs planted {ari:.4f}")
+    planted_d = planted_distortion(gc, logp, planted)
+    rows = [(name, gc.distortion_, ari, seconds, iters, res.n_moves)]
+    table = {}
+    for c_init, c_sm in compare:
+        c_name = _strategy_name(c_init, c_sm)
+        g, s = _timed_fit(args, logp, c_init, c_sm)
+        a = float(adjusted_rand_index(planted, g.labels_))
+        rows.append((c_name, g.distortion_, a, s, g.result_.n_iter_total, g.result_.n_moves))
+        table[c_name] = {"distortion": g.distortion_, "ari": round(a, 4), "seconds": round(s, 3),
+                         "iterations": g.result_.n_iter_total, "n_moves": g.result_.n_moves}
+    print(f"planted partition: distortion {planted_d:.6g}")
+    print(f"{'strategy':<24} {'distortion':>14} {'- planted':>10} {'ARI':>7} {'seconds':>8} {'iters':>6} {'moves':>5}")
+    for r_name, d, a, s, it, mv in rows:
+        print(f"{r_name:<24} {d:>14.6g} {d - planted_d:>10.2f} {a:>7.4f} {s:>8.2f} {it:>6} {mv:>5}")
     print(json.dumps({
         "docs": args.docs, "queries": args.queries, "clusters": args.clusters, "n_init": args.n_init,
         "device": args.device, "dtype": args.dtype, "seconds": round(seconds, 3), "iterations": iters,
         "ms_per_iteration": round(1000 * seconds / max(iters, 1), 2), "peak_rss_mb": round(peak, 1),
         "baseline_rss_mb": round(baseline, 1), "logp_mb": round(logp_mb, 1),
-        "ari": round(ari, 4), "distortion": gc.distortion_,
+        "ari": round(ari, 4), "distortion": gc.distortion_, "planted_distortion": planted_d,
+        "init": name, "split_merge": sm, "n_moves": res.n_moves, "compare": table,
     }))
     return 0
 
