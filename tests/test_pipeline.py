@@ -127,7 +127,7 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     assert json.loads((killed[0] / "stage.json").read_text())["status"] == "complete"
 
 
-def test_score_processes_give_the_same_p_as_one(setup, tmp_path):
+def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     root, folder = setup
     common = ["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
               "sample.n_queries=8", "sample.max_new_tokens=6", "score.shard_size=4", "progress=false", "threads=1"]
@@ -136,6 +136,14 @@ def test_score_processes_give_the_same_p_as_one(setup, tmp_path):
     one, two = np.load(tmp_path / "one" / "P.npy"), np.load(tmp_path / "two" / "P.npy")
     assert one.shape == (30, 8) and np.array_equal(one, two)
     assert len(list((tmp_path / "two" / "P.shards").glob("*.done"))) == 8
+    # a rerun over the finished P checks it in-process: no scoring process (and model load) is spawned
+    import gdr.cli.score as score_cli
+
+    def no_spawn(*a, **k):
+        raise AssertionError("spawned scoring processes for a finished P")
+    monkeypatch.setattr(score_cli, "score_in_processes", no_spawn)
+    assert main([*common, f"out={tmp_path / 'two'}", "score.processes=2"]) == 0
+    assert np.array_equal(np.load(tmp_path / "two" / "P.npy"), one)
 
 
 def test_titles_need_articles_without_titles_and_bmi_needs_generated_queries(capsys):

@@ -109,13 +109,22 @@ def score_from_config(cfg, corpus=None, lm=None) -> Path:
     else:
         raise SystemExit(f"{qfile} missing: run `gdr sample out={cfg.out}` before a multi-process `gdr score`")
     n_proc = int(cfg.score.get("processes") or 1)
-    if n_proc > 1 and "WORLD_SIZE" not in os.environ:
+    if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(cfg.out):
         path = score_in_processes(cfg, n_proc)
     else:
         path = score_matrix_for(cfg, lm, corpus, queries)
     if rank == 0:
         log.info("P matrix %s", path)
     return path
+
+
+def _finished(out) -> bool:
+    """A complete P in ``out``: scored here in-process (the identity check, nothing left to score)
+    instead of spawning processes that would each load the model to find no shard left."""
+    from gdr.store import P_MANIFEST, read_manifest
+
+    man = read_manifest(Path(out), P_MANIFEST)
+    return bool(man) and man.get("status") == "complete"
 
 
 def _free_port() -> int:
