@@ -230,14 +230,16 @@ def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
 
 # ----------------------------------------------------------------------------- training
 
-def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), **optim):
+def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), ckpt_every=None,
+           **optim):
     cfg = tiny_config(tok, dropout=dropout)
     return train(
         out, cfg, doc_ids, codes, doc_texts=None, train_queries=texts * 4, train_rel=[[i] for i in range(len(texts))] * 4,
         examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
         optim=OptimOptions(**{"lr_encoder": 3e-3, "lr_decoder": 3e-3, "warmup_steps": 5, "weight_decay": 0.0, **optim}),
         trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=20, enable_progress_bar=False,
-                                    tensorboard=False, resume=resume, log_every_n_steps=1),
+                                    tensorboard=False, resume=resume, log_every_n_steps=1,
+                                    checkpoint_every_n_steps=ckpt_every),
         seed=0, callbacks=callbacks,
     )
 
@@ -277,6 +279,27 @@ def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tok
     assert len(full.losses) == 12 and len(resumed.losses) == 4
     assert resumed.losses[0] == pytest.approx(full.losses[8], rel=1e-5)
     assert resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
+
+
+def test_resume_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(tmp_path, word_tokenizer):
+    """Checkpoints every step, killed at step 6 (inside epoch 2 of 4 steps): the resumed run skips the two
+    batches of that epoch it had trained on, so its losses continue the uninterrupted run's exactly."""
+    import pytorch_lightning as pl
+
+    class Kill(pl.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            if trainer.global_step == 6:
+                raise RuntimeError("killed")
+
+    doc_ids, texts, codes = toy_corpus(20)
+    full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
+    with pytest.raises(RuntimeError, match="killed"):
+        _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+               callbacks=[Kill()], ckpt_every=1)
+    resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+                     resume=True, ckpt_every=1)
+    assert len(resumed.losses) == 6 and resumed.global_step == 12
+    assert resumed.losses == pytest.approx(full.losses[6:], rel=1e-4)
 
 
 def test_consistency_regulariser_and_pawa_train(word_tokenizer):

@@ -18,7 +18,9 @@ corpus of 10^5 documents with several windows each stays small.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -31,7 +33,7 @@ from indexing.trie import DocidTrie
 log = logging.getLogger(__name__)
 
 __all__ = ["TokenStore", "RetrievalExamples", "build_examples", "read_generated_queries", "EpochSampler",
-           "RetrievalDataModule"]
+           "ResumeSampler", "resume_point", "RetrievalDataModule"]
 
 
 @dataclass
@@ -286,6 +288,32 @@ class EpochSampler(Sampler[int]):
         return self.n
 
 
+class ResumeSampler(EpochSampler):
+    """:class:`EpochSampler` that, in the epoch a run was killed in, skips the ``skip`` examples it had
+    already trained on, so a resumed run sees exactly the batches an uninterrupted one would. The
+    length stays the full epoch: Lightning's loop, restored to the killed batch index, ends the epoch
+    when the iterator is exhausted."""
+
+    def __init__(self, n: int, seed: int = 0, resume_epoch: int = -1, skip: int = 0):
+        super().__init__(n, seed)
+        self.resume_epoch, self.skip = resume_epoch, skip
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        if self.epoch == self.resume_epoch and self.skip:
+            order = order[self.skip:]
+            self.resume_epoch, self.skip = -1, 0
+        return iter(order.tolist())
+
+
+def resume_point(ckpt: Path, n_train: int, batch_size: int) -> tuple[int, int]:
+    """(epoch, examples of that epoch already trained on) of a Lightning checkpoint."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    epoch, step = int(state.get("epoch", 0)), int(state.get("global_step", 0))
+    per_epoch = math.ceil(n_train / batch_size)
+    return epoch, max(0, step - epoch * per_epoch) * batch_size
+
+
 class _Examples(Dataset):
     def __init__(self, store: TokenStore, targets: np.ndarray | list[np.ndarray]):
         self.store, self.targets = store, targets
@@ -322,6 +350,7 @@ class RetrievalDataModule(pl.LightningDataModule):
         self.pad_token_id = pad_token_id
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.seed = num_workers, seed
+        self.resume_epoch, self.resume_skip = -1, 0  # set by train() when it resumes a killed run mid-epoch
         seq = trie.slot_sequences()
         self.labels = torch.from_numpy(np.where(seq < 0, -100, seq))  # (n_docs, L + 1)
         self.doc_node = torch.from_numpy(trie.doc_node)
@@ -342,7 +371,8 @@ class RetrievalDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = _Examples(self.examples.train, self.examples.train_doc)
-        return DataLoader(ds, batch_size=self.batch_size, sampler=EpochSampler(len(ds), self.seed),
+        sampler = ResumeSampler(len(ds), self.seed, self.resume_epoch, self.resume_skip)
+        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
                           collate_fn=self._collate_train, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, drop_last=False)
 

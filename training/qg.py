@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gdr.io import atomic_write_text
 from gdr.lm import GENERATOR_FILE
-from training.data import EpochSampler, TokenStore
+from training.data import ResumeSampler, TokenStore, resume_point
 from training.module import linear_warmup_decay
 from training.train import _precision
 
@@ -238,32 +238,6 @@ def freeze_below(model, n_layers: int | None) -> dict[str, int]:
     return {"trainable": sum(p.numel() for p in model.parameters() if p.requires_grad), "total": total}
 
 
-class _ResumeSampler(EpochSampler):
-    """:class:`EpochSampler` that, in the epoch a run was killed in, skips the ``skip`` examples it had
-    already trained on, so a resumed run sees exactly the batches an uninterrupted one would. The
-    length stays the full epoch: Lightning's loop, restored to the killed batch index, ends the epoch
-    when the iterator is exhausted."""
-
-    def __init__(self, n: int, seed: int = 0, resume_epoch: int = -1, skip: int = 0):
-        super().__init__(n, seed)
-        self.resume_epoch, self.skip = resume_epoch, skip
-
-    def __iter__(self):
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
-        if self.epoch == self.resume_epoch and self.skip:
-            order = order[self.skip:]
-            self.resume_epoch, self.skip = -1, 0
-        return iter(order.tolist())
-
-
-def _resume_point(ckpt: Path, n_train: int, batch_size: int) -> tuple[int, int]:
-    """(epoch, examples of that epoch already trained on) of a Lightning checkpoint."""
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
-    epoch, step = int(state.get("epoch", 0)), int(state.get("global_step", 0))
-    per_epoch = math.ceil(n_train / batch_size)
-    return epoch, max(0, step - epoch * per_epoch) * batch_size
-
-
 def _stores(lm, pairs: QGPairs) -> tuple[TokenStore, TokenStore]:
     return TokenStore.from_lists(lm.prompt_ids(pairs.docs)), TokenStore.from_lists(lm.query_ids(pairs.queries))
 
@@ -299,9 +273,9 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
     coll = _collate(lm.pad_id, lm.is_seq2seq)
     last = out / "checkpoints" / "last.ckpt"
     resume = str(last) if (o.resume and last.exists()) else None
-    r_epoch, r_skip = _resume_point(last, len(tr_idx), o.batch_size) if resume else (-1, 0)
+    r_epoch, r_skip = resume_point(last, len(tr_idx), o.batch_size) if resume else (-1, 0)
     train_dl = DataLoader(_PairData(*train_p), batch_size=o.batch_size,
-                          sampler=_ResumeSampler(len(tr_idx), seed, r_epoch, r_skip), collate_fn=coll)
+                          sampler=ResumeSampler(len(tr_idx), seed, r_epoch, r_skip), collate_fn=coll)
     dev_dl = DataLoader(_PairData(*dev_p), batch_size=o.eval_batch_size, shuffle=False, collate_fn=coll) if dev_p else None
     lm.model.train()
     counts = freeze_below(lm.model, o.train_layers)

@@ -23,7 +23,7 @@ import torch
 
 from indexing.docids import write_docids
 from indexing.trie import build_trie
-from training.data import RetrievalDataModule, build_examples
+from training.data import RetrievalDataModule, build_examples, resume_point
 from training.model import RetrieverConfig, load_tokenizer
 from training.module import RetrieverModule
 
@@ -214,7 +214,11 @@ def train(
     last = ckpt_dir / "last.ckpt"
     ckpt_path = str(last) if (t.resume and last.exists()) else None
     if ckpt_path:
-        log.info("resuming from %s", ckpt_path)
+        if trainer.world_size == 1:  # skip the batches of the killed epoch already trained on (exact resume)
+            dm.resume_epoch, dm.resume_skip = resume_point(last, len(ex.train), t.batch_size)
+        else:
+            log.warning("resuming under %d processes: the killed epoch is replayed from its start", trainer.world_size)
+        log.info("resuming from %s (epoch %d, %d examples of it done)", ckpt_path, dm.resume_epoch, dm.resume_skip)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
 
     best = (best_ckpt.best_model_path or None) if best_ckpt else None
