@@ -64,8 +64,9 @@ def figure(pairs: list[tuple[str, dict, dict]], path: str) -> None:
         ax.set_title(f"{title} ({ft['n_docs']} docs, K={ft['n_clusters']})")
         ax.set_ylim(0, 100)
     axes[0][0].set_ylabel("percent")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
 
 
