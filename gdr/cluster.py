@@ -484,12 +484,16 @@ def _kmeanspp_probs(dmin: np.ndarray, chosen: np.ndarray) -> np.ndarray:
 
     Falls back to uniform over the unchosen documents when all offsets are 0.
     """
-    d = dmin - dmin.min()
-    prob = d * d
+    return _squared_probs(dmin - dmin.min(), chosen)
+
+
+def _squared_probs(x: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """p proportional to x^2 with the ``chosen`` docs at 0; uniform over the unchosen when all are 0."""
+    prob = x * x
     prob[chosen] = 0.0
     total = prob.sum()
     if not np.isfinite(total) or total <= 0.0:
-        prob = np.ones_like(dmin)
+        prob = np.ones_like(x)
         prob[chosen] = 0.0
         total = prob.sum()
     return prob / total
@@ -523,14 +527,7 @@ def _seed_distortions(p: _Prepared, idx, scale: torch.Tensor) -> torch.Tensor:
 
 def _greedy_probs(excess: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """Greedy k-means++ sampling: p proportional to excess^2 (chosen docs get 0); uniform if all are 0."""
-    prob = np.square(np.maximum(excess, 0.0))
-    prob[chosen] = 0.0
-    total = prob.sum()
-    if not np.isfinite(total) or total <= 0.0:
-        prob = np.ones_like(excess)
-        prob[chosen] = 0.0
-        total = prob.sum()
-    return prob / total
+    return _squared_probs(np.maximum(excess, 0.0), chosen)
 
 
 def _init_greedy_kmeanspp(p: _Prepared, k: int, rng: np.random.Generator, n_local: int | None = None) -> np.ndarray:

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gdr.io import atomic_write_text
 from gdr.lm import GENERATOR_FILE
-from training.data import ResumeSampler, TokenStore, resume_point
+from training.data import ResumeSampler, TokenStore, _pad, resume_point
 from training.module import linear_warmup_decay
 from training.train import _precision
 
@@ -141,21 +141,13 @@ def _collate(pad_id: int, seq2seq: bool):
         else:
             src = [np.concatenate([p, q]) for p, q in zip(prompts, queries)]
             tgt = None
-        n = max(len(s) for s in src)
-        ids = torch.full((len(src), n), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(src), n), dtype=torch.long)
-        for r, s in enumerate(src):  # batch assembly (collate), not a numeric hot path
-            ids[r, :len(s)] = torch.from_numpy(s.astype(np.int64))
-            mask[r, :len(s)] = 1
+        ids, mask = _pad(src, pad_id)
         if seq2seq:
-            m = max(len(t) for t in tgt)
-            labels = torch.full((len(tgt), m), -100, dtype=torch.long)
-            for r, t in enumerate(tgt):
-                labels[r, :len(t)] = torch.from_numpy(t.astype(np.int64))
+            labels = _pad(tgt, -100)[0]
         else:  # loss on the query tokens (and their end-of-sequence token) only
             labels = ids.masked_fill(mask == 0, -100)
             plen = torch.tensor([len(p) for p in prompts])
-            labels[torch.arange(n)[None, :] < plen[:, None]] = -100
+            labels[torch.arange(ids.shape[1])[None, :] < plen[:, None]] = -100
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
     return collate
 
@@ -327,7 +319,7 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
         export_generator(lm, model_dir)
     step = int(trainer.global_step)
     if step == 0 and last.exists():
-        step = int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
+        step = int(torch.load(last, map_location="cpu", weights_only=False, mmap=True).get("global_step", 0))
     return QGResult(out, model_dir, state.get("dev_loss_before"), dev_loss, state.get("dev_nll_per_query_before"),
                     dev_per_q, step, len(tr_idx), len(dev_idx), counts)
 
