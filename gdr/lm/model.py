@@ -1,0 +1,123 @@
+"""The generative LM: one interface over two model families, built from the prompt, sampling and scoring
+mixins.
+
+The language-model layer: sample queries from documents and score log p(query | doc).
+
+One interface, two model families (the paper's Section 2.2):
+
+- seq2seq (T5-like, e.g. ``doc2query/all-with_prefix-t5-base-v1`` with prefix ``text2query: ``): the
+  document goes through the encoder once; the decoder scores every query against the cached encoder
+  states.
+- causal (GPT/Llama-like, e.g. the bundled ``smollm2-135m``): the document is wrapped in a chat prompt;
+  the prompt's key/value cache is computed once per document and *all* queries of a chunk are scored in
+  one packed forward pass over that cache (each query attends to the prompt and to its own earlier
+  tokens only, through a 4D attention mask), so the prompt is never recomputed or copied per pair.
+
+log p(y | x) is Eq. (1): the sum of the token log-probs of the query including its end-of-sequence token,
+under exactly the prompt used for sampling.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Sequence
+
+import torch
+
+from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_generator
+from gdr.lm.sampling import SamplingMixin
+from gdr.lm.scoring import ScoringMixin
+from gdr.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GenerativeLM"]
+
+
+def _autodevice(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
+    """A generative LM that samples queries and scores log p(query | doc).
+
+    Parameters
+    ----------
+    model : str or PreTrainedModel
+        Hub id, local path, or bundled short name (``smollm2-135m``); or an already built model (tests).
+    tokenizer : optional, required when ``model`` is a model object.
+    prompt : PromptConfig or dict, optional. Defaults to :meth:`PromptConfig.for_model`.
+    max_doc_tokens : int
+        Documents are truncated to this many tokens (of the document text itself) before prompting.
+    device : ``"auto"``, ``"cpu"``, ``"cuda"``...
+    """
+
+    def __init__(self, model, tokenizer=None, prompt: PromptConfig | dict | None = None,
+                 max_doc_tokens: int = 128, device: str | None = "auto"):
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+        self.device = _autodevice(device)
+        saved = None
+        if isinstance(model, str):
+            self.name = model
+            path = resolve_model(model)
+            saved = saved_generator(path)
+            cfg = AutoConfig.from_pretrained(path)
+            cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
+            self.model = cls.from_pretrained(path)
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        else:
+            if tokenizer is None:
+                raise ValueError("pass tokenizer= together with a model object")
+            self.model, self.tokenizer = model, tokenizer
+            self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.model.eval().to(self.device)
+        self.is_seq2seq = bool(self.model.config.is_encoder_decoder)
+        if isinstance(prompt, dict):
+            prompt = PromptConfig(**prompt)
+        if saved is not None:  # a `gdr qg` model: always the prompt it was fine-tuned with
+            if prompt is not None and prompt != PromptConfig(**saved["prompt"]):
+                log.info("%s was fine-tuned with its own prompt (%s); using that, not the configured one",
+                         self.name, GENERATOR_FILE)
+            prompt = PromptConfig(**saved["prompt"])
+        if prompt is None:
+            prompt = PromptConfig.for_model(self.name if isinstance(model, str) else "")
+            if self.is_seq2seq and prompt.style == "chat":
+                prompt = PromptConfig(style="prefix", prefix="", system=None, shots=[])
+        if prompt.style == "chat" and getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                f"model {self.name!r} has no chat template; use prompt style 'prefix' "
+                "(e.g. prompt.style=prefix prompt.prefix='text2query: ')"
+            )
+        self.prompt = prompt
+        self.max_doc_tokens = int(max_doc_tokens)
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError(f"tokenizer of {self.name!r} has no eos token; cannot score queries with Eq. (1)")
+        self.eos_id = int(eos)
+        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+
+    def describe(self) -> dict:
+        """What identifies this scorer in a manifest."""
+        return {"model": self.name, "family": "seq2seq" if self.is_seq2seq else "causal",
+                "prompt": asdict(self.prompt), "max_doc_tokens": self.max_doc_tokens}
+
+    def _pad(self, seqs: Sequence[Sequence[int]], left: bool = False) -> dict[str, torch.Tensor]:
+        L = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), L), dtype=torch.long)
+        for r, s in enumerate(seqs):  # building the padded batch; the compute is batched
+            if left:
+                ids[r, L - len(s):] = torch.tensor(s)
+                mask[r, L - len(s):] = 1
+            else:
+                ids[r, :len(s)] = torch.tensor(s)
+                mask[r, :len(s)] = 1
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)

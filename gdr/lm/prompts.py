@@ -1,0 +1,108 @@
+"""Prompts: how a document becomes model input, and how a generated query is cleaned."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["PromptConfig", "PromptMixin", "clean_query", "saved_generator", "GENERATOR_FILE"]
+
+# Written by `gdr qg` next to a fine-tuned generator: the prompt (and document length) it was trained with.
+GENERATOR_FILE = "gdr_generator.json"
+
+
+@dataclass
+class PromptConfig:
+    """How a document becomes model input.
+
+    ``style="prefix"``: input is ``prefix + doc`` (T5 doc2query: ``text2query: ``; also usable with a causal
+    base model). ``style="chat"``: a chat-template conversation with an optional system message and
+    few-shot (document, query) examples; the generation prompt opens the assistant turn.
+    """
+
+    style: str = "chat"
+    prefix: str = ""
+    system: str | None = "You write short search queries for documents."
+    user: str = "Document: {doc}\nSearch query:"
+    shots: list[list[str]] = field(default_factory=lambda: [
+        ["Shares of Apple Inc rose 5 pct on Tuesday after the company reported record iPhone sales in the "
+         "holiday quarter, beating analyst estimates.", "apple record iphone sales"],
+        ["The central bank cut its benchmark interest rate by half a point to 4.5 pct, citing slowing "
+         "growth and low inflation.", "central bank interest rate cut"],
+    ])
+
+    @classmethod
+    def for_model(cls, name: str) -> "PromptConfig":
+        """The default prompt for a model name: doc2query prefix for T5 models, chat otherwise."""
+        if "doc2query" in name or "t5" in name.lower():
+            return cls(style="prefix", prefix="text2query: ", system=None, shots=[])
+        return cls()
+
+
+_LEADING = re.compile(r"^(search query|query|q|answer|a)\s*[:\-]\s*", re.IGNORECASE)
+
+
+def clean_query(text: str, max_words: int = 32) -> str:
+    """Light post-processing of a generated query: first line, no quotes or ``Query:`` labels."""
+    text = text.strip().split("\n", 1)[0].strip()
+    for _ in range(2):
+        text = _LEADING.sub("", text).strip()
+        text = text.strip("\"'`*“”‘’ ").strip()
+    words = text.split()
+    return " ".join(words[:max_words])
+
+
+def saved_generator(path: str) -> dict | None:
+    """The ``gdr_generator.json`` of a local model folder written by ``gdr qg`` (None when absent)."""
+    f = Path(path) / GENERATOR_FILE
+    if not f.is_file():
+        return None
+    try:
+        meta = json.loads(f.read_text())
+        PromptConfig(**meta["prompt"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{f}: not a valid gdr generator file ({e}); re-export the model with `gdr qg` "
+                         "or delete the file to use the prompt of the config") from e
+    return meta
+
+
+
+class PromptMixin:
+    """Prompt building for :class:`gdr.lm.GenerativeLM` (needs ``tokenizer``, ``prompt``, ``max_doc_tokens``,
+    ``eos_id`` and ``is_seq2seq``)."""
+
+    def truncate(self, docs: Sequence[str]) -> list[str]:
+        """Cut every document to ``max_doc_tokens`` tokens (batched tokenisation)."""
+        enc = self.tokenizer(list(docs), add_special_tokens=False, truncation=True,
+                             max_length=self.max_doc_tokens)["input_ids"]
+        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in enc]
+
+    def prompt_texts(self, docs: Sequence[str]) -> list[str]:
+        docs = self.truncate(docs)
+        p = self.prompt
+        if p.style == "prefix":
+            return [p.prefix + d for d in docs]
+        if p.style != "chat":
+            raise ValueError(f"unknown prompt style {p.style!r}; use 'chat' or 'prefix'")
+        head = [{"role": "system", "content": p.system}] if p.system else []
+        for doc, query in p.shots:
+            head += [{"role": "user", "content": p.user.format(doc=doc)},
+                     {"role": "assistant", "content": query}]
+        return [
+            self.tokenizer.apply_chat_template(
+                head + [{"role": "user", "content": p.user.format(doc=d)}],
+                tokenize=False, add_generation_prompt=True)
+            for d in docs
+        ]
+
+    def prompt_ids(self, docs: Sequence[str]) -> list[list[int]]:
+        texts = self.prompt_texts(docs)
+        # Chat templates already hold their special tokens; T5 wants its </s> after the input.
+        return self.tokenizer(texts, add_special_tokens=self.is_seq2seq)["input_ids"]
+
+    def query_ids(self, queries: Sequence[str]) -> list[list[int]]:
+        """Token ids of each query, ending with the end-of-sequence token (Eq. 1 scores it too)."""
+        ids = self.tokenizer(list(queries), add_special_tokens=False)["input_ids"]
+        return [list(q) + [self.eos_id] for q in ids]
