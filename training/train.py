@@ -98,6 +98,20 @@ class TrainResult:
     losses: list[float] = field(default_factory=list, repr=False)
 
 
+class _DiesWithParent(pl.Callback):
+    """In a process Lightning spawned (``ddp_spawn``; not the one that built the Trainer): die with that one,
+    so kill -9 of ``gdr train`` / ``gdr run`` leaves no trainer behind (:func:`gdr.guard.die_with_parent`)."""
+
+    def __init__(self) -> None:
+        self.parent = os.getpid()
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if os.getpid() != self.parent:
+            from gdr.guard import die_with_parent
+
+            die_with_parent(self.parent)
+
+
 class _LossRecorder(pl.Callback):
     """Keeps every training loss (used by tests and written to nowhere else)."""
 
@@ -190,7 +204,7 @@ def train(
     ) if has_dev else None
     recorder = _LossRecorder()
     # best before last: last.ckpt then carries the best-checkpoint callback's updated state
-    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), *callbacks]
+    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), _DiesWithParent(), *callbacks]
     if has_dev and t.patience > 0:
         callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience))
     # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shlex
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging()
     module, func = COMMANDS[name]
+    from gdr import guard
+
+    guard.COMMAND_LINE = " ".join(["gdr", name, *(shlex.quote(a) for a in rest)])
     try:
         rc = getattr(importlib.import_module(module), func)(rest)
     except KeyboardInterrupt:
@@ -90,12 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from gdr.cli.validate import error_line
 
-        line = None if debug else error_line(e, rest)
+        # a full disk or an unwritable file while writing outputs: one line too (the early check missed it)
+        line = None if debug else guard.write_error_line(e, sub_command(name, rest)) or error_line(e, rest)
         if line is None:  # --debug, or not an error the command line can fix: the full traceback
             raise
         print(f"gdr {name}: error: {line}", file=sys.stderr)
         return 2
+    finally:
+        guard.release_all()  # the out-folder locks of this command (gdr.guard.claim_out)
     return int(rc or 0)
+
+
+def sub_command(name: str, rest: list[str]) -> str:
+    """``index add`` for ``gdr index add ...``, else ``name``."""
+    return f"{name} add" if name == "index" and rest[:1] == ["add"] else name
 
 
 if __name__ == "__main__":

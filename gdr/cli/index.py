@@ -15,6 +15,7 @@ from pathlib import Path
 from gdr.cli.score import load_data
 from gdr.cli.validate import validate
 from gdr.config import command_config, save_config, to_container
+from gdr.guard import claim_out
 from gdr.io import read_jsonl, write_manifest
 
 __all__ = ["index_main", "add_main", "build_index"]
@@ -71,6 +72,7 @@ def index_main(argv: list[str]) -> int:
     cfg, show = _compose(argv)
     if show:
         return 0
+    claim_out("index", cfg)
     build_index(cfg)
     print(open(Path(cfg.out) / "summary.txt", encoding="utf-8").read(), end="")
     return 0
@@ -162,6 +164,7 @@ def add_main(argv: list[str]) -> int:
         return 0
     if not cfg.run or not cfg.index:
         raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder>")
+    claim_out("index add", cfg)  # the index folder is rewritten
     from indexing.add import add_to_index
 
     res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))

@@ -33,7 +33,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gdr.config import command_config, save_config, to_container
-from gdr.io import atomic_write_json, atomic_write_text, hash_strings
+from gdr.guard import claim_folder, replace_together
+from gdr.io import atomic_write_json, hash_strings
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class Pipeline:
                 log.info("stage %s: continuing the unfinished run in %s", name, folder)
             else:
                 log.info("stage %s: running into %s", name, folder)
-            folder.mkdir(parents=True, exist_ok=True)
+            claim_folder(folder, "out")  # one writer: a `gdr score out=<this folder>` elsewhere is refused
             atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
             t0 = time.perf_counter()
             info = build(folder) or {}
@@ -384,10 +385,15 @@ def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, clust
               "cluster": cluster_rec.info if cluster_rec is not None else None,
               "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
                          for r in pipe.records]}
-    atomic_write_text(pipe.root / "report.md", "\n".join(lines))
-    atomic_write_json(pipe.root / "report.json", report)
+    # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
+    # unwritable) leaves the old report whole, and the three never disagree
+    files = {pipe.root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
     if cfg.plot and summary:
-        _plot(summary, report["bm25"], pipe.root / "report.png", f"{cfg.data.name}: {len(corpus)} docs")
+        files[pipe.root / "report.png"] = lambda p: _plot(summary, report["bm25"], p,
+                                                          f"{cfg.data.name}: {len(corpus)} docs")
+    files[pipe.root / "report.json"] = lambda p: p.write_text(
+        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    replace_together(files)
     return report
 
 
@@ -441,6 +447,9 @@ def run_main(argv: list[str]) -> int:
 
     validate("run", cfg)
     _check(cfg)
+    from gdr.guard import claim_out
+
+    claim_out("run", cfg)  # the run folder: writable, and this process's alone; stages lock their folders too
     report = run_pipeline(cfg, argv)
     print(open(Path(cfg.out) / "report.md", encoding="utf-8").read())
     print(json.dumps(headline(report)))

@@ -11,6 +11,7 @@ import torch
 
 from gdr.cli.validate import validate
 from gdr.config import command_config, save_config, to_container
+from gdr.guard import claim_out
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,7 @@ def _compose(name: str, argv: list[str]):
     if cfg is None:  # --cfg: printed
         sys.exit(0)
     validate(name, cfg)
+    claim_out(name, cfg)  # the out folder: writable, and this process's alone (gdr.guard)
     return cfg
 
 
@@ -133,13 +135,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _score_worker(rank: int, world: int, port: int, cfg_dict: dict) -> None:
+def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
 
     With CUDA and ``device`` auto/cuda, rank r scores on ``cuda:{r % n_gpus}``. The process group is
     set up here, after ``torch.cuda.set_device``, so that ``gdr.store.dist_info`` finds it ready: NCCL
     when every rank has a GPU of its own, gloo when ranks share one (NCCL refuses two ranks on one
-    device; the group only carries barriers). On a CPU, ``dist_info`` sets up gloo as before."""
+    device; the group only carries barriers). On a CPU, ``dist_info`` sets up gloo as before.
+    The worker dies with ``parent`` (the spawning process): kill -9 of ``gdr`` leaves no writer behind."""
+    from gdr.guard import die_with_parent
+
+    die_with_parent(parent)
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -176,7 +182,7 @@ def score_in_processes(cfg, n_proc: int) -> Path:
 
     ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, to_container(cfg)), daemon=True)
+    procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, to_container(cfg), os.getpid()), daemon=True)
              for r in range(n_proc)]
     for p in procs:
         p.start()

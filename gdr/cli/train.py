@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gdr.cli.validate import validate
+from gdr.guard import claim_out
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def train_main(argv: list[str]) -> int:
     if cfg is None:  # --cfg: printed
         return 0
     validate("train", cfg)
+    claim_out("train", cfg)
     res = train_from_config(cfg)
     print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")
     return 0
@@ -154,6 +156,7 @@ def evaluate_main(argv: list[str]) -> int:
     if cfg is None:  # --cfg: printed
         return 0
     validate("evaluate", cfg)
+    claim_out("evaluate", cfg)
     _, table = evaluate_from_config(cfg)
     print(table, end="")
     return 0

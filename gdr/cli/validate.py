@@ -133,6 +133,45 @@ def device(*fixed: str | None) -> Check:
     return check
 
 
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
+
+
+def accelerator(v, sec):
+    """Lightning's ``accelerator``: a GPU one only where CUDA is (else Lightning fails after the model loads)."""
+    if not isinstance(v, str) or v not in ACCELERATORS:
+        return one_of(*ACCELERATORS)(v, sec)
+    if v in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return "CUDA is not available on this machine; use cpu or auto"
+    return None
+
+
+def trainer_devices_at(trainer: str) -> Check:
+    """Lightning's ``devices`` of the trainer section ``trainer``: auto, -1 (all), a positive count or a list
+    of device indices; no more CUDA devices than the machine has when the accelerator is (or becomes) cuda."""
+    def check(v, sec):
+        if v == "auto" or v == -1:
+            return None
+        if isinstance(v, (list, ListConfig)) and v and all(_is_int(i) and i >= 0 for i in v):
+            n = max(v) + 1
+        elif _is_int(v) and v > 0:
+            n = v
+        else:
+            return "must be auto, -1 (all), a positive integer or a list of device indices"
+        acc = _get(sec, f"{trainer}.accelerator", "auto")
+        if acc in ("gpu", "cuda", "auto") and n > 1 or acc in ("gpu", "cuda"):
+            import torch
+
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if have and n > have:
+                return f"this machine has {have} CUDA device(s)"
+        return None  # no CUDA: accelerator=gpu is refused by its own rule; auto runs n CPU processes
+
+    return check
+
+
 def _path_problem(v, kind: str) -> str | None:
     if not isinstance(v, str) or not v:
         return f"must be the path of a {kind}"
@@ -392,6 +431,8 @@ QG = (
     Rule("qg.train.max_steps", int_at_least(-1), "-1 = by max_epochs"),
     Rule("qg.train.patience", NON_NEGATIVE),
     Rule("qg.train.resume", boolean),
+    Rule("qg.train.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
+    Rule("qg.train.devices", trainer_devices_at("qg.train"), "Lightning's devices"),
     Rule("queries.split", one_of("train"), "gdr qg trains on the train split only"),
 )
 # Indexer settings: `gdr index` at the root, `gdr run` under `index.` (conf/stage/index.yaml).
@@ -477,6 +518,8 @@ TRAIN_STAGE = (
     Rule("trainer.tensorboard", boolean),
     Rule("trainer.resume", boolean),
     Rule("trainer.enable_progress_bar", boolean),
+    Rule("trainer.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
+    Rule("trainer.devices", trainer_devices_at("trainer"), "Lightning's devices"),
 )
 TRAIN_COMMAND = (
     Rule("docids", existing("file"), "docids.tsv from `gdr index`"),
@@ -666,13 +709,14 @@ def error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
 
     from gdr.data import DataError
+    from gdr.guard import OutputError
 
     if isinstance(exc, HydraException):
         return _with_override(_hydra_line(exc) or type(exc).__name__, argv)
     if isinstance(exc, OmegaConfBaseException):
         line, key = _first_line(str(exc)) or type(exc).__name__, getattr(exc, "full_key", None)
         return f"{line} (key {key})" if key and key not in line else _with_override(line, argv)
-    if isinstance(exc, (ConfigError, DataError)):
+    if isinstance(exc, (ConfigError, DataError, OutputError)):
         return _first_line(str(exc)) or type(exc).__name__
     if isinstance(exc, (ValueError, FileNotFoundError, FileExistsError)):
         line = _first_line(str(exc)) or type(exc).__name__
