@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Callable
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "release_all", "die_with_parent", "launched_rank", "replace_together", "write_error_line", "OUT_OPTION"]
+           "release_all", "die_with_parent", "dataloader_worker_init", "launched_rank", "replace_together", "write_error_line", "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
 # The option that names each command's output folder.
 OUT_OPTION = {"sample": "out", "score": "out", "cluster": "out", "index": "out", "qg": "out", "run": "out",
               "train": "out_dir", "evaluate": "out_dir", "index add": "index"}
 COMMAND_LINE = ""  # what the lock file names as the holder's command; set by ``gdr``'s main
-_HELD: dict[Path, int] = {}  # folder (resolved) -> fd of its lock file, held by this process
+_HELD: dict[Path, tuple[int, str]] = {}  # folder (resolved) -> (fd of its lock file, "option=path"), this process's
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _NO_WRITE = {errno.EACCES, errno.EPERM, errno.EROFS}
 
@@ -138,7 +138,7 @@ def lock_folder(path: str | os.PathLike, option: str = "out", command: str | Non
     command = command or COMMAND_LINE or "gdr " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
-    _HELD[p] = fd
+    _HELD[p] = (fd, f"{option}={path}")
     return p
 
 
@@ -171,7 +171,7 @@ def release_all() -> None:
     """Drop every lock this process holds (``gdr``'s ``main`` does, when a command returns)."""
     import fcntl
 
-    for p, fd in list(_HELD.items()):
+    for p, (fd, _) in list(_HELD.items()):
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -252,6 +252,7 @@ def write_error_line(exc: BaseException, command: str) -> str | None:
     if not isinstance(exc, OSError) or exc.errno not in _NO_SPACE | _NO_WRITE:
         return None
     option = OUT_OPTION.get(command, "out")
-    where = exc.filename or "an output file"
+    # a failed write or flush names no file: name the folder this command writes (the first it locked)
+    where = exc.filename or next((f"into {held}" for _, held in _HELD.values()), "its outputs")
     what = "no space left on the device" if exc.errno in _NO_SPACE else _reason(exc)
     return f"cannot write {where} ({what}); {_fix(option, exc)}, then rerun the same command to resume"
