@@ -14,6 +14,11 @@
   0) takes the lock; the other ranks trust it. One job = one lock, held by its first process.
 * :func:`die_with_parent` makes a spawned worker exit when its parent dies (``PR_SET_PDEATHSIG`` on
   Linux, else a thread that watches ``os.getppid()``), so kill -9 of ``gdr`` leaves no writer behind.
+  Users: the ``score.processes`` workers, Lightning ``ddp_spawn`` workers (a callback in
+  :mod:`training.train`), and ranks started by ``torchrun`` or Lightning ``ddp`` (:func:`claim_out`). The
+  multiprocessing resource tracker exits by itself once the parent and the workers are gone (its pipe
+  closes), and DataLoader workers have torch's own parent watchdog (``os.getppid()``, every 5 s); they
+  write no files.
 * :func:`replace_together` writes a set of files (``report.md``, ``report.png``, ``report.json``) to
   temporary names first and renames them only when all are written, the JSON last, so a failed write
   leaves the old set whole.
@@ -32,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "release_all", "die_with_parent", "dataloader_worker_init", "launched_rank", "replace_together", "write_error_line", "OUT_OPTION"]
+           "release_all", "die_with_parent", "launched_rank", "replace_together", "write_error_line", "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
 # The option that names each command's output folder.
@@ -213,11 +218,6 @@ def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL, po
 
         threading.Thread(target=watch, name="gdr-parent-watch", daemon=True).start()
     return how
-
-
-def dataloader_worker_init(worker_id: int) -> None:
-    """``worker_init_fn`` of DataLoaders: a worker dies with the process that started it."""
-    die_with_parent()
 
 
 # ----------------------------------------------------------------------------------- replacing files

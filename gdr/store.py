@@ -175,6 +175,9 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
             for f in shard_dir.glob("*.done"):
                 f.unlink()
             np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=(len(doc_ids), len(queries))).flush()
+            if hasattr(os, "posix_fallocate"):  # reserve the blocks: a full disk is ENOSPC now, not SIGBUS mid-run
+                with open(p_path, "r+b") as f:
+                    os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
             atomic_write_json(out / "doc_ids.json", list(doc_ids))
         write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
     _barrier(world)

@@ -323,6 +323,23 @@ def test_a_full_disk_later_is_one_line_and_leaves_nothing_half_written(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == [guard.LOCK_FILE]  # no .tmp, no torn tree.json
 
 
+def test_a_p_matrix_that_does_not_fit_is_one_line_not_sigbus(toy, tmp_path, capsys, monkeypatch):
+    """P.npy is a memmap: written sparse, a full disk surfaced as SIGBUS in the middle of scoring (no
+    message, no exit code of ours). Its blocks are reserved up front, so a full disk is ENOSPC at once."""
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    out = tmp_path / "p"
+    assert main(_score_args(toy, out)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]  # after the model's loading bar
+    assert line == (f"gdr score: error: cannot write into out={out} (no space left on the device); free space "
+                    "on that disk or choose another out= on a disk with room, then rerun the same command to resume")
+    assert not (out / "P.shards").exists() or not list((out / "P.shards").glob("*.done"))
+
+
 def test_permission_error_later_names_the_file(capsys):
     e = PermissionError(errno.EACCES, "Permission denied", "/x/report.md")
     assert guard.write_error_line(e, "evaluate") == (

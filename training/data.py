@@ -28,7 +28,6 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gdr.guard import dataloader_worker_init
 from indexing.trie import DocidTrie
 
 log = logging.getLogger(__name__)
@@ -375,13 +374,11 @@ class RetrievalDataModule(pl.LightningDataModule):
         sampler = ResumeSampler(len(ds), self.seed, self.resume_epoch, self.resume_skip)
         return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
                           collate_fn=self._collate_train, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, drop_last=False,
-                          worker_init_fn=dataloader_worker_init if self.num_workers > 0 else None)
+                          persistent_workers=self.num_workers > 0, drop_last=False)
 
     def val_dataloader(self) -> DataLoader | list:
         if len(self.examples.dev) == 0:
             return []
         ds = _Examples(self.examples.dev, self.examples.dev_rel)
         return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, collate_fn=self._collate_dev,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          worker_init_fn=dataloader_worker_init if self.num_workers > 0 else None)
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
