@@ -340,12 +340,18 @@ def test_a_p_matrix_that_does_not_fit_is_one_line_not_sigbus(toy, tmp_path, caps
     assert not (out / "P.shards").exists() or not list((out / "P.shards").glob("*.done"))
 
 
-def test_permission_error_later_names_the_file(capsys):
-    e = PermissionError(errno.EACCES, "Permission denied", "/x/report.md")
+def test_permission_error_later_names_the_file(tmp_path):
+    guard.claim_folder(tmp_path / "x", "out_dir")
+    e = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "x" / "metrics.md"))
     assert guard.write_error_line(e, "evaluate") == (
-        "cannot write /x/report.md (Permission denied); make it writable (chmod u+w; chattr -i if it is "
-        "immutable) or choose another out_dir=, then rerun the same command to resume")
+        f"cannot write {tmp_path}/x/metrics.md (Permission denied); make it writable (chmod u+w; chattr -i if it "
+        "is immutable) or choose another out_dir=, then rerun the same command to resume")
+    e = PermissionError(errno.EACCES, "Permission denied", "/elsewhere/queries.jsonl")  # an input
+    assert guard.write_error_line(e, "evaluate") == (
+        "/elsewhere/queries.jsonl: Permission denied (an input, outside the folders this command writes); "
+        "fix its permissions")
     assert guard.write_error_line(ValueError("x"), "run") is None
+    assert guard.write_error_line(FileNotFoundError(errno.ENOENT, "No such file", "/y"), "run") is None
 
 
 # ----------------------------------------------------------------------------------- reports
