@@ -115,7 +115,7 @@ def _beam_kernel(model, input_ids, attention_mask, trie, beam, k, length_penalty
         nodes = nodes.clamp_min(0)  # hypotheses with -inf scores are dead; keep their index valid
         length = torch.where(was_done, length.gather(1, src), torch.full_like(length.gather(1, src), t + 1))
         done = was_done | (slot == eos)
-        if t == trie.max_len or bool(done.all()):
+        if t == trie.max_len:  # no early exit on `done.all()`: reading it would sync the host every step
             break
         step_tok = model.slot_tokens[t][slot]  # (B, w') token ids of the chosen slots at position t
         tokens = torch.where(done, torch.full_like(step_tok, PAD), step_tok).view(-1)
