@@ -155,6 +155,9 @@ def expand_nodes(trie: DocidTrie, nodes: np.ndarray, scores: np.ndarray) -> tupl
     return np.split(docs, cuts), np.split(sc, cuts), np.split(rk, cuts)
 
 
+GPU_SEARCH_BATCH = 256
+
+
 def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -168,7 +171,7 @@ class Retriever:
 
     def __init__(self, model: GenerativeRetriever, tokenizer, trie: DocidTrie, doc_ids: Sequence[str],
                  device: str | torch.device | None = None, beam: int = 100, length_penalty: float = 1.0,
-                 batch_size: int = 32):
+                 batch_size: int | str = 32):
         if trie.n_docs != len(doc_ids):
             raise ValueError(f"trie has {trie.n_docs} documents but {len(doc_ids)} doc ids were given")
         self.device = torch.device(device) if device is not None else _default_device()
@@ -178,7 +181,8 @@ class Retriever:
         self.doc_ids = np.asarray(list(doc_ids), dtype=object)
         self.beam = beam
         self.length_penalty = length_penalty
-        self.batch_size = batch_size
+        # queries per beam search: "auto" = 256 on CUDA (256 x beam hypotheses per decoder step), 32 on the CPU
+        self.batch_size = (GPU_SEARCH_BATCH if self.device.type == "cuda" else 32) if batch_size == "auto" else int(batch_size)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device | None = None, **kw) -> "Retriever":

@@ -112,6 +112,7 @@ class TrainerOptions:
     num_workers: int = 0
     log_every_n_steps: int = 50
     checkpoint_every_n_steps: int | None = None
+    checkpoint_every_n_epochs: int = 1
     num_sanity_val_steps: int = 2
     tensorboard: bool = True
     resume: bool = True
@@ -258,10 +259,11 @@ def train(
     last_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False,
         every_n_train_steps=t.checkpoint_every_n_steps,
+        every_n_epochs=None if t.checkpoint_every_n_steps else t.checkpoint_every_n_epochs,
     )
     best_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
-        auto_insert_metric_name=False,
+        auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
     ) if has_dev else None
     recorder = _LossRecorder()
     # best before last: last.ckpt then carries the best-checkpoint callback's updated state

@@ -475,6 +475,7 @@ TRAIN_STAGE = (
     Rule("trainer.num_workers", NON_NEGATIVE),
     Rule("trainer.log_every_n_steps", POSITIVE),
     Rule("trainer.checkpoint_every_n_steps", OPT_POSITIVE),
+    Rule("trainer.checkpoint_every_n_epochs", POSITIVE, "epochs between resume points"),
     Rule("trainer.num_sanity_val_steps", int_at_least(-1)),
     Rule("trainer.tensorboard", boolean),
     Rule("trainer.resume", boolean),
@@ -491,7 +492,7 @@ TRAIN_COMMAND = (
 EVALUATE_STAGE = (
     Rule("beam", POSITIVE, "beam width"),
     Rule("k", k_within_beam, "results per query"),
-    Rule("batch_size", POSITIVE),
+    Rule("batch_size", auto_or(POSITIVE), "queries per beam search; auto = 256 on CUDA, 32 on the CPU"),
     Rule("length_penalty", number()),
     Rule("device", device(None, "cpu"), "null = cuda when available"),
     Rule("bm25", boolean),
