@@ -352,3 +352,43 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
     assert main(["search", texts[0], f"run_dir={run}", "k=3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["query"] == texts[0] and len(out["results"]) == 3
+
+
+# ----------------------------------------------------------------------------- GPU-path pieces, checked on the CPU
+
+def test_scaled_optim_keeps_warmup_in_examples_and_scales_learning_rates():
+    from training.train import resolve_batch_size, scaled_optim
+
+    base = OptimOptions(lr_encoder=1e-4, lr_decoder=1e-3, warmup_steps=1000, lr_scaling="sqrt")
+    big = scaled_optim(base, 512)
+    assert big.lr_decoder == pytest.approx(1e-3 * 8 ** 0.5) and big.lr_encoder == pytest.approx(1e-4 * 8 ** 0.5)
+    assert big.warmup_steps * 512 == 1000 * 64  # the same number of warmup examples
+    assert scaled_optim(base, 64) == base
+    lin = scaled_optim(OptimOptions(lr_decoder=1e-3, warmup_steps=100, lr_scaling="linear"), 128)
+    assert lin.lr_decoder == pytest.approx(2e-3) and lin.warmup_steps == 50
+    assert scaled_optim(OptimOptions(lr_scaling="none"), 512) == OptimOptions(lr_scaling="none")
+    with pytest.raises(ValueError, match="lr_scaling"):
+        scaled_optim(OptimOptions(lr_scaling="cubic"), 512)
+    if not torch.cuda.is_available():
+        assert resolve_batch_size("auto") == 64 and resolve_batch_size(100) == 100
+
+
+def test_pretokenised_batches_equal_per_example_padding(word_tokenizer):
+    """The tensor batch (one gather) is exactly what padding each example one by one gave."""
+    from training.data import RetrievalDataModule, _pad, build_examples
+    from training.model import load_tokenizer
+
+    doc_ids, texts, codes = toy_corpus(20)
+    tok = load_tokenizer(word_tokenizer)
+    queries = [" ".join(texts[i].split()[: 1 + i % 3]) for i in range(20)]  # lengths 1..3
+    ex = build_examples(tok, 20, train_queries=queries, train_rel=[[i] for i in range(20)], dev_fraction=0.0)
+    trie = build_trie(codes, n_digits=4)
+    dm = RetrievalDataModule(ex, trie, pad_token_id=0, batch_size=7, seed=3)
+    seen = []
+    for batch in dm.train_dataloader():
+        idx = [int(np.flatnonzero((dm.labels[ex.train_doc] == row).all(1))[0]) for row in batch["labels"]]
+        ids, mask = _pad([ex.train[i] for i in idx], 0)
+        assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["attention_mask"], mask)
+        assert batch["input_ids"].dtype == torch.long and batch["labels"].shape == (len(idx), 4)
+        seen += idx
+    assert sorted(seen) == list(range(20))

@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[3]
 RUN_1000 = ["+experiment=bbc", "data.n_docs=1000", "sample.n_queries=512", "doc_queries.per_doc=3",
             "indexers=[gc,hkmi,random]", "seeds=[0]", "cluster.enabled=false", "plot=false", "device=auto",
             "train.trainer.batch_size=auto", "evaluate.batch_size=auto"]
-SMOKE_RUN = ["+experiment=bbc", "data.n_docs=40", "sample.n_queries=16", "sample.max_new_tokens=8",
-             "model.max_doc_tokens=32", "doc_queries.per_doc=0", "indexers=[gc,hkmi,random]", "seeds=[0]",
+SMOKE_RUN = ["+experiment=bbc", "data.n_docs=40", "model.max_doc_tokens=32", "sample.n_queries=16", "sample.max_new_tokens=8",
+             "doc_queries.per_doc=0", "indexers=[gc,hkmi,random]", "seeds=[0]",
              "index.n_clusters=4", "index.leaf_size=4", "queries.fractions=[0.5,0.1,0.4]",
              "cluster.enabled=false", "plot=false", "device=cpu", "score.processes=1", "score.shard_size=8",
              "train.model.size=tiny", "train.trainer.max_epochs=2", "train.trainer.batch_size=16",
@@ -79,15 +79,16 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
     """The chain for ``mode`` ("gpu" or "smoke"); ``work`` holds the run folders."""
     m = [*_py(), "-m"]
     if mode == "smoke":  # tiny sizes on the CPU: proves the chaining and the parsing, not the speed
+        lm = str(work / "tiny-lm")  # a random-init 2-layer Llama (make_tiny_lm) instead of SmolLM2
         steps = [
             Step("sampling", [*m, "gdr.cli.bench.sampling", "--device", "cpu"], 90),
-            Step("scoring", [*m, "gdr.cli.bench.scoring", "--device", "cpu", "--queries", "8", "--doc-tokens", "32",
-                             "--pairs", "32", "--naive-pairs", "4"], 120),
+            Step("scoring", [*m, "gdr.cli.bench.scoring", "--model", lm, "--device", "cpu", "--queries", "8",
+                             "--doc-tokens", "32", "--pairs", "32", "--naive-pairs", "4"], 120),
             Step("training", [*m, "gdr.cli.bench.training", "--presets", "mini", "--batch", "8", "--steps", "2",
                               "--warmup", "1", "--device", "cpu"], 120),
             Step("search", [*m, "gdr.cli.bench.decoding", "--model", "tiny", "--docs", "2000", "--beam", "20",
                             "--queries", "8", "--batch", "8", "--no-reference", "--device", "cpu"], 90),
-            _run_step("run", SMOKE_RUN, work / "run-smoke", 300),
+            _run_step("run", [*SMOKE_RUN, f"model.name={lm}"], work / "run-smoke", 300),
         ]
     else:
         steps = [
@@ -115,6 +116,30 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
     for s in steps:
         s.figures = figs.get(s.name, {})
     return steps
+
+
+def make_tiny_lm(folder: Path) -> Path:
+    """A random-init 2-layer Llama with the bundled MiniLM tokenizer, saved as an HF folder (smoke runs)."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from gdr.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("minilm-l6"))
+    tok.eos_token = tok.sep_token
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} [SEP] {% endfor %}"
+                         "{% if add_generation_prompt %}[assistant] {% endif %}")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id)
+    tmp = folder.with_name(folder.name + ".tmp")
+    LlamaForCausalLM(cfg).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, folder)
+    return folder
 
 
 def last_json(text: str) -> dict | None:
@@ -257,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.only.split(","))
         steps = [s for s in steps if s.name in keep]
 
+    if mode == "smoke":
+        work.mkdir(parents=True, exist_ok=True)
+        make_tiny_lm(work.resolve() / "tiny-lm")
     if args.dry_run:
         problems: dict[str, str | None] = {}
         for s in steps:
