@@ -392,3 +392,52 @@ def test_pretokenised_batches_equal_per_example_padding(word_tokenizer):
         assert batch["input_ids"].dtype == torch.long and batch["labels"].shape == (len(idx), 4)
         seen += idx
     assert sorted(seen) == list(range(20))
+
+
+def _noisy_queries(docs: list[np.ndarray], per_doc: int, seed: int) -> tuple[list[str], list[list[int]]]:
+    """Per document, ``per_doc`` queries of two of its three words and one random word, shuffled."""
+    rng = np.random.default_rng(seed)
+    words = np.array(WORDS)
+    qs, rel = [], []
+    for i, d in enumerate(docs):
+        for _ in range(per_doc):
+            w = [*rng.choice(d, 2, replace=False), rng.integers(len(WORDS))]
+            rng.shuffle(w)
+            qs.append(" ".join(words[w]))
+            rel.append([i])
+    return qs, rel
+
+
+@pytest.mark.slow
+def test_batch_512_with_scaled_lr_reaches_the_batch_64_recall(tmp_path, word_tokenizer):
+    """64 documents, 1,024 noisy training queries, 256 held-out ones; 3 seeds per setting.
+
+    Batch 64 at lr 3e-3 for 40 epochs (640 steps) against batch 512 at the sqrt-scaled lr (8.5e-3, warmup
+    kept in examples) for 120 epochs (240 steps): the large batch must reach the small batch's mean
+    Recall@1 within the small batch's seed spread (measured by hand on 2 CPU cores: batch 64 0.355 / 0.395 /
+    0.367; batch 512 at 40 epochs 0.18-0.27, at 120 epochs 0.36 for seed 0: equal epochs are not enough).
+    """
+    rng = np.random.default_rng(0)
+    docs = [rng.choice(len(WORDS), 3, replace=False) for _ in range(64)]
+    grid = np.stack(np.meshgrid(range(4), range(4), range(4), indexing="ij"), -1).reshape(-1, 3)
+    codes = [tuple(int(x) for x in c) for c in grid[rng.permutation(64)]]
+    doc_ids = [f"d{i}" for i in range(64)]
+    train_q, train_rel = _noisy_queries(docs, 16, seed=1)
+    test_q, test_rel = _noisy_queries(docs, 4, seed=2)
+
+    def recall_at_1(batch: int, epochs: int, seed: int) -> float:
+        out = tmp_path / f"b{batch}-s{seed}"
+        train(out, tiny_config(word_tokenizer, dropout=0.1), doc_ids, codes, train_queries=train_q,
+              train_rel=train_rel, examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
+              optim=OptimOptions(lr_encoder=3e-3, lr_decoder=3e-3, warmup_steps=16, weight_decay=0.0,
+                                 base_batch_size=64, lr_scaling="sqrt"),
+              trainer_opts=TrainerOptions(max_epochs=epochs, batch_size=batch, enable_progress_bar=False,
+                                          tensorboard=False, resume=False, checkpoint_every_n_epochs=10_000),
+              seed=seed)
+        top = Retriever.load(out, device="cpu", beam=10).search(test_q, k=1)
+        return float(np.mean([row[0][0] == doc_ids[r[0]] for row, r in zip(top, test_rel)]))
+
+    small = [recall_at_1(64, 40, s) for s in range(3)]
+    large = [recall_at_1(512, 120, s) for s in range(3)]
+    print(f"Recall@1 batch 64 x 40 epochs: {small}; batch 512 x 120 epochs: {large}")
+    assert np.mean(large) >= np.mean(small) - (max(small) - min(small))

@@ -13,7 +13,8 @@ starts on a bare CUDA image (``source .device-carry/3/boot.sh`` brings the rest;
 
 Outputs go under ``$OUT`` when it is set (the device machine returns at most 8 files: ``bench-gpu.json`` and
 ``bench-gpu-logs.tar.gz``, the step logs with the runs' report.md/report.json), else under ``--out``. The
-run folders themselves go to ``--work`` (default: a temporary folder when ``$OUT`` is set, else under ``--out``).
+run folders themselves go to ``--work`` (default: ``<tmp>/gdr-bench-gpu`` when ``$OUT`` is set, else under ``--out``); each run's folder is
+emptied first, so that no cached stage is reused.
 The LAST line printed is one JSON object: ``device``, ``seconds``, every figure as a flat key (null when
 missing), ``steps`` (rc, seconds, ok per step) and ``errors``.
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -221,6 +223,8 @@ def _env() -> dict[str, str]:
 def execute(step: Step, logs: Path) -> dict[str, Any]:
     """Run one step; returns its record: rc, seconds, figures, error."""
     log_path = logs / f"{step.name}.log"
+    if step.run_out is not None and step.run_out.exists():  # a benchmark times every stage: no cached stage reused
+        shutil.rmtree(step.run_out)
     t0 = time.perf_counter()
     err = None
     with open(log_path, "w", encoding="utf-8") as f:
@@ -265,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the whole chain at tiny sizes on the CPU (~3 minutes)")
     ap.add_argument("--full", action="store_true", help="also gdr run +experiment=bbc and +experiment=cranfield")
     ap.add_argument("--out", default=None, help="where the summary and logs go (default $OUT, else runs/bench-gpu)")
-    ap.add_argument("--work", default=None, help="where the run folders go (default: a temporary folder under $OUT"
-                                                   " use, else <out>/work)")
+    ap.add_argument("--work", default=None, help="where the run folders go (default: <tmp>/gdr-bench-gpu when $OUT "
+                                                   "is used, else <out>/work)")
     ap.add_argument("--only", default=None, help="comma-separated step names to run (default all)")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "gpu"
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.work:
         work = Path(args.work)
     elif os.environ.get("OUT") and not args.out:  # $OUT returns at most 8 files: runs live elsewhere
-        work = Path(tempfile.mkdtemp(prefix="gdr-bench-gpu-"))
+        work = Path(tempfile.gettempdir()) / "gdr-bench-gpu"
     else:
         work = out / "work"
     steps = plan(mode, work.resolve(), full=args.full)
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             device = _device_name()
         except ImportError as e:
-            print(f"gdr bench gpu: needs torch with CUDA ({e}); `--dry-run` prints the commands", file=sys.stderr)
+            print(f"gdr bench gpu: needs torch with CUDA ({e}); `--dry-run` prints the commands")
             return 2
         if device is None:
             print("gdr bench gpu: needs a CUDA GPU (torch.cuda.is_available() is False here); "
