@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo test test-all clean bench-gpu bench-gpu-dry bench-gpu-smoke
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,19 @@ test: install
 
 test-all: install
 	$(BIN)/python -m pytest -q
+
+# GPU benchmarks (gdr/cli/bench/gpu.py): no `make install` needed, so they run on a bare CUDA image
+# (`source .device-carry/3/boot.sh` first: ../shared/device/prep.sh). Exit 2 with one line without CUDA.
+BENCH_PY := $(shell [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3)
+
+bench-gpu:
+	@$(BENCH_PY) -m gdr.cli.bench.gpu $(BENCH_ARGS)
+
+bench-gpu-dry:
+	@$(BENCH_PY) -m gdr.cli.bench.gpu --dry-run $(BENCH_ARGS)
+
+bench-gpu-smoke:
+	@$(BENCH_PY) -m gdr.cli.bench.gpu --smoke $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

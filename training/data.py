@@ -33,7 +33,7 @@ from indexing.trie import DocidTrie
 log = logging.getLogger(__name__)
 
 __all__ = ["TokenStore", "RetrievalExamples", "build_examples", "read_generated_queries", "EpochSampler",
-           "ResumeSampler", "resume_point", "RetrievalDataModule"]
+           "ResumeSampler", "resume_point", "RetrievalDataModule", "padded"]
 
 
 @dataclass
@@ -325,6 +325,48 @@ class _Examples(Dataset):
         return self.store[i], self.targets[i]
 
 
+def padded(store: TokenStore, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence of ``store`` in one int32 tensor of shape (n, S_max), ``pad_id`` after its end, and
+    the lengths (n,) int64: built once, without a Python loop over sequences."""
+    lens = np.diff(store.offsets)
+    n, width = len(lens), int(lens.max()) if len(lens) else 0
+    dense = np.full((n, width), pad_id, dtype=np.int32)
+    rows = np.repeat(np.arange(n), lens)
+    cols = np.arange(len(store.ids)) - np.repeat(store.offsets[:-1], lens)
+    dense[rows, cols] = store.ids
+    return torch.from_numpy(dense), torch.from_numpy(lens.astype(np.int64))
+
+
+class _TrainTensors(Dataset):
+    """Training examples pre-tokenised into tensors: a batch is one gather, not a per-example collate.
+
+    The DataLoader's fetcher calls ``__getitems__`` with the sampler's indices of a whole batch;
+    the batch is trimmed to its longest input, exactly what padding each example one by one gave.
+    """
+
+    def __init__(self, ids: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor):
+        self.ids, self.lens, self.labels = ids, lens, labels  # (n, S) int32, (n,), (n, L + 1)
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])
+
+    def __getitems__(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        idx_t = torch.as_tensor(idx, dtype=torch.long)
+        lens = self.lens[idx_t]  # (B,)
+        width = int(lens.max())  # host tensors: no device sync
+        ids = self.ids[idx_t, :width].long()  # (B, S)
+        mask = (torch.arange(width)[None, :] < lens[:, None]).long()  # (B, S)
+        return {"input_ids": ids, "attention_mask": mask, "labels": self.labels[idx_t]}
+
+
+def _first(batch):
+    """collate_fn of :class:`_TrainTensors`: ``__getitems__`` already returned the batch."""
+    return batch
+
+
 def _pad(seqs: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
@@ -344,21 +386,17 @@ class RetrievalDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, examples: RetrievalExamples, trie: DocidTrie, pad_token_id: int, batch_size: int = 64,
-                 eval_batch_size: int = 32, num_workers: int = 0, seed: int = 0):
+                 eval_batch_size: int = 32, num_workers: int = 0, seed: int = 0, pin_memory: bool = False):
         super().__init__()
         self.examples, self.trie = examples, trie
         self.pad_token_id = pad_token_id
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.num_workers, self.seed = num_workers, seed
+        self.num_workers, self.seed, self.pin_memory = num_workers, seed, pin_memory
         self.resume_epoch, self.resume_skip = -1, 0  # set by train() when it resumes a killed run mid-epoch
         seq = trie.slot_sequences()
         self.labels = torch.from_numpy(np.where(seq < 0, -100, seq))  # (n_docs, L + 1)
         self.doc_node = torch.from_numpy(trie.doc_node)
-
-    def _collate_train(self, batch):
-        seqs, docs = zip(*batch)
-        ids, mask = _pad(seqs, self.pad_token_id)
-        return {"input_ids": ids, "attention_mask": mask, "labels": self.labels[torch.as_tensor(np.asarray(docs))]}
+        self._train: _TrainTensors | None = None
 
     def _collate_dev(self, batch):
         seqs, rels = zip(*batch)
@@ -370,11 +408,14 @@ class RetrievalDataModule(pl.LightningDataModule):
         return {"input_ids": ids, "attention_mask": mask, "rel_nodes": rel}
 
     def train_dataloader(self) -> DataLoader:
-        ds = _Examples(self.examples.train, self.examples.train_doc)
+        if self._train is None:  # tokens -> tensors once, not per epoch
+            ids, lens = padded(self.examples.train, self.pad_token_id)
+            self._train = _TrainTensors(ids, lens, self.labels[torch.from_numpy(self.examples.train_doc)])
+        ds = self._train
         sampler = ResumeSampler(len(ds), self.seed, self.resume_epoch, self.resume_skip)
-        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
-                          collate_fn=self._collate_train, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, drop_last=False)
+        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler, collate_fn=_first,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False,
+                          pin_memory=self.pin_memory)
 
     def val_dataloader(self) -> DataLoader | list:
         if len(self.examples.dev) == 0:

@@ -115,7 +115,7 @@ def _beam_kernel(model, input_ids, attention_mask, trie, beam, k, length_penalty
         nodes = nodes.clamp_min(0)  # hypotheses with -inf scores are dead; keep their index valid
         length = torch.where(was_done, length.gather(1, src), torch.full_like(length.gather(1, src), t + 1))
         done = was_done | (slot == eos)
-        if t == trie.max_len or bool(done.all()):
+        if t == trie.max_len:  # no early exit on `done.all()`: reading it would sync the host every step
             break
         step_tok = model.slot_tokens[t][slot]  # (B, w') token ids of the chosen slots at position t
         tokens = torch.where(done, torch.full_like(step_tok, PAD), step_tok).view(-1)
@@ -155,6 +155,9 @@ def expand_nodes(trie: DocidTrie, nodes: np.ndarray, scores: np.ndarray) -> tupl
     return np.split(docs, cuts), np.split(sc, cuts), np.split(rk, cuts)
 
 
+GPU_SEARCH_BATCH = 256
+
+
 def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -168,7 +171,7 @@ class Retriever:
 
     def __init__(self, model: GenerativeRetriever, tokenizer, trie: DocidTrie, doc_ids: Sequence[str],
                  device: str | torch.device | None = None, beam: int = 100, length_penalty: float = 1.0,
-                 batch_size: int = 32):
+                 batch_size: int | str = 32):
         if trie.n_docs != len(doc_ids):
             raise ValueError(f"trie has {trie.n_docs} documents but {len(doc_ids)} doc ids were given")
         self.device = torch.device(device) if device is not None else _default_device()
@@ -178,7 +181,8 @@ class Retriever:
         self.doc_ids = np.asarray(list(doc_ids), dtype=object)
         self.beam = beam
         self.length_penalty = length_penalty
-        self.batch_size = batch_size
+        # queries per beam search: "auto" = 256 on CUDA (256 x beam hypotheses per decoder step), 32 on the CPU
+        self.batch_size = (GPU_SEARCH_BATCH if self.device.type == "cuda" else 32) if batch_size == "auto" else int(batch_size)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device | None = None, **kw) -> "Retriever":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,7 +29,8 @@ from training.module import RetrieverModule
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train"]
+__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
+           "resolve_batch_size"]
 
 
 @dataclass
@@ -48,20 +49,51 @@ class ExampleOptions:
 
 @dataclass
 class OptimOptions:
+    """AdamW settings, given at ``base_batch_size``.
+
+    At batch size B the learning rates are multiplied by ``sqrt(B / base_batch_size)`` (``lr_scaling:
+    sqrt``, the square-root rule for Adam-type optimisers) or ``B / base_batch_size`` (``linear``) or kept
+    (``none``, this class's default, so that code calling :func:`train` with its own rates keeps them), and
+    the warmup covers the same number of *examples*: ``warmup_steps * base_batch_size / B`` steps. At
+    B = base_batch_size nothing changes (see :func:`scaled_optim`).
+    """
+
     lr_encoder: float = 1e-4
     lr_decoder: float = 1e-3
     weight_decay: float = 0.01
     warmup_steps: int = 1000
     consistency_weight: float = 0.0
+    base_batch_size: int = 64
+    lr_scaling: str = "none"  # conf/stage/train.yaml: sqrt
+
+
+LR_SCALINGS = ("sqrt", "linear", "none")
+
+
+def scaled_optim(optim: OptimOptions, batch_size: int) -> OptimOptions:
+    """The optimiser settings for ``batch_size``: learning rates scaled, warmup kept in examples."""
+    if optim.lr_scaling not in LR_SCALINGS:
+        raise ValueError(f"optim.lr_scaling={optim.lr_scaling!r}; choose one of {', '.join(LR_SCALINGS)}")
+    if optim.lr_scaling == "none":
+        return optim
+    ratio = batch_size / optim.base_batch_size
+    factor = {"sqrt": ratio ** 0.5, "linear": ratio, "none": 1.0}[optim.lr_scaling]
+    warmup = int(round(optim.warmup_steps / ratio))
+    return replace(optim, lr_encoder=optim.lr_encoder * factor, lr_decoder=optim.lr_decoder * factor,
+                   warmup_steps=warmup, base_batch_size=batch_size)
 
 
 @dataclass
 class TrainerOptions:
-    """Lightning Trainer settings. ``precision`` None = bf16-mixed on GPU, 32 on CPU."""
+    """Lightning Trainer settings. ``precision`` None = bf16-mixed on GPU, 32 on CPU.
+
+    ``batch_size`` "auto" = 512 on CUDA, 64 on the CPU (:func:`resolve_batch_size`); ``compile`` wraps the
+    model in ``torch.compile`` on CUDA (ignored on the CPU).
+    """
 
     max_epochs: int = 20
     max_steps: int = -1
-    batch_size: int = 64
+    batch_size: int | str = 64
     eval_batch_size: int = 32
     accelerator: str = "auto"
     devices: Any = "auto"
@@ -80,10 +112,26 @@ class TrainerOptions:
     num_workers: int = 0
     log_every_n_steps: int = 50
     checkpoint_every_n_steps: int | None = None
+    checkpoint_every_n_epochs: int = 1
     num_sanity_val_steps: int = 2
     tensorboard: bool = True
     resume: bool = True
     enable_progress_bar: bool = True
+    compile: bool = False
+
+
+GPU_BATCH, CPU_BATCH = 512, 64
+
+
+def _on_cuda(accelerator: str) -> bool:
+    return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+
+
+def resolve_batch_size(batch_size: int | str, accelerator: str = "auto") -> int:
+    """``auto`` -> 512 on CUDA (keeps a GPU busy with a 30M model), 64 on the CPU; an int stays."""
+    if batch_size == "auto":
+        return GPU_BATCH if _on_cuda(accelerator) else CPU_BATCH
+    return int(batch_size)
 
 
 @dataclass
@@ -113,21 +161,38 @@ class _DiesWithParent(pl.Callback):
 
 
 class _LossRecorder(pl.Callback):
-    """Keeps every training loss (used by tests and written to nowhere else)."""
+    """Keeps every training loss (used by tests and written to nowhere else).
 
-    def __init__(self):
-        self.losses: list[float] = []
+    The losses stay on the device and are copied to the host every ``flush_every`` steps and when read:
+    no host synchronisation per step.
+    """
+
+    def __init__(self, flush_every: int = 1000):
+        self._pending: list[torch.Tensor] = []
+        self._done: list[float] = []
+        self.flush_every = flush_every
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.losses.append(float(loss.detach()))
+        self._pending.append(loss.detach().float())
+        if len(self._pending) >= self.flush_every:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._done.extend(torch.stack(self._pending).cpu().tolist())
+            self._pending.clear()
+
+    @property
+    def losses(self) -> list[float]:
+        self._flush()
+        return self._done
 
 
 def _precision(p: str | None, accelerator: str) -> str:
     if p is not None:
         return str(p)
-    gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
-    return "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if _on_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def train(
@@ -154,6 +219,8 @@ def train(
     doc_ids, codes : one docid per document (``read_docids``), aligned with ``doc_texts``
     train_queries, train_rel : real training queries and their relevant document indices
     gen_queries, gen_docs : generated queries and their source document indices
+    optim : learning rates and warmup at ``optim.base_batch_size``; scaled to the batch size used
+        (:func:`scaled_optim`)
     callbacks : extra Lightning callbacks
     """
     out = Path(out_dir)
@@ -179,17 +246,26 @@ def train(
         gen_queries=gen_queries, gen_docs=gen_docs, max_query_len=cfg.max_query_len, seed=seed,
         **asdict(examples),
     )
-    dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=trainer_opts.batch_size,
-                             eval_batch_size=trainer_opts.eval_batch_size, num_workers=trainer_opts.num_workers,
-                             seed=seed)
+    t = trainer_opts
+    cuda = _on_cuda(t.accelerator)
+    batch_size = resolve_batch_size(t.batch_size, t.accelerator)
+    optim = scaled_optim(optim, batch_size)
+    log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
+             optim.lr_decoder, optim.warmup_steps)
+    if cuda:
+        torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
+    dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=batch_size,
+                             eval_batch_size=t.eval_batch_size, num_workers=t.num_workers, seed=seed,
+                             pin_memory=cuda)
     module = RetrieverModule(cfg.to_dict(), lr_encoder=optim.lr_encoder, lr_decoder=optim.lr_decoder,
                              weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
                              consistency_weight=optim.consistency_weight, val_beam=trainer_opts.val_beam,
                              length_penalty=trainer_opts.length_penalty, seed=seed, trie=trie)
     n_params = module.model.n_params()
     log.info("retriever parameters: %s", n_params)
+    if t.compile and cuda:
+        module.model.compile()  # in place: the state dict keeps its keys
 
-    t = trainer_opts
     has_dev = len(ex.dev) > 0
     ckpt_dir = out / "checkpoints"
     # Lightning 2.6 writes `save_last` only when a top-k checkpoint is written in the same step, so
@@ -197,14 +273,17 @@ def train(
     last_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False,
         every_n_train_steps=t.checkpoint_every_n_steps,
+        every_n_epochs=None if t.checkpoint_every_n_steps else t.checkpoint_every_n_epochs,
     )
     best_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
-        auto_insert_metric_name=False,
+        auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
     ) if has_dev else None
     recorder = _LossRecorder()
     # best before last: last.ckpt then carries the best-checkpoint callback's updated state
     callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), _DiesWithParent(), *callbacks]
+    if t.enable_progress_bar and cuda:  # the bar reads the logged loss (a host sync) at each refresh
+        callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     if has_dev and t.patience > 0:
         callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience))
     # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
@@ -229,7 +308,7 @@ def train(
     ckpt_path = str(last) if (t.resume and last.exists()) else None
     if ckpt_path:
         if trainer.world_size == 1:  # skip the batches of the killed epoch already trained on (exact resume)
-            dm.resume_epoch, dm.resume_skip = resume_point(last, len(ex.train), t.batch_size)
+            dm.resume_epoch, dm.resume_skip = resume_point(last, len(ex.train), batch_size)
         else:
             log.warning("resuming under %d processes: the killed epoch is replayed from its start", trainer.world_size)
         log.info("resuming from %s (epoch %d, %d examples of it done)", ckpt_path, dm.resume_epoch, dm.resume_skip)

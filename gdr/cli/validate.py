@@ -499,10 +499,12 @@ TRAIN_STAGE = (
     Rule("optim.weight_decay", number(0, lo_open=False)),
     Rule("optim.warmup_steps", NON_NEGATIVE),
     Rule("optim.consistency_weight", number(0, lo_open=False), "0 = off"),
+    Rule("optim.base_batch_size", POSITIVE, "the batch size the learning rates are stated at"),
+    Rule("optim.lr_scaling", one_of("sqrt", "linear", "none"), "how learning rates follow the batch size"),
     Rule("trainer.max_epochs", POSITIVE),
     Rule("trainer.max_steps", lambda v, sec: None if v == -1 or (_is_int(v) and v > 0)
          else "must be -1 (no limit) or a positive integer"),
-    Rule("trainer.batch_size", POSITIVE),
+    Rule("trainer.batch_size", auto_or(POSITIVE), "auto = 512 on CUDA, 64 on the CPU"),
     Rule("trainer.eval_batch_size", POSITIVE),
     Rule("trainer.gradient_clip_val", optional(number(0, lo_open=False))),
     Rule("trainer.check_val_every_n_epoch", OPT_POSITIVE),
@@ -514,12 +516,14 @@ TRAIN_STAGE = (
     Rule("trainer.num_workers", NON_NEGATIVE),
     Rule("trainer.log_every_n_steps", POSITIVE),
     Rule("trainer.checkpoint_every_n_steps", OPT_POSITIVE),
+    Rule("trainer.checkpoint_every_n_epochs", POSITIVE, "epochs between resume points"),
     Rule("trainer.num_sanity_val_steps", int_at_least(-1)),
     Rule("trainer.tensorboard", boolean),
     Rule("trainer.resume", boolean),
     Rule("trainer.enable_progress_bar", boolean),
     Rule("trainer.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
     Rule("trainer.devices", trainer_devices_at("trainer"), "Lightning's devices"),
+    Rule("trainer.compile", boolean),
 )
 TRAIN_COMMAND = (
     Rule("docids", existing("file"), "docids.tsv from `gdr index`"),
@@ -531,7 +535,7 @@ TRAIN_COMMAND = (
 EVALUATE_STAGE = (
     Rule("beam", POSITIVE, "beam width"),
     Rule("k", k_within_beam, "results per query"),
-    Rule("batch_size", POSITIVE),
+    Rule("batch_size", auto_or(POSITIVE), "queries per beam search; auto = 256 on CUDA, 32 on the CPU"),
     Rule("length_penalty", number()),
     Rule("device", device(None, "cpu"), "null = cuda when available"),
     Rule("bm25", boolean),

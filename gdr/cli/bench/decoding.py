@@ -1,8 +1,13 @@
 """Constrained beam search: tensor trie vs a per-beam Python trie walk.
 
-``python -m gdr.cli.bench.decoding [--queries 32] [--beam 100] [--docs 100000]``
+``python -m gdr.cli.bench.decoding [--queries 32] [--beam 100] [--docs 100000] [--model tiny|small30m]``
 
-A small random-init retriever decodes ``--queries`` random queries at beam ``--beam`` over a trie
+Search throughput at the size ``gdr evaluate`` runs (the GPU figure of ``make bench-gpu``)::
+
+    python -m gdr.cli.bench.decoding --model small30m --docs 100000 --beam 100 --queries 4096 --batch 512 --no-reference
+
+A retriever (``--model tiny``: a small random-init one; ``small30m``: the preset of conf/stage/train.yaml,
+pretrained MiniLM encoder, random decoder) decodes ``--queries`` random queries at beam ``--beam`` over a trie
 of ``--docs`` random docids (K = 30, depth 4), twice on the same model and inputs:
 
 - **ours** (``training.search.constrained_beam_search``): the allowed symbols of every hypothesis
@@ -12,12 +17,16 @@ of ``--docs`` random docids (K = 30, depth 4), twice on the same model and input
   row of a mask, one beam at a time. Everything else (KV-cached decoder steps, top-k, finished
   hypotheses) is the same, so both must return the same ranked docids.
 
+``--no-reference`` skips the reference (slow at large sizes); ``reference_queries_per_s``, ``speedup``
+and ``same_results`` are then null. On CUDA the search runs under bf16 autocast, as ``gdr evaluate`` does.
+
 Prints as its last line one JSON object: ``queries_per_s``, ``reference_queries_per_s``,
-``speedup``, ``same_results`` and the settings.
+``speedup``, ``same_results``, ``model``, ``device`` and the settings.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import time
@@ -150,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--model", default="tiny", choices=["tiny", "small30m", "mini"],
+                    help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
+    ap.add_argument("--no-reference", dest="reference", action="store_false",
+                    help="skip the per-beam Python reference (slow at large sizes)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
@@ -162,25 +175,34 @@ def main(argv: list[str] | None = None) -> int:
     trie = build_trie(codes, n_digits=args.K)
     t_trie = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cfg = RetrieverConfig(encoder=None, encoder_config=dict(d_model=64, num_layers=2, num_heads=4, d_ff=128),
-                          n_digits=args.K, max_code_len=args.depth, d_model=64, num_layers=2, num_heads=4,
-                          d_ff=128, dropout=0.0)
-    model = GenerativeRetriever.build(cfg, vocab_size=1000).to(device).eval()
-    dict_trie = build_dict_trie(model, codes)
+    if args.model == "tiny":
+        cfg = RetrieverConfig(encoder=None, encoder_config=dict(d_model=64, num_layers=2, num_heads=4, d_ff=128),
+                              n_digits=args.K, max_code_len=args.depth, d_model=64, num_layers=2, num_heads=4,
+                              d_ff=128, dropout=0.0)
+        model = GenerativeRetriever.build(cfg, vocab_size=1000).to(device).eval()
+    else:
+        from gdr.cli.bench.training import preset_config
+
+        model = GenerativeRetriever.build(preset_config(args.model, args.K, args.depth)).to(device).eval()
+    dict_trie = build_dict_trie(model, codes) if args.reference else None
     t_dict = time.perf_counter() - t0
     print(f"trie: {args.docs:,} docids, K={args.K}, depth {args.depth}: {trie.n_nodes:,} nodes, "
           f"tensor trie built in {t_trie:.2f}s (dict trie + model {t_dict:.2f}s); device {device}, "
           f"{torch.get_num_threads()} threads")
     g = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(5, 1000, (args.queries, args.query_len), generator=g).to(device)
+    vocab = 1000 if args.model == "tiny" else int(model.encoder.config.vocab_size)
+    ids = torch.randint(5, vocab, (args.queries, args.query_len), generator=g).to(device)
     mask = torch.ones_like(ids)
     trie_dev = trie.to(device)
     k = args.beam
 
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
     def run_ours():
-        outs = [constrained_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], trie_dev,
-                                        beam=args.beam, k=k) for s in range(0, args.queries, args.batch)]
-        return BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores for o in outs]))
+        with amp:
+            outs = [constrained_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], trie_dev,
+                                            beam=args.beam, k=k) for s in range(0, args.queries, args.batch)]
+        return BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores.float() for o in outs]))
 
     def run_ref():
         outs = [reference_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], dict_trie,
@@ -198,20 +220,27 @@ def main(argv: list[str] | None = None) -> int:
 
     run_ours()  # warm-up (allocator, kernels)
     ours, t_ours = timed(run_ours)
-    ref, t_ref = timed(run_ref)
-    ours_codes = _codes_from_nodes(trie, ours.nodes)
-    ref_codes = _codes_from_tokens(ref.nodes, args.K)
-    same = ours_codes == ref_codes and torch.allclose(ours.scores, ref.scores, atol=1e-5)
-    valid = all(trie.contains(c) for row in ours_codes[:4] for c in row)
-    qps, rqps = args.queries / t_ours, args.queries / t_ref
-    print(f"ours:      {t_ours:.3f}s  {qps:.1f} queries/s")
-    print(f"reference: {t_ref:.3f}s  {rqps:.1f} queries/s (per-beam Python trie walk)")
-    print(f"speedup {t_ref / t_ours:.1f}x; same ranked docids: {same}; docids in trie: {valid}")
+    ours_codes = _codes_from_nodes(trie, ours.nodes[:4])
+    valid = all(trie.contains(c) for row in ours_codes for c in row)
+    qps = args.queries / t_ours
+    print(f"ours:      {t_ours:.3f}s  {qps:.1f} queries/s ({args.model}, batch {args.batch})")
+    rqps = same = speedup = None
+    if args.reference:
+        ref, t_ref = timed(run_ref)
+        ref_codes = _codes_from_tokens(ref.nodes, args.K)
+        same = bool(_codes_from_nodes(trie, ours.nodes) == ref_codes
+                    and torch.allclose(ours.scores, ref.scores, atol=1e-5 if device.type == "cpu" else 1e-2))
+        rqps, speedup = round(args.queries / t_ref, 2), round(t_ref / t_ours, 2)
+        print(f"reference: {t_ref:.3f}s  {rqps:.1f} queries/s (per-beam Python trie walk)")
+        print(f"speedup {speedup:.1f}x; same ranked docids: {same}")
+    print(f"docids in trie: {valid}")
+    from gdr.lm.flops import device_name
+
     print(json.dumps({
-        "queries_per_s": round(qps, 2), "reference_queries_per_s": round(rqps, 2),
-        "speedup": round(t_ref / t_ours, 2), "same_results": bool(same), "queries": args.queries,
-        "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": str(device),
-        "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(),
+        "queries_per_s": round(qps, 2), "reference_queries_per_s": rqps, "speedup": speedup,
+        "same_results": same, "model": args.model, "queries": args.queries, "batch": args.batch,
+        "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": device_name(device),
+        "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(), "docids_in_trie": bool(valid),
     }))
     return 0
 

@@ -1,0 +1,185 @@
+"""Benchmark: retriever training throughput (examples/s, tokens/s, MFU) on synthetic data.
+
+    python -m gdr.cli.bench.training [--presets mini,small30m] [--batch auto] [--steps 30] [--warmup 10]
+
+For each preset of ``conf/stage/train.yaml`` the real training path runs: ``RetrieverModule`` (fused AdamW
+on CUDA, bf16-mixed on CUDA, gradient clipping) fed by ``RetrievalDataModule`` (pre-tokenised tensors)
+under a Lightning ``Trainer``, on random ``--seq-len``-token inputs (every one full length) and random
+docids (K = ``--K`` digits, depth ``--depth``). ``--warmup`` steps are run first (allocator, kernels,
+``torch.compile``), then ``--steps`` steps are timed between two device synchronisations.
+
+FLOPs (``gdr.lm.flops``): training = 3 x the forward pass; the forward pass counts the encoder's
+matmuls over the ``seq_len`` input tokens, the decoder's over its L + 1 docid positions (cross-attention
+keys/values over the input tokens), attention scores, and the K + 1 slot logits. MFU is reported where
+the chip's peak is known (not on a CPU).
+
+The LAST line printed is one JSON object: ``device``, ``batch``, ``seq_len``, and per preset
+``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["main", "preset_config", "train_flops_per_example"]
+
+
+def preset_config(name: str, K: int, depth: int):
+    """``RetrieverConfig`` of a preset of ``conf/stage/train.yaml`` (read with PyYAML: no Hydra needed)."""
+    import yaml
+
+    from gdr.config import conf_dir
+    from training.model import RetrieverConfig
+
+    presets = yaml.safe_load((conf_dir() / "stage" / "train.yaml").read_text())["model_presets"]
+    if name not in presets:
+        raise SystemExit(f"gdr bench training: unknown preset {name!r}; choose from {', '.join(presets)}")
+    return RetrieverConfig.from_dict({**presets[name], "n_digits": K, "max_code_len": depth})
+
+
+def _enc_dims(conf) -> tuple[int, int]:
+    """(layers, attention width) of an HF encoder config (BERT-like or T5)."""
+    layers = getattr(conf, "num_hidden_layers", None) or getattr(conf, "num_layers")
+    heads = getattr(conf, "num_attention_heads", None) or getattr(conf, "num_heads")
+    head_dim = getattr(conf, "d_kv", None) or (conf.hidden_size // heads)
+    return int(layers), int(heads * head_dim)
+
+
+def train_flops_per_example(model, seq_len: int) -> float:
+    """Training FLOPs of one example: 3 x forward (encoder over ``seq_len`` tokens, decoder over L + 1)."""
+    from gdr.lm.flops import attention_flops_per_token, linear_flops_per_token, param_count
+
+    cfg = model.config
+    S, T = seq_len, cfg.max_code_len + 1
+    n_enc, d_enc = _enc_dims(model.encoder.config)
+    enc_params = param_count(model.encoder) + sum(p.numel() for p in model.proj.parameters())
+    fwd = S * linear_flops_per_token(enc_params) + S * attention_flops_per_token(n_enc, d_enc, S)
+    d, inner, n_dec = cfg.d_model, (cfg.d_kv or cfg.d_model // cfg.num_heads) * cfg.num_heads, cfg.num_layers
+    cross_kv = n_dec * 2 * d * inner  # cross-attention keys and values: computed over the S input tokens
+    dec_params = param_count(model.decoder) - cross_kv
+    if cfg.pawa:
+        dec_params += sum(p.numel() for n, p in model.named_parameters() if n.startswith("pawa_"))
+    fwd += T * linear_flops_per_token(dec_params) + S * linear_flops_per_token(cross_kv)
+    fwd += T * attention_flops_per_token(n_dec, inner, T) + T * attention_flops_per_token(n_dec, inner, S)
+    fwd += T * 2.0 * d * (cfg.n_digits + 1)  # slot logits against the tied embeddings
+    return 3.0 * fwd
+
+
+class _Timer(pl.Callback):
+    """Wall time from the start of step ``warmup`` to the end of training, between device syncs."""
+
+    def __init__(self, warmup: int, device: torch.device):
+        self.warmup, self.device = warmup, device
+        self.t0 = self.t1 = None
+        self.steps = 0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.warmup and self.t0 is None:
+            self._sync()
+            self.t0 = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module):
+        self._sync()
+        self.t1 = time.perf_counter()
+        self.steps = trainer.global_step - self.warmup
+
+
+def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
+                 depth: int, n_docs: int, compile: bool, seed: int = 0) -> dict:
+    """Train ``warmup + steps`` steps of preset ``name``; returns its figures."""
+    from gdr.lm.flops import mfu
+    from indexing.trie import build_trie
+    from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
+    from training.module import RetrieverModule
+    from training.train import _precision
+
+    from gdr.cli.bench.decoding import random_codes
+
+    cfg = preset_config(name, K, depth)
+    rng = np.random.default_rng(seed)
+    n = batch * (steps + warmup)  # one epoch: no epoch boundary inside the timed steps
+    ids = rng.integers(1000, 20000, size=(n, seq_len), dtype=np.int32)
+    store = TokenStore(ids.ravel(), np.arange(n + 1, dtype=np.int64) * seq_len)
+    ex = RetrievalExamples(store, rng.integers(0, n_docs, size=n), TokenStore.concat([]), [])
+    trie = build_trie(random_codes(n_docs, K, depth, seed), n_digits=K)
+    cuda = device.type == "cuda"
+    dm = RetrievalDataModule(ex, trie, pad_token_id=0, batch_size=batch, pin_memory=cuda, seed=seed)
+    module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed)
+    if compile and cuda:
+        module.model.compile()
+    timer = _Timer(warmup, device)
+    trainer = pl.Trainer(
+        accelerator="gpu" if cuda else "cpu", devices=[device.index or 0] if cuda else 1,
+        precision=_precision(None, "auto" if cuda else "cpu"), max_steps=warmup + steps, max_epochs=-1,
+        gradient_clip_val=1.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
+        log_every_n_steps=50,
+    )
+    trainer.fit(module, datamodule=dm)
+    seconds = timer.t1 - timer.t0
+    examples = timer.steps * batch
+    flops = train_flops_per_example(module.model, seq_len) * examples
+    util = mfu(flops, seconds, device)
+    return {"examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
+            "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
+            "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gdr bench training", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="mini,small30m", help="comma-separated presets (default mini,small30m)")
+    ap.add_argument("--batch", default="auto", help="examples per step; auto = 512 on CUDA, 64 on the CPU")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 50 on CUDA, 5 on the CPU)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10 on CUDA, 2 on the CPU)")
+    ap.add_argument("--seq-len", type=int, default=64, help="input tokens per example (default 64)")
+    ap.add_argument("--K", type=int, default=30)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--docs", type=int, default=10_000, help="random docids the targets are drawn from")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the retriever (CUDA only)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gdr bench training: --device cuda but CUDA is not available on this machine")
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.set_float32_matmul_precision("high")
+    from gdr.lm.flops import device_name
+    from training.train import resolve_batch_size
+
+    batch = resolve_batch_size(args.batch if args.batch == "auto" else int(args.batch), "auto" if cuda else "cpu")
+    steps = args.steps if args.steps is not None else (50 if cuda else 5)
+    warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
+    out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
+                 "precision": "bf16-mixed" if cuda else "32-true", "compile": bool(args.compile and cuda)}
+    for name in [p for p in args.presets.split(",") if p]:
+        r = bench_preset(name, device, batch, steps, warmup, args.seq_len, args.K, args.depth, args.docs,
+                         args.compile, args.seed)
+        print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
+              f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
+        out[name] = r
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
