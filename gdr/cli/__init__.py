@@ -35,7 +35,7 @@ HELP = {
     "train": "train an NCI-style seq2seq retriever on docids",
     "evaluate": "Recall@k / MRR@100 of a trained retriever (and BM25)",
     "search": "search a trained retriever from the command line",
-    "bench": "benchmarks: scoring | clustering | indexing | decoding",
+    "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
     "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
 }
