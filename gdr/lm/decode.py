@@ -138,10 +138,12 @@ def _init_layers(cache, like_k: Sequence[torch.Tensor], like_v: Sequence[torch.T
 class Decoder:
     """The decode loop for one :class:`gdr.lm.GenerativeLM` (built once per model and device).
 
-    On CUDA the model runs in bf16 (a copy of the weights made once; the scoring model is left as it is).
+    On CUDA the model runs in bf16 (a copy of the weights made once; the scoring model is left as it is) and
+    the decode step is compiled (``compile``); ``bucket`` rounds cache lengths up so that batches of one size
+    share their decode cache and captured graphs (default: when compiling).
     """
 
-    def __init__(self, lm, compile: bool | None = None):
+    def __init__(self, lm, compile: bool | None = None, bucket: bool | None = None):
         self.lm = lm
         self.device = lm.device
         self.model = lm.model
@@ -150,12 +152,30 @@ class Decoder:
 
             self.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
         self.compile = self.device.type == "cuda" if compile is None else compile
+        # cache lengths rounded up to 64 (what the CUDA graphs need; tested eagerly on the CPU)
+        self.bucket = self.compile if bucket is None else bucket
         self._step_fn = None
+        self._pool: dict[tuple, object] = {}  # decode caches by shape, reused across batches
         # Work done, for benchmarks (FLOP accounting): tokens through the prompt side (a shared prefix and a
         # repeated prompt count once), tokens fed to decode steps (every row, finished or not), the sum of
         # their attention contexts, and tokens generated (up to and including the stop token).
         self.stats = dict(prefill_tokens=0, prefill_context=0, decode_tokens=0, decode_context=0, new_tokens=0)
         self.stop = torch.tensor(lm._stop_ids(), device=self.device)
+
+    # ------------------------------------------------------------------ caches
+    def _bucket(self, n: int) -> int:
+        """Cache lengths rounded up on CUDA so that captured decode steps are reused across batches."""
+        return -(-n // 64) * 64 if self.bucket else n
+
+    def _decode_cache(self, key: tuple, make):
+        """The decode cache of one shape: allocated once and reused by later batches of the same shape, so
+        its tensors keep their addresses (what a captured CUDA graph reads and writes)."""
+        cache = self._pool.get(key)
+        if cache is None:
+            if len(self._pool) >= 2:  # e.g. the full batch shape and the last, smaller batch
+                self._pool.clear()
+            cache = self._pool[key] = make()
+        return cache
 
     # ------------------------------------------------------------------ prefill
     def _prefill_causal(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, max_new: int) -> _Batch:
@@ -165,7 +185,7 @@ class Decoder:
         # The prefix every prompt shares runs once; each prompt keeps >= 1 own token (its last logits).
         P = min(_lcp(prompts), min(len(p) for p in prompts) - 1) if U > 1 else len(prompts[0]) - 1
         S = max(len(p) for p in prompts) - P
-        M = P + S + max_new
+        M = self._bucket(P + S + max_new)  # slots past P + S + max_new stay masked and unused
         suffix = torch.full((U, S), self.lm.pad_id, dtype=torch.long)
         smask = torch.zeros((U, S), dtype=torch.long)
         for r, p in enumerate(prompts):  # building the padded batch; the compute is batched
@@ -173,11 +193,11 @@ class Decoder:
             smask[r, S - len(p) + P:] = 1
         suffix, smask = suffix.to(dev), smask.to(dev)
         mask = torch.cat([torch.ones((U, P), dtype=torch.long, device=dev), smask,
-                          torch.ones((U, max_new), dtype=torch.long, device=dev)], 1)  # (U, M)
+                          torch.ones((U, max_new), dtype=torch.long, device=dev),
+                          torch.zeros((U, M - P - S - max_new), dtype=torch.long, device=dev)], 1)  # (U, M)
         pos = (P + smask.cumsum(-1) - 1).clamp_min(0)  # (U, S) position ids over real tokens
-        same = U == B and bool((rows == torch.arange(B, device=rows.device)).all())
-        Mu = M if same else P + S
-        cache_u = StaticCache(config=model.config, max_cache_len=Mu)
+        # prefill: the shared prefix once (1 row), then every distinct prompt's own tokens (U rows)
+        cache_u = StaticCache(config=model.config, max_cache_len=P + S)
         if P > 0:
             c1 = StaticCache(config=model.config, max_cache_len=P)
             model(input_ids=torch.tensor([prompts[0][:P]], device=dev), cache=c1, use_cache=True, logits_to_keep=1)
@@ -186,18 +206,16 @@ class Decoder:
                 lu.keys[:, :, :P] = l1.keys
                 lu.values[:, :, :P] = l1.values
                 lu.cumulative_length.fill_(P)
-        out = model(input_ids=suffix, attention_mask=mask[:, :Mu], position_ids=pos,
+        out = model(input_ids=suffix, attention_mask=mask[:, :P + S], position_ids=pos,
                     cache=cache_u, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()  # (U, V)
         first_pos = pos[:, -1] + 1  # (U,)
-        real = P + sum(len(p) - P for p in prompts)
-        self.stats["prefill_tokens"] += real
+        self.stats["prefill_tokens"] += P + sum(len(p) - P for p in prompts)
         self.stats["prefill_context"] += P * P // 2 + sum((len(p) - P) * (P + S) for p in prompts)
-        if same:
-            return _Batch(logits, cache_u, mask, first_pos)
         # Copy each prompt's rows of the cache to the queries that use it.
-        cache = StaticCache(config=model.config, max_cache_len=M)
-        _init_layers(cache, [l.keys for l in cache_u.layers], [l.values for l in cache_u.layers], B)
+        cache = self._decode_cache(("causal", B, M), lambda: StaticCache(config=model.config, max_cache_len=M))
+        if not cache.layers[0].is_initialized:
+            _init_layers(cache, [l.keys for l in cache_u.layers], [l.values for l in cache_u.layers], B)
         for lb, lu in zip(cache.layers, cache_u.layers):
             lb.keys[:, :, :P + S] = lu.keys.index_select(0, rows)
             lb.values[:, :, :P + S] = lu.values.index_select(0, rows)
@@ -215,30 +233,35 @@ class Decoder:
         Le = hidden.shape[1]
         start = torch.full((U, 1), model.config.decoder_start_token_id, dtype=torch.long, device=dev)
 
-        def new_cache():
+        def new_cache(le):
             return EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=max_new + 1),
-                                       StaticCache(config=model.config, max_cache_len=Le))
+                                       StaticCache(config=model.config, max_cache_len=le))
 
-        cache_u = new_cache()
+        # prefill: the encoder and the first decoder step (which computes the cross-attention keys) per document
+        cache_u = new_cache(Le)
         out = model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=enc_mask,
                     decoder_input_ids=start, cache=cache_u, use_cache=True)
         logits = out.logits[:, -1].float()  # (U, V)
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts) + U  # encoder tokens + start tokens
         self.stats["prefill_context"] += sum(len(p) * Le for p in prompts) + U * Le
-        if U == B and bool((rows == torch.arange(B, device=rows.device)).all()):
-            return _Batch(logits, cache_u, None, None, BaseModelOutput(last_hidden_state=hidden), enc_mask)
-        cache = new_cache()
+        Lb = self._bucket(Le)  # encoder slots past Le stay masked
+        cache = self._decode_cache(("seq2seq", B, max_new, Lb), lambda: new_cache(Lb))
         for big, small in ((cache.self_attention_cache, cache_u.self_attention_cache),
                            (cache.cross_attention_cache, cache_u.cross_attention_cache)):
-            _init_layers(big, [l.keys for l in small.layers], [l.values for l in small.layers], B)
+            if not big.layers[0].is_initialized:
+                _init_layers(big, [l.keys for l in small.layers], [l.values for l in small.layers], B)
             for lb, lu in zip(big.layers, small.layers):
-                lb.keys.copy_(lu.keys.index_select(0, rows))
-                lb.values.copy_(lu.values.index_select(0, rows))
+                n = lu.keys.shape[2]
+                lb.keys[:, :, :n] = lu.keys.index_select(0, rows)
+                lb.values[:, :, :n] = lu.values.index_select(0, rows)
                 lb.cumulative_length.copy_(lu.cumulative_length)
         for i in range(len(cache.cross_attention_cache.layers)):
             cache.is_updated[i] = True
-        return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=hidden[rows]),
-                      enc_mask[rows])
+        enc_b = torch.zeros((B, Lb, hidden.shape[2]), dtype=hidden.dtype, device=dev)
+        enc_b[:, :Le] = hidden[rows]
+        mask_b = torch.zeros((B, Lb), dtype=enc_mask.dtype, device=dev)
+        mask_b[:, :Le] = enc_mask[rows]
+        return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=enc_b), mask_b)
 
     # ------------------------------------------------------------------ one step
     def _step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:

@@ -82,10 +82,12 @@ def bench_model(name: str, args) -> dict:
     n_hf = min(n_q, args.hf_queries or (1024 if cuda else 32))
     bs = args.batch_size if args.batch_size != "auto" else lm.auto_batch_size(args.max_new_tokens)
     bs = int(bs)
+    hf_bs = int(args.hf_batch_size or bs)
     docs = bench_texts(args.docs, args.seed, args.docs_file)
     kw = dict(max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, temperature=1.0)
-    log.info("%s on %s: %d docs cut to %d tokens, %d queries (HF generate: %d), batch %d, %d new tokens",
-             name, device_name(dev), len(docs), args.doc_tokens, n_q, n_hf, bs, args.max_new_tokens)
+    log.info("%s on %s: %d docs cut to %d tokens, %d queries in batches of %d (HF generate: %d in batches of %d), "
+             "%d new tokens", name, device_name(dev), len(docs), args.doc_tokens, n_q, bs, n_hf, hf_bs,
+             args.max_new_tokens)
 
     # ours: warm-up batch (compiles the step on CUDA), then the timed run
     lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
@@ -100,16 +102,17 @@ def bench_model(name: str, args) -> dict:
 
     # the old sampler: transformers' generate on the first n_hf drawn documents, same batches
     drawn = [docs[i] for i in ours.source_index[:n_hf]]
-    _hf_tokens(lm, drawn[:min(bs, n_hf)], args.seed + 1, bs, **kw)  # warm-up
+    _hf_tokens(lm, drawn[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)  # warm-up
     _sync(dev)
     t0 = time.perf_counter()
-    hf_tok, hf_texts = _hf_tokens(lm, drawn, args.seed, bs, **kw)
+    hf_tok, hf_texts = _hf_tokens(lm, drawn, args.seed, hf_bs, **kw)
     _sync(dev)
     t_hf = time.perf_counter() - t0
 
     qps, hf_qps = n_q / t_ours, n_hf / t_hf
     flops = _flops(lm, stats)
     res = {"model": name, "device": device_name(dev), "queries": n_q, "hf_queries": n_hf, "batch_size": bs,
+           "hf_batch_size": hf_bs,
            "doc_tokens": args.doc_tokens, "max_new_tokens": args.max_new_tokens,
            "queries_per_s": round(qps, 2), "tokens_per_s": round(stats["new_tokens"] / t_ours, 1),
            "hf_queries_per_s": round(hf_qps, 2), "hf_tokens_per_s": round(hf_tok / t_hf, 1),
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc-tokens", type=int, default=128, help="documents cut to this many tokens")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch-size", default="auto", help="queries per batch, or auto (sample.batch_size=auto)")
+    ap.add_argument("--hf-batch-size", default=None,
+                    help="batch of HF generate (default: --batch-size; 16 was the old sample.batch_size)")
     ap.add_argument("--queries", type=int, default=None, help="queries sampled by ours (default 8192 on CUDA, 48 on CPU)")
     ap.add_argument("--hf-queries", type=int, default=None,
                     help="queries sampled by HF generate (default 1024 on CUDA, 32 on CPU)")
