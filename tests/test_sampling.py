@@ -121,6 +121,25 @@ def test_reused_bucketed_caches_give_the_same_tokens(family, llama, t5):
     assert len(bucketed._pool) == 1
 
 
+def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):
+    """The CUDA path's capture, traced by dynamo on the CPU (eager backend: no CUDA graphs, no C++ build):
+    one graph for every batch of a shape (the reused decode cache), and the same tokens as the eager step."""
+    import torch._dynamo
+    from gdr.lm.decode import Decoder
+
+    comp = Decoder(llama, compile=True)
+    comp.compile_options = dict(backend="eager")
+    assert comp.bucket
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for docs in (DOCS[:4], DOCS[3:7]):
+        args = (llama.prompt_ids(docs), torch.arange(4), torch.arange(4), torch.zeros(4, dtype=torch.long))
+        kw = dict(seed=1, max_new_tokens=5, top_k=50, top_p=0.99)
+        torch.testing.assert_close(comp.decode(*args, **kw), llama.decoder().decode(*args, **kw), rtol=0, atol=0)
+    assert comp.compile and comp._step_ok  # did not fall back to eager
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.parametrize("top_k,top_p,temperature", [(50, 0.99, 1.0), (5, 1.0, 0.7), (0, 0.9, 1.3), (20, 0.5, 1.0),
                                                      (1, 0.99, 1.0)])
 def test_filtering_equals_transformers_warpers(top_k, top_p, temperature):
@@ -199,3 +218,12 @@ def test_older_sampler_folder_is_refused_in_one_line(llama, tmp_path, runner):
     msg = str(e.value)
     assert "\n" not in msg and "hf-generate" in msg and SAMPLER_VERSION in msg
     assert f"delete {files}" in msg and "out=" in msg
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_auto_batch_size(family, llama, t5):
+    lm = _lm(family, llama, t5)
+    assert lm.auto_batch_size() == 64  # on a CPU: the measured best
+    sizes = [lm.batch_for_memory(free) for free in (1e6, 1e8, 1e9, 1e12)]
+    assert sizes == sorted(sizes) and sizes[0] >= 1 and sizes[-1] == 1024
+    assert sizes[1] < 1024

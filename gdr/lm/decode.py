@@ -155,6 +155,8 @@ class Decoder:
         # cache lengths rounded up to 64 (what the CUDA graphs need; tested eagerly on the CPU)
         self.bucket = self.compile if bucket is None else bucket
         self._step_fn = None
+        self._step_ok = False  # a compiled step has run once
+        self.compile_options = dict(mode="reduce-overhead")  # tests trace with dict(backend="eager") on a CPU
         self._pool: dict[tuple, object] = {}  # decode caches by shape, reused across batches
         # Work done, for benchmarks (FLOP accounting): tokens through the prompt side (a shared prefix and a
         # repeated prompt count once), tokens fed to decode steps (every row, finished or not), the sum of
@@ -274,17 +276,26 @@ class Decoder:
                              cache=b.cache, use_cache=True)
         return out.logits[:, -1].float()
 
-    def _stepper(self):
-        if not self.compile:
-            return self._step
-        if self._step_fn is None:
+    def _run_step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:
+        """One decode step: captured (CUDA graphs) when ``compile``, else eager. If capturing fails (an old
+        torch, an unsupported model), the step is redone eagerly and decoding stays eager."""
+        if self.compile:
+            if self._step_fn is None:
+                self._step_fn = torch.compile(self._step, dynamic=False, **self.compile_options)
+            layers = b.cache.self_attention_cache.layers if self.lm.is_seq2seq else b.cache.layers
+            before = [l.cumulative_length.clone() for l in layers] if not self._step_ok else None
             try:
-                self._step_fn = torch.compile(self._step, mode="reduce-overhead", dynamic=False)
-            except Exception as e:  # noqa: BLE001 - an old or CPU-only torch: the eager step is correct too
-                log.warning("torch.compile unavailable (%s); decoding eagerly", e)
+                logits = self._step_fn(tok, pos, b).clone()  # graph outputs are overwritten by the next replay
+                self._step_ok = True
+                return logits
+            except Exception as e:  # noqa: BLE001 - fall back to the eager step, which is correct too
+                if before is None:
+                    raise
+                log.warning("compiled decode step failed (%s: %s); decoding eagerly", type(e).__name__, e)
                 self.compile = False
-                return self._step
-        return self._step_fn
+                for l, n in zip(layers, before):
+                    l.cumulative_length.copy_(n)
+        return self._step(tok, pos, b)
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
@@ -307,7 +318,6 @@ class Decoder:
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         pad = torch.tensor(self.lm.pad_id, device=dev)
         pos = b.pos if b.pos is not None else torch.zeros(B, dtype=torch.long, device=dev)
-        step = self._stepper()
         logits = b.logits
         alive = torch.zeros((), dtype=torch.long, device=dev)
         # attention context of one decode token: the whole static cache (+ the encoder states for T5)
@@ -320,9 +330,7 @@ class Decoder:
             done |= torch.isin(tok, self.stop)
             if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
                 break
-            logits = step(tok, pos + t, b)
-            if self.compile:
-                logits = logits.clone()  # CUDA-graph outputs are overwritten by the next replay
+            logits = self._run_step(tok, pos + t, b)
             self.stats["decode_tokens"] += B
             self.stats["decode_context"] += B * ctx
         self.stats["new_tokens"] += int(alive)

@@ -7,8 +7,8 @@ For each model (``--models``; default the bundled SmolLM2 and a random-init T5-b
 ``gdr.cli.bench.scoring.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
 ``--doc-tokens`` tokens, drawn with replacement as ``sample_queries`` does): ours through
 ``GenerativeLM.sample_queries`` (``--queries`` queries), the old one through ``GenerativeLM.generate`` in
-batches of the same size (``--hf-queries`` of them, the first ones of the same draw). One warm-up batch of
-each is not timed (on CUDA it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
+batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw). On CUDA one
+warm-up batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
 including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
 null on a CPU), and the speedup. One JSON line per model, then the LAST line: one JSON object with the
 first model's figures at the top level and every model's under ``models``.
@@ -77,11 +77,16 @@ def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
 def bench_model(name: str, args) -> dict:
     lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
     dev = lm.device
+    if args.compile != "auto":
+        from gdr.lm.decode import Decoder
+
+        lm._decoder = Decoder(lm, compile=args.compile == "on")
     cuda = dev.type == "cuda"
     n_q = args.queries or (8192 if cuda else 48)
     n_hf = min(n_q, args.hf_queries or (1024 if cuda else 32))
     bs = args.batch_size if args.batch_size != "auto" else lm.auto_batch_size(args.max_new_tokens)
     bs = int(bs)
+    n_q = -(-n_q // bs) * bs  # whole batches: the timed run has one batch shape (compiled once on CUDA)
     hf_bs = int(args.hf_batch_size or bs)
     docs = bench_texts(args.docs, args.seed, args.docs_file)
     kw = dict(max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, temperature=1.0)
@@ -90,7 +95,8 @@ def bench_model(name: str, args) -> dict:
              args.max_new_tokens)
 
     # ours: warm-up batch (compiles the step on CUDA), then the timed run
-    lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
+    if cuda:
+        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
     dec = lm.decoder()
     dec.stats = {k: 0 for k in dec.stats}
     _sync(dev)
@@ -102,7 +108,8 @@ def bench_model(name: str, args) -> dict:
 
     # the old sampler: transformers' generate on the first n_hf drawn documents, same batches
     drawn = [docs[i] for i in ours.source_index[:n_hf]]
-    _hf_tokens(lm, drawn[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)  # warm-up
+    if cuda:
+        _hf_tokens(lm, drawn[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)  # warm-up
     _sync(dev)
     t0 = time.perf_counter()
     hf_tok, hf_texts = _hf_tokens(lm, drawn, args.seed, hf_bs, **kw)
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--top-p", type=float, default=0.99)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="capture the decode step with torch.compile(mode='reduce-overhead'); auto = on CUDA")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
