@@ -227,3 +227,17 @@ def test_auto_batch_size(family, llama, t5):
     sizes = [lm.batch_for_memory(free) for free in (1e6, 1e8, 1e9, 1e12)]
     assert sizes == sorted(sizes) and sizes[0] >= 1 and sizes[-1] == 1024
     assert sizes[1] < 1024
+
+
+def test_gdr_run_keys_the_score_stage_by_sampler_not_batch_size():
+    """`gdr run` re-samples into a new stage folder when the sampler changes; a batch size alone does not."""
+    from omegaconf import OmegaConf
+
+    from gdr.cli.run import score_inputs
+
+    cfg = OmegaConf.create({"model": {"name": "m"}, "sample": {"n_queries": 4, "seed": 0, "batch_size": 8},
+                            "score": {"dtype": "float32"}})
+    a = score_inputs(cfg, {"n_docs": 3})
+    cfg.sample.batch_size = "auto"
+    assert score_inputs(cfg, {"n_docs": 3}) == a
+    assert a["sampler"] == SAMPLER_VERSION and "batch_size" not in a["sample"]
