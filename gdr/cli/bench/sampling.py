@@ -50,7 +50,8 @@ def _flops(lm, stats: dict) -> float:
     n = param_count(model)
     d_attn = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     tokens = stats["prefill_tokens"] + stats["decode_tokens"]
-    att = attention_flops_per_token(cfg.num_hidden_layers, d_attn, 1.0) * (stats["prefill_context"] + stats["decode_context"])
+    context = stats["prefill_context"] + stats["decode_context"]
+    att = attention_flops_per_token(cfg.num_hidden_layers, d_attn, 1.0) * context
     return tokens * linear_flops_per_token(n) + att
 
 
@@ -146,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", default="auto", help="queries per batch, or auto (sample.batch_size=auto)")
     ap.add_argument("--hf-batch-size", default=None,
                     help="batch of HF generate (default: --batch-size; 16 was the old sample.batch_size)")
-    ap.add_argument("--queries", type=int, default=None, help="queries sampled by ours (default 8192 on CUDA, 48 on CPU)")
+    ap.add_argument("--queries", type=int, default=None,
+                    help="queries sampled by ours (default 8192 on CUDA, 48 on CPU)")
     ap.add_argument("--hf-queries", type=int, default=None,
                     help="queries sampled by HF generate (default 1024 on CUDA, 32 on CPU)")
-    ap.add_argument("--docs", type=int, default=1000, help="documents the queries are drawn from")
+    ap.add_argument("--docs", type=int, default=5000,
+                    help="documents the queries are drawn from (few repeats at the default; the demo has 80)")
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--top-p", type=float, default=0.99)
     ap.add_argument("--device", default="auto")
