@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -119,14 +120,11 @@ class _Batch:
 
 
 def _lcp(seqs: Sequence[Sequence[int]]) -> int:
-    first = seqs[0]
+    """Length of the token prefix all ``seqs`` share."""
     n = min(len(s) for s in seqs)
-    for s in seqs[1:]:
-        i = 0
-        while i < n and s[i] == first[i]:
-            i += 1
-        n = i
-    return n
+    head = np.array([s[:n] for s in seqs])  # (U, n)
+    same = (head == head[:1]).all(0)  # (n,)
+    return n if same.all() else int(same.argmin())
 
 
 def _init_layers(cache, like_k: Sequence[torch.Tensor], like_v: Sequence[torch.Tensor], batch: int) -> None:
