@@ -7,8 +7,9 @@ For each model (``--models``; default the bundled SmolLM2 and a random-init T5-b
 ``gdr.cli.bench.scoring.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
 ``--doc-tokens`` tokens, drawn with replacement as ``sample_queries`` does): ours through
 ``GenerativeLM.sample_queries`` (``--queries`` queries), the old one through ``GenerativeLM.generate`` in
-batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw). On CUDA one
-warm-up batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
+batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw), the two
+alternating batch by batch so that other jobs on a shared machine slow both alike. On CUDA one warm-up
+batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
 including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
 null on a CPU), and the speedup. One JSON line per model, then the LAST line: one JSON object with the
 first model's figures at the top level and every model's under ``models``.
@@ -95,27 +96,30 @@ def bench_model(name: str, args) -> dict:
              "%d new tokens", name, device_name(dev), len(docs), args.doc_tokens, n_q, bs, n_hf, hf_bs,
              args.max_new_tokens)
 
-    # ours: warm-up batch (compiles the step on CUDA), then the timed run
+    # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
+    # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
+    # alike.
     if cuda:
         lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
+        _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
     dec = lm.decoder()
     dec.stats = {k: 0 for k in dec.stats}
-    _sync(dev)
-    t0 = time.perf_counter()
-    ours = lm.sample_queries(docs, n_q, seed=args.seed, batch_size=bs, progress=False, **kw)
-    _sync(dev)
-    t_ours = time.perf_counter() - t0
+    ours, t_ours, t_hf, hf_tok, hf_texts = None, 0.0, 0.0, 0, []
+    for r, b0 in enumerate(range(0, n_q, bs)):
+        _sync(dev)
+        t0 = time.perf_counter()
+        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw)
+        _sync(dev)
+        t_ours += time.perf_counter() - t0
+        if len(hf_texts) < n_hf:  # transformers' generate on the same documents, in batches of hf_bs
+            drawn = [docs[i] for i in ours.source_index[len(hf_texts):min(b0 + bs, n_hf)]]
+            t0 = time.perf_counter()
+            tok, texts = _hf_tokens(lm, drawn, args.seed + r, hf_bs, **kw)
+            _sync(dev)
+            t_hf += time.perf_counter() - t0
+            hf_tok, hf_texts = hf_tok + tok, hf_texts + texts
     stats = dict(dec.stats)
-
-    # the old sampler: transformers' generate on the first n_hf drawn documents, same batches
-    drawn = [docs[i] for i in ours.source_index[:n_hf]]
-    if cuda:
-        _hf_tokens(lm, drawn[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)  # warm-up
-    _sync(dev)
-    t0 = time.perf_counter()
-    hf_tok, hf_texts = _hf_tokens(lm, drawn, args.seed, hf_bs, **kw)
-    _sync(dev)
-    t_hf = time.perf_counter() - t0
+    n_hf = len(hf_texts)
 
     qps, hf_qps = n_q / t_ours, n_hf / t_hf
     flops = _flops(lm, stats)
