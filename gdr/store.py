@@ -79,19 +79,24 @@ def _barrier(world: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- sampling
 def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_queries: int,
-               seed: int = 0, batch_size: int = 16, max_new_tokens: int = 32, top_k: int = 50,
+               seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32, top_k: int = 50,
                top_p: float = 0.99, temperature: float = 1.0, progress: bool = True) -> list[dict]:
-    """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable by batch).
+    """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
 
-    An existing finished ``queries.jsonl`` with the same settings is reused; one with different settings
-    is an error (never silently overwritten).
+    An existing finished ``queries.jsonl`` with the same settings is reused; one with different settings,
+    or drawn by another sampler version, is an error (never silently overwritten). ``batch_size`` (or
+    ``auto``) changes only the speed: query j is the same at any batch size, and a resumed run equals an
+    uninterrupted one.
     """
+    from gdr.lm.decode import SAMPLER_VERSION
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ident = {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
-             "n_queries": n_queries, "seed": seed, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-             "top_k": top_k, "top_p": top_p, "temperature": temperature}
+    ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
+             "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
+             "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, Q_MANIFEST)
+    _check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
     if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
         changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
         raise FileExistsError(
@@ -107,9 +112,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     start = None
     partial = out / Q_PARTIAL
     if partial.exists():
-        rows = read_jsonl(partial)
-        keep = len(rows) - len(rows) % batch_size if len(rows) < n_queries else n_queries
-        rows = rows[:keep]
+        rows = read_jsonl(partial)[:n_queries]
         if rows:
             log.info("resuming sampling after %d queries", len(rows))
             start = SampledQueries([r["text"] for r in rows], np.array([r["source_index"] for r in rows]),
@@ -129,6 +132,17 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
                    n_redrawn=sq.n_redrawn)
     partial.unlink(missing_ok=True)
     return rows
+
+
+def _check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> None:
+    """Refuse queries drawn by another sampler version (other queries for the same seed), in one line."""
+    from gdr.lm.decode import SAMPLER_VERSION
+
+    if old is not None and old.get("sampler") != SAMPLER_VERSION:
+        raise FileExistsError(
+            f"{out / manifest}: these queries were drawn by sampler {old.get('sampler') or 'hf-generate'}, this "
+            f"gdr samples with {SAMPLER_VERSION} (other queries for the same seed); to re-sample, delete "
+            f"{files} in {out} or use another out= folder")
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -237,23 +251,27 @@ DOCQ_FILE = "doc_queries.jsonl"
 
 
 def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
-                       n_per_doc: int, seed: int = 0, batch_size: int = 16, max_new_tokens: int = 32,
+                       n_per_doc: int, seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32,
                        top_k: int = 50, top_p: float = 0.99, temperature: float = 1.0,
                        progress: bool = True) -> Path:
     """Generate ``n_per_doc`` queries for every document into ``out_dir/doc_queries.jsonl``.
 
     One line ``{"doc_id", "queries": [...]}`` per document, in corpus order: the training data of the
     retriever (NCI/BMI's generated queries) and the input of the BMI indexer. Resumable: finished
-    batches are appended (and flushed) as they complete; a rerun continues after the last full batch.
-    Batch b is generated with seed ``seed * 1_000_003 + b`` so a resumed file equals an uninterrupted one.
+    documents are appended (and flushed) batch by batch; a rerun continues after the last whole line.
+    ``batch_size`` counts queries (``batch_size // n_per_doc`` documents per batch); the queries of
+    document i depend only on (seed, i), so neither it nor a resume changes the file.
     """
+    from gdr.lm.decode import SAMPLER_VERSION
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / DOCQ_FILE
-    ident = {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
-             "n_per_doc": n_per_doc, "seed": seed, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-             "top_k": top_k, "top_p": top_p, "temperature": temperature}
+    ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
+             "texts_hash": hash_strings(texts), "n_per_doc": n_per_doc, "seed": seed,
+             "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, "doc_queries.manifest.json")
+    _check_sampler(out, "doc_queries.manifest.json", old, "doc_queries.*")
     if old is not None:
         changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if changed:
@@ -262,19 +280,20 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     write_manifest(out, "doc_queries.manifest.json", **ident, status="running")
     done = 0
     if path.exists():
-        rows = read_jsonl(path, drop_torn_tail=True)
-        done = len(rows) - (len(rows) % batch_size if len(rows) < len(texts) else 0)
-        write_jsonl(path, rows[:done])  # keep whole batches only; the torn batch is redone
+        rows = read_jsonl(path, drop_torn_tail=True)[:len(texts)]
+        done = len(rows)
+        write_jsonl(path, rows)  # whole lines only; a torn line is redone
         if done:
             log.info("resuming per-document generation after %d documents", done)
+    bs = lm.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
+    docs_per_batch = max(1, bs // n_per_doc)
     bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc", disable=not progress)
     with open(path, "a", encoding="utf-8") as f:
-        for b0 in range(done, len(texts), batch_size):
-            batch = list(texts[b0:b0 + batch_size])
-            gen = lm.generate(batch, seed=seed * 1_000_003 + b0, max_new_tokens=max_new_tokens, top_k=top_k,
-                              top_p=top_p, temperature=temperature, num_return_sequences=n_per_doc)
-            for i in range(len(batch)):
-                qs = [q for q in gen[i * n_per_doc:(i + 1) * n_per_doc] if q]
+        for b0 in range(done, len(texts), docs_per_batch):
+            batch = list(texts[b0:b0 + docs_per_batch])
+            gen = lm.sample_per_doc(batch, n_per_doc, first=b0, seed=seed, max_new_tokens=max_new_tokens,
+                                    top_k=top_k, top_p=top_p, temperature=temperature)
+            for i, qs in enumerate(gen):
                 f.write(json.dumps({"doc_id": doc_ids[b0 + i], "queries": qs}, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())

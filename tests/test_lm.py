@@ -75,16 +75,16 @@ def test_sampling_resume_equals_uninterrupted(llama):
 
 def test_empty_generations_are_redrawn(llama, monkeypatch):
     calls = []
-    orig = llama.generate
+    orig = llama.decode_queries
 
-    def flaky(docs, seed, **kw):
-        calls.append(len(docs))
-        out = orig(docs, seed, **kw)
+    def flaky(docs, rows, qid, attempt, **kw):
+        calls.append((len(qid), int(np.max(attempt))))
+        out = orig(docs, rows, qid, attempt, **kw)
         return ["" if len(calls) == 1 and k == 0 else t for k, t in enumerate(out)]
 
-    monkeypatch.setattr(llama, "generate", flaky)
+    monkeypatch.setattr(llama, "decode_queries", flaky)
     res = llama.sample_queries(DOCS, 4, seed=0, batch_size=4, max_new_tokens=6, progress=False)
-    assert res.n_redrawn == 1 and calls == [4, 1]
+    assert res.n_redrawn == 1 and calls == [(4, 0), (1, 1)]  # the redraw uses the next attempt's stream
     assert all(res.texts)
 
 

@@ -36,7 +36,7 @@ HELP = {
     "train": "train an NCI-style seq2seq retriever on docids",
     "evaluate": "Recall@k / MRR@100 of a trained retriever (and BM25)",
     "search": "search a trained retriever from the command line",
-    "bench": "benchmarks: scoring | clustering | indexing | decoding | training | gpu (every GPU figure)",
+    "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling | training | gpu (every GPU figure)",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
     "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
 }

@@ -185,15 +185,16 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             from gdr.cli.score import sample_per_doc_for
 
             sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
-                                                       "batch_size": int(dq.batch_size),
+                                                       "batch_size": dq.batch_size,
                                                        "max_new_tokens": int(dq.max_new_tokens)})
             save_config(sub, folder, "sample.config.yaml")
             return {"doc_queries": str(sample_per_doc_for(sub, lm(), corpus))}
 
         s = cfg.sample
-        doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": to_container(dq),
+        doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": _unbatched(dq),
                                            "sampling": {"top_k": s.top_k, "top_p": s.top_p,
-                                                        "temperature": s.temperature}}, build_doc_queries)
+                                                        "temperature": s.temperature}, "sampler": _sampler()},
+                           build_doc_queries)
     lm_box.clear()  # the generator is not needed from here on
 
     # 4. docids per indexer
@@ -277,8 +278,20 @@ def corpus_signature(cfg: DictConfig, corpus) -> dict:
 
 def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the score stage (sampled queries and P)."""
-    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "sample": _keyed(to_container(cfg.sample)),
-            "score": _keyed(to_container(cfg.score))}
+    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "sample": _unbatched(cfg.sample),
+            "sampler": _sampler(), "score": _keyed(to_container(cfg.score))}
+
+
+def _sampler() -> str:
+    """The sampler version (gdr.lm.decode): another version draws other queries, so it keys the stages."""
+    from gdr.lm.decode import SAMPLER_VERSION
+
+    return SAMPLER_VERSION
+
+
+def _unbatched(section: DictConfig) -> dict:
+    """A sampling section without its batch size, which changes the speed, not the queries."""
+    return {k: v for k, v in _keyed(to_container(section)).items() if k != "batch_size"}
 
 
 def _with(cfg: DictConfig, **overrides) -> DictConfig:

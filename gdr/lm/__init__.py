@@ -5,6 +5,7 @@ Where things are:
 - :mod:`gdr.lm.model`: :class:`GenerativeLM`, loading a model (hub id, path, bundled name) and its prompt.
 - :mod:`gdr.lm.prompts`: :class:`PromptConfig`, how a document becomes model input; ``clean_query``.
 - :mod:`gdr.lm.sampling`: sampling queries (Algorithm 1 line 1).
+- :mod:`gdr.lm.decode`: the decode loop behind it (static KV cache, per-query random streams, sampler version).
 - :mod:`gdr.lm.scoring`: the matrix P of log p(query | doc) (Eq. 1).
 """
 from gdr.lm.model import GenerativeLM

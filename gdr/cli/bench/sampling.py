@@ -1,0 +1,185 @@
+"""Benchmark: query sampling with our decode loop against transformers' ``generate``, side by side.
+
+    python -m gdr.cli.bench.sampling                                  # this machine, small defaults on a CPU
+    python -m gdr.cli.bench.sampling --device cuda --doc-tokens 128 --max-new-tokens 32 --queries 8192
+
+For each model (``--models``; default the bundled SmolLM2 and a random-init T5-base, see
+``gdr.cli.bench.scoring.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
+``--doc-tokens`` tokens, drawn with replacement as ``sample_queries`` does): ours through
+``GenerativeLM.sample_queries`` (``--queries`` queries), the old one through ``GenerativeLM.generate`` in
+batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw), the two
+alternating batch by batch so that other jobs on a shared machine slow both alike. On CUDA one warm-up
+batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
+including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
+null on a CPU), and the speedup. One JSON line per model, then the LAST line: one JSON object with the
+first model's figures at the top level and every model's under ``models``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import numpy as np
+import torch
+
+from gdr.cli.bench.scoring import bench_texts, build_lm
+from gdr.lm.flops import attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count
+
+log = logging.getLogger(__name__)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _flops(lm, stats: dict) -> float:
+    """Model FLOPs of the tokens the decoder computed (gdr.lm.flops conventions)."""
+    model = lm.model
+    cfg = model.config.get_text_config(decoder=True)
+    if lm.is_seq2seq:  # prompt tokens go through the encoder, decode tokens through the decoder and lm_head
+        n_enc = param_count(model.get_encoder())
+        n_dec = param_count(model) - n_enc
+        layers, d_attn = cfg.num_decoder_layers, cfg.num_heads * cfg.d_kv
+        enc = stats["prefill_tokens"] * linear_flops_per_token(n_enc)
+        dec = stats["decode_tokens"] * linear_flops_per_token(n_dec)
+        # decoder self + cross attention and encoder self attention, over the contexts counted by the decoder
+        att = attention_flops_per_token(layers, d_attn, 1.0) * (stats["prefill_context"] + stats["decode_context"])
+        return enc + dec + att
+    n = param_count(model)
+    d_attn = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    tokens = stats["prefill_tokens"] + stats["decode_tokens"]
+    context = stats["prefill_context"] + stats["decode_context"]
+    att = attention_flops_per_token(cfg.num_hidden_layers, d_attn, 1.0) * context
+    return tokens * linear_flops_per_token(n) + att
+
+
+def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
+    """The old sampler on ``docs`` in batches of ``bs``: (new tokens generated, texts)."""
+    n_tok, texts = 0, []
+    stops = torch.tensor(lm._stop_ids())
+    for b0 in range(0, len(docs), bs):
+        ids = lm.prompt_ids(docs[b0:b0 + bs])
+        batch = lm._pad(ids, left=not lm.is_seq2seq)
+        torch.manual_seed(seed * 1_000_003 + b0)
+        with torch.inference_mode():  # exactly the old `GenerativeLM.generate` (fp32 on CUDA too)
+            out = lm.model.generate(**batch, do_sample=True, eos_token_id=lm._stop_ids(), pad_token_id=lm.pad_id,
+                                    **kw)
+        out = out[:, batch["input_ids"].shape[1]:] if not lm.is_seq2seq else out[:, 1:]
+        out = out.cpu()
+        stop = torch.isin(out, stops)
+        first = torch.where(stop.any(1), stop.float().argmax(1) + 1, torch.tensor(out.shape[1]))
+        n_tok += int(first.sum())
+        texts += lm.tokenizer.batch_decode(out, skip_special_tokens=True)
+    return n_tok, texts
+
+
+def bench_model(name: str, args) -> dict:
+    lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
+    dev = lm.device
+    if args.compile != "auto":
+        from gdr.lm.decode import Decoder
+
+        lm._decoder = Decoder(lm, compile=args.compile == "on")
+    cuda = dev.type == "cuda"
+    n_q = args.queries or (8192 if cuda else 48)
+    n_hf = min(n_q, args.hf_queries or (1024 if cuda else 32))
+    bs = args.batch_size if args.batch_size != "auto" else lm.auto_batch_size(args.max_new_tokens)
+    bs = int(bs)
+    n_q = -(-n_q // bs) * bs  # whole batches: the timed run has one batch shape (compiled once on CUDA)
+    hf_bs = int(args.hf_batch_size or bs)
+    docs = bench_texts(args.docs, args.seed, args.docs_file)
+    kw = dict(max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, temperature=1.0)
+    log.info("%s on %s: %d docs cut to %d tokens, %d queries in batches of %d (HF generate: %d in batches of %d), "
+             "%d new tokens", name, device_name(dev), len(docs), args.doc_tokens, n_q, bs, n_hf, hf_bs,
+             args.max_new_tokens)
+
+    # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
+    # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
+    # alike.
+    if cuda:
+        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
+        _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
+    dec = lm.decoder()
+    dec.stats = {k: 0 for k in dec.stats}
+    ours, t_ours, t_hf, hf_tok, hf_texts = None, 0.0, 0.0, 0, []
+    for r, b0 in enumerate(range(0, n_q, bs)):
+        _sync(dev)
+        t0 = time.perf_counter()
+        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw)
+        _sync(dev)
+        t_ours += time.perf_counter() - t0
+        if len(hf_texts) < n_hf:  # transformers' generate on the same documents, in batches of hf_bs
+            drawn = [docs[i] for i in ours.source_index[len(hf_texts):min(b0 + bs, n_hf)]]
+            t0 = time.perf_counter()
+            tok, texts = _hf_tokens(lm, drawn, args.seed + r, hf_bs, **kw)
+            _sync(dev)
+            t_hf += time.perf_counter() - t0
+            hf_tok, hf_texts = hf_tok + tok, hf_texts + texts
+    stats = dict(dec.stats)
+    n_hf = len(hf_texts)
+
+    qps, hf_qps = n_q / t_ours, n_hf / t_hf
+    flops = _flops(lm, stats)
+    res = {"model": name, "device": device_name(dev), "queries": n_q, "hf_queries": n_hf, "batch_size": bs,
+           "hf_batch_size": hf_bs,
+           "doc_tokens": args.doc_tokens, "max_new_tokens": args.max_new_tokens,
+           "queries_per_s": round(qps, 2), "tokens_per_s": round(stats["new_tokens"] / t_ours, 1),
+           "hf_queries_per_s": round(hf_qps, 2), "hf_tokens_per_s": round(hf_tok / t_hf, 1),
+           "speedup": round(qps / hf_qps, 2), "mfu": None, "tflops_per_s": round(flops / t_ours / 1e12, 3),
+           "mean_new_tokens": round(stats["new_tokens"] / n_q, 2), "hf_mean_new_tokens": round(hf_tok / n_hf, 2),
+           "empty_redrawn": int(ours.n_redrawn), "compiled": bool(dec.compile),
+           "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
+           "threads": torch.get_num_threads()}
+    m = mfu(flops, t_ours, dev)
+    res["mfu"] = round(m, 4) if m is not None else None
+    log.info("ours: %d queries in %.1f s = %.1f q/s (%.0f new tokens/s, MFU %s); generate: %d in %.1f s = %.2f q/s; "
+             "speedup %.1fx", n_q, t_ours, qps, res["tokens_per_s"], res["mfu"], n_hf, t_hf, hf_qps, res["speedup"])
+    for t_new, t_old in list(zip(ours.texts, hf_texts))[:3]:
+        log.info("  ours: %-50s | generate: %s", t_new[:50], t_old.strip()[:50])
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.sampling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2-135m,t5-base-random",
+                    help="comma-separated: bundled name, hub id/path, t5-base-random or smollm2-135m-random")
+    ap.add_argument("--doc-tokens", type=int, default=128, help="documents cut to this many tokens")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--batch-size", default="auto", help="queries per batch, or auto (sample.batch_size=auto)")
+    ap.add_argument("--hf-batch-size", default=None,
+                    help="batch of HF generate (default: --batch-size; 16 was the old sample.batch_size)")
+    ap.add_argument("--queries", type=int, default=None,
+                    help="queries sampled by ours (default 8192 on CUDA, 48 on CPU)")
+    ap.add_argument("--hf-queries", type=int, default=None,
+                    help="queries sampled by HF generate (default 1024 on CUDA, 32 on CPU)")
+    ap.add_argument("--docs", type=int, default=5000,
+                    help="documents the queries are drawn from (few repeats at the default; the demo has 80)")
+    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--top-p", type=float, default=0.99)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="capture the decode step with torch.compile(mode='reduce-overhead'); auto = on CUDA")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
+    ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
+    args = ap.parse_args(argv)
+    if args.batch_size != "auto":
+        args.batch_size = int(args.batch_size)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    results = []
+    for name in [m for m in args.models.split(",") if m]:
+        res = bench_model(name, args)
+        results.append(res)
+        print(json.dumps(res))
+    head = dict(results[0])
+    head["models"] = {r["model"]: r for r in results}
+    print(json.dumps({"bench": "sampling", **head}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,335 @@
+"""Our own sampling decode loop (gpt-fast style) for both model families, with per-query random streams.
+
+The model forward is transformers'; the loop, the cache handling and the sampling are ours:
+
+- **prefill once**: the prompts of a batch are de-duplicated (``per_doc`` asks n queries of one document;
+  ``sample_queries`` draws documents with replacement) and, for causal models, the token prefix every
+  prompt shares (system message, few-shot examples) is run once for the whole batch. The key/value rows of
+  a prompt are then *copied* to each query that uses it, never recomputed.
+- **static KV cache**: one ``StaticCache`` per batch (``EncoderDecoderCache`` of two for T5), allocated
+  once and written in place; every decode step is one token for every row, so its shapes never change and
+  on CUDA it is captured by ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). Eager on CPU.
+- causal prompts are left-padded *after* the shared prefix: ``[prefix | pad | doc suffix | new tokens]``
+  with the padding masked and position ids counted over real tokens only.
+- **sampling**: temperature, top-k and top-p (the semantics of transformers' warpers, vectorised over the
+  batch), then the Gumbel-max trick ``argmax(logits / T + g)`` where the Gumbel noise ``g`` of token ``v``
+  at step ``t`` of query ``j`` is a counter-based hash of ``(seed, j, t, attempt, v)`` (int64 torch ops).
+  So query j's tokens do not depend on which batch, process or resume computed it: the same seed gives the
+  same queries at any batch size (up to floating-point near-ties of two candidates' scores; on CUDA bf16 makes
+  such near-ties likelier than on the CPU's fp32).
+- each row stops at EOS or a newline token; finished rows keep running (static shapes) but emit padding.
+
+Bump :data:`SAMPLER_VERSION` whenever a change alters which queries a seed gives: run folders record it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SAMPLER_VERSION", "Decoder", "filter_logits", "gumbel_noise", "sample_next"]
+
+# Which queries a (seed, settings) pair gives. "hf-generate" (no version in the manifest) was the old
+# batch-seeded transformers `generate`.
+SAMPLER_VERSION = "gdr-decode-1"
+
+_MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}
+_C1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 constants, as signed int64
+_C2 = 0x94D049BB133111EB - (1 << 64)
+_GOLD = 0x9E3779B97F4A7C15 - (1 << 64)
+_STEP = 0x632BE59BD9B4E019 - (1 << 64)
+_TOK = 0xD6E8FEB86659FD93 - (1 << 64)
+
+
+def _i64(x: int) -> int:
+    """A Python int wrapped into int64's range (as int64 arithmetic would)."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def _mix(h: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (multiplications wrap; right shifts made logical by masking)."""
+    h = h ^ ((h >> 30) & _MASK[30])
+    h = h * _C1
+    h = h ^ ((h >> 27) & _MASK[27])
+    h = h * _C2
+    return h ^ ((h >> 31) & _MASK[31])
+
+
+def row_keys(seed: int, qid: torch.Tensor, attempt: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 key of each query's random stream: a hash of (seed, query index j, redraw attempt)."""
+    h = _mix(torch.full_like(qid, int(seed) & ((1 << 62) - 1)) * _GOLD + qid)
+    return _mix(h + attempt * _GOLD)
+
+
+def gumbel_noise(keys: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise of shape ``tokens.shape`` (B, k): a pure function of (row key, step, token id).
+
+    keys : (B,) int64 from :func:`row_keys`; tokens : (B, k) int64 token ids.
+    """
+    h = _mix(keys[:, None] + _i64((int(step) + 1) * _STEP))  # (B, 1)
+    h = _mix(h + tokens * _TOK)  # (B, k)
+    u = (((h >> 40) & _MASK[40]).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # 24 bits, in (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, temperature: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature, then top-k, then top-p, as transformers' warpers do, over a batch.
+
+    logits : (B, V). Returns ``(vals, idx)`` of shape (B, k), k = top_k (or V when top_k = 0): the k
+    largest scaled logits in descending order and their token ids; those top-p removes are ``-inf``.
+    """
+    logits = logits.float() / temperature if temperature != 1.0 else logits.float()
+    k = logits.shape[-1] if top_k <= 0 else min(top_k, logits.shape[-1])
+    vals, idx = logits.topk(k, dim=-1)  # (B, k), sorted descending
+    if top_p < 1.0:
+        # transformers' TopPLogitsWarper: sort ascending, drop tokens whose cumulative mass <= 1 - top_p,
+        # always keep the most likely one.
+        asc = vals.flip(-1).softmax(-1).cumsum(-1)  # (B, k), ascending order
+        drop = (asc <= 1 - top_p).flip(-1)
+        drop[:, 0] = False
+        vals = vals.masked_fill(drop, float("-inf"))
+    return vals, idx
+
+
+def sample_next(logits: torch.Tensor, keys: torch.Tensor, step: int, top_k: int, top_p: float,
+                temperature: float) -> torch.Tensor:
+    """(B,) next tokens: Gumbel-max over the filtered logits, with each row's own noise stream."""
+    vals, idx = filter_logits(logits, top_k, top_p, temperature)
+    if vals.shape[-1] == 1:  # greedy
+        return idx[:, 0]
+    choice = (vals + gumbel_noise(keys, step, idx)).argmax(-1, keepdim=True)  # (B, 1)
+    return idx.gather(-1, choice)[:, 0]
+
+
+@dataclass
+class _Batch:
+    """A prefilled batch: what a decode step needs."""
+
+    logits: torch.Tensor  # (B, V) next-token logits after the prompt
+    cache: object  # transformers Cache, B rows
+    mask: torch.Tensor | None  # (B, M) causal: 1 = real token (generated slots are 1 from the start)
+    pos: torch.Tensor | None  # (B,) causal: position id of the first generated token
+    enc: object | None = None  # seq2seq: encoder outputs, B rows
+    enc_mask: torch.Tensor | None = None  # (B, Le)
+
+
+def _lcp(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all ``seqs`` share."""
+    n = min(len(s) for s in seqs)
+    head = np.array([s[:n] for s in seqs])  # (U, n)
+    same = (head == head[:1]).all(0)  # (n,)
+    return n if same.all() else int(same.argmin())
+
+
+def _init_layers(cache, like_k: Sequence[torch.Tensor], like_v: Sequence[torch.Tensor], batch: int) -> None:
+    """Allocate a StaticCache's layers for ``batch`` rows shaped like the given per-layer (·, H, ·, D) tensors."""
+    for layer, k, v in zip(cache.layers, like_k, like_v):
+        layer.lazy_initialization(k[:1].expand(batch, *k.shape[1:]), v[:1].expand(batch, *v.shape[1:]))
+
+
+class Decoder:
+    """The decode loop for one :class:`gdr.lm.GenerativeLM` (built once per model and device).
+
+    On CUDA the model runs in bf16 (a copy of the weights made once; the scoring model is left as it is) and
+    the decode step is compiled (``compile``); ``bucket`` rounds cache lengths up so that batches of one size
+    share their decode cache and captured graphs (default: when compiling).
+    """
+
+    def __init__(self, lm, compile: bool | None = None, bucket: bool | None = None):
+        self.lm = lm
+        self.device = lm.device
+        self.model = lm.model
+        if self.device.type == "cuda":
+            import copy
+
+            self.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
+        self.compile = self.device.type == "cuda" if compile is None else compile
+        # cache lengths rounded up to 64 (what the CUDA graphs need; tested eagerly on the CPU)
+        self.bucket = self.compile if bucket is None else bucket
+        self._step_fn = None
+        self._step_ok = False  # a compiled step has run once
+        self.compile_options = dict(mode="reduce-overhead")  # tests trace with dict(backend="eager") on a CPU
+        self._pool: dict[tuple, object] = {}  # decode caches by shape, reused across batches
+        # Work done, for benchmarks (FLOP accounting): tokens through the prompt side (a shared prefix and a
+        # repeated prompt count once), tokens fed to decode steps (every row, finished or not), the sum of
+        # their attention contexts, and tokens generated (up to and including the stop token).
+        self.stats = dict(prefill_tokens=0, prefill_context=0, decode_tokens=0, decode_context=0, new_tokens=0)
+        self.stop = torch.tensor(lm._stop_ids(), device=self.device)
+
+    # ------------------------------------------------------------------ caches
+    def _bucket(self, n: int) -> int:
+        """Cache lengths rounded up on CUDA so that captured decode steps are reused across batches."""
+        return -(-n // 64) * 64 if self.bucket else n
+
+    def _decode_cache(self, key: tuple, make):
+        """The decode cache of one shape: allocated once and reused by later batches of the same shape, so
+        its tensors keep their addresses (what a captured CUDA graph reads and writes)."""
+        cache = self._pool.get(key)
+        if cache is None:
+            if len(self._pool) >= 2:  # e.g. the full batch shape and the last, smaller batch
+                self._pool.clear()
+            cache = self._pool[key] = make()
+        return cache
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill_causal(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, max_new: int) -> _Batch:
+        from transformers import StaticCache
+
+        model, dev, U, B = self.model, self.device, len(prompts), int(rows.numel())
+        # The prefix every prompt shares runs once; each prompt keeps >= 1 own token (its last logits).
+        P = min(_lcp(prompts), min(len(p) for p in prompts) - 1) if U > 1 else len(prompts[0]) - 1
+        S = max(len(p) for p in prompts) - P
+        M = self._bucket(P + S + max_new)  # slots past P + S + max_new stay masked and unused
+        suffix = torch.full((U, S), self.lm.pad_id, dtype=torch.long)
+        smask = torch.zeros((U, S), dtype=torch.long)
+        for r, p in enumerate(prompts):  # building the padded batch; the compute is batched
+            suffix[r, S - len(p) + P:] = torch.tensor(p[P:])
+            smask[r, S - len(p) + P:] = 1
+        suffix, smask = suffix.to(dev), smask.to(dev)
+        mask = torch.cat([torch.ones((U, P), dtype=torch.long, device=dev), smask,
+                          torch.ones((U, max_new), dtype=torch.long, device=dev),
+                          torch.zeros((U, M - P - S - max_new), dtype=torch.long, device=dev)], 1)  # (U, M)
+        pos = (P + smask.cumsum(-1) - 1).clamp_min(0)  # (U, S) position ids over real tokens
+        # prefill: the shared prefix once (1 row), then every distinct prompt's own tokens (U rows)
+        cache_u = StaticCache(config=model.config, max_cache_len=P + S)
+        if P > 0:
+            c1 = StaticCache(config=model.config, max_cache_len=P)
+            model(input_ids=torch.tensor([prompts[0][:P]], device=dev), cache=c1, use_cache=True, logits_to_keep=1)
+            _init_layers(cache_u, [l.keys for l in c1.layers], [l.values for l in c1.layers], U)
+            for lu, l1 in zip(cache_u.layers, c1.layers):
+                lu.keys[:, :, :P] = l1.keys
+                lu.values[:, :, :P] = l1.values
+                lu.cumulative_length.fill_(P)
+        out = model(input_ids=suffix, attention_mask=mask[:, :P + S], position_ids=pos,
+                    cache=cache_u, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()  # (U, V)
+        first_pos = pos[:, -1] + 1  # (U,)
+        self.stats["prefill_tokens"] += P + sum(len(p) - P for p in prompts)
+        self.stats["prefill_context"] += P * P // 2 + sum((len(p) - P) * (P + S) for p in prompts)
+        # Copy each prompt's rows of the cache to the queries that use it.
+        cache = self._decode_cache(("causal", B, M), lambda: StaticCache(config=model.config, max_cache_len=M))
+        if not cache.layers[0].is_initialized:
+            _init_layers(cache, [l.keys for l in cache_u.layers], [l.values for l in cache_u.layers], B)
+        for lb, lu in zip(cache.layers, cache_u.layers):
+            lb.keys[:, :, :P + S] = lu.keys.index_select(0, rows)
+            lb.values[:, :, :P + S] = lu.values.index_select(0, rows)
+            lb.cumulative_length.fill_(P + S)
+        return _Batch(logits[rows], cache, mask[rows], first_pos[rows])
+
+    def _prefill_seq2seq(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, max_new: int) -> _Batch:
+        from transformers import EncoderDecoderCache, StaticCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        model, dev, U, B = self.model, self.device, len(prompts), int(rows.numel())
+        batch = self.lm._pad(prompts, left=False)
+        ids, enc_mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        hidden = model.get_encoder()(input_ids=ids, attention_mask=enc_mask).last_hidden_state  # (U, Le, d)
+        Le = hidden.shape[1]
+        start = torch.full((U, 1), model.config.decoder_start_token_id, dtype=torch.long, device=dev)
+
+        def new_cache(le):
+            return EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=max_new + 1),
+                                       StaticCache(config=model.config, max_cache_len=le))
+
+        # prefill: the encoder and the first decoder step (which computes the cross-attention keys) per document
+        cache_u = new_cache(Le)
+        out = model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=enc_mask,
+                    decoder_input_ids=start, cache=cache_u, use_cache=True)
+        logits = out.logits[:, -1].float()  # (U, V)
+        self.stats["prefill_tokens"] += sum(len(p) for p in prompts) + U  # encoder tokens + start tokens
+        self.stats["prefill_context"] += sum(len(p) * Le for p in prompts) + U * Le
+        Lb = self._bucket(Le)  # encoder slots past Le stay masked
+        cache = self._decode_cache(("seq2seq", B, max_new, Lb), lambda: new_cache(Lb))
+        for big, small in ((cache.self_attention_cache, cache_u.self_attention_cache),
+                           (cache.cross_attention_cache, cache_u.cross_attention_cache)):
+            if not big.layers[0].is_initialized:
+                _init_layers(big, [l.keys for l in small.layers], [l.values for l in small.layers], B)
+            for lb, lu in zip(big.layers, small.layers):
+                n = lu.keys.shape[2]
+                lb.keys[:, :, :n] = lu.keys.index_select(0, rows)
+                lb.values[:, :, :n] = lu.values.index_select(0, rows)
+                lb.cumulative_length.copy_(lu.cumulative_length)
+        for i in range(len(cache.cross_attention_cache.layers)):
+            cache.is_updated[i] = True
+        enc_b = torch.zeros((B, Lb, hidden.shape[2]), dtype=hidden.dtype, device=dev)
+        enc_b[:, :Le] = hidden[rows]
+        mask_b = torch.zeros((B, Lb), dtype=enc_mask.dtype, device=dev)
+        mask_b[:, :Le] = enc_mask[rows]
+        return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=enc_b), mask_b)
+
+    # ------------------------------------------------------------------ one step
+    def _step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:
+        """Logits (B, V) after feeding ``tok`` (B,) at position ``pos`` (B,)."""
+        if self.lm.is_seq2seq:
+            out = self.model(encoder_outputs=b.enc, attention_mask=b.enc_mask, decoder_input_ids=tok[:, None],
+                             cache=b.cache, use_cache=True)
+        else:
+            out = self.model(input_ids=tok[:, None], attention_mask=b.mask, position_ids=pos[:, None],
+                             cache=b.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def _run_step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:
+        """One decode step: captured (CUDA graphs) when ``compile``, else eager. If capturing fails (an old
+        torch, an unsupported model), the step is redone eagerly and decoding stays eager."""
+        if self.compile:
+            if self._step_fn is None:
+                self._step_fn = torch.compile(self._step, dynamic=False, **self.compile_options)
+            layers = b.cache.self_attention_cache.layers if self.lm.is_seq2seq else b.cache.layers
+            before = [l.cumulative_length.clone() for l in layers] if not self._step_ok else None
+            try:
+                logits = self._step_fn(tok, pos, b).clone()  # graph outputs are overwritten by the next replay
+                self._step_ok = True
+                return logits
+            except Exception as e:  # noqa: BLE001 - fall back to the eager step, which is correct too
+                if before is None:
+                    raise
+                log.warning("compiled decode step failed (%s: %s); decoding eagerly", type(e).__name__, e)
+                self.compile = False
+                for l, n in zip(layers, before):
+                    l.cumulative_length.copy_(n)
+        return self._step(tok, pos, b)
+
+    # ------------------------------------------------------------------ the loop
+    @torch.inference_mode()
+    def decode(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, qid: torch.Tensor,
+               attempt: torch.Tensor, seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
+               temperature: float = 1.0) -> torch.Tensor:
+        """Sample one continuation per query.
+
+        prompts : U distinct prompts (token ids). rows : (B,) int64, the prompt of each query.
+        qid : (B,) int64, each query's index j in its run (its random stream). attempt : (B,) redraw count.
+        Returns (B, max_new_tokens) int64 token ids; after a row's stop token (kept) come pad ids.
+        """
+        dev = self.device
+        rows, qid, attempt = rows.to(dev), qid.to(dev), attempt.to(dev)
+        prefill = self._prefill_seq2seq if self.lm.is_seq2seq else self._prefill_causal
+        b = prefill(prompts, rows, max_new_tokens)
+        keys = row_keys(seed, qid, attempt)
+        B = rows.numel()
+        out = torch.full((B, max_new_tokens), self.lm.pad_id, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        pad = torch.tensor(self.lm.pad_id, device=dev)
+        pos = b.pos if b.pos is not None else torch.zeros(B, dtype=torch.long, device=dev)
+        logits = b.logits
+        alive = torch.zeros((), dtype=torch.long, device=dev)
+        # attention context of one decode token: the whole static cache (+ the encoder states for T5)
+        ctx = max_new_tokens + 1 + b.enc_mask.shape[1] if self.lm.is_seq2seq else b.mask.shape[1]
+        check_every = 1 if dev.type == "cpu" else 4  # a host sync per step would stall the GPU queue
+        for t in range(max_new_tokens):
+            tok = torch.where(done, pad, sample_next(logits, keys, t, top_k, top_p, temperature))
+            out[:, t] = tok
+            alive += (~done).sum()
+            done |= torch.isin(tok, self.stop)
+            if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
+                break
+            logits = self._run_step(tok, pos + t, b)
+            self.stats["decode_tokens"] += B
+            self.stats["decode_context"] += B * ctx
+        self.stats["new_tokens"] += int(alive)
+        return out

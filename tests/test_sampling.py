@@ -1,0 +1,243 @@
+"""Our decode loop (gdr.lm.decode) against transformers' `generate` and logits warpers, and its per-query
+random streams: the same queries at any batch size, split, or resume."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gdr.io import read_jsonl, write_manifest
+from gdr.lm.decode import SAMPLER_VERSION, filter_logits
+from gdr.store import sample_per_doc_run, sample_run
+from tiny_models import DOCS, tiny_llama, tiny_t5
+
+DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
+KW = dict(max_new_tokens=6, top_k=50, top_p=0.99)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def t5():
+    return tiny_t5()
+
+
+def _lm(family, llama, t5):
+    return llama if family == "llama" else t5
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_same_queries_at_any_batch_size(family, llama, t5):
+    lm = _lm(family, llama, t5)
+    runs = [lm.sample_queries(DOCS, 12, seed=5, batch_size=bs, progress=False, **KW) for bs in (1, 7, 64)]
+    assert runs[0].texts == runs[1].texts == runs[2].texts
+    assert len(set(runs[0].texts)) > 6  # really sampled, not one fixed text
+    assert all((r.source_index == runs[0].source_index).all() for r in runs)
+    other = lm.sample_queries(DOCS, 12, seed=6, batch_size=7, progress=False, **KW)
+    assert other.texts != runs[0].texts
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_disjoint_query_ranges_equal_the_whole(family, llama, t5):
+    """What two processes would do: each samples its own range of query indices j."""
+    lm = _lm(family, llama, t5)
+    rows = np.array([0, 3, 3, 1, 5, 0, 6, 2, 3])
+    qid = np.arange(len(rows))
+    whole = lm.decode_queries(DOCS, rows, qid, 0, seed=2, **KW)
+    first = lm.decode_queries(DOCS, rows[:4], qid[:4], 0, seed=2, **KW)
+    u, inv = np.unique(rows[4:], return_inverse=True)  # the second process sees only its documents
+    second = lm.decode_queries([DOCS[i] for i in u], inv, qid[4:], 0, seed=2, **KW)
+    assert first + second == whole
+    # the stream is the query index and attempt, not the row: a redraw attempt gives another query
+    assert lm.decode_queries(DOCS, rows, qid, 1, seed=2, **KW) != whole
+
+
+def test_kill_and_resume_equals_uninterrupted(llama, tmp_path, monkeypatch):
+    full = sample_run(llama, DOCS, DOC_IDS, tmp_path / "a", n_queries=10, seed=4, batch_size=4, progress=False, **KW)
+    orig = llama.sample_queries
+
+    def killed(*args, on_batch=None, **kw):
+        def once(partial):
+            on_batch(partial)
+            raise KeyboardInterrupt  # the process dies after its first checkpoint
+
+        return orig(*args, on_batch=once, **kw)
+
+    monkeypatch.setattr(llama, "sample_queries", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sample_run(llama, DOCS, DOC_IDS, tmp_path / "b", n_queries=10, seed=4, batch_size=4, progress=False, **KW)
+    monkeypatch.undo()
+    assert len(read_jsonl(tmp_path / "b" / "queries.partial.jsonl")) == 4
+    # resumed with another batch size: neither changes the queries
+    resumed = sample_run(llama, DOCS, DOC_IDS, tmp_path / "b", n_queries=10, seed=4, batch_size=3, progress=False,
+                         **KW)
+    assert resumed == full
+    man = json.loads((tmp_path / "b" / "queries.manifest.json").read_text())
+    assert man["sampler"] == SAMPLER_VERSION and "batch_size" not in man
+
+
+def test_per_doc_queries_do_not_depend_on_the_batch_size(llama, tmp_path):
+    a = read_jsonl(sample_per_doc_run(llama, DOCS, DOC_IDS, tmp_path / "a", n_per_doc=3, seed=1, batch_size=3,
+                                      progress=False, **KW))
+    b = read_jsonl(sample_per_doc_run(llama, DOCS, DOC_IDS, tmp_path / "b", n_per_doc=3, seed=1, batch_size=64,
+                                      progress=False, **KW))
+    assert a == b and [r["doc_id"] for r in a] == DOC_IDS
+    # each document's prompt is prefilled once and shared by its 3 queries, which still differ
+    assert sum(len(set(r["queries"])) > 1 for r in a) >= len(DOCS) - 1
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_greedy_equals_generate(family, llama, t5):
+    lm = _lm(family, llama, t5)
+    ids = lm.prompt_ids(DOCS)  # prompts of different lengths: left padding (causal) / right padding (T5)
+    batch = lm._pad(ids, left=not lm.is_seq2seq)
+    with torch.inference_mode():
+        ref = lm.model.generate(**batch, do_sample=False, max_new_tokens=8, eos_token_id=lm._stop_ids(),
+                                pad_token_id=lm.pad_id)
+    ref = ref[:, batch["input_ids"].shape[1]:] if not lm.is_seq2seq else ref[:, 1:]
+    B = len(ids)
+    rows = torch.arange(B).repeat_interleave(2)  # every prompt shared by two rows
+    out = lm.decoder().decode(ids, rows, torch.arange(2 * B), torch.zeros(2 * B, dtype=torch.long), seed=0,
+                              max_new_tokens=8, top_k=1)
+    torch.testing.assert_close(out[::2, :ref.shape[1]], ref, rtol=0, atol=0)
+    torch.testing.assert_close(out[1::2], out[::2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_reused_bucketed_caches_give_the_same_tokens(family, llama, t5):
+    """The CUDA layout (cache lengths rounded up, one decode cache reused by every batch of a size), eagerly."""
+    from gdr.lm.decode import Decoder
+
+    lm = _lm(family, llama, t5)
+    plain, bucketed = Decoder(lm, compile=False), Decoder(lm, compile=False, bucket=True)
+    for docs in (DOCS[:4], DOCS[3:7], DOCS[:4]):  # same shapes: the second and third batch reuse the first's cache
+        ids = lm.prompt_ids(docs)
+        args = (ids, torch.arange(4), torch.arange(4) + 10, torch.zeros(4, dtype=torch.long))
+        kw = dict(seed=3, max_new_tokens=7, top_k=50, top_p=0.99)
+        torch.testing.assert_close(bucketed.decode(*args, **kw), plain.decode(*args, **kw), rtol=0, atol=0)
+    assert len(bucketed._pool) == 1
+
+
+def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):
+    """The CUDA path's capture, traced by dynamo on the CPU (eager backend: no CUDA graphs, no C++ build):
+    one graph for every batch of a shape (the reused decode cache), and the same tokens as the eager step."""
+    import torch._dynamo
+    from gdr.lm.decode import Decoder
+
+    comp = Decoder(llama, compile=True)
+    comp.compile_options = dict(backend="eager")
+    assert comp.bucket
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for docs in (DOCS[:4], DOCS[3:7]):
+        args = (llama.prompt_ids(docs), torch.arange(4), torch.arange(4), torch.zeros(4, dtype=torch.long))
+        kw = dict(seed=1, max_new_tokens=5, top_k=50, top_p=0.99)
+        torch.testing.assert_close(comp.decode(*args, **kw), llama.decoder().decode(*args, **kw), rtol=0, atol=0)
+    assert comp.compile and comp._step_ok  # did not fall back to eager
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature", [(50, 0.99, 1.0), (5, 1.0, 0.7), (0, 0.9, 1.3), (20, 0.5, 1.0),
+                                                     (1, 0.99, 1.0)])
+def test_filtering_equals_transformers_warpers(top_k, top_p, temperature):
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 300, generator=g) * 3
+    ref = logits.clone()
+    ids = torch.zeros(16, 1, dtype=torch.long)
+    if temperature != 1.0:
+        ref = TemperatureLogitsWarper(temperature)(ids, ref)
+    if top_k > 0:
+        ref = TopKLogitsWarper(top_k)(ids, ref)
+    if top_p < 1.0:
+        ref = TopPLogitsWarper(top_p)(ids, ref)
+    vals, idx = filter_logits(logits, top_k, top_p, temperature)
+    ours = torch.full_like(logits, float("-inf")).scatter(1, idx, vals)
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(ref))
+    kept = torch.isfinite(ref)
+    torch.testing.assert_close(ours[kept], ref[kept])
+    assert 0 < kept.sum() < kept.numel()
+
+
+def _first_tokens_ours(lm, doc, n, temperature):
+    out = lm.decoder().decode(lm.prompt_ids([doc]), torch.zeros(n, dtype=torch.long), torch.arange(n),
+                              torch.zeros(n, dtype=torch.long), seed=11, max_new_tokens=1, top_k=5,
+                              temperature=temperature)
+    return out[:, 0]
+
+
+def test_first_token_distribution_matches_generate():
+    """Two-sample chi-square test of the first sampled token, ours vs `generate`, at fixed seeds."""
+    from scipy.stats import chi2_contingency
+
+    from gdr.lm import PromptConfig
+
+    llama = tiny_llama(seed=1)
+    llama.prompt = PromptConfig(style="prefix", prefix="", system=None, shots=[])  # short prompts: generate is fast
+    with torch.no_grad():  # a peaked next-token distribution over the top 5
+        llama.model.lm_head.weight.mul_(30)
+    n = 2000
+    batch = llama._pad(llama.prompt_ids([DOCS[1]]))
+    torch.manual_seed(3)
+    with torch.inference_mode():
+        ref = llama.model.generate(**batch, do_sample=True, top_k=5, top_p=1.0, max_new_tokens=1,
+                                   num_return_sequences=n, pad_token_id=llama.pad_id)[:, -1]
+
+    def p_value(ours):
+        cats = torch.unique(torch.cat([ours, ref]))
+        table = np.array([[int((x == c).sum()) for c in cats] for x in (ours, ref)])
+        return chi2_contingency(table)[1]
+
+    same = p_value(_first_tokens_ours(llama, DOCS[1], n, 1.0))
+    colder = p_value(_first_tokens_ours(llama, DOCS[1], n, 0.5))  # the test has the power to tell them apart
+    assert same > 0.01, same
+    assert colder < 1e-6, colder
+
+
+@pytest.mark.parametrize("runner", ["queries", "per_doc"])
+def test_older_sampler_folder_is_refused_in_one_line(llama, tmp_path, runner):
+    kw = dict(seed=0, batch_size=4, progress=False, **KW)
+    if runner == "queries":
+        sample_run(llama, DOCS, DOC_IDS, tmp_path, n_queries=3, **kw)
+        name, files = "queries.manifest.json", "queries.*"
+        again = lambda: sample_run(llama, DOCS, DOC_IDS, tmp_path, n_queries=3, **kw)  # noqa: E731
+    else:
+        sample_per_doc_run(llama, DOCS, DOC_IDS, tmp_path, n_per_doc=1, **kw)
+        name, files = "doc_queries.manifest.json", "doc_queries.*"
+        again = lambda: sample_per_doc_run(llama, DOCS, DOC_IDS, tmp_path, n_per_doc=1, **kw)  # noqa: E731
+    man = json.loads((tmp_path / name).read_text())
+    del man["sampler"], man["provenance"]  # as written by the hf-generate sampler, before versions
+    write_manifest(tmp_path, name, **man)
+    with pytest.raises(FileExistsError) as e:
+        again()
+    msg = str(e.value)
+    assert "\n" not in msg and "hf-generate" in msg and SAMPLER_VERSION in msg
+    assert f"delete {files}" in msg and "out=" in msg
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_auto_batch_size(family, llama, t5):
+    lm = _lm(family, llama, t5)
+    assert lm.auto_batch_size() == 64  # on a CPU: the measured best
+    sizes = [lm.batch_for_memory(free) for free in (1e6, 1e8, 1e9, 1e12)]
+    assert sizes == sorted(sizes) and sizes[0] >= 1 and sizes[-1] == 1024
+    assert sizes[1] < 1024
+
+
+def test_gdr_run_keys_the_score_stage_by_sampler_not_batch_size():
+    """`gdr run` re-samples into a new stage folder when the sampler changes; a batch size alone does not."""
+    from omegaconf import OmegaConf
+
+    from gdr.cli.run import score_inputs
+
+    cfg = OmegaConf.create({"model": {"name": "m"}, "sample": {"n_queries": 4, "seed": 0, "batch_size": 8},
+                            "score": {"dtype": "float32"}})
+    a = score_inputs(cfg, {"n_docs": 3})
+    cfg.sample.batch_size = "auto"
+    assert score_inputs(cfg, {"n_docs": 3}) == a
+    assert a["sampler"] == SAMPLER_VERSION and "batch_size" not in a["sample"]
