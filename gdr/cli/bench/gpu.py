@@ -83,7 +83,8 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
     if mode == "smoke":  # tiny sizes on the CPU: proves the chaining and the parsing, not the speed
         lm = str(work / "tiny-lm")  # a random-init 2-layer Llama (make_tiny_lm) instead of SmolLM2
         steps = [
-            Step("sampling", [*m, "gdr.cli.bench.sampling", "--device", "cpu"], 90),
+            Step("sampling", [*m, "gdr.cli.bench.sampling", "--models", lm, "--docs", "16", "--doc-tokens", "32",
+                              "--max-new-tokens", "8", "--queries", "16", "--hf-queries", "8", "--device", "cpu"], 90),
             Step("scoring", [*m, "gdr.cli.bench.scoring", "--model", lm, "--device", "cpu", "--queries", "8",
                              "--doc-tokens", "32", "--pairs", "32", "--naive-pairs", "4"], 120),
             Step("training", [*m, "gdr.cli.bench.training", "--presets", "mini", "--batch", "8", "--steps", "2",
@@ -94,14 +95,16 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
         ]
     else:
         steps = [
-            Step("sampling", [*m, "gdr.cli.bench.sampling"], 60),
+            # SmolLM2 and a random-init T5-base, HF generate side by side; includes the CUDA-graph capture.
+            Step("sampling", [*m, "gdr.cli.bench.sampling", "--device", "cuda", "--doc-tokens", "128",
+                              "--max-new-tokens", "32", "--queries", "8192", "--hf-queries", "512"], 90),
             Step("scoring", [*m, "gdr.cli.bench.scoring", "--device", "cuda", "--queries", "1024", "--doc-tokens", "128",
                              "--pairs", "131072", "--naive-pairs", "64"], 45),
             Step("training", [*m, "gdr.cli.bench.training", "--presets", "mini,small30m", "--steps", "50",
                               "--warmup", "10", "--device", "cuda"], 60),
             Step("search", [*m, "gdr.cli.bench.decoding", "--model", "small30m", "--docs", "100000", "--beam", "100",
                             "--queries", "4096", "--batch", "256", "--no-reference", "--device", "cuda"], 45),
-            _run_step("run", RUN_1000, work / "run-bbc1000", 150),
+            _run_step("run", RUN_1000, work / "run-bbc1000", 120),
         ]
         if full:
             steps += [_run_step("bbc", ["+experiment=bbc", "device=auto"], work / "bbc", 600),
