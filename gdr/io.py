@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import platform
 import subprocess
@@ -21,6 +22,10 @@ __all__ = [
     "hash_strings",
     "write_manifest",
     "read_manifest",
+    "file_digest",
+    "bytes_digest",
+    "record_files",
+    "verify_files",
 ]
 
 
@@ -128,3 +133,61 @@ def read_manifest(out_dir: str | os.PathLike, name: str = "manifest.json") -> di
         return None
     with open(p, encoding="utf-8") as f:
         return json.load(f)
+
+
+# ------------------------------------------------------------------------------------- content integrity
+# Every artifact gets its size and a BLAKE2b checksum (16-byte digest) recorded when it is finished, and both
+# are checked before it is reused. BLAKE2b is the fastest hash in the standard library (~0.5-1 GB/s on one
+# core, measured in the integrity note); the file is hashed through an mmap, so nothing is copied.
+def bytes_digest(data) -> str:
+    """BLAKE2b (16-byte) hex digest of a bytes-like object (bytes, memoryview, contiguous numpy array)."""
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
+
+
+def file_digest(path: str | os.PathLike) -> dict:
+    """``{"size": bytes, "blake2b": hex}`` of a file, hashed through a read-only mmap."""
+    size = os.path.getsize(path)
+    h = hashlib.blake2b(digest_size=16)
+    if size:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            h.update(m)
+    return {"size": size, "blake2b": h.hexdigest()}
+
+
+def _artifact_files(folder: Path, exclude: Iterable[str]) -> list[Path]:
+    """Regular files under ``folder`` (recursively), minus hidden names (temp files, locks) and ``exclude``."""
+    skip = set(exclude)
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts) or rel.as_posix() in skip or not p.is_file():
+            continue
+        out.append(p)
+    return out
+
+
+def record_files(folder: str | os.PathLike, exclude: Iterable[str] = ()) -> dict[str, dict]:
+    """Size and checksum of every file under ``folder``: ``{relative path: file_digest}``."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): file_digest(p) for p in _artifact_files(folder, exclude)}
+
+
+def verify_files(folder: str | os.PathLike, record: dict[str, dict], checksum: bool = True) -> tuple[str, str] | None:
+    """Check the files of ``record`` (from :func:`record_files`) under ``folder``.
+
+    Sizes are always compared; checksums too unless ``checksum=False``. Returns ``None`` when all match,
+    else ``(relative path, what is wrong)`` for the first damaged file.
+    """
+    folder = Path(folder)
+    for rel, want in record.items():
+        p = folder / rel
+        if not p.is_file():
+            return rel, "missing"
+        size = os.path.getsize(p)
+        if size != want["size"]:
+            return rel, f"size {size:,} bytes, {want['size']:,} recorded"
+    if checksum:
+        for rel, want in record.items():
+            if file_digest(folder / rel)["blake2b"] != want["blake2b"]:
+                return rel, "checksum differs from the one recorded (content changed)"
+    return None
