@@ -214,7 +214,7 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
             if len(rows) and np.isfinite(block).all() and (block != 0).all():
                 atomic_write_json(marker, {"rows_blake2b": _rows_digest(P, rows)})
                 continue
-            problem = "holds zeros or non-finite values"
+            problem = "hold zeros or non-finite values"
         elif _rows_digest(P, rows) != want:
             problem = "differ from the checksum in its marker"
         else:

@@ -27,6 +27,7 @@ headers, P has no zero rows, docids.tsv is well formed), then their checksums ar
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import shlex
@@ -96,7 +97,8 @@ class Pipeline:
         self.records: list[StageRecord] = []
 
     def stage(self, name: str, inputs: dict, build: Callable[[Path], dict | None], after: Sequence[StageRecord] = (),
-              resumes: Sequence[str] | None = None, check: Callable[[Path], str | None] | None = None) -> StageRecord:
+              resumes: Sequence[str] | None = None, check: Callable[[Path], tuple[str, str] | None] | None = None,
+              outputs: Sequence[str] = ("*",)) -> StageRecord:
         """Run ``build(folder)`` unless a finished, undamaged stage with the same inputs exists; return its record.
 
         ``build`` returns a small dict of facts kept in ``stage.json`` (``info``). ``after``: the stages whose
@@ -104,7 +106,9 @@ class Pipeline:
         stage is rebuilt from an empty folder; else the stage resumes in place: its damaged file is deleted
         and rebuilt, except the files named here, which ``build`` checks and repairs piece by piece itself
         (P.npy: only damaged shards are re-scored). ``check(folder)``: what is wrong with the files of a
-        stage finished by an older gdr (no checksums recorded): ``(file, what is wrong)`` or None."""
+        stage finished by an older gdr (no checksums recorded): ``(file, what is wrong)`` or None.
+        ``outputs``: patterns of the files later stages read; only their checksums count as this stage's
+        content for them (manifests with times, logs and checkpoints differ between identical rebuilds)."""
         inputs = json.loads(json.dumps(inputs, default=str))
         key = stage_key(inputs)
         folder = self.root / f"{name}-{key}"
@@ -120,7 +124,7 @@ class Pipeline:
             if damage is None:
                 log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
                 rec = StageRecord(name, folder, key, float(old.get("seconds", 0.0)), True, old.get("info") or {},
-                                  _digest(old["artifacts"]))
+                                  _digest(old["artifacts"], outputs))
                 self.records.append(rec)
                 return rec
         if damage is not None:
@@ -140,7 +144,7 @@ class Pipeline:
         atomic_write_json(marker, {"stage": name, "key": key, "status": "complete", "inputs": inputs,
                                    "seconds": seconds, "info": info, "artifacts": artifacts, "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts))
+        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs))
         self.records.append(rec)
         return rec
 
@@ -165,7 +169,7 @@ class Pipeline:
         if bad is None:
             log.info("stage %s: recording checksums of the %d files of %s, written by an older gdr "
                      "(checked: they parse and match their headers)", old.get("stage"), len(files), folder.name)
-            old = {**old, "artifacts": record_files(folder, exclude=(STAGE_FILE,)), "upstream": upstream}
+            old.update(artifacts=record_files(folder, exclude=(STAGE_FILE,)), upstream=upstream)  # the caller's dict
             atomic_write_json(folder / STAGE_FILE, old)
         return bad
 
@@ -206,8 +210,10 @@ def _check_index_folder(folder: Path) -> tuple[str, str] | None:
     return _failure(folder, lambda: read_docids(folder / "docids.tsv"))
 
 
-def _digest(artifacts: dict) -> str:
-    return bytes_digest(json.dumps(artifacts, sort_keys=True).encode())
+def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
+    """One checksum over the recorded checksums of the files matching ``outputs``."""
+    mine = {k: v["blake2b"] for k, v in artifacts.items() if any(fnmatch.fnmatchcase(k, p) for p in outputs)}
+    return bytes_digest(json.dumps(mine, sort_keys=True).encode())
 
 
 def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
@@ -270,7 +276,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         return {"p_matrix": str(path)}
 
     score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy",),
-                       check=_check_score_folder)
+                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
     # 2. flat clustering against labels (the data scientist's view; the demo's headline)
     cluster_rec = None
@@ -301,7 +307,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         s = cfg.sample
         doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": to_container(dq),
                                            "sampling": {"top_k": s.top_k, "top_p": s.top_p,
-                                                        "temperature": s.temperature}}, build_doc_queries)
+                                                        "temperature": s.temperature}}, build_doc_queries,
+                           outputs=("doc_queries.jsonl",))
     lm_box.clear()  # the generator is not needed from here on
 
     # 4. docids per indexer
@@ -326,7 +333,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
 
         after = {"gc": [score], "bmi": [doc_q] if doc_q else []}.get(method, [])
         indexes[method] = pipe.stage(f"index-{method}", inputs, build_index_stage, after=after,
-                                     check=_check_index_folder)
+                                     check=_check_index_folder, outputs=("docids.tsv",))
 
     # 5. BM25 on the test queries, once
     test_q = _queries_section(cfg, cfg.queries.test_split)
@@ -359,7 +366,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 
-            tr = pipe.stage(f"train-{method}-s{seed}", t_inputs, build_train, after=[idx] + ([doc_q] if use_gen else []))
+            tr = pipe.stage(f"train-{method}-s{seed}", t_inputs, build_train,
+                            after=[idx] + ([doc_q] if use_gen else []), outputs=("model/*", "docids.tsv"))
 
             def build_eval(folder: Path, tr=tr) -> dict:
                 from gdr.cli.train import evaluate_from_config
