@@ -27,6 +27,8 @@ __all__ = [
     "record_files",
     "verify_files",
     "check_readable",
+    "check_manifest_files",
+    "refresh_manifest_files",
 ]
 
 
@@ -106,14 +108,22 @@ def _git_commit() -> str | None:
         return None
 
 
-def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", **fields: Any) -> dict:
-    """Write ``fields`` plus provenance (time, versions, git commit, argv) to ``out_dir/name``."""
+def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", files: Iterable[str] = (),
+                   **fields: Any) -> dict:
+    """Write ``fields`` plus provenance (time, versions, git commit, argv) to ``out_dir/name``.
+
+    ``files``: paths relative to ``out_dir`` (or glob patterns) whose size and checksum are recorded under
+    ``"files"``, for :func:`check_manifest_files` to verify before they are used."""
     import numpy
     import torch
 
     from gdr import __version__
 
     manifest = dict(fields)
+    if files:
+        out = Path(out_dir)
+        names = sorted({p.relative_to(out).as_posix() for pat in files for p in out.glob(pat) if p.is_file()})
+        manifest["files"] = {n: file_digest(out / n) for n in names}
     manifest["provenance"] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "gdr": __version__,
@@ -173,11 +183,13 @@ def record_files(folder: str | os.PathLike, exclude: Iterable[str] = ()) -> dict
     return {p.relative_to(folder).as_posix(): file_digest(p) for p in _artifact_files(folder, exclude)}
 
 
-def verify_files(folder: str | os.PathLike, record: dict[str, dict], checksum: bool = True) -> tuple[str, str] | None:
+def verify_files(folder: str | os.PathLike, record: dict[str, dict],
+                 checksum: bool | Iterable[str] = True) -> tuple[str, str] | None:
     """Check the files of ``record`` (from :func:`record_files`) under ``folder``.
 
-    Sizes are always compared; checksums too unless ``checksum=False``. Returns ``None`` when all match,
-    else ``(relative path, what is wrong)`` for the first damaged file.
+    Sizes are always compared; checksums of all files (``True``), of none (``False``) or of the relative
+    paths given. Returns ``None`` when all match, else ``(relative path, what is wrong)`` for the first
+    damaged file.
     """
     folder = Path(folder)
     for rel, want in record.items():
@@ -187,8 +199,10 @@ def verify_files(folder: str | os.PathLike, record: dict[str, dict], checksum: b
         size = os.path.getsize(p)
         if size != want["size"]:
             return rel, f"size {size:,} bytes, {want['size']:,} recorded"
-    if checksum:
+    if checksum is not False:
         for rel, want in record.items():
+            if checksum is not True and rel not in checksum:
+                continue
             if file_digest(folder / rel)["blake2b"] != want["blake2b"]:
                 return rel, "checksum differs from the one recorded (content changed)"
     return None
@@ -215,3 +229,31 @@ def check_readable(folder: str | os.PathLike, files: Iterable[str]) -> tuple[str
         except (ValueError, OSError, EOFError) as e:  # JSONDecodeError is a ValueError
             return rel, f"unreadable ({str(e).splitlines()[0][:120]})"
     return None
+
+
+def check_manifest_files(folder: str | os.PathLike, only: Iterable[str] | None = None, name: str = "manifest.json",
+                         fix: str = "") -> None:
+    """Verify the files recorded in ``folder/name`` (by ``write_manifest(files=...)``), or those of ``only``
+    among them; a damaged one raises an error naming it, what is wrong and ``fix``. Folders without such a
+    record (other tools, older versions) pass."""
+    try:
+        man = read_manifest(folder, name)
+    except (ValueError, OSError):
+        man = None
+    rec = (man or {}).get("files") or {}
+    if only is not None:
+        keep = set(only)
+        rec = {k: v for k, v in rec.items() if k in keep}
+    bad = verify_files(folder, rec)
+    if bad is not None:
+        raise ValueError(f"{Path(folder) / bad[0]}: {bad[1]} (recorded in {name}: the file changed after it was "
+                         f"written){'; ' + fix if fix else ''}")
+
+
+def refresh_manifest_files(folder: str | os.PathLike, name: str = "manifest.json") -> None:
+    """Re-record the sizes and checksums of the files listed in ``folder/name`` (after a deliberate update)."""
+    folder = Path(folder)
+    man = read_manifest(folder, name)
+    if man and man.get("files"):
+        man["files"] = {n: file_digest(folder / n) for n in man["files"] if (folder / n).is_file()}
+        atomic_write_json(folder / name, man)

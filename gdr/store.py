@@ -38,12 +38,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gdr.io import (atomic_write_json, bytes_digest, file_digest, hash_strings, read_jsonl, read_manifest,
-                    write_jsonl, write_manifest)
+from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_digest, hash_strings, read_jsonl,
+                    read_manifest, write_jsonl, write_manifest)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PRun", "sample_run", "score_run", "load_run", "dist_info"]
+__all__ = ["PRun", "sample_run", "score_run", "load_run", "check_p", "read_queries", "dist_info"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
@@ -164,8 +164,8 @@ def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> li
         rows = read_jsonl(path)
     except ValueError as e:
         raise ValueError(f"{str(e).split('; fix')[0]}; the file was changed after sampling: {redo}") from None
-    if man.get("queries_hash") is not None and (len(rows) != man.get("n_queries")
-                                                or hash_strings(r.get("text", "") for r in rows) != man["queries_hash"]):
+    want = man.get("queries_hash")
+    if want is not None and (len(rows) != man.get("n_queries") or hash_strings(r.get("text", "") for r in rows) != want):
         raise ValueError(f"{path}: {len(rows)} queries that do not match {Q_MANIFEST} ({man.get('n_queries')} "
                          f"queries, hash {man['queries_hash']}): the file was changed after sampling; {redo}")
     return rows
@@ -317,6 +317,18 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     return p_path
 
 
+def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
+    """Raise an error naming ``P.npy`` when its header, size or checksum disagrees with ``manifest``."""
+    out = Path(out_dir)
+    p_path = out / P_FILE
+    problem = _npy_problem(p_path, manifest["shape"], manifest["dtype"]) if p_path.exists() else "missing"
+    if problem is None and manifest.get("file"):
+        if file_digest(p_path)["blake2b"] != manifest["file"]["blake2b"]:
+            problem = f"checksum differs from the one in {P_MANIFEST}"
+    if problem:
+        raise ValueError(f"{p_path}: {problem}; rerun `gdr score out={out}` (it re-scores what is damaged)")
+
+
 def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
     """Open a run folder's P matrix (memmap, read-only), doc ids and queries."""
     out = Path(out_dir)
@@ -325,14 +337,9 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
         raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `gdr score out={out}` first")
     if require_complete and man.get("status") != "complete":
         raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `gdr score out={out}` to finish it")
+    check_p(out, man)
     rescore = f"rerun `gdr score out={out}` (it re-scores what is damaged)"
     p_path = out / P_FILE
-    problem = _npy_problem(p_path, man["shape"], man["dtype"]) if p_path.exists() else "missing"
-    if problem is None and man.get("file"):
-        if file_digest(p_path)["blake2b"] != man["file"]["blake2b"]:
-            problem = f"checksum differs from the one in {P_MANIFEST}"
-    if problem:
-        raise ValueError(f"{p_path}: {problem}; {rescore}")
     try:
         with open(out / "doc_ids.json", encoding="utf-8") as f:
             doc_ids = json.load(f)
@@ -347,7 +354,7 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
 
 
 # ------------------------------------------------------------------------------ per-document generation
-DOCQ_FILE = "doc_queries.jsonl"
+DOCQ_FILE, DOCQ_MANIFEST = "doc_queries.jsonl", "doc_queries.manifest.json"
 
 
 def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
@@ -367,13 +374,16 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     ident = {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
              "n_per_doc": n_per_doc, "seed": seed, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
              "top_k": top_k, "top_p": top_p, "temperature": temperature}
-    old = read_manifest(out, "doc_queries.manifest.json")
+    old = read_manifest(out, DOCQ_MANIFEST)
     if old is not None:
         changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if changed:
-            raise FileExistsError(f"{out / 'doc_queries.manifest.json'} was written with different settings "
+            raise FileExistsError(f"{out / DOCQ_MANIFEST} was written with different settings "
                                   f"({', '.join(changed)}); use another out= folder or delete {path}")
-    write_manifest(out, "doc_queries.manifest.json", **ident, status="running")
+    if old is not None and old.get("status") == "complete":
+        check_manifest_files(out, name=DOCQ_MANIFEST, fix=f"re-sample: delete {path} and {out / DOCQ_MANIFEST} and "
+                                                          "rerun `gdr sample`")
+    write_manifest(out, DOCQ_MANIFEST, **ident, status="running")
     done = 0
     if path.exists():
         rows = read_jsonl(path, drop_torn_tail=True)
@@ -394,5 +404,5 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             os.fsync(f.fileno())
             bar.update(len(batch))
     bar.close()
-    write_manifest(out, "doc_queries.manifest.json", **ident, status="complete")
+    write_manifest(out, DOCQ_MANIFEST, **ident, status="complete", files=[DOCQ_FILE])
     return path

@@ -130,8 +130,9 @@ def test_upstream_rebuilt_with_other_content_reruns_dependents(finished, tmp_pat
     lines = (idx / "docids.tsv").read_text().splitlines(keepends=True)
     (d0, c0), (d1, c1) = (ln.rstrip("\n").split("\t") for ln in lines[:2])
     (idx / "docids.tsv").write_text(f"{d0}\t{c1}\n{d1}\t{c0}\n" + "".join(lines[2:]))  # two codes swapped
-    from gdr.io import record_files
+    from gdr.io import record_files, refresh_manifest_files
 
+    refresh_manifest_files(idx)
     marker = json.loads((idx / "stage.json").read_text())
     marker["artifacts"] = record_files(idx, exclude=("stage.json",))  # index-gc itself looks intact
     (idx / "stage.json").write_text(json.dumps(marker))
@@ -224,6 +225,13 @@ def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path
             (run / "docids.tsv").write_text("".join(lines) + extra)
             argv = ["evaluate", f"data.name={folder}", f"run_dir={run}", f"out_dir={tmp_path / 'e'}",
                     "queries.name=" + str(folder)]
+            # the train folder's manifest recorded docids.tsv: the change itself is found first
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "docids.tsv: size" in err[0] and "retrain" in err[0], err
+            man = json.loads((run / "manifest.json").read_text())
+            del man["files"]  # a folder without that record (another tool, an older gdr): the lines are checked
+            (run / "manifest.json").write_text(json.dumps(man))
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"docids.tsv:{len(lines) + 1}: " in err[0] and want in err[0], err

@@ -134,6 +134,10 @@ def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
     lines = (part / "doc_queries.jsonl").read_text().splitlines()
     lines[1] = "{oops"
     (part / "doc_queries.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"doc_queries.jsonl: size .*re-sample"):  # finished: changed since
+        sample_per_doc_run(lm, DOCS, DOC_IDS, part, **kw)
+    man = json.loads((part / "doc_queries.manifest.json").read_text())
+    (part / "doc_queries.manifest.json").write_text(json.dumps({**man, "status": "running"}))  # as if killed
     with pytest.raises(ValueError, match="doc_queries.jsonl:2"):
         sample_per_doc_run(lm, DOCS, DOC_IDS, part, **kw)
 

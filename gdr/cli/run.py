@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 __all__ = ["run_main", "run_pipeline", "Pipeline", "StageRecord"]
 
 STAGE_FILE = "stage.json"
+# Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
+# stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
+# again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
+CHECKSUM_MAX_OTHER = 4 << 20
 METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
@@ -120,7 +124,7 @@ class Pipeline:
         except (ValueError, OSError) as e:
             old, damage = None, (STAGE_FILE, f"unreadable ({e})")
         if old is not None and old.get("key") == key and old.get("status") == "complete":
-            damage = self._damage(folder, old, upstream, check)
+            damage = self._damage(folder, old, upstream, check, outputs)
             if damage is None:
                 log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
                 rec = StageRecord(name, folder, key, float(old.get("seconds", 0.0)), True, old.get("info") or {},
@@ -149,13 +153,15 @@ class Pipeline:
         return rec
 
     @staticmethod
-    def _damage(folder: Path, old: dict, upstream: dict, check) -> tuple[str, str] | None:
+    def _damage(folder: Path, old: dict, upstream: dict, check, outputs: Sequence[str]) -> tuple[str, str] | None:
         """(file, what is wrong) for a finished stage that must not be reused, or None.
 
         A stage finished by an older gdr (no ``artifacts`` in stage.json) is checked as far as that is
         possible, then its checksums are recorded in stage.json, so it is verified fully from then on."""
         if "artifacts" in old:
-            bad = verify_files(folder, old["artifacts"])
+            arts = old["artifacts"]
+            bad = verify_files(folder, arts, checksum=[k for k, v in arts.items()
+                                                        if v["size"] <= CHECKSUM_MAX_OTHER or _matches(k, outputs)])
             if bad is None and old.get("upstream", {}) != upstream:
                 changed = sorted(k for k in set(upstream) | set(old.get("upstream", {}))
                                  if upstream.get(k) != old.get("upstream", {}).get(k))
@@ -212,8 +218,12 @@ def _check_index_folder(folder: Path) -> tuple[str, str] | None:
 
 def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
     """One checksum over the recorded checksums of the files matching ``outputs``."""
-    mine = {k: v["blake2b"] for k, v in artifacts.items() if any(fnmatch.fnmatchcase(k, p) for p in outputs)}
+    mine = {k: v["blake2b"] for k, v in artifacts.items() if _matches(k, outputs)}
     return bytes_digest(json.dumps(mine, sort_keys=True).encode())
+
+
+def _matches(rel: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
 
 
 def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
