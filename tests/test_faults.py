@@ -235,3 +235,12 @@ def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"docids.tsv:{len(lines) + 1}: " in err[0] and want in err[0], err
+
+
+def test_integrity_bench_verifies_a_finished_run(finished, capsys):
+    from gdr.cli.bench.integrity import main as bench
+
+    _, _, ref, _ = finished
+    assert bench(["--mb", "1", "--repeats", "1", "--run", str(ref)]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["gib_per_s"] > 0 and 0 < res["bytes_hashed"] <= res["bytes_total"]

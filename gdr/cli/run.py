@@ -146,7 +146,8 @@ class Pipeline:
         seconds = round(time.perf_counter() - t0, 2)
         artifacts = record_files(folder, exclude=(STAGE_FILE,))
         atomic_write_json(marker, {"stage": name, "key": key, "status": "complete", "inputs": inputs,
-                                   "seconds": seconds, "info": info, "artifacts": artifacts, "upstream": upstream,
+                                   "seconds": seconds, "info": info, "artifacts": artifacts, "outputs": list(outputs),
+                                   "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs))
         self.records.append(rec)
@@ -159,9 +160,7 @@ class Pipeline:
         A stage finished by an older gdr (no ``artifacts`` in stage.json) is checked as far as that is
         possible, then its checksums are recorded in stage.json, so it is verified fully from then on."""
         if "artifacts" in old:
-            arts = old["artifacts"]
-            bad = verify_files(folder, arts, checksum=[k for k, v in arts.items()
-                                                        if v["size"] <= CHECKSUM_MAX_OTHER or _matches(k, outputs)])
+            bad = verify_files(folder, old["artifacts"], checksum=checksummed(old["artifacts"], outputs))
             if bad is None and old.get("upstream", {}) != upstream:
                 changed = sorted(k for k in set(upstream) | set(old.get("upstream", {}))
                                  if upstream.get(k) != old.get("upstream", {}).get(k))
@@ -175,7 +174,8 @@ class Pipeline:
         if bad is None:
             log.info("stage %s: recording checksums of the %d files of %s, written by an older gdr "
                      "(checked: they parse and match their headers)", old.get("stage"), len(files), folder.name)
-            old.update(artifacts=record_files(folder, exclude=(STAGE_FILE,)), upstream=upstream)  # the caller's dict
+            old.update(artifacts=record_files(folder, exclude=(STAGE_FILE,)), outputs=list(outputs),
+                       upstream=upstream)  # the caller's dict
             atomic_write_json(folder / STAGE_FILE, old)
         return bad
 
@@ -224,6 +224,11 @@ def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
 
 def _matches(rel: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
+def checksummed(artifacts: dict, outputs: Sequence[str]) -> list[str]:
+    """The files whose checksum is verified before reuse: what later stages read, and every small file."""
+    return [k for k, v in artifacts.items() if v["size"] <= CHECKSUM_MAX_OTHER or _matches(k, outputs)]
 
 
 def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("scoring", "clustering", "indexing", "decoding")
+BENCHES = ("scoring", "clustering", "indexing", "decoding", "integrity")
 
 
 def bench_main(argv: list[str]) -> int:
