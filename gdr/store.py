@@ -174,6 +174,12 @@ def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> li
 # ---------------------------------------------------------------------------------------------- scoring
 def _npy_problem(path: Path, shape: Sequence[int], dtype: str) -> str | None:
     """What is wrong with the .npy file at ``path`` for a (shape, dtype) matrix, or None."""
+    problem, _ = _npy_check(path, shape, dtype)
+    return problem
+
+
+def _npy_check(path: Path, shape: Sequence[int], dtype: str) -> tuple[str | None, int | None]:
+    """(what is wrong or None, the right file size when the header is right and only the size is wrong)."""
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
@@ -181,14 +187,14 @@ def _npy_problem(path: Path, shape: Sequence[int], dtype: str) -> str | None:
             hshape, fortran, hdtype = read(f)
             offset = f.tell()
     except (ValueError, OSError, SyntaxError, EOFError) as e:
-        return f"unreadable .npy header ({e})"
+        return f"unreadable .npy header ({e})", None
     if tuple(hshape) != tuple(shape) or np.dtype(hdtype) != np.dtype(dtype) or fortran:
-        return f"header says {np.dtype(hdtype).name} {tuple(hshape)}, expected {dtype} {tuple(shape)}"
+        return f"header says {np.dtype(hdtype).name} {tuple(hshape)}, expected {dtype} {tuple(shape)}", None
     want = offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
     size = path.stat().st_size
     if size != want:
-        return f"{size:,} bytes, a {dtype} {tuple(shape)} matrix needs {want:,} (truncated or extended)"
-    return None
+        return f"{size:,} bytes, a {dtype} {tuple(shape)} matrix needs {want:,} (truncated or extended)", want
+    return None, None
 
 
 def _rows_digest(P: np.ndarray, rows: np.ndarray) -> str:
@@ -268,8 +274,14 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
                     "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
         problem = None
         if old is not None and p_path.exists():
-            problem = _npy_problem(p_path, (len(doc_ids), len(queries)), dtype)
-            if problem:
+            problem, right_size = _npy_check(p_path, (len(doc_ids), len(queries)), dtype)
+            if problem and right_size is not None:
+                # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
+                # so the shards before the cut keep their work
+                log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
+                os.truncate(p_path, right_size)
+                problem = None
+            elif problem:
                 log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
         if old is None or not p_path.exists() or problem:
             shard_dir.mkdir(parents=True, exist_ok=True)

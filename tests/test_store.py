@@ -143,17 +143,40 @@ def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ integrity
-def test_truncated_p_is_recreated_never_zero_filled(lm, tmp_path, caplog):
-    """`truncate -s` of a finished P.npy, then the rerun our own message advises: the matrix is re-scored
-    (the old code extended it with zeros and trusted every shard marker)."""
+def test_truncated_p_is_rescored_never_zero_filled(lm, tmp_path, caplog):
+    """`truncate -s` of a finished P.npy, then the rerun our own message advises: the lost rows are re-scored
+    (the old code extended the file with zeros and trusted every shard marker)."""
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    ref = np.load(tmp_path / "P.npy").copy()
+    # cut right after the last row of the shard that ends first: that shard keeps its work, the others lose rows
+    order = np.argsort([len(p) for p in lm.prompt_ids(DOCS)], kind="stable")
+    ends = [int(order[3 * s:3 * s + 3].max()) + 1 for s in range(3)]
+    header = (tmp_path / "P.npy").stat().st_size - ref.nbytes
+    with open(tmp_path / "P.npy", "r+b") as f:
+        f.truncate(header + min(ends) * ref[0].nbytes)
+    with pytest.raises(ValueError, match=r"P\.npy: .*bytes.*rerun `gdr score"):
+        load_run(tmp_path)
+    calls = []
+    orig = lm.score
+    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
+    try:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    finally:
+        del lm.score
+    assert "P.npy: " in caplog.text and "re-scoring the shards whose rows it lost" in caplog.text
+    np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
+    kept = sum(e <= min(ends) for e in ends)
+    assert kept >= 1 and sum(calls) == len(DOCS) - sum(len(order[3 * s:3 * s + 3]) for s in range(3)
+                                                        if ends[s] <= min(ends))
+
+
+def test_p_with_a_broken_header_is_recreated(lm, tmp_path, caplog):
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
     ref = np.load(tmp_path / "P.npy").copy()
     with open(tmp_path / "P.npy", "r+b") as f:
-        f.truncate(200)
-    with pytest.raises(ValueError, match=r"P\.npy: .*bytes.*rerun `gdr score"):
-        load_run(tmp_path)
+        f.write(b"garbage!")
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
-    assert "P.npy: 200 bytes" in caplog.text and "re-scoring every shard" in caplog.text
+    assert "unreadable .npy header" in caplog.text and "re-scoring every shard" in caplog.text
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
 
 
