@@ -120,6 +120,21 @@ def test_damaged_artifact_is_named_and_rebuilt(finished, tmp_path, capsys, caplo
             assert now == before
 
 
+def test_several_damaged_files_in_one_stage_are_all_repaired(finished, tmp_path, capsys, caplog):
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    score = _folder(out, "score")
+    before = {n: file_digest(score / n) for n in ("P.npy", "queries.jsonl")}
+    _damage(score / "P.npy", "truncate")
+    _damage(score / "queries.jsonl", "break_line")
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert str(score / "P.npy") in logs, [ln for ln in logs.splitlines() if "WARN" in ln]
+    assert f"{score / 'queries.jsonl'}" in logs and "re-sampling" in logs
+    assert {n: file_digest(score / n) for n in before} == before
+
+
 def test_upstream_rebuilt_with_other_content_reruns_dependents(finished, tmp_path, capsys, caplog):
     """A stage whose upstream now holds other content (as after a rebuild that came out differently) re-runs,
     and so do the stages after it; stages on unchanged upstreams are reused."""

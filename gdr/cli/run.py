@@ -210,6 +210,26 @@ def _check_score_folder(folder: Path) -> tuple[str, str] | None:
     return bad
 
 
+def _drop_damaged_queries(folder: Path) -> None:
+    """Inside ``gdr run``, sampled queries (or a manifest) changed since they were written are re-sampled,
+    with one line, where ``gdr score`` by hand refuses them; P.npy is repaired shard by shard by scoring."""
+    from gdr.io import read_manifest
+    from gdr.store import P_MANIFEST, Q_FILE, Q_MANIFEST, read_queries
+
+    for name in (Q_MANIFEST, P_MANIFEST):
+        try:
+            read_manifest(folder, name)
+        except ValueError as e:
+            log.warning("stage score: %s: unreadable (%s); writing it again", folder / name, e)
+            (folder / name).unlink()
+    if (folder / Q_FILE).exists():
+        try:
+            read_queries(folder)
+        except ValueError as e:
+            log.warning("stage score: %s; re-sampling", str(e).split("; re-sample")[0].split(": re-sample")[0])
+            (folder / Q_FILE).unlink()
+
+
 def _check_index_folder(folder: Path) -> tuple[str, str] | None:
     from indexing.docids import read_docids
 
@@ -287,6 +307,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         from gdr.cli.score import score_from_config
 
         sub = _with(cfg, out=str(folder))
+        _drop_damaged_queries(folder)
         path = score_from_config(sub, corpus=corpus, lm=lm())
         return {"p_matrix": str(path)}
 
