@@ -157,7 +157,7 @@ def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> li
         if d["size"] != man["file"]["size"]:
             raise ValueError(f"{path}: {d['size']:,} bytes, {man['file']['size']:,} recorded in {Q_MANIFEST}: "
                              f"the file was changed after sampling; {redo}")
-        if d["blake2b"] != man["file"]["blake2b"]:
+        if d["crc32"] != man["file"]["crc32"]:
             raise ValueError(f"{path}: checksum differs from the one in {Q_MANIFEST}: the file was changed after "
                              f"sampling; {redo}")
     try:
@@ -212,13 +212,13 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
         s = int(marker.stem)
         rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
         try:
-            want = json.loads(marker.read_text() or "{}").get("rows_blake2b")
+            want = json.loads(marker.read_text() or "{}").get("rows_crc32")
         except (json.JSONDecodeError, AttributeError):
             want = "unreadable marker"
         if want is None:  # written by an older version: check what can be checked, then record
             block = np.asarray(P[rows], dtype=np.float32)
             if len(rows) and np.isfinite(block).all() and (block != 0).all():
-                atomic_write_json(marker, {"rows_blake2b": _rows_digest(P, rows)})
+                atomic_write_json(marker, {"rows_crc32": _rows_digest(P, rows)})
                 continue
             problem = "hold zeros or non-finite values"
         elif _rows_digest(P, rows) != want:
@@ -315,7 +315,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         block = np.ascontiguousarray(lp.astype(dtype))
         P[rows] = block
         P.flush()
-        atomic_write_json(shard_dir / f"{s:05d}.done", {"rows_blake2b": bytes_digest(block)})
+        atomic_write_json(shard_dir / f"{s:05d}.done", {"rows_crc32": bytes_digest(block)})
         bar.update(lp.size)
         bar.set_postfix(shard=f"{s + 1}/{n_shards}")
     bar.close()
@@ -335,7 +335,7 @@ def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
     p_path = out / P_FILE
     problem = _npy_problem(p_path, manifest["shape"], manifest["dtype"]) if p_path.exists() else "missing"
     if problem is None and manifest.get("file"):
-        if file_digest(p_path)["blake2b"] != manifest["file"]["blake2b"]:
+        if file_digest(p_path)["crc32"] != manifest["file"]["crc32"]:
             problem = f"checksum differs from the one in {P_MANIFEST}"
     if problem:
         raise ValueError(f"{p_path}: {problem}; rerun `gdr score out={out}` (it re-scores what is damaged)")

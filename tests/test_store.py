@@ -219,7 +219,7 @@ def test_legacy_shard_markers_are_checked_then_adopted(lm, tmp_path):
         del lm.score
     assert calls == [3]
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
-    assert all(json.loads(m.read_text())["rows_blake2b"] for m in (tmp_path / "P.shards").glob("*.done"))
+    assert all(json.loads(m.read_text())["rows_crc32"] for m in (tmp_path / "P.shards").glob("*.done"))
 
 
 @pytest.mark.parametrize("damage", ["broken_line", "dropped_line", "duplicated_line"])

@@ -18,7 +18,7 @@ marked complete only when the stage finished, so a second run reuses every finis
 continues where it stopped (the stages themselves resume: scoring by shard, sampling by batch, training
 from ``last.ckpt``).
 
-``stage.json`` also lists every file the stage wrote with its size and BLAKE2b checksum, and the
+``stage.json`` also lists every file the stage wrote with its size and CRC-32 checksum, and the
 checksums of the upstream stages it read. Before a finished stage is reused both are checked: a damaged,
 missing or changed file (or an upstream stage rebuilt with different content) re-runs the stage, with one
 log line naming the file and what was wrong, and the stages after it see the change in turn. Stages
@@ -187,7 +187,8 @@ def _failure(folder: Path, read: Callable[[], Any]) -> tuple[str, str] | None:
         read()
     except (ValueError, RuntimeError, OSError) as e:
         path, _, what = str(e).partition(": ")
-        path = path.split(":")[0]  # drop a line number
+        path, _, line = path.partition(":")
+        what = f"line {line}: {what}" if line else what
         try:
             path = Path(path).relative_to(folder).as_posix()
         except ValueError:
@@ -238,7 +239,7 @@ def _check_index_folder(folder: Path) -> tuple[str, str] | None:
 
 def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
     """One checksum over the recorded checksums of the files matching ``outputs``."""
-    mine = {k: v["blake2b"] for k, v in artifacts.items() if _matches(k, outputs)}
+    mine = {k: v["crc32"] for k, v in artifacts.items() if _matches(k, outputs)}
     return bytes_digest(json.dumps(mine, sort_keys=True).encode())
 
 
