@@ -4,12 +4,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,6 +23,13 @@ __all__ = [
     "hash_strings",
     "write_manifest",
     "read_manifest",
+    "file_digest",
+    "bytes_digest",
+    "record_files",
+    "verify_files",
+    "check_readable",
+    "check_manifest_files",
+    "refresh_manifest_files",
 ]
 
 
@@ -100,14 +109,22 @@ def _git_commit() -> str | None:
         return None
 
 
-def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", **fields: Any) -> dict:
-    """Write ``fields`` plus provenance (time, versions, git commit, argv) to ``out_dir/name``."""
+def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", files: Iterable[str] = (),
+                   **fields: Any) -> dict:
+    """Write ``fields`` plus provenance (time, versions, git commit, argv) to ``out_dir/name``.
+
+    ``files``: paths relative to ``out_dir`` (or glob patterns) whose size and checksum are recorded under
+    ``"files"``, for :func:`check_manifest_files` to verify before they are used."""
     import numpy
     import torch
 
     from gdr import __version__
 
     manifest = dict(fields)
+    if files:
+        out = Path(out_dir)
+        names = sorted({p.relative_to(out).as_posix() for pat in files for p in out.glob(pat) if p.is_file()})
+        manifest["files"] = {n: file_digest(out / n) for n in names}
     manifest["provenance"] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "gdr": __version__,
@@ -128,3 +145,119 @@ def read_manifest(out_dir: str | os.PathLike, name: str = "manifest.json") -> di
         return None
     with open(p, encoding="utf-8") as f:
         return json.load(f)
+
+
+# ------------------------------------------------------------------------------------- content integrity
+# Every artifact gets its size and a CRC-32 recorded when it is finished, and both are checked before it is
+# reused. The threat is accidental damage (a cut-short write, a flipped bit, an edited or duplicated line),
+# which size + CRC-32 catch, as in zip, gzip and PNG; CRC-32 (zlib) runs at 2.4 GiB/s on one core of the
+# 2-core dev box, 5x BLAKE2b (0.45 GiB/s) and 3x SHA-256 (0.86 GiB/s, SHA-NI): hashing the two exported
+# retrievers of the demo with BLAKE2b alone added ~8% to re-entering the finished run (the budget is 5%).
+# A file is checksummed through a read-only mmap, so nothing is copied.
+def bytes_digest(data) -> str:
+    """CRC-32 (8 hex digits) of a bytes-like object (bytes, memoryview, C-contiguous numpy array)."""
+    return f"{zlib.crc32(memoryview(data).cast('B')):08x}"
+
+
+def file_digest(path: str | os.PathLike) -> dict:
+    """``{"size": bytes, "crc32": 8 hex digits}`` of a file, read through a read-only mmap."""
+    size = os.path.getsize(path)
+    crc = 0
+    if size:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            crc = zlib.crc32(m)
+    return {"size": size, "crc32": f"{crc:08x}"}
+
+
+def _artifact_files(folder: Path, exclude: Iterable[str]) -> list[Path]:
+    """Regular files under ``folder`` (recursively), minus hidden names (temp files, locks) and ``exclude``."""
+    skip = set(exclude)
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts) or rel.as_posix() in skip or not p.is_file():
+            continue
+        out.append(p)
+    return out
+
+
+def record_files(folder: str | os.PathLike, exclude: Iterable[str] = ()) -> dict[str, dict]:
+    """Size and checksum of every file under ``folder``: ``{relative path: file_digest}``."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): file_digest(p) for p in _artifact_files(folder, exclude)}
+
+
+def verify_files(folder: str | os.PathLike, record: dict[str, dict],
+                 checksum: bool | Iterable[str] = True) -> tuple[str, str] | None:
+    """Check the files of ``record`` (from :func:`record_files`) under ``folder``.
+
+    Sizes are always compared; checksums of all files (``True``), of none (``False``) or of the relative
+    paths given. Returns ``None`` when all match, else ``(relative path, what is wrong)`` for the first
+    damaged file.
+    """
+    folder = Path(folder)
+    for rel, want in record.items():
+        p = folder / rel
+        if not p.is_file():
+            return rel, "missing"
+        size = os.path.getsize(p)
+        if size != want["size"]:
+            return rel, f"size {size:,} bytes, {want['size']:,} recorded"
+    if checksum is not False:
+        for rel, want in record.items():
+            if checksum is not True and rel not in checksum:
+                continue
+            if file_digest(folder / rel)["crc32"] != want["crc32"]:
+                return rel, "checksum differs from the one recorded (content changed)"
+    return None
+
+
+def check_readable(folder: str | os.PathLike, files: Iterable[str]) -> tuple[str, str] | None:
+    """What can be checked of files that carry no recorded checksum (written by an older version): JSON and
+    JSON-lines files parse, a .npy file's size matches its header, no file is empty. Returns ``None`` or
+    ``(relative path, what is wrong)`` for the first file that fails."""
+    import numpy as np
+
+    folder = Path(folder)
+    for rel in files:
+        p = folder / rel
+        try:
+            if p.stat().st_size == 0 and p.suffix not in (".done", ".txt", ".trec", ".tsv"):
+                return rel, "empty"
+            if p.suffix == ".json":
+                json.loads(p.read_text(encoding="utf-8"))
+            elif p.suffix == ".jsonl":
+                read_jsonl(p)
+            elif p.suffix == ".npy":
+                np.load(p, mmap_mode="r")
+        except (ValueError, OSError, EOFError) as e:  # JSONDecodeError is a ValueError
+            return rel, f"unreadable ({str(e).splitlines()[0][:120]})"
+    return None
+
+
+def check_manifest_files(folder: str | os.PathLike, only: Iterable[str] | None = None, name: str = "manifest.json",
+                         fix: str = "") -> None:
+    """Verify the files recorded in ``folder/name`` (by ``write_manifest(files=...)``), or those of ``only``
+    among them; a damaged one raises an error naming it, what is wrong and ``fix``. Folders without such a
+    record (other tools, older versions) pass."""
+    try:
+        man = read_manifest(folder, name)
+    except (ValueError, OSError):
+        man = None
+    rec = (man or {}).get("files") or {}
+    if only is not None:
+        keep = set(only)
+        rec = {k: v for k, v in rec.items() if k in keep}
+    bad = verify_files(folder, rec)
+    if bad is not None:
+        raise ValueError(f"{Path(folder) / bad[0]}: {bad[1]} (recorded in {name}: the file changed after it was "
+                         f"written){'; ' + fix if fix else ''}")
+
+
+def refresh_manifest_files(folder: str | os.PathLike, name: str = "manifest.json") -> None:
+    """Re-record the sizes and checksums of the files listed in ``folder/name`` (after a deliberate update)."""
+    folder = Path(folder)
+    man = read_manifest(folder, name)
+    if man and man.get("files"):
+        man["files"] = {n: file_digest(folder / n) for n in man["files"] if (folder / n).is_file()}
+        atomic_write_json(folder / name, man)

@@ -7,13 +7,18 @@ A run folder holds::
     queries.manifest.json
     P.npy                log P, float32 (or float16), shape (n_docs, n_queries), a .npy memmap
     P.manifest.json      model, prompt, doc-id / text / query hashes, shape, dtype, sharding, status
-    P.shards/            one ``NNNNN.done`` marker per finished shard
+    P.shards/            one ``NNNNN.done`` marker per finished shard, holding the checksum of its rows
 
 Scoring walks shards of ``shard_size`` documents. Documents are ordered by prompt length once (stable
 sort), and shard s is the s-th run of that order, so a shard's batches, and therefore its numbers, do not
 depend on which process computes it or when. A shard's rows are flushed to disk before its marker is
 written, so after a kill (even SIGKILL) a rerun skips finished shards and recomputes only unfinished
 ones: the finished matrix equals an uninterrupted run's exactly.
+
+Nothing on disk is trusted blindly: a rerun checks P.npy's header and size (a wrong one is re-created
+and every shard re-scored, never zero-filled) and each finished shard's rows against the checksum in its
+marker (a damaged shard is re-scored); the finished file's size and checksum go into P.manifest.json and
+``queries.jsonl``'s into queries.manifest.json, and :func:`load_run` checks both before handing them out.
 
 With ``torchrun --nproc_per_node N`` (or any launcher that sets ``RANK``/``WORLD_SIZE``) the shards are
 split round-robin across processes through ``torch.distributed`` (gloo on CPU, nccl on GPU); each
@@ -33,11 +38,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gdr.io import atomic_write_json, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
+from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_digest, hash_strings, read_jsonl,
+                    read_manifest, write_jsonl, write_manifest)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PRun", "sample_run", "score_run", "load_run", "dist_info"]
+__all__ = ["PRun", "sample_run", "score_run", "load_run", "check_p", "read_queries", "dist_info"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
@@ -103,8 +109,9 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
             f"{out / Q_MANIFEST} was written with different settings ({', '.join(changed)}); "
             "use another out= folder or delete that run's queries")
     if old is not None and old.get("status") == "complete" and (out / Q_FILE).exists():
+        rows = read_queries(out, old)
         log.info("reusing %d sampled queries in %s", old["n_queries"], out / Q_FILE)
-        return read_jsonl(out / Q_FILE)
+        return rows
     write_manifest(out, Q_MANIFEST, **ident, status="running")
 
     from gdr.lm import SampledQueries
@@ -129,7 +136,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
     write_manifest(out, Q_MANIFEST, **ident, status="complete", queries_hash=hash_strings(sq.texts),
-                   n_redrawn=sq.n_redrawn)
+                   n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE))
     partial.unlink(missing_ok=True)
     return rows
 
@@ -145,7 +152,106 @@ def _check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> No
             f"{files} in {out} or use another out= folder")
 
 
+def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> list[dict]:
+    """``queries.jsonl`` of a finished sampling run, checked against its manifest (size and checksum, or
+    for manifests of older versions the count and the hash of the texts).
+
+    A file that no longer matches was changed after sampling; editing it back cannot restore what the
+    P matrix was scored from, so the error says to re-sample.
+    """
+    out = Path(out_dir)
+    man = read_manifest(out, Q_MANIFEST) if manifest is None else manifest
+    path = out / Q_FILE
+    redo = (f"re-sample: delete {path} and {out / Q_MANIFEST} (and any P.npy, P.manifest.json, P.shards/ "
+            "scored from them) and rerun `gdr score` (or `gdr sample`)")
+    if man is None:
+        return read_jsonl(path)
+    if man.get("file"):
+        d = file_digest(path)
+        if d["size"] != man["file"]["size"]:
+            raise ValueError(f"{path}: {d['size']:,} bytes, {man['file']['size']:,} recorded in {Q_MANIFEST}: "
+                             f"the file was changed after sampling; {redo}")
+        if d["crc32"] != man["file"]["crc32"]:
+            raise ValueError(f"{path}: checksum differs from the one in {Q_MANIFEST}: the file was changed after "
+                             f"sampling; {redo}")
+    try:
+        rows = read_jsonl(path)
+    except ValueError as e:
+        raise ValueError(f"{str(e).split('; fix')[0]}; the file was changed after sampling: {redo}") from None
+    want = man.get("queries_hash")
+    if want is not None and (len(rows) != man.get("n_queries") or hash_strings(r.get("text", "") for r in rows) != want):
+        raise ValueError(f"{path}: {len(rows)} queries that do not match {Q_MANIFEST} ({man.get('n_queries')} "
+                         f"queries, hash {man['queries_hash']}): the file was changed after sampling; {redo}")
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- scoring
+def _reserve(path: Path) -> None:
+    """Reserve a memmap's blocks: a full disk is ENOSPC now, not SIGBUS mid-run."""
+    if hasattr(os, "posix_fallocate"):
+        with open(path, "r+b") as f:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+
+
+def _npy_problem(path: Path, shape: Sequence[int], dtype: str) -> str | None:
+    """What is wrong with the .npy file at ``path`` for a (shape, dtype) matrix, or None."""
+    problem, _ = _npy_check(path, shape, dtype)
+    return problem
+
+
+def _npy_check(path: Path, shape: Sequence[int], dtype: str) -> tuple[str | None, int | None]:
+    """(what is wrong or None, the right file size when the header is right and only the size is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            hshape, fortran, hdtype = read(f)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError, EOFError) as e:
+        return f"unreadable .npy header ({e})", None
+    if tuple(hshape) != tuple(shape) or np.dtype(hdtype) != np.dtype(dtype) or fortran:
+        return f"header says {np.dtype(hdtype).name} {tuple(hshape)}, expected {dtype} {tuple(shape)}", None
+    want = offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
+    size = path.stat().st_size
+    if size != want:
+        return f"{size:,} bytes, a {dtype} {tuple(shape)} matrix needs {want:,} (truncated or extended)", want
+    return None, None
+
+
+def _rows_digest(P: np.ndarray, rows: np.ndarray) -> str:
+    return bytes_digest(np.ascontiguousarray(P[rows]))
+
+
+def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size: int, p_path: Path) -> int:
+    """Drop the markers of shards whose rows no longer match their checksum (they are re-scored).
+
+    Markers of older versions hold no checksum: their rows are accepted when finite and non-zero (a
+    log-probability is < 0; zeros are what a truncated-and-refilled file holds) and their checksum is
+    recorded. Returns the number of markers dropped."""
+    dropped = 0
+    for marker in sorted(shard_dir.glob("*.done")):
+        s = int(marker.stem)
+        rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
+        try:
+            want = json.loads(marker.read_text() or "{}").get("rows_crc32")
+        except (json.JSONDecodeError, AttributeError):
+            want = "unreadable marker"
+        if want is None:  # written by an older version: check what can be checked, then record
+            block = np.asarray(P[rows], dtype=np.float32)
+            if len(rows) and np.isfinite(block).all() and (block != 0).all():
+                atomic_write_json(marker, {"rows_crc32": _rows_digest(P, rows)})
+                continue
+            problem = "hold zeros or non-finite values"
+        elif _rows_digest(P, rows) != want:
+            problem = "differ from the checksum in its marker"
+        else:
+            continue
+        log.warning("%s: rows of shard %d %s; re-scoring that shard", p_path, s, problem)
+        marker.unlink()
+        dropped += 1
+    return dropped
+
+
 def _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens) -> dict:
     return {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
             "queries_hash": hash_strings(queries), "shape": [len(doc_ids), len(queries)], "dtype": dtype,
@@ -175,6 +281,9 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     rank, world = dist_info()
     ident = _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens)
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
+    prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
+    order = np.argsort(prompt_len, kind="stable")
+    n_shards = -(-len(order) // shard_size)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         old = read_manifest(out, P_MANIFEST)
@@ -184,22 +293,31 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
                 raise FileExistsError(
                     f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(stale)}); "
                     "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
-        if old is None or not p_path.exists():
+        problem = None
+        if old is not None and p_path.exists():
+            problem, right_size = _npy_check(p_path, (len(doc_ids), len(queries)), dtype)
+            if problem and right_size is not None:
+                # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
+                # so the shards before the cut keep their work
+                log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
+                os.truncate(p_path, right_size)
+                _reserve(p_path)
+                problem = None
+            elif problem:
+                log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
+        if old is None or not p_path.exists() or problem:
             shard_dir.mkdir(parents=True, exist_ok=True)
             for f in shard_dir.glob("*.done"):
                 f.unlink()
             np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=(len(doc_ids), len(queries))).flush()
-            if hasattr(os, "posix_fallocate"):  # reserve the blocks: a full disk is ENOSPC now, not SIGBUS mid-run
-                with open(p_path, "r+b") as f:
-                    os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
-            atomic_write_json(out / "doc_ids.json", list(doc_ids))
+            _reserve(p_path)
+        else:
+            _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
+        atomic_write_json(out / "doc_ids.json", list(doc_ids))
         write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
     _barrier(world)
 
     P = np.load(p_path, mmap_mode="r+")
-    prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
-    order = np.argsort(prompt_len, kind="stable")
-    n_shards = -(-len(order) // shard_size)
     mine = [s for s in range(rank, n_shards, world) if not (shard_dir / f"{s:05d}.done").exists()]
     if max_shards is not None:
         mine = mine[:max_shards]
@@ -217,9 +335,10 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
         lp = lm.score([texts[i] for i in rows], queries, doc_batch_size=doc_batch_size,
                       max_query_tokens=max_query_tokens, progress=False)
-        P[rows] = lp.astype(dtype)
+        block = np.ascontiguousarray(lp.astype(dtype))
+        P[rows] = block
         P.flush()
-        (shard_dir / f"{s:05d}.done").touch()
+        atomic_write_json(shard_dir / f"{s:05d}.done", {"rows_crc32": bytes_digest(block)})
         bar.update(lp.size)
         bar.set_postfix(shard=f"{s + 1}/{n_shards}")
     bar.close()
@@ -228,8 +347,21 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     finished = len(list(shard_dir.glob("*.done"))) == n_shards
     if rank == 0:
         write_manifest(out, P_MANIFEST, **ident, status="complete" if finished else "partial", world_size=world,
-                       seconds_last_call=round(time.perf_counter() - t0, 2))
+                       seconds_last_call=round(time.perf_counter() - t0, 2),
+                       **({"file": file_digest(p_path)} if finished else {}))
     return p_path
+
+
+def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
+    """Raise an error naming ``P.npy`` when its header, size or checksum disagrees with ``manifest``."""
+    out = Path(out_dir)
+    p_path = out / P_FILE
+    problem = _npy_problem(p_path, manifest["shape"], manifest["dtype"]) if p_path.exists() else "missing"
+    if problem is None and manifest.get("file"):
+        if file_digest(p_path)["crc32"] != manifest["file"]["crc32"]:
+            problem = f"checksum differs from the one in {P_MANIFEST}"
+    if problem:
+        raise ValueError(f"{p_path}: {problem}; rerun `gdr score out={out}` (it re-scores what is damaged)")
 
 
 def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
@@ -240,14 +372,24 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
         raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `gdr score out={out}` first")
     if require_complete and man.get("status") != "complete":
         raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `gdr score out={out}` to finish it")
-    with open(out / "doc_ids.json", encoding="utf-8") as f:
-        doc_ids = json.load(f)
-    queries = read_jsonl(out / Q_FILE) if (out / Q_FILE).exists() else []
-    return PRun(out, doc_ids, queries, np.load(out / P_FILE, mmap_mode="r"), man)
+    check_p(out, man)
+    rescore = f"rerun `gdr score out={out}` (it re-scores what is damaged)"
+    p_path = out / P_FILE
+    try:
+        with open(out / "doc_ids.json", encoding="utf-8") as f:
+            doc_ids = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{out / 'doc_ids.json'}: unreadable ({e}); {rescore}") from None
+    if man.get("doc_ids_hash") and hash_strings(doc_ids) != man["doc_ids_hash"]:
+        raise ValueError(f"{out / 'doc_ids.json'}: does not match {P_MANIFEST} (doc ids hash); {rescore}")
+    queries = read_queries(out) if (out / Q_FILE).exists() else []
+    if queries and man.get("queries_hash") and hash_strings(q["text"] for q in queries) != man["queries_hash"]:
+        raise ValueError(f"{out / Q_FILE}: its queries are not the ones {p_path} was scored with; {rescore}")
+    return PRun(out, doc_ids, queries, np.load(p_path, mmap_mode="r"), man)
 
 
 # ------------------------------------------------------------------------------ per-document generation
-DOCQ_FILE = "doc_queries.jsonl"
+DOCQ_FILE, DOCQ_MANIFEST = "doc_queries.jsonl", "doc_queries.manifest.json"
 
 
 def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
@@ -270,14 +412,17 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
              "texts_hash": hash_strings(texts), "n_per_doc": n_per_doc, "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
-    old = read_manifest(out, "doc_queries.manifest.json")
-    _check_sampler(out, "doc_queries.manifest.json", old, "doc_queries.*")
+    old = read_manifest(out, DOCQ_MANIFEST)
+    _check_sampler(out, DOCQ_MANIFEST, old, "doc_queries.*")
     if old is not None:
         changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if changed:
-            raise FileExistsError(f"{out / 'doc_queries.manifest.json'} was written with different settings "
+            raise FileExistsError(f"{out / DOCQ_MANIFEST} was written with different settings "
                                   f"({', '.join(changed)}); use another out= folder or delete {path}")
-    write_manifest(out, "doc_queries.manifest.json", **ident, status="running")
+    if old is not None and old.get("status") == "complete":
+        check_manifest_files(out, name=DOCQ_MANIFEST, fix=f"re-sample: delete {path} and {out / DOCQ_MANIFEST} and "
+                                                          "rerun `gdr sample`")
+    write_manifest(out, DOCQ_MANIFEST, **ident, status="running")
     done = 0
     if path.exists():
         rows = read_jsonl(path, drop_torn_tail=True)[:len(texts)]
@@ -299,5 +444,5 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             os.fsync(f.fileno())
             bar.update(len(batch))
     bar.close()
-    write_manifest(out, "doc_queries.manifest.json", **ident, status="complete")
+    write_manifest(out, DOCQ_MANIFEST, **ident, status="complete", files=[DOCQ_FILE])
     return path

@@ -31,7 +31,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import distortion_matrix, log_weights
-from gdr.io import atomic_write_json, write_manifest
+from gdr.io import atomic_write_json, check_manifest_files, refresh_manifest_files, write_manifest
 from indexing.docids import format_code, read_docids, write_docids
 from indexing.pmatrix import PMatrix, load_pmatrix_run
 from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
@@ -181,6 +181,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     summary, each atomically, and writes ``manifest.add-<n>.json``.
     """
     index_dir = Path(index_dir)
+    check_manifest_files(index_dir, fix=f"rebuild the index with `gdr index out={index_dir}`")
     st = load_tree_state(index_dir / "tree_state.npz")
     run = load_pmatrix_run(run_dir, n_queries=st.n_queries)
     if st.query_hash and run.query_hash != st.query_hash:
@@ -199,6 +200,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     nodes = _update_tree_json(index_dir / "tree.json", codes)
     summary = summarize(old_codes + codes, nodes, st.n_clusters, st.leaf_size, method="gc")
     write_summary(index_dir, summary, plot=plot)
+    refresh_manifest_files(index_dir)  # the files changed on purpose: record their new sizes and checksums
     n_prev = len(list(index_dir.glob("manifest.add-*.json")))
     write_manifest(index_dir, name=f"manifest.add-{n_prev + 1}.json", command="index add", run=str(run.path),
                    n_added=len(codes), n_total=len(old_codes) + len(codes), **stats)

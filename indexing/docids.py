@@ -25,8 +25,14 @@ def write_docids(path: str | os.PathLike, doc_ids: Sequence[str], codes: Sequenc
 
 
 def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...]]]:
-    """Read ``docids.tsv``; a malformed line raises an error naming the file and line."""
+    """Read ``docids.tsv``; the one reader of the file, for every command.
+
+    A malformed line, a doc id on two lines, or one code given to two documents raises an error naming
+    the file and both lines (a docid must name exactly one document, and each document has one docid).
+    """
     doc_ids, codes = [], []
+    id_line: dict[str, int] = {}
+    code_line: dict[tuple[int, ...], tuple[int, str]] = {}
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\n")
@@ -41,6 +47,16 @@ def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...
                 raise ValueError(f"{path}:{lineno}: code {parts[1]!r} is not dash-separated integers") from None
             if any(c < 0 for c in code):
                 raise ValueError(f"{path}:{lineno}: negative position in code {parts[1]!r}")
+            if parts[0] in id_line:
+                raise ValueError(f"{path}:{lineno}: doc id {parts[0]!r} is also on line {id_line[parts[0]]}; each "
+                                 "document needs exactly one line: rebuild the file with `gdr index`")
+            if code in code_line:
+                first, other = code_line[code]
+                raise ValueError(f"{path}:{lineno}: code {parts[1]!r} of {parts[0]!r} is also the code of {other!r} "
+                                 f"on line {first}; each docid must name one document: rebuild the file with "
+                                 "`gdr index`")
+            id_line[parts[0]] = lineno
+            code_line[code] = (lineno, parts[0])
             doc_ids.append(parts[0])
             codes.append(code)
     return doc_ids, codes

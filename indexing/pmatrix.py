@@ -28,7 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
-from gdr.io import hash_strings, read_jsonl, read_manifest
+from gdr.io import hash_strings, read_manifest
 
 __all__ = ["PMatrix", "PMatrixRun", "load_pmatrix_run"]
 
@@ -267,6 +267,10 @@ def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -
     if man is not None and man.get("status", "complete") != "complete":
         raise RuntimeError(f"{run_dir / 'P.npy'} is {man.get('status')}: rerun `gdr score out={run_dir}` to finish "
                            "it before indexing")
+    if man is not None and "shape" in man:
+        from gdr.store import check_p
+
+        check_p(run_dir, man)  # header, size and checksum
     pm = PMatrix(run_dir / "P.npy", n_cols=n_queries)
     ids_path = run_dir / "doc_ids.json"
     if not ids_path.exists():
@@ -281,7 +285,9 @@ def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -
         raise ValueError(f"{ids_path}: doc id {dup!r} occurs more than once; doc ids must be unique")
     q_path = run_dir / "queries.jsonl"
     if q_path.exists():
-        queries = read_jsonl(q_path)
+        from gdr.store import read_queries
+
+        queries = read_queries(run_dir)  # checked against queries.manifest.json when there is one
         if len(queries) != pm.n_cols_total:
             raise ValueError(f"{q_path} has {len(queries)} queries but {pm.path} has {pm.n_cols_total} columns")
     else:

@@ -10,7 +10,7 @@ every code followed by EOS, flattened into node ids:
   token) or ``s = K`` for EOS. The allowed next symbols of a batch of nodes are
   ``child[nodes] >= 0``, a gather, never a Python walk;
 - a node reached by EOS is *terminal*; ``docs_of(node)`` lists the documents that carry that code
-  (several if a user-supplied file gives the same code to several documents).
+  (several only when codes are passed directly: ``docids.tsv`` refuses a code given to two documents).
 
 Codes need not have equal lengths. They should form a prefix code, but a code that is a prefix
 of another still decodes correctly, because EOS ends a code explicitly.
@@ -204,10 +204,4 @@ def load_trie(path: str | os.PathLike, n_digits: int | None = None) -> tuple[lis
     doc_ids, codes = read_docids(path)
     if not doc_ids:
         raise ValueError(f"{path}: no docids; build them with `gdr index`")
-    seen: dict[str, int] = {}
-    for i, d in enumerate(doc_ids):
-        if d in seen:
-            raise ValueError(f"{path}:{i + 1}: doc id {d!r} appears twice (first on line {seen[d] + 1}); "
-                             "each document needs exactly one line")
-        seen[d] = i
     return doc_ids, build_trie(codes, n_digits=n_digits)

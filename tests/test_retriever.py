@@ -97,7 +97,10 @@ def test_trie_rejects_bad_codes_and_reads_docids(tmp_path):
         build_trie([(0, 5)], n_digits=3)
     p = tmp_path / "docids.tsv"
     write_docids(p, ["a", "b", "a"], [(0,), (1,), (2,)])
-    with pytest.raises(ValueError, match="appears twice"):
+    with pytest.raises(ValueError, match=r"docids.tsv:3: doc id 'a' is also on line 1"):
+        load_trie(p)
+    write_docids(p, ["a", "b", "c"], [(0, 1), (1, 0), (0, 1)])
+    with pytest.raises(ValueError, match=r"docids.tsv:3: code '0-1' of 'c' is also the code of 'a' on line 1"):
         load_trie(p)
 
 

@@ -134,5 +134,112 @@ def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
     lines = (part / "doc_queries.jsonl").read_text().splitlines()
     lines[1] = "{oops"
     (part / "doc_queries.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"doc_queries.jsonl: size .*re-sample"):  # finished: changed since
+        sample_per_doc_run(lm, DOCS, DOC_IDS, part, **kw)
+    man = json.loads((part / "doc_queries.manifest.json").read_text())
+    (part / "doc_queries.manifest.json").write_text(json.dumps({**man, "status": "running"}))  # as if killed
     with pytest.raises(ValueError, match="doc_queries.jsonl:2"):
         sample_per_doc_run(lm, DOCS, DOC_IDS, part, **kw)
+
+
+# ------------------------------------------------------------------------------------------ integrity
+def test_truncated_p_is_rescored_never_zero_filled(lm, tmp_path, caplog):
+    """`truncate -s` of a finished P.npy, then the rerun our own message advises: the lost rows are re-scored
+    (the old code extended the file with zeros and trusted every shard marker)."""
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    ref = np.load(tmp_path / "P.npy").copy()
+    # cut right after the last row of the shard that ends first: that shard keeps its work, the others lose rows
+    order = np.argsort([len(p) for p in lm.prompt_ids(DOCS)], kind="stable")
+    ends = [int(order[3 * s:3 * s + 3].max()) + 1 for s in range(3)]
+    header = (tmp_path / "P.npy").stat().st_size - ref.nbytes
+    with open(tmp_path / "P.npy", "r+b") as f:
+        f.truncate(header + min(ends) * ref[0].nbytes)
+    with pytest.raises(ValueError, match=r"P\.npy: .*bytes.*rerun `gdr score"):
+        load_run(tmp_path)
+    calls = []
+    orig = lm.score
+    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
+    try:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    finally:
+        del lm.score
+    assert "P.npy: " in caplog.text and "re-scoring the shards whose rows it lost" in caplog.text
+    np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
+    kept = sum(e <= min(ends) for e in ends)
+    assert kept >= 1 and sum(calls) == len(DOCS) - sum(len(order[3 * s:3 * s + 3]) for s in range(3)
+                                                        if ends[s] <= min(ends))
+
+
+def test_p_with_a_broken_header_is_recreated(lm, tmp_path, caplog):
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    ref = np.load(tmp_path / "P.npy").copy()
+    with open(tmp_path / "P.npy", "r+b") as f:
+        f.write(b"garbage!")
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    assert "unreadable .npy header" in caplog.text and "re-scoring every shard" in caplog.text
+    np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
+
+
+def test_damaged_shard_is_rescored_alone(lm, tmp_path, caplog):
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    ref = np.load(tmp_path / "P.npy").copy()
+    P = np.load(tmp_path / "P.npy", mmap_mode="r+")
+    P[4, 1] = np.nextafter(P[4, 1], 0)  # one flipped low bit
+    P.flush()
+    del P
+    with pytest.raises(ValueError, match="checksum differs"):
+        load_run(tmp_path)
+    calls = []
+    orig = lm.score
+    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
+    try:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    finally:
+        del lm.score
+    assert calls == [3] and "re-scoring that shard" in caplog.text
+    np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
+
+
+def test_legacy_shard_markers_are_checked_then_adopted(lm, tmp_path):
+    """Markers of older versions (empty files): zero-filled rows are re-scored, good rows keep their work."""
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    ref = np.load(tmp_path / "P.npy").copy()
+    for m in (tmp_path / "P.shards").glob("*.done"):
+        m.write_text("")
+    P = np.load(tmp_path / "P.npy", mmap_mode="r+")
+    P[-1] = 0.0  # what the old code's zero-fill left
+    P.flush()
+    del P
+    calls = []
+    orig = lm.score
+    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
+    try:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    finally:
+        del lm.score
+    assert calls == [3]
+    np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
+    assert all(json.loads(m.read_text())["rows_crc32"] for m in (tmp_path / "P.shards").glob("*.done"))
+
+
+@pytest.mark.parametrize("damage", ["broken_line", "dropped_line", "duplicated_line"])
+def test_changed_queries_file_is_refused_with_resample(lm, tmp_path, damage):
+    sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=5, seed=2, batch_size=2, max_new_tokens=5, progress=False)
+    q = tmp_path / "queries.jsonl"
+    lines = q.read_text().splitlines(keepends=True)
+    if damage == "broken_line":
+        lines[2] = lines[2][:10] + "\n"
+    elif damage == "dropped_line":
+        del lines[1]
+    else:
+        lines.append(lines[0])
+    q.write_text("".join(lines))
+    for man in (None, "legacy"):  # with the recorded checksum, and a manifest of an older version without it
+        if man == "legacy":
+            m = json.loads((tmp_path / "queries.manifest.json").read_text())
+            del m["file"]
+            (tmp_path / "queries.manifest.json").write_text(json.dumps(m))
+        with pytest.raises(ValueError, match="queries.jsonl.*re-sample") as e:
+            sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=5, seed=2, batch_size=2, max_new_tokens=5,
+                       progress=False)
+        assert "fix or delete" not in str(e.value)

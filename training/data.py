@@ -99,9 +99,13 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
 
     Lines for doc ids not in ``doc_ids`` are an error naming the line (a docids/corpus mismatch).
     """
-    from gdr.io import read_jsonl
+    from gdr.io import check_manifest_files, read_jsonl
 
+    path = Path(path)
+    check_manifest_files(path.parent, only=[path.name], name="doc_queries.manifest.json",
+                         fix=f"re-sample: delete {path} and rerun `gdr sample sample.per_doc=N out={path.parent}`")
     pos = {d: i for i, d in enumerate(doc_ids)}
+    seen: dict[str, int] = {}
     texts, docs = [], []
     for lineno, row in enumerate(read_jsonl(path), 1):
         if "doc_id" not in row or "queries" not in row:
@@ -111,6 +115,10 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
         if d not in pos:
             raise ValueError(f"{path}: row {lineno}: doc id {d!r} is not in the corpus/docids; "
                              "regenerate the queries for this corpus")
+        if d in seen:
+            raise ValueError(f"{path}:{lineno}: doc id {d!r} is also on line {seen[d]}; each document has one line: "
+                             "re-sample the file with `gdr sample sample.per_doc=N`")
+        seen[d] = lineno
         qs = [q for q in row["queries"] if isinstance(q, str) and q.strip()]
         texts.extend(qs)
         docs.extend([pos[d]] * len(qs))

@@ -193,6 +193,9 @@ class Retriever:
                        if p.exists()), None)
         if docids is None:
             raise FileNotFoundError(f"no docids.tsv in {path} or {model_dir}; a `gdr train` run folder has one")
+        from gdr.io import check_manifest_files
+
+        check_manifest_files(model_dir.parent, fix=f"retrain with `gdr train out_dir={model_dir.parent}`")
         model = GenerativeRetriever.load(model_dir)
         tok_src = str(model_dir) if (model_dir / "tokenizer_config.json").exists() else model.config.tokenizer_name
         from transformers import AutoTokenizer

@@ -90,7 +90,9 @@ def cluster_from_run(cfg, corpus, run, out: Path) -> tuple[dict, str]:
     plot_clusters(result, labels, out / f"clusters{suffix}.png")
     save_config(cfg, out, f"cluster{suffix}.config.yaml")
     write_manifest(out, f"cluster{suffix}.manifest.json", dataset=tag, p_matrix=run.manifest.get("doc_ids_hash"),
-                   queries_hash=run.manifest.get("queries_hash"))
+                   queries_hash=run.manifest.get("queries_hash"),
+                   files=[f"{n}{suffix}.{e}" for n, e in (("metrics", "json"), ("results", "md"), ("clusters", "md"),
+                                                          ("labels", "tsv"), ("clusters", "png"))])
     result["labels"] = labels
     return result, table
 

@@ -153,7 +153,8 @@ def build_index(cfg, corpus=None) -> dict:
                           plot=bool(cfg.plot))
     save_config(cfg, out)
     write_manifest(out, command="index", method=cfg.method, n_docs=len(doc_ids), seconds=round(time.time() - t0, 2),
-                   depth=summary["depth_max"], n_fallback=summary["n_fallback"], **extra)
+                   depth=summary["depth_max"], n_fallback=summary["n_fallback"],
+                   files=("docids.tsv", "tree.json", "tree_state.npz"), **extra)
     return summary
 
 

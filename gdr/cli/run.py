@@ -17,12 +17,21 @@ marked complete only when the stage finished, so a second run reuses every finis
 ``index.gc.alpha`` gives a new ``index-gc-<key>`` and new retrievers on it and nothing else, and a killed run
 continues where it stopped (the stages themselves resume: scoring by shard, sampling by batch, training
 from ``last.ckpt``).
+
+``stage.json`` also lists every file the stage wrote with its size and CRC-32 checksum, and the
+checksums of the upstream stages it read. Before a finished stage is reused both are checked: a damaged,
+missing or changed file (or an upstream stage rebuilt with different content) re-runs the stage, with one
+log line naming the file and what was wrong, and the stages after it see the change in turn. Stages
+finished by an older gdr, without that list, are checked as far as possible (files parse, sizes match
+headers, P has no zero rows, docids.tsv is well formed), then their checksums are recorded.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,14 +42,19 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gdr.config import command_config, save_config, to_container
-from gdr.guard import claim_folder, replace_together
-from gdr.io import atomic_write_json, hash_strings
+from gdr.guard import LOCK_FILE, claim_folder, replace_together
+from gdr.io import (atomic_write_json, bytes_digest, check_readable, hash_strings, record_files,
+                    verify_files)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["run_main", "run_pipeline", "Pipeline", "StageRecord"]
 
 STAGE_FILE = "stage.json"
+# Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
+# stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
+# again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
+CHECKSUM_MAX_OTHER = 4 << 20
 METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
@@ -76,6 +90,7 @@ class StageRecord:
     seconds: float
     reused: bool
     info: dict = field(default_factory=dict)
+    digest: str = ""  # checksum over its files' checksums: what a later stage records of it
 
 
 class Pipeline:
@@ -86,34 +101,169 @@ class Pipeline:
         self.root.mkdir(parents=True, exist_ok=True)
         self.records: list[StageRecord] = []
 
-    def stage(self, name: str, inputs: dict, build: Callable[[Path], dict | None]) -> StageRecord:
-        """Run ``build(folder)`` unless a finished stage with the same inputs exists; return its record.
+    def stage(self, name: str, inputs: dict, build: Callable[[Path], dict | None], after: Sequence[StageRecord] = (),
+              resumes: Sequence[str] | None = None, check: Callable[[Path], tuple[str, str] | None] | None = None,
+              outputs: Sequence[str] = ("*",)) -> StageRecord:
+        """Run ``build(folder)`` unless a finished, undamaged stage with the same inputs exists; return its record.
 
-        ``build`` returns a small dict of facts kept in ``stage.json`` (``info``)."""
+        ``build`` returns a small dict of facts kept in ``stage.json`` (``info``). ``after``: the stages whose
+        files ``build`` reads; a change in their content re-runs this one. ``resumes``: ``None`` when a damaged
+        stage is rebuilt from an empty folder; else the stage resumes in place: its damaged file is deleted
+        and rebuilt, except the files named here, which ``build`` checks and repairs piece by piece itself
+        (P.npy: only damaged shards are re-scored). ``check(folder)``: what is wrong with the files of a
+        stage finished by an older gdr (no checksums recorded): ``(file, what is wrong)`` or None.
+        ``outputs``: patterns of the files later stages read; only their checksums count as this stage's
+        content for them (manifests with times, logs and checkpoints differ between identical rebuilds)."""
         inputs = json.loads(json.dumps(inputs, default=str))
         key = stage_key(inputs)
         folder = self.root / f"{name}-{key}"
         marker = folder / STAGE_FILE
-        old = json.loads(marker.read_text()) if marker.exists() else None
+        upstream = {r.path.name: r.digest for r in after}
+        try:
+            old = json.loads(marker.read_text()) if marker.exists() else None
+            damage = None
+        except (ValueError, OSError) as e:
+            old, damage = None, (STAGE_FILE, f"unreadable ({e})")
         if old is not None and old.get("key") == key and old.get("status") == "complete":
-            log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
-            rec = StageRecord(name, folder, key, float(old.get("seconds", 0.0)), True, old.get("info") or {})
+            damage = self._damage(folder, old, upstream, check, outputs)
+            if damage is None:
+                log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
+                rec = StageRecord(name, folder, key, float(old.get("seconds", 0.0)), True, old.get("info") or {},
+                                  _digest(old["artifacts"], outputs))
+                self.records.append(rec)
+                return rec
+        claim_folder(folder, "out")  # one writer: a `gdr score out=<this folder>` elsewhere is refused
+        if damage is not None:
+            rel, what = damage
+            log.warning("stage %s: %s: %s; re-running the stage", name, folder / rel, what)
+            _clear(folder, rel, resumes)
+        elif old is not None:
+            log.info("stage %s: continuing the unfinished run in %s", name, folder)
         else:
-            if old is not None:
-                log.info("stage %s: continuing the unfinished run in %s", name, folder)
-            else:
-                log.info("stage %s: running into %s", name, folder)
-            claim_folder(folder, "out")  # one writer: a `gdr score out=<this folder>` elsewhere is refused
-            atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
-            t0 = time.perf_counter()
-            info = build(folder) or {}
-            seconds = round(time.perf_counter() - t0, 2)
-            atomic_write_json(marker, {"stage": name, "key": key, "status": "complete", "inputs": inputs,
-                                       "seconds": seconds, "info": info,
-                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-            rec = StageRecord(name, folder, key, seconds, False, info)
+            log.info("stage %s: running into %s", name, folder)
+        atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
+        t0 = time.perf_counter()
+        info = build(folder) or {}
+        seconds = round(time.perf_counter() - t0, 2)
+        artifacts = record_files(folder, exclude=(STAGE_FILE,))
+        atomic_write_json(marker, {"stage": name, "key": key, "status": "complete", "inputs": inputs,
+                                   "seconds": seconds, "info": info, "artifacts": artifacts, "outputs": list(outputs),
+                                   "upstream": upstream,
+                                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs))
         self.records.append(rec)
         return rec
+
+    @staticmethod
+    def _damage(folder: Path, old: dict, upstream: dict, check, outputs: Sequence[str]) -> tuple[str, str] | None:
+        """(file, what is wrong) for a finished stage that must not be reused, or None.
+
+        A stage finished by an older gdr (no ``artifacts`` in stage.json) is checked as far as that is
+        possible, then its checksums are recorded in stage.json, so it is verified fully from then on."""
+        if "artifacts" in old:
+            bad = verify_files(folder, old["artifacts"], checksum=checksummed(old["artifacts"], outputs))
+            if bad is None and old.get("upstream", {}) != upstream:
+                changed = sorted(k for k in set(upstream) | set(old.get("upstream", {}))
+                                 if upstream.get(k) != old.get("upstream", {}).get(k))
+                bad = (STAGE_FILE, f"upstream stage {', '.join(changed)} changed since this stage was built")
+            return bad
+        files = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
+                 if p.is_file() and p.name != STAGE_FILE and not p.name.startswith(".")]
+        bad = check_readable(folder, files)
+        if bad is None and check is not None:
+            bad = check(folder)
+        if bad is None:
+            log.info("stage %s: recording checksums of the %d files of %s, written by an older gdr "
+                     "(checked: they parse and match their headers)", old.get("stage"), len(files), folder.name)
+            old.update(artifacts=record_files(folder, exclude=(STAGE_FILE,)), outputs=list(outputs),
+                       upstream=upstream)  # the caller's dict
+            atomic_write_json(folder / STAGE_FILE, old)
+        return bad
+
+
+def _failure(folder: Path, read: Callable[[], Any]) -> tuple[str, str] | None:
+    """Run ``read()``; an error ``<path>: <what>`` (gdr's messages name the file first) becomes
+    ``(path relative to folder, what)``."""
+    try:
+        read()
+    except (ValueError, RuntimeError, OSError) as e:
+        path, _, what = str(e).partition(": ")
+        path, _, line = path.partition(":")
+        what = f"line {line}: {what}" if line else what
+        try:
+            path = Path(path).relative_to(folder).as_posix()
+        except ValueError:
+            pass
+        return path, what or str(e)
+    return None
+
+
+def _check_score_folder(folder: Path) -> tuple[str, str] | None:
+    """A score stage of an older gdr: P, doc ids and queries agree with their manifests, no zero rows in P
+    (what the old code left after re-entering a truncated P)."""
+    from gdr.store import P_FILE, load_run
+
+    box = {}
+    bad = _failure(folder, lambda: box.setdefault("run", load_run(folder)))
+    if bad is None:
+        P = np.asarray(box["run"].logp)
+        if not (np.isfinite(P).all() and (P != 0).all()):
+            bad = (P_FILE, "holds zeros or non-finite values (what re-entering a truncated P used to leave)")
+    return bad
+
+
+def _drop_damaged_queries(folder: Path) -> None:
+    """Inside ``gdr run``, sampled queries (or a manifest) changed since they were written are re-sampled,
+    with one line, where ``gdr score`` by hand refuses them; P.npy is repaired shard by shard by scoring."""
+    from gdr.io import read_manifest
+    from gdr.store import P_MANIFEST, Q_FILE, Q_MANIFEST, read_queries
+
+    for name in (Q_MANIFEST, P_MANIFEST):
+        try:
+            read_manifest(folder, name)
+        except ValueError as e:
+            log.warning("stage score: %s: unreadable (%s); writing it again", folder / name, e)
+            (folder / name).unlink()
+    if (folder / Q_FILE).exists():
+        try:
+            read_queries(folder)
+        except ValueError as e:
+            log.warning("stage score: %s; re-sampling", str(e).split("; re-sample")[0].split(": re-sample")[0])
+            (folder / Q_FILE).unlink()
+
+
+def _check_index_folder(folder: Path) -> tuple[str, str] | None:
+    from indexing.docids import read_docids
+
+    return _failure(folder, lambda: read_docids(folder / "docids.tsv"))
+
+
+def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
+    """One checksum over the recorded checksums of the files matching ``outputs``."""
+    mine = {k: v["crc32"] for k, v in artifacts.items() if _matches(k, outputs)}
+    return bytes_digest(json.dumps(mine, sort_keys=True).encode())
+
+
+def _matches(rel: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
+def checksummed(artifacts: dict, outputs: Sequence[str]) -> list[str]:
+    """The files whose checksum is verified before reuse: what later stages read, and every small file."""
+    return [k for k, v in artifacts.items() if v["size"] <= CHECKSUM_MAX_OTHER or _matches(k, outputs)]
+
+
+def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
+    """Remove what a damaged stage must rebuild: its whole folder, or (a stage that resumes in place) only
+    the damaged file, unless the stage repairs that file itself."""
+    if not folder.is_dir():
+        return
+    if resumes is None:
+        for p in folder.iterdir():
+            if p.name not in (STAGE_FILE, LOCK_FILE):  # the lock stays: this process holds it
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    elif damaged != STAGE_FILE and damaged not in resumes:
+        (folder / damaged).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------- stages
@@ -159,10 +309,12 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         from gdr.cli.score import score_from_config
 
         sub = _with(cfg, out=str(folder))
+        _drop_damaged_queries(folder)
         path = score_from_config(sub, corpus=corpus, lm=lm())
         return {"p_matrix": str(path)}
 
-    score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score)
+    score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy",),
+                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
     # 2. flat clustering against labels (the data scientist's view; the demo's headline)
     cluster_rec = None
@@ -175,7 +327,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             return _cluster_headline(result)
 
         cl = {k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"}
-        cluster_rec = pipe.stage("cluster", {"score": score.key, "cluster": cl}, build_cluster)
+        cluster_rec = pipe.stage("cluster", {"score": score.key, "cluster": cl}, build_cluster, after=[score])
 
     # 3. generated training queries per document
     dq = cfg.doc_queries
@@ -194,7 +346,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": _unbatched(dq),
                                            "sampling": {"top_k": s.top_k, "top_p": s.top_p,
                                                         "temperature": s.temperature}, "sampler": _sampler()},
-                           build_doc_queries)
+                           build_doc_queries, outputs=("doc_queries.jsonl",))
     lm_box.clear()  # the generator is not needed from here on
 
     # 4. docids per indexer
@@ -217,7 +369,9 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
                                             "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
-        indexes[method] = pipe.stage(f"index-{method}", inputs, build_index_stage)
+        after = {"gc": [score], "bmi": [doc_q] if doc_q else []}.get(method, [])
+        indexes[method] = pipe.stage(f"index-{method}", inputs, build_index_stage, after=after,
+                                     check=_check_index_folder, outputs=("docids.tsv",))
 
     # 5. BM25 on the test queries, once
     test_q = _queries_section(cfg, cfg.queries.test_split)
@@ -250,7 +404,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 
-            tr = pipe.stage(f"train-{method}-s{seed}", t_inputs, build_train)
+            tr = pipe.stage(f"train-{method}-s{seed}", t_inputs, build_train,
+                            after=[idx] + ([doc_q] if use_gen else []), outputs=("model/*", "docids.tsv"))
 
             def build_eval(folder: Path, tr=tr) -> dict:
                 from gdr.cli.train import evaluate_from_config
@@ -262,7 +417,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                 return {"metrics": m["systems"][sub.tag]}
 
             ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q,
-                                                      "evaluate": _keyed(to_container(cfg.evaluate))}, build_eval)
+                                                      "evaluate": _keyed(to_container(cfg.evaluate))}, build_eval,
+                            after=[tr])
             results.setdefault(method, []).append({"seed": int(seed), **ev.info["metrics"]})
 
     seconds = round(time.perf_counter() - t_start, 1)

@@ -121,12 +121,19 @@ def score_from_config(cfg, corpus=None, lm=None) -> Path:
 
 
 def _finished(out) -> bool:
-    """A complete P in ``out``: scored here in-process (the identity check, nothing left to score)
-    instead of spawning processes that would each load the model to find no shard left."""
-    from gdr.store import P_MANIFEST, read_manifest
+    """A complete, undamaged P in ``out``: scored here in-process (the identity check, nothing left to score)
+    instead of spawning processes that would each load the model to find no shard left. A damaged one is
+    repaired by the processes."""
+    from gdr.store import P_MANIFEST, check_p, read_manifest
 
     man = read_manifest(Path(out), P_MANIFEST)
-    return bool(man) and man.get("status") == "complete"
+    if not man or man.get("status") != "complete":
+        return False
+    try:
+        check_p(out, man)
+    except ValueError:
+        return False
+    return True
 
 
 def _free_port() -> int:

@@ -69,8 +69,10 @@ def _load_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
 
 def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
     """Codes in corpus order; every corpus document needs one."""
+    from gdr.io import check_manifest_files
     from indexing.docids import read_docids
 
+    check_manifest_files(Path(path).parent, only=["docids.tsv"], fix="rebuild the docids with `gdr index`")
     ids, codes = read_docids(path)
     by_id = dict(zip(ids, codes))
     missing = [d for d in corpus_ids if d not in by_id]
@@ -133,7 +135,7 @@ def train_from_config(cfg, corpus=None):
                    generated=c.get("generated"), examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
                    best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
-                   global_step=res.global_step, seconds=round(time.time() - t0, 1))
+                   global_step=res.global_step, seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
     return res
 
 
@@ -198,7 +200,8 @@ def evaluate_from_config(cfg, corpus=None) -> tuple[dict, str]:
     table = markdown_table(rows, ["recall@1", "recall@10", "recall@100", "mrr@100", "n_queries"])
     atomic_write_text(out / "metrics.md", table)
     write_manifest(out, command="evaluate", run_dir=c["run_dir"], corpus=corpus.name, split=c["queries"]["split"],
-                   n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2))
+                   n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2),
+                   files=("metrics.json", "metrics.md", "run.trec", "bm25.trec", "qrels.txt"))
     return metrics_json, table
 
 

@@ -21,7 +21,6 @@ import json
 import logging
 import time
 
-import numpy as np
 import torch
 
 from gdr.cli.bench.scoring import bench_texts, build_lm

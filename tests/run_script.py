@@ -1,0 +1,76 @@
+"""`gdr run` that pauses at one point so a test can SIGKILL it there (used by tests/test_faults.py).
+
+Environment: ``GDR_TEST_PAUSE`` is ``sample`` (after the first checkpoint of the sampled queries),
+``score`` (after the first finished shard), ``train`` (after the first ``last.ckpt``) or ``stage:<name>``
+(right after stage ``<name>`` is marked complete); ``GDR_TEST_READY`` is a file touched when the process
+reaches that point (then it sleeps until killed). Arguments: those of ``gdr run``.
+"""
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def pause() -> None:
+    Path(os.environ["GDR_TEST_READY"]).touch()
+    time.sleep(600)
+
+
+def install(point: str) -> None:
+    if point == "sample":
+        import gdr.store as store
+
+        real_jsonl = store.write_jsonl
+
+        def write_jsonl(path, rows):
+            real_jsonl(path, rows)
+            if Path(path).name == store.Q_PARTIAL:
+                pause()
+
+        store.write_jsonl = write_jsonl
+    elif point == "score":
+        import gdr.store as store
+
+        real_json = store.atomic_write_json
+
+        def atomic_write_json(path, obj):
+            real_json(path, obj)
+            if Path(path).suffix == ".done":
+                pause()
+
+        store.atomic_write_json = atomic_write_json
+    elif point == "train":
+        import pytorch_lightning as pl
+
+        real_end = pl.callbacks.ModelCheckpoint.on_train_batch_end
+
+        def on_train_batch_end(self, trainer, *a, **k):
+            real_end(self, trainer, *a, **k)
+            if self.filename == "last" and (Path(self.dirpath) / "last.ckpt").exists():
+                pause()
+
+        pl.callbacks.ModelCheckpoint.on_train_batch_end = on_train_batch_end
+    elif point.startswith("stage:"):
+        import gdr.cli.run as run
+
+        real_stage = run.atomic_write_json
+
+        def stage_json(path, obj):
+            real_stage(path, obj)
+            if Path(path).name == run.STAGE_FILE and obj.get("status") == "complete" \
+                    and obj.get("stage") == point.split(":", 1)[1]:
+                pause()
+
+        run.atomic_write_json = stage_json
+    else:
+        raise SystemExit(f"GDR_TEST_PAUSE={point!r}: unknown point")
+
+
+if __name__ == "__main__":
+    import torch
+
+    from gdr.cli import main
+
+    torch.set_num_threads(1)
+    install(os.environ["GDR_TEST_PAUSE"])
+    sys.exit(main(["run", *sys.argv[1:]]))

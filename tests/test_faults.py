@@ -1,0 +1,261 @@
+"""Fault injection on a finished tiny `gdr run`: damaged artifacts are found, named and rebuilt, and kill -9
+at a stage boundary or inside sampling, scoring and training resumes; the last JSON line always equals the
+undamaged run's (tiny random-init models, CPU)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gdr.cli import main
+from gdr.io import file_digest
+from test_pipeline import _args, setup  # noqa: F401  (the module fixture: a tiny LM and a 30-document corpus)
+
+HERE = Path(__file__).parent
+# gc reads P, bmi reads the generated queries: every kind of stage, the smallest run that has them all
+EXTRA = ("indexers=[gc,bmi]", "score.shard_size=8", "train.trainer.checkpoint_every_n_steps=2", "plot=false")
+
+
+def _run(root, folder, out, capsys, caplog) -> tuple[dict, str]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert main(_args(root, folder, out, *EXTRA)) == 0
+    head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    head.pop("seconds")
+    return head, caplog.text
+
+
+def _stages(out: Path) -> dict[str, dict]:
+    return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
+
+
+@pytest.fixture(scope="module")
+def finished(setup, tmp_path_factory):  # noqa: F811
+    """An undamaged finished run (kept pristine: each test damages a copy) and its last JSON line."""
+    root, folder = setup
+    out = tmp_path_factory.mktemp("faults") / "ref"
+    logging.getLogger().setLevel(logging.WARNING)
+    assert main(_args(root, folder, out, *EXTRA)) == 0
+    report = json.loads((out / "report.json").read_text())
+    from gdr.cli.run import headline
+
+    head = headline(report)
+    head.pop("seconds")
+    return root, folder, out, head
+
+
+def _folder(out: Path, stage: str) -> Path:
+    return out / _stages(out)[stage]["folder"]
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "bitflip":
+        i = len(data) - 3  # in the data, past any header
+        path.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:])
+    elif how == "delete_line":
+        lines = data.splitlines(keepends=True)
+        path.write_bytes(b"".join(lines[:1] + lines[2:]))
+    elif how == "duplicate_line":
+        lines = data.splitlines(keepends=True)
+        path.write_bytes(b"".join(lines + lines[-1:]))
+    elif how == "break_line":
+        lines = data.splitlines(keepends=True)
+        path.write_bytes(b"".join(lines[:1] + [lines[1][:7] + b"\n"] + lines[2:]))
+    elif how == "delete":
+        path.unlink()
+    else:
+        raise ValueError(how)
+
+
+# (stage, file in its folder, damage, byte-equal to the undamaged file after the rerun)
+CASES = [
+    ("score", "P.npy", "truncate", True),            # the issue's reproduction 1: never zero-filled
+    ("score", "P.npy", "bitflip", True),             # one shard re-scored
+    ("score", "P.shards/00002.done", "delete", True),
+    ("score", "queries.jsonl", "break_line", True),  # reproduction 8: re-sampled, not "fix that line"
+    ("score", "queries.jsonl", "delete_line", True),
+    ("doc-queries", "doc_queries.jsonl", "duplicate_line", True),
+    ("index-gc", "docids.tsv", "duplicate_line", True),  # reproduction 2
+    ("index-gc", "tree_state.npz", "truncate", False),  # np.savez stamps the time
+    ("index-bmi", "stage.json", "truncate", False),
+    ("train-gc-s0", "model/model.pt", "bitflip", False),
+    ("train-bmi-s0", "checkpoints/last.ckpt", "delete", False),
+    ("eval-bmi-s0", "run.trec", "bitflip", True),
+    ("bm25", "bm25.trec", "delete_line", True),
+]
+
+
+@pytest.mark.parametrize("stage,name,how,same_bytes", CASES, ids=[f"{c[1]}-{c[2]}" for c in CASES])
+def test_damaged_artifact_is_named_and_rebuilt(finished, tmp_path, capsys, caplog, stage, name, how, same_bytes):
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    target = _folder(out, stage) / name
+    before = file_digest(target)
+    _damage(target, how)
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert str(target) in logs  # the one line names the damaged file
+    stages = _stages(out)
+    assert not stages[stage]["reused"]  # re-run, not trusted
+    ran = {n for n, s in stages.items() if not s["reused"]}
+    assert ran <= {stage} | {n for n in stages if n.startswith(("train", "eval")) and stage.startswith("train")}
+    record = json.loads((_folder(out, stage) / "stage.json").read_text())
+    assert record["status"] == "complete"
+    if name != "stage.json":
+        now = file_digest(target)
+        assert record["artifacts"][name] == now  # the record describes the rebuilt file
+        if same_bytes:
+            assert now == before
+
+
+def test_several_damaged_files_in_one_stage_are_all_repaired(finished, tmp_path, capsys, caplog):
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    score = _folder(out, "score")
+    before = {n: file_digest(score / n) for n in ("P.npy", "queries.jsonl")}
+    _damage(score / "P.npy", "truncate")
+    _damage(score / "queries.jsonl", "break_line")
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert str(score / "P.npy") in logs, [ln for ln in logs.splitlines() if "WARN" in ln]
+    assert f"{score / 'queries.jsonl'}" in logs and "re-sampling" in logs
+    assert {n: file_digest(score / n) for n in before} == before
+
+
+def test_upstream_rebuilt_with_other_content_reruns_dependents(finished, tmp_path, capsys, caplog):
+    """A stage whose upstream now holds other content (as after a rebuild that came out differently) re-runs,
+    and so do the stages after it; stages on unchanged upstreams are reused."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    idx = _folder(out, "index-gc")
+    lines = (idx / "docids.tsv").read_text().splitlines(keepends=True)
+    (d0, c0), (d1, c1) = (ln.rstrip("\n").split("\t") for ln in lines[:2])
+    (idx / "docids.tsv").write_text(f"{d0}\t{c1}\n{d1}\t{c0}\n" + "".join(lines[2:]))  # two codes swapped
+    from gdr.io import record_files, refresh_manifest_files
+
+    refresh_manifest_files(idx)
+    marker = json.loads((idx / "stage.json").read_text())
+    marker["artifacts"] = record_files(idx, exclude=("stage.json",))  # index-gc itself looks intact
+    (idx / "stage.json").write_text(json.dumps(marker))
+    _run(root, folder, out, capsys, caplog)
+    ran = {n for n, s in _stages(out).items() if not s["reused"]}
+    assert ran == {"train-gc-s0", "eval-gc-s0"}, ran
+    assert f"upstream stage {idx.name} changed" in caplog.text
+
+
+def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, capsys, caplog):
+    """stage.json without checksums and empty shard markers (older gdr), with the zero rows the old code left
+    after re-entering a truncated P: the zeros are re-scored, the rest is kept and its checksums recorded."""
+    import numpy as np
+
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    for marker in out.glob("*/stage.json"):
+        m = json.loads(marker.read_text())
+        del m["artifacts"], m["upstream"]
+        marker.write_text(json.dumps(m))
+    score = _folder(out, "score")
+    for m in (score / "P.shards").glob("*.done"):
+        m.write_text("")
+    for name in ("P.manifest.json", "queries.manifest.json"):
+        m = json.loads((score / name).read_text())
+        del m["file"]
+        (score / name).write_text(json.dumps(m))
+    P = np.load(score / "P.npy", mmap_mode="r+")
+    good = P.copy()
+    P[-3:] = 0.0
+    P.flush()
+    del P
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert np.array_equal(np.load(score / "P.npy"), good)
+    assert f"{score / 'P.npy'}: holds zeros" in logs
+    assert {n for n, s in _stages(out).items() if not s["reused"]} == {"score"}
+    assert all("artifacts" in json.loads(p.read_text()) for p in out.glob("*/stage.json"))
+
+
+def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
+    ready = tmp_path / f"ready-{point.replace(':', '-')}"
+    env = dict(os.environ, GDR_TEST_PAUSE=point, GDR_TEST_READY=str(ready),
+               PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
+    proc = subprocess.Popen([sys.executable, str(HERE / "run_script.py"), *_args(root, folder, out, *EXTRA)[1:]],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not ready.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert ready.exists(), f"never reached {point}: {err.decode()[-2000:]}"
+
+
+def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(finished, tmp_path, capsys, caplog):
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    for point in ("sample", "score", "stage:score", "train"):
+        _killed_at(point, root, folder, out, tmp_path)
+    running = [json.loads(p.read_text())["stage"] for p in out.glob("*/stage.json")
+               if json.loads(p.read_text())["status"] == "running"]
+    assert len(running) == 1 and running[0].startswith("train-"), running  # the last kill was inside training
+    again, _ = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    for stage, name in (("score", "P.npy"), ("score", "queries.jsonl"), ("index-gc", "docids.tsv"),
+                        ("doc-queries", "doc_queries.jsonl")):
+        assert file_digest(_folder(out, stage) / name) == file_digest(_folder(ref, stage) / name)
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path, capsys, command):
+    """Reproduction 3: `gdr train` took the last of two lines for one document; every reader refuses now."""
+    root, folder, ref, _ = finished
+    idx, tr = _folder(ref, "index-gc"), _folder(ref, "train-gc-s0")
+    lines = (idx / "docids.tsv").read_text().splitlines(keepends=True)
+    doc, code = lines[0].rstrip("\n").split("\t")
+    other = lines[1].split("\t")[1].rstrip("\n")
+    for extra, want in ((f"{doc}\t0-0-0-0-0\n", f"doc id '{doc}' is also on line 1"),
+                        (f"d999\t{code}\n", f"code '{code}' of 'd999' is also the code of '{doc}' on line 1"),
+                        (f"{lines[1].split(chr(9))[0]}x\t{other}\n", "is also the code of")):
+        if command == "train":
+            bad = tmp_path / "docids.tsv"
+            bad.write_text("".join(lines) + extra)
+            argv = ["train", f"data.name={folder}", f"docids={bad}", "model.size=tiny", f"out_dir={tmp_path / 't'}"]
+        else:
+            run = tmp_path / "tr"
+            shutil.rmtree(run, ignore_errors=True)
+            shutil.copytree(tr, run)
+            (run / "docids.tsv").write_text("".join(lines) + extra)
+            argv = ["evaluate", f"data.name={folder}", f"run_dir={run}", f"out_dir={tmp_path / 'e'}",
+                    "queries.name=" + str(folder)]
+            # the train folder's manifest recorded docids.tsv: the change itself is found first
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "docids.tsv: size" in err[0] and "retrain" in err[0], err
+            man = json.loads((run / "manifest.json").read_text())
+            del man["files"]  # a folder without that record (another tool, an older gdr): the lines are checked
+            (run / "manifest.json").write_text(json.dumps(man))
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"docids.tsv:{len(lines) + 1}: " in err[0] and want in err[0], err
+
+
+def test_integrity_bench_verifies_a_finished_run(finished, capsys):
+    from gdr.cli.bench.integrity import main as bench
+
+    _, _, ref, _ = finished
+    assert bench(["--mb", "1", "--repeats", "1", "--run", str(ref)]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["gib_per_s"] > 0 and 0 < res["bytes_hashed"] <= res["bytes_total"]
