@@ -41,7 +41,10 @@ ATTN_IMPL = "gdr_scoring"  # our attention function, registered with transformer
 def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One (tokens x vocab) tile: row max, sum of exp(logit - max), and the target logit where it falls in
     this tile (0 elsewhere). h (n, d), w (v, d), tgt (n,) -> three (n,) fp32."""
-    logits = (h @ w.t()).float()  # (n, v): bf16 matmul on CUDA, the softmax in fp32
+    if h.is_cuda and h.dtype != torch.float32:  # bf16 tensor-core matmul, fp32 accumulator written as is
+        logits = torch.mm(h, w.t(), out_dtype=torch.float32)  # (n, v)
+    else:
+        logits = (h @ w.t()).float()  # (n, v)
     m = logits.amax(-1)
     s = torch.exp(logits - m[:, None]).sum(-1)
     local = tgt - v0
@@ -98,7 +101,14 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                 hb = torch.cat([h, torch.ones_like(h[:, :1])], 1)  # (n, d + 1)
                 cm, cs, ct = _lse_chunk(hb, torch.cat([w, bias[v0:v0 + vc, None].to(w.dtype)], 1), t, v0)
             else:
-                cm, cs, ct = fn(h, w, t, v0)
+                try:
+                    cm, cs, ct = fn(h, w, t, v0)
+                except Exception as e:  # noqa: BLE001 - a compiler failure: eager (same numbers, slower)
+                    if fn is _lse_chunk:
+                        raise
+                    log.warning("compiled log-prob kernel failed (%s); using eager", e)
+                    _COMPILED["lse"] = fn = _lse_chunk
+                    cm, cs, ct = fn(h, w, t, v0)
             new_m = torch.maximum(m, cm)
             s = s * torch.exp(m - new_m) + cs * torch.exp(cm - new_m)
             m, tl = new_m, tl + ct
@@ -135,8 +145,17 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
     from torch.nn.attention.flex_attention import BlockMask
 
     if isinstance(attention_mask, BlockMask):
-        out = _flex_attention()(query, key, value, block_mask=attention_mask, scale=scaling,
-                                enable_gqa=query.shape[1] != key.shape[1])
+        kw = dict(block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        try:
+            out = _flex_attention()(query, key, value, **kw)
+        except Exception as e:  # noqa: BLE001 - a compiler failure: eager flex (unfused, correct)
+            from torch.nn.attention.flex_attention import flex_attention
+
+            if _COMPILED.get("flex") in (None, flex_attention):
+                raise
+            log.warning("compiled flex attention failed (%s); using eager", e)
+            _COMPILED["flex"] = flex_attention
+            out = flex_attention(query, key, value, **kw)
         return out.transpose(1, 2).contiguous(), None
     Bq, Bk = query.shape[0], key.shape[0]
     if Bq != Bk:
@@ -160,15 +179,16 @@ def _register_attention() -> None:
 
 
 # ----------------------------------------------------------------------------------------- sizes
-def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512, query_tokens: int = 16,
+def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
                      free_bytes: int | None = None) -> tuple[int, int]:
     """(doc_batch_size, max_query_tokens) for ``score``: on CUDA from free GPU memory, on a CPU the
     measured best (:data:`CPU_DOC_BATCH_SIZE`, :data:`CPU_MAX_QUERY_TOKENS`).
 
-    On CUDA a chunk is 4,096 query tokens (a seq2seq chunk is split over the batch's documents), and the
-    batch takes as many documents as fit in half the free memory, at most 64, counting per document the
-    key/value cache of prompt + chunk (twice: the cache and its concatenated copy), the activations of a
-    chunk (hidden, MLP and attention output, bf16) and its fp32 logits tile.
+    On CUDA a causal chunk is 4,096 query tokens per document; a seq2seq chunk, split over the batch's
+    documents, 65,536 (a decoder pass has no prompt cache, only the encoder states to keep). Half the
+    free memory, less the log-prob tile (4,096 tokens x vocabulary, fp32, twice), goes to documents, at most
+    64: per document the key/value cache of prompt + chunk (twice: the cache and its concatenated copy,
+    bf16) and a chunk's activations (hidden, MLP and attention outputs, bf16).
     """
     if device.type != "cuda":
         return CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS
@@ -183,11 +203,11 @@ def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512, quer
     T = 4096
     if free_bytes is None:
         free_bytes, _ = torch.cuda.mem_get_info(device)
-    kv = 2 * 2 * layers * 2 * kv_heads * head_dim * (prompt_tokens + T)  # bytes: K+V, bf16, cache + copy
+    tile = T * get("vocab_size", default=32000) * 4 * 2
+    kv = 2 * 2 * layers * 2 * kv_heads * head_dim * (prompt_tokens + T)  # K+V, bf16, cache + copy
     act = T * (4 * d + 3 * ff + 2 * heads * head_dim) * 2
-    logits = 4096 * 4 * min(get("vocab_size", default=32000), 65536) // 16  # per-document share of the tile
-    per_doc = kv + act + logits
-    return int(max(1, min(64, 0.5 * free_bytes // per_doc))), T
+    bs = int(max(1, min(64, (0.5 * free_bytes - tile) // (kv + act))))
+    return (bs, 16 * T) if cfg.is_encoder_decoder else (bs, T)
 
 
 # ----------------------------------------------------------------------------------------- scoring
