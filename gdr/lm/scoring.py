@@ -38,13 +38,18 @@ ATTN_IMPL = "gdr_scoring"  # our attention function, registered with transformer
 
 
 # ----------------------------------------------------------------------------------------- log-probs
+def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h (n, d) @ w (v, d).T as fp32 (n, v). On CUDA a bf16 tensor-core matmul whose fp32 accumulator is
+    written as is (not rounded to bf16); elsewhere the matmul in the inputs' dtype, then fp32."""
+    if h.is_cuda and h.dtype != torch.float32:
+        return torch.mm(h, w.t(), out_dtype=torch.float32)
+    return (h @ w.t()).float()
+
+
 def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One (tokens x vocab) tile: row max, sum of exp(logit - max), and the target logit where it falls in
     this tile (0 elsewhere). h (n, d), w (v, d), tgt (n,) -> three (n,) fp32."""
-    if h.is_cuda and h.dtype != torch.float32:  # bf16 tensor-core matmul, fp32 accumulator written as is
-        logits = torch.mm(h, w.t(), out_dtype=torch.float32)  # (n, v)
-    else:
-        logits = (h @ w.t()).float()  # (n, v)
+    logits = _logits(h, w)  # (n, v)
     m = logits.amax(-1)
     s = torch.exp(logits - m[:, None]).sum(-1)
     local = tgt - v0
@@ -256,7 +261,8 @@ class ScoringMixin:
         for b0 in range(0, len(docs), doc_batch_size):
             rows = order[b0:b0 + doc_batch_size]
             batch = [p_ids[i] for i in rows]
-            with self._autocast():
+            # The scoring model is already in its compute dtype: no autocast casts.
+            with torch.autocast(self.device.type, enabled=False):
                 if self.is_seq2seq:
                     lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens)
                 else:
@@ -354,7 +360,9 @@ class ScoringMixin:
     def _first_token_logprobs(self, model, h_last: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """(B, J) log p(first token of query j | prompt b): one full log-softmax row per document."""
         head = model.get_output_embeddings()
-        logits = head(h_last).float()  # (B, V)
+        logits = _logits(h_last, head.weight)  # (B, V)
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.float()
         return logits.log_softmax(-1)[:, first]
 
     @staticmethod
@@ -373,14 +381,20 @@ class ScoringMixin:
         from torch.nn.attention.flex_attention import create_block_mask
 
         B, T, dev = plen.shape[0], qid.shape[0], qid.device
+        n_prompt = torch.tensor(Lp, device=dev)  # a tensor, not a Python int: no recompile per prompt length
 
         def mask_mod(b, h, q_idx, kv_idx):
-            kq = (kv_idx - Lp).clamp(min=0)  # index of a query key in the packed chunk
-            prompt = (kv_idx < Lp) & (kv_idx < plen[b])
-            own = (kv_idx >= Lp) & (qid[kq] == qid[q_idx]) & (off[kq] <= off[q_idx])
+            kq = (kv_idx - n_prompt).clamp(min=0)  # index of a query key in the packed chunk
+            prompt = (kv_idx < n_prompt) & (kv_idx < plen[b])
+            own = (kv_idx >= n_prompt) & (qid[kq] == qid[q_idx]) & (off[kq] <= off[q_idx])
             return prompt | own
 
-        return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev, _compile=dev.type == "cuda")
+        if dev.type == "cuda":
+            try:
+                return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev, _compile=True)
+            except Exception as e:  # noqa: BLE001 - a compiler failure: the eager builder (same mask)
+                log.warning("compiled block-mask builder failed (%s); using eager", e)
+        return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev)
 
     def _score_seq2seq(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int) -> torch.Tensor:
         """(B, n_queries): the encoder once per document; the decoder over (B*Q, L) rows whose cross-attention
