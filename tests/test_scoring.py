@@ -128,3 +128,20 @@ def test_torchrun_rank_gets_its_own_gpu(monkeypatch):
     assert local_device("cpu") == "cpu" and local_device("cuda:0") == "cuda:0"
     monkeypatch.delenv("LOCAL_RANK")
     assert local_device("auto") == "auto"
+
+
+def test_scoring_bench_json_keys(tmp_path, capsys):
+    """The contract of `make bench-gpu`: the last line is JSON with the rates, MFU and device (CPU: mfu None)."""
+    import json
+
+    from gdr.cli.bench.scoring import main
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(DOCS) + "\n")
+    assert main(["--model", "smollm2-135m-random", "--device", "cpu", "--pairs", "4", "--queries", "2",
+                 "--doc-tokens", "8", "--query-tokens", "3", "--naive-pairs", "2", "--docs-file", str(docs)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"engine_pairs_per_s", "mfu", "device", "flops_per_pair", "peak_bf16_tflops", "naive_pairs_per_s",
+            "speedup", "max_abs_diff"} <= out.keys()
+    assert out["device"] == "cpu" and out["mfu"] is None and out["pairs"] == 4
+    assert out["flops_per_pair"] > 2 * 100e6 and out["max_abs_diff"] < 1e-3

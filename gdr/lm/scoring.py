@@ -41,9 +41,24 @@ ATTN_IMPL = "gdr_scoring"  # our attention function, registered with transformer
 def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h (n, d) @ w (v, d).T as fp32 (n, v). On CUDA a bf16 tensor-core matmul whose fp32 accumulator is
     written as is (not rounded to bf16); elsewhere the matmul in the inputs' dtype, then fp32."""
-    if h.is_cuda and h.dtype != torch.float32:
+    if h.is_cuda and h.dtype != torch.float32 and _FP32_OUT.get("mm", True):
         return torch.mm(h, w.t(), out_dtype=torch.float32)
     return (h @ w.t()).float()
+
+
+_FP32_OUT: dict[str, bool] = {}
+
+
+def _check_fp32_out(device: torch.device) -> None:
+    """Whether this torch's CUDA ``mm`` takes ``out_dtype`` (bf16 in, fp32 out); decided once, eagerly."""
+    if device.type == "cuda" and "mm" not in _FP32_OUT:
+        try:
+            a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+            torch.mm(a, a, out_dtype=torch.float32)
+            _FP32_OUT["mm"] = True
+        except (RuntimeError, TypeError, NotImplementedError):
+            log.warning("torch.mm has no fp32 out_dtype here: log-prob logits rounded to bf16")
+            _FP32_OUT["mm"] = False
 
 
 def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,6 +108,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     N, V = hidden.shape[0], weight.shape[0]
     token_chunk = token_chunk or (4096 if hidden.device.type == "cuda" else 1024)
     vc = V if vocab_chunk is None else int(vocab_chunk)
+    _check_fp32_out(hidden.device)
     fn = _chunk_fn(hidden.device)
     out = torch.empty(N, dtype=torch.float32, device=hidden.device)
     for s0 in range(0, N, token_chunk):
@@ -360,6 +376,7 @@ class ScoringMixin:
     def _first_token_logprobs(self, model, h_last: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """(B, J) log p(first token of query j | prompt b): one full log-softmax row per document."""
         head = model.get_output_embeddings()
+        _check_fp32_out(h_last.device)
         logits = _logits(h_last, head.weight)  # (B, V)
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.float()
