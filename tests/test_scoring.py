@@ -83,10 +83,17 @@ def test_bf16_engine_near_fp32_naive(llama, t5, naive, family, attention):
     assert np.abs(fast - naive[family]).max() > 1e-6
 
 
-def test_scoring_leaves_the_model_for_sampling_unchanged(llama):
-    """bf16 scoring uses a copy; the sampling model keeps its weights' dtype."""
-    llama.score(DOCS[:2], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
-    assert next(llama.model.parameters()).dtype == torch.float32
+def test_bf16_copy_follows_the_model():
+    """bf16 scoring uses a copy (the sampling model keeps its fp32 weights), made again after the model's
+    weights change in place, as a fine-tune does."""
+    lm = tiny_llama()
+    before = lm.score(DOCS[:2], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
+    assert next(lm.model.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        lm.model.get_output_embeddings().weight.mul_(3.0)
+    after = lm.score(DOCS[:2], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
+    np.testing.assert_allclose(after, lm.score_naive(DOCS[:2], QUERIES[:2]), atol=2e-2, rtol=0)
+    assert np.abs(after - before).min() > 0.1
 
 
 def test_auto_sizes():

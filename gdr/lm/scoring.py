@@ -290,18 +290,24 @@ class ScoringMixin:
 
     def _scoring_model(self, compute_dtype: torch.dtype | None):
         """The model the scoring passes run: ``self.model`` with our attention function (identical to SDPA
-        outside scoring), or a cached copy cast to ``compute_dtype`` (bf16 on CUDA by default)."""
+        outside scoring), or a copy cast to ``compute_dtype`` (bf16 on CUDA by default), made again when the
+        model's weights changed in place (a fine-tune) or moved since."""
         _register_attention()
-        own = next(self.model.parameters()).dtype
+        params = list(self.model.parameters())
+        own = params[0].dtype
         dtype = compute_dtype or (torch.bfloat16 if self.device.type == "cuda" else own)
-        cache = self.__dict__.setdefault("_score_models", {})
-        if dtype not in cache:
-            if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", ATTN_IMPL):
-                self.model.set_attn_implementation("sdpa")
-            m = self.model if dtype == own else copy.deepcopy(self.model).to(dtype)
+        if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", ATTN_IMPL):
+            self.model.set_attn_implementation("sdpa")
+        if dtype == own:
+            self.model.set_attn_implementation(ATTN_IMPL)
+            return self.model
+        stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
+        held = self.__dict__.get("_score_copy")
+        if held is None or held[0] != stamp:
+            m = copy.deepcopy(self.model).to(dtype).eval()
             m.set_attn_implementation(ATTN_IMPL)
-            cache[dtype] = m
-        return cache[dtype]
+            self.__dict__["_score_copy"] = held = (stamp, m)
+        return held[1]
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
         chunks, start, tokens = [], 0, 0
