@@ -52,15 +52,14 @@ def sample_queries_for(cfg, lm, corpus) -> list[dict]:
 
 
 def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
-    from gdr.store import score_run
-
     from gdr.lm.scoring import auto_score_sizes
+    from gdr.store import score_run
 
     sc = cfg.score
     texts = corpus.model_inputs()
     bs, mq = sc.doc_batch_size, sc.max_query_tokens
     if "auto" in (bs, mq):  # resolved here: the run's manifest records the sizes that made its numbers
-        longest = max(map(len, lm.prompt_ids(texts)), default=1)
+        longest = len(lm.prompt_ids([""])[0]) + lm.max_doc_tokens  # the prompt of a full-length document
         auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, longest)
         bs, mq = (auto_bs if bs == "auto" else bs), (auto_mq if mq == "auto" else mq)
     return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], cfg.out,
