@@ -351,8 +351,9 @@ class ScoringMixin:
         out = self._first_token_logprobs(model, h_last, first)  # (B, J)
         for c0, c1 in self._query_chunks(q_ids, max_query_tokens):
             chunk = q_ids[c0:c1]
-            lens = torch.tensor([len(q) for q in chunk], device=dev) - 1  # (Q,) packed tokens per query
-            T = int(lens.sum())
+            n_packed = [len(q) - 1 for q in chunk]
+            T = sum(n_packed)  # on the host: no device sync
+            lens = torch.tensor(n_packed, device=dev)  # (Q,) packed tokens per query
             if T == 0:  # single-token queries: the first-token term is all
                 continue
             Q = len(chunk)
