@@ -43,7 +43,7 @@ from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PRun", "sample_run", "score_run", "load_run", "check_p", "read_queries", "dist_info"]
+__all__ = ["PRun", "sample_run", "score_run", "load_run", "check_p", "read_queries", "dist_info", "local_device"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
@@ -64,15 +64,33 @@ class PRun:
         return [q["text"] for q in self.queries]
 
 
+def local_device(device: str | None = "auto") -> str:
+    """The device of this process: under a launcher that sets ``LOCAL_RANK`` (``torchrun``), ``auto`` and
+    ``cuda`` mean ``cuda:{LOCAL_RANK % n_gpus}``, made the current CUDA device (before NCCL binds to it);
+    anything else is returned as given."""
+    device = "auto" if device is None else str(device)
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or device not in ("auto", "cuda") or not torch.cuda.is_available():
+        return device
+    gpu = int(local) % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    return f"cuda:{gpu}"
+
+
 def dist_info() -> tuple[int, int]:
-    """(rank, world_size), initialising torch.distributed when a launcher asked for several processes."""
+    """(rank, world_size), initialising torch.distributed when a launcher asked for several processes:
+    NCCL when each local rank has a GPU of its own, gloo otherwise (CPU, or ranks sharing a GPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        nccl = torch.cuda.is_available() and local_world <= torch.cuda.device_count()
+        if nccl:
+            local_device("cuda")
+        dist.init_process_group("nccl" if nccl else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -29,10 +29,11 @@ def test_dry_run_lists_every_command_and_validates_the_run_configs(tmp_path, cap
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
     cmds = summary["commands"]
-    assert list(cmds) == ["sampling", "scoring", "training", "search", "run", "bbc", "cranfield"]
+    assert list(cmds) == ["sampling", "scoring", "scoring_t5", "training", "search", "run", "bbc", "cranfield"]
     assert "-m gdr.cli.bench.sampling" in cmds["sampling"]
-    assert ("-m gdr.cli.bench.scoring --device cuda --queries 1024 --doc-tokens 128 --pairs 131072 "
-            "--naive-pairs 64") in cmds["scoring"]
+    assert ("-m gdr.cli.bench.scoring --device cuda --model smollm2-135m --queries 1024 --doc-tokens 128 "
+            "--pairs 131072 --naive-pairs 64 --doc-batch-size auto --max-query-tokens auto") in cmds["scoring"]
+    assert "--model t5-base-random" in cmds["scoring_t5"] and "--query-tokens 32" in cmds["scoring_t5"]
     assert "-m gdr.cli.bench.training --presets mini,small30m" in cmds["training"]
     assert "--model small30m --docs 100000 --beam 100" in cmds["search"]
     run = cmds["run"]
@@ -42,7 +43,7 @@ def test_dry_run_lists_every_command_and_validates_the_run_configs(tmp_path, cap
     assert "+experiment=cranfield" in cmds["cranfield"]
     assert summary["configs_valid"] == {"run": True, "bbc": True, "cranfield": True} and summary["errors"] == {}
     # the human-readable lines name each step and its timeout; the default chain fits 6 minutes
-    assert sum(1 for line in out if line.startswith("[") and "timeout" in line) == 7
+    assert sum(1 for line in out if line.startswith("[") and "timeout" in line) == 8
     assert sum(v for k, v in summary["timeouts"].items() if k not in ("bbc", "cranfield")) <= 360
 
 

@@ -23,7 +23,7 @@ def test_engine_equals_naive(family, doc_batch_size, max_query_tokens, llama, t5
     naive = lm.score_naive(DOCS, QUERIES)
     assert fast.shape == (len(DOCS), len(QUERIES))
     assert np.isfinite(fast).all()
-    np.testing.assert_allclose(fast, naive, atol=1e-3, rtol=0)
+    np.testing.assert_allclose(fast, naive, atol=1e-4, rtol=0)
     # log-probs of multi-token queries are far below 0 for a random model
     assert (fast < 0).all()
 

@@ -26,12 +26,16 @@ def _compose(name: str, argv: list[str]):
 
 
 def build_lm(cfg):
+    """The configured LM on this process's device: ``cuda:LOCAL_RANK`` under ``torchrun`` (see
+    :func:`gdr.store.local_device`)."""
     from gdr.lm import GenerativeLM, PromptConfig
+    from gdr.store import local_device
 
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     prompt = PromptConfig(**to_container(cfg.model.prompt)) if cfg.model.get("prompt") else None
-    return GenerativeLM(cfg.model.name, prompt=prompt, max_doc_tokens=cfg.model.max_doc_tokens, device=cfg.device)
+    return GenerativeLM(cfg.model.name, prompt=prompt, max_doc_tokens=cfg.model.max_doc_tokens,
+                        device=local_device(cfg.device))
 
 
 def load_data(cfg):
@@ -50,15 +54,19 @@ def sample_queries_for(cfg, lm, corpus) -> list[dict]:
 
 
 def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
+    from gdr.lm.scoring import auto_score_sizes
     from gdr.store import score_run
 
     sc = cfg.score
-    bs = sc.doc_batch_size
-    if bs == "auto":
-        bs = 16 if lm.device.type == "cuda" else 1
-    return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], cfg.out,
+    texts = corpus.model_inputs()
+    bs, mq = sc.doc_batch_size, sc.max_query_tokens
+    if "auto" in (bs, mq):  # resolved here: the run's manifest records the sizes that made its numbers
+        longest = len(lm.prompt_ids([""])[0]) + lm.max_doc_tokens  # the prompt of a full-length document
+        auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, longest)
+        bs, mq = (auto_bs if bs == "auto" else bs), (auto_mq if mq == "auto" else mq)
+    return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], cfg.out,
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(bs),
-                     max_query_tokens=sc.max_query_tokens, progress=cfg.progress)
+                     max_query_tokens=int(mq), progress=cfg.progress)
 
 
 def sample_per_doc_for(cfg, lm, corpus) -> Path:
@@ -166,11 +174,10 @@ def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int 
     if not cfg.get("threads"):
         cfg.threads = 1
     if torch.cuda.is_available() and str(cfg.get("device", "auto")) in ("auto", "cuda"):
-        n_gpus = torch.cuda.device_count()
-        gpu = rank % n_gpus
-        torch.cuda.set_device(gpu)  # before the process group: NCCL binds each rank to the current device
-        cfg.device = f"cuda:{gpu}"
-        dist.init_process_group("nccl" if world <= n_gpus else "gloo", rank=rank, world_size=world)
+        from gdr.store import local_device
+
+        cfg.device = local_device(cfg.device)  # before the process group: NCCL binds each rank to the current device
+        dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
         log.info("scoring process %d of %d on %s", rank, world, cfg.device)
     corpus, lm = load_data(cfg), build_lm(cfg)
     score_matrix_for(cfg, lm, corpus, read_jsonl(Path(cfg.out) / "queries.jsonl"))

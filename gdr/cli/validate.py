@@ -374,7 +374,7 @@ SCORE = (
     Rule("score.dtype", one_of("float32", "float16"), "storage of P.npy"),
     Rule("score.shard_size", POSITIVE, "documents per resumable shard"),
     Rule("score.doc_batch_size", auto_or(POSITIVE), "documents per forward pass"),
-    Rule("score.max_query_tokens", POSITIVE, "query tokens per packed chunk"),
+    Rule("score.max_query_tokens", auto_or(POSITIVE), "query tokens per packed chunk"),
     Rule("score.processes", POSITIVE, "scoring processes on this machine"),
 )
 GC_VARIANT = (  # cluster.gc and every cluster.variants.<name> (keys set on top of cluster.gc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["PEAK_BF16_TFLOPS", "device_name", "peak_flops", "mfu", "param_count", "linear_flops_per_token",
-           "attention_flops_per_token"]
+           "attention_flops_per_token", "scoring_flops_per_pair"]
 
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets. Matched by substring of
 # torch.cuda.get_device_name(), most specific first.
@@ -92,3 +92,45 @@ def attention_flops_per_token(n_layers: int, d_attn: int, context: float) -> flo
     """Forward attention FLOPs of one token attending to ``context`` positions: QK^T and AV, each
     ``2 * d_attn * context`` per layer (``d_attn`` = heads x head dim of the queries)."""
     return 4.0 * n_layers * d_attn * context
+
+
+def _attn_dims(config) -> tuple[int, int]:
+    """(layers, heads x head dim) of a decoder-only or encoder-decoder transformers config."""
+    get = lambda *names: next(getattr(config, n) for n in names if getattr(config, n, None))  # noqa: E731
+    layers = get("num_hidden_layers", "num_layers")
+    heads = get("num_attention_heads", "num_heads")
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or get("hidden_size", "d_model") // heads
+    return int(layers), int(heads * head_dim)
+
+
+def scoring_flops_per_pair(model: torch.nn.Module, prompt_tokens: float, query_tokens: float, n_queries: int) -> float:
+    """Model FLOPs of one (document, query) log-probability in :meth:`gdr.lm.GenerativeLM.score`.
+
+    With P = non-embedding parameters incl. the output projection (:func:`param_count`), L layers,
+    A = heads x head dim, Lp the prompt (or encoder input) tokens, n the query tokens incl. EOS, J the
+    queries scored against one document:
+
+    - causal: ``n * 2P + n * 4 L A (Lp + (n + 1) / 2)`` per pair (each query token through every weight,
+      attending to the prompt and its own earlier tokens), plus the prompt's own pass
+      ``(Lp * 2P + 4 L A Lp^2 / 2) / J``, amortised over the J queries that share its key/value cache.
+    - seq2seq: P_dec = decoder + head less the cross-attention key/value weights (applied to the encoder
+      states once per document), so ``n * 2 P_dec + n * 4 L A ((n + 1) / 2 + Lp)`` (self- and
+      cross-attention) per pair plus ``(Lp * 2 (P_enc + P_kv) + 4 L A Lp^2) / J`` for the encoder and the
+      cross-attention keys/values.
+
+    ``prompt_tokens`` and ``query_tokens`` are means over the scored documents and queries.
+    """
+    Lp, n, J = float(prompt_tokens), float(query_tokens), max(int(n_queries), 1)
+    layers, A = _attn_dims(model.config)
+    if not model.config.is_encoder_decoder:
+        P = param_count(model)
+        per_pair = n * linear_flops_per_token(P) + n * attention_flops_per_token(layers, A, Lp + (n + 1) / 2)
+        prompt = Lp * linear_flops_per_token(P) + Lp * attention_flops_per_token(layers, A, Lp / 2)
+        return per_pair + prompt / J
+    enc = param_count(model.get_encoder())
+    kv = sum(m.weight.numel() for name, m in model.named_modules()
+             if "EncDecAttention" in name and name.rsplit(".", 1)[-1] in ("k", "v"))
+    dec = param_count(model) - enc - kv
+    per_pair = n * linear_flops_per_token(dec) + n * attention_flops_per_token(layers, A, (n + 1) / 2 + Lp)
+    doc = Lp * linear_flops_per_token(enc + kv) + Lp * attention_flops_per_token(layers, A, Lp)
+    return per_pair + doc / J

@@ -1,33 +1,256 @@
 """Scoring log p(query | doc) for every pair: the matrix P (Eq. 1).
 
-The document's encoder pass (seq2seq) or prompt key/value cache (causal) is computed once per document;
-all queries of a chunk are scored in one packed forward pass over it.
+The document's encoder pass (seq2seq) or prompt key/value cache (causal) is computed once per document
+batch; all queries of a chunk are scored in one forward pass over it:
+
+- causal: the queries of a chunk are packed into one sequence (no padding) after the cached prompt. Each
+  query token attends to its document's prompt and to its own query's earlier tokens. On CUDA that pattern
+  is a ``flex_attention`` block mask (block-sparse, no dense mask); on the CPU a dense additive 4D mask
+  (measured faster there than eager flex attention, which materialises the scores).
+- seq2seq: the decoder runs over (docs x queries) rows, but cross-attention folds the queries of a
+  document into one sequence over that document's encoder states, so the encoder states and their
+  key/value projections are neither copied nor recomputed per query.
+
+Token log-probs never materialise (tokens x vocabulary) logits at once: :func:`token_logprobs` does the
+output projection in token (and optionally vocabulary) chunks with an online logsumexp and the target
+gather fused, accumulating in fp32 (the Liger-Kernel fused-linear-cross-entropy idea); on CUDA the chunk
+function is ``torch.compile``-d and runs in bf16.
 """
 from __future__ import annotations
 
+import copy
+import logging
+import warnings
 from typing import Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["ScoringMixin"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ScoringMixin", "token_logprobs", "auto_score_sizes", "CPU_DOC_BATCH_SIZE", "CPU_MAX_QUERY_TOKENS"]
+
+# Measured best on a 2-core CPU (SmolLM2, `python -m gdr.cli.bench.scoring`): one document per pass, the
+# whole query set (up to 2,048 tokens) per chunk.
+CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS = 1, 2048
+ATTN_IMPL = "gdr_scoring"  # our attention function, registered with transformers' AttentionInterface
 
 
+# ----------------------------------------------------------------------------------------- log-probs
+def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h (n, d) @ w (v, d).T as fp32 (n, v). On CUDA a bf16 tensor-core matmul whose fp32 accumulator is
+    written as is (not rounded to bf16); elsewhere the matmul in the inputs' dtype, then fp32."""
+    if h.is_cuda and h.dtype != torch.float32 and _FP32_OUT.get("mm", True):
+        return torch.mm(h, w.t(), out_dtype=torch.float32)
+    return (h @ w.t()).float()
+
+
+_FP32_OUT: dict[str, bool] = {}
+
+
+def _check_fp32_out(device: torch.device) -> None:
+    """Whether this torch's CUDA ``mm`` takes ``out_dtype`` (bf16 in, fp32 out); decided once, eagerly."""
+    if device.type == "cuda" and "mm" not in _FP32_OUT:
+        try:
+            a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+            torch.mm(a, a, out_dtype=torch.float32)
+            _FP32_OUT["mm"] = True
+        except (RuntimeError, TypeError, NotImplementedError):
+            log.warning("torch.mm has no fp32 out_dtype here: log-prob logits rounded to bf16")
+            _FP32_OUT["mm"] = False
+
+
+def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One (tokens x vocab) tile: row max, sum of exp(logit - max), and the target logit where it falls in
+    this tile (0 elsewhere). h (n, d), w (v, d), tgt (n,) -> three (n,) fp32."""
+    logits = _logits(h, w)  # (n, v)
+    m = logits.amax(-1)
+    s = torch.exp(logits - m[:, None]).sum(-1)
+    local = tgt - v0
+    inside = (local >= 0) & (local < w.shape[0])
+    t = logits.gather(1, local.clamp(0, w.shape[0] - 1)[:, None])[:, 0]
+    return m, s, torch.where(inside, t, torch.zeros_like(t))
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _chunk_fn(device: torch.device):
+    """``_lse_chunk``, compiled on CUDA (one fused reduction over the tile), eager elsewhere."""
+    if device.type != "cuda":
+        return _lse_chunk
+    if "lse" not in _COMPILED:
+        _COMPILED["lse"] = torch.compile(_lse_chunk, dynamic=True)
+    return _COMPILED["lse"]
+
+
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None,
+                   token_chunk: int | None = None, vocab_chunk: int | None = None) -> torch.Tensor:
+    """``log_softmax(hidden @ weight.T + bias)[targets]`` without materialising all logits at once.
+
+    Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the vocabulary goes in tiles of
+    ``vocab_chunk`` (all at once when None) with an online logsumexp, and the target logit is picked from
+    the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything after it in
+    fp32; in fp32 the result equals ``log_softmax`` + ``gather`` to rounding.
+
+    Parameters
+    ----------
+    hidden : (N, d) final hidden states (already scaled where the model scales them before its head).
+    weight : (V, d) output projection.
+    targets : (N,) int64 token ids.
+    bias : (V,) or None.
+
+    Returns
+    -------
+    (N,) float32 log-probabilities.
+    """
+    N, V = hidden.shape[0], weight.shape[0]
+    token_chunk = token_chunk or (4096 if hidden.device.type == "cuda" else 1024)
+    vc = V if vocab_chunk is None else int(vocab_chunk)
+    _check_fp32_out(hidden.device)
+    fn = _chunk_fn(hidden.device)
+    out = torch.empty(N, dtype=torch.float32, device=hidden.device)
+    for s0 in range(0, N, token_chunk):
+        h, t = hidden[s0:s0 + token_chunk], targets[s0:s0 + token_chunk]
+        m = torch.full((h.shape[0],), -torch.inf, dtype=torch.float32, device=h.device)
+        s = torch.zeros_like(m)
+        tl = torch.zeros_like(m)
+        for v0 in range(0, V, vc):
+            w = weight[v0:v0 + vc]
+            if bias is not None:  # rare (no bias in Llama/T5 heads): a bias column, eagerly
+                hb = torch.cat([h, torch.ones_like(h[:, :1])], 1)  # (n, d + 1)
+                cm, cs, ct = _lse_chunk(hb, torch.cat([w, bias[v0:v0 + vc, None].to(w.dtype)], 1), t, v0)
+            else:
+                try:
+                    cm, cs, ct = fn(h, w, t, v0)
+                except Exception as e:  # noqa: BLE001 - a compiler failure: eager (same numbers, slower)
+                    if fn is _lse_chunk:
+                        raise
+                    log.warning("compiled log-prob kernel failed (%s); using eager", e)
+                    _COMPILED["lse"] = fn = _lse_chunk
+                    cm, cs, ct = fn(h, w, t, v0)
+            new_m = torch.maximum(m, cm)
+            s = s * torch.exp(m - new_m) + cs * torch.exp(cm - new_m)
+            m, tl = new_m, tl + ct
+        out[s0:s0 + h.shape[0]] = tl - (m + torch.log(s))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- attention
+def _flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not torch.cuda.is_available():  # eager (tests): unfused, correct; its warning says so once
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention
+    if "flex" not in _COMPILED:
+        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED["flex"]
+
+
+def _scoring_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
+                       **kwargs):
+    """Attention for the scoring passes; identical to transformers' SDPA for everything else.
+
+    query (Bq, H, T, D), key/value (Bk, Hkv, S, D). Three cases:
+
+    - ``attention_mask`` is a flex ``BlockMask`` (packed causal queries): block-sparse flex attention.
+    - ``Bq = G * Bk`` (T5 cross-attention, G queries per document): the G query rows of a document are
+      folded into one (H, G*T) sequence over that document's keys, one SDPA call, no key/value copies.
+      ``attention_mask`` is then the (Bk, 1, 1, S) bool encoder padding mask; T5's cross-attention
+      position bias is zero and ignored.
+    - otherwise: transformers' ``sdpa`` attention.
+    Returns (Bq, T, H, D) as transformers' attention functions do.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if isinstance(attention_mask, BlockMask):
+        kw = dict(block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        try:
+            out = _flex_attention()(query, key, value, **kw)
+        except Exception as e:  # noqa: BLE001 - a compiler failure: eager flex (unfused, correct)
+            from torch.nn.attention.flex_attention import flex_attention
+
+            if _COMPILED.get("flex") in (None, flex_attention):
+                raise
+            log.warning("compiled flex attention failed (%s); using eager", e)
+            _COMPILED["flex"] = flex_attention
+            out = flex_attention(query, key, value, **kw)
+        return out.transpose(1, 2).contiguous(), None
+    Bq, Bk = query.shape[0], key.shape[0]
+    if Bq != Bk:
+        G, H, T, D = Bq // Bk, query.shape[1], query.shape[2], query.shape[3]
+        q = query.view(Bk, G, H, T, D).transpose(1, 2).reshape(Bk, H, G * T, D)  # (Bk, H, G*T, D)
+        o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+        return o.view(Bk, H, G, T, D).permute(0, 2, 3, 1, 4).reshape(Bq, T, H, D), None
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  position_bias=position_bias, **kwargs)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if ATTN_IMPL not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTN_IMPL, _scoring_attention)
+        AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+
+
+# ----------------------------------------------------------------------------------------- sizes
+def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
+                     free_bytes: int | None = None) -> tuple[int, int]:
+    """(doc_batch_size, max_query_tokens) for ``score``: on CUDA from free GPU memory, on a CPU the
+    measured best (:data:`CPU_DOC_BATCH_SIZE`, :data:`CPU_MAX_QUERY_TOKENS`).
+
+    On CUDA a causal chunk is 4,096 query tokens per document; a seq2seq chunk, split over the batch's
+    documents, 65,536 (a decoder pass has no prompt cache, only the encoder states to keep). Half the
+    free memory, less the log-prob tile (4,096 tokens x vocabulary, fp32, twice), goes to documents, at most
+    64: per document the key/value cache of prompt + chunk (twice: the cache and its concatenated copy,
+    bf16) and a chunk's activations (hidden, MLP and attention outputs, bf16).
+    """
+    if device.type != "cuda":
+        return CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS
+    cfg = model.config
+    get = lambda *names, default=None: next((getattr(cfg, n) for n in names if getattr(cfg, n, None)), default)  # noqa: E731
+    d = get("hidden_size", "d_model")
+    layers = get("num_hidden_layers", "num_layers")
+    heads = get("num_attention_heads", "num_heads")
+    kv_heads = get("num_key_value_heads", default=heads)
+    head_dim = get("head_dim", "d_kv", default=d // heads)
+    ff = get("intermediate_size", "d_ff", default=4 * d)
+    T = 4096
+    if free_bytes is None:
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    tile = T * get("vocab_size", default=32000) * 4 * 2
+    kv = 2 * 2 * layers * 2 * kv_heads * head_dim * (prompt_tokens + T)  # K+V, bf16, cache + copy
+    act = T * (4 * d + 3 * ff + 2 * heads * head_dim) * 2
+    bs = int(max(1, min(64, (0.5 * free_bytes - tile) // (kv + act))))
+    return (bs, 16 * T) if cfg.is_encoder_decoder else (bs, T)
+
+
+# ----------------------------------------------------------------------------------------- scoring
 class ScoringMixin:
     """P-matrix scoring for :class:`gdr.lm.GenerativeLM`."""
 
     @torch.inference_mode()
-    def score(self, docs: Sequence[str], queries: Sequence[str], doc_batch_size: int = 4,
-              max_query_tokens: int = 2048, progress: bool = True) -> np.ndarray:
+    def score(self, docs: Sequence[str], queries: Sequence[str], doc_batch_size: int | str = 4,
+              max_query_tokens: int | str = 2048, progress: bool = True, compute_dtype: torch.dtype | None = None,
+              attention: str = "auto") -> np.ndarray:
         """log p(query_j | doc_i) for every pair (Eq. 1).
 
         Parameters
         ----------
         docs : sequence of str, length n_docs
         queries : sequence of str, length n_queries
-        doc_batch_size : documents per forward pass (sorted by prompt length to limit padding).
-        max_query_tokens : query tokens per packed chunk (bounds memory; the prompt is reused across chunks).
+        doc_batch_size : documents per forward pass (sorted by prompt length to limit padding); ``"auto"``
+            from free GPU memory (:func:`auto_score_sizes`).
+        max_query_tokens : query tokens per chunk (bounds memory; the prompt is reused across chunks), or ``"auto"``.
+        compute_dtype : None: bf16 on CUDA (a bf16 copy of the weights), the model's own dtype elsewhere.
+        attention : causal models only: ``"flex"`` (block mask), ``"dense"`` (additive 4D mask), or
+            ``"auto"``: flex on CUDA, dense on a CPU.
 
         Returns
         -------
@@ -35,22 +258,56 @@ class ScoringMixin:
         """
         p_ids = self.prompt_ids(docs)
         q_ids = self.query_ids(queries)
+        if "auto" in (doc_batch_size, max_query_tokens):
+            bs, mq = auto_score_sizes(self.model, self.device, max(map(len, p_ids), default=1))
+            doc_batch_size = bs if doc_batch_size == "auto" else int(doc_batch_size)
+            max_query_tokens = mq if max_query_tokens == "auto" else int(max_query_tokens)
+        if attention == "auto":
+            attention = "flex" if self.device.type == "cuda" else "dense"
+        if attention not in ("flex", "dense"):
+            raise ValueError(f"attention={attention!r}: use auto, flex or dense")
+        model = self._scoring_model(compute_dtype)
         order = np.argsort([len(p) for p in p_ids], kind="stable")
+        # Queries sorted by length: chunks of similar lengths (less padding in seq2seq rows); put back below.
+        q_order = np.argsort([len(q) for q in q_ids], kind="stable")
+        q_sorted = [q_ids[j] for j in q_order]
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
         bar = tqdm(total=len(docs) * len(queries), desc="score", unit="pair", unit_scale=True,
                    disable=not progress)
         for b0 in range(0, len(docs), doc_batch_size):
             rows = order[b0:b0 + doc_batch_size]
             batch = [p_ids[i] for i in rows]
-            with self._autocast():
+            # The scoring model is already in its compute dtype: no autocast casts.
+            with torch.autocast(self.device.type, enabled=False):
                 if self.is_seq2seq:
-                    lp = self._score_seq2seq(batch, q_ids, max_query_tokens)
+                    lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens)
                 else:
-                    lp = self._score_causal(batch, q_ids, max_query_tokens)
-            out[rows] = lp.float().cpu().numpy()
+                    lp = self._score_causal(model, batch, q_sorted, max_query_tokens, attention == "flex")
+            out[rows[:, None], q_order[None, :]] = lp.float().cpu().numpy()
             bar.update(len(rows) * len(queries))
         bar.close()
         return out
+
+    def _scoring_model(self, compute_dtype: torch.dtype | None):
+        """The model the scoring passes run: ``self.model`` with our attention function (identical to SDPA
+        outside scoring), or a copy cast to ``compute_dtype`` (bf16 on CUDA by default), made again when the
+        model's weights changed in place (a fine-tune) or moved since."""
+        _register_attention()
+        params = list(self.model.parameters())
+        own = params[0].dtype
+        dtype = compute_dtype or (torch.bfloat16 if self.device.type == "cuda" else own)
+        if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", ATTN_IMPL):
+            self.model.set_attn_implementation("sdpa")
+        if dtype == own:
+            self.model.set_attn_implementation(ATTN_IMPL)
+            return self.model
+        stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
+        held = self.__dict__.get("_score_copy")
+        if held is None or held[0] != stamp:
+            m = copy.deepcopy(self.model).to(dtype).eval()
+            m.set_attn_implementation(ATTN_IMPL)
+            self.__dict__["_score_copy"] = held = (stamp, m)
+        return held[1]
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
         chunks, start, tokens = [], 0, 0
@@ -62,17 +319,10 @@ class ScoringMixin:
         chunks.append((start, len(q_ids)))
         return chunks
 
-    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, slice_tokens: int = 1024) -> torch.Tensor:
-        """log softmax(lm_head(hidden))[targets] without materialising all logits at once.
-
-        hidden (N, d), targets (N,) -> (N,)
-        """
-        head = self.model.get_output_embeddings()
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        for s in range(0, hidden.shape[0], slice_tokens):
-            logits = head(hidden[s:s + slice_tokens]).float()  # (n, V)
-            out[s:s + slice_tokens] = logits.gather(1, targets[s:s + slice_tokens, None])[:, 0] - logits.logsumexp(-1)
-        return out
+    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, model=None) -> torch.Tensor:
+        """log softmax(lm_head(hidden))[targets] through :func:`token_logprobs`. hidden (N, d), targets (N,) -> (N,)"""
+        head = (model or self.model).get_output_embeddings()
+        return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None))
 
     @staticmethod
     def _cache_kw(module) -> str:
@@ -81,78 +331,121 @@ class ScoringMixin:
 
         return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
-    def _score_causal(self, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int) -> torch.Tensor:
+    def _score_causal(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
+                      flex: bool) -> torch.Tensor:
+        """(B, n_queries) log-probs of every query after every prompt of the batch."""
         dev = self.device
         B = len(prompts)
         plen = torch.tensor([len(p) for p in prompts], device=dev)  # (B,)
         enc = self._pad(prompts)
         Lp = enc["input_ids"].shape[1]
-        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=model.config)
         ckw = self._cache_kw(base)
         h = base(**enc, **{ckw: cache}, use_cache=True).last_hidden_state  # (B, Lp, d)
         h_last = h[torch.arange(B, device=dev), plen - 1]  # (B, d): predicts each query's first token
-        out = torch.empty((B, len(q_ids)), dtype=torch.float32, device=dev)
-        neg = torch.finfo(h.dtype).min
+        # First tokens: one log-softmax row per document, gathered for every query.
+        first = torch.tensor([q[0] for q in q_ids], device=dev)  # (J,)
+        out = self._first_token_logprobs(model, h_last, first)  # (B, J)
         for c0, c1 in self._query_chunks(q_ids, max_query_tokens):
             chunk = q_ids[c0:c1]
-            lens = torch.tensor([len(q) for q in chunk], device=dev)  # (Q,)
+            n_packed = [len(q) - 1 for q in chunk]
+            T = sum(n_packed)  # on the host: no device sync
+            lens = torch.tensor(n_packed, device=dev)  # (Q,) packed tokens per query
+            if T == 0:  # single-token queries: the first-token term is all
+                continue
             Q = len(chunk)
-            # Packed input: every query without its last token (the last token is only a target).
-            inp = torch.tensor([t for q in chunk for t in q[:-1]], device=dev)  # (T,)
-            tgt = torch.tensor([t for q in chunk for t in q], device=dev)  # (T + Q,)
-            qid = torch.repeat_interleave(torch.arange(Q, device=dev), lens - 1)  # (T,) query of each token
-            starts = torch.cumsum(lens - 1, 0) - (lens - 1)  # (Q,) offset of each query in the packed input
-            off = torch.arange(inp.numel(), device=dev) - starts[qid]  # (T,) position inside its query
-            T = inp.numel()
-            # 4D additive mask (B, 1, T, Lp + T): a query token sees its document's prompt (not padding)
-            # and the earlier tokens of its own query.
-            see_prompt = torch.arange(Lp, device=dev)[None, :] < plen[:, None]  # (B, Lp)
-            see_query = (qid[:, None] == qid[None, :]) & (off[None, :] <= off[:, None])  # (T, T)
-            allowed = torch.cat([see_prompt[:, None, :].expand(B, T, Lp), see_query[None].expand(B, T, T)], -1)
-            mask = torch.zeros(allowed.shape, dtype=h.dtype, device=dev).masked_fill_(~allowed, neg)[:, None]
+            # Packed input: every query without its last token; targets: every query without its first.
+            # Flex pads the chunk to a multiple of its 128-token block (shapes repeat across chunks): the
+            # padding is one more query (id Q) whose sums are dropped.
+            pad = -T % 128 if flex else 0
+            inp = torch.tensor([t for q in chunk for t in q[:-1]] + [self.pad_id] * pad, device=dev)  # (T,)
+            tgt = torch.tensor([t for q in chunk for t in q[1:]] + [self.pad_id] * pad, device=dev)  # (T,)
+            lens = torch.cat([lens, lens.new_tensor([pad])])  # (Q + 1,)
+            T += pad
+            qid = torch.repeat_interleave(torch.arange(Q + 1, device=dev), lens)  # (T,) query of each token
+            starts = torch.cumsum(lens, 0) - lens  # (Q + 1,) offset of each query in the packed input
+            off = torch.arange(T, device=dev) - starts[qid]  # (T,) position inside its query
+            if flex:
+                mask = self._block_mask(plen, Lp, qid, off)
+            else:
+                mask = self._dense_mask(plen, Lp, qid, off, h.dtype)
             pos = plen[:, None] + off[None, :]  # (B, T)
             hq = base(input_ids=inp[None].expand(B, T), attention_mask=mask, position_ids=pos,
                       **{ckw: cache}, use_cache=True).last_hidden_state  # (B, T, d)
             cache.crop(-T)  # drop this chunk, keep the prompt for the next one
-            # Hidden state predicting token t of query q: the prompt's last state for t = 0, else packed state t-1.
-            first = torch.cumsum(lens, 0) - lens  # (Q,) index of each query's first token in tgt
-            pred_src = torch.empty((B, T + Q, h.shape[-1]), dtype=h.dtype, device=dev)
-            is_first = torch.zeros(T + Q, dtype=torch.bool, device=dev)
-            is_first[first] = True
-            pred_src[:, is_first] = h_last[:, None, :].expand(B, Q, -1)
-            pred_src[:, ~is_first] = hq
-            lp = self._token_logprobs(pred_src.reshape(B * (T + Q), -1), tgt.repeat(B)).view(B, T + Q)
-            tok_q = torch.repeat_interleave(torch.arange(Q, device=dev), lens)  # (T + Q,)
-            out[:, c0:c1] = torch.zeros((B, Q), device=dev).index_add_(1, tok_q, lp)
+            lp = self._token_logprobs(hq.reshape(B * T, -1), tgt.repeat(B), model).view(B, T)
+            out[:, c0:c1] += torch.zeros((B, Q + 1), device=dev).index_add_(1, qid, lp)[:, :Q]
         return out
 
-    def _score_seq2seq(self, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int) -> torch.Tensor:
+    def _first_token_logprobs(self, model, h_last: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """(B, J) log p(first token of query j | prompt b): one full log-softmax row per document."""
+        head = model.get_output_embeddings()
+        _check_fp32_out(h_last.device)
+        logits = _logits(h_last, head.weight)  # (B, V)
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.float()
+        return logits.log_softmax(-1)[:, first]
+
+    @staticmethod
+    def _dense_mask(plen, Lp, qid, off, dtype) -> torch.Tensor:
+        """(B, 1, T, Lp + T) additive mask: a query token sees its document's prompt (not padding) and the
+        earlier tokens of its own query."""
+        B, T, dev = plen.shape[0], qid.shape[0], qid.device
+        see_prompt = torch.arange(Lp, device=dev)[None, :] < plen[:, None]  # (B, Lp)
+        see_query = (qid[:, None] == qid[None, :]) & (off[None, :] <= off[:, None])  # (T, T)
+        allowed = torch.cat([see_prompt[:, None, :].expand(B, T, Lp), see_query[None].expand(B, T, T)], -1)
+        return torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+    @staticmethod
+    def _block_mask(plen, Lp, qid, off):
+        """The same pattern as :meth:`_dense_mask` as a flex-attention ``BlockMask`` over (B, T, Lp + T)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        B, T, dev = plen.shape[0], qid.shape[0], qid.device
+        n_prompt = torch.tensor(Lp, device=dev)  # a tensor, not a Python int: no recompile per prompt length
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            kq = (kv_idx - n_prompt).clamp(min=0)  # index of a query key in the packed chunk
+            prompt = (kv_idx < n_prompt) & (kv_idx < plen[b])
+            own = (kv_idx >= n_prompt) & (qid[kq] == qid[q_idx]) & (off[kq] <= off[q_idx])
+            return prompt | own
+
+        if dev.type == "cuda":
+            try:
+                return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev, _compile=True)
+            except Exception as e:  # noqa: BLE001 - a compiler failure: the eager builder (same mask)
+                log.warning("compiled block-mask builder failed (%s); using eager", e)
+        return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev)
+
+    def _score_seq2seq(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int) -> torch.Tensor:
+        """(B, n_queries): the encoder once per document; the decoder over (B*Q, L) rows whose cross-attention
+        reads each document's encoder states once (see :func:`_scoring_attention`)."""
         dev = self.device
         B = len(prompts)
         enc = self._pad(prompts)
-        enc_h = self.model.get_encoder()(**enc).last_hidden_state  # (B, S, d): once per document
-        start = self.model.config.decoder_start_token_id
+        enc_h = model.get_encoder()(**enc).last_hidden_state  # (B, S, d): once per document
+        enc_mask = enc["attention_mask"].bool()[:, None, None, :]  # (B, 1, 1, S) 4D: used as is
+        start = model.config.decoder_start_token_id
         start = self.pad_id if start is None else int(start)
+        scaled = getattr(model.config, "scale_decoder_outputs", model.config.tie_word_embeddings)
+        scale = model.config.d_model ** -0.5 if scaled else 1.0  # T5 scales before a tied head
         out = torch.empty((B, len(q_ids)), dtype=torch.float32, device=dev)
         for c0, c1 in self._query_chunks(q_ids, max(1, max_query_tokens // B)):
             chunk = q_ids[c0:c1]
             Q = len(chunk)
-            labels = self._pad(chunk)["input_ids"]  # (Q, L)
-            lmask = self._pad(chunk)["attention_mask"].bool()
+            padded = self._pad(chunk)
+            labels, lmask = padded["input_ids"], padded["attention_mask"].bool()  # (Q, L)
             dec_in = torch.cat([torch.full((Q, 1), start, device=dev), labels[:, :-1]], 1)  # shift right
-            dec_mask = torch.cat([torch.ones((Q, 1), dtype=torch.long, device=dev), lmask[:, :-1].long()], 1)
-            L = labels.shape[1]
-            logits = self.model(
-                encoder_outputs=(enc_h.repeat_interleave(Q, 0),),
-                attention_mask=enc["attention_mask"].repeat_interleave(Q, 0),
-                decoder_input_ids=dec_in.repeat(B, 1), decoder_attention_mask=dec_mask.repeat(B, 1),
-            ).logits.float()  # (B*Q, L, V)
-            lp = logits.gather(-1, labels.repeat(B, 1)[..., None])[..., 0] - logits.logsumexp(-1)  # (B*Q, L)
-            lp = (lp * lmask.repeat(B, 1)).sum(-1)
-            out[:, c0:c1] = lp.view(B, Q)
+            # Right padding only affects later (padding) positions under the causal mask: no decoder mask.
+            hd = model.get_decoder()(input_ids=dec_in.repeat(B, 1), encoder_hidden_states=enc_h,
+                                     encoder_attention_mask=enc_mask, use_cache=False).last_hidden_state  # (B*Q, L, d)
+            sel = lmask.repeat(B, 1)  # (B*Q, L)
+            lp = self._token_logprobs(hd[sel] * scale, labels.repeat(B, 1)[sel], model)  # (n_tokens,)
+            row = torch.arange(B * Q, device=dev)[:, None].expand_as(sel)[sel]
+            out[:, c0:c1] = torch.zeros(B * Q, device=dev).index_add_(0, row, lp).view(B, Q)
         return out
 
     @torch.inference_mode()

@@ -1,12 +1,22 @@
-"""Benchmark: the scoring engine against the naive way (one full forward pass per pair).
+"""Benchmark: the scoring engine against the naive way (one full forward pass per pair), with MFU.
 
     python -m gdr.cli.bench.scoring --model smollm2-135m --pairs 512
+    python -m gdr.cli.bench.scoring --device cuda --model smollm2-135m --queries 1024 --doc-tokens 128 \
+        --pairs 262144 --naive-pairs 64
+    python -m gdr.cli.bench.scoring --device cuda --model t5-base-random --queries 1024 --doc-tokens 128 \
+        --query-tokens 32 --pairs 262144 --naive-pairs 64
 
 Documents are real Reuters stories cut to ``--doc-tokens`` tokens; queries are sampled from them by the
-same model. The engine scores all ``pairs`` (n_docs x n_queries); the naive reference scores a subset
-of them (``--naive-pairs``) one full ``model(input_ids, labels=...)`` pass each; both rates are measured
-in this run, on the same pairs where they overlap, and the max abs difference of log-probs is checked.
-The LAST line printed is one JSON object.
+same model (``--query-tokens`` new tokens at most). The engine scores all ``pairs`` (n_docs x n_queries);
+the naive reference scores a subset of them (``--naive-pairs``, 0 to skip) one full
+``model(input_ids, labels=...)`` pass each; both rates are measured in this run, on the same pairs where
+they overlap, and the max abs difference of log-probs is checked. ``flops_per_pair`` is
+:func:`gdr.lm.flops.scoring_flops_per_pair` at the measured mean prompt and query lengths; ``mfu`` is the
+engine's model FLOP/s over the device's peak bf16 FLOP/s (None on a CPU or an unknown GPU).
+The LAST line printed is one JSON object; its keys: model, device, torch_device, peak_bf16_tflops,
+pairs, docs, queries, prompt_tokens, query_tokens, doc_batch_size, max_query_tokens, attention,
+compute_dtype, engine_pairs_per_s, engine_s, flops_per_pair, mfu, naive_pairs, naive_pairs_per_s, speedup,
+max_abs_diff, doc_tokens, threads.
 """
 from __future__ import annotations
 
@@ -62,48 +72,84 @@ def bench_texts(n: int, seed: int, docs_file: str | None = None) -> list[str]:
     return load_corpus("r5").sample(n, seed=seed).model_inputs()
 
 
+def _int_or_auto(v: str):
+    return v if v == "auto" else int(v)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.scoring", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--pairs", type=int, default=512, help="pairs scored by the engine (n_docs x n_queries)")
     ap.add_argument("--queries", type=int, default=64, help="queries per document (J)")
-    ap.add_argument("--naive-pairs", type=int, default=48, help="pairs scored by the naive reference")
+    ap.add_argument("--naive-pairs", type=int, default=48, help="pairs scored by the naive reference (0: skip it)")
     ap.add_argument("--doc-tokens", type=int, default=64)
-    ap.add_argument("--doc-batch-size", type=int, default=4)
+    ap.add_argument("--query-tokens", type=int, default=32, help="max new tokens of a sampled query")
+    ap.add_argument("--doc-batch-size", type=_int_or_auto, default=4, help="documents per pass, or auto")
+    ap.add_argument("--max-query-tokens", type=_int_or_auto, default=2048, help="query tokens per chunk, or auto")
+    ap.add_argument("--attention", default="auto", choices=["auto", "flex", "dense"], help="causal query packing")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="compute dtype of the engine (auto: bf16 on CUDA, the model's on a CPU)")
+    ap.add_argument("--sample-batch-size", type=int, default=None, help="queries sampled per batch (default 16, 256 on CUDA)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from gdr.lm.flops import device_name, peak_flops, mfu, scoring_flops_per_pair
+    from gdr.lm.scoring import auto_score_sizes
 
     lm = build_lm(args.model, args.doc_tokens, args.device, args.tokenizer)
+    cuda = lm.device.type == "cuda"
     n_docs = max(1, args.pairs // args.queries)
     docs = bench_texts(n_docs, args.seed, args.docs_file)
-    queries = lm.sample_queries(docs, args.queries, seed=args.seed, progress=False).texts
-    print(f"model {args.model} on {lm.device}: {n_docs} docs x {len(queries)} queries, docs cut to {args.doc_tokens} tokens")
+    queries = lm.sample_queries(docs, args.queries, seed=args.seed, progress=False, max_new_tokens=args.query_tokens,
+                                batch_size=args.sample_batch_size or (256 if cuda else 16)).texts
+    prompt_len = [len(p) for p in lm.prompt_ids(docs)]
+    query_len = [len(q) for q in lm.query_ids(queries)]
+    bs, mq = args.doc_batch_size, args.max_query_tokens
+    if "auto" in (bs, mq):
+        abs_, amq = auto_score_sizes(lm.model, lm.device, max(prompt_len))
+        bs, mq = (abs_ if bs == "auto" else bs), (amq if mq == "auto" else mq)
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    kw = dict(doc_batch_size=bs, max_query_tokens=mq, progress=False, compute_dtype=dtype, attention=args.attention)
+    print(f"model {args.model} on {lm.device} ({device_name(lm.device)}): {n_docs} docs x {len(queries)} queries, "
+          f"docs cut to {args.doc_tokens} tokens, doc batch {bs}, {mq} query tokens per chunk")
 
-    lm.score(docs[:1], queries[:4], progress=False)  # warm-up
+    # Warm-up (compiles on CUDA: two full batches, so that the dynamic-shape kernels exist before timing).
+    lm.score(docs[:2 * bs], queries, **kw) if cuda else lm.score(docs[:1], queries[:4], **kw)
     t0 = time.perf_counter()
-    engine = lm.score(docs, queries, doc_batch_size=args.doc_batch_size, progress=False)
+    engine = lm.score(docs, queries, **kw)
     t_engine = time.perf_counter() - t0
     n_pairs = engine.size
+    eng_rate = n_pairs / t_engine
+    fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
+    util = mfu(fpp * n_pairs, t_engine, lm.device)
+    peak = peak_flops(lm.device)
+    print(f"engine: {n_pairs} pairs in {t_engine:.1f} s = {eng_rate:.1f} pairs/s, {fpp / 1e9:.2f} GFLOP/pair"
+          + (f", MFU {100 * util:.1f}% of {peak / 1e12:.0f} TFLOP/s" if util is not None else ""))
 
-    nd = max(1, min(n_docs, int(np.ceil(args.naive_pairs / len(queries)))))
-    nq = min(len(queries), int(np.ceil(args.naive_pairs / nd)))
-    t0 = time.perf_counter()
-    naive = lm.score_naive(docs[:nd], queries[:nq])
-    t_naive = time.perf_counter() - t0
-
-    eng_rate, naive_rate = n_pairs / t_engine, naive.size / t_naive
-    diff = float(np.abs(engine[:nd, :nq] - naive).max())
-    print(f"engine: {n_pairs} pairs in {t_engine:.1f} s = {eng_rate:.1f} pairs/s")
-    print(f"naive : {naive.size} pairs in {t_naive:.1f} s = {naive_rate:.2f} pairs/s")
-    print(f"speedup {eng_rate / naive_rate:.1f}x, max |engine - naive| = {diff:.2e} (over {naive.size} shared pairs)")
-    print(json.dumps({"model": args.model, "pairs": int(n_pairs), "engine_pairs_per_s": round(eng_rate, 2),
-                      "naive_pairs_per_s": round(naive_rate, 3), "speedup": round(eng_rate / naive_rate, 2),
-                      "max_abs_diff": diff, "device": str(lm.device), "doc_tokens": args.doc_tokens,
-                      "threads": torch.get_num_threads()}))
+    naive_rate = diff = naive_size = None
+    if args.naive_pairs > 0:
+        nd = max(1, min(n_docs, int(np.ceil(args.naive_pairs / len(queries)))))
+        nq = min(len(queries), int(np.ceil(args.naive_pairs / nd)))
+        t0 = time.perf_counter()
+        naive = lm.score_naive(docs[:nd], queries[:nq])
+        t_naive = time.perf_counter() - t0
+        naive_rate, naive_size = naive.size / t_naive, naive.size
+        diff = float(np.abs(engine[:nd, :nq] - naive).max())
+        print(f"naive : {naive.size} pairs in {t_naive:.1f} s = {naive_rate:.2f} pairs/s")
+        print(f"speedup {eng_rate / naive_rate:.1f}x, max |engine - naive| = {diff:.2e} (over {naive.size} shared pairs)")
+    print(json.dumps({
+        "model": args.model, "device": device_name(lm.device), "torch_device": str(lm.device),
+        "peak_bf16_tflops": None if peak is None else peak / 1e12, "pairs": int(n_pairs), "docs": n_docs,
+        "queries": len(queries), "prompt_tokens": round(float(np.mean(prompt_len)), 1),
+        "query_tokens": round(float(np.mean(query_len)), 2), "doc_batch_size": bs, "max_query_tokens": mq,
+        "attention": args.attention, "compute_dtype": args.dtype, "engine_pairs_per_s": round(eng_rate, 2),
+        "engine_s": round(t_engine, 3), "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
+        "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
+        "speedup": None if naive_rate is None else round(eng_rate / naive_rate, 2), "max_abs_diff": diff,
+        "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads()}))
     return 0
 
 

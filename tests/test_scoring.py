@@ -1,0 +1,154 @@
+"""The scoring engine's fast paths (chunked log-probs, flex block mask, folded T5 cross-attention, bf16)
+against references, on tiny random models on the CPU."""
+import numpy as np
+import pytest
+import torch
+
+from gdr.lm.flops import param_count, scoring_flops_per_pair
+from gdr.lm.scoring import CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS, auto_score_sizes, token_logprobs
+from gdr.store import local_device
+from tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
+
+# Ragged on both sides: prompts of different lengths, queries of 2 to 5 tokens (with EOS).
+RAGGED_QUERIES = QUERIES + ["a much longer query about the central bank and europe", "rat"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def t5():
+    return tiny_t5()
+
+
+@pytest.fixture(scope="module")
+def naive(llama, t5):
+    return {"llama": llama.score_naive(DOCS, RAGGED_QUERIES), "t5": t5.score_naive(DOCS, RAGGED_QUERIES)}
+
+
+@pytest.mark.parametrize("token_chunk,vocab_chunk", [(None, None), (8, 16), (5, 7), (64, 1000)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_token_logprobs_equals_log_softmax_gather(token_chunk, vocab_chunk, with_bias):
+    g = torch.Generator().manual_seed(0)
+    N, d, V = 37, 12, 101
+    h, w = torch.randn(N, d, generator=g) * 3, torch.randn(V, d, generator=g)
+    b = torch.randn(V, generator=g) if with_bias else None
+    t = torch.randint(0, V, (N,), generator=g)
+    t[:3] = torch.tensor([0, V - 1, 16])  # the first and last vocabulary ids, and a tile border
+    ref = torch.log_softmax(h @ w.t() + (0 if b is None else b), -1).gather(1, t[:, None])[:, 0]
+    got = token_logprobs(h, w, t, b, token_chunk=token_chunk, vocab_chunk=vocab_chunk)
+    assert got.dtype == torch.float32 and got.shape == (N,)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_token_logprobs_bf16_accumulates_in_fp32():
+    """bf16 matmul (on the CPU its output is rounded to bf16, as the reference's), softmax sums in fp32:
+    a bf16 running sum over 3,000 tiles' worth of terms would be far off."""
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(20, 16, generator=g).bfloat16(), torch.randn(3000, 16, generator=g).bfloat16()
+    t = torch.randint(0, 3000, (20,), generator=g)
+    ref = torch.log_softmax((h @ w.t()).float(), -1).gather(1, t[:, None])[:, 0]
+    got = token_logprobs(h, w, t, vocab_chunk=256)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+@pytest.mark.parametrize("doc_batch_size,max_query_tokens", [(1, 2048), (3, 7), (7, 2)])
+def test_causal_engine_equals_naive_fp32(llama, naive, attention, doc_batch_size, max_query_tokens):
+    fast = llama.score(DOCS, RAGGED_QUERIES, doc_batch_size=doc_batch_size, max_query_tokens=max_query_tokens,
+                       attention=attention, progress=False)
+    np.testing.assert_allclose(fast, naive["llama"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("doc_batch_size,max_query_tokens", [(1, 2048), (3, 7), (7, 2)])
+def test_seq2seq_engine_equals_naive_fp32(t5, naive, doc_batch_size, max_query_tokens):
+    fast = t5.score(DOCS, RAGGED_QUERIES, doc_batch_size=doc_batch_size, max_query_tokens=max_query_tokens,
+                    progress=False)
+    np.testing.assert_allclose(fast, naive["t5"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family,attention", [("llama", "dense"), ("llama", "flex"), ("t5", "auto")])
+def test_bf16_engine_near_fp32_naive(llama, t5, naive, family, attention):
+    """The CUDA default (a bf16 copy of the weights), run on the CPU. T5's random-init activations are
+    large: allow 1e-3 relative on top (its queries score about -55 nats; HF's own bf16 forward is 0.34 off)."""
+    lm = llama if family == "llama" else t5
+    fast = lm.score(DOCS, RAGGED_QUERIES, doc_batch_size=3, max_query_tokens=7, attention=attention,
+                    compute_dtype=torch.bfloat16, progress=False)
+    assert np.isfinite(fast).all()
+    np.testing.assert_allclose(fast, naive[family], atol=2e-2, rtol=0 if family == "llama" else 1e-3)
+    # the bf16 path really ran in bf16 (not silently fp32): it differs from the fp32 numbers
+    assert np.abs(fast - naive[family]).max() > 1e-6
+
+
+def test_bf16_copy_follows_the_model():
+    """bf16 scoring uses a copy (the sampling model keeps its fp32 weights), made again after the model's
+    weights change in place, as a fine-tune does."""
+    lm = tiny_llama()
+    before = lm.score(DOCS[:2], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
+    assert next(lm.model.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        lm.model.get_output_embeddings().weight.mul_(3.0)
+    after = lm.score(DOCS[:2], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
+    np.testing.assert_allclose(after, lm.score_naive(DOCS[:2], QUERIES[:2]), atol=2e-2, rtol=0)
+    assert np.abs(after - before).min() > 0.1
+
+
+def test_auto_sizes():
+    cfg_model = tiny_llama().model
+    assert auto_score_sizes(cfg_model, torch.device("cpu")) == (CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS)
+    gpu = torch.device("cuda")  # free memory passed in: no CUDA call
+    small, _ = auto_score_sizes(cfg_model, gpu, 400, free_bytes=2 ** 20)
+    mid, chunk = auto_score_sizes(cfg_model, gpu, 400, free_bytes=2 ** 31)
+    big, _ = auto_score_sizes(cfg_model, gpu, 400, free_bytes=2 ** 40)
+    assert small == 1 and 1 < mid < big == 64 and chunk == 4096
+
+
+def test_flops_per_pair_by_hand():
+    """One query token, no prompt, one query: 2 FLOPs per weight plus attention to itself."""
+    m = tiny_llama().model
+    n_weights = sum(x.weight.numel() for x in m.modules() if isinstance(x, torch.nn.Linear))
+    norms = sum(p.numel() for n, p in m.named_parameters() if "norm" in n)
+    assert param_count(m) == n_weights + norms  # tied head counted once, input embedding not at all
+    cfg = m.config
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * 1
+    assert scoring_flops_per_pair(m, 0, 1, 1) == 2 * param_count(m) + attn
+    # the prompt's pass is shared by the J queries
+    f = lambda J: scoring_flops_per_pair(m, 100, 5, J)  # noqa: E731
+    assert f(1) - f(10 ** 9) == pytest.approx((f(1) - f(10)) / 0.9, rel=1e-6)
+    t = tiny_t5().model
+    assert scoring_flops_per_pair(t, 24, 4, 1) > scoring_flops_per_pair(t, 24, 4, 64) > 0
+
+
+def test_torchrun_rank_gets_its_own_gpu(monkeypatch):
+    """Under torchrun, device auto/cuda means cuda:LOCAL_RANK (was: every rank on cuda:0)."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert local_device("auto") == "cuda:1" and local_device("cuda") == "cuda:1" and chosen == [1, 1]
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert local_device("cuda") == "cuda:1"  # more ranks than GPUs: shared round-robin
+    assert local_device("cpu") == "cpu" and local_device("cuda:0") == "cuda:0"
+    monkeypatch.delenv("LOCAL_RANK")
+    assert local_device("auto") == "auto"
+
+
+def test_scoring_bench_json_keys(tmp_path, capsys):
+    """The contract of `make bench-gpu`: the last line is JSON with the rates, MFU and device (CPU: mfu None)."""
+    import json
+
+    from gdr.cli.bench.scoring import main
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(DOCS) + "\n")
+    assert main(["--model", "smollm2-135m-random", "--device", "cpu", "--pairs", "4", "--queries", "2",
+                 "--doc-tokens", "8", "--query-tokens", "3", "--naive-pairs", "2", "--docs-file", str(docs)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"engine_pairs_per_s", "mfu", "device", "flops_per_pair", "peak_bf16_tflops", "naive_pairs_per_s",
+            "speedup", "max_abs_diff"} <= out.keys()
+    assert out["device"] == "cpu" and out["mfu"] is None and out["pairs"] == 4
+    assert out["flops_per_pair"] > 2 * 100e6 and out["max_abs_diff"] < 1e-3
