@@ -68,7 +68,7 @@ def test_paper_settings(name, data, n_test, tmp_path):
     assert cfg.sample.n_queries == 4096                       # J
     assert cfg.index.n_clusters == 30 and cfg.index.leaf_size == 30
     assert cfg.index.gc.alpha == 0.25 and cfg.index.gc.localized and cfg.index.gc.n_queries is None
-    assert cfg.score.dtype == "float16" and cfg.score.doc_batch_size == 16 and cfg.device == "auto"
+    assert cfg.score.dtype == "float16" and cfg.score.doc_batch_size == "auto" and cfg.device == "auto"
     assert cfg.doc_queries.per_doc == 15 and cfg.train.examples.use_real and cfg.train.examples.use_generated
     assert cfg.train.model.size == "small30m"                 # "about 30M parameters"
     assert {"gc", "hkmi", "bmi"} <= set(cfg.indexers)
