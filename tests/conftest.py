@@ -19,3 +19,32 @@ def data_dir() -> Path:
     from gdr.data import data_dir as _d
 
     return _d()
+
+
+# A tiny random-init GenerativeLM of each family, built once per test module (a module may change its
+# weights: module scope keeps that from leaking into another file's tests).
+@pytest.fixture(scope="module")
+def llama():
+    from tiny_models import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def t5():
+    from tiny_models import tiny_t5
+
+    return tiny_t5()
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Make loading a model or a corpus fail the test: refusals (bad config, unusable out folder) must come first."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("loaded a model or a corpus before checking the config and the out folder")
+
+    monkeypatch.setattr("gdr.lm.GenerativeLM.__init__", forbidden)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", forbidden)
+    monkeypatch.setattr("training.search.Retriever.load", forbidden)
+    monkeypatch.setattr("gdr.data.corpus_from_config", forbidden)
+    monkeypatch.setattr("gdr.data.load_corpus", forbidden)

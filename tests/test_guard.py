@@ -33,19 +33,6 @@ def _release():
     guard.release_all()
 
 
-@pytest.fixture
-def nothing_loads(monkeypatch):
-    """Refusals must come before any model or corpus loads (as in test_cli_errors.py)."""
-    def forbidden(*args, **kwargs):
-        raise AssertionError("loaded a model or a corpus before checking the out folder")
-
-    monkeypatch.setattr("gdr.lm.GenerativeLM.__init__", forbidden)
-    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", forbidden)
-    monkeypatch.setattr("training.search.Retriever.load", forbidden)
-    monkeypatch.setattr("gdr.data.corpus_from_config", forbidden)
-    monkeypatch.setattr("gdr.data.load_corpus", forbidden)
-
-
 def error_of(capsys, argv: list[str]) -> str:
     """Run ``gdr argv``: exit 2 and exactly one stderr line ``gdr <command>: error: ...``."""
     assert main(argv) == 2

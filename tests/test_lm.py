@@ -2,17 +2,7 @@ import numpy as np
 import pytest
 
 from gdr.lm import PromptConfig, clean_query
-from tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def t5():
-    return tiny_t5()
+from tiny_models import DOCS, QUERIES
 
 
 @pytest.mark.parametrize("family", ["llama", "t5"])

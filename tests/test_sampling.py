@@ -9,20 +9,10 @@ import torch
 from gdr.io import read_jsonl, write_manifest
 from gdr.lm.decode import SAMPLER_VERSION, filter_logits
 from gdr.store import sample_per_doc_run, sample_run
-from tiny_models import DOCS, tiny_llama, tiny_t5
+from tiny_models import DOCS, tiny_llama
 
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
 KW = dict(max_new_tokens=6, top_k=50, top_p=0.99)
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def t5():
-    return tiny_t5()
 
 
 def _lm(family, llama, t5):

@@ -14,16 +14,6 @@ RAGGED_QUERIES = QUERIES + ["a much longer query about the central bank and euro
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def t5():
-    return tiny_t5()
-
-
-@pytest.fixture(scope="module")
 def naive(llama, t5):
     return {"llama": llama.score_naive(DOCS, RAGGED_QUERIES), "t5": t5.score_naive(DOCS, RAGGED_QUERIES)}
 

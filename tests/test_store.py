@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,18 @@ from tiny_models import DOCS, QUERIES, tiny_llama
 
 HERE = Path(__file__).parent
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
+
+
+@contextlib.contextmanager
+def _scored_batches(lm):
+    """The sizes of the document batches ``lm.score`` is called with inside the block."""
+    calls: list[int] = []
+    orig = lm.score
+    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
+    try:
+        yield calls
+    finally:
+        del lm.score
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +60,8 @@ def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
     assert json.loads((part / "P.manifest.json").read_text())["status"] == "partial"
     with pytest.raises(RuntimeError, match="partial"):
         load_run(part)
-    calls = []
-    orig = lm.score
-    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
-    try:
+    with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False)
-    finally:
-        del lm.score
     assert sum(calls) == len(DOCS) - 4  # finished shards were not redone
     assert np.array_equal(np.load(ref / "P.npy"), np.load(part / "P.npy"))
 
@@ -156,13 +164,8 @@ def test_truncated_p_is_rescored_never_zero_filled(lm, tmp_path, caplog):
         f.truncate(header + min(ends) * ref[0].nbytes)
     with pytest.raises(ValueError, match=r"P\.npy: .*bytes.*rerun `gdr score"):
         load_run(tmp_path)
-    calls = []
-    orig = lm.score
-    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
-    try:
+    with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
-    finally:
-        del lm.score
     assert "P.npy: " in caplog.text and "re-scoring the shards whose rows it lost" in caplog.text
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
     kept = sum(e <= min(ends) for e in ends)
@@ -189,13 +192,8 @@ def test_damaged_shard_is_rescored_alone(lm, tmp_path, caplog):
     del P
     with pytest.raises(ValueError, match="checksum differs"):
         load_run(tmp_path)
-    calls = []
-    orig = lm.score
-    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
-    try:
+    with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
-    finally:
-        del lm.score
     assert calls == [3] and "re-scoring that shard" in caplog.text
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
 
@@ -210,13 +208,8 @@ def test_legacy_shard_markers_are_checked_then_adopted(lm, tmp_path):
     P[-1] = 0.0  # what the old code's zero-fill left
     P.flush()
     del P
-    calls = []
-    orig = lm.score
-    lm.score = lambda docs, *a, **k: calls.append(len(docs)) or orig(docs, *a, **k)
-    try:
+    with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
-    finally:
-        del lm.score
     assert calls == [3]
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
     assert all(json.loads(m.read_text())["rows_crc32"] for m in (tmp_path / "P.shards").glob("*.done"))
