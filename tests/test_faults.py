@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gdr.cli import main
@@ -160,8 +161,6 @@ def test_upstream_rebuilt_with_other_content_reruns_dependents(finished, tmp_pat
 def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, capsys, caplog):
     """stage.json without checksums and empty shard markers (older gdr), with the zero rows the old code left
     after re-entering a truncated P: the zeros are re-scored, the rest is kept and its checksums recorded."""
-    import numpy as np
-
     root, folder, ref, head = finished
     out = tmp_path / "run"
     shutil.copytree(ref, out)
@@ -187,6 +186,36 @@ def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, cap
     assert f"{score / 'P.npy'}: holds zeros" in logs
     assert {n for n, s in _stages(out).items() if not s["reused"]} == {"score"}
     assert all("artifacts" in json.loads(p.read_text()) for p in out.glob("*/stage.json"))
+
+
+def test_p_repaired_by_hand_is_not_scored_again_by_run(finished, tmp_path, capsys, caplog):
+    """Repro 1 as a user does it: `gdr score` repairs a truncated P in a stage folder (rewriting its
+    manifest), then `gdr run` re-checks that stage and keeps every shard whose rows match their checksum."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    score = _folder(out, "score")
+    good = np.load(score / "P.npy")
+    man = json.loads((score / "P.manifest.json").read_text())
+    man["repaired_by"] = "gdr score"  # what a hand-run `gdr score` does to the manifest: rewrites it
+    (score / "P.manifest.json").write_text(json.dumps(man))
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert "P.manifest.json" in logs and "0 left" in logs  # the stage re-ran, no shard was scored again
+    assert np.array_equal(np.load(score / "P.npy"), good)
+
+
+def test_p_manifest_of_other_settings_is_scored_again_by_run(finished, tmp_path, capsys, caplog):
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    score = _folder(out, "score")
+    man = json.loads((score / "P.manifest.json").read_text())
+    man["shard_size"] += 1  # a damaged value: the folder's key says which settings it holds
+    (score / "P.manifest.json").write_text(json.dumps(man))
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert "disagrees with this stage's settings; scoring P again" in logs
 
 
 def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:

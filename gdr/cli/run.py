@@ -308,12 +308,25 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     def build_score(folder: Path) -> dict:
         from gdr.cli.score import score_from_config
 
+        from gdr.store import P_MANIFEST
+
         sub = _with(cfg, out=str(folder))
         _drop_damaged_queries(folder)
-        path = score_from_config(sub, corpus=corpus, lm=lm())
+        try:
+            path = score_from_config(sub, corpus=corpus, lm=lm())
+        except FileExistsError as e:
+            if P_MANIFEST not in str(e):
+                raise
+            # The folder is keyed by exactly these settings, so a P manifest that disagrees was damaged:
+            # start the matrix over rather than stop.
+            log.warning("stage score: %s disagrees with this stage's settings; scoring P again", folder / P_MANIFEST)
+            (folder / P_MANIFEST).unlink()
+            path = score_from_config(sub, corpus=corpus, lm=lm())
         return {"p_matrix": str(path)}
 
-    score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy",),
+    # P.manifest.json resumes in place too: a `gdr score` that repaired P by hand rewrites it, and the shard
+    # checksums (not this stage's record of the manifest) say which rows are still good.
+    score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy", "P.manifest.json"),
                        check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
     # 2. flat clustering against labels (the data scientist's view; the demo's headline)
