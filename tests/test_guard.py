@@ -22,6 +22,7 @@ import pytest
 from gdr import guard
 from gdr.cli import main
 from gdr.data import Corpus, QuerySet, write_beir
+from test_cli_errors import error_of
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -31,15 +32,6 @@ ROOT = HERE.parent
 def _release():
     yield
     guard.release_all()
-
-
-def error_of(capsys, argv: list[str]) -> str:
-    """Run ``gdr argv``: exit 2 and exactly one stderr line ``gdr <command>: error: ...``."""
-    assert main(argv) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"gdr {argv[0]}: error: "), lines[0]
-    return lines[0]
 
 
 def _env(*front: Path, **extra) -> dict:
