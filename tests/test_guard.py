@@ -21,8 +21,8 @@ import pytest
 
 from gdr import guard
 from gdr.cli import main
-from gdr.data import Corpus, QuerySet, write_beir
 from test_cli_errors import error_of
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -119,19 +119,9 @@ def test_ranks_of_a_launched_job_do_not_lock(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------------- children die
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """A saved tiny causal LM and a 30-document BEIR folder."""
-    from tiny_models import tiny_llama
-
-    root = tmp_path_factory.mktemp("guard")
-    lm = tiny_llama()
-    lm.model.save_pretrained(root / "tiny-llama")
-    lm.tokenizer.save_pretrained(root / "tiny-llama")
-    ids = [f"d{i}" for i in range(30)]
-    texts = [f"story number {i} about topic {i % 5} and item{i}" for i in range(30)]
-    qs = QuerySet(name="toy", qids=["q0"], texts=["topic"], relevant=[["d0"]], splits=["test"])
-    folder = write_beir(Corpus(name="toy", doc_ids=ids, texts=texts), qs, root / "toy")
-    return root, folder
+def toy(setup):  # noqa: F811
+    """test_pipeline's saved tiny causal LM and 30-document BEIR folder."""
+    return setup
 
 
 def _score_args(toy, out: Path, *extra: str) -> list[str]:
