@@ -5,6 +5,9 @@ Each sub-command is ``module:function``; the function takes the remaining argv
 from ``conf/``, validates it (:mod:`gdr.cli.validate`) and calls one plain library
 function. Modules are imported lazily so ``gdr --help`` stays fast.
 
+Logging: gdr's own lines at INFO, other libraries' only from WARNING up (:mod:`gdr.logs`); ``--verbose``
+anywhere on the command line shows them all.
+
 Errors the user can fix (a bad value, an unknown key, a missing file) print one line
 ``gdr <command>: error: <message>`` and exit 2; ``--debug`` anywhere on the command line
 re-raises them with the full traceback.
@@ -12,9 +15,10 @@ re-raises them with the full traceback.
 from __future__ import annotations
 
 import importlib
-import logging
 import shlex
 import sys
+
+from gdr.logs import setup_logging
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("gdr.cli.score", "sample_main", ),
@@ -47,22 +51,15 @@ def _usage() -> str:
     lines += [f"  {name:<9} {HELP[name]}" for name in COMMANDS]
     lines += ["", "Overrides use Hydra's grammar, e.g. `gdr cluster data=r5 score.n_queries=64`;",
               "`gdr <command> --cfg` prints the composed config and exits;",
-              "`--debug` shows the full traceback of an error instead of its one-line message."]
+              "`--debug` shows the full traceback of an error instead of its one-line message;",
+              "`--verbose` shows other libraries' INFO lines (faiss, Lightning, transformers' load reports)."]
     return "\n".join(lines)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    debug, verbose = "--debug" in argv, "--verbose" in argv
+    argv = [a for a in argv if a not in ("--debug", "--verbose")]
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0
@@ -70,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"gdr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    setup_logging()
+    setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]
     from gdr import guard
 
