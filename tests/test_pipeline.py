@@ -100,7 +100,7 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     assert ran == {"index-gc", "train-gc-s0", "eval-gc-s0"}
 
     # a run killed inside a stage continues there: finished stages are reused, the killed one re-runs
-    import gdr.cli.train as train_cli
+    import gdr.stages.train as train_cli
 
     calls = {"n": 0}
     real = train_cli.train_from_config
@@ -137,7 +137,7 @@ def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     assert one.shape == (30, 8) and np.array_equal(one, two)
     assert len(list((tmp_path / "two" / "P.shards").glob("*.done"))) == 8
     # a rerun over the finished P checks it in-process: no scoring process (and model load) is spawned
-    import gdr.cli.score as score_cli
+    import gdr.stages.score as score_cli
 
     def no_spawn(*a, **k):
         raise AssertionError("spawned scoring processes for a finished P")

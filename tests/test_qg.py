@@ -111,7 +111,7 @@ def test_saved_generator_file_is_checked(tmp_path):
 
 
 def test_pairs_jsonl_errors_name_the_line(tmp_path):
-    from gdr.cli.qg import read_pairs_jsonl
+    from gdr.stages.qg import read_pairs_jsonl
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"doc": "a b c", "query": "a"}\n\n{"doc": "x", "query": ""}\n')
@@ -181,7 +181,7 @@ def test_gdr_qg_refuses_eval_splits_and_bad_sources(capsys):
 
 def test_title_pairs_exclude_r2_from_r5():
     """Real data: R5 title pairs minus every R2 story (and so its title)."""
-    from gdr.cli.qg import build_pairs
+    from gdr.stages.qg import build_pairs
     from gdr.config import load_config
     from gdr.data import load_corpus
 
@@ -198,7 +198,7 @@ def test_title_pairs_exclude_r2_from_r5():
 
 def test_query_pairs_use_the_train_split_only():
     """Real data: Cranfield pairs come from its train queries, one per (query, relevant document)."""
-    from gdr.cli.qg import build_pairs
+    from gdr.stages.qg import build_pairs
     from gdr.config import load_config
     from gdr.data import load_queries
 

@@ -21,16 +21,16 @@ import sys
 from gdr.logs import setup_logging
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sample": ("gdr.cli.score", "sample_main", ),
-    "score": ("gdr.cli.score", "score_main"),
-    "cluster": ("gdr.cli.cluster", "cluster_main"),
-    "index": ("gdr.cli.index", "index_main"),
-    "train": ("gdr.cli.train", "train_main"),
-    "evaluate": ("gdr.cli.train", "evaluate_main"),
-    "search": ("gdr.cli.train", "search_main"),
+    "sample": ("gdr.stages.score", "sample_main", ),
+    "score": ("gdr.stages.score", "score_main"),
+    "cluster": ("gdr.stages.cluster", "cluster_main"),
+    "index": ("gdr.stages.index", "index_main"),
+    "train": ("gdr.stages.train", "train_main"),
+    "evaluate": ("gdr.stages.train", "evaluate_main"),
+    "search": ("gdr.stages.train", "search_main"),
     "bench": ("gdr.cli.bench", "bench_main"),
-    "run": ("gdr.cli.run", "run_main"),
-    "qg": ("gdr.cli.qg", "qg_main"),
+    "run": ("gdr.pipeline", "run_main"),
+    "qg": ("gdr.stages.qg", "qg_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",

@@ -6,8 +6,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from gdr.cli.run import corpus_signature, score_inputs, stage_key
-from gdr.cli.score import load_data
+from gdr.pipeline import corpus_signature, score_inputs, stage_key
+from gdr.stages.score import load_data
 from gdr.config import load_config
 
 src, argv = Path(sys.argv[1]), sys.argv[2:]

@@ -89,7 +89,7 @@ def read_pairs_jsonl(path: str, corpus=None, load_corpus=None):
 
 def build_pairs(cfg):
     """The training pairs of ``cfg.qg`` and a summary of where they came from."""
-    from gdr.cli.score import load_data
+    from gdr.stages.score import load_data
 
     src = str(cfg.qg.pairs)
     excluded = _exclude_ids(cfg.qg.exclude)
@@ -122,7 +122,7 @@ def build_pairs(cfg):
 
 
 def qg_main(argv: list[str]) -> int:
-    from gdr.cli.score import _compose, build_lm
+    from gdr.stages.score import _compose, build_lm
     from gdr.io import atomic_write_json as write_json
     from gdr.lm import PromptConfig
     from training.qg import QGOptions, fine_tune_qg

@@ -287,7 +287,7 @@ def _check(cfg: DictConfig) -> None:
 
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` into ``cfg.out``; returns the headline numbers (also in report.json)."""
-    from gdr.cli.score import build_lm, load_data
+    from gdr.stages.score import build_lm, load_data
 
     _check(cfg)
     t_start = time.perf_counter()
@@ -306,7 +306,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
 
     # 1. sampled queries and P
     def build_score(folder: Path) -> dict:
-        from gdr.cli.score import score_from_config
+        from gdr.stages.score import score_from_config
 
         from gdr.store import P_MANIFEST
 
@@ -333,7 +333,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     cluster_rec = None
     if cfg.cluster.enabled and corpus.labels is not None:
         def build_cluster(folder: Path) -> dict:
-            from gdr.cli.cluster import cluster_from_run
+            from gdr.stages.cluster import cluster_from_run
             from gdr.store import load_run
 
             result, _ = cluster_from_run(cfg, corpus, load_run(score.path), folder)
@@ -347,7 +347,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     doc_q = None
     if int(dq.per_doc) > 0:
         def build_doc_queries(folder: Path) -> dict:
-            from gdr.cli.score import sample_per_doc_for
+            from gdr.stages.score import sample_per_doc_for
 
             sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
                                                        "batch_size": dq.batch_size,
@@ -371,7 +371,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                   "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
 
         def build_index_stage(folder: Path, method=method) -> dict:
-            from gdr.cli.index import build_index
+            from gdr.stages.index import build_index
 
             sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
                                     "data": to_container(cfg.data),
@@ -407,7 +407,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                         "seed": int(seed)}
 
             def build_train(folder: Path, idx=idx, seed=seed) -> dict:
-                from gdr.cli.train import train_from_config
+                from gdr.stages.train import train_from_config
 
                 sub = OmegaConf.create({**train_cfg, "data": to_container(cfg.data), "seed": int(seed),
                                         "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
@@ -421,7 +421,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                             after=[idx] + ([doc_q] if use_gen else []), outputs=("model/*", "docids.tsv"))
 
             def build_eval(folder: Path, tr=tr) -> dict:
-                from gdr.cli.train import evaluate_from_config
+                from gdr.stages.train import evaluate_from_config
 
                 sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
                                         "run_dir": str(tr.path), "out_dir": str(folder), "bm25": False,
@@ -472,7 +472,7 @@ def _with(cfg: DictConfig, **overrides) -> DictConfig:
 def _bm25(cfg, corpus, texts, test_q: dict, folder: Path) -> dict:
     from eval.bm25 import bm25_run
     from eval.retrieval import evaluate_run, write_qrels, write_trec_run
-    from gdr.cli.train import _load_queries
+    from gdr.stages.train import _load_queries
 
     qs = _load_queries(test_q, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
     if qs is None or len(qs) == 0:

@@ -164,7 +164,7 @@ def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int 
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from gdr.cli import setup_logging
+    from gdr.logs import setup_logging
     from gdr.io import read_jsonl
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",

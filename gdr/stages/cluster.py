@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def cluster_main(argv: list[str]) -> int:
-    from gdr.cli.score import _compose, build_lm, load_data, sample_queries_for, score_matrix_for
+    from gdr.stages.score import _compose, build_lm, load_data, sample_queries_for, score_matrix_for
     from gdr.store import load_run
 
     cfg = _compose("cluster", argv)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 
-from gdr.cli.score import load_data
+from gdr.stages.score import load_data
 from gdr.cli.validate import validate
 from gdr.config import command_config, save_config, to_container
 from gdr.guard import claim_out
