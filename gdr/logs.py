@@ -3,7 +3,7 @@
 :func:`setup_logging` (called by every ``gdr`` command, by the processes it starts, and available to
 scripts) prints gdr's records (``gdr.*``, ``eval.*``, ``indexing.*``, ``training.*``) at INFO and the
 records of every other library only from WARNING up: faiss's loader lines, Lightning's "GPU available"
-lines and tips, bm25s's DEBUG line, sentence-transformers' "Load pretrained ..." go. transformers' LOAD
+lines and tips (and its ``warnings.warn`` advice), bm25s's DEBUG line, sentence-transformers' "Load pretrained ..." go. transformers' LOAD
 REPORT table (a WARNING printed for every checkpoint loaded into another architecture on purpose, such as
 the retriever's first MiniLM layers) and its "Loading weights" bar go too (``HF_HUB_DISABLE_PROGRESS_BARS=0``
 keeps the bar). ``verbose=True`` (``gdr ... --verbose``) shows all of it.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 __all__ = ["setup_logging", "warn_once", "log_once", "OWN_LOGGERS"]
 
@@ -74,6 +75,8 @@ def setup_logging(level: str = "INFO", verbose: bool | None = None) -> None:
     tf = logging.getLogger("transformers.modeling_utils")
     report = _FILTERS.setdefault("report", _NoLoadReport())
     (tf.removeFilter if verbose else tf.addFilter)(report)
+    if not verbose:  # Lightning's advice by warnings.warn (logging interval, deprecations inside Lightning itself)
+        warnings.filterwarnings("ignore", module=r"(pytorch_)?lightning(_fabric)?(\.|$)")
     if not verbose:  # transformers' "Loading weights" bar for every checkpoint (read at import; set both ways)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         if "transformers.utils.logging" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":

@@ -119,7 +119,7 @@ def test_debug_reraises_with_traceback(capsys):
 
 
 def test_exits_and_interrupts(capsys, monkeypatch):
-    import gdr.stages.train as cli_train
+    import gdr.cli.commands.evaluate as cli_train
 
     def exits(argv):
         raise SystemExit("gdr evaluate: no 'test' queries with relevant documents for r5; set queries.name")

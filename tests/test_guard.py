@@ -350,7 +350,9 @@ def test_report_files_are_replaced_together(tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(run, "_plot", full)
+    from gdr.stages import report
+
+    monkeypatch.setattr(report, "_plot", full)
     with pytest.raises(OSError):
         run._report(*_report_args(tmp_path, True, 0.25))
     assert {n: (tmp_path / n).read_bytes() for n in names} == before

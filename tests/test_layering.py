@@ -35,3 +35,42 @@ def test_importing_core_loads_no_stage_module():
             "or m.startswith(('gdr.cli', 'gdr.stages', 'gdr.pipeline'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+CLI = ROOT / "gdr" / "cli"
+# The modules of gdr/cli that are not commands: what every command may share.
+CLI_SHARED = {"gdr.cli", "gdr.cli.common", "gdr.cli.validate", "gdr.cli.__main__", "gdr.cli.commands",
+              "gdr.cli.bench.common"}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_command_module_imports_another():
+    """A command module of gdr/cli (gdr/cli/commands/*, gdr/cli/bench/*) imports no other command module:
+    what commands share lives in the library (gdr.stages, gdr.pipeline) or in gdr.cli.common/validate."""
+    mods = {_module(p): p for p in CLI.rglob("*.py")}
+    commands = {m for m in mods if m not in CLI_SHARED and m != "gdr.cli.bench"}
+    assert {"gdr.cli.commands.run", "gdr.cli.commands.sample", "gdr.cli.bench.decoding"} <= commands
+    bad = {m: i for m in commands for i in _imports(mods[m])
+           if i != m and any(i == c or i.startswith(c + ".") for c in commands)}
+    assert bad == {}
+
+
+def test_no_stage_function_takes_a_hydra_config():
+    """Stage functions (gdr/stages/*) take plain typed arguments: no DictConfig, no omegaconf/hydra import,
+    no parameter named cfg."""
+    stages = sorted((ROOT / "gdr" / "stages").glob("*.py"))
+    assert len(stages) >= 10
+    bad = []
+    for p in stages:
+        assert not [m for m in _imports(p) if m.split(".")[0] in ("omegaconf", "hydra")], p
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for a in node.args.args + node.args.kwonlyargs:
+                    ann = ast.unparse(a.annotation) if a.annotation is not None else ""
+                    if a.arg == "cfg" or "DictConfig" in ann:
+                        bad.append(f"{p.name}:{node.lineno} {node.name}({a.arg})")
+    assert bad == []

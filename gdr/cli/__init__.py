@@ -1,9 +1,9 @@
 """The ``gdr`` command: one sub-command per pipeline stage.
 
-Each sub-command is ``module:function``; the function takes the remaining argv
+Each sub-command is ``module:function`` (:mod:`gdr.cli.commands`); the function takes the remaining argv
 (Hydra-style overrides such as ``data=r5 score.n_queries=64``), composes its config
-from ``conf/``, validates it (:mod:`gdr.cli.validate`) and calls one plain library
-function. Modules are imported lazily so ``gdr --help`` stays fast.
+from ``conf/``, validates it (:mod:`gdr.cli.validate`) and calls the library (:mod:`gdr.stages`,
+:mod:`gdr.pipeline`) with plain typed settings. Modules are imported lazily so ``gdr --help`` stays fast.
 
 Logging: gdr's own lines at INFO, other libraries' only from WARNING up (:mod:`gdr.logs`); ``--verbose``
 anywhere on the command line shows them all.
@@ -21,16 +21,16 @@ import sys
 from gdr.logs import setup_logging
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sample": ("gdr.stages.score", "sample_main", ),
-    "score": ("gdr.stages.score", "score_main"),
-    "cluster": ("gdr.stages.cluster", "cluster_main"),
-    "index": ("gdr.stages.index", "index_main"),
-    "train": ("gdr.stages.train", "train_main"),
-    "evaluate": ("gdr.stages.train", "evaluate_main"),
-    "search": ("gdr.stages.train", "search_main"),
+    "sample": ("gdr.cli.commands.sample", "sample_main"),
+    "score": ("gdr.cli.commands.sample", "score_main"),
+    "cluster": ("gdr.cli.commands.cluster", "cluster_main"),
+    "index": ("gdr.cli.commands.index", "index_main"),
+    "train": ("gdr.cli.commands.train", "train_main"),
+    "evaluate": ("gdr.cli.commands.evaluate", "evaluate_main"),
+    "search": ("gdr.cli.commands.evaluate", "search_main"),
     "bench": ("gdr.cli.bench", "bench_main"),
-    "run": ("gdr.pipeline", "run_main"),
-    "qg": ("gdr.stages.qg", "qg_main"),
+    "run": ("gdr.cli.commands.run", "run_main"),
+    "qg": ("gdr.cli.commands.qg", "qg_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",

@@ -1,128 +1,72 @@
-"""Thin entry points for ``gdr sample`` and ``gdr score``: compose config, call the library."""
+"""Stage ``score``: log p(query | doc) for every pair, the matrix P (Algorithm 1, line 2; Eq. 1).
+
+:func:`score_corpus` samples the queries (unless ``queries.jsonl`` exists) and scores them, in this process,
+split across ``torchrun`` ranks, or in ``processes`` processes it starts (:func:`score_in_processes`);
+:func:`score_queries` scores given queries with a loaded model.
+"""
 from __future__ import annotations
 
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
 
 import torch
 
-from gdr.cli.validate import validate
-from gdr.config import command_config, save_config, to_container
-from gdr.guard import claim_out
+from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
+
+__all__ = ["score_corpus", "score_queries", "score_in_processes"]
 
 log = logging.getLogger(__name__)
 
 
-def _compose(name: str, argv: list[str]):
-    cfg = command_config(name, argv)
-    if cfg is None:  # --cfg: printed
-        sys.exit(0)
-    validate(name, cfg)
-    claim_out(name, cfg)  # the out folder: writable, and this process's alone (gdr.guard)
-    return cfg
-
-
-def build_lm(cfg):
-    """The configured LM on this process's device: ``cuda:LOCAL_RANK`` under ``torchrun`` (see
-    :func:`gdr.store.local_device`)."""
-    from gdr.lm import GenerativeLM, PromptConfig
-    from gdr.store import local_device
-
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
-    prompt = PromptConfig(**to_container(cfg.model.prompt)) if cfg.model.get("prompt") else None
-    return GenerativeLM(cfg.model.name, prompt=prompt, max_doc_tokens=cfg.model.max_doc_tokens,
-                        device=local_device(cfg.device))
-
-
-def load_data(cfg):
-    from gdr.data import corpus_from_config
-
-    return corpus_from_config(to_container(cfg.data))
-
-
-def sample_queries_for(cfg, lm, corpus) -> list[dict]:
-    from gdr.store import sample_run
-
-    s = cfg.sample
-    return sample_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_queries=s.n_queries, seed=s.seed,
-                      batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
-                      temperature=s.temperature, progress=cfg.progress)
-
-
-def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
+def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, settings: ScoreSettings,
+                  progress: bool = True) -> Path:
+    """Score ``queries`` (rows of ``queries.jsonl``) against every document of ``corpus`` with ``lm`` into
+    ``out/P.npy`` (sharded, resumable; ``auto`` sizes resolved for ``lm``'s device); returns its path."""
     from gdr.lm.scoring import auto_score_sizes
     from gdr.store import score_run
 
-    sc = cfg.score
+    sc = settings
     texts = corpus.model_inputs()
     bs, mq = sc.doc_batch_size, sc.max_query_tokens
     if "auto" in (bs, mq):  # resolved here: the run's manifest records the sizes that made its numbers
         longest = len(lm.prompt_ids([""])[0]) + lm.max_doc_tokens  # the prompt of a full-length document
         auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, longest)
         bs, mq = (auto_bs if bs == "auto" else bs), (auto_mq if mq == "auto" else mq)
-    return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], cfg.out,
+    return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], Path(out),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(bs),
-                     max_query_tokens=int(mq), progress=cfg.progress)
+                     max_query_tokens=int(mq), progress=progress)
 
 
-def sample_per_doc_for(cfg, lm, corpus) -> Path:
-    """``sample.per_doc`` queries for every document into ``cfg.out/doc_queries.jsonl`` (resumable)."""
-    from gdr.store import sample_per_doc_run
+def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
+                 progress: bool = True) -> Path:
+    """Sample (unless ``queries.jsonl`` exists) and score into ``out``; returns the P matrix path.
 
-    s = cfg.sample
-    return sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_per_doc=s.per_doc,
-                              seed=s.seed, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
-                              top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=cfg.progress)
-
-
-def sample_main(argv: list[str]) -> int:
-    cfg = _compose("sample", argv)
-    corpus = load_data(cfg)
-    lm = build_lm(cfg)
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    save_config(cfg, cfg.out, "sample.config.yaml")
-    s = cfg.sample
-    if s.get("per_doc"):
-        path = sample_per_doc_for(cfg, lm, corpus)
-        log.info("%d queries per document in %s", s.per_doc, path)
-        return 0
-    rows = sample_queries_for(cfg, lm, corpus)
-    for r in rows[:5]:
-        log.info("sample query from %s: %s", r["source_doc_id"], r["text"])
-    log.info("%d queries in %s", len(rows), Path(cfg.out) / "queries.jsonl")
-    return 0
-
-
-def score_main(argv: list[str]) -> int:
-    cfg = _compose("score", argv)
-    score_from_config(cfg)
-    return 0
-
-
-def score_from_config(cfg, corpus=None, lm=None) -> Path:
-    """Sample (unless ``queries.jsonl`` exists) and score into ``cfg.out``; returns the P matrix path."""
+    ``lm``: a :class:`gdr.stages.settings.LMSettings` (loaded here when needed; ``score.processes > 1`` loads
+    it in each process), or a loaded :class:`gdr.lm.GenerativeLM` for one process (or a pair
+    ``(GenerativeLM, LMSettings)``: the loaded model here, the settings for the processes)."""
+    from gdr.stages.sample import sample_queries
     from gdr.store import dist_info
 
-    corpus = load_data(cfg) if corpus is None else corpus
-    lm = build_lm(cfg) if lm is None else lm
+    built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
+    lm = built if built is not None else spec.build()
     rank, _ = dist_info()
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        save_config(cfg, cfg.out, "score.config.yaml")
-    qfile = Path(cfg.out) / "queries.jsonl"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    qfile = out / "queries.jsonl"
     if rank == 0 or qfile.exists():
-        queries = sample_queries_for(cfg, lm, corpus)
+        queries = sample_queries(lm, corpus, out, sample, progress=progress)
     else:
-        raise SystemExit(f"{qfile} missing: run `gdr sample out={cfg.out}` before a multi-process `gdr score`")
-    n_proc = int(cfg.score.get("processes") or 1)
-    if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(cfg.out):
-        path = score_in_processes(cfg, n_proc)
+        raise SystemExit(f"{qfile} missing: run `gdr sample out={out}` before a multi-process `gdr score`")
+    n_proc = int(score.processes or 1)
+    if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(out):
+        if spec is None:
+            raise ValueError(f"score.processes={n_proc}: each process loads its own model; pass the model as "
+                             "LMSettings (or (GenerativeLM, LMSettings)), not only a loaded GenerativeLM")
+        path = score_in_processes(corpus, spec, out, score, n_proc, progress=progress)
     else:
-        path = score_matrix_for(cfg, lm, corpus, queries)
+        path = score_queries(lm, corpus, queries, out, score, progress=progress)
     if rank == 0:
         log.info("P matrix %s", path)
     return path
@@ -150,7 +94,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int | None = None) -> None:
+def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, score_settings: dict, out: str,
+                  progress: bool, parent: int | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
 
     With CUDA and ``device`` auto/cuda, rank r scores on ``cuda:{r % n_gpus}``. The process group is
@@ -162,32 +107,33 @@ def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int 
 
     die_with_parent(parent)
     import torch.distributed as dist
-    from omegaconf import OmegaConf
 
-    from gdr.logs import setup_logging
     from gdr.io import read_jsonl
+    from gdr.logs import setup_logging
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     setup_logging()
-    cfg = OmegaConf.create(cfg_dict)
-    if not cfg.get("threads"):
-        cfg.threads = 1
-    if torch.cuda.is_available() and str(cfg.get("device", "auto")) in ("auto", "cuda"):
+    spec = LMSettings.from_dict(lm_settings)
+    if not spec.threads:
+        spec.threads = 1
+    if torch.cuda.is_available() and str(spec.device or "auto") in ("auto", "cuda"):
         from gdr.store import local_device
 
-        cfg.device = local_device(cfg.device)  # before the process group: NCCL binds each rank to the current device
+        spec.device = local_device(spec.device)  # before the process group: NCCL binds each rank to the current device
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
-        log.info("scoring process %d of %d on %s", rank, world, cfg.device)
-    corpus, lm = load_data(cfg), build_lm(cfg)
-    score_matrix_for(cfg, lm, corpus, read_jsonl(Path(cfg.out) / "queries.jsonl"))
+        log.info("scoring process %d of %d on %s", rank, world, spec.device)
+    lm = spec.build()
+    score_queries(lm, corpus, read_jsonl(Path(out) / "queries.jsonl"), out, ScoreSettings.from_dict(score_settings),
+                  progress=progress)
 
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def score_in_processes(cfg, n_proc: int) -> Path:
-    """Score ``cfg.out`` (its queries already sampled) with ``n_proc`` processes on this machine.
+def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings: ScoreSettings, n_proc: int,
+                       progress: bool = True) -> Path:
+    """Score ``out`` (its queries already sampled) with ``n_proc`` processes on this machine.
 
     On a CPU, one single-threaded process per core beats one multi-threaded process (measured: 11.8 vs
     7.4 pairs/s on 2 cores). The processes split the shards as ``torchrun`` ranks do, so the matrix is the
@@ -196,7 +142,8 @@ def score_in_processes(cfg, n_proc: int) -> Path:
 
     ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, to_container(cfg), os.getpid()), daemon=True)
+    procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, corpus, lm.to_dict(), settings.to_dict(),
+                                                     str(out), progress, os.getpid()), daemon=True)
              for r in range(n_proc)]
     for p in procs:
         p.start()
@@ -210,5 +157,5 @@ def score_in_processes(cfg, n_proc: int) -> Path:
             if p.is_alive():
                 p.terminate()
         raise RuntimeError(f"scoring process(es) {failed} failed (rank, exit code); rerun the same command to "
-                           f"resume from the finished shards in {cfg.out}")
-    return Path(cfg.out) / "P.npy"
+                           f"resume from the finished shards in {out}")
+    return Path(out) / "P.npy"
