@@ -2,7 +2,7 @@
 import pytest
 
 from gdr.cli import main
-from gdr.cli.validate import ConfigError, validate
+from gdr.validate import ConfigError, validate
 from gdr.config import load_config
 
 

@@ -2,7 +2,7 @@
 
 Each sub-command is ``module:function`` (:mod:`gdr.cli.commands`); the function takes the remaining argv
 (Hydra-style overrides such as ``data=r5 score.n_queries=64``), composes its config
-from ``conf/``, validates it (:mod:`gdr.cli.validate`) and calls the library (:mod:`gdr.stages`,
+from ``conf/``, validates it (:mod:`gdr.validate`) and calls the library (:mod:`gdr.stages`,
 :mod:`gdr.pipeline`) with plain typed settings. Modules are imported lazily so ``gdr --help`` stays fast.
 
 Logging: gdr's own lines at INFO, other libraries' only from WARNING up (:mod:`gdr.logs`); ``--verbose``
@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             return int(e.code or 0)
         if debug:
             raise
-        from gdr.cli.validate import exit_line
+        from gdr.validate import exit_line
 
         print(f"gdr {name}: error: {exit_line(e.code, name)}", file=sys.stderr)
         return 2
     except Exception as e:
-        from gdr.cli.validate import error_line
+        from gdr.validate import error_line
 
         # a full disk or an unwritable file while writing outputs: one line too (the early check missed it)
         line = None if debug else guard.write_error_line(e, sub_command(name, rest)) or error_line(e, rest)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gdr.cli.common import compose
-from gdr.cli.validate import validate
+from gdr.validate import validate
 from gdr.config import save_config, to_container
 
 _SETTINGS = ("k", "beam", "length_penalty", "batch_size", "device", "bm25", "tag")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdr.cli.validate import validate
+from gdr.validate import validate
 from gdr.config import command_config, save_config, to_container
 from gdr.guard import claim_out
 

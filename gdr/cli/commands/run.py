@@ -12,7 +12,7 @@ def run_main(argv: list[str]) -> int:
     cfg = command_config("run", argv)
     if cfg is None:  # --cfg: printed
         return 0
-    from gdr.cli.validate import validate
+    from gdr.validate import validate
     from gdr.pipeline import check_settings, run_pipeline
     from gdr.stages.report import headline
 
