@@ -1,3 +1,55 @@
-"""gdr: generative document retrieval with generative-clustering (GC) indexing."""
+"""gdr: generative document retrieval with generative-clustering (GC) indexing.
+
+The public API (loaded on first use, so ``import gdr`` stays cheap)::
+
+    corpus = gdr.load_corpus("bbc", n_docs=80, drop_title=True)        # a Corpus (doc_ids, texts, labels)
+    lm = gdr.load_lm("smollm2-135m", max_doc_tokens=64)                 # a GenerativeLM
+    p = gdr.score(corpus, lm, "runs/x/score", n_queries=64)            # sampled queries and P = log p(q | d)
+    labels = gdr.GenerativeClustering(n_clusters=5, alpha="auto").fit_predict(p.logp)
+    gc = gdr.build_index("runs/x/index-gc", run=p, method="gc", n_clusters=8, leaf_size=8)
+    train = gdr.split_queries(corpus, "train", name="titles", data={"name": "bbc", "n_docs": 80})
+    res = gdr.train_retriever(corpus, gc["docids"], "runs/x/train-gc", queries=train, size="mini")
+    report = gdr.run({"seeds": [0]}, experiment="demo")                 # the whole pipeline, cached by stage
+
+See :mod:`gdr.api` for every function, :mod:`gdr.stages` for the stages they call and
+:mod:`gdr.stages.settings` for the settings (the defaults of ``conf/``).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    # data
+    "Corpus": "gdr.data", "QuerySet": "gdr.data", "DataError": "gdr.data", "load_corpus": "gdr.data",
+    "load_queries": "gdr.data", "load_title_queries": "gdr.data",
+    # models and the method
+    "GenerativeLM": "gdr.lm", "PromptConfig": "gdr.lm", "GenerativeClustering": "gdr.cluster",
+    "PRun": "gdr.store", "load_run": "gdr.store",
+    # the settings of each stage
+    "LMSettings": "gdr.stages.settings", "SampleSettings": "gdr.stages.settings",
+    "ScoreSettings": "gdr.stages.settings", "ClusterSettings": "gdr.stages.settings",
+    "IndexSettings": "gdr.stages.settings", "TrainSettings": "gdr.stages.settings",
+    "EvaluateSettings": "gdr.stages.settings",
+    # the steps
+    "load_lm": "gdr.api", "sample_queries": "gdr.api", "score": "gdr.api", "split_queries": "gdr.api",
+    "evaluate_clusters": "gdr.api", "build_index": "gdr.api", "train_retriever": "gdr.api", "evaluate": "gdr.api",
+    "bm25": "gdr.api", "run": "gdr.api", "headline": "gdr.api",
+    "setup_logging": "gdr.logs",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gdr' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -27,6 +27,19 @@ class Settings:
             raise TypeError(f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(names)}")
         return cls(**d)
 
+    @classmethod
+    def merged(cls, values: Mapping[str, Any] | None = None, **overrides: Any):
+        """Like :meth:`from_dict`, but a dict given for a dict-valued setting (``gc``, ``trainer`` ...) changes
+        only the keys it names: the rest keep their defaults (what a script means by ``gc={"alpha": "auto"}``)."""
+        d = {**(dict(values) if values else {}), **overrides}
+        base = cls.from_dict(d)  # refuses unknown keys
+        defaults = cls()
+        for key, value in d.items():
+            default = getattr(defaults, key)
+            if isinstance(default, dict) and isinstance(value, Mapping):
+                setattr(base, key, {**default, **value})
+        return base
+
     def to_dict(self) -> dict:
         return asdict(self)  # type: ignore[call-overload]
 

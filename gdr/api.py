@@ -1,0 +1,260 @@
+"""gdr's Python API: every step of the pipeline as a function of plain arguments, for notebooks and scripts.
+
+>>> import gdr
+>>> corpus = gdr.load_corpus("bbc", n_docs=80, drop_title=True)                 # doctest: +SKIP
+>>> lm = gdr.load_lm("smollm2-135m", max_doc_tokens=64)                          # doctest: +SKIP
+>>> p = gdr.score(corpus, lm, "runs/api/score", n_queries=64)                    # doctest: +SKIP
+>>> labels = gdr.GenerativeClustering(n_clusters=5, alpha="auto").fit_predict(p.logp)   # doctest: +SKIP
+>>> gc = gdr.build_index("runs/api/index-gc", run=p.path, method="gc", n_clusters=8, leaf_size=8)   # doctest: +SKIP
+>>> report = gdr.run({"data": {"n_docs": 80}, "seeds": [0]}, experiment="demo")  # doctest: +SKIP
+
+Each function writes its outputs into the folder it is given, in the layout of the matching command
+(``gdr score``, ``gdr index`` ...), and resumes there after a kill. Settings not given take the defaults of
+``conf/`` (the settings dataclasses of :mod:`gdr.stages.settings` spell them out). Hydra is the command
+line's configuration system; nothing here needs it except :func:`run`, which reads the defaults of
+``conf/run.yaml`` (and an experiment) through it and takes the changes as a plain dict.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from gdr.stages.settings import (ClusterSettings, EvaluateSettings, IndexSettings, LMSettings, SampleSettings,
+                                 ScoreSettings, TrainSettings)
+
+if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
+    from gdr.data import Corpus, QuerySet
+    from gdr.lm import GenerativeLM
+    from gdr.store import PRun
+
+__all__ = ["load_lm", "sample_queries", "score", "split_queries", "evaluate_clusters", "build_index",
+           "train_retriever", "evaluate", "bm25", "run", "headline"]
+
+PathLike = str | os.PathLike
+
+
+def load_lm(name: str = "smollm2-135m", *, max_doc_tokens: int = 128, prompt: Mapping[str, Any] | None = None,
+            device: str = "auto", threads: int | None = None) -> GenerativeLM:
+    """The query generator: a hub id, a local path, or a bundled name (``smollm2-135m``).
+
+    ``prompt``: :class:`gdr.lm.PromptConfig` fields (``style``, ``system``, ``user``, ``shots`` ...); None takes
+    the model's own default (a fine-tuned ``gdr qg`` model brings the prompt it was trained with)."""
+    return _lm_settings(name, max_doc_tokens, prompt, device, threads).build()
+
+
+def _lm_settings(name, max_doc_tokens, prompt, device, threads) -> LMSettings:
+    return LMSettings(name=name, max_doc_tokens=int(max_doc_tokens), prompt=dict(prompt) if prompt else None,
+                      device=device, threads=threads)
+
+
+def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries: int = 64, seed: int = 0,
+                   progress: bool = False, **sampling: Any) -> list[dict]:
+    """Sample ``n_queries`` queries from ``corpus`` with ``lm`` into ``out/queries.jsonl``; returns them.
+
+    ``sampling``: ``top_k``, ``top_p``, ``temperature``, ``max_new_tokens``, ``batch_size`` (see
+    :class:`~gdr.stages.settings.SampleSettings`). The same seed gives the same queries at any batch size."""
+    from gdr.stages.sample import sample_queries as stage
+
+    return stage(lm, corpus, out, SampleSettings(n_queries=n_queries, seed=seed, **sampling), progress=progress)
+
+
+def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *, n_queries: int = 64,
+          seed: int = 0, processes: int = 1, sampling: Mapping[str, Any] | None = None,
+          scoring: Mapping[str, Any] | None = None, progress: bool = False) -> PRun:
+    """Sample J = ``n_queries`` queries (unless ``out/queries.jsonl`` exists) and score log p(query | doc) for
+    every pair: the matrix P (Algorithm 1, lines 1-2). Returns the run (``.logp`` (N, J), ``.queries``,
+    ``.doc_ids``, ``.path``).
+
+    ``lm``: a loaded :class:`gdr.lm.GenerativeLM`, a model name, or :class:`~gdr.stages.settings.LMSettings`
+    (needed for ``processes > 1``: each process loads its own copy). ``sampling``/``scoring``: the fields of
+    :class:`~gdr.stages.settings.SampleSettings` / :class:`~gdr.stages.settings.ScoreSettings`."""
+    from gdr.stages.score import score_corpus
+    from gdr.store import load_run
+
+    if isinstance(lm, str):
+        lm = LMSettings(name=lm)
+    sample = SampleSettings(n_queries=n_queries, seed=seed, **dict(sampling or {}))
+    settings = ScoreSettings(**{"processes": processes, **dict(scoring or {})})
+    score_corpus(corpus, lm, out, sample, settings, progress=progress)
+    return load_run(out)
+
+
+def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: Mapping[str, Any] | None = None,
+                  path: PathLike | None = None, seed: int = 0,
+                  fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> QuerySet | None:
+    """The real queries of one ``split`` whose relevant documents are in ``corpus`` (others dropped); None when
+    there are none.
+
+    ``name``: a query set (cranfield, msmarco-lite, nq320k, a BEIR folder; default: the corpus's own) or
+    ``"titles"`` (each title is the query of its own article: bbc, r2, r5; ``seed`` and ``fractions`` split
+    them). ``data``: how the corpus was loaded (``{"name": "bbc", "path": ...}``; default its name): title
+    queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none."""
+    from gdr.stages.train import split_queries as load
+
+    data = dict(data or {"name": corpus.name})
+    q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
+         "seed": int(seed), "fractions": list(fractions)}
+    return load(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
+
+
+def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, device: str = "auto",
+                      **settings: Any) -> dict:
+    """Flat generative clustering of a scored corpus, against its labels with the k-means baselines (tf-idf,
+    sentence embeddings, log P): ``metrics.json``, ``results.md``, ``clusters.md``, ``labels.tsv`` in ``out``.
+
+    ``run``: what :func:`score` returned, or its folder. ``settings``: the fields of
+    :class:`~gdr.stages.settings.ClusterSettings` (``n_clusters``, ``repeats``, ``gc={"alpha": "auto"}`` ...).
+    Returns per method (``GC``, ``k-means (tfidf)`` ...) its mean ACC/NMI/ARI and GC's labels and cluster
+    descriptions. For GC alone on a matrix, use :class:`gdr.GenerativeClustering`."""
+    from gdr.stages.cluster import cluster_run
+    from gdr.store import load_run
+
+    prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
+    result, _ = cluster_run(corpus, prun, out, ClusterSettings.merged(settings), device=device)
+    return result
+
+
+def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | None = None,
+                corpus: Corpus | None = None, **settings: Any) -> dict:
+    """Prefix-code docids by one indexer into ``out`` (``docids.tsv``, ``tree.json``, ``summary.json``).
+
+    ``method``: ``gc`` (hierarchical generative clustering, Algorithm 2: needs ``run``, a scored corpus),
+    ``hkmi`` (hierarchical k-means on sentence embeddings: needs ``corpus``), ``bmi`` (k-means on the mean
+    embedding of generated queries: ``kmeans={"doc_queries": <doc_queries.jsonl>}``), ``random``, ``atomic``.
+    ``settings``: the fields of :class:`~gdr.stages.settings.IndexSettings` (``n_clusters``, ``leaf_size``,
+    ``seed``; ``gc`` and ``kmeans`` dicts are merged onto their defaults). Returns the summary (depth,
+    balance, leaves) with ``docids``: the path of ``docids.tsv``."""
+    from gdr.stages.index import build_index as stage
+
+    settings.setdefault("progress", False)
+    run_path = getattr(run, "path", run)
+    summary = stage(IndexSettings.merged(settings, method=method), out, corpus=corpus,
+                    run=str(run_path) if run_path is not None else None)
+    return {**summary, "docids": str(Path(out) / "docids.tsv")}
+
+
+def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries: QuerySet | None = None,
+                    generated: PathLike | None = None, size: str | None = None, seed: int = 0, **sections: Any):
+    """Train an NCI-style seq2seq retriever on ``docids`` (from :func:`build_index`) into ``out``.
+
+    ``queries``: real training queries over the corpus (:func:`split_queries`; its dev part is held out to
+    pick the checkpoint), ``generated``: a ``doc_queries.jsonl``; documents' own windows are always used.
+    ``size``: a preset of ``conf/stage/train.yaml`` (``tiny``, ``mini``, ``small30m`` ...). ``sections``:
+    ``examples``, ``model``, ``optim``, ``trainer`` dicts merged onto the defaults (e.g.
+    ``trainer={"max_epochs": 5, "batch_size": 32}``). Returns ``training.train.TrainResult`` (``model_dir``,
+    ``best_val_recall1``, ``global_step`` ...)."""
+    from gdr.stages.train import train_retriever as stage
+
+    settings = TrainSettings.merged(sections, seed=int(seed))
+    if size is not None:
+        settings.model["size"] = size
+    if "enable_progress_bar" not in (sections.get("trainer") or {}):
+        settings.trainer["enable_progress_bar"] = False
+    return stage(corpus, docids, out, settings, queries=queries, generated=generated)
+
+
+def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
+             **settings: Any) -> dict:
+    """Recall@1/10/100 and MRR@100 of the retriever trained in ``run_dir`` on ``queries`` (BM25 beside it
+    unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns ``metrics.json``'s
+    content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
+    :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...)."""
+    from gdr.stages.evaluate import evaluate_model
+
+    metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split)
+    return metrics
+
+
+def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, split: str = "test") -> dict:
+    """BM25 over ``corpus`` for ``queries`` (the reference of every retriever): ``bm25.trec`` and
+    ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions)."""
+    from gdr.stages.bm25 import bm25_baseline
+
+    return bm25_baseline(corpus, queries, out, k=k, split=split)["metrics"]
+
+
+def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = None) -> dict:
+    """The whole pipeline (``gdr run``) from a dict of settings; returns the report (``report.json``).
+
+    ``settings``: nested like ``conf/run.yaml`` and changing only what it names, e.g.
+    ``{"data": {"n_docs": 80}, "sample": {"n_queries": 64}, "indexers": ["gc", "hkmi"], "seeds": [0],
+    "out": "runs/mine"}``; a string for ``data`` or ``model`` picks that config file (``"r5"``,
+    ``"doc2query-t5"``). ``experiment``: a ``conf/experiment/`` preset applied first (``"demo"``, ``"bbc"``).
+    A bad value is refused before anything loads, naming the key. Every stage is cached in the run folder
+    as with the command, so a second call reuses it. ``gdr.headline(report)`` is the command's JSON line."""
+    from gdr import guard
+    from gdr.config import load_config
+    from gdr.pipeline import check_settings, run_pipeline
+    from gdr.validate import validate
+
+    overrides = [f"+experiment={experiment}"] if experiment else []
+    settings = dict(settings or {})
+    groups = [f"{k}={settings.pop(k)}" for k in ("data", "model") if isinstance(settings.get(k), str)]
+    base = load_config("run", overrides + groups)  # the defaults the changes apply to
+    overrides += groups + hydra_overrides(settings, known=base)
+    cfg = load_config("run", overrides)
+    validate("run", cfg)
+    check_settings(cfg)
+    guard.claim_out("run", cfg)
+    try:
+        return run_pipeline(cfg, overrides)
+    finally:
+        guard.release_all()
+
+
+def headline(report: dict) -> dict:
+    """The one JSON line ``gdr run`` prints last, from a report of :func:`run`."""
+    from gdr.stages.report import headline as line
+
+    return line(report)
+
+
+# Mappings of conf/run.yaml whose keys are names the user chooses: a new key is added there (``+key=``);
+# anywhere else a key the config does not have is refused by Hydra, naming it.
+FREE_FORM = ("cluster.variants.", "train.model_presets.", "model.prompt.")
+
+
+def hydra_overrides(settings: Mapping[str, Any], prefix: str = "", known: Any = None) -> list[str]:
+    """Command-line overrides (``sample.n_queries=64``) for a nested dict of settings; a string under ``data``
+    or ``model`` at the top selects that config group (``data=r5``). ``known``: the composed config the
+    overrides apply to; a key it lacks is added only under :data:`FREE_FORM` mappings."""
+    out: list[str] = []
+    for key, value in settings.items():
+        path = f"{prefix}{key}"
+        if not prefix and key in ("data", "model") and isinstance(value, str):
+            out.insert(0, f"{key}={value}")
+        elif isinstance(value, Mapping) and value:
+            out += hydra_overrides(value, path + ".", known)
+        else:
+            new = known is not None and _lookup(known, path) is _MISSING and path.startswith(FREE_FORM)
+            out.append(f"{'+' if new else ''}{path}={_hydra_value(value)}")
+    return out
+
+
+_MISSING = object()
+
+
+def _lookup(cfg: Any, path: str) -> Any:
+    node = cfg
+    for part in path.split("."):
+        if not hasattr(node, "keys") or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _hydra_value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (str, os.PathLike)):
+        return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(v, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_hydra_value(x) for x in v) + "]"
+    raise TypeError(f"setting value {v!r} ({type(v).__name__}): use numbers, strings, booleans, None, lists, dicts")

@@ -1,0 +1,99 @@
+"""The Python API (gdr/__init__.py, gdr/api.py) and examples/demo_api.py, with tiny models (offline, CPU)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gdr
+from gdr.cli import main
+from gdr.validate import ConfigError
+from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_is_cheap_and_every_export_resolves():
+    code = "import sys, gdr; print(sorted(m for m in ('torch', 'transformers', 'numpy', 'hydra') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+    for name in gdr.__all__:
+        assert getattr(gdr, name) is not None, name
+    assert gdr.GenerativeClustering.__name__ == "GenerativeClustering" and "score" in dir(gdr)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        gdr.nope
+
+
+def test_settings_refuse_unknown_keys_and_merge_dicts():
+    with pytest.raises(TypeError, match="SampleSettings: unknown setting.*nqueries"):
+        gdr.SampleSettings.from_dict({"nqueries": 3})
+    s = gdr.ClusterSettings.merged(gc={"alpha": "auto"})
+    assert s.gc == {"alpha": "auto", "clip_sigma": 5.0, "phi": "power", "ess_target": 0.5}
+    t = gdr.TrainSettings.merged(trainer={"max_epochs": 2})
+    assert t.trainer["max_epochs"] == 2 and t.trainer["batch_size"] == 64 and t.model["size"] == "small30m"
+
+
+def test_run_refuses_bad_settings_before_anything_loads(nothing_loads, tmp_path):
+    with pytest.raises(ConfigError, match=r"sample\.n_queries=-3"):
+        gdr.run({"sample": {"n_queries": -3}, "out": str(tmp_path)})
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="nqueries"):
+        gdr.run({"sample": {"nqueries": 3}, "out": str(tmp_path)})
+
+
+def _as_settings(args: list[str]) -> dict:
+    """``gdr run`` overrides (``a.b=v``) as the nested dict gdr.run takes."""
+    out: dict = {}
+    for arg in args[1:]:
+        key, value = arg.split("=", 1)
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value.startswith("["):
+            node[leaf] = [int(x) if x.isdigit() else x for x in value[1:-1].split(",")]
+        elif value in ("true", "false"):
+            node[leaf] = value == "true"
+        else:
+            try:
+                node[leaf] = int(value)
+            except ValueError:
+                node[leaf] = value
+    return out
+
+
+def test_run_from_a_dict_is_the_command(setup, tmp_path, capsys):
+    """gdr.run(dict) keys its stages like `gdr run` with the same overrides: it reuses every stage of the
+    command's run folder and reports the same numbers."""
+    root, folder = setup
+    out = tmp_path / "run"
+    args = _args(root, folder, out, "indexers=[gc,random]")
+    assert main(args) == 0
+    cli = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = gdr.run(_as_settings(args))
+    assert all(s["reused"] for s in report["stages"])
+    head = gdr.headline(report)
+    assert {k: v for k, v in head.items() if k != "seconds"} == {k: v for k, v in cli.items() if k != "seconds"}
+
+
+def test_example_runs_at_tiny_sizes(setup, tmp_path):
+    """examples/demo_api.py, as README runs it, at tiny sizes: every step of the demo through the API."""
+    root, _ = setup
+    cmd = [sys.executable, str(ROOT / "examples" / "demo_api.py"), "--docs", "20", "--queries", "8", "--model",
+           str(root / "tiny-llama"), "--retriever", "tiny", "--epochs", "1", "--max-steps", "2", "--processes", "1",
+           "--baselines", "logp", "--out", str(tmp_path / "ex")]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {"seconds", "gc_ari", "logp_kmeans_ari", "gc_largest_cluster_share", "recall_at_1", "hkmi_recall_at_1",
+            "bm25_recall_at_1"} <= set(line)
+    assert line["n_docs"] == 20 and line["n_test_queries"] > 0
+    assert 0 < line["gc_largest_cluster_share"] <= 1 and all(0 <= line[k] <= 100 for k in
+                                                              ("recall_at_1", "hkmi_recall_at_1", "bm25_recall_at_1"))
+    for folder in ("score", "cluster", "index-gc", "index-hkmi", "train-gc", "eval-gc", "bm25"):
+        assert (tmp_path / "ex" / folder).is_dir(), folder
+    assert "LOAD REPORT" not in p.stderr and "faiss.loader" not in p.stderr and "Tip:" not in p.stderr
