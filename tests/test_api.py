@@ -97,3 +97,30 @@ def test_example_runs_at_tiny_sizes(setup, tmp_path):
     for folder in ("score", "cluster", "index-gc", "index-hkmi", "train-gc", "eval-gc", "bm25"):
         assert (tmp_path / "ex" / folder).is_dir(), folder
     assert "LOAD REPORT" not in p.stderr and "faiss.loader" not in p.stderr and "Tip:" not in p.stderr
+
+
+def test_sample_and_cluster_commands_call_the_stages(setup, tmp_path, capsys):
+    """`gdr sample` (J queries, and per_doc) and `gdr cluster` end to end on the tiny LM: the command layer
+    composes the settings the stages take, and the API's score gives the same P as the command."""
+    root, folder = setup
+    common = [f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
+              "sample.n_queries=8", "sample.max_new_tokens=6", "progress=false", "threads=1"]
+    assert main(["sample", *common, f"out={tmp_path / 's'}"]) == 0
+    assert len((tmp_path / "s" / "queries.jsonl").read_text().splitlines()) == 8
+    assert main(["sample", *common, "sample.per_doc=2", f"out={tmp_path / 'd'}"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "d" / "doc_queries.jsonl").read_text().splitlines()]
+    assert len(rows) == 30 and all(len(r["queries"]) == 2 for r in rows)
+    assert main(["cluster", *common, "cluster.n_clusters=3", "cluster.baselines=[logp]", "cluster.repeats=1",
+                 "cluster.n_init=1", f"out={tmp_path / 'c'}"]) == 0
+    assert "cluster 0:" in capsys.readouterr().out
+    labels = (tmp_path / "c" / "labels.tsv").read_text().splitlines()
+    assert len(labels) == 30 and {x.split("\t")[1] for x in labels} <= {"0", "1", "2"}
+    assert (tmp_path / "c" / "cluster.config.yaml").is_file()
+
+    corpus = gdr.load_corpus(str(folder))
+    p = gdr.score(corpus, gdr.LMSettings(name=str(root / "tiny-llama"), max_doc_tokens=24, threads=1),
+                  tmp_path / "api", n_queries=8, sampling={"max_new_tokens": 6})
+    import numpy as np
+
+    assert np.array_equal(np.asarray(p.logp), np.load(tmp_path / "c" / "P.npy"))
+    assert gdr.GenerativeClustering(n_clusters=3, n_init=1).fit_predict(p.logp).shape == (30,)
