@@ -3,7 +3,8 @@
 :func:`setup_logging` (called by every ``gdr`` command, by the processes it starts, and available to
 scripts) prints gdr's records (``gdr.*``, ``eval.*``, ``indexing.*``, ``training.*``) at INFO and the
 records of every other library only from WARNING up: faiss's loader lines, Lightning's "GPU available"
-lines and tips (and its ``warnings.warn`` advice), bm25s's DEBUG line, sentence-transformers' "Load pretrained ..." go. transformers' LOAD
+lines and tips (and its ``warnings.warn`` advice), bm25s's DEBUG line, sentence-transformers' "Load
+pretrained ..." go. transformers' LOAD
 REPORT table (a WARNING printed for every checkpoint loaded into another architecture on purpose, such as
 the retriever's first MiniLM layers) and its "Loading weights" bar go too (``HF_HUB_DISABLE_PROGRESS_BARS=0``
 keeps the bar). ``verbose=True`` (``gdr ... --verbose``) shows all of it.

@@ -432,8 +432,9 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                 save_config(sub, folder)
                 qs = train_stage.split_queries(to_container(sub.queries), to_container(cfg.data), set(corpus.doc_ids),
                                                cfg.data.get("docs_tsv"))
-                res = train_stage.train_retriever(corpus, sub.docids, folder, TrainSettings.from_dict(train_cfg, seed=int(seed)),
-                                                  queries=qs, generated=sub.generated)
+                settings = TrainSettings.from_dict(train_cfg, seed=int(seed))
+                res = train_stage.train_retriever(corpus, sub.docids, folder, settings, queries=qs,
+                                                  generated=sub.generated)
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 

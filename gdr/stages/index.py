@@ -1,7 +1,7 @@
 """Stage ``index``: prefix-code docids of a corpus by one indexer (gc | hkmi | bmi | random | atomic).
 
-:func:`build_index` loads the inputs the method needs, calls one builder (:func:`indexing.gc.build_gc_index`, :func:`indexing.kmeans.build_kmeans_index`,
-:func:`indexing.tree.random_tree`, :func:`indexing.tree.atomic_codes`) and writes the index with
+:func:`build_index` loads the inputs the method needs, calls one builder (:func:`indexing.gc.build_gc_index`,
+:func:`indexing.kmeans.build_kmeans_index`, :func:`indexing.tree.random_tree`, :func:`indexing.tree.atomic_codes`) and writes the index with
 :func:`indexing.output.write_index`, plus ``manifest.json``. ``gdr index add`` (grow a GC index) is
 :func:`indexing.add.add_to_index`.
 """
@@ -131,7 +131,8 @@ def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: s
     from indexing.output import write_index
 
     summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts, query_hash=query_hash,
-                          top_queries=int(cfg.gc["top_queries"]), centroid_json_depth=int(cfg.gc["centroid_json_depth"]),
+                          top_queries=int(cfg.gc["top_queries"]),
+                          centroid_json_depth=int(cfg.gc["centroid_json_depth"]),
                           plot=bool(cfg.plot))
     write_manifest(out, command="index", method=cfg.method, n_docs=len(doc_ids), seconds=round(time.time() - t0, 2),
                    depth=summary["depth_max"], n_fallback=summary["n_fallback"],

@@ -41,8 +41,9 @@ def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
     return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
 
 
-def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int, results: dict[str, list[dict]],
-                 indexes: dict, bm25: dict | None, cluster: dict | None, seconds: float) -> dict:
+def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
+                 results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
+                 seconds: float) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -83,7 +84,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     if cluster is not None:
         c = cluster
         lines += ["## Flat clustering against the labels", "",
-                  f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of best-of-{cfg['cluster']['n_init']} "
+                  f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of "
+                  f"best-of-{cfg['cluster']['n_init']} "
                   f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
                   f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
                   "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
