@@ -17,6 +17,7 @@ See :mod:`gdr.api` for every function, :mod:`gdr.stages` for the stages they cal
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -45,6 +46,8 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if not name.startswith("_") and importlib.util.find_spec(f"gdr.{name}") is not None:
+            return importlib.import_module(f"gdr.{name}")  # a submodule: gdr.api, gdr.stages ...
         raise AttributeError(f"module 'gdr' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -25,6 +25,7 @@ def test_import_is_cheap_and_every_export_resolves():
     assert gdr.GenerativeClustering.__name__ == "GenerativeClustering" and "score" in dir(gdr)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gdr.nope
+    assert gdr.stages.settings.SampleSettings is gdr.SampleSettings  # submodules load on access too
 
 
 def test_settings_refuse_unknown_keys_and_merge_dicts():
