@@ -1,12 +1,16 @@
 """The steps of `make demo` through gdr's Python API, on the CPU: one JSON line last.
 
-    python examples/demo_api.py                       # 80 BBC articles, J = 48, SmolLM2-135M; ~4 minutes on 2 cores
+    python examples/demo_api.py                       # 80 BBC articles, J = 40, SmolLM2-135M: 4-5 minutes on 2 cores
     python examples/demo_api.py --docs 40 --queries 16 --out runs/api-small
 
 BBC News articles without their headlines -> J sampled queries and P = log p(query | doc) -> generative
 clustering against the five topics, with k-means on log P and on tf-idf beside it -> GC and HKmI docids ->
 one small retriever on each, trained on headlines -> Recall@1 on held-out headlines, with BM25 as reference.
 Every step writes into its own folder under --out and resumes there, so a second run reuses the work.
+
+Time on 2 free CPU cores, from the demo's measured stage times (reports/pipeline/demo.md: scoring 144 queries
+453 s, 20 epochs of a mini retriever ~100 s): scoring J = 40 ~130 s, two retrievers of 10 epochs ~100 s, the
+rest ~30 s. Measured here only on a machine shared by ~20 busy processes (J = 48: 45 min wall, 887 CPU-s).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import gdr
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=80, help="BBC articles (seeded sample)")
-    ap.add_argument("--queries", type=int, default=48, help="J, the sampled queries that make P")
+    ap.add_argument("--queries", type=int, default=40, help="J, the sampled queries that make P")
     ap.add_argument("--model", default="smollm2-135m", help="query generator: bundled name, hub id or path")
     ap.add_argument("--retriever", default="mini", help="retriever preset of conf/stage/train.yaml")
     ap.add_argument("--epochs", type=int, default=10)
