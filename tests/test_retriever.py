@@ -200,6 +200,25 @@ def test_shared_docid_returns_every_document(word_tokenizer):
     assert sorted(docs[0].tolist()) == [0, 2] and ranks[0].tolist() == [1, 1]
 
 
+def test_search_under_the_cuda_bf16_autocast_on_the_cpu(word_tokenizer):
+    """`gdr evaluate` on CUDA searches under bf16 autocast (training/search.py): the same autocast on the CPU
+    returns docids of the trie, ranked as in fp32 at the top for a trained-free random model's clear cases."""
+    torch.manual_seed(0)
+    doc_ids, texts, codes = toy_corpus(20)
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3)).eval()
+    from training.model import load_tokenizer
+
+    enc = load_tokenizer(word_tokenizer)(texts, padding=True, return_tensors="pt")
+    ref = constrained_beam_search(model, enc["input_ids"], enc["attention_mask"], trie, beam=10, k=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = constrained_beam_search(model, enc["input_ids"], enc["attention_mask"], trie, beam=10, k=5)
+    leaves = set(int(n) for n in trie.doc_node)
+    assert out.nodes.shape == ref.nodes.shape and all(int(n) in leaves for n in out.nodes.flatten())
+    assert torch.isfinite(out.scores.float()).all()
+    assert (out.nodes[:, 0] == ref.nodes[:, 0]).float().mean() >= 0.5
+
+
 # ----------------------------------------------------------------------------- data
 
 def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
