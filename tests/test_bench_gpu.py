@@ -1,7 +1,7 @@
 """`make bench-gpu` (gdr/cli/bench/gpu.py): the dry run, the no-CUDA exit, the tolerant parsing of each step,
 the chain's budget, the stage seconds of a cut run, the profile tables, and one smoke step end to end.
 
-The whole smoke chain (`make bench-gpu-smoke`, ~3-5 minutes on 2 cores) is run by hand, not here.
+The whole smoke chain (`make bench-gpu-smoke`, 4-15 minutes on 2 shared cores) is run by hand, not here.
 """
 from __future__ import annotations
 
