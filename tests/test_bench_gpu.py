@@ -183,6 +183,11 @@ def test_profile_table_on_the_cpu(tmp_path):
     assert summary["launch_kind"] == "aten op calls" and summary["launches_per_unit"] >= 1
     assert abs(sum(r["share"] for r in summary["top"]) - 1) < 0.01
     assert text.startswith("# matmuls: 5 pairs") and "aten::mm" in text
+    # a profile that fails (e.g. a CUDA graph captured under the profiler) says so and does not raise: the
+    # benchmark's figures still come back
+    failed = profile_table(lambda: 1 / 0, 5, "pair", torch.device("cpu"), tmp_path / "f.txt", title="broken")
+    assert failed["launches_per_unit"] is None and "ZeroDivisionError" in failed["error"]
+    assert "FAILED: ZeroDivisionError" in (tmp_path / "f.txt").read_text()
 
 
 def test_smoke_search_step_end_to_end(tmp_path):

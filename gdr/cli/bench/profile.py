@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["profile_table", "start_profiler", "write_table"]
+__all__ = ["profile_table", "profile_failed", "start_profiler", "write_table"]
 
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 
@@ -28,15 +28,27 @@ def profile_table(fn: Callable[[], object], units: int, unit: str, device: torch
     """Run ``fn`` once under ``torch.profiler``; write the table to ``path``; return its summary.
 
     units : how many ``unit``\\ s (queries, pairs, examples) ``fn`` processes, for the per-unit launch count.
+    A failure (e.g. a CUDA graph captured under the profiler) is written to ``path`` instead and not raised.
     """
     cuda = device.type == "cuda"
-    prof = start_profiler(device)
-    t0 = time.perf_counter()
-    with prof:
-        fn()
-        if cuda:
-            torch.cuda.synchronize(device)
-    return write_table(prof, time.perf_counter() - t0, units, unit, device, path, title, top)
+    try:
+        prof = start_profiler(device)
+        t0 = time.perf_counter()
+        with prof:
+            fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+        return write_table(prof, time.perf_counter() - t0, units, unit, device, path, title, top)
+    except Exception as e:  # noqa: BLE001 - the profile is extra: the benchmark's figures still come back
+        return profile_failed(e, path, title)
+
+
+def profile_failed(e: BaseException, path: str | Path, title: str = "") -> dict:
+    """Write why a profile failed to ``path`` (so the archive says so); returns a summary without figures."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f"# {title or 'profile'}: FAILED: {type(e).__name__}: {e}\n", encoding="utf-8")
+    return {"error": f"{type(e).__name__}: {e}", "launches_per_unit": None, "top": []}
 
 
 def start_profiler(device: torch.device):

@@ -99,11 +99,14 @@ class _Timer(pl.Callback):
         elif trainer.global_step == self.warmup + self.n and self.t1 is None:
             self._stop(trainer)
             if self.profile:
-                from gdr.cli.bench.profile import start_profiler
+                from gdr.cli.bench.profile import profile_failed, start_profiler
 
-                self.prof = start_profiler(self.device)
-                self.prof.__enter__()
-                self.prof_t0 = time.perf_counter()
+                try:
+                    self.prof = start_profiler(self.device)
+                    self.prof.__enter__()
+                    self.prof_t0 = time.perf_counter()
+                except Exception as e:  # noqa: BLE001 - the profile is extra; the figures still come back
+                    self.prof, self.summary = None, profile_failed(e, self.profile, self.title)
 
     def _stop(self, trainer) -> None:
         self._sync()
@@ -114,14 +117,17 @@ class _Timer(pl.Callback):
         if self.t1 is None:
             self._stop(trainer)
         elif self.prof is not None:
-            from gdr.cli.bench.profile import write_table
+            from gdr.cli.bench.profile import profile_failed, write_table
 
-            self._sync()
-            seconds = time.perf_counter() - self.prof_t0
-            self.prof.__exit__(None, None, None)
-            n = trainer.global_step - self.warmup - self.n
-            self.summary = write_table(self.prof, seconds, n * self.batch, "example", self.device, self.profile,
-                                       title=f"{self.title}: {n} training steps of {self.batch}")
+            try:
+                self._sync()
+                seconds = time.perf_counter() - self.prof_t0
+                self.prof.__exit__(None, None, None)
+                n = trainer.global_step - self.warmup - self.n
+                self.summary = write_table(self.prof, seconds, n * self.batch, "example", self.device, self.profile,
+                                           title=f"{self.title}: {n} training steps of {self.batch}")
+            except Exception as e:  # noqa: BLE001
+                self.summary = profile_failed(e, self.profile, self.title)
 
 
 def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
