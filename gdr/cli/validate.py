@@ -163,7 +163,8 @@ def fused(v, sec):
     """``optim.fused``: auto, true or false; true cannot be clipped under 16-mixed's gradient scaler."""
     if v != "auto" and not isinstance(v, bool):
         return "must be auto, true or false"
-    if v is True and str(_get(sec, "trainer.precision")) in ("16-mixed", "16") and _get(sec, "trainer.gradient_clip_val"):
+    scaled = str(_get(sec, "trainer.precision")) in ("16-mixed", "16")
+    if v is True and scaled and _get(sec, "trainer.gradient_clip_val"):
         return ("cannot be true with trainer.precision=16-mixed and gradient clipping (a fused AdamW unscales "
                 "float16 gradients itself); use false, bf16-mixed or trainer.gradient_clip_val=null")
     return None

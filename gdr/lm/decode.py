@@ -203,7 +203,8 @@ class Decoder:
         cache_u = StaticCache(config=model.config, max_cache_len=P + S)
         if P > 0:
             c1 = StaticCache(config=model.config, max_cache_len=P)
-            model(input_ids=torch.tensor([prompts[0][:P]], device=dev), **{self.cache_kw: c1}, use_cache=True, logits_to_keep=1)
+            model(input_ids=torch.tensor([prompts[0][:P]], device=dev), **{self.cache_kw: c1}, use_cache=True,
+                  logits_to_keep=1)
             _init_layers(cache_u, [l.keys for l in c1.layers], [l.values for l in c1.layers], U)
             for lu, l1 in zip(cache_u.layers, c1.layers):
                 lu.keys[:, :, :P] = l1.keys
