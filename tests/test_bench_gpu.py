@@ -174,7 +174,7 @@ def test_the_budget_skips_what_does_not_fit(tmp_path, monkeypatch, capsys):
 
 
 def test_profile_table_on_the_cpu(tmp_path):
-    from gdr.cli.bench.profile import profile_table
+    from gdr.cli.bench.common import profile_table
 
     a = torch.randn(64, 64)
     summary = profile_table(lambda: [a @ a for _ in range(5)], 5, "pair", torch.device("cpu"), tmp_path / "p.txt",

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ours, t_ours = timed(run_ours)
     prof = None
     if args.profile:  # one more pass, after the timing
-        from gdr.cli.bench.profile import profile_table
+        from gdr.cli.bench.common import profile_table
 
         prof = profile_table(run_ours, args.queries, "query", device, args.profile,
                              title=f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}")

@@ -127,7 +127,7 @@ def bench_model(name: str, args) -> dict:
     n_hf = len(hf_texts)
     prof = None
     if args.profile:  # one more batch of ours, after the timing
-        from gdr.cli.bench.profile import profile_table
+        from gdr.cli.bench.common import profile_table
 
         path = Path(args.profile)
         if len([m for m in args.models.split(",") if m]) > 1:

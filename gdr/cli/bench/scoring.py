@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     t_engine = time.perf_counter() - t0
     prof = None
     if args.profile:  # one more batch of documents against every query, after the timing
-        from gdr.cli.bench.profile import profile_table
+        from gdr.cli.bench.common import profile_table
 
         nb = min(bs, n_docs)
         prof = profile_table(lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,

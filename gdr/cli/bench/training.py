@@ -88,7 +88,7 @@ class _Timer(pl.Callback):
         elif trainer.global_step == self.warmup + self.n and self.t1 is None:
             self._stop(trainer)
             if self.profile:
-                from gdr.cli.bench.profile import profile_failed, start_profiler
+                from gdr.cli.bench.common import profile_failed, start_profiler
 
                 try:
                     self.prof = start_profiler(self.device)
@@ -106,7 +106,7 @@ class _Timer(pl.Callback):
         if self.t1 is None:
             self._stop(trainer)
         elif self.prof is not None:
-            from gdr.cli.bench.profile import profile_failed, write_table
+            from gdr.cli.bench.common import profile_failed, write_table
 
             try:
                 self._sync()
