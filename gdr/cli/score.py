@@ -50,7 +50,12 @@ def sample_queries_for(cfg, lm, corpus) -> list[dict]:
     s = cfg.sample
     return sample_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_queries=s.n_queries, seed=s.seed,
                       batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
-                      temperature=s.temperature, progress=cfg.progress)
+                      temperature=s.temperature, progress=cfg.progress, **_compile_kw(s))
+
+
+def _compile_kw(s) -> dict:
+    """The sampling section's compile switch (``sample.compile``, ``sample.compile_min_queries``)."""
+    return dict(compile=s.get("compile", "auto"), compile_min_queries=s.get("compile_min_queries", "auto"))
 
 
 def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
@@ -66,7 +71,7 @@ def score_matrix_for(cfg, lm, corpus, queries: list[dict]) -> Path:
         bs, mq = (auto_bs if bs == "auto" else bs), (auto_mq if mq == "auto" else mq)
     return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], cfg.out,
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(bs),
-                     max_query_tokens=int(mq), progress=cfg.progress)
+                     max_query_tokens=int(mq), progress=cfg.progress, compute_dtype=sc.get("compute_dtype", "auto"))
 
 
 def sample_per_doc_for(cfg, lm, corpus) -> Path:
@@ -76,7 +81,8 @@ def sample_per_doc_for(cfg, lm, corpus) -> Path:
     s = cfg.sample
     return sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, cfg.out, n_per_doc=s.per_doc,
                               seed=s.seed, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
-                              top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=cfg.progress)
+                              top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=cfg.progress,
+                              **_compile_kw(s))
 
 
 def sample_main(argv: list[str]) -> int:
