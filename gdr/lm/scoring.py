@@ -86,6 +86,9 @@ def _chunk_fn(device: torch.device):
     if device.type != "cuda":
         return _lse_chunk
     if "lse" not in _COMPILED:
+        from gdr.lm.compiling import compile_cache_dir
+
+        compile_cache_dir()  # compiled kernels persist across processes
         _COMPILED["lse"] = torch.compile(_lse_chunk, dynamic=True)
     return _COMPILED["lse"]
 
@@ -150,6 +153,9 @@ def _flex_attention():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention
     if "flex" not in _COMPILED:
+        from gdr.lm.compiling import compile_cache_dir
+
+        compile_cache_dir()
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
     return _COMPILED["flex"]
 
@@ -434,6 +440,9 @@ class ScoringMixin:
             return prompt | own
 
         if dev.type == "cuda":
+            from gdr.lm.compiling import compile_cache_dir
+
+            compile_cache_dir()
             try:
                 return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev, _compile=True)
             except Exception as e:  # noqa: BLE001 - a compiler failure: the eager builder (same mask)
