@@ -206,7 +206,8 @@ class Decoder:
         # The prefix every prompt shares runs once; each prompt keeps >= 1 own token (its last logits).
         P = min(_lcp(prompts), min(len(p) for p in prompts) - 1) if U > 1 else len(prompts[0]) - 1
         S = max(len(p) for p in prompts) - P
-        M = self._bucket(P + S + max_new, self._longest_prompt() + max_new)  # slots past P + S + max_new stay masked and unused
+        # slots past P + S + max_new stay masked and unused
+        M = self._bucket(P + S + max_new, self._longest_prompt() + max_new)
         suffix = torch.full((U, S), self.lm.pad_id, dtype=torch.long)
         smask = torch.zeros((U, S), dtype=torch.long)
         for r, p in enumerate(prompts):  # building the padded batch; the compute is batched
