@@ -29,6 +29,18 @@ def _p(folder: str) -> tuple[np.ndarray, dict]:
         return p, json.loads((Path(folder) / "P.manifest.json").read_text())
 
 
+def _codes(folder: str) -> dict[str, tuple[int, ...]]:
+    ids, codes = read_docids(Path(folder) / "docids.tsv")
+    return dict(zip(ids, map(tuple, codes)))
+
+
+def _level_ari(a: dict, b: dict, depth: int) -> float:
+    """ARI of the two partitions of the documents by docid prefix (depth 1: the root's children; -1: the leaf,
+    the code without its last position)."""
+    ids = sorted(a)
+    return float(ari([str(a[i][:depth]) for i in ids], [str(b[i][:depth]) for i in ids]))
+
+
 def main(fp32: str, bf16: str, idx32: str | None = None, idx16: str | None = None) -> dict:
     (pa, ma), (pb, mb) = _p(fp32), _p(bf16)
     assert ma["doc_ids_hash"] == mb["doc_ids_hash"] and ma["queries_hash"] == mb["queries_hash"], \
@@ -58,13 +70,20 @@ def main(fp32: str, bf16: str, idx32: str | None = None, idx16: str | None = Non
         labels = [line.split("\t")[1].strip() for line in (Path(folder) / "labels.tsv").read_text().splitlines()]
         out[f"gc_labels_{name}"] = labels
     out["gc_labels_ari_fp32_vs_bf16"] = float(ari(out.pop("gc_labels_fp32"), out.pop("gc_labels_bf16")))
-    ids32, codes32 = read_docids(Path(idx32) / "docids.tsv")
-    ids16, codes16 = read_docids(Path(idx16) / "docids.tsv")
-    c32, c16 = dict(zip(ids32, map(tuple, codes32))), dict(zip(ids16, map(tuple, codes16)))
-    diff = [i for i in c32 if c32[i] != c16[i]]
-    out["docids_differ"] = len(diff)
-    out["docids_first_level_differ"] = sum(c32[i][0] != c16[i][0] for i in c32)
+    c32, c16 = _codes(idx32), _codes(idx16)
     out["n_docs"] = len(c32)
+    out["docids_differ"] = sum(c32[i] != c16[i] for i in c32)
+    out["docids_first_level_differ"] = sum(c32[i][0] != c16[i][0] for i in c32)
+    out["first_level_ari"] = _level_ari(c32, c16, 1)  # the partitions, whatever the children's numbering
+    out["leaf_ari"] = _level_ari(c32, c16, -1)
+    # the scale of that: the same P indexed with another seed (folders <index>-seed1, when they exist)
+    for name, folder, ref in (("fp32", idx32, c32), ("bf16", idx16, c16)):
+        if (Path(folder + "-seed1") / "docids.tsv").exists():
+            other = _codes(folder + "-seed1")
+            out[f"docids_differ_seed0_vs_seed1_{name}"] = sum(ref[i] != other[i] for i in ref)
+            out[f"docids_first_level_differ_seed0_vs_seed1_{name}"] = sum(ref[i][0] != other[i][0] for i in ref)
+            out[f"first_level_ari_seed0_vs_seed1_{name}"] = _level_ari(ref, other, 1)
+            out[f"leaf_ari_seed0_vs_seed1_{name}"] = _level_ari(ref, other, -1)
     print(json.dumps(out, indent=1))
     return out
 
