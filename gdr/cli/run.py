@@ -65,6 +65,8 @@ INDEX_KEYS = {
     "atomic": ("atomic",),
 }
 # Settings that change how fast a stage runs, not what it computes: left out of its key.
+SCHEME_NAMES = {"gc": "GC", "hkmi": "HKmI", "bmi": "BMI", "random": "random ids", "atomic": "atomic ids",
+                "bm25": "BM25"}
 _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
               "log_every_n_steps", "torch_threads", "device", "processes"}
 
@@ -349,16 +351,17 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         def build_doc_queries(folder: Path) -> dict:
             from gdr.cli.score import sample_per_doc_for
 
+            # the training queries' own decoding (doc_queries.top_k/top_p/temperature), not the clustering's
             sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
                                                        "batch_size": dq.batch_size,
-                                                       "max_new_tokens": int(dq.max_new_tokens)})
+                                                       "max_new_tokens": int(dq.max_new_tokens),
+                                                       "top_k": int(dq.top_k), "top_p": float(dq.top_p),
+                                                       "temperature": float(dq.temperature)})
             save_config(sub, folder, "sample.config.yaml")
             return {"doc_queries": str(sample_per_doc_for(sub, lm(), corpus))}
 
-        s = cfg.sample
         doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": _unbatched(dq),
-                                           "sampling": {"top_k": s.top_k, "top_p": s.top_p,
-                                                        "temperature": s.temperature}, "sampler": _sampler()},
+                                           "sampler": _sampler()},
                            build_doc_queries, outputs=("doc_queries.jsonl",))
     lm_box.clear()  # the generator is not needed from here on
 
@@ -393,13 +396,14 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         def build_bm25(folder: Path) -> dict:
             return _bm25(cfg, corpus, texts, test_q, folder)
 
-        bm25_rec = pipe.stage("bm25", {"corpus": corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k)},
-                              build_bm25)
+        bm25_rec = pipe.stage("bm25", {"corpus": corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k),
+                                       "per_query": 1}, build_bm25)
 
     # 6-7. one retriever per (indexer, seed), each evaluated on the test split
     train_cfg = to_container(cfg.train)
     use_gen = doc_q is not None and train_cfg["examples"].get("use_generated", True)
     results: dict[str, list[dict]] = {}
+    eval_dirs: dict[str, list[Path]] = {}  # per-query metrics (per_query.json) for the paired tests
     for method, idx in indexes.items():
         for seed in cfg.seeds:
             t_inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": corpus_sig,
@@ -429,13 +433,16 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                 m, _ = evaluate_from_config(sub, corpus)
                 return {"metrics": m["systems"][sub.tag]}
 
-            ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q,
+            ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q, "per_query": 1,
                                                       "evaluate": _keyed(to_container(cfg.evaluate))}, build_eval,
                             after=[tr])
             results.setdefault(method, []).append({"seed": int(seed), **ev.info["metrics"]})
+            eval_dirs.setdefault(method, []).append(ev.path)
 
     seconds = round(time.perf_counter() - t_start, 1)
-    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds)
+    if bm25_rec is not None:
+        eval_dirs["bm25"] = [bm25_rec.path]
+    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds, eval_dirs)
     return report
 
 
@@ -471,7 +478,7 @@ def _with(cfg: DictConfig, **overrides) -> DictConfig:
 
 def _bm25(cfg, corpus, texts, test_q: dict, folder: Path) -> dict:
     from eval.bm25 import bm25_run
-    from eval.retrieval import evaluate_run, write_qrels, write_trec_run
+    from eval.retrieval import PER_QUERY_FILE, evaluate_run, write_per_query, write_qrels, write_trec_run
     from gdr.cli.train import _load_queries
 
     qs = _load_queries(test_q, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
@@ -480,7 +487,8 @@ def _bm25(cfg, corpus, texts, test_q: dict, folder: Path) -> dict:
                          "set queries.name / queries.test_split")
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     run = bm25_run(corpus.doc_ids, texts, qs.qids, qs.texts, k=int(cfg.evaluate.k))
-    metrics, _ = evaluate_run(run, qrels)
+    metrics, first = evaluate_run(run, qrels)
+    write_per_query(folder / PER_QUERY_FILE, first)
     write_trec_run(folder / "bm25.trec", run, tag="bm25", depth=int(cfg.evaluate.k))
     write_qrels(folder / "qrels.txt", qrels)
     m = metrics.as_dict()
@@ -514,8 +522,13 @@ def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
     return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
 
 
-def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float) -> dict:
+def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float,
+            eval_dirs: dict | None = None) -> dict:
+    from eval.compare import compare_folders, comparison_table, find, verdict
+
     command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
+    comparisons = compare_folders(eval_dirs or {}, reference="gc")
+    said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     n_test = None
     lines = [f"# gdr run: {cfg.data.name}, {len(corpus)} documents", "",
              f"Command: `{command}`", "",
@@ -523,6 +536,8 @@ def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, clust
              f"{cfg.doc_queries.per_doc} generated training queries per document; retriever "
              f"`{cfg.train.model.size}`, seeds {list(cfg.seeds)}; queries `{cfg.queries.name}` "
              f"(trained on `{cfg.queries.train_split}`, scored on `{cfg.queries.test_split}`).", ""]
+    if said:
+        lines += [f"**{said}**", ""]
     if cfg.queries.name == "titles":
         lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
                   "not a benchmark of the field.", ""]
@@ -546,6 +561,12 @@ def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, clust
         n_test = bm25.get("n_queries", n_test)
     lines += ["", f"{n_test} test queries. The largest child share is the mean, over internal nodes, of the "
                   "fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
+    if comparisons:
+        lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
+                  f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
+                  "in percentage points, a 95% paired bootstrap interval (BCa) and a two-sided paired permutation "
+                  "test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
+                  "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster_rec is not None:
         c = cluster_rec.info
         lines += ["## Flat clustering against the labels", "",
@@ -565,6 +586,7 @@ def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, clust
     report = {"command": command, "seconds": seconds, "n_docs": len(corpus), "n_test_queries": n_test,
               "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
               "cluster": cluster_rec.info if cluster_rec is not None else None,
+              "comparisons": comparisons, "verdict": said,
               "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
                          for r in pipe.records]}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
@@ -618,6 +640,11 @@ def headline(report: dict) -> dict:
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):
         out["bm25_recall_at_1"] = report["bm25"]["recall@1"]
+    from eval.compare import find
+
+    c = find(report.get("comparisons") or [], "gc", "hkmi", "recall@1")
+    if c is not None:
+        out["gc_vs_hkmi_recall_at_1_p"] = c["p_value"]
     return out
 
 
@@ -634,6 +661,8 @@ def run_main(argv: list[str]) -> int:
     claim_out("run", cfg)  # the run folder: writable, and this process's alone; stages lock their folders too
     report = run_pipeline(cfg, argv)
     print(open(Path(cfg.out) / "report.md", encoding="utf-8").read())
+    if report.get("verdict"):
+        print(report["verdict"])
     print(json.dumps(headline(report)))
     sys.stdout.flush()
     return 0
