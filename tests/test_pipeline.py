@@ -86,6 +86,23 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     report = json.loads((out / "report.json").read_text())
     assert report["bm25"]["recall@10"] == 100.0  # each test query shares a unique word with its document
     assert "| gc |" in (out / "report.md").read_text()
+    # paired comparisons: GC against every other scheme and BM25, on the same 10 test queries
+    comps = report["comparisons"]
+    assert {(c["a"], c["b"], c["metric"]) for c in comps} == {
+        ("gc", b, m) for b in (*INDEXERS[1:], "bm25") for m in ("recall@1", "recall@10", "mrr@100")}
+    for c in comps:
+        assert c["n_queries"] == 10 and 0.0 <= c["p_value"] <= 1.0
+        assert c["ci95"][0] <= c["diff"] <= c["ci95"][1]
+        per_q = json.loads((out / stages[f"eval-{c['b']}-s0"]["folder"] / "per_query.json").read_text()) \
+            if c["b"] != "bm25" else json.loads((out / stages["bm25"]["folder"] / "per_query.json").read_text())
+        assert len(per_q["qids"]) == 10
+    r10 = next(c for c in comps if c["b"] == "bm25" and c["metric"] == "recall@10")
+    assert r10["diff"] == pytest.approx(report["retrieval"]["gc"]["recall@10"] - 100.0, abs=0.01)
+    assert head["gc_vs_hkmi_recall_at_1_p"] == next(c["p_value"] for c in comps
+                                                    if c["b"] == "hkmi" and c["metric"] == "recall@1")
+    md = (out / "report.md").read_text()
+    assert "## Paired comparisons" in md and report["verdict"] in md
+    assert "GC" in report["verdict"] and "HKmI" in report["verdict"]
 
     # a second run reuses every stage and reports the same numbers
     assert main(_args(root, folder, out)) == 0
