@@ -298,7 +298,6 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     corpus = load_data(cfg)
     texts = corpus.model_inputs()
     corpus_sig = corpus_signature(cfg, corpus)
-    lm_sig = to_container(cfg.model)
     lm_box: dict = {}
 
     def lm():
@@ -360,9 +359,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             save_config(sub, folder, "sample.config.yaml")
             return {"doc_queries": str(sample_per_doc_for(sub, lm(), corpus))}
 
-        doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": _unbatched(dq),
-                                           "sampler": _sampler()},
-                           build_doc_queries, outputs=("doc_queries.jsonl",))
+        doc_q = pipe.stage("doc-queries", doc_queries_inputs(cfg, corpus_sig), build_doc_queries,
+                           outputs=("doc_queries.jsonl",))
     lm_box.clear()  # the generator is not needed from here on
 
     # 4. docids per indexer
@@ -456,6 +454,12 @@ def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the score stage (sampled queries and P)."""
     return {"corpus": corpus_sig, "lm": to_container(cfg.model), "sample": _unbatched(cfg.sample),
             "sampler": _sampler(), "score": _keyed(to_container(cfg.score))}
+
+
+def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
+    """The inputs that key the doc-queries stage (generated training queries, with their own decoding)."""
+    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "doc_queries": _unbatched(cfg.doc_queries),
+            "sampler": _sampler()}
 
 
 def _sampler() -> str:
