@@ -24,7 +24,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["PAIRED_METRICS", "Comparison", "paired_test", "compare_systems", "verdict", "comparison_table"]
+__all__ = ["PAIRED_METRICS", "Comparison", "paired_test", "mean_interval", "compare_systems", "compare_folders",
+           "find", "verdict", "comparison_table"]
 
 PAIRED_METRICS = ("recall@1", "recall@10", "mrr@100")
 # resampled elements held at once (batch x n_queries): bounds the memory of a large test set
@@ -84,6 +85,29 @@ def paired_test(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int
                                  rng=np.random.default_rng(seed)).confidence_interval
             lo, hi = float(ci.low), float(ci.high)
     return diff, lo, hi, float(p)
+
+
+def mean_interval(x: np.ndarray, n_resamples: int = 9999, seed: int = 0,
+                  confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, interval low, interval high): a bootstrap interval (BCa, or percentile where BCa is undefined)
+    of the mean of per-query values of shape (n,)."""
+    from scipy import stats
+
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(x.mean())
+    if np.all(x == x[0]):
+        return mean, mean, mean
+    batch = max(1, _MAX_ELEMENTS // len(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for method in ("BCa", "percentile"):
+            ci = stats.bootstrap((x,), np.mean, vectorized=True, n_resamples=n_resamples, confidence_level=confidence,
+                                 method=method, batch=batch, rng=np.random.default_rng(seed)).confidence_interval
+            if np.isfinite(ci.low) and np.isfinite(ci.high):
+                break
+    return mean, float(ci.low), float(ci.high)
 
 
 def _per_query(values: np.ndarray) -> np.ndarray:

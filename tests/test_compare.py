@@ -87,3 +87,12 @@ def test_compare_folders_reads_per_query_files(tmp_path):
     far = find(comps, "gc", "bm25", "recall@1")
     assert far["diff"] == pytest.approx(-25.0) and far["ci95"][1] < 0 and far["p_value"] < 0.01
     assert compare_folders({"gc": dirs["gc"]}) == []
+
+
+def test_mean_interval_covers_the_mean():
+    from eval.compare import mean_interval
+
+    x = np.r_[np.ones(30), np.zeros(70)]
+    mean, lo, hi = mean_interval(x)
+    assert mean == pytest.approx(0.3) and 0.19 < lo < 0.3 < hi < 0.41
+    assert mean_interval(np.ones(5)) == (1.0, 1.0, 1.0)
