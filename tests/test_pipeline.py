@@ -144,6 +144,17 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     assert json.loads((killed[0] / "stage.json").read_text())["status"] == "complete"
 
 
+def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path, capsys):
+    root, folder = setup
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out, "indexers=[hkmi,random]", "bm25=false")) == 0
+    head = _last_json(capsys)
+    assert "score" not in _stages(out) and not list(out.glob("score-*"))  # nothing reads P
+    report = json.loads((out / "report.json").read_text())
+    assert {(c["a"], c["b"]) for c in report["comparisons"]} == {("hkmi", "random")}
+    assert "gc_vs_hkmi_recall_at_1_p" not in head and report["verdict"] == ""
+
+
 def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     root, folder = setup
     common = ["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",

@@ -327,12 +327,15 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
 
     # P.manifest.json resumes in place too: a `gdr score` that repaired P by hand rewrites it, and the shard
     # checksums (not this stage's record of the manifest) say which rows are still good.
+    # only GC's docids and the flat clustering read P: a run of other indexers alone skips it
+    clustering = bool(cfg.cluster.enabled and corpus.labels is not None)
     score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy", "P.manifest.json"),
-                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
+                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json")) \
+        if "gc" in cfg.indexers or clustering else None
 
     # 2. flat clustering against labels (the data scientist's view; the demo's headline)
     cluster_rec = None
-    if cfg.cluster.enabled and corpus.labels is not None:
+    if clustering:
         def build_cluster(folder: Path) -> dict:
             from gdr.cli.cluster import cluster_from_run
             from gdr.store import load_run
@@ -367,7 +370,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     index_cfg = to_container(cfg.index)
     indexes: dict[str, StageRecord] = {}
     for method in cfg.indexers:
-        upstream = {"gc": score.key, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
+        upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
         inputs = {"method": method, "corpus": corpus_sig, "upstream": upstream,
                   "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
 

@@ -6,7 +6,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 SEEDS=$1; shift
-COMMON="+experiment=demo data.n_docs=100 sample.n_queries=96 score.shard_size=10 cluster.enabled=false indexers=[gc,hkmi] progress=false plot=false"
+COMMON="+experiment=demo data.n_docs=100 sample.n_queries=96 score.shard_size=10 cluster.enabled=false indexers=${INDEXERS:-[gc,hkmi]} progress=false plot=false"
 # The baseline recipe: 3 generated queries per document with the retrieval decoding (top-k 10, T 0.7), a dev set of
 # the held-out titles filled up to 100 with held-out generated queries, validation every 25 steps, early stopping
 # after 75 steps without a better dev MRR but not before step 75, at most 150 steps (the CPU budget of this session).
@@ -20,7 +20,7 @@ declare -A VARIANTS=(
   [pawa]="train.model.pawa=true"
   [consistency]="train.optim.consistency_weight=1.0"
 )
-SCORE=$(ls -d runs/ablation/score-*)
+SCORE=$(ls -d runs/ablation/score-* 2>/dev/null || echo none)
 for v in "$@"; do
   extra=${VARIANTS[$v]}
   pre=runs/ablation-pre/dq-k10-t0.7-n3

@@ -16,7 +16,7 @@ cfg = load_config("run", argv)
 sig = corpus_signature(cfg, load_data(cfg))
 out = Path(cfg.out)
 out.mkdir(parents=True, exist_ok=True)
-if not (out / score_src.name).exists():
+if score_src.is_dir() and not (out / score_src.name).exists():
     shutil.copytree(score_src, out / score_src.name, ignore=shutil.ignore_patterns(".gdr.lock"))
 if int(cfg.doc_queries.per_doc) > 0:
     dst = out / f"doc-queries-{stage_key(json.loads(json.dumps(doc_queries_inputs(cfg, sig), default=str)))}"
