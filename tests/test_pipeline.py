@@ -78,6 +78,11 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     logp = np.load(score / "P.npy")
     assert logp.shape == (30, 16) and np.isfinite(logp).all() and (logp < 0).all()
     assert len((out / stages["doc-queries"]["folder"] / "doc_queries.jsonl").read_text().splitlines()) == 30
+    # the training queries are decoded with their own settings (conf/run.yaml doc_queries), P's with the sampler's
+    dq = json.loads((out / stages["doc-queries"]["folder"] / "doc_queries.manifest.json").read_text())
+    sq = json.loads((score / "queries.manifest.json").read_text())
+    assert (dq["top_k"], dq["top_p"], dq["temperature"]) == (10, 1.0, 0.7)
+    assert (sq["top_k"], sq["top_p"], sq["temperature"]) == (50, 0.99, 1.0)
     for m in INDEXERS:
         assert len((out / stages[f"index-{m}"]["folder"] / "docids.tsv").read_text().splitlines()) == 30
         ev = json.loads((out / stages[f"eval-{m}-s0"]["folder"] / "metrics.json").read_text())

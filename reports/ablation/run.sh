@@ -10,15 +10,15 @@ COMMON="+experiment=demo data.n_docs=100 sample.n_queries=96 score.shard_size=10
 # The baseline recipe: 3 generated queries per document with the retrieval decoding (top-k 10, T 0.7), a dev set of
 # the held-out titles filled up to 100 with held-out generated queries, validation every 25 steps, early stopping
 # after 75 steps without a better dev MRR but not before step 75, at most 150 steps (the CPU budget of this session).
-BASE="doc_queries.per_doc=3 train.trainer.max_steps=150 train.trainer.check_val_every_n_epoch=null train.trainer.val_check_interval=25 train.trainer.patience_steps=75 train.trainer.min_steps=75"
+BASE="train.trainer.max_steps=150 train.trainer.check_val_every_n_epoch=null train.trainer.val_check_interval=25 train.trainer.patience_steps=75 train.trainer.min_steps=75"
 declare -A VARIANTS=(
-  [base]=""
-  [gen0]="train.examples.use_generated=false"
-  [clusterdec]="doc_queries.top_k=50 doc_queries.top_p=0.99 doc_queries.temperature=1.0"
-  [devreal]="train.examples.dev_min=0"
-  [epochstop]="train.trainer.check_val_every_n_epoch=1 train.trainer.val_check_interval=null train.trainer.patience_steps=null train.trainer.min_steps=0 train.trainer.patience=20"
-  [pawa]="train.model.pawa=true"
-  [consistency]="train.optim.consistency_weight=1.0"
+  [base]="doc_queries.per_doc=3"
+  [gen0]="doc_queries.per_doc=0"
+  [clusterdec]="doc_queries.per_doc=3 doc_queries.top_k=50 doc_queries.top_p=0.99 doc_queries.temperature=1.0"
+  [devreal]="doc_queries.per_doc=3 train.examples.dev_min=0"
+  [epochstop]="doc_queries.per_doc=3 train.trainer.check_val_every_n_epoch=1 train.trainer.val_check_interval=null train.trainer.patience_steps=null train.trainer.min_steps=0 train.trainer.patience=20"
+  [pawa]="doc_queries.per_doc=3 train.model.pawa=true"
+  [consistency]="doc_queries.per_doc=3 train.optim.consistency_weight=1.0"
 )
 SCORE=$(ls -d runs/ablation/score-* 2>/dev/null || echo none)
 for v in "$@"; do

@@ -16,10 +16,13 @@ cfg = load_config("run", argv)
 sig = corpus_signature(cfg, load_data(cfg))
 out = Path(cfg.out)
 out.mkdir(parents=True, exist_ok=True)
-if score_src.is_dir() and not (out / score_src.name).exists():
+if (score_src.is_dir() and not (out / score_src.name).exists()
+        and json.loads((score_src / "stage.json").read_text()).get("status") == "complete"):
     shutil.copytree(score_src, out / score_src.name, ignore=shutil.ignore_patterns(".gdr.lock"))
 if int(cfg.doc_queries.per_doc) > 0:
     dst = out / f"doc-queries-{stage_key(json.loads(json.dumps(doc_queries_inputs(cfg, sig), default=str)))}"
+    if json.loads((dq_src / "doc_queries.manifest.json").read_text()).get("status") != "complete":
+        sys.exit(f"{dq_src}: the generated queries are not finished yet (precompute.sh)")
     dst.mkdir(parents=True, exist_ok=True)
     for f in ("doc_queries.jsonl", "doc_queries.manifest.json"):
         shutil.copy2(dq_src / f, dst / f)
