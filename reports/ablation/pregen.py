@@ -2,6 +2,9 @@
 # (the same library call the doc-queries stage makes, gdr.store.sample_per_doc_run, with the stage's settings;
 # the store's manifest records them, so the stage resumes from these files only if its settings are identical):
 #   python reports/ablation/pregen.py <dest folder> <per_doc> <top_k> <top_p> <temperature> <gdr run overrides>
+# LIMIT=N in the environment: only the first N documents (query i of document d depends on (seed, d, i) alone, so
+# they are the first N lines of the full file).
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +18,7 @@ cfg = load_config("run", argv)
 corpus = load_data(cfg)
 lm = build_lm(cfg)
 dq = cfg.doc_queries
-print(sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, dest, n_per_doc=per_doc, seed=int(dq.seed),
+n = int(os.environ.get("LIMIT") or len(corpus))
+print(sample_per_doc_run(lm, corpus.model_inputs()[:n], corpus.doc_ids[:n], dest, n_per_doc=per_doc, seed=int(dq.seed),
                          batch_size=cfg.sample.batch_size, max_new_tokens=int(dq.max_new_tokens), top_k=top_k,
                          top_p=top_p, temperature=temp, progress=False))
