@@ -8,15 +8,16 @@ import os
 import sys
 from pathlib import Path
 
-from gdr.cli.score import build_lm, load_data
-from gdr.config import load_config
+from gdr.data import corpus_from_config
+from gdr.pipeline import lm_settings
+from gdr.config import load_config, to_container
 from gdr.store import sample_per_doc_run
 
 dest, per_doc, top_k, top_p, temp, argv = (Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                            float(sys.argv[4]), float(sys.argv[5]), sys.argv[6:])
 cfg = load_config("run", argv)
-corpus = load_data(cfg)
-lm = build_lm(cfg)
+corpus = corpus_from_config(to_container(cfg.data))
+lm = lm_settings(cfg).build()
 dq = cfg.doc_queries
 n = int(os.environ.get("LIMIT") or len(corpus))
 print(sample_per_doc_run(lm, corpus.model_inputs()[:n], corpus.doc_ids[:n], dest, n_per_doc=per_doc, seed=int(dq.seed),

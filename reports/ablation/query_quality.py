@@ -11,13 +11,13 @@ import numpy as np
 from eval.bm25 import bm25_run
 from eval.compare import mean_interval
 from eval.retrieval import evaluate_run, per_query_metrics
-from gdr.cli.score import load_data
-from gdr.config import load_config
+from gdr.data import corpus_from_config
+from gdr.config import load_config, to_container
 from gdr.io import read_jsonl
 
 cut = sys.argv.index("--")
 out, folders, argv = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:cut]], sys.argv[cut + 1:]
-corpus = load_data(load_config("run", argv))
+corpus = corpus_from_config(to_container(load_config("run", argv).data))
 lines = ["| decoding (folder) | queries | distinct within a document | words per query | BM25 R@1 of the source "
          "document (95% CI) | BM25 R@10 |", "|---|---|---|---|---|---|"]
 for f in folders:

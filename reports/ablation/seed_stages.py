@@ -7,13 +7,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from gdr.cli.run import corpus_signature, doc_queries_inputs, stage_key
-from gdr.cli.score import load_data
-from gdr.config import load_config
+from gdr.pipeline import corpus_signature, doc_queries_inputs, stage_key
+from gdr.data import corpus_from_config
+from gdr.config import load_config, to_container
 
 score_src, dq_src, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 cfg = load_config("run", argv)
-sig = corpus_signature(cfg, load_data(cfg))
+sig = corpus_signature(cfg, corpus_from_config(to_container(cfg.data)))
 out = Path(cfg.out)
 out.mkdir(parents=True, exist_ok=True)
 if (score_src.is_dir() and not (out / score_src.name).exists()
