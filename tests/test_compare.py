@@ -96,3 +96,9 @@ def test_mean_interval_covers_the_mean():
     mean, lo, hi = mean_interval(x)
     assert mean == pytest.approx(0.3) and 0.19 < lo < 0.3 < hi < 0.41
     assert mean_interval(np.ones(5)) == (1.0, 1.0, 1.0)
+
+
+def test_one_discordant_query_of_ten_gives_an_interval_inside_the_resampled_range():
+    a, b = np.zeros(10), np.r_[1.0, np.zeros(9)]
+    diff, lo, hi, p = paired_test(a, b)
+    assert diff == pytest.approx(-0.1) and -0.31 < lo <= diff and hi == 0.0 and p == 1.0
