@@ -471,7 +471,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
 
 
 def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float,
-            eval_dirs: dict) -> dict:
+            eval_dirs: dict | None = None) -> dict:
     from gdr.stages.report import write_report
 
     command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
