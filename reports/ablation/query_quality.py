@@ -1,7 +1,7 @@
 # What the decoding of the generated training queries does to them (issue 21, item 3), without a retriever:
 # per decoding, the share of documents whose queries are all distinct, the mean query length in words, and how
 # often BM25 over the corpus puts a query's own source document first (Recall@1) or in the top 10: a query that
-# does not point at its document teaches the retriever noise.
+# does not point at its document teaches the retriever noise. Only documents present in every file count.
 #   python reports/ablation/query_quality.py <out.md> <doc_queries folder>... -- <gdr run overrides>
 import sys
 from pathlib import Path
@@ -21,8 +21,10 @@ corpus = corpus_from_config(to_container(load_config("run", argv).data))
 per_file = []
 lines = ["| decoding (folder) | queries | distinct within a document | words per query | BM25 R@1 of the source "
          "document (95% CI) | BM25 R@10 |", "|---|---|---|---|---|---|"]
-for f in folders:
-    rows = read_jsonl(f / "doc_queries.jsonl")
+files = {f: read_jsonl(f / "doc_queries.jsonl") for f in folders}  # unfinished files: their whole lines
+common_docs = set.intersection(*({r["doc_id"] for r in rows} for rows in files.values()))
+for f, rows in files.items():
+    rows = [r for r in rows if r["doc_id"] in common_docs]  # the same documents for every decoding
     qids, texts, qrels, distinct = [], [], {}, []
     for row in rows:
         qs = row["queries"]
