@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -76,7 +77,9 @@ def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
 
 
 def bench_model(name: str, args) -> dict:
+    t_load = time.perf_counter()
     lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
+    t_load = time.perf_counter() - t_load
     dev = lm.device
     if args.compile != "auto":
         from gdr.lm.decode import Decoder
@@ -91,6 +94,8 @@ def bench_model(name: str, args) -> dict:
     hf_bs = int(args.hf_batch_size or bs)
     docs = bench_texts(args.docs, args.seed, args.docs_file)
     kw = dict(max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, temperature=1.0)
+    # compiled or not for the whole bench (sample_queries' own auto would decide per timed batch)
+    compile_kw = dict(compile=cuda if args.compile == "auto" else args.compile == "on")
     log.info("%s on %s: %d docs cut to %d tokens, %d queries in batches of %d (HF generate: %d in batches of %d), "
              "%d new tokens", name, device_name(dev), len(docs), args.doc_tokens, n_q, bs, n_hf, hf_bs,
              args.max_new_tokens)
@@ -98,16 +103,20 @@ def bench_model(name: str, args) -> dict:
     # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
     # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
     # alike.
+    t_warm = time.perf_counter()
     if cuda:
-        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
+        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw, **compile_kw)
         _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
+        _sync(dev)
+    t_warm = time.perf_counter() - t_warm
     dec = lm.decoder()
     dec.stats = {k: 0 for k in dec.stats}
     ours, t_ours, t_hf, hf_tok, hf_texts = None, 0.0, 0.0, 0, []
     for r, b0 in enumerate(range(0, n_q, bs)):
         _sync(dev)
         t0 = time.perf_counter()
-        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw)
+        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw,
+                                 **compile_kw)
         _sync(dev)
         t_ours += time.perf_counter() - t0
         if len(hf_texts) < n_hf:  # transformers' generate on the same documents, in batches of hf_bs
@@ -119,6 +128,15 @@ def bench_model(name: str, args) -> dict:
             hf_tok, hf_texts = hf_tok + tok, hf_texts + texts
     stats = dict(dec.stats)
     n_hf = len(hf_texts)
+    prof = None
+    if args.profile:  # one more batch of ours, after the timing
+        from gdr.cli.bench.common import profile_table
+
+        path = Path(args.profile)
+        if len([m for m in args.models.split(",") if m]) > 1:
+            path = path.with_name(f"{path.stem}-{Path(name).name}{path.suffix}")
+        prof = profile_table(lambda: lm.sample_queries(docs, bs, seed=args.seed + 2, batch_size=bs, progress=False, **kw),
+                             bs, "query", dev, path, title=f"sampling {name}, batch {bs}")
 
     qps, hf_qps = n_q / t_ours, n_hf / t_hf
     flops = _flops(lm, stats)
@@ -130,6 +148,8 @@ def bench_model(name: str, args) -> dict:
            "speedup": round(qps / hf_qps, 2), "mfu": None, "tflops_per_s": round(flops / t_ours / 1e12, 3),
            "mean_new_tokens": round(stats["new_tokens"] / n_q, 2), "hf_mean_new_tokens": round(hf_tok / n_hf, 2),
            "empty_redrawn": int(ours.n_redrawn), "compiled": bool(dec.compile),
+           "load_s": round(t_load, 2), "warmup_s": round(t_warm, 2), "timed_s": round(t_ours, 3),
+           "launches_per_query": prof and prof["launches_per_unit"],
            "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
            "threads": torch.get_num_threads()}
     m = mfu(flops, t_ours, dev)
@@ -164,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here")
     args = ap.parse_args(argv)
     if args.batch_size != "auto":
         args.batch_size = int(args.batch_size)
