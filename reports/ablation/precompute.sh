@@ -1,7 +1,7 @@
 #!/bin/bash
 # The ablation's LM work, resumable (rerun after a kill; each file continues after its last whole line):
 # the generated training queries with the retrieval decoding (3 per document, top-k 10, T 0.7) and, for the
-# first 30 documents, with the clustering sampler's decoding (top-k 50, top-p 0.99, T 1) for the query-quality
+# first 63 documents, with the clustering sampler's decoding (top-k 50, top-p 0.99, T 1) for the query-quality
 # comparison. WITH_P=1 also computes P (the score stage of `gdr run`, stopped once it is complete), which GC's
 # docids need; in this session it was started and stopped unfinished (reports/ablation.md says why).
 set -u
@@ -16,6 +16,6 @@ if [ "${WITH_P:-0}" = 1 ] && ! grep -qs '"status": "complete"' runs/ablation/sco
    done) &
 fi
 .venv/bin/python reports/ablation/pregen.py runs/ablation-pre/dq-k10-t0.7-n3 3 10 1.0 0.7 $OV &
-LIMIT=30 .venv/bin/python reports/ablation/pregen.py runs/ablation-pre/dq-k50-p0.99-t1-n3-first30 3 50 0.99 1.0 $OV &
+LIMIT=63 .venv/bin/python reports/ablation/pregen.py runs/ablation-pre/dq-k50-p0.99-t1-n3-first63 3 50 0.99 1.0 $OV &
 wait
 echo "done $(date -u)"
