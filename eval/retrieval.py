@@ -27,8 +27,8 @@ from gdr.io import atomic_write_text
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Run", "RetrievalMetrics", "first_relevant_rank", "metrics_from_ranks", "evaluate_run",
-    "write_trec_run", "write_qrels", "read_trec_run", "markdown_table",
+    "Run", "RetrievalMetrics", "first_relevant_rank", "metrics_from_ranks", "per_query_metrics", "evaluate_run",
+    "write_trec_run", "write_qrels", "read_trec_run", "markdown_table", "write_per_query", "read_per_query",
 ]
 
 
@@ -99,14 +99,23 @@ def first_relevant_rank(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.nd
 
 def metrics_from_ranks(first_rank: np.ndarray, ks: Sequence[int] = (1, 10, 100), mrr_depth: int = 100) -> RetrievalMetrics:
     """Recall@k and MRR@mrr_depth from first-relevant ranks of shape (n_queries,) (0 = not found)."""
-    r = np.asarray(first_rank, dtype=np.int64)
-    found = r > 0
-    n = len(r)
+    n = len(first_rank)
     if n == 0:
         return RetrievalMetrics(0, {k: float("nan") for k in ks}, float("nan"), mrr_depth)
-    recall = {int(k): float(np.mean(found & (r <= k))) for k in ks}
-    rr = np.where(found & (r <= mrr_depth), 1.0 / np.maximum(r, 1), 0.0)
-    return RetrievalMetrics(n, recall, float(rr.mean()), mrr_depth)
+    per_q = per_query_metrics(first_rank, ks, mrr_depth)
+    recall = {int(k): float(per_q[f"recall@{int(k)}"].mean()) for k in ks}
+    return RetrievalMetrics(n, recall, float(per_q[f"mrr@{mrr_depth}"].mean()), mrr_depth)
+
+
+def per_query_metrics(first_rank: np.ndarray, ks: Sequence[int] = (1, 10, 100),
+                      mrr_depth: int = 100) -> dict[str, np.ndarray]:
+    """Per query: ``recall@k`` (1.0 or 0.0) for each k and the reciprocal rank ``mrr@<depth>``, from the
+    first-relevant ranks of shape (n_queries,) (0 = not found). Their means are :func:`metrics_from_ranks`."""
+    r = np.asarray(first_rank, dtype=np.int64)
+    found = r > 0
+    out = {f"recall@{int(k)}": (found & (r <= k)).astype(float) for k in ks}
+    out[f"mrr@{mrr_depth}"] = np.where(found & (r <= mrr_depth), 1.0 / np.maximum(r, 1), 0.0)
+    return out
 
 
 def _qrels_pairs(qrels: Mapping[str, Iterable[str]]) -> tuple[list[str], list[str]]:
@@ -202,3 +211,26 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], columns: Sequence[st
             cells.append(str(int(v)) if c == "n_queries" else f"{100 * float(v):.2f}")
         body.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join([head, sep, *body]) + "\n"
+
+
+PER_QUERY_FILE = "per_query.json"
+
+
+def write_per_query(path: str | os.PathLike, first: Mapping[str, int]) -> None:
+    """Per evaluated query, the rank of its first relevant result (0 = none): ``{"qids": [...],
+    "first_rank": [...]}``, from which :func:`per_query_metrics` gives R@k and the reciprocal rank."""
+    from gdr.io import atomic_write_json
+
+    atomic_write_json(path, {"qids": list(first), "first_rank": [int(r) for r in first.values()]})
+
+
+def read_per_query(path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+    """(query ids, first-relevant ranks) written by :func:`write_per_query`."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    if not isinstance(d, dict) or len(d.get("qids", [])) != len(d.get("first_rank", [None])):
+        raise ValueError(f"{path}: expected {{\"qids\": [...], \"first_rank\": [...]}} of equal lengths; "
+                         "re-run the evaluation that wrote it")
+    return [str(q) for q in d["qids"]], np.asarray(d["first_rank"], dtype=np.int64)

@@ -294,7 +294,6 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     save_config(cfg, pipe.root, "run.config.yaml")
     corpus = corpus_from_config(to_container(cfg.data))
     corpus_sig = corpus_signature(cfg, corpus)
-    lm_sig = to_container(cfg.model)
     lm_spec = lm_settings(cfg)
     lm_box: dict = {}
 
@@ -328,12 +327,15 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
 
     # P.manifest.json resumes in place too: a `gdr score` that repaired P by hand rewrites it, and the shard
     # checksums (not this stage's record of the manifest) say which rows are still good.
+    # only GC's docids and the flat clustering read P: a run of other indexers alone skips it
+    clustering = bool(cfg.cluster.enabled and corpus.labels is not None)
     score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy", "P.manifest.json"),
-                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
+                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json")) \
+        if "gc" in cfg.indexers or clustering else None
 
     # 2. flat clustering against labels (the data scientist's view; the demo's headline)
     cluster_rec = None
-    if cfg.cluster.enabled and corpus.labels is not None:
+    if clustering:
         def build_cluster(folder: Path) -> dict:
             from gdr.stages.cluster import cluster_run
             from gdr.stages.report import cluster_headline
@@ -356,25 +358,25 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             from gdr.stages.doc_queries import sample_doc_queries
             from gdr.stages.settings import SampleSettings
 
+            # the training queries' own decoding (doc_queries.top_k/top_p/temperature), not the clustering's
             sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
                                                        "batch_size": dq.batch_size,
-                                                       "max_new_tokens": int(dq.max_new_tokens)})
+                                                       "max_new_tokens": int(dq.max_new_tokens),
+                                                       "top_k": int(dq.top_k), "top_p": float(dq.top_p),
+                                                       "temperature": float(dq.temperature)})
             save_config(sub, folder, "sample.config.yaml")
             settings = SampleSettings.from_dict(to_container(sub.sample))
             return {"doc_queries": str(sample_doc_queries(lm(), corpus, folder, settings, progress=cfg.progress))}
 
-        s = cfg.sample
-        doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": _unbatched(dq),
-                                           "sampling": {"top_k": s.top_k, "top_p": s.top_p,
-                                                        "temperature": s.temperature}, "sampler": _sampler()},
-                           build_doc_queries, outputs=("doc_queries.jsonl",))
+        doc_q = pipe.stage("doc-queries", doc_queries_inputs(cfg, corpus_sig), build_doc_queries,
+                           outputs=("doc_queries.jsonl",))
     lm_box.clear()  # the generator is not needed from here on
 
     # 4. docids per indexer
     index_cfg = to_container(cfg.index)
     indexes: dict[str, StageRecord] = {}
     for method in cfg.indexers:
-        upstream = {"gc": score.key, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
+        upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
         inputs = {"method": method, "corpus": corpus_sig, "upstream": upstream,
                   "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
 
@@ -407,13 +409,14 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             return bm25_baseline(corpus, _test_queries(cfg, corpus, test_q), folder, k=int(cfg.evaluate.k),
                                  split=test_q["split"])
 
-        bm25_rec = pipe.stage("bm25", {"corpus": corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k)},
-                              build_bm25)
+        bm25_rec = pipe.stage("bm25", {"corpus": corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k),
+                                       "per_query": 1}, build_bm25)
 
     # 6-7. one retriever per (indexer, seed), each evaluated on the test split
     train_cfg = to_container(cfg.train)
     use_gen = doc_q is not None and train_cfg["examples"].get("use_generated", True)
     results: dict[str, list[dict]] = {}
+    eval_dirs: dict[str, list[Path]] = {}  # per-query metrics (per_query.json) for the paired tests
     for method, idx in indexes.items():
         for seed in cfg.seeds:
             t_inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": corpus_sig,
@@ -455,23 +458,27 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                       split=test_q["split"])
                 return {"metrics": m["systems"][settings.tag]}
 
-            ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q,
+            ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q, "per_query": 1,
                                                       "evaluate": _keyed(to_container(cfg.evaluate))}, build_eval,
                             after=[tr])
             results.setdefault(method, []).append({"seed": int(seed), **ev.info["metrics"]})
+            eval_dirs.setdefault(method, []).append(ev.path)
 
     seconds = round(time.perf_counter() - t_start, 1)
-    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds)
+    if bm25_rec is not None:
+        eval_dirs["bm25"] = [bm25_rec.path]
+    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds, eval_dirs)
     return report
 
 
-def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float) -> dict:
+def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float,
+            eval_dirs: dict | None = None) -> dict:
     from gdr.stages.report import write_report
 
     command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
     return write_report(to_container(cfg), command, pipe.root, pipe.records, len(corpus), results,
                         {m: r.info for m, r in indexes.items()}, bm25_rec.info["metrics"] if bm25_rec else None,
-                        cluster_rec.info if cluster_rec is not None else None, seconds)
+                        cluster_rec.info if cluster_rec is not None else None, seconds, eval_dirs)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
@@ -490,6 +497,12 @@ def _score_key(section: DictConfig) -> dict:
     """The score section as it keys the stage; ``compute_dtype: auto`` (what every older run used) is left out,
     so that older score stages stay reusable."""
     return {k: v for k, v in _keyed(to_container(section)).items() if not (k == "compute_dtype" and v == "auto")}
+
+
+def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
+    """The inputs that key the doc-queries stage (generated training queries, with their own decoding)."""
+    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "doc_queries": _unbatched(cfg.doc_queries),
+            "sampler": _sampler()}
 
 
 def _sampler() -> str:

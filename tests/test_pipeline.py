@@ -78,6 +78,11 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     logp = np.load(score / "P.npy")
     assert logp.shape == (30, 16) and np.isfinite(logp).all() and (logp < 0).all()
     assert len((out / stages["doc-queries"]["folder"] / "doc_queries.jsonl").read_text().splitlines()) == 30
+    # the training queries are decoded with their own settings (conf/run.yaml doc_queries), P's with the sampler's
+    dq = json.loads((out / stages["doc-queries"]["folder"] / "doc_queries.manifest.json").read_text())
+    sq = json.loads((score / "queries.manifest.json").read_text())
+    assert (dq["top_k"], dq["top_p"], dq["temperature"]) == (10, 1.0, 0.7)
+    assert (sq["top_k"], sq["top_p"], sq["temperature"]) == (50, 0.99, 1.0)
     for m in INDEXERS:
         assert len((out / stages[f"index-{m}"]["folder"] / "docids.tsv").read_text().splitlines()) == 30
         ev = json.loads((out / stages[f"eval-{m}-s0"]["folder"] / "metrics.json").read_text())
@@ -86,6 +91,23 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     report = json.loads((out / "report.json").read_text())
     assert report["bm25"]["recall@10"] == 100.0  # each test query shares a unique word with its document
     assert "| gc |" in (out / "report.md").read_text()
+    # paired comparisons: GC against every other scheme and BM25, on the same 10 test queries
+    comps = report["comparisons"]
+    assert {(c["a"], c["b"], c["metric"]) for c in comps} == {
+        ("gc", b, m) for b in (*INDEXERS[1:], "bm25") for m in ("recall@1", "recall@10", "mrr@100")}
+    for c in comps:
+        assert c["n_queries"] == 10 and 0.0 <= c["p_value"] <= 1.0
+        assert c["ci95"][0] <= c["diff"] <= c["ci95"][1]
+        per_q = json.loads((out / stages[f"eval-{c['b']}-s0"]["folder"] / "per_query.json").read_text()) \
+            if c["b"] != "bm25" else json.loads((out / stages["bm25"]["folder"] / "per_query.json").read_text())
+        assert len(per_q["qids"]) == 10
+    r10 = next(c for c in comps if c["b"] == "bm25" and c["metric"] == "recall@10")
+    assert r10["diff"] == pytest.approx(report["retrieval"]["gc"]["recall@10"] - 100.0, abs=0.01)
+    assert head["gc_vs_hkmi_recall_at_1_p"] == next(c["p_value"] for c in comps
+                                                    if c["b"] == "hkmi" and c["metric"] == "recall@1")
+    md = (out / "report.md").read_text()
+    assert "## Paired comparisons" in md and report["verdict"] in md
+    assert "GC" in report["verdict"] and "HKmI" in report["verdict"]
 
     # a second run reuses every stage and reports the same numbers
     assert main(_args(root, folder, out)) == 0
@@ -125,6 +147,17 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     ran = {name for name, s in _stages(out).items() if not s["reused"]}
     assert ran == {f"{s}-{m}-s1" for m in INDEXERS[1:] for s in ("train", "eval")}
     assert json.loads((killed[0] / "stage.json").read_text())["status"] == "complete"
+
+
+def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path, capsys):
+    root, folder = setup
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out, "indexers=[hkmi,random]", "bm25=false")) == 0
+    head = _last_json(capsys)
+    assert "score" not in _stages(out) and not list(out.glob("score-*"))  # nothing reads P
+    report = json.loads((out / "report.json").read_text())
+    assert {(c["a"], c["b"]) for c in report["comparisons"]} == {("hkmi", "random")}
+    assert "gc_vs_hkmi_recall_at_1_p" not in head and report["verdict"] == ""
 
 
 def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):

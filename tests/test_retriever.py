@@ -250,6 +250,71 @@ def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
         build_examples(tok, 10)
 
 
+def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word_tokenizer):
+    from transformers import AutoTokenizer
+
+    from training.data import build_examples
+
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    queries = [f"{WORDS[i]} {WORDS[i + 10]}" for i in range(10)]
+    gen_q = [f"{WORDS[(3 * i + k) % 30]} {WORDS[(7 * i + 2 * k) % 30]} {WORDS[k]}" for i in range(10) for k in range(4)]
+    gen_d = np.repeat(np.arange(10), 4)
+    kw = dict(train_queries=queries, train_rel=[[i] for i in range(10)], gen_queries=gen_q, gen_docs=gen_d,
+              doc_first=False, doc_windows=0, dev_fraction=0.2, seed=1)
+    old = build_examples(tok, 10, **kw)  # dev_min 0: the 2 real dev queries only
+    assert old.counts["dev_queries"] == 2 and old.counts["generated_queries"] == 40
+    ex = build_examples(tok, 10, dev_min=8, **kw)
+    c = ex.counts
+    assert c["dev_queries"] == 8 and c["dev_generated"] == 6 and c["dev_from"] == "real_queries+generated_queries"
+    assert c["generated_queries"] == 34 and c["train_examples"] == 8 + 34
+    dev_gen_docs = [int(r[0]) for r in ex.dev_rel[2:]]
+    assert len(set(dev_gen_docs)) == 6  # at most one held-out query per document
+    train_inputs = {tuple(ex.train[i]) for i in range(len(ex.train))}
+    assert not {tuple(ex.dev[i]) for i in range(len(ex.dev))} & train_inputs  # never trained on
+    assert np.array_equal(build_examples(tok, 10, dev_min=8, **kw).dev.ids, ex.dev.ids)  # seeded
+    # the first 2 generated queries of each document only
+    capped = build_examples(tok, 10, generated_per_doc=2, **kw)
+    assert capped.counts["generated_queries"] == 20
+    firsts = {tuple(tok(q)["input_ids"]) for i, q in enumerate(gen_q) if i % 4 < 2}
+    assert {tuple(capped.train[i]) for i in range(8, 28)} == firsts
+
+
+def test_patience_in_steps_becomes_validation_checks():
+    from training.stopping import patience_checks, steps_per_check
+
+    # 1,000 examples: batch 64 is 16 steps per epoch, batch 512 is 2
+    assert steps_per_check(1000, 64, 1, None) == 16 and steps_per_check(1000, 512, 1, None) == 2
+    assert patience_checks(200, steps_per_check(1000, 64, 1, None)) == 13
+    assert patience_checks(200, steps_per_check(1000, 512, 1, None)) == 100
+    assert steps_per_check(1000, 512, None, 50) == 50 and patience_checks(200, 50) == 4  # every 50 steps
+    assert steps_per_check(1000, 64, 2, 0.5) == 16
+    with pytest.raises(ValueError, match="patience_steps"):
+        patience_checks(0, 10)
+
+
+def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_size(tmp_path, word_tokenizer):
+    """A dev score that never improves (learning rate 0): epoch patience stops batch 20 after a few steps,
+    step patience lets both batch sizes run the same number of steps past the first check, and no stop
+    comes before min_steps."""
+    doc_ids, texts, codes = toy_corpus(20)
+
+    def steps(batch, **trainer):
+        res = train(tmp_path / f"b{batch}-{len(list(tmp_path.iterdir()))}", tiny_config(word_tokenizer), doc_ids, codes,
+                    train_queries=texts * 2, train_rel=[[i] for i in range(20)] * 2,
+                    examples=ExampleOptions(dev_fraction=0.25, doc_first=False, doc_windows=0),
+                    optim=OptimOptions(lr_encoder=0.0, lr_decoder=0.0, warmup_steps=0),
+                    trainer_opts=TrainerOptions(max_epochs=1000, batch_size=batch, enable_progress_bar=False,
+                                                tensorboard=False, resume=False, val_beam=4, num_sanity_val_steps=0,
+                                                monitor="val/mrr", **trainer), seed=0)
+        return res.global_step
+
+    # 30 training queries: batch 3 is 10 steps per epoch, batch 15 is 2
+    assert steps(15, patience=2) == 6  # per epoch: best at epoch 1, two epochs without gain
+    assert steps(3, patience=2) == 30
+    assert steps(15, patience_steps=20) == 22 and steps(3, patience_steps=20) == 30
+    assert steps(15, patience_steps=4, min_steps=12) == 12
+
+
 # ----------------------------------------------------------------------------- training
 
 def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), ckpt_every=None,

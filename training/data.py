@@ -9,8 +9,11 @@ Sources, each switchable (NCI/BMI use all three):
   ``window``-token windows per document (positions drawn from ``seed``).
 
 A **dev split** for model selection is held out from the *training* queries (a seeded random
-``dev_fraction``, at most ``dev_max`` queries); without real queries it is held out from the
-generated ones. The test split is never seen here.
+``dev_fraction``, at most ``dev_max`` queries). When that leaves fewer than ``dev_min`` dev queries (a few
+held-out titles or queries cannot rank checkpoints: one query moves Recall@1 by several points), generated
+queries are held out too, at most one per document, from a seeded random choice of documents, until the dev
+split holds ``dev_min`` queries; they are removed from training (their documents keep their other examples).
+Without real queries the dev split is held out from the generated ones. The test split is never seen here.
 
 Token ids are stored flat (``TokenStore``: one int32 array and offsets), not as Python lists, so a
 corpus of 10^5 documents with several windows each stays small.
@@ -186,6 +189,8 @@ def build_examples(
     max_doc_tokens: int = 2048,
     dev_fraction: float = 0.1,
     dev_max: int = 1000,
+    dev_min: int = 0,
+    generated_per_doc: int | None = None,
     seed: int = 0,
 ) -> RetrievalExamples:
     """Tokenise every source and hold out the dev split (see the module docstring).
@@ -196,6 +201,8 @@ def build_examples(
     doc_texts : n_docs document texts (needed for document-as-query inputs)
     train_queries, train_rel : real training queries and their relevant document indices
     gen_queries, gen_docs : generated queries and the document each was generated from
+    dev_min : with fewer real dev queries than this, held-out generated queries fill the dev split up to it
+    generated_per_doc : use only the first N generated queries of each document (None = all)
     """
     rng = np.random.default_rng(seed)
     if len(train_queries) != len(train_rel):
@@ -211,6 +218,9 @@ def build_examples(
     real_q = list(train_queries) if use_real else []
     gen_q = list(gen_queries) if use_generated else []
     gen_d = np.asarray(gen_docs, dtype=np.int64) if use_generated else np.zeros(0, np.int64)
+    if generated_per_doc is not None and len(gen_q):
+        keep = np.flatnonzero(_rank_within(gen_d) < generated_per_doc)
+        gen_q, gen_d = [gen_q[i] for i in keep], gen_d[keep]
     if len(real_q):
         rel = [np.asarray(r, dtype=np.int64) for r in train_rel]
         bad = [i for i, r in enumerate(rel) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
@@ -234,12 +244,22 @@ def build_examples(
         store = _tokenize(tokenizer, gen_q, max_query_len)
         keep = np.arange(len(gen_q))
         if not len(real_q) and len(gen_q) > 1:
-            n_dev = min(dev_max, int(round(dev_fraction * len(gen_q))))
+            n_dev = min(dev_max, max(int(round(dev_fraction * len(gen_q))), min(dev_min, len(gen_q) - 1)))
             perm = rng.permutation(len(gen_q))
             dev_idx, keep = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
             dev = store.take(dev_idx)
             dev_rel = [gen_d[i:i + 1] for i in dev_idx]
             counts["dev_from"] = "generated_queries"
+        elif len(dev_rel) < dev_min and len(gen_q) > 1:
+            # too few real dev queries: one held-out generated query each from a seeded choice of documents
+            first_of_doc = np.flatnonzero(_rank_within(gen_d) == 0)
+            pick = rng.permutation(first_of_doc)[:min(dev_min - len(dev_rel), len(first_of_doc) - 1)]
+            dev_idx = np.sort(pick)
+            keep = np.setdiff1d(keep, dev_idx)
+            dev = TokenStore.concat([dev, store.take(dev_idx)])
+            dev_rel = dev_rel + [gen_d[i:i + 1] for i in dev_idx]
+            counts["dev_from"] = f"{counts.get('dev_from', 'real_queries')}+generated_queries"
+            counts["dev_generated"] = int(len(dev_idx))
         parts.append(store.take(keep) if len(keep) < len(gen_q) else store)
         targets.append(gen_d[keep])
         counts["generated_queries"] = int(len(keep))
@@ -275,6 +295,18 @@ def build_examples(
     counts["docs_without_example"] = int(n_docs - len(np.unique(train_doc)))
     log.info("training examples: %s", counts)
     return RetrievalExamples(train, train_doc, dev, dev_rel, counts)
+
+
+def _rank_within(groups: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements share its group (0 for a group's first), vectorised."""
+    g = np.asarray(groups, dtype=np.int64)
+    order = np.argsort(g, kind="stable")
+    sg = g[order]
+    start = np.r_[0, np.flatnonzero(sg[1:] != sg[:-1]) + 1] if len(sg) else np.zeros(0, np.int64)
+    first = np.repeat(start, np.diff(np.r_[start, len(sg)]))
+    out = np.empty(len(g), dtype=np.int64)
+    out[order] = np.arange(len(g)) - first
+    return out
 
 
 class EpochSampler(Sampler[int]):

@@ -26,6 +26,7 @@ from indexing.trie import build_trie
 from training.data import RetrievalDataModule, build_examples, resume_point
 from training.model import RetrieverConfig, load_tokenizer
 from training.module import RetrieverModule
+from training.stopping import patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class ExampleOptions:
     max_doc_tokens: int = 2048
     dev_fraction: float = 0.1
     dev_max: int = 1000
+    dev_min: int = 0  # fewer real dev queries: held-out generated queries fill the dev split up to this
+    generated_per_doc: int | None = None  # only the first N generated queries of each document
 
 
 @dataclass
@@ -122,7 +125,9 @@ class TrainerOptions:
     check_val_every_n_epoch: int = 1
     val_check_interval: float | int | None = None
     limit_val_batches: float | int = 1.0
-    patience: int = 5
+    patience: int = 5  # validation checks without improvement before stopping
+    patience_steps: int | None = None  # instead: optimiser steps without improvement (training/stopping.py)
+    min_steps: int = 0  # no early stop before this many steps
     # what picks the exported checkpoint and stops early: "val/recall@1" (NCI) or "val/mrr" (MRR@val_beam,
     # finer-grained: on a dev set of a few queries recall@1 ties at 0 and the first epoch would be kept)
     monitor: str = "val/recall@1"
@@ -206,6 +211,16 @@ class _LossRecorder(pl.Callback):
     def losses(self) -> list[float]:
         self._flush()
         return self._done
+
+
+def _world_size(devices: Any, cuda: bool) -> int:
+    """Processes Lightning will train with (an epoch's batches are split among them)."""
+    if isinstance(devices, int) or str(devices).isdigit():
+        n = int(devices)
+        return torch.cuda.device_count() if n == -1 and cuda else max(1, n)
+    if isinstance(devices, (list, tuple)):
+        return max(1, len(devices))
+    return max(1, torch.cuda.device_count()) if cuda and str(devices) in ("auto", "-1") else 1
 
 
 def _precision(p: str | None, accelerator: str) -> str:
@@ -306,8 +321,15 @@ def train(
     callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), _DiesWithParent(), *callbacks]
     if t.enable_progress_bar and cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
-    if has_dev and t.patience > 0:
-        callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=t.patience))
+    if has_dev and (t.patience_steps or t.patience > 0):
+        patience = t.patience
+        if t.patience_steps:  # steps -> checks at this batch size and validation interval
+            per_check = steps_per_check(len(ex.train), batch_size, t.check_val_every_n_epoch, t.val_check_interval,
+                                        world_size=_world_size(t.devices, cuda))
+            patience = patience_checks(int(t.patience_steps), per_check)
+            log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
+                     "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
+        callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience))
     # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
     loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
     if t.tensorboard:
@@ -318,8 +340,8 @@ def train(
         except ImportError:
             pass
     trainer = pl.Trainer(
-        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, accelerator=t.accelerator,
-        devices=t.devices, strategy=t.strategy, precision=precision,
+        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=t.min_steps or None,
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=precision,
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
         log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=loggers,

@@ -8,9 +8,9 @@ __all__ = ["bm25_baseline"]
 
 def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "test") -> dict:
     """BM25 over ``corpus`` for ``queries`` (a :class:`gdr.data.QuerySet` over it) into ``out``: ``bm25.trec``,
-    ``qrels.txt`` and ``metrics.json``; returns ``{"metrics": {recall@1, recall@10, recall@100, mrr@100, ...}}``."""
+    ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics": {recall@1, recall@10, recall@100, mrr@100, ...}}``."""
     from eval.bm25 import bm25_run
-    from eval.retrieval import evaluate_run, write_qrels, write_trec_run
+    from eval.retrieval import PER_QUERY_FILE, evaluate_run, write_per_query, write_qrels, write_trec_run
     from gdr.io import atomic_write_json
 
     qs = queries
@@ -18,7 +18,8 @@ def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "
     out.mkdir(parents=True, exist_ok=True)
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     run = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=int(k))
-    metrics, _ = evaluate_run(run, qrels)
+    metrics, first = evaluate_run(run, qrels)
+    write_per_query(out / PER_QUERY_FILE, first)  # per-query metrics for the paired tests (eval/compare.py)
     write_trec_run(out / "bm25.trec", run, tag="bm25", depth=int(k))
     write_qrels(out / "qrels.txt", qrels)
     m = metrics.as_dict()

@@ -33,7 +33,8 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
 
     Returns (the ``metrics.json`` content, its markdown table)."""
     from eval.bm25 import bm25_run
-    from eval.retrieval import evaluate_run, markdown_table, write_qrels, write_trec_run
+    from eval.retrieval import (PER_QUERY_FILE, evaluate_run, markdown_table, write_per_query, write_qrels,
+                                write_trec_run)
     from gdr.io import atomic_write_json, atomic_write_text, write_manifest
     from training.search import Retriever
 
@@ -51,21 +52,24 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
     if unknown:
         log.warning("%d docids of the model are not in this corpus (e.g. %s)", len(unknown), next(iter(unknown)))
     t1 = time.time()
-    run, metrics, _ = evaluate_retriever(retriever, qs.qids, qs.texts, qrels, k=c["k"], beam=c["beam"])
+    run, metrics, first = evaluate_retriever(retriever, qs.qids, qs.texts, qrels, k=c["k"], beam=c["beam"])
     search_s = time.time() - t1
     rows = {c["tag"]: metrics.as_dict()}
     write_trec_run(out / "run.trec", run, tag=c["tag"], depth=c["k"])
     write_qrels(out / "qrels.txt", qrels)
+    write_per_query(out / PER_QUERY_FILE, first)  # the paired tests of `gdr run` read it (eval/compare.py)
     if c["bm25"]:
         brun = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=c["k"])
-        bm, _ = evaluate_run(brun, qrels)
+        bm, bfirst = evaluate_run(brun, qrels)
         rows["bm25"] = bm.as_dict()
         write_trec_run(out / "bm25.trec", brun, tag="bm25", depth=c["k"])
+        write_per_query(out / f"bm25.{PER_QUERY_FILE}", bfirst)
     metrics_json = {"split": split, "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9)}
     atomic_write_json(out / "metrics.json", metrics_json)
     table = markdown_table(rows, ["recall@1", "recall@10", "recall@100", "mrr@100", "n_queries"])
     atomic_write_text(out / "metrics.md", table)
     write_manifest(out, command="evaluate", run_dir=str(run_dir), corpus=corpus.name, split=split,
                    n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2),
-                   files=("metrics.json", "metrics.md", "run.trec", "bm25.trec", "qrels.txt"))
+                   files=("metrics.json", "metrics.md", "run.trec", "bm25.trec", "qrels.txt", PER_QUERY_FILE,
+                          f"bm25.{PER_QUERY_FILE}"))
     return metrics_json, table

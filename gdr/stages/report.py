@@ -15,6 +15,10 @@ __all__ = ["write_report", "headline", "cluster_headline", "METRICS"]
 METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 
 
+SCHEME_NAMES = {"gc": "GC", "hkmi": "HKmI", "bmi": "BMI", "random": "random ids", "atomic": "atomic ids",
+                "bm25": "BM25"}
+
+
 def cluster_headline(result: dict) -> dict:
     """GC and k-means (log P) ARI/ACC/NMI means and GC's largest cluster share, for the report and the demo."""
     out: dict = {}
@@ -43,22 +47,29 @@ def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
 
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
-                 seconds: float) -> dict:
+                 seconds: float, eval_dirs: dict[str, list] | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
     ``settings``: the run's settings as a plain dict (``conf/run.yaml``); ``records``: the stages
     (:class:`gdr.pipeline.StageRecord`); ``results``: per indexer, one row of test metrics per seed;
     ``indexes``: per indexer, the facts of its index (depth, balance); ``bm25``, ``cluster``: the facts of
-    those stages, or None."""
+    those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
+    each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`)."""
+    from eval.compare import compare_folders, comparison_table, find, verdict
+
     cfg = settings
     n_test = None
+    comparisons = compare_folders(eval_dirs or {}, reference="gc")
+    said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     lines = [f"# gdr run: {cfg['data']['name']}, {n_docs} documents", "",
              f"Command: `{command}`", "",
              f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
              f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{cfg['queries']['name']}` "
              f"(trained on `{cfg['queries']['train_split']}`, scored on `{cfg['queries']['test_split']}`).", ""]
+    if said:
+        lines += [f"**{said}**", ""]
     if cfg['queries']['name'] == "titles":
         lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
                   "not a benchmark of the field.", ""]
@@ -81,6 +92,12 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         n_test = bm25.get("n_queries", n_test)
     lines += ["", f"{n_test} test queries. The largest child share is the mean, over internal nodes, of the "
                   "fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
+    if comparisons:
+        lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
+                  f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
+                  "in percentage points, a 95% paired bootstrap interval (percentile) and a two-sided paired permutation "
+                  "test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
+                  "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster is not None:
         c = cluster
         lines += ["## Flat clustering against the labels", "",
@@ -100,7 +117,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
     report = {"command": command, "seconds": seconds, "n_docs": n_docs, "n_test_queries": n_test,
               "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
-              "cluster": cluster,
+              "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
                          for r in records]}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
@@ -140,7 +157,8 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str) -> None:
 
 
 def headline(report: dict) -> dict:
-    """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 per indexer and of BM25."""
+    """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 per indexer and of BM25, and the
+    paired permutation p-value of GC vs HKmI on Recall@1."""
     out: dict = {"seconds": report["seconds"]}
     c = report.get("cluster") or {}
     for k in ("gc_ari", "logp_kmeans_ari", "gc_largest_cluster_share"):
@@ -154,4 +172,9 @@ def headline(report: dict) -> dict:
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):
         out["bm25_recall_at_1"] = report["bm25"]["recall@1"]
+    from eval.compare import find
+
+    c = find(report.get("comparisons") or [], "gc", "hkmi", "recall@1")
+    if c is not None:
+        out["gc_vs_hkmi_recall_at_1_p"] = c["p_value"]
     return out

@@ -23,6 +23,8 @@ def run_main(argv: list[str]) -> int:
     claim_out("run", cfg)  # the run folder: writable, and this process's alone; stages lock their folders too
     report = run_pipeline(cfg, argv)
     print(open(Path(cfg.out) / "report.md", encoding="utf-8").read())
+    if report.get("verdict"):
+        print(report["verdict"])
     print(json.dumps(headline(report)))
     sys.stdout.flush()
     return 0

@@ -1,0 +1,104 @@
+"""Paired comparison of retrieval systems (eval/compare.py) on constructed per-query metrics."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eval.compare import compare_folders, compare_systems, find, paired_test, verdict
+from eval.retrieval import metrics_from_ranks, per_query_metrics, write_per_query
+
+
+def test_a_clear_difference_has_an_interval_excluding_zero_and_a_small_p():
+    # 60 queries: a finds 50, b finds 20 of them (b's hits are a subset of a's)
+    a = np.r_[np.ones(50), np.zeros(10)]
+    b = np.r_[np.ones(20), np.zeros(40)]
+    diff, lo, hi, p = paired_test(a, b)
+    assert diff == pytest.approx(0.5)
+    assert 0 < lo < diff < hi < 1
+    assert p < 1e-3
+    assert paired_test(a, b) == (diff, lo, hi, p)  # fixed resampling seed: same inputs, same result
+
+
+def test_no_difference_gives_p_one_and_a_zero_interval():
+    x = np.r_[np.ones(7), np.zeros(5)]
+    assert paired_test(x, x) == (0.0, 0.0, 0.0, 1.0)
+
+
+def test_the_permutation_test_is_paired_and_exact_for_few_queries():
+    # 5 queries, a wins each by 1: of the 2^5 sign flips only all-plus and all-minus reach |mean| = 1
+    diff, lo, hi, p = paired_test(np.ones(5), np.zeros(5))
+    assert (diff, lo, hi) == (1.0, 1.0, 1.0)
+    assert p == pytest.approx(2 / 32)
+    # an unpaired test would see two groups {1,1,1,1,1} vs {0,0,0,0,0}; pairing matters when queries differ in
+    # difficulty: a constant +0.1 on queries of very different levels is significant only when paired
+    base = np.linspace(0, 0.8, 12)
+    _, lo, _, p = paired_test(base + 0.1, base)
+    assert lo > 0 and p < 0.001
+
+
+def test_noise_is_not_significant():
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 2, 40).astype(float), rng.integers(0, 2, 40).astype(float)
+    diff, lo, hi, p = paired_test(a, b)
+    assert lo < 0 < hi and p > 0.05
+
+
+def test_compare_systems_averages_seeds_per_query_and_aligns_queries():
+    q = [f"q{i}" for i in range(30)]
+    gc = np.stack([np.r_[np.ones(25), np.zeros(5)], np.r_[np.ones(20), np.zeros(10)]])  # 2 seeds
+    other = np.r_[np.ones(5), np.zeros(25)]
+    order = np.random.default_rng(0).permutation(30)
+    systems = {"gc": {"recall@1": gc}, "hkmi": {"recall@1": other[order][None]}}
+    out = compare_systems(systems, {"gc": q, "hkmi": [q[i] for i in order]}, "gc", metrics=("recall@1",), scale=100)
+    (c,) = out
+    assert (c.a, c.b, c.metric, c.n_queries, c.n_seeds_a, c.n_seeds_b) == ("gc", "hkmi", "recall@1", 30, 2, 1)
+    assert c.diff == pytest.approx(100 * (22.5 - 5) / 30, abs=1e-3)
+    assert c.ci95[0] > 0 and c.p_value < 0.01
+    assert "GC beats HKmI" in verdict(c, names={"gc": "GC", "hkmi": "HKmI"})
+    flipped = compare_systems(systems, {"gc": q, "hkmi": [q[i] for i in order]}, "hkmi", metrics=("recall@1",))[0]
+    assert flipped.diff == pytest.approx(-c.diff / 100, abs=1e-4)
+    assert "is beaten by" in verdict(flipped)
+
+
+def test_per_query_metrics_average_to_the_reported_metrics():
+    ranks = np.array([0, 1, 3, 12, 1, 150])
+    pq = per_query_metrics(ranks)
+    m = metrics_from_ranks(ranks)
+    assert pq["recall@1"].tolist() == [0, 1, 0, 0, 1, 0]
+    assert pq["mrr@100"].mean() == pytest.approx(m.mrr)
+    assert pq["recall@10"].mean() == pytest.approx(m.recall[10])
+
+
+def test_compare_folders_reads_per_query_files(tmp_path):
+    qids = [f"q{i}" for i in range(40)]
+    dirs = {}
+    for name, found in (("gc", 30), ("hkmi", 28), ("bm25", 40)):
+        d = tmp_path / name
+        d.mkdir()
+        write_per_query(d / "per_query.json", dict(zip(qids, [1] * found + [0] * (40 - found))))
+        dirs[name] = [d]
+    comps = compare_folders(dirs, reference="gc")
+    assert {(c["b"], c["metric"]) for c in comps} == {(b, m) for b in ("hkmi", "bm25")
+                                                      for m in ("recall@1", "recall@10", "mrr@100")}
+    assert set(comps[0]) >= {"a", "b", "metric", "n_queries", "diff", "ci95", "p_value"}
+    near = find(comps, "gc", "hkmi", "recall@1")
+    assert near["diff"] == pytest.approx(5.0) and near["ci95"][0] <= 0 <= near["ci95"][1]
+    assert "not significant" in verdict(near)
+    far = find(comps, "gc", "bm25", "recall@1")
+    assert far["diff"] == pytest.approx(-25.0) and far["ci95"][1] < 0 and far["p_value"] < 0.01
+    assert compare_folders({"gc": dirs["gc"]}) == []
+
+
+def test_mean_interval_covers_the_mean():
+    from eval.compare import mean_interval
+
+    x = np.r_[np.ones(30), np.zeros(70)]
+    mean, lo, hi = mean_interval(x)
+    assert mean == pytest.approx(0.3) and 0.19 < lo < 0.3 < hi < 0.41
+    assert mean_interval(np.ones(5)) == (1.0, 1.0, 1.0)
+
+
+def test_one_discordant_query_of_ten_gives_an_interval_inside_the_resampled_range():
+    a, b = np.zeros(10), np.r_[1.0, np.zeros(9)]
+    diff, lo, hi, p = paired_test(a, b)
+    assert diff == pytest.approx(-0.1) and -0.31 < lo <= diff and hi == 0.0 and p == 1.0

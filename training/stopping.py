@@ -1,0 +1,32 @@
+"""Early stopping counted in optimiser steps, so that runs at different batch sizes train comparable amounts.
+
+Lightning's ``EarlyStopping`` counts *validation checks* without improvement. Validated once per epoch, a
+patience of 5 is 5 epochs: at batch 512 on 1,000 documents an epoch is ~13 steps, so training stopped after
+~180 steps, where batch 64 would have run eight times as many. Here the patience is given in steps
+(``patience_steps``) and turned into checks for the validation interval in use (every ``val_check_interval``
+steps across epochs, or once per ``check_val_every_n_epoch`` epochs of ``ceil(n_train / batch)`` steps), and
+a minimum number of steps (``min_steps``, Lightning's ``Trainer(min_steps=...)``) holds off any stop before it.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["steps_per_check", "patience_checks"]
+
+
+def steps_per_check(n_train: int, batch_size: int, check_val_every_n_epoch: int | None,
+                    val_check_interval: float | int | None, world_size: int = 1) -> float:
+    """Optimiser steps between two validations for Lightning's validation settings."""
+    per_epoch = max(1, math.ceil(n_train / (batch_size * max(1, world_size))))
+    if isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool):
+        return float(val_check_interval) if check_val_every_n_epoch is None else float(min(val_check_interval, per_epoch))
+    frac = 1.0 if val_check_interval is None else float(val_check_interval)
+    return per_epoch * (frac if check_val_every_n_epoch is None else frac * check_val_every_n_epoch)
+
+
+def patience_checks(patience_steps: int, per_check: float) -> int:
+    """Validation checks without improvement that span ``patience_steps`` steps (at least 1)."""
+    if patience_steps <= 0:
+        raise ValueError(f"trainer.patience_steps={patience_steps}: give a positive number of steps, or null "
+                         "to count the patience in validation checks (trainer.patience)")
+    return max(1, math.ceil(patience_steps / max(per_check, 1e-9)))
