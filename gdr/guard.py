@@ -34,10 +34,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "release_all", "die_with_parent", "launched_rank", "replace_together", "write_error_line", "OUT_OPTION"]
+           "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw", "write_error_line",
+           "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
 # The option that names each command's output folder.
@@ -244,6 +245,22 @@ def replace_together(files: dict[str | os.PathLike, Callable[[Path], None]]) -> 
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def withdraw(files: Sequence[str | os.PathLike]) -> list[Path]:
+    """Delete ``files`` in order (the one readers trust most first) and return those that existed.
+
+    ``gdr run`` withdraws the report of the previous run when it starts: until this run has finished and
+    written its own, no ``report.json`` in the folder looks current (a stopped, killed or failed run leaves
+    none, not the previous one). The stages keep everything; a rerun writes the report again in seconds."""
+    gone = []
+    for f in map(Path, files):
+        try:
+            f.unlink()
+            gone.append(f)
+        except FileNotFoundError:
+            pass
+    return gone
 
 
 # ----------------------------------------------------------------------------------- late write errors

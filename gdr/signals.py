@@ -26,8 +26,8 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["Stopped", "install", "uninstall", "received", "pending", "deferred", "stop_line", "exit_code",
-           "set_where", "SIGNALS"]
+__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "deferred", "stop_line", "exit_code",
+           "set_where", "name", "SIGNALS"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _state: dict = {"signum": None, "defer": 0, "where": None, "timer": None, "previous": {}}
@@ -64,6 +64,14 @@ def install() -> None:
     for sig in SIGNALS:
         prev = signal.signal(sig, _handler)
         _state["previous"].setdefault(sig, prev)
+
+
+def reclaim() -> None:
+    """Route the signals to :class:`Stopped` again after a library replaced the handlers (Lightning's
+    Trainer turns SIGTERM into its own exit, without a checkpoint); a no-op unless :func:`install` ran."""
+    if _state["previous"] and threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _handler)
 
 
 def uninstall() -> None:
@@ -114,6 +122,10 @@ def deferred(grace_s: float = 10.0) -> Iterator[None]:
 def set_where(where: str | None) -> None:
     """What the stop line names as running (``stage train-gc-s0``); None = nothing in particular."""
     _state["where"] = where
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 def exit_code(signum: int) -> int:

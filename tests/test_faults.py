@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,10 +26,10 @@ HERE = Path(__file__).parent
 EXTRA = ("indexers=[gc,bmi]", "score.shard_size=8", "train.trainer.checkpoint_every_n_steps=2", "plot=false")
 
 
-def _run(root, folder, out, capsys, caplog) -> tuple[dict, str]:
+def _run(root, folder, out, capsys, caplog, *more: str) -> tuple[dict, str]:
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        assert main(_args(root, folder, out, *EXTRA)) == 0
+        assert main(_args(root, folder, out, *EXTRA, *more)) == 0
     head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     head.pop("seconds")
     return head, caplog.text
@@ -218,18 +219,30 @@ def test_p_manifest_of_other_settings_is_scored_again_by_run(finished, tmp_path,
     assert "disagrees with this stage's settings; scoring P again" in logs
 
 
-def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
+def _signalled_at(point: str, sig: int, argv: list[str], tmp_path: Path, command: str = "run") -> tuple[int, str, float]:
+    """Start ``gdr <command> argv`` (tests/run_script.py), send ``sig`` once it reaches ``point``; returns its
+    exit code, its stderr and the seconds from the signal to its exit."""
     ready = tmp_path / f"ready-{point.replace(':', '-')}"
-    env = dict(os.environ, GDR_TEST_PAUSE=point, GDR_TEST_READY=str(ready),
+    ready.unlink(missing_ok=True)
+    env = dict(os.environ, GDR_TEST_PAUSE=point, GDR_TEST_READY=str(ready), GDR_TEST_COMMAND=command,
                PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
-    proc = subprocess.Popen([sys.executable, str(HERE / "run_script.py"), *_args(root, folder, out, *EXTRA)[1:]],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(HERE / "run_script.py"), *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate()
+    t0 = time.time()
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert ready.exists(), f"never reached {point}: {err.decode()[-2000:]}"
+    return proc.returncode, err.decode(), time.time() - t0
+
+
+def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
+    _signalled_at(point, signal.SIGKILL, _args(root, folder, out, *EXTRA)[1:], tmp_path)
 
 
 def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(finished, tmp_path, capsys, caplog):
@@ -288,3 +301,61 @@ def test_integrity_bench_verifies_a_finished_run(finished, capsys):
     assert bench(["--mb", "1", "--repeats", "1", "--run", str(ref)]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["gib_per_s"] > 0 and 0 < res["bytes_hashed"] <= res["bytes_total"]
+
+
+# ----------------------------------------------------------------------------------- SIGTERM / SIGINT
+def _last_line(err: str) -> str:
+    return err.strip().splitlines()[-1]
+
+
+def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished, tmp_path, capsys, caplog):
+    """Issue 23, 1: SIGTERM while `gdr run` trains (a scheduler's preemption) exited 0, said nothing and left
+    the previous report.json. Now: exit 143 within seconds, one line naming the stage, last.ckpt written at
+    the batch the signal came in, no report.json; the rerun resumes from that checkpoint to the same result."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    shutil.rmtree(_folder(out, "train-gc-s0"))  # the issue's `rm -rf r/train-gc*`
+    rc, err, seconds = _signalled_at("train-slow", signal.SIGTERM, _args(root, folder, out, *EXTRA)[1:], tmp_path)
+    assert rc == 143, err[-2000:]
+    assert _last_line(err) == ("gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to "
+                               "resume"), err[-2000:]
+    assert "Traceback" not in err
+    assert seconds < 8, seconds  # at the next batch end, not after the 10 s grace period
+    assert not (out / "report.json").exists() and not (out / "report.md").exists()
+    (train,) = [p for p in out.glob("train-gc-s0-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
+    last = train / "checkpoints" / "last.ckpt"
+    saved = re.search(rf"stopping on SIGTERM: resume point {re.escape(str(last))} \(step (\d+)\)", err)
+    assert saved, err[-2000:]
+    import torch
+
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == int(saved.group(1))
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head  # resumed from the signal's checkpoint to the uninterrupted result
+    assert f"resuming from {last}" in logs
+
+
+@pytest.mark.parametrize("point,sig", [("sample", signal.SIGTERM), ("stage:score", signal.SIGINT)])
+def test_a_signal_while_sampling_or_between_stages_stops_with_one_line(finished, tmp_path, point, sig):
+    root, folder, _, _ = finished
+    out = tmp_path / "run"
+    rc, err, seconds = _signalled_at(point, sig, _args(root, folder, out, *EXTRA)[1:], tmp_path)
+    name = signal.Signals(sig).name
+    assert rc == 128 + sig, err[-2000:]
+    assert _last_line(err).startswith(f"gdr run: stopped by {name}") and \
+        _last_line(err).endswith("; rerun the same command to resume"), err[-2000:]
+    assert "Traceback" not in err and seconds < 8
+
+
+def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
+    """Ctrl-C during `gdr train` exited 1 (Lightning's own exit); now 130 and the line, with a resume point."""
+    root, folder, ref, _ = finished
+    out = tmp_path / "t"
+    argv = [f"data.name={folder}", f"docids={_folder(ref, 'index-gc') / 'docids.tsv'}", "model.size=tiny",
+            "trainer.max_steps=60", "trainer.max_epochs=100", "trainer.batch_size=16", "trainer.tensorboard=false",
+            "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=2", "trainer.num_sanity_val_steps=0",
+            "trainer.check_val_every_n_epoch=50", f"out_dir={out}"]
+    rc, err, seconds = _signalled_at("train-slow", signal.SIGINT, argv, tmp_path, command="train")
+    assert rc == 130, err[-2000:]
+    assert _last_line(err) == "gdr train: stopped by SIGINT; rerun the same command to resume", err[-2000:]
+    assert seconds < 8 and (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()

@@ -41,8 +41,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from gdr import signals
 from gdr.config import command_config, save_config, to_container
-from gdr.guard import LOCK_FILE, claim_folder, replace_together
+from gdr.guard import LOCK_FILE, claim_folder, replace_together, withdraw
 from gdr.io import (atomic_write_json, bytes_digest, check_readable, hash_strings, record_files,
                     verify_files)
 
@@ -55,6 +56,7 @@ STAGE_FILE = "stage.json"
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
+REPORT_FILES = ("report.json", "report.md", "report.png")  # report.json first: readers trust it most
 METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
@@ -143,6 +145,7 @@ class Pipeline:
             log.info("stage %s: running into %s", name, folder)
         atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
         t0 = time.perf_counter()
+        signals.set_where(f"stage {name}")  # what a SIGTERM's one line names
         info = build(folder) or {}
         seconds = round(time.perf_counter() - t0, 2)
         artifacts = record_files(folder, exclude=(STAGE_FILE,))
@@ -150,6 +153,7 @@ class Pipeline:
                                    "seconds": seconds, "info": info, "artifacts": artifacts, "outputs": list(outputs),
                                    "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        signals.set_where(None)
         rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs))
         self.records.append(rec)
         return rec
@@ -292,6 +296,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     _check(cfg)
     t_start = time.perf_counter()
     pipe = Pipeline(cfg.out)
+    if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
+        log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
     corpus = load_data(cfg)
     texts = corpus.model_inputs()

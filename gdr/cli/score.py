@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -161,6 +162,8 @@ def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int 
     from gdr.guard import die_with_parent
 
     die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's terminate(), or a scheduler: go at once, quietly
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -198,17 +201,22 @@ def score_in_processes(cfg, n_proc: int) -> Path:
     port = _free_port()
     procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, to_container(cfg), os.getpid()), daemon=True)
              for r in range(n_proc)]
-    for p in procs:
-        p.start()
     failed = []
-    for r, p in enumerate(procs):
-        p.join()
-        if p.exitcode != 0:
-            failed.append((r, p.exitcode))
-    if failed:
+    try:
+        for p in procs:
+            p.start()
+        for r, p in enumerate(procs):
+            p.join()
+            if p.exitcode != 0:
+                failed.append((r, p.exitcode))
+    finally:  # a failed worker, or a SIGTERM / Ctrl-C of this process (gdr.signals): none is left running
         for p in procs:
             if p.is_alive():
                 p.terminate()
+        for p in procs:
+            if p.pid is not None:
+                p.join()
+    if failed:
         raise RuntimeError(f"scoring process(es) {failed} failed (rank, exit code); rerun the same command to "
                            f"resume from the finished shards in {cfg.out}")
     return Path(cfg.out) / "P.npy"
