@@ -167,6 +167,41 @@ def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
     assert np.array_equal(np.load(ref / "P.npy"), np.load(out / "P.npy"))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, tmp_path, sig):
+    """Issue 23, 1: SIGTERM to the whole job (a scheduler) or Ctrl-C (SIGINT to the terminal's process group)
+    while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints
+    a traceback or outlives it, and the rerun resumes from the finished shards."""
+    out = tmp_path / "stopped"
+    cmd = [sys.executable, "-m", "gdr.cli", *_score_args(toy, out, "score.processes=2")]
+    env = _env(HERE / "slow_scoring", GDR_TEST_SCORE_DELAY="0.4")
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        deadline = time.time() + 120
+        while time.time() < deadline and not list((out / "P.shards").glob("*.done")):
+            assert proc.poll() is None, "gdr score ended before the signal"
+            time.sleep(0.05)
+        children = parent.children(recursive=True)
+        os.killpg(proc.pid, sig)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=60)
+        seconds = time.time() - t0
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == [], [(c.pid, c.cmdline()) for c in alive]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert err.strip().splitlines()[-1] == f"gdr score: stopped by {name}; rerun the same command to resume", err
+    assert "Traceback" not in err and seconds < 10, (seconds, err[-2000:])
+    assert main(_score_args(toy, out)) == 0  # resumes the finished shards
+    assert (out / "P.npy").is_file()
+
+
 def test_die_with_parent_arms_prctl_or_a_watcher():
     """The worker-side call: PR_SET_PDEATHSIG on Linux (read back with PR_GET_PDEATHSIG), a watcher elsewhere."""
     code = textwrap.dedent("""

@@ -151,6 +151,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _leave(signum, frame) -> None:
+    """A scoring worker's SIGTERM: exit now, through Python's clean-up (no leaked-semaphore warnings), silently
+    (``multiprocessing`` exits a process on ``SystemExit`` without a traceback)."""
+    sys.exit(128 + signum)
+
+
 def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
 
@@ -163,7 +169,7 @@ def _score_worker(rank: int, world: int, port: int, cfg_dict: dict, parent: int 
 
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's terminate(), or a scheduler: go at once, quietly
+    signal.signal(signal.SIGTERM, _leave)  # the parent's terminate(), or a scheduler: go at once, quietly
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
