@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Sequence
 
@@ -16,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from gdr.io import atomic_write_text
 
-__all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container"]
+__all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container", "rerun_command",
+           "RerunCommand", "override_value"]
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +71,90 @@ def save_config(cfg: DictConfig, out_dir: str | os.PathLike, name: str = "config
 
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------- advice that works
+# The command -> its conf/<name>.yaml, the option naming its output folder, the config it saves there.
+_SAVED = {"sample": ("sample", "out", "sample.config.yaml"), "score": ("score", "out", "score.config.yaml"),
+          "index": ("index", "out", "config.yaml"), "train": ("train", "out_dir", "config.yaml")}
+_PLAIN = re.compile(r"[A-Za-z_./~-][\w./~-]*")
+_OTHER_TYPE = re.compile(r"(?i)(null|true|false|nan|[-+]?inf|[-+]?[\d._]+(e[-+]?\d+)?)")
+
+
+def override_value(v) -> str:
+    """``v`` in Hydra's override grammar (strings that would parse as another type, or hold other
+    characters, are quoted)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(override_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{override_value(x)}" for k, x in v.items()) + "}"
+    v = str(v)
+    if _PLAIN.fullmatch(v) and not _OTHER_TYPE.fullmatch(v):
+        return v
+    return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _leaves(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def rerun_command(command: str, folder: str | os.PathLike, **replace) -> str:
+    """The ``gdr <command> ...`` line that redoes the work of ``folder`` with the settings it was made with.
+
+    The settings come from the config the command saved there (``gdr run``'s stage folders hold one too):
+    every key whose value differs from ``conf/<command>.yaml``'s default becomes an override, keys of the
+    command's sections that the default lacks a ``+key=`` one; the output option points at ``folder``.
+    ``replace``: overrides to set on top (``sample__per_doc=10`` for ``sample.per_doc=10``). Without a saved
+    config: ``gdr <command> <out option>=<folder>``, and the caller's message should say what else to give."""
+    name, option, saved = _SAVED[command]
+    folder = Path(folder)
+    args: list[str] = []
+    cfg_file = folder / saved
+    if cfg_file.is_file():
+        try:
+            mine = _leaves(OmegaConf.to_container(OmegaConf.load(cfg_file), resolve=True))
+            base = OmegaConf.to_container(load_config(name), resolve=True)
+        except Exception as e:  # an unreadable saved config: the short form, not a second error
+            log.debug("rerun_command: %s: %s", cfg_file, e)
+            mine, base = {}, {}
+        flat = _leaves(base)
+        for key, value in mine.items():
+            if key in (option, "hydra") or key.split(".")[0] == "hydra":
+                continue
+            if key in flat:
+                if value != flat[key]:
+                    args.append(f"{key}={override_value(value)}")
+            elif isinstance(base.get(key.split(".")[0]), dict):
+                args.append(f"+{key}={override_value(value)}")
+    for key, value in replace.items():
+        key = key.replace("__", ".")
+        args = [a for a in args if not a.lstrip("+").startswith(f"{key}=")] + [f"{key}={override_value(value)}"]
+    args.append(f"{option}={folder}")
+    return " ".join(["gdr", command, *(shlex.quote(a) for a in args)])
+
+
+class RerunCommand:
+    """:func:`rerun_command`, worked out only when the message holding it is formatted (an error path), since
+    composing the command's default config takes a Hydra composition."""
+
+    def __init__(self, command: str, folder: str | os.PathLike, template: str = "{}", **replace):
+        self.args = (command, folder)
+        self.template = template  # the text around the command: "run `{}` (it re-scores what is damaged)"
+        self.replace = replace
+
+    def __str__(self) -> str:
+        return self.template.format(rerun_command(*self.args, **self.replace))
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731

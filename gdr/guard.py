@@ -269,10 +269,13 @@ def write_error_line(exc: BaseException, command: str) -> str | None:
     if not isinstance(exc, OSError) or exc.errno not in _NO_SPACE | _NO_WRITE:
         return None
     option = OUT_OPTION.get(command, "out")
-    if exc.errno in _NO_WRITE and exc.filename and not any(
-            Path(os.path.realpath(exc.filename)).is_relative_to(p) for p in _HELD):
-        return f"{exc.filename}: {_reason(exc)} (an input, outside the folders this command writes); fix its permissions"
+    # A copy or a move (shutil: Lightning's checkpoints are written to a temporary file, then moved into the
+    # out folder) names the source first and the file it was writing second: that one is on the full disk.
+    target = getattr(exc, "filename2", None) or exc.filename
+    if exc.errno in _NO_WRITE and target and not any(
+            Path(os.path.realpath(target)).is_relative_to(p) for p in _HELD):
+        return f"{target}: {_reason(exc)} (an input, outside the folders this command writes); fix its permissions"
     # a failed write or flush names no file: name the folder this command writes (the first it locked)
-    where = exc.filename or next((f"into {held}" for _, held in _HELD.values()), "its outputs")
+    where = target or next((f"into {held}" for _, held in _HELD.values()), "its outputs")
     what = "no space left on the device" if exc.errno in _NO_SPACE else _reason(exc)
     return f"cannot write {where} ({what}); {_fix(option, exc)}, then rerun the same command to resume"

@@ -99,11 +99,13 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
 
     Lines for doc ids not in ``doc_ids`` are an error naming the line (a docids/corpus mismatch).
     """
+    from gdr.config import RerunCommand
     from gdr.io import check_manifest_files, read_jsonl
 
     path = Path(path)
     check_manifest_files(path.parent, only=[path.name], name="doc_queries.manifest.json",
-                         fix=f"re-sample: delete {path} and rerun `gdr sample sample.per_doc=N out={path.parent}`")
+                         fix=RerunCommand("sample", path.parent, f"re-sample: delete {path} and "
+                                          f"{path.parent / 'doc_queries.manifest.json'}, then run `{{}}`"))
     pos = {d: i for i, d in enumerate(doc_ids)}
     seen: dict[str, int] = {}
     texts, docs = [], []

@@ -44,8 +44,8 @@ from omegaconf import DictConfig, OmegaConf
 from gdr import signals
 from gdr.config import command_config, save_config, to_container
 from gdr.guard import LOCK_FILE, claim_folder, replace_together, withdraw
-from gdr.io import (atomic_write_json, bytes_digest, check_readable, hash_strings, record_files,
-                    verify_files)
+from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
+                    record_files, verify_files)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,9 @@ class Pipeline:
             _clear(folder, rel, resumes)
         elif old is not None:
             log.info("stage %s: continuing the unfinished run in %s", name, folder)
+        elif any(p.name not in (LOCK_FILE,) for p in folder.iterdir()):
+            log.warning("stage %s: %s is missing, though the folder holds files; re-running the stage (it resumes "
+                        "from what passes its checks)", name, marker)
         else:
             log.info("stage %s: running into %s", name, folder)
         atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
@@ -174,6 +177,11 @@ class Pipeline:
         files = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
                  if p.is_file() and p.name != STAGE_FILE and not p.name.startswith(".")]
         bad = check_readable(folder, files)
+        for manifest in sorted(folder.glob("*manifest.json")) if bad is None else ():
+            # what the stage's own command recorded (a train folder's model/*, docids.tsv): checked, not trusted
+            bad = _failure(folder, lambda m=manifest: check_manifest_files(folder, name=m.name))
+            if bad is not None:
+                break
         if bad is None and check is not None:
             bad = check(folder)
         if bad is None:
@@ -292,6 +300,7 @@ def _check(cfg: DictConfig) -> None:
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` into ``cfg.out``; returns the headline numbers (also in report.json)."""
     from gdr.cli.score import build_lm, load_data
+    from gdr.cli.validate import check_query_splits
 
     _check(cfg)
     t_start = time.perf_counter()
@@ -300,6 +309,10 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
     corpus = load_data(cfg)
+    # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
+    check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
+                       to_container(cfg.data), corpus.doc_ids, need=cfg.queries.test_split,
+                       docs_tsv=cfg.data.get("docs_tsv"))
     texts = corpus.model_inputs()
     corpus_sig = corpus_signature(cfg, corpus)
     lm_sig = to_container(cfg.model)

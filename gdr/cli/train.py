@@ -67,13 +67,18 @@ def _load_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     return qs
 
 
-def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
-    """Codes in corpus order; every corpus document needs one."""
+def _read_docids(path: str) -> tuple[list[str], list[tuple[int, ...]]]:
+    """(doc ids, codes) of a docids.tsv, checked against its folder's manifest and line by line."""
     from gdr.io import check_manifest_files
     from indexing.docids import read_docids
 
     check_manifest_files(Path(path).parent, only=["docids.tsv"], fix="rebuild the docids with `gdr index`")
-    ids, codes = read_docids(path)
+    return read_docids(path)
+
+
+def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
+    """Codes in corpus order; every corpus document needs one."""
+    ids, codes = _read_docids(path)
     by_id = dict(zip(ids, codes))
     missing = [d for d in corpus_ids if d not in by_id]
     if missing:
@@ -92,6 +97,7 @@ def train_main(argv: list[str]) -> int:
     if cfg is None:  # --cfg: printed
         return 0
     validate("train", cfg)
+    _read_docids(cfg.docids)  # a bad docids.tsv is refused before out_dir is made (it would hold a config only)
     claim_out("train", cfg)
     res = train_from_config(cfg)
     print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")

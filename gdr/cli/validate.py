@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["ConfigError", "validate", "error_line", "exit_line"]
+__all__ = ["ConfigError", "validate", "check_query_splits", "error_line", "exit_line"]
 
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
 
@@ -334,6 +334,17 @@ def string_list(*choices: str) -> Check:
     return check
 
 
+def fractions(v, sec):
+    """Train/dev/test shares of a query split (titles): three numbers >= 0 that sum to 1."""
+    vals = list(v) if isinstance(v, (list, ListConfig)) else None
+    if vals is None or len(vals) != 3 or not all(_is_num(x) and x >= 0 for x in vals):
+        return "must be three numbers >= 0 for train/dev/test, e.g. [0.8, 0.1, 0.1]"
+    total = float(sum(vals))
+    if abs(total - 1.0) > 1e-6:
+        return f"must sum to 1 (these sum to {total:g}), e.g. [0.8, 0.1, 0.1]"
+    return None
+
+
 def non_empty_list(v, sec):
     return None if isinstance(v, (list, ListConfig)) and len(v) > 0 else "must be a non-empty list"
 
@@ -528,6 +539,7 @@ TRAIN_STAGE = (
 )
 TRAIN_COMMAND = (
     Rule("docids", existing("file"), "docids.tsv from `gdr index`"),
+    Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents"),
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
     Rule("queries.path", optional(existing())),
     Rule("seed", seed),
@@ -543,6 +555,7 @@ EVALUATE_STAGE = (
 )
 EVALUATE_COMMAND = (
     Rule("run_dir", train_run),
+    Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents"),
     Rule("queries.path", optional(existing())),
 )
 RUN = (
@@ -551,6 +564,7 @@ RUN = (
     Rule("queries.path", optional(existing())),
     Rule("queries.train_split", lambda v, sec: None if isinstance(v, str) and v else "must be a split name"),
     Rule("queries.test_split", other_than("queries.train_split")),
+    Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents"),
     Rule("doc_queries.per_doc", per_doc_for_bmi, "generated training queries per document"),
     Rule("doc_queries.seed", seed),
     Rule("doc_queries.batch_size", auto_or(POSITIVE), "queries per decode batch; auto = as sample.batch_size"),
@@ -659,6 +673,25 @@ def validate(command: str, cfg: DictConfig) -> None:
                 if problem:
                     full = f"{prefix}.{key}" if prefix else key
                     raise ConfigError(f"{full}={_show(value)}: {problem}" + (f" ({rule.what})" if rule.what else ""))
+
+
+# ---------------------------------------------------------------------------- input files
+
+def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,
+                       docs_tsv: str | None = None) -> None:
+    """Read the query set of every ``queries`` section (``{"name", "split", "path", ...}``, one per split a
+    command will use) against the loaded corpus, so that a bad qrels or query line (an unknown document or
+    query id: a :class:`gdr.data.DataError` naming file:line) stops the command before its first heavy
+    step rather than hours later; and the split ``need`` must hold a query with a relevant document."""
+    from gdr.cli.train import _load_queries
+
+    ids = set(corpus_ids)
+    for q in sections:
+        qs = _load_queries(q, data, ids, docs_tsv)
+        if q["split"] == need and (qs is None or len(qs) == 0):
+            raise ConfigError(f"queries.test_split={need}: no {need!r} query of queries.name={q['name']} has a "
+                              f"relevant document in this corpus, so nothing can be evaluated; choose another "
+                              "queries.test_split or queries.name")
 
 
 # ---------------------------------------------------------------------------- one-line errors
