@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -91,6 +92,7 @@ CASES = [
     ("index-gc", "docids.tsv", "duplicate_line", True),  # reproduction 2
     ("index-gc", "tree_state.npz", "truncate", False),  # np.savez stamps the time
     ("index-bmi", "stage.json", "truncate", False),
+    ("index-gc", "stage.json", "delete", False),  # issue 23, 5: was redone with only an INFO "running into"
     ("train-gc-s0", "model/model.pt", "bitflip", False),
     ("train-bmi-s0", "checkpoints/last.ckpt", "delete", False),
     ("eval-bmi-s0", "run.trec", "bitflip", True),
@@ -275,6 +277,9 @@ def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path
             bad = tmp_path / "docids.tsv"
             bad.write_text("".join(lines) + extra)
             argv = ["train", f"data.name={folder}", f"docids={bad}", "model.size=tiny", f"out_dir={tmp_path / 't'}"]
+            assert main(argv) == 2
+            assert not (tmp_path / "t").exists()  # issue 23, 5: refused before out_dir is made (it held config.yaml)
+            capsys.readouterr()
         else:
             run = tmp_path / "tr"
             shutil.rmtree(run, ignore_errors=True)
@@ -359,3 +364,82 @@ def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
     assert rc == 130, err[-2000:]
     assert _last_line(err) == "gdr train: stopped by SIGINT; rerun the same command to resume", err[-2000:]
     assert seconds < 8 and (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()
+
+
+# ----------------------------------------------------------------------------------- checked first, advice works
+@pytest.mark.parametrize("line,want", [("q0\td999\t1", "corpus-id 'd999' is not in the corpus"),
+                                       ("q999\td0\t1", "query-id 'q999' is not in queries.jsonl")])
+def test_a_bad_qrels_line_is_refused_before_the_first_stage(setup, tmp_path, capsys, line, want):  # noqa: F811
+    """Issue 23, 3: a qrels/test.tsv line naming an unknown document or query was refused at the bm25
+    stage, after scoring and indexing. Now before any stage starts, in seconds."""
+    root, folder = setup
+    bad = tmp_path / "toy"
+    shutil.copytree(folder, bad)
+    qrels = bad / "qrels" / "test.tsv"
+    n = len(qrels.read_text().splitlines()) + 1
+    with open(qrels, "a") as f:
+        f.write(line + "\n")
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    assert main(_args(root, bad, out, *EXTRA)) == 2
+    seconds = time.perf_counter() - t0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gdr run: error: {qrels}:{n}: ") and want in err[0], err
+    assert seconds < 10 and not list(out.glob("*/stage.json"))
+
+
+def test_an_older_run_with_a_damaged_model_is_rebuilt_not_adopted(finished, tmp_path, capsys, caplog):
+    """Issue 23, 4: a stage folder of an older gdr (stage.json without checksums) with a damaged model.pt was
+    recorded as good, and every rerun stopped at evaluation. The train folder's own manifest is checked now."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    for marker in out.glob("*/stage.json"):
+        m = json.loads(marker.read_text())
+        del m["artifacts"], m["upstream"]
+        marker.write_text(json.dumps(m))
+    target = _folder(out, "train-gc-s0") / "model" / "model.pt"
+    _damage(target, "bitflip")
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert f"{target}: " in logs, [ln for ln in logs.splitlines() if "WARN" in ln]
+    assert "train-gc-s0" in {n for n, s in _stages(out).items() if not s["reused"]}
+
+
+def test_the_advised_retrain_command_works_as_printed(finished, tmp_path, capsys):
+    """Issue 23, 4: `gdr evaluate` on a train folder with a damaged model advised `gdr train out_dir=<folder>`,
+    which fails with `docids=???`. The advice is now the whole command, from the folder's saved config."""
+    root, folder, ref, _ = finished
+    run = tmp_path / "tr"
+    shutil.copytree(_folder(ref, "train-gc-s0"), run)
+    _damage(run / "model" / "model.pt", "bitflip")
+    argv = ["evaluate", f"data.name={folder}", f"run_dir={run}", f"out_dir={tmp_path / 'e'}", f"queries.name={folder}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pt" in err[0], err
+    cmd = re.search(r"retrain with `([^`]+)`", err[0]).group(1)
+    assert cmd.startswith("gdr train ") and f"out_dir={run}" in cmd
+    assert main(shlex.split(cmd)[1:]) == 0
+    assert main(argv) == 0
+
+
+def test_the_advised_resample_command_works_as_printed(finished, tmp_path, capsys):
+    """`gdr sample sample.per_doc=N out=...` (a literal N, and the corpus and model left out) is now the
+    command that sampled the file, and the files to delete are all named."""
+    from training.data import read_generated_queries
+
+    root, folder, ref, _ = finished
+    dq = tmp_path / "dq"
+    shutil.copytree(_folder(ref, "doc-queries"), dq)
+    good = (dq / "doc_queries.jsonl").read_bytes()
+    _damage(dq / "doc_queries.jsonl", "duplicate_line")
+    doc_ids = [f"d{i}" for i in range(30)]
+    with pytest.raises(ValueError) as e:
+        read_generated_queries(dq / "doc_queries.jsonl", doc_ids)
+    m = re.search(r"re-sample: delete (\S+) and (\S+), then run `([^`]+)`", str(e.value))
+    assert m, str(e.value)
+    for f in m.group(1, 2):
+        Path(f).unlink()
+    assert main(shlex.split(m.group(3))[1:]) == 0
+    read_generated_queries(dq / "doc_queries.jsonl", doc_ids)
+    assert (dq / "doc_queries.jsonl").read_bytes() == good  # the same seed and settings: the same queries
