@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from gdr.io import atomic_write_text
 
 __all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container", "rerun_command",
-           "RerunCommand", "override_value"]
+           "RerunCommand", "override_value", "flat_leaves"]
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,12 @@ def override_value(v) -> str:
     return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _leaves(d: dict, prefix: str = "") -> dict:
+def flat_leaves(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}, "c": []}`` -> ``{"a.b": 1, "c": []}`` (lists and empty mappings are values)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_leaves(v, f"{prefix}{k}."))
+            out.update(flat_leaves(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -124,12 +125,12 @@ def rerun_command(command: str, folder: str | os.PathLike, **replace) -> str:
     cfg_file = folder / saved
     if cfg_file.is_file():
         try:
-            mine = _leaves(OmegaConf.to_container(OmegaConf.load(cfg_file), resolve=True))
+            mine = flat_leaves(OmegaConf.to_container(OmegaConf.load(cfg_file), resolve=True))
             base = OmegaConf.to_container(load_config(name), resolve=True)
         except Exception as e:  # an unreadable saved config: the short form, not a second error
             log.debug("rerun_command: %s: %s", cfg_file, e)
             mine, base = {}, {}
-        flat = _leaves(base)
+        flat = flat_leaves(base)
         for key, value in mine.items():
             if key in (option, "hydra") or key.split(".")[0] == "hydra":
                 continue

@@ -130,28 +130,11 @@ def _sources(cdir: Path, name: str, choices: dict[str, str]) -> list[tuple[Path,
     return out
 
 
-def _show(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (list, dict)):
-        return str(v).replace("'", "")
-    return str(v) if str(v) != "" else "''"
+def _leaves(node: dict) -> dict:
+    """Dotted key -> value of every setting, without the preset tables (``model_presets``) and ``hydra``."""
+    from gdr.config import flat_leaves
 
-
-def _leaves(node, prefix: str = ""):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            key = f"{prefix}{k}"
-            if key.split(".")[0] in _SKIP:
-                continue
-            if isinstance(v, dict) and v:
-                yield from _leaves(v, key + ".")
-            else:
-                yield key, v
-    else:
-        yield prefix.rstrip("."), node
+    return {k: v for k, v in flat_leaves(node).items() if k.split(".")[0] not in _SKIP}
 
 
 def _rules(command: str, cfg: DictConfig) -> dict[str, tuple[str, str]]:
@@ -183,6 +166,7 @@ def command_help(command: str) -> str:
     from hydra.core.global_hydra import GlobalHydra
 
     from gdr.cli import HELP
+    from gdr.cli.validate import _show
     from gdr.config import conf_dir
 
     name = CONFIG_OF.get(command)
@@ -222,7 +206,7 @@ def command_help(command: str) -> str:
 
     lines += ["", "settings (key = default: meaning; the values the check before any work accepts):"]
     raw = OmegaConf.to_container(cfg, resolve=False)
-    for key, value in _leaves(raw):
+    for key, value in _leaves(raw).items():
         meaning = comments.get(key, "")
         rule = next((r for pat, r in rules.items() if _matches(key, pat)), None)
         if rule:
