@@ -77,6 +77,20 @@ def to_container(cfg: DictConfig) -> dict:
 # The command -> its conf/<name>.yaml, the option naming its output folder, the config it saves there.
 _SAVED = {"sample": ("sample", "out", "sample.config.yaml"), "score": ("score", "out", "score.config.yaml"),
           "index": ("index", "out", "config.yaml"), "train": ("train", "out_dir", "config.yaml")}
+_OWN_KEY = {"sample": "sample", "score": "score", "index": "method", "train": "docids"}  # a saved config is its
+
+
+def _saved_config(command: str, folder: Path) -> dict | None:
+    """The config ``gdr <command>`` saved in ``folder`` (None: none, unreadable, or another command's)."""
+    path = folder / _SAVED[command][2]
+    if not path.is_file():
+        return None
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as e:  # an unreadable saved config: no command from it, not a second error
+        log.debug("%s: %s", path, e)
+        return None
+    return saved if isinstance(saved, dict) and _OWN_KEY[command] in saved else None
 _PLAIN = re.compile(r"[A-Za-z_./~-][\w./~-]*")
 _OTHER_TYPE = re.compile(r"(?i)(null|true|false|nan|[-+]?inf|[-+]?[\d._]+(e[-+]?\d+)?)")
 
@@ -111,25 +125,21 @@ def flat_leaves(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def rerun_command(command: str, folder: str | os.PathLike, **replace) -> str:
+def rerun_command(command: str, folder: str | os.PathLike) -> str:
     """The ``gdr <command> ...`` line that redoes the work of ``folder`` with the settings it was made with.
 
     The settings come from the config the command saved there (``gdr run``'s stage folders hold one too):
     every key whose value differs from ``conf/<command>.yaml``'s default becomes an override, keys of the
     command's sections that the default lacks a ``+key=`` one; the output option points at ``folder``.
-    ``replace``: overrides to set on top (``sample__per_doc=10`` for ``sample.per_doc=10``). Without a saved
-    config: ``gdr <command> <out option>=<folder>``, and the caller's message should say what else to give."""
-    name, option, saved = _SAVED[command]
+    Without a saved config of that command: ``gdr <command> <out option>=<folder>`` (callers that cannot
+    vouch for that give :class:`RerunCommand` a ``fallback``)."""
+    name, option, _ = _SAVED[command]
     folder = Path(folder)
     args: list[str] = []
-    cfg_file = folder / saved
-    if cfg_file.is_file():
-        try:
-            mine = flat_leaves(OmegaConf.to_container(OmegaConf.load(cfg_file), resolve=True))
-            base = OmegaConf.to_container(load_config(name), resolve=True)
-        except Exception as e:  # an unreadable saved config: the short form, not a second error
-            log.debug("rerun_command: %s: %s", cfg_file, e)
-            mine, base = {}, {}
+    saved_cfg = _saved_config(command, folder)
+    if saved_cfg is not None:
+        mine = flat_leaves(saved_cfg)
+        base = OmegaConf.to_container(load_config(name), resolve=True)
         flat = flat_leaves(base)
         for key, value in mine.items():
             if key in (option, "hydra") or key.split(".")[0] == "hydra":
@@ -139,9 +149,6 @@ def rerun_command(command: str, folder: str | os.PathLike, **replace) -> str:
                     args.append(f"{key}={override_value(value)}")
             elif isinstance(base.get(key.split(".")[0]), dict):
                 args.append(f"+{key}={override_value(value)}")
-    for key, value in replace.items():
-        key = key.replace("__", ".")
-        args = [a for a in args if not a.lstrip("+").startswith(f"{key}=")] + [f"{key}={override_value(value)}"]
     args.append(f"{option}={folder}")
     return " ".join(["gdr", command, *(shlex.quote(a) for a in args)])
 
@@ -150,12 +157,15 @@ class RerunCommand:
     """:func:`rerun_command`, worked out only when the message holding it is formatted (an error path), since
     composing the command's default config takes a Hydra composition."""
 
-    def __init__(self, command: str, folder: str | os.PathLike, template: str = "{}", **replace):
+    def __init__(self, command: str, folder: str | os.PathLike, template: str = "{}", fallback: str | None = None):
         self.args = (command, folder)
         self.template = template  # the text around the command: "run `{}` (it re-scores what is damaged)"
-        self.replace = replace
+        self.fallback = fallback  # the text when the folder holds no saved config (no command can be rebuilt)
 
     def __str__(self) -> str:
-        return self.template.format(rerun_command(*self.args, **self.replace))
+        command, folder = self.args
+        if self.fallback is not None and _saved_config(command, Path(folder)) is None:
+            return self.fallback
+        return self.template.format(rerun_command(command, folder))
 
     __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731

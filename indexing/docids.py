@@ -24,6 +24,14 @@ def write_docids(path: str | os.PathLike, doc_ids: Sequence[str], codes: Sequenc
     atomic_write_text(path, "".join(f"{d}\t{format_code(c)}\n" for d, c in zip(doc_ids, codes)))
 
 
+def _rebuild(path: Path) -> object:
+    """The advice for a bad docids.tsv: the `gdr index` command that built its folder, when it saved one."""
+    from gdr.config import RerunCommand
+
+    return RerunCommand("index", Path(path).parent, "rebuild the file with `{}`",
+                        fallback="rebuild the file with `gdr index`")
+
+
 def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...]]]:
     """Read ``docids.tsv``; the one reader of the file, for every command.
 
@@ -49,12 +57,11 @@ def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...
                 raise ValueError(f"{path}:{lineno}: negative position in code {parts[1]!r}")
             if parts[0] in id_line:
                 raise ValueError(f"{path}:{lineno}: doc id {parts[0]!r} is also on line {id_line[parts[0]]}; each "
-                                 "document needs exactly one line: rebuild the file with `gdr index`")
+                                 f"document needs exactly one line: {_rebuild(path)}")
             if code in code_line:
                 first, other = code_line[code]
                 raise ValueError(f"{path}:{lineno}: code {parts[1]!r} of {parts[0]!r} is also the code of {other!r} "
-                                 f"on line {first}; each docid must name one document: rebuild the file with "
-                                 "`gdr index`")
+                                 f"on line {first}; each docid must name one document: {_rebuild(path)}")
             id_line[parts[0]] = lineno
             code_line[code] = (lineno, parts[0])
             doc_ids.append(parts[0])

@@ -118,8 +118,10 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
             raise ValueError(f"{path}: row {lineno}: doc id {d!r} is not in the corpus/docids; "
                              "regenerate the queries for this corpus")
         if d in seen:
+            redo = RerunCommand("sample", path.parent, f"delete {path} and run `{{}}`",
+                                fallback="re-sample the file with `gdr sample sample.per_doc=N`")
             raise ValueError(f"{path}:{lineno}: doc id {d!r} is also on line {seen[d]}; each document has one line: "
-                             "re-sample the file with `gdr sample sample.per_doc=N`")
+                             f"{redo}")
         seen[d] = lineno
         qs = [q for q in row["queries"] if isinstance(q, str) and q.strip()]
         texts.extend(qs)

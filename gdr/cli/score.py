@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -118,7 +119,7 @@ def score_from_config(cfg, corpus=None, lm=None) -> Path:
     if rank == 0 or qfile.exists():
         queries = sample_queries_for(cfg, lm, corpus)
     else:
-        raise SystemExit(f"{qfile} missing: run `gdr sample out={cfg.out}` before a multi-process `gdr score`")
+        raise SystemExit(f"{qfile} missing: run `{sample_command()}` before a multi-process `gdr score`")
     n_proc = int(cfg.score.get("processes") or 1)
     if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(cfg.out):
         path = score_in_processes(cfg, n_proc)
@@ -127,6 +128,15 @@ def score_from_config(cfg, corpus=None, lm=None) -> Path:
     if rank == 0:
         log.info("P matrix %s", path)
     return path
+
+
+def sample_command() -> str:
+    """This ``gdr score`` command line as the ``gdr sample`` that samples its queries (score.* settings dropped)."""
+    from gdr.guard import COMMAND_LINE
+
+    args = shlex.split(COMMAND_LINE)[2:] if COMMAND_LINE else sys.argv[1:]
+    keep = [a for a in args if not a.lstrip("+").startswith("score.") and a not in ("score",)]
+    return " ".join(["gdr", "sample", *map(shlex.quote, keep)])
 
 
 def _finished(out) -> bool:
