@@ -70,9 +70,9 @@ def _load_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
 def _read_docids(path: str) -> tuple[list[str], list[tuple[int, ...]]]:
     """(doc ids, codes) of a docids.tsv, checked against its folder's manifest and line by line."""
     from gdr.io import check_manifest_files
-    from indexing.docids import read_docids
+    from indexing.docids import read_docids, rebuild_advice
 
-    check_manifest_files(Path(path).parent, only=["docids.tsv"], fix="rebuild the docids with `gdr index`")
+    check_manifest_files(Path(path).parent, only=["docids.tsv"], fix=rebuild_advice(path))
     return read_docids(path)
 
 
