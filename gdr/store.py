@@ -382,7 +382,7 @@ def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
         if file_digest(p_path)["crc32"] != manifest["file"]["crc32"]:
             problem = f"checksum differs from the one in {P_MANIFEST}"
     if problem:
-        raise ValueError(f"{p_path}: {problem}; run `{RerunCommand('score', out)}` (it re-scores what is damaged)")
+        raise ValueError(f"{p_path}: {problem}; rerun `{RerunCommand('score', out)}` (it re-scores what is damaged)")
 
 
 def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
@@ -392,9 +392,9 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
     if man is None:
         raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `{RerunCommand('score', out)}` first")
     if require_complete and man.get("status") != "complete":
-        raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: run `{RerunCommand('score', out)}` to finish it")
+        raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `{RerunCommand('score', out)}` to finish it")
     check_p(out, man)
-    rescore = RerunCommand("score", out, "run `{}` (it re-scores what is damaged)")
+    rescore = RerunCommand("score", out, "rerun `{}` (it re-scores what is damaged)")
     p_path = out / P_FILE
     try:
         with open(out / "doc_ids.json", encoding="utf-8") as f:
