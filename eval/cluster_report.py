@@ -1,6 +1,6 @@
 """Clustering a corpus's log P with GC variants, evaluated against labels with the k-means baselines.
 
-The library side of ``gdr cluster`` (:mod:`gdr.cli.cluster`) and of the pipeline's clustering stage:
+The library side of ``gdr cluster`` (:mod:`gdr.stages.cluster`) and of the pipeline's clustering stage:
 ``cluster_corpus`` fits and scores, ``results_table`` / ``descriptions_md`` / ``plot_clusters`` write
 what a person reads.
 """

@@ -10,5 +10,5 @@ Modules (import what you need; nothing heavy is imported here):
 - :mod:`indexing.pmatrix`: row reader over a P-matrix run (``P.npy`` may exceed memory).
 - :mod:`indexing.output`, :mod:`indexing.state`, :mod:`indexing.summary`: artifacts.
 - :mod:`indexing.docids`: ``docids.tsv``; :mod:`indexing.trie`: the docid trie (retriever).
-- :mod:`gdr.cli.index`: ``gdr index`` and ``gdr index add``.
+- :mod:`gdr.stages.index`: ``gdr index`` and ``gdr index add``.
 """

@@ -65,7 +65,7 @@ def install(point: str) -> None:
 
         pl.callbacks.ModelCheckpoint.on_train_batch_end = on_train_batch_end
     elif point.startswith("stage:"):
-        import gdr.cli.run as run
+        import gdr.pipeline as run
 
         real_stage = run.atomic_write_json
 

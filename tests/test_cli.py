@@ -81,7 +81,7 @@ def test_help_is_generated_from_the_configs_and_the_rules(capsys):
     """Defaults from the composed config, meanings from the YAML comments (else the rule), allowed values
     from the rules: every key a rule checks appears with its default; groups list conf/'s options."""
     from gdr.cli.help import CONFIG_OF
-    from gdr.cli.validate import TABLES
+    from gdr.validate import TABLES
 
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out

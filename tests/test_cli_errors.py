@@ -2,7 +2,7 @@
 import pytest
 
 from gdr.cli import main
-from gdr.cli.validate import ConfigError, validate
+from gdr.validate import ConfigError, validate
 from gdr.config import load_config
 
 
@@ -123,7 +123,7 @@ def test_debug_reraises_with_traceback(capsys):
 
 
 def test_exits_and_interrupts(capsys, monkeypatch):
-    import gdr.cli.train as cli_train
+    import gdr.cli.commands.evaluate as cli_train
 
     def exits(argv):
         raise SystemExit("gdr evaluate: no 'test' queries with relevant documents for r5; set queries.name")

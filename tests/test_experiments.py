@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gdr.cli.validate import ConfigError, validate
+from gdr.validate import ConfigError, validate
 from gdr.config import conf_dir, load_config
 
 REPO = Path(__file__).resolve().parent.parent

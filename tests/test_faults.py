@@ -48,7 +48,7 @@ def finished(setup, tmp_path_factory):  # noqa: F811
     logging.getLogger().setLevel(logging.WARNING)
     assert main(_args(root, folder, out, *EXTRA)) == 0
     report = json.loads((out / "report.json").read_text())
-    from gdr.cli.run import headline
+    from gdr.stages.report import headline
 
     head = headline(report)
     head.pop("seconds")

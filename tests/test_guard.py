@@ -76,7 +76,7 @@ def test_second_writer_is_refused_and_kill_9_leaves_no_stale_lock(tmp_path, caps
 
 def test_lock_is_per_process_and_reentrant(tmp_path):
     """``gdr run`` holds its folder and locks each stage folder inside it: its own process is never refused."""
-    from gdr.cli.run import Pipeline, stage_key
+    from gdr.pipeline import Pipeline, stage_key
 
     run = tmp_path / "run"
     guard.claim_folder(run)
@@ -91,7 +91,7 @@ def test_lock_is_per_process_and_reentrant(tmp_path):
 
 def test_a_stage_folder_another_process_writes_is_refused(tmp_path):
     """`gdr score out=<run>/score-<key>` running elsewhere: `gdr run` does not write into it too."""
-    from gdr.cli.run import Pipeline, stage_key
+    from gdr.pipeline import Pipeline, stage_key
 
     run = tmp_path / "run"
     holder = _hold(run / f"score-{stage_key({'a': 1})}")
@@ -419,7 +419,7 @@ def test_permission_error_later_names_the_file(tmp_path):
 
 # ----------------------------------------------------------------------------------- reports
 def _report_args(tmp_path, plot: bool, recall: float):
-    from gdr.cli.run import Pipeline, StageRecord
+    from gdr.pipeline import Pipeline, StageRecord
     from gdr.config import load_config
 
     cfg = load_config("run", ["data=r5", f"out={tmp_path}", f"plot={str(plot).lower()}"])
@@ -433,7 +433,7 @@ def _report_args(tmp_path, plot: bool, recall: float):
 def test_report_files_are_replaced_together(tmp_path, monkeypatch):
     """Reproduction 6: a write that fails part way left report.md new and report.json old. Now all three
     are written to temp names first; a failure (here: the plot, on a full disk) leaves the old set whole."""
-    from gdr.cli import run
+    from gdr import pipeline as run
 
     run._report(*_report_args(tmp_path, True, 0.5))
     names = ("report.md", "report.png", "report.json")
@@ -444,7 +444,9 @@ def test_report_files_are_replaced_together(tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(run, "_plot", full)
+    from gdr.stages import report
+
+    monkeypatch.setattr(report, "_plot", full)
     with pytest.raises(OSError):
         run._report(*_report_args(tmp_path, True, 0.25))
     assert {n: (tmp_path / n).read_bytes() for n in names} == before

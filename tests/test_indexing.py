@@ -324,7 +324,7 @@ def test_default_root_fit_reaches_the_planted_partition():
 
 
 def _cli_index(tmp_path, x, K=8, c=4, extra=()):
-    from gdr.cli.index import index_main
+    from gdr.cli.commands.index import index_main
 
     run = write_run(tmp_path / "run", x)
     out = tmp_path / "index"
@@ -375,7 +375,7 @@ def test_tree_state_is_written_node_by_node_as_stacked_arrays(planted, tmp_path)
 
 
 def test_add_places_a_copy_next_to_its_original(planted, tmp_path):
-    from gdr.cli.index import index_main
+    from gdr.cli.commands.index import index_main
 
     _, x = planted
     run, out = _cli_index(tmp_path, x[:300])
@@ -463,7 +463,7 @@ def test_hkmi_and_bmi_on_tiny_inputs():
 
 
 def test_cli_random_and_atomic(planted, tmp_path):
-    from gdr.cli.index import index_main
+    from gdr.cli.commands.index import index_main
 
     _, x = planted
     run = write_run(tmp_path / "run", x[:50])

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("eval", "indexing", "training", "gdr.cli")
+STAGES = ("eval", "indexing", "training", "gdr.stages", "gdr.pipeline", "gdr.cli")
 
 
 def _imports(path: Path) -> list[str]:
@@ -21,7 +21,8 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_core_sources_import_no_stage():
-    core = [p for p in (ROOT / "gdr").rglob("*.py") if "cli" not in p.relative_to(ROOT / "gdr").parts]
+    core = [p for p in (ROOT / "gdr").rglob("*.py") if not {"cli", "stages", "pipeline.py", "api.py"}
+            & set(p.relative_to(ROOT / "gdr").parts)]
     assert len(core) >= 10
     bad = {str(p.relative_to(ROOT)): m for p in core for m in _imports(p)
            if any(m == s or m.startswith(s + ".") for s in STAGES)}
@@ -31,6 +32,45 @@ def test_core_sources_import_no_stage():
 def test_importing_core_loads_no_stage_module():
     code = ("import sys, gdr, gdr.data, gdr.lm, gdr.store, gdr.cluster, gdr.io, gdr.config, gdr.models, gdr.embed; "
             "print([m for m in sys.modules if m.split('.')[0] in ('eval', 'indexing', 'training') "
-            "or m.startswith('gdr.cli')])")
+            "or m.startswith(('gdr.cli', 'gdr.stages', 'gdr.pipeline'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+CLI = ROOT / "gdr" / "cli"
+# The modules of gdr/cli that are not commands: what every command may share.
+CLI_SHARED = {"gdr.cli", "gdr.cli.common", "gdr.cli.__main__", "gdr.cli.commands",
+              "gdr.cli.bench.common"}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_command_module_imports_another():
+    """A command module of gdr/cli (gdr/cli/commands/*, gdr/cli/bench/*) imports no other command module:
+    what commands share lives in the library (gdr.stages, gdr.pipeline) or in gdr.cli.common/validate."""
+    mods = {_module(p): p for p in CLI.rglob("*.py")}
+    commands = {m for m in mods if m not in CLI_SHARED and m != "gdr.cli.bench"}
+    assert {"gdr.cli.commands.run", "gdr.cli.commands.sample", "gdr.cli.bench.decoding"} <= commands
+    bad = {m: i for m in commands for i in _imports(mods[m])
+           if i != m and any(i == c or i.startswith(c + ".") for c in commands)}
+    assert bad == {}
+
+
+def test_no_stage_function_takes_a_hydra_config():
+    """Stage functions (gdr/stages/*) take plain typed arguments: no DictConfig, no omegaconf/hydra import,
+    no parameter named cfg."""
+    stages = sorted((ROOT / "gdr" / "stages").glob("*.py"))
+    assert len(stages) >= 10
+    bad = []
+    for p in stages:
+        assert not [m for m in _imports(p) if m.split(".")[0] in ("omegaconf", "hydra")], p
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for a in node.args.args + node.args.kwonlyargs:
+                    ann = ast.unparse(a.annotation) if a.annotation is not None else ""
+                    if a.arg == "cfg" or "DictConfig" in ann:
+                        bad.append(f"{p.name}:{node.lineno} {node.name}({a.arg})")
+    assert bad == []

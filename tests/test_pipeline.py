@@ -100,24 +100,24 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     assert ran == {"index-gc", "train-gc-s0", "eval-gc-s0"}
 
     # a run killed inside a stage continues there: finished stages are reused, the killed one re-runs
-    import gdr.cli.train as train_cli
+    import gdr.stages.train as train_stage
 
     calls = {"n": 0}
-    real = train_cli.train_from_config
+    real = train_stage.train_retriever
 
-    def dies_on_second(cfg, *args, **kwargs):
+    def dies_on_second(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt("killed")
-        return real(cfg, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_cli, "train_from_config", dies_on_second)
+    monkeypatch.setattr(train_stage, "train_retriever", dies_on_second)
     try:
         rc = main(_args(root, folder, out, "seeds=[1]"))
     except KeyboardInterrupt:
         rc = 130
     assert rc != 0
-    monkeypatch.setattr(train_cli, "train_from_config", real)
+    monkeypatch.setattr(train_stage, "train_retriever", real)
     killed = [p for p in out.glob("train-hkmi-s1-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
     assert len(killed) == 1
     assert main(_args(root, folder, out, "seeds=[1]")) == 0
@@ -137,11 +137,11 @@ def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     assert one.shape == (30, 8) and np.array_equal(one, two)
     assert len(list((tmp_path / "two" / "P.shards").glob("*.done"))) == 8
     # a rerun over the finished P checks it in-process: no scoring process (and model load) is spawned
-    import gdr.cli.score as score_cli
+    import gdr.stages.score as score_stage
 
     def no_spawn(*a, **k):
         raise AssertionError("spawned scoring processes for a finished P")
-    monkeypatch.setattr(score_cli, "score_in_processes", no_spawn)
+    monkeypatch.setattr(score_stage, "score_in_processes", no_spawn)
     assert main([*common, f"out={tmp_path / 'two'}", "score.processes=2"]) == 0
     assert np.array_equal(np.load(tmp_path / "two" / "P.npy"), one)
 

@@ -111,7 +111,7 @@ def test_saved_generator_file_is_checked(tmp_path):
 
 
 def test_pairs_jsonl_errors_name_the_line(tmp_path):
-    from gdr.cli.qg import read_pairs_jsonl
+    from gdr.stages.qg import read_pairs_jsonl
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"doc": "a b c", "query": "a"}\n\n{"doc": "x", "query": ""}\n')
@@ -181,12 +181,12 @@ def test_gdr_qg_refuses_eval_splits_and_bad_sources(capsys):
 
 def test_title_pairs_exclude_r2_from_r5():
     """Real data: R5 title pairs minus every R2 story (and so its title)."""
-    from gdr.cli.qg import build_pairs
-    from gdr.config import load_config
+    from gdr.stages.qg import build_pairs
+    from gdr.config import load_config, to_container
     from gdr.data import load_corpus
 
-    cfg = load_config("qg", ["data=r5", "qg.exclude=[r2]"])
-    pairs, info = build_pairs(cfg)
+    cfg = to_container(load_config("qg", ["data=r5", "qg.exclude=[r2]"]))
+    pairs, info = build_pairs(cfg["qg"], cfg["data"], cfg["queries"], cfg["seed"])
     r2 = set(load_corpus("r2").doc_ids)
     assert len(pairs) > 500 and not r2 & set(pairs.doc_ids)
     r5 = load_corpus("r5")
@@ -198,11 +198,12 @@ def test_title_pairs_exclude_r2_from_r5():
 
 def test_query_pairs_use_the_train_split_only():
     """Real data: Cranfield pairs come from its train queries, one per (query, relevant document)."""
-    from gdr.cli.qg import build_pairs
-    from gdr.config import load_config
+    from gdr.stages.qg import build_pairs
+    from gdr.config import load_config, to_container
     from gdr.data import load_queries
 
-    pairs, info = build_pairs(load_config("qg", ["data=cranfield", "qg.pairs=queries"]))
+    cfg = to_container(load_config("qg", ["data=cranfield", "qg.pairs=queries"]))
+    pairs, info = build_pairs(cfg["qg"], cfg["data"], cfg["queries"], cfg["seed"])
     qs = load_queries("cranfield")
     train, held = qs.filter("train"), [qs.filter(s) for s in qs.split_names if s != "train"]
     assert len(pairs) == sum(len(r) for r in train.relevant) and set(pairs.queries) <= set(train.texts)

@@ -223,7 +223,7 @@ def test_gdr_run_keys_the_score_stage_by_sampler_not_batch_size():
     """`gdr run` re-samples into a new stage folder when the sampler changes; a batch size alone does not."""
     from omegaconf import OmegaConf
 
-    from gdr.cli.run import score_inputs
+    from gdr.pipeline import score_inputs
 
     cfg = OmegaConf.create({"model": {"name": "m"}, "sample": {"n_queries": 4, "seed": 0, "batch_size": 8},
                             "score": {"dtype": "float32"}})

@@ -1,9 +1,12 @@
 """The ``gdr`` command: one sub-command per pipeline stage.
 
-Each sub-command is ``module:function``; the function takes the remaining argv
+Each sub-command is ``module:function`` (:mod:`gdr.cli.commands`); the function takes the remaining argv
 (Hydra-style overrides such as ``data=r5 score.n_queries=64``), composes its config
-from ``conf/``, validates it (:mod:`gdr.cli.validate`) and calls one plain library
-function. Modules are imported lazily so ``gdr --help`` stays fast.
+from ``conf/``, validates it (:mod:`gdr.validate`) and calls the library (:mod:`gdr.stages`,
+:mod:`gdr.pipeline`) with plain typed settings. Modules are imported lazily so ``gdr --help`` stays fast.
+
+Logging: gdr's own lines at INFO, other libraries' only from WARNING up (:mod:`gdr.logs`); ``--verbose``
+anywhere on the command line shows them all.
 
 Errors the user can fix (a bad value, an unknown key, a missing file) print one line
 ``gdr <command>: error: <message>`` and exit 2; ``--debug`` anywhere on the command line
@@ -12,21 +15,22 @@ re-raises them with the full traceback.
 from __future__ import annotations
 
 import importlib
-import logging
 import shlex
 import sys
 
+from gdr.logs import setup_logging
+
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sample": ("gdr.cli.score", "sample_main", ),
-    "score": ("gdr.cli.score", "score_main"),
-    "cluster": ("gdr.cli.cluster", "cluster_main"),
-    "index": ("gdr.cli.index", "index_main"),
-    "train": ("gdr.cli.train", "train_main"),
-    "evaluate": ("gdr.cli.train", "evaluate_main"),
-    "search": ("gdr.cli.train", "search_main"),
+    "sample": ("gdr.cli.commands.sample", "sample_main"),
+    "score": ("gdr.cli.commands.sample", "score_main"),
+    "cluster": ("gdr.cli.commands.cluster", "cluster_main"),
+    "index": ("gdr.cli.commands.index", "index_main"),
+    "train": ("gdr.cli.commands.train", "train_main"),
+    "evaluate": ("gdr.cli.commands.evaluate", "evaluate_main"),
+    "search": ("gdr.cli.commands.evaluate", "search_main"),
     "bench": ("gdr.cli.bench", "bench_main"),
-    "run": ("gdr.cli.run", "run_main"),
-    "qg": ("gdr.cli.qg", "qg_main"),
+    "run": ("gdr.cli.commands.run", "run_main"),
+    "qg": ("gdr.cli.commands.qg", "qg_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",
@@ -47,22 +51,15 @@ def _usage() -> str:
     lines += [f"  {name:<9} {HELP[name]}" for name in COMMANDS]
     lines += ["", "Overrides use Hydra's grammar, e.g. `gdr cluster data=r5 score.n_queries=64`;",
               "`gdr <command> --cfg` prints the composed config and exits;",
-              "`--debug` shows the full traceback of an error instead of its one-line message."]
+              "`--debug` shows the full traceback of an error instead of its one-line message;",
+              "`--verbose` shows other libraries' INFO lines (faiss, Lightning, transformers' load reports)."]
     return "\n".join(lines)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    debug, verbose = "--debug" in argv, "--verbose" in argv
+    argv = [a for a in argv if a not in ("--debug", "--verbose")]
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(command_help(name))
         return 0
-    setup_logging()
+    setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]
     from gdr import guard, signals
 
@@ -111,13 +108,13 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
             return int(e.code or 0)
         if debug:
             raise e
-        from gdr.cli.validate import exit_line
+        from gdr.validate import exit_line
 
         print(f"gdr {name}: error: {exit_line(e.code, name)}", file=sys.stderr)
         return 2
     if not isinstance(e, Exception):
         raise e
-    from gdr.cli.validate import error_line
+    from gdr.validate import error_line
 
     # a full disk or an unwritable file while writing outputs: one line too (the early check missed it)
     line = None if debug else guard.write_error_line(e, sub_command(name, rest)) or error_line(e, rest)

@@ -2,7 +2,7 @@
 
 Nothing here is a second copy of the settings: the defaults come from composing ``conf/<command>.yaml``,
 the meaning of each key from the ``# comment`` on its line in the YAML file that sets it (else the rule's
-description in :mod:`gdr.cli.validate`), and the allowed values from the rule itself (its message for a
+description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a
 value no rule accepts: ``must be a positive integer`` becomes ``a positive integer``). The config groups
 and their options are the folders and files of ``conf/`` the composition chose from.
 """
@@ -139,7 +139,7 @@ def _leaves(node: dict) -> dict:
 
 def _rules(command: str, cfg: DictConfig) -> dict[str, tuple[str, str]]:
     """dotted key -> (the rule's description, the valid values as the rule states them)."""
-    from gdr.cli.validate import TABLES, _get
+    from gdr.validate import TABLES, _get
 
     out: dict[str, tuple[str, str]] = {}
     for prefix, rules in TABLES.get(command, []):
@@ -166,7 +166,7 @@ def command_help(command: str) -> str:
     from hydra.core.global_hydra import GlobalHydra
 
     from gdr.cli import HELP
-    from gdr.cli.validate import _show
+    from gdr.validate import _show
     from gdr.config import conf_dir
 
     name = CONFIG_OF.get(command)

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from gdr.data.core import Corpus, DataError, DocTable, normalize_space
+from gdr.logs import warn_once
 
 __all__ = ["load_bbc", "bbc_dir"]
 
@@ -58,7 +59,7 @@ def load_bbc(path: str | os.PathLike | None = None, encoding_fallback: str | Non
                                     "the file as UTF-8 or load with encoding_fallback='latin-1'") from None
                 text = raw.decode(encoding_fallback)
                 fallback.append(f"{topic.name}/{f.stem}")
-                log.warning("%s: not UTF-8, decoded as %s", f, encoding_fallback)
+                warn_once(log, "%s: not UTF-8, decoded as %s", f, encoding_fallback)
             lines = [normalize_space(x) for x in text.splitlines()]
             lines = [x for x in lines if x]
             if not lines:

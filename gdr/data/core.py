@@ -22,6 +22,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from gdr.logs import log_once, warn_once
+
 __all__ = [
     "Corpus",
     "QuerySet",
@@ -183,14 +185,15 @@ class DocTable:
         info["filtered"] = dict(filtered)
         if self.empty_text:
             info["empty_text"] = list(self.empty_text)
-            log.warning("%s: kept %d documents with empty text: %s", source, len(self.empty_text),
-                        ", ".join(self.empty_text[:10]))
+            warn_once(log, "%s: kept %d documents with empty text: %s", source, len(self.empty_text),
+                      ", ".join(self.empty_text[:10]))
         if self.text_from_title:
             info["text_from_title"] = list(self.text_from_title)
-            log.info("%s: %d documents have no body; their title is used as text",
+            log_once(log, logging.INFO, "%s: %d documents have no body; their title is used as text",
                      source, len(self.text_from_title))
         if any(filtered.values()):
-            log.info("%s: filtered %s", source, ", ".join(f"{k}={v}" for k, v in filtered.items() if v))
+            log_once(log, logging.INFO, "%s: filtered %s", source,
+                     ", ".join(f"{k}={v}" for k, v in filtered.items() if v))
         titles = self.titles if any(t is not None for t in self.titles) else None
         labels = self.labels if all(lab is not None for lab in self.labels) else None
         if labels is None and any(lab is not None for lab in self.labels):
@@ -199,7 +202,7 @@ class DocTable:
                             "label every document or none")
         corpus = Corpus(name=name, doc_ids=self.doc_ids, texts=self.texts, titles=titles,
                         labels=labels, info=info)
-        log.info("loaded %s: %d documents from %s", name, len(corpus), source)
+        log_once(log, logging.INFO, "loaded %s: %d documents from %s", name, len(corpus), source)
         return corpus
 
 

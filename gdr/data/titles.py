@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from gdr.data.core import Corpus, DataError, QuerySet
+from gdr.logs import log_once
 
 __all__ = ["title_queries", "drop_titles", "split_of", "TITLE_SPLITS", "DUPLICATES"]
 
@@ -121,7 +122,7 @@ def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = (0
               "seed": int(seed), "fractions": [float(x) for x in f], "duplicates": duplicates,
               "filtered": {k: v for k, v in filtered.items() if v}, "n_docs": len(corpus)},
     )
-    log.info("%s: %d title queries (%s) from %d documents; left out %s", qs.name, len(qs),
+    log_once(log, logging.INFO, "%s: %d title queries (%s) from %d documents; left out %s", qs.name, len(qs),
              ", ".join(f"{s}={n}" for s, n in Counter(splits).items()), len(corpus), filtered)
     return qs
 

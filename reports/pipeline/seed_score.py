@@ -6,13 +6,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from gdr.cli.run import corpus_signature, score_inputs, stage_key
-from gdr.cli.score import load_data
-from gdr.config import load_config
+from gdr.pipeline import corpus_signature, score_inputs, stage_key
+from gdr.data import corpus_from_config
+from gdr.config import load_config, to_container
 
 src, argv = Path(sys.argv[1]), sys.argv[2:]
 cfg = load_config("run", argv)
-inputs = json.loads(json.dumps(score_inputs(cfg, corpus_signature(cfg, load_data(cfg))), default=str))
+inputs = json.loads(json.dumps(score_inputs(cfg, corpus_signature(cfg, corpus_from_config(to_container(cfg.data)))), default=str))
 dst = Path(cfg.out) / f"score-{stage_key(inputs)}"
 dst.mkdir(parents=True, exist_ok=True)
 for f in ["queries.jsonl", "queries.manifest.json", "P.npy", "P.manifest.json", "doc_ids.json"]:

@@ -31,9 +31,9 @@ import json
 import logging
 import time
 
-import numpy as np
 import torch
 
+from gdr.cli.bench.common import random_codes
 from indexing.trie import DocidTrie, build_trie
 from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
 from training.search import BeamOutput, constrained_beam_search
@@ -41,14 +41,6 @@ from training.search import BeamOutput, constrained_beam_search
 log = logging.getLogger(__name__)
 
 __all__ = ["main", "reference_beam_search", "build_dict_trie", "random_codes"]
-
-
-def random_codes(n: int, K: int, depth: int, seed: int) -> list[tuple[int, ...]]:
-    """``n`` distinct random codes of ``depth`` digits in [0, K)."""
-    rng = np.random.default_rng(seed)
-    flat = rng.choice(K ** depth, size=n, replace=False)
-    digits = (flat[:, None] // K ** np.arange(depth - 1, -1, -1)[None, :]) % K  # (n, depth)
-    return [tuple(int(x) for x in row) for row in digits]
 
 
 def build_dict_trie(model: GenerativeRetriever, codes: list[tuple[int, ...]]) -> dict:
@@ -181,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                               d_ff=128, dropout=0.0)
         model = GenerativeRetriever.build(cfg, vocab_size=1000).to(device).eval()
     else:
-        from gdr.cli.bench.training import preset_config
+        from gdr.cli.bench.common import preset_config
 
         model = GenerativeRetriever.build(preset_config(args.model, args.K, args.depth)).to(device).eval()
     dict_trie = build_dict_trie(model, codes) if args.reference else None

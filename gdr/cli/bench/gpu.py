@@ -207,8 +207,8 @@ def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
 def validate_run_config(overrides: list[str]) -> str | None:
     """None when ``gdr run <overrides>`` composes and passes validation; else the one-line problem."""
     try:
-        from gdr.cli.run import _check
-        from gdr.cli.validate import error_line, validate
+        from gdr.pipeline import check_settings as _check
+        from gdr.validate import error_line, validate
         from gdr.config import load_config
 
         cfg = load_config("run", overrides)

@@ -34,7 +34,7 @@ def _throughput(mb: int, repeats: int) -> float:
 
 def _verify_run(root: Path) -> tuple[float, int, int]:
     """Seconds to check every stage of a run folder as ``Pipeline.stage`` does before reuse."""
-    from gdr.cli.run import STAGE_FILE, checksummed
+    from gdr.pipeline import STAGE_FILE, checksummed
     from gdr.io import verify_files
 
     t, hashed, total = 0.0, 0, 0

@@ -4,7 +4,7 @@
     python -m gdr.cli.bench.sampling --device cuda --doc-tokens 128 --max-new-tokens 32 --queries 8192
 
 For each model (``--models``; default the bundled SmolLM2 and a random-init T5-base, see
-``gdr.cli.bench.scoring.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
+``gdr.cli.bench.common.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
 ``--doc-tokens`` tokens, drawn with replacement as ``sample_queries`` does): ours through
 ``GenerativeLM.sample_queries`` (``--queries`` queries), the old one through ``GenerativeLM.generate`` in
 batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw), the two
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from gdr.cli.bench.scoring import bench_texts, build_lm
+from gdr.cli.bench.common import bench_texts, build_lm
 from gdr.lm.flops import attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count
 
 log = logging.getLogger(__name__)

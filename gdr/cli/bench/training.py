@@ -27,22 +27,11 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from gdr.cli.bench.common import preset_config
+
 log = logging.getLogger(__name__)
 
 __all__ = ["main", "preset_config", "train_flops_per_example"]
-
-
-def preset_config(name: str, K: int, depth: int):
-    """``RetrieverConfig`` of a preset of ``conf/stage/train.yaml`` (read with PyYAML: no Hydra needed)."""
-    import yaml
-
-    from gdr.config import conf_dir
-    from training.model import RetrieverConfig
-
-    presets = yaml.safe_load((conf_dir() / "stage" / "train.yaml").read_text())["model_presets"]
-    if name not in presets:
-        raise SystemExit(f"gdr bench training: unknown preset {name!r}; choose from {', '.join(presets)}")
-    return RetrieverConfig.from_dict({**presets[name], "n_digits": K, "max_code_len": depth})
 
 
 def _enc_dims(conf) -> tuple[int, int]:
@@ -105,7 +94,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     from training.module import RetrieverModule
     from training.train import _precision
 
-    from gdr.cli.bench.decoding import random_codes
+    from gdr.cli.bench.common import random_codes
 
     cfg = preset_config(name, K, depth)
     rng = np.random.default_rng(seed)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["ConfigError", "validate", "check_query_splits", "error_line", "exit_line"]
+__all__ = ["ConfigError", "validate", "error_line", "exit_line"]
 
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
 
@@ -673,25 +673,6 @@ def validate(command: str, cfg: DictConfig) -> None:
                 if problem:
                     full = f"{prefix}.{key}" if prefix else key
                     raise ConfigError(f"{full}={_show(value)}: {problem}" + (f" ({rule.what})" if rule.what else ""))
-
-
-# ---------------------------------------------------------------------------- input files
-
-def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,
-                       docs_tsv: str | None = None) -> None:
-    """Read the query set of every ``queries`` section (``{"name", "split", "path", ...}``, one per split a
-    command will use) against the loaded corpus, so that a bad qrels or query line (an unknown document or
-    query id: a :class:`gdr.data.DataError` naming file:line) stops the command before its first heavy
-    step rather than hours later; and the split ``need`` must hold a query with a relevant document."""
-    from gdr.cli.train import _load_queries
-
-    ids = set(corpus_ids)
-    for q in sections:
-        qs = _load_queries(q, data, ids, docs_tsv)
-        if q["split"] == need and (qs is None or len(qs) == 0):
-            raise ConfigError(f"queries.test_split={need}: no {need!r} query of queries.name={q['name']} has a "
-                              f"relevant document in this corpus, so nothing can be evaluated; choose another "
-                              "queries.test_split or queries.name")
 
 
 # ---------------------------------------------------------------------------- one-line errors

@@ -32,7 +32,6 @@ import json
 import logging
 import shlex
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +41,14 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gdr import signals
-from gdr.config import command_config, save_config, to_container
-from gdr.guard import LOCK_FILE, claim_folder, replace_together, withdraw
+from gdr.config import save_config, to_container
+from gdr.guard import LOCK_FILE, claim_folder, withdraw
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
                     record_files, verify_files)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_main", "run_pipeline", "Pipeline", "StageRecord"]
+__all__ = ["run_pipeline", "Pipeline", "StageRecord", "check_settings", "lm_settings"]
 
 STAGE_FILE = "stage.json"
 # Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
@@ -57,7 +56,6 @@ STAGE_FILE = "stage.json"
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
 REPORT_FILES = ("report.json", "report.md", "report.png")  # report.json first: readers trust it most
-METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
     "gc": ("seed", "n_clusters", "leaf_size", "gc"),
@@ -287,7 +285,7 @@ def _queries_section(cfg: DictConfig, split: str) -> dict:
     return out
 
 
-def _check(cfg: DictConfig) -> None:
+def check_settings(cfg: DictConfig) -> None:
     """Settings the pipeline needs beyond each stage's own checks."""
     if cfg.queries.name == "titles" and not cfg.data.get("drop_title"):
         raise ValueError("queries.name=titles needs data.drop_title=true: a document that still holds its title "
@@ -298,41 +296,45 @@ def _check(cfg: DictConfig) -> None:
 
 
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
-    """Run every stage of ``conf/run.yaml`` into ``cfg.out``; returns the headline numbers (also in report.json)."""
-    from gdr.cli.score import build_lm, load_data
-    from gdr.cli.validate import check_query_splits
+    """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
+    report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
+    from gdr.data import corpus_from_config
+    from gdr.stages.train import check_query_splits
 
-    _check(cfg)
+    check_settings(cfg)
     t_start = time.perf_counter()
     pipe = Pipeline(cfg.out)
     if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
         log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
-    corpus = load_data(cfg)
+    corpus = corpus_from_config(to_container(cfg.data))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
     check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        to_container(cfg.data), corpus.doc_ids, need=cfg.queries.test_split,
                        docs_tsv=cfg.data.get("docs_tsv"))
-    texts = corpus.model_inputs()
     corpus_sig = corpus_signature(cfg, corpus)
     lm_sig = to_container(cfg.model)
+    lm_spec = lm_settings(cfg)
     lm_box: dict = {}
 
     def lm():
         if "lm" not in lm_box:
-            lm_box["lm"] = build_lm(cfg)
+            lm_box["lm"] = lm_spec.build()
         return lm_box["lm"]
 
     # 1. sampled queries and P
     def build_score(folder: Path) -> dict:
-        from gdr.cli.score import score_from_config
-
+        from gdr.stages.score import score_corpus
+        from gdr.stages.settings import SampleSettings, ScoreSettings
         from gdr.store import P_MANIFEST
 
         sub = _with(cfg, out=str(folder))
+        save_config(sub, folder, "score.config.yaml")
         _drop_damaged_queries(folder)
+        sample, score_settings = SampleSettings.from_dict(to_container(cfg.sample)), \
+            ScoreSettings.from_dict(to_container(cfg.score))
         try:
-            path = score_from_config(sub, corpus=corpus, lm=lm())
+            path = score_corpus(corpus, (lm(), lm_spec), folder, sample, score_settings, progress=cfg.progress)
         except FileExistsError as e:
             if P_MANIFEST not in str(e):
                 raise
@@ -340,7 +342,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             # start the matrix over rather than stop.
             log.warning("stage score: %s disagrees with this stage's settings; scoring P again", folder / P_MANIFEST)
             (folder / P_MANIFEST).unlink()
-            path = score_from_config(sub, corpus=corpus, lm=lm())
+            path = score_corpus(corpus, (lm(), lm_spec), folder, sample, score_settings, progress=cfg.progress)
         return {"p_matrix": str(path)}
 
     # P.manifest.json resumes in place too: a `gdr score` that repaired P by hand rewrites it, and the shard
@@ -352,11 +354,15 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     cluster_rec = None
     if cfg.cluster.enabled and corpus.labels is not None:
         def build_cluster(folder: Path) -> dict:
-            from gdr.cli.cluster import cluster_from_run
+            from gdr.stages.cluster import cluster_run
+            from gdr.stages.report import cluster_headline
+            from gdr.stages.settings import ClusterSettings
             from gdr.store import load_run
 
-            result, _ = cluster_from_run(cfg, corpus, load_run(score.path), folder)
-            return _cluster_headline(result)
+            result, _ = cluster_run(corpus, load_run(score.path), folder,
+                                    ClusterSettings.from_dict(to_container(cfg.cluster)), device=cfg.device)
+            save_config(cfg, folder, "cluster.config.yaml")
+            return cluster_headline(result)
 
         cl = {k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"}
         cluster_rec = pipe.stage("cluster", {"score": score.key, "cluster": cl}, build_cluster, after=[score])
@@ -366,13 +372,15 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     doc_q = None
     if int(dq.per_doc) > 0:
         def build_doc_queries(folder: Path) -> dict:
-            from gdr.cli.score import sample_per_doc_for
+            from gdr.stages.doc_queries import sample_doc_queries
+            from gdr.stages.settings import SampleSettings
 
             sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
                                                        "batch_size": dq.batch_size,
                                                        "max_new_tokens": int(dq.max_new_tokens)})
             save_config(sub, folder, "sample.config.yaml")
-            return {"doc_queries": str(sample_per_doc_for(sub, lm(), corpus))}
+            settings = SampleSettings.from_dict(to_container(sub.sample))
+            return {"doc_queries": str(sample_doc_queries(lm(), corpus, folder, settings, progress=cfg.progress))}
 
         s = cfg.sample
         doc_q = pipe.stage("doc-queries", {"corpus": corpus_sig, "lm": lm_sig, "doc_queries": _unbatched(dq),
@@ -390,14 +398,17 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                   "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
 
         def build_index_stage(folder: Path, method=method) -> dict:
-            from gdr.cli.index import build_index
+            from gdr.stages.index import build_index
+            from gdr.stages.settings import IndexSettings
 
             sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
                                     "data": to_container(cfg.data),
                                     "run": str(score.path) if method == "gc" else None})
             if method == "bmi":
                 sub.kmeans.doc_queries = str(doc_q.path / "doc_queries.jsonl")
-            summary = build_index(sub, corpus)
+            settings = IndexSettings.from_dict({**index_cfg, "method": method, "kmeans": to_container(sub.kmeans)})
+            summary = build_index(settings, folder, corpus=corpus, run=sub.run)
+            save_config(sub, folder)
             return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
                                             "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
@@ -410,7 +421,10 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     bm25_rec = None
     if cfg.bm25:
         def build_bm25(folder: Path) -> dict:
-            return _bm25(cfg, corpus, texts, test_q, folder)
+            from gdr.stages.bm25 import bm25_baseline
+
+            return bm25_baseline(corpus, _test_queries(cfg, corpus, test_q), folder, k=int(cfg.evaluate.k),
+                                 split=test_q["split"])
 
         bm25_rec = pipe.stage("bm25", {"corpus": corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k)},
                               build_bm25)
@@ -426,13 +440,19 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                         "seed": int(seed)}
 
             def build_train(folder: Path, idx=idx, seed=seed) -> dict:
-                from gdr.cli.train import train_from_config
+                from gdr.stages import train as train_stage
+                from gdr.stages.settings import TrainSettings
 
                 sub = OmegaConf.create({**train_cfg, "data": to_container(cfg.data), "seed": int(seed),
                                         "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
                                         "queries": _queries_section(cfg, cfg.queries.train_split),
                                         "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-                res = train_from_config(sub, corpus)
+                folder.mkdir(parents=True, exist_ok=True)
+                save_config(sub, folder)
+                qs = train_stage.split_queries(to_container(sub.queries), to_container(cfg.data), set(corpus.doc_ids),
+                                               cfg.data.get("docs_tsv"))
+                res = train_stage.train_retriever(corpus, sub.docids, folder, TrainSettings.from_dict(train_cfg, seed=int(seed)),
+                                                  queries=qs, generated=sub.generated)
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 
@@ -440,13 +460,18 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                             after=[idx] + ([doc_q] if use_gen else []), outputs=("model/*", "docids.tsv"))
 
             def build_eval(folder: Path, tr=tr) -> dict:
-                from gdr.cli.train import evaluate_from_config
+                from gdr.stages.evaluate import evaluate_model
+                from gdr.stages.settings import EvaluateSettings
 
                 sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
                                         "run_dir": str(tr.path), "out_dir": str(folder), "bm25": False,
                                         "queries": test_q})
-                m, _ = evaluate_from_config(sub, corpus)
-                return {"metrics": m["systems"][sub.tag]}
+                folder.mkdir(parents=True, exist_ok=True)
+                save_config(sub, folder)
+                settings = EvaluateSettings.from_dict(to_container(cfg.evaluate), bm25=False)
+                m, _ = evaluate_model(tr.path, corpus, _test_queries(cfg, corpus, test_q), folder, settings,
+                                      split=test_q["split"])
+                return {"metrics": m["systems"][settings.tag]}
 
             ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q,
                                                       "evaluate": _keyed(to_container(cfg.evaluate))}, build_eval,
@@ -456,6 +481,15 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     seconds = round(time.perf_counter() - t_start, 1)
     report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds)
     return report
+
+
+def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float) -> dict:
+    from gdr.stages.report import write_report
+
+    command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
+    return write_report(to_container(cfg), command, pipe.root, pipe.records, len(corpus), results,
+                        {m: r.info for m, r in indexes.items()}, bm25_rec.info["metrics"] if bm25_rec else None,
+                        cluster_rec.info if cluster_rec is not None else None, seconds)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
@@ -488,171 +522,20 @@ def _with(cfg: DictConfig, **overrides) -> DictConfig:
     return sub
 
 
-def _bm25(cfg, corpus, texts, test_q: dict, folder: Path) -> dict:
-    from eval.bm25 import bm25_run
-    from eval.retrieval import evaluate_run, write_qrels, write_trec_run
-    from gdr.cli.train import _load_queries
+def lm_settings(cfg: DictConfig):
+    """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
+    from gdr.stages.settings import LMSettings
 
-    qs = _load_queries(test_q, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
+    return LMSettings.from_dict(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+                                threads=cfg.get("threads"))
+
+
+def _test_queries(cfg: DictConfig, corpus, test_q: dict):
+    """The test queries of the run (for bm25 and every evaluation); an error when the corpus has none."""
+    from gdr.stages.train import split_queries
+
+    qs = split_queries(test_q, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
     if qs is None or len(qs) == 0:
         raise ValueError(f"no {test_q['split']!r} queries with a relevant document for {cfg.data.name}: "
                          "set queries.name / queries.test_split")
-    qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
-    run = bm25_run(corpus.doc_ids, texts, qs.qids, qs.texts, k=int(cfg.evaluate.k))
-    metrics, _ = evaluate_run(run, qrels)
-    write_trec_run(folder / "bm25.trec", run, tag="bm25", depth=int(cfg.evaluate.k))
-    write_qrels(folder / "qrels.txt", qrels)
-    m = metrics.as_dict()
-    atomic_write_json(folder / "metrics.json", {"split": test_q["split"], "systems": {"bm25": m}})
-    return {"metrics": m}
-
-
-def _cluster_headline(result: dict) -> dict:
-    """GC and k-means (log P) ARI/ACC/NMI means and GC's largest cluster share, for the report and the demo."""
-    out: dict = {}
-    gc = result["methods"].get("GC")
-    if gc is not None:
-        sizes = np.bincount(np.asarray(gc["labels"]), minlength=result["n_clusters"])
-        out["gc_largest_cluster_share"] = round(float(sizes.max() / sizes.sum()), 4)
-        out["gc_cluster_sizes"] = sizes.tolist()
-    for name, key in (("GC", "gc"), ("k-means (logp)", "logp_kmeans"), ("k-means (tfidf)", "tfidf_kmeans")):
-        r = result["methods"].get(name)
-        if r is not None and r.get("mean"):
-            for m in ("acc", "nmi", "ari"):
-                out[f"{key}_{m}"] = round(float(r["mean"][m]), 2)
-    for name, r in result["methods"].items():
-        if name.startswith("k-means (embedding") and r.get("mean"):
-            for m in ("acc", "nmi", "ari"):
-                out[f"embedding_kmeans_{m}"] = round(float(r["mean"][m]), 2)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- report
-def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
-    vals = np.array([r[key] for r in rows], dtype=float)
-    return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-
-
-def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float) -> dict:
-    command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
-    n_test = None
-    lines = [f"# gdr run: {cfg.data.name}, {len(corpus)} documents", "",
-             f"Command: `{command}`", "",
-             f"Query generator `{cfg.model.name}`, J = {cfg.sample.n_queries} sampled queries, "
-             f"{cfg.doc_queries.per_doc} generated training queries per document; retriever "
-             f"`{cfg.train.model.size}`, seeds {list(cfg.seeds)}; queries `{cfg.queries.name}` "
-             f"(trained on `{cfg.queries.train_split}`, scored on `{cfg.queries.test_split}`).", ""]
-    if cfg.queries.name == "titles":
-        lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
-                  "not a benchmark of the field.", ""]
-    lines += ["## Retrieval (mean (std) over seeds, in %)", "",
-              "| docids | " + " | ".join(m.replace("recall", "R").replace("mrr", "MRR") for m in METRICS)
-              + " | depth (max / mean) | largest child share | seeds |",
-              "|---|" + "---|" * (len(METRICS) + 3)]
-    summary: dict[str, dict] = {}
-    for method, rows in results.items():
-        stats = {m: _mean_std(rows, m) for m in METRICS}
-        n_test = rows[0].get("n_queries", n_test)
-        info = indexes[method].info
-        summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items()}
-        summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()})
-        lines.append(f"| {method} | " + " | ".join(f"{100 * mu:.1f} ({100 * sd:.1f})" for mu, sd in stats.values())
-                     + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
-                     + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
-    bm25 = bm25_rec.info["metrics"] if bm25_rec is not None else None
-    if bm25 is not None:
-        lines.append("| BM25 (reference) | " + " | ".join(f"{100 * bm25[m]:.1f}" for m in METRICS) + " | | | |")
-        n_test = bm25.get("n_queries", n_test)
-    lines += ["", f"{n_test} test queries. The largest child share is the mean, over internal nodes, of the "
-                  "fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
-    if cluster_rec is not None:
-        c = cluster_rec.info
-        lines += ["## Flat clustering against the labels", "",
-                  f"K = number of labels, mean over {cfg.cluster.repeats} repeats of best-of-{cfg.cluster.n_init} "
-                  f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
-                  f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
-                  "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
-        for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
-                          ("embedding_kmeans", f"k-means on {cfg.cluster.embed_model}")):
-            if f"{key}_ari" in c:
-                lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
-        lines.append("")
-    lines += ["## Stages", "", "| stage | folder | seconds | |", "|---|---|---|---|"]
-    for r in pipe.records:
-        lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {'reused' if r.reused else 'ran'} |")
-    lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
-    report = {"command": command, "seconds": seconds, "n_docs": len(corpus), "n_test_queries": n_test,
-              "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
-              "cluster": cluster_rec.info if cluster_rec is not None else None,
-              "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
-                         for r in pipe.records]}
-    # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
-    # unwritable) leaves the old report whole, and the three never disagree
-    files = {pipe.root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
-    if cfg.plot and summary:
-        files[pipe.root / "report.png"] = lambda p: _plot(summary, report["bm25"], p,
-                                                          f"{cfg.data.name}: {len(corpus)} docs")
-    files[pipe.root / "report.json"] = lambda p: p.write_text(
-        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    replace_together(files)
-    return report
-
-
-def _plot(summary: dict, bm25: dict | None, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
-    for ax, m in zip(axes, ("recall@1", "mrr@100")):
-        mu = [summary[n][m] for n in names]
-        sd = [summary[n][f"{m}_std"] for n in names]
-        ax.bar(range(len(names)), mu, yerr=sd, capsize=4, color="#4c72b0")
-        if bm25 is not None:
-            ax.axhline(bm25[m], color="#c44e52", ls="--", label="BM25")
-            ax.legend(loc="upper right", fontsize=8)
-        ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel(f"{m} (%)")
-        ax.set_ylim(0, 100)
-    fig.suptitle(title + " (mean and std over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def headline(report: dict) -> dict:
-    """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 per indexer and of BM25."""
-    out: dict = {"seconds": report["seconds"]}
-    c = report.get("cluster") or {}
-    for k in ("gc_ari", "logp_kmeans_ari", "gc_largest_cluster_share"):
-        if k in c:
-            out[k] = c[k]
-    ret = report["retrieval"]
-    if "gc" in ret:
-        out["recall_at_1"] = ret["gc"]["recall@1"]
-        out["mrr_at_100"] = ret["gc"]["mrr@100"]
-    for method, m in ret.items():
-        out[f"{method}_recall_at_1"] = m["recall@1"]
-    if report.get("bm25"):
-        out["bm25_recall_at_1"] = report["bm25"]["recall@1"]
-    return out
-
-
-def run_main(argv: list[str]) -> int:
-    cfg = command_config("run", argv)
-    if cfg is None:  # --cfg: printed
-        return 0
-    from gdr.cli.validate import validate
-
-    validate("run", cfg)
-    _check(cfg)
-    from gdr.guard import claim_out
-
-    claim_out("run", cfg)  # the run folder: writable, and this process's alone; stages lock their folders too
-    report = run_pipeline(cfg, argv)
-    print(open(Path(cfg.out) / "report.md", encoding="utf-8").read())
-    print(json.dumps(headline(report)))
-    sys.stdout.flush()
-    return 0
+    return qs

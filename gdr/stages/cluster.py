@@ -1,9 +1,8 @@
-"""``gdr cluster``: one command from a dataset to a clustering result.
+"""Stage ``cluster``: flat generative clustering of a scored corpus, evaluated against its labels.
 
-Samples queries and scores P (reusing a finished P matrix whose manifest matches), runs generative
-clustering (and its configured variants), evaluates against labels when the corpus has them (with the
-k-means baselines), and writes ``metrics.json``, ``results.md``, ``clusters.md``, ``labels.tsv`` and
-``clusters.png`` into the run folder.
+:func:`cluster_run` runs generative clustering (and its configured variants) on the P matrix of a
+``score`` folder, evaluates against labels when the corpus has them (with the k-means baselines), and
+writes ``metrics.json``, ``results.md``, ``clusters.md``, ``labels.tsv`` and ``clusters.png``.
 """
 from __future__ import annotations
 
@@ -13,43 +12,21 @@ from pathlib import Path
 import numpy as np
 
 from eval.cluster_report import cluster_corpus, descriptions_md, plot_clusters, restrict, results_table
-from gdr.config import save_config, to_container
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
+from gdr.stages.settings import ClusterSettings
+
+__all__ = ["cluster_run"]
 
 log = logging.getLogger(__name__)
 
 
-def cluster_main(argv: list[str]) -> int:
-    from gdr.cli.score import _compose, build_lm, load_data, sample_queries_for, score_matrix_for
-    from gdr.store import load_run
-
-    cfg = _compose("cluster", argv)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus = load_data(cfg)
-    c = cfg.cluster
-    if corpus.labels is None and c.n_clusters is None:
-        raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
-    lm = build_lm(cfg)
-    queries = sample_queries_for(cfg, lm, corpus)
-    score_matrix_for(cfg, lm, corpus, queries)
-    del lm
-    result, table = cluster_from_run(cfg, corpus, load_run(out), out)
-    print()
-    if result["labels"] is not None:
-        print(table)
-    for kk, desc in enumerate(result["methods"]["GC"]["descriptions"]):
-        print(f"cluster {kk}: " + " | ".join(q for q, _ in desc[:3]))
-    print(f"\nresults in {out}")
-    return 0
-
-
-def cluster_from_run(cfg, corpus, run, out: Path) -> tuple[dict, str]:
-    """Cluster the P matrix of ``run`` (a :class:`gdr.store.PRun` of ``corpus``) with the ``cluster:``
-    settings of ``cfg``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
+def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device: str = "auto") -> tuple[dict, str]:
+    """Cluster the P matrix of ``run`` (a :class:`gdr.store.PRun` of ``corpus``, e.g. ``gdr.store.load_run(folder)``)
+    with ``settings``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
 
     Returns (the result of :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
-    c = cfg.cluster
+    c = settings
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     queries = run.queries
     logp = np.asarray(run.logp, dtype=np.float32)
@@ -64,13 +41,13 @@ def cluster_from_run(cfg, corpus, run, out: Path) -> tuple[dict, str]:
         qtexts = [qtexts[j] for j in cols]
         labels, texts = [labels[i] for i in rows], [texts[i] for i in rows]
     k = c.n_clusters or len(set(labels))
-    base = to_container(c.gc)
-    variants = {name: {**base, **(to_container(v) if v else {})} for name, v in c.variants.items()}
+    base = dict(c.gc)
+    variants = {name: {**base, **(dict(v) if v else {})} for name, v in c.variants.items()}
     result = cluster_corpus(logp, qtexts, k, variants, labels=labels, texts=texts,
                             baselines=list(c.baselines) if labels is not None else [], embed_model=c.embed_model,
                             n_init=c.n_init, repeats=c.repeats if labels is not None else 0, init=c.init,
                             max_iter=c.max_iter, tol=c.tol, seed=c.seed,
-                            device="cuda" if str(cfg.device) in ("auto", "cuda") and _cuda() else "cpu")
+                            device="cuda" if str(device) in ("auto", "cuda") and _cuda() else "cpu")
     tag = "-".join(c.restrict_labels) if c.restrict_labels else corpus.name
     metrics = {name: {key: r.get(key) for key in ("mean", "std", "single", "distortion", "objective", "n_iter",
                                                    "seconds", "settings")}
@@ -88,7 +65,6 @@ def cluster_from_run(cfg, corpus, run, out: Path) -> tuple[dict, str]:
         f"{d}\t{l}\n" for d, l in zip(np.asarray(corpus.doc_ids)[rows] if c.restrict_labels else corpus.doc_ids,
                                       result["methods"]["GC"]["labels"])))
     plot_clusters(result, labels, out / f"clusters{suffix}.png")
-    save_config(cfg, out, f"cluster{suffix}.config.yaml")
     write_manifest(out, f"cluster{suffix}.manifest.json", dataset=tag, p_matrix=run.manifest.get("doc_ids_hash"),
                    queries_hash=run.manifest.get("queries_hash"),
                    files=[f"{n}{suffix}.{e}" for n, e in (("metrics", "json"), ("results", "md"), ("clusters", "md"),

@@ -1,0 +1,42 @@
+"""``gdr cluster``: one command from a dataset to a clustering result.
+
+Samples queries and scores P (reusing a finished P matrix whose manifest matches; :mod:`gdr.stages.score`),
+then clusters and evaluates it (:func:`gdr.stages.cluster.cluster_run`) into the out folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gdr.cli.common import compose, lm_settings, section
+from gdr.config import save_config, to_container
+
+
+def cluster_main(argv: list[str]) -> int:
+    from gdr.data import corpus_from_config
+    from gdr.stages.cluster import cluster_run
+    from gdr.stages.sample import sample_queries
+    from gdr.stages.score import score_queries
+    from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings
+    from gdr.store import load_run
+
+    cfg = compose("cluster", argv)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = corpus_from_config(to_container(cfg.data))
+    c = ClusterSettings.from_dict(section(cfg, "cluster"))
+    if corpus.labels is None and c.n_clusters is None:
+        raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
+    lm = lm_settings(cfg).build()
+    queries = sample_queries(lm, corpus, out, SampleSettings.from_dict(section(cfg, "sample")), progress=cfg.progress)
+    score_queries(lm, corpus, queries, out, ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress)
+    del lm
+    result, table = cluster_run(corpus, load_run(out), out, c, device=str(cfg.device))
+    suffix = f".{'-'.join(c.restrict_labels)}" if c.restrict_labels else ""
+    save_config(cfg, out, f"cluster{suffix}.config.yaml")
+    print()
+    if result["labels"] is not None:
+        print(table)
+    for kk, desc in enumerate(result["methods"]["GC"]["descriptions"]):
+        print(f"cluster {kk}: " + " | ".join(q for q, _ in desc[:3]))
+    print(f"\nresults in {out}")
+    return 0

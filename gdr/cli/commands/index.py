@@ -1,0 +1,58 @@
+"""``gdr index`` (build prefix-code docids: :func:`gdr.stages.index.build_index`) and ``gdr index add``
+(grow a GC index: :func:`indexing.add.add_to_index`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gdr.validate import validate
+from gdr.config import command_config, save_config, to_container
+from gdr.guard import claim_out
+
+
+def _compose(argv: list[str]):
+    cfg = command_config("index", argv)
+    if cfg is not None:
+        validate("index", cfg)
+    return cfg, cfg is None
+
+
+def index_main(argv: list[str]) -> int:
+    from gdr.stages.index import build_index
+    from gdr.stages.settings import IndexSettings
+
+    argv = list(argv)
+    if argv and argv[0] == "add":
+        return add_main(argv[1:])
+    cfg, show = _compose(argv)
+    if show:
+        return 0
+    claim_out("index", cfg)
+    c = to_container(cfg)
+    data = c.pop("data", None)
+    settings = IndexSettings.from_dict({k: v for k, v in c.items() if k not in ("run", "out", "index")})
+
+    def corpus():
+        from gdr.data import corpus_from_config
+
+        return corpus_from_config(data)
+
+    build_index(settings, cfg.out, corpus=corpus if data else None, run=cfg.run)
+    save_config(cfg, cfg.out)
+    print(open(Path(cfg.out) / "summary.txt", encoding="utf-8").read(), end="")
+    return 0
+
+
+def add_main(argv: list[str]) -> int:
+    """``gdr index add run=<P-matrix run of new documents> index=<GC index folder>``."""
+    cfg, show = _compose(list(argv))
+    if show:
+        return 0
+    if not cfg.run or not cfg.index:
+        raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder>")
+    claim_out("index add", cfg)  # the index folder is rewritten
+    from indexing.add import add_to_index
+
+    res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))
+    print(f"added {len(res.codes)} documents to {cfg.index} ({res.n_redirected} redirected from full leaves, "
+          f"{res.n_new_leaves} new leaves)")
+    return 0

@@ -1,0 +1,49 @@
+"""``gdr sample`` and ``gdr score``: compose the config, call :mod:`gdr.stages.sample` / :mod:`gdr.stages.score`."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from gdr.cli.common import compose, lm_settings, section
+from gdr.config import save_config, to_container
+
+log = logging.getLogger(__name__)
+
+
+def sample_main(argv: list[str]) -> int:
+    from gdr.data import corpus_from_config
+    from gdr.stages.doc_queries import sample_doc_queries
+    from gdr.stages.sample import sample_queries
+    from gdr.stages.settings import SampleSettings
+
+    cfg = compose("sample", argv)
+    corpus = corpus_from_config(to_container(cfg.data))
+    lm = lm_settings(cfg).build()
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    save_config(cfg, cfg.out, "sample.config.yaml")
+    s = SampleSettings.from_dict(section(cfg, "sample"))
+    if s.per_doc:
+        path = sample_doc_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
+        log.info("%d queries per document in %s", s.per_doc, path)
+        return 0
+    rows = sample_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
+    for r in rows[:5]:
+        log.info("sample query from %s: %s", r["source_doc_id"], r["text"])
+    log.info("%d queries in %s", len(rows), Path(cfg.out) / "queries.jsonl")
+    return 0
+
+
+def score_main(argv: list[str]) -> int:
+    from gdr.data import corpus_from_config
+    from gdr.stages import score
+    from gdr.stages.settings import SampleSettings, ScoreSettings
+    from gdr.store import dist_info
+
+    cfg = compose("score", argv)
+    corpus = corpus_from_config(to_container(cfg.data))
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    if dist_info()[0] == 0:
+        save_config(cfg, cfg.out, "score.config.yaml")
+    score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_dict(section(cfg, "sample")),
+                       ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress)
+    return 0

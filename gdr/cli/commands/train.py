@@ -1,0 +1,27 @@
+"""``gdr train``: compose ``conf/train.yaml``, call :func:`gdr.stages.train.train_retriever`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gdr.cli.common import compose
+from gdr.config import save_config, to_container
+
+
+def train_main(argv: list[str]) -> int:
+    from gdr.data import corpus_from_config
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import read_checked_docids, split_queries, train_retriever
+
+    # a bad docids.tsv is refused before out_dir is made (it would hold only config.yaml)
+    cfg = compose("train", argv, before_claim=lambda cfg: read_checked_docids(cfg.docids))
+    c = to_container(cfg)
+    out = Path(c["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out)
+    corpus = corpus_from_config(c["data"])
+    qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
+    settings = TrainSettings.from_dict({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
+                                                          "seed")})
+    res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"))
+    print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")
+    return 0

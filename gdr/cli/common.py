@@ -1,0 +1,37 @@
+"""What every command does before it calls the library: compose, validate, lock the out folder, and turn
+the composed config's sections into the stages' settings."""
+from __future__ import annotations
+
+import sys
+
+from gdr.validate import validate
+from gdr.config import command_config, to_container
+from gdr.guard import claim_out
+
+__all__ = ["compose", "lm_settings", "section"]
+
+
+def compose(name: str, argv: list[str], lock: str | None = None, before_claim=None):
+    """The validated config of command ``name`` with its out folder claimed (``gdr.guard``); ``--cfg``
+    prints it and exits 0. ``lock``: the name the lock is taken under (default ``name``); ``before_claim``:
+    a check of the inputs (``cfg -> None``, raising) that runs before the out folder is made."""
+    cfg = command_config(name, argv)
+    if cfg is None:  # --cfg: printed
+        sys.exit(0)
+    validate(name, cfg)
+    if before_claim is not None:
+        before_claim(cfg)
+    claim_out(lock or name, cfg)  # the out folder: writable, and this process's alone (gdr.guard)
+    return cfg
+
+
+def section(cfg, key: str, **overrides) -> dict:
+    """A config section as a plain dict (for ``<Settings>.from_dict``)."""
+    return {**to_container(cfg[key]), **overrides}
+
+
+def lm_settings(cfg):
+    """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
+    from gdr.pipeline import lm_settings as of_config
+
+    return of_config(cfg)

@@ -1,0 +1,26 @@
+"""Stage ``bm25``: BM25 (bm25s) on the test queries, the reference every retriever is compared with."""
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["bm25_baseline"]
+
+
+def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "test") -> dict:
+    """BM25 over ``corpus`` for ``queries`` (a :class:`gdr.data.QuerySet` over it) into ``out``: ``bm25.trec``,
+    ``qrels.txt`` and ``metrics.json``; returns ``{"metrics": {recall@1, recall@10, recall@100, mrr@100, ...}}``."""
+    from eval.bm25 import bm25_run
+    from eval.retrieval import evaluate_run, write_qrels, write_trec_run
+    from gdr.io import atomic_write_json
+
+    qs = queries
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
+    run = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=int(k))
+    metrics, _ = evaluate_run(run, qrels)
+    write_trec_run(out / "bm25.trec", run, tag="bm25", depth=int(k))
+    write_qrels(out / "qrels.txt", qrels)
+    m = metrics.as_dict()
+    atomic_write_json(out / "metrics.json", {"split": split, "systems": {"bm25": m}})
+    return {"metrics": m}

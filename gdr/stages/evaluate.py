@@ -1,0 +1,71 @@
+"""Stage ``evaluate``: Recall@k and MRR@100 of a trained retriever on held-out queries (BM25 beside it)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+from gdr.stages.settings import EvaluateSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["evaluate_model", "evaluate_retriever"]
+
+
+def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], qrels: dict[str, list[str]],
+                       k: int = 100, beam: int | None = None, progress: bool = True):
+    """Search ``queries`` and evaluate; returns (Run, RetrievalMetrics, first-relevant ranks by qid)."""
+    from eval.retrieval import Run, evaluate_run
+
+    docs, scores, ranks = retriever.search_ranked(list(queries), k=k, beam=beam, progress=progress)
+    run = Run(list(qids), [retriever.doc_ids[d].tolist() for d in docs], [s.astype(float).tolist() for s in scores],
+              [r.tolist() for r in ranks])
+    metrics, first = evaluate_run(run, qrels, ks=(1, 10, 100), mrr_depth=100)
+    return run, metrics, first
+
+
+def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settings: EvaluateSettings,
+                   split: str = "test") -> tuple[dict, str]:
+    """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
+    :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.stages.train.split_queries`) into ``out``:
+    ``metrics.json`` (Recall@1/10/100, MRR@100; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
+
+    Returns (the ``metrics.json`` content, its markdown table)."""
+    from eval.bm25 import bm25_run
+    from eval.retrieval import evaluate_run, markdown_table, write_qrels, write_trec_run
+    from gdr.io import atomic_write_json, atomic_write_text, write_manifest
+    from training.search import Retriever
+
+    c = settings.to_dict()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    qs = queries
+    if qs is None or len(qs) == 0:
+        raise ValueError("no queries with relevant documents in this corpus to evaluate on")
+    qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
+    retriever = Retriever.load(str(run_dir), device=c.get("device"), beam=c["beam"],
+                               length_penalty=c["length_penalty"], batch_size=c["batch_size"])
+    unknown = set(retriever.doc_ids.tolist()) - set(corpus.doc_ids)
+    if unknown:
+        log.warning("%d docids of the model are not in this corpus (e.g. %s)", len(unknown), next(iter(unknown)))
+    t1 = time.time()
+    run, metrics, _ = evaluate_retriever(retriever, qs.qids, qs.texts, qrels, k=c["k"], beam=c["beam"])
+    search_s = time.time() - t1
+    rows = {c["tag"]: metrics.as_dict()}
+    write_trec_run(out / "run.trec", run, tag=c["tag"], depth=c["k"])
+    write_qrels(out / "qrels.txt", qrels)
+    if c["bm25"]:
+        brun = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=c["k"])
+        bm, _ = evaluate_run(brun, qrels)
+        rows["bm25"] = bm.as_dict()
+        write_trec_run(out / "bm25.trec", brun, tag="bm25", depth=c["k"])
+    metrics_json = {"split": split, "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9)}
+    atomic_write_json(out / "metrics.json", metrics_json)
+    table = markdown_table(rows, ["recall@1", "recall@10", "recall@100", "mrr@100", "n_queries"])
+    atomic_write_text(out / "metrics.md", table)
+    write_manifest(out, command="evaluate", run_dir=str(run_dir), corpus=corpus.name, split=split,
+                   n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2),
+                   files=("metrics.json", "metrics.md", "run.trec", "bm25.trec", "qrels.txt"))
+    return metrics_json, table

@@ -1,0 +1,139 @@
+"""Stage ``index``: prefix-code docids of a corpus by one indexer (gc | hkmi | bmi | random | atomic).
+
+:func:`build_index` loads the inputs the method needs, calls one builder (:func:`indexing.gc.build_gc_index`, :func:`indexing.kmeans.build_kmeans_index`,
+:func:`indexing.tree.random_tree`, :func:`indexing.tree.atomic_codes`) and writes the index with
+:func:`indexing.output.write_index`, plus ``manifest.json``. ``gdr index add`` (grow a GC index) is
+:func:`indexing.add.add_to_index`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from gdr.io import read_jsonl, write_manifest
+from gdr.stages.settings import IndexSettings
+
+__all__ = ["build_index", "METHODS"]
+
+log = logging.getLogger(__name__)
+
+METHODS = ("gc", "hkmi", "bmi", "random", "atomic")
+
+
+def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:
+    rows = read_jsonl(path)
+    for i, r in enumerate(rows, 1):
+        if "doc_id" not in r or "text" not in r:
+            raise ValueError(f"{path}: record {i} needs 'doc_id' and 'text'; got keys {sorted(r)}")
+    return [str(r["doc_id"]) for r in rows], [str(r["text"]) for r in rows]
+
+
+def _doc_ids(settings: IndexSettings, run, corpus: Callable | None) -> list[str]:
+    """Doc ids for random/atomic/bmi: from run=, data=, kmeans.docs or kmeans.doc_queries (first given)."""
+    if run:
+        from indexing.pmatrix import load_pmatrix_run
+
+        return load_pmatrix_run(run).doc_ids
+    if corpus is not None:
+        return corpus().doc_ids
+    if settings.kmeans.get("docs"):
+        return _docs_jsonl(settings.kmeans["docs"])[0]
+    if settings.kmeans.get("doc_queries"):
+        from indexing.kmeans import read_doc_queries
+
+        return list(read_doc_queries(settings.kmeans["doc_queries"]))
+    raise ValueError(f"method={settings.method} needs the documents: pass run=<P-matrix run>, data=<corpus>, "
+                     "kmeans.docs=<jsonl> or kmeans.doc_queries=<jsonl>")
+
+
+def _gc_options(g: dict):
+    from indexing.gc import GCOptions
+
+    keys = GCOptions.__dataclass_fields__.keys()
+    return GCOptions(**{k: v for k, v in dict(g).items() if k in keys})
+
+
+def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: str | Path | None = None) -> dict:
+    """Build one index (``settings.method``) into ``out``; returns its summary (depth, balance, leaves ...).
+
+    ``corpus``: a :class:`gdr.data.Corpus` (or a function returning one, called only when the method needs
+    it): the documents of hkmi, and the doc ids of random/atomic/bmi without ``run``. ``run``: a ``score``
+    folder (P.npy, queries.jsonl, doc_ids.json): the input of gc, and the documents of the others.
+    ``settings.kmeans`` may name ``docs`` (jsonl of doc_id/text) and ``doc_queries`` (bmi's input)."""
+    cfg = settings
+    load = corpus if callable(corpus) or corpus is None else (lambda: corpus)
+    if cfg.method not in METHODS:
+        raise ValueError(f"method={cfg.method!r}: choose one of {', '.join(METHODS)}")
+    if not out:
+        raise ValueError("pass out=<folder> for the index")
+    out = Path(out)
+    t0 = time.time()
+    K, c = int(cfg.n_clusters), int(cfg.leaf_size)
+    extra: dict = {}
+    query_texts, query_hash = None, ""
+    if cfg.method == "gc":
+        from indexing.gc import build_gc_index
+        from indexing.pmatrix import load_pmatrix_run
+
+        if not run:
+            raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
+        prun = load_pmatrix_run(run, n_queries=cfg.gc.get("n_queries"))
+        doc_ids, query_texts, query_hash = prun.doc_ids, prun.query_texts, prun.query_hash
+        tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=_gc_options(cfg.gc),
+                              seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))
+        extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
+    elif cfg.method in ("hkmi", "bmi"):
+        from indexing.kmeans import (build_kmeans_index, default_embed_fn, document_embeddings,
+                                     query_mean_embeddings, read_doc_queries)
+
+        km = {"docs": None, "doc_queries": None, **cfg.kmeans}
+        embed_fn = default_embed_fn(km["embed_model"], int(km["batch_size"]))
+        if cfg.method == "hkmi":
+            if load is not None:
+                corpus = load()
+                doc_ids, texts = corpus.doc_ids, corpus.model_inputs()
+            elif km["docs"]:
+                doc_ids, texts = _docs_jsonl(km["docs"])
+            else:
+                raise ValueError("method=hkmi needs document texts: data=<corpus> or kmeans.docs=<jsonl>")
+            if run:  # index exactly the documents of the P-matrix run (comparable with gc)
+                from indexing.pmatrix import load_pmatrix_run
+
+                pos = {d: i for i, d in enumerate(doc_ids)}
+                run_ids = load_pmatrix_run(run).doc_ids
+                missing = [d for d in run_ids if d not in pos]
+                if missing:
+                    raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")
+                doc_ids, texts = run_ids, [texts[pos[d]] for d in run_ids]
+            emb = document_embeddings(texts, embed_fn)
+        else:
+            if not km["doc_queries"]:
+                raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
+            doc_queries = read_doc_queries(km["doc_queries"])
+            doc_ids = _doc_ids(cfg, run, load) if (run or load is not None or km["docs"]) else list(doc_queries)
+            emb = query_mean_embeddings(doc_ids, doc_queries, embed_fn)
+        tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km["n_init"]),
+                                  max_iter=int(km["max_iter"]), spherical=bool(km["spherical"]),
+                                  workers=int(cfg.workers), progress=bool(cfg.progress), method=cfg.method)
+        extra.update(embed_model=km["embed_model"], embedding_dim=int(emb.shape[1]))
+    elif cfg.method == "random":
+        from indexing.tree import random_tree
+
+        doc_ids = _doc_ids(cfg, run, load)
+        tree = random_tree(len(doc_ids), K, c, seed=int(cfg.seed), progress=bool(cfg.progress))
+    else:
+        from indexing.tree import atomic_codes
+
+        doc_ids = _doc_ids(cfg, run, load)
+        tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic["warn_above"]))
+    from indexing.output import write_index
+
+    summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts, query_hash=query_hash,
+                          top_queries=int(cfg.gc["top_queries"]), centroid_json_depth=int(cfg.gc["centroid_json_depth"]),
+                          plot=bool(cfg.plot))
+    write_manifest(out, command="index", method=cfg.method, n_docs=len(doc_ids), seconds=round(time.time() - t0, 2),
+                   depth=summary["depth_max"], n_fallback=summary["n_fallback"],
+                   files=("docids.tsv", "tree.json", "tree_state.npz"), **extra)
+    return summary

@@ -1,0 +1,155 @@
+"""Stage ``report``: the comparison of the docid schemes of a pipeline run (report.md, report.png, report.json)
+and the one JSON line (:func:`headline`) that ``gdr run`` prints last."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from gdr.guard import replace_together
+
+__all__ = ["write_report", "headline", "cluster_headline", "METRICS"]
+
+METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
+
+
+def cluster_headline(result: dict) -> dict:
+    """GC and k-means (log P) ARI/ACC/NMI means and GC's largest cluster share, for the report and the demo."""
+    out: dict = {}
+    gc = result["methods"].get("GC")
+    if gc is not None:
+        sizes = np.bincount(np.asarray(gc["labels"]), minlength=result["n_clusters"])
+        out["gc_largest_cluster_share"] = round(float(sizes.max() / sizes.sum()), 4)
+        out["gc_cluster_sizes"] = sizes.tolist()
+    for name, key in (("GC", "gc"), ("k-means (logp)", "logp_kmeans"), ("k-means (tfidf)", "tfidf_kmeans")):
+        r = result["methods"].get(name)
+        if r is not None and r.get("mean"):
+            for m in ("acc", "nmi", "ari"):
+                out[f"{key}_{m}"] = round(float(r["mean"][m]), 2)
+    for name, r in result["methods"].items():
+        if name.startswith("k-means (embedding") and r.get("mean"):
+            for m in ("acc", "nmi", "ari"):
+                out[f"embedding_kmeans_{m}"] = round(float(r["mean"][m]), 2)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
+    vals = np.array([r[key] for r in rows], dtype=float)
+    return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+
+
+def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int, results: dict[str, list[dict]],
+                 indexes: dict, bm25: dict | None, cluster: dict | None, seconds: float) -> dict:
+    """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
+    returns the report (``report.json``'s content).
+
+    ``settings``: the run's settings as a plain dict (``conf/run.yaml``); ``records``: the stages
+    (:class:`gdr.pipeline.StageRecord`); ``results``: per indexer, one row of test metrics per seed;
+    ``indexes``: per indexer, the facts of its index (depth, balance); ``bm25``, ``cluster``: the facts of
+    those stages, or None."""
+    cfg = settings
+    n_test = None
+    lines = [f"# gdr run: {cfg['data']['name']}, {n_docs} documents", "",
+             f"Command: `{command}`", "",
+             f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
+             f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
+             f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{cfg['queries']['name']}` "
+             f"(trained on `{cfg['queries']['train_split']}`, scored on `{cfg['queries']['test_split']}`).", ""]
+    if cfg['queries']['name'] == "titles":
+        lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
+                  "not a benchmark of the field.", ""]
+    lines += ["## Retrieval (mean (std) over seeds, in %)", "",
+              "| docids | " + " | ".join(m.replace("recall", "R").replace("mrr", "MRR") for m in METRICS)
+              + " | depth (max / mean) | largest child share | seeds |",
+              "|---|" + "---|" * (len(METRICS) + 3)]
+    summary: dict[str, dict] = {}
+    for method, rows in results.items():
+        stats = {m: _mean_std(rows, m) for m in METRICS}
+        n_test = rows[0].get("n_queries", n_test)
+        info = indexes[method]
+        summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items()}
+        summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()})
+        lines.append(f"| {method} | " + " | ".join(f"{100 * mu:.1f} ({100 * sd:.1f})" for mu, sd in stats.values())
+                     + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
+                     + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
+    if bm25 is not None:
+        lines.append("| BM25 (reference) | " + " | ".join(f"{100 * bm25[m]:.1f}" for m in METRICS) + " | | | |")
+        n_test = bm25.get("n_queries", n_test)
+    lines += ["", f"{n_test} test queries. The largest child share is the mean, over internal nodes, of the "
+                  "fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
+    if cluster is not None:
+        c = cluster
+        lines += ["## Flat clustering against the labels", "",
+                  f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of best-of-{cfg['cluster']['n_init']} "
+                  f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
+                  f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
+                  "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
+        for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
+                          ("embedding_kmeans", f"k-means on {cfg['cluster']['embed_model']}")):
+            if f"{key}_ari" in c:
+                lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
+        lines.append("")
+    lines += ["## Stages", "", "| stage | folder | seconds | |", "|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {'reused' if r.reused else 'ran'} |")
+    lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
+    report = {"command": command, "seconds": seconds, "n_docs": n_docs, "n_test_queries": n_test,
+              "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
+              "cluster": cluster,
+              "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
+                         for r in records]}
+    # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
+    # unwritable) leaves the old report whole, and the three never disagree
+    files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
+    if cfg['plot'] and summary:
+        files[root / "report.png"] = lambda p: _plot(summary, report["bm25"], p,
+                                                          f"{cfg['data']['name']}: {n_docs} docs")
+    files[root / "report.json"] = lambda p: p.write_text(
+        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    replace_together(files)
+    return report
+
+
+def _plot(summary: dict, bm25: dict | None, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
+    for ax, m in zip(axes, ("recall@1", "mrr@100")):
+        mu = [summary[n][m] for n in names]
+        sd = [summary[n][f"{m}_std"] for n in names]
+        ax.bar(range(len(names)), mu, yerr=sd, capsize=4, color="#4c72b0")
+        if bm25 is not None:
+            ax.axhline(bm25[m], color="#c44e52", ls="--", label="BM25")
+            ax.legend(loc="upper right", fontsize=8)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel(f"{m} (%)")
+        ax.set_ylim(0, 100)
+    fig.suptitle(title + " (mean and std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def headline(report: dict) -> dict:
+    """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 per indexer and of BM25."""
+    out: dict = {"seconds": report["seconds"]}
+    c = report.get("cluster") or {}
+    for k in ("gc_ari", "logp_kmeans_ari", "gc_largest_cluster_share"):
+        if k in c:
+            out[k] = c[k]
+    ret = report["retrieval"]
+    if "gc" in ret:
+        out["recall_at_1"] = ret["gc"]["recall@1"]
+        out["mrr_at_100"] = ret["gc"]["mrr@100"]
+    for method, m in ret.items():
+        out[f"{method}_recall_at_1"] = m["recall@1"]
+    if report.get("bm25"):
+        out["bm25_recall_at_1"] = report["bm25"]["recall@1"]
+    return out
