@@ -26,7 +26,7 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "deferred", "stop_line", "exit_code",
+__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred", "stop_line", "exit_code",
            "set_where", "name", "SIGNALS"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -100,6 +100,15 @@ def received() -> int | None:
 def pending() -> int | None:
     """Inside :func:`deferred`: the signal waiting for a safe point to stop at, or None."""
     return _state["signum"] if _state["defer"] else None
+
+
+def take() -> int | None:
+    """At a safe point inside :func:`deferred`: the pending signal, or None. With one, the grace timer is
+    cancelled, since the caller stops now (after writing its resume point, which the timer must not cut)."""
+    signum = pending()
+    if signum is not None:
+        _cancel_timer()
+    return signum
 
 
 @contextlib.contextmanager

@@ -177,8 +177,8 @@ class _StopOnSignal(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         from gdr import signals
 
-        signum = signals.pending()
-        if signum is not None and os.getpid() == self.parent:
+        signum = signals.take() if os.getpid() == self.parent else None
+        if signum is not None:
             trainer.save_checkpoint(self.last)
             log.info("stopping on %s: resume point %s (step %d)", signals.name(signum), self.last,
                      trainer.global_step)
