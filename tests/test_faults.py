@@ -443,3 +443,17 @@ def test_the_advised_resample_command_works_as_printed(finished, tmp_path, capsy
     assert main(shlex.split(m.group(3))[1:]) == 0
     read_generated_queries(dq / "doc_queries.jsonl", doc_ids)
     assert (dq / "doc_queries.jsonl").read_bytes() == good  # the same seed and settings: the same queries
+
+
+def test_a_bad_generated_queries_file_is_refused_before_gdr_train_makes_anything(finished, tmp_path, capsys):
+    """Issue 23, 3: the generated query file `gdr train` reads is checked with its docids, before out_dir."""
+    root, folder, ref, _ = finished
+    gen = tmp_path / "doc_queries.jsonl"
+    lines = (_folder(ref, "doc-queries") / "doc_queries.jsonl").read_text().splitlines(keepends=True)
+    gen.write_text("".join(lines + lines[-1:]))  # a copy without its manifest: the lines are checked
+    argv = ["train", f"data.name={folder}", f"docids={_folder(ref, 'index-gc') / 'docids.tsv'}", f"generated={gen}",
+            "model.size=tiny", f"out_dir={tmp_path / 't'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{gen}:{len(lines) + 1}: doc id" in err[0] and "also on line" in err[0], err
+    assert not (tmp_path / "t").exists()

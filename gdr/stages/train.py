@@ -16,7 +16,8 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "split_queries", "model_config_from", "read_checked_docids", "check_query_splits"]
+__all__ = ["train_retriever", "split_queries", "model_config_from", "read_checked_docids", "check_train_inputs",
+           "check_query_splits"]
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
@@ -78,6 +79,17 @@ def read_checked_docids(path: str | Path) -> tuple[list[str], list[tuple[int, ..
 
     check_manifest_files(Path(path).parent, only=["docids.tsv"], fix=rebuild_advice(path))
     return read_docids(path)
+
+
+def check_train_inputs(docids: str | Path, generated: str | Path | None = None) -> None:
+    """The input files of a training run, read before anything is made or loaded: ``docids.tsv`` (manifest,
+    lines) and the generated queries (manifest, lines, each document among the docids; the corpus check
+    comes later and is no more lenient)."""
+    from training.data import read_generated_queries
+
+    ids, _ = read_checked_docids(docids)
+    if generated:
+        read_generated_queries(str(generated), ids)
 
 
 def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,

@@ -10,10 +10,10 @@ from gdr.config import save_config, to_container
 def train_main(argv: list[str]) -> int:
     from gdr.data import corpus_from_config
     from gdr.stages.settings import TrainSettings
-    from gdr.stages.train import read_checked_docids, split_queries, train_retriever
+    from gdr.stages.train import check_train_inputs, split_queries, train_retriever
 
-    # a bad docids.tsv is refused before out_dir is made (it would hold only config.yaml)
-    cfg = compose("train", argv, before_claim=lambda cfg: read_checked_docids(cfg.docids))
+    # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
+    cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
