@@ -26,8 +26,8 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred", "stop_line", "exit_code",
-           "set_where", "name", "SIGNALS"]
+__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred", "stop_line",
+           "exit_code", "set_where", "name", "SIGNALS"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _state: dict = {"signum": None, "defer": 0, "where": None, "timer": None, "previous": {}}

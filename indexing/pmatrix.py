@@ -266,7 +266,8 @@ def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -
         raise FileNotFoundError(f"P-matrix run folder {run_dir} does not exist; pass run=<folder of `gdr score`>")
     man = read_manifest(run_dir, "P.manifest.json")  # written by gdr.store while scoring
     if man is not None and man.get("status", "complete") != "complete":
-        raise RuntimeError(f"{run_dir / 'P.npy'} is {man.get('status')}: rerun `{RerunCommand('score', run_dir)}` to finish "
+        raise RuntimeError(f"{run_dir / 'P.npy'} is {man.get('status')}: rerun "
+                           f"`{RerunCommand('score', run_dir)}` to finish "
                            "it before indexing")
     if man is not None and "shape" in man:
         from gdr.store import check_p

@@ -221,7 +221,8 @@ def test_p_manifest_of_other_settings_is_scored_again_by_run(finished, tmp_path,
     assert "disagrees with this stage's settings; scoring P again" in logs
 
 
-def _signalled_at(point: str, sig: int, argv: list[str], tmp_path: Path, command: str = "run") -> tuple[int, str, float]:
+def _signalled_at(point: str, sig: int, argv: list[str], tmp_path: Path,
+                  command: str = "run") -> tuple[int, str, float]:
     """Start ``gdr <command> argv`` (tests/run_script.py), send ``sig`` once it reaches ``point``; returns its
     exit code, its stderr and the seconds from the signal to its exit."""
     ready = tmp_path / f"ready-{point.replace(':', '-')}"

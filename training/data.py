@@ -119,7 +119,8 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
                              "regenerate the queries for this corpus")
         if d in seen:
             redo = RerunCommand("sample", path.parent, f"delete {path} and run `{{}}`",
-                                fallback="re-sample it with `gdr sample` and the settings that made it (sample.per_doc=...)")
+                                fallback="re-sample it with `gdr sample` and the settings that made it "
+                                         "(sample.per_doc=...)")
             raise ValueError(f"{path}:{lineno}: doc id {d!r} is also on line {seen[d]}; each document has one line: "
                              f"{redo}")
         seen[d] = lineno
