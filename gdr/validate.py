@@ -148,6 +148,28 @@ def accelerator(v, sec):
     return None
 
 
+# Lightning 2's precision names (the legacy short forms too)
+PRECISIONS = ("bf16-mixed", "32-true", "16-mixed", "bf16-true", "16-true", "64-true", "bf16", "16", "32", "64")
+
+
+def precision(v, sec):
+    """``trainer.precision``: null or auto (bf16-mixed on CUDA, 32-true on the CPU) or a Lightning name."""
+    if v is None or v == "auto" or str(v) in PRECISIONS:
+        return None
+    return "must be null, auto or one of " + " | ".join(PRECISIONS[:6])
+
+
+def fused(v, sec):
+    """``optim.fused``: auto, true or false; true cannot be clipped under 16-mixed's gradient scaler."""
+    if v != "auto" and not isinstance(v, bool):
+        return "must be auto, true or false"
+    scaled = str(_get(sec, "trainer.precision")) in ("16-mixed", "16")
+    if v is True and scaled and _get(sec, "trainer.gradient_clip_val"):
+        return ("cannot be true with trainer.precision=16-mixed and gradient clipping (a fused AdamW unscales "
+                "float16 gradients itself); use false, bf16-mixed or trainer.gradient_clip_val=null")
+    return None
+
+
 def trainer_devices_at(trainer: str) -> Check:
     """Lightning's ``devices`` of the trainer section ``trainer``: auto, -1 (all), a positive count or a list
     of device indices; no more CUDA devices than the machine has when the accelerator is (or becomes) cuda."""
@@ -513,6 +535,8 @@ TRAIN_STAGE = (
     Rule("optim.consistency_weight", number(0, lo_open=False), "0 = off"),
     Rule("optim.base_batch_size", POSITIVE, "the batch size the learning rates are stated at"),
     Rule("optim.lr_scaling", one_of("sqrt", "linear", "none"), "how learning rates follow the batch size"),
+    Rule("optim.fused", fused, "fused AdamW; auto = on CUDA"),
+    Rule("trainer.precision", precision, "Lightning's precision; null/auto = bf16-mixed on CUDA, 32-true on the CPU"),
     Rule("trainer.max_epochs", POSITIVE),
     Rule("trainer.max_steps", lambda v, sec: None if v == -1 or (_is_int(v) and v > 0)
          else "must be -1 (no limit) or a positive integer"),

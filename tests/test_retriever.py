@@ -200,6 +200,25 @@ def test_shared_docid_returns_every_document(word_tokenizer):
     assert sorted(docs[0].tolist()) == [0, 2] and ranks[0].tolist() == [1, 1]
 
 
+def test_search_under_the_cuda_bf16_autocast_on_the_cpu(word_tokenizer):
+    """`gdr evaluate` on CUDA searches under bf16 autocast (training/search.py): the same autocast on the CPU
+    returns docids of the trie, ranked as in fp32 at the top for a trained-free random model's clear cases."""
+    torch.manual_seed(0)
+    doc_ids, texts, codes = toy_corpus(20)
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3)).eval()
+    from training.model import load_tokenizer
+
+    enc = load_tokenizer(word_tokenizer)(texts, padding=True, return_tensors="pt")
+    ref = constrained_beam_search(model, enc["input_ids"], enc["attention_mask"], trie, beam=10, k=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = constrained_beam_search(model, enc["input_ids"], enc["attention_mask"], trie, beam=10, k=5)
+    leaves = set(int(n) for n in trie.doc_node)
+    assert out.nodes.shape == ref.nodes.shape and all(int(n) in leaves for n in out.nodes.flatten())
+    assert torch.isfinite(out.scores.float()).all()
+    assert (out.nodes[:, 0] == ref.nodes[:, 0]).float().mean() >= 0.5
+
+
 # ----------------------------------------------------------------------------- data
 
 def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
@@ -374,6 +393,87 @@ def test_scaled_optim_keeps_warmup_in_examples_and_scales_learning_rates():
         scaled_optim(OptimOptions(lr_scaling="cubic"), 512)
     if not torch.cuda.is_available():
         assert resolve_batch_size("auto") == 64 and resolve_batch_size(100) == 100
+
+
+class _SeenOptimizer(pytest.importorskip("pytorch_lightning").Callback):
+    """Records, per step, the optimizer's fused flag, the dtype of the retriever's logits (bf16 under bf16
+    autocast) and the gradient norm the optimizer stepped with (after clipping)."""
+
+    def __init__(self):
+        self.fused, self.norms, self.logits = [], [], []
+
+    def on_fit_start(self, trainer, pl_module):
+        pl_module.model.register_forward_hook(lambda m, i, out: self.logits.append(out.dtype))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.fused.append(bool(trainer.optimizers[0].defaults.get("fused")))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]  # kept until the next zero_grad
+        self.norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+
+def _train_cuda_config(out, tok, clip, fused="auto", precision="bf16-mixed"):
+    doc_ids, texts, codes = toy_corpus(20)
+    seen = _SeenOptimizer()
+    res = train(out, tiny_config(tok), doc_ids, codes, train_queries=texts * 2, train_rel=[[i] for i in range(20)] * 2,
+                examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
+                optim=OptimOptions(lr_encoder=3e-3, lr_decoder=3e-3, warmup_steps=2, fused=fused),
+                trainer_opts=TrainerOptions(max_steps=4, batch_size=20, accelerator="cpu", precision=precision,
+                                            gradient_clip_val=clip, enable_progress_bar=False, tensorboard=False,
+                                            resume=False),
+                seed=0, callbacks=[seen])
+    return res, seen
+
+
+def test_the_cuda_optimizer_configuration_trains_on_the_cpu(tmp_path, word_tokenizer):
+    """What CUDA chooses (fused AdamW, bf16-mixed autocast, gradient clipping), asked for on the CPU: it trains,
+    the optimizer is fused, the forward runs in bf16 and the gradients are clipped (Lightning's AMP plugin
+    raised `does not allow for gradient clipping` before the module clipped a fused AdamW itself)."""
+    res, seen = _train_cuda_config(tmp_path / "fused", word_tokenizer, clip=1e-3, fused=True)
+    assert res.global_step == 4 and all(np.isfinite(res.losses))
+    assert seen.fused == [True] * 4 and seen.logits == [torch.bfloat16] * 4
+    assert max(seen.norms) <= 1e-3 * 1.001  # clipped (unclipped norms are > 0.1, below)
+    _, free = _train_cuda_config(tmp_path / "unclipped", word_tokenizer, clip=None, fused=True)
+    assert min(free.norms) > 0.1
+    _, auto = _train_cuda_config(tmp_path / "auto", word_tokenizer, clip=1e-3)  # auto: unfused off CUDA
+    assert auto.fused == [torch.cuda.is_available()] * 4 and max(auto.norms) <= 1e-3 * 1.001
+
+
+def test_gdr_train_with_the_cuda_settings_on_the_cpu(tmp_path, word_tokenizer, capsys):
+    """`gdr train ... trainer.accelerator=cpu trainer.precision=bf16-mixed optim.fused=true
+    trainer.gradient_clip_val=1.0` exits 0 (was: Lightning's `does not allow for gradient clipping`); a fused
+    AdamW under 16-mixed with clipping is refused before anything loads, naming the key."""
+    from gdr.cli import main
+    from gdr.data import Corpus, QuerySet, write_beir
+
+    doc_ids, texts, codes = toy_corpus(20)
+    qs = QuerySet(name="toy", qids=[f"tr{i}" for i in range(20)], texts=texts, relevant=[[d] for d in doc_ids],
+                  splits=["train"] * 20)
+    folder = write_beir(Corpus(name="toy", doc_ids=doc_ids, texts=texts), qs, tmp_path / "toy")
+    write_docids(tmp_path / "docids.tsv", doc_ids, codes)
+    argv = ["train", f"data.name={folder}", f"model.tokenizer={word_tokenizer}", f"docids={tmp_path / 'docids.tsv'}",
+            f"out_dir={tmp_path / 'run'}", "model.size=tiny", "trainer.max_steps=3", "trainer.batch_size=16",
+            "trainer.enable_progress_bar=false", "trainer.tensorboard=false", "trainer.val_beam=5",
+            "trainer.accelerator=cpu", "optim.fused=true", "trainer.gradient_clip_val=1.0"]
+    assert main([*argv, "trainer.precision=bf16-mixed"]) == 0
+    assert (tmp_path / "run" / "model" / "retriever.json").exists()
+    capsys.readouterr()
+    assert main([*argv, "trainer.precision=16-mixed", f"out_dir={tmp_path / 'run16'}"]) != 0
+    err = capsys.readouterr().err
+    assert "optim.fused" in err and "16-mixed" in err and not (tmp_path / "run16").exists()
+
+
+def test_fused_adamw_is_refused_under_a_float16_gradient_scaler(tmp_path, word_tokenizer):
+    from training.train import resolve_fused
+
+    assert resolve_fused("auto", True, "bf16-mixed") and not resolve_fused("auto", False, "bf16-mixed")
+    assert not resolve_fused("auto", True, "16-mixed")  # auto clips through Lightning's scaler: unfused
+    assert resolve_fused(True, False, "32-true") and not resolve_fused(False, True, "bf16-mixed")
+    with pytest.raises(ValueError, match="optim.fused=true with trainer.precision=16-mixed"):
+        resolve_fused(True, True, "16-mixed")
+    with pytest.raises(ValueError, match="choose auto, true or false"):
+        resolve_fused("yes", True, "bf16-mixed")
 
 
 def test_pretokenised_batches_equal_per_example_padding(word_tokenizer):

@@ -111,6 +111,30 @@ def test_reused_bucketed_caches_give_the_same_tokens(family, llama, t5):
     assert len(bucketed._pool) == 1
 
 
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_the_cuda_bf16_decode_copy_runs_on_the_cpu(family, llama, t5):
+    """On CUDA the Decoder samples from a bf16 copy of the weights (static caches then bf16 too): the same
+    copy on the CPU, with the CUDA cache layout (bucketed, reused), gives well-formed queries and mostly the
+    fp32 copy's first tokens (bf16 moves near-ties only)."""
+    import copy
+
+    from gdr.lm.decode import Decoder
+
+    lm = _lm(family, llama, t5)
+    fp32, bf16 = Decoder(lm, compile=False, bucket=True), Decoder(lm, compile=False, bucket=True)
+    bf16.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
+    ids = lm.prompt_ids(DOCS[:4])
+    args = (ids, torch.arange(4).repeat(2), torch.arange(8), torch.zeros(8, dtype=torch.long))
+    kw = dict(seed=5, max_new_tokens=6, top_k=50, top_p=0.99)
+    out, ref = bf16.decode(*args, **kw), fp32.decode(*args, **kw)
+    assert out.shape == ref.shape == (8, 6) and out.dtype == torch.long
+    assert int(out.min()) >= 0 and int(out.max()) < lm.model.config.vocab_size
+    layers = bf16._pool[next(iter(bf16._pool))]
+    layers = layers.self_attention_cache.layers if lm.is_seq2seq else layers.layers
+    assert layers[0].keys.dtype == torch.bfloat16
+    assert (out[:, 0] == ref[:, 0]).float().mean() >= 0.5
+
+
 def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):
     """The CUDA path's capture, traced by dynamo on the CPU (eager backend: no CUDA graphs, no C++ build):
     one graph for every batch of a shape (the reused decode cache), and the same tokens as the eager step."""

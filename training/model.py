@@ -29,7 +29,6 @@ Options, off by default:
 """
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -40,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from gdr.lm.compat import cache_kwarg
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +215,7 @@ class GenerativeRetriever(nn.Module):
             relative_attention_max_distance=16,
         )
         self.decoder = T5Stack(dec_conf)
-        # transformers renamed the decoder's cache argument (past_key_values -> cache); an unknown
-        # name is swallowed by **kwargs and decoding silently runs without its history
-        params = inspect.signature(T5Stack.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(self.decoder)  # past_key_values or cache, by transformers version
         nn.init.normal_(self.decoder.embed_tokens.weight, std=1.0)  # T5's init of tied embeddings
         K, L = config.n_digits, config.max_code_len
         # slot_tokens[t, s]: token id of slot s at step t; at step L only EOS is valid

@@ -42,13 +42,16 @@ class RetrieverModule(pl.LightningModule):
     val_beam, val_k, length_penalty : validation beam search
     seed : dropout masks are drawn from (seed, global step, rank), so a run resumed from a
         checkpoint continues exactly as an uninterrupted one
+    fused : fused AdamW (one kernel for every parameter's update); None = on CUDA only (``optim.fused: auto``).
+        Gradients are then clipped by :meth:`configure_gradient_clipping` (Lightning's AMP plugin refuses to
+        clip for an optimizer that unscales its own gradients, although bf16 has nothing to unscale)
     trie : the docid trie (not a hyperparameter; needed for validation)
     """
 
     def __init__(self, model_config: dict[str, Any], lr_encoder: float = 1e-4, lr_decoder: float = 1e-3,
                  weight_decay: float = 0.01, warmup_steps: int = 1000, consistency_weight: float = 0.0,
                  val_beam: int = 10, val_k: int = 10, length_penalty: float = 1.0, seed: int = 0,
-                 trie: DocidTrie | None = None):
+                 fused: bool | None = None, trie: DocidTrie | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["trie"])
         self.model = GenerativeRetriever.build(RetrieverConfig.from_dict(dict(model_config)))
@@ -130,10 +133,28 @@ class RetrieverModule(pl.LightningModule):
              "weight_decay": hp.weight_decay if decay else 0.0}
             for (is_enc, decay), ps in sorted(groups.items())
         ]
-        # fused AdamW: one kernel for every parameter's update on CUDA (the CPU path keeps the default loop)
-        fused = self.device.type == "cuda"
-        opt = torch.optim.AdamW(param_groups, fused=fused) if fused else torch.optim.AdamW(param_groups)
+        # fused AdamW: one kernel for every parameter's update (auto: on CUDA; the CPU keeps torch's default)
+        fused = self.device.type == "cuda" if hp.get("fused") is None else bool(hp.fused)
+        opt = torch.optim.AdamW(param_groups, fused=True) if fused else torch.optim.AdamW(param_groups)
         total = self.trainer.estimated_stepping_batches
         total = int(total) if math.isfinite(total) else 10 * hp.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(hp.warmup_steps, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """The Trainer's ``gradient_clip_val``, also for a fused AdamW under bf16-mixed.
+
+        Lightning's AMP plugin raises for any optimizer that unscales gradients itself (``fused=True``), as a
+        float16 gradient scaler would hand it scaled gradients. bf16-mixed has no scaler: the gradients here are
+        the true ones, and they are clipped with torch's own norm clipping (what Lightning would do).
+        """
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and scaler is None:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            if gradient_clip_algorithm == "value":  # a str enum
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)

@@ -30,7 +30,7 @@ from training.module import RetrieverModule
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size"]
+           "resolve_batch_size", "resolve_fused"]
 
 
 @dataclass
@@ -65,9 +65,28 @@ class OptimOptions:
     consistency_weight: float = 0.0
     base_batch_size: int = 64
     lr_scaling: str = "none"  # conf/stage/train.yaml: sqrt
+    fused: bool | str = "auto"  # fused AdamW: auto = on CUDA (see resolve_fused)
 
 
 LR_SCALINGS = ("sqrt", "linear", "none")
+
+
+def resolve_fused(fused: bool | str, cuda: bool, precision: str) -> bool:
+    """``optim.fused``: ``auto`` -> True on CUDA (one kernel for every parameter's update), False on the CPU.
+
+    A fused AdamW unscales float16 gradients itself, so it cannot be clipped under ``16-mixed`` (its gradient
+    scaler): there ``auto`` gives False and ``true`` is refused. Under ``bf16-mixed`` and ``32-true``
+    :meth:`training.module.RetrieverModule.configure_gradient_clipping` clips it.
+    """
+    if fused not in ("auto", True, False):
+        raise ValueError(f"optim.fused={fused!r}; choose auto, true or false")
+    scaled = str(precision) in ("16-mixed", "16")
+    if fused == "auto":
+        return cuda and not scaled
+    if fused and scaled:
+        raise ValueError(f"optim.fused=true with trainer.precision={precision}: a fused AdamW unscales float16 "
+                         "gradients itself, so they cannot be clipped; use optim.fused=false or bf16-mixed")
+    return bool(fused)
 
 
 def scaled_optim(optim: OptimOptions, batch_size: int) -> OptimOptions:
@@ -85,7 +104,7 @@ def scaled_optim(optim: OptimOptions, batch_size: int) -> OptimOptions:
 
 @dataclass
 class TrainerOptions:
-    """Lightning Trainer settings. ``precision`` None = bf16-mixed on GPU, 32 on CPU.
+    """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
 
     ``batch_size`` "auto" = 512 on CUDA, 64 on the CPU (:func:`resolve_batch_size`); ``compile`` wraps the
     model in ``torch.compile`` on CUDA (ignored on the CPU).
@@ -222,7 +241,7 @@ class _LossRecorder(pl.Callback):
 
 
 def _precision(p: str | None, accelerator: str) -> str:
-    if p is not None:
+    if p is not None and p != "auto":
         return str(p)
     return "bf16-mixed" if _on_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
 
@@ -284,6 +303,9 @@ def train(
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
+    precision = _precision(t.precision, t.accelerator)
+    fused = resolve_fused(optim.fused, cuda, precision)
+    log.info("precision %s, %s AdamW", precision, "fused" if fused else "unfused")
     if cuda:
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=batch_size,
@@ -292,7 +314,7 @@ def train(
     module = RetrieverModule(cfg.to_dict(), lr_encoder=optim.lr_encoder, lr_decoder=optim.lr_decoder,
                              weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
                              consistency_weight=optim.consistency_weight, val_beam=trainer_opts.val_beam,
-                             length_penalty=trainer_opts.length_penalty, seed=seed, trie=trie)
+                             length_penalty=trainer_opts.length_penalty, seed=seed, fused=fused, trie=trie)
     n_params = module.model.n_params()
     log.info("retriever parameters: %s", n_params)
     if t.compile and cuda:
@@ -330,7 +352,7 @@ def train(
             pass
     trainer = pl.Trainer(
         default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, accelerator=t.accelerator,
-        devices=t.devices, strategy=t.strategy, precision=_precision(t.precision, t.accelerator),
+        devices=t.devices, strategy=t.strategy, precision=precision,
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
         log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=loggers,

@@ -30,6 +30,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from gdr.lm.compat import cache_kwarg
+
 log = logging.getLogger(__name__)
 
 __all__ = ["SAMPLER_VERSION", "Decoder", "filter_logits", "gumbel_noise", "sample_next"]
@@ -161,6 +163,7 @@ class Decoder:
         # their attention contexts, and tokens generated (up to and including the stop token).
         self.stats = dict(prefill_tokens=0, prefill_context=0, decode_tokens=0, decode_context=0, new_tokens=0)
         self.stop = torch.tensor(lm._stop_ids(), device=self.device)
+        self.cache_kw = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
 
     # ------------------------------------------------------------------ caches
     def _bucket(self, n: int) -> int:
@@ -200,14 +203,15 @@ class Decoder:
         cache_u = StaticCache(config=model.config, max_cache_len=P + S)
         if P > 0:
             c1 = StaticCache(config=model.config, max_cache_len=P)
-            model(input_ids=torch.tensor([prompts[0][:P]], device=dev), cache=c1, use_cache=True, logits_to_keep=1)
+            model(input_ids=torch.tensor([prompts[0][:P]], device=dev), **{self.cache_kw: c1}, use_cache=True,
+                  logits_to_keep=1)
             _init_layers(cache_u, [l.keys for l in c1.layers], [l.values for l in c1.layers], U)
             for lu, l1 in zip(cache_u.layers, c1.layers):
                 lu.keys[:, :, :P] = l1.keys
                 lu.values[:, :, :P] = l1.values
                 lu.cumulative_length.fill_(P)
         out = model(input_ids=suffix, attention_mask=mask[:, :P + S], position_ids=pos,
-                    cache=cache_u, use_cache=True, logits_to_keep=1)
+                    **{self.cache_kw: cache_u}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()  # (U, V)
         first_pos = pos[:, -1] + 1  # (U,)
         self.stats["prefill_tokens"] += P + sum(len(p) - P for p in prompts)
@@ -240,7 +244,7 @@ class Decoder:
         # prefill: the encoder and the first decoder step (which computes the cross-attention keys) per document
         cache_u = new_cache(Le)
         out = model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=enc_mask,
-                    decoder_input_ids=start, cache=cache_u, use_cache=True)
+                    decoder_input_ids=start, **{self.cache_kw: cache_u}, use_cache=True)
         logits = out.logits[:, -1].float()  # (U, V)
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts) + U  # encoder tokens + start tokens
         self.stats["prefill_context"] += sum(len(p) * Le for p in prompts) + U * Le
@@ -268,10 +272,10 @@ class Decoder:
         """Logits (B, V) after feeding ``tok`` (B,) at position ``pos`` (B,)."""
         if self.lm.is_seq2seq:
             out = self.model(encoder_outputs=b.enc, attention_mask=b.enc_mask, decoder_input_ids=tok[:, None],
-                             cache=b.cache, use_cache=True)
+                             **{self.cache_kw: b.cache}, use_cache=True)
         else:
             out = self.model(input_ids=tok[:, None], attention_mask=b.mask, position_ids=pos[:, None],
-                             cache=b.cache, use_cache=True)
+                             **{self.cache_kw: b.cache}, use_cache=True)
         return out.logits[:, -1].float()
 
     def _run_step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:

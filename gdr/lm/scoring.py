@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gdr.lm.compat import cache_kwarg
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ScoringMixin", "token_logprobs", "auto_score_sizes", "CPU_DOC_BATCH_SIZE", "CPU_MAX_QUERY_TOKENS"]
@@ -324,13 +326,6 @@ class ScoringMixin:
         head = (model or self.model).get_output_embeddings()
         return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None))
 
-    @staticmethod
-    def _cache_kw(module) -> str:
-        # transformers 5.2x renamed `past_key_values` to `cache` on some models; accept both.
-        import inspect
-
-        return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
     def _score_causal(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
                       flex: bool) -> torch.Tensor:
         """(B, n_queries) log-probs of every query after every prompt of the batch."""
@@ -343,7 +338,7 @@ class ScoringMixin:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
-        ckw = self._cache_kw(base)
+        ckw = cache_kwarg(base)
         h = base(**enc, **{ckw: cache}, use_cache=True).last_hidden_state  # (B, Lp, d)
         h_last = h[torch.arange(B, device=dev), plen - 1]  # (B, d): predicts each query's first token
         # First tokens: one log-softmax row per document, gathered for every query.

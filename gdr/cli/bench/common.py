@@ -1,11 +1,16 @@
 """What several benchmarks share (a benchmark module imports no other): the models and texts of the
-scoring and sampling benchmarks, random docids, the retriever presets."""
+scoring and sampling benchmarks, random docids, the retriever presets, the torch.profiler tables."""
 from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-__all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE"]
+__all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
+           "start_profiler", "write_table"]
 
 
 T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12,
@@ -69,3 +74,84 @@ def preset_config(name: str, K: int, depth: int):
     if name not in presets:
         raise SystemExit(f"gdr bench training: unknown preset {name!r}; choose from {', '.join(presets)}")
     return RetrieverConfig.from_dict({**presets[name], "n_digits": K, "max_code_len": depth})
+
+
+# ---------------------------------------------------------------------------- torch.profiler tables
+# ``--profile PATH`` of the sampling, scoring, training and decoding benchmarks (``make bench-gpu`` puts each
+# table into its logs archive). On CUDA: the top operators and kernels by their own GPU time with their share
+# of it, and the kernel launches (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch: a replayed CUDA graph
+# counts once) per unit of work (query, pair, example). On a CPU (smoke runs): the top operators by their own
+# CPU time, and aten operator calls per unit, so that the code path is the one a GPU run takes.
+
+_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def _self_device_us(e) -> float:
+    return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+
+def profile_table(fn: Callable[[], object], units: int, unit: str, device: torch.device, path: str | Path,
+                  title: str = "", top: int = 15) -> dict:
+    """Run ``fn`` once under ``torch.profiler``; write the table to ``path``; return its summary.
+
+    units : how many ``unit``\\ s (queries, pairs, examples) ``fn`` processes, for the per-unit launch count.
+    A failure (e.g. a CUDA graph captured under the profiler) is written to ``path`` instead and not raised.
+    """
+    cuda = device.type == "cuda"
+    try:
+        prof = start_profiler(device)
+        t0 = time.perf_counter()
+        with prof:
+            fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+        return write_table(prof, time.perf_counter() - t0, units, unit, device, path, title, top)
+    except Exception as e:  # noqa: BLE001 - the profile is extra: the benchmark's figures still come back
+        return profile_failed(e, path, title)
+
+
+def profile_failed(e: BaseException, path: str | Path, title: str = "") -> dict:
+    """Write why a profile failed to ``path`` (so the archive says so); returns a summary without figures."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f"# {title or 'profile'}: FAILED: {type(e).__name__}: {e}\n", encoding="utf-8")
+    return {"error": f"{type(e).__name__}: {e}", "launches_per_unit": None, "top": []}
+
+
+def start_profiler(device: torch.device):
+    """A ``torch.profiler.profile`` of the CPU and, on CUDA, the GPU (not entered yet)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else []))
+
+
+def write_table(prof, seconds: float, units: int, unit: str, device: torch.device, path: str | Path,
+                title: str = "", top: int = 15) -> dict:
+    """The table of a finished profile (see :func:`profile_table`), written to ``path``; returns its summary."""
+    cuda = device.type == "cuda"
+    events = list(prof.key_averages())
+    if cuda:
+        timed = [(e.key, _self_device_us(e), e.count) for e in events if _self_device_us(e) > 0]
+        launches = sum(e.count for e in events if e.key in _LAUNCHES)
+        what, per = "self CUDA time", "kernel launches"
+    else:
+        timed = [(e.key, float(e.self_cpu_time_total), e.count) for e in events if e.self_cpu_time_total > 0]
+        launches = sum(e.count for e in events if e.key.startswith("aten::"))
+        what, per = "self CPU time", "aten op calls"
+    total = sum(t for _, t, _ in timed) or 1.0
+    timed.sort(key=lambda r: -r[1])
+    rows = [{"op": k, "ms": round(t / 1e3, 3), "share": round(t / total, 4), "calls": c} for k, t, c in timed[:top]]
+    summary = {"device": str(device), "seconds": round(seconds, 3), "units": units, "unit": unit,
+               "total_ms": round(total / 1e3, 3), "launches": launches, "launch_kind": per,
+               "launches_per_unit": round(launches / max(units, 1), 2), "top": rows}
+    lines = [f"# {title or 'profile'}: {units} {unit}s in {seconds:.3f} s under torch.profiler ({device})",
+             f"# {per}: {launches} = {summary['launches_per_unit']} per {unit}; top {len(rows)} by {what} "
+             f"(of {total / 1e3:.1f} ms)",
+             f"{'share':>7}  {'ms':>10}  {'calls':>7}  op"]
+    lines += [f"{100 * r['share']:6.1f}%  {r['ms']:10.3f}  {r['calls']:7d}  {r['op'][:100]}" for r in rows]
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return summary

@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the per-beam Python reference (slow at large sizes)")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more pass here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
@@ -210,8 +211,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return out, time.perf_counter() - t
 
-    run_ours()  # warm-up (allocator, kernels)
+    _, t_warm = timed(run_ours)  # warm-up (allocator, kernels)
     ours, t_ours = timed(run_ours)
+    prof = None
+    if args.profile:  # one more pass, after the timing
+        from gdr.cli.bench.common import profile_table
+
+        prof = profile_table(run_ours, args.queries, "query", device, args.profile,
+                             title=f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}")
     ours_codes = _codes_from_nodes(trie, ours.nodes[:4])
     valid = all(trie.contains(c) for row in ours_codes for c in row)
     qps = args.queries / t_ours
@@ -233,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "same_results": same, "model": args.model, "queries": args.queries, "batch": args.batch,
         "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": device_name(device),
         "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(), "docids_in_trie": bool(valid),
+        "warmup_s": round(t_warm, 3), "timed_s": round(t_ours, 3), "launches_per_query": prof and prof["launches_per_unit"],
     }))
     return 0
 

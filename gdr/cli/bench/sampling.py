@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -76,7 +77,9 @@ def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
 
 
 def bench_model(name: str, args) -> dict:
+    t_load = time.perf_counter()
     lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
+    t_load = time.perf_counter() - t_load
     dev = lm.device
     if args.compile != "auto":
         from gdr.lm.decode import Decoder
@@ -98,9 +101,12 @@ def bench_model(name: str, args) -> dict:
     # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
     # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
     # alike.
+    t_warm = time.perf_counter()
     if cuda:
         lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
         _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
+        _sync(dev)
+    t_warm = time.perf_counter() - t_warm
     dec = lm.decoder()
     dec.stats = {k: 0 for k in dec.stats}
     ours, t_ours, t_hf, hf_tok, hf_texts = None, 0.0, 0.0, 0, []
@@ -119,6 +125,15 @@ def bench_model(name: str, args) -> dict:
             hf_tok, hf_texts = hf_tok + tok, hf_texts + texts
     stats = dict(dec.stats)
     n_hf = len(hf_texts)
+    prof = None
+    if args.profile:  # one more batch of ours, after the timing
+        from gdr.cli.bench.common import profile_table
+
+        path = Path(args.profile)
+        if len([m for m in args.models.split(",") if m]) > 1:
+            path = path.with_name(f"{path.stem}-{Path(name).name}{path.suffix}")
+        prof = profile_table(lambda: lm.sample_queries(docs, bs, seed=args.seed + 2, batch_size=bs, progress=False, **kw),
+                             bs, "query", dev, path, title=f"sampling {name}, batch {bs}")
 
     qps, hf_qps = n_q / t_ours, n_hf / t_hf
     flops = _flops(lm, stats)
@@ -130,6 +145,8 @@ def bench_model(name: str, args) -> dict:
            "speedup": round(qps / hf_qps, 2), "mfu": None, "tflops_per_s": round(flops / t_ours / 1e12, 3),
            "mean_new_tokens": round(stats["new_tokens"] / n_q, 2), "hf_mean_new_tokens": round(hf_tok / n_hf, 2),
            "empty_redrawn": int(ours.n_redrawn), "compiled": bool(dec.compile),
+           "load_s": round(t_load, 2), "warmup_s": round(t_warm, 2), "timed_s": round(t_ours, 3),
+           "launches_per_query": prof and prof["launches_per_unit"],
            "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
            "threads": torch.get_num_threads()}
     m = mfu(flops, t_ours, dev)
@@ -164,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here")
     args = ap.parse_args(argv)
     if args.batch_size != "auto":
         args.batch_size = int(args.batch_size)

@@ -54,17 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from gdr.lm.flops import device_name, peak_flops, mfu, scoring_flops_per_pair
     from gdr.lm.scoring import auto_score_sizes
 
+    t_load = time.perf_counter()
     lm = build_lm(args.model, args.doc_tokens, args.device, args.tokenizer)
+    t_load = time.perf_counter() - t_load
     cuda = lm.device.type == "cuda"
     n_docs = max(1, args.pairs // args.queries)
     docs = bench_texts(n_docs, args.seed, args.docs_file)
+    t_sample = time.perf_counter()
     queries = lm.sample_queries(docs, args.queries, seed=args.seed, progress=False, max_new_tokens=args.query_tokens,
                                 batch_size=args.sample_batch_size or (256 if cuda else 16)).texts
+    t_sample = time.perf_counter() - t_sample
     prompt_len = [len(p) for p in lm.prompt_ids(docs)]
     query_len = [len(q) for q in lm.query_ids(queries)]
     bs, mq = args.doc_batch_size, args.max_query_tokens
@@ -77,10 +82,19 @@ def main(argv: list[str] | None = None) -> int:
           f"docs cut to {args.doc_tokens} tokens, doc batch {bs}, {mq} query tokens per chunk")
 
     # Warm-up (compiles on CUDA: two full batches, so that the dynamic-shape kernels exist before timing).
+    t_warm = time.perf_counter()
     lm.score(docs[:2 * bs], queries, **kw) if cuda else lm.score(docs[:1], queries[:4], **kw)
+    t_warm = time.perf_counter() - t_warm
     t0 = time.perf_counter()
     engine = lm.score(docs, queries, **kw)
     t_engine = time.perf_counter() - t0
+    prof = None
+    if args.profile:  # one more batch of documents against every query, after the timing
+        from gdr.cli.bench.common import profile_table
+
+        nb = min(bs, n_docs)
+        prof = profile_table(lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
+                             args.profile, title=f"scoring {args.model}, {nb} docs x {len(queries)} queries")
     n_pairs = engine.size
     eng_rate = n_pairs / t_engine
     fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
@@ -106,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "queries": len(queries), "prompt_tokens": round(float(np.mean(prompt_len)), 1),
         "query_tokens": round(float(np.mean(query_len)), 2), "doc_batch_size": bs, "max_query_tokens": mq,
         "attention": args.attention, "compute_dtype": args.dtype, "engine_pairs_per_s": round(eng_rate, 2),
-        "engine_s": round(t_engine, 3), "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
+        "engine_s": round(t_engine, 3), "load_s": round(t_load, 2), "sample_s": round(t_sample, 2),
+        "warmup_s": round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"], "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
         "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
         "speedup": None if naive_rate is None else round(eng_rate / naive_rate, 2), "max_abs_diff": diff,
         "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads()}))

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
@@ -63,55 +64,91 @@ def train_flops_per_example(model, seq_len: int) -> float:
 
 
 class _Timer(pl.Callback):
-    """Wall time from the start of step ``warmup`` to the end of training, between device syncs."""
+    """Wall time of steps ``warmup`` .. ``warmup + steps`` between device syncs (the warm-up apart: from the
+    start of training to step ``warmup``); with ``profile``, the steps after those run under torch.profiler."""
 
-    def __init__(self, warmup: int, device: torch.device):
-        self.warmup, self.device = warmup, device
-        self.t0 = self.t1 = None
+    def __init__(self, warmup: int, steps: int, device: torch.device, batch: int = 1, profile: str | None = None,
+                 title: str = ""):
+        self.warmup, self.n, self.device, self.batch, self.profile, self.title = warmup, steps, device, batch, profile, title
+        self.t_start = self.t0 = self.t1 = None
         self.steps = 0
+        self.prof = self.prof_t0 = self.summary = None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def on_train_start(self, trainer, pl_module):
+        self.t_start = time.perf_counter()
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.warmup and self.t0 is None:
             self._sync()
             self.t0 = time.perf_counter()
+        elif trainer.global_step == self.warmup + self.n and self.t1 is None:
+            self._stop(trainer)
+            if self.profile:
+                from gdr.cli.bench.common import profile_failed, start_profiler
 
-    def on_train_end(self, trainer, pl_module):
+                try:
+                    self.prof = start_profiler(self.device)
+                    self.prof.__enter__()
+                    self.prof_t0 = time.perf_counter()
+                except Exception as e:  # noqa: BLE001 - the profile is extra; the figures still come back
+                    self.prof, self.summary = None, profile_failed(e, self.profile, self.title)
+
+    def _stop(self, trainer) -> None:
         self._sync()
         self.t1 = time.perf_counter()
         self.steps = trainer.global_step - self.warmup
 
+    def on_train_end(self, trainer, pl_module):
+        if self.t1 is None:
+            self._stop(trainer)
+        elif self.prof is not None:
+            from gdr.cli.bench.common import profile_failed, write_table
+
+            try:
+                self._sync()
+                seconds = time.perf_counter() - self.prof_t0
+                self.prof.__exit__(None, None, None)
+                n = trainer.global_step - self.warmup - self.n
+                self.summary = write_table(self.prof, seconds, n * self.batch, "example", self.device, self.profile,
+                                           title=f"{self.title}: {n} training steps of {self.batch}")
+            except Exception as e:  # noqa: BLE001
+                self.summary = profile_failed(e, self.profile, self.title)
+
 
 def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
-                 depth: int, n_docs: int, compile: bool, seed: int = 0) -> dict:
+                 depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = "auto",
+                 precision: str | None = None, profile: str | None = None, profile_steps: int = 3) -> dict:
     """Train ``warmup + steps`` steps of preset ``name``; returns its figures."""
     from gdr.lm.flops import mfu
     from indexing.trie import build_trie
     from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
     from training.module import RetrieverModule
-    from training.train import _precision
+    from training.train import _precision, resolve_fused
 
     from gdr.cli.bench.common import random_codes
 
     cfg = preset_config(name, K, depth)
     rng = np.random.default_rng(seed)
-    n = batch * (steps + warmup)  # one epoch: no epoch boundary inside the timed steps
+    extra = profile_steps if profile else 0
+    n = batch * (steps + warmup + extra)  # one epoch: no epoch boundary inside the timed steps
     ids = rng.integers(1000, 20000, size=(n, seq_len), dtype=np.int32)
     store = TokenStore(ids.ravel(), np.arange(n + 1, dtype=np.int64) * seq_len)
     ex = RetrievalExamples(store, rng.integers(0, n_docs, size=n), TokenStore.concat([]), [])
     trie = build_trie(random_codes(n_docs, K, depth, seed), n_digits=K)
     cuda = device.type == "cuda"
     dm = RetrievalDataModule(ex, trie, pad_token_id=0, batch_size=batch, pin_memory=cuda, seed=seed)
-    module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed)
+    prec = _precision(precision, "auto" if cuda else "cpu")
+    module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed, fused=resolve_fused(fused, cuda, prec))
     if compile and cuda:
         module.model.compile()
-    timer = _Timer(warmup, device)
+    timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}")
     trainer = pl.Trainer(
         accelerator="gpu" if cuda else "cpu", devices=[device.index or 0] if cuda else 1,
-        precision=_precision(None, "auto" if cuda else "cpu"), max_steps=warmup + steps, max_epochs=-1,
+        precision=prec, max_steps=warmup + steps + extra, max_epochs=-1,
         gradient_clip_val=1.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
         log_every_n_steps=50,
@@ -123,7 +160,10 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     util = mfu(flops, seconds, device)
     return {"examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
-            "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps}
+            "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
+            "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
+            "fused": bool(trainer.optimizers[0].defaults.get("fused")),
+            "launches_per_example": timer.summary and timer.summary["launches_per_unit"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="torch.compile the retriever (CUDA only)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"],
+                    help="fused AdamW (optim.fused); auto = on CUDA")
+    ap.add_argument("--precision", default=None, help="Lightning precision (default: bf16-mixed on CUDA, 32-true on CPU)")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of 3 more steps here (per preset)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
@@ -153,16 +197,22 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.set_float32_matmul_precision("high")
     from gdr.lm.flops import device_name
-    from training.train import resolve_batch_size
+    from training.train import _precision, resolve_batch_size
 
     batch = resolve_batch_size(args.batch if args.batch == "auto" else int(args.batch), "auto" if cuda else "cpu")
     steps = args.steps if args.steps is not None else (50 if cuda else 5)
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
-                 "precision": "bf16-mixed" if cuda else "32-true", "compile": bool(args.compile and cuda)}
-    for name in [p for p in args.presets.split(",") if p]:
+                 "precision": _precision(args.precision, "auto" if cuda else "cpu"),
+                 "compile": bool(args.compile and cuda)}
+    fused = {"auto": "auto", "true": True, "false": False}[args.fused]
+    presets = [p for p in args.presets.split(",") if p]
+    for name in presets:
+        prof = args.profile
+        if prof and len(presets) > 1:
+            prof = str(Path(prof).with_name(f"{Path(prof).stem}-{name}{Path(prof).suffix}"))
         r = bench_preset(name, device, batch, steps, warmup, args.seq_len, args.K, args.depth, args.docs,
-                         args.compile, args.seed)
+                         args.compile, args.seed, fused=fused, precision=args.precision, profile=prof)
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
         out[name] = r
