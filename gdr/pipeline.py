@@ -501,7 +501,13 @@ def corpus_signature(cfg: DictConfig, corpus) -> dict:
 def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the score stage (sampled queries and P)."""
     return {"corpus": corpus_sig, "lm": to_container(cfg.model), "sample": _unbatched(cfg.sample),
-            "sampler": _sampler(), "score": _keyed(to_container(cfg.score))}
+            "sampler": _sampler(), "score": _score_key(cfg.score)}
+
+
+def _score_key(section: DictConfig) -> dict:
+    """The score section as it keys the stage; ``compute_dtype: auto`` (what every older run used) is left out,
+    so that older score stages stay reusable."""
+    return {k: v for k, v in _keyed(to_container(section)).items() if not (k == "compute_dtype" and v == "auto")}
 
 
 def _sampler() -> str:
@@ -512,8 +518,11 @@ def _sampler() -> str:
 
 
 def _unbatched(section: DictConfig) -> dict:
-    """A sampling section without its batch size, which changes the speed, not the queries."""
-    return {k: v for k, v in _keyed(to_container(section)).items() if k != "batch_size"}
+    """A sampling section without its batch size and compile switch, which change the speed, not the queries."""
+    return {k: v for k, v in _keyed(to_container(section)).items() if k not in _SPEED_ONLY}
+
+
+_SPEED_ONLY = ("batch_size", "compile", "compile_min_queries")
 
 
 def _with(cfg: DictConfig, **overrides) -> DictConfig:

@@ -106,13 +106,15 @@ def _barrier(world: int) -> None:
 # ---------------------------------------------------------------------------------------------- sampling
 def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_queries: int,
                seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32, top_k: int = 50,
-               top_p: float = 0.99, temperature: float = 1.0, progress: bool = True) -> list[dict]:
+               top_p: float = 0.99, temperature: float = 1.0, progress: bool = True, compile: bool | str = "auto",
+               compile_min_queries: int | str = "auto") -> list[dict]:
     """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
 
     An existing finished ``queries.jsonl`` with the same settings is reused; one with different settings,
     or drawn by another sampler version, is an error (never silently overwritten). ``batch_size`` (or
     ``auto``) changes only the speed: query j is the same at any batch size, and a resumed run equals an
-    uninterrupted one.
+    uninterrupted one. ``compile`` / ``compile_min_queries``: whether the decode step is compiled
+    (:func:`gdr.lm.compiling.want_compile`); speed only, like ``batch_size``.
     """
     from gdr.lm.decode import SAMPLER_VERSION
 
@@ -153,7 +155,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     t0 = time.perf_counter()
     sq = lm.sample_queries(texts, n_queries, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
                            top_k=top_k, top_p=top_p, temperature=temperature, progress=progress,
-                           start=start, on_batch=checkpoint)
+                           start=start, on_batch=checkpoint, compile=compile,
+                           compile_min_queries=compile_min_queries)
     rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
@@ -275,16 +278,22 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
     return dropped
 
 
-def _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens) -> dict:
+def _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,
+              compute_dtype: str) -> dict:
     return {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
             "queries_hash": hash_strings(queries), "shape": [len(doc_ids), len(queries)], "dtype": dtype,
-            "shard_size": shard_size, "doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens}
+            "shard_size": shard_size, "doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens,
+            "compute_dtype": compute_dtype}
+
+
+# Identity keys that older manifests lack: absent there means what `auto` resolves to (the only behaviour then).
+_NEWER_KEYS = {"compute_dtype"}
 
 
 def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
               out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
-              max_shards: int | None = None) -> Path:
+              max_shards: int | None = None, compute_dtype: str = "auto") -> Path:
     """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
 
     Parameters
@@ -292,6 +301,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     texts, doc_ids : the corpus, length n_docs, in row order.
     queries : query texts, length n_queries, in column order.
     dtype : ``float32`` or ``float16`` storage.
+    compute_dtype : ``auto`` | ``bfloat16`` | ``float32``: the dtype the passes run in
+        (:func:`gdr.lm.scoring.score_compute_dtype`); the manifest records what it resolved to.
     max_shards : stop after this many shards in this call (testing kills and partial runs).
 
     Returns the path of ``P.npy``.
@@ -300,9 +311,13 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         raise ValueError(f"score.dtype={dtype!r}: use float32 or float16")
     if len(texts) != len(doc_ids):
         raise ValueError(f"{len(texts)} texts but {len(doc_ids)} doc ids")
+    from gdr.lm.scoring import score_compute_dtype
+
+    compute = score_compute_dtype(compute_dtype, lm.device, next(lm.model.parameters()).dtype)
     out = Path(out_dir)
     rank, world = dist_info()
-    ident = _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens)
+    ident = _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,
+                      str(compute).removeprefix("torch."))
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
     prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
     order = np.argsort(prompt_len, kind="stable")
@@ -311,7 +326,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         out.mkdir(parents=True, exist_ok=True)
         old = read_manifest(out, P_MANIFEST)
         if old is not None:
-            stale = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
+            stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
+                     and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
             if stale:
                 raise FileExistsError(
                     f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(stale)}); "
@@ -357,7 +373,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
             continue
         rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
         lp = lm.score([texts[i] for i in rows], queries, doc_batch_size=doc_batch_size,
-                      max_query_tokens=max_query_tokens, progress=False)
+                      max_query_tokens=max_query_tokens, progress=False, compute_dtype=compute)
         block = np.ascontiguousarray(lp.astype(dtype))
         P[rows] = block
         P.flush()
@@ -418,15 +434,19 @@ DOCQ_FILE, DOCQ_MANIFEST = "doc_queries.jsonl", "doc_queries.manifest.json"
 def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
                        n_per_doc: int, seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32,
                        top_k: int = 50, top_p: float = 0.99, temperature: float = 1.0,
-                       progress: bool = True) -> Path:
+                       progress: bool = True, compile: bool | str = "auto",
+                       compile_min_queries: int | str = "auto") -> Path:
     """Generate ``n_per_doc`` queries for every document into ``out_dir/doc_queries.jsonl``.
 
     One line ``{"doc_id", "queries": [...]}`` per document, in corpus order: the training data of the
     retriever (NCI/BMI's generated queries) and the input of the BMI indexer. Resumable: finished
     documents are appended (and flushed) batch by batch; a rerun continues after the last whole line.
     ``batch_size`` counts queries (``batch_size // n_per_doc`` documents per batch); the queries of
-    document i depend only on (seed, i), so neither it nor a resume changes the file.
+    document i depend only on (seed, i), so neither it nor a resume changes the file. ``compile`` /
+    ``compile_min_queries`` as in :func:`sample_run`, decided for all the queries left.
     """
+    from gdr.lm.compiling import want_compile
+
     from gdr.lm.decode import SAMPLER_VERSION
 
     out = Path(out_dir)
@@ -456,13 +476,15 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             log.info("resuming per-document generation after %d documents", done)
     bs = lm.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
     docs_per_batch = max(1, bs // n_per_doc)
+    lm.decoder().set_compile(want_compile(compile, lm.device, (len(texts) - done) * n_per_doc, compile_min_queries))
     t0 = time.perf_counter()
     bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc", disable=not progress)
     with open(path, "a", encoding="utf-8") as f:
         for b0 in range(done, len(texts), docs_per_batch):
             batch = list(texts[b0:b0 + docs_per_batch])
             gen = lm.sample_per_doc(batch, n_per_doc, first=b0, seed=seed, max_new_tokens=max_new_tokens,
-                                    top_k=top_k, top_p=top_p, temperature=temperature)
+                                    top_k=top_k, top_p=top_p, temperature=temperature,
+                                    max_rows=bs)
             for i, qs in enumerate(gen):
                 f.write(json.dumps({"doc_id": doc_ids[b0 + i], "queries": qs}, ensure_ascii=False) + "\n")
             f.flush()

@@ -399,12 +399,16 @@ SAMPLE = (
     Rule("sample.batch_size", auto_or(POSITIVE),
          "queries per decode batch (changes speed, not the queries); auto = fits the GPU / fastest on a CPU"),
     Rule("sample.max_new_tokens", POSITIVE, "tokens per sampled query"),
+    Rule("sample.compile", auto_or(boolean), "compile the decode step; auto = on CUDA for large work"),
+    Rule("sample.compile_min_queries", auto_or(POSITIVE), "sample.compile=auto compiles from this many queries"),
     Rule("sample.top_k", NON_NEGATIVE, "top-k sampling; 0 = off"),
     Rule("sample.top_p", number(0, 1), "nucleus sampling mass; 1 = off"),
     Rule("sample.temperature", number(0), "sampling temperature"),
 )
 SCORE = (
     Rule("score.dtype", one_of("float32", "float16"), "storage of P.npy"),
+    Rule("score.compute_dtype", one_of("auto", "bfloat16", "float32"),
+         "the dtype scoring runs in; auto = bf16 on CUDA, the model's fp32 on a CPU"),
     Rule("score.shard_size", POSITIVE, "documents per resumable shard"),
     Rule("score.doc_batch_size", auto_or(POSITIVE), "documents per forward pass"),
     Rule("score.max_query_tokens", auto_or(POSITIVE), "query tokens per packed chunk"),

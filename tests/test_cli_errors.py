@@ -65,6 +65,8 @@ CASES = {
         (["index", "run={run}", "gc.proposal=mean"], "gc.proposal=mean", "power | naive"),
         (["cluster", "cluster.init=kmeans++"], "cluster.init=kmeans++", "did you mean k-means++"),
         (["score", "score.dtype=bf16"], "score.dtype=bf16", "float32 | float16"),
+        (["score", "score.compute_dtype=fp16"], "score.compute_dtype=fp16", "auto | bfloat16 | float32"),
+        (["sample", "sample.compile=yes"], "sample.compile=yes", "auto or true or false"),
         (["train", "docids={docids}", "model.size=huge"], "model.size=huge", "tiny"),
         (["sample", "device=tpu"], "device=tpu", "auto | cpu | cuda"),
     ],

@@ -48,7 +48,8 @@ def compose(command: str, name: str, tmp_path: Path, *extra: str):
 
 def test_experiments_found():
     assert {"msmarco-lite", "nq320k"} <= set(EXPERIMENTS)
-    assert commands_for("demo") == {"run"}  # the Makefile's `gdr run +experiment=demo`
+    # the Makefile's `gdr run +experiment=demo`; reports/bf16-scoring.md also scores and clusters it
+    assert commands_for("demo") == {"run", "score", "cluster"}
     assert "run" in commands_for("msmarco-lite")
 
 

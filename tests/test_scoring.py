@@ -34,12 +34,12 @@ def test_token_logprobs_equals_log_softmax_gather(token_chunk, vocab_chunk, with
 
 
 def test_token_logprobs_bf16_accumulates_in_fp32():
-    """bf16 matmul (on the CPU its output is rounded to bf16, as the reference's), softmax sums in fp32:
-    a bf16 running sum over 3,000 tiles' worth of terms would be far off."""
+    """bf16 inputs, fp32 logits (not rounded to bf16: CUDA's fp32-out matmul, emulated on the CPU), softmax
+    sums in fp32: a bf16 running sum over 3,000 tiles' worth of terms would be far off."""
     g = torch.Generator().manual_seed(1)
     h, w = torch.randn(20, 16, generator=g).bfloat16(), torch.randn(3000, 16, generator=g).bfloat16()
     t = torch.randint(0, 3000, (20,), generator=g)
-    ref = torch.log_softmax((h @ w.t()).float(), -1).gather(1, t[:, None])[:, 0]
+    ref = torch.log_softmax(h.float() @ w.float().t(), -1).gather(1, t[:, None])[:, 0]
     got = token_logprobs(h, w, t, vocab_chunk=256)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)

@@ -66,6 +66,33 @@ def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
     assert np.array_equal(np.load(ref / "P.npy"), np.load(part / "P.npy"))
 
 
+def test_compute_dtype_is_chosen_recorded_and_checked(lm, tmp_path):
+    """score.compute_dtype: bf16 on the CPU gives bf16 numbers (close to fp32, not equal); the manifest records
+    what auto resolved to; a folder scored in another compute dtype is refused; an older manifest without the
+    key (scored by auto, the only behaviour then) is reused as is."""
+    import torch
+
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "bf16", shard_size=4, progress=False, compute_dtype="bfloat16")
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "auto", shard_size=4, progress=False)
+    bf16, fp32 = load_run(tmp_path / "bf16"), load_run(tmp_path / "auto")
+    assert bf16.manifest["compute_dtype"] == "bfloat16" and fp32.manifest["compute_dtype"] == "float32"
+    diff = np.abs(bf16.logp - fp32.logp)
+    assert 1e-6 < diff.max() < 0.1
+    np.testing.assert_allclose(bf16.logp, lm.score(DOCS, QUERIES, compute_dtype=torch.bfloat16, progress=False),
+                               atol=1e-6, rtol=0)
+    with pytest.raises(FileExistsError, match="compute_dtype"):
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "bf16", shard_size=4, progress=False)
+    man_path = tmp_path / "auto" / "P.manifest.json"
+    man = json.loads(man_path.read_text())
+    del man["compute_dtype"]
+    man_path.write_text(json.dumps(man))
+    with _scored_batches(lm) as calls:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "auto", shard_size=4, progress=False)
+    assert calls == []
+    with pytest.raises(ValueError, match="compute_dtype='float16'"):
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "x", progress=False, compute_dtype="float16")
+
+
 def test_mismatched_run_folder_is_refused(lm, tmp_path):
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=4, progress=False)
     before = np.load(tmp_path / "P.npy").copy()

@@ -7,8 +7,10 @@ The model forward is transformers'; the loop, the cache handling and the samplin
   prompt shares (system message, few-shot examples) is run once for the whole batch. The key/value rows of
   a prompt are then *copied* to each query that uses it, never recomputed.
 - **static KV cache**: one ``StaticCache`` per batch (``EncoderDecoderCache`` of two for T5), allocated
-  once and written in place; every decode step is one token for every row, so its shapes never change and
-  on CUDA it is captured by ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). Eager on CPU.
+  once and written in place; every decode step is one token for every row, so its shapes never change and,
+  when compiling (``sample.compile``: auto = CUDA and enough queries to pay for it, :mod:`gdr.lm.compiling`),
+  it is captured by ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). Compiled batches are padded to
+  a few row buckets so that every batch size reuses the same few compiled steps.
 - causal prompts are left-padded *after* the shared prefix: ``[prefix | pad | doc suffix | new tokens]``
   with the padding masked and position ids counted over real tokens only.
 - **sampling**: temperature, top-k and top-p (the semantics of transformers' warpers, vectorised over the
@@ -138,9 +140,11 @@ def _init_layers(cache, like_k: Sequence[torch.Tensor], like_v: Sequence[torch.T
 class Decoder:
     """The decode loop for one :class:`gdr.lm.GenerativeLM` (built once per model and device).
 
-    On CUDA the model runs in bf16 (a copy of the weights made once; the scoring model is left as it is) and
-    the decode step is compiled (``compile``); ``bucket`` rounds cache lengths up so that batches of one size
-    share their decode cache and captured graphs (default: when compiling).
+    On CUDA the model runs in bf16 (a copy of the weights made once; the scoring model is left as it is).
+    ``compile`` (default: on CUDA; :meth:`set_compile` per call) compiles the decode step; ``bucket`` pads the
+    rows of a batch to a power of two (:func:`gdr.lm.compiling.batch_bucket`) and rounds cache lengths up,
+    so that batches of any size share a few decode caches and compiled/captured steps (default: when
+    compiling).
     """
 
     def __init__(self, lm, compile: bool | None = None, bucket: bool | None = None):
@@ -151,9 +155,9 @@ class Decoder:
             import copy
 
             self.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
-        self.compile = self.device.type == "cuda" if compile is None else compile
-        # cache lengths rounded up to 64 (what the CUDA graphs need; tested eagerly on the CPU)
-        self.bucket = self.compile if bucket is None else bucket
+        self._bucket_setting = bucket
+        self._failed = False  # a compiled step failed once: eager from then on
+        self.set_compile(self.device.type == "cuda" if compile is None else compile)
         self._step_fn = None
         self._step_ok = False  # a compiled step has run once
         self.compile_options = dict(mode="reduce-overhead")  # tests trace with dict(backend="eager") on a CPU
@@ -165,17 +169,34 @@ class Decoder:
         self.stop = torch.tensor(lm._stop_ids(), device=self.device)
         self.cache_kw = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
 
+    def set_compile(self, on: bool) -> None:
+        """Compile the decode step from now on (or not); bucketing follows unless set explicitly."""
+        self.compile = bool(on) and not self._failed
+        # row buckets and cache lengths rounded up to 64 (what the CUDA graphs need; tested eagerly on the CPU)
+        self.bucket = self.compile if self._bucket_setting is None else self._bucket_setting
+
     # ------------------------------------------------------------------ caches
-    def _bucket(self, n: int) -> int:
-        """Cache lengths rounded up on CUDA so that captured decode steps are reused across batches."""
-        return -(-n // 64) * 64 if self.bucket else n
+    def _bucket(self, n: int, floor: int = 0) -> int:
+        """Cache lengths rounded up when bucketing so that compiled/captured decode steps are reused across
+        batches: to a multiple of 64 of at least ``floor``."""
+        return -(-max(n, floor) // 64) * 64 if self.bucket else n
+
+    def _longest_prompt(self) -> int:
+        """Tokens of the prompt of a document cut at ``max_doc_tokens``: the cache length every batch is
+        bucketed to (whatever its longest document), so that the batches of a run share one compiled length."""
+        if "_longest" not in self.__dict__:
+            self._longest = len(self.lm.prompt_ids([""])[0]) + self.lm.max_doc_tokens
+        return self._longest
 
     def _decode_cache(self, key: tuple, make):
         """The decode cache of one shape: allocated once and reused by later batches of the same shape, so
         its tensors keep their addresses (what a captured CUDA graph reads and writes)."""
         cache = self._pool.get(key)
         if cache is None:
-            if len(self._pool) >= 2:  # e.g. the full batch shape and the last, smaller batch
+            # a few shapes (the full batch and the buckets of smaller ones), at most twice the largest
+            # batch's rows in all: the memory the old two-shape pool could hold
+            rows = sum(k[1] for k in self._pool) + key[1]
+            if rows > 2 * max([key[1], *(k[1] for k in self._pool)]):
                 self._pool.clear()
             cache = self._pool[key] = make()
         return cache
@@ -188,7 +209,8 @@ class Decoder:
         # The prefix every prompt shares runs once; each prompt keeps >= 1 own token (its last logits).
         P = min(_lcp(prompts), min(len(p) for p in prompts) - 1) if U > 1 else len(prompts[0]) - 1
         S = max(len(p) for p in prompts) - P
-        M = self._bucket(P + S + max_new)  # slots past P + S + max_new stay masked and unused
+        # slots past P + S + max_new stay masked and unused
+        M = self._bucket(P + S + max_new, self._longest_prompt() + max_new)
         suffix = torch.full((U, S), self.lm.pad_id, dtype=torch.long)
         smask = torch.zeros((U, S), dtype=torch.long)
         for r, p in enumerate(prompts):  # building the padded batch; the compute is batched
@@ -248,7 +270,7 @@ class Decoder:
         logits = out.logits[:, -1].float()  # (U, V)
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts) + U  # encoder tokens + start tokens
         self.stats["prefill_context"] += sum(len(p) * Le for p in prompts) + U * Le
-        Lb = self._bucket(Le)  # encoder slots past Le stay masked
+        Lb = self._bucket(Le, self._longest_prompt())  # encoder slots past Le stay masked
         cache = self._decode_cache(("seq2seq", B, max_new, Lb), lambda: new_cache(Lb))
         for big, small in ((cache.self_attention_cache, cache_u.self_attention_cache),
                            (cache.cross_attention_cache, cache_u.cross_attention_cache)):
@@ -283,6 +305,10 @@ class Decoder:
         torch, an unsupported model), the step is redone eagerly and decoding stays eager."""
         if self.compile:
             if self._step_fn is None:
+                from gdr.lm.compiling import allow_bucket_recompiles, compile_cache_dir
+
+                compile_cache_dir()  # compiled kernels persist across processes
+                allow_bucket_recompiles()
                 self._step_fn = torch.compile(self._step, dynamic=False, **self.compile_options)
             layers = b.cache.self_attention_cache.layers if self.lm.is_seq2seq else b.cache.layers
             before = [l.cumulative_length.clone() for l in layers] if not self._step_ok else None
@@ -294,7 +320,7 @@ class Decoder:
                 if before is None:
                     raise
                 log.warning("compiled decode step failed (%s: %s); decoding eagerly", type(e).__name__, e)
-                self.compile = False
+                self.compile, self._failed = False, True
                 for l, n in zip(layers, before):
                     l.cumulative_length.copy_(n)
         return self._step(tok, pos, b)
@@ -303,14 +329,21 @@ class Decoder:
     @torch.inference_mode()
     def decode(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, qid: torch.Tensor,
                attempt: torch.Tensor, seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-               temperature: float = 1.0) -> torch.Tensor:
+               temperature: float = 1.0, max_rows: int | None = None) -> torch.Tensor:
         """Sample one continuation per query.
 
         prompts : U distinct prompts (token ids). rows : (B,) int64, the prompt of each query.
         qid : (B,) int64, each query's index j in its run (its random stream). attempt : (B,) redraw count.
+        max_rows : the caller's batch size, the largest row bucket (when bucketing).
         Returns (B, max_new_tokens) int64 token ids; after a row's stop token (kept) come pad ids.
         """
         dev = self.device
+        n_real = int(rows.numel())
+        if self.bucket:  # pad with copies of row 0 (same prompt and stream: they stop with it), dropped below
+            from gdr.lm.compiling import batch_bucket
+
+            extra = batch_bucket(n_real, max_rows) - n_real
+            rows, qid, attempt = (torch.cat([t, t[:1].expand(extra)]) for t in (rows, qid, attempt))
         rows, qid, attempt = rows.to(dev), qid.to(dev), attempt.to(dev)
         prefill = self._prefill_seq2seq if self.lm.is_seq2seq else self._prefill_causal
         b = prefill(prompts, rows, max_new_tokens)
@@ -328,7 +361,7 @@ class Decoder:
         for t in range(max_new_tokens):
             tok = torch.where(done, pad, sample_next(logits, keys, t, top_k, top_p, temperature))
             out[:, t] = tok
-            alive += (~done).sum()
+            alive += (~done[:n_real]).sum()
             done |= torch.isin(tok, self.stop)
             if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
                 break
@@ -336,4 +369,4 @@ class Decoder:
             self.stats["decode_tokens"] += B
             self.stats["decode_context"] += B * ctx
         self.stats["new_tokens"] += int(alive)
-        return out
+        return out[:n_real]

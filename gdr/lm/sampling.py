@@ -69,11 +69,12 @@ class SamplingMixin:
 
     def decode_queries(self, docs: Sequence[str], rows: np.ndarray, qid: np.ndarray, attempt: np.ndarray | int,
                        seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0) -> list[str]:
+                       temperature: float = 1.0, max_rows: int | None = None) -> list[str]:
         """One query per row with our decode loop: row r continues ``docs[rows[r]]`` with the random stream
         of query ``qid[r]`` (redraw ``attempt[r]``), so its text does not depend on the other rows.
 
         docs : U distinct documents (each prompt is prefilled once). rows, qid : (B,) int.
+        max_rows : the batch size of the caller (the largest row bucket of a compiled decode).
         Returns B cleaned queries.
         """
         rows_t = torch.as_tensor(np.asarray(rows, dtype=np.int64))
@@ -81,7 +82,7 @@ class SamplingMixin:
         att_t = torch.as_tensor(np.broadcast_to(np.asarray(attempt, dtype=np.int64), qid_t.shape).copy())
         out = self.decoder().decode(self.prompt_ids(docs), rows_t, qid_t, att_t, seed=seed,
                                     max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-                                    temperature=temperature)
+                                    temperature=temperature, max_rows=max_rows)
         return [clean_query(t) for t in self.tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)]
 
     def auto_batch_size(self, max_new_tokens: int = 32) -> int:
@@ -118,22 +119,29 @@ class SamplingMixin:
     def sample_queries(self, docs: Sequence[str], n: int, seed: int = 0, batch_size: int | str = "auto",
                        max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
                        temperature: float = 1.0, max_redraws: int = 10, progress: bool = True,
-                       start: "SampledQueries | None" = None, on_batch=None) -> SampledQueries:
+                       start: "SampledQueries | None" = None, on_batch=None, compile: bool | str = "auto",
+                       compile_min_queries: int | str = "auto") -> SampledQueries:
         """Algorithm 1 line 1 / Section 4.3: draw ``n`` documents uniformly (with replacement, i.i.d. from
         the prior) and generate one query from each.
 
         Query j's tokens depend only on (seed, j, its document, the settings), not on ``batch_size``: see
         :mod:`gdr.lm.decode`. An empty generation is re-drawn from the same document with the next attempt
         number of its random stream. ``start`` resumes after already finished queries (any number);
-        ``on_batch(partial)`` is called after every batch (used to checkpoint).
+        ``on_batch(partial)`` is called after every batch (used to checkpoint). ``compile`` (auto | true |
+        false) and ``compile_min_queries`` decide whether the decode step is compiled for the queries left
+        (:func:`gdr.lm.compiling.want_compile`); the queries are the same either way.
         """
+        from gdr.lm.compiling import want_compile
+
         rng = np.random.default_rng(seed)
         source = rng.integers(0, len(docs), size=n)
         texts = list(start.texts) if start is not None else []
         redrawn = start.n_redrawn if start is not None else 0
         done = len(texts)
         bs = self.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
-        kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature)
+        self.decoder().set_compile(want_compile(compile, self.device, n - done, compile_min_queries))
+        kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
+                  max_rows=bs)
         bar = tqdm(total=n, initial=done, desc="sample queries", unit="q", disable=not progress)
         for b0 in range(done, n, bs):
             idx = source[b0:b0 + bs]
@@ -164,15 +172,16 @@ class SamplingMixin:
 
     def sample_per_doc(self, docs: Sequence[str], n_per_doc: int, first: int = 0, seed: int = 0,
                        max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0) -> list[list[str]]:
+                       temperature: float = 1.0, max_rows: int | None = None) -> list[list[str]]:
         """``n_per_doc`` queries for each document, each prompt prefilled once and shared by its queries.
 
         ``docs`` are corpus rows ``first, first + 1, ...``: query k of row i uses the random stream
         ``j = i * n_per_doc + k``, so the result does not depend on how the corpus is cut into batches.
-        Empty generations are dropped (as before).
+        Empty generations are dropped (as before). ``max_rows``: the caller's batch size (row buckets); whether
+        the decode is compiled is the caller's choice (``self.decoder().set_compile``).
         """
         rows = np.repeat(np.arange(len(docs)), n_per_doc)
         qid = first * n_per_doc + np.arange(len(rows))
         gen = self.decode_queries(docs, rows, qid, 0, seed=seed, max_new_tokens=max_new_tokens, top_k=top_k,
-                                  top_p=top_p, temperature=temperature)
+                                  top_p=top_p, temperature=temperature, max_rows=max_rows)
         return [[q for q in gen[i * n_per_doc:(i + 1) * n_per_doc] if q] for i in range(len(docs))]

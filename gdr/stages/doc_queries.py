@@ -19,4 +19,5 @@ def sample_doc_queries(lm, corpus, out: str | os.PathLike, settings: SampleSetti
         raise ValueError(f"sample.per_doc={s.per_doc}: must be a positive integer (queries per document)")
     return sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, Path(out), n_per_doc=s.per_doc,
                               seed=s.seed, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
-                              top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=progress)
+                              top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, progress=progress,
+                              compile=s.compile, compile_min_queries=s.compile_min_queries)

@@ -20,4 +20,5 @@ def sample_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
     s = settings
     return sample_run(lm, corpus.model_inputs(), corpus.doc_ids, Path(out), n_queries=s.n_queries, seed=s.seed,
                       batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
-                      temperature=s.temperature, progress=progress)
+                      temperature=s.temperature, progress=progress, compile=s.compile,
+                      compile_min_queries=s.compile_min_queries)

@@ -39,7 +39,7 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
         bs, mq = (auto_bs if bs == "auto" else bs), (auto_mq if mq == "auto" else mq)
     return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], Path(out),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(bs),
-                     max_query_tokens=int(mq), progress=progress)
+                     max_query_tokens=int(mq), progress=progress, compute_dtype=sc.compute_dtype)
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,

@@ -80,13 +80,16 @@ class SampleSettings(Settings):
     top_k: int = 50
     top_p: float = 0.99
     temperature: float = 1.0
+    compile: bool | str = "auto"    # compile the decode step: auto = on CUDA for >= compile_min_queries queries
+    compile_min_queries: int | str = "auto"  # auto: gdr.lm.compiling.AUTO_COMPILE_MIN_QUERIES
 
 
 @dataclass
 class ScoreSettings(Settings):
     """``score:``: how P = log p(query | doc) is computed and stored."""
 
-    dtype: str = "float32"
+    dtype: str = "float32"              # storage of P.npy: float32 | float16
+    compute_dtype: str = "auto"         # scoring's dtype: auto (bf16 on CUDA, fp32 on a CPU) | bfloat16 | float32
     shard_size: int = 32
     doc_batch_size: int | str = "auto"
     max_query_tokens: int | str = "auto"

@@ -94,6 +94,8 @@ def bench_model(name: str, args) -> dict:
     hf_bs = int(args.hf_batch_size or bs)
     docs = bench_texts(args.docs, args.seed, args.docs_file)
     kw = dict(max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, temperature=1.0)
+    # compiled or not for the whole bench (sample_queries' own auto would decide per timed batch)
+    compile_kw = dict(compile=cuda if args.compile == "auto" else args.compile == "on")
     log.info("%s on %s: %d docs cut to %d tokens, %d queries in batches of %d (HF generate: %d in batches of %d), "
              "%d new tokens", name, device_name(dev), len(docs), args.doc_tokens, n_q, bs, n_hf, hf_bs,
              args.max_new_tokens)
@@ -103,7 +105,7 @@ def bench_model(name: str, args) -> dict:
     # alike.
     t_warm = time.perf_counter()
     if cuda:
-        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
+        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw, **compile_kw)
         _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
         _sync(dev)
     t_warm = time.perf_counter() - t_warm
@@ -113,7 +115,8 @@ def bench_model(name: str, args) -> dict:
     for r, b0 in enumerate(range(0, n_q, bs)):
         _sync(dev)
         t0 = time.perf_counter()
-        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw)
+        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw,
+                                 **compile_kw)
         _sync(dev)
         t_ours += time.perf_counter() - t0
         if len(hf_texts) < n_hf:  # transformers' generate on the same documents, in batches of hf_bs
