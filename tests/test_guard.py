@@ -199,7 +199,9 @@ def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, t
             pass
     name = signal.Signals(sig).name
     assert proc.returncode == 128 + sig, err[-2000:]
-    assert err.strip().splitlines()[-1] == f"gdr score: stopped by {name}; rerun the same command to resume", err
+    # the last line gdr writes (multiprocessing's resource tracker may warn after it, about a worker's semaphore)
+    gdr_lines = [ln for ln in err.strip().splitlines() if ln.startswith("gdr ")]
+    assert gdr_lines[-1:] == [f"gdr score: stopped by {name}; rerun the same command to resume"], err
     assert "Traceback" not in err and seconds < 10, (seconds, err[-2000:])
     assert main(_score_args(toy, out)) == 0  # resumes the finished shards
     assert (out / "P.npy").is_file()
