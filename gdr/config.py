@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Sequence
 
@@ -16,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from gdr.io import atomic_write_text
 
-__all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container"]
+__all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container", "rerun_command",
+           "RerunCommand", "override_value", "flat_leaves"]
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +71,101 @@ def save_config(cfg: DictConfig, out_dir: str | os.PathLike, name: str = "config
 
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------- advice that works
+# The command -> its conf/<name>.yaml, the option naming its output folder, the config it saves there.
+_SAVED = {"sample": ("sample", "out", "sample.config.yaml"), "score": ("score", "out", "score.config.yaml"),
+          "index": ("index", "out", "config.yaml"), "train": ("train", "out_dir", "config.yaml")}
+_OWN_KEY = {"sample": "sample", "score": "score", "index": "method", "train": "docids"}  # a saved config is its
+
+
+def _saved_config(command: str, folder: Path) -> dict | None:
+    """The config ``gdr <command>`` saved in ``folder`` (None: none, unreadable, or another command's)."""
+    path = folder / _SAVED[command][2]
+    if not path.is_file():
+        return None
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as e:  # an unreadable saved config: no command from it, not a second error
+        log.debug("%s: %s", path, e)
+        return None
+    return saved if isinstance(saved, dict) and _OWN_KEY[command] in saved else None
+_PLAIN = re.compile(r"[A-Za-z_./~-][\w./~-]*")
+_OTHER_TYPE = re.compile(r"(?i)(null|true|false|nan|[-+]?inf|[-+]?[\d._]+(e[-+]?\d+)?)")
+
+
+def override_value(v) -> str:
+    """``v`` in Hydra's override grammar (strings that would parse as another type, or hold other
+    characters, are quoted)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(override_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{override_value(x)}" for k, x in v.items()) + "}"
+    v = str(v)
+    if _PLAIN.fullmatch(v) and not _OTHER_TYPE.fullmatch(v):
+        return v
+    return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def flat_leaves(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}, "c": []}`` -> ``{"a.b": 1, "c": []}`` (lists and empty mappings are values)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def rerun_command(command: str, folder: str | os.PathLike) -> str:
+    """The ``gdr <command> ...`` line that redoes the work of ``folder`` with the settings it was made with.
+
+    The settings come from the config the command saved there (``gdr run``'s stage folders hold one too):
+    every key whose value differs from ``conf/<command>.yaml``'s default becomes an override, keys of the
+    command's sections that the default lacks a ``+key=`` one; the output option points at ``folder``.
+    Without a saved config of that command: ``gdr <command> <out option>=<folder>`` (callers that cannot
+    vouch for that give :class:`RerunCommand` a ``fallback``)."""
+    name, option, _ = _SAVED[command]
+    folder = Path(folder)
+    args: list[str] = []
+    saved_cfg = _saved_config(command, folder)
+    if saved_cfg is not None:
+        mine = flat_leaves(saved_cfg)
+        base = OmegaConf.to_container(load_config(name), resolve=True)
+        flat = flat_leaves(base)
+        for key, value in mine.items():
+            if key in (option, "hydra") or key.split(".")[0] == "hydra":
+                continue
+            if key in flat:
+                if value != flat[key]:
+                    args.append(f"{key}={override_value(value)}")
+            elif isinstance(base.get(key.split(".")[0]), dict):
+                args.append(f"+{key}={override_value(value)}")
+    args.append(f"{option}={folder}")
+    return " ".join(["gdr", command, *(shlex.quote(a) for a in args)])
+
+
+class RerunCommand:
+    """:func:`rerun_command`, worked out only when the message holding it is formatted (an error path), since
+    composing the command's default config takes a Hydra composition."""
+
+    def __init__(self, command: str, folder: str | os.PathLike, template: str = "{}", fallback: str | None = None):
+        self.args = (command, folder)
+        self.template = template  # the text around the command: "run `{}` (it re-scores what is damaged)"
+        self.fallback = fallback  # the text when the folder holds no saved config (no command can be rebuilt)
+
+    def __str__(self) -> str:
+        command, folder = self.args
+        if self.fallback is not None and _saved_config(command, Path(folder)) is None:
+            return self.fallback
+        return self.template.format(rerun_command(command, folder))
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731

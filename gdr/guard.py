@@ -34,10 +34,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "release_all", "die_with_parent", "launched_rank", "replace_together", "write_error_line", "OUT_OPTION"]
+           "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw", "write_error_line",
+           "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
 # The option that names each command's output folder.
@@ -246,16 +247,35 @@ def replace_together(files: dict[str | os.PathLike, Callable[[Path], None]]) -> 
                 os.unlink(tmp)
 
 
+def withdraw(files: Sequence[str | os.PathLike]) -> list[Path]:
+    """Delete ``files`` in order (the one readers trust most first) and return those that existed.
+
+    ``gdr run`` withdraws the report of the previous run when it starts: until this run has finished and
+    written its own, no ``report.json`` in the folder looks current (a stopped, killed or failed run leaves
+    none, not the previous one). The stages keep everything; a rerun writes the report again in seconds."""
+    gone = []
+    for f in map(Path, files):
+        try:
+            f.unlink()
+            gone.append(f)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
 # ----------------------------------------------------------------------------------- late write errors
 def write_error_line(exc: BaseException, command: str) -> str | None:
     """One line for a disk-full or permission error while writing outputs (after the early checks), else None."""
     if not isinstance(exc, OSError) or exc.errno not in _NO_SPACE | _NO_WRITE:
         return None
     option = OUT_OPTION.get(command, "out")
-    if exc.errno in _NO_WRITE and exc.filename and not any(
-            Path(os.path.realpath(exc.filename)).is_relative_to(p) for p in _HELD):
-        return f"{exc.filename}: {_reason(exc)} (an input, outside the folders this command writes); fix its permissions"
+    # A copy or a move (shutil: Lightning's checkpoints are written to a temporary file, then moved into the
+    # out folder) names the source first and the file it was writing second: that one is on the full disk.
+    target = getattr(exc, "filename2", None) or exc.filename
+    if exc.errno in _NO_WRITE and target and not any(
+            Path(os.path.realpath(target)).is_relative_to(p) for p in _HELD):
+        return f"{target}: {_reason(exc)} (an input, outside the folders this command writes); fix its permissions"
     # a failed write or flush names no file: name the folder this command writes (the first it locked)
-    where = exc.filename or next((f"into {held}" for _, held in _HELD.values()), "its outputs")
+    where = target or next((f"into {held}" for _, held in _HELD.values()), "its outputs")
     what = "no space left on the device" if exc.errno in _NO_SPACE else _reason(exc)
     return f"cannot write {where} ({what}); {_fix(option, exc)}, then rerun the same command to resume"

@@ -236,9 +236,10 @@ def check_readable(folder: str | os.PathLike, files: Iterable[str]) -> tuple[str
 
 
 def check_manifest_files(folder: str | os.PathLike, only: Iterable[str] | None = None, name: str = "manifest.json",
-                         fix: str = "") -> None:
+                         fix: object = "") -> None:
     """Verify the files recorded in ``folder/name`` (by ``write_manifest(files=...)``), or those of ``only``
-    among them; a damaged one raises an error naming it, what is wrong and ``fix``. Folders without such a
+    among them; a damaged one raises an error naming it, what is wrong and ``fix`` (a string, or an object
+    whose ``str`` is worked out only then, such as :class:`gdr.config.RerunCommand`). Folders without such a
     record (other tools, older versions) pass."""
     try:
         man = read_manifest(folder, name)
@@ -251,7 +252,7 @@ def check_manifest_files(folder: str | os.PathLike, only: Iterable[str] | None =
     bad = verify_files(folder, rec)
     if bad is not None:
         raise ValueError(f"{Path(folder) / bad[0]}: {bad[1]} (recorded in {name}: the file changed after it was "
-                         f"written){'; ' + fix if fix else ''}")
+                         f"written){f'; {fix}' if fix else ''}")
 
 
 def refresh_manifest_files(folder: str | os.PathLike, name: str = "manifest.json") -> None:

@@ -40,10 +40,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from gdr import signals
 from gdr.config import save_config, to_container
-from gdr.guard import LOCK_FILE, claim_folder
-from gdr.io import (atomic_write_json, bytes_digest, check_readable, hash_strings, record_files,
-                    verify_files)
+from gdr.guard import LOCK_FILE, claim_folder, withdraw
+from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
+                    record_files, verify_files)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ STAGE_FILE = "stage.json"
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
+REPORT_FILES = ("report.json", "report.md", "report.png")  # report.json first: readers trust it most
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
     "gc": ("seed", "n_clusters", "leaf_size", "gc"),
@@ -137,10 +139,14 @@ class Pipeline:
             _clear(folder, rel, resumes)
         elif old is not None:
             log.info("stage %s: continuing the unfinished run in %s", name, folder)
+        elif any(p.name not in (LOCK_FILE,) for p in folder.iterdir()):
+            log.warning("stage %s: %s is missing, though the folder holds files; re-running the stage (it resumes "
+                        "from what passes its checks)", name, marker)
         else:
             log.info("stage %s: running into %s", name, folder)
         atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
         t0 = time.perf_counter()
+        signals.set_where(f"stage {name}")  # what a SIGTERM's one line names
         info = build(folder) or {}
         seconds = round(time.perf_counter() - t0, 2)
         artifacts = record_files(folder, exclude=(STAGE_FILE,))
@@ -148,6 +154,7 @@ class Pipeline:
                                    "seconds": seconds, "info": info, "artifacts": artifacts, "outputs": list(outputs),
                                    "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        signals.set_where(None)
         rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs))
         self.records.append(rec)
         return rec
@@ -168,6 +175,11 @@ class Pipeline:
         files = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
                  if p.is_file() and p.name != STAGE_FILE and not p.name.startswith(".")]
         bad = check_readable(folder, files)
+        for manifest in sorted(folder.glob("*manifest.json")) if bad is None else ():
+            # what the stage's own command recorded (a train folder's model/*, docids.tsv): checked, not trusted
+            bad = _failure(folder, lambda m=manifest: check_manifest_files(folder, name=m.name))
+            if bad is not None:
+                break
         if bad is None and check is not None:
             bad = check(folder)
         if bad is None:
@@ -287,12 +299,19 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     from gdr.data import corpus_from_config
+    from gdr.stages.train import check_query_splits
 
     check_settings(cfg)
     t_start = time.perf_counter()
     pipe = Pipeline(cfg.out)
+    if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
+        log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
     corpus = corpus_from_config(to_container(cfg.data))
+    # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
+    check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
+                       to_container(cfg.data), corpus.doc_ids, need=cfg.queries.test_split,
+                       docs_tsv=cfg.data.get("docs_tsv"))
     corpus_sig = corpus_signature(cfg, corpus)
     lm_spec = lm_settings(cfg)
     lm_box: dict = {}

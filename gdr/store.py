@@ -36,6 +36,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from gdr.config import RerunCommand
 from tqdm.auto import tqdm
 
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_digest, hash_strings, read_jsonl,
@@ -127,7 +129,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
         raise FileExistsError(
             f"{out / Q_MANIFEST} was written with different settings ({', '.join(changed)}); "
-            "use another out= folder or delete that run's queries")
+            f"use another out= folder, or delete {out / Q_FILE} and {out / Q_MANIFEST} (and any {P_FILE}, "
+            f"{P_MANIFEST}, P.shards/ scored from them) to sample again")
     if old is not None and old.get("status") == "complete" and (out / Q_FILE).exists():
         rows = read_queries(out, old)
         log.info("reusing %d sampled queries in %s", old["n_queries"], out / Q_FILE)
@@ -186,7 +189,7 @@ def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> li
     man = read_manifest(out, Q_MANIFEST) if manifest is None else manifest
     path = out / Q_FILE
     redo = (f"re-sample: delete {path} and {out / Q_MANIFEST} (and any P.npy, P.manifest.json, P.shards/ "
-            "scored from them) and rerun `gdr score` (or `gdr sample`)")
+            f"scored from them), then run `{RerunCommand('score', out)}`")
     if man is None:
         return read_jsonl(path)
     if man.get("file"):
@@ -397,7 +400,7 @@ def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
         if file_digest(p_path)["crc32"] != manifest["file"]["crc32"]:
             problem = f"checksum differs from the one in {P_MANIFEST}"
     if problem:
-        raise ValueError(f"{p_path}: {problem}; rerun `gdr score out={out}` (it re-scores what is damaged)")
+        raise ValueError(f"{p_path}: {problem}; rerun `{RerunCommand('score', out)}` (it re-scores what is damaged)")
 
 
 def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
@@ -405,11 +408,11 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True) -> PRun:
     out = Path(out_dir)
     man = read_manifest(out, P_MANIFEST)
     if man is None:
-        raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `gdr score out={out}` first")
+        raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `{RerunCommand('score', out)}` first")
     if require_complete and man.get("status") != "complete":
-        raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `gdr score out={out}` to finish it")
+        raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `{RerunCommand('score', out)}` to finish it")
     check_p(out, man)
-    rescore = f"rerun `gdr score out={out}` (it re-scores what is damaged)"
+    rescore = RerunCommand("score", out, "rerun `{}` (it re-scores what is damaged)")
     p_path = out / P_FILE
     try:
         with open(out / "doc_ids.json", encoding="utf-8") as f:
@@ -458,10 +461,11 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
         changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if changed:
             raise FileExistsError(f"{out / DOCQ_MANIFEST} was written with different settings "
-                                  f"({', '.join(changed)}); use another out= folder or delete {path}")
+                                  f"({', '.join(changed)}); use another out= folder or delete {path} and "
+                                  f"{out / DOCQ_MANIFEST}")
     if old is not None and old.get("status") == "complete":
-        check_manifest_files(out, name=DOCQ_MANIFEST, fix=f"re-sample: delete {path} and {out / DOCQ_MANIFEST} and "
-                                                          "rerun `gdr sample`")
+        check_manifest_files(out, name=DOCQ_MANIFEST, fix=RerunCommand("sample", out, f"re-sample: delete {path} and "
+                                                                       f"{out / DOCQ_MANIFEST}, then run `{{}}`"))
     write_manifest(out, DOCQ_MANIFEST, **ident, status="running")
     done = 0
     if path.exists():

@@ -356,6 +356,17 @@ def string_list(*choices: str) -> Check:
     return check
 
 
+def fractions(v, sec):
+    """Train/dev/test shares of a query split (titles): three numbers >= 0 that sum to 1."""
+    vals = list(v) if isinstance(v, (list, ListConfig)) else None
+    if vals is None or len(vals) != 3 or not all(_is_num(x) and x >= 0 for x in vals):
+        return "must be three numbers >= 0 for train/dev/test, e.g. [0.8, 0.1, 0.1]"
+    total = float(sum(vals))
+    if abs(total - 1.0) > 1e-6:
+        return f"must sum to 1 (these sum to {total:g}), e.g. [0.8, 0.1, 0.1]"
+    return None
+
+
 def non_empty_list(v, sec):
     return None if isinstance(v, (list, ListConfig)) and len(v) > 0 else "must be a non-empty list"
 
@@ -560,6 +571,7 @@ TRAIN_STAGE = (
 )
 TRAIN_COMMAND = (
     Rule("docids", existing("file"), "docids.tsv from `gdr index`"),
+    Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents"),
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
     Rule("queries.path", optional(existing())),
     Rule("seed", seed),
@@ -575,6 +587,7 @@ EVALUATE_STAGE = (
 )
 EVALUATE_COMMAND = (
     Rule("run_dir", train_run),
+    Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents"),
     Rule("queries.path", optional(existing())),
 )
 RUN = (
@@ -583,6 +596,7 @@ RUN = (
     Rule("queries.path", optional(existing())),
     Rule("queries.train_split", lambda v, sec: None if isinstance(v, str) and v else "must be a split name"),
     Rule("queries.test_split", other_than("queries.train_split")),
+    Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents"),
     Rule("doc_queries.per_doc", per_doc_for_bmi, "generated training queries per document"),
     Rule("doc_queries.seed", seed),
     Rule("doc_queries.batch_size", auto_or(POSITIVE), "queries per decode batch; auto = as sample.batch_size"),

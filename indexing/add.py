@@ -31,6 +31,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import distortion_matrix, log_weights
+from gdr.config import RerunCommand
 from gdr.io import atomic_write_json, check_manifest_files, refresh_manifest_files, write_manifest
 from indexing.docids import format_code, read_docids, write_docids
 from indexing.pmatrix import PMatrix, load_pmatrix_run
@@ -181,7 +182,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     summary, each atomically, and writes ``manifest.add-<n>.json``.
     """
     index_dir = Path(index_dir)
-    check_manifest_files(index_dir, fix=f"rebuild the index with `gdr index out={index_dir}`")
+    check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")
     run = load_pmatrix_run(run_dir, n_queries=st.n_queries)
     if st.query_hash and run.query_hash != st.query_hash:

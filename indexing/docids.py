@@ -7,7 +7,7 @@ from typing import Sequence
 
 from gdr.io import atomic_write_text
 
-__all__ = ["format_code", "parse_code", "write_docids", "read_docids"]
+__all__ = ["format_code", "parse_code", "write_docids", "read_docids", "rebuild_advice"]
 
 
 def format_code(code: Sequence[int]) -> str:
@@ -22,6 +22,14 @@ def write_docids(path: str | os.PathLike, doc_ids: Sequence[str], codes: Sequenc
     if len(doc_ids) != len(codes):
         raise ValueError(f"{len(doc_ids)} doc ids but {len(codes)} codes")
     atomic_write_text(path, "".join(f"{d}\t{format_code(c)}\n" for d, c in zip(doc_ids, codes)))
+
+
+def rebuild_advice(path: str | os.PathLike) -> object:
+    """The advice for a bad docids.tsv: the `gdr index` command that built its folder, when it saved one."""
+    from gdr.config import RerunCommand
+
+    return RerunCommand("index", Path(path).parent, "rebuild the file with `{}`",
+                        fallback="rebuild the file with `gdr index`")
 
 
 def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...]]]:
@@ -49,12 +57,11 @@ def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...
                 raise ValueError(f"{path}:{lineno}: negative position in code {parts[1]!r}")
             if parts[0] in id_line:
                 raise ValueError(f"{path}:{lineno}: doc id {parts[0]!r} is also on line {id_line[parts[0]]}; each "
-                                 "document needs exactly one line: rebuild the file with `gdr index`")
+                                 f"document needs exactly one line: {rebuild_advice(path)}")
             if code in code_line:
                 first, other = code_line[code]
                 raise ValueError(f"{path}:{lineno}: code {parts[1]!r} of {parts[0]!r} is also the code of {other!r} "
-                                 f"on line {first}; each docid must name one document: rebuild the file with "
-                                 "`gdr index`")
+                                 f"on line {first}; each docid must name one document: {rebuild_advice(path)}")
             id_line[parts[0]] = lineno
             code_line[code] = (lineno, parts[0])
             doc_ids.append(parts[0])

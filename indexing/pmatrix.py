@@ -28,6 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
+from gdr.config import RerunCommand
 from gdr.io import hash_strings, read_manifest
 
 __all__ = ["PMatrix", "PMatrixRun", "load_pmatrix_run"]
@@ -103,7 +104,7 @@ class PMatrix:
             need = self._offset + shape[0] * shape[1] * self.dtype.itemsize
             if self.path.stat().st_size < need:
                 raise ValueError(f"{self.path} is truncated ({self.path.stat().st_size} bytes, its header needs "
-                                 f"{need}); rerun `gdr score` to finish it")
+                                 f"{need}); rerun `{RerunCommand('score', self.path.parent)}` to finish it")
             self._array = None
         if not np.issubdtype(self.dtype, np.floating):
             raise ValueError(f"{self.path or 'log P'}: expected float16/float32 log-probabilities, got {self.dtype}")
@@ -265,7 +266,8 @@ def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -
         raise FileNotFoundError(f"P-matrix run folder {run_dir} does not exist; pass run=<folder of `gdr score`>")
     man = read_manifest(run_dir, "P.manifest.json")  # written by gdr.store while scoring
     if man is not None and man.get("status", "complete") != "complete":
-        raise RuntimeError(f"{run_dir / 'P.npy'} is {man.get('status')}: rerun `gdr score out={run_dir}` to finish "
+        raise RuntimeError(f"{run_dir / 'P.npy'} is {man.get('status')}: rerun "
+                           f"`{RerunCommand('score', run_dir)}` to finish "
                            "it before indexing")
     if man is not None and "shape" in man:
         from gdr.store import check_p

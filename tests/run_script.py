@@ -3,7 +3,9 @@
 Environment: ``GDR_TEST_PAUSE`` is ``sample`` (after the first checkpoint of the sampled queries),
 ``score`` (after the first finished shard), ``train`` (after the first ``last.ckpt``) or ``stage:<name>``
 (right after stage ``<name>`` is marked complete); ``GDR_TEST_READY`` is a file touched when the process
-reaches that point (then it sleeps until killed). Arguments: those of ``gdr run``.
+reaches that point (then it sleeps until killed). ``train-slow`` does not stop there: it touches the file
+after the first ``last.ckpt`` and goes on training with every batch slowed to 0.2 s, so a signal lands
+in the middle of training. Arguments: those of ``gdr run``, or of ``gdr $GDR_TEST_COMMAND`` when set.
 """
 import os
 import sys
@@ -50,6 +52,18 @@ def install(point: str) -> None:
                 pause()
 
         pl.callbacks.ModelCheckpoint.on_train_batch_end = on_train_batch_end
+    elif point == "train-slow":
+        import pytorch_lightning as pl
+
+        real_end = pl.callbacks.ModelCheckpoint.on_train_batch_end
+
+        def on_train_batch_end(self, trainer, *a, **k):
+            real_end(self, trainer, *a, **k)
+            if self.filename == "last" and (Path(self.dirpath) / "last.ckpt").exists():
+                Path(os.environ["GDR_TEST_READY"]).touch()
+                time.sleep(0.2)
+
+        pl.callbacks.ModelCheckpoint.on_train_batch_end = on_train_batch_end
     elif point.startswith("stage:"):
         import gdr.pipeline as run
 
@@ -73,4 +87,4 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     install(os.environ["GDR_TEST_PAUSE"])
-    sys.exit(main(["run", *sys.argv[1:]]))
+    sys.exit(main([os.environ.get("GDR_TEST_COMMAND", "run"), *sys.argv[1:]]))

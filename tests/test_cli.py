@@ -4,6 +4,7 @@ import pytest
 from gdr.cli import COMMANDS, main
 from eval.cluster_report import cluster_corpus, restrict, results_table
 from gdr.config import load_config, save_config
+from omegaconf import OmegaConf
 
 
 def test_every_command_resolves():
@@ -61,3 +62,41 @@ def test_cluster_corpus_on_planted_logp():
     assert "k-means (logp)" in res["methods"]
     table = results_table(res)
     assert "| GC | 100.0 (0.0)" in table
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_command_has_help(capsys, flag):
+    """Issue 23, 2: `gdr run --help` was `LexerNoViableAltException: --help` (exit 2) for every command."""
+    from gdr.cli import HELP
+
+    for name in COMMANDS:
+        assert main([name, flag]) == 0, name
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: gdr {name}") and HELP[name] in out, out[:300]
+    assert main(["run", "data=r5", flag]) == 0  # anywhere on the line, with overrides before it
+    assert capsys.readouterr().out.startswith("usage: gdr run")
+
+
+def test_help_is_generated_from_the_configs_and_the_rules(capsys):
+    """Defaults from the composed config, meanings from the YAML comments (else the rule), allowed values
+    from the rules: every key a rule checks appears with its default; groups list conf/'s options."""
+    from gdr.cli.help import CONFIG_OF
+    from gdr.validate import TABLES
+
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split(" = ")[0].strip(): ln for ln in out.splitlines() if " = " in ln}
+    assert "J [a positive integer]" in lines["sample.n_queries"] and "= 64 " in lines["sample.n_queries"]
+    assert "titles only: expected train/dev/test shares" in lines["queries.fractions"]
+    assert "[three numbers >= 0" in lines["queries.fractions"]
+    assert "= small30m" in lines["train.model.size"] and "tiny | mini" in out
+    assert "bbc (default) |" in out and "+experiment" in out and "demo" in out
+    for command in ("train", "sample", "index"):
+        assert main([command, "-h"]) == 0
+        text = capsys.readouterr().out
+        cfg = load_config(CONFIG_OF[command], ["docids=x"] if command == "train" else [])
+        for prefix, rules in TABLES[command]:
+            for rule in rules:
+                key = f"{prefix}.{rule.key}" if prefix else rule.key
+                if "*" not in key and OmegaConf.select(cfg, key, default="<absent>") != "<absent>":
+                    assert f"  {key} = " in text, (command, key)

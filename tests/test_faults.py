@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,10 +27,10 @@ HERE = Path(__file__).parent
 EXTRA = ("indexers=[gc,bmi]", "score.shard_size=8", "train.trainer.checkpoint_every_n_steps=2", "plot=false")
 
 
-def _run(root, folder, out, capsys, caplog) -> tuple[dict, str]:
+def _run(root, folder, out, capsys, caplog, *more: str) -> tuple[dict, str]:
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        assert main(_args(root, folder, out, *EXTRA)) == 0
+        assert main(_args(root, folder, out, *EXTRA, *more)) == 0
     head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     head.pop("seconds")
     return head, caplog.text
@@ -90,6 +92,7 @@ CASES = [
     ("index-gc", "docids.tsv", "duplicate_line", True),  # reproduction 2
     ("index-gc", "tree_state.npz", "truncate", False),  # np.savez stamps the time
     ("index-bmi", "stage.json", "truncate", False),
+    ("index-gc", "stage.json", "delete", False),  # issue 23, 5: was redone with only an INFO "running into"
     ("train-gc-s0", "model/model.pt", "bitflip", False),
     ("train-bmi-s0", "checkpoints/last.ckpt", "delete", False),
     ("eval-bmi-s0", "run.trec", "bitflip", True),
@@ -218,18 +221,31 @@ def test_p_manifest_of_other_settings_is_scored_again_by_run(finished, tmp_path,
     assert "disagrees with this stage's settings; scoring P again" in logs
 
 
-def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
+def _signalled_at(point: str, sig: int, argv: list[str], tmp_path: Path,
+                  command: str = "run") -> tuple[int, str, float]:
+    """Start ``gdr <command> argv`` (tests/run_script.py), send ``sig`` once it reaches ``point``; returns its
+    exit code, its stderr and the seconds from the signal to its exit."""
     ready = tmp_path / f"ready-{point.replace(':', '-')}"
-    env = dict(os.environ, GDR_TEST_PAUSE=point, GDR_TEST_READY=str(ready),
+    ready.unlink(missing_ok=True)
+    env = dict(os.environ, GDR_TEST_PAUSE=point, GDR_TEST_READY=str(ready), GDR_TEST_COMMAND=command,
                PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
-    proc = subprocess.Popen([sys.executable, str(HERE / "run_script.py"), *_args(root, folder, out, *EXTRA)[1:]],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(HERE / "run_script.py"), *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate()
+    t0 = time.time()
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert ready.exists(), f"never reached {point}: {err.decode()[-2000:]}"
+    return proc.returncode, err.decode(), time.time() - t0
+
+
+def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
+    _signalled_at(point, signal.SIGKILL, _args(root, folder, out, *EXTRA)[1:], tmp_path)
 
 
 def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(finished, tmp_path, capsys, caplog):
@@ -262,6 +278,9 @@ def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path
             bad = tmp_path / "docids.tsv"
             bad.write_text("".join(lines) + extra)
             argv = ["train", f"data.name={folder}", f"docids={bad}", "model.size=tiny", f"out_dir={tmp_path / 't'}"]
+            assert main(argv) == 2
+            assert not (tmp_path / "t").exists()  # issue 23, 5: refused before out_dir is made (it held config.yaml)
+            capsys.readouterr()
         else:
             run = tmp_path / "tr"
             shutil.rmtree(run, ignore_errors=True)
@@ -288,3 +307,154 @@ def test_integrity_bench_verifies_a_finished_run(finished, capsys):
     assert bench(["--mb", "1", "--repeats", "1", "--run", str(ref)]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["gib_per_s"] > 0 and 0 < res["bytes_hashed"] <= res["bytes_total"]
+
+
+# ----------------------------------------------------------------------------------- SIGTERM / SIGINT
+def _last_line(err: str) -> str:
+    return err.strip().splitlines()[-1]
+
+
+def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished, tmp_path, capsys, caplog):
+    """Issue 23, 1: SIGTERM while `gdr run` trains (a scheduler's preemption) exited 0, said nothing and left
+    the previous report.json. Now: exit 143 within seconds, one line naming the stage, last.ckpt written at
+    the batch the signal came in, no report.json; the rerun resumes from that checkpoint to the same result."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    shutil.rmtree(_folder(out, "train-gc-s0"))  # the issue's `rm -rf r/train-gc*`
+    rc, err, seconds = _signalled_at("train-slow", signal.SIGTERM, _args(root, folder, out, *EXTRA)[1:], tmp_path)
+    assert rc == 143, err[-2000:]
+    assert _last_line(err) == ("gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to "
+                               "resume"), err[-2000:]
+    assert "Traceback" not in err
+    assert seconds < 8, seconds  # at the next batch end, not after the 10 s grace period
+    assert not (out / "report.json").exists() and not (out / "report.md").exists()
+    (train,) = [p for p in out.glob("train-gc-s0-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
+    last = train / "checkpoints" / "last.ckpt"
+    saved = re.search(rf"stopping on SIGTERM: resume point {re.escape(str(last))} \(step (\d+)\)", err)
+    assert saved, err[-2000:]
+    import torch
+
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == int(saved.group(1))
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head  # resumed from the signal's checkpoint to the uninterrupted result
+    assert f"resuming from {last}" in logs
+
+
+@pytest.mark.parametrize("point,sig", [("sample", signal.SIGTERM), ("stage:score", signal.SIGINT)])
+def test_a_signal_while_sampling_or_between_stages_stops_with_one_line(finished, tmp_path, point, sig):
+    root, folder, _, _ = finished
+    out = tmp_path / "run"
+    rc, err, seconds = _signalled_at(point, sig, _args(root, folder, out, *EXTRA)[1:], tmp_path)
+    name = signal.Signals(sig).name
+    assert rc == 128 + sig, err[-2000:]
+    assert _last_line(err).startswith(f"gdr run: stopped by {name}") and \
+        _last_line(err).endswith("; rerun the same command to resume"), err[-2000:]
+    assert "Traceback" not in err and seconds < 8
+
+
+def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
+    """Ctrl-C during `gdr train` exited 1 (Lightning's own exit); now 130 and the line, with a resume point."""
+    root, folder, ref, _ = finished
+    out = tmp_path / "t"
+    argv = [f"data.name={folder}", f"docids={_folder(ref, 'index-gc') / 'docids.tsv'}", "model.size=tiny",
+            "trainer.max_steps=60", "trainer.max_epochs=100", "trainer.batch_size=16", "trainer.tensorboard=false",
+            "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=2", "trainer.num_sanity_val_steps=0",
+            "trainer.check_val_every_n_epoch=50", f"out_dir={out}"]
+    rc, err, seconds = _signalled_at("train-slow", signal.SIGINT, argv, tmp_path, command="train")
+    assert rc == 130, err[-2000:]
+    assert _last_line(err) == "gdr train: stopped by SIGINT; rerun the same command to resume", err[-2000:]
+    assert seconds < 8 and (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()
+
+
+# ----------------------------------------------------------------------------------- checked first, advice works
+@pytest.mark.parametrize("line,want", [("q0\td999\t1", "corpus-id 'd999' is not in the corpus"),
+                                       ("q999\td0\t1", "query-id 'q999' is not in queries.jsonl")])
+def test_a_bad_qrels_line_is_refused_before_the_first_stage(setup, tmp_path, capsys, line, want):  # noqa: F811
+    """Issue 23, 3: a qrels/test.tsv line naming an unknown document or query was refused at the bm25
+    stage, after scoring and indexing. Now before any stage starts, in seconds."""
+    root, folder = setup
+    bad = tmp_path / "toy"
+    shutil.copytree(folder, bad)
+    qrels = bad / "qrels" / "test.tsv"
+    n = len(qrels.read_text().splitlines()) + 1
+    with open(qrels, "a") as f:
+        f.write(line + "\n")
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    assert main(_args(root, bad, out, *EXTRA)) == 2
+    seconds = time.perf_counter() - t0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gdr run: error: {qrels}:{n}: ") and want in err[0], err
+    assert seconds < 10 and not list(out.glob("*/stage.json"))
+
+
+def test_an_older_run_with_a_damaged_model_is_rebuilt_not_adopted(finished, tmp_path, capsys, caplog):
+    """Issue 23, 4: a stage folder of an older gdr (stage.json without checksums) with a damaged model.pt was
+    recorded as good, and every rerun stopped at evaluation. The train folder's own manifest is checked now."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    for marker in out.glob("*/stage.json"):
+        m = json.loads(marker.read_text())
+        del m["artifacts"], m["upstream"]
+        marker.write_text(json.dumps(m))
+    target = _folder(out, "train-gc-s0") / "model" / "model.pt"
+    _damage(target, "bitflip")
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert f"{target}: " in logs, [ln for ln in logs.splitlines() if "WARN" in ln]
+    assert "train-gc-s0" in {n for n, s in _stages(out).items() if not s["reused"]}
+
+
+def test_the_advised_retrain_command_works_as_printed(finished, tmp_path, capsys):
+    """Issue 23, 4: `gdr evaluate` on a train folder with a damaged model advised `gdr train out_dir=<folder>`,
+    which fails with `docids=???`. The advice is now the whole command, from the folder's saved config."""
+    root, folder, ref, _ = finished
+    run = tmp_path / "tr"
+    shutil.copytree(_folder(ref, "train-gc-s0"), run)
+    _damage(run / "model" / "model.pt", "bitflip")
+    argv = ["evaluate", f"data.name={folder}", f"run_dir={run}", f"out_dir={tmp_path / 'e'}", f"queries.name={folder}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pt" in err[0], err
+    cmd = re.search(r"retrain with `([^`]+)`", err[0]).group(1)
+    assert cmd.startswith("gdr train ") and f"out_dir={run}" in cmd
+    assert main(shlex.split(cmd)[1:]) == 0
+    assert main(argv) == 0
+
+
+def test_the_advised_resample_command_works_as_printed(finished, tmp_path, capsys):
+    """`gdr sample sample.per_doc=N out=...` (a literal N, and the corpus and model left out) is now the
+    command that sampled the file, and the files to delete are all named."""
+    from training.data import read_generated_queries
+
+    root, folder, ref, _ = finished
+    dq = tmp_path / "dq"
+    shutil.copytree(_folder(ref, "doc-queries"), dq)
+    good = (dq / "doc_queries.jsonl").read_bytes()
+    _damage(dq / "doc_queries.jsonl", "duplicate_line")
+    doc_ids = [f"d{i}" for i in range(30)]
+    with pytest.raises(ValueError) as e:
+        read_generated_queries(dq / "doc_queries.jsonl", doc_ids)
+    m = re.search(r"re-sample: delete (\S+) and (\S+), then run `([^`]+)`", str(e.value))
+    assert m, str(e.value)
+    for f in m.group(1, 2):
+        Path(f).unlink()
+    assert main(shlex.split(m.group(3))[1:]) == 0
+    read_generated_queries(dq / "doc_queries.jsonl", doc_ids)
+    assert (dq / "doc_queries.jsonl").read_bytes() == good  # the same seed and settings: the same queries
+
+
+def test_a_bad_generated_queries_file_is_refused_before_gdr_train_makes_anything(finished, tmp_path, capsys):
+    """Issue 23, 3: the generated query file `gdr train` reads is checked with its docids, before out_dir."""
+    root, folder, ref, _ = finished
+    gen = tmp_path / "doc_queries.jsonl"
+    lines = (_folder(ref, "doc-queries") / "doc_queries.jsonl").read_text().splitlines(keepends=True)
+    gen.write_text("".join(lines + lines[-1:]))  # a copy without its manifest: the lines are checked
+    argv = ["train", f"data.name={folder}", f"docids={_folder(ref, 'index-gc') / 'docids.tsv'}", f"generated={gen}",
+            "model.size=tiny", f"out_dir={tmp_path / 't'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{gen}:{len(lines) + 1}: doc id" in err[0] and "also on line" in err[0], err
+    assert not (tmp_path / "t").exists()

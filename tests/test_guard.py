@@ -8,6 +8,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,6 +168,99 @@ def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
     assert main(_score_args(toy, ref)) == 0
     assert main(_score_args(toy, out)) == 0  # resumes the finished shards
     assert np.array_equal(np.load(ref / "P.npy"), np.load(out / "P.npy"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, tmp_path, sig):
+    """Issue 23, 1: SIGTERM to the whole job (a scheduler) or Ctrl-C (SIGINT to the terminal's process group)
+    while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints
+    a traceback or outlives it, and the rerun resumes from the finished shards."""
+    out = tmp_path / "stopped"
+    cmd = [sys.executable, "-m", "gdr.cli", *_score_args(toy, out, "score.processes=2")]
+    env = _env(HERE / "slow_scoring", GDR_TEST_SCORE_DELAY="0.4")
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        deadline = time.time() + 120
+        while time.time() < deadline and not list((out / "P.shards").glob("*.done")):
+            assert proc.poll() is None, "gdr score ended before the signal"
+            time.sleep(0.05)
+        children = parent.children(recursive=True)
+        os.killpg(proc.pid, sig)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=60)
+        seconds = time.time() - t0
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == [], [(c.pid, c.cmdline()) for c in alive]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, err[-2000:]
+    # the last line gdr writes (multiprocessing's resource tracker may warn after it, about a worker's semaphore)
+    gdr_lines = [ln for ln in err.strip().splitlines() if ln.startswith("gdr ")]
+    assert gdr_lines[-1:] == [f"gdr score: stopped by {name}; rerun the same command to resume"], err
+    assert "Traceback" not in err and seconds < 10, (seconds, err[-2000:])
+    assert main(_score_args(toy, out)) == 0  # resumes the finished shards
+    assert (out / "P.npy").is_file()
+
+
+def test_the_advised_rescore_command_works_as_printed(toy, tmp_path, capsys):
+    """Issue 23, 4: a damaged P advised `gdr score out=<folder>`, which composes the default corpus and model
+    and is refused; the advice is now the command that scored the folder."""
+    out = tmp_path / "scored"
+    assert main(_score_args(toy, out)) == 0
+    capsys.readouterr()
+    data = (out / "P.npy").read_bytes()
+    (out / "P.npy").write_bytes(data[: len(data) // 2])
+    index = ["index", "method=gc", f"run={out}", f"out={tmp_path / 'idx'}", "n_clusters=4", "leaf_size=4", "gc.n_init=1"]
+    line = error_of(capsys, index)
+    cmd = re.search(r"run `(gdr score [^`]+)`", line)
+    assert cmd, line
+    assert main(shlex.split(cmd.group(1))[1:]) == 0
+    assert (out / "P.npy").read_bytes() == data
+    assert main(index) == 0
+
+
+def test_the_empty_text_advice_is_an_override_that_works(toy, tmp_path, capsys):
+    """Issue 23, 5: the empty-text error suggested the Python spelling `on_empty='drop'`; it now gives an
+    override that works on the command line as printed, whatever the data group."""
+    root, folder = toy
+    bad = tmp_path / "toy"
+    shutil.copytree(folder, bad)
+    with open(bad / "corpus.jsonl", "a") as f:
+        f.write('{"_id": "dx", "title": "", "text": ""}\n')
+    argv = _score_args((root, bad), tmp_path / "out", "sample.n_queries=2")
+    line = error_of(capsys, argv)
+    assert "document 'dx' has empty text" in line and "on_empty='drop'" not in line.split("(in Python")[0], line
+    override = re.search(r"add (\S+) to the command", line).group(1)
+    assert main([*argv, override]) == 0
+    assert len(json.loads((tmp_path / "out" / "doc_ids.json").read_text())) == 30
+
+
+def test_a_full_disk_while_moving_a_file_in_names_the_destination(tmp_path, monkeypatch):
+    """Issue 23, 5: Lightning writes a checkpoint to a temporary file (/tmp/tmpXXXX) and moves it into the out
+    folder; on a full out disk the line named the temporary file. It names the file on the full disk now."""
+    out = tmp_path / "out"
+    guard.claim_folder(out, "out_dir")
+    src = tmp_path / "tmpabc123"
+    src.write_bytes(b"checkpoint")
+
+    def rename(a, b, **kw):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(a), None, str(b))
+
+    def sendfile(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    with pytest.raises(OSError) as e:
+        shutil.move(src, out / "last.ckpt")  # what fsspec's commit does
+    line = guard.write_error_line(e.value, "train")
+    assert line.startswith(f"cannot write {out / 'last.ckpt'} (no space left on the device)"), line
+    assert str(src) not in line and "out_dir=" in line
 
 
 def test_die_with_parent_arms_prctl_or_a_watcher():

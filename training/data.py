@@ -102,11 +102,13 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
 
     Lines for doc ids not in ``doc_ids`` are an error naming the line (a docids/corpus mismatch).
     """
+    from gdr.config import RerunCommand
     from gdr.io import check_manifest_files, read_jsonl
 
     path = Path(path)
     check_manifest_files(path.parent, only=[path.name], name="doc_queries.manifest.json",
-                         fix=f"re-sample: delete {path} and rerun `gdr sample sample.per_doc=N out={path.parent}`")
+                         fix=RerunCommand("sample", path.parent, f"re-sample: delete {path} and "
+                                          f"{path.parent / 'doc_queries.manifest.json'}, then run `{{}}`"))
     pos = {d: i for i, d in enumerate(doc_ids)}
     seen: dict[str, int] = {}
     texts, docs = [], []
@@ -119,8 +121,11 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
             raise ValueError(f"{path}: row {lineno}: doc id {d!r} is not in the corpus/docids; "
                              "regenerate the queries for this corpus")
         if d in seen:
+            redo = RerunCommand("sample", path.parent, f"delete {path} and run `{{}}`",
+                                fallback="re-sample it with `gdr sample` and the settings that made it "
+                                         "(sample.per_doc=...)")
             raise ValueError(f"{path}:{lineno}: doc id {d!r} is also on line {seen[d]}; each document has one line: "
-                             "re-sample the file with `gdr sample sample.per_doc=N`")
+                             f"{redo}")
         seen[d] = lineno
         qs = [q for q in row["queries"] if isinstance(q, str) and q.strip()]
         texts.extend(qs)

@@ -193,9 +193,10 @@ class Retriever:
                        if p.exists()), None)
         if docids is None:
             raise FileNotFoundError(f"no docids.tsv in {path} or {model_dir}; a `gdr train` run folder has one")
+        from gdr.config import RerunCommand
         from gdr.io import check_manifest_files
 
-        check_manifest_files(model_dir.parent, fix=f"retrain with `gdr train out_dir={model_dir.parent}`")
+        check_manifest_files(model_dir.parent, fix=RerunCommand("train", model_dir.parent, "retrain with `{}`"))
         model = GenerativeRetriever.load(model_dir)
         tok_src = str(model_dir) if (model_dir / "tokenizer_config.json").exists() else model.config.tokenizer_name
         from transformers import AutoTokenizer

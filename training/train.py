@@ -184,6 +184,38 @@ class _DiesWithParent(pl.Callback):
             die_with_parent(self.parent)
 
 
+class _StopOnSignal(pl.Callback):
+    """SIGTERM / SIGINT during training (:func:`gdr.signals.deferred`): write ``last.ckpt`` at the end of the
+    current batch, then stop with :class:`gdr.signals.Stopped`; during validation, stop at the batch end
+    (the last checkpoint stands). Only the process that built the Trainer saves."""
+
+    def __init__(self, last: Path) -> None:
+        self.last = last
+        self.parent = os.getpid()
+
+    def on_train_start(self, trainer, pl_module):
+        from gdr import signals
+
+        signals.reclaim()  # Lightning's SIGTERM handler (set after on_fit_start) would stop without a checkpoint
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from gdr import signals
+
+        signum = signals.take() if os.getpid() == self.parent else None
+        if signum is not None:
+            trainer.save_checkpoint(self.last)
+            log.info("stopping on %s: resume point %s (step %d)", signals.name(signum), self.last,
+                     trainer.global_step)
+            raise signals.Stopped(signum)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        from gdr import signals
+
+        signum = signals.pending()
+        if signum is not None and os.getpid() == self.parent:
+            raise signals.Stopped(signum)
+
+
 class _LossRecorder(pl.Callback):
     """Keeps every training loss (used by tests and written to nowhere else).
 
@@ -318,7 +350,8 @@ def train(
     ) if has_dev else None
     recorder = _LossRecorder()
     # best before last: last.ckpt then carries the best-checkpoint callback's updated state
-    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), _DiesWithParent(), *callbacks]
+    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), _DiesWithParent(),
+                 _StopOnSignal(ckpt_dir / "last.ckpt"), *callbacks]
     if t.enable_progress_bar and cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     if has_dev and (t.patience_steps or t.patience > 0):
@@ -356,7 +389,10 @@ def train(
         else:
             log.warning("resuming under %d processes: the killed epoch is replayed from its start", trainer.world_size)
         log.info("resuming from %s (epoch %d, %d examples of it done)", ckpt_path, dm.resume_epoch, dm.resume_skip)
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    from gdr import signals
+
+    with signals.deferred():  # a signal stops at the next batch end, after writing last.ckpt (_StopOnSignal)
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
 
     best = (best_ckpt.best_model_path or None) if best_ckpt else None
     best_score = float(best_ckpt.best_model_score) if best_ckpt and best_ckpt.best_model_score is not None else None

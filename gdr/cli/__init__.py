@@ -67,39 +67,66 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"gdr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if any(a in ("-h", "--help") for a in rest) and not _own_help(name, rest):
+        from gdr.cli.help import command_help
+
+        print(command_help(name))
+        return 0
     setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]
-    from gdr import guard
+    from gdr import guard, signals
 
     guard.COMMAND_LINE = " ".join(["gdr", name, *(shlex.quote(a) for a in rest)])
+    signals.install()  # SIGTERM / SIGINT: one line and exit 143 / 130, never a success (gdr.signals)
     try:
         rc = getattr(importlib.import_module(module), func)(rest)
-    except KeyboardInterrupt:
+        if signals.received():  # a library caught the stop and returned (Lightning turns SIGTERM into an exit)
+            raise signals.Stopped(signals.received())
+    except BaseException as e:
+        signum = signals.received()
+        if signum is None or debug and not isinstance(e, signals.Stopped):
+            return _failed(name, rest, e, debug)
+        print(signals.stop_line(sub_command(name, rest), signum), file=sys.stderr)
+        return signals.exit_code(signum)
+    finally:
+        signals.uninstall()
+        guard.release_all()  # the out-folder locks of this command (gdr.guard.claim_out)
+    return int(rc or 0)
+
+
+def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
+    """The exit code of a command that raised ``e`` (no signal), after its one line; re-raises what is a bug."""
+    from gdr import guard
+
+    if isinstance(e, KeyboardInterrupt):
         if debug:
-            raise
+            raise e
         print(f"gdr {name}: interrupted", file=sys.stderr)
         return 130
-    except SystemExit as e:  # `raise SystemExit("message")` in a command, or sys.exit(code)
+    if isinstance(e, SystemExit):  # `raise SystemExit("message")` in a command, or sys.exit(code)
         if not isinstance(e.code, str):
             return int(e.code or 0)
         if debug:
-            raise
+            raise e
         from gdr.validate import exit_line
 
         print(f"gdr {name}: error: {exit_line(e.code, name)}", file=sys.stderr)
         return 2
-    except Exception as e:
-        from gdr.validate import error_line
+    if not isinstance(e, Exception):
+        raise e
+    from gdr.validate import error_line
 
-        # a full disk or an unwritable file while writing outputs: one line too (the early check missed it)
-        line = None if debug else guard.write_error_line(e, sub_command(name, rest)) or error_line(e, rest)
-        if line is None:  # --debug, or not an error the command line can fix: the full traceback
-            raise
-        print(f"gdr {name}: error: {line}", file=sys.stderr)
-        return 2
-    finally:
-        guard.release_all()  # the out-folder locks of this command (gdr.guard.claim_out)
-    return int(rc or 0)
+    # a full disk or an unwritable file while writing outputs: one line too (the early check missed it)
+    line = None if debug else guard.write_error_line(e, sub_command(name, rest)) or error_line(e, rest)
+    if line is None:  # --debug, or not an error the command line can fix: the full traceback
+        raise e
+    print(f"gdr {name}: error: {line}", file=sys.stderr)
+    return 2
+
+
+def _own_help(name: str, rest: list[str]) -> bool:
+    """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench``)."""
+    return name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
 
 
 def sub_command(name: str, rest: list[str]) -> str:

@@ -11,13 +11,16 @@ from gdr.guard import claim_out
 __all__ = ["compose", "lm_settings", "section"]
 
 
-def compose(name: str, argv: list[str], lock: str | None = None):
+def compose(name: str, argv: list[str], lock: str | None = None, before_claim=None):
     """The validated config of command ``name`` with its out folder claimed (``gdr.guard``); ``--cfg``
-    prints it and exits 0. ``lock``: the name the lock is taken under (default ``name``)."""
+    prints it and exits 0. ``lock``: the name the lock is taken under (default ``name``); ``before_claim``:
+    a check of the inputs (``cfg -> None``, raising) that runs before the out folder is made."""
     cfg = command_config(name, argv)
     if cfg is None:  # --cfg: printed
         sys.exit(0)
     validate(name, cfg)
+    if before_claim is not None:
+        before_claim(cfg)
     claim_out(lock or name, cfg)  # the out folder: writable, and this process's alone (gdr.guard)
     return cfg
 

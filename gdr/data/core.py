@@ -163,9 +163,10 @@ class DocTable:
             else:
                 extra = " and no title" if self.on_empty == "title" else ""
                 raise DataError(
-                    f"{where}: document {doc_id!r} has empty text{extra}; fill it in or delete the record "
-                    "(or load with on_empty='drop' to skip such documents, counted in "
-                    "corpus.info['filtered'], on_empty='title' to use the title as text, or on_empty='keep')"
+                    f"{where}: document {doc_id!r} has empty text{extra}; fill it in or delete the record, "
+                    "or add ++data.on_empty=drop to the command to skip such documents (counted in "
+                    "corpus.info['filtered']), ++data.on_empty=title to use the title as text, or "
+                    "++data.on_empty=keep (in Python: load_corpus(..., on_empty='drop'))"
                 )
         self.where[doc_id] = where
         self.doc_ids.append(doc_id)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import signal
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -58,7 +61,7 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     if rank == 0 or qfile.exists():
         queries = sample_queries(lm, corpus, out, sample, progress=progress)
     else:
-        raise SystemExit(f"{qfile} missing: run `gdr sample out={out}` before a multi-process `gdr score`")
+        raise SystemExit(f"{qfile} missing: run `{sample_command(out)}` before a multi-process `gdr score`")
     n_proc = int(score.processes or 1)
     if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(out):
         if spec is None:
@@ -70,6 +73,17 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     if rank == 0:
         log.info("P matrix %s", path)
     return path
+
+
+def sample_command(out) -> str:
+    """The ``gdr score`` command line of this process as the ``gdr sample`` that samples its queries (score.*
+    settings dropped); outside ``gdr``, ``gdr sample out=<out>``."""
+    from gdr.guard import COMMAND_LINE
+
+    if not COMMAND_LINE.startswith("gdr score"):
+        return f"gdr sample out={shlex.quote(str(out))}"
+    keep = [a for a in shlex.split(COMMAND_LINE)[2:] if not a.lstrip("+").startswith("score.")]
+    return " ".join(["gdr", "sample", *map(shlex.quote, keep)])
 
 
 def _finished(out) -> bool:
@@ -94,6 +108,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _leave(signum, frame) -> None:
+    """A scoring worker's SIGTERM: exit now, through Python's clean-up (no leaked-semaphore warnings), silently
+    (``multiprocessing`` exits a process on ``SystemExit`` without a traceback)."""
+    sys.exit(128 + signum)
+
+
 def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, score_settings: dict, out: str,
                   progress: bool, parent: int | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
@@ -106,6 +126,8 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     from gdr.guard import die_with_parent
 
     die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    signal.signal(signal.SIGTERM, _leave)  # the parent's terminate(), or a scheduler: go at once, quietly
     import torch.distributed as dist
 
     from gdr.io import read_jsonl
@@ -145,17 +167,22 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
     procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, corpus, lm.to_dict(), settings.to_dict(),
                                                      str(out), progress, os.getpid()), daemon=True)
              for r in range(n_proc)]
-    for p in procs:
-        p.start()
     failed = []
-    for r, p in enumerate(procs):
-        p.join()
-        if p.exitcode != 0:
-            failed.append((r, p.exitcode))
-    if failed:
+    try:
+        for p in procs:
+            p.start()
+        for r, p in enumerate(procs):
+            p.join()
+            if p.exitcode != 0:
+                failed.append((r, p.exitcode))
+    finally:  # a failed worker, or a SIGTERM / Ctrl-C of this process (gdr.signals): none is left running
         for p in procs:
             if p.is_alive():
                 p.terminate()
+        for p in procs:
+            if p.pid is not None:
+                p.join()
+    if failed:
         raise RuntimeError(f"scoring process(es) {failed} failed (rank, exit code); rerun the same command to "
                            f"resume from the finished shards in {out}")
     return Path(out) / "P.npy"

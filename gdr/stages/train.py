@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "split_queries", "model_config_from"]
+__all__ = ["train_retriever", "split_queries", "model_config_from", "read_checked_docids", "check_train_inputs",
+           "check_query_splits"]
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
@@ -71,13 +72,46 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     return qs
 
 
+def read_checked_docids(path: str | Path) -> tuple[list[str], list[tuple[int, ...]]]:
+    """(doc ids, codes) of a docids.tsv, checked against its folder's manifest and line by line."""
+    from gdr.io import check_manifest_files
+    from indexing.docids import read_docids, rebuild_advice
+
+    check_manifest_files(Path(path).parent, only=["docids.tsv"], fix=rebuild_advice(path))
+    return read_docids(path)
+
+
+def check_train_inputs(docids: str | Path, generated: str | Path | None = None) -> None:
+    """The input files of a training run, read before anything is made or loaded: ``docids.tsv`` (manifest,
+    lines) and the generated queries (manifest, lines, each document among the docids; the corpus check
+    comes later and is no more lenient)."""
+    from training.data import read_generated_queries
+
+    ids, _ = read_checked_docids(docids)
+    if generated:
+        read_generated_queries(str(generated), ids)
+
+
+def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,
+                       docs_tsv: str | None = None) -> None:
+    """Read the query set of every ``queries`` section (``{"name", "split", "path", ...}``, one per split a
+    run will use) against the loaded corpus, so that a bad qrels or query line (an unknown document or
+    query id: a :class:`gdr.data.DataError` naming file:line) stops it before its first heavy step rather
+    than hours later; and the split ``need`` must hold a query with a relevant document."""
+    from gdr.validate import ConfigError
+
+    ids = set(corpus_ids)
+    for q in sections:
+        qs = split_queries(q, data, ids, docs_tsv)
+        if q["split"] == need and (qs is None or len(qs) == 0):
+            raise ConfigError(f"queries.test_split={need}: no {need!r} query of queries.name={q['name']} has a "
+                              f"relevant document in this corpus, so nothing can be evaluated; choose another "
+                              "queries.test_split or queries.name")
+
+
 def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
     """Codes in corpus order; every corpus document needs one."""
-    from gdr.io import check_manifest_files
-    from indexing.docids import read_docids
-
-    check_manifest_files(Path(path).parent, only=["docids.tsv"], fix="rebuild the docids with `gdr index`")
-    ids, codes = read_docids(path)
+    ids, codes = read_checked_docids(path)
     by_id = dict(zip(ids, codes))
     missing = [d for d in corpus_ids if d not in by_id]
     if missing:

@@ -10,9 +10,10 @@ from gdr.config import save_config, to_container
 def train_main(argv: list[str]) -> int:
     from gdr.data import corpus_from_config
     from gdr.stages.settings import TrainSettings
-    from gdr.stages.train import split_queries, train_retriever
+    from gdr.stages.train import check_train_inputs, split_queries, train_retriever
 
-    cfg = compose("train", argv)
+    # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
+    cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,232 @@
+"""``gdr <command> --help``: generated from the command's YAML config, its comments and its validation rules.
+
+Nothing here is a second copy of the settings: the defaults come from composing ``conf/<command>.yaml``,
+the meaning of each key from the ``# comment`` on its line in the YAML file that sets it (else the rule's
+description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a
+value no rule accepts: ``must be a positive integer`` becomes ``a positive integer``). The config groups
+and their options are the folders and files of ``conf/`` the composition chose from.
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+__all__ = ["command_help", "CONFIG_OF"]
+
+# command -> the conf/<name>.yaml it composes (None: no config)
+CONFIG_OF = {"sample": "sample", "score": "score", "cluster": "cluster", "index": "index", "train": "train",
+             "evaluate": "evaluate", "search": "evaluate", "run": "run", "qg": "qg", "bench": None}
+USAGE = {
+    "search": 'gdr search "query" ["another query" ...] run_dir=<gdr train out_dir> [k=10] [--json]',
+    "index": "gdr index [key=value ...]   |   gdr index add run=<P-matrix run> index=<GC index folder>",
+    "bench": "gdr bench {BENCHES} [options]   (gdr bench <name> --help: the options of each)",
+    "run": "gdr run [+experiment=<name>] [key=value ...]",
+}
+_SKIP = ("model_presets", "hydra")  # tables of presets, not settings one sets one key at a time
+_KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*)\s*:(?P<rest>.*)$")
+
+
+class _Invalid:
+    """A value no rule accepts: what a rule says about it is the rule's description of the valid values."""
+
+    def __repr__(self) -> str:
+        return "?"
+
+
+def _comment(rest: str) -> str:
+    """The ``# comment`` of a YAML line's remainder (``#`` inside quotes is not one)."""
+    quote = None
+    for i, ch in enumerate(rest):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
+            return rest[i + 1:].strip()
+    return ""
+
+
+_OPEN_END = re.compile(r"([;,(]|\b(?:of|the|a|an|and|or|to|by|with|per))$")
+
+
+def _continues(before: str, text: str) -> bool:
+    """Whether ``text`` (a key's comment) carries on the sentence of the comment before it."""
+    unbalanced = before.count("(") > before.count(")") or before.count("`") % 2 == 1
+    return unbalanced or bool(_OPEN_END.search(before.rstrip())) or text.startswith("(")
+
+
+def yaml_comments(path: Path) -> tuple[str, dict[str, str], list[str]]:
+    """(the file's leading comment block, dotted key -> its comment, the ``defaults`` entries)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header: list[str] = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            header.append(line[1:].strip())
+    comments: dict[str, str] = {}
+    defaults: list[str] = []
+    stack: list[tuple[int, str]] = []  # (indent, key) of the open sections
+    last: str | None = None  # the key of the previous line, for a comment continued on the next line
+    in_defaults = False
+    for line in lines:
+        if not line.strip():
+            continue
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if stripped.startswith("#"):
+            if last and indent > 0 and comments.get(last) is not None and line[:indent].isspace() \
+                    and indent > len(last.split(".")) * 2:
+                comments[last] += " " + stripped[1:].strip()  # a comment on its own line, under a commented key
+            continue
+        if in_defaults and stripped.startswith("- "):
+            defaults.append(stripped[2:].split("#")[0].strip())
+            continue
+        m = _KEY_LINE.match(line)
+        if not m:
+            last = None
+            continue
+        in_defaults = indent == 0 and m["key"] == "defaults"
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = ".".join([k for _, k in stack] + [m["key"]])
+        stack.append((indent, m["key"]))
+        text = _comment(m["rest"])
+        if text and last and _continues(comments[last], text):
+            comments[last] += " " + text  # a sentence that runs on over the comments of the next keys
+        elif text:
+            comments[key] = text
+            last = key
+        else:
+            last = None
+    return "\n".join(header).strip(), comments, defaults
+
+
+def _sources(cdir: Path, name: str, choices: dict[str, str]) -> list[tuple[Path, str]]:
+    """The YAML files a composition of ``conf/<name>.yaml`` read, each with the package it lands in; the
+    primary config first (its comments win), then the configs it includes, then the chosen group options."""
+    out: list[tuple[Path, str]] = []
+    todo = [(name, "")]
+    while todo:
+        cur, package = todo.pop(0)
+        path = cdir / f"{cur}.yaml"
+        if not path.exists() or any(p == path for p, _ in out):
+            continue
+        out.append((path, package))
+        for d in yaml_comments(path)[2]:  # `- score`, `- stage/train@train`: configs, not group choices
+            if ":" in d or d == "_self_":
+                continue
+            sub, _, at = d.partition("@")
+            todo.append((sub, package if at in ("", "_here_") else at))
+    for group, choice in choices.items():
+        if choice is None or group.startswith("hydra") or group in ("experiment",):
+            continue
+        grp, _, package = group.partition("@")
+        package = grp.replace("/", ".") if not package else "" if package in ("_here_", "_global_") else package
+        path = cdir / grp / f"{choice}.yaml"
+        if path.exists():
+            out.append((path, package))
+    return out
+
+
+def _leaves(node: dict) -> dict:
+    """Dotted key -> value of every setting, without the preset tables (``model_presets``) and ``hydra``."""
+    from gdr.config import flat_leaves
+
+    return {k: v for k, v in flat_leaves(node).items() if k.split(".")[0] not in _SKIP}
+
+
+def _rules(command: str, cfg: DictConfig) -> dict[str, tuple[str, str]]:
+    """dotted key -> (the rule's description, the valid values as the rule states them)."""
+    from gdr.validate import TABLES, _get
+
+    out: dict[str, tuple[str, str]] = {}
+    for prefix, rules in TABLES.get(command, []):
+        sec = _get(cfg, prefix) if prefix else cfg
+        for rule in rules:
+            try:
+                said = rule.check(_Invalid(), sec) or ""
+            except Exception:  # a rule that needs a real value to say anything
+                said = ""
+            said = said.split(";")[0]
+            valid = said[len("must be "):] if said.startswith("must be ") else ""
+            out[f"{prefix}.{rule.key}" if prefix else rule.key] = (rule.what, valid)
+    return out
+
+
+def _matches(key: str, pattern: str) -> bool:
+    a, b = key.split("."), pattern.split(".")
+    return len(a) == len(b) and all(q in ("*", k) for k, q in zip(a, b))
+
+
+def command_help(command: str) -> str:
+    """The text of ``gdr <command> --help``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from gdr.cli import HELP
+    from gdr.validate import _show
+    from gdr.config import conf_dir
+
+    name = CONFIG_OF.get(command)
+    usage = USAGE.get(command, f"gdr {command} [key=value ...]")
+    if command == "bench":
+        from gdr.cli.bench import BENCHES
+
+        usage = usage.replace("{BENCHES}", "{" + "|".join(BENCHES) + "}")
+    lines = [f"usage: {usage}", "", f"gdr {command}: {HELP[command]}."]
+    if name is None:
+        return "\n".join(lines)
+    cdir = conf_dir()
+    header, _, _ = yaml_comments(cdir / f"{name}.yaml")
+    if header:
+        lines += ["", *header.splitlines()]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(cdir), version_base=None):
+        full = compose(config_name=name, return_hydra_config=True)
+    choices = dict(OmegaConf.to_container(full.hydra.runtime.choices))
+    cfg = OmegaConf.masked_copy(full, [k for k in full.keys() if k != "hydra"])
+    comments: dict[str, str] = {}
+    for path, package in _sources(cdir, name, choices):
+        for key, text in yaml_comments(path)[1].items():
+            comments.setdefault(f"{package}.{key}" if package else key, text)
+    rules = _rules("search" if command == "search" else command, cfg)
+
+    groups = [(g.split("@")[0], c) for g, c in choices.items() if not g.startswith("hydra") and c is not None
+              and (cdir / g.split("@")[0]).is_dir() and not g.startswith("stage/")]
+    if command == "run":
+        groups.append(("experiment", None))
+    if groups:
+        lines += ["", "config groups (choose with group=<option>; an experiment with +experiment=<name>):"]
+        for grp, choice in groups:
+            options = sorted(p.stem for p in (cdir / grp).glob("*.yaml"))
+            shown = " | ".join(f"{o} (default)" if o == choice else o for o in options)
+            lines.append(f"  {('+' if grp == 'experiment' else '') + grp:<12} {shown}")
+
+    lines += ["", "settings (key = default: meaning; the values the check before any work accepts):"]
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    for key, value in _leaves(raw).items():
+        meaning = comments.get(key, "")
+        rule = next((r for pat, r in rules.items() if _matches(key, pat)), None)
+        if rule:
+            meaning = meaning or rule[0]
+        if not meaning and not rule:
+            continue  # neither commented nor checked: see --cfg
+        valid = rule[1] if rule else ""
+        text = " ".join(x for x in (meaning, f"[{valid}]" if valid and valid not in meaning else "") if x)
+        head = f"  {key} = {_show(value)}"
+        if len(head) <= 44:
+            body = textwrap.wrap(text, width=110 - 46) or [""]
+            lines.append(f"{head:<46}{body[0]}".rstrip())
+            lines += [" " * 46 + b for b in body[1:]]
+        else:
+            lines.append(head)
+            lines += [" " * 46 + b for b in textwrap.wrap(text, width=110 - 46)]
+    lines += ["", f"`gdr {command} --cfg [key=value ...]` prints the whole composed config; overrides use Hydra's "
+                  "grammar (a new key needs a leading +).",
+              "Every setting is checked before any model or corpus loads; an error names the key and the fix."]
+    if command != "search":
+        lines += ["SIGTERM / Ctrl-C stop within seconds with one line and exit 143 / 130; rerun the same command "
+                  "to resume."]
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""SIGTERM and SIGINT: a stop, never a success; one line, exit 128 + signal, a resume point where it is cheap.
+
+A scheduler that preempts a job (SLURM sends SIGTERM, then SIGKILL after a grace period; ``sbatch
+--signal=TERM@120`` sends it earlier) and a user pressing Ctrl-C both mean "stop now, I will rerun". ``gdr``'s
+``main`` calls :func:`install` before a command runs; from then on either signal raises :class:`Stopped` in
+the main thread, wherever it is (loading data, sampling, scoring, between stages, evaluating), so the
+command unwinds through its ``finally`` blocks (locks released, workers terminated) and ``main`` prints
+
+    gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to resume
+
+and returns 143 (SIGTERM) or 130 (SIGINT). Every stage resumes on a rerun: P by shard, sampling by batch,
+training from ``checkpoints/last.ckpt``.
+
+Training is the one place where stopping at an arbitrary bytecode would waste work: inside
+:func:`deferred` (``training.train`` wraps the fit in it) a signal is only recorded, and the trainer's
+callback (:func:`pending`) writes ``last.ckpt`` at the end of the current batch and then raises
+:class:`Stopped`. A second signal, or ``grace_s`` seconds without a batch end, stops at once.
+
+``where`` names what is running for the message (``gdr run`` sets it to the current stage).
+"""
+from __future__ import annotations
+
+import _thread
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred", "stop_line",
+           "exit_code", "set_where", "name", "SIGNALS"]
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_state: dict = {"signum": None, "defer": 0, "where": None, "timer": None, "previous": {}}
+
+
+class Stopped(BaseException):
+    """A SIGTERM or SIGINT arrived. A ``BaseException`` (like ``KeyboardInterrupt``): ``except Exception``
+    blocks do not swallow it, and Lightning re-raises it after its own clean-up."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def _handler(signum: int, frame) -> None:
+    first = _state["signum"] is None
+    if first:
+        _state["signum"] = int(signum)
+    if _state["defer"] and first:
+        grace = _state["defer_grace"]
+        timer = threading.Timer(grace, _thread.interrupt_main, args=(int(signum),))
+        timer.daemon = True
+        timer.start()  # no batch end within the grace period: the handler runs again and raises
+        _state["timer"] = timer
+        return
+    raise Stopped(_state["signum"])
+
+
+def install() -> None:
+    """Route SIGTERM and SIGINT to :class:`Stopped` (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _state.update(signum=None, defer=0, where=None)
+    for sig in SIGNALS:
+        prev = signal.signal(sig, _handler)
+        _state["previous"].setdefault(sig, prev)
+
+
+def reclaim() -> None:
+    """Route the signals to :class:`Stopped` again after a library replaced the handlers (Lightning's
+    Trainer turns SIGTERM into its own exit, without a checkpoint); a no-op unless :func:`install` ran."""
+    if _state["previous"] and threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _handler)
+
+
+def uninstall() -> None:
+    """Restore the handlers :func:`install` replaced and forget a received signal."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, prev in _state["previous"].items():
+        signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+    _state["previous"] = {}
+    _cancel_timer()
+    _state.update(signum=None, defer=0, where=None)
+
+
+def _cancel_timer() -> None:
+    timer = _state.get("timer")
+    if timer is not None:
+        timer.cancel()
+        _state["timer"] = None
+
+
+def received() -> int | None:
+    """The signal number received since :func:`install`, or None."""
+    return _state["signum"]
+
+
+def pending() -> int | None:
+    """Inside :func:`deferred`: the signal waiting for a safe point to stop at, or None."""
+    return _state["signum"] if _state["defer"] else None
+
+
+def take() -> int | None:
+    """At a safe point inside :func:`deferred`: the pending signal, or None. With one, the grace timer is
+    cancelled, since the caller stops now (after writing its resume point, which the timer must not cut)."""
+    signum = pending()
+    if signum is not None:
+        _cancel_timer()
+    return signum
+
+
+@contextlib.contextmanager
+def deferred(grace_s: float = 10.0) -> Iterator[None]:
+    """Record a signal instead of raising it; the code inside polls :func:`pending` at safe points
+    (a training batch end) and raises :class:`Stopped` itself. A second signal, or none of those
+    points within ``grace_s`` seconds, raises at once."""
+    _state["defer"] += 1
+    _state["defer_grace"] = grace_s
+    try:
+        yield
+    finally:
+        _state["defer"] -= 1
+        if not _state["defer"]:
+            _cancel_timer()
+    if _state["signum"] is not None:  # a signal that came while finishing the deferred block
+        raise Stopped(_state["signum"])
+
+
+def set_where(where: str | None) -> None:
+    """What the stop line names as running (``stage train-gc-s0``); None = nothing in particular."""
+    _state["where"] = where
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def exit_code(signum: int) -> int:
+    return 128 + int(signum)
+
+
+def stop_line(command: str, signum: int) -> str:
+    """``gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to resume``."""
+    where = f" in {_state['where']}" if _state["where"] else ""
+    return f"gdr {command}: stopped by {signal.Signals(signum).name}{where}; rerun the same command to resume"
