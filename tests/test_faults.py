@@ -161,16 +161,21 @@ def test_upstream_rebuilt_with_other_content_reruns_dependents(finished, tmp_pat
     assert f"upstream stage {idx.name} changed" in caplog.text
 
 
-def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, capsys, caplog):
-    """stage.json without checksums and empty shard markers (older gdr), with the zero rows the old code left
-    after re-entering a truncated P: the zeros are re-scored, the rest is kept and its checksums recorded."""
-    root, folder, ref, head = finished
-    out = tmp_path / "run"
+def _older_version_copy(ref: Path, out: Path) -> Path:
+    """A copy of the finished run ``ref`` whose stage.json files are as an older gdr wrote them (no checksums)."""
     shutil.copytree(ref, out)
     for marker in out.glob("*/stage.json"):
         m = json.loads(marker.read_text())
         del m["artifacts"], m["upstream"]
         marker.write_text(json.dumps(m))
+    return out
+
+
+def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, capsys, caplog):
+    """stage.json without checksums and empty shard markers (older gdr), with the zero rows the old code left
+    after re-entering a truncated P: the zeros are re-scored, the rest is kept and its checksums recorded."""
+    root, folder, ref, head = finished
+    out = _older_version_copy(ref, tmp_path / "run")
     score = _folder(out, "score")
     for m in (score / "P.shards").glob("*.done"):
         m.write_text("")
@@ -393,12 +398,7 @@ def test_an_older_run_with_a_damaged_model_is_rebuilt_not_adopted(finished, tmp_
     """Issue 23, 4: a stage folder of an older gdr (stage.json without checksums) with a damaged model.pt was
     recorded as good, and every rerun stopped at evaluation. The train folder's own manifest is checked now."""
     root, folder, ref, head = finished
-    out = tmp_path / "run"
-    shutil.copytree(ref, out)
-    for marker in out.glob("*/stage.json"):
-        m = json.loads(marker.read_text())
-        del m["artifacts"], m["upstream"]
-        marker.write_text(json.dumps(m))
+    out = _older_version_copy(ref, tmp_path / "run")
     target = _folder(out, "train-gc-s0") / "model" / "model.pt"
     _damage(target, "bitflip")
     again, logs = _run(root, folder, out, capsys, caplog)

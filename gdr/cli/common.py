@@ -8,7 +8,7 @@ from gdr.validate import validate
 from gdr.config import command_config, to_container
 from gdr.guard import claim_out
 
-__all__ = ["compose", "lm_settings", "section"]
+__all__ = ["compose", "corpus_and_queries", "lm_settings", "section"]
 
 
 def compose(name: str, argv: list[str], lock: str | None = None, before_claim=None):
@@ -35,3 +35,21 @@ def lm_settings(cfg):
     from gdr.pipeline import lm_settings as of_config
 
     return of_config(cfg)
+
+
+def corpus_and_queries(cfg):
+    """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it, then load the corpus and
+    the query split the command names. Returns (config as a dict, out folder, corpus, queries or None)."""
+    from pathlib import Path
+
+    from gdr.config import save_config
+    from gdr.data import corpus_from_config
+    from gdr.stages.train import split_queries
+
+    c = to_container(cfg)
+    out = Path(c["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out)
+    corpus = corpus_from_config(c["data"])
+    qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
+    return c, out, corpus, qs

@@ -12,7 +12,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 __all__ = ["command_help", "CONFIG_OF"]
 

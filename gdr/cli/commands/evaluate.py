@@ -4,28 +4,20 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from gdr.cli.common import compose
+from gdr.cli.common import compose, corpus_and_queries
 from gdr.validate import validate
-from gdr.config import save_config, to_container
+from gdr.config import to_container
 
 _SETTINGS = ("k", "beam", "length_penalty", "batch_size", "device", "bm25", "tag")
 
 
 def evaluate_main(argv: list[str]) -> int:
-    from gdr.data import corpus_from_config
     from gdr.stages.evaluate import evaluate_model
     from gdr.stages.settings import EvaluateSettings
-    from gdr.stages.train import split_queries
 
     cfg = compose("evaluate", argv)
-    c = to_container(cfg)
-    out = Path(c["out_dir"])
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out)
-    corpus = corpus_from_config(c["data"])
-    qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
+    c, out, corpus, qs = corpus_and_queries(cfg)
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "
                          f"for {c['data']['name']}; set queries.name / queries.split")

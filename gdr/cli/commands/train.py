@@ -1,25 +1,16 @@
 """``gdr train``: compose ``conf/train.yaml``, call :func:`gdr.stages.train.train_retriever`."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from gdr.cli.common import compose
-from gdr.config import save_config, to_container
+from gdr.cli.common import compose, corpus_and_queries
 
 
 def train_main(argv: list[str]) -> int:
-    from gdr.data import corpus_from_config
     from gdr.stages.settings import TrainSettings
-    from gdr.stages.train import check_train_inputs, split_queries, train_retriever
+    from gdr.stages.train import check_train_inputs, train_retriever
 
     # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
     cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
-    c = to_container(cfg)
-    out = Path(c["out_dir"])
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out)
-    corpus = corpus_from_config(c["data"])
-    qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
+    c, out, corpus, qs = corpus_and_queries(cfg)
     settings = TrainSettings.from_dict({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
                                                           "seed")})
     res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"))
