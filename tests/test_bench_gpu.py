@@ -176,7 +176,7 @@ def test_the_budget_skips_what_does_not_fit(tmp_path, monkeypatch, capsys):
 def test_profile_table_on_the_cpu(tmp_path):
     from gdr.cli.bench.common import profile_table
 
-    a = torch.randn(64, 64)
+    a = torch.randn(512, 512)  # large enough that mm's own time dominates matmul's dispatch (64 x 64 did not, under load)
     summary = profile_table(lambda: [a @ a for _ in range(5)], 5, "pair", torch.device("cpu"), tmp_path / "p.txt",
                             title="matmuls")
     text = (tmp_path / "p.txt").read_text()
