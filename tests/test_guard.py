@@ -134,22 +134,33 @@ def _score_args(toy, out: Path, *extra: str) -> list[str]:
             f"out={out}", *extra]
 
 
+def _slow_scoring(toy, out: Path, **popen) -> subprocess.Popen:
+    """`gdr score` with 2 scoring processes slowed down per batch (workers still busy when the test strikes),
+    in a session of its own."""
+    cmd = [sys.executable, "-m", "gdr.cli", *_score_args(toy, out, "score.processes=2")]
+    env = _env(HERE / "slow_scoring", GDR_TEST_SCORE_DELAY="0.4")
+    return subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
+
+
+def _after_first_shard(proc: subprocess.Popen, parent, out: Path) -> list:
+    """Waits until the first shard of ``out`` is finished (the job still running); returns the job's processes."""
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "P.shards").glob("*.done")):
+        assert proc.poll() is None, "gdr score ended before the test struck"
+        time.sleep(0.05)
+    return parent.children(recursive=True)
+
+
 def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
     """Reproduction 4: kill -9 of gdr during scoring with score.processes=2 left both workers (and the
     resource tracker) running, writing into the folder. Now they go with it, and a rerun's P equals an
     uninterrupted run's."""
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "gdr.cli", *_score_args(toy, out, "score.processes=2")]
-    env = _env(HERE / "slow_scoring", GDR_TEST_SCORE_DELAY="0.4")  # workers still busy when the parent dies
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
+    proc = _slow_scoring(toy, out, stderr=subprocess.DEVNULL)
     group = proc.pid
     try:
         parent = psutil.Process(proc.pid)
-        deadline = time.time() + 120
-        while time.time() < deadline and not list((out / "P.shards").glob("*.done")):
-            assert proc.poll() is None, "gdr score ended before it was killed"
-            time.sleep(0.05)
-        children = parent.children(recursive=True)
+        children = _after_first_shard(proc, parent, out)
         workers = [c for c in children if "multiprocessing.spawn" in " ".join(c.cmdline())]
         assert len(workers) == 2, [c.cmdline() for c in children]
         parent.send_signal(signal.SIGKILL)
@@ -176,16 +187,10 @@ def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, t
     while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints
     a traceback or outlives it, and the rerun resumes from the finished shards."""
     out = tmp_path / "stopped"
-    cmd = [sys.executable, "-m", "gdr.cli", *_score_args(toy, out, "score.processes=2")]
-    env = _env(HERE / "slow_scoring", GDR_TEST_SCORE_DELAY="0.4")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    proc = _slow_scoring(toy, out, stderr=subprocess.PIPE, text=True)
     try:
         parent = psutil.Process(proc.pid)
-        deadline = time.time() + 120
-        while time.time() < deadline and not list((out / "P.shards").glob("*.done")):
-            assert proc.poll() is None, "gdr score ended before the signal"
-            time.sleep(0.05)
-        children = parent.children(recursive=True)
+        children = _after_first_shard(proc, parent, out)
         os.killpg(proc.pid, sig)
         t0 = time.time()
         _, err = proc.communicate(timeout=60)
