@@ -162,7 +162,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     write_jsonl(out / Q_FILE, rows)
     write_manifest(out, Q_MANIFEST, **ident, status="complete", queries_hash=hash_strings(sq.texts),
                    n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
-                   seconds_last_call=round(time.perf_counter() - t0, 2))
+                   seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile)
     partial.unlink(missing_ok=True)
     return rows
 
@@ -492,5 +492,6 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             bar.update(len(batch))
     bar.close()
     write_manifest(out, DOCQ_MANIFEST, **ident, status="complete", files=[DOCQ_FILE],
-                   seconds_last_call=round(time.perf_counter() - t0, 2))
+                   seconds_last_call=round(time.perf_counter() - t0, 2),
+                   compile_last_call=lm.decoder().compile_record())
     return path

@@ -1,11 +1,13 @@
 """The compiled decode path on the CPU: the compile switch (sample.compile), row buckets that bound the number
 of compilations over a run with varied batch sizes, and the compile cache under GDR_CACHE."""
+import json
+import logging
 import os
 
 import pytest
 import torch
 
-from gdr.io import read_jsonl
+from gdr.io import read_jsonl, read_manifest
 from gdr.lm.compiling import (AUTO_COMPILE_MIN_QUERIES, allow_bucket_recompiles, batch_bucket, compile_cache_dir,
                               want_compile)
 from gdr.store import sample_per_doc_run, sample_run
@@ -97,3 +99,114 @@ def test_recompile_limit_fits_the_buckets():
         allow_bucket_recompiles()
         assert dc.recompile_limit >= 8 + 1 + 8  # pow2 buckets 8..1024 and a full batch, for two cache lengths
     assert hasattr(dc, "recompile_limit")
+
+
+def _blank_first_draws(lm, monkeypatch, n: int = 3):
+    """Make the first n queries of every first draw (attempt 0) come back empty, so that sample_queries re-draws
+    them through the real path: the decode of a few rows at attempt 1."""
+    import numpy as np
+
+    real = lm.decode_queries
+
+    def decode_queries(docs, rows, qid, attempt, **kw):
+        out = real(docs, rows, qid, attempt, **kw)
+        return [""] * n + out[n:] if np.all(np.asarray(attempt) == 0) else out
+
+    monkeypatch.setattr(lm, "decode_queries", decode_queries)
+
+
+def _counting(lm, backend="eager"):
+    import torch._dynamo
+
+    dec = lm.decoder()
+    dec.compile_options = dict(backend=backend)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    return dec
+
+
+def test_a_redraw_at_batch_64_compiles_no_new_graph(tmp_path, monkeypatch):
+    """64 queries at batch 64 decode in one compiled shape (64 rows); the re-draw of 3 empty ones falls in the
+    8-row bucket, which has no graph: it decodes eagerly instead of compiling one (on a cold GPU a new bucket
+    cost 20-60 s inside the timed loop). Its queries are the eager decoder's."""
+    import torch._dynamo
+
+    lm = tiny_llama()
+    dec = _counting(lm)
+    _blank_first_draws(lm, monkeypatch)
+    rows = sample_run(lm, DOCS, DOC_IDS, tmp_path / "c", n_queries=64, seed=3, batch_size=64, compile=True, **KW)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(torch._dynamo.utils.counters["stats"])
+    rec = dec.compile_record()
+    assert rec["compiled"] and [g[0] for g in rec["graphs"]] == [64] and rec["eager_redraws"] >= 1
+    assert rec["eager_fallback"] == []
+    eager_lm = tiny_llama()
+    _blank_first_draws(eager_lm, monkeypatch)
+    assert sample_run(eager_lm, DOCS, DOC_IDS, tmp_path / "e", n_queries=64, seed=3, batch_size=64, compile=False,
+                      **KW) == rows
+    assert all(r["text"] for r in rows)
+    man = read_manifest(tmp_path / "c", "queries.manifest.json")
+    assert man["n_redrawn"] >= 3 and man["compile_last_call"] == json.loads(json.dumps(rec))
+
+
+def test_a_backend_that_fails_on_the_second_shape_decodes_that_shape_eagerly(tmp_path, caplog):
+    """The first shape (16 rows) compiles; the second (the 5-row last batch, bucket 8) runs its graph once -
+    writing the cache - then fails, as a CUDA-graph capture can on its second call. That shape decodes
+    eagerly from the same step on, with the cache put back, and the queries equal the eager decoder's; the
+    16-row shape stays compiled, and `gdr sample` goes on. One log line per failed shape."""
+    compiled_shapes = []
+
+    def flaky(gm, example_inputs):
+        compiled_shapes.append(len(compiled_shapes))
+        if len(compiled_shapes) == 1:
+            return gm.forward
+
+        def run_then_fail(*args):
+            gm.forward(*args)  # the cache is written before the failure
+            raise RuntimeError("capture failed")
+
+        return run_then_fail
+
+    lm = tiny_llama()
+    dec = _counting(lm, flaky)
+    eager_lm = tiny_llama()
+    with caplog.at_level(logging.WARNING, logger="gdr.lm.decode"):
+        for n in (21, 13, 5):  # batches of 16 + 5, then 13 (the 16 bucket), then 5 (the failed 8 bucket)
+            rows = sample_run(lm, DOCS, DOC_IDS, tmp_path / f"c{n}", n_queries=n, seed=n, batch_size=16,
+                              compile=True, **KW)
+            assert rows == sample_run(eager_lm, DOCS, DOC_IDS, tmp_path / f"e{n}", n_queries=n, seed=n,
+                                      batch_size=16, compile=False, **KW)
+            rec = read_manifest(tmp_path / f"c{n}", "queries.manifest.json")["compile_last_call"]
+            assert rec["compiled"] and rec["backend"] == "flaky"
+            if n != 5:
+                assert [g[0] for g in rec["graphs"]] == [16]
+            if n != 13:
+                assert [g[0] for g in rec["eager_fallback"]] == [8]
+    failed = [r.getMessage() for r in caplog.records if "compiled decode step failed" in r.getMessage()]
+    assert len(failed) == 1 and "for 8 rows" in failed[0] and "capture failed" in failed[0], failed
+    assert len(compiled_shapes) == 2  # the failed shape is never compiled again
+
+
+def test_a_capture_that_fails_after_writing_the_cache_puts_it_back(monkeypatch):
+    """A capture can fail after its warm-up run wrote the step's keys and values and counted them: the eager
+    redo must start from the cache as it was, so every step's logits equal those of an eager decoder of the
+    same shapes (a count left one ahead shifts every later key by a slot)."""
+    from gdr.lm.decode import Decoder
+
+    def run_then_fail(gm, example_inputs):
+        def run(*args):
+            gm.forward(*args)
+            raise RuntimeError("capture failed")
+
+        return run
+
+    lm = tiny_llama()
+    logits = {}
+    for name, dec in (("compiled", Decoder(lm, compile=True)), ("eager", Decoder(lm, compile=False, bucket=True))):
+        dec.compile_options = dict(backend=run_then_fail)
+        real, seen = dec._run_step, logits.setdefault(name, [])
+        monkeypatch.setattr(dec, "_run_step", lambda *a, real=real, seen=seen: seen.append(real(*a)) or seen[-1])
+        args = (lm.prompt_ids(DOCS[:4]), torch.arange(4), torch.arange(4), torch.zeros(4, dtype=torch.long))
+        dec.decode(*args, seed=1, max_new_tokens=6, top_k=0, top_p=1.0)
+    assert len(logits["compiled"]) == len(logits["eager"]) >= 2
+    for a, b in zip(logits["compiled"], logits["eager"]):
+        torch.testing.assert_close(a, b)

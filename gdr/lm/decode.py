@@ -10,7 +10,9 @@ The model forward is transformers'; the loop, the cache handling and the samplin
   once and written in place; every decode step is one token for every row, so its shapes never change and,
   when compiling (``sample.compile``: auto = CUDA and enough queries to pay for it, :mod:`gdr.lm.compiling`),
   it is captured by ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). Compiled batches are padded to
-  a few row buckets so that every batch size reuses the same few compiled steps.
+  a few row buckets so that every batch size reuses the same few compiled steps; re-draws of empty queries
+  compile nothing new (their bucket's graph, or eager), and a shape whose compile or capture fails decodes
+  eagerly (:meth:`Decoder.compile_record` says which, for the sampling manifests).
 - causal prompts are left-padded *after* the shared prefix: ``[prefix | pad | doc suffix | new tokens]``
   with the padding masked and position ids counted over real tokens only.
 - **sampling**: temperature, top-k and top-p (the semantics of transformers' warpers, vectorised over the
@@ -121,6 +123,8 @@ class _Batch:
     pos: torch.Tensor | None  # (B,) causal: position id of the first generated token
     enc: object | None = None  # seq2seq: encoder outputs, B rows
     enc_mask: torch.Tensor | None = None  # (B, Le)
+    key: tuple = ()  # the decode cache's shape (its pool key): one compiled and captured step per key
+    length: int = 0  # tokens in the self-attention cache before the first decode step (P + S, or 1 for T5)
 
 
 def _lcp(seqs: Sequence[Sequence[int]]) -> int:
@@ -156,10 +160,11 @@ class Decoder:
 
             self.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
         self._bucket_setting = bucket
-        self._failed = False  # a compiled step failed once: eager from then on
-        self.set_compile(self.device.type == "cuda" if compile is None else compile)
         self._step_fn = None
-        self._step_ok = False  # a compiled step has run once
+        self._graphs: set[tuple] = set()  # cache shapes (_Batch.key) whose compiled step has run
+        self._eager_shapes: set[tuple] = set()  # shapes whose compile or capture failed: eager from then on
+        self._new_graphs = True  # False while decoding re-draws: no new graph is compiled for them
+        self.set_compile(self.device.type == "cuda" if compile is None else compile)
         self.compile_options = dict(mode="reduce-overhead")  # tests trace with dict(backend="eager") on a CPU
         self._pool: dict[tuple, object] = {}  # decode caches by shape, reused across batches
         # Work done, for benchmarks (FLOP accounting): tokens through the prompt side (a shared prefix and a
@@ -170,10 +175,31 @@ class Decoder:
         self.cache_kw = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
 
     def set_compile(self, on: bool) -> None:
-        """Compile the decode step from now on (or not); bucketing follows unless set explicitly."""
-        self.compile = bool(on) and not self._failed
+        """Compile the decode step from now on (or not); bucketing follows unless set explicitly. Starts a new
+        :meth:`compile_record` (each sampling run calls this first)."""
+        self.compile = bool(on)
         # row buckets and cache lengths rounded up to 64 (what the CUDA graphs need; tested eagerly on the CPU)
         self.bucket = self.compile if self._bucket_setting is None else self._bucket_setting
+        self._record = dict(graphs=set(), eager_fallback=set(), eager_redraws=0)
+
+    @property
+    def _step_ok(self) -> bool:
+        """A compiled step has run (tests: no silent eager fallback)."""
+        return bool(self._graphs)
+
+    def compile_record(self) -> dict:
+        """What the decode since the last :meth:`set_compile` compiled, for the sampling manifests (eager and
+        inductor bf16 kernels can break near-ties differently): ``compiled`` (the decision), ``backend`` and
+        ``mode``, ``graphs`` ([rows, cache length] of each compiled shape used), ``eager_fallback`` (shapes
+        whose compile or capture failed and that decoded eagerly) and ``eager_redraws`` (re-draw batches
+        decoded eagerly because no graph of their shape existed)."""
+        opts = self.compile_options
+        backend = opts.get("backend", "inductor")
+        shapes = lambda keys: sorted([int(k[1]), int(k[-1])] for k in keys)  # noqa: E731
+        return {"compiled": self.compile, "backend": getattr(backend, "__name__", str(backend)),
+                "mode": opts.get("mode") if self.compile else None, "graphs": shapes(self._record["graphs"]),
+                "eager_fallback": shapes(self._record["eager_fallback"]),
+                "eager_redraws": self._record["eager_redraws"]}
 
     # ------------------------------------------------------------------ caches
     def _bucket(self, n: int, floor: int = 0) -> int:
@@ -190,8 +216,11 @@ class Decoder:
 
     def _decode_cache(self, key: tuple, make):
         """The decode cache of one shape: allocated once and reused by later batches of the same shape, so
-        its tensors keep their addresses (what a captured CUDA graph reads and writes)."""
+        its tensors keep their addresses (what a captured CUDA graph reads and writes). A re-draw of a shape
+        without a graph gets a cache of its own, so that it never pushes a captured shape's cache out."""
         cache = self._pool.get(key)
+        if cache is None and self.compile and not self._new_graphs and key not in self._graphs:
+            return make()
         if cache is None:
             # a few shapes (the full batch and the buckets of smaller ones), at most twice the largest
             # batch's rows in all: the memory the old two-shape pool could hold
@@ -246,7 +275,7 @@ class Decoder:
             lb.keys[:, :, :P + S] = lu.keys.index_select(0, rows)
             lb.values[:, :, :P + S] = lu.values.index_select(0, rows)
             lb.cumulative_length.fill_(P + S)
-        return _Batch(logits[rows], cache, mask[rows], first_pos[rows])
+        return _Batch(logits[rows], cache, mask[rows], first_pos[rows], key=("causal", B, M), length=P + S)
 
     def _prefill_seq2seq(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, max_new: int) -> _Batch:
         from transformers import EncoderDecoderCache, StaticCache
@@ -287,7 +316,8 @@ class Decoder:
         enc_b[:, :Le] = hidden[rows]
         mask_b = torch.zeros((B, Lb), dtype=enc_mask.dtype, device=dev)
         mask_b[:, :Le] = enc_mask[rows]
-        return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=enc_b), mask_b)
+        return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=enc_b), mask_b,
+                      key=("seq2seq", B, max_new, Lb), length=1)
 
     # ------------------------------------------------------------------ one step
     def _step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:
@@ -300,41 +330,53 @@ class Decoder:
                              **{self.cache_kw: b.cache}, use_cache=True)
         return out.logits[:, -1].float()
 
-    def _run_step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch) -> torch.Tensor:
-        """One decode step: captured (CUDA graphs) when ``compile``, else eager. If capturing fails (an old
-        torch, an unsupported model), the step is redone eagerly and decoding stays eager."""
-        if self.compile:
+    def _run_step(self, tok: torch.Tensor, pos: torch.Tensor, b: _Batch, t: int) -> torch.Tensor:
+        """Decode step ``t``: compiled (captured as CUDA graphs on a GPU) when ``compile``, else eager.
+
+        Each cache shape is compiled, warmed up and captured by its own first calls. If any of that fails (an
+        old torch, an unsupported model, a backend error), the cache is put back as it was before the step,
+        the step is redone eagerly and that shape decodes eagerly from then on, with one log line; other
+        shapes stay compiled. While re-drawing (``_new_graphs`` off) a shape without a graph runs eagerly
+        rather than compiling one."""
+        key = b.key
+        if self.compile and key not in self._eager_shapes and (self._new_graphs or key in self._graphs):
             if self._step_fn is None:
                 from gdr.lm.compiling import allow_bucket_recompiles, compile_cache_dir
 
                 compile_cache_dir()  # compiled kernels persist across processes
                 allow_bucket_recompiles()
                 self._step_fn = torch.compile(self._step, dynamic=False, **self.compile_options)
-            layers = b.cache.self_attention_cache.layers if self.lm.is_seq2seq else b.cache.layers
-            before = [l.cumulative_length.clone() for l in layers] if not self._step_ok else None
             try:
                 logits = self._step_fn(tok, pos, b).clone()  # graph outputs are overwritten by the next replay
-                self._step_ok = True
-                return logits
             except Exception as e:  # noqa: BLE001 - fall back to the eager step, which is correct too
-                if before is None:
-                    raise
-                log.warning("compiled decode step failed (%s: %s); decoding eagerly", type(e).__name__, e)
-                self.compile, self._failed = False, True
-                for l, n in zip(layers, before):
-                    l.cumulative_length.copy_(n)
+                log.warning("compiled decode step failed for %d rows x %d cache slots (%s: %s); that shape decodes "
+                            "eagerly", key[1], key[-1], type(e).__name__, str(e).split("\n")[0][:300])
+                self._eager_shapes.add(key)
+                # the step writes its keys and values at the cache's length, then counts them: put the count
+                # back (the eager step rewrites the same slots)
+                layers = b.cache.self_attention_cache.layers if self.lm.is_seq2seq else b.cache.layers
+                for layer in layers:
+                    layer.cumulative_length.fill_(b.length + t)
+            else:
+                self._graphs.add(key)
+                self._record["graphs"].add(key)
+                return logits
+        if key in self._eager_shapes and self.compile:
+            self._record["eager_fallback"].add(key)
         return self._step(tok, pos, b)
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def decode(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, qid: torch.Tensor,
                attempt: torch.Tensor, seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-               temperature: float = 1.0, max_rows: int | None = None) -> torch.Tensor:
+               temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True) -> torch.Tensor:
         """Sample one continuation per query.
 
         prompts : U distinct prompts (token ids). rows : (B,) int64, the prompt of each query.
         qid : (B,) int64, each query's index j in its run (its random stream). attempt : (B,) redraw count.
         max_rows : the caller's batch size, the largest row bucket (when bucketing).
+        new_graphs : False for re-draws: compile no new graph (a shape without one decodes eagerly; on a cold
+            GPU each new shape costs 20-60 s of compilation and capture).
         Returns (B, max_new_tokens) int64 token ids; after a row's stop token (kept) come pad ids.
         """
         dev = self.device
@@ -346,7 +388,10 @@ class Decoder:
             rows, qid, attempt = (torch.cat([t, t[:1].expand(extra)]) for t in (rows, qid, attempt))
         rows, qid, attempt = rows.to(dev), qid.to(dev), attempt.to(dev)
         prefill = self._prefill_seq2seq if self.lm.is_seq2seq else self._prefill_causal
+        self._new_graphs = new_graphs  # read by _decode_cache and _run_step; every call sets it
         b = prefill(prompts, rows, max_new_tokens)
+        if self.compile and not new_graphs and b.key not in self._graphs:
+            self._record["eager_redraws"] += 1
         keys = row_keys(seed, qid, attempt)
         B = rows.numel()
         out = torch.full((B, max_new_tokens), self.lm.pad_id, dtype=torch.long, device=dev)
@@ -365,7 +410,7 @@ class Decoder:
             done |= torch.isin(tok, self.stop)
             if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
                 break
-            logits = self._run_step(tok, pos + t, b)
+            logits = self._run_step(tok, pos + t, b, t)
             self.stats["decode_tokens"] += B
             self.stats["decode_context"] += B * ctx
         self.stats["new_tokens"] += int(alive)

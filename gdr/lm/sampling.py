@@ -26,6 +26,7 @@ class SampledQueries:
     texts: list[str]
     source_index: np.ndarray  # (n_queries,) int64, row of the source document
     n_redrawn: int = 0
+    compile: dict | None = None  # what the decode compiled (gdr.lm.decode.Decoder.compile_record)
 
 
 
@@ -69,12 +70,13 @@ class SamplingMixin:
 
     def decode_queries(self, docs: Sequence[str], rows: np.ndarray, qid: np.ndarray, attempt: np.ndarray | int,
                        seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0, max_rows: int | None = None) -> list[str]:
+                       temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True) -> list[str]:
         """One query per row with our decode loop: row r continues ``docs[rows[r]]`` with the random stream
         of query ``qid[r]`` (redraw ``attempt[r]``), so its text does not depend on the other rows.
 
         docs : U distinct documents (each prompt is prefilled once). rows, qid : (B,) int.
         max_rows : the batch size of the caller (the largest row bucket of a compiled decode).
+        new_graphs : False (re-draws): a compiled decode compiles no new graph, see ``Decoder.decode``.
         Returns B cleaned queries.
         """
         rows_t = torch.as_tensor(np.asarray(rows, dtype=np.int64))
@@ -82,7 +84,7 @@ class SamplingMixin:
         att_t = torch.as_tensor(np.broadcast_to(np.asarray(attempt, dtype=np.int64), qid_t.shape).copy())
         out = self.decoder().decode(self.prompt_ids(docs), rows_t, qid_t, att_t, seed=seed,
                                     max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-                                    temperature=temperature, max_rows=max_rows)
+                                    temperature=temperature, max_rows=max_rows, new_graphs=new_graphs)
         return [clean_query(t) for t in self.tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)]
 
     def auto_batch_size(self, max_new_tokens: int = 32) -> int:
@@ -126,7 +128,8 @@ class SamplingMixin:
 
         Query j's tokens depend only on (seed, j, its document, the settings), not on ``batch_size``: see
         :mod:`gdr.lm.decode`. An empty generation is re-drawn from the same document with the next attempt
-        number of its random stream. ``start`` resumes after already finished queries (any number);
+        number of its random stream, in the row bucket it falls in when that one is compiled already, else
+        eagerly (no new compiled graph for a few rows). ``start`` resumes after already finished queries (any number);
         ``on_batch(partial)`` is called after every batch (used to checkpoint). ``compile`` (auto | true |
         false) and ``compile_min_queries`` decide whether the decode step is compiled for the queries left
         (:func:`gdr.lm.compiling.want_compile`); the queries are the same either way.
@@ -154,7 +157,8 @@ class SamplingMixin:
                     break
                 redrawn += len(empty)
                 uniq, inv = np.unique(idx[empty], return_inverse=True)
-                again = self.decode_queries([docs[i] for i in uniq], inv, qid[empty], attempt, **kw)
+                again = self.decode_queries([docs[i] for i in uniq], inv, qid[empty], attempt, new_graphs=False,
+                                            **kw)
                 for k, g in zip(empty, again):
                     gen[k] = g
             else:
@@ -168,7 +172,7 @@ class SamplingMixin:
         bar.close()
         if redrawn:
             log.info("re-drew %d empty generations", redrawn)
-        return SampledQueries(texts, source.astype(np.int64), redrawn)
+        return SampledQueries(texts, source.astype(np.int64), redrawn, self.decoder().compile_record())
 
     def sample_per_doc(self, docs: Sequence[str], n_per_doc: int, first: int = 0, seed: int = 0,
                        max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
