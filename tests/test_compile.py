@@ -210,3 +210,36 @@ def test_a_capture_that_fails_after_writing_the_cache_puts_it_back(monkeypatch):
     assert len(logits["compiled"]) == len(logits["eager"]) >= 2
     for a, b in zip(logits["compiled"], logits["eager"]):
         torch.testing.assert_close(a, b)
+
+
+def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, caplog):
+    """Compiled flex attention (the CUDA scoring path) that fails to compile: the batch is scored again on the
+    dense path - never on eager flex, which materialises the fp32 score matrix (~42 GB a layer at the CUDA
+    auto sizes) - and so is every later batch, with one log line."""
+    import numpy as np
+    import torch.nn.attention.flex_attention as fa
+
+    from gdr.lm import scoring
+    from tiny_models import QUERIES
+
+    compiles = []
+
+    def broken(gm, example_inputs):
+        compiles.append(1)
+        raise RuntimeError("no triton for this GPU")
+
+    def eager_flex(*args, **kwargs):
+        raise AssertionError("eager flex attention ran: it builds the full fp32 score matrix")
+
+    monkeypatch.setattr(scoring, "_COMPILED", {"flex": torch.compile(fa.flex_attention, backend=broken)})
+    monkeypatch.setattr(fa, "flex_attention", eager_flex)
+    lm = tiny_llama()
+    kw = dict(doc_batch_size=3, max_query_tokens=7, progress=False)
+    with caplog.at_level(logging.WARNING, logger="gdr.lm.scoring"):
+        got = lm.score(DOCS, QUERIES, attention="flex", **kw)
+        again = lm.score(DOCS[:2], QUERIES, attention="flex", **kw)
+    np.testing.assert_array_equal(got, lm.score(DOCS, QUERIES, attention="dense", **kw))
+    np.testing.assert_array_equal(again, lm.score(DOCS[:2], QUERIES, attention="dense", **kw))
+    lines = [r.getMessage() for r in caplog.records if "flex" in r.getMessage()]
+    assert len(lines) == 1 and "dense path" in lines[0] and "no triton" in lines[0], lines
+    assert len(compiles) == 1  # not tried again for the later batches

@@ -350,7 +350,7 @@ class Decoder:
                 logits = self._step_fn(tok, pos, b).clone()  # graph outputs are overwritten by the next replay
             except Exception as e:  # noqa: BLE001 - fall back to the eager step, which is correct too
                 log.warning("compiled decode step failed for %d rows x %d cache slots (%s: %s); that shape decodes "
-                            "eagerly", key[1], key[-1], type(e).__name__, str(e).split("\n")[0][:300])
+                            "eagerly", key[1], key[-1], type(e).__name__, " ".join(str(e).split())[:300])
                 self._eager_shapes.add(key)
                 # the step writes its keys and values at the cache's length, then counts them: put the count
                 # back (the eager step rewrites the same slots)

@@ -6,7 +6,8 @@ batch; all queries of a chunk are scored in one forward pass over it:
 - causal: the queries of a chunk are packed into one sequence (no padding) after the cached prompt. Each
   query token attends to its document's prompt and to its own query's earlier tokens. On CUDA that pattern
   is a ``flex_attention`` block mask (block-sparse, no dense mask); on the CPU a dense additive 4D mask
-  (measured faster there than eager flex attention, which materialises the scores).
+  (measured faster there than eager flex attention, which materialises the scores). If compiled flex
+  attention fails, the dense mask takes over (never eager flex: its fp32 scores would not fit on a GPU).
 - seq2seq: the decoder runs over (docs x queries) rows, but cross-attention folds the queries of a
   document into one sequence over that document's encoder states, so the encoder states and their
   key/value projections are neither copied nor recomputed per query.
@@ -149,17 +150,22 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
 # ----------------------------------------------------------------------------------------- attention
 def _flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if not torch.cuda.is_available():  # eager (tests): unfused, correct; its warning says so once
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        return flex_attention
+    """Compiled flex attention on CUDA; eager flex (unfused, correct: tests) without CUDA."""
     if "flex" not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if not torch.cuda.is_available():  # its warning says so once
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return flex_attention
         from gdr.lm.compiling import compile_cache_dir
 
         compile_cache_dir()
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
     return _COMPILED["flex"]
+
+
+class _FlexFailed(RuntimeError):
+    """Compiled flex attention failed: :meth:`ScoringMixin.score` scores the batch on the dense path."""
 
 
 def _scoring_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
@@ -180,16 +186,14 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
 
     if isinstance(attention_mask, BlockMask):
         kw = dict(block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        fn = _flex_attention()
         try:
-            out = _flex_attention()(query, key, value, **kw)
-        except Exception as e:  # noqa: BLE001 - a compiler failure: eager flex (unfused, correct)
-            from torch.nn.attention.flex_attention import flex_attention
-
-            if _COMPILED.get("flex") in (None, flex_attention):
+            out = fn(query, key, value, **kw)
+        except Exception as e:  # noqa: BLE001 - a compiler failure: the dense path, not eager flex (which
+            # materialises the fp32 scores: ~42 GB a layer at the CUDA auto sizes)
+            if fn is not _COMPILED.get("flex"):
                 raise
-            log.warning("compiled flex attention failed (%s); using eager", e)
-            _COMPILED["flex"] = flex_attention
-            out = flex_attention(query, key, value, **kw)
+            raise _FlexFailed(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
         return out.transpose(1, 2).contiguous(), None
     Bq, Bk = query.shape[0], key.shape[0]
     if Bq != Bk:
@@ -311,7 +315,7 @@ class ScoringMixin:
                 if self.is_seq2seq:
                     lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens)
                 else:
-                    lp = self._score_causal(model, batch, q_sorted, max_query_tokens, attention == "flex")
+                    lp = self._score_causal_batch(model, batch, q_sorted, max_query_tokens, attention == "flex")
             out[rows[:, None], q_order[None, :]] = lp.float().cpu().numpy()
             bar.update(len(rows) * len(queries))
         bar.close()
@@ -337,6 +341,18 @@ class ScoringMixin:
             m.set_attn_implementation(ATTN_IMPL)
             self.__dict__["_score_copy"] = held = (stamp, m)
         return held[1]
+
+    def _score_causal_batch(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
+                            flex: bool) -> torch.Tensor:
+        """:meth:`_score_causal` of one document batch; if compiled flex attention fails, the batch (and every
+        later one in this process) is scored on the dense path, with one log line."""
+        if flex and not _COMPILED.get("flex_failed"):
+            try:
+                return self._score_causal(model, prompts, q_ids, max_query_tokens, True)
+            except _FlexFailed as e:
+                log.warning("compiled flex attention failed (%s); scoring on the dense path from now on", e)
+                _COMPILED["flex_failed"] = True
+        return self._score_causal(model, prompts, q_ids, max_query_tokens, False)
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
         chunks, start, tokens = [], 0, 0
