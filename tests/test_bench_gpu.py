@@ -191,6 +191,49 @@ def test_profile_table_on_the_cpu(tmp_path):
     assert "FAILED: ZeroDivisionError" in (tmp_path / "f.txt").read_text()
 
 
+def _cuda_profile():
+    """A CUDA profile as torch.profiler's kineto post-processing builds it (real FunctionEvents), shaped like the
+    H100 training profile: the CPU operators aten::mm and aten::add_ each with the kernel it launched, the GPU
+    kernels themselves, and Optimizer.step#AdamW.step as a CPU user annotation plus its GPU-side span over
+    every kernel of the step (Lightning runs forward and backward inside the optimizer step)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    def ev(i, name, t0, t1, device=DeviceType.CPU, annotation=False):
+        return FunctionEvent(id=i, name=name, thread=0, start_us=t0, end_us=t1, use_device="cuda", stack=[],
+                             device_type=device, is_user_annotation=annotation)
+
+    step_cpu = ev(1, "Optimizer.step#AdamW.step", 0, 100, annotation=True)
+    mm, add = ev(2, "aten::mm", 10, 20), ev(3, "aten::add_", 30, 40)
+    mm.append_kernel("sm90_xmma_gemm", 0, 60.0)
+    add.append_kernel("vectorized_elementwise_kernel<add>", 0, 20.0)
+    launch = ev(4, "cudaLaunchKernel", 12, 14)
+    kernels = [ev(5, "sm90_xmma_gemm", 20, 80, DeviceType.CUDA), ev(6, "vectorized_elementwise_kernel<add>", 90, 110,
+                                                                    DeviceType.CUDA),
+               ev(7, "Optimizer.step#AdamW.step", 20, 220, DeviceType.CUDA, annotation=True)]
+    events = EventList([step_cpu, mm, launch, add, *kernels], use_device="cuda")
+    events._build_tree()
+    return SimpleNamespace(key_averages=events.key_averages)
+
+
+def test_cuda_profile_table_counts_each_kernel_once(tmp_path):
+    """Kernels and operators apart, each as shares of the kernels' GPU time (80 us here), and the optimizer
+    step's annotation (a 200 us span over the same kernels) in neither: on main the table summed operators,
+    kernels and the span, so the span came first at 62.8% (H100 training profile) and the rest about halved."""
+    from gdr.cli.bench.common import write_table
+
+    summary = write_table(_cuda_profile(), 0.5, 4, "example", torch.device("cuda"), tmp_path / "p.txt",
+                          title="training")
+    kernels = {r["op"]: r["share"] for r in summary["top"]}
+    assert kernels == {"sm90_xmma_gemm": 0.75, "vectorized_elementwise_kernel<add>": 0.25}
+    assert {r["op"]: r["share"] for r in summary["top_ops"]} == {"aten::mm": 0.75, "aten::add_": 0.25}
+    assert summary["total_ms"] == 0.08 and summary["launches"] == 1 and summary["launches_per_unit"] == 0.25
+    text = (tmp_path / "p.txt").read_text()
+    assert "Optimizer.step" not in text and "75.0%" in text and "top 2 operators" in text
+
+
 def test_smoke_search_step_end_to_end(tmp_path):
     """One real step of `make bench-gpu-smoke`: its figures, its warm-up apart, its profile in the archive."""
     p = subprocess.run([sys.executable, "-m", "gdr.cli.bench.gpu", "--smoke", "--only", "search", "--out",

@@ -78,16 +78,36 @@ def preset_config(name: str, K: int, depth: int):
 
 # ---------------------------------------------------------------------------- torch.profiler tables
 # ``--profile PATH`` of the sampling, scoring, training and decoding benchmarks (``make bench-gpu`` puts each
-# table into its logs archive). On CUDA: the top operators and kernels by their own GPU time with their share
-# of it, and the kernel launches (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch: a replayed CUDA graph
-# counts once) per unit of work (query, pair, example). On a CPU (smoke runs): the top operators by their own
-# CPU time, and aten operator calls per unit, so that the code path is the one a GPU run takes.
+# table into its logs archive). On CUDA: the top kernels by GPU time with their share of the kernels' total,
+# then the top operators by the GPU time of the kernels each launched itself, as shares of the same total
+# (each kernel is counted once in each table, never an operator and its kernels together), and the kernel
+# launches (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch: a replayed CUDA graph counts once) per unit of
+# work (query, pair, example). User annotations (``Optimizer.step#AdamW.step``, ``ProfilerStep``) are left
+# out: on the GPU they span the kernels inside them (Lightning's optimizer step spans the whole forward and
+# backward). On a CPU (smoke runs): the top operators by their own CPU time, and aten operator calls per
+# unit, so that the code path is the one a GPU run takes.
 
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
 def _self_device_us(e) -> float:
     return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+
+
+def _on_device(e) -> bool:
+    """A GPU-side event (kernel, memcpy, memset, or a user annotation's span), not a CPU operator."""
+    from torch.autograd import DeviceType
+
+    return getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU
+
+
+def _rows(timed: list[tuple[str, float, int]], total: float, top: int) -> list[dict]:
+    timed = sorted(timed, key=lambda r: -r[1])[:top]
+    return [{"op": k, "ms": round(t / 1e3, 3), "share": round(t / total, 4), "calls": c} for k, t, c in timed]
+
+
+def _lines(rows: list[dict]) -> list[str]:
+    return [f"{100 * r['share']:6.1f}%  {r['ms']:10.3f}  {r['calls']:7d}  {r['op'][:100]}" for r in rows]
 
 
 def profile_table(fn: Callable[[], object], units: int, unit: str, device: torch.device, path: str | Path,
@@ -129,28 +149,40 @@ def start_profiler(device: torch.device):
 
 def write_table(prof, seconds: float, units: int, unit: str, device: torch.device, path: str | Path,
                 title: str = "", top: int = 15) -> dict:
-    """The table of a finished profile (see :func:`profile_table`), written to ``path``; returns its summary."""
+    """The table of a finished profile (see :func:`profile_table`), written to ``path``; returns its summary:
+    ``top`` (kernels on CUDA, operators on a CPU), ``top_ops`` (CUDA: operators by the time of their own
+    kernels), ``total_ms`` (the kernels' GPU time, or the operators' CPU time), launches per unit."""
     cuda = device.type == "cuda"
-    events = list(prof.key_averages())
+    # user annotations: on the GPU a span over other kernels (double counting); on a CPU their self time is
+    # the Python around the operators, counted once
+    events = [e for e in prof.key_averages() if not (cuda and getattr(e, "is_user_annotation", False))]
+    ops: list[dict] = []
+    header = f"{'share':>7}  {'ms':>10}  {'calls':>7}  "
     if cuda:
-        timed = [(e.key, _self_device_us(e), e.count) for e in events if _self_device_us(e) > 0]
+        kernels = [(e.key, _self_device_us(e), e.count) for e in events if _on_device(e) and _self_device_us(e) > 0]
+        total = sum(t for _, t, _ in kernels) or 1.0
+        rows = _rows(kernels, total, top)
+        ops = _rows([(e.key, _self_device_us(e), e.count) for e in events
+                     if not _on_device(e) and _self_device_us(e) > 0], total, top)
         launches = sum(e.count for e in events if e.key in _LAUNCHES)
-        what, per = "self CUDA time", "kernel launches"
+        what, per = "GPU time", "kernel launches"
     else:
         timed = [(e.key, float(e.self_cpu_time_total), e.count) for e in events if e.self_cpu_time_total > 0]
+        total = sum(t for _, t, _ in timed) or 1.0
+        rows = _rows(timed, total, top)
         launches = sum(e.count for e in events if e.key.startswith("aten::"))
         what, per = "self CPU time", "aten op calls"
-    total = sum(t for _, t, _ in timed) or 1.0
-    timed.sort(key=lambda r: -r[1])
-    rows = [{"op": k, "ms": round(t / 1e3, 3), "share": round(t / total, 4), "calls": c} for k, t, c in timed[:top]]
     summary = {"device": str(device), "seconds": round(seconds, 3), "units": units, "unit": unit,
                "total_ms": round(total / 1e3, 3), "launches": launches, "launch_kind": per,
-               "launches_per_unit": round(launches / max(units, 1), 2), "top": rows}
+               "launches_per_unit": round(launches / max(units, 1), 2), "top": rows, "top_ops": ops}
     lines = [f"# {title or 'profile'}: {units} {unit}s in {seconds:.3f} s under torch.profiler ({device})",
-             f"# {per}: {launches} = {summary['launches_per_unit']} per {unit}; top {len(rows)} by {what} "
-             f"(of {total / 1e3:.1f} ms)",
-             f"{'share':>7}  {'ms':>10}  {'calls':>7}  op"]
-    lines += [f"{100 * r['share']:6.1f}%  {r['ms']:10.3f}  {r['calls']:7d}  {r['op'][:100]}" for r in rows]
+             f"# {per}: {launches} = {summary['launches_per_unit']} per {unit}; top {len(rows)} "
+             f"{'kernels' if cuda else 'operators'} by {what} (shares of the {total / 1e3:.1f} ms of "
+             f"{'every kernel; user annotations left out' if cuda else 'every operator'})",
+             header + ("kernel" if cuda else "op"), *_lines(rows)]
+    if cuda:
+        lines += [f"# top {len(ops)} operators by the GPU time of the kernels each launched itself (shares of "
+                  f"the same {total / 1e3:.1f} ms)", header + "op", *_lines(ops)]
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("\n".join(lines) + "\n", encoding="utf-8")
