@@ -2,6 +2,7 @@
 scoring and sampling benchmarks, random docids, the retriever presets, the torch.profiler tables."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -10,11 +11,48 @@ import numpy as np
 import torch
 
 __all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
-           "start_profiler", "write_table"]
+           "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped"]
 
 
 T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12,
                vocab_size=32128, feed_forward_proj="relu", tie_word_embeddings=True)
+
+
+# ---------------------------------------------------------------------------- time bounds
+# A cold GPU spends most of a benchmark's time compiling and capturing, so every benchmark bounds its own time
+# and prints what it has as soon as it has it: a JSON line (``"partial": true``) after the warm-up and after
+# each timed round, the full line last. ``make bench-gpu`` reads the last JSON line of a step, also of a step
+# it had to stop at its limit.
+
+def add_time_args(ap) -> None:
+    """``--seconds`` (the steady-state phase stops after this many timed seconds, at least one round) and
+    ``--deadline`` (a Unix time: nothing optional, such as a profile or a reference, starts that would end
+    after it, and the timed phase stops early enough to print its figures; `make bench-gpu` passes its step's
+    time limit less a margin)."""
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="stop the timed phase after this many seconds (at least one round; default: no limit)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="Unix time by which the benchmark prints its figures (make bench-gpu sets it)")
+
+
+def seconds_left(args) -> float:
+    """Seconds until ``args.deadline`` (infinite without one)."""
+    deadline = getattr(args, "deadline", None)
+    return float("inf") if deadline is None else deadline - time.time()
+
+
+def emit(obj: dict) -> None:
+    """Print one JSON line now (flushed: a step stopped at its limit keeps it)."""
+    print(json.dumps(obj), flush=True)
+
+
+def profile_skipped(path: str | Path, title: str, left: float, need: float) -> dict:
+    """Write to ``path`` that the profile did not run (too little time left); a summary without figures."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    why = f"skipped: {left:.0f} s left before the deadline, about {need:.0f} s needed"
+    p.write_text(f"# {title or 'profile'}: {why}\n", encoding="utf-8")
+    return {"error": why, "launches_per_unit": None, "top": []}
 
 
 def build_lm(name: str, doc_tokens: int, device: str, tokenizer: str | None = None):

@@ -13,6 +13,12 @@ batch of each is not timed (it also compiles the decode step). Reported: queries
 including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
 null on a CPU), and the speedup. One JSON line per model, then the LAST line: one JSON object with the
 first model's figures at the top level and every model's under ``models``.
+
+On a cold GPU most of the time goes to loading (``load_s``) and to compiling and capturing the decode step
+(``warmup_s``): every timed batch has the warm-up batch's shape, and re-draws of empty queries compile
+nothing new. The timed rounds stop after ``--seconds`` or early enough for ``--deadline``; a JSON line
+(``"partial": true``) follows the warm-up and every round. ``--profile`` profiles one more batch of the
+timed (compiled) path, after the timing and only when the deadline leaves time for it.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from gdr.cli.bench.common import bench_texts, build_lm
+from gdr.cli.bench.common import add_time_args, bench_texts, build_lm, emit, seconds_left
 from gdr.lm.flops import attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count
 
 log = logging.getLogger(__name__)
@@ -76,7 +82,8 @@ def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
     return n_tok, texts
 
 
-def bench_model(name: str, args) -> dict:
+def bench_model(name: str, args, report=lambda res: None) -> dict:
+    """Load, warm up and time model ``name``; ``report(figures)`` gets the partial figures as they come."""
     t_load = time.perf_counter()
     lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
     t_load = time.perf_counter() - t_load
@@ -102,7 +109,7 @@ def bench_model(name: str, args) -> dict:
 
     # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
     # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
-    # alike.
+    # alike. A JSON line after the warm-up and after every round (a step stopped at its limit keeps them).
     t_warm = time.perf_counter()
     if cuda:
         lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw, **compile_kw)
@@ -111,8 +118,43 @@ def bench_model(name: str, args) -> dict:
     t_warm = time.perf_counter() - t_warm
     dec = lm.decoder()
     dec.stats = {k: 0 for k in dec.stats}
-    ours, t_ours, t_hf, hf_tok, hf_texts = None, 0.0, 0.0, 0, []
+    ours, t_ours, t_hf, hf_tok, hf_texts, prof = None, 0.0, 0.0, 0, [], None
+    stats = dict(dec.stats)  # the decoder's work in the timed rounds (not the profiled batch)
+
+    def figures(partial: bool) -> dict:
+        """The figures so far (rates null before the first timed round)."""
+        n_done, n_hf_done = len(ours.texts) if ours else 0, len(hf_texts)
+        rate = lambda n, t: round(n / t, 2) if t > 0 and n else None  # noqa: E731
+        qps, hf_qps = rate(n_done, t_ours), rate(n_hf_done, t_hf)
+        flops = _flops(lm, stats)
+        res = {"model": name, "device": device_name(dev), "queries": n_done, "hf_queries": n_hf_done,
+               "batch_size": bs, "hf_batch_size": hf_bs,
+               "doc_tokens": args.doc_tokens, "max_new_tokens": args.max_new_tokens,
+               "queries_per_s": qps, "tokens_per_s": rate(stats["new_tokens"], t_ours),
+               "hf_queries_per_s": hf_qps, "hf_tokens_per_s": rate(hf_tok, t_hf),
+               "speedup": round(qps / hf_qps, 2) if qps and hf_qps else None, "mfu": None,
+               "tflops_per_s": round(flops / t_ours / 1e12, 3) if t_ours else None,
+               "mean_new_tokens": round(stats["new_tokens"] / n_done, 2) if n_done else None,
+               "hf_mean_new_tokens": round(hf_tok / n_hf_done, 2) if n_hf_done else None,
+               "empty_redrawn": int(ours.n_redrawn) if ours else 0, "compiled": bool(dec.compile),
+               "compile": dec.compile_record(),
+               "load_s": round(t_load, 2), "warmup_s": round(t_warm, 2), "timed_s": round(t_ours, 3),
+               "launches_per_query": prof and prof["launches_per_unit"],
+               "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
+               "threads": torch.get_num_threads(), "partial": partial}
+        m = mfu(flops, t_ours, dev) if t_ours else None
+        res["mfu"] = round(m, 4) if m is not None else None
+        return res
+
+    report(figures(partial=True))
+    longest = 0.0  # the longest timed round (ours and generate): what one more needs
     for r, b0 in enumerate(range(0, n_q, bs)):
+        if r and ((args.seconds is not None and t_ours + t_hf >= args.seconds)
+                  or seconds_left(args) < 2 * longest + 5):
+            log.info("timed phase stopped after %d of %d batches (--seconds %s, %.0f s to the deadline)", r,
+                     -(-n_q // bs), args.seconds, seconds_left(args))
+            break
+        t_round = time.perf_counter()
         _sync(dev)
         t0 = time.perf_counter()
         ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw,
@@ -126,36 +168,27 @@ def bench_model(name: str, args) -> dict:
             _sync(dev)
             t_hf += time.perf_counter() - t0
             hf_tok, hf_texts = hf_tok + tok, hf_texts + texts
-    stats = dict(dec.stats)
-    n_hf = len(hf_texts)
-    prof = None
-    if args.profile:  # one more batch of ours, after the timing
-        from gdr.cli.bench.common import profile_table
+        longest = max(longest, time.perf_counter() - t_round)
+        stats = dict(dec.stats)
+        report(figures(partial=True))
+    if args.profile:  # one more batch of ours, the timed (compiled) path, if the deadline leaves time for it
+        from gdr.cli.bench.common import profile_skipped, profile_table
 
         path = Path(args.profile)
         if len([m for m in args.models.split(",") if m]) > 1:
             path = path.with_name(f"{path.stem}-{Path(name).name}{path.suffix}")
-        prof = profile_table(lambda: lm.sample_queries(docs, bs, seed=args.seed + 2, batch_size=bs, progress=False, **kw),
-                             bs, "query", dev, path, title=f"sampling {name}, batch {bs}")
+        title, need = f"sampling {name}, batch {bs}", 3 * longest + 10
+        if seconds_left(args) > need:
+            prof = profile_table(lambda: lm.sample_queries(docs, bs, seed=args.seed + 2, batch_size=bs,
+                                                           progress=False, **kw, **compile_kw),
+                                 bs, "query", dev, path, title=title)
+        else:
+            prof = profile_skipped(path, title, seconds_left(args), need)
 
-    qps, hf_qps = n_q / t_ours, n_hf / t_hf
-    flops = _flops(lm, stats)
-    res = {"model": name, "device": device_name(dev), "queries": n_q, "hf_queries": n_hf, "batch_size": bs,
-           "hf_batch_size": hf_bs,
-           "doc_tokens": args.doc_tokens, "max_new_tokens": args.max_new_tokens,
-           "queries_per_s": round(qps, 2), "tokens_per_s": round(stats["new_tokens"] / t_ours, 1),
-           "hf_queries_per_s": round(hf_qps, 2), "hf_tokens_per_s": round(hf_tok / t_hf, 1),
-           "speedup": round(qps / hf_qps, 2), "mfu": None, "tflops_per_s": round(flops / t_ours / 1e12, 3),
-           "mean_new_tokens": round(stats["new_tokens"] / n_q, 2), "hf_mean_new_tokens": round(hf_tok / n_hf, 2),
-           "empty_redrawn": int(ours.n_redrawn), "compiled": bool(dec.compile),
-           "load_s": round(t_load, 2), "warmup_s": round(t_warm, 2), "timed_s": round(t_ours, 3),
-           "launches_per_query": prof and prof["launches_per_unit"],
-           "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
-           "threads": torch.get_num_threads()}
-    m = mfu(flops, t_ours, dev)
-    res["mfu"] = round(m, 4) if m is not None else None
-    log.info("ours: %d queries in %.1f s = %.1f q/s (%.0f new tokens/s, MFU %s); generate: %d in %.1f s = %.2f q/s; "
-             "speedup %.1fx", n_q, t_ours, qps, res["tokens_per_s"], res["mfu"], n_hf, t_hf, hf_qps, res["speedup"])
+    res = figures(partial=False)
+    log.info("ours: %d queries in %.1f s = %s q/s (%s new tokens/s, MFU %s); generate: %d in %.1f s = %s q/s; "
+             "speedup %sx", res["queries"], t_ours, res["queries_per_s"], res["tokens_per_s"], res["mfu"],
+             res["hf_queries"], t_hf, res["hf_queries_per_s"], res["speedup"])
     for t_new, t_old in list(zip(ours.texts, hf_texts))[:3]:
         log.info("  ours: %-50s | generate: %s", t_new[:50], t_old.strip()[:50])
     return res
@@ -184,20 +217,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
-    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here")
+    ap.add_argument("--profile", default=None,
+                    help="write a torch.profiler table of one more (compiled) batch here, if time is left")
+    add_time_args(ap)
     args = ap.parse_args(argv)
     if args.batch_size != "auto":
         args.batch_size = int(args.batch_size)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    results = []
+    results: list[dict] = []
+
+    def summary(done: list[dict]) -> dict:  # the first model's figures at the top level, every model's under models
+        return {"bench": "sampling", **done[0], "models": {r["model"]: r for r in done}}
+
     for name in [m for m in args.models.split(",") if m]:
-        res = bench_model(name, args)
+        res = bench_model(name, args, report=lambda partial: emit(summary([*results, partial])))
         results.append(res)
         print(json.dumps(res))
-    head = dict(results[0])
-    head["models"] = {r["model"]: r for r in results}
-    print(json.dumps({"bench": "sampling", **head}))
+    emit(summary(results))
     return 0
 
 

@@ -16,19 +16,24 @@ engine's model FLOP/s over the device's peak bf16 FLOP/s (None on a CPU or an un
 The LAST line printed is one JSON object; its keys: model, device, torch_device, peak_bf16_tflops,
 pairs, docs, queries, prompt_tokens, query_tokens, doc_batch_size, max_query_tokens, attention,
 compute_dtype, engine_pairs_per_s, engine_s, flops_per_pair, mfu, naive_pairs, naive_pairs_per_s, speedup,
-max_abs_diff, doc_tokens, threads.
+max_abs_diff, doc_tokens, threads, partial.
+
+On a cold GPU the warm-up (``warmup_s``) holds the compilation of flex attention and the log-prob kernel.
+The timed phase scores one doc batch at a time and stops after ``--seconds`` or early enough for
+``--deadline`` (at least one batch; ``pairs`` and ``docs`` say how many were timed); the naive reference and
+``--profile`` run after it, only when the deadline leaves time for them. A JSON line (``"partial": true``)
+follows the sampling, the warm-up, the timed phase and the reference.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 
 import numpy as np
 import torch
 
-from gdr.cli.bench.common import bench_texts, build_lm
+from gdr.cli.bench.common import add_time_args, bench_texts, build_lm, emit, seconds_left
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
-    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here, if time is left")
+    add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from gdr.lm.flops import device_name, peak_flops, mfu, scoring_flops_per_pair
@@ -81,31 +87,59 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {args.model} on {lm.device} ({device_name(lm.device)}): {n_docs} docs x {len(queries)} queries, "
           f"docs cut to {args.doc_tokens} tokens, doc batch {bs}, {mq} query tokens per chunk")
 
+    peak = peak_flops(lm.device)
+    fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
+    t_warm = t_engine = 0.0
+    parts: list[np.ndarray] = []  # the engine's rows, doc batch by doc batch
+    naive_rate = diff = naive_size = prof = None
+
+    def figures(partial: bool) -> dict:
+        """The figures so far (the engine's null before its first timed doc batch)."""
+        n_pairs = sum(p.size for p in parts)
+        eng_rate = n_pairs / t_engine if n_pairs else None
+        util = mfu(fpp * n_pairs, t_engine, lm.device) if n_pairs else None
+        return {
+            "model": args.model, "device": device_name(lm.device), "torch_device": str(lm.device),
+            "peak_bf16_tflops": None if peak is None else peak / 1e12, "pairs": int(n_pairs),
+            "docs": n_pairs // len(queries), "queries": len(queries), "prompt_tokens": round(float(np.mean(prompt_len)), 1),
+            "query_tokens": round(float(np.mean(query_len)), 2), "doc_batch_size": bs, "max_query_tokens": mq,
+            "attention": args.attention, "compute_dtype": args.dtype,
+            "engine_pairs_per_s": None if eng_rate is None else round(eng_rate, 2),
+            "engine_s": round(t_engine, 3), "load_s": round(t_load, 2), "sample_s": round(t_sample, 2),
+            "warmup_s": round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"],
+            "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
+            "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
+            "speedup": None if naive_rate is None or eng_rate is None else round(eng_rate / naive_rate, 2),
+            "max_abs_diff": diff, "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads(),
+            "partial": partial}
+
+    emit(figures(partial=True))
     # Warm-up (compiles on CUDA: two full batches, so that the dynamic-shape kernels exist before timing).
     t_warm = time.perf_counter()
     lm.score(docs[:2 * bs], queries, **kw) if cuda else lm.score(docs[:1], queries[:4], **kw)
     t_warm = time.perf_counter() - t_warm
-    t0 = time.perf_counter()
-    engine = lm.score(docs, queries, **kw)
-    t_engine = time.perf_counter() - t0
-    prof = None
-    if args.profile:  # one more batch of documents against every query, after the timing
-        from gdr.cli.bench.common import profile_table
+    emit(figures(partial=True))
+    # The timed phase, one doc batch at a time: every document once, or fewer after --seconds / before the
+    # deadline (at least one batch).
+    longest = 0.0
+    for b0 in range(0, n_docs, bs):
+        if parts and ((args.seconds is not None and t_engine >= args.seconds) or seconds_left(args) < 2 * longest + 5):
+            print(f"timed phase stopped after {b0} of {n_docs} documents (--seconds {args.seconds}, "
+                  f"{seconds_left(args):.0f} s to the deadline)")
+            break
+        t0 = time.perf_counter()
+        parts.append(lm.score(docs[b0:b0 + bs], queries, **kw))
+        longest = max(longest, time.perf_counter() - t0)
+        t_engine += time.perf_counter() - t0
+    engine = np.concatenate(parts)
+    res = figures(partial=True)
+    print(f"engine: {engine.size} pairs in {t_engine:.1f} s = {res['engine_pairs_per_s']} pairs/s, "
+          f"{fpp / 1e9:.2f} GFLOP/pair" + (f", MFU {100 * res['mfu']:.1f}% of {peak / 1e12:.0f} TFLOP/s"
+                                           if res["mfu"] is not None else ""))
+    emit(res)
 
-        nb = min(bs, n_docs)
-        prof = profile_table(lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
-                             args.profile, title=f"scoring {args.model}, {nb} docs x {len(queries)} queries")
-    n_pairs = engine.size
-    eng_rate = n_pairs / t_engine
-    fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
-    util = mfu(fpp * n_pairs, t_engine, lm.device)
-    peak = peak_flops(lm.device)
-    print(f"engine: {n_pairs} pairs in {t_engine:.1f} s = {eng_rate:.1f} pairs/s, {fpp / 1e9:.2f} GFLOP/pair"
-          + (f", MFU {100 * util:.1f}% of {peak / 1e12:.0f} TFLOP/s" if util is not None else ""))
-
-    naive_rate = diff = naive_size = None
-    if args.naive_pairs > 0:
-        nd = max(1, min(n_docs, int(np.ceil(args.naive_pairs / len(queries)))))
+    if args.naive_pairs > 0 and seconds_left(args) > 2 * longest + 10:
+        nd = max(1, min(len(engine), int(np.ceil(args.naive_pairs / len(queries)))))
         nq = min(len(queries), int(np.ceil(args.naive_pairs / nd)))
         t0 = time.perf_counter()
         naive = lm.score_naive(docs[:nd], queries[:nq])
@@ -113,18 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         naive_rate, naive_size = naive.size / t_naive, naive.size
         diff = float(np.abs(engine[:nd, :nq] - naive).max())
         print(f"naive : {naive.size} pairs in {t_naive:.1f} s = {naive_rate:.2f} pairs/s")
-        print(f"speedup {eng_rate / naive_rate:.1f}x, max |engine - naive| = {diff:.2e} (over {naive.size} shared pairs)")
-    print(json.dumps({
-        "model": args.model, "device": device_name(lm.device), "torch_device": str(lm.device),
-        "peak_bf16_tflops": None if peak is None else peak / 1e12, "pairs": int(n_pairs), "docs": n_docs,
-        "queries": len(queries), "prompt_tokens": round(float(np.mean(prompt_len)), 1),
-        "query_tokens": round(float(np.mean(query_len)), 2), "doc_batch_size": bs, "max_query_tokens": mq,
-        "attention": args.attention, "compute_dtype": args.dtype, "engine_pairs_per_s": round(eng_rate, 2),
-        "engine_s": round(t_engine, 3), "load_s": round(t_load, 2), "sample_s": round(t_sample, 2),
-        "warmup_s": round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"], "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
-        "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
-        "speedup": None if naive_rate is None else round(eng_rate / naive_rate, 2), "max_abs_diff": diff,
-        "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads()}))
+        print(f"speedup {res['engine_pairs_per_s'] / naive_rate:.1f}x, max |engine - naive| = {diff:.2e} "
+              f"(over {naive.size} shared pairs)")
+        emit(figures(partial=True))
+    if args.profile:  # one more batch of documents against every query, after the timing, if time is left
+        from gdr.cli.bench.common import profile_skipped, profile_table
+
+        nb, need = min(bs, n_docs), 3 * longest + 10
+        title = f"scoring {args.model}, {nb} docs x {len(queries)} queries"
+        if seconds_left(args) > need:
+            prof = profile_table(lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
+                                 args.profile, title=title)
+        else:
+            prof = profile_skipped(args.profile, title, seconds_left(args), need)
+    emit(figures(partial=False))
     return 0
 
 
