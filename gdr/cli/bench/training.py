@@ -6,7 +6,9 @@ For each preset of ``conf/stage/train.yaml`` the real training path runs: ``Retr
 on CUDA, bf16-mixed on CUDA, gradient clipping) fed by ``RetrievalDataModule`` (pre-tokenised tensors)
 under a Lightning ``Trainer``, on random ``--seq-len``-token inputs (every one full length) and random
 docids (K = ``--K`` digits, depth ``--depth``). ``--warmup`` steps are run first (allocator, kernels,
-``torch.compile``), then ``--steps`` steps are timed between two device synchronisations.
+``torch.compile``), then ``--steps`` steps are timed between two device synchronisations (fewer after
+``--seconds`` of them, or when ``--deadline`` comes near); ``--profile`` then profiles 3 more steps if the
+deadline leaves time for them. A preset does not start within :data:`MIN_PRESET_S` of the deadline.
 
 FLOPs (``gdr.lm.flops``): training = 3 x the forward pass; the forward pass counts the encoder's
 matmuls over the ``seq_len`` input tokens, the decoder's over its L + 1 docid positions (cross-attention
@@ -14,12 +16,12 @@ keys/values over the input tokens), attention scores, and the K + 1 slot logits.
 the chip's peak is known (not on a CPU).
 
 The LAST line printed is one JSON object: ``device``, ``batch``, ``seq_len``, and per preset
-``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``.
+``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``; the same
+line, with ``"partial": true``, follows every preset but the last.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
@@ -28,11 +30,13 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from gdr.cli.bench.common import preset_config
+from gdr.cli.bench.common import add_time_args, emit, preset_config, seconds_left
 
 log = logging.getLogger(__name__)
 
 __all__ = ["main", "preset_config", "train_flops_per_example"]
+
+MIN_PRESET_S = 15  # a preset does not start with less than this before the deadline (load, warm-up, a few steps)
 
 
 def _enc_dims(conf) -> tuple[int, int]:
@@ -65,37 +69,60 @@ def train_flops_per_example(model, seq_len: int) -> float:
 
 class _Timer(pl.Callback):
     """Wall time of steps ``warmup`` .. ``warmup + steps`` between device syncs (the warm-up apart: from the
-    start of training to step ``warmup``); with ``profile``, the steps after those run under torch.profiler."""
+    start of training to step ``warmup``); fewer timed steps when ``seconds`` have passed or ``deadline`` (a
+    Unix time) comes near. With ``profile``, ``profile_steps`` more steps then run under torch.profiler, if
+    the deadline leaves time for them."""
 
     def __init__(self, warmup: int, steps: int, device: torch.device, batch: int = 1, profile: str | None = None,
-                 title: str = ""):
+                 title: str = "", seconds: float | None = None, deadline: float | None = None,
+                 profile_steps: int = 3):
         self.warmup, self.n, self.device, self.batch, self.profile, self.title = warmup, steps, device, batch, profile, title
+        self.seconds, self.deadline, self.profile_steps = seconds, deadline, profile_steps
         self.t_start = self.t0 = self.t1 = None
         self.steps = 0
-        self.prof = self.prof_t0 = self.summary = None
+        self.prof = self.prof_t0 = self.prof_stop = self.summary = None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.time()
+
     def on_train_start(self, trainer, pl_module):
         self.t_start = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.warmup and self.t0 is None:
+        step = trainer.global_step
+        if step == self.warmup and self.t0 is None:
             self._sync()
             self.t0 = time.perf_counter()
-        elif trainer.global_step == self.warmup + self.n and self.t1 is None:
+        elif self.t0 is not None and self.t1 is None and step > self.warmup:
+            per_step = (time.perf_counter() - self.t0) / (step - self.warmup)  # (not synced: an estimate)
+            out_of_time = ((self.seconds is not None and time.perf_counter() - self.t0 >= self.seconds)
+                           or self._left() < 2 * per_step + 5)
+            if step < self.warmup + self.n and not out_of_time:
+                return None
             self._stop(trainer)
-            if self.profile:
+            need = 3 * self.profile_steps * per_step + 10
+            if self.profile and self._left() > need:
                 from gdr.cli.bench.common import profile_failed, start_profiler
 
+                self.prof_stop = step + self.profile_steps - 1  # the batch of that step is the last one
                 try:
                     self.prof = start_profiler(self.device)
                     self.prof.__enter__()
                     self.prof_t0 = time.perf_counter()
                 except Exception as e:  # noqa: BLE001 - the profile is extra; the figures still come back
-                    self.prof, self.summary = None, profile_failed(e, self.profile, self.title)
+                    self.prof, self.prof_stop = None, None
+                    self.summary = profile_failed(e, self.profile, self.title)
+            elif self.profile:
+                from gdr.cli.bench.common import profile_skipped
+
+                self.summary = profile_skipped(self.profile, self.title, self._left(), need)
+        if self.t1 is not None and (self.prof_stop is None or step >= self.prof_stop):
+            trainer.should_stop = True  # after this batch (a callback cannot skip it)
+        return None
 
     def _stop(self, trainer) -> None:
         self._sync()
@@ -112,7 +139,7 @@ class _Timer(pl.Callback):
                 self._sync()
                 seconds = time.perf_counter() - self.prof_t0
                 self.prof.__exit__(None, None, None)
-                n = trainer.global_step - self.warmup - self.n
+                n = trainer.global_step - self.warmup - self.steps
                 self.summary = write_table(self.prof, seconds, n * self.batch, "example", self.device, self.profile,
                                            title=f"{self.title}: {n} training steps of {self.batch}")
             except Exception as e:  # noqa: BLE001
@@ -121,8 +148,10 @@ class _Timer(pl.Callback):
 
 def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
                  depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = "auto",
-                 precision: str | None = None, profile: str | None = None, profile_steps: int = 3) -> dict:
-    """Train ``warmup + steps`` steps of preset ``name``; returns its figures."""
+                 precision: str | None = None, profile: str | None = None, profile_steps: int = 3,
+                 seconds: float | None = None, deadline: float | None = None) -> dict:
+    """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
+    ``deadline``, see :class:`_Timer`); returns its figures."""
     from gdr.lm.flops import mfu
     from indexing.trie import build_trie
     from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
@@ -145,7 +174,8 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed, fused=resolve_fused(fused, cuda, prec))
     if compile and cuda:
         module.model.compile()
-    timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}")
+    timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}", seconds=seconds,
+                   deadline=deadline, profile_steps=profile_steps)
     trainer = pl.Trainer(
         accelerator="gpu" if cuda else "cpu", devices=[device.index or 0] if cuda else 1,
         precision=prec, max_steps=warmup + steps + extra, max_epochs=-1,
@@ -183,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"],
                     help="fused AdamW (optim.fused); auto = on CUDA")
     ap.add_argument("--precision", default=None, help="Lightning precision (default: bf16-mixed on CUDA, 32-true on CPU)")
-    ap.add_argument("--profile", default=None, help="write a torch.profiler table of 3 more steps here (per preset)")
+    ap.add_argument("--profile", default=None,
+                    help="write a torch.profiler table of 3 more steps here (per preset), if time is left")
+    add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
@@ -211,12 +243,18 @@ def main(argv: list[str] | None = None) -> int:
         prof = args.profile
         if prof and len(presets) > 1:
             prof = str(Path(prof).with_name(f"{Path(prof).stem}-{name}{Path(prof).suffix}"))
+        if seconds_left(args) < MIN_PRESET_S:
+            print(f"{name}: skipped, {seconds_left(args):.0f} s left before the deadline", flush=True)
+            continue
         r = bench_preset(name, device, batch, steps, warmup, args.seq_len, args.K, args.depth, args.docs,
-                         args.compile, args.seed, fused=fused, precision=args.precision, profile=prof)
+                         args.compile, args.seed, fused=fused, precision=args.precision, profile=prof,
+                         seconds=args.seconds, deadline=args.deadline)
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
         out[name] = r
-    print(json.dumps(out))
+        if name != presets[-1]:
+            emit({**out, "partial": True})  # a step stopped at its limit keeps the presets it finished
+    emit({**out, "partial": False})
     return 0
 
 
