@@ -114,6 +114,84 @@ def test_a_step_missing_a_key_a_failing_step_and_a_hung_step_are_recorded(tmp_pa
     assert (tmp_path / "failed.log").read_text().startswith("$ ")
 
 
+def test_a_step_stopped_at_its_limit_keeps_its_last_json_line_and_loses_its_process_group(tmp_path):
+    """A benchmark killed at its limit (a cold compile ran long) still gives the figures of the last JSON line
+    it printed, marked partial; its process group goes with it (inductor's compile workers would otherwise
+    keep the GPU and the CPUs busy during the next step). It was given --deadline, its limit less the margin."""
+    import time
+
+    marker = tmp_path / "grandchild-survived"
+    grandchild = f"import time, pathlib; time.sleep(2.5); pathlib.Path({str(marker)!r}).touch()"
+    code = ("import json, subprocess, sys, time; deadline = float(sys.argv[sys.argv.index('--deadline') + 1]); "
+            f"subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
+            "print(json.dumps({'rate': 7.0, 'deadline_in': deadline - time.time(), 'partial': True}), flush=True); "
+            "time.sleep(30)")
+    step = _step("cold", code, {"x_rate": "rate", "x_warm": "warmup_s"}, timeout=1)
+    step.bounded = True
+    t0 = time.time()
+    rec = gpu.execute(step, tmp_path)
+    assert rec["rc"] == 124 and rec["partial"] and not rec["ok"]
+    assert rec["figures"] == {"x_rate": 7.0, "x_warm": None}
+    assert "timed out after 1s" in rec["error"] and "from its last JSON line: x_rate" in rec["error"]
+    line = gpu.last_json((tmp_path / "cold.log").read_text())
+    assert 1 - gpu.DEADLINE_MARGIN_S - 2 <= line["deadline_in"] <= 1 - gpu.DEADLINE_MARGIN_S + 1
+    time.sleep(max(0.0, t0 + 3.5 - time.time()))
+    assert not marker.exists()  # the grandchild was killed with the step
+
+
+def test_the_budget_is_spread_over_the_steps_left():
+    """Each step gets its share of the budget left, by its LIMITS weight among the steps to come, never less than
+    its own limit: the default chain keeps the limits (the run gets >= 180 s); `--only` the four benchmarks at
+    420 s (the cold-H100 run) gives them the whole budget; time a step leaves unused goes to the next ones."""
+    steps = gpu.plan("gpu", Path("/tmp/w"))
+    four = [s for s in steps if s.name in ("sampling", "scoring", "training", "search")]
+    limits = gpu.planned_limits(four, 420)
+    assert limits == {"sampling": 175, "scoring": 122, "training": 79, "search": 44}
+    assert sum(limits.values()) <= 420 and all(limits[s.name] >= s.timeout for s in four)
+    default = gpu.planned_limits(steps, gpu.BUDGET_S)
+    assert {k: default[k] for k in limits} == {s.name: s.timeout for s in four} and default["run"] >= 180
+    assert gpu.step_limit(four[1], four[2:], 420 - 50) == 185  # sampling took 50 s of its 175
+    assert gpu.step_limit(four[3], [], 30) == 30 and gpu.step_limit(four[3], [], 300) == 300  # the last: all left
+    assert all(s.bounded and s.profile and "--seconds" in s.argv for s in four)
+
+
+@pytest.mark.parametrize("bench", ["sampling", "scoring", "training", "search"])
+def test_benchmarks_time_bound_their_timed_phase_and_report_as_they_go(bench, tmp_path, capsys, monkeypatch):
+    """Each benchmark prints a partial JSON line as soon as it has a figure, stops timing after --seconds (one
+    round: here 0 s), and skips its profile when --deadline leaves no time for it (saying so in the table)."""
+    import time
+
+    from gdr.cli.bench import training
+
+    monkeypatch.setattr(training, "MIN_PRESET_S", 0)  # a preset starts however near the deadline
+
+    lm = str(gpu.make_tiny_lm(tmp_path / "tiny-lm")) if bench in ("sampling", "scoring") else None
+    docs = tmp_path / "docs.txt"
+    docs.write_text("the cat sat on the mat\nstocks fell on monday\noil prices rose\nthe club signed a striker\n")
+    argv = {"sampling": ["--models", lm, "--docs", "4", "--doc-tokens", "16", "--max-new-tokens", "3",
+                         "--queries", "8", "--hf-queries", "4", "--batch-size", "4", "--docs-file", str(docs)],
+            "scoring": ["--model", lm, "--queries", "2", "--doc-tokens", "16", "--query-tokens", "3", "--pairs", "8",
+                        "--naive-pairs", "0", "--doc-batch-size", "2", "--docs-file", str(docs)],
+            "training": ["--presets", "tiny", "--batch", "4", "--steps", "5", "--warmup", "1", "--seq-len", "8"],
+            "search": ["--model", "tiny", "--docs", "200", "--beam", "4", "--queries", "8", "--batch", "4",
+                       "--no-reference"]}[bench]
+    prof = tmp_path / "p.txt"
+    module = {"search": "decoding"}.get(bench, bench)
+    main = __import__(f"gdr.cli.bench.{module}", fromlist=["main"]).main
+    assert main([*argv, "--device", "cpu", "--seconds", "0", "--deadline", str(time.time() + 1),
+                 "--profile", str(prof)]) == 0
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    final = lines[-1]
+    assert final["partial"] is False and any(ln.get("partial") for ln in lines[:-1])
+    if bench == "training":
+        assert final["tiny"]["steps"] == 1 and final["tiny"]["launches_per_example"] is None
+    else:
+        rate = {"sampling": "queries_per_s", "scoring": "engine_pairs_per_s", "search": "queries_per_s"}[bench]
+        assert lines[0][rate] is None and lines[0]["warmup_s"] is not None and final[rate] > 0
+        assert final["pairs" if bench == "scoring" else "queries"] == (4 if bench == "scoring" else 4)
+    assert "skipped:" in prof.read_text()
+
+
 def test_run_figures_read_the_report(tmp_path):
     rep = {"seconds": 123.4, "n_docs": 1000, "retrieval": {"gc": {"recall@1": 40.0, "mrr@100": 50.0},
                                                           "random": {"recall@1": 20.0, "mrr@100": 30.0}},

@@ -20,20 +20,23 @@ of ``--docs`` random docids (K = 30, depth 4), twice on the same model and input
 ``--no-reference`` skips the reference (slow at large sizes); ``reference_queries_per_s``, ``speedup``
 and ``same_results`` are then null. On CUDA the search runs under bf16 autocast, as ``gdr evaluate`` does.
 
+One batch is a warm-up (``warmup_s``; ``load_s`` is the model and, on a cold GPU, the CUDA context); the
+timed batches stop after ``--seconds`` or early enough for ``--deadline`` (``queries`` says how many were
+timed; the reference decodes the same ones); ``--profile`` profiles one more batch if time is left.
 Prints as its last line one JSON object: ``queries_per_s``, ``reference_queries_per_s``,
-``speedup``, ``same_results``, ``model``, ``device`` and the settings.
+``speedup``, ``same_results``, ``model``, ``device`` and the settings; the same line with ``"partial": true``
+follows the warm-up and the timed phase.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import time
 
 import torch
 
-from gdr.cli.bench.common import random_codes
+from gdr.cli.bench.common import add_time_args, emit, random_codes, seconds_left
 from indexing.trie import DocidTrie, build_trie
 from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
 from training.search import BeamOutput, constrained_beam_search
@@ -155,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the per-beam Python reference (slow at large sizes)")
-    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more pass here")
+    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here, if time is left")
+    add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
@@ -177,11 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         from gdr.cli.bench.common import preset_config
 
         model = GenerativeRetriever.build(preset_config(args.model, args.K, args.depth)).to(device).eval()
+    t_load = time.perf_counter() - t0  # the encoder's weights and, on a cold GPU, the CUDA context
+    t0 = time.perf_counter()
     dict_trie = build_dict_trie(model, codes) if args.reference else None
     t_dict = time.perf_counter() - t0
     print(f"trie: {args.docs:,} docids, K={args.K}, depth {args.depth}: {trie.n_nodes:,} nodes, "
-          f"tensor trie built in {t_trie:.2f}s (dict trie + model {t_dict:.2f}s); device {device}, "
-          f"{torch.get_num_threads()} threads")
+          f"tensor trie built in {t_trie:.2f}s, model loaded in {t_load:.2f}s"
+          + (f", dict trie in {t_dict:.2f}s" if args.reference else "")
+          + f"; device {device}, {torch.get_num_threads()} threads")
     g = torch.Generator().manual_seed(args.seed)
     vocab = 1000 if args.model == "tiny" else int(model.encoder.config.vocab_size)
     ids = torch.randint(5, vocab, (args.queries, args.query_len), generator=g).to(device)
@@ -191,57 +198,74 @@ def main(argv: list[str] | None = None) -> int:
 
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
-    def run_ours():
+    def run_ours(n: int = args.queries, start: int = 0):
         with amp:
             outs = [constrained_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], trie_dev,
-                                            beam=args.beam, k=k) for s in range(0, args.queries, args.batch)]
+                                            beam=args.beam, k=k) for s in range(start, start + n, args.batch)]
         return BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores.float() for o in outs]))
 
-    def run_ref():
+    def run_ref(n: int):
         outs = [reference_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], dict_trie,
-                                      args.depth, beam=args.beam, k=k) for s in range(0, args.queries, args.batch)]
+                                      args.depth, beam=args.beam, k=k) for s in range(0, n, args.batch)]
         return BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores for o in outs]))
 
-    def timed(fn):
+    def timed(fn, *a):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
-        out = fn()
+        out = fn(*a)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return out, time.perf_counter() - t
 
-    _, t_warm = timed(run_ours)  # warm-up (allocator, kernels)
-    ours, t_ours = timed(run_ours)
-    prof = None
-    if args.profile:  # one more pass, after the timing
-        from gdr.cli.bench.common import profile_table
+    from gdr.lm.flops import device_name
 
-        prof = profile_table(run_ours, args.queries, "query", device, args.profile,
-                             title=f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}")
-    ours_codes = _codes_from_nodes(trie, ours.nodes[:4])
-    valid = all(trie.contains(c) for row in ours_codes for c in row)
-    qps = args.queries / t_ours
-    print(f"ours:      {t_ours:.3f}s  {qps:.1f} queries/s ({args.model}, batch {args.batch})")
-    rqps = same = speedup = None
+    n_done, t_warm, t_ours, prof, rqps, same, speedup, valid = 0, 0.0, 0.0, None, None, None, None, None
+
+    def figures(partial: bool) -> dict:
+        qps = round(n_done / t_ours, 2) if n_done else None
+        return {
+            "queries_per_s": qps, "reference_queries_per_s": rqps, "speedup": speedup,
+            "same_results": same, "model": args.model, "queries": n_done, "batch": args.batch,
+            "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": device_name(device),
+            "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(), "docids_in_trie": valid,
+            "load_s": round(t_load, 3), "warmup_s": round(t_warm, 3), "timed_s": round(t_ours, 3),
+            "launches_per_query": prof and prof["launches_per_unit"], "partial": partial}
+
+    _, t_warm = timed(run_ours, min(args.batch, args.queries))  # warm-up: one batch (allocator, kernels)
+    emit(figures(partial=True))
+    # The timed phase, batch by batch: every query, or fewer after --seconds / before the deadline (>= 1 batch).
+    parts, longest = [], 0.0
+    for s in range(0, args.queries, args.batch):
+        if parts and ((args.seconds is not None and t_ours >= args.seconds) or seconds_left(args) < 2 * longest + 5):
+            print(f"timed phase stopped after {s} of {args.queries} queries")
+            break
+        out, t = timed(run_ours, min(args.batch, args.queries - s), s)
+        parts.append(out)
+        t_ours, longest, n_done = t_ours + t, max(longest, t), n_done + out.nodes.shape[0]
+    ours = BeamOutput(torch.cat([o.nodes for o in parts]), torch.cat([o.scores for o in parts]))
+    valid = all(trie.contains(c) for row in _codes_from_nodes(trie, ours.nodes[:4]) for c in row)
+    print(f"ours:      {t_ours:.3f}s  {n_done / t_ours:.1f} queries/s ({args.model}, batch {args.batch})")
+    emit(figures(partial=True))
     if args.reference:
-        ref, t_ref = timed(run_ref)
+        ref, t_ref = timed(run_ref, n_done)
         ref_codes = _codes_from_tokens(ref.nodes, args.K)
         same = bool(_codes_from_nodes(trie, ours.nodes) == ref_codes
                     and torch.allclose(ours.scores, ref.scores, atol=1e-5 if device.type == "cpu" else 1e-2))
-        rqps, speedup = round(args.queries / t_ref, 2), round(t_ref / t_ours, 2)
+        rqps, speedup = round(n_done / t_ref, 2), round(t_ref / t_ours, 2)
         print(f"reference: {t_ref:.3f}s  {rqps:.1f} queries/s (per-beam Python trie walk)")
         print(f"speedup {speedup:.1f}x; same ranked docids: {same}")
     print(f"docids in trie: {valid}")
-    from gdr.lm.flops import device_name
+    if args.profile:  # one more batch, after the timing, if the deadline leaves time for it
+        from gdr.cli.bench.common import profile_skipped, profile_table
 
-    print(json.dumps({
-        "queries_per_s": round(qps, 2), "reference_queries_per_s": rqps, "speedup": speedup,
-        "same_results": same, "model": args.model, "queries": args.queries, "batch": args.batch,
-        "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": device_name(device),
-        "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(), "docids_in_trie": bool(valid),
-        "warmup_s": round(t_warm, 3), "timed_s": round(t_ours, 3), "launches_per_query": prof and prof["launches_per_unit"],
-    }))
+        n, need = min(args.batch, args.queries), 3 * longest + 10
+        title = f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}"
+        if seconds_left(args) > need:
+            prof = profile_table(lambda: run_ours(n), n, "query", device, args.profile, title=title)
+        else:
+            prof = profile_skipped(args.profile, title, seconds_left(args), need)
+    emit(figures(partial=False))
     return 0
 
 

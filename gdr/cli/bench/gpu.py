@@ -17,10 +17,21 @@ Step limits (seconds, :data:`LIMITS`) come from the first H200 run (../shared/gp
 on a cold machine sampling took > 100 s with the GGUF conversion and graph capture for two models (here one
 model, half the queries), scoring ~80 s with its own 1,024-query sampling (here 512), training 2 presets x 60
 steps < 50 s, search < 30 s, the 1,000-article run ~240 s (its retrievers here stop at 8 epochs; early stopping
-ended them at 12-14). No step is given more than what is left of :data:`BUDGET_S`, so the run gets at least
-180 s and whatever the benchmarks before it did not use; a step that would get less than :data:`MIN_STEP_S` is
-skipped (listed in ``skipped``). A run that times out still reports the seconds of
-every stage it finished (``stage.json`` of each stage folder).
+ended them at 12-14). Each limit is a floor and a weight (:func:`step_limit`): a step gets its share of what is
+left of the budget (:data:`BUDGET_S`, or ``--budget``) in proportion to its limit among the steps still to
+come, never less than its limit nor more than what is left. In the default chain that is each step's limit and
+the run gets at least 180 s and whatever the benchmarks before it did not use; with ``--only`` of a few steps
+the whole budget is spread over them (``--only sampling,scoring,training,search --budget 420``: 175, 122, 79
+and 44 s at worst, more when a step before leaves time unused; ``--dry-run`` prints them as
+``limits_at_budget``). A step that would get less than :data:`MIN_STEP_S` is skipped (listed in ``skipped``).
+A run that times out still reports the seconds of every stage it finished (``stage.json`` of each stage folder).
+
+A cold GPU spends most of a benchmark's time compiling and capturing, so every benchmark bounds its own time:
+it gets ``--deadline`` (its limit less :data:`DEADLINE_MARGIN_S`) and a steady-state ``--seconds``, prints a
+JSON line (``"partial": true``) as soon as it has a figure (after the warm-up, after each timed round), and
+runs its profile only after the timed phase and only if the deadline leaves time for it. A step still running
+at its limit is stopped with its whole process group; its figures come from the last JSON line it printed
+(``steps.<name>.partial``; its error says which figures that line had).
 
 Every figure comes with its cold part apart: ``*_load_s`` (model load, GGUF conversion on a cold cache),
 ``*_warmup_s`` (first batches: compilation, graph capture, allocator) and the steady-state rates. Each benchmark
@@ -52,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Step", "plan", "main", "last_json", "extract", "run_stages", "RUN_1000", "BUDGET_S", "LIMITS"]
+__all__ = ["Step", "plan", "main", "last_json", "extract", "run_stages", "step_limit", "planned_limits", "RUN_1000",
+           "BUDGET_S", "LIMITS"]
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -95,6 +107,7 @@ class Step:
     run_config: list[str] | None = None
     run_out: Path | None = None
     profile: bool = False  # the benchmark takes --profile PATH (a torch.profiler table into the logs)
+    bounded: bool = False  # the benchmark takes --deadline (a Unix time: its limit less DEADLINE_MARGIN_S)
 
 
 def _py() -> list[str]:
@@ -130,22 +143,25 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
             # side; the warm-up batch captures the CUDA graphs (warmup_s)
             Step("sampling", [*m, "gdr.cli.bench.sampling", "--models", "smollm2-135m", "--device", "cuda",
                               "--doc-tokens", "128", "--max-new-tokens", "32", "--queries", "4096",
-                              "--hf-queries", "256"], LIMITS["sampling"]),
+                              "--hf-queries", "256", "--seconds", "20"], LIMITS["sampling"]),
             Step("scoring", [*m, "gdr.cli.bench.scoring", "--device", "cuda", "--model", "smollm2-135m", "--queries",
                              "512", "--doc-tokens", "128", "--pairs", "65536", "--naive-pairs", "64",
-                             "--doc-batch-size", "auto", "--max-query-tokens", "auto"], LIMITS["scoring"]),
+                             "--doc-batch-size", "auto", "--max-query-tokens", "auto", "--seconds", "20"],
+                 LIMITS["scoring"]),
             Step("training", [*m, "gdr.cli.bench.training", "--presets", "mini,small30m", "--steps", "50",
-                              "--warmup", "10", "--device", "cuda"], LIMITS["training"]),
+                              "--warmup", "10", "--device", "cuda", "--seconds", "10"], LIMITS["training"]),
             Step("search", [*m, "gdr.cli.bench.decoding", "--model", "small30m", "--docs", "100000", "--beam", "100",
-                            "--queries", "4096", "--batch", "256", "--no-reference", "--device", "cuda"],
+                            "--queries", "4096", "--batch", "256", "--no-reference", "--device", "cuda",
+                            "--seconds", "10"],
                  LIMITS["search"]),
             _run_step("run", RUN_1000, work / "run-bbc1000", LIMITS["run"]),
             Step("sampling_t5", [*m, "gdr.cli.bench.sampling", "--models", "t5-base-random", "--device", "cuda",
                                  "--doc-tokens", "128", "--max-new-tokens", "32", "--queries", "4096",
-                                 "--hf-queries", "256"], LIMITS["sampling_t5"]),
+                                 "--hf-queries", "256", "--seconds", "15"], LIMITS["sampling_t5"]),
             Step("scoring_t5", [*m, "gdr.cli.bench.scoring", "--device", "cuda", "--model", "t5-base-random",
                                 "--queries", "512", "--doc-tokens", "128", "--query-tokens", "32", "--pairs", "32768",
-                                "--naive-pairs", "16", "--doc-batch-size", "auto", "--max-query-tokens", "auto"],
+                                "--naive-pairs", "16", "--doc-batch-size", "auto", "--max-query-tokens", "auto",
+                                "--seconds", "15"],
                  LIMITS["scoring_t5"]),
         ]
         if full:
@@ -169,8 +185,26 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
     }
     for s in steps:
         s.figures = figs.get(s.name, {})
-        s.profile = s.run_out is None
+        s.profile = s.bounded = s.run_out is None
     return steps
+
+
+def step_limit(step: Step, later: list[Step], left: float) -> int:
+    """Seconds ``step`` may run with ``left`` seconds of the budget and the steps ``later`` still to come: its
+    share of what is left, in proportion to the :data:`LIMITS`-style ``timeout`` of each, but never less than
+    its own ``timeout`` (the cold-machine floor) nor more than ``left``. So time a step leaves unused goes to
+    the steps after it, and ``--only`` of a few steps spreads the whole budget over them."""
+    share = left * step.timeout / (step.timeout + sum(s.timeout for s in later))
+    return int(min(left, max(step.timeout, share)))
+
+
+def planned_limits(steps: list[Step], budget: float) -> dict[str, int]:
+    """The limit of each step when every step before it runs to its own limit (the worst case)."""
+    limits, left = {}, float(budget)
+    for i, s in enumerate(steps):
+        limits[s.name] = step_limit(s, steps[i + 1:], left) if left >= MIN_STEP_S else 0
+        left -= limits[s.name]
+    return limits
 
 
 def make_tiny_lm(folder: Path) -> Path:
@@ -315,12 +349,20 @@ def _env() -> dict[str, str]:
     return env
 
 
+DEADLINE_MARGIN_S = 5  # a benchmark's --deadline is this long before its step is stopped: to print its figures
+
+
 def execute(step: Step, logs: Path, timeout: int | None = None) -> dict[str, Any]:
     """Run one step (at most ``timeout`` seconds, default the step's own); returns its record: rc, seconds,
-    figures, error."""
+    figures, error, partial.
+
+    A benchmark gets ``--deadline`` (its limit less :data:`DEADLINE_MARGIN_S`) and prints a JSON line as soon
+    as it has a figure. A step still running at its limit is stopped with its whole process group (inductor's
+    compile workers too), and its figures come from the last JSON line it printed (``partial``: true)."""
     log_path = logs / f"{step.name}.log"
     timeout = step.timeout if timeout is None else min(step.timeout, timeout)
-    argv = [*step.argv, *(["--profile", str(logs / f"{step.name}.profile.txt")] if step.profile else [])]
+    argv = [*step.argv, *(["--profile", str(logs / f"{step.name}.profile.txt")] if step.profile else []),
+            *(["--deadline", f"{time.time() + timeout - DEADLINE_MARGIN_S:.0f}"] if step.bounded else [])]
     if step.run_out is not None and step.run_out.exists():  # a benchmark times every stage: no cached stage reused
         shutil.rmtree(step.run_out)
     t0 = time.perf_counter()
@@ -328,19 +370,15 @@ def execute(step: Step, logs: Path, timeout: int | None = None) -> dict[str, Any
     with open(log_path, "w", encoding="utf-8") as f:
         f.write("$ " + shlex.join(argv) + "\n")
         f.flush()
-        try:
-            p = subprocess.run(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=timeout, errors="replace")
-            rc, text = p.returncode, p.stdout
-        except subprocess.TimeoutExpired as e:
-            rc = 124
-            text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc, text, timed_out = _run(argv, timeout)
+        if timed_out:
             err = f"timed out after {timeout}s"
         f.write(text)
     seconds = round(time.perf_counter() - t0, 1)
     if rc != 0 and err is None:
         tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
         err = f"exit {rc}: {tail[0][:300]}"
+    partial = False
     if step.run_out is not None:
         figures, missing = run_figures(step)
         if rc != 0:  # the error says why; the stages it finished are in the figures
@@ -350,11 +388,39 @@ def execute(step: Step, logs: Path, timeout: int | None = None) -> dict[str, Any
         parsed = last_json(text)
         figures, missing = extract(step, parsed)
         device = parsed.get("device") if parsed else None
+        partial = parsed is not None and (timed_out or bool(parsed.get("partial")))
         if parsed is None and err is None:
             err = "no JSON line in the output"
+        elif timed_out and parsed is not None:
+            got = sorted(k for k, v in figures.items() if v is not None)
+            err += f"; from its last JSON line: {', '.join(got) if got else 'no figure yet'}"
     if missing and err is None:
         err = "missing " + ", ".join(missing)
-    return {"rc": rc, "seconds": seconds, "ok": err is None, "error": err, "figures": figures, "device": device}
+    return {"rc": rc, "seconds": seconds, "ok": err is None, "error": err, "figures": figures, "device": device,
+            "partial": partial}
+
+
+def _run(argv: list[str], timeout: float) -> tuple[int, str, bool]:
+    """(exit status, stdout and stderr, timed out) of ``argv`` run in a process group of its own, which is
+    killed whole at ``timeout`` (the output it printed until then is kept)."""
+    import signal
+
+    p = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out, False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            out, _ = p.communicate(timeout=30)  # the rest of the output (nothing is lost by retrying)
+        except subprocess.TimeoutExpired:  # a process outside the group still holds the pipe
+            p.kill()
+            out = ""
+        return 124, out or "", True
 
 
 def _device_name() -> str | None:
@@ -407,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         bad = {k: v for k, v in problems.items() if v}
         print(json.dumps({"dry_run": True, "mode": mode, "commands": {s.name: shlex.join(s.argv) for s in steps},
                           "timeouts": {s.name: s.timeout for s in steps}, "budget": budget,
+                          "limits_at_budget": planned_limits(steps, budget),
                           "configs_valid": {k: v is None for k, v in problems.items()}, "errors": bad}))
         return 1 if bad else 0
 
@@ -429,14 +496,15 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"device": device, "mode": mode, "budget": budget}
     records: dict[str, dict] = {}
     skipped: list[str] = []
-    for s in steps:
+    for i, s in enumerate(steps):
         left = int(budget - (time.perf_counter() - t0))
         if left < MIN_STEP_S:
             skipped.append(s.name)
             print(f"[{s.name}] skipped: {left}s of the chain's {budget}s left", file=sys.stderr, flush=True)
             continue
-        print(f"[{s.name}] {shlex.join(s.argv)}", file=sys.stderr, flush=True)
-        rec = execute(s, logs, timeout=left)
+        limit = step_limit(s, steps[i + 1:], left)
+        print(f"[{s.name}] ({limit}s) {shlex.join(s.argv)}", file=sys.stderr, flush=True)
+        rec = execute(s, logs, timeout=limit)
         records[s.name] = rec
         result.update(rec.pop("figures"))
         print(f"[{s.name}] {'ok' if rec['ok'] else 'FAILED: ' + str(rec['error'])} ({rec['seconds']}s)",
@@ -452,7 +520,8 @@ def _save(result: dict, records: dict, skipped: list[str], steps: list[Step], lo
     """Write bench-gpu.json and bench-gpu-logs.tar.gz as they stand; returns the JSON line."""
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["devices_reported"] = {k: r["device"] for k, r in records.items() if r.get("device")}
-    result["steps"] = {k: {"rc": r["rc"], "seconds": r["seconds"], "ok": r["ok"]} for k, r in records.items()}
+    result["steps"] = {k: {"rc": r["rc"], "seconds": r["seconds"], "ok": r["ok"], "partial": r["partial"]}
+                       for k, r in records.items()}
     result["skipped"] = list(skipped)
     result["errors"] = {k: r["error"] for k, r in records.items() if r["error"]}
     # the logs, the profiles and each run's report and stage records travel in one archive (the device machine

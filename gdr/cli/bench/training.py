@@ -17,7 +17,7 @@ the chip's peak is known (not on a CPU).
 
 The LAST line printed is one JSON object: ``device``, ``batch``, ``seq_len``, and per preset
 ``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``; the same
-line, with ``"partial": true``, follows every preset but the last.
+line, with ``"partial": true``, follows each preset's warm-up (its ``warmup_s``) and every preset but the last.
 """
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ class _Timer(pl.Callback):
 
     def __init__(self, warmup: int, steps: int, device: torch.device, batch: int = 1, profile: str | None = None,
                  title: str = "", seconds: float | None = None, deadline: float | None = None,
-                 profile_steps: int = 3):
+                 profile_steps: int = 3, report=lambda figures: None):
+        self.report = report
         self.warmup, self.n, self.device, self.batch, self.profile, self.title = warmup, steps, device, batch, profile, title
         self.seconds, self.deadline, self.profile_steps = seconds, deadline, profile_steps
         self.t_start = self.t0 = self.t1 = None
@@ -97,6 +98,7 @@ class _Timer(pl.Callback):
         if step == self.warmup and self.t0 is None:
             self._sync()
             self.t0 = time.perf_counter()
+            self.report({"warmup_s": round(self.t0 - self.t_start, 3)})
         elif self.t0 is not None and self.t1 is None and step > self.warmup:
             per_step = (time.perf_counter() - self.t0) / (step - self.warmup)  # (not synced: an estimate)
             out_of_time = ((self.seconds is not None and time.perf_counter() - self.t0 >= self.seconds)
@@ -149,9 +151,9 @@ class _Timer(pl.Callback):
 def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
                  depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = "auto",
                  precision: str | None = None, profile: str | None = None, profile_steps: int = 3,
-                 seconds: float | None = None, deadline: float | None = None) -> dict:
+                 seconds: float | None = None, deadline: float | None = None, report=lambda figures: None) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
-    ``deadline``, see :class:`_Timer`); returns its figures."""
+    ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds."""
     from gdr.lm.flops import mfu
     from indexing.trie import build_trie
     from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
@@ -175,7 +177,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     if compile and cuda:
         module.model.compile()
     timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}", seconds=seconds,
-                   deadline=deadline, profile_steps=profile_steps)
+                   deadline=deadline, profile_steps=profile_steps, report=report)
     trainer = pl.Trainer(
         accelerator="gpu" if cuda else "cpu", devices=[device.index or 0] if cuda else 1,
         precision=prec, max_steps=warmup + steps + extra, max_epochs=-1,
@@ -248,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = bench_preset(name, device, batch, steps, warmup, args.seq_len, args.K, args.depth, args.docs,
                          args.compile, args.seed, fused=fused, precision=args.precision, profile=prof,
-                         seconds=args.seconds, deadline=args.deadline)
+                         seconds=args.seconds, deadline=args.deadline,
+                         report=lambda r, name=name: emit({**out, name: r, "partial": True}))
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
         out[name] = r
