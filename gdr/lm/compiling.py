@@ -6,8 +6,9 @@
   on any device, the CPU included (what the tests do, with a cheap backend).
 - **Shape buckets**: a compiled decode step is specialised to its batch rows and cache length, so the rows of
   a batch are padded up to a power of two (at least :data:`MIN_BUCKET`, at most the configured batch size)
-  and cache lengths to a multiple of 64 (:class:`gdr.lm.decode.Decoder`): the last, smaller batch and the
-  re-draws of empty queries reuse a few compiled shapes instead of compiling one each.
+  and cache lengths to a multiple of 64 (:class:`gdr.lm.decode.Decoder`): the last, smaller batch reuses a
+  few compiled shapes instead of compiling one of its own, and re-draws of empty queries compile nothing new
+  (their bucket's graph where it exists, else eager). A shape that fails to compile or capture decodes eagerly.
 - **A persistent cache**: inductor's on-disk caches (FX graphs, AOT autograd, Triton kernels, autotuning) go
   to ``$GDR_CACHE/torch-compile`` (unless ``TORCHINDUCTOR_CACHE_DIR`` is set), so a second process with the
   same model and shapes loads the compiled kernels instead of compiling them again.
