@@ -110,16 +110,9 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
     # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
     # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
     # alike. A JSON line after the warm-up and after every round (a step stopped at its limit keeps them).
-    t_warm = time.perf_counter()
-    if cuda:
-        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw, **compile_kw)
-        _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
-        _sync(dev)
-    t_warm = time.perf_counter() - t_warm
     dec = lm.decoder()
-    dec.stats = {k: 0 for k in dec.stats}
-    ours, t_ours, t_hf, hf_tok, hf_texts, prof = None, 0.0, 0.0, 0, [], None
-    stats = dict(dec.stats)  # the decoder's work in the timed rounds (not the profiled batch)
+    ours, t_warm, t_ours, t_hf, hf_tok, hf_texts, prof = None, None, 0.0, 0.0, 0, [], None
+    stats = {k: 0 for k in dec.stats}  # the decoder's work in the timed rounds (not the profiled batch)
 
     def figures(partial: bool) -> dict:
         """The figures so far (rates null before the first timed round)."""
@@ -138,7 +131,7 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
                "hf_mean_new_tokens": round(hf_tok / n_hf_done, 2) if n_hf_done else None,
                "empty_redrawn": int(ours.n_redrawn) if ours else 0, "compiled": bool(dec.compile),
                "compile": dec.compile_record(),
-               "load_s": round(t_load, 2), "warmup_s": round(t_warm, 2), "timed_s": round(t_ours, 3),
+               "load_s": round(t_load, 2), "warmup_s": t_warm and round(t_warm, 2), "timed_s": round(t_ours, 3),
                "launches_per_query": prof and prof["launches_per_unit"],
                "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
                "threads": torch.get_num_threads(), "partial": partial}
@@ -146,6 +139,14 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
         res["mfu"] = round(m, 4) if m is not None else None
         return res
 
+    report(figures(partial=True))  # load_s: a figure already
+    t_warm = time.perf_counter()
+    if cuda:
+        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw, **compile_kw)
+        _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
+        _sync(dev)
+    t_warm = time.perf_counter() - t_warm
+    dec.stats = {k: 0 for k in dec.stats}
     report(figures(partial=True))
     longest = 0.0  # the longest timed round (ours and generate): what one more needs
     for r, b0 in enumerate(range(0, n_q, bs)):

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peak = peak_flops(lm.device)
     fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
-    t_warm = t_engine = 0.0
+    t_warm, t_engine = None, 0.0
     parts: list[np.ndarray] = []  # the engine's rows, doc batch by doc batch
     naive_rate = diff = naive_size = prof = None
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             "attention": args.attention, "compute_dtype": args.dtype,
             "engine_pairs_per_s": None if eng_rate is None else round(eng_rate, 2),
             "engine_s": round(t_engine, 3), "load_s": round(t_load, 2), "sample_s": round(t_sample, 2),
-            "warmup_s": round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"],
+            "warmup_s": t_warm and round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"],
             "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
             "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
             "speedup": None if naive_rate is None or eng_rate is None else round(eng_rate / naive_rate, 2),
