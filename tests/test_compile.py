@@ -243,3 +243,20 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     lines = [r.getMessage() for r in caplog.records if "flex" in r.getMessage()]
     assert len(lines) == 1 and "dense path" in lines[0] and "no triton" in lines[0], lines
     assert len(compiles) == 1  # not tried again for the later batches
+
+
+def test_the_compile_record_does_not_make_a_finished_folder_stale(tmp_path, monkeypatch):
+    """compile_last_call is what a call did, not a setting: a folder finished before the field existed (or by
+    another compile setting) is reused as it is, not re-sampled."""
+    lm = tiny_llama()
+    rows = sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=False, **KW)
+    man = read_manifest(tmp_path, "queries.manifest.json")
+    assert man["compile_last_call"]["compiled"] is False and man["compile_last_call"]["graphs"] == []
+    path = tmp_path / "queries.manifest.json"
+    path.write_text(json.dumps({k: v for k, v in man.items() if k != "compile_last_call"}))
+
+    def resample(*a, **k):
+        raise AssertionError("re-sampled a finished folder")
+
+    monkeypatch.setattr(lm, "sample_queries", resample)
+    assert sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=True, **KW) == rows
