@@ -1,5 +1,6 @@
 """What several benchmarks share (a benchmark module imports no other): the models and texts of the
-scoring and sampling benchmarks, random docids, the retriever presets, the torch.profiler tables."""
+scoring and sampling benchmarks, random docids, the retriever presets, the time bounds (``--seconds``,
+``--deadline``, partial JSON lines) and the torch.profiler tables."""
 from __future__ import annotations
 
 import json
