@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the per-beam Python reference (slow at large sizes)")
-    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here, if time is left")
+    ap.add_argument("--profile", default=None,
+                    help="write a torch.profiler table of one more batch here, if time is left")
     add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

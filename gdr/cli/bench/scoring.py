@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
-    ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here, if time is left")
+    ap.add_argument("--profile", default=None,
+                    help="write a torch.profiler table of one more batch here, if time is left")
     add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "model": args.model, "device": device_name(lm.device), "torch_device": str(lm.device),
             "peak_bf16_tflops": None if peak is None else peak / 1e12, "pairs": int(n_pairs),
-            "docs": n_pairs // len(queries), "queries": len(queries), "prompt_tokens": round(float(np.mean(prompt_len)), 1),
+            "docs": n_pairs // len(queries), "queries": len(queries),
+            "prompt_tokens": round(float(np.mean(prompt_len)), 1),
             "query_tokens": round(float(np.mean(query_len)), 2), "doc_batch_size": bs, "max_query_tokens": mq,
             "attention": args.attention, "compute_dtype": args.dtype,
             "engine_pairs_per_s": None if eng_rate is None else round(eng_rate, 2),
