@@ -407,20 +407,26 @@ def _run(argv: list[str], timeout: float) -> tuple[int, str, bool]:
 
     p = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          errors="replace", start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-        return p.returncode, out, False
-    except subprocess.TimeoutExpired:
+
+    def kill_group() -> None:
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out, False
+    except subprocess.TimeoutExpired:
+        kill_group()
         try:
             out, _ = p.communicate(timeout=30)  # the rest of the output (nothing is lost by retrying)
-        except subprocess.TimeoutExpired:  # a process outside the group still holds the pipe
+        except subprocess.TimeoutExpired as e:  # a process outside the group still holds the pipe
             p.kill()
-            out = ""
+            out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
         return 124, out or "", True
+    finally:  # also what outlived a step that ended (or Ctrl-C: the step has a session of its own)
+        kill_group()
 
 
 def _device_name() -> str | None:
