@@ -116,13 +116,10 @@ def test_the_cuda_bf16_decode_copy_runs_on_the_cpu(family, llama, t5):
     """On CUDA the Decoder samples from a bf16 copy of the weights (static caches then bf16 too): the same
     copy on the CPU, with the CUDA cache layout (bucketed, reused), gives well-formed queries and mostly the
     fp32 copy's first tokens (bf16 moves near-ties only)."""
-    import copy
-
     from gdr.lm.decode import Decoder
 
     lm = _lm(family, llama, t5)
-    fp32, bf16 = Decoder(lm, compile=False, bucket=True), Decoder(lm, compile=False, bucket=True)
-    bf16.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
+    fp32, bf16 = Decoder(lm, compile=False, bucket=True), Decoder(lm, compile=False, bucket=True, dtype=torch.bfloat16)
     ids = lm.prompt_ids(DOCS[:4])
     args = (ids, torch.arange(4).repeat(2), torch.arange(8), torch.zeros(8, dtype=torch.long))
     kw = dict(seed=5, max_new_tokens=6, top_k=50, top_p=0.99)

@@ -18,7 +18,6 @@ function is ``torch.compile``-d and runs in bf16.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
 from typing import Sequence
@@ -28,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.precision import low_precision_copy
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ class ScoringMixin:
         stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
         held = self.__dict__.get("_score_copy")
         if held is None or held[0] != stamp:
-            m = copy.deepcopy(self.model).to(dtype).eval()
+            m = low_precision_copy(self.model, dtype)  # rotary frequencies stay fp32
             m.set_attn_implementation(ATTN_IMPL)
             self.__dict__["_score_copy"] = held = (stamp, m)
         return held[1]
