@@ -86,6 +86,34 @@ def test_bf16_copy_follows_the_model():
     assert np.abs(after - before).min() > 0.1
 
 
+def test_naive_reference_is_fp32_with_autocast_off():
+    """The bench's reference (``score_naive``, its ``max_abs_diff``) is fp32 whatever the model's dtype and the
+    caller's settings: a bf16 model is scored through an fp32 copy, a caller's bf16 autocast and TF32 matmul
+    precision (what training sets) are off inside and restored after. No device branch: CUDA runs this code."""
+    lm = tiny_llama()
+    lm.model.to(torch.bfloat16)
+    ref = lm.score(DOCS[:2], QUERIES[:3], compute_dtype=torch.float32, progress=False)  # an fp32 copy's P
+    seen = []
+
+    def hook(mod, args, out):
+        seen.append((out.dtype, torch.is_autocast_enabled("cpu"), torch.get_float32_matmul_precision()))
+
+    handles = [m.register_forward_hook(hook) for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            naive = lm.score_naive(DOCS[:2], QUERIES[:3])
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+        for h in handles:
+            h.remove()
+    assert seen and set(seen) == {(torch.float32, False, "highest")}
+    np.testing.assert_allclose(naive, ref, atol=1e-4, rtol=0)
+    assert next(lm.model.parameters()).dtype == torch.bfloat16  # the model itself is not cast
+
+
 def test_auto_sizes():
     cfg_model = tiny_llama().model
     assert auto_score_sizes(cfg_model, torch.device("cpu")) == (CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS)

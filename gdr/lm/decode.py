@@ -141,7 +141,7 @@ class Decoder:
     """The decode loop for one :class:`gdr.lm.GenerativeLM` (built once per model and device).
 
     On CUDA the model runs in bf16 (a copy of the weights made once, rotary frequencies kept fp32:
-    :func:`gdr.lm.precision.low_precision_copy`; the scoring model is left as it is).
+    :func:`gdr.lm.precision.cast_copy`; the scoring model is left as it is).
     ``compile`` (default: on CUDA; :meth:`set_compile` per call) compiles the decode step; ``bucket`` pads the
     rows of a batch to a power of two (:func:`gdr.lm.compiling.batch_bucket`) and rounds cache lengths up,
     so that batches of any size share a few decode caches and compiled/captured steps (default: when
@@ -155,9 +155,9 @@ class Decoder:
         # bf16 on CUDA; ``dtype`` makes that copy on a CPU too (tests run the CUDA configuration there)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else next(lm.model.parameters()).dtype)
         if self.dtype != next(lm.model.parameters()).dtype:
-            from gdr.lm.precision import low_precision_copy
+            from gdr.lm.precision import cast_copy
 
-            self.model = low_precision_copy(lm.model, self.dtype)  # rotary frequencies stay fp32
+            self.model = cast_copy(lm.model, self.dtype)  # rotary frequencies stay fp32
         self._bucket_setting = bucket
         self._failed = False  # a compiled step failed once: eager from then on
         self.set_compile(self.device.type == "cuda" if compile is None else compile)

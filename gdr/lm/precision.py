@@ -1,10 +1,11 @@
-"""Low-precision copies of a model that keep its rotary frequencies in fp32.
+"""Copies of a model cast for compute that keep its rotary frequencies in fp32.
 
 ``Module.to(torch.bfloat16)`` casts buffers too, so a rotary embedding's ``inv_freq`` (and
 ``original_inv_freq``) would be rounded to bf16: for SmolLM2 (theta 1e5, head dim 64) the angle at position 400
 is then off by about 0.5 rad. transformers' rotary forward computes the angles in fp32 from ``inv_freq.float()``
 (with autocast off in 5.17) and casts only cos/sin to the activations' dtype, so fp32 buffers give fp32 angles.
-Every place that casts a model for compute (the CUDA decode copy, the scoring copy) goes through here.
+Every place that casts a model for compute (the CUDA decode copy, the scoring copy, the fp32 reference of
+``score_naive``) goes through :func:`cast_copy`.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import copy
 
 import torch
 
-__all__ = ["low_precision_copy", "rotary_buffers"]
+__all__ = ["cast_copy", "rotary_buffers"]
 
 
 def rotary_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -28,13 +29,13 @@ def rotary_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def low_precision_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A deep copy of ``model`` cast to ``dtype`` (weights and other buffers), in eval mode, whose rotary
-    buffers (:func:`rotary_buffers`) stay as they were (fp32 as loaded). ``model`` itself is not changed."""
+    buffers (:func:`rotary_buffers`) are fp32 (or stay wider). ``model`` itself is not changed."""
     m = copy.deepcopy(model)
     keep = rotary_buffers(m)
     m.to(dtype)
     for name, buf in keep.items():
         owner, _, attr = name.rpartition(".")
-        m.get_submodule(owner)._buffers[attr] = buf
+        m.get_submodule(owner)._buffers[attr] = buf.float() if buf.dtype in (torch.float16, torch.bfloat16) else buf
     return m.eval()

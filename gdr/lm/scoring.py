@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
 from typing import Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.lm.compat import cache_kwarg
-from gdr.lm.precision import low_precision_copy
+from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +334,7 @@ class ScoringMixin:
         stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
         held = self.__dict__.get("_score_copy")
         if held is None or held[0] != stamp:
-            m = low_precision_copy(self.model, dtype)  # rotary frequencies stay fp32
+            m = cast_copy(self.model, dtype)  # rotary frequencies stay fp32
             m.set_attn_implementation(ATTN_IMPL)
             self.__dict__["_score_copy"] = held = (stamp, m)
         return held[1]
@@ -473,28 +474,41 @@ class ScoringMixin:
             out[:, c0:c1] = torch.zeros(B * Q, device=dev).index_add_(0, row, lp).view(B, Q)
         return out
 
+    @contextmanager
+    def _fp32_reference(self):
+        """What :meth:`score_naive` runs: the model's weights in fp32 (an fp32 copy if the model is not), autocast
+        off and fp32 matmuls at full precision (no TF32) on every device, whatever the caller has set."""
+        own = next(self.model.parameters()).dtype
+        model = self.model if own == torch.float32 else cast_copy(self.model, torch.float32)
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        try:
+            with torch.autocast(self.device.type, enabled=False):
+                yield model
+        finally:
+            torch.set_float32_matmul_precision(before)
+
     @torch.inference_mode()
     def score_naive(self, docs: Sequence[str], queries: Sequence[str]) -> np.ndarray:
-        """Reference: one full forward pass of prompt + query per pair, as ``model(ids, labels=...)`` would.
+        """Reference: one full forward pass of prompt + query per pair, as ``model(ids, labels=...)`` would, in
+        fp32 with autocast off (:meth:`_fp32_reference`), also on CUDA.
 
-        Used by the benchmark and the tests; never in a hot path.
+        Used by the benchmark (its ``max_abs_diff``) and the tests; never in a hot path.
         """
         p_ids = self.prompt_ids(docs)
         q_ids = self.query_ids(queries)
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
-        for i, p in enumerate(p_ids):
-            for j, q in enumerate(q_ids):
-                with self._autocast():
+        with self._fp32_reference() as model:
+            for i, p in enumerate(p_ids):
+                for j, q in enumerate(q_ids):
                     if self.is_seq2seq:
-                        r = self.model(input_ids=torch.tensor([p], device=self.device),
-                                       labels=torch.tensor([q], device=self.device))
-                        n = len(q)
+                        r = model(input_ids=torch.tensor([p], device=self.device),
+                                  labels=torch.tensor([q], device=self.device))
                     else:
                         ids = torch.tensor([p + q], device=self.device)
                         labels = ids.clone()
                         labels[0, :len(p)] = -100
-                        r = self.model(input_ids=ids, labels=labels)
-                        n = len(q)
-                # labels= gives the mean token NLL over the scored tokens.
-                out[i, j] = -float(r.loss) * n
+                        r = model(input_ids=ids, labels=labels)
+                    # labels= gives the mean token NLL over the scored tokens.
+                    out[i, j] = -float(r.loss) * len(q)
         return out
