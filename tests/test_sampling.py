@@ -132,6 +132,48 @@ def test_the_cuda_bf16_decode_copy_runs_on_the_cpu(family, llama, t5):
     assert (out[:, 0] == ref[:, 0]).float().mean() >= 0.5
 
 
+@pytest.mark.parametrize("family,compiled", [("llama", False), ("llama", True), ("t5", False)])
+def test_decode_attention_copies_no_keys_and_values(family, compiled, llama, t5, repeat_kv_calls):
+    """Grouped-query attention (the tiny Llama: 4 query heads over 2 key/value heads) runs without transformers'
+    ``repeat_kv`` in the prefill and in every decode step, eager and compiled (dynamo, eager backend), with
+    exactly the tokens of transformers' SDPA attention, which copies the keys and values (T5: nothing changes)."""
+    import torch._dynamo
+    from gdr.lm.decode import Decoder
+
+    lm = _lm(family, llama, t5)
+    ids = lm.prompt_ids(DOCS)
+    args = (ids, torch.arange(7).repeat(2), torch.arange(14), torch.zeros(14, dtype=torch.long))
+    kw = dict(seed=3, max_new_tokens=8, top_k=50, top_p=0.99)
+    ours = Decoder(lm, compile=compiled)
+    ours.compile_options = dict(backend="eager")
+    torch._dynamo.reset()
+    got = ours.decode(*args, **kw)
+    assert repeat_kv_calls[0] == 0 and (not compiled or ours._step_ok)
+    ref = Decoder(lm, compile=False, bucket=compiled)
+    ref.model.set_attn_implementation("sdpa")  # transformers' attention (what decode ran before)
+    want = ref.decode(*args, **kw)
+    lm.model.set_attn_implementation(ours.model.config._attn_implementation)  # the fixture's model as it was
+    assert (repeat_kv_calls[0] > 0) == (family == "llama")  # the counter sees transformers' copies
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_bf16_decode_attention_within_bf16_rounding(llama):
+    """The CUDA configuration (a bf16 copy, bucketed caches): our grouped attention's next-token logits after
+    the prefill and after a decode step are transformers' SDPA ones to bf16 rounding."""
+    from gdr.lm.decode import Decoder
+
+    ours, ref = (Decoder(llama, compile=False, bucket=True, dtype=torch.bfloat16) for _ in range(2))
+    ref.model.set_attn_implementation("sdpa")
+    rows, ids = torch.arange(7), llama.prompt_ids(DOCS)
+    out = []
+    for dec in (ours, ref):
+        b = dec._prefill_causal(ids, rows, 4)
+        tok = b.logits.argmax(-1)
+        out.append((b.logits, dec._run_step(tok, b.pos, b)))
+    for a, r in zip(*out):
+        torch.testing.assert_close(a, r, rtol=0, atol=2 ** -7 * float(r.abs().max()))  # two bf16 steps at the top
+
+
 def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):
     """The CUDA path's capture, traced by dynamo on the CPU (eager backend: no CUDA graphs, no C++ build):
     one graph for every batch of a shape (the reused decode cache), and the same tokens as the eager step."""

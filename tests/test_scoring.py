@@ -73,6 +73,25 @@ def test_bf16_engine_near_fp32_naive(llama, t5, naive, family, attention):
     assert np.abs(fast - naive[family]).max() > 1e-6
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+def test_scoring_copies_no_keys_and_values(attention, repeat_kv_calls):
+    """The tiny Llama's grouped-query attention (4 query heads, 2 key/value heads) in the prompt pass and the
+    query chunks runs without transformers' ``repeat_kv``; P is transformers' own SDPA forward's (which copies)."""
+    import copy
+
+    from gdr.lm import GenerativeLM
+
+    lm = tiny_llama()
+    ref_lm = GenerativeLM(copy.deepcopy(lm.model), lm.tokenizer, prompt=lm.prompt, max_doc_tokens=lm.max_doc_tokens,
+                          device="cpu")
+    got = lm.score(DOCS, RAGGED_QUERIES, doc_batch_size=3, max_query_tokens=7, attention=attention, progress=False)
+    assert repeat_kv_calls[0] == 0
+    ref_lm.model.set_attn_implementation("sdpa")
+    np.testing.assert_allclose(got, ref_lm.score_naive(DOCS, RAGGED_QUERIES), atol=1e-4, rtol=0)
+    ref_lm.model(**ref_lm._pad(ref_lm.prompt_ids(DOCS[:2])))  # padded: transformers' SDPA copies under a mask
+    assert repeat_kv_calls[0] > 0  # (the counter sees it)
+
+
 def test_bf16_copy_follows_the_model():
     """bf16 scoring uses a copy (the sampling model keeps its fp32 weights), made again after the model's
     weights change in place, as a fine-tune does."""

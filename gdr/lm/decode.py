@@ -158,6 +158,9 @@ class Decoder:
             from gdr.lm.precision import cast_copy
 
             self.model = cast_copy(lm.model, self.dtype)  # rotary frequencies stay fp32
+        from gdr.lm.scoring import use_gdr_attention
+
+        use_gdr_attention(self.model)  # grouped-query attention without key/value copies (scoring's function)
         self._bucket_setting = bucket
         self._failed = False  # a compiled step failed once: eager from then on
         self.set_compile(self.device.type == "cuda" if compile is None else compile)

@@ -163,6 +163,25 @@ def _flex_attention():
     return _COMPILED["flex"]
 
 
+def _grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.Tensor:
+    """SDPA of H query heads over Hkv = H / G key/value heads without repeating the keys and values (transformers'
+    ``repeat_kv``: G copies of the whole KV cache per layer and decode step). The G query heads of a key/value
+    head are folded into its sequence, (B, H, T, D) -> (B, Hkv, G*T, D) (a view when T = 1); a mask shared by the
+    heads, (B, 1, T, S), is repeated over the G row groups only when T > 1 (a decode step's (B, 1, 1, S) mask
+    broadcasts as is). query (B, H, T, D), key/value (B, Hkv, S, D) -> (B, T, H, D)."""
+    B, H, T, D = query.shape
+    Hkv = key.shape[1]
+    G = H // Hkv
+    q = query.reshape(B, Hkv, G * T, D)  # query head h = k * G + g reads key/value head k (as repeat_kv has it)
+    if mask.shape[1] > 1 or mask.shape[2] > 1:
+        mb, mh, mt, S = mask.shape
+        kv = Hkv if mh > 1 else 1  # a per-head mask (mh = H) or one for all heads (mh = 1)
+        mask = mask.view(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
+    o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout,
+                                                         scale=scaling)  # (B, Hkv, G*T, Dv)
+    return o.view(B, H, T, -1).transpose(1, 2).contiguous()
+
+
 def _scoring_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
                        **kwargs):
     """Attention for the scoring passes; identical to transformers' SDPA for everything else.
@@ -174,6 +193,8 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
       folded into one (H, G*T) sequence over that document's keys, one SDPA call, no key/value copies.
       ``attention_mask`` is then the (Bk, 1, 1, S) bool encoder padding mask; T5's cross-attention
       position bias is zero and ignored.
+    - grouped-query attention (``Hkv < H``) under a mask: :func:`_grouped_sdpa`, no key/value copies (where
+      transformers' SDPA would ``repeat_kv`` them; this is also the sampling decoder's attention).
     - otherwise: transformers' ``sdpa`` attention.
     Returns (Bq, T, H, D) as transformers' attention functions do.
     """
@@ -198,10 +219,18 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
         q = query.view(Bk, G, H, T, D).transpose(1, 2).reshape(Bk, H, G * T, D)  # (Bk, H, G*T, D)
         o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
         return o.view(Bk, H, G, T, D).permute(0, 2, 3, 1, 4).reshape(Bq, T, H, D), None
+    if query.shape[1] != key.shape[1] and attention_mask is not None and position_bias is None:
+        return _grouped_sdpa(query, key, value, attention_mask, scaling, dropout), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   position_bias=position_bias, **kwargs)
+
+
+def use_gdr_attention(model) -> None:
+    """Run ``model``'s attention through :func:`_scoring_attention` (transformers' SDPA where nothing differs)."""
+    _register_attention()
+    model.set_attn_implementation(ATTN_IMPL)
 
 
 def _register_attention() -> None:
