@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-__all__ = ["cast_copy", "rotary_buffers"]
+__all__ = ["cast_copy", "rotary_buffers", "set_buffers"]
 
 
 def rotary_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -35,7 +35,14 @@ def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     m = copy.deepcopy(model)
     keep = rotary_buffers(m)
     m.to(dtype)
-    for name, buf in keep.items():
-        owner, _, attr = name.rpartition(".")
-        m.get_submodule(owner)._buffers[attr] = buf.float() if buf.dtype in (torch.float16, torch.bfloat16) else buf
+    set_buffers(m, {k: b.float() if b.dtype in (torch.float16, torch.bfloat16) else b for k, b in keep.items()})
     return m.eval()
+
+
+def set_buffers(model: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Put ``buffers`` (qualified name -> tensor, as :func:`rotary_buffers` gives) into ``model`` in place of
+    the buffers of those names, on their device."""
+    for name, buf in buffers.items():
+        owner, _, attr = name.rpartition(".")
+        mod = model.get_submodule(owner)
+        mod._buffers[attr] = buf.to(mod._buffers[attr].device)
