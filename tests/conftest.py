@@ -48,3 +48,21 @@ def nothing_loads(monkeypatch):
     monkeypatch.setattr("training.search.Retriever.load", forbidden)
     monkeypatch.setattr("gdr.data.corpus_from_config", forbidden)
     monkeypatch.setattr("gdr.data.load_corpus", forbidden)
+
+
+@pytest.fixture
+def repeat_kv_calls(monkeypatch):
+    """Counts calls of transformers' ``repeat_kv`` (the SDPA integration's and Llama's eager one): each call copies
+    a layer's keys or values G times. Returns a one-element list, the count so far."""
+    import transformers.integrations.sdpa_attention as sdpa
+    import transformers.models.llama.modeling_llama as llama_mod
+
+    calls, orig = [0], sdpa.repeat_kv
+
+    def counting(hidden_states, n_rep):
+        calls[0] += 1
+        return orig(hidden_states, n_rep)
+
+    monkeypatch.setattr(sdpa, "repeat_kv", counting)
+    monkeypatch.setattr(llama_mod, "repeat_kv", counting)
+    return calls

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from gdr.lm import PromptConfig, clean_query
 from tiny_models import DOCS, QUERIES
@@ -104,3 +105,27 @@ def test_prompt_without_chat_template_is_an_error():
                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(ValueError, match="no chat template"):
         GenerativeLM(m, tok, prompt=PromptConfig(style="chat"), device="cpu")
+
+
+def _rotary_at(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, fp32, of ``model``'s rotary embedding at ``positions`` (transformers' own forward)."""
+    return model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions[None])
+
+
+def test_low_precision_copies_keep_rotary_fp32(llama):
+    """The CUDA decode copy and the bf16 scoring copy (their production code, run on the CPU) keep the rotary
+    frequencies fp32: bf16 ones put the angle of SmolLM2 off by ~0.5 rad at position 400."""
+    from gdr.lm.decode import Decoder
+
+    copies = {"decode": Decoder(llama, compile=False, dtype=torch.bfloat16).model,
+              "scoring": llama._scoring_model(torch.bfloat16)}
+    pos = torch.arange(380, 420)
+    ref = _rotary_at(llama.model, pos)
+    for name, m in copies.items():
+        assert m is not llama.model and next(m.parameters()).dtype == torch.bfloat16, name
+        bufs = {k: b.dtype for k, b in m.named_buffers() if "inv_freq" in k}
+        assert bufs == dict.fromkeys(["model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"],
+                                     torch.float32), name
+        for got, want in zip(_rotary_at(m, pos), ref):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=lambda s: f"{name} copy: {s}")
+    assert next(llama.model.parameters()).dtype == torch.float32  # the model itself is not cast

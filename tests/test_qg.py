@@ -101,6 +101,23 @@ def test_fine_tune_seq2seq_and_same_seed_same_model(tmp_path):
     np.testing.assert_array_equal(runs[0], runs[1])
 
 
+def test_bf16_true_fine_tune_keeps_rotary_fp32(tmp_path):
+    """``trainer.precision=bf16-true`` casts the whole module, rotary frequencies included; the QG module puts
+    them back to fp32 before it trains or validates (the weights stay bf16, as asked)."""
+    seen = []
+
+    class Spy(__import__("pytorch_lightning").Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append({n: b.dtype for n, b in module.model.named_buffers() if "inv_freq" in n})
+            seen.append({"weights": next(module.model.parameters()).dtype})
+
+    lm = tiny_llama(seed=2)
+    fine_tune_qg(tmp_path / "qg", lm, _pairs(1), QGOptions(lr=1e-3, max_steps=1, precision="bf16-true", **FAST),
+                 dev_fraction=0.25, seed=0, callbacks=[Spy()])
+    assert seen == [dict.fromkeys(["model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"], torch.float32),
+                    {"weights": torch.bfloat16}]
+
+
 def test_saved_generator_file_is_checked(tmp_path):
     from gdr.lm import saved_generator
 

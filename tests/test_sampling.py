@@ -116,13 +116,10 @@ def test_the_cuda_bf16_decode_copy_runs_on_the_cpu(family, llama, t5):
     """On CUDA the Decoder samples from a bf16 copy of the weights (static caches then bf16 too): the same
     copy on the CPU, with the CUDA cache layout (bucketed, reused), gives well-formed queries and mostly the
     fp32 copy's first tokens (bf16 moves near-ties only)."""
-    import copy
-
     from gdr.lm.decode import Decoder
 
     lm = _lm(family, llama, t5)
-    fp32, bf16 = Decoder(lm, compile=False, bucket=True), Decoder(lm, compile=False, bucket=True)
-    bf16.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
+    fp32, bf16 = Decoder(lm, compile=False, bucket=True), Decoder(lm, compile=False, bucket=True, dtype=torch.bfloat16)
     ids = lm.prompt_ids(DOCS[:4])
     args = (ids, torch.arange(4).repeat(2), torch.arange(8), torch.zeros(8, dtype=torch.long))
     kw = dict(seed=5, max_new_tokens=6, top_k=50, top_p=0.99)
@@ -133,6 +130,48 @@ def test_the_cuda_bf16_decode_copy_runs_on_the_cpu(family, llama, t5):
     layers = layers.self_attention_cache.layers if lm.is_seq2seq else layers.layers
     assert layers[0].keys.dtype == torch.bfloat16
     assert (out[:, 0] == ref[:, 0]).float().mean() >= 0.5
+
+
+@pytest.mark.parametrize("family,compiled", [("llama", False), ("llama", True), ("t5", False)])
+def test_decode_attention_copies_no_keys_and_values(family, compiled, llama, t5, repeat_kv_calls):
+    """Grouped-query attention (the tiny Llama: 4 query heads over 2 key/value heads) runs without transformers'
+    ``repeat_kv`` in the prefill and in every decode step, eager and compiled (dynamo, eager backend), with
+    exactly the tokens of transformers' SDPA attention, which copies the keys and values (T5: nothing changes)."""
+    import torch._dynamo
+    from gdr.lm.decode import Decoder
+
+    lm = _lm(family, llama, t5)
+    ids = lm.prompt_ids(DOCS)
+    args = (ids, torch.arange(7).repeat(2), torch.arange(14), torch.zeros(14, dtype=torch.long))
+    kw = dict(seed=3, max_new_tokens=8, top_k=50, top_p=0.99)
+    ours = Decoder(lm, compile=compiled)
+    ours.compile_options = dict(backend="eager")
+    torch._dynamo.reset()
+    got = ours.decode(*args, **kw)
+    assert repeat_kv_calls[0] == 0 and (not compiled or ours._step_ok)
+    ref = Decoder(lm, compile=False, bucket=compiled)
+    ref.model.set_attn_implementation("sdpa")  # transformers' attention (what decode ran before)
+    want = ref.decode(*args, **kw)
+    lm.model.set_attn_implementation(ours.model.config._attn_implementation)  # the fixture's model as it was
+    assert (repeat_kv_calls[0] > 0) == (family == "llama")  # the counter sees transformers' copies
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_bf16_decode_attention_within_bf16_rounding(llama):
+    """The CUDA configuration (a bf16 copy, bucketed caches): our grouped attention's next-token logits after
+    the prefill and after a decode step are transformers' SDPA ones to bf16 rounding."""
+    from gdr.lm.decode import Decoder
+
+    ours, ref = (Decoder(llama, compile=False, bucket=True, dtype=torch.bfloat16) for _ in range(2))
+    ref.model.set_attn_implementation("sdpa")
+    rows, ids = torch.arange(7), llama.prompt_ids(DOCS)
+    out = []
+    for dec in (ours, ref):
+        b = dec._prefill_causal(ids, rows, 4)
+        tok = b.logits.argmax(-1)
+        out.append((b.logits, dec._run_step(tok, b.pos, b)))
+    for a, r in zip(*out):
+        torch.testing.assert_close(a, r, rtol=0, atol=2 ** -7 * float(r.abs().max()))  # two bf16 steps at the top
 
 
 def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):

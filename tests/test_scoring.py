@@ -73,6 +73,25 @@ def test_bf16_engine_near_fp32_naive(llama, t5, naive, family, attention):
     assert np.abs(fast - naive[family]).max() > 1e-6
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+def test_scoring_copies_no_keys_and_values(attention, repeat_kv_calls):
+    """The tiny Llama's grouped-query attention (4 query heads, 2 key/value heads) in the prompt pass and the
+    query chunks runs without transformers' ``repeat_kv``; P is transformers' own SDPA forward's (which copies)."""
+    import copy
+
+    from gdr.lm import GenerativeLM
+
+    lm = tiny_llama()
+    ref_lm = GenerativeLM(copy.deepcopy(lm.model), lm.tokenizer, prompt=lm.prompt, max_doc_tokens=lm.max_doc_tokens,
+                          device="cpu")
+    got = lm.score(DOCS, RAGGED_QUERIES, doc_batch_size=3, max_query_tokens=7, attention=attention, progress=False)
+    assert repeat_kv_calls[0] == 0
+    ref_lm.model.set_attn_implementation("sdpa")
+    np.testing.assert_allclose(got, ref_lm.score_naive(DOCS, RAGGED_QUERIES), atol=1e-4, rtol=0)
+    ref_lm.model(**ref_lm._pad(ref_lm.prompt_ids(DOCS[:2])))  # padded: transformers' SDPA copies under a mask
+    assert repeat_kv_calls[0] > 0  # (the counter sees it)
+
+
 def test_bf16_copy_follows_the_model():
     """bf16 scoring uses a copy (the sampling model keeps its fp32 weights), made again after the model's
     weights change in place, as a fine-tune does."""
@@ -84,6 +103,34 @@ def test_bf16_copy_follows_the_model():
     after = lm.score(DOCS[:2], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
     np.testing.assert_allclose(after, lm.score_naive(DOCS[:2], QUERIES[:2]), atol=2e-2, rtol=0)
     assert np.abs(after - before).min() > 0.1
+
+
+def test_naive_reference_is_fp32_with_autocast_off():
+    """The bench's reference (``score_naive``, its ``max_abs_diff``) is fp32 whatever the model's dtype and the
+    caller's settings: a bf16 model is scored through an fp32 copy, a caller's bf16 autocast and TF32 matmul
+    precision (what training sets) are off inside and restored after. No device branch: CUDA runs this code."""
+    lm = tiny_llama()
+    lm.model.to(torch.bfloat16)
+    ref = lm.score(DOCS[:2], QUERIES[:3], compute_dtype=torch.float32, progress=False)  # an fp32 copy's P
+    seen = []
+
+    def hook(mod, args, out):
+        seen.append((out.dtype, torch.is_autocast_enabled("cpu"), torch.get_float32_matmul_precision()))
+
+    handles = [m.register_forward_hook(hook) for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            naive = lm.score_naive(DOCS[:2], QUERIES[:3])
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+        for h in handles:
+            h.remove()
+    assert seen and set(seen) == {(torch.float32, False, "highest")}
+    np.testing.assert_allclose(naive, ref, atol=1e-4, rtol=0)
+    assert next(lm.model.parameters()).dtype == torch.bfloat16  # the model itself is not cast
 
 
 def test_auto_sizes():

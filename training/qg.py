@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gdr.io import atomic_write_text
 from gdr.lm import GENERATOR_FILE
+from gdr.lm.precision import rotary_buffers, set_buffers
 from training.data import ResumeSampler, TokenStore, _pad, resume_point
 from training.module import linear_warmup_decay
 from training.train import _precision
@@ -161,6 +162,18 @@ class QGModule(pl.LightningModule):
         self.seq2seq = seq2seq
         self.save_hyperparameters(ignore=["model"])
         self._val: list[torch.Tensor] = []
+        # the rotary frequencies as loaded (fp32): a bf16-true / 16-true trainer casts the whole module
+        self._rotary = {k: b.detach().float().clone() for k, b in rotary_buffers(model).items()}
+
+    def _rotary_fp32(self) -> None:
+        """Put the rotary frequencies back to fp32 after the trainer's cast (:mod:`gdr.lm.precision`)."""
+        set_buffers(self.model, self._rotary)
+
+    def on_fit_start(self):
+        self._rotary_fp32()
+
+    def on_validation_start(self):
+        self._rotary_fp32()
 
     def _token_nll(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed NLL per sequence (B,) and scored tokens per sequence (B,)."""

@@ -144,21 +144,27 @@ def _init_layers(cache, like_k: Sequence[torch.Tensor], like_v: Sequence[torch.T
 class Decoder:
     """The decode loop for one :class:`gdr.lm.GenerativeLM` (built once per model and device).
 
-    On CUDA the model runs in bf16 (a copy of the weights made once; the scoring model is left as it is).
+    On CUDA the model runs in bf16 (a copy of the weights made once, rotary frequencies kept fp32:
+    :func:`gdr.lm.precision.cast_copy`; the scoring model is left as it is).
     ``compile`` (default: on CUDA; :meth:`set_compile` per call) compiles the decode step; ``bucket`` pads the
     rows of a batch to a power of two (:func:`gdr.lm.compiling.batch_bucket`) and rounds cache lengths up,
     so that batches of any size share a few decode caches and compiled/captured steps (default: when
     compiling).
     """
 
-    def __init__(self, lm, compile: bool | None = None, bucket: bool | None = None):
+    def __init__(self, lm, compile: bool | None = None, bucket: bool | None = None, dtype: torch.dtype | None = None):
         self.lm = lm
         self.device = lm.device
         self.model = lm.model
-        if self.device.type == "cuda":
-            import copy
+        # bf16 on CUDA; ``dtype`` makes that copy on a CPU too (tests run the CUDA configuration there)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else next(lm.model.parameters()).dtype)
+        if self.dtype != next(lm.model.parameters()).dtype:
+            from gdr.lm.precision import cast_copy
 
-            self.model = copy.deepcopy(lm.model).to(torch.bfloat16).eval()
+            self.model = cast_copy(lm.model, self.dtype)  # rotary frequencies stay fp32
+        from gdr.lm.scoring import use_gdr_attention
+
+        use_gdr_attention(self.model)  # grouped-query attention without key/value copies (scoring's function)
         self._bucket_setting = bucket
         self._step_fn = None
         self._graphs: set[tuple] = set()  # cache shapes (_Batch.key) whose compiled step has run

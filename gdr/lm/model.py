@@ -116,8 +116,3 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
                 ids[r, :len(s)] = torch.tensor(s)
                 mask[r, :len(s)] = 1
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
-
-    def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", enabled=False)

@@ -19,9 +19,9 @@ function is ``torch.compile``-d and runs in bf16.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
+from contextlib import contextmanager
 from typing import Sequence
 
 import numpy as np
@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,25 @@ class _FlexFailed(RuntimeError):
     """Compiled flex attention failed: :meth:`ScoringMixin.score` scores the batch on the dense path."""
 
 
+def _grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.Tensor:
+    """SDPA of H query heads over Hkv = H / G key/value heads without repeating the keys and values (transformers'
+    ``repeat_kv``: G copies of the whole KV cache per layer and decode step). The G query heads of a key/value
+    head are folded into its sequence, (B, H, T, D) -> (B, Hkv, G*T, D) (a view when T = 1); a mask shared by the
+    heads, (B, 1, T, S), is repeated over the G row groups only when T > 1 (a decode step's (B, 1, 1, S) mask
+    broadcasts as is). query (B, H, T, D), key/value (B, Hkv, S, D) -> (B, T, H, D)."""
+    B, H, T, D = query.shape
+    Hkv = key.shape[1]
+    G = H // Hkv
+    q = query.reshape(B, Hkv, G * T, D)  # query head h = k * G + g reads key/value head k (as repeat_kv has it)
+    if mask.shape[1] > 1 or mask.shape[2] > 1:
+        mb, mh, mt, S = mask.shape
+        kv = Hkv if mh > 1 else 1  # a per-head mask (mh = H) or one for all heads (mh = 1)
+        mask = mask.view(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
+    o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout,
+                                                         scale=scaling)  # (B, Hkv, G*T, Dv)
+    return o.view(B, H, T, -1).transpose(1, 2).contiguous()
+
+
 def _scoring_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
                        **kwargs):
     """Attention for the scoring passes; identical to transformers' SDPA for everything else.
@@ -179,6 +199,8 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
       folded into one (H, G*T) sequence over that document's keys, one SDPA call, no key/value copies.
       ``attention_mask`` is then the (Bk, 1, 1, S) bool encoder padding mask; T5's cross-attention
       position bias is zero and ignored.
+    - grouped-query attention (``Hkv < H``) under a mask: :func:`_grouped_sdpa`, no key/value copies (where
+      transformers' SDPA would ``repeat_kv`` them; this is also the sampling decoder's attention).
     - otherwise: transformers' ``sdpa`` attention.
     Returns (Bq, T, H, D) as transformers' attention functions do.
     """
@@ -201,10 +223,18 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
         q = query.view(Bk, G, H, T, D).transpose(1, 2).reshape(Bk, H, G * T, D)  # (Bk, H, G*T, D)
         o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
         return o.view(Bk, H, G, T, D).permute(0, 2, 3, 1, 4).reshape(Bq, T, H, D), None
+    if query.shape[1] != key.shape[1] and attention_mask is not None and position_bias is None:
+        return _grouped_sdpa(query, key, value, attention_mask, scaling, dropout), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   position_bias=position_bias, **kwargs)
+
+
+def use_gdr_attention(model) -> None:
+    """Run ``model``'s attention through :func:`_scoring_attention` (transformers' SDPA where nothing differs)."""
+    _register_attention()
+    model.set_attn_implementation(ATTN_IMPL)
 
 
 def _register_attention() -> None:
@@ -337,7 +367,7 @@ class ScoringMixin:
         stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
         held = self.__dict__.get("_score_copy")
         if held is None or held[0] != stamp:
-            m = copy.deepcopy(self.model).to(dtype).eval()
+            m = cast_copy(self.model, dtype)  # rotary frequencies stay fp32
             m.set_attn_implementation(ATTN_IMPL)
             self.__dict__["_score_copy"] = held = (stamp, m)
         return held[1]
@@ -489,28 +519,41 @@ class ScoringMixin:
             out[:, c0:c1] = torch.zeros(B * Q, device=dev).index_add_(0, row, lp).view(B, Q)
         return out
 
+    @contextmanager
+    def _fp32_reference(self):
+        """What :meth:`score_naive` runs: the model's weights in fp32 (an fp32 copy if the model is not), autocast
+        off and fp32 matmuls at full precision (no TF32) on every device, whatever the caller has set."""
+        own = next(self.model.parameters()).dtype
+        model = self.model if own == torch.float32 else cast_copy(self.model, torch.float32)
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        try:
+            with torch.autocast(self.device.type, enabled=False):
+                yield model
+        finally:
+            torch.set_float32_matmul_precision(before)
+
     @torch.inference_mode()
     def score_naive(self, docs: Sequence[str], queries: Sequence[str]) -> np.ndarray:
-        """Reference: one full forward pass of prompt + query per pair, as ``model(ids, labels=...)`` would.
+        """Reference: one full forward pass of prompt + query per pair, as ``model(ids, labels=...)`` would, in
+        fp32 with autocast off (:meth:`_fp32_reference`), also on CUDA.
 
-        Used by the benchmark and the tests; never in a hot path.
+        Used by the benchmark (its ``max_abs_diff``) and the tests; never in a hot path.
         """
         p_ids = self.prompt_ids(docs)
         q_ids = self.query_ids(queries)
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
-        for i, p in enumerate(p_ids):
-            for j, q in enumerate(q_ids):
-                with self._autocast():
+        with self._fp32_reference() as model:
+            for i, p in enumerate(p_ids):
+                for j, q in enumerate(q_ids):
                     if self.is_seq2seq:
-                        r = self.model(input_ids=torch.tensor([p], device=self.device),
-                                       labels=torch.tensor([q], device=self.device))
-                        n = len(q)
+                        r = model(input_ids=torch.tensor([p], device=self.device),
+                                  labels=torch.tensor([q], device=self.device))
                     else:
                         ids = torch.tensor([p + q], device=self.device)
                         labels = ids.clone()
                         labels[0, :len(p)] = -100
-                        r = self.model(input_ids=ids, labels=labels)
-                        n = len(q)
-                # labels= gives the mean token NLL over the scored tokens.
-                out[i, j] = -float(r.loss) * n
+                        r = model(input_ids=ids, labels=labels)
+                    # labels= gives the mean token NLL over the scored tokens.
+                    out[i, j] = -float(r.loss) * len(q)
         return out
