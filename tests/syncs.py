@@ -110,6 +110,7 @@ class SyncCounter(TorchDispatchMode):
         self.events: list[SyncEvent] = []
         self._host: dict[int, weakref.ref] = {}
         self._saved: list[tuple[object, str, object]] = []
+        self._paused = False  # inside a function run outside the counter
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -120,6 +121,8 @@ class SyncCounter(TorchDispatchMode):
         return f"{self.count} host sync(s)" + "".join(f"\n  {e}" for e in self.events)
 
     def _event(self, kind: str, what: str) -> None:
+        if self._paused:
+            return
         self.events.append(SyncEvent(kind, what, _caller()))
 
     def host(self, *tensors: torch.Tensor) -> None:
@@ -276,8 +279,12 @@ class SyncCounter(TorchDispatchMode):
             def fn(*a, **k):
                 from torch.utils._python_dispatch import _disable_current_modes
 
-                with _disable_current_modes():
-                    return orig(*a, **k)
+                paused, counter._paused = counter._paused, True
+                try:
+                    with _disable_current_modes():
+                        return orig(*a, **k)
+                finally:
+                    counter._paused = paused
             return fn
 
         import torch.nn.attention.flex_attention as flex

@@ -36,7 +36,7 @@ from gdr.lm.compat import cache_kwarg
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLER_VERSION", "Decoder", "filter_logits", "gumbel_noise", "sample_next"]
+__all__ = ["SAMPLER_VERSION", "Decoder", "filter_logits", "gumbel_noise", "sample_next", "stop_check_every"]
 
 # Which queries a (seed, settings) pair gives. "hf-generate" (no version in the manifest) was the old
 # batch-seeded transformers `generate`.
@@ -111,6 +111,13 @@ def sample_next(logits: torch.Tensor, keys: torch.Tensor, step: int, top_k: int,
     return idx.gather(-1, choice)[:, 0]
 
 
+def stop_check_every(device: torch.device) -> int:
+    """Decode steps between two all-finished tests. A test reads the device (a host sync that drains the
+    GPU's queue), so on CUDA it runs every 8 steps (at most 7 steps of finished rows are wasted); on the CPU
+    there is no queue to drain and every step is tested."""
+    return 8 if torch.device(device).type == "cuda" else 1
+
+
 @dataclass
 class _Batch:
     """A prefilled batch: what a decode step needs."""
@@ -120,7 +127,7 @@ class _Batch:
     mask: torch.Tensor | None  # (B, M) causal: 1 = real token (generated slots are 1 from the start)
     pos: torch.Tensor | None  # (B,) causal: position id of the first generated token
     enc: object | None = None  # seq2seq: encoder outputs, B rows
-    enc_mask: torch.Tensor | None = None  # (B, Le)
+    enc_mask: torch.Tensor | None = None  # (B, 1, 1, Le) bool
 
 
 def _lcp(seqs: Sequence[Sequence[int]]) -> int:
@@ -168,6 +175,7 @@ class Decoder:
         self.stats = dict(prefill_tokens=0, prefill_context=0, decode_tokens=0, decode_context=0, new_tokens=0)
         self.stop = torch.tensor(lm._stop_ids(), device=self.device)
         self.cache_kw = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
+        self.check_every = stop_check_every(self.device)  # decode steps between all-finished tests
 
     def set_compile(self, on: bool) -> None:
         """Compile the decode step from now on (or not); bucketing follows unless set explicitly."""
@@ -285,8 +293,10 @@ class Decoder:
             cache.is_updated[i] = True
         enc_b = torch.zeros((B, Lb, hidden.shape[2]), dtype=hidden.dtype, device=dev)
         enc_b[:, :Le] = hidden[rows]
-        mask_b = torch.zeros((B, Lb), dtype=enc_mask.dtype, device=dev)
-        mask_b[:, :Le] = enc_mask[rows]
+        # (B, 1, 1, Lb) bool, as transformers builds it from a 2D mask for SDPA: given 4D, it does not read
+        # the mask on the host (`padding_mask.all()`, a sync) at every decode step
+        mask_b = torch.zeros((B, 1, 1, Lb), dtype=torch.bool, device=dev)
+        mask_b[:, 0, 0, :Le] = enc_mask[rows].bool()
         return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=enc_b), mask_b)
 
     # ------------------------------------------------------------------ one step
@@ -356,8 +366,8 @@ class Decoder:
         logits = b.logits
         alive = torch.zeros((), dtype=torch.long, device=dev)
         # attention context of one decode token: the whole static cache (+ the encoder states for T5)
-        ctx = max_new_tokens + 1 + b.enc_mask.shape[1] if self.lm.is_seq2seq else b.mask.shape[1]
-        check_every = 1 if dev.type == "cpu" else 4  # a host sync per step would stall the GPU queue
+        ctx = max_new_tokens + 1 + b.enc_mask.shape[-1] if self.lm.is_seq2seq else b.mask.shape[1]
+        check_every = self.check_every  # the all-finished test reads the device: every 8 steps on CUDA
         for t in range(max_new_tokens):
             tok = torch.where(done, pad, sample_next(logits, keys, t, top_k, top_p, temperature))
             out[:, t] = tok

@@ -26,6 +26,7 @@ import torch
 
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_generator
 from gdr.lm.sampling import SamplingMixin
+from gdr.lm.transfer import upload
 from gdr.lm.scoring import ScoringMixin
 from gdr.models import resolve_model
 
@@ -115,7 +116,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             else:
                 ids[r, :len(s)] = torch.tensor(s)
                 mask[r, :len(s)] = 1
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        return {"input_ids": upload(ids, self.device), "attention_mask": upload(mask, self.device)}  # no host sync
 
     def _autocast(self):
         if self.device.type == "cuda":
