@@ -213,6 +213,17 @@ def _register_attention() -> None:
         AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
 
 
+def _use_attention(model, impl: str) -> None:
+    """``model.set_attn_implementation(impl)``, and on its encoder and decoder stacks where their configs are
+    copies that it leaves as they were (transformers 5.17: T5's cross-attention then ran plain SDPA on the
+    folded query rows and failed at a doc batch above 1)."""
+    model.set_attn_implementation(impl)
+    for get in (getattr(model, "get_encoder", None), getattr(model, "get_decoder", None)):
+        stack = get() if get is not None else None
+        if stack is not None and stack is not model and getattr(stack.config, "_attn_implementation", impl) != impl:
+            stack.set_attn_implementation(impl)
+
+
 # ----------------------------------------------------------------------------------------- sizes
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
 
@@ -331,13 +342,13 @@ class ScoringMixin:
         if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", ATTN_IMPL):
             self.model.set_attn_implementation("sdpa")
         if dtype == own:
-            self.model.set_attn_implementation(ATTN_IMPL)
+            _use_attention(self.model, ATTN_IMPL)
             return self.model
         stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
         held = self.__dict__.get("_score_copy")
         if held is None or held[0] != stamp:
             m = copy.deepcopy(self.model).to(dtype).eval()
-            m.set_attn_implementation(ATTN_IMPL)
+            _use_attention(m, ATTN_IMPL)
             self.__dict__["_score_copy"] = held = (stamp, m)
         return held[1]
 
