@@ -41,10 +41,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.hostsync import padding_mask_4d
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "load_tokenizer", "mask_4d", "PAD", "EOS"]
+__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "load_tokenizer", "PAD", "EOS"]
 
 PAD = 0  # also the decoder start token (T5 convention)
 EOS = 1  # end of docid
@@ -168,26 +169,6 @@ def _build_encoder(cfg: RetrieverConfig, vocab_size: int) -> tuple[nn.Module, di
     return enc, hf
 
 
-def mask_4d(mask: torch.Tensor, module: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """The (B, 1, 1, S) form of a (B, S) padding mask (1 = token) that transformers would build from it for
-    ``module``'s attention: bool for SDPA, additive (0 / dtype min) for eager.
-
-    Given a 2D mask, transformers' mask helpers read it on the host (``padding_mask.all()``: may the mask be
-    dropped?), a host sync in every encoder pass and in the decoder's cross-attention at every step; a 4D mask
-    they use as is. Models whose code does not build masks with ``transformers.masking_utils``, and other
-    attention kernels (flash: 2D, flex: a block mask), get the 2D mask.
-    """
-    import sys
-
-    impl = getattr(module.config, "_attn_implementation", None)
-    if impl not in ("sdpa", "eager") or "create_bidirectional_mask" not in vars(sys.modules[type(module).__module__]):
-        return mask
-    keep = mask.bool()[:, None, None, :]
-    if impl == "sdpa":
-        return keep
-    return torch.zeros(keep.shape, dtype=dtype, device=mask.device).masked_fill_(~keep, torch.finfo(dtype).min)
-
-
 def _hidden_size(conf) -> int:
     for name in ("d_model", "hidden_size", "dim"):
         if getattr(conf, name, None):
@@ -299,7 +280,8 @@ class GenerativeRetriever(nn.Module):
     # ------------------------------------------------------------------ forward (training)
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Encoder states projected to the decoder width: (B, S) -> (B, S, d_model)."""
-        mask = mask_4d(attention_mask, self.encoder, self.encoder.get_input_embeddings().weight.dtype)
+        # 4D: transformers reads a 2D mask on the host (a sync) in every encoder pass
+        mask = padding_mask_4d(attention_mask, self.encoder, self.encoder.get_input_embeddings().weight.dtype)
         out = self.encoder(input_ids=input_ids, attention_mask=mask)
         return self.proj(out.last_hidden_state)
 
@@ -333,7 +315,7 @@ class GenerativeRetriever(nn.Module):
         enc = self.encode(input_ids, attention_mask)
         dec_in = self.labels_to_inputs(labels)  # (B, T)
         out = self.decoder(input_ids=dec_in, encoder_hidden_states=enc, use_cache=False,
-                           encoder_attention_mask=mask_4d(attention_mask, self.decoder, enc.dtype))
+                           encoder_attention_mask=padding_mask_4d(attention_mask, self.decoder, enc.dtype))
         h = out.last_hidden_state  # (B, T, d)
         pawa_h = None
         if self.config.pawa:
@@ -353,7 +335,7 @@ class GenerativeRetriever(nn.Module):
         """Feed one token per hypothesis (N,); returns slot log-probs (N, K + 1) for the next symbol."""
         t = state.step
         ids = tokens[:, None]  # (N, 1)
-        enc_mask = mask_4d(state.enc_mask, self.decoder, state.enc.dtype)  # 4D: no host sync per step
+        enc_mask = padding_mask_4d(state.enc_mask, self.decoder, state.enc.dtype)  # 4D: no host sync per step
         out = self.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=enc_mask,
                            use_cache=True, **{self._cache_kw: state.cache})
         h = out.last_hidden_state  # (N, 1, d)

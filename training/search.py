@@ -216,7 +216,7 @@ class Retriever:
     def _batch(self, ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         """A batch of token ids padded to its longest on the tokenizer's padding side, as ``tokenizer(...,
         padding=True)`` pads it, and uploaded without a host sync."""
-        from gdr.lm.transfer import upload
+        from gdr.lm.hostsync import upload
 
         lens = np.array([len(q) for q in ids])
         width = int(lens.max(initial=0))

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.hostsync import padding_mask_4d
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class _Batch:
     mask: torch.Tensor | None  # (B, M) causal: 1 = real token (generated slots are 1 from the start)
     pos: torch.Tensor | None  # (B,) causal: position id of the first generated token
     enc: object | None = None  # seq2seq: encoder outputs, B rows
-    enc_mask: torch.Tensor | None = None  # (B, 1, 1, Le) bool
+    enc_mask: torch.Tensor | None = None  # (B, 1, 1, Le): padding_mask_4d
 
 
 def _lcp(seqs: Sequence[Sequence[int]]) -> int:
@@ -293,10 +294,10 @@ class Decoder:
             cache.is_updated[i] = True
         enc_b = torch.zeros((B, Lb, hidden.shape[2]), dtype=hidden.dtype, device=dev)
         enc_b[:, :Le] = hidden[rows]
-        # (B, 1, 1, Lb) bool, as transformers builds it from a 2D mask for SDPA: given 4D, it does not read
-        # the mask on the host (`padding_mask.all()`, a sync) at every decode step
-        mask_b = torch.zeros((B, 1, 1, Lb), dtype=torch.bool, device=dev)
-        mask_b[:, 0, 0, :Le] = enc_mask[rows].bool()
+        mask_b = torch.zeros((B, Lb), dtype=enc_mask.dtype, device=dev)
+        mask_b[:, :Le] = enc_mask[rows]
+        # 4D, as transformers would build it: a 2D mask it reads on the host (a sync) at every decode step
+        mask_b = padding_mask_4d(mask_b, self.model, hidden.dtype)
         return _Batch(logits[rows], cache, None, None, BaseModelOutput(last_hidden_state=enc_b), mask_b)
 
     # ------------------------------------------------------------------ one step

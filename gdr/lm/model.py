@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_generator
+from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
-from gdr.lm.transfer import upload
 from gdr.lm.scoring import ScoringMixin
 from gdr.models import resolve_model
 

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.lm.compat import cache_kwarg
-from gdr.lm.transfer import upload
+from gdr.lm.hostsync import upload
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ class ScoringMixin:
     def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool
                      ) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
         """The queries as :meth:`_score_causal` reads them, built on the host and uploaded without a host sync
-        (:func:`gdr.lm.transfer.upload`) once per ``score`` call.
+        (:func:`gdr.lm.hostsync.upload`) once per ``score`` call.
 
         Returns the (J,) first token of every query and, per chunk of queries ``c0:c1`` (at most
         ``max_query_tokens`` tokens) with a token to predict after its first, a (4, T) int64 tensor: the packed
