@@ -10,8 +10,11 @@ A run folder holds::
     P.shards/            one ``NNNNN.done`` marker per finished shard, holding the checksum of its rows
 
 Scoring walks shards of ``shard_size`` documents. Documents are ordered by prompt length once (stable
-sort), and shard s is the s-th run of that order, so a shard's batches, and therefore its numbers, do not
-depend on which process computes it or when. A shard's rows are flushed to disk before its marker is
+sort), and shard s is the s-th run of that order. Shards are scored in fixed groups of
+``ceil(doc_batch_size / shard_size)`` consecutive shards (one shard when a shard holds a doc batch), so
+that a small shard never cuts a doc batch short; a group's batches, and therefore its numbers, do not
+depend on which process computes it or when. The prompts and queries are tokenised once per run (the
+model caches them), whatever the shard size. A shard's rows are flushed to disk before its marker is
 written, so after a kill (even SIGKILL) a rerun skips finished shards and recomputes only unfinished
 ones: the finished matrix equals an uninterrupted run's exactly.
 
@@ -357,29 +360,42 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     _barrier(world)
 
     P = np.load(p_path, mmap_mode="r+")
-    mine = [s for s in range(rank, n_shards, world) if not (shard_dir / f"{s:05d}.done").exists()]
+    # shards scored together: a doc batch never straddles two calls
+    per_call = max(1, -(-doc_batch_size // shard_size))
+    groups = [range(g, min(g + per_call, n_shards)) for g in range(0, n_shards, per_call)]
+
+    def pending(group) -> list[int]:
+        return [s for s in group if not (shard_dir / f"{s:05d}.done").exists()]
+
+    mine = [groups[g] for g in range(rank, len(groups), world) if pending(groups[g])]
     if max_shards is not None:
-        mine = mine[:max_shards]
+        mine = mine[:max(1, max_shards // per_call)]
     done_before = n_shards - len(list(shard_dir.glob("*.done")))
     if rank == 0:
         log.info("P %s: %d shards of %d docs, %d left (%d on this process of %d)",
-                 tuple(P.shape), n_shards, shard_size, done_before, len(mine), world)
-    pairs = sum(len(order[s * shard_size:(s + 1) * shard_size]) for s in mine) * len(queries)
+                 tuple(P.shape), n_shards, shard_size, done_before, sum(len(pending(g)) for g in mine), world)
+    pairs = sum(len(order[s * shard_size:(s + 1) * shard_size]) for g in mine for s in pending(g)) * len(queries)
     bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
                disable=not progress)
     t0 = time.perf_counter()
-    for s in mine:
-        if (shard_dir / f"{s:05d}.done").exists():  # finished meanwhile by another process on this folder
+    for group in mine:
+        if not pending(group):  # finished meanwhile by another process on this folder
             continue
-        rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
-        lp = lm.score([texts[i] for i in rows], queries, doc_batch_size=doc_batch_size,
+        # the whole group, finished shards too (a resumed group batches as an uninterrupted one)
+        rows = [np.sort(order[s * shard_size:(s + 1) * shard_size]) for s in group]
+        every = np.concatenate(rows)
+        lp = lm.score([texts[i] for i in every], queries, doc_batch_size=doc_batch_size,
                       max_query_tokens=max_query_tokens, progress=False, compute_dtype=compute)
-        block = np.ascontiguousarray(lp.astype(dtype))
-        P[rows] = block
-        P.flush()
-        atomic_write_json(shard_dir / f"{s:05d}.done", {"rows_crc32": bytes_digest(block)})
-        bar.update(lp.size)
-        bar.set_postfix(shard=f"{s + 1}/{n_shards}")
+        ends = np.cumsum([len(r) for r in rows])
+        for s, r, block in zip(group, rows, np.split(lp, ends[:-1])):
+            if (shard_dir / f"{s:05d}.done").exists():
+                continue
+            block = np.ascontiguousarray(block.astype(dtype))
+            P[r] = block
+            P.flush()
+            atomic_write_json(shard_dir / f"{s:05d}.done", {"rows_crc32": bytes_digest(block)})
+            bar.update(block.size)
+            bar.set_postfix(shard=f"{s + 1}/{n_shards}")
     bar.close()
     del P
     _barrier(world)

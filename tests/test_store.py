@@ -66,6 +66,25 @@ def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
     assert np.array_equal(np.load(ref / "P.npy"), np.load(part / "P.npy"))
 
 
+def test_small_shards_are_scored_in_groups_that_fill_a_doc_batch(lm, tmp_path):
+    """2-document shards at a doc batch of 4: scored two shards at a time (batches of 4, as 4-document shards
+    give, bit for bit), one marker per shard; a half-finished group resumes to the same matrix, rewriting
+    only its unfinished shard. Before, every shard was its own call: batches of 2."""
+    ref = tmp_path / "ref"
+    score_run(lm, DOCS, DOC_IDS, QUERIES, ref, shard_size=4, doc_batch_size=4, progress=False)
+    small = tmp_path / "small"
+    with _scored_batches(lm) as calls:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, small, shard_size=2, doc_batch_size=4, progress=False)
+    assert calls == [4, 3] and len(list((small / "P.shards").glob("*.done"))) == 4
+    assert np.array_equal(np.load(ref / "P.npy"), np.load(small / "P.npy"))
+    kept = (small / "P.shards" / "00000.done").read_text()
+    (small / "P.shards" / "00001.done").unlink()  # the second shard of the first group unfinished
+    with _scored_batches(lm) as calls:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, small, shard_size=2, doc_batch_size=4, progress=False)
+    assert calls == [4] and (small / "P.shards" / "00000.done").read_text() == kept
+    assert np.array_equal(np.load(ref / "P.npy"), np.load(small / "P.npy"))
+
+
 def test_compute_dtype_is_chosen_recorded_and_checked(lm, tmp_path):
     """score.compute_dtype: bf16 on the CPU gives bf16 numbers (close to fp32, not equal); the manifest records
     what auto resolved to; a folder scored in another compute dtype is refused; an older manifest without the

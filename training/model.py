@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.hostsync import padding_mask_4d
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,9 @@ class GenerativeRetriever(nn.Module):
     # ------------------------------------------------------------------ forward (training)
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Encoder states projected to the decoder width: (B, S) -> (B, S, d_model)."""
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        # 4D: transformers reads a 2D mask on the host (a sync) in every encoder pass
+        mask = padding_mask_4d(attention_mask, self.encoder, self.encoder.get_input_embeddings().weight.dtype)
+        out = self.encoder(input_ids=input_ids, attention_mask=mask)
         return self.proj(out.last_hidden_state)
 
     def labels_to_inputs(self, labels: torch.Tensor) -> torch.Tensor:
@@ -311,8 +314,8 @@ class GenerativeRetriever(nn.Module):
         """Slot logits of shape (B, T, K + 1) for queries (B, S) and slot labels (B, T)."""
         enc = self.encode(input_ids, attention_mask)
         dec_in = self.labels_to_inputs(labels)  # (B, T)
-        out = self.decoder(input_ids=dec_in, encoder_hidden_states=enc, encoder_attention_mask=attention_mask,
-                           use_cache=False)
+        out = self.decoder(input_ids=dec_in, encoder_hidden_states=enc, use_cache=False,
+                           encoder_attention_mask=padding_mask_4d(attention_mask, self.decoder, enc.dtype))
         h = out.last_hidden_state  # (B, T, d)
         pawa_h = None
         if self.config.pawa:
@@ -332,7 +335,8 @@ class GenerativeRetriever(nn.Module):
         """Feed one token per hypothesis (N,); returns slot log-probs (N, K + 1) for the next symbol."""
         t = state.step
         ids = tokens[:, None]  # (N, 1)
-        out = self.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=state.enc_mask,
+        enc_mask = padding_mask_4d(state.enc_mask, self.decoder, state.enc.dtype)  # 4D: no host sync per step
+        out = self.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=enc_mask,
                            use_cache=True, **{self._cache_kw: state.cache})
         h = out.last_hidden_state  # (N, 1, d)
         pawa_h = None

@@ -206,9 +206,25 @@ class Retriever:
         return cls(model, tokenizer, trie, doc_ids, device=device, **kw)
 
     def tokenize(self, queries: Sequence[str]) -> dict[str, torch.Tensor]:
-        enc = self.tokenizer(list(queries), padding=True, truncation=True,
-                             max_length=self.model.config.max_query_len, return_tensors="pt")
-        return {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
+        """``input_ids`` and ``attention_mask`` (B, S) on the device, padded as the tokenizer pads."""
+        return self._batch(self._token_ids(queries))
+
+    def _token_ids(self, queries: Sequence[str]) -> list[list[int]]:
+        """Token ids of every query (cut at ``max_query_len``), in one tokenizer call."""
+        return self.tokenizer(list(queries), truncation=True, max_length=self.model.config.max_query_len)["input_ids"]
+
+    def _batch(self, ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """A batch of token ids padded to its longest on the tokenizer's padding side, as ``tokenizer(...,
+        padding=True)`` pads it, and uploaded without a host sync."""
+        from gdr.lm.hostsync import upload
+
+        lens = np.array([len(q) for q in ids])
+        width = int(lens.max(initial=0))
+        cols = np.arange(width)[None, :]
+        real = cols >= (width - lens)[:, None] if self.tokenizer.padding_side == "left" else cols < lens[:, None]
+        tok = np.full((len(ids), width), self.tokenizer.pad_token_id, dtype=np.int64)
+        tok[real] = np.concatenate([np.asarray(q, dtype=np.int64) for q in ids]) if len(ids) else []
+        return {"input_ids": upload(tok, self.device), "attention_mask": upload(real.astype(np.int64), self.device)}
 
     @torch.no_grad()
     def search_nodes(self, queries: Sequence[str], k: int = 100, beam: int | None = None,
@@ -220,8 +236,10 @@ class Retriever:
         nodes, scores = [], []
         starts = range(0, len(queries), self.batch_size)
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
+        # every query tokenised once, not per batch: no tokenizer work between GPU batches
+        ids = self._token_ids(queries) if len(queries) else []
         for s in tqdm(starts, desc="search", unit="batch", disable=not progress):
-            batch = self.tokenize(queries[s:s + self.batch_size])
+            batch = self._batch(ids[s:s + self.batch_size])
             with amp:
                 out = constrained_beam_search(self.model, batch["input_ids"], batch["attention_mask"], self.trie,
                                               beam=beam, k=k, length_penalty=self.length_penalty)

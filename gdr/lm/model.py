@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_generator
+from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringMixin
 from gdr.models import resolve_model
@@ -115,4 +116,4 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             else:
                 ids[r, :len(s)] = torch.tensor(s)
                 mask[r, :len(s)] = 1
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        return {"input_ids": upload(ids, self.device), "attention_mask": upload(mask, self.device)}  # no host sync

@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.hostsync import upload
 from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
@@ -234,7 +235,7 @@ def _scoring_attention(module, query, key, value, attention_mask, scaling=None, 
 def use_gdr_attention(model) -> None:
     """Run ``model``'s attention through :func:`_scoring_attention` (transformers' SDPA where nothing differs)."""
     _register_attention()
-    model.set_attn_implementation(ATTN_IMPL)
+    _use_attention(model, ATTN_IMPL)
 
 
 def _register_attention() -> None:
@@ -244,6 +245,17 @@ def _register_attention() -> None:
     if ATTN_IMPL not in AttentionInterface._global_mapping:
         AttentionInterface.register(ATTN_IMPL, _scoring_attention)
         AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+
+
+def _use_attention(model, impl: str) -> None:
+    """``model.set_attn_implementation(impl)``, and on its encoder and decoder stacks where their configs are
+    copies that it leaves as they were (transformers 5.17: T5's cross-attention then ran plain SDPA on the
+    folded query rows and failed at a doc batch above 1)."""
+    model.set_attn_implementation(impl)
+    for get in (getattr(model, "get_encoder", None), getattr(model, "get_decoder", None)):
+        stack = get() if get is not None else None
+        if stack is not None and stack is not model and getattr(stack.config, "_attn_implementation", impl) != impl:
+            stack.set_attn_implementation(impl)
 
 
 # ----------------------------------------------------------------------------------------- sizes
@@ -334,6 +346,8 @@ class ScoringMixin:
         # Queries sorted by length: chunks of similar lengths (less padding in seq2seq rows); put back below.
         q_order = np.argsort([len(q) for q in q_ids], kind="stable")
         q_sorted = [q_ids[j] for j in q_order]
+        # causal: the query chunks are the same for every doc batch: packed and uploaded once
+        packed = None if self.is_seq2seq else self._pack_causal(q_sorted, max_query_tokens, attention == "flex")
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
         bar = tqdm(total=len(docs) * len(queries), desc="score", unit="pair", unit_scale=True,
                    disable=not progress)
@@ -345,8 +359,9 @@ class ScoringMixin:
                 if self.is_seq2seq:
                     lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens)
                 else:
-                    lp = self._score_causal_batch(model, batch, q_sorted, max_query_tokens, attention == "flex")
-            out[rows[:, None], q_order[None, :]] = lp.float().cpu().numpy()
+                    lp = self._score_causal_batch(model, batch, packed, q_sorted, max_query_tokens,
+                                                  attention == "flex")
+            out[rows[:, None], q_order[None, :]] = lp.float().cpu().numpy()  # the doc batch's one host sync
             bar.update(len(rows) * len(queries))
         bar.close()
         return out
@@ -362,27 +377,35 @@ class ScoringMixin:
         if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", ATTN_IMPL):
             self.model.set_attn_implementation("sdpa")
         if dtype == own:
-            self.model.set_attn_implementation(ATTN_IMPL)
+            _use_attention(self.model, ATTN_IMPL)
             return self.model
         stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
         held = self.__dict__.get("_score_copy")
         if held is None or held[0] != stamp:
             m = cast_copy(self.model, dtype)  # rotary frequencies stay fp32
-            m.set_attn_implementation(ATTN_IMPL)
+            _use_attention(m, ATTN_IMPL)
             self.__dict__["_score_copy"] = held = (stamp, m)
         return held[1]
 
-    def _score_causal_batch(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
-                            flex: bool) -> torch.Tensor:
-        """:meth:`_score_causal` of one document batch; if compiled flex attention fails, the batch (and every
-        later one in this process) is scored on the dense path, with one log line."""
+    def _score_causal_batch(self, model, prompts: list[list[int]], packed: dict, q_ids: list[list[int]],
+                            max_query_tokens: int, flex: bool) -> torch.Tensor:
+        """:meth:`_score_causal` of one document batch on the queries ``packed`` by :meth:`_pack_causal`; if
+        compiled flex attention fails, the batch (and every later one in this process) is scored on the dense
+        path, with one log line. ``packed`` is the packing of this ``score`` call (flex pads each chunk to its
+        block size); the dense packing is added to it the first time the dense path needs it."""
         if flex and not _COMPILED.get("flex_failed"):
             try:
-                return self._score_causal(model, prompts, q_ids, max_query_tokens, True)
+                return self._score_causal(model, prompts, *packed, True)
             except _FlexFailed as e:
                 log.warning("compiled flex attention failed (%s); scoring on the dense path from now on", e)
                 _COMPILED["flex_failed"] = True
-        return self._score_causal(model, prompts, q_ids, max_query_tokens, False)
+        if flex:  # the flex packing's block padding is not what the dense path expects: pack once more
+            if "dense" not in self.__dict__.setdefault("_dense_pack", {}) or \
+                    self.__dict__["_dense_pack"].get("for") is not packed:
+                self.__dict__["_dense_pack"] = {"for": packed,
+                                                "dense": self._pack_causal(q_ids, max_query_tokens, False)}
+            packed = self.__dict__["_dense_pack"]["dense"]
+        return self._score_causal(model, prompts, *packed, False)
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
         chunks, start, tokens = [], 0, 0
@@ -399,43 +422,64 @@ class ScoringMixin:
         head = (model or self.model).get_output_embeddings()
         return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None))
 
-    def _score_causal(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
-                      flex: bool) -> torch.Tensor:
-        """(B, n_queries) log-probs of every query after every prompt of the batch."""
+    def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool
+                     ) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
+        """The queries as :meth:`_score_causal` reads them, built on the host and uploaded without a host sync
+        (:func:`gdr.lm.hostsync.upload`) once per ``score`` call.
+
+        Returns the (J,) first token of every query and, per chunk of queries ``c0:c1`` (at most
+        ``max_query_tokens`` tokens) with a token to predict after its first, a (4, T) int64 tensor: the packed
+        input (every query without its last token), the targets (without its first), the query of each token
+        (0..Q-1; Q for the padding) and its position inside its query. Flex pads a chunk to a multiple of its
+        128-token block (shapes repeat across chunks): the padding is one more query whose sums are dropped.
+        """
+        first = upload([q[0] for q in q_ids], self.device)  # (J,)
+        chunks = []
+        for c0, c1 in self._query_chunks(q_ids, max_query_tokens):
+            chunk = q_ids[c0:c1]
+            lens = np.array([len(q) - 1 for q in chunk], dtype=np.int64)  # (Q,) packed tokens per query
+            T = int(lens.sum())
+            if T == 0:  # single-token queries: the first-token term is all
+                continue
+            pad = -T % 128 if flex else 0
+            lens = np.append(lens, pad)  # (Q + 1,)
+            inp = [t for q in chunk for t in q[:-1]] + [self.pad_id] * pad  # (T + pad,)
+            tgt = [t for q in chunk for t in q[1:]] + [self.pad_id] * pad
+            qid = np.repeat(np.arange(len(chunk) + 1), lens)  # (T + pad,) query of each token
+            off = np.arange(T + pad) - np.repeat(np.cumsum(lens) - lens, lens)  # position inside its query
+            chunks.append((c0, c1, upload(np.stack([inp, tgt, qid, off]), self.device)))
+        return first, chunks
+
+    def _score_causal(self, model, prompts: list[list[int]], first: torch.Tensor,
+                      chunks: list[tuple[int, int, torch.Tensor]], flex: bool) -> torch.Tensor:
+        """(B, n_queries) log-probs of every query after every prompt of the batch; ``first`` and ``chunks``:
+        the queries from :meth:`_pack_causal`."""
         dev = self.device
         B = len(prompts)
-        plen = torch.tensor([len(p) for p in prompts], device=dev)  # (B,)
+        plen_h = [len(p) for p in prompts]
+        plen = upload(plen_h, dev)  # (B,)
         enc = self._pad(prompts)
         Lp = enc["input_ids"].shape[1]
+        # Given the 2D mask, transformers would read it on the host (a sync) to see whether it can use plain
+        # causal attention. The host knows: without padding no mask (causal), else the (B, 1, Lp, Lp) bool mask
+        # transformers builds for SDPA (causal and not padding), the same numbers.
+        attn = None
+        if min(plen_h) < Lp:
+            ar = torch.arange(Lp, device=dev)
+            attn = ((ar[None, :] <= ar[:, None])[None] & (ar[None, None, :] < plen[:, None, None]))[:, None]
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
         ckw = cache_kwarg(base)
-        h = base(**enc, **{ckw: cache}, use_cache=True).last_hidden_state  # (B, Lp, d)
+        h = base(input_ids=enc["input_ids"], attention_mask=attn, **{ckw: cache},
+                 use_cache=True).last_hidden_state  # (B, Lp, d)
         h_last = h[torch.arange(B, device=dev), plen - 1]  # (B, d): predicts each query's first token
         # First tokens: one log-softmax row per document, gathered for every query.
-        first = torch.tensor([q[0] for q in q_ids], device=dev)  # (J,)
         out = self._first_token_logprobs(model, h_last, first)  # (B, J)
-        for c0, c1 in self._query_chunks(q_ids, max_query_tokens):
-            chunk = q_ids[c0:c1]
-            n_packed = [len(q) - 1 for q in chunk]
-            T = sum(n_packed)  # on the host: no device sync
-            lens = torch.tensor(n_packed, device=dev)  # (Q,) packed tokens per query
-            if T == 0:  # single-token queries: the first-token term is all
-                continue
-            Q = len(chunk)
-            # Packed input: every query without its last token; targets: every query without its first.
-            # Flex pads the chunk to a multiple of its 128-token block (shapes repeat across chunks): the
-            # padding is one more query (id Q) whose sums are dropped.
-            pad = -T % 128 if flex else 0
-            inp = torch.tensor([t for q in chunk for t in q[:-1]] + [self.pad_id] * pad, device=dev)  # (T,)
-            tgt = torch.tensor([t for q in chunk for t in q[1:]] + [self.pad_id] * pad, device=dev)  # (T,)
-            lens = torch.cat([lens, lens.new_tensor([pad])])  # (Q + 1,)
-            T += pad
-            qid = torch.repeat_interleave(torch.arange(Q + 1, device=dev), lens)  # (T,) query of each token
-            starts = torch.cumsum(lens, 0) - lens  # (Q + 1,) offset of each query in the packed input
-            off = torch.arange(T, device=dev) - starts[qid]  # (T,) position inside its query
+        for c0, c1, packed in chunks:
+            inp, tgt, qid, off = packed  # (T,) each
+            T, Q = packed.shape[1], c1 - c0
             if flex:
                 mask = self._block_mask(plen, Lp, qid, off)
             else:
@@ -473,7 +517,8 @@ class ScoringMixin:
         from torch.nn.attention.flex_attention import create_block_mask
 
         B, T, dev = plen.shape[0], qid.shape[0], qid.device
-        n_prompt = torch.tensor(Lp, device=dev)  # a tensor, not a Python int: no recompile per prompt length
+        # a tensor, not a Python int: no recompile per prompt length; filled on the device, not uploaded
+        n_prompt = torch.full((), Lp, dtype=torch.long, device=dev)
 
         def mask_mod(b, h, q_idx, kv_idx):
             kq = (kv_idx - n_prompt).clamp(min=0)  # index of a query key in the packed chunk
@@ -497,8 +542,9 @@ class ScoringMixin:
         dev = self.device
         B = len(prompts)
         enc = self._pad(prompts)
-        enc_h = model.get_encoder()(**enc).last_hidden_state  # (B, S, d): once per document
-        enc_mask = enc["attention_mask"].bool()[:, None, None, :]  # (B, 1, 1, S) 4D: used as is
+        # (B, 1, 1, S) bool, used as is: a 2D mask would be read on the host (a sync) to see if it can be dropped
+        enc_mask = enc["attention_mask"].bool()[:, None, None, :]
+        enc_h = model.get_encoder()(input_ids=enc["input_ids"], attention_mask=enc_mask).last_hidden_state  # (B, S, d)
         start = model.config.decoder_start_token_id
         start = self.pad_id if start is None else int(start)
         scaled = getattr(model.config, "scale_decoder_outputs", model.config.tie_word_embeddings)
@@ -506,17 +552,23 @@ class ScoringMixin:
         out = torch.empty((B, len(q_ids)), dtype=torch.float32, device=dev)
         for c0, c1 in self._query_chunks(q_ids, max(1, max_query_tokens // B)):
             chunk = q_ids[c0:c1]
-            Q = len(chunk)
-            padded = self._pad(chunk)
-            labels, lmask = padded["input_ids"], padded["attention_mask"].bool()  # (Q, L)
-            dec_in = torch.cat([torch.full((Q, 1), start, device=dev), labels[:, :-1]], 1)  # shift right
+            Q, L = len(chunk), max(len(q) for q in chunk)
+            # Built on the host, one upload: the right-padded labels, the decoder inputs (shifted right) and the
+            # flat index of every real token of the (B*Q, L) rows in row-major order (what boolean indexing with
+            # the padding mask would pick, without its device-to-host count).
+            labels = np.full((Q, L), self.pad_id, dtype=np.int64)
+            real = np.arange(L)[None, :] < np.array([len(q) for q in chunk])[:, None]  # (Q, L)
+            labels[real] = np.concatenate(chunk)
+            dec_in = np.concatenate([np.full((Q, 1), start), labels[:, :-1]], 1)  # shift right
+            sel = np.flatnonzero(np.tile(real, (B, 1)))  # (n_tokens,)
+            both = upload(np.concatenate([labels.ravel(), dec_in.ravel(), sel]), dev)
+            labels_d, dec_d, sel_d = both[:Q * L].view(Q, L), both[Q * L:2 * Q * L].view(Q, L), both[2 * Q * L:]
             # Right padding only affects later (padding) positions under the causal mask: no decoder mask.
-            hd = model.get_decoder()(input_ids=dec_in.repeat(B, 1), encoder_hidden_states=enc_h,
+            hd = model.get_decoder()(input_ids=dec_d.repeat(B, 1), encoder_hidden_states=enc_h,
                                      encoder_attention_mask=enc_mask, use_cache=False).last_hidden_state  # (B*Q, L, d)
-            sel = lmask.repeat(B, 1)  # (B*Q, L)
-            lp = self._token_logprobs(hd[sel] * scale, labels.repeat(B, 1)[sel], model)  # (n_tokens,)
-            row = torch.arange(B * Q, device=dev)[:, None].expand_as(sel)[sel]
-            out[:, c0:c1] = torch.zeros(B * Q, device=dev).index_add_(0, row, lp).view(B, Q)
+            hs = hd.reshape(B * Q * L, -1).index_select(0, sel_d)  # (n_tokens, d)
+            lp = self._token_logprobs(hs * scale, labels_d.repeat(B, 1).view(-1).index_select(0, sel_d), model)
+            out[:, c0:c1] = torch.zeros(B * Q, device=dev).index_add_(0, sel_d // L, lp).view(B, Q)
         return out
 
     @contextmanager
