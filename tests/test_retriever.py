@@ -121,9 +121,9 @@ def test_incremental_decoding_matches_teacher_forcing(word_tokenizer):
         step = model.step(state, tok)
         assert torch.allclose(step, full[:, t], atol=1e-5)
         tok = model.slot_tokens[t][labels[:, t].clamp_min(0)]
-    # the KV cache holds the history; cross-attention keys are computed once
-    assert state.cache.self_attention_cache.get_seq_length() == 3
-    assert state.cache.cross_attention_cache.get_seq_length() == ids.shape[1]
+    # the self-attention cache holds the history; cross-attention keys are computed once, per query
+    assert state.self_k[0].shape == (3, 4, 3, 8)
+    assert state.cross_k[0].shape == (3, 4, ids.shape[1], 8)
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
@@ -146,6 +146,112 @@ def test_beam_search_equals_brute_force(word_tokenizer, length_penalty):
     for row, sc in zip(narrow.nodes.tolist(), narrow.scores):
         assert len(set(row)) == 4 and all(trie.code_of(n) in codes for n in row)
         assert (sc[:-1] >= sc[1:]).all()
+
+
+def _tensors(obj, seen=None):
+    """Every tensor reachable from ``obj`` (attributes, lists, dicts), each once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x, seen)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.nn.Module, type)):
+        for x in vars(obj).values():
+            yield from _tensors(x, seen)
+
+
+def test_beam_search_holds_cross_attention_keys_once_per_query(word_tokenizer, monkeypatch):
+    """A beam of w hypotheses per query shares its query's cross-attention keys and values: the decoder state
+    holds 2 x layers x B x S x d_model of them (fp32), not w copies, at every step of the search."""
+    torch.manual_seed(4)
+    rng = np.random.default_rng(4)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=3)) for _ in range(50)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3, pawa=True)).eval()
+    B, S = 3, 13  # S differs from every other length here: the tensors with a dimension S are the encoder side
+    ids = torch.randint(2, 30, (B, S))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    held = []
+    plain_step = model.step
+
+    def step(state, tokens):
+        out = plain_step(state, tokens)
+        held.append((len(tokens), sum(x.numel() * x.element_size() for x in _tensors(state) if S in x.shape)))
+        return out
+
+    monkeypatch.setattr(model, "step", step)
+    constrained_beam_search(model, ids, mask, trie, beam=12, k=5)
+    per_query = 2 * model.config.num_layers * S * model.config.d_model * 4  # K and V, fp32
+    assert [n for n, _ in held] == [B, B * 5, B * 12, B * 12]  # the beam widened: 1, K+1, 12 per query
+    assert [b for _, b in held] == [B * per_query + B * S] * 4, "cross-attention K/V copied per hypothesis"
+
+
+def _t5stack_decoding(model):
+    """The retriever's incremental decoding through transformers' T5Stack and its EncoderDecoderCache, as it
+    was before the folded cross-attention: encoder states and cross keys/values copied to every hypothesis."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    from gdr.lm.compat import cache_kwarg
+
+    conf = model.decoder.config
+
+    def start(enc, enc_mask):
+        pawa = enc.new_zeros(1, enc.shape[0], model.config.d_model) if model.config.pawa else None
+        cache = EncoderDecoderCache(DynamicCache(config=conf), DynamicCache(config=conf))
+        return SimpleNamespace(cache=cache, enc=enc, enc_mask=enc_mask, pawa=pawa, step=0)
+
+    def step(state, tokens):
+        ids = tokens[:, None]
+        out = model.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=state.enc_mask,
+                            use_cache=True, **{cache_kwarg(model.decoder): state.cache})
+        pawa_h = None
+        if model.config.pawa:
+            pawa_h, state.pawa = model.pawa_rnn(model.decoder.embed_tokens(ids), state.pawa)
+        t, state.step = state.step, state.step + 1
+        return F.log_softmax(model.slot_logits(out.last_hidden_state, torch.tensor([t]), pawa_h)[:, 0].float(), -1)
+
+    def reorder(state, index):
+        state.cache.self_attention_cache.batch_select_indices(index)
+        if len(index) != len(state.enc):  # the beam widened: copy the encoder side to the new hypotheses
+            state.cache.cross_attention_cache.batch_select_indices(index)
+            state.enc, state.enc_mask = state.enc[index], state.enc_mask[index]
+        if state.pawa is not None:
+            state.pawa = state.pawa[:, index]
+
+    return start, step, reorder
+
+
+@pytest.mark.parametrize("pawa", [False, True])
+def test_folded_cross_attention_gives_the_t5stack_search(word_tokenizer, monkeypatch, pawa):
+    """Same docids in the same order, and the same scores up to fp32 rounding (the folded attention multiplies
+    w query rows at once; T5Stack one per hypothesis), as the search through T5Stack's cached decoding."""
+    torch.manual_seed(5)
+    rng = np.random.default_rng(5)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=rng.integers(1, 4))) for _ in range(60)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3, pawa=pawa)).eval()
+    if pawa:
+        torch.nn.init.normal_(model.pawa_a.weight)
+    ids = torch.randint(2, 30, (4, 9))
+    mask = torch.ones_like(ids)
+    mask[2, 4:] = 0
+    ours = constrained_beam_search(model, ids, mask, trie, beam=16, k=16)
+    for name, fn in zip(("start", "step", "reorder"), _t5stack_decoding(model)):
+        monkeypatch.setattr(model, name, fn)
+    ref = constrained_beam_search(model, ids, mask, trie, beam=16, k=16)
+    assert torch.equal(ours.nodes, ref.nodes)
+    assert torch.allclose(ours.scores, ref.scores, rtol=0, atol=2e-6)
 
 
 def test_beam_search_never_leaves_the_trie(word_tokenizer, monkeypatch):

@@ -120,7 +120,7 @@ def _beam_kernel(model, input_ids, attention_mask, trie, beam, k, length_penalty
         step_tok = model.slot_tokens[t][slot]  # (B, w') token ids of the chosen slots at position t
         tokens = torch.where(done, torch.full_like(step_tok, PAD), step_tok).view(-1)
         flat = (torch.arange(B, device=device)[:, None] * w + src).view(-1)  # (B*w',) rows to keep
-        model.reorder(state, flat, cross=(w_new != w))
+        model.reorder(state, flat)
         w = w_new
     final = scores / length.clamp_min(1) ** length_penalty if length_penalty else scores
     final = torch.where(done & torch.isfinite(scores), final, neg_inf)

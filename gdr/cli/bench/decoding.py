@@ -119,7 +119,7 @@ def reference_beam_search(model: GenerativeRetriever, input_ids: torch.Tensor, a
         if t == max_len or bool(done.all()):
             break
         flat = (torch.arange(B, device=device)[:, None] * w + src).view(-1)
-        model.reorder(state, flat, cross=(w_new != w))
+        model.reorder(state, flat)
         w = w_new
     final = scores / length.clamp_min(1) ** length_penalty if length_penalty else scores
     final = torch.where(done & torch.isfinite(scores), final, neg_inf)
