@@ -254,6 +254,59 @@ def test_folded_cross_attention_gives_the_t5stack_search(word_tokenizer, monkeyp
     assert torch.allclose(ours.scores, ref.scores, rtol=0, atol=2e-6)
 
 
+def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenizer):
+    """evaluate.batch_size=auto: on CUDA as many queries as fit half the free memory, up to 1,024 (an H100's
+    80 GB fits 1,024 queries of the small30m retriever at beam 100); 32 on the CPU; an int stays."""
+    from gdr.cli.bench.common import preset_config
+    from training.search import search_batch_for_memory, search_bytes_per_query
+
+    cfg = preset_config("small30m", 30, 4)
+    sizes = [search_batch_for_memory(cfg, free, beam=100) for free in (1e6, 1e9, 8e9, 80e9)]
+    assert sizes == sorted(sizes) and sizes[0] == 1 and sizes[1] < 1024 and sizes[-1] == 1024
+    assert search_batch_for_memory(cfg, 8e9, beam=1000) < sizes[2]
+    # the cross-attention keys/values are one query's, not one per hypothesis: at beam 100 copying them per
+    # hypothesis would take more than the whole estimate
+    per_hyp_cross = 100 * 2 * cfg.num_layers * cfg.max_query_len * cfg.d_model * 2
+    assert search_bytes_per_query(cfg, 100) < per_hyp_cross
+    codes = [(0, 1), (1, 0)]
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=2, L=2)).eval()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    assert Retriever(model, tok, build_trie(codes), ["a", "b"], device="cpu", batch_size="auto").batch_for(100) == 32
+    assert Retriever(model, tok, build_trie(codes), ["a", "b"], device="cpu", batch_size=7).batch_for(100) == 7
+
+
+def test_search_memory_estimate_covers_the_bf16_decoder_state(word_tokenizer, monkeypatch):
+    """Under bf16 autocast (as on CUDA) the cross-attention keys/values are bf16, once per query, and what the
+    decoder state holds per query stays within search_bytes_per_query."""
+    from training.search import search_bytes_per_query
+
+    torch.manual_seed(6)
+    rng = np.random.default_rng(6)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=3)) for _ in range(50)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3)).eval()
+    cfg = model.config
+    B, S, beam = 3, cfg.max_query_len, 16
+    ids = torch.randint(2, 30, (B, S))
+    mask = torch.ones_like(ids)
+    held, cross = [], []
+    plain_step = model.step
+
+    def step(state, tokens):
+        out = plain_step(state, tokens)
+        held.append(sum(x.numel() * x.element_size() for x in _tensors(state)))
+        cross.append(state.cross_kv_bytes())
+        return out
+
+    monkeypatch.setattr(model, "step", step)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        constrained_beam_search(model, ids, mask, trie, beam=beam, k=5)
+    assert set(cross) == {B * 2 * cfg.num_layers * S * cfg.d_model * 2}
+    assert max(held) <= B * search_bytes_per_query(cfg, beam)
+
+
 def test_beam_search_never_leaves_the_trie(word_tokenizer, monkeypatch):
     torch.manual_seed(2)
     codes = [(0, 0), (0, 1), (1, 2), (2, 1)]

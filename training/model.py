@@ -43,7 +43,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "load_tokenizer", "PAD", "EOS"]
+__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "encoder_dims", "load_tokenizer", "PAD", "EOS"]
 
 PAD = 0  # also the decoder start token (T5 convention)
 EOS = 1  # end of docid
@@ -172,6 +172,30 @@ def _hidden_size(conf) -> int:
         if getattr(conf, name, None):
             return int(getattr(conf, name))
     raise ValueError(f"cannot tell the hidden size of encoder config {type(conf).__name__}")
+
+
+def encoder_dims(cfg: RetrieverConfig) -> dict[str, int]:
+    """The encoder's ``layers``, ``d_model``, ``heads`` and ``d_ff`` from ``cfg`` alone (its saved HF config, its
+    random-init T5 settings, or the pretrained checkpoint's config.json): no weights are loaded."""
+    if cfg.encoder_hf_config is not None:
+        hf = dict(cfg.encoder_hf_config)
+    elif cfg.encoder is None:
+        from transformers import T5Config
+
+        hf = T5Config(**(cfg.encoder_config or {})).to_dict()
+    else:
+        from transformers import AutoConfig
+
+        from gdr.models import resolve_model
+
+        hf = AutoConfig.from_pretrained(resolve_model(cfg.encoder)).to_dict()
+    get = lambda *names: next(int(hf[n]) for n in names if hf.get(n))  # noqa: E731
+    layers = get("num_hidden_layers", "num_layers")
+    if cfg.encoder_layers is not None:
+        layers = min(layers, int(cfg.encoder_layers))
+    d = get("hidden_size", "d_model", "dim")
+    return {"layers": layers, "d_model": d, "heads": get("num_attention_heads", "num_heads", "n_heads"),
+            "d_ff": get("intermediate_size", "d_ff", "hidden_dim")}
 
 
 @dataclass
