@@ -546,7 +546,7 @@ TRAIN_STAGE = (
     Rule("trainer.max_epochs", POSITIVE),
     Rule("trainer.max_steps", lambda v, sec: None if v == -1 or (_is_int(v) and v > 0)
          else "must be -1 (no limit) or a positive integer"),
-    Rule("trainer.batch_size", auto_or(POSITIVE), "auto = 512 on CUDA, 64 on the CPU"),
+    Rule("trainer.batch_size", auto_or(POSITIVE), "auto = what fits on CUDA (<= 4096), 64 on the CPU"),
     Rule("trainer.eval_batch_size", POSITIVE),
     Rule("trainer.gradient_clip_val", optional(number(0, lo_open=False))),
     Rule("trainer.check_val_every_n_epoch", OPT_POSITIVE),

@@ -477,13 +477,14 @@ def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_
 # ----------------------------------------------------------------------------- training
 
 def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), ckpt_every=None,
-           **optim):
+           batch_size=20, **optim):
     cfg = tiny_config(tok, dropout=dropout)
     return train(
         out, cfg, doc_ids, codes, doc_texts=None, train_queries=texts * 4, train_rel=[[i] for i in range(len(texts))] * 4,
         examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
         optim=OptimOptions(**{"lr_encoder": 3e-3, "lr_decoder": 3e-3, "warmup_steps": 5, "weight_decay": 0.0, **optim}),
-        trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=20, enable_progress_bar=False,
+        trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=batch_size,
+                                    enable_progress_bar=False,
                                     tensorboard=False, resume=resume, log_every_n_steps=1,
                                     checkpoint_every_n_steps=ckpt_every),
         seed=0, callbacks=callbacks,
@@ -529,6 +530,22 @@ def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tok
     assert len(full.losses) == 12 and len(resumed.losses) == 4
     assert resumed.losses[0] == pytest.approx(full.losses[8], rel=1e-5)
     assert resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
+
+
+def test_a_resumed_auto_batch_run_keeps_the_batch_it_started_with(tmp_path, word_tokenizer, monkeypatch):
+    """batch_size=auto follows the free memory; a run resumed when another amount is free keeps its first batch."""
+    import training.train as tt
+
+    doc_ids, texts, codes = toy_corpus(20)
+    full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
+    monkeypatch.setattr(tt, "resolve_batch_size", lambda *a, **k: 20)  # what was free at the start
+    with pytest.raises(RuntimeError, match="killed"):
+        _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+               callbacks=[_kill_at(8)], batch_size="auto")
+    monkeypatch.setattr(tt, "resolve_batch_size", lambda *a, **k: 40)  # more memory free at the resume
+    resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+                     resume=True, batch_size="auto")
+    assert len(resumed.losses) == 4 and resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
 
 
 def test_resume_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(tmp_path, word_tokenizer):
@@ -648,6 +665,63 @@ def _train_cuda_config(out, tok, clip, fused="auto", precision="bf16-mixed"):
                                             resume=False),
                 seed=0, callbacks=[seen])
     return res, seen
+
+
+def test_train_batch_auto_grows_with_free_memory_up_to_4096(monkeypatch):
+    """trainer.batch_size=auto on CUDA: the batch that fits the free memory (a multiple of 64, at most 4,096), but
+    above 512 only while an epoch keeps 16 steps; 64 on the CPU; a config's 512 stays 512. Pure functions of the
+    free bytes and the config, so checked here without a GPU."""
+    from gdr.cli.bench.common import preset_config
+    from training.train import resolve_batch_size, scaled_optim, train_batch_for_memory
+
+    for name in ("mini", "small30m"):
+        cfg = preset_config(name, 30, 4)
+        sizes = [train_batch_for_memory(cfg, free) for free in (2e8, 4e9, 40e9, 80e9, 141e9)]
+        assert sizes == sorted(sizes) and sizes[0] >= 1 and sizes[-1] == 4096, (name, sizes)
+        assert all(b % 64 == 0 for b in sizes if b >= 64) and sizes[2] > 512
+    cfg = preset_config("small30m", 30, 4)
+    assert 1024 < train_batch_for_memory(cfg, 80e9) < 4096  # an H100 fits less than 4,096 of these
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    h200 = dict(config=cfg, free_bytes=141e9)
+    assert resolve_batch_size("auto", **h200) == 4096  # no data size given: memory alone (the benchmark)
+    assert resolve_batch_size("auto", n_train=10_000_000, **h200) == 4096
+    assert resolve_batch_size("auto", n_train=6_000, **h200) == 512  # a small corpus keeps 512
+    assert resolve_batch_size("auto", n_train=40_000, **h200) == 2048  # 16 steps an epoch: 2,500 -> 2,048
+    assert resolve_batch_size("auto", n_train=40_000, config=cfg, free_bytes=2e8) < 512  # what fits comes first
+    assert resolve_batch_size(512, **h200) == 512 and resolve_batch_size("auto", "cpu", **h200) == 64
+    # the learning rates follow with the sqrt rule from their batch-64 values
+    big = scaled_optim(OptimOptions(lr_decoder=1e-3, lr_scaling="sqrt"), 4096)
+    assert big.lr_decoder == pytest.approx(8e-3)
+
+
+@pytest.mark.parametrize("name", ["tiny", "mini"])
+def test_train_memory_estimate_covers_what_autograd_saves(name):
+    """The per-example estimate behind batch auto covers the bytes autograd saves for the backward pass of a
+    training forward under bf16 autocast (measured on the CPU, per added example), and is not far above it."""
+    from gdr.cli.bench.common import preset_config
+    from training.train import train_bytes_per_example
+
+    cfg = preset_config(name, 30, 4)
+    torch.manual_seed(0)
+    model = GenerativeRetriever.build(cfg, vocab_size=30522 if cfg.encoder is None else None).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(batch: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(1000, 20000, (batch, cfg.max_query_len))
+        labels = torch.randint(0, cfg.n_digits, (batch, cfg.max_code_len + 1))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(ids, torch.ones_like(ids), labels)
+        return sum(seen.values())
+
+    per_example = (saved(6) - saved(2)) / 4
+    assert 1.0 <= train_bytes_per_example(cfg) / per_example <= 2.5
 
 
 def test_the_cuda_optimizer_configuration_trains_on_the_cpu(tmp_path, word_tokenizer):

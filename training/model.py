@@ -175,8 +175,9 @@ def _hidden_size(conf) -> int:
 
 
 def encoder_dims(cfg: RetrieverConfig) -> dict[str, int]:
-    """The encoder's ``layers``, ``d_model``, ``heads`` and ``d_ff`` from ``cfg`` alone (its saved HF config, its
-    random-init T5 settings, or the pretrained checkpoint's config.json): no weights are loaded."""
+    """The encoder's ``layers``, ``d_model``, ``heads``, ``attn`` (heads x head dim), ``d_ff`` and ``vocab`` from
+    ``cfg`` alone (its saved HF config, its random-init T5 settings, or the pretrained checkpoint's config.json):
+    no weights are loaded."""
     if cfg.encoder_hf_config is not None:
         hf = dict(cfg.encoder_hf_config)
     elif cfg.encoder is None:
@@ -194,8 +195,10 @@ def encoder_dims(cfg: RetrieverConfig) -> dict[str, int]:
     if cfg.encoder_layers is not None:
         layers = min(layers, int(cfg.encoder_layers))
     d = get("hidden_size", "d_model", "dim")
-    return {"layers": layers, "d_model": d, "heads": get("num_attention_heads", "num_heads", "n_heads"),
-            "d_ff": get("intermediate_size", "d_ff", "hidden_dim")}
+    heads = get("num_attention_heads", "num_heads", "n_heads")
+    head_dim = int(hf.get("d_kv") or hf.get("head_dim") or d // heads)
+    return {"layers": layers, "d_model": d, "heads": heads, "attn": heads * head_dim,
+            "d_ff": get("intermediate_size", "d_ff", "hidden_dim"), "vocab": int(hf.get("vocab_size") or 0)}
 
 
 @dataclass

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -158,7 +159,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     examples = timer.steps * batch
     flops = train_flops_per_example(module.model, seq_len) * examples
     util = mfu(flops, seconds, device)
-    return {"examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
+    return {"batch": batch, "examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
@@ -169,7 +170,8 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gdr bench training", description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="mini,small30m", help="comma-separated presets (default mini,small30m)")
-    ap.add_argument("--batch", default="auto", help="examples per step; auto = 512 on CUDA, 64 on the CPU")
+    ap.add_argument("--batch", default="auto",
+                    help="examples per step; auto = what fits on CUDA (<= 4096), 64 on the CPU")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 50 on CUDA, 5 on the CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10 on CUDA, 2 on the CPU)")
     ap.add_argument("--seq-len", type=int, default=64, help="input tokens per example (default 64)")
@@ -199,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     from gdr.lm.flops import device_name
     from training.train import _precision, resolve_batch_size
 
-    batch = resolve_batch_size(args.batch if args.batch == "auto" else int(args.batch), "auto" if cuda else "cpu")
+    acc = "auto" if cuda else "cpu"
+    # auto: per preset, from the free memory (training.train.train_batch_for_memory); an int for all
+    batches = {p: resolve_batch_size(args.batch, acc, config=replace(preset_config(p, args.K, args.depth),
+                                                                     max_query_len=args.seq_len))
+               for p in args.presets.split(",") if p}
+    batch = next(iter(batches.values()), None)
     steps = args.steps if args.steps is not None else (50 if cuda else 5)
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = args.profile
         if prof and len(presets) > 1:
             prof = str(Path(prof).with_name(f"{Path(prof).stem}-{name}{Path(prof).suffix}"))
-        r = bench_preset(name, device, batch, steps, warmup, args.seq_len, args.K, args.depth, args.docs,
+        r = bench_preset(name, device, batches[name], steps, warmup, args.seq_len, args.K, args.depth, args.docs,
                          args.compile, args.seed, fused=fused, precision=args.precision, profile=prof)
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
