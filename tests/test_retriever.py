@@ -258,7 +258,7 @@ def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenize
     """evaluate.batch_size=auto: on CUDA as many queries as fit half the free memory, up to 1,024 (an H100's
     80 GB fits 1,024 queries of the small30m retriever at beam 100); 32 on the CPU; an int stays."""
     from gdr.cli.bench.common import preset_config
-    from training.search import search_batch_for_memory, search_bytes_per_query
+    from training.search import search_batch_for_memory, search_memory_per_query
 
     cfg = preset_config("small30m", 30, 4)
     sizes = [search_batch_for_memory(cfg, free, beam=100) for free in (1e6, 1e9, 8e9, 80e9)]
@@ -267,7 +267,7 @@ def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenize
     # the cross-attention keys/values are one query's, not one per hypothesis: at beam 100 copying them per
     # hypothesis would take more than the whole estimate
     per_hyp_cross = 100 * 2 * cfg.num_layers * cfg.max_query_len * cfg.d_model * 2
-    assert search_bytes_per_query(cfg, 100) < per_hyp_cross
+    assert search_memory_per_query(cfg, 100) < per_hyp_cross
     codes = [(0, 1), (1, 0)]
     model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=2, L=2)).eval()
     from transformers import AutoTokenizer
@@ -279,8 +279,8 @@ def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenize
 
 def test_search_memory_estimate_covers_the_bf16_decoder_state(word_tokenizer, monkeypatch):
     """Under bf16 autocast (as on CUDA) the cross-attention keys/values are bf16, once per query, and what the
-    decoder state holds per query stays within search_bytes_per_query."""
-    from training.search import search_bytes_per_query
+    decoder state holds per query stays within search_memory_per_query."""
+    from training.search import search_memory_per_query
 
     torch.manual_seed(6)
     rng = np.random.default_rng(6)
@@ -304,7 +304,7 @@ def test_search_memory_estimate_covers_the_bf16_decoder_state(word_tokenizer, mo
     with torch.autocast("cpu", dtype=torch.bfloat16):
         constrained_beam_search(model, ids, mask, trie, beam=beam, k=5)
     assert set(cross) == {B * 2 * cfg.num_layers * S * cfg.d_model * 2}
-    assert max(held) <= B * search_bytes_per_query(cfg, beam)
+    assert max(held) <= B * search_memory_per_query(cfg, beam)
 
 
 def test_beam_search_never_leaves_the_trie(word_tokenizer, monkeypatch):
@@ -699,7 +699,7 @@ def test_train_memory_estimate_covers_what_autograd_saves(name):
     """The per-example estimate behind batch auto covers the bytes autograd saves for the backward pass of a
     training forward under bf16 autocast (measured on the CPU, per added example), and is not far above it."""
     from gdr.cli.bench.common import preset_config
-    from training.train import train_bytes_per_example
+    from training.train import train_memory_per_example
 
     cfg = preset_config(name, 30, 4)
     torch.manual_seed(0)
@@ -721,7 +721,7 @@ def test_train_memory_estimate_covers_what_autograd_saves(name):
         return sum(seen.values())
 
     per_example = (saved(6) - saved(2)) / 4
-    assert 1.0 <= train_bytes_per_example(cfg) / per_example <= 2.5
+    assert 1.0 <= train_memory_per_example(cfg) / per_example <= 2.5
 
 
 def test_the_cuda_optimizer_configuration_trains_on_the_cpu(tmp_path, word_tokenizer):

@@ -32,7 +32,7 @@ from training.model import PAD, GenerativeRetriever, RetrieverConfig, encoder_di
 log = logging.getLogger(__name__)
 
 __all__ = ["BeamOutput", "constrained_beam_search", "Retriever", "expand_nodes", "search_batch_for_memory",
-           "search_bytes_per_query"]
+           "search_memory_per_query"]
 
 
 @dataclass
@@ -159,7 +159,7 @@ def expand_nodes(trie: DocidTrie, nodes: np.ndarray, scores: np.ndarray) -> tupl
 SEARCH_BATCH_CAP, CPU_SEARCH_BATCH = 1024, 32
 
 
-def search_bytes_per_query(config: RetrieverConfig, beam: int) -> int:
+def search_memory_per_query(config: RetrieverConfig, beam: int) -> int:
     """Device memory one query of a beam search takes at most (estimated generously, bf16 activations as under
     CUDA autocast): its cross-attention keys and values (once per query, see :class:`training.model.DecoderState`),
     one encoder layer's activations, and per hypothesis the self-attention cache (and its reordered copy), a decoder
@@ -176,8 +176,8 @@ def search_bytes_per_query(config: RetrieverConfig, beam: int) -> int:
 
 def search_batch_for_memory(config: RetrieverConfig, free_bytes: float, beam: int, cap: int = SEARCH_BATCH_CAP) -> int:
     """``evaluate.batch_size: auto`` on CUDA: the most queries per beam search whose memory
-    (:func:`search_bytes_per_query`) fits in half of ``free_bytes``, at most ``cap``."""
-    return int(max(1, min(cap, 0.5 * free_bytes // search_bytes_per_query(config, beam))))
+    (:func:`search_memory_per_query`) fits in half of ``free_bytes``, at most ``cap``."""
+    return int(max(1, min(cap, 0.5 * free_bytes // search_memory_per_query(config, beam))))
 
 
 def _default_device() -> torch.device:

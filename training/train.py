@@ -31,7 +31,7 @@ from training.stopping import patience_checks, steps_per_check
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_bytes_per_example"]
+           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example"]
 
 
 @dataclass
@@ -152,7 +152,7 @@ def _on_cuda(accelerator: str) -> bool:
     return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
 
 
-def train_bytes_per_example(config: RetrieverConfig) -> int:
+def train_memory_per_example(config: RetrieverConfig) -> int:
     """Device memory one training example holds until its backward pass (estimated generously): what autograd
     saves in every encoder layer over ``max_query_len`` tokens and every decoder layer over the L + 1 docid
     positions (bf16 activations, fp32 layer-norm inputs, attention probabilities as the math attention kernel
@@ -177,11 +177,11 @@ def _param_estimate(config: RetrieverConfig) -> int:
 
 
 def train_batch_for_memory(config: RetrieverConfig, free_bytes: float, cap: int = GPU_BATCH_CAP) -> int:
-    """The most examples per step whose activations (:func:`train_bytes_per_example`) fit in 60% of
+    """The most examples per step whose activations (:func:`train_memory_per_example`) fit in 60% of
     ``free_bytes`` after the weights, gradients, AdamW states and bf16 weight copies (20 bytes a parameter),
     at most ``cap``; a multiple of 64 from 64 up."""
     room = 0.6 * free_bytes - 20 * _param_estimate(config)
-    b = int(max(1, min(cap, room // train_bytes_per_example(config))))
+    b = int(max(1, min(cap, room // train_memory_per_example(config))))
     return b // 64 * 64 if b >= 64 else b
 
 
