@@ -11,8 +11,11 @@ batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the 
 alternating batch by batch so that other jobs on a shared machine slow both alike. On CUDA one warm-up
 batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
 including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
-null on a CPU), and the speedup. One JSON line per model, then the LAST line: one JSON object with the
-first model's figures at the top level and every model's under ``models``.
+null on a CPU), the speedup, and the roofline of one query (:func:`gdr.lm.flops.roofline`: ``flops_per_unit``,
+``bytes_per_unit`` from :func:`gdr.lm.flops.sampling_bytes` with decode steps = decode rows / batch size and
+one prefill pass per batch, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``). One JSON line per
+model, then the LAST line: one JSON object with the first model's figures at the top level and every model's
+under ``models``.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from pathlib import Path
 import torch
 
 from gdr.cli.bench.common import bench_texts, build_lm
-from gdr.lm.flops import attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count
+from gdr.lm.flops import (attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count, roofline,
+                          sampling_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +158,10 @@ def bench_model(name: str, args) -> dict:
            "threads": torch.get_num_threads()}
     m = mfu(flops, t_ours, dev)
     res["mfu"] = round(m, 4) if m is not None else None
+    elt = next(dec.model.parameters()).element_size()
+    moved = sampling_bytes(dec.model, stats, decode_steps=stats["decode_tokens"] / bs, prefill_passes=n_q // bs,
+                           element_size=elt)
+    res.update(roofline(flops / n_q, moved / n_q, qps, dev))
     log.info("ours: %d queries in %.1f s = %.1f q/s (%.0f new tokens/s, MFU %s); generate: %d in %.1f s = %.2f q/s; "
              "speedup %.1fx", n_q, t_ours, qps, res["tokens_per_s"], res["mfu"], n_hf, t_hf, hf_qps, res["speedup"])
     for t_new, t_old in list(zip(ours.texts, hf_texts))[:3]:

@@ -16,7 +16,9 @@ engine's model FLOP/s over the device's peak bf16 FLOP/s (None on a CPU or an un
 The LAST line printed is one JSON object; its keys: model, device, torch_device, peak_bf16_tflops,
 pairs, docs, queries, prompt_tokens, query_tokens, doc_batch_size, max_query_tokens, attention,
 compute_dtype, engine_pairs_per_s, engine_s, flops_per_pair, mfu, naive_pairs, naive_pairs_per_s, speedup,
-max_abs_diff, doc_tokens, threads.
+max_abs_diff, doc_tokens, threads, and the roofline of one pair (:func:`gdr.lm.flops.roofline`: flops_per_unit,
+bytes_per_unit from :func:`gdr.lm.flops.scoring_bytes_per_pair`, limit_per_s, fraction_of_limit,
+h200_limit_per_s, ...).
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, help="write a torch.profiler table of one more batch here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from gdr.lm.flops import device_name, peak_flops, mfu, scoring_flops_per_pair
+    from gdr.lm.flops import device_name, mfu, peak_flops, roofline, scoring_bytes_per_pair, scoring_flops_per_pair
     from gdr.lm.scoring import auto_score_sizes
 
     t_load = time.perf_counter()
@@ -100,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
     util = mfu(fpp * n_pairs, t_engine, lm.device)
     peak = peak_flops(lm.device)
+    elt = 2 if (dtype == torch.bfloat16 or (dtype is None and cuda)) else next(lm.model.parameters()).element_size()
+    bpp = scoring_bytes_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries), bs, mq,
+                                 elt)
+    roof = roofline(fpp, bpp, eng_rate, lm.device)
     print(f"engine: {n_pairs} pairs in {t_engine:.1f} s = {eng_rate:.1f} pairs/s, {fpp / 1e9:.2f} GFLOP/pair"
           + (f", MFU {100 * util:.1f}% of {peak / 1e12:.0f} TFLOP/s" if util is not None else ""))
 
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_s": round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"], "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
         "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
         "speedup": None if naive_rate is None else round(eng_rate / naive_rate, 2), "max_abs_diff": diff,
-        "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads()}))
+        "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads(), **roof}))
     return 0
 
 

@@ -13,8 +13,14 @@ matmuls over the ``seq_len`` input tokens, the decoder's over its L + 1 docid po
 keys/values over the input tokens), attention scores, and the K + 1 slot logits. MFU is reported where
 the chip's peak is known (not on a CPU).
 
-The LAST line printed is one JSON object: ``device``, ``batch``, ``seq_len``, and per preset
-``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``.
+Bytes (:func:`gdr.lm.flops.training_bytes_per_example`): the optimiser step's weight, gradient and AdamW-state
+traffic, shared by the batch (activations not counted); with the FLOPs they give the roofline limit
+(:func:`gdr.lm.flops.roofline`) and ``fraction_of_limit`` beside MFU, and what one H200 would reach.
+
+The LAST line printed is one JSON object: ``device``, ``batch`` (the first preset's), ``seq_len``, and per preset
+``batch``, ``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``, and the
+roofline of one example: ``flops_per_unit``, ``bytes_per_unit``, ``limit_per_s``, ``fraction_of_limit``,
+``h200_limit_per_s`` (see :func:`gdr.lm.flops.roofline`).
 """
 from __future__ import annotations
 
@@ -124,7 +130,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
                  depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = "auto",
                  precision: str | None = None, profile: str | None = None, profile_steps: int = 3) -> dict:
     """Train ``warmup + steps`` steps of preset ``name``; returns its figures."""
-    from gdr.lm.flops import mfu
+    from gdr.lm.flops import mfu, param_count, roofline, training_bytes_per_example
     from indexing.trie import build_trie
     from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
     from training.module import RetrieverModule
@@ -157,14 +163,18 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     trainer.fit(module, datamodule=dm)
     seconds = timer.t1 - timer.t0
     examples = timer.steps * batch
-    flops = train_flops_per_example(module.model, seq_len) * examples
+    fpe = train_flops_per_example(module.model, seq_len)
+    flops = fpe * examples
     util = mfu(flops, seconds, device)
+    n_params = module.model.n_params()["total"]
+    bpe = training_bytes_per_example(n_params, param_count(module.model), batch, str(prec).startswith("bf16"))
+    roof = roofline(fpe, bpe, examples / seconds, device)
     return {"batch": batch, "examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
             "fused": bool(trainer.optimizers[0].defaults.get("fused")),
-            "launches_per_example": timer.summary and timer.summary["launches_per_unit"]}
+            "launches_per_example": timer.summary and timer.summary["launches_per_unit"], **roof}
 
 
 def main(argv: list[str] | None = None) -> int:
