@@ -291,7 +291,7 @@ ROOF_KEYS = ("flops_per_unit", "bytes_per_unit", "limit_per_s", "fraction_of_lim
 def _sane_roofline(res: dict, rate: float) -> None:
     assert res["flops_per_unit"] > 0 and res["bytes_per_unit"] > 0 and res["limit_reason"] is None
     assert res["limit_per_s"] > 0 and res["limit_bound"] in ("compute", "memory")
-    assert res["fraction_of_limit"] == pytest.approx(rate / res["limit_per_s"], rel=1e-3, abs=1e-5)
+    assert res["fraction_of_limit"] == pytest.approx(rate / res["limit_per_s"], rel=1e-2, abs=1e-5)  # rates rounded
     assert res["h200_limit_per_s"] > 0 and res["h200_limit_bound"] in ("compute", "memory")
 
 
