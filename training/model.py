@@ -356,7 +356,8 @@ class GenerativeRetriever(nn.Module):
     # ------------------------------------------------------------------ incremental decoding
     # The decoder stack's own modules (layer norms, projections, feed-forward, relative position bias) in the
     # order T5Stack calls them, with attention written out: T5Stack would need the encoder states and their
-    # cross-attention keys/values copied to every hypothesis (a beam of 100 holds 100 copies per query).
+    # cross-attention keys/values copied to every hypothesis (a beam of 100 holds 100 copies per query). T5's
+    # float16 overflow clamp is left out: decoding runs in fp32 or under bf16 autocast.
     def start(self, enc: torch.Tensor, enc_mask: torch.Tensor) -> DecoderState:
         """The state before the first step: one hypothesis per query. enc (B, S, d_model), enc_mask (B, S)."""
         B, S, _ = enc.shape
