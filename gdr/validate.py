@@ -546,7 +546,7 @@ TRAIN_STAGE = (
     Rule("trainer.max_epochs", POSITIVE),
     Rule("trainer.max_steps", lambda v, sec: None if v == -1 or (_is_int(v) and v > 0)
          else "must be -1 (no limit) or a positive integer"),
-    Rule("trainer.batch_size", auto_or(POSITIVE), "auto = 512 on CUDA, 64 on the CPU"),
+    Rule("trainer.batch_size", auto_or(POSITIVE), "auto = what fits on CUDA (<= 4096), 64 on the CPU"),
     Rule("trainer.eval_batch_size", POSITIVE),
     Rule("trainer.gradient_clip_val", optional(number(0, lo_open=False))),
     Rule("trainer.check_val_every_n_epoch", OPT_POSITIVE),
@@ -580,7 +580,7 @@ TRAIN_COMMAND = (
 EVALUATE_STAGE = (
     Rule("beam", POSITIVE, "beam width"),
     Rule("k", k_within_beam, "results per query"),
-    Rule("batch_size", auto_or(POSITIVE), "queries per beam search; auto = 256 on CUDA, 32 on the CPU"),
+    Rule("batch_size", auto_or(POSITIVE), "queries per beam search; auto = what fits on CUDA (<= 1024), 32 on the CPU"),
     Rule("length_penalty", number()),
     Rule("device", device(None, "cpu"), "null = cuda when available"),
     Rule("bm25", boolean),

@@ -323,9 +323,130 @@ def test_smoke_search_step_end_to_end(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["search_queries_per_s"] > 0 and res["search_warmup_s"] >= 0 and res["search_launches_per_query"] > 0
+    assert res["search_flops_per_unit"] > 0 and res["search_bytes_per_unit"] > 0 and res["search_limit_per_s"] > 0
+    assert 0 < res["search_fraction_of_limit"] and res["search_h200_limit_per_s"] > res["search_limit_per_s"]
     assert res["steps"]["search"]["ok"] and res["errors"] == {} and res["skipped"] == []
     with tarfile.open(tmp_path / "bench-gpu-logs.tar.gz") as tar:
         names = tar.getnames()
         assert "logs/search.log" in names and "logs/search.profile.txt" in names
         table = tar.extractfile("logs/search.profile.txt").read().decode()
     assert "aten op calls" in table and "per query" in table
+
+
+# ----------------------------------------------------------------------------- the roofline of every benchmark
+
+def test_roofline_limits_from_peaks_hand_checked(monkeypatch):
+    """limit = min(peak FLOP/s / FLOPs, peak bytes/s / bytes) per unit; the CPU's peaks are measured, a known GPU's
+    come from its data sheet, an unknown one has none (and says why); an H200's limit is always there."""
+    from gdr.lm import flops
+
+    monkeypatch.setattr(flops, "cpu_peaks", lambda: {"flops": 1e12, "bytes_per_s": 1e10})
+    r = flops.roofline(1e9, 1e6, 100.0, "cpu")
+    assert r["limit_per_s"] == 1000.0 and r["limit_bound"] == "compute" and r["fraction_of_limit"] == 0.1
+    assert r["h200_limit_per_s"] == 989e12 / 1e9 and r["h200_limit_bound"] == "compute"
+    assert r["limit_reason"] is None and "measured" in r["peak_source"]
+    r = flops.roofline(1e6, 1e6, 50.0, "cpu")  # 1 FLOP per byte: bound by memory everywhere
+    assert r["limit_per_s"] == 1e4 and r["limit_bound"] == "memory" and r["h200_limit_per_s"] == 4.8e6
+    monkeypatch.setattr(flops, "device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    r = flops.roofline(1e9, 1e6, 100.0, "cuda")
+    assert r["peak_flops"] == 989e12 and r["peak_bytes_per_s"] == 3.35e12 and r["peak_source"] == "data sheet"
+    assert r["limit_per_s"] == 989e3 and r["fraction_of_limit"] == pytest.approx(100 / 989e3, abs=1e-5)
+    assert flops.peak_bandwidth("cuda") == 3.35e12
+    monkeypatch.setattr(flops, "device_name", lambda device=None: "NVIDIA H200")
+    assert flops.peak_bandwidth("cuda") == 4.8e12 and flops.peak_flops("cuda") == 989e12
+    monkeypatch.setattr(flops, "device_name", lambda device=None: "Mystery Accelerator 9000")
+    r = flops.roofline(1e9, 1e6, 100.0, "cuda")
+    assert r["limit_per_s"] is None and r["fraction_of_limit"] is None and "Mystery" in r["limit_reason"]
+    assert r["h200_limit_per_s"] == 989e3
+
+
+def test_cpu_peaks_are_measured():
+    from gdr.lm.flops import cpu_peaks
+
+    p = cpu_peaks()
+    assert p["flops"] == max(p["flops_float32"], p["flops_bfloat16"]) > 1e8 and p["bytes_per_s"] > 1e8
+
+
+def test_bytes_and_flops_per_unit_hand_checked():
+    """A known tiny Llama (GQA: 4 query heads, 2 KV heads) and a known tiny retriever, counted by hand."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gdr.cli.bench.decoding import hypotheses_per_step, search_bytes_per_query, search_flops_per_query
+    from gdr.lm import flops
+    from training.model import GenerativeRetriever, RetrieverConfig
+
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    # per layer q 32x32, k and v 32x16 (2 KV heads of 8), o 32x32, MLP 3 x 32x64, 2 norms; final norm; tied head
+    P = 2 * (1024 + 512 + 512 + 1024 + 6144 + 64) + 32 + 100 * 32
+    assert flops.param_count(lm) == P == 21792
+    kv = 2 * 2 * 2 * 8 * 2  # K and V, 2 layers, 2 KV heads (not 4), head dim 8, bf16
+    assert flops.kv_bytes_per_position(lm.config, 2) == kv == 128
+    stats = dict(decode_context=1000, prefill_tokens=100, decode_tokens=50)
+    assert flops.sampling_bytes(lm, stats, decode_steps=10, prefill_passes=2, element_size=2) == (
+        12 * P * 2 + kv * (1000 + 100 + 50))
+    # 2 docs of 10 prompt tokens a pass, 8 queries of 4 tokens in chunks of 16 tokens: 2 chunks
+    assert flops.scoring_bytes_per_pair(lm, 10, 4, 8, 2, 16, 2) == (
+        3 * P * 2 + 2 * 2 * 10 * kv + 2 * (10 + 32) * kv) / 16
+    assert flops.training_bytes_per_example(1000, 800, 10, True) == (800 * 12 + 1000 * 44) / 10
+
+    cfg = RetrieverConfig(encoder=None, encoder_config=dict(d_model=8, num_layers=1, num_heads=2, d_kv=4, d_ff=16),
+                          tokenizer="unused", n_digits=3, max_code_len=2, d_model=8, num_layers=1, num_heads=2,
+                          d_ff=16, dropout=0.0)
+    r = GenerativeRetriever.build(cfg, vocab_size=50)
+    enc = 4 * 8 * 8 + 2 * 8 + 2 * 8 * 16 + 8  # q k v o, 2 norms, FF, final norm (embeddings are lookups)
+    dec = 2 * 4 * 8 * 8 + 3 * 8 + 2 * 8 * 16 + 8  # self and cross q k v o, 3 norms, FF, final norm
+    assert (flops.param_count(r.encoder), flops.param_count(r.decoder)) == (enc, dec) == (536, 800)
+    assert hypotheses_per_step(3, 2, beam=5) == [1, 4, 5]
+    S, cross_kv, A, K1 = 6, 2 * 8 * 8, 8, 4
+    per_hyp = 2 * (dec - cross_kv) + 2 * 8 * K1
+    expect = S * 2 * enc + 4 * A * S * S + S * 2 * cross_kv + sum(
+        w * (per_hyp + 4 * A * (t + 1 + S)) for t, w in enumerate([1, 4, 5]))
+    assert search_flops_per_query(r, S, beam=5) == expect == 25888
+    pos = 2 * A * 4  # one cached position (K and V, 1 layer), fp32
+    expect = ((enc + 3 * dec) * 4 / 2  # encoder once, decoder each of 3 steps, shared by a batch of 2
+              + S * pos * 4  # cross K/V written once, read at 3 steps
+              + 1 * 2 * pos + 4 * 1 * pos * 2 + 4 * 3 * pos + 5 * 2 * pos * 2 + 5 * 4 * pos)  # steps and reorders
+    assert search_bytes_per_query(r, S, beam=5, batch=2, element_size=4) == expect == 11376
+
+
+ROOF_KEYS = ("flops_per_unit", "bytes_per_unit", "limit_per_s", "fraction_of_limit", "h200_limit_per_s")
+
+
+def _sane_roofline(res: dict, rate: float) -> None:
+    assert res["flops_per_unit"] > 0 and res["bytes_per_unit"] > 0 and res["limit_reason"] is None
+    assert res["limit_per_s"] > 0 and res["limit_bound"] in ("compute", "memory")
+    assert res["fraction_of_limit"] == pytest.approx(rate / res["limit_per_s"], rel=1e-2, abs=1e-5)  # rates rounded
+    assert res["h200_limit_per_s"] > 0 and res["h200_limit_bound"] in ("compute", "memory")
+
+
+def test_every_benchmark_json_has_the_roofline(tmp_path, capsys):
+    """The sampling, scoring, training and search benchmarks on tiny models: each JSON gives FLOPs and bytes per
+    unit, the limit on this CPU's measured peaks, the fraction of it, and one H200's limit."""
+    from gdr.cli.bench import decoding, sampling, scoring, training
+
+    lm = str(gpu.make_tiny_lm(tmp_path / "tiny-lm"))
+    docs = tmp_path / "docs.txt"
+    docs.write_text("the cat sat on the mat\nmarkets fell on tuesday after the rate rise\nthe team won the final\n")
+    runs = {
+        "sampling": (sampling.main, ["--models", lm, "--docs", "3", "--doc-tokens", "8", "--max-new-tokens", "2",
+                                     "--queries", "4", "--batch-size", "4", "--hf-queries", "1", "--device", "cpu",
+                                     "--docs-file", str(docs)], "queries_per_s"),
+        "scoring": (scoring.main, ["--model", lm, "--device", "cpu", "--queries", "2", "--doc-tokens", "8", "--pairs",
+                                   "4", "--naive-pairs", "0", "--query-tokens", "2", "--docs-file", str(docs)],
+                    "engine_pairs_per_s"),
+        "training": (training.main, ["--presets", "tiny", "--batch", "4", "--steps", "1", "--warmup", "1", "--device",
+                                     "cpu", "--seq-len", "8"], "examples_per_s"),
+        "search": (decoding.main, ["--docs", "200", "--beam", "5", "--queries", "2", "--batch", "2",
+                                   "--no-reference", "--device", "cpu"], "queries_per_s"),
+    }
+    for name, (main, argv, rate) in runs.items():
+        assert main(argv) == 0, name
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        res = out["tiny"] if name == "training" else out
+        assert set(ROOF_KEYS) <= res.keys(), name
+        _sane_roofline(res, res[rate])
+    # the chain surfaces them: every step's figures name the five roofline keys
+    figures = {k for s in gpu.plan("gpu", tmp_path) for k in s.figures}
+    for prefix in ("sampling", "scoring", "sampling_t5", "scoring_t5", "training_mini", "training_small30m", "search"):
+        assert {f"{prefix}_{k}" for k in ROOF_KEYS} <= figures, prefix

@@ -121,9 +121,9 @@ def test_incremental_decoding_matches_teacher_forcing(word_tokenizer):
         step = model.step(state, tok)
         assert torch.allclose(step, full[:, t], atol=1e-5)
         tok = model.slot_tokens[t][labels[:, t].clamp_min(0)]
-    # the KV cache holds the history; cross-attention keys are computed once
-    assert state.cache.self_attention_cache.get_seq_length() == 3
-    assert state.cache.cross_attention_cache.get_seq_length() == ids.shape[1]
+    # the self-attention cache holds the history; cross-attention keys are computed once, per query
+    assert state.self_k[0].shape == (3, 4, 3, 8)
+    assert state.cross_k[0].shape == (3, 4, ids.shape[1], 8)
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
@@ -146,6 +146,165 @@ def test_beam_search_equals_brute_force(word_tokenizer, length_penalty):
     for row, sc in zip(narrow.nodes.tolist(), narrow.scores):
         assert len(set(row)) == 4 and all(trie.code_of(n) in codes for n in row)
         assert (sc[:-1] >= sc[1:]).all()
+
+
+def _tensors(obj, seen=None):
+    """Every tensor reachable from ``obj`` (attributes, lists, dicts), each once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x, seen)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x, seen)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.nn.Module, type)):
+        for x in vars(obj).values():
+            yield from _tensors(x, seen)
+
+
+def test_beam_search_holds_cross_attention_keys_once_per_query(word_tokenizer, monkeypatch):
+    """A beam of w hypotheses per query shares its query's cross-attention keys and values: the decoder state
+    holds 2 x layers x B x S x d_model of them (fp32), not w copies, at every step of the search."""
+    torch.manual_seed(4)
+    rng = np.random.default_rng(4)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=3)) for _ in range(50)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3, pawa=True)).eval()
+    B, S = 3, 13  # S differs from every other length here: the tensors with a dimension S are the encoder side
+    ids = torch.randint(2, 30, (B, S))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    held = []
+    plain_step = model.step
+
+    def step(state, tokens):
+        out = plain_step(state, tokens)
+        held.append((len(tokens), sum(x.numel() * x.element_size() for x in _tensors(state) if S in x.shape)))
+        return out
+
+    monkeypatch.setattr(model, "step", step)
+    constrained_beam_search(model, ids, mask, trie, beam=12, k=5)
+    per_query = 2 * model.config.num_layers * S * model.config.d_model * 4  # K and V, fp32
+    assert [n for n, _ in held] == [B, B * 5, B * 12, B * 12]  # the beam widened: 1, K+1, 12 per query
+    assert [b for _, b in held] == [B * per_query + B * S] * 4, "cross-attention K/V copied per hypothesis"
+
+
+def _t5stack_decoding(model):
+    """The retriever's incremental decoding through transformers' T5Stack and its EncoderDecoderCache, as it
+    was before the folded cross-attention: encoder states and cross keys/values copied to every hypothesis."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    from gdr.lm.compat import cache_kwarg
+
+    conf = model.decoder.config
+
+    def start(enc, enc_mask):
+        pawa = enc.new_zeros(1, enc.shape[0], model.config.d_model) if model.config.pawa else None
+        cache = EncoderDecoderCache(DynamicCache(config=conf), DynamicCache(config=conf))
+        return SimpleNamespace(cache=cache, enc=enc, enc_mask=enc_mask, pawa=pawa, step=0)
+
+    def step(state, tokens):
+        ids = tokens[:, None]
+        out = model.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=state.enc_mask,
+                            use_cache=True, **{cache_kwarg(model.decoder): state.cache})
+        pawa_h = None
+        if model.config.pawa:
+            pawa_h, state.pawa = model.pawa_rnn(model.decoder.embed_tokens(ids), state.pawa)
+        t, state.step = state.step, state.step + 1
+        return F.log_softmax(model.slot_logits(out.last_hidden_state, torch.tensor([t]), pawa_h)[:, 0].float(), -1)
+
+    def reorder(state, index):
+        state.cache.self_attention_cache.batch_select_indices(index)
+        if len(index) != len(state.enc):  # the beam widened: copy the encoder side to the new hypotheses
+            state.cache.cross_attention_cache.batch_select_indices(index)
+            state.enc, state.enc_mask = state.enc[index], state.enc_mask[index]
+        if state.pawa is not None:
+            state.pawa = state.pawa[:, index]
+
+    return start, step, reorder
+
+
+@pytest.mark.parametrize("pawa", [False, True])
+def test_folded_cross_attention_gives_the_t5stack_search(word_tokenizer, monkeypatch, pawa):
+    """Same docids in the same order, and the same scores up to fp32 rounding (the folded attention multiplies
+    w query rows at once; T5Stack one per hypothesis), as the search through T5Stack's cached decoding."""
+    torch.manual_seed(5)
+    rng = np.random.default_rng(5)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=rng.integers(1, 4))) for _ in range(60)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3, pawa=pawa)).eval()
+    if pawa:
+        torch.nn.init.normal_(model.pawa_a.weight)
+    ids = torch.randint(2, 30, (4, 9))
+    mask = torch.ones_like(ids)
+    mask[2, 4:] = 0
+    ours = constrained_beam_search(model, ids, mask, trie, beam=16, k=16)
+    for name, fn in zip(("start", "step", "reorder"), _t5stack_decoding(model)):
+        monkeypatch.setattr(model, name, fn)
+    ref = constrained_beam_search(model, ids, mask, trie, beam=16, k=16)
+    assert torch.equal(ours.nodes, ref.nodes)
+    assert torch.allclose(ours.scores, ref.scores, rtol=0, atol=2e-6)
+
+
+def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenizer):
+    """evaluate.batch_size=auto: on CUDA as many queries as fit half the free memory, up to 1,024 (an H100's
+    80 GB fits 1,024 queries of the small30m retriever at beam 100); 32 on the CPU; an int stays."""
+    from gdr.cli.bench.common import preset_config
+    from training.search import search_batch_for_memory, search_memory_per_query
+
+    cfg = preset_config("small30m", 30, 4)
+    sizes = [search_batch_for_memory(cfg, free, beam=100) for free in (1e6, 1e9, 8e9, 80e9)]
+    assert sizes == sorted(sizes) and sizes[0] == 1 and sizes[1] < 1024 and sizes[-1] == 1024
+    assert search_batch_for_memory(cfg, 8e9, beam=1000) < sizes[2]
+    # the cross-attention keys/values are one query's, not one per hypothesis: at beam 100 copying them per
+    # hypothesis would take more than the whole estimate
+    per_hyp_cross = 100 * 2 * cfg.num_layers * cfg.max_query_len * cfg.d_model * 2
+    assert search_memory_per_query(cfg, 100) < per_hyp_cross
+    codes = [(0, 1), (1, 0)]
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=2, L=2)).eval()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    assert Retriever(model, tok, build_trie(codes), ["a", "b"], device="cpu", batch_size="auto").batch_for(100) == 32
+    assert Retriever(model, tok, build_trie(codes), ["a", "b"], device="cpu", batch_size=7).batch_for(100) == 7
+
+
+def test_search_memory_estimate_covers_the_bf16_decoder_state(word_tokenizer, monkeypatch):
+    """Under bf16 autocast (as on CUDA) the cross-attention keys/values are bf16, once per query, and what the
+    decoder state holds per query stays within search_memory_per_query."""
+    from training.search import search_memory_per_query
+
+    torch.manual_seed(6)
+    rng = np.random.default_rng(6)
+    codes = sorted({tuple(int(x) for x in rng.integers(0, 4, size=3)) for _ in range(50)})
+    trie = build_trie(codes, n_digits=4)
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3)).eval()
+    cfg = model.config
+    B, S, beam = 3, cfg.max_query_len, 16
+    ids = torch.randint(2, 30, (B, S))
+    mask = torch.ones_like(ids)
+    held, cross = [], []
+    plain_step = model.step
+
+    def step(state, tokens):
+        out = plain_step(state, tokens)
+        held.append(sum(x.numel() * x.element_size() for x in _tensors(state)))
+        cross.append(state.cross_kv_bytes())
+        return out
+
+    monkeypatch.setattr(model, "step", step)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        constrained_beam_search(model, ids, mask, trie, beam=beam, k=5)
+    assert set(cross) == {B * 2 * cfg.num_layers * S * cfg.d_model * 2}
+    assert max(held) <= B * search_memory_per_query(cfg, beam)
 
 
 def test_beam_search_never_leaves_the_trie(word_tokenizer, monkeypatch):
@@ -318,13 +477,14 @@ def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_
 # ----------------------------------------------------------------------------- training
 
 def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), ckpt_every=None,
-           **optim):
+           batch_size=20, **optim):
     cfg = tiny_config(tok, dropout=dropout)
     return train(
         out, cfg, doc_ids, codes, doc_texts=None, train_queries=texts * 4, train_rel=[[i] for i in range(len(texts))] * 4,
         examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
         optim=OptimOptions(**{"lr_encoder": 3e-3, "lr_decoder": 3e-3, "warmup_steps": 5, "weight_decay": 0.0, **optim}),
-        trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=20, enable_progress_bar=False,
+        trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=batch_size,
+                                    enable_progress_bar=False,
                                     tensorboard=False, resume=resume, log_every_n_steps=1,
                                     checkpoint_every_n_steps=ckpt_every),
         seed=0, callbacks=callbacks,
@@ -370,6 +530,22 @@ def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tok
     assert len(full.losses) == 12 and len(resumed.losses) == 4
     assert resumed.losses[0] == pytest.approx(full.losses[8], rel=1e-5)
     assert resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
+
+
+def test_a_resumed_auto_batch_run_keeps_the_batch_it_started_with(tmp_path, word_tokenizer, monkeypatch):
+    """batch_size=auto follows the free memory; a run resumed when another amount is free keeps its first batch."""
+    import training.train as tt
+
+    doc_ids, texts, codes = toy_corpus(20)
+    full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
+    monkeypatch.setattr(tt, "resolve_batch_size", lambda *a, **k: 20)  # what was free at the start
+    with pytest.raises(RuntimeError, match="killed"):
+        _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+               callbacks=[_kill_at(8)], batch_size="auto")
+    monkeypatch.setattr(tt, "resolve_batch_size", lambda *a, **k: 40)  # more memory free at the resume
+    resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
+                     resume=True, batch_size="auto")
+    assert len(resumed.losses) == 4 and resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
 
 
 def test_resume_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(tmp_path, word_tokenizer):
@@ -489,6 +665,63 @@ def _train_cuda_config(out, tok, clip, fused="auto", precision="bf16-mixed"):
                                             resume=False),
                 seed=0, callbacks=[seen])
     return res, seen
+
+
+def test_train_batch_auto_grows_with_free_memory_up_to_4096(monkeypatch):
+    """trainer.batch_size=auto on CUDA: the batch that fits the free memory (a multiple of 64, at most 4,096), but
+    above 512 only while an epoch keeps 16 steps; 64 on the CPU; a config's 512 stays 512. Pure functions of the
+    free bytes and the config, so checked here without a GPU."""
+    from gdr.cli.bench.common import preset_config
+    from training.train import resolve_batch_size, scaled_optim, train_batch_for_memory
+
+    for name in ("mini", "small30m"):
+        cfg = preset_config(name, 30, 4)
+        sizes = [train_batch_for_memory(cfg, free) for free in (2e8, 4e9, 40e9, 80e9, 141e9)]
+        assert sizes == sorted(sizes) and sizes[0] >= 1 and sizes[-1] == 4096, (name, sizes)
+        assert all(b % 64 == 0 for b in sizes if b >= 64) and sizes[2] > 512
+    cfg = preset_config("small30m", 30, 4)
+    assert 1024 < train_batch_for_memory(cfg, 80e9) < 4096  # an H100 fits less than 4,096 of these
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    h200 = dict(config=cfg, free_bytes=141e9)
+    assert resolve_batch_size("auto", **h200) == 4096  # no data size given: memory alone (the benchmark)
+    assert resolve_batch_size("auto", n_train=10_000_000, **h200) == 4096
+    assert resolve_batch_size("auto", n_train=6_000, **h200) == 512  # a small corpus keeps 512
+    assert resolve_batch_size("auto", n_train=40_000, **h200) == 2048  # 16 steps an epoch: 2,500 -> 2,048
+    assert resolve_batch_size("auto", n_train=40_000, config=cfg, free_bytes=2e8) < 512  # what fits comes first
+    assert resolve_batch_size(512, **h200) == 512 and resolve_batch_size("auto", "cpu", **h200) == 64
+    # the learning rates follow with the sqrt rule from their batch-64 values
+    big = scaled_optim(OptimOptions(lr_decoder=1e-3, lr_scaling="sqrt"), 4096)
+    assert big.lr_decoder == pytest.approx(8e-3)
+
+
+@pytest.mark.parametrize("name", ["tiny", "mini"])
+def test_train_memory_estimate_covers_what_autograd_saves(name):
+    """The per-example estimate behind batch auto covers the bytes autograd saves for the backward pass of a
+    training forward under bf16 autocast (measured on the CPU, per added example), and is not far above it."""
+    from gdr.cli.bench.common import preset_config
+    from training.train import train_memory_per_example
+
+    cfg = preset_config(name, 30, 4)
+    torch.manual_seed(0)
+    model = GenerativeRetriever.build(cfg, vocab_size=30522 if cfg.encoder is None else None).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved(batch: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(1000, 20000, (batch, cfg.max_query_len))
+        labels = torch.randint(0, cfg.n_digits, (batch, cfg.max_code_len + 1))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(ids, torch.ones_like(ids), labels)
+        return sum(seen.values())
+
+    per_example = (saved(6) - saved(2)) / 4
+    assert 1.0 <= train_memory_per_example(cfg) / per_example <= 2.5
 
 
 def test_the_cuda_optimizer_configuration_trains_on_the_cpu(tmp_path, word_tokenizer):

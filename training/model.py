@@ -40,12 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gdr.lm.compat import cache_kwarg
 from gdr.lm.hostsync import padding_mask_4d
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "load_tokenizer", "PAD", "EOS"]
+__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "encoder_dims", "load_tokenizer", "PAD", "EOS"]
 
 PAD = 0  # also the decoder start token (T5 convention)
 EOS = 1  # end of docid
@@ -176,22 +175,58 @@ def _hidden_size(conf) -> int:
     raise ValueError(f"cannot tell the hidden size of encoder config {type(conf).__name__}")
 
 
+def encoder_dims(cfg: RetrieverConfig) -> dict[str, int]:
+    """The encoder's ``layers``, ``d_model``, ``heads``, ``attn`` (heads x head dim), ``d_ff`` and ``vocab`` from
+    ``cfg`` alone (its saved HF config, its random-init T5 settings, or the pretrained checkpoint's config.json):
+    no weights are loaded."""
+    if cfg.encoder_hf_config is not None:
+        hf = dict(cfg.encoder_hf_config)
+    elif cfg.encoder is None:
+        from transformers import T5Config
+
+        hf = T5Config(**(cfg.encoder_config or {})).to_dict()
+    else:
+        from transformers import AutoConfig
+
+        from gdr.models import resolve_model
+
+        hf = AutoConfig.from_pretrained(resolve_model(cfg.encoder)).to_dict()
+    get = lambda *names: next(int(hf[n]) for n in names if hf.get(n))  # noqa: E731
+    layers = get("num_hidden_layers", "num_layers")
+    if cfg.encoder_layers is not None:
+        layers = min(layers, int(cfg.encoder_layers))
+    d = get("hidden_size", "d_model", "dim")
+    heads = get("num_attention_heads", "num_heads", "n_heads")
+    head_dim = int(hf.get("d_kv") or hf.get("head_dim") or d // heads)
+    return {"layers": layers, "d_model": d, "heads": heads, "attn": heads * head_dim,
+            "d_ff": get("intermediate_size", "d_ff", "hidden_dim"), "vocab": int(hf.get("vocab_size") or 0)}
+
+
 @dataclass
 class DecoderState:
-    """Incremental decoding state for ``N`` hypotheses.
+    """Incremental decoding state of ``N = B * w`` hypotheses, ``w`` per query, each query's contiguous
+    (hypothesis ``i`` belongs to query ``i // w``).
 
-    cache : transformers ``EncoderDecoderCache`` (self-attention grows one step per call; the
-        cross-attention keys/values are computed at the first step and reused)
-    enc : encoder states of shape (N, S, d_model); enc_mask of shape (N, S)
+    cross_k, cross_v : per decoder layer, the cross-attention keys and values of shape (B, H, S, d_kv),
+        computed once per query by :meth:`GenerativeRetriever.start` and never copied per hypothesis: the
+        hypotheses of a query attend to them as the query positions of one cross-attention call
+    enc_mask : bool tensor of shape (B, S), True at the query's tokens
+    self_k, self_v : per decoder layer, the self-attention keys and values of shape (N, H, t, d_kv)
     pawa : GRU hidden state of shape (1, N, d_model) or None
-    step : number of tokens consumed so far
+    step : number of tokens consumed so far (t)
     """
 
-    cache: Any
-    enc: torch.Tensor
+    cross_k: list[torch.Tensor]
+    cross_v: list[torch.Tensor]
     enc_mask: torch.Tensor
+    self_k: list[torch.Tensor]
+    self_v: list[torch.Tensor]
     pawa: torch.Tensor | None
     step: int = 0
+
+    def cross_kv_bytes(self) -> int:
+        """Bytes held by the cross-attention keys and values (all layers)."""
+        return sum(x.numel() * x.element_size() for x in (*self.cross_k, *self.cross_v))
 
 
 class GenerativeRetriever(nn.Module):
@@ -216,7 +251,6 @@ class GenerativeRetriever(nn.Module):
             relative_attention_max_distance=16,
         )
         self.decoder = T5Stack(dec_conf)
-        self._cache_kw = cache_kwarg(self.decoder)  # past_key_values or cache, by transformers version
         nn.init.normal_(self.decoder.embed_tokens.weight, std=1.0)  # T5's init of tied embeddings
         K, L = config.n_digits, config.max_code_len
         # slot_tokens[t, s]: token id of slot s at step t; at step L only EOS is valid
@@ -323,40 +357,79 @@ class GenerativeRetriever(nn.Module):
         return self.slot_logits(h, torch.arange(labels.shape[1], device=labels.device), pawa_h)
 
     # ------------------------------------------------------------------ incremental decoding
+    # The decoder stack's own modules (layer norms, projections, feed-forward, relative position bias) in the
+    # order T5Stack calls them, with attention written out: T5Stack would need the encoder states and their
+    # cross-attention keys/values copied to every hypothesis (a beam of 100 holds 100 copies per query). T5's
+    # float16 overflow clamp is left out: decoding runs in fp32 or under bf16 autocast.
     def start(self, enc: torch.Tensor, enc_mask: torch.Tensor) -> DecoderState:
-        from transformers import DynamicCache, EncoderDecoderCache
+        """The state before the first step: one hypothesis per query. enc (B, S, d_model), enc_mask (B, S)."""
+        B, S, _ = enc.shape
+        H, dk = self.decoder.config.num_heads, self.decoder.config.d_kv
+        ks, vs = [], []
+        for block in self.decoder.block:
+            attn = block.layer[1].EncDecAttention
+            ks.append(attn.k(enc).view(B, S, H, dk).transpose(1, 2))  # (B, H, S, dk)
+            vs.append(attn.v(enc).view(B, S, H, dk).transpose(1, 2))
+        empty = enc.new_zeros(B, H, 0, dk, dtype=ks[0].dtype)
+        L = len(self.decoder.block)
+        pawa = enc.new_zeros(1, B, self.config.d_model) if self.config.pawa else None
+        return DecoderState(ks, vs, enc_mask.bool(), [empty] * L, [empty] * L, pawa, 0)
 
-        conf = self.decoder.config
-        cache = EncoderDecoderCache(DynamicCache(config=conf), DynamicCache(config=conf))
-        pawa = enc.new_zeros(1, enc.shape[0], self.config.d_model) if self.config.pawa else None
-        return DecoderState(cache, enc, enc_mask, pawa, 0)
+    def _self_bias(self, t: int, device: torch.device) -> torch.Tensor:
+        """Relative position bias of query position ``t`` over keys 0..t: (1, H, 1, t + 1) (T5's compute_bias)."""
+        attn = self.decoder.block[0].layer[0].SelfAttention
+        rel = torch.arange(t + 1, device=device) - t  # memory position - query position
+        bucket = attn._relative_position_bucket(rel, bidirectional=False, num_buckets=attn.relative_attention_num_buckets,
+                                                max_distance=attn.relative_attention_max_distance)
+        return attn.relative_attention_bias(bucket).t().contiguous()[None, :, None, :]
 
     def step(self, state: DecoderState, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per hypothesis (N,); returns slot log-probs (N, K + 1) for the next symbol."""
         t = state.step
+        dec = self.decoder
+        N, B = tokens.shape[0], state.enc_mask.shape[0]
+        w = N // B  # hypotheses per query
+        H, dk = dec.config.num_heads, dec.config.d_kv
         ids = tokens[:, None]  # (N, 1)
-        enc_mask = padding_mask_4d(state.enc_mask, self.decoder, state.enc.dtype)  # 4D: no host sync per step
-        out = self.decoder(input_ids=ids, encoder_hidden_states=state.enc, encoder_attention_mask=enc_mask,
-                           use_cache=True, **{self._cache_kw: state.cache})
-        h = out.last_hidden_state  # (N, 1, d)
+        x = dec.dropout(dec.embed_tokens(ids))  # (N, 1, d)
+        self_bias = self._self_bias(t, x.device)  # (1, H, 1, t+1)
+        enc_bias = None
+        for i, block in enumerate(dec.block):
+            sa, ca, ff = block.layer[0], block.layer[1], block.layer[-1]
+            h = sa.layer_norm(x)
+            q, k, v = (lin(h).view(N, 1, H, dk).transpose(1, 2) for lin in (sa.SelfAttention.q, sa.SelfAttention.k,
+                                                                            sa.SelfAttention.v))  # (N, H, 1, dk)
+            state.self_k[i] = torch.cat([state.self_k[i], k], 2)  # (N, H, t+1, dk)
+            state.self_v[i] = torch.cat([state.self_v[i], v], 2)
+            drop = sa.SelfAttention.dropout if self.training else 0.0
+            a = F.scaled_dot_product_attention(q, state.self_k[i], state.self_v[i], attn_mask=self_bias,
+                                               dropout_p=drop, scale=1.0)  # (N, H, 1, dk); T5 does not scale
+            x = x + sa.dropout(sa.SelfAttention.o(a.transpose(1, 2).reshape(N, 1, H * dk)))
+            h = ca.layer_norm(x)
+            q = ca.EncDecAttention.q(h).view(B, w, H, dk).transpose(1, 2)  # (B, H, w, dk): hypotheses as positions
+            if enc_bias is None:  # additive mask (B, 1, 1, S): 0 at tokens, the dtype's minimum at padding
+                kv_dtype = state.cross_k[i].dtype
+                enc_bias = torch.zeros((), dtype=kv_dtype, device=x.device).masked_fill(
+                    ~state.enc_mask[:, None, None, :], torch.finfo(kv_dtype).min)
+            drop = ca.EncDecAttention.dropout if self.training else 0.0
+            a = F.scaled_dot_product_attention(q, state.cross_k[i], state.cross_v[i], attn_mask=enc_bias,
+                                               dropout_p=drop, scale=1.0)  # (B, H, w, dk)
+            x = x + ca.dropout(ca.EncDecAttention.o(a.transpose(1, 2).reshape(N, 1, H * dk)))
+            x = ff(x)
+        h = dec.dropout(dec.final_layer_norm(x))  # (N, 1, d)
         pawa_h = None
         if self.config.pawa:
-            pawa_h, state.pawa = self.pawa_rnn(self.decoder.embed_tokens(ids), state.pawa)  # (N, 1, d)
+            pawa_h, state.pawa = self.pawa_rnn(dec.embed_tokens(ids), state.pawa)  # (N, 1, d)
         steps = torch.full((1,), t, dtype=torch.long, device=h.device)
         state.step = t + 1
         return F.log_softmax(self.slot_logits(h, steps, pawa_h)[:, 0].float(), dim=-1)
 
     @staticmethod
-    def reorder(state: DecoderState, index: torch.Tensor, cross: bool) -> None:
-        """Keep hypotheses ``index`` (N',) of the state, in that order.
-
-        cross=False leaves the cross-attention keys/values alone: correct when ``index`` only permutes
-        hypotheses within each query (all hypotheses of a query share its encoder states).
-        """
-        state.cache.self_attention_cache.batch_select_indices(index)
-        if cross:
-            state.cache.cross_attention_cache.batch_select_indices(index)
-            state.enc = state.enc.index_select(0, index)
-            state.enc_mask = state.enc_mask.index_select(0, index)
+    def reorder(state: DecoderState, index: torch.Tensor) -> None:
+        """Keep hypotheses ``index`` (N',) of the state, in that order; each query's hypotheses must stay
+        contiguous and in query order (``index // w_old`` non-decreasing), as the cross-attention keys and
+        values are the query's, not the hypothesis'."""
+        state.self_k = [k.index_select(0, index) for k in state.self_k]
+        state.self_v = [v.index_select(0, index) for v in state.self_v]
         if state.pawa is not None:
             state.pawa = state.pawa.index_select(1, index)

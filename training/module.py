@@ -46,12 +46,14 @@ class RetrieverModule(pl.LightningModule):
         Gradients are then clipped by :meth:`configure_gradient_clipping` (Lightning's AMP plugin refuses to
         clip for an optimizer that unscales its own gradients, although bf16 has nothing to unscale)
     trie : the docid trie (not a hyperparameter; needed for validation)
+    batch_size : examples per step, kept in the checkpoint so that a resumed ``batch_size: auto`` run keeps the
+        batch it started with (read by ``training.train``; the data module does the batching)
     """
 
     def __init__(self, model_config: dict[str, Any], lr_encoder: float = 1e-4, lr_decoder: float = 1e-3,
                  weight_decay: float = 0.01, warmup_steps: int = 1000, consistency_weight: float = 0.0,
                  val_beam: int = 10, val_k: int = 10, length_penalty: float = 1.0, seed: int = 0,
-                 fused: bool | None = None, trie: DocidTrie | None = None):
+                 fused: bool | None = None, trie: DocidTrie | None = None, batch_size: int | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["trie"])
         self.model = GenerativeRetriever.build(RetrieverConfig.from_dict(dict(model_config)))

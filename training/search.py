@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from indexing.trie import DocidTrie, load_trie
-from training.model import PAD, GenerativeRetriever, load_tokenizer
+from training.model import PAD, GenerativeRetriever, RetrieverConfig, encoder_dims, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BeamOutput", "constrained_beam_search", "Retriever", "expand_nodes"]
+__all__ = ["BeamOutput", "constrained_beam_search", "Retriever", "expand_nodes", "search_batch_for_memory",
+           "search_memory_per_query"]
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _beam_kernel(model, input_ids, attention_mask, trie, beam, k, length_penalty
         step_tok = model.slot_tokens[t][slot]  # (B, w') token ids of the chosen slots at position t
         tokens = torch.where(done, torch.full_like(step_tok, PAD), step_tok).view(-1)
         flat = (torch.arange(B, device=device)[:, None] * w + src).view(-1)  # (B*w',) rows to keep
-        model.reorder(state, flat, cross=(w_new != w))
+        model.reorder(state, flat)
         w = w_new
     final = scores / length.clamp_min(1) ** length_penalty if length_penalty else scores
     final = torch.where(done & torch.isfinite(scores), final, neg_inf)
@@ -155,7 +156,28 @@ def expand_nodes(trie: DocidTrie, nodes: np.ndarray, scores: np.ndarray) -> tupl
     return np.split(docs, cuts), np.split(sc, cuts), np.split(rk, cuts)
 
 
-GPU_SEARCH_BATCH = 256
+SEARCH_BATCH_CAP, CPU_SEARCH_BATCH = 1024, 32
+
+
+def search_memory_per_query(config: RetrieverConfig, beam: int) -> int:
+    """Device memory one query of a beam search takes at most (estimated generously, bf16 activations as under
+    CUDA autocast): its cross-attention keys and values (once per query, see :class:`training.model.DecoderState`),
+    one encoder layer's activations, and per hypothesis the self-attention cache (and its reordered copy), a decoder
+    layer's step activations with the cross-attention scores, and the search's fp32/int64 candidate tensors."""
+    enc = encoder_dims(config)
+    S, T, K1 = config.max_query_len, config.max_code_len + 1, config.n_digits + 1
+    H, d, dff = config.num_heads, config.d_model, config.d_ff
+    A = H * (config.d_kv or d // H)  # attention width
+    cross = 2 * config.num_layers * S * A * 2
+    encoder = S * (12 * enc["d_model"] + 2 * enc["d_ff"]) * 2 + enc["heads"] * S * S * 4
+    per_hyp = 2 * 2 * config.num_layers * T * A * 2 + (8 * d + 2 * dff) * 2 + 2 * H * S * 4 + 40 * K1
+    return cross + encoder + beam * per_hyp
+
+
+def search_batch_for_memory(config: RetrieverConfig, free_bytes: float, beam: int, cap: int = SEARCH_BATCH_CAP) -> int:
+    """``evaluate.batch_size: auto`` on CUDA: the most queries per beam search whose memory
+    (:func:`search_memory_per_query`) fits in half of ``free_bytes``, at most ``cap``."""
+    return int(max(1, min(cap, 0.5 * free_bytes // search_memory_per_query(config, beam))))
 
 
 def _default_device() -> torch.device:
@@ -181,8 +203,7 @@ class Retriever:
         self.doc_ids = np.asarray(list(doc_ids), dtype=object)
         self.beam = beam
         self.length_penalty = length_penalty
-        # queries per beam search: "auto" = 256 on CUDA (256 x beam hypotheses per decoder step), 32 on the CPU
-        self.batch_size = (GPU_SEARCH_BATCH if self.device.type == "cuda" else 32) if batch_size == "auto" else int(batch_size)
+        self.batch_size = batch_size if batch_size == "auto" else int(batch_size)  # see batch_for
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device | None = None, **kw) -> "Retriever":
@@ -204,6 +225,16 @@ class Retriever:
         tokenizer = AutoTokenizer.from_pretrained(tok_src) if tok_src == str(model_dir) else load_tokenizer(tok_src)
         doc_ids, trie = load_trie(docids, n_digits=model.config.n_digits)
         return cls(model, tokenizer, trie, doc_ids, device=device, **kw)
+
+    def batch_for(self, beam: int) -> int:
+        """Queries per beam search: an int as given; ``auto`` = on CUDA as many as fit half the free memory at
+        this beam (:func:`search_batch_for_memory`, at most 1,024), 32 on the CPU."""
+        if self.batch_size != "auto":
+            return self.batch_size
+        if self.device.type != "cuda":
+            return CPU_SEARCH_BATCH
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return search_batch_for_memory(self.model.config, free, beam)
 
     def tokenize(self, queries: Sequence[str]) -> dict[str, torch.Tensor]:
         """``input_ids`` and ``attention_mask`` (B, S) on the device, padded as the tokenizer pads."""
@@ -234,12 +265,13 @@ class Retriever:
 
         beam = max(self.beam if beam is None else beam, k)
         nodes, scores = [], []
-        starts = range(0, len(queries), self.batch_size)
+        bs = self.batch_for(beam)
+        starts = range(0, len(queries), bs)
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         # every query tokenised once, not per batch: no tokenizer work between GPU batches
         ids = self._token_ids(queries) if len(queries) else []
         for s in tqdm(starts, desc="search", unit="batch", disable=not progress):
-            batch = self._batch(ids[s:s + self.batch_size])
+            batch = self._batch(ids[s:s + bs])
             with amp:
                 out = constrained_beam_search(self.model, batch["input_ids"], batch["attention_mask"], self.trie,
                                               beam=beam, k=k, length_penalty=self.length_penalty)

@@ -24,14 +24,14 @@ import torch
 from indexing.docids import write_docids
 from indexing.trie import build_trie
 from training.data import RetrievalDataModule, build_examples, resume_point
-from training.model import RetrieverConfig, load_tokenizer
+from training.model import RetrieverConfig, encoder_dims, load_tokenizer
 from training.module import RetrieverModule
 from training.stopping import patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_fused"]
+           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example"]
 
 
 @dataclass
@@ -109,8 +109,8 @@ def scaled_optim(optim: OptimOptions, batch_size: int) -> OptimOptions:
 class TrainerOptions:
     """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
 
-    ``batch_size`` "auto" = 512 on CUDA, 64 on the CPU (:func:`resolve_batch_size`); ``compile`` wraps the
-    model in ``torch.compile`` on CUDA (ignored on the CPU).
+    ``batch_size`` "auto" = on CUDA what fits the free memory, up to 4,096, 64 on the CPU (:func:`resolve_batch_size`;
+    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` on CUDA (ignored on the CPU).
     """
 
     max_epochs: int = 20
@@ -144,18 +144,74 @@ class TrainerOptions:
     compile: bool = False
 
 
-GPU_BATCH, CPU_BATCH = 512, 64
+GPU_BATCH, CPU_BATCH, GPU_BATCH_CAP = 512, 64, 4096
+MIN_STEPS_PER_EPOCH = 16  # batch auto grows past GPU_BATCH only while an epoch keeps at least this many steps
 
 
 def _on_cuda(accelerator: str) -> bool:
     return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
 
 
-def resolve_batch_size(batch_size: int | str, accelerator: str = "auto") -> int:
-    """``auto`` -> 512 on CUDA (keeps a GPU busy with a 30M model), 64 on the CPU; an int stays."""
-    if batch_size == "auto":
-        return GPU_BATCH if _on_cuda(accelerator) else CPU_BATCH
-    return int(batch_size)
+def train_memory_per_example(config: RetrieverConfig) -> int:
+    """Device memory one training example holds until its backward pass (estimated generously): what autograd
+    saves in every encoder layer over ``max_query_len`` tokens and every decoder layer over the L + 1 docid
+    positions (bf16 activations, fp32 layer-norm inputs, attention probabilities as the math attention kernel
+    keeps them, the cross-attention keys/values), and the fp32 slot logits. Checked against the bytes autograd
+    saves on the CPU under bf16 autocast (tests/test_retriever.py)."""
+    e = encoder_dims(config)
+    S, T, K1 = config.max_query_len, config.max_code_len + 1, config.n_digits + 1
+    d, H, ff = config.d_model, config.num_heads, config.d_ff
+    A = H * (config.d_kv or d // H)
+    enc = e["layers"] * (S * (32 * e["d_model"] + 8 * e["attn"] + 10 * e["d_ff"]) + 20 * e["heads"] * S * S)
+    dec = config.num_layers * (T * (32 * d + 8 * A + 10 * ff) + 2 * S * A * 4 + 20 * H * T * (T + S))
+    return enc + dec + S * e["d_model"] * 8 + T * K1 * 16
+
+
+def _param_estimate(config: RetrieverConfig) -> int:
+    """Parameters of the retriever from its config (embeddings, attention, feed-forward; no biases or norms)."""
+    e = encoder_dims(config)
+    d, A = config.d_model, config.num_heads * (config.d_kv or config.d_model // config.num_heads)
+    enc = e["vocab"] * e["d_model"] + e["layers"] * (4 * e["d_model"] * e["attn"] + 2 * e["d_model"] * e["d_ff"])
+    dec = config.vocab_size * d + config.num_layers * (8 * d * A + 3 * d * config.d_ff) + e["d_model"] * d
+    return enc + dec
+
+
+def train_batch_for_memory(config: RetrieverConfig, free_bytes: float, cap: int = GPU_BATCH_CAP) -> int:
+    """The most examples per step whose activations (:func:`train_memory_per_example`) fit in 60% of
+    ``free_bytes`` after the weights, gradients, AdamW states and bf16 weight copies (20 bytes a parameter),
+    at most ``cap``; a multiple of 64 from 64 up."""
+    room = 0.6 * free_bytes - 20 * _param_estimate(config)
+    b = int(max(1, min(cap, room // train_memory_per_example(config))))
+    return b // 64 * 64 if b >= 64 else b
+
+
+def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config: RetrieverConfig | None = None,
+                       n_train: int | None = None, free_bytes: float | None = None) -> int:
+    """``auto`` -> on CUDA the batch that fits the free memory (:func:`train_batch_for_memory`, up to 4,096;
+    ``config`` needed), but above 512 only while an epoch of ``n_train`` examples keeps at least
+    :data:`MIN_STEPS_PER_EPOCH` steps (a power of two); 64 on the CPU. An int stays (a config's 512 is 512).
+
+    ``free_bytes`` : the free device memory (default: asked from CUDA).
+    """
+    if batch_size != "auto":
+        return int(batch_size)
+    if not _on_cuda(accelerator):
+        return CPU_BATCH
+    if config is None:
+        return GPU_BATCH
+    if free_bytes is None:
+        free_bytes, _ = torch.cuda.mem_get_info()
+    bs = train_batch_for_memory(config, free_bytes)
+    if n_train is not None:
+        by_data = 2 ** int(np.log2(max(n_train // MIN_STEPS_PER_EPOCH, 1)))
+        bs = min(bs, max(GPU_BATCH, by_data))
+    return bs
+
+
+def _checkpoint_batch(ckpt: Path, default: int) -> int:
+    """The batch size a checkpoint was trained at (``default``, the old ``auto``, for a checkpoint without it)."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    return int(state.get("hyper_parameters", {}).get("batch_size") or default)
 
 
 @dataclass
@@ -314,7 +370,13 @@ def train(
     )
     t = trainer_opts
     cuda = _on_cuda(t.accelerator)
-    batch_size = resolve_batch_size(t.batch_size, t.accelerator)
+    ckpt_dir = out / "checkpoints"
+    last = ckpt_dir / "last.ckpt"
+    if t.batch_size == "auto" and t.resume and last.exists():  # the batch the run started with, whatever is free now
+        batch_size = _checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
+    else:
+        batch_size = resolve_batch_size(t.batch_size, t.accelerator, config=cfg,
+                                        n_train=len(ex.train) // _world_size(t.devices, cuda))
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
@@ -329,14 +391,14 @@ def train(
     module = RetrieverModule(cfg.to_dict(), lr_encoder=optim.lr_encoder, lr_decoder=optim.lr_decoder,
                              weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
                              consistency_weight=optim.consistency_weight, val_beam=trainer_opts.val_beam,
-                             length_penalty=trainer_opts.length_penalty, seed=seed, fused=fused, trie=trie)
+                             length_penalty=trainer_opts.length_penalty, seed=seed, fused=fused, trie=trie,
+                             batch_size=batch_size)
     n_params = module.model.n_params()
     log.info("retriever parameters: %s", n_params)
     if t.compile and cuda:
         module.model.compile()  # in place: the state dict keeps its keys
 
     has_dev = len(ex.dev) > 0
-    ckpt_dir = out / "checkpoints"
     # Lightning 2.6 writes `save_last` only when a top-k checkpoint is written in the same step, so
     # the resume point is a checkpoint callback of its own: monitor None, top-1 = the latest state.
     last_ckpt = pl.callbacks.ModelCheckpoint(
@@ -381,7 +443,6 @@ def train(
         num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
         enable_model_summary=False, deterministic=False,
     )
-    last = ckpt_dir / "last.ckpt"
     ckpt_path = str(last) if (t.resume and last.exists()) else None
     if ckpt_path:
         if trainer.world_size == 1:  # skip the batches of the killed epoch already trained on (exact resume)

@@ -20,7 +20,7 @@ def cache_kwarg(module) -> str:
     """The keyword ``module.forward`` takes its KV cache under: ``past_key_values`` (transformers <= 5.2x on
     most models) or ``cache`` (the later name).
 
-    Every caller that hands a model a cache (the decode loop, scoring, the retriever's decoder) asks here:
+    Every caller that hands a model a cache (the decode loop, scoring) asks here:
     an unknown keyword is swallowed by the model's ``**kwargs``, so the cache silently stays empty.
     """
     return _cache_kwarg_of(type(module).forward)

@@ -24,8 +24,12 @@ One batch is a warm-up (``warmup_s``; ``load_s`` is the model and, on a cold GPU
 timed batches stop after ``--seconds`` or early enough for ``--deadline`` (``queries`` says how many were
 timed; the reference decodes the same ones); ``--profile`` profiles one more batch if time is left.
 Prints as its last line one JSON object: ``queries_per_s``, ``reference_queries_per_s``,
-``speedup``, ``same_results``, ``model``, ``device`` and the settings; the same line with ``"partial": true``
-follows the warm-up and the timed phase.
+``speedup``, ``same_results``, ``model``, ``device``, the settings, and the roofline of one search query
+(:func:`gdr.lm.flops.roofline`: ``flops_per_unit`` from :func:`search_flops_per_query`, ``bytes_per_unit`` from
+:func:`search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...) and ``mfu``;
+the same line with ``"partial": true`` follows the warm-up and the timed phase.
+``--batch auto`` takes ``gdr evaluate``'s auto size (as many queries as fit half the free GPU memory, up to
+1,024; 32 on the CPU).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import argparse
 import contextlib
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -43,7 +48,63 @@ from training.search import BeamOutput, constrained_beam_search
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main", "reference_beam_search", "build_dict_trie", "random_codes"]
+__all__ = ["main", "reference_beam_search", "build_dict_trie", "random_codes", "search_flops_per_query",
+           "search_bytes_per_query", "hypotheses_per_step"]
+
+
+def hypotheses_per_step(n_digits: int, max_code_len: int, beam: int) -> list[int]:
+    """Hypotheses per query at each of the L + 1 decoder steps of the beam search: 1, then K + 1 times as many up
+    to ``beam``."""
+    w, out = 1, []
+    for _ in range(max_code_len + 1):
+        out.append(w)
+        w = min(beam, w * (n_digits + 1))
+    return out
+
+
+def search_flops_per_query(model: GenerativeRetriever, query_tokens: float, beam: int) -> float:
+    """Model FLOPs of one query's beam search (gdr.lm.flops conventions): the encoder over its S tokens
+    (bidirectional attention over S), the cross-attention keys/values once over S, then at step t each of its
+    w_t hypotheses (:func:`hypotheses_per_step`) through the decoder's other weights, self-attention over t + 1
+    positions, cross-attention over S, and the K + 1 slot logits (and PAWA's GRU and low-rank layer when on)."""
+    from gdr.lm.flops import attention_flops_per_token, attn_dims, linear_flops_per_token, param_count
+
+    cfg, S = model.config, float(query_tokens)
+    n_enc, a_enc = attn_dims(model.encoder.config)
+    enc = param_count(model.encoder) + sum(p.numel() for p in model.proj.parameters())
+    flops = S * linear_flops_per_token(enc) + S * attention_flops_per_token(n_enc, a_enc, S)
+    Ld, A, d, K1 = cfg.num_layers, cfg.num_heads * (cfg.d_kv or cfg.d_model // cfg.num_heads), cfg.d_model, cfg.n_digits + 1
+    cross_kv = Ld * 2 * d * A
+    flops += S * linear_flops_per_token(cross_kv)
+    per_hyp = linear_flops_per_token(param_count(model.decoder) - cross_kv) + 2.0 * d * K1
+    if cfg.pawa:
+        per_hyp += linear_flops_per_token(sum(p.numel() for n, p in model.named_parameters() if n.startswith("pawa_")))
+    for t, w in enumerate(hypotheses_per_step(cfg.n_digits, cfg.max_code_len, beam)):
+        flops += w * (per_hyp + attention_flops_per_token(Ld, A, t + 1 + S))
+    return flops
+
+
+def search_bytes_per_query(model: GenerativeRetriever, query_tokens: float, beam: int, batch: int,
+                           element_size: int) -> float:
+    """Bytes one query's beam search moves (gdr.lm.flops conventions; ``element_size``: 2 under CUDA autocast, 4 in
+    fp32): the encoder's weights once per batch and the decoder's once per step, shared by the ``batch`` queries;
+    the query's cross-attention keys/values written once and read once per step (once per query, not per
+    hypothesis); at step t each hypothesis reads its t + 1 cached positions and writes one, and the reorder after
+    the step reads and writes the kept hypotheses' caches."""
+    from gdr.lm.flops import weight_bytes
+
+    cfg, S = model.config, float(query_tokens)
+    A = cfg.num_heads * (cfg.d_kv or cfg.d_model // cfg.num_heads)
+    kv = 2.0 * cfg.num_layers * A * element_size  # one position, every layer
+    w_enc = weight_bytes(model.encoder, element_size) + sum(p.numel() for p in model.proj.parameters()) * element_size
+    steps = hypotheses_per_step(cfg.n_digits, cfg.max_code_len, beam)
+    out = (w_enc + len(steps) * weight_bytes(model.decoder, element_size)) / max(batch, 1)
+    out += S * kv * (1 + len(steps))
+    for t, w in enumerate(steps):
+        out += w * (t + 2) * kv  # read t + 1 positions, write one
+        if t + 1 < len(steps):
+            out += steps[t + 1] * (t + 1) * kv * 2  # the reorder: read and write the kept caches
+    return out
 
 
 def build_dict_trie(model: GenerativeRetriever, codes: list[tuple[int, ...]]) -> dict:
@@ -122,7 +183,7 @@ def reference_beam_search(model: GenerativeRetriever, input_ids: torch.Tensor, a
         if t == max_len or bool(done.all()):
             break
         flat = (torch.arange(B, device=device)[:, None] * w + src).view(-1)
-        model.reorder(state, flat, cross=(w_new != w))
+        model.reorder(state, flat)
         w = w_new
     final = scores / length.clamp_min(1) ** length_penalty if length_penalty else scores
     final = torch.where(done & torch.isfinite(scores), final, neg_inf)
@@ -149,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=int, default=100_000, help="random docids in the trie (default 100,000)")
     ap.add_argument("--K", type=int, default=30)
     ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16, help="queries per beam-search batch")
+    ap.add_argument("--batch", default="16", help="queries per beam-search batch, or auto (gdr evaluate's)")
     ap.add_argument("--query-len", type=int, default=16)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--seed", type=int, default=0)
@@ -196,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     mask = torch.ones_like(ids)
     trie_dev = trie.to(device)
     k = args.beam
+    if args.batch == "auto":
+        from training.search import CPU_SEARCH_BATCH, search_batch_for_memory
+
+        args.batch = CPU_SEARCH_BATCH if device.type != "cuda" else search_batch_for_memory(
+            replace(model.config, max_query_len=args.query_len), torch.cuda.mem_get_info(device)[0], args.beam)
+    args.batch = int(args.batch)
 
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
@@ -219,19 +286,25 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return out, time.perf_counter() - t
 
-    from gdr.lm.flops import device_name
+    from gdr.lm.flops import device_name, mfu, roofline
 
     n_done, t_warm, t_ours, prof, rqps, same, speedup, valid = 0, None, 0.0, None, None, None, None, None
 
+    fpq = search_flops_per_query(model, args.query_len, args.beam)
+    bpq = search_bytes_per_query(model, args.query_len, args.beam, args.batch, 2 if device.type == "cuda" else 4)
+
     def figures(partial: bool) -> dict:
         qps = round(n_done / t_ours, 2) if n_done else None
+        util = mfu(fpq * n_done, t_ours, device) if n_done else None
         return {
             "queries_per_s": qps, "reference_queries_per_s": rqps, "speedup": speedup,
             "same_results": same, "model": args.model, "queries": n_done, "batch": args.batch,
             "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": device_name(device),
             "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(), "docids_in_trie": valid,
             "load_s": round(t_load, 3), "warmup_s": t_warm and round(t_warm, 3), "timed_s": round(t_ours, 3),
-            "launches_per_query": prof and prof["launches_per_unit"], "partial": partial}
+            "launches_per_query": prof and prof["launches_per_unit"], "partial": partial,
+            "query_tokens": args.query_len, "mfu": None if util is None else round(util, 5),
+            **roofline(fpq, bpq, qps, device)}
 
     emit(figures(partial=True))  # load_s
     _, t_warm = timed(run_ours, min(args.batch, args.queries))  # warm-up: one batch (allocator, kernels)
@@ -267,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             prof = profile_table(lambda: run_ours(n), n, "query", device, args.profile, title=title)
         else:
             prof = profile_skipped(args.profile, title, seconds_left(args), need)
-    emit(figures(partial=False))
+    res = figures(partial=False)
+    print(f"roofline: {fpq / 1e6:.1f} MFLOP and {bpq / 1e6:.2f} MB per query; limit {res['limit_per_s']} queries/s "
+          f"({res['limit_bound']}-bound, {res['peak_source']}), {res['fraction_of_limit']} of it; "
+          f"one H200: {res['h200_limit_per_s']} queries/s ({res['h200_limit_bound']}-bound)")
+    emit(res)
     return 0
 
 

@@ -167,11 +167,14 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
         if full:
             steps += [_run_step("bbc", ["+experiment=bbc", "device=auto"], work / "bbc", 600),
                       _run_step("cranfield", ["+experiment=cranfield", "device=auto"], work / "cranfield", 600)]
+    # the roofline of one unit of each benchmark (gdr.lm.flops.roofline): FLOPs and bytes per query / pair /
+    # example, the limit they imply on this device's peaks, the measured fraction of it, the limit on one H200
+    roof = {k: k for k in ("flops_per_unit", "bytes_per_unit", "limit_per_s", "fraction_of_limit", "h200_limit_per_s")}
     samp = {"queries_per_s": "queries_per_s", "hf_queries_per_s": "hf_queries_per_s",
             "tokens_per_s": "tokens_per_s", "mfu": "mfu", "load_s": "load_s", "warmup_s": "warmup_s",
-            "launches_per_query": "launches_per_query"}
+            "launches_per_query": "launches_per_query", **roof}
     score = {"pairs_per_s": "engine_pairs_per_s", "mfu": "mfu", "load_s": "load_s", "sample_s": "sample_s",
-             "warmup_s": "warmup_s", "launches_per_pair": "launches_per_pair", "max_abs_diff": "max_abs_diff"}
+             "warmup_s": "warmup_s", "launches_per_pair": "launches_per_pair", "max_abs_diff": "max_abs_diff", **roof}
     figs = {
         "sampling": {f"sampling_{k}": v for k, v in samp.items()},
         "sampling_t5": {f"sampling_t5_{k}": v for k, v in samp.items()},
@@ -179,9 +182,11 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
         "scoring_t5": {f"scoring_t5_{k}": v for k, v in score.items()},
         "training": {f"training_{p}_{k}": f"{p}.{k}" for p in
                      (("tiny",) if mode == "smoke" else ("mini", "small30m"))
-                     for k in ("examples_per_s", "tokens_per_s", "mfu", "warmup_s", "launches_per_example")},
+                     for k in ("examples_per_s", "tokens_per_s", "mfu", "warmup_s", "launches_per_example", "batch",
+                               *roof)},
         "search": {"search_queries_per_s": "queries_per_s", "search_warmup_s": "warmup_s",
-                   "search_launches_per_query": "launches_per_query"},
+                   "search_launches_per_query": "launches_per_query", "search_mfu": "mfu", "search_batch": "batch",
+                   **{f"search_{k}": v for k, v in roof.items()}},
     }
     for s in steps:
         s.figures = figs.get(s.name, {})
@@ -254,8 +259,10 @@ def _dig(obj: Any, path: str) -> Any:
 
 
 # figures that may be null in a good run: MFU (no known peak on a CPU), launches (no profile asked for),
-# max_abs_diff (no naive pairs)
-OPTIONAL = ("mfu", "launches_per_query", "launches_per_pair", "launches_per_example", "max_abs_diff")
+# max_abs_diff (no naive pairs), the roofline limit and its fraction (a GPU without peak figures: the benchmark's
+# JSON says why in limit_reason)
+OPTIONAL = ("mfu", "launches_per_query", "launches_per_pair", "launches_per_example", "max_abs_diff", "limit_per_s",
+            "fraction_of_limit")
 
 
 def extract(step: Step, parsed: dict | None) -> tuple[dict[str, Any], list[str]]:

@@ -11,8 +11,11 @@ batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the 
 alternating batch by batch so that other jobs on a shared machine slow both alike. On CUDA one warm-up
 batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
 including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
-null on a CPU), and the speedup. One JSON line per model, then the LAST line: one JSON object with the
-first model's figures at the top level and every model's under ``models``.
+null on a CPU), the speedup, and the roofline of one query (:func:`gdr.lm.flops.roofline`: ``flops_per_unit``,
+``bytes_per_unit`` from :func:`gdr.lm.flops.sampling_bytes` with decode steps = decode rows / batch size and
+one prefill pass per batch, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``). One JSON line per
+model, then the LAST line: one JSON object with the first model's figures at the top level and every model's
+under ``models``.
 
 On a cold GPU most of the time goes to loading (``load_s``) and to compiling and capturing the decode step
 (``warmup_s``): every timed batch has the warm-up batch's shape, and re-draws of empty queries compile
@@ -31,7 +34,8 @@ from pathlib import Path
 import torch
 
 from gdr.cli.bench.common import add_time_args, bench_texts, build_lm, emit, seconds_left
-from gdr.lm.flops import attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count
+from gdr.lm.flops import (attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count, roofline,
+                          sampling_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +141,11 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
                "threads": torch.get_num_threads(), "partial": partial}
         m = mfu(flops, t_ours, dev) if t_ours else None
         res["mfu"] = round(m, 4) if m is not None else None
+        if n_done and t_ours:  # the roofline of one query (module docstring)
+            elt = next(dec.model.parameters()).element_size()
+            moved = sampling_bytes(dec.model, stats, decode_steps=stats["decode_tokens"] / bs,
+                                   prefill_passes=max(1, n_done // bs), element_size=elt)
+            res.update(roofline(flops / n_done, moved / n_done, qps, dev))
         return res
 
     report(figures(partial=True))  # load_s: a figure already

@@ -16,7 +16,9 @@ engine's model FLOP/s over the device's peak bf16 FLOP/s (None on a CPU or an un
 The LAST line printed is one JSON object; its keys: model, device, torch_device, peak_bf16_tflops,
 pairs, docs, queries, prompt_tokens, query_tokens, doc_batch_size, max_query_tokens, attention,
 compute_dtype, engine_pairs_per_s, engine_s, flops_per_pair, mfu, naive_pairs, naive_pairs_per_s, speedup,
-max_abs_diff, doc_tokens, threads, partial.
+max_abs_diff, doc_tokens, threads, partial, and the roofline of one pair (:func:`gdr.lm.flops.roofline`:
+flops_per_unit, bytes_per_unit from :func:`gdr.lm.flops.scoring_bytes_per_pair`, limit_per_s, fraction_of_limit,
+h200_limit_per_s, ...).
 
 On a cold GPU the warm-up (``warmup_s``) holds the compilation of flex attention and the log-prob kernel.
 The timed phase scores one doc batch at a time and stops after ``--seconds`` or early enough for
@@ -64,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from gdr.lm.flops import device_name, peak_flops, mfu, scoring_flops_per_pair
-    from gdr.lm.scoring import auto_score_sizes
+    from gdr.lm.flops import device_name, mfu, peak_flops, roofline, scoring_bytes_per_pair, scoring_flops_per_pair
+    from gdr.lm.scoring import auto_score_sizes, score_compute_dtype
 
     t_load = time.perf_counter()
     lm = build_lm(args.model, args.doc_tokens, args.device, args.tokenizer)
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
     peak = peak_flops(lm.device)
     fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
+    elt = torch.empty((), dtype=score_compute_dtype(args.dtype, lm.device,
+                                                    next(lm.model.parameters()).dtype)).element_size()
+    bpp = scoring_bytes_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries), bs, mq,
+                                 elt)
     t_warm, t_engine = None, 0.0
     parts: list[np.ndarray] = []  # the engine's rows, doc batch by doc batch
     naive_rate = diff = naive_size = prof = None
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
             "speedup": None if naive_rate is None or eng_rate is None else round(eng_rate / naive_rate, 2),
             "max_abs_diff": diff, "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads(),
-            "partial": partial}
+            "partial": partial, **roofline(fpp, bpp, eng_rate, lm.device)}
 
     emit(figures(partial=True))
     # Warm-up (compiles on CUDA: two full batches, so that the dynamic-shape kernels exist before timing).

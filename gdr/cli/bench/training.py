@@ -15,15 +15,22 @@ matmuls over the ``seq_len`` input tokens, the decoder's over its L + 1 docid po
 keys/values over the input tokens), attention scores, and the K + 1 slot logits. MFU is reported where
 the chip's peak is known (not on a CPU).
 
-The LAST line printed is one JSON object: ``device``, ``batch``, ``seq_len``, and per preset
-``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``; the same
-line, with ``"partial": true``, follows each preset's warm-up (its ``warmup_s``) and every preset but the last.
+Bytes (:func:`gdr.lm.flops.training_bytes_per_example`): the optimiser step's weight, gradient and AdamW-state
+traffic, shared by the batch (activations not counted); with the FLOPs they give the roofline limit
+(:func:`gdr.lm.flops.roofline`) and ``fraction_of_limit`` beside MFU, and what one H200 would reach.
+
+The LAST line printed is one JSON object: ``device``, ``batch`` (the first preset's), ``seq_len``, and per preset
+``batch``, ``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``, and the
+roofline of one example: ``flops_per_unit``, ``bytes_per_unit``, ``limit_per_s``, ``fraction_of_limit``,
+``h200_limit_per_s`` (see :func:`gdr.lm.flops.roofline`); the same line, with ``"partial": true``, follows each
+preset's warm-up (its ``warmup_s``) and every preset but the last.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +161,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
                  seconds: float | None = None, deadline: float | None = None, report=lambda figures: None) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
     ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds."""
-    from gdr.lm.flops import mfu
+    from gdr.lm.flops import mfu, param_count, roofline, training_bytes_per_example
     from indexing.trie import build_trie
     from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
     from training.module import RetrieverModule
@@ -188,20 +195,25 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     trainer.fit(module, datamodule=dm)
     seconds = timer.t1 - timer.t0
     examples = timer.steps * batch
-    flops = train_flops_per_example(module.model, seq_len) * examples
+    fpe = train_flops_per_example(module.model, seq_len)
+    flops = fpe * examples
     util = mfu(flops, seconds, device)
-    return {"examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
+    n_params = module.model.n_params()["total"]
+    bpe = training_bytes_per_example(n_params, param_count(module.model), batch, str(prec).startswith("bf16"))
+    roof = roofline(fpe, bpe, examples / seconds, device)
+    return {"batch": batch, "examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
             "fused": bool(trainer.optimizers[0].defaults.get("fused")),
-            "launches_per_example": timer.summary and timer.summary["launches_per_unit"]}
+            "launches_per_example": timer.summary and timer.summary["launches_per_unit"], **roof}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gdr bench training", description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="mini,small30m", help="comma-separated presets (default mini,small30m)")
-    ap.add_argument("--batch", default="auto", help="examples per step; auto = 512 on CUDA, 64 on the CPU")
+    ap.add_argument("--batch", default="auto",
+                    help="examples per step; auto = what fits on CUDA (<= 4096), 64 on the CPU")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 50 on CUDA, 5 on the CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10 on CUDA, 2 on the CPU)")
     ap.add_argument("--seq-len", type=int, default=64, help="input tokens per example (default 64)")
@@ -233,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     from gdr.lm.flops import device_name
     from training.train import _precision, resolve_batch_size
 
-    batch = resolve_batch_size(args.batch if args.batch == "auto" else int(args.batch), "auto" if cuda else "cpu")
+    acc = "auto" if cuda else "cpu"
+    # auto: per preset, from the free memory (training.train.train_batch_for_memory); an int for all
+    batches = {p: resolve_batch_size(args.batch, acc, config=replace(preset_config(p, args.K, args.depth),
+                                                                     max_query_len=args.seq_len))
+               for p in args.presets.split(",") if p}
+    batch = next(iter(batches.values()), None)
     steps = args.steps if args.steps is not None else (50 if cuda else 5)
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
@@ -248,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if seconds_left(args) < MIN_PRESET_S:
             print(f"{name}: skipped, {seconds_left(args):.0f} s left before the deadline", flush=True)
             continue
-        r = bench_preset(name, device, batch, steps, warmup, args.seq_len, args.K, args.depth, args.docs,
+        r = bench_preset(name, device, batches[name], steps, warmup, args.seq_len, args.K, args.depth, args.docs,
                          args.compile, args.seed, fused=fused, precision=args.precision, profile=prof,
                          seconds=args.seconds, deadline=args.deadline,
                          report=lambda r, name=name: emit({**out, name: r, "partial": True}))
