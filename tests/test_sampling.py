@@ -169,7 +169,7 @@ def test_bf16_decode_attention_within_bf16_rounding(llama):
     for dec in (ours, ref):
         b = dec._prefill_causal(ids, rows, 4)
         tok = b.logits.argmax(-1)
-        out.append((b.logits, dec._run_step(tok, b.pos, b)))
+        out.append((b.logits, dec._run_step(tok, b.pos, b, 0)))
     for a, r in zip(*out):
         torch.testing.assert_close(a, r, rtol=0, atol=2 ** -7 * float(r.abs().max()))  # two bf16 steps at the top
 

@@ -151,7 +151,7 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
             Step("training", [*m, "gdr.cli.bench.training", "--presets", "mini,small30m", "--steps", "50",
                               "--warmup", "10", "--device", "cuda", "--seconds", "10"], LIMITS["training"]),
             Step("search", [*m, "gdr.cli.bench.decoding", "--model", "small30m", "--docs", "100000", "--beam", "100",
-                            "--queries", "4096", "--batch", "256", "--no-reference", "--device", "cuda",
+                            "--queries", "4096", "--batch", "auto", "--no-reference", "--device", "cuda",
                             "--seconds", "10"],
                  LIMITS["search"]),
             _run_step("run", RUN_1000, work / "run-bbc1000", LIMITS["run"]),
