@@ -234,6 +234,8 @@ def _drop_damaged_queries(folder: Path) -> None:
         except ValueError as e:
             log.warning("stage score: %s: unreadable (%s); writing it again", folder / name, e)
             (folder / name).unlink()
+            if name == Q_MANIFEST:  # queries without their manifest are never sampled over: they go with it
+                (folder / Q_FILE).unlink(missing_ok=True)
     if (folder / Q_FILE).exists():
         try:
             read_queries(folder)

@@ -45,5 +45,6 @@ def score_main(argv: list[str]) -> int:
     if dist_info()[0] == 0:
         save_config(cfg, cfg.out, "score.config.yaml")
     score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_dict(section(cfg, "sample")),
-                       ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress)
+                       ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress,
+                       queries_from=cfg.get("queries"))
     return 0
