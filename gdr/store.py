@@ -190,7 +190,8 @@ def score_folder(path: str | os.PathLike) -> Path:
         raise ValueError(f"queries={p}: the run folder holds {len(stages)} score stages "
                          f"({', '.join(d.name for d in stages)}); pass the one the index was built on")
     raise FileNotFoundError(f"queries={p}: no {Q_FILE} there (nor a single score-*/ stage of `gdr run`); pass the "
-                            "folder of the `gdr score` (or `gdr run`) whose queries the new documents are scored against")
+                            "folder of the `gdr score` (or `gdr run`) whose queries the new documents are scored "
+                            "against")
 
 
 def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> tuple[list[dict], dict | None]:
@@ -421,7 +422,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
                  tuple(P.shape), n_shards, shard_size, done_before, len(mine), world)
     pairs = sum(len(order[s * shard_size:(s + 1) * shard_size]) for s in mine) * len(queries)
     bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
-               disable=not progress)
+               disable=not progress or pairs == 0)  # nothing left (P reused): no empty bar
     t0 = time.perf_counter()
     for s in mine:
         if (shard_dir / f"{s:05d}.done").exists():  # finished meanwhile by another process on this folder
@@ -533,7 +534,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     docs_per_batch = max(1, bs // n_per_doc)
     lm.decoder().set_compile(want_compile(compile, lm.device, (len(texts) - done) * n_per_doc, compile_min_queries))
     t0 = time.perf_counter()
-    bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc", disable=not progress)
+    bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc",
+               disable=not progress or done >= len(texts))
     with open(path, "a", encoding="utf-8") as f:
         for b0 in range(done, len(texts), docs_per_batch):
             batch = list(texts[b0:b0 + docs_per_batch])

@@ -84,9 +84,9 @@ def _queries_of_run(lm, run, out: Path) -> list[dict]:
     """The queries of ``run`` copied into ``out``; the model must be the one that scored ``run``'s P."""
     import json
 
-    from gdr.store import copy_run_queries
+    from gdr.store import P_MANIFEST, copy_run_queries, read_manifest, score_folder
 
-    rows, scorer = copy_run_queries(run, out)
+    scorer = (read_manifest(score_folder(run), P_MANIFEST) or {}).get("lm")
     mine = json.loads(json.dumps(lm.describe()))
     if scorer is not None and scorer != mine:
         diff = sorted(k for k in set(scorer) | set(mine) if scorer.get(k) != mine.get(k))
@@ -94,7 +94,7 @@ def _queries_of_run(lm, run, out: Path) -> list[dict]:
                          + ", ".join(f"{k}={scorer.get(k)!r}" for k in diff) + ") than this one ("
                          + ", ".join(f"{k}={mine.get(k)!r}" for k in diff) + "); pass that run's model settings "
                          "(model.name=, model.max_doc_tokens=, model.prompt.*), so that the rows compare")
-    return rows
+    return copy_run_queries(run, out)[0]
 
 
 def sample_command(out) -> str:
@@ -206,5 +206,6 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
                 p.join()
     if failed:
         raise RuntimeError(f"scoring process(es) {failed} failed (rank, exit code); rerun the same command to "
-                           f"resume from the finished shards in {out}")
+                           f"resume from the finished shards in {out} (a script must call gdr.score(processes=N) "
+                           "under `if __name__ == \"__main__\":`: each process imports it again)")
     return Path(out) / "P.npy"
