@@ -99,7 +99,7 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
 
     ``queries_from``: a finished run (what :func:`score` returned, or a ``gdr score`` / ``gdr run`` folder) whose
     queries are scored instead of sampling new ones, with the model that scored it: the P of new documents for
-    ``gdr index add`` into an index built on that run (``gdr score queries=<run>``)."""
+    ``gdr index add`` into an index built on that run (``gdr score queries_from=<run>``)."""
     from gdr.stages.score import score_corpus
     from gdr.store import load_run
 

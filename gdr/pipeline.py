@@ -518,7 +518,7 @@ def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, clust
     return write_report(to_container(cfg), command, pipe.root, pipe.records, len(corpus), results,
                         {m: r.info for m, r in indexes.items()}, bm25_rec.info["metrics"] if bm25_rec else None,
                         cluster_rec.info if cluster_rec is not None else None, seconds, eval_dirs,
-                        corpus_name=corpus.name, trained_on=trained_on)
+                        corpus_name=getattr(corpus, "name", None), trained_on=trained_on)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:

@@ -128,12 +128,13 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
         raise FileExistsError(
             f"{out / Q_FILE} has no {Q_MANIFEST}: gdr did not sample it here and will not sample over it; to score "
-            f"documents against the queries of another run use `gdr score queries=<that run>` (it copies them with "
-            f"their manifest), or delete {out / Q_FILE} to sample new queries")
+            f"documents against the queries of another run use `gdr score queries_from=<that run>` (it copies them "
+            f"with their manifest), or delete {out / Q_FILE} to sample new queries")
     if old is not None and old.get("from_run"):
         raise FileExistsError(
-            f"{out / Q_FILE} holds the queries of {old['from_run']}, copied by `gdr score queries=...`: pass "
-            f"queries={old['from_run']} again to score against them, or use another out= folder to sample new ones")
+            f"{out / Q_FILE} holds the queries of {old['from_run']}, copied by `gdr score queries_from=...`: pass "
+            f"queries_from={old['from_run']} again to score against them, or use another out= folder to sample new "
+            "ones")
     _check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
     if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
         changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
@@ -187,9 +188,9 @@ def score_folder(path: str | os.PathLike) -> Path:
     if len(stages) == 1:
         return stages[0]
     if len(stages) > 1:
-        raise ValueError(f"queries={p}: the run folder holds {len(stages)} score stages "
+        raise ValueError(f"queries_from={p}: the run folder holds {len(stages)} score stages "
                          f"({', '.join(d.name for d in stages)}); pass the one the index was built on")
-    raise FileNotFoundError(f"queries={p}: no {Q_FILE} there (nor a single score-*/ stage of `gdr run`); pass the "
+    raise FileNotFoundError(f"queries_from={p}: no {Q_FILE} there (nor a single score-*/ stage of `gdr run`); pass the "
                             "folder of the `gdr score` (or `gdr run`) whose queries the new documents are scored "
                             "against")
 
@@ -202,7 +203,8 @@ def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> 
     src, out = score_folder(run_dir), Path(out_dir)
     man = read_manifest(src, Q_MANIFEST)
     if man is None or man.get("status") != "complete":
-        raise FileNotFoundError(f"queries={src}: {src / Q_MANIFEST} is missing or unfinished; finish that run first")
+        raise FileNotFoundError(f"queries_from={src}: {src / Q_MANIFEST} is missing or unfinished; finish that run "
+                                "first")
     rows = read_queries(src, man)
     texts_hash = hash_strings(r["text"] for r in rows)
     scorer = (read_manifest(src, P_MANIFEST) or {}).get("lm")

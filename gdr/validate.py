@@ -457,7 +457,8 @@ SCORE = (
     Rule("score.processes", POSITIVE, "scoring processes on this machine"),
 )
 SCORE_COMMAND = (
-    Rule("queries", optional(folder_with_queries), "a run whose queries are scored instead of sampled; null = sample"),
+    Rule("queries_from", optional(folder_with_queries),
+         "a run whose queries are scored instead of sampled; null = sample"),
 )
 GC_VARIANT = (  # cluster.gc and every cluster.variants.<name> (keys set on top of cluster.gc)
     Rule("alpha", auto_or(number(0)), "GC's regularisation; the paper uses 0.25; auto = by effective sample size"),

@@ -179,8 +179,9 @@ def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
     queries and the model that scored them), naming both sources. Indexes of older versions recorded only the
     qids, which every run numbers ``q0 .. q{J-1}``: those are checked as before, with a warning."""
     want, have = st.meta.get("queries"), run.query_identity()
-    fix = (f"score the new documents against the same queries: `gdr score queries={want['source'] if want else '<run>'}"
-           f" data=<new documents> out=<folder>` (the index's run, its model settings)")
+    source = want["source"] if want else "<the index's run>"
+    fix = (f"score the new documents against the same queries: `gdr score queries_from={source} data=<new documents> "
+           "out=<folder>` (it takes the run's model settings)")
     if want:
         if want["texts_hash"] != have["texts_hash"]:
             raise ValueError(f"{run.path / 'queries.jsonl'}: the new documents were scored against other queries "
@@ -198,7 +199,7 @@ def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
         raise ValueError(f"{run.path / 'queries.jsonl'}: the first {st.n_queries} query ids differ from those the "
                          f"index in {index_dir} was built on; {fix}")
     log.warning("%s was built by an older gdr that recorded only the query ids, not the queries: make sure %s was "
-                "scored against the index's queries (`gdr score queries=<the index's run>`)", index_dir, run.path)
+                "scored against the index's queries (`gdr score queries_from=<the index's run>`)", index_dir, run.path)
 
 
 def next_steps(index_dir: str | os.PathLike) -> str:

@@ -1,4 +1,4 @@
-"""`gdr index add` for new documents: P scored against the index's own queries (`gdr score queries=<run>`),
+"""`gdr index add` for new documents: P scored against the index's own queries (`gdr score queries_from=<run>`),
 checked by content, never by qids (issue 27). Tiny random-init LM, offline, CPU."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys)
     shutil.copy(run / "queries.jsonl", tmp_path / "copied" / "queries.jsonl")
     assert main(["score", f"data.name={new}", *lm, f"out={tmp_path / 'copied'}"]) == 2
     err = capsys.readouterr().err
-    assert "has no queries.manifest.json" in err and "gdr score queries=" in err
+    assert "has no queries.manifest.json" in err and "gdr score queries_from=" in err
 
     # P of re-sampled queries (same qids q0..q15, other texts): refused, naming both sources
     resampled = tmp_path / "resampled"
@@ -52,11 +52,11 @@ def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys)
     assert main(["index", "add", f"run={resampled}", f"index={idx}", "plot=false"]) == 2
     err = capsys.readouterr().err
     assert "other queries" in err and str(resampled) in err and str(run.resolve()) in err
-    assert f"gdr score queries={run.resolve()}" in err
+    assert f"gdr score queries_from={run.resolve()}" in err
 
     # P of the run's own queries: accepted, with what to do next
     good = tmp_path / "good"
-    assert main(["score", f"data.name={new}", *lm, f"queries={run}", f"out={good}"]) == 0
+    assert main(["score", f"data.name={new}", *lm, f"queries_from={run}", f"out={good}"]) == 0
     assert [json.loads(x)["text"] for x in (good / "queries.jsonl").read_text().splitlines()] == \
         [json.loads(x)["text"] for x in (run / "queries.jsonl").read_text().splitlines()]
     assert main(["index", "add", f"run={good}", f"index={idx}", "plot=false"]) == 0
@@ -65,7 +65,7 @@ def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys)
 
     # the same placement as the new documents' rows of a P of all 30 documents over the run's queries
     full = tmp_path / "full"
-    assert main(["score", f"data.name={every}", *lm, f"queries={run}", f"out={full}"]) == 0
+    assert main(["score", f"data.name={every}", *lm, f"queries_from={run}", f"out={full}"]) == 0
     p_full = np.load(full / "P.npy")
     np.testing.assert_array_equal(p_full[:24], np.load(run / "P.npy"))
     st = load_tree_state(before / "tree_state.npz")
@@ -75,6 +75,6 @@ def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys)
 
     # another model's P of the same queries is refused too
     other = tmp_path / "other"
-    assert main(["score", f"data.name={new}", *lm, "model.max_doc_tokens=20", f"queries={run}",
+    assert main(["score", f"data.name={new}", *lm, "model.max_doc_tokens=20", f"queries_from={run}",
                  f"out={other}"]) == 2
     assert "scored by another model (max_doc_tokens=24)" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """README, "Your own corpus": the three recipes as printed there, at tiny sizes (a saved tiny random-init LM, the
 `tiny` retriever, a few steps): a jsonl file to a report in one `gdr run`, the same from a DataFrame through
-`gdr.run`, and new documents into the index with `gdr score queries=<run>` + `gdr index add` + `gdr train`."""
+`gdr.run`, and new documents into the index with `gdr score queries_from=<run>` + `gdr index add` + `gdr train`."""
 from __future__ import annotations
 
 import json
@@ -73,7 +73,7 @@ def test_readme_own_corpus_recipes(setup, tmp_path, capsys, monkeypatch):
 
     # 3. new documents into the index: the run's queries and model, index add, a retriever on every document
     index = next((tmp_path / "runs/mine").glob("index-gc-*"))
-    assert main(["score", "data=jsonl", "data.path=new.jsonl", "queries=runs/mine", "out=runs/mine-new",
+    assert main(["score", "data=jsonl", "data.path=new.jsonl", "queries_from=runs/mine", "out=runs/mine-new",
                  "progress=false", "threads=1"]) == 0
     assert main(["index", "add", "run=runs/mine-new", f"index={index.relative_to(tmp_path)}", "plot=false"]) == 0
     said = capsys.readouterr().out

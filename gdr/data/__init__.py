@@ -81,10 +81,11 @@ def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.P
     if name not in CORPORA and Path(name).is_file() and file_format(name):
         return file_format(name), name
     if name not in CORPORA:
-        what = ("is a file, but not a .jsonl or .tsv file of documents" if Path(name).is_file() else
-                "is a folder without corpus.jsonl (not a BEIR folder)" if Path(name).is_dir() else "unknown corpus")
-        raise ValueError(f"{name!r}: {what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder "
-                         "or of a .jsonl / .tsv file of documents")
+        what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents" if Path(name).is_file() else
+                f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder)" if Path(name).is_dir() else
+                f"unknown corpus {name!r}")
+        raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder or of a "
+                         ".jsonl / .tsv file of documents")
     return name, path
 
 

@@ -90,7 +90,7 @@ def _queries_of_run(lm, run, out: Path) -> list[dict]:
     mine = json.loads(json.dumps(lm.describe()))
     if scorer is not None and scorer != mine:
         diff = sorted(k for k in set(scorer) | set(mine) if scorer.get(k) != mine.get(k))
-        raise ValueError(f"queries={run}: its P was scored by another model ("
+        raise ValueError(f"queries_from={run}: its P was scored by another model ("
                          + ", ".join(f"{k}={scorer.get(k)!r}" for k in diff) + ") than this one ("
                          + ", ".join(f"{k}={mine.get(k)!r}" for k in diff) + "); pass that run's model settings "
                          "(model.name=, model.max_doc_tokens=, model.prompt.*), so that the rows compare")
