@@ -139,7 +139,7 @@ def test_train_retriever_shows_its_progress_bar_by_default(monkeypatch, tmp_path
 
     seen = {}
     monkeypatch.setattr(stage, "train_retriever", lambda corpus, docids, out, settings, **kw: seen.update(s=settings))
-    gdr.train_retriever(Corpus.from_texts(["a", "b"]), tmp_path / "docids.tsv", tmp_path)
+    gdr.train_retriever(Corpus("two", ["a", "b"], ["a text", "b text"]), tmp_path / "docids.tsv", tmp_path)
     assert seen["s"].trainer["enable_progress_bar"] is True
 
 
@@ -154,7 +154,6 @@ def test_run_dict_selects_the_data_group_as_the_command_does(setup, tmp_path, ca
             if not a.startswith("data.name=")]
     caplog.set_level("INFO", logger="gdr.pipeline")
     assert main(args[:1] + ["data=beir", f"data.path={folder}"] + args[1:]) == 0
-    assert "stage cluster: skipped: corpus toy has no labels" in caplog.text
     settings = {"data": {"name": "beir", "path": str(folder)}, "model": {"name": str(root / "tiny-llama"),
                 "max_doc_tokens": 24}, "sample": {"n_queries": 16, "batch_size": 8, "max_new_tokens": 6},
                 "doc_queries": {"per_doc": 0}, "indexers": ["random"], "bm25": False, "seeds": [0],
@@ -166,6 +165,7 @@ def test_run_dict_selects_the_data_group_as_the_command_does(setup, tmp_path, ca
                 "evaluate": {"k": 10, "beam": 10}, "progress": False, "threads": 1, "out": str(out)}
     report = gdr.run(settings)
     assert report["stages"] and all(s["reused"] for s in report["stages"])
+    assert "stage cluster: skipped: corpus toy has no labels" in caplog.text
     md = (out / "report.md").read_text()
     assert md.startswith("# gdr run: toy, 30 documents") and "trained on `train` (" in md
     assert "| docids | R@1 | R@10 | MRR@10 |" in md and report["columns"]["recall@100"] == "R@10"
