@@ -248,7 +248,7 @@ def corpus_name(v, sec):
     from gdr.data import CORPORA
 
     if not isinstance(v, str) or not v:
-        return f"must be a corpus name ({', '.join(CORPORA)}) or a BEIR folder"
+        return f"must be a corpus name ({', '.join(CORPORA)}), a BEIR folder or a .jsonl / .tsv file of documents"
     from gdr.data.files import DOC_FORMATS, file_format
 
     if v in CORPORA:
@@ -268,7 +268,8 @@ def corpus_name(v, sec):
     if p.exists():
         return "this folder has no corpus.jsonl: a BEIR folder needs corpus.jsonl, queries.jsonl and qrels/"
     close = difflib.get_close_matches(v, CORPORA, n=1)
-    return (f"unknown corpus; choose one of {', '.join(CORPORA)} or give the path of a BEIR folder"
+    return (f"unknown corpus; choose one of {', '.join(CORPORA)} or give the path of a BEIR folder or of a .jsonl / "
+            ".tsv file of documents"
             + (f"; did you mean {close[0]}?" if close else ""))
 
 
