@@ -506,8 +506,9 @@ def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
     split = f"`{cfg.queries.train_split}`"
     if qs is not None and len(qs):
         return f"{split} ({len(qs)} queries)" + (" and generated queries" if use_generated else "")
-    return (f"generated queries only (no {split} queries in `{cfg.queries.name}`)" if use_generated else
-            f"the documents' own text only (no {split} queries in `{cfg.queries.name}`, no generated queries)")
+    name = corpus.name if cfg.queries.name == cfg.data.name else cfg.queries.name  # a BEIR folder by its name
+    return (f"generated queries only: `{name}` has no {split} queries" if use_generated else
+            f"the documents' own text only: `{name}` has no {split} queries and there are no generated queries")
 
 
 def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float,

@@ -187,8 +187,8 @@ def test_report_says_when_there_is_no_training_split(setup, tmp_path):
     qs = gdr.split_queries(corpus, "test")
     only_test = write_beir(corpus, qs, tmp_path / "only-test")
     cfg = load_config("run", ["data=beir", f"data.path={only_test}"])
-    assert trained_on(cfg, load_corpus(str(only_test)), True) == \
-        "generated queries only (no `train` queries in `beir`)"
+    assert trained_on(cfg, load_corpus(str(only_test)), True) == "generated queries only: `only-test` has no `train` " \
+                                                                  "queries"
 
 
 # ------------------------------------------------------------------------------------------- smaller things
