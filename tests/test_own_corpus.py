@@ -34,7 +34,7 @@ def files(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- plain data in
-def test_files_of_documents_load_the_same_way_everywhere(files):
+def test_files_of_documents_load_the_same_way_everywhere(files, capsys):
     a, b, c = load_corpus(str(files / "docs.jsonl")), load_corpus(str(files / "docs.tsv")), load_corpus(
         str(files / "beir"))
     assert a.doc_ids == b.doc_ids == c.doc_ids == ["n0", "n1", "n2", "n3"]
@@ -62,6 +62,10 @@ def test_files_of_documents_load_the_same_way_everywhere(files):
     with pytest.raises(ConfigError, match="data.qrels=null: is needed with data.queries"):
         validate("run", load_config("run", ["data=jsonl", f"data.path={files / 'docs.jsonl'}",
                                             f"data.queries={files / 'queries.jsonl'}"]))
+    # `gdr run` on a file without its queries says how to give them
+    assert main(["run", f"data.name={files / 'docs.jsonl'}", f"out={files / 'run'}"]) == 2
+    assert "data=jsonl|tsv data.path=<documents> data.queries=<queries file> data.qrels=<test.tsv>" in \
+        capsys.readouterr().err
     # its queries and judgements, as the pipeline reads them
     from gdr.stages.train import split_queries
 

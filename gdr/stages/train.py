@@ -125,9 +125,14 @@ def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequenc
     for q in sections:
         qs = split_queries(q, data, ids, docs_tsv)
         if q["split"] == need and (qs is None or len(qs) == 0):
+            from gdr.data import file_format
+
+            files = data.get("name") in ("jsonl", "tsv") or file_format(str(data.get("name")))
+            hint = ("; a file of documents takes its queries as data=jsonl|tsv data.path=<documents> "
+                    "data.queries=<queries file> data.qrels=<test.tsv>") if files else ""
             raise ConfigError(f"queries.test_split={need}: no {need!r} query of queries.name={q['name']} has a "
                               f"relevant document in this corpus, so nothing can be evaluated; choose another "
-                              "queries.test_split or queries.name")
+                              f"queries.test_split or queries.name{hint}")
 
 
 def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
