@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # data
     "Corpus": "gdr.data", "QuerySet": "gdr.data", "DataError": "gdr.data", "load_corpus": "gdr.data",
-    "load_queries": "gdr.data", "load_title_queries": "gdr.data",
+    "load_queries": "gdr.data", "load_title_queries": "gdr.data", "write_beir": "gdr.data",
     # models and the method
     "GenerativeLM": "gdr.lm", "PromptConfig": "gdr.lm", "GenerativeClustering": "gdr.cluster",
     "PRun": "gdr.store", "load_run": "gdr.store",
@@ -35,7 +35,8 @@ _EXPORTS = {
     "IndexSettings": "gdr.stages.settings", "TrainSettings": "gdr.stages.settings",
     "EvaluateSettings": "gdr.stages.settings",
     # the steps
-    "load_lm": "gdr.api", "sample_queries": "gdr.api", "score": "gdr.api", "split_queries": "gdr.api",
+    "load_lm": "gdr.api", "sample_queries": "gdr.api", "sample_doc_queries": "gdr.api", "score": "gdr.api",
+    "split_queries": "gdr.api",
     "evaluate_clusters": "gdr.api", "build_index": "gdr.api", "train_retriever": "gdr.api", "evaluate": "gdr.api",
     "bm25": "gdr.api", "run": "gdr.api", "headline": "gdr.api",
     "setup_logging": "gdr.logs",

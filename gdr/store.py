@@ -48,7 +48,8 @@ from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PRun", "sample_run", "score_run", "load_run", "check_p", "read_queries", "dist_info", "local_device"]
+__all__ = ["PRun", "sample_run", "score_run", "load_run", "check_p", "read_queries", "dist_info", "local_device",
+           "score_folder", "copy_run_queries"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
@@ -127,6 +128,16 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
              "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, Q_MANIFEST)
+    if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
+        raise FileExistsError(
+            f"{out / Q_FILE} has no {Q_MANIFEST}: gdr did not sample it here and will not sample over it; to score "
+            f"documents against the queries of another run use `gdr score queries_from=<that run>` (it copies them "
+            f"with their manifest), or delete {out / Q_FILE} to sample new queries")
+    if old is not None and old.get("from_run"):
+        raise FileExistsError(
+            f"{out / Q_FILE} holds the queries of {old['from_run']}, copied by `gdr score queries_from=...`: pass "
+            f"queries_from={old['from_run']} again to score against them, or use another out= folder to sample new "
+            "ones")
     _check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
     if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
         changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
@@ -168,6 +179,53 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
                    seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile)
     partial.unlink(missing_ok=True)
     return rows
+
+
+def score_folder(path: str | os.PathLike) -> Path:
+    """The folder of sampled queries and P that ``path`` names: a ``gdr score`` folder, or a ``gdr run`` folder
+    holding exactly one finished ``score-<key>/`` stage."""
+    p = Path(path)
+    if (p / Q_FILE).is_file():
+        return p
+    stages = sorted(d for d in p.glob("score-*") if (d / Q_FILE).is_file()) if p.is_dir() else []
+    if len(stages) == 1:
+        return stages[0]
+    if len(stages) > 1:
+        raise ValueError(f"queries_from={p}: the run folder holds {len(stages)} score stages "
+                         f"({', '.join(d.name for d in stages)}); pass the one the index was built on")
+    raise FileNotFoundError(f"queries_from={p}: no {Q_FILE} there (nor a single score-*/ stage of `gdr run`); pass the "
+                            "folder of the `gdr score` (or `gdr run`) whose queries the new documents are scored "
+                            "against")
+
+
+def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> tuple[list[dict], dict | None]:
+    """Copy the sampled queries of the finished run ``run_dir`` (checked against its manifest) into ``out_dir``,
+    with a manifest naming where they came from (``from_run``), so that a P scored there has the run's columns.
+    Returns (the query rows, the model that scored the run's P, or None when its manifest does not say).
+    An ``out_dir`` holding other queries is refused; the same queries are reused."""
+    src, out = score_folder(run_dir), Path(out_dir)
+    man = read_manifest(src, Q_MANIFEST)
+    if man is None or man.get("status") != "complete":
+        raise FileNotFoundError(f"queries_from={src}: {src / Q_MANIFEST} is missing or unfinished; finish that run "
+                                "first")
+    rows = read_queries(src, man)
+    texts_hash = hash_strings(r["text"] for r in rows)
+    scorer = (read_manifest(src, P_MANIFEST) or {}).get("lm")
+    origin = str(man.get("from_run") or src.resolve())
+    old = read_manifest(out, Q_MANIFEST)
+    if old is not None or (out / Q_FILE).exists():
+        if old is not None and old.get("queries_hash") == texts_hash and (out / Q_FILE).exists():
+            return read_queries(out, old), scorer
+        where = f"queries sampled in {old.get('from_run') or out}" if old else f"a {Q_FILE} without {Q_MANIFEST}"
+        raise FileExistsError(f"out={out}: holds {where}, not the queries of {origin}; use another out= folder")
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / Q_FILE, rows)
+    keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
+                                "temperature", "n_redrawn") if k in man}
+    write_manifest(out, Q_MANIFEST, **keep, from_run=origin, status="complete", queries_hash=texts_hash,
+                   file=file_digest(out / Q_FILE))
+    log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
+    return rows, scorer
 
 
 def _check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> None:
@@ -376,7 +434,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
                  tuple(P.shape), n_shards, shard_size, done_before, sum(len(pending(g)) for g in mine), world)
     pairs = sum(len(order[s * shard_size:(s + 1) * shard_size]) for g in mine for s in pending(g)) * len(queries)
     bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
-               disable=not progress)
+               disable=not progress or pairs == 0)  # nothing left (P reused): no empty bar
     t0 = time.perf_counter()
     for group in mine:
         if not pending(group):  # finished meanwhile by another process on this folder
@@ -494,7 +552,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     docs_per_batch = max(1, bs // n_per_doc)
     lm.decoder().set_compile(want_compile(compile, lm.device, (len(texts) - done) * n_per_doc, compile_min_queries))
     t0 = time.perf_counter()
-    bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc", disable=not progress)
+    bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc",
+               disable=not progress or done >= len(texts))
     with open(path, "a", encoding="utf-8") as f:
         for b0 in range(done, len(texts), docs_per_batch):
             batch = list(texts[b0:b0 + docs_per_batch])

@@ -223,6 +223,17 @@ def folder_with(*names: str, made_by: str) -> Check:
     return check
 
 
+def folder_with_queries(v, sec):
+    """A ``gdr score`` folder, or a ``gdr run`` folder with one score stage (:func:`gdr.store.score_folder`)."""
+    problem = _path_problem(v, "folder")
+    if problem:
+        return problem
+    p = Path(v).expanduser()
+    if (p / "queries.jsonl").is_file() or len(list(p.glob("score-*/queries.jsonl"))) == 1:
+        return None
+    return "has no queries.jsonl (nor one score-*/ stage): not the output folder of `gdr score` or `gdr run`"
+
+
 def train_run(v, sec):
     problem = _path_problem(v, "folder")
     if problem:
@@ -237,19 +248,45 @@ def corpus_name(v, sec):
     from gdr.data import CORPORA
 
     if not isinstance(v, str) or not v:
-        return f"must be a corpus name ({', '.join(CORPORA)}) or a BEIR folder"
+        return f"must be a corpus name ({', '.join(CORPORA)}), a BEIR folder or a .jsonl / .tsv file of documents"
+    from gdr.data.files import DOC_FORMATS, file_format
+
     if v in CORPORA:
         if v == "beir" and not _get(sec, "data.path"):
             return "needs data.path=<BEIR folder> (or data.name=<BEIR folder>)"
+        if v in DOC_FORMATS and not _get(sec, "data.path"):
+            return f"needs data.path=<a .{v} file of documents>"
         return None
     p = Path(v).expanduser()
     if (p / "corpus.jsonl").is_file():
         return None
+    if p.is_file():
+        if file_format(p):
+            return None
+        return ("is a file, but not a .jsonl or .tsv file of documents (data=jsonl|tsv data.path=<file>); "
+                "a BEIR folder is a folder")
     if p.exists():
         return "this folder has no corpus.jsonl: a BEIR folder needs corpus.jsonl, queries.jsonl and qrels/"
     close = difflib.get_close_matches(v, CORPORA, n=1)
-    return (f"unknown corpus; choose one of {', '.join(CORPORA)} or give the path of a BEIR folder"
+    return (f"unknown corpus; choose one of {', '.join(CORPORA)} or give the path of a BEIR folder or of a .jsonl / "
+            ".tsv file of documents"
             + (f"; did you mean {close[0]}?" if close else ""))
+
+
+def field_name(v, sec):
+    return None if isinstance(v, str) and v.strip() else "must be a field name (a non-empty string)"
+
+
+def qrels_of_queries(v, sec):
+    if v is None:
+        return ("is needed with data.queries: the judgements of those queries (<split>.tsv, or a folder of them)"
+                if _get(sec, "data.queries") else None)
+    problem = _path_problem(v, "file or folder")
+    if problem:
+        return problem
+    if not _get(sec, "data.queries"):
+        return "needs data.queries=<file of the queries it judges>"
+    return None
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -384,6 +421,12 @@ DATA = (
     Rule("data.seed", seed),
     Rule("data.on_empty", optional(one_of("error", "drop", "keep", "title")), "what an empty document does"),
     Rule("data.drop_title", boolean),
+    Rule("data.id_field", field_name, "the id field of a file of documents; auto = _id, id or doc_id"),
+    Rule("data.text_field", field_name, "the text field of a file of documents"),
+    Rule("data.title_field", optional(field_name), "the title field of a file of documents"),
+    Rule("data.label_field", optional(field_name), "the label field of a file of documents"),
+    Rule("data.queries", optional(existing("file")), "a file of queries (.jsonl or .tsv) for data=jsonl|tsv"),
+    Rule("data.qrels", qrels_of_queries, "judgements (<split>.tsv, or a folder of them) for data.queries"),
 )
 LM = (
     Rule("model.name", model_name, "the query generator"),
@@ -413,6 +456,10 @@ SCORE = (
     Rule("score.doc_batch_size", auto_or(POSITIVE), "documents per forward pass"),
     Rule("score.max_query_tokens", auto_or(POSITIVE), "query tokens per packed chunk"),
     Rule("score.processes", POSITIVE, "scoring processes on this machine"),
+)
+SCORE_COMMAND = (
+    Rule("queries_from", optional(folder_with_queries),
+         "a run whose queries are scored instead of sampled; null = sample"),
 )
 GC_VARIANT = (  # cluster.gc and every cluster.variants.<name> (keys set on top of cluster.gc)
     Rule("alpha", auto_or(number(0)), "GC's regularisation; the paper uses 0.25; auto = by effective sample size"),
@@ -528,6 +575,7 @@ TRAIN_STAGE = (
     Rule("examples.dev_fraction", number(0, 1, lo_open=False, hi_open=True), "queries held out for validation"),
     Rule("examples.dev_max", NON_NEGATIVE),
     Rule("examples.dev_min", NON_NEGATIVE, "dev queries filled up with held-out generated queries"),
+    Rule("examples.dev_max_share", number(0, 1, lo_open=False), "the most generated queries held out for dev"),
     Rule("examples.generated_per_doc", OPT_POSITIVE, "generated queries used per document; null = all"),
     Rule("model.size", preset, "the retriever preset"),
     *(Rule(f"model.{k}", OPT_POSITIVE) for k in ("n_digits", "max_code_len", "d_model", "num_layers", "num_heads",
@@ -612,8 +660,8 @@ RUN = (
 # command -> [(section prefix, rules)]
 TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "sample": [("", DATA + LM + SAMPLE)],
-    "score": [("", DATA + LM + SAMPLE + SCORE)],
-    "cluster": [("", DATA + LM + SAMPLE + SCORE + CLUSTER)],
+    "score": [("", DATA + LM + SAMPLE + SCORE + SCORE_COMMAND)],
+    "cluster": [("", DATA + LM + SAMPLE + SCORE + SCORE_COMMAND + CLUSTER)],
     "index": [("", INDEX_COMMAND + INDEX_STAGE + DATA)],
     "train": [("", DATA + TRAIN_COMMAND + TRAIN_STAGE)],
     "evaluate": [("", DATA + EVALUATE_COMMAND + EVALUATE_STAGE)],
@@ -626,7 +674,7 @@ TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
 HINTS = {  # what to set for a mandatory (???) key
     "docids": "docids.tsv from `gdr index`",
     "run_dir": "the out_dir of `gdr train`",
-    "data.path": "the corpus folder; a BEIR folder holds corpus.jsonl, queries.jsonl and qrels/",
+    "data.path": "the corpus: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/) or a .jsonl / .tsv file of documents",
 }
 
 

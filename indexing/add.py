@@ -38,7 +38,7 @@ from indexing.pmatrix import PMatrix, load_pmatrix_run
 from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
 from indexing.summary import summarize, write_summary
 
-__all__ = ["AddResult", "place_documents", "add_to_index"]
+__all__ = ["AddResult", "place_documents", "add_to_index", "check_same_queries", "next_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,41 @@ def _update_tree_json(path: Path, new_codes: list[tuple[int, ...]]) -> list[dict
     return tree["nodes"]
 
 
+def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
+    """Refuse a P whose columns are not the queries the index was built on, by content (the texts of the first J
+    queries and the model that scored them), naming both sources. Indexes of older versions recorded only the
+    qids, which every run numbers ``q0 .. q{J-1}``: those are checked as before, with a warning."""
+    want, have = st.meta.get("queries"), run.query_identity()
+    source = want["source"] if want else "<the index's run>"
+    fix = (f"score the new documents against the same queries: `gdr score queries_from={source} data=<new documents> "
+           "out=<folder>` (it takes the run's model settings)")
+    if want:
+        if want["texts_hash"] != have["texts_hash"]:
+            raise ValueError(f"{run.path / 'queries.jsonl'}: the new documents were scored against other queries "
+                             f"({have['n_queries']} queries sampled in {have['source']}) than the index in "
+                             f"{index_dir} was built on ({want['n_queries']} queries sampled in {want['source']}); "
+                             f"{fix}")
+        if want.get("scorer") and have.get("scorer") and want["scorer"] != have["scorer"]:
+            a, b = want["scorer"], have["scorer"]
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            raise ValueError(f"{run.path / 'P.manifest.json'}: the new documents were scored by another model "
+                             f"({', '.join(f'{k}={b.get(k)!r}' for k in diff)}) than the index in {index_dir} "
+                             f"({', '.join(f'{k}={a.get(k)!r}' for k in diff)}); {fix}")
+        return
+    if st.query_hash and run.query_hash != st.query_hash:
+        raise ValueError(f"{run.path / 'queries.jsonl'}: the first {st.n_queries} query ids differ from those the "
+                         f"index in {index_dir} was built on; {fix}")
+    log.warning("%s was built by an older gdr that recorded only the query ids, not the queries: make sure %s was "
+                "scored against the index's queries (`gdr score queries_from=<the index's run>`)", index_dir, run.path)
+
+
+def next_steps(index_dir: str | os.PathLike) -> str:
+    """What to do after ``gdr index add``: the retriever has to learn the new codes."""
+    return (f"next: a retriever finds the new documents only once it is trained on them (the old documents keep "
+            f"their codes); train one on every document, old and new: `gdr train data=<old and new documents> "
+            f"docids={Path(index_dir) / 'docids.tsv'} out_dir=<new folder>` (README: Your own corpus)")
+
+
 def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = 2048,
                  plot: bool = True) -> AddResult:
     """Add the documents of P-matrix run ``run_dir`` to the GC index in ``index_dir``.
@@ -185,9 +220,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")
     run = load_pmatrix_run(run_dir, n_queries=st.n_queries)
-    if st.query_hash and run.query_hash != st.query_hash:
-        raise ValueError(f"{run.path / 'queries.jsonl'}: the first {st.n_queries} query ids differ from those the "
-                         f"index in {index_dir} was built on; score the new documents against the same queries")
+    check_same_queries(st, run, index_dir)
     old_ids, old_codes = read_docids(index_dir / "docids.tsv")
     known = set(old_ids)
     dup = next((d for d in run.doc_ids if d in known), None)

@@ -248,6 +248,8 @@ class PMatrixRun:
     doc_ids: list[str]
     queries: list[dict]  # one {"qid", "text", ...} per column (all columns, not only the first J)
     path: Path
+    scorer: dict | None = None  # the model that scored P (P.manifest.json's ``lm``), when recorded
+    origin: str = ""  # where the queries were sampled: this folder, or the run they were copied from
 
     @property
     def query_texts(self) -> list[str]:
@@ -255,8 +257,15 @@ class PMatrixRun:
 
     @property
     def query_hash(self) -> str:
-        """Hash of the qids of the columns in use (the first J)."""
+        """Hash of the qids of the columns in use (the first J): what indexes of older versions recorded."""
         return hash_strings(str(q.get("qid", i)) for i, q in enumerate(self.queries[: self.pmatrix.n_cols]))
+
+    def query_identity(self) -> dict:
+        """What the columns in use (the first J) are, by content: the hash of their texts, the model that
+        scored them and where they were sampled. Two runs whose P columns can be compared (``gdr index add``)
+        agree on ``texts_hash`` and ``scorer``; qids (``q0 .. q{J-1}`` in every run) say nothing."""
+        return {"texts_hash": hash_strings(self.query_texts[: self.pmatrix.n_cols]), "n_queries": self.pmatrix.n_cols,
+                "scorer": self.scorer, "source": self.origin or str(self.path)}
 
 
 def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -> PMatrixRun:
@@ -295,4 +304,6 @@ def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -
     else:
         log.warning("%s is missing; queries are named by column number", q_path)
         queries = [{"qid": str(j), "text": f"q{j}"} for j in range(pm.n_cols_total)]
-    return PMatrixRun(pmatrix=pm, doc_ids=doc_ids, queries=queries, path=run_dir)
+    q_man = read_manifest(run_dir, "queries.manifest.json") or {}
+    return PMatrixRun(pmatrix=pm, doc_ids=doc_ids, queries=queries, path=run_dir,
+                      scorer=(man or {}).get("lm"), origin=str(q_man.get("from_run") or run_dir))

@@ -75,7 +75,8 @@ def tree_state_from_tree(tree: IndexTree, query_hash: str = "") -> TreeState:
     return TreeState(n_clusters=tree.n_clusters, leaf_size=tree.leaf_size, n_queries=int(meta["n_queries"]),
                      alpha=float(meta["options"]["alpha"]), clip_upper=meta["clip_upper"], log_phi=meta["log_phi"],
                      nodes=nodes, leaves=leaves, query_hash=query_hash,
-                     meta={"options": meta["options"], "seed": meta.get("seed")})
+                     meta={"options": meta["options"], "seed": meta.get("seed"),
+                           **({"queries": meta["queries"]} if meta.get("queries") else {})})
 
 
 def _write_npy_member(zf: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:

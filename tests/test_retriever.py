@@ -403,7 +403,7 @@ def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
     again = build_examples(tok, 10, **kw)
     assert np.array_equal(again.train.ids, ex.train.ids)  # seeded windows
     only_gen = build_examples(tok, 10, gen_queries=["apple", "river", "stone", "cloud"], gen_docs=[0, 1, 2, 3],
-                              dev_fraction=0.5)
+                              dev_fraction=0.5, dev_max_share=0.5)
     assert only_gen.counts["dev_from"] == "generated_queries" and len(only_gen.dev) == 2
     with pytest.raises(ValueError, match="no training examples"):
         build_examples(tok, 10)
@@ -419,7 +419,7 @@ def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word
     gen_q = [f"{WORDS[(3 * i + k) % 30]} {WORDS[(7 * i + 2 * k) % 30]} {WORDS[k]}" for i in range(10) for k in range(4)]
     gen_d = np.repeat(np.arange(10), 4)
     kw = dict(train_queries=queries, train_rel=[[i] for i in range(10)], gen_queries=gen_q, gen_docs=gen_d,
-              doc_first=False, doc_windows=0, dev_fraction=0.2, seed=1)
+              doc_first=False, doc_windows=0, dev_fraction=0.2, dev_max_share=1.0, seed=1)
     old = build_examples(tok, 10, **kw)  # dev_min 0: the 2 real dev queries only
     assert old.counts["dev_queries"] == 2 and old.counts["generated_queries"] == 40
     ex = build_examples(tok, 10, dev_min=8, **kw)
@@ -436,6 +436,30 @@ def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word
     assert capped.counts["generated_queries"] == 20
     firsts = {tuple(tok(q)["input_ids"]) for i, q in enumerate(gen_q) if i % 4 < 2}
     assert {tuple(capped.train[i]) for i in range(8, 28)} == firsts
+
+
+def test_generated_queries_alone_never_starve_training(word_tokenizer, caplog):
+    """The 40-document corpus with test judgements only (issue 27): 2 generated queries per document and no real
+    training queries. dev_min=100 used to hold out 79 of the 80 generated queries for dev (training on 1); the dev
+    split now takes at most one per document and 10% of them, so training keeps at least 90%."""
+    from transformers import AutoTokenizer
+
+    from training.data import build_examples
+
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    gen_q = [f"{WORDS[i % 30]} {WORDS[(i * 7 + k) % 30]}" for i in range(40) for k in range(2)]
+    gen_d = np.repeat(np.arange(40), 2)
+    texts = [" ".join(WORDS[(i + j) % 30] for j in range(12)) for i in range(40)]
+    ex = build_examples(tok, 40, doc_texts=texts, gen_queries=gen_q, gen_docs=gen_d, dev_min=100, seed=0)
+    c = ex.counts
+    assert c["generated_queries"] >= 0.9 * 80, c
+    assert c["dev_queries"] == 8 and c["dev_from"] == "generated_queries"
+    assert len({int(r[0]) for r in ex.dev_rel}) == 8  # one per document
+    # a dev split larger than what is left to train on is named
+    with caplog.at_level("WARNING", logger="training.data"):
+        build_examples(tok, 40, train_queries=gen_q[:4], train_rel=[[0], [0], [1], [1]], dev_fraction=0.75,
+                       doc_first=False, doc_windows=0)
+    assert "dev split (3 queries) is larger than what is left to train on (1 queries)" in caplog.text
 
 
 def test_patience_in_steps_becomes_validation_checks():

@@ -13,7 +13,10 @@ A **dev split** for model selection is held out from the *training* queries (a s
 held-out titles or queries cannot rank checkpoints: one query moves Recall@1 by several points), generated
 queries are held out too, at most one per document, from a seeded random choice of documents, until the dev
 split holds ``dev_min`` queries; they are removed from training (their documents keep their other examples).
-Without real queries the dev split is held out from the generated ones. The test split is never seen here.
+Without real queries the dev split is held out from the generated ones, in the same way. Either way the
+generated queries held out never exceed ``dev_max_share`` of them (10%), so a small corpus whose only
+queries are generated (a query set with test judgements only) still trains on 90% of them. A warning names
+a dev split larger than what is left to train on. The test split is never seen here.
 
 Token ids are stored flat (``TokenStore``: one int32 array and offsets), not as Python lists, so a
 corpus of 10^5 documents with several windows each stays small.
@@ -195,6 +198,7 @@ def build_examples(
     dev_fraction: float = 0.1,
     dev_max: int = 1000,
     dev_min: int = 0,
+    dev_max_share: float = 0.1,
     generated_per_doc: int | None = None,
     seed: int = 0,
 ) -> RetrievalExamples:
@@ -207,6 +211,8 @@ def build_examples(
     train_queries, train_rel : real training queries and their relevant document indices
     gen_queries, gen_docs : generated queries and the document each was generated from
     dev_min : with fewer real dev queries than this, held-out generated queries fill the dev split up to it
+    dev_max_share : the generated queries held out for the dev split are at most this share of them (and at
+        most one per document)
     generated_per_doc : use only the first N generated queries of each document (None = all)
     """
     rng = np.random.default_rng(seed)
@@ -248,23 +254,25 @@ def build_examples(
             raise ValueError("a generated query points at a document index outside the corpus")
         store = _tokenize(tokenizer, gen_q, max_query_len)
         keep = np.arange(len(gen_q))
+        # held-out generated queries: one per document (of a seeded choice of documents), at most a share of them
+        first_of_doc = np.flatnonzero(_rank_within(gen_d) == 0)
+        cap = min(int(dev_max_share * len(gen_q)), len(first_of_doc) - 1)
+        want = 0
         if not len(real_q) and len(gen_q) > 1:
-            n_dev = min(dev_max, max(int(round(dev_fraction * len(gen_q))), min(dev_min, len(gen_q) - 1)))
-            perm = rng.permutation(len(gen_q))
-            dev_idx, keep = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
-            dev = store.take(dev_idx)
-            dev_rel = [gen_d[i:i + 1] for i in dev_idx]
-            counts["dev_from"] = "generated_queries"
+            want = min(dev_max, max(int(round(dev_fraction * len(gen_q))), dev_min))
         elif len(dev_rel) < dev_min and len(gen_q) > 1:
-            # too few real dev queries: one held-out generated query each from a seeded choice of documents
-            first_of_doc = np.flatnonzero(_rank_within(gen_d) == 0)
-            pick = rng.permutation(first_of_doc)[:min(dev_min - len(dev_rel), len(first_of_doc) - 1)]
-            dev_idx = np.sort(pick)
+            want = dev_min - len(dev_rel)  # too few real dev queries: generated ones fill the dev split up
+        if want > 0 and cap > 0:
+            dev_idx = np.sort(rng.permutation(first_of_doc)[:min(want, cap)])
             keep = np.setdiff1d(keep, dev_idx)
             dev = TokenStore.concat([dev, store.take(dev_idx)])
             dev_rel = dev_rel + [gen_d[i:i + 1] for i in dev_idx]
-            counts["dev_from"] = f"{counts.get('dev_from', 'real_queries')}+generated_queries"
+            counts["dev_from"] = f"{counts['dev_from']}+generated_queries" if len(real_q) else "generated_queries"
             counts["dev_generated"] = int(len(dev_idx))
+            if want > len(dev_idx):
+                log.info("dev split: %d held-out generated queries, not the %d asked for (train.examples.dev_min=%d): "
+                         "at most one per document and %g of the %d generated queries (examples.dev_max_share)",
+                         len(dev_idx), want, dev_min, dev_max_share, len(gen_q))
         parts.append(store.take(keep) if len(keep) < len(gen_q) else store)
         targets.append(gen_d[keep])
         counts["generated_queries"] = int(len(keep))
@@ -297,6 +305,10 @@ def build_examples(
         raise ValueError("no training examples: enable real queries, generated queries or document windows")
     counts["train_examples"] = len(train)
     counts["dev_queries"] = len(dev)
+    n_train_q = counts.get("real_queries", 0) + counts.get("generated_queries", 0)
+    if counts.get("dev_from") != "document_windows" and len(dev) > n_train_q:
+        log.warning("the dev split (%d queries) is larger than what is left to train on (%d queries): lower "
+                    "train.examples.dev_fraction / dev_min, or add training queries", len(dev), n_train_q)
     counts["docs_without_example"] = int(n_docs - len(np.unique(train_doc)))
     log.info("training examples: %s", counts)
     return RetrievalExamples(train, train_doc, dev, dev_rel, counts)

@@ -47,6 +47,7 @@ class ExampleOptions:
     dev_fraction: float = 0.1
     dev_max: int = 1000
     dev_min: int = 0  # fewer real dev queries: held-out generated queries fill the dev split up to this
+    dev_max_share: float = 0.1  # held-out generated queries: at most this share of them (one per document)
     generated_per_doc: int | None = None  # only the first N generated queries of each document
 
 

@@ -15,6 +15,7 @@ re-raises them with the full traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import shlex
 import sys
 
@@ -57,6 +58,25 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `gdr run ... --cfg | head`: the reader left; no traceback
+        return stdout_gone()
+
+
+def stdout_gone() -> int:
+    """The reader of stdout closed it (``| head``): point stdout at /dev/null, so that nothing more is written,
+    nor flushed at exit (which would print an ignored BrokenPipeError), and exit as a process killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing to silence
+        pass
+    return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug, verbose = "--debug" in argv, "--verbose" in argv
     argv = [a for a in argv if a not in ("--debug", "--verbose")]
@@ -98,6 +118,8 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
     """The exit code of a command that raised ``e`` (no signal), after its one line; re-raises what is a bug."""
     from gdr import guard
 
+    if isinstance(e, BrokenPipeError):
+        raise e  # main(): the reader of stdout left, a quiet exit
     if isinstance(e, KeyboardInterrupt):
         if debug:
             raise e

@@ -8,7 +8,9 @@
 
 Names: ``bbc``, ``r2``, ``r5``, ``reuters`` (every story with a body, unlabelled), ``cranfield``,
 ``msmarco-lite``, ``nq320k``, ``beir`` (the latter needs ``path=``; a path to a BEIR folder also works
-as the name). Default paths
+as the name), ``jsonl`` and ``tsv`` (a file of documents, :mod:`gdr.data.files`; a path ending in
+``.jsonl`` or ``.tsv`` also works as the name). In memory: :meth:`Corpus.from_texts`,
+:meth:`Corpus.from_pandas`, :meth:`Corpus.from_dataset`. Default paths
 live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
 
 Queries: :func:`load_queries` reads the query sets that ship with a collection
@@ -25,6 +27,7 @@ from gdr.data.bbc import load_bbc
 from gdr.data.beir import load_beir, load_beir_queries, write_beir
 from gdr.data.core import Corpus, DataError, QuerySet, data_dir
 from gdr.data.cranfield import load_cranfield, load_cranfield_queries
+from gdr.data.files import DOC_FORMATS, file_format, load_docs_file, load_file_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
@@ -54,24 +57,35 @@ __all__ = [
     "load_msmarco_lite_queries",
     "load_nq320k",
     "load_nq320k_queries",
+    "load_docs_file",
+    "load_file_queries",
     "R2_TOPICS",
     "R5_TOPICS",
 ]
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir")
+CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS)
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
 TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
-    """A path given as the name means a BEIR folder."""
+    """A path given as the name means a BEIR folder, or a documents file (``.jsonl``, ``.tsv``)."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"corpus name: got {type(name).__name__}; pass a name ({', '.join(CORPORA)}) or a path, "
+                        "or build a gdr.Corpus in memory (Corpus.from_texts / from_pandas / from_dataset)")
+    name = os.fspath(name)
     if name not in CORPORA and (Path(name) / "corpus.jsonl").is_file():
         return "beir", name
+    if name not in CORPORA and Path(name).is_file() and file_format(name):
+        return file_format(name), name
     if name not in CORPORA:
-        raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)} "
-                         "(or pass the path of a BEIR folder)")
+        what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents" if Path(name).is_file() else
+                f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder)" if Path(name).is_dir() else
+                f"unknown corpus {name!r}")
+        raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder or of a "
+                         ".jsonl / .tsv file of documents")
     return name, path
 
 
@@ -85,6 +99,10 @@ def load_corpus(
     seed: int = 0,
     on_empty: str | None = None,
     drop_title: bool = False,
+    id_field: str | None = None,
+    text_field: str | None = None,
+    title_field: str | None = None,
+    label_field: str | None = None,
 ) -> Corpus:
     """Load a corpus by name, optionally subsampled.
 
@@ -100,8 +118,15 @@ def load_corpus(
     drop_title : remove every title (``titles=None``), so ``model_inputs()`` is the article only: the corpus
         side of title queries (:func:`load_title_queries`). Texts are not edited; BBC and Reuters bodies
         never start with their title, Cranfield abstracts do and keep it.
+    id_field, text_field, title_field, label_field : ``jsonl`` / ``tsv`` only: the names of the fields
+        (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
     """
+    source = {"name": name, "path": None if path is None else os.fspath(path)}
     name, path = _resolve(name, path)
+    fields = {k: v for k, v in (("id_field", id_field), ("text_field", text_field), ("title_field", title_field),
+                                ("label_field", label_field)) if v is not None}
+    if fields and name not in DOC_FORMATS:
+        raise ValueError(f"{next(iter(fields))}= applies to a file of documents (jsonl, tsv), not {name!r}")
     if split is not None and name not in ("r2", "r5", "reuters"):
         raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
     if docs_tsv is not None and name not in ("msmarco-lite", "nq320k"):
@@ -122,10 +147,15 @@ def load_corpus(
         corpus = load_msmarco_lite(path, docs_tsv=docs_tsv, **kw)
     elif name == "nq320k":
         corpus = load_nq320k(path, docs_tsv=docs_tsv, **kw)
+    elif name in DOC_FORMATS:
+        corpus = load_docs_file(path, fmt=name, **fields, **kw)
     else:
         corpus = load_beir(path, **kw)
     if drop_title:
         corpus = drop_titles(corpus)
+    # where it came from: gdr.split_queries(corpus, split) finds the corpus's own queries by it
+    corpus.info["data"] = {k: v for k, v in {**source, "docs_tsv": None if docs_tsv is None else os.fspath(docs_tsv),
+                                             "drop_title": drop_title or None}.items() if v is not None}
     return corpus.sample(n_docs, seed)
 
 
@@ -193,7 +223,8 @@ def load_title_queries(
 def corpus_from_config(data) -> Corpus:
     """``load_corpus`` from a ``data:`` config section (``name`` plus any non-null keyword of it).
 
-    Keys: ``path``, ``n_docs``, ``seed``, ``docs_tsv``, ``on_empty``, ``drop_title`` (see ``conf/data/*.yaml``).
+    Keys: ``path``, ``n_docs``, ``seed``, ``docs_tsv``, ``on_empty``, ``drop_title``, the field names of a file of
+    documents (see ``conf/data/*.yaml``); ``queries`` and ``qrels`` (a file's queries) are read by the query side.
     """
-    d = {k: v for k, v in dict(data).items() if v is not None}
+    d = {k: v for k, v in dict(data).items() if v is not None and k not in ("queries", "qrels")}
     return load_corpus(d.pop("name"), **d)

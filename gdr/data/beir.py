@@ -51,12 +51,12 @@ def _jsonl(path: Path) -> Iterable[tuple[int, dict]]:
         yield lineno, row
 
 
-def _id(row: dict, path: Path, lineno: int) -> str:
-    v = row.get("_id")
+def _id(row: dict, path: Path, lineno: int, key: str = "_id") -> str:
+    v = row.get(key)
     if v is None or (isinstance(v, str) and not v.strip()):
-        raise DataError(f"{path}:{lineno}: record has no '_id'; give every record a non-empty '_id'")
+        raise DataError(f"{path}:{lineno}: record has no '{key}'; give every record a non-empty '{key}'")
     if not isinstance(v, (str, int)):
-        raise DataError(f"{path}:{lineno}: '_id' must be a string, got {v!r}")
+        raise DataError(f"{path}:{lineno}: '{key}' must be a string, got {v!r}")
     return str(v)
 
 
@@ -135,25 +135,37 @@ def load_beir_queries(
             raise FileNotFoundError(f"{qdir / (s + '.tsv')}: no qrels for split {s!r}; available splits: "
                                     f"{_available_splits(qdir)}")
     known = set(doc_ids) if doc_ids is not None else set(beir_doc_ids(folder))
+    query_text = read_query_texts(qfile, _jsonl(qfile), "_id")
+    return read_qrels(query_text, qfile, {s: qdir / f"{s}.tsv" for s in splits}, known,
+                      name or folder.resolve().name, str(folder))
 
+
+def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str, text_key: str = "text"
+                     ) -> dict[str, str]:
+    """``{qid: text}`` of the query records ``rows`` (``(lineno, record)`` read from ``qfile``)."""
     query_text: dict[str, str] = {}
     query_line: dict[str, int] = {}
-    for lineno, row in _jsonl(qfile):
-        qid = _id(row, qfile, lineno)
+    for lineno, row in rows:
+        qid = _id(row, qfile, lineno, id_key)
         if qid in query_text:
-            raise DataError(f"{qfile}:{lineno}: duplicate query _id {qid!r} (first on line {query_line[qid]}); "
-                            "give each query a unique _id")
-        text = _str_field(row, "text", qfile, lineno)
+            raise DataError(f"{qfile}:{lineno}: duplicate query {id_key} {qid!r} (first on line {query_line[qid]}); "
+                            f"give each query a unique {id_key}")
+        text = _str_field(row, text_key, qfile, lineno)
         if not text.strip():
             raise DataError(f"{qfile}:{lineno}: query {qid!r} has empty text; fill it in or delete the record")
         query_text[qid] = text
         query_line[qid] = lineno
+    return query_text
 
+
+def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, Path], known: set[str], name: str,
+               source: str) -> QuerySet:
+    """The QuerySet of the judgements in ``split_files`` (``{split: qrels TSV}``, BEIR's three columns with an
+    optional header) over the queries ``query_text`` (read from ``qfile``) and the doc ids ``known``."""
     qids, texts, relevant, grades, out_splits = [], [], [], [], []
     filtered: Counter[str] = Counter()
     nonrel = 0
-    for s in splits:
-        file = qdir / f"{s}.tsv"
+    for s, file in split_files.items():
         rel: dict[str, list[str]] = {}
         grd: dict[str, list[int]] = {}
         judged: dict[tuple[str, str], int] = {}
@@ -199,13 +211,13 @@ def load_beir_queries(
             grades.append(grd[qid])
             out_splits.append(s)
     if not qids:
-        raise DataError(f"{qdir}: no query with a relevant judgement in split(s) {splits}")
-    info = {"source": str(folder), "filtered": dict(filtered), "nonrelevant_judgements": nonrel,
+        raise DataError(f"{', '.join(map(str, split_files.values()))}: no query with a relevant judgement in "
+                        f"split(s) {list(split_files)}")
+    info = {"source": source, "filtered": dict(filtered), "nonrelevant_judgements": nonrel,
             "unjudged_queries": len(set(query_text) - set(qids))}
     if filtered:
-        log.info("%s: %d queries have only non-relevant judgements and are left out", folder, filtered["no_relevant"])
-    return QuerySet(name=name or folder.resolve().name, qids=qids, texts=texts, relevant=relevant,
-                    splits=out_splits, grades=grades, info=info)
+        log.info("%s: %d queries have only non-relevant judgements and are left out", source, filtered["no_relevant"])
+    return QuerySet(name=name, qids=qids, texts=texts, relevant=relevant, splits=out_splits, grades=grades, info=info)
 
 
 def _one_line(s: str, what: str) -> str:

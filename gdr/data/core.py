@@ -256,6 +256,39 @@ def _join_title(title: str | None, text: str, sep: str) -> str:
 
 # ---------------------------------------------------------------------------- Corpus
 
+def _strings(values, what: str, expect: str) -> list[str]:
+    """``values`` as a list of strings; a bare string or non-strings are refused with what to pass."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what}: got {type(values).__name__}; pass {expect}")
+    out = list(values)
+    bad = next((i for i, v in enumerate(out) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise TypeError(f"{what}: item {bad} is {type(out[bad]).__name__} ({out[bad]!r:.40}); pass {expect}")
+    return out
+
+
+def _column(values, what: str, n: int, optional: bool = False) -> list | None:
+    if values is None and optional:
+        return None
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{what}: got {type(values).__name__}; pass a list with one entry per document")
+    out = [None if v is None else str(v) for v in values]
+    if len(out) != n:
+        raise ValueError(f"{what}: {len(out)} entries for {n} documents; pass one per document")
+    return out
+
+
+def _id_column(cols: list[str], id_column: str | None, who: str, option: str) -> str | None:
+    if id_column is None:
+        return None
+    if id_column == "auto":
+        return next((c for c in ("doc_id", "_id", "id") if c in cols), None)
+    if id_column not in cols:
+        raise DataError(f"{who}: no id column {id_column!r} (columns: {', '.join(cols)}); pass {option}=<column>, "
+                        "or None to number the rows")
+    return id_column
+
+
 def _columns_as_lists(obj, cols, n: int, owner: str, key: str, unit: str) -> None:
     """Turn each non-None column of ``obj`` into a list and check it has one entry per row."""
     for col in cols:
@@ -399,19 +432,80 @@ class Corpus:
         )
 
     @classmethod
-    def from_dataset(cls, ds, name: str, info: dict | None = None) -> "Corpus":
-        """Build a Corpus from a ``datasets.Dataset`` with columns doc_id, text and optionally title, label."""
-        for col in ("doc_id", "text"):
-            if col not in ds.column_names:
-                raise DataError(f"dataset for {name!r} has no {col!r} column (columns: {ds.column_names})")
-        titles = list(ds["title"]) if "title" in ds.column_names else None
-        labels = list(ds["label"]) if "label" in ds.column_names else None
+    def from_texts(cls, texts: Sequence[str], ids: Sequence[str] | None = None, *,
+                   titles: Sequence[str | None] | None = None, labels: Sequence[str] | None = None,
+                   name: str = "texts") -> "Corpus":
+        """A Corpus from a list of document texts; ``ids`` default to ``"0" .. "n-1"``.
+
+        >>> Corpus.from_texts(["a cat on a mat", "stock markets fell"])
+        Corpus(name='texts', n_docs=2)
+        """
+        texts = _strings(texts, "texts", "a list of document strings")
+        ids = [str(i) for i in range(len(texts))] if ids is None else _column(ids, "ids", len(texts))
+        return cls._checked(name, ids, texts, _column(titles, "titles", len(texts), True),
+                            _column(labels, "labels", len(texts), True), {"source": "texts"})
+
+    @classmethod
+    def from_pandas(cls, df, *, id_column: str | None = "auto", text_column: str = "text",
+                    title_column: str | None = "title", label_column: str | None = "label",
+                    name: str = "dataframe") -> "Corpus":
+        """A Corpus from a ``pandas.DataFrame``: one row per document.
+
+        ``id_column``: ``auto`` = the first of ``doc_id``, ``_id``, ``id`` among the columns, else the DataFrame's
+        index; None = the index. ``title_column`` and ``label_column`` are used where the column exists (None: never).
+        """
+        if not (hasattr(df, "columns") and hasattr(df, "index") and hasattr(df, "__getitem__")):
+            raise TypeError(f"from_pandas: df is a {type(df).__name__}; pass a pandas.DataFrame (or use "
+                            "Corpus.from_texts for a list of strings, Corpus.from_dataset for a datasets.Dataset)")
+        cols = [str(c) for c in df.columns]
+        get = lambda c: df[c].tolist()  # noqa: E731
+        id_col = _id_column(cols, id_column, "from_pandas", "id_column")
+        ids = get(id_col) if id_col else [str(i) for i in df.index.tolist()]
+        return cls._from_columns(name, cols, get, ids, text_column, title_column, label_column, "from_pandas",
+                                 {"source": "pandas.DataFrame"})
+
+    @classmethod
+    def from_dataset(cls, ds, name: str = "dataset", info: dict | None = None, *, id_column: str | None = "auto",
+                     text_column: str = "text", title_column: str | None = "title",
+                     label_column: str | None = "label") -> "Corpus":
+        """A Corpus from a ``datasets.Dataset``, one row per document: columns as in :meth:`from_pandas`
+        (``auto`` id: ``doc_id``, ``_id`` or ``id``; None: the row numbers)."""
+        if not hasattr(ds, "column_names"):
+            raise TypeError(f"from_dataset: ds is a {type(ds).__name__}; pass a datasets.Dataset (or use "
+                            "Corpus.from_pandas for a DataFrame, Corpus.from_texts for a list of strings)")
+        cols = list(ds.column_names)
+        get = lambda c: list(ds[c])  # noqa: E731
+        id_col = _id_column(cols, id_column, "from_dataset", "id_column")
+        ids = get(id_col) if id_col else [str(i) for i in range(len(ds))]
+        return cls._from_columns(name, cols, get, ids, text_column, title_column, label_column, "from_dataset",
+                                 dict(info or {"source": "datasets.Dataset"}))
+
+    @classmethod
+    def _from_columns(cls, name, cols, get, ids, text_column, title_column, label_column, who, info) -> "Corpus":
+        if text_column not in cols:
+            raise DataError(f"{who}: no text column {text_column!r} (columns: {', '.join(cols)}); "
+                            "pass text_column=<the column of the document texts>")
+        def optional(col):  # a missing value is None (pandas holds NaN there)
+            return [None if v is None or v != v else v for v in get(col)] if col and col in cols else None
+
+        titles, labels = optional(title_column), optional(label_column)
         if titles is not None and all(t is None for t in titles):
             titles = None
         if labels is not None and all(lab is None for lab in labels):
             labels = None
-        return cls(name=name, doc_ids=list(ds["doc_id"]), texts=list(ds["text"]), titles=titles,
-                   labels=labels, info=dict(info or {}))
+        texts = _strings(get(text_column), f"{who}: column {text_column!r}", "strings (one document text each)")
+        return cls._checked(name, [str(i) for i in ids], texts, titles,
+                            None if labels is None else [str(x) for x in labels], info)
+
+    @classmethod
+    def _checked(cls, name, ids, texts, titles, labels, info) -> "Corpus":
+        """Through :class:`DocTable`, so that an empty id, a duplicate or an empty text is refused as a loader
+        refuses it, naming the row."""
+        table = DocTable(on_empty="error")
+        for i, d in enumerate(ids):
+            table.add(d, texts[i], title=None if titles is None else titles[i],
+                      label=None if labels is None else labels[i], where=f"{name} row {i}")
+        return table.build(name, info.get("source", name), info)
 
 
 # ---------------------------------------------------------------------------- QuerySet

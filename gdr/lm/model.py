@@ -28,7 +28,7 @@ from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_gene
 from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringMixin
-from gdr.models import resolve_model
+from gdr.models import pretrained_config, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
 
     def __init__(self, model, tokenizer=None, prompt: PromptConfig | dict | None = None,
                  max_doc_tokens: int = 128, device: str | None = "auto"):
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
         self.device = _autodevice(device)
         saved = None
@@ -65,7 +65,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             self.name = model
             path = resolve_model(model)
             saved = saved_generator(path)
-            cfg = AutoConfig.from_pretrained(path)
+            cfg = pretrained_config(path, model)
             cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
             self.model = cls.from_pretrained(path)
             self.tokenizer = AutoTokenizer.from_pretrained(path)

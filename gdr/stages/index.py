@@ -83,6 +83,7 @@ def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: s
         doc_ids, query_texts, query_hash = prun.doc_ids, prun.query_texts, prun.query_hash
         tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=_gc_options(cfg.gc),
                               seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))
+        tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
         extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
     elif cfg.method in ("hkmi", "bmi"):
         from indexing.kmeans import (build_kmeans_index, default_embed_fn, document_embeddings,

@@ -10,7 +10,7 @@ import numpy as np
 
 from gdr.guard import replace_together
 
-__all__ = ["write_report", "headline", "cluster_headline", "METRICS"]
+__all__ = ["write_report", "headline", "cluster_headline", "METRICS", "metric_label"]
 
 METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 
@@ -45,9 +45,20 @@ def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
     return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
 
 
+def metric_label(metric: str, k: int | None = None) -> str:
+    """A column name for ``metric`` when every system returns ``k`` results per query: ``recall@100`` is
+    ``R@20`` at k = 20 (nothing is ranked below 20), ``mrr@100`` ``MRR@20``."""
+    name, _, depth = metric.partition("@")
+    d = int(depth) if depth.isdigit() else None
+    if d is not None and k is not None and k < d:
+        d = k
+    return f"{'R' if name == 'recall' else name.upper()}@{d if d is not None else depth}"
+
+
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
-                 seconds: float, eval_dirs: dict[str, list] | None = None) -> dict:
+                 seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
+                 trained_on: str | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -55,28 +66,36 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     (:class:`gdr.pipeline.StageRecord`); ``results``: per indexer, one row of test metrics per seed;
     ``indexes``: per indexer, the facts of its index (depth, balance); ``bm25``, ``cluster``: the facts of
     those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
-    each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`)."""
+    each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`); ``corpus_name``:
+    the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
+    retrievers learnt from, in words (default: the ``queries.train_split``)."""
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
     n_test = None
     comparisons = compare_folders(eval_dirs or {}, reference="gc")
     said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
-    lines = [f"# gdr run: {cfg['data']['name']}, {n_docs} documents", "",
+    corpus_name = corpus_name or cfg['data']['name']
+    trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
+    k = int(cfg.get("evaluate", {}).get("k") or 100)
+    labels = {m: metric_label(m, k) for m in METRICS}
+    shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
+    queries_name = corpus_name if cfg['queries']['name'] == cfg['data']['name'] else cfg['queries']['name']
+    lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
              f"Command: `{command}`", "",
              f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
-             f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{cfg['queries']['name']}` "
-             f"(trained on `{cfg['queries']['train_split']}`, scored on `{cfg['queries']['test_split']}`).", ""]
+             f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
+             f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
     if said:
         lines += [f"**{said}**", ""]
     if cfg['queries']['name'] == "titles":
         lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
                   "not a benchmark of the field.", ""]
     lines += ["## Retrieval (mean (std) over seeds, in %)", "",
-              "| docids | " + " | ".join(m.replace("recall", "R").replace("mrr", "MRR") for m in METRICS)
+              "| docids | " + " | ".join(labels[m] for m in shown)
               + " | depth (max / mean) | largest child share | seeds |",
-              "|---|" + "---|" * (len(METRICS) + 3)]
+              "|---|" + "---|" * (len(shown) + 3)]
     summary: dict[str, dict] = {}
     for method, rows in results.items():
         stats = {m: _mean_std(rows, m) for m in METRICS}
@@ -84,14 +103,14 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         info = indexes[method]
         summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items()}
         summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()})
-        lines.append(f"| {method} | " + " | ".join(f"{100 * mu:.1f} ({100 * sd:.1f})" for mu, sd in stats.values())
+        lines.append(f"| {method} | " + " | ".join(f"{100 * stats[m][0]:.1f} ({100 * stats[m][1]:.1f})" for m in shown)
                      + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
                      + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
     if bm25 is not None:
-        lines.append("| BM25 (reference) | " + " | ".join(f"{100 * bm25[m]:.1f}" for m in METRICS) + " | | | |")
+        lines.append("| BM25 (reference) | " + " | ".join(f"{100 * bm25[m]:.1f}" for m in shown) + " | | | |")
         n_test = bm25.get("n_queries", n_test)
-    lines += ["", f"{n_test} test queries. The largest child share is the mean, over internal nodes, of the "
-                  "fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
+    lines += ["", f"{n_test} test queries, {k} results each. The largest child share is the mean, over internal "
+                  "nodes, of the fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
     if comparisons:
         lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
                   f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
@@ -115,7 +134,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     for r in records:
         lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {'reused' if r.reused else 'ran'} |")
     lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
-    report = {"command": command, "seconds": seconds, "n_docs": n_docs, "n_test_queries": n_test,
+    report = {"command": command, "seconds": seconds, "corpus": corpus_name, "n_docs": n_docs,
+              "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
+              "columns": labels,
               "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
@@ -124,15 +145,15 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     # unwritable) leaves the old report whole, and the three never disagree
     files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
     if cfg['plot'] and summary:
-        files[root / "report.png"] = lambda p: _plot(summary, report["bm25"], p,
-                                                          f"{cfg['data']['name']}: {n_docs} docs")
+        files[root / "report.png"] = lambda p: _plot(summary, report["bm25"], p, f"{corpus_name}: {n_docs} docs",
+                                                      k)
     files[root / "report.json"] = lambda p: p.write_text(
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
 
 
-def _plot(summary: dict, bm25: dict | None, path: Path, title: str) -> None:
+def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,7 +169,7 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str) -> None:
             ax.axhline(bm25[m], color="#c44e52", ls="--", label="BM25")
             ax.legend(loc="upper right", fontsize=8)
         ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel(f"{m} (%)")
+        ax.set_ylabel(f"{metric_label(m, k)} (%)")
         ax.set_ylim(0, 100)
     fig.suptitle(title + " (mean and std over seeds)")
     fig.tight_layout()

@@ -43,12 +43,15 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
-                 progress: bool = True) -> Path:
+                 progress: bool = True, queries_from: str | os.PathLike | None = None) -> Path:
     """Sample (unless ``queries.jsonl`` exists) and score into ``out``; returns the P matrix path.
 
     ``lm``: a :class:`gdr.stages.settings.LMSettings` (loaded here when needed; ``score.processes > 1`` loads
     it in each process), or a loaded :class:`gdr.lm.GenerativeLM` for one process (or a pair
-    ``(GenerativeLM, LMSettings)``: the loaded model here, the settings for the processes)."""
+    ``(GenerativeLM, LMSettings)``: the loaded model here, the settings for the processes).
+    ``queries_from``: instead of sampling, score against the queries of that finished ``gdr score`` (or ``gdr
+    run``) folder, with the model that scored them (another one is refused): the P of new documents that
+    ``gdr index add`` places into an index built on that run (:func:`gdr.store.copy_run_queries`)."""
     from gdr.stages.sample import sample_queries
     from gdr.store import dist_info
 
@@ -58,7 +61,9 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     qfile = out / "queries.jsonl"
-    if rank == 0 or qfile.exists():
+    if queries_from is not None and rank == 0:
+        queries = _queries_of_run(lm, queries_from, out)
+    elif rank == 0 or qfile.exists():
         queries = sample_queries(lm, corpus, out, sample, progress=progress)
     else:
         raise SystemExit(f"{qfile} missing: run `{sample_command(out)}` before a multi-process `gdr score`")
@@ -73,6 +78,23 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     if rank == 0:
         log.info("P matrix %s", path)
     return path
+
+
+def _queries_of_run(lm, run, out: Path) -> list[dict]:
+    """The queries of ``run`` copied into ``out``; the model must be the one that scored ``run``'s P."""
+    import json
+
+    from gdr.store import P_MANIFEST, copy_run_queries, read_manifest, score_folder
+
+    scorer = (read_manifest(score_folder(run), P_MANIFEST) or {}).get("lm")
+    mine = json.loads(json.dumps(lm.describe()))
+    if scorer is not None and scorer != mine:
+        diff = sorted(k for k in set(scorer) | set(mine) if scorer.get(k) != mine.get(k))
+        raise ValueError(f"queries_from={run}: its P was scored by another model ("
+                         + ", ".join(f"{k}={scorer.get(k)!r}" for k in diff) + ") than this one ("
+                         + ", ".join(f"{k}={mine.get(k)!r}" for k in diff) + "); pass that run's model settings "
+                         "(model.name=, model.max_doc_tokens=, model.prompt.*), so that the rows compare")
+    return copy_run_queries(run, out)[0]
 
 
 def sample_command(out) -> str:
@@ -184,5 +206,6 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
                 p.join()
     if failed:
         raise RuntimeError(f"scoring process(es) {failed} failed (rank, exit code); rerun the same command to "
-                           f"resume from the finished shards in {out}")
+                           f"resume from the finished shards in {out} (a script must call gdr.score(processes=N) "
+                           "under `if __name__ == \"__main__\":`: each process imports it again)")
     return Path(out) / "P.npy"

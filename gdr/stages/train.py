@@ -45,7 +45,11 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     name = q.get("name")
     if not name:
         return None
-    if name == "titles":  # each title is the query of its own article (bbc, r2, r5)
+    if name in ("jsonl", "tsv"):  # a file of documents: its queries and judgements are files of their own
+        qs = _file_queries(data, corpus_ids)
+        if qs is None:
+            return None
+    elif name == "titles":  # each title is the query of its own article (bbc, r2, r5)
         from gdr.data import load_title_queries
 
         qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
@@ -70,6 +74,23 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     qs = qs.select(np.flatnonzero(keep))
     qs.relevant = [r for r, k in zip(keep_rel, keep) if k]
     return qs
+
+
+def _file_queries(data: dict[str, Any], corpus_ids: set[str]):
+    """The queries of ``data=jsonl|tsv`` (``data.queries`` judged in ``data.qrels``), or None without them.
+    Judgements are checked against every document of the file (a sample of ``n_docs`` keeps those of its own)."""
+    from gdr.data import load_docs_file, load_file_queries
+
+    if not data.get("qrels"):
+        log.info("%s has no queries (data.queries, data.qrels); no real queries", data.get("path"))
+        return None
+    if not data.get("queries"):
+        raise ValueError("data.qrels is set but data.queries is not: pass the queries file the judgements name")
+    ids = corpus_ids
+    if data.get("n_docs") or data.get("on_empty") == "drop":
+        fields = {k: data[k] for k in ("id_field", "text_field", "title_field", "label_field") if data.get(k)}
+        ids = set(load_docs_file(data["path"], fmt=data["name"], on_empty="keep", **fields).doc_ids)
+    return load_file_queries(data["queries"], data["qrels"], doc_ids=ids, name=Path(data["queries"]).stem)
 
 
 def read_checked_docids(path: str | Path) -> tuple[list[str], list[tuple[int, ...]]]:
@@ -104,9 +125,14 @@ def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequenc
     for q in sections:
         qs = split_queries(q, data, ids, docs_tsv)
         if q["split"] == need and (qs is None or len(qs) == 0):
+            from gdr.data import file_format
+
+            files = data.get("name") in ("jsonl", "tsv") or file_format(str(data.get("name")))
+            hint = ("; a file of documents takes its queries as data=jsonl|tsv data.path=<documents> "
+                    "data.queries=<queries file> data.qrels=<test.tsv>") if files else ""
             raise ConfigError(f"queries.test_split={need}: no {need!r} query of queries.name={q['name']} has a "
                               f"relevant document in this corpus, so nothing can be evaluated; choose another "
-                              "queries.test_split or queries.name")
+                              f"queries.test_split or queries.name{hint}")
 
 
 def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:

@@ -27,7 +27,13 @@ def cluster_main(argv: list[str]) -> int:
     if corpus.labels is None and c.n_clusters is None:
         raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
     lm = lm_settings(cfg).build()
-    queries = sample_queries(lm, corpus, out, SampleSettings.from_dict(section(cfg, "sample")), progress=cfg.progress)
+    if cfg.get("queries_from"):  # the queries of another run (conf/score.yaml), not sampled
+        from gdr.stages.score import _queries_of_run
+
+        queries = _queries_of_run(lm, cfg.queries_from, out)
+    else:
+        queries = sample_queries(lm, corpus, out, SampleSettings.from_dict(section(cfg, "sample")),
+                                 progress=cfg.progress)
     score_queries(lm, corpus, queries, out, ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress)
     del lm
     result, table = cluster_run(corpus, load_run(out), out, c, device=str(cfg.device))

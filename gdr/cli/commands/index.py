@@ -50,9 +50,10 @@ def add_main(argv: list[str]) -> int:
     if not cfg.run or not cfg.index:
         raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder>")
     claim_out("index add", cfg)  # the index folder is rewritten
-    from indexing.add import add_to_index
+    from indexing.add import add_to_index, next_steps
 
     res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))
     print(f"added {len(res.codes)} documents to {cfg.index} ({res.n_redirected} redirected from full leaves, "
           f"{res.n_new_leaves} new leaves)")
+    print(next_steps(cfg.index))
     return 0

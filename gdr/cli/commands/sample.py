@@ -40,10 +40,27 @@ def score_main(argv: list[str]) -> int:
     from gdr.store import dist_info
 
     cfg = compose("score", argv)
+    if cfg.get("queries_from") and not any(a.lstrip("+").split("=")[0].split(".")[0] == "model" for a in argv):
+        _model_of_run(cfg)
     corpus = corpus_from_config(to_container(cfg.data))
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     if dist_info()[0] == 0:
         save_config(cfg, cfg.out, "score.config.yaml")
     score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_dict(section(cfg, "sample")),
-                       ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress)
+                       ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress,
+                       queries_from=cfg.get("queries_from"))
     return 0
+
+
+def _model_of_run(cfg) -> None:
+    """``gdr score queries_from=<run>`` without ``model.*`` overrides scores with the model settings of that run (from
+    the config it saved), since only a P of the same model compares with the run's."""
+    from omegaconf import OmegaConf
+
+    from gdr.store import score_folder
+
+    saved = score_folder(cfg.queries_from) / "score.config.yaml"
+    model = OmegaConf.load(saved).get("model") if saved.is_file() else None
+    if model is not None:
+        cfg.model = model
+        log.info("scoring with the model settings of %s: %s", saved, OmegaConf.to_container(model, resolve=True))

@@ -1,0 +1,150 @@
+"""Plain files of documents (``data=jsonl``, ``data=tsv``) and, optionally, their queries and judgements.
+
+A documents file is a ``.jsonl`` (one JSON object per line) or a ``.tsv`` with a header line naming its
+columns (``.gz`` read transparently). Its fields:
+
+- the id: ``id_field`` (``auto``: the first of ``_id`` (BEIR), ``id``, ``doc_id`` present in the first record);
+- the text: ``text_field`` (default ``text``);
+- optionally a title (``title_field``, default ``title``) and a label (``label_field``, default ``label``;
+  labelled corpora get the flat clustering of ``gdr run``), used where present.
+
+Queries are optional: a queries file (jsonl ``{"_id"|"id"|"qid", "text"}`` or a tsv ``id<TAB>text`` with a
+header) and judgements in BEIR's qrels format (``query-id<TAB>corpus-id<TAB>score``, header optional): one
+file, whose name is its split (``test.tsv`` holds the ``test`` split), or a folder of ``<split>.tsv`` files.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, require_file
+
+__all__ = ["DOC_FORMATS", "file_format", "load_docs_file", "load_file_queries", "ID_FIELDS", "QUERY_ID_FIELDS"]
+
+log = logging.getLogger(__name__)
+
+DOC_FORMATS = ("jsonl", "tsv")
+ID_FIELDS = ("_id", "id", "doc_id")
+QUERY_ID_FIELDS = ("_id", "id", "qid", "query_id")
+
+
+def file_format(path: str | os.PathLike) -> str | None:
+    """``"jsonl"`` or ``"tsv"`` by the file's suffix (``.gz`` aside), else None."""
+    name = Path(path).name.lower().removesuffix(".gz")
+    return next((f for f in DOC_FORMATS if name.endswith(f".{f}")), None)
+
+
+def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
+    """``(lineno, record)`` of a jsonl file, or of a tsv file by its header line."""
+    if fmt == "jsonl":
+        for lineno, line in iter_lines(path):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+                                "fix or delete that line") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}; "
+                                "each line must be one record")
+            yield lineno, row
+        return
+    header: list[str] | None = None
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if header is None:
+            header = [c.strip() for c in cols]
+            continue
+        if len(cols) != len(header):
+            raise DataError(f"{path}:{lineno}: {len(cols)} tab-separated columns, the header line has {len(header)} "
+                            f"({', '.join(header)}); fix that line (a tab inside a text splits it)")
+        yield lineno, dict(zip(header, cols))
+
+
+def _pick(first: dict, wanted: str, choices: Sequence[str], path: Path, lineno: int, option: str) -> str:
+    """The field name ``wanted`` (``auto``: the first of ``choices`` in the first record)."""
+    if wanted != "auto":
+        if wanted not in first:
+            raise DataError(f"{path}:{lineno}: no field {wanted!r} (fields: {', '.join(map(str, first))}); "
+                            f"set {option}=<one of them>")
+        return wanted
+    found = next((c for c in choices if c in first), None)
+    if found is None:
+        raise DataError(f"{path}:{lineno}: no id field ({', '.join(choices)}; fields: {', '.join(map(str, first))}); "
+                        f"name yours with {option}=<field>")
+    return found
+
+
+def _text(row: dict, key: str | None, path: Path, lineno: int) -> str | None:
+    if key is None or key not in row:
+        return None
+    v = row[key]
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise DataError(f"{path}:{lineno}: {key!r} must be a string, got {type(v).__name__}; fix that record")
+    return v
+
+
+def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field: str = "auto",
+                   text_field: str = "text", title_field: str | None = "title", label_field: str | None = "label",
+                   on_empty: str = "error", name: str | None = None) -> Corpus:
+    """A Corpus from a ``.jsonl`` or ``.tsv`` file of documents (see the module docstring); the name defaults to
+    the file's stem (``docs.jsonl`` -> ``docs``)."""
+    if path is None:
+        raise ValueError("a documents file needs path=<file.jsonl or file.tsv> (data.path=...)")
+    file = require_file(path, "documents file", "pass data.path=<a .jsonl or .tsv file of documents>")
+    fmt = fmt or file_format(file)
+    if fmt not in DOC_FORMATS:
+        raise DataError(f"{file}: not a .jsonl or .tsv file; name it so, or load it with data={'|'.join(DOC_FORMATS)}")
+    table = DocTable(on_empty=on_empty)
+    id_key = None
+    for lineno, row in _records(file, fmt):
+        if id_key is None:
+            id_key = _pick(row, id_field, ID_FIELDS, file, lineno, "data.id_field")
+            _pick(row, text_field, (), file, lineno, "data.text_field")
+        v = row.get(id_key)
+        if v is None or not isinstance(v, (str, int)) or not str(v).strip():
+            raise DataError(f"{file}:{lineno}: record has no {id_key!r} (or it is not a string); give every "
+                            f"document a non-empty {id_key!r}")
+        text = _text(row, text_field, file, lineno)
+        if text is None:
+            raise DataError(f"{file}:{lineno}: document {v!r} has no {text_field!r} field; add it")
+        title, label = _text(row, title_field, file, lineno), row.get(label_field) if label_field else None
+        table.add(str(v), text, title=(title or "").strip() or None, label=None if label in (None, "") else str(label),
+                  where=f"{file}:{lineno}")
+    stem = file.name.removesuffix(".gz").rsplit(".", 1)[0]
+    return table.build(name or stem, str(file))
+
+
+def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, split: str | None = None,
+                      doc_ids: Iterable[str], name: str = "queries") -> QuerySet:
+    """The queries of ``queries`` (jsonl or tsv) judged in ``qrels`` (a ``<split>.tsv`` file or a folder of them),
+    checked against ``doc_ids``; ``split=None`` gives every split."""
+    from gdr.data.beir import _available_splits, read_qrels, read_query_texts
+
+    qfile = require_file(queries, "queries file", "pass data.queries=<a .jsonl or .tsv file of queries>")
+    fmt = file_format(qfile)
+    if fmt is None:
+        raise DataError(f"{qfile}: a queries file is a .jsonl or a .tsv; name it so")
+    q = Path(qrels)
+    if q.is_dir():
+        files = {s: q / f"{s}.tsv" for s in _available_splits(q)}
+        if not files:
+            raise FileNotFoundError(f"{q}: no <split>.tsv files; add e.g. {q / 'test.tsv'}")
+    else:
+        q = require_file(q, "qrels file", "pass data.qrels=<split>.tsv (e.g. test.tsv) or a folder of them")
+        files = {q.name.removesuffix(".gz").rsplit(".", 1)[0]: q}
+    if split is not None:
+        if split not in files:
+            raise FileNotFoundError(f"{qrels}: no qrels for split {split!r}; available: {list(files)}")
+        files = {split: files[split]}
+    rows = list(_records(qfile, fmt))
+    id_key = _pick(rows[0][1], "auto", QUERY_ID_FIELDS, qfile, rows[0][0], "the queries' id field") if rows else "_id"
+    return read_qrels(read_query_texts(qfile, rows, id_key), qfile, files, set(doc_ids), name, str(qfile))
