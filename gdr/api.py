@@ -44,7 +44,7 @@ def load_lm(name: str = "smollm2-135m", *, max_doc_tokens: int = 128, prompt: Ma
 
 
 def _lm_settings(name, max_doc_tokens, prompt, device, threads) -> LMSettings:
-    return LMSettings(name=name, max_doc_tokens=int(max_doc_tokens), prompt=dict(prompt) if prompt else None,
+    return LMSettings(name=name, max_doc_tokens=max_doc_tokens, prompt=dict(prompt) if prompt else None,
                       device=device, threads=threads)
 
 
@@ -91,7 +91,9 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     them). ``data``: how the corpus was loaded (``{"name": "bbc", "path": ...}``; default its name): title
     queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none."""
     from gdr.stages.train import split_queries as load
+    from gdr.validate import check_arguments
 
+    check_arguments("split_queries", seed=seed, fractions=list(fractions))
     data = dict(data or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
          "seed": int(seed), "fractions": list(fractions)}
@@ -109,9 +111,12 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     descriptions. For GC alone on a matrix, use :class:`gdr.GenerativeClustering`."""
     from gdr.stages.cluster import cluster_run
     from gdr.store import load_run
+    from gdr.validate import check_arguments
 
+    check_arguments("evaluate_clusters", device=device)
+    settings = ClusterSettings.merged(settings)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
-    result, _ = cluster_run(corpus, prun, out, ClusterSettings.merged(settings), device=device)
+    result, _ = cluster_run(corpus, prun, out, settings, device=device)
     return result
 
 
@@ -128,9 +133,9 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
     from gdr.stages.index import build_index as stage
 
     settings.setdefault("progress", False)
+    index_settings = IndexSettings.merged(settings, method=method)
     run_path = getattr(run, "path", run)
-    summary = stage(IndexSettings.merged(settings, method=method), out, corpus=corpus,
-                    run=str(run_path) if run_path is not None else None)
+    summary = stage(index_settings, out, corpus=corpus, run=str(run_path) if run_path is not None else None)
     return {**summary, "docids": str(Path(out) / "docids.tsv")}
 
 
@@ -146,11 +151,9 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     ``best_val_recall1``, ``global_step`` ...)."""
     from gdr.stages.train import train_retriever as stage
 
-    settings = TrainSettings.merged(sections, seed=int(seed))
-    if size is not None:
-        settings.model["size"] = size
-    if "enable_progress_bar" not in (sections.get("trainer") or {}):
-        settings.trainer["enable_progress_bar"] = False
+    sections = {**sections, "model": {**(sections.get("model") or {}), **({"size": size} if size is not None else {})},
+                "trainer": {"enable_progress_bar": False, **(sections.get("trainer") or {})}}
+    settings = TrainSettings.merged(sections, seed=seed)
     return stage(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
@@ -170,7 +173,9 @@ def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, spli
     """BM25 over ``corpus`` for ``queries`` (the reference of every retriever): ``bm25.trec`` and
     ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions)."""
     from gdr.stages.bm25 import bm25_baseline
+    from gdr.validate import check_arguments
 
+    check_arguments("bm25", k=k)
     return bm25_baseline(corpus, queries, out, k=k, split=split)["metrics"]
 
 

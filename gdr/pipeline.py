@@ -66,7 +66,7 @@ INDEX_KEYS = {
 }
 # Settings that change how fast a stage runs, not what it computes: left out of its key.
 _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
-              "log_every_n_steps", "torch_threads", "device", "processes"}
+              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged"}
 
 
 def stage_key(inputs: dict) -> str:
@@ -450,13 +450,13 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                         "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
                                         "queries": _queries_section(cfg, cfg.queries.train_split),
                                         "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-                folder.mkdir(parents=True, exist_ok=True)
-                save_config(sub, folder)
                 qs = train_stage.split_queries(to_container(sub.queries), to_container(cfg.data), set(corpus.doc_ids),
                                                cfg.data.get("docs_tsv"))
                 settings = TrainSettings.from_dict(train_cfg, seed=int(seed))
+                # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
                 res = train_stage.train_retriever(corpus, sub.docids, folder, settings, queries=qs,
-                                                  generated=sub.generated)
+                                                  generated=sub.generated, stale="restart",
+                                                  write_config=lambda f: save_config(sub, f))
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 

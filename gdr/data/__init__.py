@@ -101,6 +101,9 @@ def load_corpus(
         side of title queries (:func:`load_title_queries`). Texts are not edited; BBC and Reuters bodies
         never start with their title, Cranfield abstracts do and keep it.
     """
+    from gdr.validate import check_arguments
+
+    check_arguments("load_corpus", n_docs=n_docs, seed=seed)
     name, path = _resolve(name, path)
     if split is not None and name not in ("r2", "r5", "reuters"):
         raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
@@ -184,6 +187,9 @@ def load_title_queries(
     seed : the split seed (not the ``n_docs`` sampling seed of :func:`load_corpus`).
     fractions : expected train/dev/test shares (a small corpus may want a larger test share).
     """
+    from gdr.validate import check_arguments
+
+    check_arguments("load_title_queries", seed=seed, fractions=list(fractions))
     if name not in TITLE_CORPORA:
         raise ValueError(f"{name!r} has no title queries; title queries exist for {', '.join(TITLE_CORPORA)} "
                          f"(query sets of other collections: load_queries, one of {', '.join(QUERY_SETS)})")

@@ -25,9 +25,14 @@ def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device:
     with ``settings``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
 
     Returns (the result of :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
+    from gdr.guard import holding
+
+    with holding(out):  # one writer per folder, as with `gdr cluster`
+        return _cluster_run(corpus, run, Path(out), settings, device)
+
+
+def _cluster_run(corpus, run, out: Path, settings: ClusterSettings, device: str) -> tuple[dict, str]:
     c = settings
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     queries = run.queries
     logp = np.asarray(run.logp, dtype=np.float32)
     qtexts = run.query_texts

@@ -49,14 +49,21 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     ``lm``: a :class:`gdr.stages.settings.LMSettings` (loaded here when needed; ``score.processes > 1`` loads
     it in each process), or a loaded :class:`gdr.lm.GenerativeLM` for one process (or a pair
     ``(GenerativeLM, LMSettings)``: the loaded model here, the settings for the processes)."""
+    from gdr.guard import holding
+    from gdr.stages.sample import check_texts
+
+    check_texts(corpus)
+    with holding(out):  # one writer per folder, as with `gdr score` (the scoring processes share it)
+        return _score_corpus(corpus, lm, Path(out), sample, score, progress)
+
+
+def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool) -> Path:
     from gdr.stages.sample import sample_queries
     from gdr.store import dist_info
 
     built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
     lm = built if built is not None else spec.build()
     rank, _ = dist_info()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     qfile = out / "queries.jsonl"
     if rank == 0 or qfile.exists():
         queries = sample_queries(lm, corpus, out, sample, progress=progress)
