@@ -74,7 +74,8 @@ def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: s
         return _build_index(cfg, Path(out), load, run)
 
 
-def _build_index(cfg: IndexSettings, out: Path, load, run) -> dict:
+def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
+    cfg = settings
     t0 = time.time()
     K, c = int(cfg.n_clusters), int(cfg.leaf_size)
     extra: dict = {}
