@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "holding", "release", "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw", "write_error_line",
-           "OUT_OPTION"]
+           "holding", "release", "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw",
+           "write_error_line", "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
 # The option that names each command's output folder.

@@ -38,8 +38,9 @@ def lm_settings(cfg):
 
 
 def corpus_and_queries(cfg, save: bool = True):
-    """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it (unless not ``save``), then load
-    the corpus and the query split the command names. Returns (config as a dict, out folder, corpus, queries or None)."""
+    """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it (unless not ``save``), then
+    load the corpus and the query split the command names. Returns (config as a dict, out folder, corpus, queries
+    or None)."""
     from pathlib import Path
 
     from gdr.config import save_config

@@ -36,16 +36,18 @@ def check_cluster_settings(settings: ClusterSettings, corpus, prefix: str = "") 
     """The settings that depend on the corpus, checked once it is loaded and before any work (``gdr run`` runs
     this before its first stage): ``restrict_labels`` among the corpus's labels, and at least two clusters and
     no more than the documents clustered. ``prefix``: how the keys are named (``cluster.`` for ``gdr run``)."""
+    from gdr.config import override_value
     from gdr.validate import ConfigError
 
     c, labels = settings, corpus.labels
+    shown = override_value(list(c.restrict_labels or ()))
     if c.restrict_labels and labels is None:
-        raise ConfigError(f"{prefix}restrict_labels={list(c.restrict_labels)}: corpus {corpus.name!r} has no labels; "
+        raise ConfigError(f"{prefix}restrict_labels={shown}: corpus {corpus.name!r} has no labels; "
                           f"set {prefix}restrict_labels=null")
     names = sorted(set(labels)) if labels is not None else []
     unknown = [x for x in (c.restrict_labels or ()) if x not in names]
     if unknown:
-        raise ConfigError(f"{prefix}restrict_labels={list(c.restrict_labels)}: {unknown[0]!r} is not a label of corpus "
+        raise ConfigError(f"{prefix}restrict_labels={shown}: {unknown[0]!r} is not a label of corpus "
                           f"{corpus.name!r} (its labels: {', '.join(names)})")
     kept = set(c.restrict_labels or names)
     n_docs = len(corpus) if labels is None else int(np.isin(np.asarray(labels), list(kept)).sum())
