@@ -242,6 +242,19 @@ def _drop_damaged_queries(folder: Path) -> None:
             (folder / Q_FILE).unlink()
 
 
+def _drop_damaged_doc_queries(folder: Path) -> None:
+    """Inside ``gdr run``, finished generated queries changed since they were written (a line deleted, a
+    ``stage.json`` lost with them) are re-sampled, with one line, where ``gdr sample`` by hand refuses them."""
+    from gdr.store import DOCQ_FILE, DOCQ_MANIFEST
+
+    try:
+        check_manifest_files(folder, name=DOCQ_MANIFEST)
+    except (ValueError, OSError) as e:
+        log.warning("stage doc-queries: %s; re-sampling", str(e).split("; re-sample")[0])
+        for name in (DOCQ_FILE, DOCQ_MANIFEST):
+            (folder / name).unlink(missing_ok=True)
+
+
 def _check_index_folder(folder: Path) -> tuple[str, str] | None:
     from indexing.docids import read_docids
 
@@ -405,6 +418,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                                        "temperature": float(dq.temperature)})
             save_config(sub, folder, "sample.config.yaml")
             settings = SampleSettings.from_dict(to_container(sub.sample))
+            _drop_damaged_doc_queries(folder)
             return {"doc_queries": str(sample_doc_queries(lm(), corpus, folder, settings, progress=cfg.progress))}
 
         doc_q = pipe.stage("doc-queries", doc_queries_inputs(cfg, corpus_sig), build_doc_queries,
