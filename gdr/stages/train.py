@@ -177,15 +177,18 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
 
 
 def _differences(old: dict, new: dict) -> list[str]:
+    """What differs between two :func:`trained_on` records: ``name (old -> new)`` for each input and setting. A
+    setting only one of them has (added or dropped by another gdr version) is not a difference."""
     out = []
     for name, now in new["inputs"].items():
-        was = old.get("inputs", {}).get(name)
-        if (was or {}).get("hash") != (now or {}).get("hash"):
-            out.append(f"{name} ({(was or {}).get('what', 'none')} -> {(now or {}).get('what', 'none')})")
+        was, now = old.get("inputs", {}).get(name) or {}, now or {}
+        if was.get("hash") != now.get("hash"):
+            a, b = was.get("what", "none"), now.get("what", "none")
+            if a == b:  # the same description, other content
+                a, b = f"{a}, hash {was.get('hash')}", f"{b}, hash {now.get('hash')}"
+            out.append(f"{name} ({a} -> {b})")
     was_s, now_s = old.get("settings", {}), new["settings"]
-    for key in sorted(set(was_s) | set(now_s), key=lambda k: (k not in now_s, k)):
-        if was_s.get(key) != now_s.get(key):
-            out.append(f"{key} ({was_s.get(key)} -> {now_s.get(key)})")
+    out += [f"{k} ({was_s[k]} -> {now_s[k]})" for k in sorted(set(was_s) & set(now_s)) if was_s[k] != now_s[k]]
     return out
 
 
