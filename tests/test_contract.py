@@ -226,12 +226,12 @@ def test_settings_and_commands_share_one_table(tmp_path):
 def test_a_document_with_empty_text_is_not_scored(no_loading, tmp_path):
     """Issue 28, 2: gdr.score scored a corpus holding an empty text; refused now unless the loader kept it on
     purpose (on_empty=keep lists it in corpus.info)."""
-    from gdr.stages.sample import check_texts
-
     corpus = gdr.Corpus(name="toy", doc_ids=["a", "b", "c"], texts=["one", "  ", "three"])
     with pytest.raises(ValueError, match=r"document 'b' has empty text"):
         gdr.score(corpus, "smollm2-135m", tmp_path / "out", n_queries=2)
     assert not (tmp_path / "out").exists()
+    from gdr.stages.sample import check_texts
+
     corpus.info["empty_text"] = ["b"]
     check_texts(corpus)  # kept on purpose: scored as the command does (cranfield's two empty documents)
 
