@@ -44,7 +44,7 @@ def load_lm(name: str = "smollm2-135m", *, max_doc_tokens: int = 128, prompt: Ma
 
 
 def _lm_settings(name, max_doc_tokens, prompt, device, threads) -> LMSettings:
-    return LMSettings(name=name, max_doc_tokens=int(max_doc_tokens), prompt=dict(prompt) if prompt else None,
+    return LMSettings(name=name, max_doc_tokens=max_doc_tokens, prompt=dict(prompt) if prompt else None,
                       device=device, threads=threads)
 
 
@@ -126,8 +126,10 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none; the default is
     where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels)."""
     from gdr.stages.train import split_queries as load
+    from gdr.validate import check_arguments
 
     _need_corpus(corpus)
+    check_arguments("split_queries", seed=seed, fractions=list(fractions))
     data = dict(data or corpus.info.get("data") or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
          "seed": int(seed), "fractions": list(fractions)}
@@ -145,10 +147,13 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     descriptions. For GC alone on a matrix, use :class:`gdr.GenerativeClustering`."""
     from gdr.stages.cluster import cluster_run
     from gdr.store import load_run
+    from gdr.validate import check_arguments
 
     _need_corpus(corpus)
+    check_arguments("evaluate_clusters", device=device)
+    settings = ClusterSettings.merged(settings)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
-    result, _ = cluster_run(corpus, prun, out, ClusterSettings.merged(settings), device=device)
+    result, _ = cluster_run(corpus, prun, out, settings, device=device)
     return result
 
 
@@ -166,9 +171,9 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
 
     _need_corpus(corpus, optional=True)
     settings.setdefault("progress", False)
+    index_settings = IndexSettings.merged(settings, method=method)
     run_path = getattr(run, "path", run)
-    summary = stage(IndexSettings.merged(settings, method=method), out, corpus=corpus,
-                    run=str(run_path) if run_path is not None else None)
+    summary = stage(index_settings, out, corpus=corpus, run=str(run_path) if run_path is not None else None)
     return {**summary, "docids": str(Path(out) / "docids.tsv")}
 
 
@@ -188,9 +193,8 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     _need_corpus(corpus)
     _need_queries(queries, optional=True)
     _need_path(docids, "docids", "the docids.tsv of gdr.build_index (its result's ['docids'])")
-    settings = TrainSettings.merged(sections, seed=int(seed))
-    if size is not None:
-        settings.model["size"] = size
+    sections = {**sections, "model": {**(sections.get("model") or {}), **({"size": size} if size is not None else {})}}
+    settings = TrainSettings.merged(sections, seed=seed)
     return stage(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
@@ -213,9 +217,11 @@ def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, spli
     """BM25 over ``corpus`` for ``queries`` (the reference of every retriever): ``bm25.trec`` and
     ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions)."""
     from gdr.stages.bm25 import bm25_baseline
+    from gdr.validate import check_arguments
 
     _need_corpus(corpus)
     _need_queries(queries)
+    check_arguments("bm25", k=k)
     return bm25_baseline(corpus, queries, out, k=k, split=split)["metrics"]
 
 

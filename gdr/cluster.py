@@ -1050,6 +1050,11 @@ class GenerativeClustering:
             raise ValueError(f"phi must be one of {_PHIS}; got {self.phi!r}")
         if self.clip_sigma is not None and not (self.clip_sigma > 0):
             raise ValueError(f"clip_sigma must be > 0 or None (no clipping); got {self.clip_sigma!r}")
+        if not (isinstance(self.ess_target, (int, float, np.floating)) and 0 < self.ess_target < 1):
+            raise ValueError(f"ess_target must be in (0, 1) (the mean effective sample size as a fraction of J); "
+                             f"got {self.ess_target!r}")
+        if isinstance(self.seed, (int, np.integer)) and not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2^32) or a numpy Generator; got {self.seed!r}")
         _check_fit_params(self.init, self.n_init, self.max_iter, self.tol)
         _check_split_merge(self.split_merge)
 

@@ -140,6 +140,10 @@ def rerun_command(command: str, folder: str | os.PathLike) -> str:
     if saved_cfg is not None:
         mine = flat_leaves(saved_cfg)
         base = OmegaConf.to_container(load_config(name), resolve=True)
+        group = _data_group(saved_cfg.get("data"), base.get("data"))
+        if group is not None:  # the corpus's config group first (`gdr index`'s is null): its keys are compared
+            args.append(f"data={group}")
+            base = OmegaConf.to_container(load_config(name, args), resolve=True)
         flat = flat_leaves(base)
         for key, value in mine.items():
             if key in (option, "hydra") or key.split(".")[0] == "hydra":
@@ -151,6 +155,18 @@ def rerun_command(command: str, folder: str | os.PathLike) -> str:
                 args.append(f"+{key}={override_value(value)}")
     args.append(f"{option}={folder}")
     return " ".join(["gdr", command, *(shlex.quote(a) for a in args)])
+
+
+def _data_group(saved, default) -> str | None:
+    """The ``data=`` group a rebuilt command needs: none when the command's default group holds the saved corpus's
+    keys; else the group named like the saved corpus, or ``beir`` for a folder (``data.name=<folder>``)."""
+    if not isinstance(saved, dict):
+        return None
+    name = str(saved.get("name"))
+    own = (conf_dir() / "data" / f"{name}.yaml").is_file()
+    if isinstance(default, dict) and (not own or default.get("name") == name):
+        return None
+    return name if own else "beir"
 
 
 class RerunCommand:

@@ -25,6 +25,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -34,11 +35,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw", "write_error_line",
-           "OUT_OPTION"]
+           "holding", "release", "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw",
+           "write_error_line", "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
 # The option that names each command's output folder.
@@ -173,16 +174,38 @@ def claim_out(command: str, cfg) -> Path | None:
     return claim_folder(str(path), option, COMMAND_LINE or f"gdr {command}")
 
 
-def release_all() -> None:
-    """Drop every lock this process holds (``gdr``'s ``main`` does, when a command returns)."""
+@contextlib.contextmanager
+def holding(path: str | os.PathLike, option: str = "out") -> Iterator[Path]:
+    """:func:`claim_folder` for the length of a stage function's work (``with holding(out): ...``), so that a
+    script calling ``gdr.score(...)`` and a ``gdr score`` of the same folder exclude each other as two commands
+    do. A folder this process already holds (the command's own lock, a stage folder of ``gdr run``) stays held
+    afterwards; a lock taken here is released when the block ends, so the script does not keep the folder."""
+    p = Path(path).expanduser()
+    already = p.resolve() in _HELD or launched_rank() > 0
+    claim_folder(p, option)
+    try:
+        yield p
+    finally:
+        if not already:
+            release(p)
+
+
+def release(path: str | os.PathLike) -> None:
+    """Drop this process's lock on one folder (nothing if it holds none)."""
     import fcntl
 
-    for p, (fd, _) in list(_HELD.items()):
+    held = _HELD.pop(Path(path).expanduser().resolve(), None)
+    if held is not None:
         try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(held[0], fcntl.LOCK_UN)
         finally:
-            os.close(fd)
-            del _HELD[p]
+            os.close(held[0])
+
+
+def release_all() -> None:
+    """Drop every lock this process holds (``gdr``'s ``main`` does, when a command returns)."""
+    for p in list(_HELD):
+        release(p)
 
 
 # ----------------------------------------------------------------------------------- parent death

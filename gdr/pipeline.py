@@ -66,7 +66,7 @@ INDEX_KEYS = {
 }
 # Settings that change how fast a stage runs, not what it computes: left out of its key.
 _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
-              "log_every_n_steps", "torch_threads", "device", "processes"}
+              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged"}
 
 
 def stage_key(inputs: dict) -> str:
@@ -244,6 +244,19 @@ def _drop_damaged_queries(folder: Path) -> None:
             (folder / Q_FILE).unlink()
 
 
+def _drop_damaged_doc_queries(folder: Path) -> None:
+    """Inside ``gdr run``, finished generated queries changed since they were written (a line deleted, a
+    ``stage.json`` lost with them) are re-sampled, with one line, where ``gdr sample`` by hand refuses them."""
+    from gdr.store import DOCQ_FILE, DOCQ_MANIFEST
+
+    try:
+        check_manifest_files(folder, name=DOCQ_MANIFEST)
+    except (ValueError, OSError) as e:
+        log.warning("stage doc-queries: %s; re-sampling", str(e).split("; re-sample")[0])
+        for name in (DOCQ_FILE, DOCQ_MANIFEST):
+            (folder / name).unlink(missing_ok=True)
+
+
 def _check_index_folder(folder: Path) -> tuple[str, str] | None:
     from indexing.docids import read_docids
 
@@ -295,6 +308,25 @@ def check_settings(cfg: DictConfig) -> None:
     if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")
+    from gdr.validate import ConfigError
+
+    n_cols, J = cfg.index.gc.get("n_queries"), int(cfg.sample.n_queries)
+    if "gc" in cfg.indexers and n_cols is not None and int(n_cols) > J:
+        raise ConfigError(f"index.gc.n_queries={n_cols}: must be <= sample.n_queries={J}, the J columns of P it takes "
+                          "the first of; lower index.gc.n_queries (null = all) or raise sample.n_queries")
+
+
+def check_corpus_settings(cfg: DictConfig, corpus) -> None:
+    """The settings that compare with the corpus, checked once it is loaded and before the first stage (in seconds,
+    not at their stage after sampling and scoring); the messages name the full key."""
+    from gdr.stages.cluster import check_cluster_settings
+    from gdr.stages.settings import ClusterSettings
+
+    if cfg.cluster.enabled and corpus.labels is not None:
+        check_cluster_settings(ClusterSettings.from_dict(to_container(cfg.cluster)), corpus, prefix="cluster.")
+    if int(cfg.index.leaf_size) >= len(corpus):
+        log.warning("index.leaf_size=%d holds all %d documents: every docid tree is one leaf of flat positions (the "
+                    "indexers do not differ); lower index.leaf_size", int(cfg.index.leaf_size), len(corpus))
 
 
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
@@ -305,15 +337,16 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
 
     check_settings(cfg)
     t_start = time.perf_counter()
-    pipe = Pipeline(cfg.out)
-    if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
-        log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
-    save_config(cfg, pipe.root, "run.config.yaml")
     corpus = corpus_from_config(to_container(cfg.data))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
     check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        to_container(cfg.data), corpus.doc_ids, need=cfg.queries.test_split,
                        docs_tsv=cfg.data.get("docs_tsv"))
+    check_corpus_settings(cfg, corpus)  # refused before the folder changes: its report and config stay
+    pipe = Pipeline(cfg.out)
+    if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
+        log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
+    save_config(cfg, pipe.root, "run.config.yaml")
     corpus_sig = corpus_signature(cfg, corpus)
     lm_spec = lm_settings(cfg)
     lm_box: dict = {}
@@ -390,6 +423,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                                        "temperature": float(dq.temperature)})
             save_config(sub, folder, "sample.config.yaml")
             settings = SampleSettings.from_dict(to_container(sub.sample))
+            _drop_damaged_doc_queries(folder)
             return {"doc_queries": str(sample_doc_queries(lm(), corpus, folder, settings, progress=cfg.progress))}
 
         doc_q = pipe.stage("doc-queries", doc_queries_inputs(cfg, corpus_sig), build_doc_queries,
@@ -455,13 +489,13 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
                                         "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
                                         "queries": _queries_section(cfg, cfg.queries.train_split),
                                         "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-                folder.mkdir(parents=True, exist_ok=True)
-                save_config(sub, folder)
                 qs = train_stage.split_queries(to_container(sub.queries), to_container(cfg.data), set(corpus.doc_ids),
                                                cfg.data.get("docs_tsv"))
                 settings = TrainSettings.from_dict(train_cfg, seed=int(seed))
+                # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
                 res = train_stage.train_retriever(corpus, sub.docids, folder, settings, queries=qs,
-                                                  generated=sub.generated)
+                                                  generated=sub.generated, stale="restart",
+                                                  write_config=lambda f: save_config(sub, f))
                 return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
                         "n_params": res.n_params}
 

@@ -15,6 +15,7 @@ composition and override-parse errors, bad data, missing files) into that one li
 from __future__ import annotations
 
 import difflib
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["ConfigError", "validate", "error_line", "exit_line"]
+__all__ = ["ConfigError", "validate", "check_settings", "check_arguments", "error_line", "exit_line"]
 
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
 
@@ -46,11 +47,11 @@ class Rule:
 # ---------------------------------------------------------------------------- checks
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)  # numpy integers too (the Python API)
 
 
 def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 def int_at_least(lo: int) -> Check:
@@ -372,6 +373,15 @@ def per_doc_for_bmi(v, sec):
     return None
 
 
+def min_steps(v, sec):
+    """``trainer.min_steps``: no more than ``trainer.max_steps`` (Lightning would stop at max_steps, silently)."""
+    problem = NON_NEGATIVE(v, sec)
+    most = _get(sec, "trainer.max_steps")
+    if problem is None and _is_int(most) and most > 0 and v > most:
+        return f"must be <= trainer.max_steps={most}: training stops there; lower it or raise trainer.max_steps"
+    return problem
+
+
 def other_than(key: str) -> Check:
     def check(v, sec):
         if not isinstance(v, str) or not v:
@@ -579,7 +589,7 @@ TRAIN_STAGE = (
     Rule("examples.generated_per_doc", OPT_POSITIVE, "generated queries used per document; null = all"),
     Rule("model.size", preset, "the retriever preset"),
     *(Rule(f"model.{k}", OPT_POSITIVE) for k in ("n_digits", "max_code_len", "d_model", "num_layers", "num_heads",
-                                                 "d_ff", "d_kv", "pawa_rank", "max_query_len")),
+                                                 "d_ff", "d_kv", "pawa_rank", "max_query_len", "encoder_layers")),
     Rule("model.dropout", optional(number(0, 1, lo_open=False, hi_open=True))),
     Rule("model.pawa", optional(boolean)),
     Rule("optim.lr_encoder", number(0, lo_open=False), "0 freezes the encoder"),
@@ -602,9 +612,10 @@ TRAIN_STAGE = (
     Rule("trainer.limit_val_batches", number(0)),
     Rule("trainer.patience", NON_NEGATIVE, "validations without improvement before stopping"),
     Rule("trainer.patience_steps", OPT_POSITIVE, "steps without improvement before stopping; null = `patience`"),
-    Rule("trainer.min_steps", NON_NEGATIVE, "steps before any early stop"),
+    Rule("trainer.min_steps", min_steps, "steps before any early stop"),
     Rule("trainer.monitor", one_of("val/recall@1", "val/mrr"), "the dev metric that picks the checkpoint"),
     Rule("trainer.val_beam", POSITIVE),
+    Rule("trainer.length_penalty", number(), "the dev beam search's length penalty"),
     Rule("trainer.num_workers", NON_NEGATIVE),
     Rule("trainer.log_every_n_steps", POSITIVE),
     Rule("trainer.checkpoint_every_n_steps", OPT_POSITIVE),
@@ -612,6 +623,7 @@ TRAIN_STAGE = (
     Rule("trainer.num_sanity_val_steps", int_at_least(-1)),
     Rule("trainer.tensorboard", boolean),
     Rule("trainer.resume", boolean),
+    Rule("trainer.resume_damaged", one_of("best", "fresh"), "a damaged last.ckpt: start from the best weights or over"),
     Rule("trainer.enable_progress_bar", boolean),
     Rule("trainer.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
     Rule("trainer.devices", trainer_devices_at("trainer"), "Lightning's devices"),
@@ -671,6 +683,68 @@ TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "run": [("", DATA + LM + SAMPLE + SCORE + CLUSTER + RUN), ("index", INDEX_STAGE), ("train", TRAIN_STAGE),
             ("evaluate", EVALUATE_STAGE)],
 }
+# ---------------------------------------------------------------------------- the Python API
+# The settings dataclasses (gdr.stages.settings) and the keyword arguments of the gdr.* functions are checked
+# with the rules above: each field or argument is the key of a rule there, so every entry point shares one table.
+SETTINGS: dict[str, tuple[str, tuple[Rule, ...], dict[str, str]]] = {
+    # class: (the config section holding its fields, the rules, fields kept at another key of the config)
+    "LMSettings": ("", LM, {"name": "model.name", "max_doc_tokens": "model.max_doc_tokens", "prompt": "model.prompt"}),
+    "SampleSettings": ("sample", SAMPLE, {}),
+    "ScoreSettings": ("score", SCORE, {}),
+    "ClusterSettings": ("cluster", CLUSTER, {}),
+    "IndexSettings": ("", INDEX_STAGE + (Rule("method", one_of(*INDEXERS), "the indexer"),), {}),
+    "TrainSettings": ("", TRAIN_STAGE + (Rule("seed", seed),), {}),
+    "EvaluateSettings": ("", EVALUATE_STAGE, {}),
+}
+# gdr.* functions' own arguments (those not in a settings class): (the rules, argument -> the key of its rule)
+ARGUMENTS: dict[str, tuple[tuple[Rule, ...], dict[str, str]]] = {
+    "load_corpus": (DATA, {"n_docs": "data.n_docs", "seed": "data.seed"}),
+    "load_title_queries": (TRAIN_COMMAND, {"seed": "seed", "fractions": "queries.fractions"}),
+    "split_queries": (TRAIN_COMMAND, {"seed": "seed", "fractions": "queries.fractions"}),
+    "bm25": (TABLES["search"][0][1], {"k": "k"}),
+    "evaluate_clusters": (LM, {"device": "device"}),
+    "GenerativeLM": (LM, {"max_doc_tokens": "model.max_doc_tokens"}),
+}
+
+
+def check_settings(settings: Any, shown: str = "") -> None:
+    """Raise :class:`ConfigError` for the first field of a settings dataclass (``SampleSettings`` ...) that its
+    command would refuse, naming the field (``temperature=-1.0: must be a number > 0 (sampling temperature)``);
+    ``shown`` is put before the name (``sampling.``)."""
+    from dataclasses import fields
+
+    nest, rules, keys = SETTINGS[type(settings).__name__]
+    _check_values({f.name: getattr(settings, f.name) for f in fields(settings)}, rules, keys, nest, shown)
+
+
+def check_arguments(function: str, **values: Any) -> None:
+    """Raise :class:`ConfigError` for the first keyword argument of ``gdr.<function>`` out of its range."""
+    rules, keys = ARGUMENTS[function]
+    _check_values(values, rules, keys)
+
+
+def _check_values(values: dict[str, Any], rules: Sequence[Rule], keys: dict[str, str], nest: str = "",
+                  shown: str = "") -> None:
+    tree: dict = {}
+    names: dict[str, str] = {}  # config key -> the argument's name
+    for name, value in values.items():
+        key = keys.get(name) or (f"{nest}.{name}" if nest else name)
+        names[key] = name
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    cfg = OmegaConf.create(tree, flags={"allow_objects": True})
+    for rule in rules:
+        for key, value in _matches(cfg, rule.key.split(".")):
+            problem = rule.check(value, cfg)
+            if problem:
+                top = max((k for k in names if key == k or key.startswith(k + ".")), key=len)
+                name = names[top] + key[len(top):]
+                raise ConfigError(f"{shown}{name}={_show(value)}: {problem}" + (f" ({rule.what})" if rule.what else ""))
+
+
 HINTS = {  # what to set for a mandatory (???) key
     "docids": "docids.tsv from `gdr index`",
     "run_dir": "the out_dir of `gdr train`",

@@ -196,6 +196,22 @@ def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, cap
     assert all("artifacts" in json.loads(p.read_text()) for p in out.glob("*/stage.json"))
 
 
+def test_a_lost_stage_json_and_a_damaged_doc_queries_file_are_redone(finished, tmp_path, capsys, caplog):
+    """Issue 28, 6: with the doc-queries stage.json deleted and a line of doc_queries.jsonl gone, the damage was
+    named but not redone (exit 2, the advice then worked): the stage re-samples it now, with one line."""
+    root, folder, ref, head = finished
+    out = tmp_path / "run"
+    shutil.copytree(ref, out)
+    dq = _folder(out, "doc-queries")
+    before = file_digest(dq / "doc_queries.jsonl")
+    _damage(dq / "stage.json", "delete")
+    _damage(dq / "doc_queries.jsonl", "delete_line")
+    again, logs = _run(root, folder, out, capsys, caplog)
+    assert again == head
+    assert f"{dq / 'doc_queries.jsonl'}: " in logs and "re-sampling" in logs
+    assert file_digest(dq / "doc_queries.jsonl") == before
+
+
 def test_p_repaired_by_hand_is_not_scored_again_by_run(finished, tmp_path, capsys, caplog):
     """Repro 1 as a user does it: `gdr score` repairs a truncated P in a stage folder (rewriting its
     manifest), then `gdr run` re-checks that stage and keeps every shard whose rows match their checksum."""

@@ -140,7 +140,13 @@ class RetrieverModule(pl.LightningModule):
         opt = torch.optim.AdamW(param_groups, fused=True) if fused else torch.optim.AdamW(param_groups)
         total = self.trainer.estimated_stepping_batches
         total = int(total) if math.isfinite(total) else 10 * hp.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(hp.warmup_steps, total))
+        warmup = hp.warmup_steps
+        if warmup >= total > 0:  # the rates would never reach lr_encoder / lr_decoder
+            warmup = total // 10
+            log.warning("optim.warmup_steps: %d warmup steps (at this batch size) are the whole run of %d steps or "
+                        "more, so the learning rates would never reach optim.lr_encoder / lr_decoder; warming up over "
+                        "the first %d steps (a tenth) instead", hp.warmup_steps, total, warmup)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(warmup, total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

@@ -6,13 +6,17 @@ Run folder layout::
       docids.tsv               the docids the model was trained on
       model/                   retriever.json, model.pt, tokenizer files (Retriever.load reads this)
       checkpoints/last.ckpt    resume point (a killed run restarts from here)
-      checkpoints/best-*.ckpt  best val/recall@1
+      checkpoints/best-*.ckpt  best val/recall@1 (a run that ends before its first validation validates once at
+                               its end); every checkpoint is written to a temporary name and renamed, so a full
+                               disk or a kill never leaves a truncated one
       logs/version_N/metrics.csv   CSVLogger, one version per start (tensorboard/ when installed)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -141,6 +145,7 @@ class TrainerOptions:
     num_sanity_val_steps: int = 2
     tensorboard: bool = True
     resume: bool = True
+    resume_damaged: str = "best"  # a damaged last.ckpt: start from the best checkpoint's weights, or "fresh"
     enable_progress_bar: bool = True
     compile: bool = False
 
@@ -211,8 +216,23 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
 
 def _checkpoint_batch(ckpt: Path, default: int) -> int:
     """The batch size a checkpoint was trained at (``default``, the old ``auto``, for a checkpoint without it)."""
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # noqa: BLE001 - a damaged last.ckpt: _check_last says so and picks what to resume
+        return default
     return int(state.get("hyper_parameters", {}).get("batch_size") or default)
+
+
+def _validate_at_end(trainer, module, dm, ckpt_dir: Path, monitor: str) -> tuple[str | None, float | None]:
+    """A run that ended before its first validation (``max_steps`` within the first epoch): validate the final
+    weights once and keep them as the best checkpoint, so the run has a dev score and a checkpoint like any other."""
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)
+    score = metrics[0].get(monitor) if metrics else None
+    path = ckpt_dir / f"best-{trainer.current_epoch}-{trainer.global_step}.ckpt"
+    trainer.save_checkpoint(path, weights_only=True)
+    log.info("no validation within these %d steps: validated the final weights once (%s %s)", trainer.global_step,
+             monitor, "n/a" if score is None else f"{float(score):.4f}")
+    return str(path), None if score is None else float(score)
 
 
 @dataclass
@@ -271,6 +291,66 @@ class _StopOnSignal(pl.Callback):
         signum = signals.pending()
         if signum is not None and os.getpid() == self.parent:
             raise signals.Stopped(signum)
+
+
+class _AtomicCheckpointIO(pl.plugins.TorchCheckpointIO):
+    """Every checkpoint is written to a temporary file in its own folder, flushed to disk, then renamed: a full
+    disk or a kill leaves the previous checkpoint whole, never a truncated one under a checkpoint's name
+    (Lightning's own writer moves a file written in /tmp into place, which a full disk cuts short)."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:  # name the checkpoint (the line of gdr.guard.write_error_line), not the temporary file
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _readable(path: Path) -> str | None:
+    """What is wrong with a checkpoint file (truncated, not a checkpoint), or None when it loads."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # torch raises RuntimeError, EOFError, pickle errors ... for a damaged file
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None if isinstance(state, dict) and "state_dict" in state else "not a Lightning checkpoint"
+
+
+def _intact_best(ckpt_dir: Path, prefer: str | None = None) -> str | None:
+    """The best checkpoint to export: ``prefer`` if it loads, else the newest ``best-*.ckpt`` that does."""
+    found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in ([Path(prefer)] if prefer else []) + found:
+        problem = _readable(path) if path.is_file() else "missing"
+        if problem is None:
+            return str(path)
+        log.warning("%s: damaged (%s); not used as the best checkpoint", path, problem)
+    return None
+
+
+def _check_last(last: Path, ckpt_dir: Path, on_damaged: str) -> str | None:
+    """A damaged ``last.ckpt`` (truncated by an old writer, a copy, a full disk): one line, then the fallback
+    ``trainer.resume_damaged`` names: the weights of the best checkpoint (``best``) or a fresh start
+    (``fresh``). The damaged file is moved aside (``last.ckpt.damaged``). Returns the checkpoint whose weights
+    to start from, or None."""
+    problem = _readable(last)
+    if problem is None:
+        return None
+    with contextlib.suppress(FileNotFoundError):  # another rank of a launched job moved it already
+        last.replace(last.with_name(last.name + ".damaged"))
+    best = _intact_best(ckpt_dir) if on_damaged == "best" else None
+    then = (f"starting from the weights of {Path(best).name} with a fresh optimiser and step count "
+            "(trainer.resume_damaged=fresh starts over instead)" if best else
+            "starting over" + (" (no intact best checkpoint)" if on_damaged == "best" else ""))
+    log.warning("%s is damaged (%s), moved to %s; %s", last, problem, last.name + ".damaged", then)
+    return best
 
 
 class _LossRecorder(pl.Callback):
@@ -347,9 +427,15 @@ def train(
     callbacks : extra Lightning callbacks
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if len(doc_ids) != len(codes):
         raise ValueError(f"{len(doc_ids)} doc ids but {len(codes)} codes")
+    t = trainer_opts
+    if t.max_steps > 0 and t.min_steps > t.max_steps:
+        raise ValueError(f"trainer.min_steps={t.min_steps}: must be <= trainer.max_steps={t.max_steps}: training "
+                         "stops there; lower it or raise trainer.max_steps")
+    if t.resume_damaged not in ("best", "fresh"):
+        raise ValueError(f"trainer.resume_damaged={t.resume_damaged!r}: choose best or fresh")
+    out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(seed, workers=True)
     K = max(max(c) for c in codes) + 1
     L = max(len(c) for c in codes)
@@ -369,7 +455,6 @@ def train(
         gen_queries=gen_queries, gen_docs=gen_docs, max_query_len=cfg.max_query_len, seed=seed,
         **asdict(examples),
     )
-    t = trainer_opts
     cuda = _on_cuda(t.accelerator)
     ckpt_dir = out / "checkpoints"
     last = ckpt_dir / "last.ckpt"
@@ -425,7 +510,10 @@ def train(
             patience = patience_checks(int(t.patience_steps), per_check)
             log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
                      "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
-        callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience))
+        # checked right after each validation, never at an epoch end without one (a run stopped by max_steps
+        # mid-epoch, a resumed epoch): there the metric does not exist and Lightning would stop the run with an error
+        callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience,
+                                                    check_on_train_epoch_end=False))
     # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
     loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
     if t.tensorboard:
@@ -442,8 +530,13 @@ def train(
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
         log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=loggers,
         num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
-        enable_model_summary=False, deterministic=False,
+        enable_model_summary=False, deterministic=False, plugins=[_AtomicCheckpointIO()],
     )
+    for stray in ckpt_dir.glob(".*.tmp"):  # a checkpoint write cut short (full disk, kill): never a checkpoint
+        stray.unlink()
+    start = _check_last(last, ckpt_dir, t.resume_damaged) if t.resume and last.exists() else None
+    if start is not None:
+        module.load_state_dict(torch.load(start, map_location="cpu", weights_only=False)["state_dict"])
     ckpt_path = str(last) if (t.resume and last.exists()) else None
     if ckpt_path:
         if trainer.world_size == 1:  # skip the batches of the killed epoch already trained on (exact resume)
@@ -458,9 +551,15 @@ def train(
 
     best = (best_ckpt.best_model_path or None) if best_ckpt else None
     best_score = float(best_ckpt.best_model_score) if best_ckpt and best_ckpt.best_model_score is not None else None
-    if best_ckpt and best is None:  # e.g. resumed after the last epoch: nothing new was validated
-        found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-        best = str(found[-1]) if found else None
+    if best_ckpt and best is None and not any(ckpt_dir.glob("best-*.ckpt")):
+        best, best_score = _validate_at_end(trainer, module, dm, ckpt_dir, t.monitor)
+    if best_ckpt:  # e.g. resumed after the last epoch: nothing new was validated; or a damaged file
+        chosen = _intact_best(ckpt_dir, best)
+        if chosen != best:
+            best, best_score = chosen, None
+        for other in ckpt_dir.glob("best-*.ckpt") if trainer.is_global_zero else ():
+            if str(other) != best:  # an earlier run's best, or one a failed write left: not this run's
+                other.unlink()
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:
         if best:

@@ -37,9 +37,10 @@ def lm_settings(cfg):
     return of_config(cfg)
 
 
-def corpus_and_queries(cfg):
-    """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it, then load the corpus and
-    the query split the command names. Returns (config as a dict, out folder, corpus, queries or None)."""
+def corpus_and_queries(cfg, save: bool = True):
+    """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it (unless not ``save``), then
+    load the corpus and the query split the command names. Returns (config as a dict, out folder, corpus, queries
+    or None)."""
     from pathlib import Path
 
     from gdr.config import save_config
@@ -49,7 +50,8 @@ def corpus_and_queries(cfg):
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out)
+    if save:
+        save_config(cfg, out)
     corpus = corpus_from_config(c["data"])
     qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
     return c, out, corpus, qs

@@ -121,6 +121,9 @@ def load_corpus(
     id_field, text_field, title_field, label_field : ``jsonl`` / ``tsv`` only: the names of the fields
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
     """
+    from gdr.validate import check_arguments
+
+    check_arguments("load_corpus", n_docs=n_docs, seed=seed)
     source = {"name": name, "path": None if path is None else os.fspath(path)}
     name, path = _resolve(name, path)
     fields = {k: v for k, v in (("id_field", id_field), ("text_field", text_field), ("title_field", title_field),
@@ -214,6 +217,9 @@ def load_title_queries(
     seed : the split seed (not the ``n_docs`` sampling seed of :func:`load_corpus`).
     fractions : expected train/dev/test shares (a small corpus may want a larger test share).
     """
+    from gdr.validate import check_arguments
+
+    check_arguments("load_title_queries", seed=seed, fractions=list(fractions))
     if name not in TITLE_CORPORA:
         raise ValueError(f"{name!r} has no title queries; title queries exist for {', '.join(TITLE_CORPORA)} "
                          f"(query sets of other collections: load_queries, one of {', '.join(QUERY_SETS)})")

@@ -59,6 +59,9 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
                  max_doc_tokens: int = 128, device: str | None = "auto"):
         from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
+        from gdr.validate import check_arguments
+
+        check_arguments("GenerativeLM", max_doc_tokens=max_doc_tokens)  # before the model loads
         self.device = _autodevice(device)
         saved = None
         if isinstance(model, str):

@@ -9,13 +9,17 @@ __all__ = ["bm25_baseline"]
 def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "test") -> dict:
     """BM25 over ``corpus`` for ``queries`` (a :class:`gdr.data.QuerySet` over it) into ``out``: ``bm25.trec``,
     ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics": {recall@1, recall@10, recall@100, mrr@100, ...}}``."""
+    from gdr.guard import holding
+
+    with holding(out):  # one writer per folder
+        return _bm25_baseline(corpus, queries, Path(out), int(k), split)
+
+
+def _bm25_baseline(corpus, qs, out: Path, k: int, split: str) -> dict:
     from eval.bm25 import bm25_run
     from eval.retrieval import PER_QUERY_FILE, evaluate_run, write_per_query, write_qrels, write_trec_run
     from gdr.io import atomic_write_json
 
-    qs = queries
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     run = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=int(k))
     metrics, first = evaluate_run(run, qrels)

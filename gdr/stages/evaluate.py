@@ -32,19 +32,24 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
     ``metrics.json`` (Recall@1/10/100, MRR@100; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
     Returns (the ``metrics.json`` content, its markdown table)."""
+    from gdr.guard import holding
+
+    c = settings.to_dict()
+    qs = queries
+    if qs is None or len(qs) == 0:
+        raise ValueError("no queries with relevant documents in this corpus to evaluate on")
+    with holding(out, "out_dir"):  # one writer per folder, as with `gdr evaluate`
+        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split)
+
+
+def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str) -> tuple[dict, str]:
     from eval.bm25 import bm25_run
     from eval.retrieval import (PER_QUERY_FILE, evaluate_run, markdown_table, write_per_query, write_qrels,
                                 write_trec_run)
     from gdr.io import atomic_write_json, atomic_write_text, write_manifest
     from training.search import Retriever
 
-    c = settings.to_dict()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    qs = queries
-    if qs is None or len(qs) == 0:
-        raise ValueError("no queries with relevant documents in this corpus to evaluate on")
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     retriever = Retriever.load(str(run_dir), device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])

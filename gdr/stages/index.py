@@ -68,7 +68,14 @@ def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: s
         raise ValueError(f"method={cfg.method!r}: choose one of {', '.join(METHODS)}")
     if not out:
         raise ValueError("pass out=<folder> for the index")
-    out = Path(out)
+    from gdr.guard import holding
+
+    with holding(out):  # one writer per folder, as with `gdr index`
+        return _build_index(cfg, Path(out), load, run)
+
+
+def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
+    cfg = settings
     t0 = time.time()
     K, c = int(cfg.n_clusters), int(cfg.leaf_size)
     extra: dict = {}

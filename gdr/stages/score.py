@@ -52,14 +52,22 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     ``queries_from``: instead of sampling, score against the queries of that finished ``gdr score`` (or ``gdr
     run``) folder, with the model that scored them (another one is refused): the P of new documents that
     ``gdr index add`` places into an index built on that run (:func:`gdr.store.copy_run_queries`)."""
+    from gdr.guard import holding
+    from gdr.stages.sample import check_texts
+
+    check_texts(corpus)
+    with holding(out):  # one writer per folder, as with `gdr score` (the scoring processes share it)
+        return _score_corpus(corpus, lm, Path(out), sample, score, progress, queries_from)
+
+
+def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool,
+                  queries_from: str | os.PathLike | None) -> Path:
     from gdr.stages.sample import sample_queries
     from gdr.store import dist_info
 
     built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
     lm = built if built is not None else spec.build()
     rank, _ = dist_info()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     qfile = out / "queries.jsonl"
     if queries_from is not None and rank == 0:
         queries = _queries_of_run(lm, queries_from, out)

@@ -3,7 +3,9 @@
 Every class has the defaults of its ``conf/`` section and :meth:`~Settings.from_dict`, which takes that
 section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a script writes by hand) and refuses a
 key it does not know, naming it. The commands build them from their composed configs; a script builds
-them directly, e.g. ``SampleSettings(n_queries=32)``.
+them directly, e.g. ``SampleSettings(n_queries=32)``. A value the command would refuse is refused here too,
+when the instance is made, by the same rules (:func:`gdr.validate.check_settings`): a
+:class:`gdr.validate.ConfigError` (a ``ValueError``) naming the field, before any model or data loads.
 """
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "Cluster
 
 class Settings:
     """Shared helpers of the settings dataclasses."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self):
+        """Refuse a value out of range (the commands' rules, :mod:`gdr.validate`), naming the field; returns self."""
+        from gdr.validate import check_settings
+
+        check_settings(self)
+        return self
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None = None, **overrides: Any):
@@ -38,7 +50,7 @@ class Settings:
             default = getattr(defaults, key)
             if isinstance(default, dict) and isinstance(value, Mapping):
                 setattr(base, key, {**default, **value})
-        return base
+        return base.check()
 
     def to_dict(self) -> dict:
         return asdict(self)  # type: ignore[call-overload]

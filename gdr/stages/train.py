@@ -1,23 +1,40 @@
 """Stage ``train``: an NCI-style seq2seq retriever trained on docids (:func:`train_retriever`).
 
+A training folder knows what it was trained on: ``trained_on.json`` holds hashes of the docids, the corpus,
+the real and the generated training queries, and every setting that changes the model. A folder holding a
+training (a checkpoint, a model) is resumed only when they match; anything else is refused before a file is
+written, with one line naming what differs (:func:`check_trained_on`).
+
 :func:`split_queries` loads the real queries of one split (a query set, or titles as queries) restricted
 to the documents of a corpus: the training queries here, the test queries of ``evaluate`` and ``bm25``.
 """
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from gdr.io import atomic_write_json
 from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 __all__ = ["train_retriever", "split_queries", "model_config_from", "read_checked_docids", "check_train_inputs",
-           "check_query_splits"]
+           "check_query_splits", "trained_on", "check_trained_on", "TRAINED_ON"]
+
+TRAINED_ON = "trained_on.json"
+# Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
+# not what the model learns. Every other setting (a new one too) must match to resume.
+RESUMABLE = frozenset({
+    "max_epochs", "max_steps", "patience", "patience_steps", "min_steps", "accelerator", "devices", "strategy",
+    "num_workers", "log_every_n_steps", "checkpoint_every_n_steps", "checkpoint_every_n_epochs",
+    "num_sanity_val_steps", "tensorboard", "resume", "resume_damaged", "enable_progress_bar", "compile",
+    "eval_batch_size", "limit_val_batches", "check_val_every_n_epoch", "val_check_interval"})
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
@@ -106,10 +123,10 @@ def check_train_inputs(docids: str | Path, generated: str | Path | None = None) 
     """The input files of a training run, read before anything is made or loaded: ``docids.tsv`` (manifest,
     lines) and the generated queries (manifest, lines, each document among the docids; the corpus check
     comes later and is no more lenient)."""
-    from training.data import read_generated_queries
-
     ids, _ = read_checked_docids(docids)
     if generated:
+        from training.data import read_generated_queries  # Lightning's import: only when there is a file to read
+
         read_generated_queries(str(generated), ids)
 
 
@@ -149,23 +166,147 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
     return [by_id[d] for d in corpus_ids]
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], settings: TrainSettings, queries=None,
+               generated: str | Path | None = None) -> dict:
+    """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
+    input, and the settings that change the model (``model.*`` as resolved from its preset, ``examples.*``,
+    ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`)."""
+    from gdr.io import file_digest, hash_strings
+    from indexing.docids import format_code
+
+    c = settings.to_dict()
+    model = dict(c["model_presets"].get(c["model"].get("size"), {}))
+    model.update({k: v for k, v in c["model"].items() if v is not None})
+    keyed = {"model": model, "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
+             "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE}}
+    inputs = {
+        "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
+                   "what": str(docids)},
+        "corpus": {"hash": hash_strings([*corpus.doc_ids, "\0", *corpus.model_inputs()]),
+                   "what": f"{corpus.name}, {len(corpus)} documents"},
+        "queries": None if queries is None else {
+            "hash": hash_strings([*queries.texts, "\0", *("\t".join(r) for r in queries.relevant)]),
+            "what": f"{len(queries)} real queries"},
+        "generated": None if not generated else {"hash": file_digest(generated)["crc32"], "what": str(generated)},
+    }
+    return {"inputs": inputs, "settings": json.loads(json.dumps(_flat(keyed), default=str))}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """What differs between two :func:`trained_on` records: ``name (old -> new)`` for each input and setting. A
+    setting only one of them has (added or dropped by another gdr version) is not a difference."""
+    out = []
+    for name, now in new["inputs"].items():
+        was, now = old.get("inputs", {}).get(name) or {}, now or {}
+        if was.get("hash") != now.get("hash"):
+            a, b = was.get("what", "none"), now.get("what", "none")
+            if a == b:  # the same description, other content
+                a, b = f"{a}, hash {was.get('hash')}", f"{b}, hash {now.get('hash')}"
+            out.append(f"{name} ({a} -> {b})")
+    was_s, now_s = old.get("settings", {}), new["settings"]
+    out += [f"{k} ({was_s[k]} -> {now_s[k]})" for k in sorted(set(was_s) & set(now_s)) if was_s[k] != now_s[k]]
+    return out
+
+
+def _holds_training(out: Path) -> bool:
+    return (out / TRAINED_ON).exists() or (out / "checkpoints" / "last.ckpt").exists() or \
+        (out / "model" / "retriever.json").exists()
+
+
+def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = True, stale: str = "refuse") -> None:
+    """Make ``out`` ready for a training on the inputs ``fingerprint`` (:func:`trained_on`) before a file is written.
+
+    A folder holding another training (a checkpoint, a model, ``trained_on.json`` of other inputs) is refused with
+    one line naming what differs (``stale="refuse"``: ``gdr train``, the API), or cleared with a warning
+    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. A folder of
+    an older gdr (no ``trained_on.json``) is compared by its ``docids.tsv``."""
+    from gdr.validate import ConfigError
+
+    out = Path(out)
+    if not _holds_training(out):
+        return
+    record = out / TRAINED_ON
+    if record.exists():
+        try:
+            old = json.loads(record.read_text(encoding="utf-8"))
+            diff = _differences(old, fingerprint)
+        except (ValueError, OSError, AttributeError) as e:
+            diff = [f"{TRAINED_ON} unreadable ({e})"]
+    else:
+        diff = _legacy_differences(out, fingerprint)
+    if resume and not diff:
+        return
+    if resume and stale == "refuse":
+        more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+        raise ConfigError(f"out_dir={out}: holds a training on other inputs or settings: {'; '.join(diff[:3])}{more}; "
+                          "resuming would continue that model. To start over in this folder set trainer.resume=false, "
+                          "or choose a fresh out_dir")
+    why = "trainer.resume=false" if not resume else f"it was trained on other inputs ({'; '.join(diff[:3])})"
+    log.warning("%s: starting over (%s): the earlier training's checkpoints and model are removed", out, why)
+    for name in ("checkpoints", "model"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("manifest.json", TRAINED_ON):
+        (out / name).unlink(missing_ok=True)
+
+
+def _legacy_differences(out: Path, fingerprint: dict) -> list[str]:
+    """A training folder of an older gdr, without trained_on.json: its docids.tsv is what it was trained on."""
+    from gdr.io import hash_strings
+    from indexing.docids import format_code, read_docids
+
+    path = out / "docids.tsv"
+    if not path.exists():
+        return []
+    try:
+        ids, codes = read_docids(path)
+    except (ValueError, OSError) as e:
+        return [f"docids ({path} unreadable: {e})"]
+    now = fingerprint["inputs"]["docids"]  # train() wrote docids.tsv in corpus order, as the new codes are
+    same = hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(ids, codes)) == now["hash"]
+    return [] if same else [f"docids ({path} -> {now['what']})"]
+
+
 def train_retriever(corpus, docids: str | Path, out: str | Path, settings: TrainSettings, *, queries=None,
-                    generated: str | Path | None = None):
+                    generated: str | Path | None = None, write_config: Callable[[Path], Any] | None = None,
+                    stale: str = "refuse"):
     """Train one retriever on ``docids`` (a ``docids.tsv`` of ``gdr index``) for ``corpus`` into ``out``.
 
     ``queries``: real training queries (a :class:`gdr.data.QuerySet` over the corpus, e.g. from
     :func:`split_queries`; its dev part is held out by the trainer) or None; ``generated``: a
     ``doc_queries.jsonl`` of generated queries, or None. Returns the ``training.train.TrainResult``; a killed
-    run resumes from ``out/checkpoints/last.ckpt``."""
+    run resumes from ``out/checkpoints/last.ckpt``, and only a training on the same inputs and settings
+    (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
+    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``)."""
+    from gdr.guard import holding
+
+    out = Path(out)
+    codes = _align_docids(str(docids), corpus.doc_ids)
+    with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
+        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated)
+        check_trained_on(out, fingerprint, resume=bool(settings.trainer.get("resume", True)), stale=stale)
+        if write_config is not None:
+            write_config(out)
+        atomic_write_json(out / TRAINED_ON, fingerprint)
+        return _train(corpus, docids, codes, out, settings, queries, generated)
+
+
+def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
     from gdr.io import write_manifest
     from training.data import read_generated_queries
     from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
     c = settings.to_dict()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    codes = _align_docids(str(docids), corpus.doc_ids)
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
     qs = queries
     train_q = qs.texts if qs is not None else []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gdr.cli.common import compose, corpus_and_queries
+from gdr.config import save_config
 
 
 def train_main(argv: list[str]) -> int:
@@ -10,9 +11,11 @@ def train_main(argv: list[str]) -> int:
 
     # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
     cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
-    c, out, corpus, qs = corpus_and_queries(cfg)
+    c, out, corpus, qs = corpus_and_queries(cfg, save=False)
     settings = TrainSettings.from_dict({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
                                                           "seed")})
-    res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"))
+    # config.yaml is written once out_dir is known to hold no other training (trained_on.json)
+    res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"),
+                          write_config=lambda folder: save_config(cfg, folder))
     print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")
     return 0

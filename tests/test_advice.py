@@ -1,0 +1,234 @@
+"""Every advised command works as printed (issue 28, 6): each place in the code that builds a `gdr ...` command
+into a message (found by grep, below) is run here: the message is provoked, the command taken from it verbatim,
+run, and the folder then reads. The commands are rebuilt from the folder's own saved config
+(:func:`gdr.config.rerun_command`), with the corpus's ``data=`` group and every key the command needs."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdr.cli import main
+from test_cli_errors import error_of
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+
+ROOT = Path(__file__).resolve().parent.parent
+# A message holding a command is built by one of these; each site is run by the tests named here.
+ADVICE = re.compile(r"RerunCommand\(|sample_command\(")
+SITES = {
+    "gdr/store.py": ["test_queries_changed_after_sampling", "test_a_p_matrix_without_its_manifest",
+                     "test_an_unfinished_p_matrix", "test_the_advised_rescore_command_works_as_printed (test_guard)",
+                     "test_doc_ids_json_damaged", "test_finished_doc_queries_damaged"],
+    "indexing/pmatrix.py": ["test_a_truncated_p_matrix_given_to_gdr_index", "test_an_unfinished_p_matrix"],
+    "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add"],
+    "training/data.py": ["test_the_advised_resample_command_works_as_printed (test_faults)",
+                         "test_doc_queries_without_a_manifest_with_a_doc_twice"],
+    "training/search.py": ["test_the_advised_retrain_command_works_as_printed (test_faults)"],
+    "indexing/docids.py": ["test_the_docids_advice_of_an_hkmi_index_names_its_corpus"],
+    "gdr/stages/score.py": ["test_the_sample_command_for_a_multi_process_score"],
+}
+
+
+def test_every_advice_site_is_run_by_a_test():
+    """A new place that prints a command must be added to SITES with the test that runs its command."""
+    found = Counter()
+    for top in ("gdr", "indexing", "training", "eval"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if ADVICE.search(line) and not re.match(r"\s*(def|class) ", line) and not line.lstrip().startswith(
+                        ("#", "from ", "import ", '"""')) and rel != "gdr/config.py":
+                    found[rel] += len(ADVICE.findall(line))
+    assert found == Counter({k: len(v) for k, v in SITES.items()}), found
+    tests = {name for names in SITES.values() for name in names if " (" not in name}
+    assert tests <= set(globals()), tests - set(globals())
+
+
+@pytest.fixture(scope="module")
+def scored(setup, tmp_path_factory):  # noqa: F811
+    """A finished `gdr score` folder (kept pristine: tests work on copies) and its command line."""
+    root, folder = setup
+    out = tmp_path_factory.mktemp("advice") / "scored"
+    args = ["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
+            "sample.n_queries=8", "sample.max_new_tokens=6", "score.shard_size=8", "progress=false", "threads=1",
+            f"out={out}"]
+    assert main(args) == 0
+    return out, args
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".gdr.lock"))
+    return dst
+
+
+def _run_advised(text: str) -> None:
+    """Delete what the message says to delete, then run the command in its backticks, as printed."""
+    deletes = re.search(r"delete (\S+?)(?: and (\S+?))?(?: \(|,|$| in)", text)
+    if deletes and "then run" in text or deletes and "and run" in text:
+        for f in filter(None, deletes.groups()):
+            Path(f).unlink(missing_ok=True)
+    cmd = re.search(r"`(gdr [^`]+)`", text)  # the first: the command to run (others are named)
+    assert cmd, text
+    assert main(shlex.split(cmd.group(1))[1:]) == 0, cmd.group(1)
+
+
+def test_a_p_matrix_without_its_manifest(scored, tmp_path):
+    from gdr.store import load_run
+
+    out = _copy(scored[0], tmp_path / "s")
+    (out / "P.manifest.json").unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        load_run(out)
+    _run_advised(str(e.value))
+    assert load_run(out).logp.shape == (30, 8)
+
+
+@pytest.mark.parametrize("reader", ["load_run", "load_pmatrix_run"])
+def test_an_unfinished_p_matrix(scored, tmp_path, reader):
+    from gdr.store import load_run
+    from indexing.pmatrix import load_pmatrix_run
+
+    out = _copy(scored[0], tmp_path / "s")
+    man = json.loads((out / "P.manifest.json").read_text())
+    man["status"] = "running"
+    (out / "P.manifest.json").write_text(json.dumps(man))
+    with pytest.raises(RuntimeError) as e:
+        {"load_run": load_run, "load_pmatrix_run": load_pmatrix_run}[reader](out)
+    _run_advised(str(e.value))
+    assert np.array_equal(load_run(out).logp, np.load(scored[0] / "P.npy"))
+
+
+def test_doc_ids_json_damaged(scored, tmp_path):
+    from gdr.store import load_run
+
+    out = _copy(scored[0], tmp_path / "s")
+    (out / "doc_ids.json").write_text("[")
+    with pytest.raises(ValueError) as e:
+        load_run(out)
+    _run_advised(str(e.value))
+    assert load_run(out).doc_ids == json.loads((scored[0] / "doc_ids.json").read_text())
+
+
+def test_queries_changed_after_sampling(scored, tmp_path):
+    from gdr.store import load_run, read_queries
+
+    out = _copy(scored[0], tmp_path / "s")
+    lines = (out / "queries.jsonl").read_text().splitlines(keepends=True)
+    (out / "queries.jsonl").write_text("".join(lines[1:]))
+    with pytest.raises(ValueError) as e:
+        read_queries(out)
+    text = str(e.value)
+    assert "re-sample: delete" in text and "P.npy" in text
+    for name in ("queries.jsonl", "queries.manifest.json", "P.npy", "P.manifest.json"):
+        (out / name).unlink(missing_ok=True)  # what the message names, P included
+    shutil.rmtree(out / "P.shards", ignore_errors=True)
+    _run_advised(text.split("(and any")[0] + re.search(r"then run `[^`]+`", text).group(0))
+    assert np.array_equal(load_run(out).logp, np.load(scored[0] / "P.npy"))  # the same seed: the same queries
+
+
+def test_a_truncated_p_matrix_given_to_gdr_index(scored, tmp_path, capsys):
+    out = _copy(scored[0], tmp_path / "s")
+    data = (out / "P.npy").read_bytes()
+    (out / "P.npy").write_bytes(data[: len(data) // 2])
+    man = json.loads((out / "P.manifest.json").read_text())
+    man.pop("file", None)  # a manifest without the file's checksum: the header check of PMatrix speaks
+    (out / "P.manifest.json").write_text(json.dumps(man))
+    from indexing.pmatrix import PMatrix
+
+    with pytest.raises(ValueError) as e:
+        PMatrix(out / "P.npy")
+    assert "is truncated" in str(e.value)
+    _run_advised(str(e.value))
+    assert (out / "P.npy").read_bytes() == data
+
+
+def test_the_sample_command_for_a_multi_process_score(scored, tmp_path, monkeypatch):
+    """A rank > 0 of a multi-process `gdr score` without sampled queries names the `gdr sample` that makes them."""
+    from gdr import guard
+    from gdr.stages.score import sample_command
+
+    out = tmp_path / "s"
+    args = [a if not a.startswith("out=") else f"out={out}" for a in scored[1]]
+    monkeypatch.setattr(guard, "COMMAND_LINE", " ".join(["gdr", *map(shlex.quote, args)]))
+    _run_advised(f"run `{sample_command(out)}` before a multi-process `gdr score`")
+    assert (out / "queries.jsonl").read_text() == (scored[0] / "queries.jsonl").read_text()
+
+
+# ----------------------------------------------------------------------------------- generated queries
+@pytest.fixture(scope="module")
+def doc_queries(setup, tmp_path_factory):  # noqa: F811
+    root, folder = setup
+    out = tmp_path_factory.mktemp("advice-dq") / "dq"
+    assert main(["sample", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
+                 "sample.per_doc=2", "sample.max_new_tokens=6", "progress=false", "threads=1", f"out={out}"]) == 0
+    return out
+
+
+def test_finished_doc_queries_damaged(setup, doc_queries, tmp_path, capsys):  # noqa: F811
+    """`gdr sample sample.per_doc=N` into a finished folder whose file was changed: refused with the command."""
+    root, folder = setup
+    out = _copy(doc_queries, tmp_path / "dq")
+    good = (out / "doc_queries.jsonl").read_bytes()
+    lines = good.splitlines(keepends=True)
+    (out / "doc_queries.jsonl").write_bytes(b"".join(lines[:1] + lines[2:]))
+    from gdr.config import rerun_command
+
+    line = error_of(capsys, shlex.split(rerun_command("sample", out))[1:])
+    assert "re-sample: delete" in line, line
+    _run_advised(line)
+    assert (out / "doc_queries.jsonl").read_bytes() == good
+
+
+def test_doc_queries_without_a_manifest_with_a_doc_twice(doc_queries, tmp_path):
+    from training.data import read_generated_queries
+
+    out = _copy(doc_queries, tmp_path / "dq")
+    good = (out / "doc_queries.jsonl").read_bytes()
+    lines = good.splitlines(keepends=True)
+    (out / "doc_queries.jsonl").write_bytes(b"".join(lines + lines[-1:]))
+    (out / "doc_queries.manifest.json").unlink()  # a copy without its manifest: the lines are checked
+    with pytest.raises(ValueError) as e:
+        read_generated_queries(out / "doc_queries.jsonl", [f"d{i}" for i in range(30)])
+    assert "also on line" in str(e.value) and "delete" in str(e.value)
+    _run_advised(str(e.value))
+    assert (out / "doc_queries.jsonl").read_bytes() == good
+
+
+def test_a_damaged_gc_index_given_to_index_add(scored, tmp_path, capsys):
+    idx = tmp_path / "idx"
+    build = ["index", "method=gc", f"run={scored[0]}", "n_clusters=4", "leaf_size=4", "gc.n_init=1", "plot=false",
+             f"out={idx}"]
+    assert main(build) == 0
+    good = (idx / "docids.tsv").read_text()
+    (idx / "docids.tsv").write_text(good + good.splitlines(keepends=True)[-1])
+    capsys.readouterr()
+    line = error_of(capsys, ["index", "add", f"run={scored[0]}", f"index={idx}"])
+    assert "rebuild the index with `gdr index " in line, line
+    _run_advised(line)
+    assert (idx / "docids.tsv").read_text() == good
+
+
+# ----------------------------------------------------------------------------------- docids
+def test_the_docids_advice_of_an_hkmi_index_names_its_corpus(setup, tmp_path, capsys):  # noqa: F811
+    """Issue 28, 6: the advice for a damaged docids.tsv of an hkmi index dropped data=, so it failed with
+    `method=hkmi: needs the document texts`."""
+    root, folder = setup
+    idx = tmp_path / "idx"
+    assert main(["index", "method=hkmi", "data=beir", f"data.path={folder}", "n_clusters=4", "leaf_size=4",
+                 "plot=false", f"out={idx}"]) == 0
+    good = (idx / "docids.tsv").read_text()
+    lines = good.splitlines(keepends=True)
+    (idx / "docids.tsv").write_text("".join(lines + lines[-1:]))
+    capsys.readouterr()
+    line = error_of(capsys, ["train", f"data.name={folder}", f"docids={idx / 'docids.tsv'}", "model.size=tiny",
+                             f"out_dir={tmp_path / 't'}"])
+    cmd = re.search(r"rebuild the file with `(gdr index [^`]+)`", line)
+    assert cmd and "data=beir" in cmd.group(1), line
+    assert main(shlex.split(cmd.group(1))[1:]) == 0
+    assert (idx / "docids.tsv").read_text() == good

@@ -1,0 +1,300 @@
+"""One contract for every entry point (issue 28): the Python API's functions and the settings dataclasses refuse
+what the commands refuse, with the commands' rules and messages, before any model or data loads; the stage
+functions lock their out folder as the commands do; `gdr run` checks the settings that compare with the corpus
+before its first stage."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gdr
+from gdr.cli import main
+from gdr.validate import ConfigError
+from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model, a retriever or a corpus fails the test: a bad argument must be refused before."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("loaded a model or a corpus before checking the arguments")
+
+    import transformers
+
+    for cls in ("AutoConfig", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoTokenizer"):
+        monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", forbidden)
+    monkeypatch.setattr("training.search.Retriever.load", forbidden)
+    for loader in ("load_bbc", "load_reuters", "load_cranfield", "load_beir", "load_msmarco_lite", "load_nq320k"):
+        monkeypatch.setattr(f"gdr.data.{loader}", forbidden)
+    monkeypatch.setattr("gdr.store.load_run", forbidden)
+
+
+def _corpus(n: int = 6):
+    return gdr.Corpus(name="toy", doc_ids=[f"d{i}" for i in range(n)], texts=[f"text number {i}" for i in range(n)],
+                      labels=["a", "b"] * (n // 2))
+
+
+# ------------------------------------------------------------------ every function of gdr.__all__ that takes a number
+# The settings class whose fields a function's keyword arguments are: "**" for **kwargs, else the parameter.
+SETTINGS_OF = {
+    "sample_queries": {"**": gdr.SampleSettings},
+    "score": {"sampling": gdr.SampleSettings, "scoring": gdr.ScoreSettings},
+    "evaluate_clusters": {"**": gdr.ClusterSettings},
+    "build_index": {"**": gdr.IndexSettings},
+    "train_retriever": {"**": gdr.TrainSettings},
+    "evaluate": {"**": gdr.EvaluateSettings},
+    "run": {"settings": None},  # conf/run.yaml's keys: validate("run"), the command's own check (test_api.py)
+    "load_lm": {"prompt": None},  # gdr.lm.PromptConfig's fields: texts, no numbers
+    "split_queries": {"data": None},  # how the corpus was loaded (name, path): where title queries are read
+}
+# Where -1 means something (no limit, all), a value out of range is another one.
+BAD = {"trainer.max_steps": -2, "trainer.num_sanity_val_steps": -2, "gc.centroid_json_depth": -2,
+       "length_penalty": math.nan, "trainer.length_penalty": math.nan, "fractions": (0.5, 0.5, 0.5)}
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number_parameters(obj) -> list[str]:
+    """Parameters of ``obj`` (a function, or a class's constructor) that take a number."""
+    out = []
+    for p in inspect.signature(obj).parameters.values():
+        ann = str(p.annotation)
+        if _numeric(p.default) or re.fullmatch(r"(int|float)( \| (int|float|str|None))*", ann):
+            out.append(p.name)
+    return out
+
+
+def _settings_leaves(cls) -> list[str]:
+    """Numeric fields of a settings dataclass, nested dict fields as ``field.key``."""
+    out, defaults = [], cls()
+    for f in dataclasses.fields(cls):
+        v = getattr(defaults, f.name)
+        if isinstance(v, dict) and f.name != "model_presets":
+            out += [f"{f.name}.{k}" for k, x in v.items() if _numeric(x)]
+        elif _numeric(v) or f.type in ("int | None", "float | None"):
+            out.append(f.name)
+    return out
+
+
+def _nested(path: str, value) -> dict:
+    head, _, rest = path.partition(".")
+    return {head: _nested(rest, value) if rest else value}
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    """(export, where the number goes: a parameter or ``<mapping>:<settings path>``, its name in the message)."""
+    cases = []
+    for name in gdr.__all__:
+        obj = getattr(gdr, name)
+        if not callable(obj) or inspect.isclass(obj) and issubclass(obj, BaseException):
+            continue
+        if dataclasses.is_dataclass(obj) and name.endswith("Settings"):
+            cases += [(name, f"**:{leaf}", leaf) for leaf in _settings_leaves(obj)]
+            continue
+        own = _number_parameters(obj)
+        cases += [(name, p, p) for p in own]
+        for where, cls in SETTINGS_OF.get(name, {}).items():
+            if cls is not None:  # a field the function takes as its own parameter is not given twice
+                cases += [(name, f"{where}:{leaf}", leaf) for leaf in _settings_leaves(cls) if leaf not in own]
+    return cases
+
+
+CASES = _cases()
+
+
+def test_every_export_with_settings_or_numbers_is_covered():
+    """A function of gdr.__all__ that takes settings (**kwargs or a mapping) must be listed in SETTINGS_OF, so the
+    parametrized test below covers its numbers too; and the list covers what the issue found."""
+    for name in gdr.__all__:
+        obj = getattr(gdr, name)
+        if not callable(obj) or inspect.isclass(obj):
+            continue
+        takes = [p.name for p in inspect.signature(obj).parameters.values()
+                 if p.kind is p.VAR_KEYWORD or "Mapping" in str(p.annotation)]
+        assert not takes or name in SETTINGS_OF, (name, takes)
+    have = {(f, leaf) for f, _, leaf in CASES}
+    for want in [("load_lm", "max_doc_tokens"), ("sample_queries", "temperature"), ("sample_queries", "n_queries"),
+                 ("sample_queries", "max_new_tokens"), ("sample_queries", "top_p"), ("evaluate", "beam"),
+                 ("bm25", "k"), ("load_corpus", "n_docs"), ("GenerativeLM", "max_doc_tokens"),
+                 ("train_retriever", "trainer.max_steps"), ("build_index", "gc.alpha"), ("score", "shard_size")]:
+        assert want in have, want
+    assert len(CASES) > 150
+
+
+def _call(name: str, where: str, value, tmp_path: Path):
+    fn = getattr(gdr, name)
+    out = tmp_path / "out"
+    corpus = _corpus()
+    param, _, path = where.partition(":")
+    kw = {param: value} if not path else _nested(path, value) if param == "**" else {param: _nested(path, value)}
+    if name.endswith("Settings"):
+        top = next(iter(kw))
+        return fn.merged(kw) if isinstance(kw[top], dict) else fn(**kw)
+    calls = {
+        "load_lm": lambda: fn("smollm2-135m", **kw),
+        "sample_queries": lambda: fn(object(), corpus, out, **kw),
+        "score": lambda: fn(corpus, "smollm2-135m", out, **kw),
+        "split_queries": lambda: fn(corpus, "train", **kw),
+        "evaluate_clusters": lambda: fn(corpus, tmp_path / "run", out, **kw),
+        "build_index": lambda: fn(out, **kw),
+        "train_retriever": lambda: fn(corpus, tmp_path / "docids.tsv", out, **kw),
+        "evaluate": lambda: fn(tmp_path / "train", corpus, object(), out, **kw),
+        "bm25": lambda: fn(corpus, object(), out, **kw),
+        "load_corpus": lambda: fn("bbc", **kw),
+        "load_title_queries": lambda: fn("bbc", **kw),
+        "GenerativeLM": lambda: fn("smollm2-135m", **kw),
+        "GenerativeClustering": lambda: fn(**{"n_clusters": 2, **kw}).fit(np.log(np.full((4, 3), 0.5))),
+    }
+    return calls[name]()
+
+
+@pytest.mark.parametrize("name,where,shown", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_a_number_out_of_range_is_refused_naming_the_argument(no_loading, tmp_path, name, where, shown):
+    """Issue 28, 2 and 7: every gdr.* function (and settings class) that takes a number refuses one out of its
+    range, naming the argument, before a model or data loads and before any file is written."""
+    value = BAD.get(shown, -1)
+    with pytest.raises((ValueError, TypeError)) as e:
+        _call(name, where, value, tmp_path)
+    assert re.search(rf"\b{re.escape(shown)}\b", str(e.value)), str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda t: gdr.load_lm("smollm2-135m", max_doc_tokens=0), r"^max_doc_tokens=0: must be a positive integer"),
+    (lambda t: gdr.load_lm("no-such-model"), r"^name=no-such-model: unknown model"),
+    (lambda t: gdr.sample_queries(object(), _corpus(), t, temperature=-1.0), r"^temperature=-1.0: must be a number"),
+    (lambda t: gdr.sample_queries(object(), _corpus(), t, temperature=0.0), r"^temperature=0.0: must be a number > 0"),
+    (lambda t: gdr.sample_queries(object(), _corpus(), t, n_queries=0), r"^n_queries=0: must be a positive integer"),
+    (lambda t: gdr.sample_queries(object(), _corpus(), t, max_new_tokens=0), r"^max_new_tokens=0: must be a posit"),
+    (lambda t: gdr.sample_queries(object(), _corpus(), t, top_p=2.0), r"^top_p=2.0: must be a number in \(0, 1\]"),
+    (lambda t: gdr.score(_corpus(), "smollm2-135m", t, n_queries=-1), r"^n_queries=-1: must be a positive integer"),
+    (lambda t: gdr.evaluate(t / "tr", _corpus(), object(), t, k=1, beam=0), r"^beam=0: must be a positive integer"),
+    (lambda t: gdr.evaluate(t / "tr", _corpus(), object(), t, k=30, beam=20), r"^k=30: must be <= beam=20"),
+    (lambda t: gdr.bm25(_corpus(), object(), t, k=0), r"^k=0: must be a positive integer"),
+    (lambda t: gdr.load_corpus("bbc", n_docs=0), r"^n_docs=0: must be null or a positive integer"),
+])
+def test_the_issues_bad_api_values_are_refused_first(no_loading, tmp_path, call, match):
+    """Issue 28, 2 and 7: each was accepted and gave junk (identical rows of P, gibberish queries, R@1 of another
+    beam, all-zero BM25, an empty corpus) or failed after the model loaded, leaving a manifest."""
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=match):
+        call(out)
+    assert not out.exists()
+
+
+def test_settings_and_commands_share_one_table(tmp_path):
+    """The message a settings class gives is the command's, with the field for the key: one table of rules."""
+    from gdr.config import load_config
+    from gdr.validate import validate
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "retriever.json").write_text("{}")  # a train folder, for `gdr evaluate`'s run_dir
+
+    pairs = [("sample", "sample.temperature=-1.0", lambda: gdr.SampleSettings(temperature=-1.0)),
+             ("score", "score.shard_size=0", lambda: gdr.ScoreSettings(shard_size=0)),
+             ("evaluate", "beam=0", lambda: gdr.EvaluateSettings(beam=0)),
+             ("index", "gc.alpha=-1.0", lambda: gdr.IndexSettings.merged(gc={"alpha": -1.0})),
+             ("train", "trainer.min_steps=9", lambda: gdr.TrainSettings.merged(trainer={"max_steps": 3,
+                                                                                          "min_steps": 9})),
+             ("sample", "model.max_doc_tokens=0", lambda: gdr.LMSettings(max_doc_tokens=0))]
+    for command, override, make in pairs:
+        more = {"train": [f"docids={tmp_path / 'model' / 'retriever.json'}", "trainer.max_steps=3"],
+                "evaluate": [f"run_dir={tmp_path}"], "index": ["out=x", "method=random", "data=bbc"]}.get(command, [])
+        with pytest.raises(ConfigError) as cli:
+            validate(command, load_config(command, [override, *more]))
+        with pytest.raises(ConfigError) as api:
+            make()
+        key = override.split("=")[0]
+        field = key.split(".", 1)[1] if command in ("sample", "score") else key
+        assert str(cli.value).split(": ", 1)[1] == str(api.value).split(": ", 1)[1], (cli.value, api.value)
+        assert str(api.value).startswith(f"{field}=")
+
+
+def test_a_document_with_empty_text_is_not_scored(no_loading, tmp_path):
+    """Issue 28, 2: gdr.score scored a corpus holding an empty text; refused now unless the loader kept it on
+    purpose (on_empty=keep lists it in corpus.info)."""
+    corpus = gdr.Corpus(name="toy", doc_ids=["a", "b", "c"], texts=["one", "  ", "three"])
+    with pytest.raises(ValueError, match=r"document 'b' has empty text"):
+        gdr.score(corpus, "smollm2-135m", tmp_path / "out", n_queries=2)
+    assert not (tmp_path / "out").exists()
+    from gdr.stages.sample import check_texts
+
+    corpus.info["empty_text"] = ["b"]
+    check_texts(corpus)  # kept on purpose: scored as the command does (cranfield's two empty documents)
+
+
+# ----------------------------------------------------------------------------------- locks in the library
+def _hold(folder: Path):
+    """Another process holding ``folder``'s lock, as a running `gdr score out=<folder>` does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    code = ("import sys, time; from gdr import guard; guard.lock_folder(sys.argv[1], command='gdr score'); "
+            "print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_stage_functions_lock_their_folder_as_the_commands_do(setup, tmp_path):  # noqa: F811
+    """Issue 28, 5: gdr.score(...) and `gdr score out=<same>` ran into one folder together. Every stage function
+    now takes the folder's lock: refused while another process holds it, released when it returns."""
+    from gdr import guard
+
+    root, folder = setup
+    corpus = gdr.load_corpus(str(folder))
+    lm = gdr.LMSettings(name=str(root / "tiny-llama"), max_doc_tokens=24, threads=1)
+    out = tmp_path / "score"
+    proc = _hold(out)
+    try:
+        with pytest.raises(guard.FolderBusy, match=rf"out={re.escape(str(out))}: in use by another gdr process"):
+            gdr.score(corpus, lm, out, n_queries=4, sampling={"max_new_tokens": 4})
+        for call in (lambda: gdr.build_index(out, method="random", corpus=corpus, n_clusters=4, leaf_size=4),
+                     lambda: gdr.bm25(corpus, gdr.split_queries(corpus, "test"), out),
+                     lambda: gdr.sample_queries(lm.build(), corpus, out, n_queries=2, max_new_tokens=4)):
+            with pytest.raises(guard.FolderBusy):
+                call()
+        assert not (out / "queries.jsonl").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+    p = gdr.score(corpus, lm, out, n_queries=4, sampling={"max_new_tokens": 4})
+    assert p.logp.shape == (30, 4)
+    assert guard._HELD == {}  # released: a command may write the folder now
+    proc = _hold(out)  # and another process can take it
+    proc.kill()
+    proc.wait()
+
+
+# ----------------------------------------------------------------------------------- gdr run: data rules first
+BBC = ["data=bbc", "data.n_docs=20", "queries.name=titles", "data.drop_title=true"]  # a labelled corpus (bundled)
+
+
+@pytest.mark.parametrize("extra,line", [
+    (["index.gc.n_queries=100"], "index.gc.n_queries=100: must be <= sample.n_queries=16"),
+    ([*BBC, "cluster.n_clusters=30"], "cluster.n_clusters=30: must be <= the 20 documents"),
+    ([*BBC, "cluster.restrict_labels=[nosuchlabel]"],
+     "cluster.restrict_labels=[nosuchlabel]: 'nosuchlabel' is not a label of corpus 'bbc'"),
+    ([*BBC, "cluster.restrict_labels=[tech]"], "cluster.n_clusters=null: K would be the number of labels, 1"),
+])
+def test_run_refuses_settings_that_compare_with_the_corpus_before_stage_1(setup, tmp_path, capsys, extra,  # noqa: F811
+                                                                        line):
+    """Issue 28, 4: each was refused only at its stage, after sampling and scoring (~90 s on a fresh run)."""
+    root, folder = setup
+    out = tmp_path / "run"
+    args = [a for a in _args(root, folder, out, *extra) if not (a.startswith("data.name=") and "data=bbc" in extra)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
+    assert not list(out.glob("*/stage.json")) and not (out / "run.config.yaml").exists()  # before any stage

@@ -1,0 +1,253 @@
+"""Faults of `gdr train` and the API's train_retriever (issue 28), like tests/test_faults.py has for `gdr run`: a
+folder holding another training, a run shorter than its first validation, two stops, a damaged checkpoint, a full
+disk while checkpointing, a lock, settings that contradict each other. Tiny random-init retrievers on 40 toy
+documents (5 steps an epoch), a few seconds each on a CPU."""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gdr
+from gdr.cli import main
+from gdr.io import file_digest
+from test_retriever import toy_corpus, word_tokenizer  # noqa: F401  (session fixture: a word-level tokenizer)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory, word_tokenizer):  # noqa: F811
+    """A 40-document BEIR folder with train queries, its docids, and the same docids with the ids rotated."""
+    from gdr.data import Corpus, QuerySet, write_beir
+    from indexing.docids import write_docids
+
+    root = tmp_path_factory.mktemp("train-faults")
+    ids, texts, codes = toy_corpus(40)
+    qs = QuerySet(name="toy", qids=[f"q{i}" for i in range(40)], texts=texts, relevant=[[d] for d in ids],
+                  splits=["train"] * 40)
+    folder = write_beir(Corpus(name="toy", doc_ids=ids, texts=texts), qs, root / "toy")
+    write_docids(root / "docids.tsv", ids, codes)
+    write_docids(root / "rotated.tsv", ids, codes[1:] + codes[:1])  # the same codes, other documents
+    return root, folder, word_tokenizer
+
+
+def _args(toy, out: Path, *extra: str, docids: str = "docids.tsv") -> list[str]:
+    """The issue's set-up check: `gdr train ... model.size=tiny trainer.max_steps=3 trainer.batch_size=16`."""
+    root, folder, tok = toy
+    return ["train", f"data.name={folder}", f"model.tokenizer={tok}", f"docids={root / docids}", f"out_dir={out}",
+            "model.size=tiny", "trainer.max_steps=3", "trainer.batch_size=16", "trainer.enable_progress_bar=false",
+            "trainer.tensorboard=false", "trainer.val_beam=4", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(toy, tmp_path_factory):
+    """A finished training of one epoch (5 steps; kept pristine: tests work on copies)."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert main(_args(toy, out, "trainer.max_steps=5")) == 0
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".gdr.lock"))
+    return dst
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def _loads(path: Path) -> bool:
+    try:
+        torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------- a run shorter than a validation
+def test_a_run_shorter_than_its_first_validation_validates_once_and_exits_0(toy, tmp_path, caplog):
+    """Issue 28, 3: `gdr train ... trainer.max_steps=3 trainer.batch_size=16` (an epoch is 5 steps) exited 1 with
+    Lightning's `Early stopping conditioned on metric val/recall@1 which is not available`."""
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        assert main(_args(toy, out)) == 0
+    logs = caplog.text
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["global_step"] == 3 and man["best_val_recall1"] is not None
+    assert _loads(Path(man["best_checkpoint"])) and "validated the final weights once" in logs
+    # the default warmup (1,000 steps at batch 64: 4,000 at 16) is longer than the run: adjusted, with a line
+    assert "optim.warmup_steps: 4000 warmup steps" in logs and "warming up over the first 0 steps" in logs
+
+
+def test_min_steps_above_max_steps_is_refused(toy, tmp_path, capsys):
+    """Issue 28, 3: min_steps > max_steps trained max_steps without a word."""
+    assert main(_args(toy, tmp_path / "t", "trainer.min_steps=9")) == 2
+    assert "trainer.min_steps=9: must be <= trainer.max_steps=3" in _one_line(capsys)
+    with pytest.raises(ValueError, match=r"^trainer.min_steps=9: must be <= trainer.max_steps=3"):
+        gdr.TrainSettings.merged(trainer={"max_steps": 3, "min_steps": 9})
+
+
+# ----------------------------------------------------------------------------------- a folder of another training
+@pytest.mark.parametrize("change,named", [
+    ({"docids": "rotated.tsv"}, "docids ("),  # the issue's case: the same codes, the ids rotated
+    ({"extra": "optim.lr_decoder=0.002"}, "optim.lr_decoder (0.001 -> 0.002)"),
+    ({"extra": "examples.doc_windows=1"}, "examples.doc_windows (2 -> 1)"),
+])
+def test_gdr_train_into_a_folder_of_another_training_is_refused(toy, trained, tmp_path, capsys, change, named):
+    """Issue 28, 1: `gdr train` into a finished training's folder with other docids logged "resuming from
+    last.ckpt" and exited 0 with the old model.pt under the new docids.tsv, manifest and config.yaml."""
+    out = _copy(trained, tmp_path / "run")
+    files = ("docids.tsv", "config.yaml", "manifest.json", "model/model.pt", "checkpoints/last.ckpt")
+    before = {f: file_digest(out / f) for f in files}
+    extra = [change["extra"]] if "extra" in change else []
+    docids = change.get("docids", "docids.tsv")
+    assert main(_args(toy, out, *extra, docids=docids)) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"gdr train: error: out_dir={out}: holds a training on other inputs or settings: ")
+    assert named in line and "set trainer.resume=false" in line and "fresh out_dir" in line, line
+    assert {f: file_digest(out / f) for f in files} == before  # checked before anything is written
+    assert main(_args(toy, out, *extra, "trainer.resume=false", docids=docids)) == 0  # the way out it names
+    assert (out / "docids.tsv").read_text() == (toy[0] / docids).read_text()
+    assert file_digest(out / "config.yaml") != before["config.yaml"]
+    assert main(_args(toy, out, *extra, docids=docids)) == 0  # and that training resumes
+
+
+def test_train_retriever_refuses_a_folder_of_another_training(toy, trained, tmp_path):
+    """The API's train_retriever keeps the same promise."""
+    root, folder, tok = toy
+    out = _copy(trained, tmp_path / "run")
+    corpus = gdr.load_corpus(str(folder))
+    before = file_digest(out / "model" / "model.pt")
+    kw = dict(queries=gdr.split_queries(corpus, "train", name=str(folder)), size="tiny", model={"tokenizer": tok},
+              trainer={"max_steps": 3, "batch_size": 16, "tensorboard": False, "val_beam": 4})
+    with pytest.raises(gdr.validate.ConfigError, match=r"holds a training on other inputs.*docids \("):
+        gdr.train_retriever(corpus, root / "rotated.tsv", out, **kw)
+    assert file_digest(out / "model" / "model.pt") == before and (out / "docids.tsv").read_text() == \
+        (root / "docids.tsv").read_text()
+    res = gdr.train_retriever(corpus, root / "docids.tsv", out, **kw)  # the same inputs: resumed, not refused
+    assert res.global_step == 5
+
+
+# ----------------------------------------------------------------------------------- stops, damage, a full disk
+def _stop_at(monkeypatch, step: int) -> None:
+    """SIGTERM to this process once training reaches ``step`` (a scheduler's preemption)."""
+    from training import train
+
+    real = train._LossRecorder.on_train_batch_end
+
+    def on_train_batch_end(self, trainer, *a, **k):
+        real(self, trainer, *a, **k)
+        if trainer.global_step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(train._LossRecorder, "on_train_batch_end", on_train_batch_end)
+
+
+def test_two_stops_then_the_rerun_finishes(toy, tmp_path, capsys, monkeypatch):
+    """Issue 28, 3: stopped by SIGTERM at steps 2 and 9 (rc 143 both times), every rerun failed with Lightning's
+    `Early stopping conditioned on metric val/recall@1 which is not available`."""
+    out = tmp_path / "run"
+    # an epoch is 19 steps at batch 4: both stops, and the end of the run, fall within the first one
+    args = _args(toy, out, "trainer.batch_size=4", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=1")
+    for step in (2, 9):
+        with monkeypatch.context() as m:
+            _stop_at(m, step)
+            assert main(args) == 143
+        assert _one_line(capsys) == "gdr train: stopped by SIGTERM; rerun the same command to resume"
+        assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == step
+    assert main(args) == 0, capsys.readouterr().err[-2000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["global_step"] == 12 and _loads(Path(man["best_checkpoint"]))
+
+
+@pytest.mark.parametrize("choice,said", [("best", "starting from the weights of best-"), ("fresh", "starting over")])
+def test_a_truncated_last_checkpoint_is_one_line_and_a_fallback(toy, trained, tmp_path, caplog, choice, said):
+    """Issue 28, 3: a truncated last.ckpt gave a traceback (`PytorchStreamReader failed reading zip archive`)."""
+    out = _copy(trained, tmp_path / "run")
+    last = out / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING):
+        assert main(_args(toy, out, *([] if choice == "best" else [f"trainer.resume_damaged={choice}"]))) == 0
+    lines = [r.getMessage() for r in caplog.records if str(last) in r.getMessage()]
+    assert len(lines) == 1 and "is damaged" in lines[0] and said in lines[0], lines
+    assert (out / "checkpoints" / "last.ckpt.damaged").exists() and _loads(last)
+    assert json.loads((out / "manifest.json").read_text())["global_step"] == 3  # the fallback starts a new count
+
+
+def test_a_damaged_best_checkpoint_left_behind_is_never_used(toy, trained, tmp_path):
+    """A best-*.ckpt cut short (a full disk under an older gdr) was picked as the newest best on a rerun."""
+    out = _copy(trained, tmp_path / "run")
+    stray = out / "checkpoints" / "best-9-99.ckpt"
+    good = Path(json.loads((out / "manifest.json").read_text())["best_checkpoint"]).name
+    stray.write_bytes((out / "checkpoints" / good).read_bytes()[:1000])
+    assert main(_args(toy, out)) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert Path(man["best_checkpoint"]).name == good and not stray.exists()
+
+
+def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp_path, capsys, monkeypatch):
+    """Issue 28, 3: a full disk left a truncated best-*.ckpt, later recorded as a good artifact. Simulated where
+    each writer meets it: Lightning's move from /tmp (a copy, cut short) and a write in place (its flush)."""
+    out = tmp_path / "run"
+    args = _args(toy, out, "trainer.max_steps=6")  # validation at step 5 writes the first best checkpoint
+    real_fsync = os.fsync
+
+    def rename(a, b, **kw):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(a), None, str(b))
+
+    def sendfile(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fsync(fd):
+        if "best-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "rename", rename)
+        m.setattr(os, "sendfile", sendfile)
+        m.setattr(os, "fsync", fsync)
+        assert main(args) == 2
+    line = _one_line(capsys)
+    assert "no space left on the device" in line and "best-" in line, line
+    ckpts = list((out / "checkpoints").glob("*.ckpt"))
+    assert all(_loads(p) for p in ckpts), [(p.name, p.stat().st_size) for p in ckpts]
+    assert not list((out / "checkpoints").glob(".*.tmp"))
+    assert main(args) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert all(_loads(p) for p in (out / "checkpoints").glob("*.ckpt")) and _loads(Path(man["best_checkpoint"]))
+
+
+# ----------------------------------------------------------------------------------- one writer per folder
+def test_train_retriever_takes_the_folder_lock(toy, tmp_path):
+    """Issue 28, 5: the API's stage functions took no lock, so a script and `gdr train out_dir=<same>` wrote one
+    folder together."""
+    from gdr import guard
+
+    root, folder, tok = toy
+    out = tmp_path / "run"
+    out.mkdir()
+    code = ("import sys, time; from gdr import guard; guard.lock_folder(sys.argv[1], 'out_dir', 'gdr train'); "
+            "print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(guard.FolderBusy, match=rf"out_dir={out}: in use by another gdr process, pid \d+ \(gdr "):
+            gdr.train_retriever(gdr.load_corpus(str(folder)), root / "docids.tsv", out, size="tiny",
+                                model={"tokenizer": tok}, trainer={"max_steps": 3, "batch_size": 16})
+        assert sorted(p.name for p in out.iterdir()) == [".gdr.lock"]
+    finally:
+        proc.kill()
+        proc.wait()
