@@ -53,7 +53,9 @@ def test_causal_engine_equals_naive_fp32(llama, naive, attention, doc_batch_size
     np.testing.assert_allclose(fast, naive["llama"], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("doc_batch_size,max_query_tokens", [(1, 2048), (3, 7), (7, 2)])
+# (3, 2048): several documents and several queries per chunk, the folded cross-attention (under transformers
+# 5.17 T5's stacks kept SDPA, which failed on the folded rows)
+@pytest.mark.parametrize("doc_batch_size,max_query_tokens", [(1, 2048), (3, 7), (7, 2), (3, 2048)])
 def test_seq2seq_engine_equals_naive_fp32(t5, naive, doc_batch_size, max_query_tokens):
     fast = t5.score(DOCS, RAGGED_QUERIES, doc_batch_size=doc_batch_size, max_query_tokens=max_query_tokens,
                     progress=False)
