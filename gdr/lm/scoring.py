@@ -249,9 +249,11 @@ COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
 def score_compute_dtype(name: str, device: torch.device, own: torch.dtype = torch.float32) -> torch.dtype:
     """The dtype the scoring passes run in for ``score.compute_dtype`` = ``name``.
 
-    ``auto``: bf16 on CUDA, the model's own dtype (``own``; fp32 as loaded) elsewhere. On the demo's P, bf16
-    moved log p by 0.23 nats on average (2.05 at most), kept each document's query order (Spearman >= 0.9994)
-    and GC's ARI, and changed the GC docids about as much as another seed does (reports/bf16-scoring.md)."""
+    ``auto``: bf16 on CUDA, the model's own dtype (``own``; fp32 as loaded) elsewhere, also on CPUs with native
+    bf16 (1.5-2x faster there, but P would then depend on the CPU's instruction set). On the demo's P, bf16 (rotary
+    frequencies fp32) moved log p by 0.23 nats on average (1.79 at most), kept each document's query order
+    (Spearman >= 0.9993) and GC's ARI within its spread, and changed the GC docids about as much as another seed
+    does (reports/bf16-scoring.md)."""
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"score.compute_dtype={name!r}: use {' | '.join(COMPUTE_DTYPES)}")
     if name == "auto":
