@@ -176,7 +176,7 @@ def _grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.T
     if mask.shape[1] > 1 or mask.shape[2] > 1:
         mb, mh, mt, S = mask.shape
         kv = Hkv if mh > 1 else 1  # a per-head mask (mh = H) or one for all heads (mh = 1)
-        mask = mask.view(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
+        mask = mask.reshape(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
     o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout,
                                                          scale=scaling)  # (B, Hkv, G*T, Dv)
     return o.view(B, H, T, -1).transpose(1, 2).contiguous()
