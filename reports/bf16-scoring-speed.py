@@ -63,7 +63,8 @@ def main(argv=None) -> dict:
             times[name].append((time.perf_counter() - t0) / len(docs))
     med = {k: statistics.median(v) for k, v in times.items()}
     flags = open("/proc/cpuinfo").read()
-    out = {"max_doc_tokens": lm.max_doc_tokens, "docs": len(docs), "queries": len(queries), "threads": args.threads, "reps": args.reps,
+    out = {"max_doc_tokens": lm.max_doc_tokens, "docs": len(docs), "queries": len(queries), "threads": args.threads,
+           "reps": args.reps,
            "prompt_tokens_mean": float(np.mean([len(p) for p in lm.prompt_ids(docs)])),
            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
            **{f"{k}_s_per_doc": round(v, 3) for k, v in med.items()},

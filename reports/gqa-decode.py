@@ -79,7 +79,8 @@ def main(argv=None) -> dict:
         if compiling is not None:
             sa.is_torchdynamo_compiling = compiling
     med = {k: statistics.median(t) for k, t in times.items()}
-    out["cpu_attention_one_layer_fp32"] = {"batch": B, "cache": S, **{f"{k}_ms": round(1e3 * t, 3) for k, t in med.items()},
+    out["cpu_attention_one_layer_fp32"] = {"batch": B, "cache": S,
+                                           **{f"{k}_ms": round(1e3 * t, 3) for k, t in med.items()},
                                            "repeat_kv_over_grouped": round(med["repeat_kv"] / med["grouped"], 2)}
     print(json.dumps(out))
     return out

@@ -94,6 +94,27 @@ def test_scoring_copies_no_keys_and_values(attention, repeat_kv_calls):
     assert repeat_kv_calls[0] > 0  # (the counter sees it)
 
 
+@pytest.mark.parametrize("T,mask_heads,mask_rows,boolean", [(1, 1, 1, True), (5, 1, 5, True), (5, 1, 1, False),
+                                                            (5, 6, 5, False), (1, 6, 1, True)])
+def test_grouped_sdpa_equals_repeated_keys(T, mask_heads, mask_rows, boolean):
+    """The folded grouped-query attention equals SDPA over keys and values repeated per query head, for a decode
+    step (T = 1) and a prefill, masks shared by the heads or per head, boolean or additive."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from gdr.lm.scoring import _grouped_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, S, D = 3, 6, 2, 11, 8
+    q = torch.randn(B, H, T, D, generator=g)
+    k, v = torch.randn(B, Hkv, S, D, generator=g), torch.randn(B, Hkv, S, D, generator=g)
+    allowed = torch.rand(B, mask_heads, mask_rows, S, generator=g) > 0.3
+    allowed[..., 0] = True  # every row sees a key
+    mask = allowed if boolean else torch.zeros(allowed.shape).masked_fill(~allowed, -1e9)
+    want = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv),
+                                                            attn_mask=mask, scale=0.3).transpose(1, 2)
+    torch.testing.assert_close(_grouped_sdpa(q, k, v, mask, 0.3), want, rtol=0, atol=1e-6)
+
+
 def test_bf16_copy_follows_the_model():
     """bf16 scoring uses a copy (the sampling model keeps its fp32 weights), made again after the model's
     weights change in place, as a fine-tune does."""

@@ -183,7 +183,7 @@ def _grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.T
     if mask.shape[1] > 1 or mask.shape[2] > 1:
         mb, mh, mt, S = mask.shape
         kv = Hkv if mh > 1 else 1  # a per-head mask (mh = H) or one for all heads (mh = 1)
-        mask = mask.view(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
+        mask = mask.reshape(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
     o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout,
                                                          scale=scaling)  # (B, Hkv, G*T, Dv)
     return o.view(B, H, T, -1).transpose(1, 2).contiguous()
@@ -265,9 +265,11 @@ COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
 def score_compute_dtype(name: str, device: torch.device, own: torch.dtype = torch.float32) -> torch.dtype:
     """The dtype the scoring passes run in for ``score.compute_dtype`` = ``name``.
 
-    ``auto``: bf16 on CUDA, the model's own dtype (``own``; fp32 as loaded) elsewhere. On the demo's P, bf16
-    moved log p by 0.23 nats on average (2.05 at most), kept each document's query order (Spearman >= 0.9994)
-    and GC's ARI, and changed the GC docids about as much as another seed does (reports/bf16-scoring.md)."""
+    ``auto``: bf16 on CUDA, the model's own dtype (``own``; fp32 as loaded) elsewhere, also on CPUs with native
+    bf16 (1.5-2x faster there, but P would then depend on the CPU's instruction set). On the demo's P, bf16 (rotary
+    frequencies fp32) moved log p by 0.23 nats on average (1.79 at most), kept each document's query order
+    (Spearman >= 0.9993) and GC's ARI within its spread, and changed the GC docids about as much as another seed
+    does (reports/bf16-scoring.md)."""
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"score.compute_dtype={name!r}: use {' | '.join(COMPUTE_DTYPES)}")
     if name == "auto":
