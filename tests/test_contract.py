@@ -39,6 +39,12 @@ def no_loading(monkeypatch):
     monkeypatch.setattr("gdr.store.load_run", forbidden)
 
 
+def _queries(n: int = 2):
+    """A valid query set (the type checks of issue 27 come before nothing else: the numbers are what is tested)."""
+    return gdr.QuerySet(name="toy", qids=[f"q{i}" for i in range(n)], texts=[f"query {i}" for i in range(n)],
+                        relevant=[[f"d{i}"] for i in range(n)], splits=["test"] * n)
+
+
 def _corpus(n: int = 6):
     return gdr.Corpus(name="toy", doc_ids=[f"d{i}" for i in range(n)], texts=[f"text number {i}" for i in range(n)],
                       labels=["a", "b"] * (n // 2))
@@ -48,6 +54,7 @@ def _corpus(n: int = 6):
 # The settings class whose fields a function's keyword arguments are: "**" for **kwargs, else the parameter.
 SETTINGS_OF = {
     "sample_queries": {"**": gdr.SampleSettings},
+    "sample_doc_queries": {"**": gdr.SampleSettings},
     "score": {"sampling": gdr.SampleSettings, "scoring": gdr.ScoreSettings},
     "evaluate_clusters": {"**": gdr.ClusterSettings},
     "build_index": {"**": gdr.IndexSettings},
@@ -145,13 +152,14 @@ def _call(name: str, where: str, value, tmp_path: Path):
     calls = {
         "load_lm": lambda: fn("smollm2-135m", **kw),
         "sample_queries": lambda: fn(object(), corpus, out, **kw),
+        "sample_doc_queries": lambda: fn(object(), corpus, out, **kw),
         "score": lambda: fn(corpus, "smollm2-135m", out, **kw),
         "split_queries": lambda: fn(corpus, "train", **kw),
         "evaluate_clusters": lambda: fn(corpus, tmp_path / "run", out, **kw),
         "build_index": lambda: fn(out, **kw),
         "train_retriever": lambda: fn(corpus, tmp_path / "docids.tsv", out, **kw),
-        "evaluate": lambda: fn(tmp_path / "train", corpus, object(), out, **kw),
-        "bm25": lambda: fn(corpus, object(), out, **kw),
+        "evaluate": lambda: fn(tmp_path / "train", corpus, _queries(), out, **kw),
+        "bm25": lambda: fn(corpus, _queries(), out, **kw),
         "load_corpus": lambda: fn("bbc", **kw),
         "load_title_queries": lambda: fn("bbc", **kw),
         "GenerativeLM": lambda: fn("smollm2-135m", **kw),
@@ -181,9 +189,9 @@ def test_a_number_out_of_range_is_refused_naming_the_argument(no_loading, tmp_pa
     (lambda t: gdr.sample_queries(object(), _corpus(), t, max_new_tokens=0), r"^max_new_tokens=0: must be a posit"),
     (lambda t: gdr.sample_queries(object(), _corpus(), t, top_p=2.0), r"^top_p=2.0: must be a number in \(0, 1\]"),
     (lambda t: gdr.score(_corpus(), "smollm2-135m", t, n_queries=-1), r"^n_queries=-1: must be a positive integer"),
-    (lambda t: gdr.evaluate(t / "tr", _corpus(), object(), t, k=1, beam=0), r"^beam=0: must be a positive integer"),
-    (lambda t: gdr.evaluate(t / "tr", _corpus(), object(), t, k=30, beam=20), r"^k=30: must be <= beam=20"),
-    (lambda t: gdr.bm25(_corpus(), object(), t, k=0), r"^k=0: must be a positive integer"),
+    (lambda t: gdr.evaluate(t / "tr", _corpus(), _queries(), t, k=1, beam=0), r"^beam=0: must be a positive integer"),
+    (lambda t: gdr.evaluate(t / "tr", _corpus(), _queries(), t, k=30, beam=20), r"^k=30: must be <= beam=20"),
+    (lambda t: gdr.bm25(_corpus(), _queries(), t, k=0), r"^k=0: must be a positive integer"),
     (lambda t: gdr.load_corpus("bbc", n_docs=0), r"^n_docs=0: must be null or a positive integer"),
 ])
 def test_the_issues_bad_api_values_are_refused_first(no_loading, tmp_path, call, match):
