@@ -44,6 +44,18 @@ from gdr.lm.hostsync import padding_mask_4d
 
 log = logging.getLogger(__name__)
 
+
+def _t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float,
+                  training: bool) -> torch.Tensor:
+    """T5's attention as its eager path computes it (no scaling, additive bias, softmax in fp32): q (..., T, dk),
+    k/v (..., S, dk), bias broadcast to (..., T, S) -> (..., T, dk). Written out rather than SDPA: a beam step
+    attends over a handful of positions (S <= depth + 1 in self-attention, the query's tokens in cross-attention)
+    for up to 100k rows (batch x beam), where cuDNN's fused SDPA fails to execute on an H200 (`mha_graph.execute`,
+    batch 1,024 x beam 100) and gains nothing at these sizes."""
+    s = torch.matmul(q, k.transpose(-1, -2)) + bias  # (..., T, S)
+    p = F.dropout(s.float().softmax(-1).type_as(s), p=dropout, training=training)
+    return torch.matmul(p, v)
+
 __all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "encoder_dims", "load_tokenizer", "PAD", "EOS"]
 
 PAD = 0  # also the decoder start token (T5 convention)
@@ -402,8 +414,7 @@ class GenerativeRetriever(nn.Module):
             state.self_k[i] = torch.cat([state.self_k[i], k], 2)  # (N, H, t+1, dk)
             state.self_v[i] = torch.cat([state.self_v[i], v], 2)
             drop = sa.SelfAttention.dropout if self.training else 0.0
-            a = F.scaled_dot_product_attention(q, state.self_k[i], state.self_v[i], attn_mask=self_bias,
-                                               dropout_p=drop, scale=1.0)  # (N, H, 1, dk); T5 does not scale
+            a = _t5_attention(q, state.self_k[i], state.self_v[i], self_bias, drop, self.training)  # (N, H, 1, dk)
             x = x + sa.dropout(sa.SelfAttention.o(a.transpose(1, 2).reshape(N, 1, H * dk)))
             h = ca.layer_norm(x)
             q = ca.EncDecAttention.q(h).view(B, w, H, dk).transpose(1, 2)  # (B, H, w, dk): hypotheses as positions
@@ -412,8 +423,7 @@ class GenerativeRetriever(nn.Module):
                 enc_bias = torch.zeros((), dtype=kv_dtype, device=x.device).masked_fill(
                     ~state.enc_mask[:, None, None, :], torch.finfo(kv_dtype).min)
             drop = ca.EncDecAttention.dropout if self.training else 0.0
-            a = F.scaled_dot_product_attention(q, state.cross_k[i], state.cross_v[i], attn_mask=enc_bias,
-                                               dropout_p=drop, scale=1.0)  # (B, H, w, dk)
+            a = _t5_attention(q, state.cross_k[i], state.cross_v[i], enc_bias, drop, self.training)  # (B, H, w, dk)
             x = x + ca.dropout(ca.EncDecAttention.o(a.transpose(1, 2).reshape(N, 1, H * dk)))
             x = ff(x)
         h = dec.dropout(dec.final_layer_norm(x))  # (N, 1, d)
