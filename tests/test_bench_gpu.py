@@ -156,6 +156,17 @@ def test_the_budget_is_spread_over_the_steps_left():
     assert all(s.bounded and s.profile and "--seconds" in s.argv for s in four)
 
 
+def test_a_step_runs_to_the_limit_the_chain_gives_it_not_its_floor(tmp_path):
+    """The chain's limit for a step (step_limit: its share of the budget) is what execute() enforces, also above
+    the step's own LIMITS floor: on the cold H200 the scoring step was planned 141 s and killed at its 70 s
+    floor, in its warm-up (compilation, 71 s measured alone)."""
+    step = gpu.Step("slow", [sys.executable, "-c", "import time, json; time.sleep(2); print(json.dumps({'x': 1}))"],
+                    timeout=1)
+    rec = gpu.execute(step, tmp_path, timeout=20)
+    assert rec["rc"] == 0 and rec["error"] is None, rec
+    assert gpu.execute(step, tmp_path)["rc"] == 124  # on its own, the floor holds
+
+
 @pytest.mark.parametrize("bench", ["sampling", "scoring", "training", "search"])
 def test_benchmarks_time_bound_their_timed_phase_and_report_as_they_go(bench, tmp_path, capsys, monkeypatch):
     """Each benchmark prints a partial JSON line as soon as it has a figure (the load, then the warm-up apart),

@@ -360,14 +360,15 @@ DEADLINE_MARGIN_S = 5  # a benchmark's --deadline is this long before its step i
 
 
 def execute(step: Step, logs: Path, timeout: int | None = None) -> dict[str, Any]:
-    """Run one step (at most ``timeout`` seconds, default the step's own); returns its record: rc, seconds,
+    """Run one step (at most ``timeout`` seconds, default the step's own; the chain passes :func:`step_limit`,
+    which may be more than the step's own floor); returns its record: rc, seconds,
     figures, error, partial.
 
     A benchmark gets ``--deadline`` (its limit less :data:`DEADLINE_MARGIN_S`) and prints a JSON line as soon
     as it has a figure. A step still running at its limit is stopped with its whole process group (inductor's
     compile workers too), and its figures come from the last JSON line it printed (``partial``: true)."""
     log_path = logs / f"{step.name}.log"
-    timeout = step.timeout if timeout is None else min(step.timeout, timeout)
+    timeout = step.timeout if timeout is None else timeout  # the chain's step_limit: may exceed the floor
     argv = [*step.argv, *(["--profile", str(logs / f"{step.name}.profile.txt")] if step.profile else []),
             *(["--deadline", f"{time.time() + timeout - DEADLINE_MARGIN_S:.0f}"] if step.bounded else [])]
     if step.run_out is not None and step.run_out.exists():  # a benchmark times every stage: no cached stage reused
