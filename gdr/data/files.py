@@ -14,7 +14,6 @@ file, whose name is its split (``test.tsv`` holds the ``test`` split), or a fold
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -40,18 +39,9 @@ def file_format(path: str | os.PathLike) -> str | None:
 def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
     """``(lineno, record)`` of a jsonl file, or of a tsv file by its header line."""
     if fmt == "jsonl":
-        for lineno, line in iter_lines(path):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
-                                "fix or delete that line") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}; "
-                                "each line must be one record")
-            yield lineno, row
+        from gdr.data.beir import _jsonl  # BEIR's reader: one record a line, errors naming the line
+
+        yield from _jsonl(path)
         return
     header: list[str] | None = None
     for lineno, line in iter_lines(path):

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from gdr.config import flat_leaves
 from gdr.io import atomic_write_json
 from gdr.stages.settings import TrainSettings
 
@@ -166,16 +167,6 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
     return [by_id[d] for d in corpus_ids]
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], settings: TrainSettings, queries=None,
                generated: str | Path | None = None) -> dict:
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
@@ -199,7 +190,7 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
             "what": f"{len(queries)} real queries"},
         "generated": None if not generated else {"hash": file_digest(generated)["crc32"], "what": str(generated)},
     }
-    return {"inputs": inputs, "settings": json.loads(json.dumps(_flat(keyed), default=str))}
+    return {"inputs": inputs, "settings": json.loads(json.dumps(flat_leaves(keyed), default=str))}
 
 
 def _differences(old: dict, new: dict) -> list[str]:
