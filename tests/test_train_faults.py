@@ -197,6 +197,17 @@ def test_a_damaged_best_checkpoint_left_behind_is_never_used(toy, trained, tmp_p
     assert Path(man["best_checkpoint"]).name == good and not stray.exists()
 
 
+def test_a_relative_out_dir_keeps_its_best_checkpoint(toy, tmp_path, monkeypatch):
+    """`gdr run` trains into relative folders (runs/<name>/train-...); Lightning resolves its checkpoint folder,
+    so the best checkpoint's path is absolute: the clean-up of stray best-*.ckpt files must not take it for one
+    (make demo: `No such file or directory: .../best-15-224.ckpt`)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(_args(toy, Path("rel") / "run", "trainer.max_steps=5")) == 0
+    best = Path(json.loads((tmp_path / "rel" / "run" / "manifest.json").read_text())["best_checkpoint"])
+    assert (tmp_path / "rel" / "run" / "checkpoints" / best.name).is_file()
+    assert (tmp_path / "rel" / "run" / "model").is_dir()
+
+
 def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp_path, capsys, monkeypatch):
     """Issue 28, 3: a full disk left a truncated best-*.ckpt, later recorded as a good artifact. Simulated where
     each writer meets it: Lightning's move from /tmp (a copy, cut short) and a write in place (its flush)."""

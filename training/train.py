@@ -557,8 +557,9 @@ def train(
         chosen = _intact_best(ckpt_dir, best)
         if chosen != best:
             best, best_score = chosen, None
+        keep = Path(best).resolve() if best else None  # Lightning resolves its dirpath; out_dir may be relative
         for other in ckpt_dir.glob("best-*.ckpt") if trainer.is_global_zero else ():
-            if str(other) != best:  # an earlier run's best, or one a failed write left: not this run's
+            if other.resolve() != keep:  # an earlier run's best, or one a failed write left: not this run's
                 other.unlink()
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:
