@@ -520,3 +520,25 @@ def test_more_gpus_than_the_machine_has(tmp_path, capsys, nothing_loads, monkeyp
     assert "trainer.devices=4: this machine has 2 CUDA device(s)" in line
     line = error_of(capsys, ["train", f"docids={docids}", "trainer.devices=oops", f"out_dir={tmp_path / 'o'}"])
     assert "trainer.devices=oops: must be auto, -1 (all), a positive integer or a list" in line
+
+
+def test_a_sigterm_inside_a_finaliser_exits_a_scoring_worker_quietly(tmp_path):
+    """A scoring worker's SIGTERM (gdr.stages.score._leave) that lands while tqdm's __del__ runs raised its
+    SystemExit inside the finaliser: Python printed "Exception ignored in ... Traceback" and the worker went on
+    (test_a_signal_to_the_process_group_during_scoring_stops_every_process failed so under load). The worker's
+    unraisable hook exits at once with the same code, printing nothing."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import signal, sys\n"
+        "from gdr.stages import score\n"
+        "signal.signal(signal.SIGTERM, score._leave)\n"
+        "sys.unraisablehook = score._exit_from_finaliser\n"
+        "class Bar:\n"
+        "    def __del__(self):\n"
+        "        signal.raise_signal(signal.SIGTERM)  # the signal arrives while the finaliser runs\n"
+        "Bar()\n"
+        "print('went on after the signal', flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "went on" not in p.stdout, p.stderr

@@ -6,6 +6,7 @@ split across ``torchrun`` ranks, or in ``processes`` processes it starts (:func:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -144,6 +145,19 @@ def _leave(signum, frame) -> None:
     sys.exit(128 + signum)
 
 
+def _exit_from_finaliser(unraisable) -> None:
+    """A scoring worker's ``sys.unraisablehook``: a SIGTERM that lands while a finaliser runs (tqdm's
+    ``__del__``) raises :func:`_leave`'s SystemExit there, where Python can only print it ("Exception ignored
+    in ...", a traceback) and go on. Exit at once instead, with the same code and nothing printed."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        code = unraisable.exc_value.code
+        os._exit(code if isinstance(code, int) else 1)
+    sys.__unraisablehook__(unraisable)
+
+
 def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, score_settings: dict, out: str,
                   progress: bool, parent: int | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
@@ -158,6 +172,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     signal.signal(signal.SIGTERM, _leave)  # the parent's terminate(), or a scheduler: go at once, quietly
+    sys.unraisablehook = _exit_from_finaliser  # ... also when it lands inside a finaliser
     import torch.distributed as dist
 
     from gdr.io import read_jsonl
