@@ -97,22 +97,20 @@ def device_name(device: torch.device | str | None = None) -> str:
     return device.type
 
 
+def _peak(table, device) -> float | None:
+    """The first entry of ``table`` ((name part, tera-units) pairs) whose name is in the device's name, x 1e12."""
+    name = device_name(device).lower()
+    return next((v * 1e12 for key, v in table if key.lower() in name), None)
+
+
 def peak_flops(device: torch.device | str | None = None) -> float | None:
     """Peak dense bf16 FLOP/s of a known GPU; None for a CPU or an unknown device (MFU is then not reported)."""
-    name = device_name(device)
-    for key, tflops in PEAK_BF16_TFLOPS:
-        if key.lower() in name.lower():
-            return tflops * 1e12
-    return None
+    return _peak(PEAK_BF16_TFLOPS, device)
 
 
 def peak_bandwidth(device: torch.device | str | None = None) -> float | None:
     """Peak memory bandwidth (bytes/s) of a known GPU; None for a CPU or an unknown device."""
-    name = device_name(device)
-    for key, tbps in PEAK_HBM_TBPS:
-        if key.lower() in name.lower():
-            return tbps * 1e12
-    return None
+    return _peak(PEAK_HBM_TBPS, device)
 
 
 @lru_cache(maxsize=None)
