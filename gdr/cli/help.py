@@ -139,11 +139,12 @@ def _leaves(node: dict) -> dict:
 
 def _rules(command: str, cfg: DictConfig) -> dict[str, tuple[str, str]]:
     """dotted key -> (the rule's description, the valid values as the rule states them)."""
-    from gdr.validate import TABLES, _get
+    from gdr.rules import get
+    from gdr.validate import TABLES
 
     out: dict[str, tuple[str, str]] = {}
     for prefix, rules in TABLES.get(command, []):
-        sec = _get(cfg, prefix) if prefix else cfg
+        sec = get(cfg, prefix) if prefix else cfg
         for rule in rules:
             try:
                 said = rule.check(_Invalid(), sec) or ""
@@ -160,14 +161,13 @@ def _matches(key: str, pattern: str) -> bool:
     return len(a) == len(b) and all(q in ("*", k) for k, q in zip(a, b))
 
 
-def command_help(command: str) -> str:
-    """The text of ``gdr <command> --help``."""
+def command_help(command: str, summary: str) -> str:
+    """The text of ``gdr <command> --help``; ``summary``: the command's one-line description."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from gdr.cli import HELP
-    from gdr.validate import _show
     from gdr.config import conf_dir
+    from gdr.rules import show
 
     name = CONFIG_OF.get(command)
     usage = USAGE.get(command, f"gdr {command} [key=value ...]")
@@ -175,7 +175,7 @@ def command_help(command: str) -> str:
         from gdr.cli.bench import BENCHES
 
         usage = usage.replace("{BENCHES}", "{" + "|".join(BENCHES) + "}")
-    lines = [f"usage: {usage}", "", f"gdr {command}: {HELP[command]}."]
+    lines = [f"usage: {usage}", "", f"gdr {command}: {summary}."]
     if name is None:
         return "\n".join(lines)
     cdir = conf_dir()
@@ -215,7 +215,7 @@ def command_help(command: str) -> str:
             continue  # neither commented nor checked: see --cfg
         valid = rule[1] if rule else ""
         text = " ".join(x for x in (meaning, f"[{valid}]" if valid and valid not in meaning else "") if x)
-        head = f"  {key} = {_show(value)}"
+        head = f"  {key} = {show(value)}"
         if len(head) <= 44:
             body = textwrap.wrap(text, width=110 - 46) or [""]
             lines.append(f"{head:<46}{body[0]}".rstrip())

@@ -19,6 +19,7 @@ without one (``TITLE_CORPORA``: bbc, r2, r5, reuters), a known-item proxy task (
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from pathlib import Path
@@ -32,6 +33,8 @@ from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import drop_titles, title_queries
+from gdr.rules import (FILE, OPT_POSITIVE, Rule, boolean, check_values, existing, field_name, fractions, get, one_of,
+                       optional, path_problem, seed)
 
 __all__ = [
     "Corpus",
@@ -61,6 +64,8 @@ __all__ = [
     "load_file_queries",
     "R2_TOPICS",
     "R5_TOPICS",
+    "DATA_RULES",
+    "QUERY_RULES",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,68 @@ log = logging.getLogger(__name__)
 CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS)
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
 TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
+
+
+# ---------------------------------------------------------------------------- the loaders' rules
+def corpus_name(v, sec):
+    """``data.name``: a corpus of ``CORPORA`` (``beir``/``jsonl``/``tsv`` with ``data.path``), a BEIR folder or a
+    file of documents."""
+    if not isinstance(v, str) or not v:
+        return f"must be a corpus name ({', '.join(CORPORA)}), a BEIR folder or a .jsonl / .tsv file of documents"
+    if v in CORPORA:
+        if v == "beir" and not get(sec, "data.path"):
+            return "needs data.path=<BEIR folder> (or data.name=<BEIR folder>)"
+        if v in DOC_FORMATS and not get(sec, "data.path"):
+            return f"needs data.path=<a .{v} file of documents>"
+        return None
+    p = Path(v).expanduser()
+    if (p / "corpus.jsonl").is_file():
+        return None
+    if p.is_file():
+        if file_format(p):
+            return None
+        return ("is a file, but not a .jsonl or .tsv file of documents (data=jsonl|tsv data.path=<file>); "
+                "a BEIR folder is a folder")
+    if p.exists():
+        return "this folder has no corpus.jsonl: a BEIR folder needs corpus.jsonl, queries.jsonl and qrels/"
+    close = difflib.get_close_matches(v, CORPORA, n=1)
+    return (f"unknown corpus; choose one of {', '.join(CORPORA)} or give the path of a BEIR folder or of a .jsonl / "
+            ".tsv file of documents"
+            + (f"; did you mean {close[0]}?" if close else ""))
+
+
+def qrels_of_queries(v, sec):
+    """``data.qrels``: needed with, and only with, ``data.queries``."""
+    if v is None:
+        return ("is needed with data.queries: the judgements of those queries (<split>.tsv, or a folder of them)"
+                if get(sec, "data.queries") else None)
+    problem = path_problem(v, "file or folder")
+    if problem:
+        return problem
+    if not get(sec, "data.queries"):
+        return "needs data.queries=<file of the queries it judges>"
+    return None
+
+
+# ``data:`` (conf/data/*.yaml): the keyword arguments of load_corpus and corpus_from_config
+DATA_RULES = (
+    Rule("data.name", corpus_name, "the corpus"),
+    Rule("data.path", optional(existing()), "the corpus's data folder; null = the default location"),
+    Rule("data.docs_tsv", FILE, "the document TSV of msmarco-lite / nq320k"),
+    Rule("data.n_docs", OPT_POSITIVE, "documents kept; null = all"),
+    Rule("data.seed", seed),
+    Rule("data.on_empty", optional(one_of("error", "drop", "keep", "title")), "what an empty document does"),
+    Rule("data.drop_title", boolean),
+    Rule("data.id_field", field_name, "the id field of a file of documents; auto = _id, id or doc_id"),
+    Rule("data.text_field", field_name, "the text field of a file of documents"),
+    Rule("data.title_field", optional(field_name), "the title field of a file of documents"),
+    Rule("data.label_field", optional(field_name), "the label field of a file of documents"),
+    Rule("data.queries", optional(existing("file")), "a file of queries (.jsonl or .tsv) for data=jsonl|tsv"),
+    Rule("data.qrels", qrels_of_queries, "judgements (<split>.tsv, or a folder of them) for data.queries"),
+)
+# ``queries:`` of title queries: the split's shares and seed (load_title_queries, gdr.split_queries)
+FRACTIONS_RULE = Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents")
+QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
@@ -121,9 +188,7 @@ def load_corpus(
     id_field, text_field, title_field, label_field : ``jsonl`` / ``tsv`` only: the names of the fields
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
     """
-    from gdr.validate import check_arguments
-
-    check_arguments("load_corpus", n_docs=n_docs, seed=seed)
+    check_values({"n_docs": n_docs, "seed": seed}, DATA_RULES, {"n_docs": "data.n_docs", "seed": "data.seed"})
     source = {"name": name, "path": None if path is None else os.fspath(path)}
     name, path = _resolve(name, path)
     fields = {k: v for k, v in (("id_field", id_field), ("text_field", text_field), ("title_field", title_field),
@@ -217,9 +282,7 @@ def load_title_queries(
     seed : the split seed (not the ``n_docs`` sampling seed of :func:`load_corpus`).
     fractions : expected train/dev/test shares (a small corpus may want a larger test share).
     """
-    from gdr.validate import check_arguments
-
-    check_arguments("load_title_queries", seed=seed, fractions=list(fractions))
+    check_values({"seed": seed, "fractions": list(fractions)}, QUERY_RULES, {"fractions": "queries.fractions"})
     if name not in TITLE_CORPORA:
         raise ValueError(f"{name!r} has no title queries; title queries exist for {', '.join(TITLE_CORPORA)} "
                          f"(query sets of other collections: load_queries, one of {', '.join(QUERY_SETS)})")

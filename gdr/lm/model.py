@@ -28,7 +28,8 @@ from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_gene
 from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringMixin
-from gdr.models import pretrained_config, resolve_model
+from gdr.models import MAX_DOC_TOKENS_RULE, pretrained_config, resolve_model
+from gdr.rules import check_values
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,8 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
                  max_doc_tokens: int = 128, device: str | None = "auto"):
         from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-        from gdr.validate import check_arguments
-
-        check_arguments("GenerativeLM", max_doc_tokens=max_doc_tokens)  # before the model loads
+        check_values({"max_doc_tokens": max_doc_tokens}, (MAX_DOC_TOKENS_RULE,),
+                     {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
         self.device = _autodevice(device)
         saved = None
         if isinstance(model, str):

@@ -15,7 +15,7 @@ from eval.cluster_report import cluster_corpus, descriptions_md, plot_clusters, 
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
 from gdr.stages.settings import ClusterSettings
 
-__all__ = ["cluster_run", "check_cluster_settings"]
+__all__ = ["cluster_run"]
 
 log = logging.getLogger(__name__)
 
@@ -27,37 +27,9 @@ def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device:
     Returns (the result of :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
     from gdr.guard import holding
 
-    check_cluster_settings(settings, corpus)
+    settings.check_corpus(corpus)
     with holding(out):  # one writer per folder, as with `gdr cluster`
         return _cluster_run(corpus, run, Path(out), settings, device)
-
-
-def check_cluster_settings(settings: ClusterSettings, corpus, prefix: str = "") -> None:
-    """The settings that depend on the corpus, checked once it is loaded and before any work (``gdr run`` runs
-    this before its first stage): ``restrict_labels`` among the corpus's labels, and at least two clusters and
-    no more than the documents clustered. ``prefix``: how the keys are named (``cluster.`` for ``gdr run``)."""
-    from gdr.config import override_value
-    from gdr.validate import ConfigError
-
-    c, labels = settings, corpus.labels
-    shown = override_value(list(c.restrict_labels or ()))
-    if c.restrict_labels and labels is None:
-        raise ConfigError(f"{prefix}restrict_labels={shown}: corpus {corpus.name!r} has no labels; "
-                          f"set {prefix}restrict_labels=null")
-    names = sorted(set(labels)) if labels is not None else []
-    unknown = [x for x in (c.restrict_labels or ()) if x not in names]
-    if unknown:
-        raise ConfigError(f"{prefix}restrict_labels={shown}: {unknown[0]!r} is not a label of corpus "
-                          f"{corpus.name!r} (its labels: {', '.join(names)})")
-    kept = set(c.restrict_labels or names)
-    n_docs = len(corpus) if labels is None else int(np.isin(np.asarray(labels), list(kept)).sum())
-    what = f"the {n_docs} documents" + (f" with labels {sorted(kept)}" if c.restrict_labels else " of the corpus")
-    if c.n_clusters is not None and c.n_clusters > n_docs:
-        raise ConfigError(f"{prefix}n_clusters={c.n_clusters}: must be <= {what} (the flat clustering's K; the docid "
-                          f"tree's is index.n_clusters); lower {prefix}n_clusters")
-    if c.n_clusters is None and labels is not None and len(kept) < 2:
-        raise ConfigError(f"{prefix}n_clusters=null: K would be the number of labels, {len(kept)}; set "
-                          f"{prefix}n_clusters to 2 or more")
 
 
 def _cluster_run(corpus, run, out: Path, settings: ClusterSettings, device: str) -> tuple[dict, str]:

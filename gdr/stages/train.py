@@ -21,6 +21,7 @@ import numpy as np
 
 from gdr.config import flat_leaves
 from gdr.io import atomic_write_json
+from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,6 @@ def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequenc
     run will use) against the loaded corpus, so that a bad qrels or query line (an unknown document or
     query id: a :class:`gdr.data.DataError` naming file:line) stops it before its first heavy step rather
     than hours later; and the split ``need`` must hold a query with a relevant document."""
-    from gdr.validate import ConfigError
-
     ids = set(corpus_ids)
     for q in sections:
         qs = split_queries(q, data, ids, docs_tsv)
@@ -221,8 +220,6 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = True, st
     one line naming what differs (``stale="refuse"``: ``gdr train``, the API), or cleared with a warning
     (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. A folder of
     an older gdr (no ``trained_on.json``) is compared by its ``docids.tsv``."""
-    from gdr.validate import ConfigError
-
     out = Path(out)
     if not _holds_training(out):
         return

@@ -334,13 +334,11 @@ def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
 def validate_run_config(overrides: list[str]) -> str | None:
     """None when ``gdr run <overrides>`` composes and passes validation; else the one-line problem."""
     try:
-        from gdr.pipeline import check_settings as _check
         from gdr.validate import error_line, validate
         from gdr.config import load_config
 
         cfg = load_config("run", overrides)
         validate("run", cfg)
-        _check(cfg)
     except Exception as e:  # noqa: BLE001 - reported, not raised: the dry run lists every problem
         try:
             return error_line(e, overrides) or f"{type(e).__name__}: {e}"

@@ -12,12 +12,11 @@ def run_main(argv: list[str]) -> int:
     cfg = command_config("run", argv)
     if cfg is None:  # --cfg: printed
         return 0
-    from gdr.validate import validate
-    from gdr.pipeline import check_settings, run_pipeline
+    from gdr.pipeline import run_pipeline
     from gdr.stages.report import headline
+    from gdr.validate import validate
 
-    validate("run", cfg)
-    check_settings(cfg)
+    validate("run", cfg)  # with the rules across its sections (check_run)
     from gdr.guard import claim_out
 
     claim_out("run", cfg)  # the run folder: writable, and this process's alone; stages lock their folders too
