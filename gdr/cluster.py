@@ -44,7 +44,7 @@ cluster. Model selection: the run with the lowest total distortion among ``n_ini
 
 Seeding and split/merge moves (the default; ``init="random"`` is the paper's Eq. init)
 -------------------------------------------------------------------------------------
-The two-step loop stops in local optima: on the planted benchmark (``gdr.cli.bench.clustering``)
+The two-step loop stops in local optima: on the planted benchmark (``gdr.bench.clustering``)
 the planted partition had a lower total distortion than every fitted run from random seeds. The
 default ``init="greedy-k-means++"`` seeds as scikit-learn's greedy k-means++: at each step
 ``2 + floor(ln K)`` candidates are drawn with probability proportional to ``excess_i^2``, where

@@ -1,4 +1,4 @@
-"""Synthetic log P with a planted two-level hierarchy (for tests and ``gdr.cli.bench.indexing``).
+"""Synthetic log P with a planted two-level hierarchy (for tests and ``gdr.bench.indexing``).
 
 Documents belong to a top cluster t and a sub cluster s within it; each query j has its own
 (t_j, s_j) (as if sampled from a document of that cluster). Then

@@ -1,4 +1,4 @@
-"""`make bench-gpu` (gdr/cli/bench/gpu.py): the dry run, the no-CUDA exit, the tolerant parsing of each step,
+"""`make bench-gpu` (gdr/bench/gpu.py): the dry run, the no-CUDA exit, the tolerant parsing of each step,
 the chain's budget, the stage seconds of a cut run, the profile tables, and one smoke step end to end.
 
 The whole smoke chain (`make bench-gpu-smoke`, 4-15 minutes on 2 shared cores) is run by hand, not here.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdr.cli.bench import gpu
+from gdr.bench import gpu
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,12 +34,12 @@ def test_dry_run_lists_every_command_and_validates_the_run_configs(tmp_path, cap
     cmds = summary["commands"]
     assert list(cmds) == ["sampling", "scoring", "training", "search", "run", "sampling_t5", "scoring_t5", "bbc",
                           "cranfield"]
-    assert "-m gdr.cli.bench.sampling --models smollm2-135m --device cuda" in cmds["sampling"]
-    assert ("-m gdr.cli.bench.scoring --device cuda --model smollm2-135m --queries 512 --doc-tokens 128 "
+    assert "-m gdr.bench.sampling --models smollm2-135m --device cuda" in cmds["sampling"]
+    assert ("-m gdr.bench.scoring --device cuda --model smollm2-135m --queries 512 --doc-tokens 128 "
             "--pairs 65536 --naive-pairs 64 --doc-batch-size auto --max-query-tokens auto") in cmds["scoring"]
     assert "--models t5-base-random" in cmds["sampling_t5"]
     assert "--model t5-base-random" in cmds["scoring_t5"] and "--query-tokens 32" in cmds["scoring_t5"]
-    assert "-m gdr.cli.bench.training --presets mini,small30m" in cmds["training"]
+    assert "-m gdr.bench.training --presets mini,small30m" in cmds["training"]
     assert "--model small30m --docs 100000 --beam 100" in cmds["search"]
     run = cmds["run"]
     for piece in ("-m gdr.cli run +experiment=bbc", "data.n_docs=1000", "sample.n_queries=512",
@@ -73,7 +73,7 @@ def test_dry_run_reports_an_invalid_run_config(tmp_path, capsys, monkeypatch):
 
 
 def test_without_cuda_the_real_run_prints_one_line_and_exits_2(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "gdr.cli.bench.gpu", "--out", str(tmp_path)], cwd=REPO,
+    p = subprocess.run([sys.executable, "-m", "gdr.bench.gpu", "--out", str(tmp_path)], cwd=REPO,
                        env=_no_cuda_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     lines = (p.stdout + p.stderr).strip().splitlines()
@@ -174,7 +174,7 @@ def test_benchmarks_time_bound_their_timed_phase_and_report_as_they_go(bench, tm
     for it (saying so in the table)."""
     import time
 
-    from gdr.cli.bench import training
+    from gdr.bench import training
 
     monkeypatch.setattr(training, "MIN_PRESET_S", 0, raising=False)  # a preset starts however near the deadline
 
@@ -190,7 +190,7 @@ def test_benchmarks_time_bound_their_timed_phase_and_report_as_they_go(bench, tm
                        "--no-reference"]}[bench]
     prof = tmp_path / "p.txt"
     module = {"search": "decoding"}.get(bench, bench)
-    main = __import__(f"gdr.cli.bench.{module}", fromlist=["main"]).main
+    main = __import__(f"gdr.bench.{module}", fromlist=["main"]).main
     assert main([*argv, "--device", "cpu", "--seconds", "0", "--deadline", str(time.time() + 1),
                  "--profile", str(prof)]) == 0
     lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
@@ -267,7 +267,7 @@ def test_the_budget_skips_what_does_not_fit(tmp_path, monkeypatch, capsys):
 
 
 def test_profile_table_on_the_cpu(tmp_path):
-    from gdr.cli.bench.common import profile_table
+    from gdr.bench.common import profile_table
 
     a = torch.randn(512, 512)  # large enough that mm's own time dominates matmul's dispatch (64 x 64 did not, under load)
     summary = profile_table(lambda: [a @ a for _ in range(5)], 5, "pair", torch.device("cpu"), tmp_path / "p.txt",
@@ -315,7 +315,7 @@ def test_cuda_profile_table_counts_each_kernel_once(tmp_path):
     """Kernels and operators apart, each as shares of the kernels' GPU time (80 us here), and the optimizer
     step's annotation (a 200 us span over the same kernels) in neither: on main the table summed operators,
     kernels and the span, so the span came first at 62.8% (H100 training profile) and the rest about halved."""
-    from gdr.cli.bench.common import write_table
+    from gdr.bench.common import write_table
 
     summary = write_table(_cuda_profile(), 0.5, 4, "example", torch.device("cuda"), tmp_path / "p.txt",
                           title="training")
@@ -329,7 +329,7 @@ def test_cuda_profile_table_counts_each_kernel_once(tmp_path):
 
 def test_smoke_search_step_end_to_end(tmp_path):
     """One real step of `make bench-gpu-smoke`: its figures, its warm-up apart, its profile in the archive."""
-    p = subprocess.run([sys.executable, "-m", "gdr.cli.bench.gpu", "--smoke", "--only", "search", "--out",
+    p = subprocess.run([sys.executable, "-m", "gdr.bench.gpu", "--smoke", "--only", "search", "--out",
                         str(tmp_path)], cwd=REPO, env=_no_cuda_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
@@ -347,59 +347,73 @@ def test_smoke_search_step_end_to_end(tmp_path):
 # ----------------------------------------------------------------------------- the roofline of every benchmark
 
 def test_roofline_limits_from_peaks_hand_checked(monkeypatch):
-    """limit = min(peak FLOP/s / FLOPs, peak bytes/s / bytes) per unit; the CPU's peaks are measured, a known GPU's
-    come from its data sheet, an unknown one has none (and says why); an H200's limit is always there."""
-    from gdr.lm import flops
+    """limit = min(peak FLOP/s / FLOPs, peak bytes/s / bytes) per unit; the CPU's peaks are measured (and passed
+    in by the benchmarks), a known GPU's come from the data-sheet table, an unknown one has none (and says why);
+    an H200's limit is always there."""
+    from gdr import cost
+    from gdr.bench import common
 
-    monkeypatch.setattr(flops, "cpu_peaks", lambda: {"flops": 1e12, "bytes_per_s": 1e10})
-    r = flops.roofline(1e9, 1e6, 100.0, "cpu")
+    monkeypatch.setattr(common, "cpu_peaks", lambda: cost.DevicePeaks("cpu", 1e12, 1e10))
+    r = common.roofline(1e9, 1e6, 100.0, "cpu")
     assert r["limit_per_s"] == 1000.0 and r["limit_bound"] == "compute" and r["fraction_of_limit"] == 0.1
     assert r["h200_limit_per_s"] == 989e12 / 1e9 and r["h200_limit_bound"] == "compute"
     assert r["limit_reason"] is None and "measured" in r["peak_source"]
-    r = flops.roofline(1e6, 1e6, 50.0, "cpu")  # 1 FLOP per byte: bound by memory everywhere
+    r = common.roofline(1e6, 1e6, 50.0, "cpu")  # 1 FLOP per byte: bound by memory everywhere
     assert r["limit_per_s"] == 1e4 and r["limit_bound"] == "memory" and r["h200_limit_per_s"] == 4.8e6
-    monkeypatch.setattr(flops, "device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    r = flops.roofline(1e9, 1e6, 100.0, "cuda")
+    r = cost.roofline(1e6, 1e6, 50.0, "cpu")  # a CPU without measured peaks: no limit, and why
+    assert r["limit_per_s"] is None and "CPU peaks not measured" in r["limit_reason"] and r["h200_limit_per_s"]
+    monkeypatch.setattr(cost, "device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    r = cost.roofline(1e9, 1e6, 100.0, "cuda")
     assert r["peak_flops"] == 989e12 and r["peak_bytes_per_s"] == 3.35e12 and r["peak_source"] == "data sheet"
     assert r["limit_per_s"] == 989e3 and r["fraction_of_limit"] == pytest.approx(100 / 989e3, abs=1e-5)
-    assert flops.peak_bandwidth("cuda") == 3.35e12
-    monkeypatch.setattr(flops, "device_name", lambda device=None: "NVIDIA H200")
-    assert flops.peak_bandwidth("cuda") == 4.8e12 and flops.peak_flops("cuda") == 989e12
-    monkeypatch.setattr(flops, "device_name", lambda device=None: "Mystery Accelerator 9000")
-    r = flops.roofline(1e9, 1e6, 100.0, "cuda")
+    assert cost.peak_bandwidth("cuda") == 3.35e12
+    monkeypatch.setattr(cost, "device_name", lambda device=None: "NVIDIA H200")
+    assert cost.peak_bandwidth("cuda") == 4.8e12 and cost.peak_flops("cuda") == 989e12
+    monkeypatch.setattr(cost, "device_name", lambda device=None: "Mystery Accelerator 9000")
+    r = cost.roofline(1e9, 1e6, 100.0, "cuda")
     assert r["limit_per_s"] is None and r["fraction_of_limit"] is None and "Mystery" in r["limit_reason"]
     assert r["h200_limit_per_s"] == 989e3
 
 
+def test_device_table_is_data_matched_most_specific_first():
+    """The peaks are read from device_peaks.json: a PCIe H100 is not taken for an SXM one, a GH200 not for an H200."""
+    from gdr import cost
+
+    assert cost.device_peaks("NVIDIA H100 PCIe").flops == 756e12
+    assert cost.device_peaks("NVIDIA H100 80GB HBM3").bytes_per_s == 3.35e12
+    assert cost.device_peaks("NVIDIA GH200 480GB").bytes_per_s == 4.9e12
+    assert cost.device_peaks("NVIDIA H200").memory == 141e9 and cost.device_peaks("cpu") is None
+
+
 def test_cpu_peaks_are_measured():
-    from gdr.lm.flops import cpu_peaks
+    from gdr.bench.common import cpu_peaks
 
     p = cpu_peaks()
-    assert p["flops"] == max(p["flops_float32"], p["flops_bfloat16"]) > 1e8 and p["bytes_per_s"] > 1e8
+    assert p.flops > 1e8 and p.bytes_per_s > 1e8
 
 
 def test_bytes_and_flops_per_unit_hand_checked():
     """A known tiny Llama (GQA: 4 query heads, 2 KV heads) and a known tiny retriever, counted by hand."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gdr.cli.bench.decoding import hypotheses_per_step, search_bytes_per_query, search_flops_per_query
-    from gdr.lm import flops
+    from gdr import cost
+    from gdr.cost import hypotheses_per_step, search_bytes_per_query, search_flops_per_query
     from training.model import GenerativeRetriever, RetrieverConfig
 
     lm = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
     # per layer q 32x32, k and v 32x16 (2 KV heads of 8), o 32x32, MLP 3 x 32x64, 2 norms; final norm; tied head
     P = 2 * (1024 + 512 + 512 + 1024 + 6144 + 64) + 32 + 100 * 32
-    assert flops.param_count(lm) == P == 21792
+    assert cost.param_count(lm) == P == 21792
     kv = 2 * 2 * 2 * 8 * 2  # K and V, 2 layers, 2 KV heads (not 4), head dim 8, bf16
-    assert flops.kv_bytes_per_position(lm.config, 2) == kv == 128
+    assert cost.kv_bytes_per_position(lm.config, 2) == kv == 128
     stats = dict(decode_context=1000, prefill_tokens=100, decode_tokens=50)
-    assert flops.sampling_bytes(lm, stats, decode_steps=10, prefill_passes=2, element_size=2) == (
+    assert cost.sampling_bytes(lm, stats, decode_steps=10, prefill_passes=2, element_size=2) == (
         12 * P * 2 + kv * (1000 + 100 + 50))
     # 2 docs of 10 prompt tokens a pass, 8 queries of 4 tokens in chunks of 16 tokens: 2 chunks
-    assert flops.scoring_bytes_per_pair(lm, 10, 4, 8, 2, 16, 2) == (
+    assert cost.scoring_bytes_per_pair(lm, 10, 4, 8, 2, 16, 2) == (
         3 * P * 2 + 2 * 2 * 10 * kv + 2 * (10 + 32) * kv) / 16
-    assert flops.training_bytes_per_example(1000, 800, 10, True) == (800 * 12 + 1000 * 44) / 10
+    assert cost.training_bytes_per_example(1000, 800, 10, True) == (800 * 12 + 1000 * 44) / 10
 
     cfg = RetrieverConfig(encoder=None, encoder_config=dict(d_model=8, num_layers=1, num_heads=2, d_kv=4, d_ff=16),
                           tokenizer="unused", n_digits=3, max_code_len=2, d_model=8, num_layers=1, num_heads=2,
@@ -407,7 +421,7 @@ def test_bytes_and_flops_per_unit_hand_checked():
     r = GenerativeRetriever.build(cfg, vocab_size=50)
     enc = 4 * 8 * 8 + 2 * 8 + 2 * 8 * 16 + 8  # q k v o, 2 norms, FF, final norm (embeddings are lookups)
     dec = 2 * 4 * 8 * 8 + 3 * 8 + 2 * 8 * 16 + 8  # self and cross q k v o, 3 norms, FF, final norm
-    assert (flops.param_count(r.encoder), flops.param_count(r.decoder)) == (enc, dec) == (536, 800)
+    assert (cost.param_count(r.encoder), cost.param_count(r.decoder)) == (enc, dec) == (536, 800)
     assert hypotheses_per_step(3, 2, beam=5) == [1, 4, 5]
     S, cross_kv, A, K1 = 6, 2 * 8 * 8, 8, 4
     per_hyp = 2 * (dec - cross_kv) + 2 * 8 * K1
@@ -434,7 +448,7 @@ def _sane_roofline(res: dict, rate: float) -> None:
 def test_every_benchmark_json_has_the_roofline(tmp_path, capsys):
     """The sampling, scoring, training and search benchmarks on tiny models: each JSON gives FLOPs and bytes per
     unit, the limit on this CPU's measured peaks, the fraction of it, and one H200's limit."""
-    from gdr.cli.bench import decoding, sampling, scoring, training
+    from gdr.bench import decoding, sampling, scoring, training
 
     lm = str(gpu.make_tiny_lm(tmp_path / "tiny-lm"))
     docs = tmp_path / "docs.txt"

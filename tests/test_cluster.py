@@ -334,7 +334,7 @@ def test_greedy_kmeanspp_keeps_the_candidate_that_lowers_the_total_most():
 
 
 def test_merge_costs_and_split_gains_are_exact():
-    from gdr.cli.bench.clustering import planted_logp
+    from gdr.bench.clustering import planted_logp
     from gdr.cluster import _cluster_sums, _merge_costs, _split_gains
 
     lp, y = planted_logp(300, 40, 6, seed=1, dtype=np.float64)
@@ -379,7 +379,7 @@ def test_split_merge_escapes_a_local_optimum():
 def test_default_fit_beats_random_init_on_the_planted_benchmark(one_thread, data_seed):
     """The benchmark's generator, small: the default reaches a lower distortion than the paper's
     random init (Algorithm 1, same n_init and seed), below the planted partition's, and a better ARI."""
-    from gdr.cli.bench.clustering import planted_distortion, planted_logp
+    from gdr.bench.clustering import planted_distortion, planted_logp
 
     lp, y = planted_logp(2000, 256, 10, seed=data_seed)
     new = GenerativeClustering(10, seed=0).fit(lp)
@@ -395,7 +395,7 @@ def test_default_fit_beats_random_init_on_the_planted_benchmark(one_thread, data
 
 
 def test_default_fit_same_seed_same_result(one_thread):
-    from gdr.cli.bench.clustering import planted_logp
+    from gdr.bench.clustering import planted_logp
 
     lp, _ = planted_logp(600, 64, 8, seed=3)
     runs = [GenerativeClustering(8, seed=5).fit(lp) for _ in range(2)]

@@ -322,7 +322,7 @@ def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path
 
 
 def test_integrity_bench_verifies_a_finished_run(finished, capsys):
-    from gdr.cli.bench.integrity import main as bench
+    from gdr.bench.integrity import main as bench
 
     _, _, ref, _ = finished
     assert bench(["--mb", "1", "--repeats", "1", "--run", str(ref)]) == 0

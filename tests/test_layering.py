@@ -1,5 +1,5 @@
-"""gdr's layers: the core (rules, data, lm, store, cluster, io, config, models, embed) imports no stage built on it,
-gdr.rules and gdr.lm import nothing above them, and no module of gdr, training, indexing or eval imports in a loop."""
+"""gdr's layers: the core (rules, data, lm, store, cluster, io, config, models, embed, cost) imports no stage built on
+it, gdr.rules and gdr.lm import nothing above them, and no module of gdr, training, indexing or eval imports in a loop."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("eval", "indexing", "training", "gdr.stages", "gdr.validate", "gdr.pipeline", "gdr.cli")
+STAGES = ("eval", "indexing", "training", "gdr.stages", "gdr.validate", "gdr.pipeline", "gdr.cli", "gdr.bench")
 
 
 def _imports(path: Path) -> list[str]:
@@ -22,7 +22,8 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_core_sources_import_no_stage():
-    core = [p for p in (ROOT / "gdr").rglob("*.py") if not {"cli", "stages", "validate.py", "pipeline.py", "api.py"}
+    core = [p for p in (ROOT / "gdr").rglob("*.py")
+            if not {"cli", "bench", "stages", "validate.py", "pipeline.py", "api.py"}
             & set(p.relative_to(ROOT / "gdr").parts)]
     assert len(core) >= 10
     bad = {str(p.relative_to(ROOT)): m for p in core for m in _imports(p)
@@ -31,17 +32,18 @@ def test_core_sources_import_no_stage():
 
 
 def test_importing_core_loads_no_stage_module():
-    code = ("import sys, gdr, gdr.data, gdr.lm, gdr.store, gdr.cluster, gdr.io, gdr.config, gdr.models, gdr.embed; "
+    code = ("import sys, gdr, gdr.data, gdr.lm, gdr.store, gdr.cluster, gdr.io, gdr.config, gdr.models, gdr.embed, "
+            "gdr.cost; "
             "print([m for m in sys.modules if m.split('.')[0] in ('eval', 'indexing', 'training') "
-            "or m.startswith(('gdr.cli', 'gdr.stages', 'gdr.validate', 'gdr.pipeline'))])")
+            "or m.startswith(('gdr.cli', 'gdr.bench', 'gdr.stages', 'gdr.validate', 'gdr.pipeline'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
 
 CLI = ROOT / "gdr" / "cli"
-# The modules of gdr/cli that are not commands: what every command may share.
-CLI_SHARED = {"gdr.cli", "gdr.cli.common", "gdr.cli.__main__", "gdr.cli.commands",
-              "gdr.cli.bench.common"}
+BENCH = ROOT / "gdr" / "bench"
+# The modules of gdr/cli and gdr/bench that are not a command or a benchmark: what they may share.
+CLI_SHARED = {"gdr.cli", "gdr.cli.common", "gdr.cli.__main__", "gdr.cli.commands", "gdr.bench.common"}
 
 
 def _module(path: Path) -> str:
@@ -50,11 +52,11 @@ def _module(path: Path) -> str:
 
 
 def test_no_command_module_imports_another():
-    """A command module of gdr/cli (gdr/cli/commands/*, gdr/cli/bench/*) imports no other command module:
-    what commands share lives in the library (gdr.stages, gdr.pipeline) or in gdr.cli.common/validate."""
-    mods = {_module(p): p for p in CLI.rglob("*.py")}
-    commands = {m for m in mods if m not in CLI_SHARED and m != "gdr.cli.bench"}
-    assert {"gdr.cli.commands.run", "gdr.cli.commands.sample", "gdr.cli.bench.decoding"} <= commands
+    """A command module (gdr/cli/commands/*) or benchmark (gdr/bench/*) imports no other command or benchmark:
+    what they share lives in the library (gdr.stages, gdr.pipeline), gdr.cli.common or gdr.bench.common."""
+    mods = {_module(p): p for p in [*CLI.rglob("*.py"), *BENCH.rglob("*.py")]}
+    commands = {m for m in mods if m not in CLI_SHARED and m != "gdr.bench"}
+    assert {"gdr.cli.commands.run", "gdr.cli.commands.sample", "gdr.bench.decoding", "gdr.bench.gpu"} <= commands
     bad = {m: i for m in commands for i in _imports(mods[m])
            if i != m and any(i == c or i.startswith(c + ".") for c in commands)}
     assert bad == {}

@@ -257,7 +257,7 @@ def test_folded_cross_attention_gives_the_t5stack_search(word_tokenizer, monkeyp
 def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenizer):
     """evaluate.batch_size=auto: on CUDA as many queries as fit half the free memory, up to 1,024 (an H100's
     80 GB fits 1,024 queries of the small30m retriever at beam 100); 32 on the CPU; an int stays."""
-    from gdr.cli.bench.common import preset_config
+    from gdr.bench.common import preset_config
     from training.search import search_batch_for_memory, search_memory_per_query
 
     cfg = preset_config("small30m", 30, 4)
@@ -695,7 +695,7 @@ def test_train_batch_auto_grows_with_free_memory_up_to_4096(monkeypatch):
     """trainer.batch_size=auto on CUDA: the batch that fits the free memory (a multiple of 64, at most 4,096), but
     above 512 only while an epoch keeps 16 steps; 64 on the CPU; a config's 512 stays 512. Pure functions of the
     free bytes and the config, so checked here without a GPU."""
-    from gdr.cli.bench.common import preset_config
+    from gdr.bench.common import preset_config
     from training.train import resolve_batch_size, scaled_optim, train_batch_for_memory
 
     for name in ("mini", "small30m"):
@@ -722,7 +722,7 @@ def test_train_batch_auto_grows_with_free_memory_up_to_4096(monkeypatch):
 def test_train_memory_estimate_covers_what_autograd_saves(name):
     """The per-example estimate behind batch auto covers the bytes autograd saves for the backward pass of a
     training forward under bf16 autocast (measured on the CPU, per added example), and is not far above it."""
-    from gdr.cli.bench.common import preset_config
+    from gdr.bench.common import preset_config
     from training.train import train_memory_per_example
 
     cfg = preset_config(name, 30, 4)

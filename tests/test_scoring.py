@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from gdr.lm.flops import param_count, scoring_flops_per_pair
+from gdr.cost import param_count, scoring_flops_per_pair
 from gdr.lm.scoring import CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS, auto_score_sizes, token_logprobs
 from gdr.store import local_device
 from tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
@@ -201,7 +201,7 @@ def test_scoring_bench_json_keys(tmp_path, capsys):
     """The contract of `make bench-gpu`: the last line is JSON with the rates, MFU and device (CPU: mfu None)."""
     import json
 
-    from gdr.cli.bench.scoring import main
+    from gdr.bench.scoring import main
 
     docs = tmp_path / "docs.txt"
     docs.write_text("\n".join(DOCS) + "\n")

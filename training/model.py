@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gdr.cost import Dims, dims
 from gdr.lm.hostsync import padding_mask_4d
 
 log = logging.getLogger(__name__)
@@ -187,10 +188,9 @@ def _hidden_size(conf) -> int:
     raise ValueError(f"cannot tell the hidden size of encoder config {type(conf).__name__}")
 
 
-def encoder_dims(cfg: RetrieverConfig) -> dict[str, int]:
-    """The encoder's ``layers``, ``d_model``, ``heads``, ``attn`` (heads x head dim), ``d_ff`` and ``vocab`` from
-    ``cfg`` alone (its saved HF config, its random-init T5 settings, or the pretrained checkpoint's config.json):
-    no weights are loaded."""
+def _encoder_hf_config(cfg: RetrieverConfig) -> dict[str, Any]:
+    """The encoder's HF config as a dict (with ``model_type``, layers cut to ``encoder_layers``) from ``cfg``
+    alone: its saved HF config, its random-init T5 settings, or the pretrained checkpoint's config.json."""
     if cfg.encoder_hf_config is not None:
         hf = dict(cfg.encoder_hf_config)
     elif cfg.encoder is None:
@@ -203,15 +203,32 @@ def encoder_dims(cfg: RetrieverConfig) -> dict[str, int]:
         from gdr.models import resolve_model
 
         hf = AutoConfig.from_pretrained(resolve_model(cfg.encoder)).to_dict()
-    get = lambda *names: next(int(hf[n]) for n in names if hf.get(n))  # noqa: E731
-    layers = get("num_hidden_layers", "num_layers")
     if cfg.encoder_layers is not None:
-        layers = min(layers, int(cfg.encoder_layers))
-    d = get("hidden_size", "d_model", "dim")
-    heads = get("num_attention_heads", "num_heads", "n_heads")
-    head_dim = int(hf.get("d_kv") or hf.get("head_dim") or d // heads)
-    return {"layers": layers, "d_model": d, "heads": heads, "attn": heads * head_dim,
-            "d_ff": get("intermediate_size", "d_ff", "hidden_dim"), "vocab": int(hf.get("vocab_size") or 0)}
+        key = "num_layers" if hf.get("model_type") in _T5_TYPES else "num_hidden_layers"
+        hf[key] = min(int(hf[key]), int(cfg.encoder_layers))
+    return hf
+
+
+def encoder_dims(cfg: RetrieverConfig) -> Dims:
+    """The encoder's dimensions (:func:`gdr.cost.dims`) from ``cfg`` alone: no weights are loaded."""
+    return dims(_encoder_hf_config(cfg))
+
+
+def decoder_dims(cfg: RetrieverConfig) -> Dims:
+    """The docid decoder's dimensions (:func:`gdr.cost.dims` of its settings)."""
+    return dims(cfg)
+
+
+def meta_param_count(cfg: RetrieverConfig) -> int:
+    """Parameters of the retriever ``cfg`` builds, counted on a build on the meta device (no memory, no weights
+    read; a random-init encoder takes its T5 settings' vocabulary)."""
+    hf = {k: v for k, v in _encoder_hf_config(cfg).items()
+          if not k.startswith("_") and k not in ("architectures", "transformers_version", "dtype", "torch_dtype")}
+    meta_cfg = replace(cfg, encoder_hf_config=hf)
+    with torch.device("meta"):
+        encoder, _ = _build_encoder(meta_cfg, 0)
+        model = GenerativeRetriever(meta_cfg, encoder)
+    return sum(p.numel() for p in model.parameters())
 
 
 @dataclass

@@ -26,8 +26,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from gdr import cost
 from indexing.trie import DocidTrie, load_trie
-from training.model import PAD, GenerativeRetriever, RetrieverConfig, encoder_dims, load_tokenizer
+from training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -160,24 +161,15 @@ SEARCH_BATCH_CAP, CPU_SEARCH_BATCH = 1024, 32
 
 
 def search_memory_per_query(config: RetrieverConfig, beam: int) -> int:
-    """Device memory one query of a beam search takes at most (estimated generously, bf16 activations as under
-    CUDA autocast): its cross-attention keys and values (once per query, see :class:`training.model.DecoderState`),
-    one encoder layer's activations, and per hypothesis the self-attention cache (and its reordered copy), a decoder
-    layer's step activations with the cross-attention scores, and the search's fp32/int64 candidate tensors."""
-    enc = encoder_dims(config)
-    S, T, K1 = config.max_query_len, config.max_code_len + 1, config.n_digits + 1
-    H, d, dff = config.num_heads, config.d_model, config.d_ff
-    A = H * (config.d_kv or d // H)  # attention width
-    cross = 2 * config.num_layers * S * A * 2
-    encoder = S * (12 * enc["d_model"] + 2 * enc["d_ff"]) * 2 + enc["heads"] * S * S * 4
-    per_hyp = 2 * 2 * config.num_layers * T * A * 2 + (8 * d + 2 * dff) * 2 + 2 * H * S * 4 + 40 * K1
-    return cross + encoder + beam * per_hyp
+    """Device memory one query of a beam search at ``beam`` takes at most (:func:`gdr.cost.search_memory_per_query`)."""
+    return cost.search_memory_per_query(encoder_dims(config), decoder_dims(config), config.max_query_len,
+                                        config.max_code_len, config.n_digits, beam)
 
 
 def search_batch_for_memory(config: RetrieverConfig, free_bytes: float, beam: int, cap: int = SEARCH_BATCH_CAP) -> int:
     """``evaluate.batch_size: auto`` on CUDA: the most queries per beam search whose memory
     (:func:`search_memory_per_query`) fits in half of ``free_bytes``, at most ``cap``."""
-    return int(max(1, min(cap, 0.5 * free_bytes // search_memory_per_query(config, beam))))
+    return cost.batch_for_memory(free_bytes, search_memory_per_query(config, beam), share=0.5, cap=cap)
 
 
 def _default_device() -> torch.device:

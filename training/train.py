@@ -25,10 +25,11 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from gdr import cost
 from indexing.docids import write_docids
 from indexing.trie import build_trie
 from training.data import RetrievalDataModule, build_examples, resume_point
-from training.model import RetrieverConfig, encoder_dims, load_tokenizer
+from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
 from training.module import RetrieverModule
 from training.stopping import patience_checks, steps_per_check
 
@@ -159,36 +160,20 @@ def _on_cuda(accelerator: str) -> bool:
 
 
 def train_memory_per_example(config: RetrieverConfig) -> int:
-    """Device memory one training example holds until its backward pass (estimated generously): what autograd
-    saves in every encoder layer over ``max_query_len`` tokens and every decoder layer over the L + 1 docid
-    positions (bf16 activations, fp32 layer-norm inputs, attention probabilities as the math attention kernel
-    keeps them, the cross-attention keys/values), and the fp32 slot logits. Checked against the bytes autograd
-    saves on the CPU under bf16 autocast (tests/test_retriever.py)."""
-    e = encoder_dims(config)
-    S, T, K1 = config.max_query_len, config.max_code_len + 1, config.n_digits + 1
-    d, H, ff = config.d_model, config.num_heads, config.d_ff
-    A = H * (config.d_kv or d // H)
-    enc = e["layers"] * (S * (32 * e["d_model"] + 8 * e["attn"] + 10 * e["d_ff"]) + 20 * e["heads"] * S * S)
-    dec = config.num_layers * (T * (32 * d + 8 * A + 10 * ff) + 2 * S * A * 4 + 20 * H * T * (T + S))
-    return enc + dec + S * e["d_model"] * 8 + T * K1 * 16
-
-
-def _param_estimate(config: RetrieverConfig) -> int:
-    """Parameters of the retriever from its config (embeddings, attention, feed-forward; no biases or norms)."""
-    e = encoder_dims(config)
-    d, A = config.d_model, config.num_heads * (config.d_kv or config.d_model // config.num_heads)
-    enc = e["vocab"] * e["d_model"] + e["layers"] * (4 * e["d_model"] * e["attn"] + 2 * e["d_model"] * e["d_ff"])
-    dec = config.vocab_size * d + config.num_layers * (8 * d * A + 3 * d * config.d_ff) + e["d_model"] * d
-    return enc + dec
+    """Device memory one training example of ``config`` holds until its backward pass
+    (:func:`gdr.cost.train_memory_per_example`)."""
+    return cost.train_memory_per_example(encoder_dims(config), decoder_dims(config), config.max_query_len,
+                                         config.max_code_len, config.n_digits)
 
 
 def train_batch_for_memory(config: RetrieverConfig, free_bytes: float, cap: int = GPU_BATCH_CAP) -> int:
     """The most examples per step whose activations (:func:`train_memory_per_example`) fit in 60% of
-    ``free_bytes`` after the weights, gradients, AdamW states and bf16 weight copies (20 bytes a parameter),
-    at most ``cap``; a multiple of 64 from 64 up."""
-    room = 0.6 * free_bytes - 20 * _param_estimate(config)
-    b = int(max(1, min(cap, room // train_memory_per_example(config))))
-    return b // 64 * 64 if b >= 64 else b
+    ``free_bytes`` after the weights, gradients, AdamW states and bf16 weight copies
+    (:data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter, counted on a build on the meta device), at most
+    ``cap``; a multiple of 64 from 64 up."""
+    fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
+    return cost.batch_for_memory(free_bytes, train_memory_per_example(config), share=0.6, fixed=fixed, cap=cap,
+                                 multiple=64)
 
 
 def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config: RetrieverConfig | None = None,

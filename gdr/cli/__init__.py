@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gdr.cli.commands.train", "train_main"),
     "evaluate": ("gdr.cli.commands.evaluate", "evaluate_main"),
     "search": ("gdr.cli.commands.evaluate", "search_main"),
-    "bench": ("gdr.cli.bench", "bench_main"),
+    "bench": ("gdr.bench", "bench_main"),
     "run": ("gdr.cli.commands.run", "run_main"),
     "qg": ("gdr.cli.commands.qg", "qg_main"),
 }

@@ -172,7 +172,7 @@ def command_help(command: str, summary: str) -> str:
     name = CONFIG_OF.get(command)
     usage = USAGE.get(command, f"gdr {command} [key=value ...]")
     if command == "bench":
-        from gdr.cli.bench import BENCHES
+        from gdr.bench import BENCHES
 
         usage = usage.replace("{BENCHES}", "{" + "|".join(BENCHES) + "}")
     lines = [f"usage: {usage}", "", f"gdr {command}: {summary}."]

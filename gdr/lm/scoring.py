@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gdr.cost import batch_for_memory, dims, score_memory
 from gdr.lm.compat import cache_kwarg
 from gdr.lm.hostsync import upload
 from gdr.lm.precision import cast_copy
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ScoringMixin", "token_logprobs", "auto_score_sizes", "score_compute_dtype", "CPU_DOC_BATCH_SIZE",
            "CPU_MAX_QUERY_TOKENS"]
 
-# Measured best on a 2-core CPU (SmolLM2, `python -m gdr.cli.bench.scoring`): one document per pass, the
+# Measured best on a 2-core CPU (SmolLM2, `python -m gdr.bench.scoring`): one document per pass, the
 # whole query set (up to 2,048 tokens) per chunk.
 CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS = 1, 2048
 ATTN_IMPL = "gdr_scoring"  # our attention function, registered with transformers' AttentionInterface
@@ -285,27 +286,17 @@ def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
     On CUDA a causal chunk is 4,096 query tokens per document; a seq2seq chunk, split over the batch's
     documents, 65,536 (a decoder pass has no prompt cache, only the encoder states to keep). Half the
     free memory, less the log-prob tile (4,096 tokens x vocabulary, fp32, twice), goes to documents, at most
-    64: per document the key/value cache of prompt + chunk (twice: the cache and its concatenated copy,
-    bf16) and a chunk's activations (hidden, MLP and attention outputs, bf16).
+    64: per document the key/value cache of prompt + chunk and a chunk's activations
+    (:func:`gdr.cost.score_memory`).
     """
     if device.type != "cuda":
         return CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS
-    cfg = model.config
-    get = lambda *names, default=None: next((getattr(cfg, n) for n in names if getattr(cfg, n, None)), default)  # noqa: E731
-    d = get("hidden_size", "d_model")
-    layers = get("num_hidden_layers", "num_layers")
-    heads = get("num_attention_heads", "num_heads")
-    kv_heads = get("num_key_value_heads", default=heads)
-    head_dim = get("head_dim", "d_kv", default=d // heads)
-    ff = get("intermediate_size", "d_ff", default=4 * d)
     T = 4096
     if free_bytes is None:
         free_bytes, _ = torch.cuda.mem_get_info(device)
-    tile = T * get("vocab_size", default=32000) * 4 * 2
-    kv = 2 * 2 * layers * 2 * kv_heads * head_dim * (prompt_tokens + T)  # K+V, bf16, cache + copy
-    act = T * (4 * d + 3 * ff + 2 * heads * head_dim) * 2
-    bs = int(max(1, min(64, (0.5 * free_bytes - tile) // (kv + act))))
-    return (bs, 16 * T) if cfg.is_encoder_decoder else (bs, T)
+    per_doc, tile = score_memory(dims(model.config), prompt_tokens, T)
+    bs = batch_for_memory(free_bytes, per_doc, share=0.5, fixed=tile, cap=64)
+    return (bs, 16 * T) if model.config.is_encoder_decoder else (bs, T)
 
 
 # ----------------------------------------------------------------------------------------- scoring

@@ -1,18 +1,18 @@
 """Benchmark: query sampling with our decode loop against transformers' ``generate``, side by side.
 
-    python -m gdr.cli.bench.sampling                                  # this machine, small defaults on a CPU
-    python -m gdr.cli.bench.sampling --device cuda --doc-tokens 128 --max-new-tokens 32 --queries 8192
+    python -m gdr.bench.sampling                                  # this machine, small defaults on a CPU
+    python -m gdr.bench.sampling --device cuda --doc-tokens 128 --max-new-tokens 32 --queries 8192
 
 For each model (``--models``; default the bundled SmolLM2 and a random-init T5-base, see
-``gdr.cli.bench.common.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
+``gdr.bench.common.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
 ``--doc-tokens`` tokens, drawn with replacement as ``sample_queries`` does): ours through
 ``GenerativeLM.sample_queries`` (``--queries`` queries), the old one through ``GenerativeLM.generate`` in
 batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw), the two
 alternating batch by batch so that other jobs on a shared machine slow both alike. On CUDA one warm-up
 batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
 including the stop token), MFU (model FLOPs of the computed tokens / the GPU's peak bf16 FLOP/s;
-null on a CPU), the speedup, and the roofline of one query (:func:`gdr.lm.flops.roofline`: ``flops_per_unit``,
-``bytes_per_unit`` from :func:`gdr.lm.flops.sampling_bytes` with decode steps = decode rows / batch size and
+null on a CPU), the speedup, and the roofline of one query (:func:`gdr.cost.roofline`: ``flops_per_unit``,
+``bytes_per_unit`` from :func:`gdr.cost.sampling_bytes` with decode steps = decode rows / batch size and
 one prefill pass per batch, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``). One JSON line per
 model, then the LAST line: one JSON object with the first model's figures at the top level and every model's
 under ``models``.
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from gdr.cli.bench.common import add_time_args, bench_texts, build_lm, emit, seconds_left
-from gdr.lm.flops import (attention_flops_per_token, device_name, linear_flops_per_token, mfu, param_count, roofline,
-                          sampling_bytes)
+from gdr.bench.common import (add_time_args, bench_texts, build_lm, emit, profile_skipped, profile_table, roofline,
+                               seconds_left)
+from gdr.cost import device_name, mfu, sampling_bytes, sampling_flops
 
 log = logging.getLogger(__name__)
 
@@ -43,27 +43,6 @@ log = logging.getLogger(__name__)
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _flops(lm, stats: dict) -> float:
-    """Model FLOPs of the tokens the decoder computed (gdr.lm.flops conventions)."""
-    model = lm.model
-    cfg = model.config.get_text_config(decoder=True)
-    if lm.is_seq2seq:  # prompt tokens go through the encoder, decode tokens through the decoder and lm_head
-        n_enc = param_count(model.get_encoder())
-        n_dec = param_count(model) - n_enc
-        layers, d_attn = cfg.num_decoder_layers, cfg.num_heads * cfg.d_kv
-        enc = stats["prefill_tokens"] * linear_flops_per_token(n_enc)
-        dec = stats["decode_tokens"] * linear_flops_per_token(n_dec)
-        # decoder self + cross attention and encoder self attention, over the contexts counted by the decoder
-        att = attention_flops_per_token(layers, d_attn, 1.0) * (stats["prefill_context"] + stats["decode_context"])
-        return enc + dec + att
-    n = param_count(model)
-    d_attn = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    tokens = stats["prefill_tokens"] + stats["decode_tokens"]
-    context = stats["prefill_context"] + stats["decode_context"]
-    att = attention_flops_per_token(cfg.num_hidden_layers, d_attn, 1.0) * context
-    return tokens * linear_flops_per_token(n) + att
 
 
 def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
@@ -123,7 +102,7 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
         n_done, n_hf_done = len(ours.texts) if ours else 0, len(hf_texts)
         rate = lambda n, t: round(n / t, 2) if t > 0 and n else None  # noqa: E731
         qps, hf_qps = rate(n_done, t_ours), rate(n_hf_done, t_hf)
-        flops = _flops(lm, stats)
+        flops = sampling_flops(lm.model, stats)
         res = {"model": name, "device": device_name(dev), "queries": n_done, "hf_queries": n_hf_done,
                "batch_size": bs, "hf_batch_size": hf_bs,
                "doc_tokens": args.doc_tokens, "max_new_tokens": args.max_new_tokens,
@@ -182,7 +161,6 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
         stats = dict(dec.stats)
         report(figures(partial=True))
     if args.profile:  # one more batch of ours, the timed (compiled) path, if the deadline leaves time for it
-        from gdr.cli.bench.common import profile_skipped, profile_table
 
         path = Path(args.profile)
         if len([m for m in args.models.split(",") if m]) > 1:
@@ -205,7 +183,7 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.sampling", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gdr.bench.sampling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,t5-base-random",
                     help="comma-separated: bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--doc-tokens", type=int, default=128, help="documents cut to this many tokens")

@@ -1,6 +1,6 @@
 """Benchmark of generative clustering on a synthetic log P with planted clusters.
 
-``python -m gdr.cli.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]
+``python -m gdr.bench.clustering [--docs 20000 --queries 1024 --clusters 30 --n-init 10 --seed 0]
 [--init greedy-k-means++] [--compare random,k-means++,greedy-k-means++:nosm]``
 
 Prints human-readable lines and, as the last line, one JSON object with ``seconds`` (whole
@@ -117,7 +117,7 @@ def _rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.clustering", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gdr.bench.clustering", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--queries", type=int, default=1024)
     ap.add_argument("--clusters", type=int, default=30)

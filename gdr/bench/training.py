@@ -1,6 +1,6 @@
 """Benchmark: retriever training throughput (examples/s, tokens/s, MFU) on synthetic data.
 
-    python -m gdr.cli.bench.training [--presets mini,small30m] [--batch auto] [--steps 30] [--warmup 10]
+    python -m gdr.bench.training [--presets mini,small30m] [--batch auto] [--steps 30] [--warmup 10]
 
 For each preset of ``conf/stage/train.yaml`` the real training path runs: ``RetrieverModule`` (fused AdamW
 on CUDA, bf16-mixed on CUDA, gradient clipping) fed by ``RetrievalDataModule`` (pre-tokenised tensors)
@@ -10,19 +10,19 @@ docids (K = ``--K`` digits, depth ``--depth``). ``--warmup`` steps are run first
 ``--seconds`` of them, or when ``--deadline`` comes near); ``--profile`` then profiles 3 more steps if the
 deadline leaves time for them. A preset does not start within :data:`MIN_PRESET_S` of the deadline.
 
-FLOPs (``gdr.lm.flops``): training = 3 x the forward pass; the forward pass counts the encoder's
+FLOPs (``gdr.cost``): training = 3 x the forward pass; the forward pass counts the encoder's
 matmuls over the ``seq_len`` input tokens, the decoder's over its L + 1 docid positions (cross-attention
 keys/values over the input tokens), attention scores, and the K + 1 slot logits. MFU is reported where
 the chip's peak is known (not on a CPU).
 
-Bytes (:func:`gdr.lm.flops.training_bytes_per_example`): the optimiser step's weight, gradient and AdamW-state
+Bytes (:func:`gdr.cost.training_bytes_per_example`): the optimiser step's weight, gradient and AdamW-state
 traffic, shared by the batch (activations not counted); with the FLOPs they give the roofline limit
-(:func:`gdr.lm.flops.roofline`) and ``fraction_of_limit`` beside MFU, and what one H200 would reach.
+(:func:`gdr.cost.roofline`) and ``fraction_of_limit`` beside MFU, and what one H200 would reach.
 
 The LAST line printed is one JSON object: ``device``, ``batch`` (the first preset's), ``seq_len``, and per preset
 ``batch``, ``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``, and the
 roofline of one example: ``flops_per_unit``, ``bytes_per_unit``, ``limit_per_s``, ``fraction_of_limit``,
-``h200_limit_per_s`` (see :func:`gdr.lm.flops.roofline`); the same line, with ``"partial": true``, follows each
+``h200_limit_per_s`` (see :func:`gdr.cost.roofline`); the same line, with ``"partial": true``, follows each
 preset's warm-up (its ``warmup_s``) and every preset but the last.
 """
 from __future__ import annotations
@@ -37,41 +37,15 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from gdr.cli.bench.common import add_time_args, emit, preset_config, seconds_left
+from gdr.bench.common import (add_time_args, emit, preset_config, profile_failed, profile_skipped, random_codes, roofline,
+                               seconds_left, start_profiler, write_table)
+from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main", "preset_config", "train_flops_per_example"]
+__all__ = ["main", "preset_config"]
 
 MIN_PRESET_S = 15  # a preset does not start with less than this before the deadline (load, warm-up, a few steps)
-
-
-def _enc_dims(conf) -> tuple[int, int]:
-    """(layers, attention width) of an HF encoder config (BERT-like or T5)."""
-    layers = getattr(conf, "num_hidden_layers", None) or getattr(conf, "num_layers")
-    heads = getattr(conf, "num_attention_heads", None) or getattr(conf, "num_heads")
-    head_dim = getattr(conf, "d_kv", None) or (conf.hidden_size // heads)
-    return int(layers), int(heads * head_dim)
-
-
-def train_flops_per_example(model, seq_len: int) -> float:
-    """Training FLOPs of one example: 3 x forward (encoder over ``seq_len`` tokens, decoder over L + 1)."""
-    from gdr.lm.flops import attention_flops_per_token, linear_flops_per_token, param_count
-
-    cfg = model.config
-    S, T = seq_len, cfg.max_code_len + 1
-    n_enc, d_enc = _enc_dims(model.encoder.config)
-    enc_params = param_count(model.encoder) + sum(p.numel() for p in model.proj.parameters())
-    fwd = S * linear_flops_per_token(enc_params) + S * attention_flops_per_token(n_enc, d_enc, S)
-    d, inner, n_dec = cfg.d_model, (cfg.d_kv or cfg.d_model // cfg.num_heads) * cfg.num_heads, cfg.num_layers
-    cross_kv = n_dec * 2 * d * inner  # cross-attention keys and values: computed over the S input tokens
-    dec_params = param_count(model.decoder) - cross_kv
-    if cfg.pawa:
-        dec_params += sum(p.numel() for n, p in model.named_parameters() if n.startswith("pawa_"))
-    fwd += T * linear_flops_per_token(dec_params) + S * linear_flops_per_token(cross_kv)
-    fwd += T * attention_flops_per_token(n_dec, inner, T) + T * attention_flops_per_token(n_dec, inner, S)
-    fwd += T * 2.0 * d * (cfg.n_digits + 1)  # slot logits against the tied embeddings
-    return 3.0 * fwd
 
 
 class _Timer(pl.Callback):
@@ -115,7 +89,6 @@ class _Timer(pl.Callback):
             self._stop(trainer)
             need = 3 * self.profile_steps * per_step + 10
             if self.profile and self._left() > need:
-                from gdr.cli.bench.common import profile_failed, start_profiler
 
                 self.prof_stop = step + self.profile_steps - 1  # the batch of that step is the last one
                 try:
@@ -126,7 +99,6 @@ class _Timer(pl.Callback):
                     self.prof, self.prof_stop = None, None
                     self.summary = profile_failed(e, self.profile, self.title)
             elif self.profile:
-                from gdr.cli.bench.common import profile_skipped
 
                 self.summary = profile_skipped(self.profile, self.title, self._left(), need)
         if self.t1 is not None and (self.prof_stop is None or step >= self.prof_stop):
@@ -142,7 +114,6 @@ class _Timer(pl.Callback):
         if self.t1 is None:
             self._stop(trainer)
         elif self.prof is not None:
-            from gdr.cli.bench.common import profile_failed, write_table
 
             try:
                 self._sync()
@@ -161,13 +132,10 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
                  seconds: float | None = None, deadline: float | None = None, report=lambda figures: None) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
     ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds."""
-    from gdr.lm.flops import mfu, param_count, roofline, training_bytes_per_example
     from indexing.trie import build_trie
     from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
     from training.module import RetrieverModule
     from training.train import _precision, resolve_fused
-
-    from gdr.cli.bench.common import random_codes
 
     cfg = preset_config(name, K, depth)
     rng = np.random.default_rng(seed)
@@ -242,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     cuda = device.type == "cuda"
     if cuda:
         torch.set_float32_matmul_precision("high")
-    from gdr.lm.flops import device_name
     from training.train import _precision, resolve_batch_size
 
     acc = "auto" if cuda else "cpu"

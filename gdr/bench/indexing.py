@@ -1,7 +1,7 @@
 """Benchmark: hierarchical GC indexing on a synthetic log P with a planted two-level hierarchy.
 
-    python -m gdr.cli.bench.indexing                      # paper scale: 138,457 docs x 4,096 queries
-    python -m gdr.cli.bench.indexing --docs 5000 --queries 512
+    python -m gdr.bench.indexing                      # paper scale: 138,457 docs x 4,096 queries
+    python -m gdr.bench.indexing --docs 5000 --queries 512
 
 Writes log P as a float16 ``.npy`` (block by block), builds the GC index from the file exactly as
 ``gdr index method=gc`` does (including writing ``docids.tsv``, ``tree.json``, ``tree_state.npz``
@@ -104,7 +104,7 @@ def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.indexing", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gdr.bench.indexing", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=138_457, help="N documents (default: MS MARCO Lite size)")
     ap.add_argument("--queries", type=int, default=4096, help="J sampled queries (default 4096)")
     ap.add_argument("--seed", type=int, default=0)

@@ -1,10 +1,10 @@
 """Constrained beam search: tensor trie vs a per-beam Python trie walk.
 
-``python -m gdr.cli.bench.decoding [--queries 32] [--beam 100] [--docs 100000] [--model tiny|small30m]``
+``python -m gdr.bench.decoding [--queries 32] [--beam 100] [--docs 100000] [--model tiny|small30m]``
 
 Search throughput at the size ``gdr evaluate`` runs (the GPU figure of ``make bench-gpu``)::
 
-    python -m gdr.cli.bench.decoding --model small30m --docs 100000 --beam 100 --queries 4096 --batch 512 --no-reference
+    python -m gdr.bench.decoding --model small30m --docs 100000 --beam 100 --queries 4096 --batch 512 --no-reference
 
 A retriever (``--model tiny``: a small random-init one; ``small30m``: the preset of conf/stage/train.yaml,
 pretrained MiniLM encoder, random decoder) decodes ``--queries`` random queries at beam ``--beam`` over a trie
@@ -25,8 +25,8 @@ timed batches stop after ``--seconds`` or early enough for ``--deadline`` (``que
 timed; the reference decodes the same ones); ``--profile`` profiles one more batch if time is left.
 Prints as its last line one JSON object: ``queries_per_s``, ``reference_queries_per_s``,
 ``speedup``, ``same_results``, ``model``, ``device``, the settings, and the roofline of one search query
-(:func:`gdr.lm.flops.roofline`: ``flops_per_unit`` from :func:`search_flops_per_query`, ``bytes_per_unit`` from
-:func:`search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...) and ``mfu``;
+(:func:`gdr.cost.roofline`: ``flops_per_unit`` from :func:`gdr.cost.search_flops_per_query`, ``bytes_per_unit``
+from :func:`gdr.cost.search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...) and ``mfu``;
 the same line with ``"partial": true`` follows the warm-up and the timed phase.
 ``--batch auto`` takes ``gdr evaluate``'s auto size (as many queries as fit half the free GPU memory, up to
 1,024; 32 on the CPU).
@@ -41,70 +41,16 @@ from dataclasses import replace
 
 import torch
 
-from gdr.cli.bench.common import add_time_args, emit, random_codes, seconds_left
+from gdr.bench.common import (add_time_args, emit, preset_config, profile_skipped, profile_table, random_codes, roofline,
+                               seconds_left)
+from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from indexing.trie import DocidTrie, build_trie
 from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
 from training.search import BeamOutput, constrained_beam_search
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main", "reference_beam_search", "build_dict_trie", "random_codes", "search_flops_per_query",
-           "search_bytes_per_query", "hypotheses_per_step"]
-
-
-def hypotheses_per_step(n_digits: int, max_code_len: int, beam: int) -> list[int]:
-    """Hypotheses per query at each of the L + 1 decoder steps of the beam search: 1, then K + 1 times as many up
-    to ``beam``."""
-    w, out = 1, []
-    for _ in range(max_code_len + 1):
-        out.append(w)
-        w = min(beam, w * (n_digits + 1))
-    return out
-
-
-def search_flops_per_query(model: GenerativeRetriever, query_tokens: float, beam: int) -> float:
-    """Model FLOPs of one query's beam search (gdr.lm.flops conventions): the encoder over its S tokens
-    (bidirectional attention over S), the cross-attention keys/values once over S, then at step t each of its
-    w_t hypotheses (:func:`hypotheses_per_step`) through the decoder's other weights, self-attention over t + 1
-    positions, cross-attention over S, and the K + 1 slot logits (and PAWA's GRU and low-rank layer when on)."""
-    from gdr.lm.flops import attention_flops_per_token, attn_dims, linear_flops_per_token, param_count
-
-    cfg, S = model.config, float(query_tokens)
-    n_enc, a_enc = attn_dims(model.encoder.config)
-    enc = param_count(model.encoder) + sum(p.numel() for p in model.proj.parameters())
-    flops = S * linear_flops_per_token(enc) + S * attention_flops_per_token(n_enc, a_enc, S)
-    Ld, A, d, K1 = cfg.num_layers, cfg.num_heads * (cfg.d_kv or cfg.d_model // cfg.num_heads), cfg.d_model, cfg.n_digits + 1
-    cross_kv = Ld * 2 * d * A
-    flops += S * linear_flops_per_token(cross_kv)
-    per_hyp = linear_flops_per_token(param_count(model.decoder) - cross_kv) + 2.0 * d * K1
-    if cfg.pawa:
-        per_hyp += linear_flops_per_token(sum(p.numel() for n, p in model.named_parameters() if n.startswith("pawa_")))
-    for t, w in enumerate(hypotheses_per_step(cfg.n_digits, cfg.max_code_len, beam)):
-        flops += w * (per_hyp + attention_flops_per_token(Ld, A, t + 1 + S))
-    return flops
-
-
-def search_bytes_per_query(model: GenerativeRetriever, query_tokens: float, beam: int, batch: int,
-                           element_size: int) -> float:
-    """Bytes one query's beam search moves (gdr.lm.flops conventions; ``element_size``: 2 under CUDA autocast, 4 in
-    fp32): the encoder's weights once per batch and the decoder's once per step, shared by the ``batch`` queries;
-    the query's cross-attention keys/values written once and read once per step (once per query, not per
-    hypothesis); at step t each hypothesis reads its t + 1 cached positions and writes one, and the reorder after
-    the step reads and writes the kept hypotheses' caches."""
-    from gdr.lm.flops import weight_bytes
-
-    cfg, S = model.config, float(query_tokens)
-    A = cfg.num_heads * (cfg.d_kv or cfg.d_model // cfg.num_heads)
-    kv = 2.0 * cfg.num_layers * A * element_size  # one position, every layer
-    w_enc = weight_bytes(model.encoder, element_size) + sum(p.numel() for p in model.proj.parameters()) * element_size
-    steps = hypotheses_per_step(cfg.n_digits, cfg.max_code_len, beam)
-    out = (w_enc + len(steps) * weight_bytes(model.decoder, element_size)) / max(batch, 1)
-    out += S * kv * (1 + len(steps))
-    for t, w in enumerate(steps):
-        out += w * (t + 2) * kv  # read t + 1 positions, write one
-        if t + 1 < len(steps):
-            out += steps[t + 1] * (t + 1) * kv * 2  # the reorder: read and write the kept caches
-    return out
+__all__ = ["main", "reference_beam_search", "build_dict_trie", "random_codes"]
 
 
 def build_dict_trie(model: GenerativeRetriever, codes: list[tuple[int, ...]]) -> dict:
@@ -240,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
                               d_ff=128, dropout=0.0)
         model = GenerativeRetriever.build(cfg, vocab_size=1000).to(device).eval()
     else:
-        from gdr.cli.bench.common import preset_config
 
         model = GenerativeRetriever.build(preset_config(args.model, args.K, args.depth)).to(device).eval()
     t_load = time.perf_counter() - t0  # the encoder's weights and, on a cold GPU, the CUDA context
@@ -286,8 +231,6 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return out, time.perf_counter() - t
 
-    from gdr.lm.flops import device_name, mfu, roofline
-
     n_done, t_warm, t_ours, prof, rqps, same, speedup, valid = 0, None, 0.0, None, None, None, None, None
 
     fpq = search_flops_per_query(model, args.query_len, args.beam)
@@ -332,7 +275,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speedup {speedup:.1f}x; same ranked docids: {same}")
     print(f"docids in trie: {valid}")
     if args.profile:  # one more batch, after the timing, if the deadline leaves time for it
-        from gdr.cli.bench.common import profile_skipped, profile_table
 
         n, need = min(args.batch, args.queries), 3 * longest + 10
         title = f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}"

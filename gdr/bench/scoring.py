@@ -1,9 +1,9 @@
 """Benchmark: the scoring engine against the naive way (one full forward pass per pair), with MFU.
 
-    python -m gdr.cli.bench.scoring --model smollm2-135m --pairs 512
-    python -m gdr.cli.bench.scoring --device cuda --model smollm2-135m --queries 1024 --doc-tokens 128 \
+    python -m gdr.bench.scoring --model smollm2-135m --pairs 512
+    python -m gdr.bench.scoring --device cuda --model smollm2-135m --queries 1024 --doc-tokens 128 \
         --pairs 262144 --naive-pairs 64
-    python -m gdr.cli.bench.scoring --device cuda --model t5-base-random --queries 1024 --doc-tokens 128 \
+    python -m gdr.bench.scoring --device cuda --model t5-base-random --queries 1024 --doc-tokens 128 \
         --query-tokens 32 --pairs 262144 --naive-pairs 64
 
 Documents are real Reuters stories cut to ``--doc-tokens`` tokens; queries are sampled from them by the
@@ -11,13 +11,13 @@ same model (``--query-tokens`` new tokens at most). The engine scores all ``pair
 the naive reference scores a subset of them (``--naive-pairs``, 0 to skip) one full
 ``model(input_ids, labels=...)`` pass each; both rates are measured in this run, on the same pairs where
 they overlap, and the max abs difference of log-probs is checked. ``flops_per_pair`` is
-:func:`gdr.lm.flops.scoring_flops_per_pair` at the measured mean prompt and query lengths; ``mfu`` is the
+:func:`gdr.cost.scoring_flops_per_pair` at the measured mean prompt and query lengths; ``mfu`` is the
 engine's model FLOP/s over the device's peak bf16 FLOP/s (None on a CPU or an unknown GPU).
 The LAST line printed is one JSON object; its keys: model, device, torch_device, peak_bf16_tflops,
 pairs, docs, queries, prompt_tokens, query_tokens, doc_batch_size, max_query_tokens, attention,
 compute_dtype, engine_pairs_per_s, engine_s, flops_per_pair, mfu, naive_pairs, naive_pairs_per_s, speedup,
-max_abs_diff, doc_tokens, threads, partial, and the roofline of one pair (:func:`gdr.lm.flops.roofline`:
-flops_per_unit, bytes_per_unit from :func:`gdr.lm.flops.scoring_bytes_per_pair`, limit_per_s, fraction_of_limit,
+max_abs_diff, doc_tokens, threads, partial, and the roofline of one pair (:func:`gdr.cost.roofline`:
+flops_per_unit, bytes_per_unit from :func:`gdr.cost.scoring_bytes_per_pair`, limit_per_s, fraction_of_limit,
 h200_limit_per_s, ...).
 
 On a cold GPU the warm-up (``warmup_s``) holds the compilation of flex attention and the log-prob kernel.
@@ -35,7 +35,9 @@ import time
 import numpy as np
 import torch
 
-from gdr.cli.bench.common import add_time_args, bench_texts, build_lm, emit, seconds_left
+from gdr.bench.common import (add_time_args, bench_texts, build_lm, emit, profile_skipped, profile_table, roofline,
+                               seconds_left)
+from gdr.cost import device_name, mfu, peak_flops, scoring_bytes_per_pair, scoring_flops_per_pair
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ def _int_or_auto(v: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.cli.bench.scoring", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--pairs", type=int, default=512, help="pairs scored by the engine (n_docs x n_queries)")
     ap.add_argument("--queries", type=int, default=64, help="queries per document (J)")
@@ -66,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from gdr.lm.flops import device_name, mfu, peak_flops, roofline, scoring_bytes_per_pair, scoring_flops_per_pair
     from gdr.lm.scoring import auto_score_sizes, score_compute_dtype
 
     t_load = time.perf_counter()
@@ -159,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
               f"(over {naive.size} shared pairs)")
         emit(figures(partial=True))
     if args.profile:  # one more batch of documents against every query, after the timing, if time is left
-        from gdr.cli.bench.common import profile_skipped, profile_table
 
         nb, need = min(bs, n_docs), 3 * longest + 10
         title = f"scoring {args.model}, {nb} docs x {len(queries)} queries"

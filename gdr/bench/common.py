@@ -5,18 +5,57 @@ from __future__ import annotations
 
 import json
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from gdr import cost
+
 __all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
-           "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped"]
+           "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped",
+           "cpu_peaks", "roofline"]
 
 
 T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12,
                vocab_size=32128, feed_forward_proj="relu", tie_word_embeddings=True)
+
+
+# ---------------------------------------------------------------------------- peaks and the roofline
+@lru_cache(maxsize=None)
+def cpu_peaks(n: int = 1024, copy_mib: int = 64, repeats: int = 5) -> cost.DevicePeaks:
+    """This CPU's peaks, measured once per process: the best of ``repeats`` timed ``n`` x ``n`` matmuls in fp32
+    and in bf16 (FLOP/s, the larger of the two) and of timed copies of ``copy_mib`` MiB (read + write bytes/s).
+    The best, not the median: on a machine shared with other jobs the peak is what the chip did when it could."""
+    def best(fn) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    flops = []
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(n, n).to(dtype)
+        flops.append(2.0 * n ** 3 / best(lambda: a @ a))
+    src = torch.ones(copy_mib * 2 ** 18)  # fp32: 4 bytes each
+    dst = torch.empty_like(src)
+    return cost.DevicePeaks("cpu", max(flops), 2.0 * src.numel() * 4 / best(lambda: dst.copy_(src)))
+
+
+def roofline(flops_per_unit: float, bytes_per_unit: float, measured_per_s: float | None, device) -> dict:
+    """:func:`gdr.cost.roofline` of one unit of a benchmark; on a CPU against its measured peaks."""
+    cpu = None
+    if torch.device(device).type == "cpu":
+        try:
+            cpu = cpu_peaks()
+        except Exception as e:  # noqa: BLE001 - the figures still come back, the limit says why it is missing
+            cpu = f"{type(e).__name__}: {e}"
+    return cost.roofline(flops_per_unit, bytes_per_unit, measured_per_s, device, cpu=cpu)
 
 
 # ---------------------------------------------------------------------------- time bounds

@@ -1,10 +1,10 @@
 """``make bench-gpu``: every GPU figure of the pipeline in one command, one JSON line last.
 
-    python -m gdr.cli.bench.gpu              # on a CUDA machine: <= 7 minutes in all (BUDGET_S), cold machine included
-    python -m gdr.cli.bench.gpu --only run   # one step (comma-separated names)
-    python -m gdr.cli.bench.gpu --dry-run    # anywhere: print every command, validate the `gdr run` configs
-    python -m gdr.cli.bench.gpu --smoke      # on a CPU: the whole chain at tiny sizes (4-15 minutes on 2 cores)
-    python -m gdr.cli.bench.gpu --full       # also `gdr run +experiment=bbc` and `+experiment=cranfield`
+    python -m gdr.bench.gpu              # on a CUDA machine: <= 7 minutes in all (BUDGET_S), cold machine included
+    python -m gdr.bench.gpu --only run   # one step (comma-separated names)
+    python -m gdr.bench.gpu --dry-run    # anywhere: print every command, validate the `gdr run` configs
+    python -m gdr.bench.gpu --smoke      # on a CPU: the whole chain at tiny sizes (4-15 minutes on 2 cores)
+    python -m gdr.bench.gpu --full       # also `gdr run +experiment=bbc` and `+experiment=cranfield`
 
 Each step is a subprocess with a timeout: the sampling, scoring, training and decoding (search) benchmarks,
 then ``gdr run`` on 1,000 BBC articles (J = 512; indexers gc, hkmi, random; one seed), then the random-init
@@ -66,7 +66,7 @@ from typing import Any
 __all__ = ["Step", "plan", "main", "last_json", "extract", "run_stages", "step_limit", "planned_limits", "RUN_1000",
            "BUDGET_S", "LIMITS"]
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 # The whole default chain on one H100/H200, cold machine included (the issue-20 goal: 7 minutes)
 BUDGET_S = 420
@@ -126,14 +126,14 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
         # the speed; limits are generous (a shared 2-core machine runs a step 3-5x slower than an idle one)
         lm = str(work / "tiny-lm")  # a random-init 2-layer Llama (make_tiny_lm) instead of SmolLM2
         steps = [
-            Step("sampling", [*m, "gdr.cli.bench.sampling", "--models", lm, "--docs", "16", "--doc-tokens", "32",
+            Step("sampling", [*m, "gdr.bench.sampling", "--models", lm, "--docs", "16", "--doc-tokens", "32",
                               "--max-new-tokens", "8", "--queries", "16", "--hf-queries", "8", "--device", "cpu"], 300),
-            Step("scoring", [*m, "gdr.cli.bench.scoring", "--model", lm, "--device", "cpu", "--queries", "8",
+            Step("scoring", [*m, "gdr.bench.scoring", "--model", lm, "--device", "cpu", "--queries", "8",
                              "--doc-tokens", "32", "--pairs", "32", "--naive-pairs", "4"], 300),
             # the CUDA optimizer configuration (fused AdamW, bf16-mixed, clipping), asked for on the CPU
-            Step("training", [*m, "gdr.cli.bench.training", "--presets", "tiny", "--batch", "8", "--steps", "2",
+            Step("training", [*m, "gdr.bench.training", "--presets", "tiny", "--batch", "8", "--steps", "2",
                               "--warmup", "1", "--device", "cpu", "--fused", "true", "--precision", "bf16-mixed"], 300),
-            Step("search", [*m, "gdr.cli.bench.decoding", "--model", "tiny", "--docs", "500", "--beam", "10",
+            Step("search", [*m, "gdr.bench.decoding", "--model", "tiny", "--docs", "500", "--beam", "10",
                             "--queries", "4", "--batch", "4", "--no-reference", "--device", "cpu"], 300),
             _run_step("run", [*SMOKE_RUN, f"model.name={lm}"], work / "run-smoke", 900),
         ]
@@ -141,24 +141,24 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
         steps = [
             # SmolLM2 (its first load converts the bundled GGUF on a cold cache: load_s) and HF generate side by
             # side; the warm-up batch captures the CUDA graphs (warmup_s)
-            Step("sampling", [*m, "gdr.cli.bench.sampling", "--models", "smollm2-135m", "--device", "cuda",
+            Step("sampling", [*m, "gdr.bench.sampling", "--models", "smollm2-135m", "--device", "cuda",
                               "--doc-tokens", "128", "--max-new-tokens", "32", "--queries", "4096",
                               "--hf-queries", "256", "--seconds", "20"], LIMITS["sampling"]),
-            Step("scoring", [*m, "gdr.cli.bench.scoring", "--device", "cuda", "--model", "smollm2-135m", "--queries",
+            Step("scoring", [*m, "gdr.bench.scoring", "--device", "cuda", "--model", "smollm2-135m", "--queries",
                              "512", "--doc-tokens", "128", "--pairs", "65536", "--naive-pairs", "64",
                              "--doc-batch-size", "auto", "--max-query-tokens", "auto", "--seconds", "20"],
                  LIMITS["scoring"]),
-            Step("training", [*m, "gdr.cli.bench.training", "--presets", "mini,small30m", "--steps", "50",
+            Step("training", [*m, "gdr.bench.training", "--presets", "mini,small30m", "--steps", "50",
                               "--warmup", "10", "--device", "cuda", "--seconds", "10"], LIMITS["training"]),
-            Step("search", [*m, "gdr.cli.bench.decoding", "--model", "small30m", "--docs", "100000", "--beam", "100",
+            Step("search", [*m, "gdr.bench.decoding", "--model", "small30m", "--docs", "100000", "--beam", "100",
                             "--queries", "4096", "--batch", "auto", "--no-reference", "--device", "cuda",
                             "--seconds", "10"],
                  LIMITS["search"]),
             _run_step("run", RUN_1000, work / "run-bbc1000", LIMITS["run"]),
-            Step("sampling_t5", [*m, "gdr.cli.bench.sampling", "--models", "t5-base-random", "--device", "cuda",
+            Step("sampling_t5", [*m, "gdr.bench.sampling", "--models", "t5-base-random", "--device", "cuda",
                                  "--doc-tokens", "128", "--max-new-tokens", "32", "--queries", "4096",
                                  "--hf-queries", "256", "--seconds", "15"], LIMITS["sampling_t5"]),
-            Step("scoring_t5", [*m, "gdr.cli.bench.scoring", "--device", "cuda", "--model", "t5-base-random",
+            Step("scoring_t5", [*m, "gdr.bench.scoring", "--device", "cuda", "--model", "t5-base-random",
                                 "--queries", "512", "--doc-tokens", "128", "--query-tokens", "32", "--pairs", "32768",
                                 "--naive-pairs", "16", "--doc-batch-size", "auto", "--max-query-tokens", "auto",
                                 "--seconds", "15"],
@@ -167,7 +167,7 @@ def plan(mode: str, work: Path, full: bool = False) -> list[Step]:
         if full:
             steps += [_run_step("bbc", ["+experiment=bbc", "device=auto"], work / "bbc", 600),
                       _run_step("cranfield", ["+experiment=cranfield", "device=auto"], work / "cranfield", 600)]
-    # the roofline of one unit of each benchmark (gdr.lm.flops.roofline): FLOPs and bytes per query / pair /
+    # the roofline of one unit of each benchmark (gdr.cost.roofline): FLOPs and bytes per query / pair /
     # example, the limit they imply on this device's peaks, the measured fraction of it, the limit on one H200
     roof = {k: k for k in ("flops_per_unit", "bytes_per_unit", "limit_per_s", "fraction_of_limit", "h200_limit_per_s")}
     samp = {"queries_per_s": "queries_per_s", "hf_queries_per_s": "hf_queries_per_s",

@@ -1,7 +1,7 @@
 """Cost of the integrity checks: CRC-32 throughput of :func:`gdr.io.file_digest` and, given a finished
 ``gdr run`` folder, the time to verify every stage as ``gdr run`` does before reusing it.
 
-    python -m gdr.cli.bench.integrity --mb 256 [--run runs/demo-bbc]
+    python -m gdr.bench.integrity --mb 256 [--run runs/demo-bbc]
 
 Prints lines for people, then one JSON object: ``gib_per_s``, ``s_per_gib`` and, with ``--run``,
 ``verify_s`` (all stages), ``bytes_hashed`` and ``bytes_total``.
