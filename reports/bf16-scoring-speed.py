@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import time
@@ -46,7 +47,8 @@ def main(argv=None) -> dict:
     bf16 = torch.bfloat16
 
     lm.score(docs[:1], queries[:8], compute_dtype=bf16, **kw)  # warm-up; makes the held bf16 copy and its stamp
-    stamp, new_copy = lm.__dict__["_score_copy"]
+    held = lm.score_copy
+    new_copy = held.model
     old_copy = copy.deepcopy(lm.model).to(bf16).eval()  # the pre-fix copy: rotary buffers cast to bf16 too
     old_copy.set_attn_implementation(new_copy.config._attn_implementation)
     copies = {"bfloat16": new_copy, "bfloat16_rotary_bf16": old_copy}
@@ -57,7 +59,7 @@ def main(argv=None) -> dict:
     for _ in range(args.reps):
         for name in names:
             if name in copies:  # where `score` takes its bf16 copy from
-                lm.__dict__["_score_copy"] = (stamp, copies[name])
+                lm.score_copy = dataclasses.replace(held, model=copies[name])
             t0 = time.perf_counter()
             P[name] = lm.score(docs, queries, compute_dtype=torch.float32 if name == "float32" else bf16, **kw)
             times[name].append((time.perf_counter() - t0) / len(docs))

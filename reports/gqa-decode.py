@@ -5,7 +5,7 @@ from the model's config, and the CPU time of one decode step's attention (one la
 
 Before: under a mask (every StaticCache decode step) transformers' SDPA path copies each layer's keys and
 values G = heads / kv_heads times (``repeat_kv``: read K/V once, write G copies) and SDPA then reads the G
-copies. After (:func:`gdr.lm.scoring._grouped_sdpa`): SDPA reads each layer's K/V once.
+copies. After (:func:`gdr.lm.attention.grouped_sdpa`): SDPA reads each layer's K/V once.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def main(argv=None) -> dict:
     import transformers.integrations.sdpa_attention as sa
     from transformers import AutoConfig
 
-    from gdr.lm.scoring import _scoring_attention
+    from gdr.lm.attention import gdr_attention
     from gdr.models import resolve_model
 
     cfg = AutoConfig.from_pretrained(resolve_model("smollm2-135m"))
@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
         return sa.sdpa_attention_forward(module, q, k, v, mask, scaling=D ** -0.5)[0]
 
     def after():
-        return _scoring_attention(module, q, k, v, mask, scaling=D ** -0.5)[0]
+        return gdr_attention(module, q, k, v, mask, scaling=D ** -0.5)[0]
 
     times = {"repeat_kv": [], "grouped": []}
     try:

@@ -219,7 +219,7 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     import numpy as np
     import torch.nn.attention.flex_attention as fa
 
-    from gdr.lm import scoring
+    from gdr.lm import attention
     from tiny_models import QUERIES
 
     compiles = []
@@ -231,7 +231,8 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     def eager_flex(*args, **kwargs):
         raise AssertionError("eager flex attention ran: it builds the full fp32 score matrix")
 
-    monkeypatch.setattr(scoring, "_COMPILED", {"flex": torch.compile(fa.flex_attention, backend=broken)})
+    compiled = torch.compile(fa.flex_attention, backend=broken)
+    monkeypatch.setattr(attention, "flex_attention_fn", lambda: (compiled, True))
     monkeypatch.setattr(fa, "flex_attention", eager_flex)
     lm = tiny_llama()
     kw = dict(doc_batch_size=3, max_query_tokens=7, progress=False)
@@ -243,6 +244,7 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     lines = [r.getMessage() for r in caplog.records if "flex" in r.getMessage()]
     assert len(lines) == 1 and "dense path" in lines[0] and "no triton" in lines[0], lines
     assert len(compiles) == 1  # not tried again for the later batches
+    assert lm.fallbacks.flex and not tiny_llama().fallbacks.flex  # the scorer's own record, not the process's
 
 
 def test_the_compile_record_does_not_make_a_finished_folder_stale(tmp_path, monkeypatch):

@@ -129,3 +129,28 @@ def test_low_precision_copies_keep_rotary_fp32(llama):
         for got, want in zip(_rotary_at(m, pos), ref):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=lambda s: f"{name} copy: {s}")
     assert next(llama.model.parameters()).dtype == torch.float32  # the model itself is not cast
+
+
+def test_token_and_score_caches_belong_to_their_model():
+    """The tokenisation cache and the scoring copy are the GenerativeLM's own objects: another model shares
+    neither, and a replaced tokenizer (or model) is not served from what the old one computed."""
+    import copy
+
+    import torch
+
+    from tiny_models import tiny_llama
+
+    lm = tiny_llama()
+    ids = lm.prompt_ids(DOCS[:2])
+    assert set(lm.tokens.table("prompt", lm.tokenizer, (repr(lm.prompt), lm.max_doc_tokens, False, lm.eos_id))) \
+        == set(DOCS[:2])
+    other = tiny_llama()
+    assert other.tokens is not lm.tokens and other.fallbacks is not lm.fallbacks
+    lm.tokenizer = copy.deepcopy(lm.tokenizer)
+    lm.tokenizer.chat_template = lm.tokenizer.chat_template.replace("[SEP]", "[SEP] [SEP]")
+    assert lm.prompt_ids(DOCS[:2]) != ids  # the new tokenizer's prompts, not the cached ones
+    lm.score(DOCS[:1], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
+    first = lm.score_copy.model
+    lm.model = copy.deepcopy(lm.model)
+    lm.score(DOCS[:1], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
+    assert lm.score_copy.model is not first and lm.score_copy.source is lm.model

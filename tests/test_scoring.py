@@ -101,7 +101,7 @@ def test_grouped_sdpa_equals_repeated_keys(T, mask_heads, mask_rows, boolean):
     step (T = 1) and a prefill, masks shared by the heads or per head, boolean or additive."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
-    from gdr.lm.scoring import _grouped_sdpa
+    from gdr.lm.attention import grouped_sdpa
 
     g = torch.Generator().manual_seed(0)
     B, H, Hkv, S, D = 3, 6, 2, 11, 8
@@ -112,7 +112,7 @@ def test_grouped_sdpa_equals_repeated_keys(T, mask_heads, mask_rows, boolean):
     mask = allowed if boolean else torch.zeros(allowed.shape).masked_fill(~allowed, -1e9)
     want = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, H // Hkv), repeat_kv(v, H // Hkv),
                                                             attn_mask=mask, scale=0.3).transpose(1, 2)
-    torch.testing.assert_close(_grouped_sdpa(q, k, v, mask, 0.3), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grouped_sdpa(q, k, v, mask, 0.3), want, rtol=0, atol=1e-6)
 
 
 def test_bf16_copy_follows_the_model():

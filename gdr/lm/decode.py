@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from gdr.lm.attention import use_gdr_attention
 from gdr.lm.compat import cache_kwarg
 from gdr.lm.hostsync import padding_mask_4d
 
@@ -172,9 +173,7 @@ class Decoder:
             from gdr.lm.precision import cast_copy
 
             self.model = cast_copy(lm.model, self.dtype)  # rotary frequencies stay fp32
-        from gdr.lm.scoring import use_gdr_attention
-
-        use_gdr_attention(self.model)  # grouped-query attention without key/value copies (scoring's function)
+        use_gdr_attention(self.model)  # grouped-query attention without key/value copies
         self._bucket_setting = bucket
         self._step_fn = None
         self._graphs: set[tuple] = set()  # cache shapes (_Batch.key) whose compiled step has run
@@ -183,6 +182,7 @@ class Decoder:
         self.set_compile(self.device.type == "cuda" if compile is None else compile)
         self.compile_options = dict(mode="reduce-overhead")  # tests trace with dict(backend="eager") on a CPU
         self._pool: dict[tuple, object] = {}  # decode caches by shape, reused across batches
+        self._longest: int | None = None  # prompt tokens of a full-length document (_longest_prompt)
         # Work done, for benchmarks (FLOP accounting): tokens through the prompt side (a shared prefix and a
         # repeated prompt count once), tokens fed to decode steps (every row, finished or not), the sum of
         # their attention contexts, and tokens generated (up to and including the stop token).
@@ -227,7 +227,7 @@ class Decoder:
     def _longest_prompt(self) -> int:
         """Tokens of the prompt of a document cut at ``max_doc_tokens``: the cache length every batch is
         bucketed to (whatever its longest document), so that the batches of a run share one compiled length."""
-        if "_longest" not in self.__dict__:
+        if self._longest is None:
             self._longest = len(self.lm.prompt_ids([""])[0]) + self.lm.max_doc_tokens
         return self._longest
 

@@ -24,10 +24,10 @@ from typing import Sequence
 
 import torch
 
-from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_generator
+from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache, saved_generator
 from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
-from gdr.lm.scoring import ScoringMixin
+from gdr.lm.scoring import CompilerFallbacks, ScoringMixin
 from gdr.models import MAX_DOC_TOKENS_RULE, pretrained_config, resolve_model
 from gdr.rules import check_values
 
@@ -102,6 +102,10 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             raise ValueError(f"tokenizer of {self.name!r} has no eos token; cannot score queries with Eq. (1)")
         self.eos_id = int(eos)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
+        self.tokens = TokenCache()  # token ids by text, for this tokenizer and prompt
+        self.fallbacks = CompilerFallbacks()  # compiled scoring kernels that failed here: their eager twins
+        self.score_copy = None  # the weights cast to the scoring dtype (ScoringMixin._scoring_model)
+        self._decoder = None  # the decode loop, built on first use (SamplingMixin.decoder)
 
     def describe(self) -> dict:
         """What identifies this scorer in a manifest."""

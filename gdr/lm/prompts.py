@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["PromptConfig", "PromptMixin", "clean_query", "saved_generator", "GENERATOR_FILE"]
+__all__ = ["PromptConfig", "PromptMixin", "TokenCache", "clean_query", "saved_generator", "GENERATOR_FILE"]
 
 # Written by `gdr qg` next to a fine-tuned generator: the prompt (and document length) it was trained with.
 GENERATOR_FILE = "gdr_generator.json"
@@ -71,9 +71,28 @@ def saved_generator(path: str) -> dict | None:
 
 
 
+class TokenCache:
+    """Token ids already computed, by text, for one tokenizer and one tokenisation setting (prompt, document
+    length, model family, end-of-sequence id): sampling asks for a document's prompt in every batch that draws
+    it, scoring for every prompt and query in every shard; each is tokenised once. Owned by a
+    :class:`gdr.lm.GenerativeLM` (``lm.tokens``); emptied when its tokenizer or setting changes."""
+
+    def __init__(self):
+        self._tokenizer = None
+        self._stamp: tuple | None = None
+        self._ids: dict[str, dict[str, np.ndarray]] = {"prompt": {}, "query": {}}
+
+    def table(self, kind: str, tokenizer, stamp: tuple) -> dict[str, np.ndarray]:
+        """The ids by text of ``kind`` ("prompt" or "query") for ``tokenizer`` under ``stamp``."""
+        if tokenizer is not self._tokenizer or stamp != self._stamp:
+            self._tokenizer, self._stamp = tokenizer, stamp
+            self._ids = {"prompt": {}, "query": {}}
+        return self._ids[kind]
+
+
 class PromptMixin:
     """Prompt building for :class:`gdr.lm.GenerativeLM` (needs ``tokenizer``, ``prompt``, ``max_doc_tokens``,
-    ``eos_id`` and ``is_seq2seq``)."""
+    ``eos_id``, ``is_seq2seq`` and ``tokens``, a :class:`TokenCache`)."""
 
     def truncate(self, docs: Sequence[str]) -> list[str]:
         """Cut every document to ``max_doc_tokens`` tokens (batched tokenisation)."""
@@ -99,32 +118,24 @@ class PromptMixin:
             for d in docs
         ]
 
-    def _token_cache(self, kind: str) -> dict[str, np.ndarray]:
-        """Token ids already computed, by text (``kind``: "prompt" or "query"), for as long as the prompt, the
-        document length and the tokenizer stay the same: sampling asks for a document's prompt in every batch
-        that draws it, scoring for every prompt and query in every shard; each is tokenised once."""
-        stamp = (repr(self.prompt), self.max_doc_tokens, self.is_seq2seq, id(self.tokenizer), self.eos_id)
-        held = self.__dict__.get("_tokens")
-        if held is None or held[0] != stamp:
-            held = self.__dict__["_tokens"] = (stamp, {"prompt": {}, "query": {}})
-        return held[1][kind]
-
     def _cached_ids(self, kind: str, texts: Sequence[str], tokenize) -> list[list[int]]:
-        """``tokenize(new_texts)`` for the distinct texts not seen before (one batched call), the rest cached."""
-        cache = self._token_cache(kind)
+        """``tokenize(new_texts)`` for the distinct texts not seen before (one batched call), the rest from
+        ``self.tokens`` (:class:`TokenCache`)."""
+        stamp = (repr(self.prompt), self.max_doc_tokens, self.is_seq2seq, self.eos_id)
+        cache = self.tokens.table(kind, self.tokenizer, stamp)
         new = list(dict.fromkeys(t for t in texts if t not in cache))
         if new:
             cache.update(zip(new, (np.asarray(ids, dtype=np.int32) for ids in tokenize(new))))
         return [cache[t].tolist() for t in texts]
 
     def prompt_ids(self, docs: Sequence[str]) -> list[list[int]]:
-        """Token ids of each document's prompt (tokenised once per document text, :meth:`_token_cache`)."""
+        """Token ids of each document's prompt (tokenised once per document text, :class:`TokenCache`)."""
         # Chat templates already hold their special tokens; T5 wants its </s> after the input.
         return self._cached_ids("prompt", docs, lambda new: self.tokenizer(
             self.prompt_texts(new), add_special_tokens=self.is_seq2seq)["input_ids"])
 
     def query_ids(self, queries: Sequence[str]) -> list[list[int]]:
         """Token ids of each query, ending with the end-of-sequence token (Eq. 1 scores it too); tokenised once
-        per query text (:meth:`_token_cache`)."""
+        per query text (:class:`TokenCache`)."""
         return self._cached_ids("query", queries, lambda new: [
             list(q) + [self.eos_id] for q in self.tokenizer(new, add_special_tokens=False)["input_ids"]])

@@ -31,7 +31,7 @@ class SampledQueries:
 
 
 class SamplingMixin:
-    """Query sampling for :class:`gdr.lm.GenerativeLM`."""
+    """Query sampling for :class:`gdr.lm.GenerativeLM` (holds its decode loop in ``_decoder``, None until used)."""
 
     def _stop_ids(self) -> list[int]:
         stop = {self.eos_id}
@@ -61,7 +61,7 @@ class SamplingMixin:
 
     def decoder(self):
         """Our decode loop for this model (:class:`gdr.lm.decode.Decoder`), built once."""
-        dec = getattr(self, "_decoder", None)
+        dec = self._decoder
         if dec is None or dec.device != self.device:
             from gdr.lm.decode import Decoder
 

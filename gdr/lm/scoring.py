@@ -8,6 +8,7 @@ batch; all queries of a chunk are scored in one forward pass over it:
   is a ``flex_attention`` block mask (block-sparse, no dense mask); on the CPU a dense additive 4D mask
   (measured faster there than eager flex attention, which materialises the scores). If compiled flex
   attention fails, the dense mask takes over (never eager flex: its fp32 scores would not fit on a GPU).
+  The attention function itself is :mod:`gdr.lm.attention`.
 - seq2seq: the decoder runs over (docs x queries) rows, but cross-attention folds the queries of a
   document into one sequence over that document's encoder states, so the encoder states and their
   key/value projections are neither copied nor recomputed per query.
@@ -19,9 +20,10 @@ function is ``torch.compile``-d and runs in bf16.
 """
 from __future__ import annotations
 
+import functools
 import logging
-import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -29,53 +31,56 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.cost import batch_for_memory, dims, score_memory
+from gdr.lm.attention import ATTN_IMPL, FlexFailed, register_attention, set_attention
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.compiling import compile_cache_dir
 from gdr.lm.hostsync import upload
 from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ScoringMixin", "token_logprobs", "auto_score_sizes", "score_compute_dtype", "CPU_DOC_BATCH_SIZE",
+__all__ = ["CompilerFallbacks", "ScoringCopy", "ScoringMixin", "token_logprobs", "auto_score_sizes", "score_compute_dtype", "CPU_DOC_BATCH_SIZE",
            "CPU_MAX_QUERY_TOKENS"]
 
 # Measured best on a 2-core CPU (SmolLM2, `python -m gdr.bench.scoring`): one document per pass, the
 # whole query set (up to 2,048 tokens) per chunk.
 CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS = 1, 2048
-ATTN_IMPL = "gdr_scoring"  # our attention function, registered with transformers' AttentionInterface
 
 
 # ----------------------------------------------------------------------------------------- log-probs
-def _logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _logits(h: torch.Tensor, w: torch.Tensor, fp32_out: bool = True) -> torch.Tensor:
     """h (n, d) @ w (v, d).T as fp32 (n, v). On CUDA a bf16 tensor-core matmul whose fp32 accumulator is
-    written as is (not rounded to bf16); on a CPU (no fp32-out bf16 matmul there) the same numbers from the
-    bf16 values multiplied in fp32; fp32 inputs: the plain matmul."""
+    written as is (not rounded to bf16; ``fp32_out``: this torch's ``mm`` takes ``out_dtype``, :func:`fp32_out_mm`);
+    on a CPU (no fp32-out bf16 matmul there) the same numbers from the bf16 values multiplied in fp32; fp32
+    inputs: the plain matmul."""
     if h.dtype != torch.float32:
-        if h.is_cuda and _FP32_OUT.get("mm", True):
+        if h.is_cuda and fp32_out:
             return torch.mm(h, w.t(), out_dtype=torch.float32)
         if not h.is_cuda:
             return h.float() @ w.float().t()
     return (h @ w.t()).float()
 
 
-_FP32_OUT: dict[str, bool] = {}
+@functools.cache
+def fp32_out_mm(device: torch.device) -> bool:
+    """Whether this torch's CUDA ``mm`` on ``device`` takes ``out_dtype`` (bf16 in, fp32 out): a fact of the torch
+    build, probed once per device, eagerly (never inside a compiled function). False off CUDA."""
+    if device.type != "cuda":
+        return False
+    try:
+        a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+        torch.mm(a, a, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        log.warning("torch.mm has no fp32 out_dtype here: log-prob logits rounded to bf16")
+        return False
 
 
-def _check_fp32_out(device: torch.device) -> None:
-    """Whether this torch's CUDA ``mm`` takes ``out_dtype`` (bf16 in, fp32 out); decided once, eagerly."""
-    if device.type == "cuda" and "mm" not in _FP32_OUT:
-        try:
-            a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
-            torch.mm(a, a, out_dtype=torch.float32)
-            _FP32_OUT["mm"] = True
-        except (RuntimeError, TypeError, NotImplementedError):
-            log.warning("torch.mm has no fp32 out_dtype here: log-prob logits rounded to bf16")
-            _FP32_OUT["mm"] = False
-
-
-def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int, fp32_out: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One (tokens x vocab) tile: row max, sum of exp(logit - max), and the target logit where it falls in
     this tile (0 elsewhere). h (n, d), w (v, d), tgt (n,) -> three (n,) fp32."""
-    logits = _logits(h, w)  # (n, v)
+    logits = _logits(h, w, fp32_out)  # (n, v)
     m = logits.amax(-1)
     s = torch.exp(logits - m[:, None]).sum(-1)
     local = tgt - v0
@@ -84,23 +89,27 @@ def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int) -> 
     return m, s, torch.where(inside, t, torch.zeros_like(t))
 
 
-_COMPILED: dict[str, object] = {}
+@functools.cache
+def _compiled_lse_chunk():
+    """``_lse_chunk`` compiled (one fused reduction over the tile), built once per process: it depends on
+    nothing but the torch build, so every scorer shares it."""
+    compile_cache_dir()  # compiled kernels persist across processes
+    return torch.compile(_lse_chunk, dynamic=True)
 
 
-def _chunk_fn(device: torch.device):
-    """``_lse_chunk``, compiled on CUDA (one fused reduction over the tile), eager elsewhere."""
-    if device.type != "cuda":
-        return _lse_chunk
-    if "lse" not in _COMPILED:
-        from gdr.lm.compiling import compile_cache_dir
+@dataclass
+class CompilerFallbacks:
+    """Which compiled scoring kernels failed for their owner (a scorer: ``GenerativeLM.fallbacks``): each then
+    runs its eager twin (log-probs) or the dense path (flex attention) for the rest of that scorer's life,
+    after one log line, instead of failing again on every batch."""
 
-        compile_cache_dir()  # compiled kernels persist across processes
-        _COMPILED["lse"] = torch.compile(_lse_chunk, dynamic=True)
-    return _COMPILED["lse"]
+    flex: bool = False  # compiled flex attention failed: the dense additive mask
+    log_probs: bool = False  # the compiled log-prob tile failed: eager (same numbers, slower)
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None,
-                   token_chunk: int | None = None, vocab_chunk: int | None = None) -> torch.Tensor:
+                   token_chunk: int | None = None, vocab_chunk: int | None = None,
+                   fallbacks: CompilerFallbacks | None = None) -> torch.Tensor:
     """``log_softmax(hidden @ weight.T + bias)[targets]`` without materialising all logits at once.
 
     Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the vocabulary goes in tiles of
@@ -114,6 +123,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     weight : (V, d) output projection.
     targets : (N,) int64 token ids.
     bias : (V,) or None.
+    fallbacks : the caller's record of failed compiled kernels (a fresh one, this call only, when None); the
+        tile is compiled on CUDA unless it failed there before.
 
     Returns
     -------
@@ -122,8 +133,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     N, V = hidden.shape[0], weight.shape[0]
     token_chunk = token_chunk or (4096 if hidden.device.type == "cuda" else 1024)
     vc = V if vocab_chunk is None else int(vocab_chunk)
-    _check_fp32_out(hidden.device)
-    fn = _chunk_fn(hidden.device)
+    fallbacks = fallbacks if fallbacks is not None else CompilerFallbacks()
+    fp32_out = fp32_out_mm(hidden.device)
+    compiled = hidden.device.type == "cuda" and not fallbacks.log_probs
+    fn = _compiled_lse_chunk() if compiled else _lse_chunk
     out = torch.empty(N, dtype=torch.float32, device=hidden.device)
     for s0 in range(0, N, token_chunk):
         h, t = hidden[s0:s0 + token_chunk], targets[s0:s0 + token_chunk]
@@ -134,129 +147,21 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
             w = weight[v0:v0 + vc]
             if bias is not None:  # rare (no bias in Llama/T5 heads): a bias column, eagerly
                 hb = torch.cat([h, torch.ones_like(h[:, :1])], 1)  # (n, d + 1)
-                cm, cs, ct = _lse_chunk(hb, torch.cat([w, bias[v0:v0 + vc, None].to(w.dtype)], 1), t, v0)
+                cm, cs, ct = _lse_chunk(hb, torch.cat([w, bias[v0:v0 + vc, None].to(w.dtype)], 1), t, v0, fp32_out)
             else:
                 try:
-                    cm, cs, ct = fn(h, w, t, v0)
+                    cm, cs, ct = fn(h, w, t, v0, fp32_out)
                 except Exception as e:  # noqa: BLE001 - a compiler failure: eager (same numbers, slower)
                     if fn is _lse_chunk:
                         raise
                     log.warning("compiled log-prob kernel failed (%s); using eager", e)
-                    _COMPILED["lse"] = fn = _lse_chunk
-                    cm, cs, ct = fn(h, w, t, v0)
+                    fallbacks.log_probs, fn = True, _lse_chunk
+                    cm, cs, ct = fn(h, w, t, v0, fp32_out)
             new_m = torch.maximum(m, cm)
             s = s * torch.exp(m - new_m) + cs * torch.exp(cm - new_m)
             m, tl = new_m, tl + ct
         out[s0:s0 + h.shape[0]] = tl - (m + torch.log(s))
     return out
-
-
-# ----------------------------------------------------------------------------------------- attention
-def _flex_attention():
-    """Compiled flex attention on CUDA; eager flex (unfused, correct: tests) without CUDA."""
-    if "flex" not in _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        if not torch.cuda.is_available():  # its warning says so once
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            return flex_attention
-        from gdr.lm.compiling import compile_cache_dir
-
-        compile_cache_dir()
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED["flex"]
-
-
-class _FlexFailed(RuntimeError):
-    """Compiled flex attention failed: :meth:`ScoringMixin.score` scores the batch on the dense path."""
-
-
-def _grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.Tensor:
-    """SDPA of H query heads over Hkv = H / G key/value heads without repeating the keys and values (transformers'
-    ``repeat_kv``: G copies of the whole KV cache per layer and decode step). The G query heads of a key/value
-    head are folded into its sequence, (B, H, T, D) -> (B, Hkv, G*T, D) (a view when T = 1); a mask shared by the
-    heads, (B, 1, T, S), is repeated over the G row groups only when T > 1 (a decode step's (B, 1, 1, S) mask
-    broadcasts as is). query (B, H, T, D), key/value (B, Hkv, S, D) -> (B, T, H, D)."""
-    B, H, T, D = query.shape
-    Hkv = key.shape[1]
-    G = H // Hkv
-    q = query.reshape(B, Hkv, G * T, D)  # query head h = k * G + g reads key/value head k (as repeat_kv has it)
-    if mask.shape[1] > 1 or mask.shape[2] > 1:
-        mb, mh, mt, S = mask.shape
-        kv = Hkv if mh > 1 else 1  # a per-head mask (mh = H) or one for all heads (mh = 1)
-        mask = mask.reshape(mb, kv, mh // kv, mt, S).expand(mb, kv, G, T, S).reshape(mb, kv, G * T, S)
-    o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout,
-                                                         scale=scaling)  # (B, Hkv, G*T, Dv)
-    return o.view(B, H, T, -1).transpose(1, 2).contiguous()
-
-
-def _scoring_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
-                       **kwargs):
-    """Attention for the scoring passes; identical to transformers' SDPA for everything else.
-
-    query (Bq, H, T, D), key/value (Bk, Hkv, S, D). Three cases:
-
-    - ``attention_mask`` is a flex ``BlockMask`` (packed causal queries): block-sparse flex attention.
-    - ``Bq = G * Bk`` (T5 cross-attention, G queries per document): the G query rows of a document are
-      folded into one (H, G*T) sequence over that document's keys, one SDPA call, no key/value copies.
-      ``attention_mask`` is then the (Bk, 1, 1, S) bool encoder padding mask; T5's cross-attention
-      position bias is zero and ignored.
-    - grouped-query attention (``Hkv < H``) under a mask: :func:`_grouped_sdpa`, no key/value copies (where
-      transformers' SDPA would ``repeat_kv`` them; this is also the sampling decoder's attention).
-    - otherwise: transformers' ``sdpa`` attention.
-    Returns (Bq, T, H, D) as transformers' attention functions do.
-    """
-    from torch.nn.attention.flex_attention import BlockMask
-
-    if isinstance(attention_mask, BlockMask):
-        kw = dict(block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
-        fn = _flex_attention()
-        try:
-            out = fn(query, key, value, **kw)
-        except Exception as e:  # noqa: BLE001 - a compiler failure: the dense path, not eager flex (which
-            # materialises the fp32 scores: ~42 GB a layer at the CUDA auto sizes)
-            if fn is not _COMPILED.get("flex"):
-                raise
-            raise _FlexFailed(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
-        return out.transpose(1, 2).contiguous(), None
-    Bq, Bk = query.shape[0], key.shape[0]
-    if Bq != Bk:
-        G, H, T, D = Bq // Bk, query.shape[1], query.shape[2], query.shape[3]
-        q = query.view(Bk, G, H, T, D).transpose(1, 2).reshape(Bk, H, G * T, D)  # (Bk, H, G*T, D)
-        o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
-        return o.view(Bk, H, G, T, D).permute(0, 2, 3, 1, 4).reshape(Bq, T, H, D), None
-    if query.shape[1] != key.shape[1] and attention_mask is not None and position_bias is None:
-        return _grouped_sdpa(query, key, value, attention_mask, scaling, dropout), None
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  position_bias=position_bias, **kwargs)
-
-
-def use_gdr_attention(model) -> None:
-    """Run ``model``'s attention through :func:`_scoring_attention` (transformers' SDPA where nothing differs)."""
-    _register_attention()
-    _use_attention(model, ATTN_IMPL)
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    if ATTN_IMPL not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTN_IMPL, _scoring_attention)
-        AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
-
-
-def _use_attention(model, impl: str) -> None:
-    """``model.set_attn_implementation(impl)``, and on its encoder and decoder stacks where their configs are
-    copies that it leaves as they were (transformers 5.17: T5's cross-attention then ran plain SDPA on the
-    folded query rows and failed at a doc batch above 1)."""
-    model.set_attn_implementation(impl)
-    for get in (getattr(model, "get_encoder", None), getattr(model, "get_decoder", None)):
-        stack = get() if get is not None else None
-        if stack is not None and stack is not model and getattr(stack.config, "_attn_implementation", impl) != impl:
-            stack.set_attn_implementation(impl)
 
 
 # ----------------------------------------------------------------------------------------- sizes
@@ -300,8 +205,19 @@ def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
 
 
 # ----------------------------------------------------------------------------------------- scoring
+@dataclass
+class ScoringCopy:
+    """The scorer's copy of ``source`` cast to a compute dtype, valid while ``stamp`` (dtype, device, the sum of
+    the weights' in-place version counters) holds and the scorer's model is still ``source``."""
+
+    source: torch.nn.Module
+    stamp: tuple
+    model: torch.nn.Module
+
+
 class ScoringMixin:
-    """P-matrix scoring for :class:`gdr.lm.GenerativeLM`."""
+    """P-matrix scoring for :class:`gdr.lm.GenerativeLM` (needs ``model``, ``device``, ``fallbacks`` (a
+    :class:`CompilerFallbacks`) and ``score_copy`` (a :class:`ScoringCopy` or None) set by its ``__init__``)."""
 
     @torch.inference_mode()
     def score(self, docs: Sequence[str], queries: Sequence[str], doc_batch_size: int | str = 4,
@@ -340,7 +256,8 @@ class ScoringMixin:
         q_order = np.argsort([len(q) for q in q_ids], kind="stable")
         q_sorted = [q_ids[j] for j in q_order]
         # causal: the query chunks are the same for every doc batch: packed and uploaded once
-        packed = None if self.is_seq2seq else self._pack_causal(q_sorted, max_query_tokens, attention == "flex")
+        flex = attention == "flex"
+        packs = {} if self.is_seq2seq else {flex: self._pack_causal(q_sorted, max_query_tokens, flex)}
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
         bar = tqdm(total=len(docs) * len(queries), desc="score", unit="pair", unit_scale=True,
                    disable=not progress)
@@ -352,8 +269,7 @@ class ScoringMixin:
                 if self.is_seq2seq:
                     lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens)
                 else:
-                    lp = self._score_causal_batch(model, batch, packed, q_sorted, max_query_tokens,
-                                                  attention == "flex")
+                    lp = self._score_causal_batch(model, batch, packs, q_sorted, max_query_tokens, flex)
             out[rows[:, None], q_order[None, :]] = lp.float().cpu().numpy()  # the doc batch's one host sync
             bar.update(len(rows) * len(queries))
         bar.close()
@@ -361,44 +277,41 @@ class ScoringMixin:
 
     def _scoring_model(self, compute_dtype: torch.dtype | None):
         """The model the scoring passes run: ``self.model`` with our attention function (identical to SDPA
-        outside scoring), or a copy cast to ``compute_dtype`` (bf16 on CUDA by default), made again when the
-        model's weights changed in place (a fine-tune) or moved since."""
-        _register_attention()
+        outside scoring), or a copy cast to ``compute_dtype`` (bf16 on CUDA by default), held in
+        ``self.score_copy`` and made again when the model was replaced, or its weights changed in place (a
+        fine-tune) or moved since."""
+        register_attention()
         params = list(self.model.parameters())
         own = params[0].dtype
         dtype = compute_dtype or score_compute_dtype("auto", self.device, own)
         if getattr(self.model.config, "_attn_implementation", None) not in ("sdpa", ATTN_IMPL):
             self.model.set_attn_implementation("sdpa")
         if dtype == own:
-            _use_attention(self.model, ATTN_IMPL)
+            set_attention(self.model, ATTN_IMPL)
             return self.model
-        stamp = (dtype, params[0].device, sum(p._version for p in params), id(self.model))
-        held = self.__dict__.get("_score_copy")
-        if held is None or held[0] != stamp:
+        stamp = (dtype, params[0].device, sum(p._version for p in params))
+        held = self.score_copy
+        if held is None or held.source is not self.model or held.stamp != stamp:
             m = cast_copy(self.model, dtype)  # rotary frequencies stay fp32
-            _use_attention(m, ATTN_IMPL)
-            self.__dict__["_score_copy"] = held = (stamp, m)
-        return held[1]
+            set_attention(m, ATTN_IMPL)
+            held = self.score_copy = ScoringCopy(self.model, stamp, m)
+        return held.model
 
-    def _score_causal_batch(self, model, prompts: list[list[int]], packed: dict, q_ids: list[list[int]],
+    def _score_causal_batch(self, model, prompts: list[list[int]], packs: dict[bool, tuple], q_ids: list[list[int]],
                             max_query_tokens: int, flex: bool) -> torch.Tensor:
-        """:meth:`_score_causal` of one document batch on the queries ``packed`` by :meth:`_pack_causal`; if
-        compiled flex attention fails, the batch (and every later one in this process) is scored on the dense
-        path, with one log line. ``packed`` is the packing of this ``score`` call (flex pads each chunk to its
-        block size); the dense packing is added to it the first time the dense path needs it."""
-        if flex and not _COMPILED.get("flex_failed"):
+        """:meth:`_score_causal` of one document batch on the queries packed by :meth:`_pack_causal`; if
+        compiled flex attention fails, the batch (and every later one of this scorer) is scored on the dense
+        path, with one log line (``self.fallbacks.flex``). ``packs``: this ``score`` call's packings by
+        ``flex`` (flex pads each chunk to its block size); the dense one is added the first time it is needed."""
+        if flex and not self.fallbacks.flex:
             try:
-                return self._score_causal(model, prompts, *packed, True)
-            except _FlexFailed as e:
+                return self._score_causal(model, prompts, *packs[True], True)
+            except FlexFailed as e:
                 log.warning("compiled flex attention failed (%s); scoring on the dense path from now on", e)
-                _COMPILED["flex_failed"] = True
-        if flex:  # the flex packing's block padding is not what the dense path expects: pack once more
-            if "dense" not in self.__dict__.setdefault("_dense_pack", {}) or \
-                    self.__dict__["_dense_pack"].get("for") is not packed:
-                self.__dict__["_dense_pack"] = {"for": packed,
-                                                "dense": self._pack_causal(q_ids, max_query_tokens, False)}
-            packed = self.__dict__["_dense_pack"]["dense"]
-        return self._score_causal(model, prompts, *packed, False)
+                self.fallbacks.flex = True
+        if False not in packs:  # the flex packing's block padding is not what the dense path expects
+            packs[False] = self._pack_causal(q_ids, max_query_tokens, False)
+        return self._score_causal(model, prompts, *packs[False], False)
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
         chunks, start, tokens = [], 0, 0
@@ -413,7 +326,7 @@ class ScoringMixin:
     def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, model=None) -> torch.Tensor:
         """log softmax(lm_head(hidden))[targets] through :func:`token_logprobs`. hidden (N, d), targets (N,) -> (N,)"""
         head = (model or self.model).get_output_embeddings()
-        return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None))
+        return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None), fallbacks=self.fallbacks)
 
     def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool
                      ) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
@@ -488,8 +401,7 @@ class ScoringMixin:
     def _first_token_logprobs(self, model, h_last: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """(B, J) log p(first token of query j | prompt b): one full log-softmax row per document."""
         head = model.get_output_embeddings()
-        _check_fp32_out(h_last.device)
-        logits = _logits(h_last, head.weight)  # (B, V)
+        logits = _logits(h_last, head.weight, fp32_out_mm(h_last.device))  # (B, V)
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.float()
         return logits.log_softmax(-1)[:, first]
@@ -520,8 +432,6 @@ class ScoringMixin:
             return prompt | own
 
         if dev.type == "cuda":
-            from gdr.lm.compiling import compile_cache_dir
-
             compile_cache_dir()
             try:
                 return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev, _compile=True)
@@ -531,7 +441,7 @@ class ScoringMixin:
 
     def _score_seq2seq(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int) -> torch.Tensor:
         """(B, n_queries): the encoder once per document; the decoder over (B*Q, L) rows whose cross-attention
-        reads each document's encoder states once (see :func:`_scoring_attention`)."""
+        reads each document's encoder states once (see :func:`gdr.lm.attention.gdr_attention`)."""
         dev = self.device
         B = len(prompts)
         enc = self._pad(prompts)
