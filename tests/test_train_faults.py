@@ -143,16 +143,16 @@ def test_train_retriever_refuses_a_folder_of_another_training(toy, trained, tmp_
 # ----------------------------------------------------------------------------------- stops, damage, a full disk
 def _stop_at(monkeypatch, step: int) -> None:
     """SIGTERM to this process once training reaches ``step`` (a scheduler's preemption)."""
-    from training import train
+    from training import callbacks
 
-    real = train._LossRecorder.on_train_batch_end
+    real = callbacks.LossRecorder.on_train_batch_end
 
     def on_train_batch_end(self, trainer, *a, **k):
         real(self, trainer, *a, **k)
         if trainer.global_step == step:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(train._LossRecorder, "on_train_batch_end", on_train_batch_end)
+    monkeypatch.setattr(callbacks.LossRecorder, "on_train_batch_end", on_train_batch_end)
 
 
 def test_two_stops_then_the_rerun_finishes(toy, tmp_path, capsys, monkeypatch):

@@ -13,10 +13,8 @@ Run folder layout::
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,10 +23,12 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from gdr import cost
+from gdr import cost, signals
 from indexing.docids import write_docids
-from indexing.trie import build_trie
-from training.data import RetrievalDataModule, build_examples, resume_point
+from indexing.trie import DocidTrie, build_trie
+from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal
+from training.checkpoints import AtomicCheckpointIO, check_last, checkpoint_batch, intact_best, remove_partial_writes
+from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
 from training.module import RetrieverModule
 from training.stopping import patience_checks, steps_per_check
@@ -199,27 +199,6 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     return bs
 
 
-def _checkpoint_batch(ckpt: Path, default: int) -> int:
-    """The batch size a checkpoint was trained at (``default``, the old ``auto``, for a checkpoint without it)."""
-    try:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
-    except Exception:  # noqa: BLE001 - a damaged last.ckpt: _check_last says so and picks what to resume
-        return default
-    return int(state.get("hyper_parameters", {}).get("batch_size") or default)
-
-
-def _validate_at_end(trainer, module, dm, ckpt_dir: Path, monitor: str) -> tuple[str | None, float | None]:
-    """A run that ended before its first validation (``max_steps`` within the first epoch): validate the final
-    weights once and keep them as the best checkpoint, so the run has a dev score and a checkpoint like any other."""
-    metrics = trainer.validate(module, datamodule=dm, verbose=False)
-    score = metrics[0].get(monitor) if metrics else None
-    path = ckpt_dir / f"best-{trainer.current_epoch}-{trainer.global_step}.ckpt"
-    trainer.save_checkpoint(path, weights_only=True)
-    log.info("no validation within these %d steps: validated the final weights once (%s %s)", trainer.global_step,
-             monitor, "n/a" if score is None else f"{float(score):.4f}")
-    return str(path), None if score is None else float(score)
-
-
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -232,139 +211,26 @@ class TrainResult:
     losses: list[float] = field(default_factory=list, repr=False)
 
 
-class _DiesWithParent(pl.Callback):
-    """In a process Lightning spawned (``ddp_spawn``; not the one that built the Trainer): die with that one,
-    so kill -9 of ``gdr train`` / ``gdr run`` leaves no trainer behind (:func:`gdr.guard.die_with_parent`)."""
+@dataclass
+class _Data:
+    """What :func:`_prepare_data` made: the architecture with its docid sizes, the trie, the tokenizer, the examples."""
 
-    def __init__(self) -> None:
-        self.parent = os.getpid()
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if os.getpid() != self.parent:
-            from gdr.guard import die_with_parent
-
-            die_with_parent(self.parent)
+    cfg: RetrieverConfig
+    trie: DocidTrie
+    tokenizer: Any
+    examples: RetrievalExamples
 
 
-class _StopOnSignal(pl.Callback):
-    """SIGTERM / SIGINT during training (:func:`gdr.signals.deferred`): write ``last.ckpt`` at the end of the
-    current batch, then stop with :class:`gdr.signals.Stopped`; during validation, stop at the batch end
-    (the last checkpoint stands). Only the process that built the Trainer saves."""
+@dataclass
+class _Run:
+    """How this run trains: batch size, the optimiser at that batch, precision, fused AdamW, on CUDA or not."""
 
-    def __init__(self, last: Path) -> None:
-        self.last = last
-        self.parent = os.getpid()
-
-    def on_train_start(self, trainer, pl_module):
-        from gdr import signals
-
-        signals.reclaim()  # Lightning's SIGTERM handler (set after on_fit_start) would stop without a checkpoint
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        from gdr import signals
-
-        signum = signals.take() if os.getpid() == self.parent else None
-        if signum is not None:
-            trainer.save_checkpoint(self.last)
-            log.info("stopping on %s: resume point %s (step %d)", signals.name(signum), self.last,
-                     trainer.global_step)
-            raise signals.Stopped(signum)
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        from gdr import signals
-
-        signum = signals.pending()
-        if signum is not None and os.getpid() == self.parent:
-            raise signals.Stopped(signum)
-
-
-class _AtomicCheckpointIO(pl.plugins.TorchCheckpointIO):
-    """Every checkpoint is written to a temporary file in its own folder, flushed to disk, then renamed: a full
-    disk or a kill leaves the previous checkpoint whole, never a truncated one under a checkpoint's name
-    (Lightning's own writer moves a file written in /tmp into place, which a full disk cuts short)."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as e:  # name the checkpoint (the line of gdr.guard.write_error_line), not the temporary file
-            raise OSError(e.errno, e.strerror, str(path)) from e
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-
-def _readable(path: Path) -> str | None:
-    """What is wrong with a checkpoint file (truncated, not a checkpoint), or None when it loads."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # torch raises RuntimeError, EOFError, pickle errors ... for a damaged file
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return None if isinstance(state, dict) and "state_dict" in state else "not a Lightning checkpoint"
-
-
-def _intact_best(ckpt_dir: Path, prefer: str | None = None) -> str | None:
-    """The best checkpoint to export: ``prefer`` if it loads, else the newest ``best-*.ckpt`` that does."""
-    found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in ([Path(prefer)] if prefer else []) + found:
-        problem = _readable(path) if path.is_file() else "missing"
-        if problem is None:
-            return str(path)
-        log.warning("%s: damaged (%s); not used as the best checkpoint", path, problem)
-    return None
-
-
-def _check_last(last: Path, ckpt_dir: Path, on_damaged: str) -> str | None:
-    """A damaged ``last.ckpt`` (truncated by an old writer, a copy, a full disk): one line, then the fallback
-    ``trainer.resume_damaged`` names: the weights of the best checkpoint (``best``) or a fresh start
-    (``fresh``). The damaged file is moved aside (``last.ckpt.damaged``). Returns the checkpoint whose weights
-    to start from, or None."""
-    problem = _readable(last)
-    if problem is None:
-        return None
-    with contextlib.suppress(FileNotFoundError):  # another rank of a launched job moved it already
-        last.replace(last.with_name(last.name + ".damaged"))
-    best = _intact_best(ckpt_dir) if on_damaged == "best" else None
-    then = (f"starting from the weights of {Path(best).name} with a fresh optimiser and step count "
-            "(trainer.resume_damaged=fresh starts over instead)" if best else
-            "starting over" + (" (no intact best checkpoint)" if on_damaged == "best" else ""))
-    log.warning("%s is damaged (%s), moved to %s; %s", last, problem, last.name + ".damaged", then)
-    return best
-
-
-class _LossRecorder(pl.Callback):
-    """Keeps every training loss (used by tests and written to nowhere else).
-
-    The losses stay on the device and are copied to the host every ``flush_every`` steps and when read:
-    no host synchronisation per step.
-    """
-
-    def __init__(self, flush_every: int = 1000):
-        self._pending: list[torch.Tensor] = []
-        self._done: list[float] = []
-        self.flush_every = flush_every
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._pending.append(loss.detach().float())
-        if len(self._pending) >= self.flush_every:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._pending:
-            self._done.extend(torch.stack(self._pending).cpu().tolist())
-            self._pending.clear()
-
-    @property
-    def losses(self) -> list[float]:
-        self._flush()
-        return self._done
+    batch_size: int
+    optim: OptimOptions
+    precision: str
+    fused: bool
+    cuda: bool
+    world_size: int
 
 
 def _world_size(devices: Any, cuda: bool) -> int:
@@ -381,6 +247,198 @@ def _precision(p: str | None, accelerator: str) -> str:
     if p is not None and p != "auto":
         return str(p)
     return "bf16-mixed" if _on_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def _prepare_data(out: Path, model_config: RetrieverConfig, doc_ids: Sequence[str], codes: Sequence[Sequence[int]],
+                  examples: ExampleOptions, seed: int, **texts: Any) -> _Data:
+    """The architecture sized for the docids, their trie, ``out/docids.tsv``, the tokenizer and the examples
+    (``texts``: the text arguments of :func:`train`)."""
+    K = max(max(c) for c in codes) + 1
+    L = max(len(c) for c in codes)
+    cfg = RetrieverConfig.from_dict(model_config.to_dict())
+    if not cfg.n_digits:
+        cfg.n_digits = K
+    if not cfg.max_code_len:
+        cfg.max_code_len = L
+    if cfg.n_digits < K or cfg.max_code_len < L:
+        raise ValueError(f"docids need K >= {K} digits and length >= {L}, but the model has "
+                         f"n_digits={cfg.n_digits}, max_code_len={cfg.max_code_len}; raise them or set them to null")
+    trie = build_trie(codes, n_digits=cfg.n_digits)
+    write_docids(out / "docids.tsv", doc_ids, codes)
+    tokenizer = load_tokenizer(cfg.tokenizer_name)
+    ex = build_examples(tokenizer, len(doc_ids), max_query_len=cfg.max_query_len, seed=seed, **texts,
+                        **asdict(examples))
+    return _Data(cfg, trie, tokenizer, ex)
+
+
+def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -> _Run:
+    """The batch size (a resumed ``auto`` run keeps the batch it started with, whatever is free now), the
+    optimiser scaled to it, the precision and the AdamW kind."""
+    cuda = _on_cuda(t.accelerator)
+    world = _world_size(t.devices, cuda)
+    if t.batch_size == "auto" and t.resume and last.exists():
+        batch_size = checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
+    else:
+        batch_size = resolve_batch_size(t.batch_size, t.accelerator, config=data.cfg,
+                                        n_train=len(data.examples.train) // world)
+    optim = scaled_optim(optim, batch_size)
+    log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
+             optim.lr_decoder, optim.warmup_steps)
+    precision = _precision(t.precision, t.accelerator)
+    fused = resolve_fused(optim.fused, cuda, precision)
+    log.info("precision %s, %s AdamW", precision, "fused" if fused else "unfused")
+    return _Run(batch_size, optim, precision, fused, cuda, world)
+
+
+def _build_module(data: _Data, run: _Run, t: TrainerOptions, seed: int) -> RetrieverModule:
+    o = run.optim
+    module = RetrieverModule(data.cfg.to_dict(), lr_encoder=o.lr_encoder, lr_decoder=o.lr_decoder,
+                             weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+                             consistency_weight=o.consistency_weight, val_beam=t.val_beam,
+                             length_penalty=t.length_penalty, seed=seed, fused=run.fused, trie=data.trie,
+                             batch_size=run.batch_size)
+    log.info("retriever parameters: %s", module.model.n_params())
+    if t.compile and run.cuda:
+        module.model.compile()  # in place: the state dict keeps its keys
+    return module
+
+
+def _early_stopping(t: TrainerOptions, run: _Run, n_train: int) -> pl.callbacks.EarlyStopping | None:
+    if not (t.patience_steps or t.patience > 0):
+        return None
+    patience = t.patience
+    if t.patience_steps:  # steps -> checks at this batch size and validation interval
+        per_check = steps_per_check(n_train, run.batch_size, t.check_val_every_n_epoch, t.val_check_interval,
+                                    world_size=run.world_size)
+        patience = patience_checks(int(t.patience_steps), per_check)
+        log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
+                 "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
+    # checked right after each validation, never at an epoch end without one (a run stopped by max_steps
+    # mid-epoch, a resumed epoch): there the metric does not exist and Lightning would stop the run with an error
+    return pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience,
+                                      check_on_train_epoch_end=False)
+
+
+def _loggers(out: Path, tensorboard: bool) -> list:
+    # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
+    loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
+    if tensorboard:
+        try:
+            import tensorboard as _  # noqa: F401 - an optional dependency: its logger only when installed
+
+            loggers.append(pl.loggers.TensorBoardLogger(out, name="tensorboard"))
+        except ImportError:
+            pass
+    return loggers
+
+
+def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: Sequence[pl.Callback]):
+    """The Trainer with gdr's callbacks; returns (trainer, the best-checkpoint callback or None, the loss recorder)."""
+    ckpt_dir = out / "checkpoints"
+    has_dev = len(data.examples.dev) > 0
+    # Lightning 2.6 writes `save_last` only when a top-k checkpoint is written in the same step, so
+    # the resume point is a checkpoint callback of its own: monitor None, top-1 = the latest state.
+    last_ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False,
+        every_n_train_steps=t.checkpoint_every_n_steps,
+        every_n_epochs=None if t.checkpoint_every_n_steps else t.checkpoint_every_n_epochs,
+    )
+    best_ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
+        auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
+    ) if has_dev else None
+    recorder = LossRecorder()
+    # best before last: last.ckpt then carries the best-checkpoint callback's updated state
+    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder,
+                 pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
+                 StopOnSignal(ckpt_dir / "last.ckpt"), *extra]
+    if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
+        callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
+    stopping = _early_stopping(t, run, len(data.examples.train)) if has_dev else None
+    if stopping is not None:
+        callbacks.append(stopping)
+    trainer = pl.Trainer(
+        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=t.min_steps or None,
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=run.precision,
+        gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
+        val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
+        log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=_loggers(out, t.tensorboard),
+        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
+        enable_model_summary=False, deterministic=False, plugins=[AtomicCheckpointIO()],
+    )
+    return trainer, best_ckpt, recorder
+
+
+def _resume(trainer: pl.Trainer, module: RetrieverModule, dm: RetrievalDataModule, t: TrainerOptions,
+            ckpt_dir: Path, n_train: int, batch_size: int) -> str | None:
+    """The checkpoint to resume from (``last.ckpt``; None = a fresh start), with the data module set to skip
+    the batches of the stopped epoch already trained on. A damaged ``last.ckpt`` starts from the fallback
+    :func:`training.checkpoints.check_last` picks."""
+    remove_partial_writes(ckpt_dir)
+    last = ckpt_dir / "last.ckpt"
+    if not (t.resume and last.exists()):
+        return None
+    start = check_last(last, ckpt_dir, t.resume_damaged)
+    if start is not None:
+        module.load_state_dict(torch.load(start, map_location="cpu", weights_only=False)["state_dict"])
+    if not last.exists():  # damaged and moved aside
+        return None
+    if trainer.world_size == 1:  # skip the batches of the stopped epoch already trained on (exact resume)
+        dm.resume_epoch, dm.resume_skip = resume_point(last, n_train, batch_size)
+    else:
+        log.warning("resuming under %d processes: the killed epoch is replayed from its start", trainer.world_size)
+    log.info("resuming from %s (epoch %d, %d examples of it done)", last, dm.resume_epoch, dm.resume_skip)
+    return str(last)
+
+
+def _validate_at_end(trainer, module, dm, ckpt_dir: Path, monitor: str) -> tuple[str | None, float | None]:
+    """A run that ended before its first validation (``max_steps`` within the first epoch): validate the final
+    weights once and keep them as the best checkpoint, so the run has a dev score and a checkpoint like any other."""
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)
+    score = metrics[0].get(monitor) if metrics else None
+    path = ckpt_dir / f"best-{trainer.current_epoch}-{trainer.global_step}.ckpt"
+    trainer.save_checkpoint(path, weights_only=True)
+    log.info("no validation within these %d steps: validated the final weights once (%s %s)", trainer.global_step,
+             monitor, "n/a" if score is None else f"{float(score):.4f}")
+    return str(path), None if score is None else float(score)
+
+
+def _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir: Path, monitor: str) -> tuple[str | None, float | None]:
+    """This run's best checkpoint and its score; earlier runs' best checkpoints (and damaged ones) deleted."""
+    if best_ckpt is None:
+        return None, None
+    best = best_ckpt.best_model_path or None
+    score = float(best_ckpt.best_model_score) if best_ckpt.best_model_score is not None else None
+    if best is None and not any(ckpt_dir.glob("best-*.ckpt")):
+        best, score = _validate_at_end(trainer, module, dm, ckpt_dir, monitor)
+    chosen = intact_best(ckpt_dir, best)  # e.g. resumed after the last epoch: nothing new was validated
+    if chosen != best:
+        best, score = chosen, None
+    keep = Path(best).resolve() if best else None  # Lightning resolves its dirpath; out_dir may be relative
+    for other in ckpt_dir.glob("best-*.ckpt") if trainer.is_global_zero else ():
+        if other.resolve() != keep:  # an earlier run's best, or one a failed write left: not this run's
+            other.unlink()
+    return best, score
+
+
+def _export(out: Path, module: RetrieverModule, tokenizer, best: str | None, score: float | None,
+            global_step: int) -> tuple[float | None, int]:
+    """Load the best weights into ``module`` and write ``out/model``; returns the best score and the step count,
+    read from the checkpoints where the Trainer does not have them (``ddp_spawn`` hands back only paths)."""
+    if best:
+        ckpt = torch.load(best, map_location="cpu", weights_only=False)
+        module.load_state_dict(ckpt["state_dict"])
+        if score is None:
+            scores = [v.get("best_model_score") for k, v in ckpt.get("callbacks", {}).items()
+                      if "ModelCheckpoint" in str(k) and isinstance(v, dict)]
+            score = next((float(x) for x in scores if x is not None), None)
+    last = out / "checkpoints" / "last.ckpt"
+    if global_step == 0 and last.exists():
+        global_step = int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
+    model_dir = out / "model"
+    module.model.cpu().save(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return score, global_step
 
 
 def train(
@@ -401,6 +459,9 @@ def train(
 ) -> TrainResult:
     """Train a retriever mapping queries to the docids ``codes`` and export it to ``out_dir/model``.
 
+    The phases: prepare the data, plan the run (batch size, optimiser, precision), build the module and the
+    trainer, resume from ``last.ckpt``, fit, export the best checkpoint.
+
     Parameters
     ----------
     model_config : the architecture; ``n_digits``/``max_code_len`` of 0 or None are taken from ``codes``
@@ -411,149 +472,28 @@ def train(
         (:func:`scaled_optim`)
     callbacks : extra Lightning callbacks
     """
-    out = Path(out_dir)
+    out, t = Path(out_dir), trainer_opts  # its values passed the rules of gdr.stages.settings.TrainSettings
     if len(doc_ids) != len(codes):
         raise ValueError(f"{len(doc_ids)} doc ids but {len(codes)} codes")
-    t = trainer_opts  # its values passed the rules of gdr.stages.settings.TrainSettings
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(seed, workers=True)
-    K = max(max(c) for c in codes) + 1
-    L = max(len(c) for c in codes)
-    cfg = RetrieverConfig.from_dict(model_config.to_dict())
-    if not cfg.n_digits:
-        cfg.n_digits = K
-    if not cfg.max_code_len:
-        cfg.max_code_len = L
-    if cfg.n_digits < K or cfg.max_code_len < L:
-        raise ValueError(f"docids need K >= {K} digits and length >= {L}, but the model has "
-                         f"n_digits={cfg.n_digits}, max_code_len={cfg.max_code_len}; raise them or set them to null")
-    trie = build_trie(codes, n_digits=cfg.n_digits)
-    write_docids(out / "docids.tsv", doc_ids, codes)
-    tokenizer = load_tokenizer(cfg.tokenizer_name)
-    ex = build_examples(
-        tokenizer, len(doc_ids), doc_texts=doc_texts, train_queries=train_queries, train_rel=train_rel,
-        gen_queries=gen_queries, gen_docs=gen_docs, max_query_len=cfg.max_query_len, seed=seed,
-        **asdict(examples),
-    )
-    cuda = _on_cuda(t.accelerator)
+    data = _prepare_data(out, model_config, doc_ids, codes, examples, seed, doc_texts=doc_texts,
+                         train_queries=train_queries, train_rel=train_rel, gen_queries=gen_queries, gen_docs=gen_docs)
     ckpt_dir = out / "checkpoints"
-    last = ckpt_dir / "last.ckpt"
-    if t.batch_size == "auto" and t.resume and last.exists():  # the batch the run started with, whatever is free now
-        batch_size = _checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
-    else:
-        batch_size = resolve_batch_size(t.batch_size, t.accelerator, config=cfg,
-                                        n_train=len(ex.train) // _world_size(t.devices, cuda))
-    optim = scaled_optim(optim, batch_size)
-    log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
-             optim.lr_decoder, optim.warmup_steps)
-    precision = _precision(t.precision, t.accelerator)
-    fused = resolve_fused(optim.fused, cuda, precision)
-    log.info("precision %s, %s AdamW", precision, "fused" if fused else "unfused")
-    if cuda:
+    run = _plan_run(t, optim, data, ckpt_dir / "last.ckpt")
+    if run.cuda:
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
-    dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=batch_size,
-                             eval_batch_size=t.eval_batch_size, num_workers=t.num_workers, seed=seed,
-                             pin_memory=cuda)
-    module = RetrieverModule(cfg.to_dict(), lr_encoder=optim.lr_encoder, lr_decoder=optim.lr_decoder,
-                             weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
-                             consistency_weight=optim.consistency_weight, val_beam=trainer_opts.val_beam,
-                             length_penalty=trainer_opts.length_penalty, seed=seed, fused=fused, trie=trie,
-                             batch_size=batch_size)
-    n_params = module.model.n_params()
-    log.info("retriever parameters: %s", n_params)
-    if t.compile and cuda:
-        module.model.compile()  # in place: the state dict keeps its keys
-
-    has_dev = len(ex.dev) > 0
-    # Lightning 2.6 writes `save_last` only when a top-k checkpoint is written in the same step, so
-    # the resume point is a checkpoint callback of its own: monitor None, top-1 = the latest state.
-    last_ckpt = pl.callbacks.ModelCheckpoint(
-        dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False,
-        every_n_train_steps=t.checkpoint_every_n_steps,
-        every_n_epochs=None if t.checkpoint_every_n_steps else t.checkpoint_every_n_epochs,
-    )
-    best_ckpt = pl.callbacks.ModelCheckpoint(
-        dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
-        auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
-    ) if has_dev else None
-    recorder = _LossRecorder()
-    # best before last: last.ckpt then carries the best-checkpoint callback's updated state
-    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder, pl.callbacks.LearningRateMonitor(logging_interval="step"), _DiesWithParent(),
-                 _StopOnSignal(ckpt_dir / "last.ckpt"), *callbacks]
-    if t.enable_progress_bar and cuda:  # the bar reads the logged loss (a host sync) at each refresh
-        callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
-    if has_dev and (t.patience_steps or t.patience > 0):
-        patience = t.patience
-        if t.patience_steps:  # steps -> checks at this batch size and validation interval
-            per_check = steps_per_check(len(ex.train), batch_size, t.check_val_every_n_epoch, t.val_check_interval,
-                                        world_size=_world_size(t.devices, cuda))
-            patience = patience_checks(int(t.patience_steps), per_check)
-            log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
-                     "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
-        # checked right after each validation, never at an epoch end without one (a run stopped by max_steps
-        # mid-epoch, a resumed epoch): there the metric does not exist and Lightning would stop the run with an error
-        callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience,
-                                                    check_on_train_epoch_end=False))
-    # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
-    loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
-    if t.tensorboard:
-        try:
-            import tensorboard  # noqa: F401
-
-            loggers.append(pl.loggers.TensorBoardLogger(out, name="tensorboard"))
-        except ImportError:
-            pass
-    trainer = pl.Trainer(
-        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=t.min_steps or None,
-        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=precision,
-        gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
-        val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
-        log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=loggers,
-        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
-        enable_model_summary=False, deterministic=False, plugins=[_AtomicCheckpointIO()],
-    )
-    for stray in ckpt_dir.glob(".*.tmp"):  # a checkpoint write cut short (full disk, kill): never a checkpoint
-        stray.unlink()
-    start = _check_last(last, ckpt_dir, t.resume_damaged) if t.resume and last.exists() else None
-    if start is not None:
-        module.load_state_dict(torch.load(start, map_location="cpu", weights_only=False)["state_dict"])
-    ckpt_path = str(last) if (t.resume and last.exists()) else None
-    if ckpt_path:
-        if trainer.world_size == 1:  # skip the batches of the killed epoch already trained on (exact resume)
-            dm.resume_epoch, dm.resume_skip = resume_point(last, len(ex.train), batch_size)
-        else:
-            log.warning("resuming under %d processes: the killed epoch is replayed from its start", trainer.world_size)
-        log.info("resuming from %s (epoch %d, %d examples of it done)", ckpt_path, dm.resume_epoch, dm.resume_skip)
-    from gdr import signals
-
-    with signals.deferred():  # a signal stops at the next batch end, after writing last.ckpt (_StopOnSignal)
+    dm = RetrievalDataModule(data.examples, data.trie, pad_token_id=data.tokenizer.pad_token_id or 0,
+                             batch_size=run.batch_size, eval_batch_size=t.eval_batch_size, num_workers=t.num_workers,
+                             seed=seed, pin_memory=run.cuda)
+    module = _build_module(data, run, t, seed)
+    trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
+    ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)
+    with signals.deferred():  # a signal stops at the next batch end, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-
-    best = (best_ckpt.best_model_path or None) if best_ckpt else None
-    best_score = float(best_ckpt.best_model_score) if best_ckpt and best_ckpt.best_model_score is not None else None
-    if best_ckpt and best is None and not any(ckpt_dir.glob("best-*.ckpt")):
-        best, best_score = _validate_at_end(trainer, module, dm, ckpt_dir, t.monitor)
-    if best_ckpt:  # e.g. resumed after the last epoch: nothing new was validated; or a damaged file
-        chosen = _intact_best(ckpt_dir, best)
-        if chosen != best:
-            best, best_score = chosen, None
-        keep = Path(best).resolve() if best else None  # Lightning resolves its dirpath; out_dir may be relative
-        for other in ckpt_dir.glob("best-*.ckpt") if trainer.is_global_zero else ():
-            if other.resolve() != keep:  # an earlier run's best, or one a failed write left: not this run's
-                other.unlink()
+    best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:
-        if best:
-            ckpt = torch.load(best, map_location="cpu", weights_only=False)
-            module.load_state_dict(ckpt["state_dict"])
-            if best_score is None:  # ddp_spawn hands back only the path: read the score from the checkpoint
-                scores = [v.get("best_model_score") for k, v in ckpt.get("callbacks", {}).items()
-                          if "ModelCheckpoint" in str(k) and isinstance(v, dict)]
-                best_score = next((float(x) for x in scores if x is not None), None)
-        if global_step == 0 and last.exists():  # likewise the step count: the last checkpoint has it
-            global_step = int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
-        model_dir = out / "model"
-        module.model.cpu().save(model_dir)
-        tokenizer.save_pretrained(model_dir)
-    return TrainResult(out, out / "model", best, best_score, dict(ex.counts), n_params,
+        score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
+    return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
                        global_step, recorder.losses)
