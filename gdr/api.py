@@ -128,7 +128,7 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     them). ``data``: how the corpus was loaded (``{"name": "bbc", "path": ...}``; default its name): title
     queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none; the default is
     where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels)."""
-    from gdr.stages.train import split_queries as load
+    from gdr.data.splits import split_queries as load
 
     _need_corpus(corpus)
     check_values({"seed": seed, "fractions": list(fractions)}, QUERY_RULES, {"fractions": "queries.fractions"})

@@ -11,6 +11,10 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     eval-<method>-s<seed>-<key>/            gdr evaluate  Recall@1/10/100, MRR@100, TREC run
     report.md  report.png  report.json  run.config.yaml
 
+:func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
+the run folder and the records so far); each stage is a :class:`StageSpec` built by its own function below it
+(``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
+
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
 the stages it reads. ``stage.json`` in the folder records the key, the inputs and the wall time, and is
 marked complete only when the stage finished, so a second run reuses every finished stage, a changed
@@ -42,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gdr import signals
 from gdr.config import save_config, to_container
+from gdr.data.splits import check_query_splits, split_queries
 from gdr.guard import LOCK_FILE, claim_folder, withdraw
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
                     record_files, verify_files)
@@ -49,7 +54,7 @@ from gdr.validate import check_corpus, check_run
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_pipeline", "Pipeline", "StageRecord", "lm_settings"]
+__all__ = ["run_pipeline", "open_run", "Pipeline", "RunContext", "StageRecord", "StageSpec", "lm_settings"]
 
 STAGE_FILE = "stage.json"
 # Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
@@ -301,11 +306,87 @@ def _queries_section(cfg: DictConfig, split: str) -> dict:
     return out
 
 
+@dataclass
+class StageSpec:
+    """One stage of a run, before it runs: its name, the inputs that key it, how to build it into its folder,
+    and what it reads and leaves (see :meth:`Pipeline.stage` for ``after``, ``resumes``, ``check``, ``outputs``)."""
+
+    name: str
+    inputs: dict
+    build: Callable[[Path], dict | None]
+    after: Sequence[StageRecord] = ()
+    resumes: Sequence[str] | None = None
+    check: Callable[[Path], tuple[str, str] | None] | None = None
+    outputs: Sequence[str] = ("*",)
+
+
+@dataclass
+class RunContext:
+    """What every stage of one ``gdr run`` shares: the config, the loaded corpus, its signature in stage keys,
+    the run folder, the query generator (loaded on first use, dropped once no stage needs it) and the records
+    of the stages finished so far."""
+
+    cfg: DictConfig
+    corpus: Any
+    pipe: Pipeline
+    corpus_sig: dict
+    lm_spec: Any
+    test_q: dict
+    t_start: float
+    argv: Sequence[str] = ()
+    _lm: Any = None
+    score: StageRecord | None = None
+    cluster: StageRecord | None = None
+    doc_queries: StageRecord | None = None
+    indexes: dict[str, StageRecord] = field(default_factory=dict)
+    bm25: StageRecord | None = None
+    results: dict[str, list[dict]] = field(default_factory=dict)  # per indexer, one row of test metrics per seed
+    eval_dirs: dict[str, list[Path]] = field(default_factory=dict)  # per-query metrics for the paired tests
+
+    def lm(self):
+        if self._lm is None:
+            self._lm = self.lm_spec.build()
+        return self._lm
+
+    def drop_lm(self) -> None:
+        self._lm = None
+
+    def run(self, spec: StageSpec | None) -> StageRecord | None:
+        """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
+        if spec is None:
+            return None
+        return self.pipe.stage(spec.name, spec.inputs, spec.build, after=spec.after, resumes=spec.resumes,
+                               check=spec.check, outputs=spec.outputs)
+
+    @property
+    def uses_generated(self) -> bool:
+        """Whether the retrievers learn from the generated queries too."""
+        return self.doc_queries is not None and self.cfg.train.examples.get("use_generated", True)
+
+
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
+    run = open_run(cfg, argv)
+    run.score = run.run(score_spec(run))
+    run.cluster = run.run(cluster_spec(run))
+    run.doc_queries = run.run(doc_queries_spec(run))
+    run.drop_lm()  # the generator is not needed from here on
+    run.indexes = {method: run.run(index_spec(run, method)) for method in cfg.indexers}
+    run.bm25 = run.run(bm25_spec(run))
+    for method in run.indexes:
+        for seed in cfg.seeds:
+            train = run.run(train_spec(run, method, int(seed)))
+            ev = run.run(eval_spec(run, method, int(seed), train))
+            run.results.setdefault(method, []).append({"seed": int(seed), **ev.info["metrics"]})
+            run.eval_dirs.setdefault(method, []).append(ev.path)
+    return _report(run)
+
+
+def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
+    """Check the settings, load the corpus and read its query splits, all before the run folder changes (a refused
+    run leaves its report and config as they were); then withdraw the previous report and save the config."""
     from gdr.data import corpus_from_config
-    from gdr.stages.train import check_query_splits
 
     check_run(cfg)
     t_start = time.perf_counter()
@@ -319,28 +400,33 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
         log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
-    corpus_sig = corpus_signature(cfg, corpus)
-    lm_spec = lm_settings(cfg)
-    lm_box: dict = {}
+    return RunContext(cfg, corpus, pipe, corpus_signature(cfg, corpus), lm_settings(cfg),
+                      _queries_section(cfg, cfg.queries.test_split), t_start, tuple(argv))
 
-    def lm():
-        if "lm" not in lm_box:
-            lm_box["lm"] = lm_spec.build()
-        return lm_box["lm"]
 
-    # 1. sampled queries and P
-    def build_score(folder: Path) -> dict:
+# ---------------------------------------------------------------------------------------------- stage specs
+def score_spec(run: RunContext) -> StageSpec | None:
+    """1. Sampled queries and P; only GC's docids and the flat clustering read P, so a run of other indexers alone
+    leaves it out. P.manifest.json resumes in place too: a `gdr score` that repaired P by hand rewrites it, and
+    the shard checksums (not this stage's record of the manifest) say which rows are still good."""
+    cfg, corpus = run.cfg, run.corpus
+    if cfg.cluster.enabled and corpus.labels is None:
+        log.info("stage cluster: skipped: corpus %s has no labels, which the flat clustering is scored against "
+                 "(a label field in the documents adds it; cluster.enabled=false silences this line)", corpus.name)
+    if "gc" not in cfg.indexers and not _clustering(run):
+        return None
+
+    def build(folder: Path) -> dict:
         from gdr.stages.score import score_corpus
         from gdr.stages.settings import SampleSettings, ScoreSettings
         from gdr.store import P_MANIFEST
 
-        sub = _with(cfg, out=str(folder))
-        save_config(sub, folder, "score.config.yaml")
+        save_config(_with(cfg, out=str(folder)), folder, "score.config.yaml")
         _drop_damaged_queries(folder)
-        sample, score_settings = SampleSettings.from_dict(to_container(cfg.sample)), \
-            ScoreSettings.from_dict(to_container(cfg.score))
+        sample = SampleSettings.from_dict(to_container(cfg.sample))
+        score = ScoreSettings.from_dict(to_container(cfg.score))
         try:
-            path = score_corpus(corpus, (lm(), lm_spec), folder, sample, score_settings, progress=cfg.progress)
+            path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress)
         except FileExistsError as e:
             if P_MANIFEST not in str(e):
                 raise
@@ -348,165 +434,155 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             # start the matrix over rather than stop.
             log.warning("stage score: %s disagrees with this stage's settings; scoring P again", folder / P_MANIFEST)
             (folder / P_MANIFEST).unlink()
-            path = score_corpus(corpus, (lm(), lm_spec), folder, sample, score_settings, progress=cfg.progress)
+            path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress)
         return {"p_matrix": str(path)}
 
-    # P.manifest.json resumes in place too: a `gdr score` that repaired P by hand rewrites it, and the shard
-    # checksums (not this stage's record of the manifest) say which rows are still good.
-    # only GC's docids and the flat clustering read P: a run of other indexers alone skips it
-    clustering = bool(cfg.cluster.enabled and corpus.labels is not None)
-    if cfg.cluster.enabled and not clustering:
-        log.info("stage cluster: skipped: corpus %s has no labels, which the flat clustering is scored against "
-                 "(a label field in the documents adds it; cluster.enabled=false silences this line)", corpus.name)
-    score = pipe.stage("score", score_inputs(cfg, corpus_sig), build_score, resumes=("P.npy", "P.manifest.json"),
-                       check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json")) \
-        if "gc" in cfg.indexers or clustering else None
+    return StageSpec("score", score_inputs(cfg, run.corpus_sig), build, resumes=("P.npy", "P.manifest.json"),
+                     check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
-    # 2. flat clustering against labels (the data scientist's view; the demo's headline)
-    cluster_rec = None
-    if clustering:
-        def build_cluster(folder: Path) -> dict:
-            from gdr.stages.cluster import cluster_run
-            from gdr.stages.report import cluster_headline
-            from gdr.stages.settings import ClusterSettings
-            from gdr.store import load_run
 
-            result, _ = cluster_run(corpus, load_run(score.path), folder,
-                                    ClusterSettings.from_dict(to_container(cfg.cluster)), device=cfg.device)
-            save_config(cfg, folder, "cluster.config.yaml")
-            return cluster_headline(result)
+def _clustering(run: RunContext) -> bool:
+    return bool(run.cfg.cluster.enabled and run.corpus.labels is not None)
 
-        cl = {k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"}
-        cluster_rec = pipe.stage("cluster", {"score": score.key, "cluster": cl}, build_cluster, after=[score])
 
-    # 3. generated training queries per document
-    dq = cfg.doc_queries
-    doc_q = None
-    if int(dq.per_doc) > 0:
-        def build_doc_queries(folder: Path) -> dict:
-            from gdr.stages.doc_queries import sample_doc_queries
-            from gdr.stages.settings import SampleSettings
+def cluster_spec(run: RunContext) -> StageSpec | None:
+    """2. Flat clustering against the corpus labels (the data scientist's view; the demo's headline)."""
+    if not _clustering(run):
+        return None
+    cfg, score = run.cfg, run.score
 
-            # the training queries' own decoding (doc_queries.top_k/top_p/temperature), not the clustering's
-            sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
-                                                       "batch_size": dq.batch_size,
-                                                       "max_new_tokens": int(dq.max_new_tokens),
-                                                       "top_k": int(dq.top_k), "top_p": float(dq.top_p),
-                                                       "temperature": float(dq.temperature)})
-            save_config(sub, folder, "sample.config.yaml")
-            settings = SampleSettings.from_dict(to_container(sub.sample))
-            _drop_damaged_doc_queries(folder)
-            return {"doc_queries": str(sample_doc_queries(lm(), corpus, folder, settings, progress=cfg.progress))}
+    def build(folder: Path) -> dict:
+        from gdr.stages.cluster import cluster_run
+        from gdr.stages.report import cluster_headline
+        from gdr.stages.settings import ClusterSettings
+        from gdr.store import load_run
 
-        doc_q = pipe.stage("doc-queries", doc_queries_inputs(cfg, corpus_sig), build_doc_queries,
-                           outputs=("doc_queries.jsonl",))
-    lm_box.clear()  # the generator is not needed from here on
+        result, _ = cluster_run(run.corpus, load_run(score.path), folder,
+                                ClusterSettings.from_dict(to_container(cfg.cluster)), device=cfg.device)
+        save_config(cfg, folder, "cluster.config.yaml")
+        return cluster_headline(result)
 
-    # 4. docids per indexer
+    settings = {k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"}
+    return StageSpec("cluster", {"score": score.key, "cluster": settings}, build, after=[score])
+
+
+def doc_queries_spec(run: RunContext) -> StageSpec | None:
+    """3. Generated training queries per document, with their own decoding (doc_queries.top_k/top_p/temperature),
+    not the clustering's."""
+    cfg, dq = run.cfg, run.cfg.doc_queries
+    if int(dq.per_doc) <= 0:
+        return None
+
+    def build(folder: Path) -> dict:
+        from gdr.stages.doc_queries import sample_doc_queries
+        from gdr.stages.settings import SampleSettings
+
+        sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
+                                                   "batch_size": dq.batch_size, "max_new_tokens": int(dq.max_new_tokens),
+                                                   "top_k": int(dq.top_k), "top_p": float(dq.top_p),
+                                                   "temperature": float(dq.temperature)})
+        save_config(sub, folder, "sample.config.yaml")
+        settings = SampleSettings.from_dict(to_container(sub.sample))
+        _drop_damaged_doc_queries(folder)
+        return {"doc_queries": str(sample_doc_queries(run.lm(), run.corpus, folder, settings, progress=cfg.progress))}
+
+    return StageSpec("doc-queries", doc_queries_inputs(cfg, run.corpus_sig), build, outputs=("doc_queries.jsonl",))
+
+
+def index_spec(run: RunContext, method: str) -> StageSpec:
+    """4. The docids of one indexer: GC reads P, BMI the generated queries, the others the corpus alone."""
+    cfg, score, doc_q = run.cfg, run.score, run.doc_queries
     index_cfg = to_container(cfg.index)
-    indexes: dict[str, StageRecord] = {}
-    for method in cfg.indexers:
-        upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
-        inputs = {"method": method, "corpus": corpus_sig, "upstream": upstream,
-                  "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
+    upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
+    inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
+              "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
 
-        def build_index_stage(folder: Path, method=method) -> dict:
-            from gdr.stages.index import build_index
-            from gdr.stages.settings import IndexSettings
+    def build(folder: Path) -> dict:
+        from gdr.stages.index import build_index
+        from gdr.stages.settings import IndexSettings
 
-            sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
-                                    "data": to_container(cfg.data),
-                                    "run": str(score.path) if method == "gc" else None})
-            if method == "bmi":
-                sub.kmeans.doc_queries = str(doc_q.path / "doc_queries.jsonl")
-            settings = IndexSettings.from_dict({**index_cfg, "method": method, "kmeans": to_container(sub.kmeans)})
-            summary = build_index(settings, folder, corpus=corpus, run=sub.run)
-            save_config(sub, folder)
-            return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
-                                            "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
+        sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
+                                "data": to_container(cfg.data), "run": str(score.path) if method == "gc" else None})
+        if method == "bmi":
+            sub.kmeans.doc_queries = str(doc_q.path / "doc_queries.jsonl")
+        settings = IndexSettings.from_dict({**index_cfg, "method": method, "kmeans": to_container(sub.kmeans)})
+        summary = build_index(settings, folder, corpus=run.corpus, run=sub.run)
+        save_config(sub, folder)
+        return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
+                                        "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
-        after = {"gc": [score], "bmi": [doc_q] if doc_q else []}.get(method, [])
-        indexes[method] = pipe.stage(f"index-{method}", inputs, build_index_stage, after=after,
-                                     check=_check_index_folder, outputs=("docids.tsv",))
+    after = {"gc": [score], "bmi": [doc_q] if doc_q else []}.get(method, [])
+    return StageSpec(f"index-{method}", inputs, build, after=after, check=_check_index_folder,
+                     outputs=("docids.tsv",))
 
-    # 5. BM25 on the test queries, once
-    test_q = _queries_section(cfg, cfg.queries.test_split)
-    bm25_rec = None
-    if cfg.bm25:
-        def build_bm25(folder: Path) -> dict:
-            from gdr.stages.bm25 import bm25_baseline
 
-            return bm25_baseline(corpus, _test_queries(cfg, corpus, test_q), folder, k=int(cfg.evaluate.k),
-                                 split=test_q["split"])
+def bm25_spec(run: RunContext) -> StageSpec | None:
+    """5. BM25 on the test queries, once: the reference every retriever is compared with."""
+    cfg, test_q = run.cfg, run.test_q
+    if not cfg.bm25:
+        return None
 
-        bm25_rec = pipe.stage("bm25", {"corpus": corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k),
-                                       "per_query": 1}, build_bm25)
+    def build(folder: Path) -> dict:
+        from gdr.stages.bm25 import bm25_baseline
 
-    # 6-7. one retriever per (indexer, seed), each evaluated on the test split
+        return bm25_baseline(run.corpus, _test_queries(cfg, run.corpus, test_q), folder, k=int(cfg.evaluate.k),
+                             split=test_q["split"])
+
+    return StageSpec("bm25", {"corpus": run.corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k), "per_query": 1},
+                     build)
+
+
+def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
+    """6. One retriever per (indexer, seed) on that indexer's docids."""
+    cfg, idx, doc_q, use_gen = run.cfg, run.indexes[method], run.doc_queries, run.uses_generated
     train_cfg = to_container(cfg.train)
-    use_gen = doc_q is not None and train_cfg["examples"].get("use_generated", True)
-    results: dict[str, list[dict]] = {}
-    eval_dirs: dict[str, list[Path]] = {}  # per-query metrics (per_query.json) for the paired tests
-    for method, idx in indexes.items():
-        for seed in cfg.seeds:
-            t_inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": corpus_sig,
-                        "queries": _queries_section(cfg, cfg.queries.train_split), "train": _keyed(train_cfg),
-                        "seed": int(seed)}
+    train_q = _queries_section(cfg, cfg.queries.train_split)
+    inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
+              "queries": train_q, "train": _keyed(train_cfg), "seed": seed}
 
-            def build_train(folder: Path, idx=idx, seed=seed) -> dict:
-                from gdr.stages import train as train_stage
-                from gdr.stages.settings import TrainSettings
+    def build(folder: Path) -> dict:
+        from gdr.stages import train as train_stage
+        from gdr.stages.settings import TrainSettings
 
-                sub = OmegaConf.create({**train_cfg, "data": to_container(cfg.data), "seed": int(seed),
-                                        "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
-                                        "queries": _queries_section(cfg, cfg.queries.train_split),
-                                        "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-                qs = train_stage.split_queries(to_container(sub.queries), to_container(cfg.data), set(corpus.doc_ids),
-                                               cfg.data.get("docs_tsv"))
-                settings = TrainSettings.from_dict(train_cfg, seed=int(seed))
-                # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
-                res = train_stage.train_retriever(corpus, sub.docids, folder, settings, queries=qs,
-                                                  generated=sub.generated, stale="restart",
-                                                  write_config=lambda f: save_config(sub, f))
-                return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
-                        "n_params": res.n_params}
+        sub = OmegaConf.create({**train_cfg, "data": to_container(cfg.data), "seed": seed,
+                                "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder), "queries": train_q,
+                                "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
+        qs = split_queries(train_q, to_container(cfg.data), set(run.corpus.doc_ids), cfg.data.get("docs_tsv"))
+        settings = TrainSettings.from_dict(train_cfg, seed=seed)
+        # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
+        res = train_stage.train_retriever(run.corpus, sub.docids, folder, settings, queries=qs,
+                                          generated=sub.generated, stale="restart",
+                                          write_config=lambda f: save_config(sub, f))
+        return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
 
-            tr = pipe.stage(f"train-{method}-s{seed}", t_inputs, build_train,
-                            after=[idx] + ([doc_q] if use_gen else []), outputs=("model/*", "docids.tsv"))
+    return StageSpec(f"train-{method}-s{seed}", inputs, build, after=[idx] + ([doc_q] if use_gen else []),
+                     outputs=("model/*", "docids.tsv"))
 
-            def build_eval(folder: Path, tr=tr) -> dict:
-                from gdr.stages.evaluate import evaluate_model
-                from gdr.stages.settings import EvaluateSettings
 
-                sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
-                                        "run_dir": str(tr.path), "out_dir": str(folder), "bm25": False,
-                                        "queries": test_q})
-                folder.mkdir(parents=True, exist_ok=True)
-                save_config(sub, folder)
-                settings = EvaluateSettings.from_dict(to_container(cfg.evaluate), bm25=False)
-                m, _ = evaluate_model(tr.path, corpus, _test_queries(cfg, corpus, test_q), folder, settings,
-                                      split=test_q["split"])
-                return {"metrics": m["systems"][settings.tag]}
+def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord) -> StageSpec:
+    """7. A retriever on the test split (search, metrics, per-query figures, TREC run)."""
+    cfg, test_q = run.cfg, run.test_q
+    inputs = {"train": train.key, "queries": test_q, "per_query": 1, "evaluate": _keyed(to_container(cfg.evaluate))}
 
-            ev = pipe.stage(f"eval-{method}-s{seed}", {"train": tr.key, "queries": test_q, "per_query": 1,
-                                                      "evaluate": _keyed(to_container(cfg.evaluate))}, build_eval,
-                            after=[tr])
-            results.setdefault(method, []).append({"seed": int(seed), **ev.info["metrics"]})
-            eval_dirs.setdefault(method, []).append(ev.path)
+    def build(folder: Path) -> dict:
+        from gdr.stages.evaluate import evaluate_model
+        from gdr.stages.settings import EvaluateSettings
 
-    seconds = round(time.perf_counter() - t_start, 1)
-    if bm25_rec is not None:
-        eval_dirs["bm25"] = [bm25_rec.path]
-    report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds, eval_dirs,
-                     trained_on=trained_on(cfg, corpus, use_gen))
-    return report
+        sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
+                                "run_dir": str(train.path), "out_dir": str(folder), "bm25": False, "queries": test_q})
+        folder.mkdir(parents=True, exist_ok=True)
+        save_config(sub, folder)
+        settings = EvaluateSettings.from_dict(to_container(cfg.evaluate), bm25=False)
+        m, _ = evaluate_model(train.path, run.corpus, _test_queries(cfg, run.corpus, test_q), folder, settings,
+                              split=test_q["split"])
+        return {"metrics": m["systems"][settings.tag]}
+
+    return StageSpec(f"eval-{method}-s{seed}", inputs, build, after=[train])
 
 
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
     """What the retrievers of a run learnt from, in words, for the report: the real training split when the
     query set has one, else generated queries (and the documents' own windows) only."""
-    from gdr.stages.train import split_queries
-
     qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
                        cfg.data.get("docs_tsv"))
     split = f"`{cfg.queries.train_split}`"
@@ -517,15 +593,20 @@ def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
             f"the documents' own text only: `{name}` has no {split} queries and there are no generated queries")
 
 
-def _report(cfg, argv, pipe: Pipeline, corpus, results, indexes, bm25_rec, cluster_rec, seconds: float,
-            eval_dirs: dict | None = None, trained_on: str | None = None) -> dict:
+def _report(run: RunContext) -> dict:
+    """The run's report (report.md, report.png, report.json) over the stages and retrievers finished so far."""
     from gdr.stages.report import write_report
 
-    command = "gdr run " + " ".join(shlex.quote(a) for a in argv)
-    return write_report(to_container(cfg), command, pipe.root, pipe.records, len(corpus), results,
-                        {m: r.info for m, r in indexes.items()}, bm25_rec.info["metrics"] if bm25_rec else None,
-                        cluster_rec.info if cluster_rec is not None else None, seconds, eval_dirs,
-                        corpus_name=getattr(corpus, "name", None), trained_on=trained_on)
+    cfg = run.cfg
+    seconds = round(time.perf_counter() - run.t_start, 1)
+    eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
+    command = "gdr run " + " ".join(shlex.quote(a) for a in run.argv)
+    return write_report(to_container(cfg), command, run.pipe.root, run.pipe.records, len(run.corpus), run.results,
+                        {m: r.info for m, r in run.indexes.items()},
+                        run.bm25.info["metrics"] if run.bm25 is not None else None,
+                        run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
+                        corpus_name=getattr(run.corpus, "name", None),
+                        trained_on=trained_on(cfg, run.corpus, run.uses_generated))
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
@@ -583,8 +664,6 @@ def lm_settings(cfg: DictConfig):
 
 def _test_queries(cfg: DictConfig, corpus, test_q: dict):
     """The test queries of the run (for bm25 and every evaluation); an error when the corpus has none."""
-    from gdr.stages.train import split_queries
-
     qs = split_queries(test_q, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
     if qs is None or len(qs) == 0:
         raise ValueError(f"no {test_q['split']!r} queries with a relevant document for {cfg.data.name}: "

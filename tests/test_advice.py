@@ -32,6 +32,7 @@ SITES = {
     "training/search.py": ["test_the_advised_retrain_command_works_as_printed (test_faults)"],
     "indexing/docids.py": ["test_the_docids_advice_of_an_hkmi_index_names_its_corpus"],
     "gdr/stages/score.py": ["test_the_sample_command_for_a_multi_process_score"],
+    "gdr/cli/commands/sample.py": ["test_the_sample_command_for_a_multi_process_score"],
 }
 
 
@@ -148,15 +149,14 @@ def test_a_truncated_p_matrix_given_to_gdr_index(scored, tmp_path, capsys):
     assert (out / "P.npy").read_bytes() == data
 
 
-def test_the_sample_command_for_a_multi_process_score(scored, tmp_path, monkeypatch):
+def test_the_sample_command_for_a_multi_process_score(scored, tmp_path):
     """A rank > 0 of a multi-process `gdr score` without sampled queries names the `gdr sample` that makes them."""
-    from gdr import guard
+    from gdr.cli.common import without_section
     from gdr.stages.score import sample_command
 
     out = tmp_path / "s"
     args = [a if not a.startswith("out=") else f"out={out}" for a in scored[1]]
-    monkeypatch.setattr(guard, "COMMAND_LINE", " ".join(["gdr", *map(shlex.quote, args)]))
-    _run_advised(f"run `{sample_command(out)}` before a multi-process `gdr score`")
+    _run_advised(f"run `{sample_command(out, without_section(args[1:], 'score'))}` before a multi-process `gdr score`")
     assert (out / "queries.jsonl").read_text() == (scored[0] / "queries.jsonl").read_text()
 
 

@@ -67,7 +67,7 @@ def test_files_of_documents_load_the_same_way_everywhere(files, capsys):
     assert "data=jsonl|tsv data.path=<documents> data.queries=<queries file> data.qrels=<test.tsv>" in \
         capsys.readouterr().err
     # its queries and judgements, as the pipeline reads them
-    from gdr.stages.train import split_queries
+    from gdr.data.splits import split_queries
 
     data = {"name": "jsonl", "path": str(files / "docs.jsonl"), "queries": str(files / "queries.jsonl"),
             "qrels": str(files / "test.tsv")}

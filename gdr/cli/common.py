@@ -3,12 +3,16 @@ the composed config's sections into the stages' settings."""
 from __future__ import annotations
 
 import sys
+from typing import Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from gdr.validate import validate
 from gdr.config import command_config, to_container
 from gdr.guard import claim_out
 
-__all__ = ["compose", "corpus_and_queries", "lm_settings", "section"]
+__all__ = ["compose", "corpus_and_queries", "lm_settings", "section", "override_keys", "in_section",
+           "without_section"]
 
 
 def compose(name: str, argv: list[str], lock: str | None = None, before_claim=None):
@@ -45,7 +49,7 @@ def corpus_and_queries(cfg, save: bool = True):
 
     from gdr.config import save_config
     from gdr.data import corpus_from_config
-    from gdr.stages.train import split_queries
+    from gdr.data.splits import split_queries
 
     c = to_container(cfg)
     out = Path(c["out_dir"])
@@ -55,3 +59,19 @@ def corpus_and_queries(cfg, save: bool = True):
     corpus = corpus_from_config(c["data"])
     qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
     return c, out, corpus, qs
+
+
+def override_keys(argv: Sequence[str]) -> list[str]:
+    """The key each Hydra override of ``argv`` sets, in order (``+model.name=x`` -> ``model.name``, ``data=bbc``
+    -> ``data``, ``~seed`` -> ``seed``), read by Hydra's own overrides parser (quoted values may hold ``=``)."""
+    return [o.key_or_group for o in OverridesParser.create().parse_overrides(list(argv))]
+
+
+def in_section(key: str, section: str) -> bool:
+    """Whether override key ``key`` sets ``section`` or something inside it (``data.path`` is in ``data``)."""
+    return key == section or key.startswith(section + ".")
+
+
+def without_section(argv: Sequence[str], section: str) -> list[str]:
+    """``argv`` without the overrides that set something in ``section``."""
+    return [a for a, k in zip(argv, override_keys(argv)) if not in_section(k, section)]

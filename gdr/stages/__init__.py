@@ -8,7 +8,7 @@ made. ``gdr run`` (:mod:`gdr.pipeline`) and the commands (:mod:`gdr.cli.commands
 - :mod:`~gdr.stages.cluster`: ``cluster_run``: flat GC of a scored corpus, evaluated against its labels.
 - :mod:`~gdr.stages.doc_queries`: ``sample_doc_queries``: generated training queries for every document.
 - :mod:`~gdr.stages.index`: ``build_index``: prefix-code docids (gc, hkmi, bmi, random, atomic).
-- :mod:`~gdr.stages.train`: ``train_retriever``, ``split_queries``: the seq2seq retriever and its queries.
+- :mod:`~gdr.stages.train`: ``train_retriever``: the seq2seq retriever.
 - :mod:`~gdr.stages.evaluate`: ``evaluate_model``: Recall@k, MRR@100 of a trained retriever.
 - :mod:`~gdr.stages.bm25`: ``bm25_baseline``: the BM25 reference.
 - :mod:`~gdr.stages.report`: ``write_report``, ``headline``: the comparison of a pipeline run.

@@ -28,7 +28,7 @@ def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], q
 def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settings: EvaluateSettings,
                    split: str = "test") -> tuple[dict, str]:
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
-    :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.stages.train.split_queries`) into ``out``:
+    :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
     ``metrics.json`` (Recall@1/10/100, MRR@100; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
     Returns (the ``metrics.json`` content, its markdown table)."""

@@ -13,6 +13,7 @@ import shlex
 import signal
 import socket
 import sys
+from typing import Sequence
 from pathlib import Path
 
 import torch
@@ -44,7 +45,8 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
-                 progress: bool = True, queries_from: str | os.PathLike | None = None) -> Path:
+                 progress: bool = True, queries_from: str | os.PathLike | None = None,
+                 resample: str | None = None) -> Path:
     """Sample (unless ``queries.jsonl`` exists) and score into ``out``; returns the P matrix path.
 
     ``lm``: a :class:`gdr.stages.settings.LMSettings` (loaded here when needed; ``score.processes > 1`` loads
@@ -52,17 +54,20 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     ``(GenerativeLM, LMSettings)``: the loaded model here, the settings for the processes).
     ``queries_from``: instead of sampling, score against the queries of that finished ``gdr score`` (or ``gdr
     run``) folder, with the model that scored them (another one is refused): the P of new documents that
-    ``gdr index add`` places into an index built on that run (:func:`gdr.store.copy_run_queries`)."""
+    ``gdr index add`` places into an index built on that run (:func:`gdr.store.copy_run_queries`).
+    ``resample``: the command that samples the queries, named when a launched rank > 0 finds none (the
+    ``gdr score`` command passes its own overrides, :func:`sample_command`; default ``gdr sample out=<out>``)."""
     from gdr.guard import holding
     from gdr.stages.sample import check_texts
 
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr score` (the scoring processes share it)
-        return _score_corpus(corpus, lm, Path(out), sample, score, progress, queries_from)
+        return _score_corpus(corpus, lm, Path(out), sample, score, progress, queries_from,
+                             resample or sample_command(out))
 
 
 def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool,
-                  queries_from: str | os.PathLike | None) -> Path:
+                  queries_from: str | os.PathLike | None, resample: str) -> Path:
     from gdr.stages.sample import sample_queries
     from gdr.store import dist_info
 
@@ -75,7 +80,7 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     elif rank == 0 or qfile.exists():
         queries = sample_queries(lm, corpus, out, sample, progress=progress)
     else:
-        raise SystemExit(f"{qfile} missing: run `{sample_command(out)}` before a multi-process `gdr score`")
+        raise SystemExit(f"{qfile} missing: run `{resample}` before a multi-process `gdr score`")
     n_proc = int(score.processes or 1)
     if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(out):
         if spec is None:
@@ -106,15 +111,12 @@ def _queries_of_run(lm, run, out: Path) -> list[dict]:
     return copy_run_queries(run, out)[0]
 
 
-def sample_command(out) -> str:
-    """The ``gdr score`` command line of this process as the ``gdr sample`` that samples its queries (score.*
-    settings dropped); outside ``gdr``, ``gdr sample out=<out>``."""
-    from gdr.guard import COMMAND_LINE
-
-    if not COMMAND_LINE.startswith("gdr score"):
+def sample_command(out, overrides: Sequence[str] | None = None) -> str:
+    """The ``gdr sample`` that samples the queries of a ``gdr score`` into ``out``: ``overrides`` (that command's
+    own, its ``score.*`` settings dropped), else ``out=<out>`` alone."""
+    if overrides is None:
         return f"gdr sample out={shlex.quote(str(out))}"
-    keep = [a for a in shlex.split(COMMAND_LINE)[2:] if not a.lstrip("+").startswith("score.")]
-    return " ".join(["gdr", "sample", *map(shlex.quote, keep)])
+    return " ".join(["gdr", "sample", *map(shlex.quote, overrides)])
 
 
 def _finished(out) -> bool:

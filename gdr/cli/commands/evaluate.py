@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gdr.cli.common import compose, corpus_and_queries
+from gdr.cli.common import compose, corpus_and_queries, in_section, override_keys
 from gdr.validate import validate
 from gdr.config import to_container
 
@@ -97,13 +97,14 @@ def search_main(argv: list[str]) -> int:
     if not queries:
         print(SEARCH_USAGE, file=sys.stderr)
         return 2
-    data = [a for a in overrides if a.lstrip("+").split("=", 1)[0].split(".")[0] == "data"]
+    keys = override_keys(overrides)
+    data = [a for a, key in zip(overrides, keys) if in_section(key, "data")]
     cfg = load_config("evaluate", [a for a in overrides if a not in data])
     validate("search", cfg)
     c = to_container(cfg)
     retriever = Retriever.load(c["run_dir"], device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
-    k = int(c["k"]) if any(a.startswith("k=") for a in overrides) else 10
+    k = int(c["k"]) if "k" in keys else 10
     results = retriever.search(queries, k=k)
     label = _doc_labels(c["run_dir"], data) or {}
     for q, res in zip(queries, results):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gdr.cli.common import compose, lm_settings, section
+from gdr.cli.common import compose, in_section, lm_settings, override_keys, section, without_section
 from gdr.config import save_config, to_container
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def score_main(argv: list[str]) -> int:
     from gdr.store import dist_info
 
     cfg = compose("score", argv)
-    if cfg.get("queries_from") and not any(a.lstrip("+").split("=")[0].split(".")[0] == "model" for a in argv):
+    if cfg.get("queries_from") and not any(in_section(k, "model") for k in override_keys(argv)):
         _model_of_run(cfg)
     corpus = corpus_from_config(to_container(cfg.data))
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,8 @@ def score_main(argv: list[str]) -> int:
         save_config(cfg, cfg.out, "score.config.yaml")
     score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_dict(section(cfg, "sample")),
                        ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress,
-                       queries_from=cfg.get("queries_from"))
+                       queries_from=cfg.get("queries_from"),
+                       resample=score.sample_command(cfg.out, without_section(argv, "score")))
     return 0
 
 
