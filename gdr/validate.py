@@ -31,7 +31,7 @@ from gdr.rules import (FILE, NON_NEGATIVE, OPT_POSITIVE, POSITIVE, Check, Config
                        boolean, check_rules, existing, folder_with, get, int_at_least, is_int, missing, number, one_of,
                        optional, path_problem, seed, show, trainer_devices_at)
 from gdr.stages.settings import (CLUSTER_RULES, EVALUATE_RULES, INDEX_RULES, INDEXERS, RESULTS_RULE, SAMPLE_RULES,
-                                 SCORE_RULES, TRAIN_RULES, ClusterSettings)
+                                 SCORE_RULES, TRAIN_RULES, ClusterSettings, ScoreSettings)
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
 
@@ -262,6 +262,9 @@ def check_corpus(command: str, cfg: DictConfig, corpus) -> None:
     """The rules that compare ``gdr <command>``'s settings with its loaded corpus, checked before the first stage
     (in seconds, not at their stage after sampling and scoring); the messages name the full key. ``gdr run``
     clusters only a labelled corpus (and only with ``cluster.enabled``); ``gdr cluster`` any corpus."""
+    if command in ("score", "cluster", "run"):
+        ScoreSettings.from_dict(OmegaConf.to_container(cfg.score, resolve=True)).check_size(
+            len(corpus), cfg.sample.n_queries)
     clusters = command == "cluster" or command == "run" and cfg.cluster.enabled and corpus.labels is not None
     if clusters:
         ClusterSettings.from_dict(OmegaConf.to_container(cfg.cluster, resolve=True)).check_corpus(
