@@ -129,6 +129,7 @@ def corpus_list(v, sec):
     return None
 
 
+# ---------------------------------------------------------------------------- tables
 QG = (
     Rule("seed", seed),
     Rule("qg.pairs", qg_pairs, "where the training pairs come from"),
@@ -152,8 +153,6 @@ QG = (
     Rule("qg.train.devices", trainer_devices_at("qg.train"), "Lightning's devices"),
     Rule("queries.split", one_of("train"), "gdr qg trains on the train split only"),
 )
-# ---------------------------------------------------------------------------- tables
-
 SCORE_COMMAND = (
     Rule("queries_from", optional(folder_with_queries),
          "a run whose queries are scored instead of sampled; null = sample"),
@@ -195,8 +194,8 @@ RUN = (
     Rule("plot", boolean),
 )
 
-DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES
-# command -> [(section prefix, rules)]
+DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES  # short names
+# command -> [(section prefix, rules)]: each owner's rules, then the command's own
 TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "sample": [("", DATA + LM + SAMPLE)],
     "score": [("", DATA + LM + SAMPLE + SCORE + SCORE_COMMAND)],
@@ -210,7 +209,6 @@ TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "run": [("", DATA + LM + SAMPLE + SCORE + CLUSTER + RUN), ("index", INDEX_RULES), ("train", TRAIN_RULES),
             ("evaluate", EVALUATE_RULES)],
 }
-
 
 HINTS = {  # what to set for a mandatory (???) key
     "docids": "docids.tsv from `gdr index`",
@@ -240,8 +238,6 @@ def validate(command: str, cfg: DictConfig) -> None:
         check_rules(sec, rules, prefix)
     if command == "run":
         check_run(cfg)
-
-
 
 
 def check_run(cfg: DictConfig) -> None:

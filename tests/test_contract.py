@@ -464,3 +464,20 @@ def test_cluster_refuses_settings_that_compare_with_the_corpus_before_sampling(s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and line in err[0], err
     assert not (out / "queries.jsonl").exists() and not (out / "P.npy").exists()
+
+
+def test_score_refuses_a_p_larger_than_memory_before_the_model_loads(setup, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """sample.n_queries=10**13 loaded the model and wrote a manifest before a MemoryError (72.8 TiB)."""
+    import transformers
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("loaded the model before checking P's size")
+
+    root, folder = setup
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", forbidden)
+    out = tmp_path / "score"
+    assert main(["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}",
+                 "sample.n_queries=10000000000000", "progress=false", f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sample.n_queries=10000000000000: P of 30 documents x 10000000000000 queries" in err[0]
+    assert not (out / "queries.jsonl").exists() and not (out / "score.config.yaml").exists()
