@@ -595,8 +595,8 @@ class QuerySet:
         _columns_as_lists(self, ("texts", "relevant", "splits", "grades"), n, f"QuerySet {self.name!r}", "qids",
                           "query")
         _check_ids(self.qids, f"QuerySet {self.name!r}: qid")
-        odd = next((i for i, s in enumerate(self.splits) if s not in SPLITS), None)
-        if odd is not None:
+        if not set(self.splits) <= set(SPLITS):
+            odd = next(i for i, s in enumerate(self.splits) if s not in SPLITS)
             raise DataError(f"QuerySet {self.name!r}: query {self.qids[odd]!r} has split {self.splits[odd]!r}; a split "
                             f"is one of {', '.join(SPLITS)}")
         if self.grades is not None:
