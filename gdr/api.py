@@ -20,11 +20,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from gdr.data import QUERY_RULES
+from gdr.data import DROP_UNKNOWN_RULE, QUERY_RULES, SPLIT_RULE
 from gdr.models import DEVICE_RULE
 from gdr.rules import check_values
-from gdr.stages.settings import (RESULTS_RULE, ClusterSettings, EvaluateSettings, IndexSettings, LMSettings,
-                                 SampleSettings, ScoreSettings, TrainSettings)
+from gdr.stages.settings import (PER_DOC_RULE, RESULTS_RULE, ClusterSettings, EvaluateSettings, IndexSettings,
+                                 LMSettings, SampleSettings, ScoreSettings, TrainSettings)
 
 if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
     from gdr.data import Corpus, QuerySet
@@ -47,8 +47,8 @@ def load_lm(name: str = "smollm2-135m", *, max_doc_tokens: int = 128, prompt: Ma
 
 
 def _lm_settings(name, max_doc_tokens, prompt, device, threads) -> LMSettings:
-    return LMSettings(name=name, max_doc_tokens=max_doc_tokens, prompt=dict(prompt) if prompt else None,
-                      device=device, threads=threads)
+    prompt = _need_mapping(prompt, "prompt", '{"style": "chat"}') or None
+    return LMSettings(name=name, max_doc_tokens=max_doc_tokens, prompt=prompt, device=device, threads=threads)
 
 
 def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries: int = 64, seed: int = 0,
@@ -80,6 +80,7 @@ def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out:
     from gdr.stages.doc_queries import sample_doc_queries as stage
 
     _need_corpus(corpus)
+    check_values({"per_doc": per_doc}, (PER_DOC_RULE,), nest="sample")
     settings = SampleSettings(per_doc=per_doc, seed=seed, **sampling)
     return stage(_built_lm(lm), corpus, out, settings, progress=progress)
 
@@ -110,8 +111,11 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
     _need_lm(lm)
     if isinstance(lm, str):
         lm = LMSettings(name=lm)
-    sample = SampleSettings(n_queries=n_queries, seed=seed, **dict(sampling or {}))
-    settings = ScoreSettings(**{"processes": processes, **dict(scoring or {})})
+    sampling = _need_mapping(sampling, "sampling", '{"temperature": 1.0}')
+    scoring = _need_mapping(scoring, "scoring", '{"dtype": "float16"}')
+    sample = SampleSettings(n_queries=n_queries, seed=seed, **sampling)
+    settings = ScoreSettings(**{"processes": processes, **scoring})
+    settings.check_size(len(corpus), n_queries, key="n_queries")
     source = getattr(queries_from, "path", queries_from)
     score_corpus(corpus, lm, out, sample, settings, progress=progress, queries_from=source)
     return load_run(out)
@@ -131,8 +135,9 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     from gdr.data.splits import split_queries as load
 
     _need_corpus(corpus)
+    check_values({"split": split}, (SPLIT_RULE,))
     check_values({"seed": seed, "fractions": list(fractions)}, QUERY_RULES, {"fractions": "queries.fractions"})
-    data = dict(data or corpus.info.get("data") or {"name": corpus.name})
+    data = _need_mapping(data, "data", '{"name": "bbc"}') or dict(corpus.info.get("data") or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
          "seed": int(seed), "fractions": list(fractions)}
     return load(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
@@ -154,6 +159,7 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     check_values({"device": device}, (DEVICE_RULE,))
     settings = ClusterSettings.merged(settings)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
+    corpus.check_same_ids(prun.doc_ids, f"run {getattr(prun, 'path', run)}")
     result, _ = cluster_run(corpus, prun, out, settings, device=device)
     return result
 
@@ -200,29 +206,35 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
 
 
 def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
-             **settings: Any) -> dict:
-    """Recall@1/10/100 and MRR@100 of the retriever trained in ``run_dir`` on ``queries`` (BM25 beside it
-    unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns ``metrics.json``'s
-    content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
-    :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...)."""
+             drop_unknown_qrels: bool = False, **settings: Any) -> dict:
+    """Recall@1/10/100 and MRR@100 of the retriever trained in ``run_dir`` on the ``split`` queries of ``queries``
+    (BM25 beside it unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns
+    ``metrics.json``'s content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
+    :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...). A relevant id not in
+    ``corpus`` is refused, or dropped with ``drop_unknown_qrels=True`` (a subset; ``unknown_qrels`` counts them)."""
     from gdr.stages.evaluate import evaluate_model
 
     _need_path(run_dir, "run_dir", "the out folder of gdr.train_retriever")
     _need_corpus(corpus)
     _need_queries(queries)
-    metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split)
+    _check_split(split, drop_unknown_qrels)
+    metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split,
+                                drop_unknown_qrels=drop_unknown_qrels)
     return metrics
 
 
-def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, split: str = "test") -> dict:
-    """BM25 over ``corpus`` for ``queries`` (the reference of every retriever): ``bm25.trec`` and
-    ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions)."""
+def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, split: str = "test",
+         drop_unknown_qrels: bool = False) -> dict:
+    """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (the reference of every retriever):
+    ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions).
+    ``drop_unknown_qrels``: as in :func:`evaluate`."""
     from gdr.stages.bm25 import bm25_baseline
 
     _need_corpus(corpus)
     _need_queries(queries)
     check_values({"k": k}, (RESULTS_RULE,))
-    return bm25_baseline(corpus, queries, out, k=k, split=split)["metrics"]
+    _check_split(split, drop_unknown_qrels)
+    return bm25_baseline(corpus, queries, out, k=k, split=split, drop_unknown_qrels=drop_unknown_qrels)["metrics"]
 
 
 def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = None, corpus: Corpus | None = None,
@@ -249,7 +261,7 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
     from gdr.validate import validate
 
     overrides = [f"+experiment={experiment}"] if experiment else []
-    settings = dict(settings or {})
+    settings = _need_mapping(settings, "settings", '{"data": {"n_docs": 80}, "out": "runs/mine"}')
     if corpus is not None or queries is not None:
         settings = _in_memory_data(settings, corpus, queries)
     groups = []
@@ -325,10 +337,26 @@ def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: 
 def _need_queries(value: Any, arg: str = "queries", optional: bool = False) -> None:
     from gdr.data import QuerySet
 
+    if isinstance(value, QuerySet) and len(value) == 0:
+        raise ValueError(f"{arg}: the gdr.QuerySet {value.name!r} holds no query; pass one with at least one query")
     if isinstance(value, QuerySet) or (optional and value is None):
         return
     raise TypeError(f"{arg}: got {type(value).__name__}; pass a gdr.QuerySet: gdr.split_queries(corpus, 'test'), "
                     "gdr.load_queries(...), or gdr.QuerySet(name=, qids=, texts=, relevant=, splits=)")
+
+
+def _check_split(split: Any, drop_unknown_qrels: Any) -> None:
+    check_values({"split": split, "drop_unknown_qrels": drop_unknown_qrels}, (SPLIT_RULE, DROP_UNKNOWN_RULE),
+                 {"drop_unknown_qrels": "data.drop_unknown_qrels"})
+
+
+def _need_mapping(value: Any, arg: str, example: str) -> dict:
+    """``value`` (a mapping of settings, or None) as a dict; anything else is a TypeError naming ``arg``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{arg}: got {type(value).__name__} {value!r}; pass a dict of settings, e.g. {example}")
+    return dict(value)
 
 
 def _need_path(value: Any, arg: str, what: str) -> None:

@@ -939,7 +939,7 @@ def _check_fit_params(init: str, n_init: int, max_iter: int, tol: float) -> None
         raise ValueError(f"n_init must be a positive integer; got {n_init!r}")
     if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
         raise ValueError(f"max_iter must be a positive integer; got {max_iter!r}")
-    if not (tol >= 0):
+    if not (0 <= tol < math.inf):
         raise ValueError(f"tol must be >= 0; got {tol!r}")
 
 
@@ -1048,12 +1048,13 @@ class GenerativeClustering:
             _check_alpha(self.alpha)
         if self.phi not in _PHIS:
             raise ValueError(f"phi must be one of {_PHIS}; got {self.phi!r}")
-        if self.clip_sigma is not None and not (self.clip_sigma > 0):
+        if self.clip_sigma is not None and not (0 < self.clip_sigma < math.inf):
             raise ValueError(f"clip_sigma must be > 0 or None (no clipping); got {self.clip_sigma!r}")
         if not (isinstance(self.ess_target, (int, float, np.floating)) and 0 < self.ess_target < 1):
             raise ValueError(f"ess_target must be in (0, 1) (the mean effective sample size as a fraction of J); "
                              f"got {self.ess_target!r}")
-        if isinstance(self.seed, (int, np.integer)) and not 0 <= self.seed < 2**32:
+        integer = isinstance(self.seed, (int, np.integer))
+        if not (integer and 0 <= self.seed < 2**32 or self.seed is None or isinstance(self.seed, np.random.Generator)):
             raise ValueError(f"seed must be an integer in [0, 2^32) or a numpy Generator; got {self.seed!r}")
         _check_fit_params(self.init, self.n_init, self.max_iter, self.tol)
         _check_split_merge(self.split_merge)

@@ -15,6 +15,7 @@ keyword arguments of a Python function (naming the argument instead of the confi
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import re
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ def number(lo: float | None = None, hi: float | None = None, lo_open: bool = Tru
         want = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
     def check(v, sec):
-        ok = is_num(v) and v == v  # NaN fails every comparison
+        ok = is_num(v) and math.isfinite(v)  # NaN and inf are no setting's value
         ok = ok and (lo is None or (v > lo if lo_open else v >= lo))
         ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
         return None if ok else f"must be {want}"

@@ -31,7 +31,7 @@ from gdr.rules import (FILE, NON_NEGATIVE, OPT_POSITIVE, POSITIVE, Check, Config
                        boolean, check_rules, existing, folder_with, get, int_at_least, is_int, missing, number, one_of,
                        optional, path_problem, seed, show, trainer_devices_at)
 from gdr.stages.settings import (CLUSTER_RULES, EVALUATE_RULES, INDEX_RULES, INDEXERS, RESULTS_RULE, SAMPLE_RULES,
-                                 SCORE_RULES, TRAIN_RULES, ClusterSettings)
+                                 SCORE_RULES, TRAIN_RULES, ClusterSettings, ScoreSettings)
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
 
@@ -129,6 +129,7 @@ def corpus_list(v, sec):
     return None
 
 
+# ---------------------------------------------------------------------------- tables
 QG = (
     Rule("seed", seed),
     Rule("qg.pairs", qg_pairs, "where the training pairs come from"),
@@ -152,8 +153,6 @@ QG = (
     Rule("qg.train.devices", trainer_devices_at("qg.train"), "Lightning's devices"),
     Rule("queries.split", one_of("train"), "gdr qg trains on the train split only"),
 )
-# ---------------------------------------------------------------------------- tables
-
 SCORE_COMMAND = (
     Rule("queries_from", optional(folder_with_queries),
          "a run whose queries are scored instead of sampled; null = sample"),
@@ -195,8 +194,8 @@ RUN = (
     Rule("plot", boolean),
 )
 
-DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES
-# command -> [(section prefix, rules)]
+DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES  # short names
+# command -> [(section prefix, rules)]: each owner's rules, then the command's own
 TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "sample": [("", DATA + LM + SAMPLE)],
     "score": [("", DATA + LM + SAMPLE + SCORE + SCORE_COMMAND)],
@@ -210,7 +209,6 @@ TABLES: dict[str, list[tuple[str, tuple[Rule, ...]]]] = {
     "run": [("", DATA + LM + SAMPLE + SCORE + CLUSTER + RUN), ("index", INDEX_RULES), ("train", TRAIN_RULES),
             ("evaluate", EVALUATE_RULES)],
 }
-
 
 HINTS = {  # what to set for a mandatory (???) key
     "docids": "docids.tsv from `gdr index`",
@@ -242,8 +240,6 @@ def validate(command: str, cfg: DictConfig) -> None:
         check_run(cfg)
 
 
-
-
 def check_run(cfg: DictConfig) -> None:
     """The rules across ``gdr run``'s sections (each section's own rules are in :data:`TABLES`)."""
     if cfg.queries.name == "titles" and not cfg.data.get("drop_title"):
@@ -262,6 +258,9 @@ def check_corpus(command: str, cfg: DictConfig, corpus) -> None:
     """The rules that compare ``gdr <command>``'s settings with its loaded corpus, checked before the first stage
     (in seconds, not at their stage after sampling and scoring); the messages name the full key. ``gdr run``
     clusters only a labelled corpus (and only with ``cluster.enabled``); ``gdr cluster`` any corpus."""
+    if command in ("score", "cluster", "run"):
+        ScoreSettings.from_dict(OmegaConf.to_container(cfg.score, resolve=True)).check_size(
+            len(corpus), cfg.sample.n_queries)
     clusters = command == "cluster" or command == "run" and cfg.cluster.enabled and corpus.labels is not None
     if clusters:
         ClusterSettings.from_dict(OmegaConf.to_container(cfg.cluster, resolve=True)).check_corpus(

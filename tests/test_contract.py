@@ -306,3 +306,178 @@ def test_run_refuses_settings_that_compare_with_the_corpus_before_stage_1(setup,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and line in err[0], err
     assert not list(out.glob("*/stage.json")) and not (out / "run.config.yaml").exists()  # before any stage
+
+
+# ------------------------------------------------------------ every argument works or is refused, before anything loads
+@pytest.mark.parametrize("name,where,shown", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_an_infinite_number_is_refused_as_nan_is(no_loading, tmp_path, name, where, shown):
+    """No setting takes inf (40 s of sampling at temperature=inf wrote a file): refused where NaN is, by name."""
+    with pytest.raises((ValueError, TypeError)) as e:
+        _call(name, where, math.inf, tmp_path)
+    assert re.search(rf"\b{re.escape(shown)}\b", str(e.value)), str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def _two_splits():
+    """One train and one test query over _corpus(): the train query would score 1.0, the test query too."""
+    return gdr.QuerySet(name="toy", qids=["q0", "q1"], texts=["text number 0", "text number 1"],
+                        relevant=[["d0"], ["d1"]], splits=["train", "test"])
+
+
+def _unknown_relevant():
+    return gdr.QuerySet(name="toy", qids=["q0", "q1"], texts=["text number 0", "text number 1"],
+                        relevant=[["d0"], ["zz"]], splits=["test", "test"])
+
+
+def _p_run(doc_ids):
+    from gdr.store import PRun
+
+    return PRun(path=Path("elsewhere"), doc_ids=list(doc_ids), queries=[], logp=np.zeros((len(doc_ids), 2)),
+                manifest={})
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda t: gdr.sample_doc_queries("smollm2-135m", _corpus(), t, temperature=math.inf), ConfigError,
+     r"^temperature=inf: must be a number > 0"),
+    (lambda t: gdr.sample_doc_queries("smollm2-135m", _corpus(), t, per_doc=0), ConfigError,
+     r"^per_doc=0: must be a positive integer \(queries per document\)"),
+    (lambda t: gdr.score(_corpus(), "smollm2-135m", t, n_queries=10**13), ConfigError,
+     r"^n_queries=10000000000000: P of 6 documents x 10000000000000 queries \(float32\) takes 218\.3 TiB, more "
+     r"than the .* of memory available"),
+    (lambda t: gdr.score(_corpus(), "smollm2-135m", t, sampling=[1, 2]), TypeError,
+     r"^sampling: got list \[1, 2\]; pass a dict"),
+    (lambda t: gdr.score(_corpus(), "smollm2-135m", t, scoring=[1, 2]), TypeError, r"^scoring: got list"),
+    (lambda t: gdr.run([1, 2]), TypeError, r"^settings: got list \[1, 2\]; pass a dict"),
+    (lambda t: gdr.load_lm(prompt=[1]), TypeError, r"^prompt: got list"),
+    (lambda t: gdr.bm25(_corpus(), _queries().select([]), t), ValueError, r"^queries: the gdr.QuerySet 'toy' holds "
+     r"no query"),
+    (lambda t: gdr.bm25(_corpus(), _queries(), t, split="bogus"), ConfigError,
+     r"^split=bogus: must be one of train \| dev \| test"),
+    (lambda t: gdr.bm25(_corpus(), _queries(), t, split="dev"), gdr.DataError,
+     r"has no split 'dev'; available: \['test'\]"),
+    (lambda t: gdr.evaluate(t.parent / "tr", _corpus(), _queries(), t, split="train"), gdr.DataError,
+     r"has no split 'train'; available: \['test'\]"),
+    (lambda t: gdr.bm25(_corpus(), _unknown_relevant(), t), gdr.DataError,
+     r"^1 relevant doc id\(s\) of query set 'toy' are not in corpus 'toy' \(e.g. 'zz' of query 'q1', test\); .*"
+     r"drop_unknown_qrels"),
+    (lambda t: gdr.evaluate(t.parent / "tr", _corpus(), _unknown_relevant(), t), gdr.DataError,
+     r"'zz' of query 'q1'"),
+    (lambda t: gdr.bm25(_corpus(), _queries(), t, drop_unknown_qrels="yes"), ConfigError,
+     r"^drop_unknown_qrels=yes: must be true or false"),
+    (lambda t: gdr.split_queries(_corpus(), "bogus"), ConfigError, r"^split=bogus: must be one of train \| dev"),
+    (lambda t: gdr.evaluate_clusters(_corpus(), _p_run(["d0", "d1"]), t), gdr.DataError,
+     r"run elsewhere holds 2 documents, corpus 'toy' 6"),
+    (lambda t: gdr.evaluate_clusters(_corpus(), _p_run([f"d{i}" for i in (0, 1, 2, 3, 5, 4)]), t), gdr.DataError,
+     r"row 4 is document 'd5', corpus 'toy' has 'd4' there"),
+])
+def test_arguments_that_ran_or_failed_late_are_refused_first(no_loading, tmp_path, call, error, match):
+    """Each of these ran (inf, a split that filtered nothing or did not exist, a relevant id scored as a miss) or
+    failed after the model loaded or deep in a library (per_doc=0, a 72.8 TiB MemoryError, a list for a dict, an
+    empty query set in bm25s, a corpus that is not P's): now refused by name before a model or data loads."""
+    out = tmp_path / "out"
+    with pytest.raises(error, match=match) as e:
+        call(out)
+    assert len(str(e.value).splitlines()) == 1
+    assert not out.exists()
+
+
+def test_split_scores_only_that_splits_queries(tmp_path):
+    """gdr.bm25(..., split='test') scored the train query too and recorded "split": "test"."""
+    m = gdr.bm25(_corpus(), _two_splits(), tmp_path / "b", k=3, split="test")
+    assert m["n_queries"] == 1
+    assert gdr.bm25(_corpus(), _two_splits(), tmp_path / "c", k=3, split="train")["n_queries"] == 1
+
+
+def test_relevant_ids_outside_the_corpus_are_dropped_only_when_asked_and_counted(tmp_path, caplog):
+    """A relevant id missing from the corpus counted as a miss without a word; with drop_unknown_qrels=True it is
+    dropped with a warning naming the count and one id, and metrics.json says how many."""
+    import json
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        m = gdr.bm25(_corpus(), _unknown_relevant(), tmp_path / "b", k=3, drop_unknown_qrels=True)
+    assert m["n_queries"] == 1  # q1, whose only relevant id is not in the corpus, is not scored as a miss
+    assert re.search(r"1 relevant doc id\(s\) .* \(e.g. 'zz' of query 'q1', test\): dropped", caplog.text)
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["unknown_qrels"] == 1
+
+
+def test_a_query_split_other_than_train_dev_test_is_refused_at_load(tmp_path):
+    """A query of split 'zzz' was counted as test."""
+    with pytest.raises(gdr.DataError, match=r"query 'q0' has split 'zzz'; a split is one of train, dev, test"):
+        gdr.QuerySet(name="toy", qids=["q0"], texts=["x"], relevant=[["d0"]], splits=["zzz"])
+    folder = gdr.write_beir(_corpus(), _queries(), tmp_path / "beir")
+    (folder / "qrels" / "test.tsv").rename(folder / "qrels" / "zzz.tsv")
+    with pytest.raises(gdr.DataError, match=r"split 'zzz'"):
+        gdr.load_queries(str(folder))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda t: gdr.load_corpus(_docs_file(t, '{"id": "h\\t2", "text": "b"}')),
+     r"docs\.jsonl:2: doc id 'h\\t2' holds a tab"),
+    (lambda t: gdr.load_corpus(_docs_file(t, '{"id": "h\\n2", "text": "b"}')),
+     r"docs\.jsonl:2: doc id 'h\\n2' holds a line break"),
+    (lambda t: gdr.Corpus(name="c", doc_ids=["a", "b\tc"], texts=["x", "y"]), r"doc_id 'b\\tc' \(row 1\) holds a tab"),
+    (lambda t: gdr.Corpus.from_pandas(_frame(["a", math.nan])), r"^from_pandas: id column row 1: the id is missing"),
+    (lambda t: gdr.Corpus.from_pandas(_frame([1.0, 2.0])), r"row 0: the id is the float 1.0, which would read as "
+     r"'1.0'"),
+    (lambda t: gdr.QuerySet(name="q", qids=["a\nb"], texts=["x"], relevant=[["d0"]], splits=["test"]),
+     r"qid 'a\\nb' \(row 0\) holds a line break"),
+])
+def test_ids_with_a_tab_a_line_break_or_nan_are_refused_at_load(tmp_path, make, match):
+    """An id "h\\t2" passed gdr score and gdr index and broke docids.tsv; a NaN id became 'nan', 1.0 '1.0'."""
+    with pytest.raises(gdr.DataError, match=match):
+        make(tmp_path)
+
+
+def _docs_file(folder: Path, line: str) -> str:
+    path = folder / "docs.jsonl"
+    path.write_text('{"id": "a", "text": "first"}\n' + line + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _frame(ids):
+    import pandas as pd
+
+    return pd.DataFrame({"id": ids, "text": ["one", "two"]})
+
+
+def test_integer_ids_from_pandas_stay_exact():
+    assert gdr.Corpus.from_pandas(_frame([1, 2])).doc_ids == ["1", "2"]
+
+
+@pytest.mark.parametrize("extra,line", [
+    (["cluster.n_clusters=40"], "cluster.n_clusters=40: must be <= the 30 documents"),
+    (["cluster.n_clusters=3", "cluster.restrict_labels=[a]"],
+     "cluster.restrict_labels=[a]: corpus 'toy' has no labels"),
+    (["cluster.n_clusters=3", "sample.n_queries=10000000000000"],
+     "sample.n_queries=10000000000000: P of 30 documents x 10000000000000 queries (float32) takes 1.1 PiB"),
+])
+def test_cluster_refuses_settings_that_compare_with_the_corpus_before_sampling(setup, tmp_path, capsys,  # noqa: F811
+                                                                              extra, line):
+    """gdr cluster checked cluster.n_clusters and restrict_labels only after sampling and scoring (24 s, P.npy
+    written), and named them without the cluster. prefix."""
+    root, folder = setup
+    out = tmp_path / "cluster"
+    args = ["cluster", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",
+            "sample.n_queries=4", "sample.max_new_tokens=4", "progress=false", "threads=1", f"out={out}", *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
+    assert not (out / "queries.jsonl").exists() and not (out / "P.npy").exists()
+
+
+def test_score_refuses_a_p_larger_than_memory_before_the_model_loads(setup, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """sample.n_queries=10**13 loaded the model and wrote a manifest before a MemoryError (72.8 TiB)."""
+    import transformers
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("loaded the model before checking P's size")
+
+    root, folder = setup
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", forbidden)
+    out = tmp_path / "score"
+    assert main(["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}",
+                 "sample.n_queries=10000000000000", "progress=false", f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sample.n_queries=10000000000000: P of 30 documents x 10000000000000 queries" in err[0]
+    assert not (out / "queries.jsonl").exists() and not (out / "score.config.yaml").exists()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gdr.data.bbc import load_bbc
 from gdr.data.beir import load_beir, load_beir_queries, write_beir
-from gdr.data.core import Corpus, DataError, QuerySet, data_dir
+from gdr.data.core import SPLITS, Corpus, DataError, QuerySet, data_dir
 from gdr.data.cranfield import load_cranfield, load_cranfield_queries
 from gdr.data.files import DOC_FORMATS, file_format, load_docs_file, load_file_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
@@ -66,6 +66,9 @@ __all__ = [
     "R5_TOPICS",
     "DATA_RULES",
     "QUERY_RULES",
+    "SPLIT_RULE",
+    "DROP_UNKNOWN_RULE",
+    "SPLITS",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,9 +135,13 @@ DATA_RULES = (
     Rule("data.queries", optional(existing("file")), "a file of queries (.jsonl or .tsv) for data=jsonl|tsv"),
     Rule("data.qrels", qrels_of_queries, "judgements (<split>.tsv, or a folder of them) for data.queries"),
 )
+# the scoring functions' choice for judgements of documents not in the corpus (QuerySet.judged_in)
+DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
+                         "judgements of documents not in the corpus: true drops them (a subset), false refuses")
 # ``queries:`` of title queries: the split's shares and seed (load_title_queries, gdr.split_queries)
 FRACTIONS_RULE = Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents")
 QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
+SPLIT_RULE = Rule("split", one_of(*SPLITS), "the query split")
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:

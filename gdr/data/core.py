@@ -39,6 +39,30 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ON_EMPTY = ("error", "drop", "keep", "title")
+SPLITS = ("train", "dev", "test")  # the query splits a QuerySet holds
+_ID_BREAKS = re.compile(r"[\t\n\r]")  # docids.tsv, qrels and TREC runs are tab- and line-separated
+
+
+def id_problem(value: str) -> str | None:
+    """What makes ``value`` unusable as a document or query id (a tab or a line break), or None."""
+    found = _ID_BREAKS.search(value)
+    return None if found is None else f"holds a {'tab' if found.group() == chr(9) else 'line break'}"
+
+
+def _id_strings(values, what: str) -> list[str]:
+    """Ids as strings; a missing one (None, NaN) or a float (1.0 would become '1.0') is refused by row."""
+    values = list(values)
+    if set(map(type, values)) <= {str}:  # the common case, without a Python loop
+        return values
+    out = []
+    for i, v in enumerate(values):
+        if v is None or isinstance(v, float):
+            why = ("is missing (None/NaN)" if v is None or v != v
+                   else f"is the float {v!r}, which would read as {str(v)!r}")
+            raise DataError(f"{what} row {i}: the id {why}; ids are strings or integers (a float column: "
+                            ".astype('Int64').astype(str), or drop the rows without an id)")
+        out.append(str(v))
+    return out
 
 
 class DataError(ValueError):
@@ -145,6 +169,8 @@ class DocTable:
         """Add one document read at ``where`` (``"file:line"``)."""
         if not doc_id:
             raise DataError(f"{where}: empty doc id; give every document a non-empty id")
+        if id_problem(doc_id):
+            raise DataError(f"{where}: doc id {doc_id!r} {id_problem(doc_id)}; remove it from the id")
         if doc_id in self.where:
             raise DataError(
                 f"{where}: duplicate doc_id {doc_id!r} (first seen at {self.where[doc_id]}); "
@@ -289,6 +315,15 @@ def _id_column(cols: list[str], id_column: str | None, who: str, option: str) ->
     return id_column
 
 
+def _check_ids(ids: list[str], what: str) -> None:
+    """Refuse the first id with a tab or a line break, naming it and its row."""
+    if not _ID_BREAKS.search("\x00".join(ids)):  # one scan of all ids
+        return
+    bad = next((i for i, d in enumerate(ids) if id_problem(d)), None)
+    if bad is not None:
+        raise DataError(f"{what} {ids[bad]!r} (row {bad}) {id_problem(ids[bad])}; remove it from the id")
+
+
 def _columns_as_lists(obj, cols, n: int, owner: str, key: str, unit: str) -> None:
     """Turn each non-None column of ``obj`` into a list and check it has one entry per row."""
     for col in cols:
@@ -326,13 +361,14 @@ class Corpus:
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.doc_ids = [str(d) for d in self.doc_ids]
+        self.doc_ids = _id_strings(self.doc_ids, f"Corpus {self.name!r}: doc_ids")
         self.texts = list(self.texts)
         n = len(self.doc_ids)
         _columns_as_lists(self, ("texts", "titles", "labels"), n, f"Corpus {self.name!r}", "doc_ids", "document")
         dup = _first_duplicate(self.doc_ids) if len(set(self.doc_ids)) != n else None
         if dup is not None:
             raise DataError(f"Corpus {self.name!r}: duplicate doc_id {dup!r}; doc ids must be unique")
+        _check_ids(self.doc_ids, f"Corpus {self.name!r}: doc_id")
 
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
@@ -375,6 +411,21 @@ class Corpus:
         return sorted(set(self.labels)) if self.labels is not None else []
 
     # ------------------------------------------------------------------ subsets
+    def check_same_ids(self, doc_ids: Sequence[str], source: str) -> None:
+        """Refuse ``doc_ids`` (the rows of a matrix or run built from a corpus, read from ``source``) unless they are
+        this corpus's ids in order, naming the count or the first row that differs."""
+        if doc_ids is None:
+            raise DataError(f"{source} names no documents (no doc_ids.json): not a finished `gdr score` run")
+        ids = [str(d) for d in doc_ids]
+        if len(ids) != len(self):
+            raise DataError(f"{source} holds {len(ids)} documents, corpus {self.name!r} {len(self)}: it was built from "
+                            "another corpus; pass the corpus it was built from")
+        row = next((i for i, (a, b) in enumerate(zip(ids, self.doc_ids)) if a != b), None)
+        if row is not None:
+            raise DataError(f"{source}: row {row} is document {ids[row]!r}, corpus {self.name!r} has "
+                            f"{self.doc_ids[row]!r} there: it was built from another corpus (or order); pass the "
+                            "corpus it was built from")
+
     def select(self, indices: Iterable[int] | np.ndarray) -> "Corpus":
         """Subset in the order of ``indices`` (integer positions or a boolean mask of shape (n_docs,))."""
         idx = _as_indices(indices, len(self), "Corpus")
@@ -494,7 +545,7 @@ class Corpus:
         if labels is not None and all(lab is None for lab in labels):
             labels = None
         texts = _strings(get(text_column), f"{who}: column {text_column!r}", "strings (one document text each)")
-        return cls._checked(name, [str(i) for i in ids], texts, titles,
+        return cls._checked(name, _id_strings(ids, f"{who}: id column"), texts, titles,
                             None if labels is None else [str(x) for x in labels], info)
 
     @classmethod
@@ -539,10 +590,15 @@ class QuerySet:
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.qids = [str(q) for q in self.qids]
+        self.qids = _id_strings(self.qids, f"QuerySet {self.name!r}: qids")
         n = len(self.qids)
         _columns_as_lists(self, ("texts", "relevant", "splits", "grades"), n, f"QuerySet {self.name!r}", "qids",
                           "query")
+        _check_ids(self.qids, f"QuerySet {self.name!r}: qid")
+        if not set(self.splits) <= set(SPLITS):
+            odd = next(i for i, s in enumerate(self.splits) if s not in SPLITS)
+            raise DataError(f"QuerySet {self.name!r}: query {self.qids[odd]!r} has split {self.splits[odd]!r}; a split "
+                            f"is one of {', '.join(SPLITS)}")
         if self.grades is not None:
             for q, r, g in zip(self.qids, self.relevant, self.grades):
                 if len(r) != len(g):
@@ -600,13 +656,55 @@ class QuerySet:
 
     def check_against(self, corpus: Corpus | Iterable[str], source: str = "") -> None:
         """Raise a DataError naming the first query whose relevant doc id is not in ``corpus``."""
+        (q, s, d), _ = self._unknown(corpus)[0] or ((None, None, None), 0)
+        if d is not None:
+            where = f"{source}: " if source else ""
+            raise DataError(f"{where}query {q!r} ({s}) names doc_id {d!r}, which is not in the corpus; "
+                            "fix the judgement or load the matching corpus")
+
+    def _unknown(self, corpus: Corpus | Iterable[str]) -> tuple[tuple[tuple[str, str, str], int] | None, np.ndarray]:
+        """((qid, split, doc id) of the first relevant id not in ``corpus``, how many there are) or None, and a
+        mask of shape (n_queries,) of the queries left with a relevant id in it."""
         known = corpus._pos if isinstance(corpus, Corpus) else set(corpus)
-        for q, s, rel in zip(self.qids, self.splits, self.relevant):
-            for d in rel:
-                if d not in known:
-                    where = f"{source}: " if source else ""
-                    raise DataError(f"{where}query {q!r} ({s}) names doc_id {d!r}, which is not in the corpus; "
-                                    "fix the judgement or load the matching corpus")
+        kept = [[d for d in rel if d in known] for rel in self.relevant]
+        n = sum(len(r) for r in self.relevant) - sum(len(k) for k in kept)
+        if n == 0:
+            return None, np.ones(len(self), dtype=bool)
+        i = next(i for i, (r, k) in enumerate(zip(self.relevant, kept)) if len(r) != len(k))
+        d = next(d for d in self.relevant[i] if d not in known)
+        return ((self.qids[i], self.splits[i], d), n), np.array([len(k) > 0 for k in kept], dtype=bool)
+
+    def judged_in(self, corpus: Corpus, drop_unknown: bool = False) -> tuple["QuerySet", int]:
+        """These queries with their relevant ids checked against ``corpus``: an id not in it is refused (a DataError
+        with how many there are and one of them), or with ``drop_unknown`` dropped with a warning saying the same
+        (a query left without a relevant document is dropped too, for a corpus that is a subset). Returns (the
+        queries, the number of relevant ids dropped)."""
+        first, keep = self._unknown(corpus)
+        if first is None:
+            return self, 0
+        (q, s, d), n = first
+        said = (f"{n} relevant doc id(s) of query set {self.name!r} are not in corpus {corpus.name!r} "
+                f"(e.g. {d!r} of query {q!r}, {s})")
+        if not drop_unknown:
+            raise DataError(f"{said}; load the matching corpus, or drop them with drop_unknown_qrels=True "
+                            "(gdr.bm25, gdr.evaluate) when the corpus is a subset")
+        log.warning("%s: dropped (drop_unknown_qrels); %d of %d queries keep a relevant document", said,
+                    int(keep.sum()), len(keep))
+        known = corpus._pos
+        out = self.select(np.flatnonzero(keep))
+        if out.grades is not None:
+            out.grades = [[g for x, g in zip(rel, gr) if x in known] for rel, gr in zip(out.relevant, out.grades)]
+        out.relevant = [[x for x in rel if x in known] for rel in out.relevant]
+        return out, n
+
+    def scored_split(self, corpus: Corpus, split: str, drop_unknown: bool = False) -> tuple["QuerySet", int]:
+        """The queries of ``split`` (a split absent from this set is refused, naming those present) judged against
+        ``corpus`` (:meth:`judged_in`): what a retriever is scored on. Returns (the queries, the relevant ids
+        dropped)."""
+        qs, unknown = self.filter(split).judged_in(corpus, drop_unknown)
+        if len(qs) == 0:
+            raise DataError(f"no {split!r} query of {self.name!r} has a relevant document in corpus {corpus.name!r}")
+        return qs, unknown
 
     @property
     def dataset(self):

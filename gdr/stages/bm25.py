@@ -6,16 +6,20 @@ from pathlib import Path
 __all__ = ["bm25_baseline"]
 
 
-def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "test") -> dict:
-    """BM25 over ``corpus`` for ``queries`` (a :class:`gdr.data.QuerySet` over it) into ``out``: ``bm25.trec``,
-    ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics": {recall@1, recall@10, recall@100, mrr@100, ...}}``."""
+def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "test",
+                  drop_unknown_qrels: bool = False) -> dict:
+    """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (a :class:`gdr.data.QuerySet` over it) into
+    ``out``: ``bm25.trec``, ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics":
+    {recall@1, recall@10, recall@100, mrr@100, ...}}``. A relevant id not in ``corpus`` is refused, or dropped
+    with ``drop_unknown_qrels`` (:meth:`gdr.data.QuerySet.judged_in`; ``metrics.json`` counts them)."""
     from gdr.guard import holding
 
+    qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out):  # one writer per folder
-        return _bm25_baseline(corpus, queries, Path(out), int(k), split)
+        return _bm25_baseline(corpus, qs, Path(out), int(k), split, unknown)
 
 
-def _bm25_baseline(corpus, qs, out: Path, k: int, split: str) -> dict:
+def _bm25_baseline(corpus, qs, out: Path, k: int, split: str, unknown: int) -> dict:
     from eval.bm25 import bm25_run
     from eval.retrieval import PER_QUERY_FILE, evaluate_run, write_per_query, write_qrels, write_trec_run
     from gdr.io import atomic_write_json
@@ -27,5 +31,6 @@ def _bm25_baseline(corpus, qs, out: Path, k: int, split: str) -> dict:
     write_trec_run(out / "bm25.trec", run, tag="bm25", depth=int(k))
     write_qrels(out / "qrels.txt", qrels)
     m = metrics.as_dict()
-    atomic_write_json(out / "metrics.json", {"split": split, "systems": {"bm25": m}})
+    atomic_write_json(out / "metrics.json", {"split": split, "systems": {"bm25": m},
+                                             **({"unknown_qrels": unknown} if unknown else {})})
     return {"metrics": m}

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gdr.stages.settings import SampleSettings
+from gdr.rules import check_values
+from gdr.stages.settings import PER_DOC_RULE, SampleSettings
 
 __all__ = ["sample_doc_queries"]
 
@@ -17,8 +18,7 @@ def sample_doc_queries(lm, corpus, out: str | os.PathLike, settings: SampleSetti
     from gdr.store import sample_per_doc_run
 
     s = settings
-    if int(s.per_doc) < 1:
-        raise ValueError(f"sample.per_doc={s.per_doc}: must be a positive integer (queries per document)")
+    check_values({"per_doc": s.per_doc}, (PER_DOC_RULE,), nest="sample", shown="sample.")
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr sample`
         return sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, Path(out), n_per_doc=s.per_doc,

@@ -26,23 +26,25 @@ def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], q
 
 
 def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settings: EvaluateSettings,
-                   split: str = "test") -> tuple[dict, str]:
+                   split: str = "test", drop_unknown_qrels: bool = False) -> tuple[dict, str]:
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
     :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
     ``metrics.json`` (Recall@1/10/100, MRR@100; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
-    Returns (the ``metrics.json`` content, its markdown table)."""
+    Only the ``split`` queries are scored; a relevant id not in ``corpus`` is refused, or dropped with
+    ``drop_unknown_qrels`` (``metrics.json`` counts them). Returns (the ``metrics.json`` content, its markdown
+    table)."""
     from gdr.guard import holding
 
     c = settings.to_dict()
-    qs = queries
-    if qs is None or len(qs) == 0:
+    if queries is None or len(queries) == 0:
         raise ValueError("no queries with relevant documents in this corpus to evaluate on")
+    qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr evaluate`
-        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split)
+        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split, unknown)
 
 
-def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str) -> tuple[dict, str]:
+def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int) -> tuple[dict, str]:
     from eval.bm25 import bm25_run
     from eval.retrieval import (PER_QUERY_FILE, evaluate_run, markdown_table, write_per_query, write_qrels,
                                 write_trec_run)
@@ -69,7 +71,8 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str) -> tupl
         rows["bm25"] = bm.as_dict()
         write_trec_run(out / "bm25.trec", brun, tag="bm25", depth=c["k"])
         write_per_query(out / f"bm25.{PER_QUERY_FILE}", bfirst)
-    metrics_json = {"split": split, "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9)}
+    metrics_json = {"split": split, "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9),
+                    **({"unknown_qrels": unknown} if unknown else {})}
     atomic_write_json(out / "metrics.json", metrics_json)
     table = markdown_table(rows, ["recall@1", "recall@10", "recall@100", "mrr@100", "n_queries"])
     atomic_write_text(out / "metrics.md", table)

@@ -12,6 +12,7 @@ with these tables (:mod:`gdr.validate`), and an instance checks its fields with 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, Mapping
 
@@ -91,6 +92,8 @@ SAMPLE_RULES = (
     Rule("sample.top_p", number(0, 1), "nucleus sampling mass; 1 = off"),
     Rule("sample.temperature", number(0), "sampling temperature"),
 )
+# queries for every document (gdr.sample_doc_queries, `gdr sample sample.per_doc=N`): at least one
+PER_DOC_RULE = Rule("sample.per_doc", POSITIVE, "queries per document")
 SCORE_RULES = (
     Rule("score.dtype", one_of("float32", "float16"), "storage of P.npy"),
     Rule("score.compute_dtype", one_of("auto", "bfloat16", "float32"),
@@ -273,6 +276,25 @@ class Settings:
         return replace(self, **changes)  # type: ignore[type-var]
 
 
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux: MemAvailable; else the free physical pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            line = next(x for x in f if x.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _size(n: float) -> str:
+    """``n`` bytes as B, KiB ... PiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
 def stage_defaults(section: str) -> dict:
     """The defaults of a ``conf/stage/<section>.yaml`` file (index, train, evaluate) as a plain dict."""
     import yaml
@@ -339,6 +361,15 @@ class ScoreSettings(Settings):
     doc_batch_size: int | str = "auto"
     max_query_tokens: int | str = "auto"
     processes: int = 1              # > 1: that many scoring processes on this machine
+
+    def check_size(self, n_docs: int, n_queries: int, key: str = "sample.n_queries") -> None:
+        """Refuse a P of ``n_docs`` x ``n_queries`` that does not fit this machine's available memory (the index
+        and cluster stages hold it whole), naming its size, before any model loads. ``key``: how J is named."""
+        need = int(n_docs) * int(n_queries) * {"float16": 2}.get(self.dtype, 4)
+        have = available_memory()
+        if need > have:
+            raise ConfigError(f"{key}={n_queries}: P of {n_docs} documents x {n_queries} queries ({self.dtype}) takes "
+                              f"{_size(need)}, more than the {_size(have)} of memory available; lower {key}")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gdr.cli.common import compose, lm_settings, section
 from gdr.config import save_config, to_container
+from gdr.validate import check_corpus
 
 
 def cluster_main(argv: list[str]) -> int:
@@ -21,11 +22,12 @@ def cluster_main(argv: list[str]) -> int:
 
     cfg = compose("cluster", argv)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     corpus = corpus_from_config(to_container(cfg.data))
     c = ClusterSettings.from_dict(section(cfg, "cluster"))
     if corpus.labels is None and c.n_clusters is None:
         raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
+    check_corpus("cluster", cfg, corpus)  # before sampling and scoring, naming the full key
+    out.mkdir(parents=True, exist_ok=True)
     lm = lm_settings(cfg).build()
     if cfg.get("queries_from"):  # the queries of another run (conf/score.yaml), not sampled
         from gdr.stages.score import _queries_of_run

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gdr.cli.common import compose, in_section, lm_settings, override_keys, section, without_section
 from gdr.config import save_config, to_container
+from gdr.validate import check_corpus
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def score_main(argv: list[str]) -> int:
     if cfg.get("queries_from") and not any(in_section(k, "model") for k in override_keys(argv)):
         _model_of_run(cfg)
     corpus = corpus_from_config(to_container(cfg.data))
+    check_corpus("score", cfg, corpus)  # P's size, before the model loads
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     if dist_info()[0] == 0:
         save_config(cfg, cfg.out, "score.config.yaml")
