@@ -251,21 +251,26 @@ def corpus_name(v, sec):
     if not isinstance(v, str) or not v:
         return f"must be a corpus name ({', '.join(CORPORA)}), a BEIR folder or a .jsonl / .tsv file of documents"
     from gdr.data.files import DOC_FORMATS, file_format
+    from gdr.data.trec import format_hint, is_trec_folder, sniff
 
     if v in CORPORA:
         if v == "beir" and not _get(sec, "data.path"):
             return "needs data.path=<BEIR folder> (or data.name=<BEIR folder>)"
         if v in DOC_FORMATS and not _get(sec, "data.path"):
             return f"needs data.path=<a .{v} file of documents>"
+        if v == "trec" and not _get(sec, "data.path"):
+            return "needs data.path=<a file or a folder of TREC SGML documents>"
         return None
     p = Path(v).expanduser()
     if (p / "corpus.jsonl").is_file():
         return None
     if p.is_file():
-        if file_format(p):
+        if file_format(p) or sniff(p) == "trec-docs":
             return None
-        return ("is a file, but not a .jsonl or .tsv file of documents (data=jsonl|tsv data.path=<file>); "
-                "a BEIR folder is a folder")
+        return ("is a file, but not a .jsonl or .tsv file of documents (data=jsonl|tsv data.path=<file>) nor TREC "
+                f"SGML{format_hint(p)}; a BEIR folder is a folder")
+    if is_trec_folder(p):
+        return None
     if p.exists():
         return "this folder has no corpus.jsonl: a BEIR folder needs corpus.jsonl, queries.jsonl and qrels/"
     close = difflib.get_close_matches(v, CORPORA, n=1)
@@ -418,6 +423,19 @@ def non_empty_list(v, sec):
     return None if isinstance(v, (list, ListConfig)) and len(v) > 0 else "must be a non-empty list"
 
 
+def subset_of(*choices: str) -> Check:
+    """A non-empty list of some of ``choices``."""
+    def check(v, sec):
+        ok = isinstance(v, (list, ListConfig)) and len(v) > 0 and all(x in choices for x in v)
+        return None if ok else f"must be a non-empty list of {', '.join(choices)}, e.g. [{choices[0]}]"
+
+    return check
+
+
+def integer(v, sec):
+    return None if _is_int(v) else "must be an integer"
+
+
 # ---------------------------------------------------------------------------- tables
 
 OPT_POSITIVE = optional(POSITIVE)
@@ -437,6 +455,11 @@ DATA = (
     Rule("data.label_field", optional(field_name), "the label field of a file of documents"),
     Rule("data.queries", optional(existing("file")), "a file of queries (.jsonl or .tsv) for data=jsonl|tsv"),
     Rule("data.qrels", qrels_of_queries, "judgements (<split>.tsv, or a folder of them) for data.queries"),
+    Rule("data.text_fields", non_empty_list, "data=trec: the SGML fields holding a document's text"),
+    Rule("data.title_fields", optional(non_empty_list), "data=trec: the SGML fields of a title, the first present"),
+    Rule("data.topic_fields", subset_of("title", "desc", "narr"), "data=trec: a query's topic fields"),
+    Rule("data.min_relevance", integer, "judgements of this grade or more are relevant"),
+    Rule("data.encoding", field_name, "data=trec: the files' text encoding"),
 )
 LM = (
     Rule("model.name", model_name, "the query generator"),

@@ -64,7 +64,7 @@ def test_files_of_documents_load_the_same_way_everywhere(files, capsys):
                                             f"data.queries={files / 'queries.jsonl'}"]))
     # `gdr run` on a file without its queries says how to give them
     assert main(["run", f"data.name={files / 'docs.jsonl'}", f"out={files / 'run'}"]) == 2
-    assert "data=jsonl|tsv data.path=<documents> data.queries=<queries file> data.qrels=<test.tsv>" in \
+    assert "data=jsonl|tsv|trec data.path=<documents> data.queries=<queries file> data.qrels=<test.tsv>" in \
         capsys.readouterr().err
     # its queries and judgements, as the pipeline reads them
     from gdr.stages.train import split_queries

@@ -9,7 +9,8 @@
 Names: ``bbc``, ``r2``, ``r5``, ``reuters`` (every story with a body, unlabelled), ``cranfield``,
 ``msmarco-lite``, ``nq320k``, ``beir`` (the latter needs ``path=``; a path to a BEIR folder also works
 as the name), ``jsonl`` and ``tsv`` (a file of documents, :mod:`gdr.data.files`; a path ending in
-``.jsonl`` or ``.tsv`` also works as the name). In memory: :meth:`Corpus.from_texts`,
+``.jsonl`` or ``.tsv`` also works as the name), ``trec`` (TREC SGML documents, topics and trec_eval qrels,
+:mod:`gdr.data.trec`; a file or folder of TREC SGML also works as the name). In memory: :meth:`Corpus.from_texts`,
 :meth:`Corpus.from_pandas`, :meth:`Corpus.from_dataset`. Default paths
 live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 from gdr.data.bbc import load_bbc
 from gdr.data.beir import load_beir, load_beir_queries, write_beir
@@ -32,6 +34,7 @@ from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import drop_titles, title_queries
+from gdr.data.trec import format_hint, is_trec_folder, load_trec, sniff
 
 __all__ = [
     "Corpus",
@@ -59,19 +62,22 @@ __all__ = [
     "load_nq320k_queries",
     "load_docs_file",
     "load_file_queries",
+    "load_trec",
     "R2_TOPICS",
     "R5_TOPICS",
 ]
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS)
+CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS, "trec")
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
 TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
+QUERY_KEYS = ("queries", "qrels", "topic_fields", "min_relevance")  # data: keys of the query side
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
-    """A path given as the name means a BEIR folder, or a documents file (``.jsonl``, ``.tsv``)."""
+    """A path given as the name means a BEIR folder, a documents file (``.jsonl``, ``.tsv``), or TREC SGML (a file
+    whose first line is ``<DOC>``, or a folder holding such files)."""
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"corpus name: got {type(name).__name__}; pass a name ({', '.join(CORPORA)}) or a path, "
                         "or build a gdr.Corpus in memory (Corpus.from_texts / from_pandas / from_dataset)")
@@ -80,12 +86,15 @@ def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.P
         return "beir", name
     if name not in CORPORA and Path(name).is_file() and file_format(name):
         return file_format(name), name
+    if name not in CORPORA and (sniff(name) == "trec-docs" or is_trec_folder(name)):
+        return "trec", name
     if name not in CORPORA:
-        what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents" if Path(name).is_file() else
-                f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder)" if Path(name).is_dir() else
-                f"unknown corpus {name!r}")
-        raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder or of a "
-                         ".jsonl / .tsv file of documents")
+        what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents nor TREC SGML"
+                f"{format_hint(name)}" if Path(name).is_file() else
+                f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder) nor TREC SGML files"
+                if Path(name).is_dir() else f"unknown corpus {name!r}")
+        raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder, of a "
+                         ".jsonl / .tsv file of documents or of TREC SGML documents")
     return name, path
 
 
@@ -103,6 +112,9 @@ def load_corpus(
     text_field: str | None = None,
     title_field: str | None = None,
     label_field: str | None = None,
+    text_fields: Sequence[str] | None = None,
+    title_fields: Sequence[str] | None = None,
+    encoding: str | None = None,
 ) -> Corpus:
     """Load a corpus by name, optionally subsampled.
 
@@ -120,6 +132,8 @@ def load_corpus(
         never start with their title, Cranfield abstracts do and keep it.
     id_field, text_field, title_field, label_field : ``jsonl`` / ``tsv`` only: the names of the fields
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
+    text_fields, title_fields, encoding : ``trec`` only: the SGML fields holding the text (default ``TEXT``), the
+        title (the first of ``TITLE``, ``HEADLINE``, ``HEAD``), and the files' encoding; see :mod:`gdr.data.trec`.
     """
     from gdr.validate import check_arguments
 
@@ -130,6 +144,10 @@ def load_corpus(
                                 ("label_field", label_field)) if v is not None}
     if fields and name not in DOC_FORMATS:
         raise ValueError(f"{next(iter(fields))}= applies to a file of documents (jsonl, tsv), not {name!r}")
+    trec = {k: v for k, v in (("text_fields", text_fields), ("title_fields", title_fields), ("encoding", encoding))
+            if v is not None}
+    if trec and name != "trec":
+        raise ValueError(f"{next(iter(trec))}= applies to TREC SGML documents (data=trec), not {name!r}")
     if split is not None and name not in ("r2", "r5", "reuters"):
         raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
     if docs_tsv is not None and name not in ("msmarco-lite", "nq320k"):
@@ -152,6 +170,8 @@ def load_corpus(
         corpus = load_nq320k(path, docs_tsv=docs_tsv, **kw)
     elif name in DOC_FORMATS:
         corpus = load_docs_file(path, fmt=name, **fields, **kw)
+    elif name == "trec":
+        corpus = load_trec(path, **trec, **kw)
     else:
         corpus = load_beir(path, **kw)
     if drop_title:
@@ -230,7 +250,7 @@ def corpus_from_config(data) -> Corpus:
     """``load_corpus`` from a ``data:`` config section (``name`` plus any non-null keyword of it).
 
     Keys: ``path``, ``n_docs``, ``seed``, ``docs_tsv``, ``on_empty``, ``drop_title``, the field names of a file of
-    documents (see ``conf/data/*.yaml``); ``queries`` and ``qrels`` (a file's queries) are read by the query side.
+    documents (see ``conf/data/*.yaml``); ``QUERY_KEYS`` (a file's queries) are read by the query side.
     """
-    d = {k: v for k, v in dict(data).items() if v is not None and k not in ("queries", "qrels")}
+    d = {k: v for k, v in dict(data).items() if v is not None and k not in QUERY_KEYS}
     return load_corpus(d.pop("name"), **d)
