@@ -200,15 +200,16 @@ def test_messages_name_the_trec_form_they_found(collection):
         validate("run", load_config("run", ["data=trec", f"data.path={sgml}", "data.topic_fields=[summary]"]))
 
 
-def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 40) -> tuple[Path, Path, Path]:
-    """A slice of Cranfield written as TREC distributes a collection: the documents of ``n_queries`` queries (and
-    others up to ``n_docs``) in two SGML files, one gzipped; topics with ``Number:`` and titles over several lines;
-    qrels with Cranfield's codes turned into grades (4 = most relevant)."""
+def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) -> tuple[Path, Path, Path]:
+    """A slice of Cranfield written as TREC distributes a collection: the judged documents of its first
+    ``n_queries`` queries (and others up to ``n_docs``) in two SGML files, one gzipped; topics with ``Number:`` and
+    titles over two lines; qrels with Cranfield's codes (1 = most relevant) turned into grades 4 .. 1."""
     corpus, qs = load_cranfield(), load_cranfield_queries()
     qs = qs.select(range(n_queries))
-    wanted = list(dict.fromkeys(d for rel in qs.relevant for d in rel))
-    wanted += [d for d in corpus.doc_ids if d not in set(wanted) and corpus.texts[int(d) - 1].strip()]
-    docs = corpus.select(corpus.indices(wanted[:n_docs]))
+    judged = list(dict.fromkeys(d for rel in qs.relevant for d in rel))
+    assert len(judged) < n_docs
+    others = [d for d, x in zip(corpus.doc_ids, corpus.texts) if d not in set(judged) and x.strip()]
+    docs = corpus.select(corpus.indices(sorted(judged + others[: n_docs - len(judged)], key=int)))
     sgml = [f"<DOC>\n<DOCNO> {d} </DOCNO>\n<TITLE>{t}</TITLE>\n<TEXT>\n{x}\n</TEXT>\n</DOC>\n"
             for d, t, x in zip(docs.doc_ids, docs.titles, docs.texts)]
     (folder / "docs").mkdir()
@@ -219,12 +220,15 @@ def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 40) 
                               f"<desc> Description:\n{t}\n</top>\n\n" for q, t in zip(qs.qids, qs.texts)))
     qrels = folder / "qrels.cran.txt"
     qrels.write_text("".join(f"{q} 0 {d} {5 - g}\n" for q, rel, gr in zip(qs.qids, qs.relevant, qs.grades)
-                             for d, g in zip(rel, gr) if d in set(docs.doc_ids)))
+                             for d, g in zip(rel, gr)))
     return folder / "docs", topics, qrels
 
 
 def test_cranfield_in_trec_form_runs_with_one_gdr_run(setup, tmp_path, capsys):
-    """The classic collection as TREC files, no converter: `gdr run data=trec` trains, evaluates and reports."""
+    """The classic collection as TREC files, no converter: `gdr run data=trec` trains, evaluates and reports
+    Success@k, R@k and RR@k, BM25's equal to ir_measures on its run file (several relevant documents a query)."""
+    import ir_measures
+
     root, folder = setup
     docs, topics, qrels = _cranfield_in_trec_form(tmp_path)
     out = tmp_path / "run"
@@ -232,9 +236,20 @@ def test_cranfield_in_trec_form_runs_with_one_gdr_run(setup, tmp_path, capsys):
             if not a.startswith("data.name=")]
     assert main(args[:1] + ["data=trec", f"data.path={docs}", f"data.queries={topics}", f"data.qrels={qrels}"]
                 + args[1:]) == 0
-    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(json.loads(capsys.readouterr().out.strip().splitlines()[-1])) == {
+        "seconds", "random_recall_at_1", "bm25_recall_at_1"}
     report = json.loads((out / "report.json").read_text())
-    corpus = load_corpus(str(docs))
-    assert len(corpus) == 40 and corpus.doc_ids[0] == "1"
-    assert report["corpus"]["n_docs"] == 40 if "corpus" in report else True
-    assert last and (out / "report.md").read_text().startswith("# gdr run: docs, 40 documents")
+    md = (out / "report.md").read_text()
+    assert md.startswith("# gdr run: docs, 80 documents") and report["n_test_queries"] == 6
+    assert "| docids | Success@1 | Success@10 | R@10 | RR@10 |" in md and "what NCI and the GDR papers call Recall@k" in md
+    assert "6 test queries of `topics.cran`" in md and "## Retrieval (one seed, in %)" in md
+    row = next(line for line in md.splitlines() if line.startswith("| random |"))
+    assert "(" not in row  # no std of one seed
+    bm25_dir = out / next(s["folder"] for s in report["stages"] if s["name"] == "bm25")
+    measures = [ir_measures.Success @ 1, ir_measures.Success @ 10, ir_measures.R @ 10, ir_measures.RR @ 100]
+    ref = ir_measures.calc_aggregate(measures, ir_measures.read_trec_qrels(str(qrels)),
+                                     ir_measures.read_trec_run(str(bm25_dir / "bm25.trec")))
+    got = report["bm25"]
+    assert [got["recall@1"], got["recall@10"], got["R@10"], got["mrr@100"]] == pytest.approx(
+        [round(100 * ref[m], 2) for m in measures], abs=0.006)
+    assert got["R@10"] < got["recall@10"]  # several relevant documents a query: recall below the hit rate

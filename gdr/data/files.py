@@ -123,7 +123,8 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
     a split is the ``test`` split), checked against ``doc_ids``; ``split=None`` gives every split."""
     from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
 
-    qfile = require_file(queries, "queries file", "pass data.queries=<a .jsonl or .tsv file of queries, or TREC topics>")
+    qfile = require_file(queries, "queries file",
+                         "pass data.queries=<a .jsonl or .tsv file of queries, or TREC topics>")
     fmt = "trec-topics" if sniff(qfile) == "trec-topics" else file_format(qfile)
     if fmt is None:
         raise DataError(f"{qfile}: a queries file is a .jsonl, a .tsv or TREC topics (<top> <num> .. <title> .. "

@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 
 from gdr.data.core import DataError, DocTable, normalize_space
 
-__all__ = ["TEXT_FIELDS", "TITLE_FIELDS", "TOPIC_FIELDS", "sniff", "is_trec_folder", "load_trec", "read_trec_topics", "qrels_form",
-           "format_hint"]
+__all__ = ["TEXT_FIELDS", "TITLE_FIELDS", "TOPIC_FIELDS", "sniff", "is_trec_folder", "load_trec", "read_trec_topics",
+           "qrels_form", "format_hint", "trec_files"]
 
 log = logging.getLogger(__name__)
 
