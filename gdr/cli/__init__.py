@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "index": ("gdr.cli.commands.index", "index_main"),
     "train": ("gdr.cli.commands.train", "train_main"),
     "evaluate": ("gdr.cli.commands.evaluate", "evaluate_main"),
-    "search": ("gdr.cli.commands.evaluate", "search_main"),
+    "search": ("gdr.cli.commands.search", "search_main"),
     "bench": ("gdr.cli.bench", "bench_main"),
     "run": ("gdr.cli.commands.run", "run_main"),
     "qg": ("gdr.cli.commands.qg", "qg_main"),
@@ -147,8 +147,9 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
 
 
 def _own_help(name: str, rest: list[str]) -> bool:
-    """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench``)."""
-    return name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
+    """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench <name>``,
+    ``gdr search``)."""
+    return name == "search" or name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
 
 
 def sub_command(name: str, rest: list[str]) -> str:

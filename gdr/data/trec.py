@@ -146,7 +146,7 @@ def _title(body: str, title_fields: Sequence[str]) -> str | None:
 
 def _documents(file: Path, text: str) -> Iterable[tuple[int, str]]:
     """``(line, body)`` of each ``<DOC>..</DOC>`` of ``text``; an unclosed or stray tag names its line."""
-    line, pos, start = 1, 0, None
+    line, pos, start, start_line = 1, 0, None, 0
     for m in _DOC_TAG.finditer(text):
         line += text.count("\n", pos, m.start())
         pos = m.start()

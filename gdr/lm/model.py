@@ -28,6 +28,7 @@ from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, saved_gene
 from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringMixin
+from gdr.logs import quiet_loading
 from gdr.models import pretrained_config, resolve_model
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             saved = saved_generator(path)
             cfg = pretrained_config(path, model)
             cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
-            self.model = cls.from_pretrained(path)
+            with quiet_loading():
+                self.model = cls.from_pretrained(path)
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         else:
             if tokenizer is None:
