@@ -70,11 +70,12 @@ def metric_label(metric: str, k: int | None = None) -> str:
     return f"{name}@{depth}"
 
 
-def query_set_name(cfg: dict, corpus_name: str) -> str:
+def query_set_name(settings: dict, corpus_name: str) -> str:
     """The query set in words: its file (``data.queries``), else ``queries.name``, else the corpus's own."""
-    if cfg['data'].get('queries'):
-        return Path(cfg['data']['queries']).name
-    return corpus_name if cfg['queries']['name'] == cfg['data']['name'] else str(cfg['queries']['name'])
+    data, queries = settings["data"], settings["queries"]
+    if data.get("queries"):
+        return Path(data["queries"]).name
+    return corpus_name if queries["name"] == data["name"] else str(queries["name"])
 
 
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from gdr.config import load_config, to_container
-from gdr.validate import validate
+from gdr.validate import EVALUATE_STAGE, validate
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +25,17 @@ EXAMPLES = """examples:
 
 
 def settings_help() -> str:
-    """The settings part of ``--help``: defaults and meanings from ``conf/stage/evaluate.yaml`` and its comments."""
+    """The settings part of ``--help``: defaults from ``conf/stage/evaluate.yaml``, meanings from the rules that
+    check them (:data:`gdr.validate.EVALUATE_STAGE`)."""
     from omegaconf import OmegaConf
 
-    from gdr.cli.help import yaml_comments
     from gdr.config import conf_dir
 
-    stage = conf_dir() / "stage" / "evaluate.yaml"
-    _, comments, _ = yaml_comments(stage)
-    defaults = OmegaConf.load(stage)
+    defaults = OmegaConf.load(conf_dir() / "stage" / "evaluate.yaml")
+    what = {r.key: r.what for r in EVALUATE_STAGE}
     rows = [("run_dir=<folder>", "the retriever: a `gdr train` out_dir or a train-* folder of `gdr run` (required)"),
-            ("k=10", "results per query")]
-    rows += [(f"{key}={'null' if defaults[key] is None else defaults[key]}", comments.get(key, ""))
+            ("k=10", what["k"])]
+    rows += [(f"{key}={'null' if defaults[key] is None else defaults[key]}", what[key])
              for key in ("beam", "length_penalty", "batch_size", "device")]
     rows.append(("data=<corpus>", ("the corpus whose titles are shown (default: the one the retriever was trained "
                                    "on); data.*=... as in gdr evaluate")))
