@@ -19,7 +19,7 @@ from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, req
 from gdr.data.trec import format_hint, qrels_form
 from gdr.io import atomic_write_text
 
-__all__ = ["load_beir", "load_beir_queries", "beir_doc_ids", "write_beir", "SPLIT_ORDER"]
+__all__ = ["load_beir", "load_beir_queries", "beir_doc_ids", "write_beir", "corpus_jsonl", "SPLIT_ORDER"]
 
 log = logging.getLogger(__name__)
 
@@ -258,13 +258,9 @@ def _one_line(s: str, what: str) -> str:
     return s
 
 
-def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLike) -> Path:
-    """Write ``corpus`` (and ``queries``, if given) as a BEIR folder; returns the folder.
-
-    Files are written atomically. Queries that occur in several splits must have the same
-    text there; relevance scores are the ``grades`` when present, else 1.
-    """
-    folder = Path(folder)
+def corpus_jsonl(corpus: Corpus) -> str:
+    """``corpus`` as BEIR's ``corpus.jsonl`` text (``_id``, ``title``, ``text``, and ``label`` where labelled): also
+    a file of documents ``data=jsonl`` reads."""
     rows = []
     for i, d in enumerate(corpus.doc_ids):
         row = {"_id": d, "title": (corpus.titles[i] or "") if corpus.titles is not None else "",
@@ -272,7 +268,17 @@ def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLi
         if corpus.labels is not None:
             row["label"] = corpus.labels[i]
         rows.append(json.dumps(row, ensure_ascii=False))
-    atomic_write_text(folder / "corpus.jsonl", "\n".join(rows) + "\n")
+    return "\n".join(rows) + "\n"
+
+
+def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLike) -> Path:
+    """Write ``corpus`` (and ``queries``, if given) as a BEIR folder; returns the folder.
+
+    Files are written atomically. Queries that occur in several splits must have the same
+    text there; relevance scores are the ``grades`` when present, else 1.
+    """
+    folder = Path(folder)
+    atomic_write_text(folder / "corpus.jsonl", corpus_jsonl(corpus))
     if queries is None:
         return folder
     text_of: dict[str, str] = {}
