@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import gdr
 from gdr.cli import main
@@ -77,9 +79,10 @@ def test_readme_own_corpus_recipes(setup, tmp_path, capsys, monkeypatch):
                  "progress=false", "threads=1"]) == 0
     assert main(["index", "add", "run=runs/mine-new", f"index={index.relative_to(tmp_path)}", "plot=false"]) == 0
     said = capsys.readouterr().out
-    assert "added 6 documents" in said and "gdr train data=<old and new documents>" in said
-    (tmp_path / "all.jsonl").write_text((tmp_path / "docs.jsonl").read_text() + (tmp_path / "new.jsonl").read_text())
-    assert main(["train", "data=jsonl", "data.path=all.jsonl", f"docids={index.relative_to(tmp_path)}/docids.tsv",
-                 "out_dir=runs/mine-train", *_flat(TINY_TRAIN)]) == 0
-    trained = (tmp_path / "runs/mine-train/docids.tsv").read_text().splitlines()
+    assert "added 6 documents" in said
+    train = re.search(r"`(gdr train [^`]+)`", said).group(1)  # the command it ends with, on every document
+    assert train == (f"gdr train data=jsonl data.path={index.relative_to(tmp_path)}/documents.jsonl "
+                     f"docids={index.relative_to(tmp_path)}/docids.tsv out_dir=runs/mine-new-train")
+    assert main(shlex.split(train)[1:] + _flat(TINY_TRAIN)) == 0
+    trained = (tmp_path / "runs/mine-new-train/docids.tsv").read_text().splitlines()
     assert len(trained) == 30 and {x.split("\t")[0] for x in trained} >= {d for d, _ in new}
