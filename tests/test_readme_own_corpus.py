@@ -86,3 +86,25 @@ def test_readme_own_corpus_recipes(setup, tmp_path, capsys, monkeypatch):
     assert main(shlex.split(train)[1:] + _flat(TINY_TRAIN)) == 0
     trained = (tmp_path / "runs/mine-new-train/docids.tsv").read_text().splitlines()
     assert len(trained) == 30 and {x.split("\t")[0] for x in trained} >= {d for d, _ in new}
+
+
+def test_readme_trec_commands_compose_and_pass_the_checks(tmp_path, monkeypatch):
+    """The `data=trec` commands of "Your own corpus" (the plain one and the one sized for 15 minutes on 2 cores), as
+    printed, on files named as there: every setting exists and passes the checks made before any work."""
+    from pathlib import Path
+
+    from gdr.config import load_config
+    from gdr.validate import validate
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Your own corpus"):readme.index("### A query generator")]
+    commands = [shlex.split(c.replace("\\\n", " ")) for c in re.findall(r"^(gdr run data=trec.*?)\n(?!    )",
+                                                                       section, re.M | re.S)]
+    assert len(commands) == 2 and any("data.n_docs=300" in c for c in commands)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "fr940104.0").write_text("<DOC>\n<DOCNO> FR1 </DOCNO>\n<TEXT> a rule </TEXT>\n</DOC>\n")
+    (tmp_path / "topics.401-450").write_text("<top>\n<num> Number: 401\n<title> rules\n</top>\n")
+    (tmp_path / "qrels.401-450.txt").write_text("401 0 FR1 1\n")
+    for argv in commands:
+        validate("run", load_config("run", argv[2:]))

@@ -39,7 +39,7 @@ HELP = {
     "cluster": "generative clustering of a corpus, with evaluation when labels exist",
     "index": "build prefix-code docids (gc | hkmi | bmi | random | atomic); `gdr index add` grows one",
     "train": "train an NCI-style seq2seq retriever on docids",
-    "evaluate": "Recall@k / MRR@100 of a trained retriever (and BM25)",
+    "evaluate": "Success@k, R@k and RR@100 of a trained retriever (and BM25)",
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling | training | gpu (every GPU figure)",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
