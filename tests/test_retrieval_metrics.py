@@ -66,15 +66,20 @@ def test_array_kernel_and_empty_cases():
         Run(["q1", "q2"], [["a"]], [[1.0]])
 
 
+def _random_run(rng: np.random.Generator, n_docs: int, n_queries: int) -> tuple[list[str], Run]:
+    """(the pool of doc ids, a run of 120 of them per query with distinct descending scores)."""
+    pool = [f"D{i}" for i in range(n_docs)]
+    qids = [f"Q{i}" for i in range(n_queries)]
+    docs = [list(rng.choice(pool, size=120, replace=False)) for _ in qids]
+    scores = [sorted(rng.normal(size=120).tolist(), reverse=True) for _ in qids]
+    return pool, Run(qids, docs, scores)
+
+
 def test_matches_ir_measures_on_a_random_run(tmp_path):
     import ir_measures
     rng = np.random.default_rng(0)
-    pool = [f"D{i}" for i in range(300)]
-    qids = [f"Q{i}" for i in range(40)]
-    docs = [list(rng.choice(pool, size=120, replace=False)) for _ in qids]
-    scores = [sorted(rng.normal(size=120).tolist(), reverse=True) for _ in qids]  # distinct, descending
-    qrels = {q: list(rng.choice(pool, size=rng.integers(1, 4), replace=False)) for q in qids}
-    run = Run(qids, docs, scores)
+    pool, run = _random_run(rng, 300, 40)
+    qrels = {q: list(rng.choice(pool, size=rng.integers(1, 4), replace=False)) for q in run.qids}
     ours, _ = evaluate_run(run, qrels)
     write_trec_run(tmp_path / "run.trec", run, depth=100)
     write_qrels(tmp_path / "qrels.txt", qrels)
@@ -106,14 +111,11 @@ def test_success_recall_and_rr_equal_ir_measures_on_a_multi_relevant_collection(
     import ir_measures
 
     rng = np.random.default_rng(1)
-    pool = [f"D{i}" for i in range(200)]
-    qids = [f"Q{i}" for i in range(30)]
-    docs = [list(rng.choice(pool, size=120, replace=False)) for _ in qids]
-    scores = [sorted(rng.normal(size=120).tolist(), reverse=True) for _ in qids]  # distinct, descending
+    pool, run = _random_run(rng, 200, 30)
+    qids = run.qids
     graded = {q: {d: int(rng.integers(1, 4)) for d in rng.choice(pool, size=rng.integers(1, 9), replace=False)}
               for q in qids}
     (tmp_path / "qrels.txt").write_text("".join(f"{q} 0 {d} {g}\n" for q, r in graded.items() for d, g in r.items()))
-    run = Run(qids, docs, scores)
     write_trec_run(tmp_path / "run.trec", run, depth=100)
     from gdr.data import load_file_queries  # the qrels as gdr reads them (graded, trec_eval form)
 
