@@ -11,7 +11,7 @@ from gdr.cli.commands.search import split_args
 def test_search_help_is_its_own(capsys):
     assert main(["search", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: gdr search") and "Search a trained retriever" in out
+    assert out.startswith("usage: gdr search") and "gdr search: search a trained retriever" in out
     assert "run_dir=<folder>" in out and "k=10" in out and "beam width" in out and "length**length_penalty" in out
     assert "gdr evaluate:" not in out and "471 and 995" not in out and "cranfield" not in out.split("examples:")[0]
 

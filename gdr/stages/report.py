@@ -104,7 +104,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     labels = {m: metric_label(m, k) for m in METRICS}
     shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
     queries_name = query_set_name(cfg, corpus_name)
-    one_seed = len(list(cfg['seeds'])) == 1
+    one_seed = all(len(rows) == 1 for rows in results.values())  # no std to show
     lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
              f"Command: `{command}`", "",
              f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "

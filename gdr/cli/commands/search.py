@@ -12,13 +12,14 @@ import logging
 import sys
 from pathlib import Path
 
+from gdr.cli import HELP
 from gdr.config import load_config, to_container
 from gdr.validate import EVALUATE_STAGE, validate
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = ("Search a trained retriever (the out_dir of `gdr train`, or a train-* folder of `gdr run`): for each "
-               "query, the top k doc ids with their scores and each document's title or first words.")
+DESCRIPTION = (f"gdr search: {HELP['search']} (the out_dir of `gdr train`, or a train-* folder of `gdr run`): for "
+               "each query, the top k doc ids with their scores and each document's title or first words.")
 EXAMPLES = """examples:
   gdr search "rotating cylinders in supersonic flow" run_dir=runs/train/cranfield k=5
   gdr search run_dir=RUN --query "E=mc2" --json"""
