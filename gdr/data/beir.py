@@ -2,8 +2,9 @@
 
 A folder holds ``corpus.jsonl`` (``{"_id", "title", "text"}`` per line), ``queries.jsonl``
 (``{"_id", "text"}``) and ``qrels/<split>.tsv`` with the header ``query-id corpus-id score``.
-A judgement with score > 0 is relevant (its score kept as the grade); score <= 0 is a
-judged non-relevant pair (counted, not kept). gdr adds one optional corpus field, ``label``,
+A judgement with score >= ``min_relevance`` (1) is relevant (its score kept as the grade); a lower one is a
+judged non-relevant pair (counted, not kept). A qrels file in trec_eval's form (``qid iter docno rel``) is read
+as well (:mod:`gdr.data.trec`). gdr adds one optional corpus field, ``label``,
 so labelled corpora survive a round trip; other BEIR tools ignore it.
 """
 from __future__ import annotations

@@ -8,9 +8,11 @@ columns (``.gz`` read transparently). Its fields:
 - optionally a title (``title_field``, default ``title``) and a label (``label_field``, default ``label``;
   labelled corpora get the flat clustering of ``gdr run``), used where present.
 
-Queries are optional: a queries file (jsonl ``{"_id"|"id"|"qid", "text"}`` or a tsv ``id<TAB>text`` with a
-header) and judgements in BEIR's qrels format (``query-id<TAB>corpus-id<TAB>score``, header optional): one
-file, whose name is its split (``test.tsv`` holds the ``test`` split), or a folder of ``<split>.tsv`` files.
+Queries are optional: a queries file (jsonl ``{"_id"|"id"|"qid", "text"}``, a tsv ``id<TAB>text`` with a
+header, or TREC topics, known by their content) and judgements in BEIR's qrels format
+(``query-id<TAB>corpus-id<TAB>score``, header optional) or trec_eval's (``qid iter docno rel``): one file, whose
+name is its split (``test.tsv`` holds the ``test`` split; a trec_eval file named otherwise is the ``test`` split),
+or a folder of ``<split>.tsv`` files.
 """
 from __future__ import annotations
 
