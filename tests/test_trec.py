@@ -193,6 +193,9 @@ def test_messages_name_the_trec_form_they_found(collection):
     with pytest.raises(ConfigError, match=r"data.name=.*topics.401-402: is a file, but not .* nor TREC SGML; this "
                                           r"looks like TREC topics"):
         validate("score", load_config("score", [f"data.name={collection / 'topics.401-402'}"]))
+    with pytest.raises(DataError, match=r"topics\.401-402: no <DOC> .. </DOC> in this file; this looks like TREC "
+                                        r"topics: pass it as data\.queries"):
+        load_trec(collection / "topics.401-402")
     with pytest.raises(ConfigError, match=r"data.path=\?\?\?: missing mandatory value"):
         validate("run", load_config("run", ["data=trec"]))
     with pytest.raises(ConfigError, match=r"data.topic_fields=\[summary\]: must be a non-empty list of title, "

@@ -191,7 +191,8 @@ def load_trec(path: str | os.PathLike | Sequence[str | os.PathLike], *, text_fie
                                 "or add ++data.on_empty=drop (or title) for documents without one")
             table.add(doc_id, " ".join(parts), title=_title(body, title_fields), where=where)
         if not found:
-            raise DataError(f"{file}: no <DOC> .. </DOC> in this file; pass TREC SGML documents (data=trec)")
+            raise DataError(f"{file}: no <DOC> .. </DOC> in this file{format_hint(file)}; pass TREC SGML documents "
+                            "as data.path")
     root = Path(path) if isinstance(path, (str, os.PathLike)) else files[0]
     stem = root.name.removesuffix(".gz").rsplit(".", 1)[0] if root.is_file() else root.name
     return table.build(name or stem or root.name, str(root))
