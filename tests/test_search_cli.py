@@ -57,3 +57,16 @@ def llama_path(tmp_path, monkeypatch):
     tf_logging.enable_progress_bar()  # as in a fresh Python session (a command run earlier in this one turns it off)
     yield tmp_path / "tl"
     (tf_logging.enable_progress_bar if was else tf_logging.disable_progress_bar)()
+
+
+def test_a_retriever_on_a_pretrained_encoder_builds_without_transformers_bars(llama_path, capfd):
+    """The `mini` preset's encoder (the bundled MiniLM, its first layer) loads as quietly as the LM does."""
+    from transformers.utils import logging as tf_logging
+
+    from training.model import GenerativeRetriever, RetrieverConfig
+
+    capfd.readouterr()
+    GenerativeRetriever.build(RetrieverConfig(encoder="minilm-l6", encoder_layers=1, n_digits=4, max_code_len=2,
+                                              d_model=32, num_layers=1, num_heads=2, d_ff=32))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert tf_logging.is_progress_bar_enabled()
