@@ -70,6 +70,33 @@ def metric_label(metric: str, k: int | None = None) -> str:
     return f"{name}@{depth}"
 
 
+def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict | None, header: list[str],
+                     shown: list[str]) -> tuple[list[str], dict[str, dict], int | None]:
+    """(the markdown lines of the retrieval table, its numbers per scheme in %, the number of test queries): one
+    row per scheme, mean (std) over its seeds of the metrics ``shown`` (headed ``header``), no std for one seed."""
+    one_seed = all(len(rows) == 1 for rows in results.values())
+    lines = ["## Retrieval (one seed, in %)" if one_seed else "## Retrieval (mean (std) over seeds, in %)", "",
+             "| docids | " + " | ".join(header) + " | depth (max / mean) | largest child share | seeds |",
+             "|---|" + "---|" * (len(shown) + 3)]
+    summary: dict[str, dict] = {}
+    n_test = None
+    for method, rows in results.items():
+        stats = {m: _mean_std(rows, m) for m in METRICS}
+        n_test = rows[0].get("n_queries", n_test)
+        info = indexes[method]
+        summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items() if v[0] == v[0]}
+        summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()
+                                if v[0] == v[0] and v[1] is not None})
+        lines.append(f"| {method} | " + " | ".join(_cell(*stats[m]) for m in shown)
+                     + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
+                     + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
+    if bm25 is not None:
+        lines.append("| BM25 (reference) | " + " | ".join(_cell(bm25.get(m, np.nan), None) for m in shown)
+                     + " | | | |")
+        n_test = bm25.get("n_queries", n_test)
+    return lines, summary, n_test
+
+
 def query_set_name(settings: dict, corpus_name: str) -> str:
     """The query set in words: its file (``data.queries``), else ``queries.name``, else the corpus's own."""
     data, queries = settings["data"], settings["queries"]
@@ -95,7 +122,6 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
-    n_test = None
     comparisons = compare_folders(eval_dirs or {}, reference="gc")
     said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     corpus_name = corpus_name or cfg['data']['name']
@@ -104,7 +130,6 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     labels = {m: metric_label(m, k) for m in METRICS}
     shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
     queries_name = query_set_name(cfg, corpus_name)
-    one_seed = all(len(rows) == 1 for rows in results.values())  # no std to show
     lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
              f"Command: `{command}`", "",
              f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
@@ -116,27 +141,10 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     if cfg['queries']['name'] == "titles":
         lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
                   "not a benchmark of the field.", ""]
-    lines += ["## Retrieval (one seed, in %)" if one_seed else "## Retrieval (mean (std) over seeds, in %)", "",
-              "| docids | " + " | ".join(labels[m] for m in shown)
-              + " | depth (max / mean) | largest child share | seeds |",
-              "|---|" + "---|" * (len(shown) + 3)]
-    summary: dict[str, dict] = {}
-    for method, rows in results.items():
-        stats = {m: _mean_std(rows, m) for m in METRICS}
-        n_test = rows[0].get("n_queries", n_test)
-        info = indexes[method]
-        summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items() if v[0] == v[0]}
-        summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()
-                                if v[0] == v[0] and v[1] is not None})
-        lines.append(f"| {method} | " + " | ".join(_cell(*stats[m]) for m in shown)
-                     + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
-                     + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
-    if bm25 is not None:
-        lines.append("| BM25 (reference) | " + " | ".join(_cell(bm25.get(m, np.nan), None) for m in shown)
-                     + " | | | |")
-        n_test = bm25.get("n_queries", n_test)
-    lines += ["", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The largest child "
-                  "share is the mean, over internal nodes, of the fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
+    table, summary, n_test = _retrieval_table(results, indexes, bm25, [labels[m] for m in shown], shown)
+    lines += [*table, "", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The "
+              "largest child share is the mean, over internal nodes, of the fraction of a node's documents in its "
+              "largest child (1/K is perfectly balanced).", ""]
     if comparisons:
         lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
                   f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
@@ -163,7 +171,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     report = {"command": command, "seconds": seconds, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
-              "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
+              "retrieval": summary,
+              "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
               "queries": queries_name,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
