@@ -436,6 +436,17 @@ def integer(v, sec):
     return None if _is_int(v) else "must be an integer"
 
 
+def text_encoding(v, sec):
+    """A codec Python knows (utf-8, latin-1, cp1252 ...)."""
+    import codecs
+
+    try:
+        codecs.lookup(v if isinstance(v, str) else "")
+    except LookupError:
+        return "must be a text encoding Python knows, e.g. utf-8 or latin-1"
+    return None
+
+
 # ---------------------------------------------------------------------------- tables
 
 OPT_POSITIVE = optional(POSITIVE)
@@ -459,7 +470,7 @@ DATA = (
     Rule("data.title_fields", optional(non_empty_list), "data=trec: the SGML fields of a title, the first present"),
     Rule("data.topic_fields", subset_of("title", "desc", "narr"), "data=trec: a query's topic fields"),
     Rule("data.min_relevance", integer, "judgements of this grade or more are relevant"),
-    Rule("data.encoding", field_name, "data=trec: the files' text encoding"),
+    Rule("data.encoding", text_encoding, "data=trec: the files' text encoding"),
 )
 LM = (
     Rule("model.name", model_name, "the query generator"),

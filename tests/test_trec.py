@@ -201,6 +201,8 @@ def test_messages_name_the_trec_form_they_found(collection):
     with pytest.raises(ConfigError, match=r"data.topic_fields=\[summary\]: must be a non-empty list of title, "
                                           r"desc, narr"):
         validate("run", load_config("run", ["data=trec", f"data.path={sgml}", "data.topic_fields=[summary]"]))
+    with pytest.raises(ConfigError, match=r"data.encoding=latin9x: must be a text encoding Python knows"):
+        validate("run", load_config("run", ["data=trec", f"data.path={sgml}", "data.encoding=latin9x"]))
 
 
 def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) -> tuple[Path, Path, Path]:
