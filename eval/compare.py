@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 __all__ = ["PAIRED_METRICS", "Comparison", "paired_test", "mean_interval", "compare_systems", "compare_folders",
-           "find", "verdict", "comparison_table"]
+           "find", "verdict", "comparison_table", "metric_name"]
 
 PAIRED_METRICS = ("recall@1", "recall@10", "mrr@100")
 # resampled elements held at once (batch x n_queries): bounds the memory of a large test set
@@ -144,6 +144,13 @@ def find(comparisons: Sequence[Comparison | dict], a: str, b: str, metric: str) 
     return None
 
 
+def metric_name(metric: str) -> str:
+    """A per-query metric key under ir_measures' name: ``recall@1`` (hit@1) is ``Success@1``, ``mrr@100``
+    ``RR@100``."""
+    name, _, depth = metric.partition("@")
+    return f"{ {'recall': 'Success', 'mrr': 'RR'}.get(name, name)}@{depth}"
+
+
 def verdict(c: Comparison | dict | None, alpha: float = 0.05, names: Mapping[str, str] | None = None) -> str:
     """One sentence: whether ``a`` beats ``b`` on the metric (interval excluding 0 and p < alpha), or not."""
     if c is None:
@@ -152,7 +159,7 @@ def verdict(c: Comparison | dict | None, alpha: float = 0.05, names: Mapping[str
     names = names or {}
     a, b = names.get(c["a"], c["a"]), names.get(c["b"], c["b"])
     lo, hi = c["ci95"]
-    stats_txt = (f"{c['metric']} {c['diff']:+.1f} points over {c['n_queries']} queries, 95% CI "
+    stats_txt = (f"{metric_name(c['metric'])} {c['diff']:+.1f} points over {c['n_queries']} queries, 95% CI "
                  f"[{lo:+.1f}, {hi:+.1f}], paired permutation p = {c['p_value']:.3g}")
     if c["p_value"] < alpha and (lo > 0 or hi < 0):
         word = "beats" if c["diff"] > 0 else "is beaten by"
@@ -167,7 +174,7 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
     for c in comparisons:
         c = c.to_dict() if isinstance(c, Comparison) else c
         lo, hi = c["ci95"]
-        lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {c['n_queries']} | {c.get('n_seeds_a', 1)} / "
+        lines.append(f"| {c['a']} | {c['b']} | {metric_name(c['metric'])} | {c['n_queries']} | {c.get('n_seeds_a', 1)} / "
                      f"{c.get('n_seeds_b', 1)} | {c['diff']:+.1f} | [{lo:+.1f}, {hi:+.1f}] | {c['p_value']:.3g} |")
     return lines
 

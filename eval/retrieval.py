@@ -1,11 +1,15 @@
 """Retrieval metrics, TREC run files and qrels.
 
-Definitions (the GDR convention of NCI/BMI and the seed paper):
+Definitions, under ``ir_measures``' names (:meth:`RetrievalMetrics.as_dict` gives both spellings):
 
-- **Recall@k** (hit@k, ``ir_measures``' ``Success@k``): the fraction of evaluated queries with at
-  least one relevant document among the top ``k`` results.
-- **MRR@100** (``RR@100``): the mean over evaluated queries of ``1 / r``, where ``r`` is the rank of
-  the first relevant result, and 0 if there is none in the top 100.
+- **Success@k** (hit@k): the fraction of evaluated queries with at least one relevant document among
+  the top ``k`` results. This is what NCI, BMI and the seed paper call "Recall@k" (they evaluate on
+  NQ320K and MS MARCO, one relevant document per query, where the two coincide); kept here under the
+  keys ``recall@k`` (:attr:`RetrievalMetrics.recall`) that the pipeline's outputs have always used.
+- **R@k** (recall): per query, the relevant documents among the top ``k`` over all its relevant
+  documents, averaged over queries (:attr:`RetrievalMetrics.r_at`).
+- **RR@100** (MRR@100): the mean over evaluated queries of ``1 / r``, where ``r`` is the rank of
+  the first relevant result, and 0 if there is none in the top 100 (keys ``mrr@100``).
 
 Evaluated queries are those with at least one relevant document in the qrels; a query of the qrels
 absent from the run counts as a miss. A *rank* is normally the 1-based position in the ranked list;
@@ -27,8 +31,8 @@ from gdr.io import atomic_write_text
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Run", "RetrievalMetrics", "first_relevant_rank", "metrics_from_ranks", "per_query_metrics", "evaluate_run",
-    "write_trec_run", "write_qrels", "read_trec_run", "markdown_table", "write_per_query", "read_per_query",
+    "Run", "RetrievalMetrics", "first_relevant_rank", "relevant_found", "metrics_from_ranks", "per_query_metrics",
+    "evaluate_run", "write_trec_run", "write_qrels", "read_trec_run", "markdown_table", "write_per_query", "read_per_query",
 ]
 
 
@@ -62,17 +66,24 @@ class Run:
 
 @dataclass
 class RetrievalMetrics:
-    """Recall@k (hit@k) for each k and MRR@mrr_depth over ``n_queries`` evaluated queries."""
+    """Success@k (hit@k, ``recall``) and R@k (recall, ``r_at``, where known) for each k, and RR@mrr_depth, over
+    ``n_queries`` evaluated queries."""
 
     n_queries: int
     recall: dict[int, float]
     mrr: float
     mrr_depth: int = 100
     extra: dict[str, float] = field(default_factory=dict)
+    r_at: dict[int, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
+        """``recall@k`` (Success@k) and ``mrr@<depth>``, the keys of the pipeline's outputs, then the same and R@k
+        under ir_measures' names (``Success@k``, ``R@k``, ``RR@<depth>``)."""
         out: dict[str, float] = {f"recall@{k}": v for k, v in self.recall.items()}
         out[f"mrr@{self.mrr_depth}"] = self.mrr
+        out.update({f"Success@{k}": v for k, v in self.recall.items()})
+        out.update({f"R@{k}": v for k, v in self.r_at.items()})
+        out[f"RR@{self.mrr_depth}"] = self.mrr
         out.update(self.extra)
         out["n_queries"] = self.n_queries
         return out
@@ -90,11 +101,28 @@ def first_relevant_rank(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.nd
     Returns int64 array of shape (n_queries,).
     """
     n_q, depth = doc_idx.shape
-    n_docs = int(max(doc_idx.max(initial=-1), rel_doc.max(initial=-1))) + 1
-    key = np.arange(n_q, dtype=np.int64)[:, None] * n_docs + doc_idx  # (n_q, depth)
-    hits = np.isin(key, rel_query.astype(np.int64) * n_docs + rel_doc) & (doc_idx >= 0)
+    hits = _hits(doc_idx, rel_query, rel_doc)
     r = np.where(hits, ranks, np.iinfo(np.int64).max).min(axis=1) if depth else np.full(n_q, np.iinfo(np.int64).max)
     return np.where(r == np.iinfo(np.int64).max, 0, r).astype(np.int64)
+
+
+def _hits(doc_idx: np.ndarray, rel_query: np.ndarray, rel_doc: np.ndarray) -> np.ndarray:
+    """Bool array of the shape of ``doc_idx`` (n_queries, depth): whether each entry is relevant to its query."""
+    n_q = doc_idx.shape[0]
+    n_docs = int(max(doc_idx.max(initial=-1), rel_doc.max(initial=-1))) + 1
+    key = np.arange(n_q, dtype=np.int64)[:, None] * n_docs + doc_idx  # (n_q, depth)
+    return np.isin(key, rel_query.astype(np.int64) * n_docs + rel_doc) & (doc_idx >= 0)
+
+
+def relevant_found(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.ndarray, rel_doc: np.ndarray,
+                   ks: Sequence[int]) -> np.ndarray:
+    """R@k per query: the relevant documents ranked ``<= k`` over the query's relevant documents, of shape
+    (n_queries, len(ks)); arguments as in :func:`first_relevant_rank` (each relevant pair once)."""
+    hits = _hits(doc_idx, rel_query, rel_doc)  # (n_q, depth)
+    n_rel = np.bincount(rel_query.astype(np.int64), minlength=doc_idx.shape[0])  # (n_q,)
+    kk = np.asarray(ks, dtype=np.int64)
+    found = (hits[:, :, None] & (ranks[:, :, None] <= kk[None, None, :])).sum(axis=1)  # (n_q, len(ks))
+    return found / np.maximum(n_rel, 1)[:, None]
 
 
 def metrics_from_ranks(first_rank: np.ndarray, ks: Sequence[int] = (1, 10, 100), mrr_depth: int = 100) -> RetrievalMetrics:
@@ -133,7 +161,8 @@ def evaluate_run(run: Run, qrels: Mapping[str, Iterable[str]], ks: Sequence[int]
 
     Returns the metrics and, per evaluated qid, the rank of its first relevant result (0 = none).
     """
-    qrels = {q: list(ds) for q, ds in qrels.items() if len(list(ds))}
+    qrels = {q: list(dict.fromkeys(ds)) for q, ds in qrels.items()}  # each relevant document once
+    qrels = {q: ds for q, ds in qrels.items() if ds}
     eval_q = list(qrels)
     if not eval_q:
         raise ValueError("no query has a relevant document; nothing to evaluate")
@@ -160,7 +189,10 @@ def evaluate_run(run: Run, qrels: Mapping[str, Iterable[str]], ks: Sequence[int]
     qpos = {q: i for i, q in enumerate(eval_q)}
     rel_query = np.fromiter((qpos[q] for q in rq), dtype=np.int64, count=len(rq))
     first = first_relevant_rank(doc_idx, ranks, rel_query, rel_inv.astype(np.int64))
-    return metrics_from_ranks(first, ks, mrr_depth), dict(zip(eval_q, first.tolist()))
+    metrics = metrics_from_ranks(first, ks, mrr_depth)
+    r_at = relevant_found(doc_idx, ranks, rel_query, rel_inv.astype(np.int64), ks).mean(axis=0)  # (len(ks),)
+    metrics.r_at = {int(k): float(v) for k, v in zip(ks, r_at)}
+    return metrics, dict(zip(eval_q, first.tolist()))
 
 
 def write_trec_run(path: str | os.PathLike, run: Run, tag: str = "gdr", depth: int = 100) -> None:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from gdr.io import atomic_write_text
 
 __all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container", "rerun_command",
-           "RerunCommand", "override_value", "flat_leaves"]
+           "RerunCommand", "override_value", "flat_leaves", "saved_data", "data_overrides"]
 
 log = logging.getLogger(__name__)
 
@@ -135,26 +135,49 @@ def rerun_command(command: str, folder: str | os.PathLike) -> str:
     vouch for that give :class:`RerunCommand` a ``fallback``)."""
     name, option, _ = _SAVED[command]
     folder = Path(folder)
-    args: list[str] = []
     saved_cfg = _saved_config(command, folder)
-    if saved_cfg is not None:
-        mine = flat_leaves(saved_cfg)
-        base = OmegaConf.to_container(load_config(name), resolve=True)
-        group = _data_group(saved_cfg.get("data"), base.get("data"))
-        if group is not None:  # the corpus's config group first (`gdr index`'s is null): its keys are compared
-            args.append(f"data={group}")
-            base = OmegaConf.to_container(load_config(name, args), resolve=True)
-        flat = flat_leaves(base)
-        for key, value in mine.items():
-            if key in (option, "hydra") or key.split(".")[0] == "hydra":
-                continue
-            if key in flat:
-                if value != flat[key]:
-                    args.append(f"{key}={override_value(value)}")
-            elif isinstance(base.get(key.split(".")[0]), dict):
-                args.append(f"+{key}={override_value(value)}")
+    args = [] if saved_cfg is None else _overrides(name, saved_cfg, skip=option)
     args.append(f"{option}={folder}")
     return " ".join(["gdr", command, *(shlex.quote(a) for a in args)])
+
+
+def _overrides(name: str, saved: dict, skip: str | None = None) -> list[str]:
+    """The overrides that turn ``conf/<name>.yaml`` into ``saved``: the corpus's ``data=`` group first, then every
+    key of ``saved`` (but ``skip``) whose value differs from the default, ``+key=`` for one the default lacks."""
+    args: list[str] = []
+    base = OmegaConf.to_container(load_config(name), resolve=True)
+    group = _data_group(saved.get("data"), base.get("data"))
+    if group is not None:  # the corpus's config group first (`gdr index`'s is null): its keys are compared
+        args.append(f"data={group}")
+        base = OmegaConf.to_container(load_config(name, args), resolve=True)
+    flat = flat_leaves(base)
+    for key, value in flat_leaves(saved).items():
+        if key in (skip, "hydra") or key.split(".")[0] == "hydra":
+            continue
+        if key in flat:
+            if value != flat[key]:
+                args.append(f"{key}={override_value(value)}")
+        elif isinstance(base.get(key.split(".")[0]), dict):
+            args.append(f"+{key}={override_value(value)}")
+    return args
+
+
+def saved_data(folder: str | os.PathLike) -> dict | None:
+    """The ``data:`` section of the config a gdr command saved in ``folder`` (``gdr index``, ``score``, ``sample``
+    or ``train``; the first that names a corpus; an index made from ``run=`` that run's), or None."""
+    for command in ("index", "score", "sample", "train"):
+        saved = _saved_config(command, Path(folder))
+        if saved is not None and isinstance(saved.get("data"), dict) and saved["data"].get("name"):
+            return saved["data"]
+        if command == "index" and saved is not None and saved.get("run"):  # a GC index made from a P folder
+            return saved_data(saved["run"])
+    return None
+
+
+def data_overrides(command: str, data: dict) -> list[str]:
+    """The overrides of ``gdr <command>`` (``score``, ``train`` ...) that load the corpus ``data`` (a saved config's
+    ``data:`` section, :func:`saved_data`), shell-quoted."""
+    return [shlex.quote(a) for a in _overrides(_SAVED[command][0], {"data": data})]
 
 
 def _data_group(saved, default) -> str | None:

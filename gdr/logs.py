@@ -14,12 +14,14 @@ per process, however often the corpus is loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import warnings
+from typing import Iterator
 
-__all__ = ["setup_logging", "warn_once", "log_once", "OWN_LOGGERS"]
+__all__ = ["setup_logging", "quiet_loading", "warn_once", "log_once", "OWN_LOGGERS"]
 
 OWN_LOGGERS = ("gdr", "eval", "indexing", "training", "__main__")
 # Libraries that attach their own handler or level (records do not reach the root filter): their level is set.
@@ -89,6 +91,24 @@ def setup_logging(level: str = "INFO", verbose: bool | None = None) -> None:
             tf_logging.set_verbosity_info()
         except ImportError:
             pass
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while a checkpoint loads, restored after: the Python API as quiet
+    as the commands (:func:`setup_logging`) without touching the caller's logging. ``GDR_VERBOSE`` or
+    ``HF_HUB_DISABLE_PROGRESS_BARS=0`` keeps the bar."""
+    from transformers.utils import logging as tf_logging
+
+    keep = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "0" or os.environ.get("GDR_VERBOSE", "") not in ("", "0")
+    if keep or not tf_logging.is_progress_bar_enabled():
+        yield
+        return
+    tf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tf_logging.enable_progress_bar()
 
 
 def warn_once(logger: logging.Logger, msg: str, *args) -> None:

@@ -14,6 +14,7 @@ keyword arguments of a Python function (naming the argument instead of the confi
 """
 from __future__ import annotations
 
+import codecs
 import difflib
 import math
 import numbers
@@ -252,6 +253,28 @@ def fractions(v, sec):
 
 def non_empty_list(v, sec):
     return None if isinstance(v, (list, ListConfig)) and len(v) > 0 else "must be a non-empty list"
+
+
+def subset_of(*choices: str) -> Check:
+    """A non-empty list of some of ``choices``."""
+    def check(v, sec):
+        ok = isinstance(v, (list, ListConfig)) and len(v) > 0 and all(x in choices for x in v)
+        return None if ok else f"must be a non-empty list of {', '.join(choices)}, e.g. [{choices[0]}]"
+
+    return check
+
+
+def integer(v, sec):
+    return None if is_int(v) else "must be an integer"
+
+
+def text_encoding(v, sec):
+    """A codec Python knows (utf-8, latin-1, cp1252 ...)."""
+    try:
+        codecs.lookup(v if isinstance(v, str) else "")
+    except LookupError:
+        return "must be a text encoding Python knows, e.g. utf-8 or latin-1"
+    return None
 
 
 

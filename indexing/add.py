@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,16 +32,18 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import distortion_matrix, log_weights
-from gdr.config import RerunCommand
+from gdr.config import RerunCommand, data_overrides, saved_data
 from gdr.io import atomic_write_json, check_manifest_files, refresh_manifest_files, write_manifest
 from indexing.docids import format_code, read_docids, write_docids
 from indexing.pmatrix import PMatrix, load_pmatrix_run
 from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
 from indexing.summary import summarize, write_summary
 
-__all__ = ["AddResult", "place_documents", "add_to_index", "check_same_queries", "next_steps"]
+__all__ = ["AddResult", "place_documents", "add_to_index", "check_same_queries", "next_steps", "every_document"]
 
 log = logging.getLogger(__name__)
+
+DOCUMENTS_FILE = "documents.jsonl"  # every document of a grown index, for training a retriever on every code
 
 
 @dataclass
@@ -179,9 +182,7 @@ def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
     queries and the model that scored them), naming both sources. Indexes of older versions recorded only the
     qids, which every run numbers ``q0 .. q{J-1}``: those are checked as before, with a warning."""
     want, have = st.meta.get("queries"), run.query_identity()
-    source = want["source"] if want else "<the index's run>"
-    fix = (f"score the new documents against the same queries: `gdr score queries_from={source} data=<new documents> "
-           "out=<folder>` (it takes the run's model settings)")
+    fix = _RescoreAdvice(run.path, want["source"] if want else None)
     if want:
         if want["texts_hash"] != have["texts_hash"]:
             raise ValueError(f"{run.path / 'queries.jsonl'}: the new documents were scored against other queries "
@@ -202,11 +203,68 @@ def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
                 "scored against the index's queries (`gdr score queries_from=<the index's run>`)", index_dir, run.path)
 
 
-def next_steps(index_dir: str | os.PathLike) -> str:
-    """What to do after ``gdr index add``: the retriever has to learn the new codes."""
-    return (f"next: a retriever finds the new documents only once it is trained on them (the old documents keep "
-            f"their codes); train one on every document, old and new: `gdr train data=<old and new documents> "
-            f"docids={Path(index_dir) / 'docids.tsv'} out_dir=<new folder>` (README: Your own corpus)")
+class _RescoreAdvice:
+    """The ``gdr score`` command that scores the new documents of ``run_dir`` (their corpus read from its saved
+    config) against the queries of ``source`` into a new folder; worked out only when a refusal is formatted."""
+
+    def __init__(self, run_dir: Path, source: str | None):
+        self.run_dir, self.source = Path(run_dir), source
+
+    def __str__(self) -> str:
+        data = saved_data(self.run_dir)
+        if data is None or self.source is None:
+            return ("score the new documents against the index's queries with `gdr score queries_from=<the index's "
+                    "run>` and their data= settings (it takes the run's model settings)")
+        args = ["gdr score", f"queries_from={shlex.quote(str(self.source))}", *data_overrides("score", data),
+                f"out={shlex.quote(str(self.run_dir) + '-rescored')}"]
+        return f"score the new documents against the same queries: `{' '.join(args)}` (it takes the run's model " \
+               "settings)"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def every_document(index_dir: str | os.PathLike) -> Path | None:
+    """Write ``<index_dir>/documents.jsonl``: the documents of the index (those it was built on, then those of each
+    ``gdr index add``, read from the saved configs of their runs) in ``docids.tsv`` order, the corpus a retriever
+    of every code trains on; None (and nothing written) where a corpus cannot be read or the ids disagree."""
+    from gdr.data import Corpus, corpus_from_config
+    from gdr.data.beir import corpus_jsonl
+    from gdr.io import atomic_write_text, read_manifest
+
+    index_dir = Path(index_dir)
+    adds = sorted(index_dir.glob("manifest.add-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    sources = [saved_data(index_dir)] + [saved_data((read_manifest(index_dir, p.name) or {}).get("run", ""))
+                                         for p in adds]
+    if any(d is None for d in sources):
+        return None
+    try:
+        parts = [corpus_from_config(d) for d in sources]
+        titles = [t for c in parts for t in (c.titles or [None] * len(c))]
+        labels = [x for c in parts for x in (c.labels or [None] * len(c))]
+        union = Corpus("documents", [d for c in parts for d in c.doc_ids], [x for c in parts for x in c.texts],
+                       titles=titles if any(titles) else None, labels=labels if all(labels) else None)
+    except (OSError, ValueError) as e:
+        log.warning("%s: the documents of the index could not be read again (%s)", index_dir, e)
+        return None
+    if union.doc_ids != read_docids(index_dir / "docids.tsv")[0]:
+        log.warning("%s: the documents of the saved configs are not those of docids.tsv", index_dir)
+        return None
+    atomic_write_text(index_dir / DOCUMENTS_FILE, corpus_jsonl(union))
+    return index_dir / DOCUMENTS_FILE
+
+
+def next_steps(index_dir: str | os.PathLike, run_dir: str | os.PathLike) -> str:
+    """What to do after ``gdr index add`` of the run ``run_dir``: the retriever has to learn the new codes, trained
+    on every document (:func:`every_document`) into ``<run_dir>-train``."""
+    head = ("next: a retriever finds the new documents only once it is trained on them (the old documents keep "
+            "their codes); train one on every document, old and new")
+    docs = every_document(index_dir)
+    docids = Path(index_dir) / "docids.tsv"
+    if docs is None:
+        return f"{head}, with gdr train docids={docids} and data= a corpus of them all (README: Your own corpus)"
+    cmd = " ".join(["gdr train data=jsonl", f"data.path={shlex.quote(str(docs))}",
+                    f"docids={shlex.quote(str(docids))}", f"out_dir={shlex.quote(str(run_dir) + '-train')}"])
+    return f"{head} ({docs.name}, written by this command): `{cmd}`"
 
 
 def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = 2048,

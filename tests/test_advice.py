@@ -20,13 +20,14 @@ from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM 
 
 ROOT = Path(__file__).resolve().parent.parent
 # A message holding a command is built by one of these; each site is run by the tests named here.
-ADVICE = re.compile(r"RerunCommand\(|sample_command\(")
+ADVICE = re.compile(r"RerunCommand\(|sample_command\(|_RescoreAdvice\(|next_steps\(")
 SITES = {
     "gdr/store.py": ["test_queries_changed_after_sampling", "test_a_p_matrix_without_its_manifest",
                      "test_an_unfinished_p_matrix", "test_the_advised_rescore_command_works_as_printed (test_guard)",
                      "test_doc_ids_json_damaged", "test_finished_doc_queries_damaged"],
     "indexing/pmatrix.py": ["test_a_truncated_p_matrix_given_to_gdr_index", "test_an_unfinished_p_matrix"],
-    "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add"],
+    "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_index_add_advice_pastes"],
+    "gdr/cli/commands/index.py": ["test_index_add_advice_pastes"],
     "training/data.py": ["test_the_advised_resample_command_works_as_printed (test_faults)",
                          "test_doc_queries_without_a_manifest_with_a_doc_twice"],
     "training/search.py": ["test_the_advised_retrain_command_works_as_printed (test_faults)"],
@@ -212,6 +213,39 @@ def test_a_damaged_gc_index_given_to_index_add(scored, tmp_path, capsys):
     assert "rebuild the index with `gdr index " in line, line
     _run_advised(line)
     assert (idx / "docids.tsv").read_text() == good
+
+
+def test_index_add_advice_pastes(setup, tmp_path, capsys):  # noqa: F811
+    """The refusal of a P of other queries prints the `gdr score` of the new documents, filled from the saved
+    configs; the `gdr train` that ends a successful `gdr index add` trains on every document, old and new."""
+    from gdr.data import load_corpus, write_beir
+
+    root, folder = setup
+    corpus = load_corpus(str(folder))
+    old = write_beir(corpus.select(np.arange(24)), None, tmp_path / "old")
+    new = write_beir(corpus.select(np.arange(24, 30)), None, tmp_path / "new")
+    lm = [f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24", "sample.n_queries=16",
+          "sample.max_new_tokens=6", "progress=false", "threads=1"]
+    run, idx, resampled = tmp_path / "run", tmp_path / "idx", tmp_path / "resampled"
+    assert main(["score", f"data.name={old}", *lm, f"out={run}"]) == 0
+    assert main(["index", "method=gc", f"run={run}", f"out={idx}", "n_clusters=4", "leaf_size=4", "gc.n_init=1",
+                 "plot=false"]) == 0
+    assert main(["score", f"data.name={new}", *lm, "sample.seed=1", f"out={resampled}"]) == 0
+    capsys.readouterr()
+    line = error_of(capsys, ["index", "add", f"run={resampled}", f"index={idx}", "plot=false"])
+    cmd = re.search(r"`(gdr score [^`]+)`", line).group(1)
+    assert "<" not in cmd and f"queries_from={run.resolve()}" in cmd and f"out={resampled}-rescored" in cmd, cmd
+    _run_advised(line)
+    assert main(["index", "add", f"run={resampled}-rescored", f"index={idx}", "plot=false"]) == 0
+    said = capsys.readouterr().out
+    cmd = re.search(r"`(gdr train [^`]+)`", said).group(1)
+    assert "<" not in cmd and f"docids={idx / 'docids.tsv'}" in cmd and f"out_dir={resampled}-rescored-train" in cmd
+    assert load_corpus("jsonl", path=idx / "documents.jsonl").doc_ids == [f"d{i}" for i in range(30)]
+    tiny = ["model.size=tiny", "trainer.max_steps=2", "trainer.max_epochs=100", "trainer.batch_size=16",
+            "trainer.tensorboard=false", "trainer.val_beam=4", "trainer.num_sanity_val_steps=0",
+            "trainer.enable_progress_bar=false", "optim.warmup_steps=1"]  # the default retriever takes minutes
+    assert main(shlex.split(cmd)[1:] + tiny) == 0, cmd
+    assert len((tmp_path / "resampled-rescored-train" / "docids.tsv").read_text().splitlines()) == 30
 
 
 # ----------------------------------------------------------------------------------- docids

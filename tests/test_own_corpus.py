@@ -64,7 +64,7 @@ def test_files_of_documents_load_the_same_way_everywhere(files, capsys):
                                             f"data.queries={files / 'queries.jsonl'}"]))
     # `gdr run` on a file without its queries says how to give them
     assert main(["run", f"data.name={files / 'docs.jsonl'}", f"out={files / 'run'}"]) == 2
-    assert "data=jsonl|tsv data.path=<documents> data.queries=<queries file> data.qrels=<test.tsv>" in \
+    assert "data=jsonl|tsv|trec data.path=<documents> data.queries=<queries file> data.qrels=<test.tsv>" in \
         capsys.readouterr().err
     # its queries and judgements, as the pipeline reads them
     from gdr.data.splits import split_queries
@@ -172,7 +172,7 @@ def test_run_dict_selects_the_data_group_as_the_command_does(setup, tmp_path, ca
     assert "stage cluster: skipped: corpus toy has no labels" in caplog.text
     md = (out / "report.md").read_text()
     assert md.startswith("# gdr run: toy, 30 documents") and "trained on `train` (" in md
-    assert "| docids | R@1 | R@10 | MRR@10 |" in md and report["columns"]["recall@100"] == "R@10"
+    assert "| docids | Success@1 | Success@10 | R@10 | RR@10 |" in md and report["columns"]["recall@100"] == "Success@10"
 
     train = out / next(s["folder"] for s in report["stages"] if s["name"] == "train-random-s0")
     capfd.readouterr()

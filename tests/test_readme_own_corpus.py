@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import gdr
 from gdr.cli import main
@@ -77,9 +79,32 @@ def test_readme_own_corpus_recipes(setup, tmp_path, capsys, monkeypatch):
                  "progress=false", "threads=1"]) == 0
     assert main(["index", "add", "run=runs/mine-new", f"index={index.relative_to(tmp_path)}", "plot=false"]) == 0
     said = capsys.readouterr().out
-    assert "added 6 documents" in said and "gdr train data=<old and new documents>" in said
-    (tmp_path / "all.jsonl").write_text((tmp_path / "docs.jsonl").read_text() + (tmp_path / "new.jsonl").read_text())
-    assert main(["train", "data=jsonl", "data.path=all.jsonl", f"docids={index.relative_to(tmp_path)}/docids.tsv",
-                 "out_dir=runs/mine-train", *_flat(TINY_TRAIN)]) == 0
-    trained = (tmp_path / "runs/mine-train/docids.tsv").read_text().splitlines()
+    assert "added 6 documents" in said
+    train = re.search(r"`(gdr train [^`]+)`", said).group(1)  # the command it ends with, on every document
+    assert train == (f"gdr train data=jsonl data.path={index.relative_to(tmp_path)}/documents.jsonl "
+                     f"docids={index.relative_to(tmp_path)}/docids.tsv out_dir=runs/mine-new-train")
+    assert main(shlex.split(train)[1:] + _flat(TINY_TRAIN)) == 0
+    trained = (tmp_path / "runs/mine-new-train/docids.tsv").read_text().splitlines()
     assert len(trained) == 30 and {x.split("\t")[0] for x in trained} >= {d for d, _ in new}
+
+
+def test_readme_trec_commands_compose_and_pass_the_checks(tmp_path, monkeypatch):
+    """The `data=trec` commands of "Your own corpus" (the plain one and the one sized for 15 minutes on 2 cores), as
+    printed, on files named as there: every setting exists and passes the checks made before any work."""
+    from pathlib import Path
+
+    from gdr.config import load_config
+    from gdr.validate import validate
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Your own corpus"):readme.index("### A query generator")]
+    commands = [shlex.split(c.replace("\\\n", " ")) for c in re.findall(r"^(gdr run data=trec.*?)\n(?!    )",
+                                                                       section, re.M | re.S)]
+    assert len(commands) == 2 and any("data.n_docs=300" in c for c in commands)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "fr940104.0").write_text("<DOC>\n<DOCNO> FR1 </DOCNO>\n<TEXT> a rule </TEXT>\n</DOC>\n")
+    (tmp_path / "topics.401-450").write_text("<top>\n<num> Number: 401\n<title> rules\n</top>\n")
+    (tmp_path / "qrels.401-450.txt").write_text("401 0 FR1 1\n")
+    for argv in commands:
+        validate("run", load_config("run", argv[2:]))

@@ -66,15 +66,20 @@ def test_array_kernel_and_empty_cases():
         Run(["q1", "q2"], [["a"]], [[1.0]])
 
 
+def _random_run(rng: np.random.Generator, n_docs: int, n_queries: int) -> tuple[list[str], Run]:
+    """(the pool of doc ids, a run of 120 of them per query with distinct descending scores)."""
+    pool = [f"D{i}" for i in range(n_docs)]
+    qids = [f"Q{i}" for i in range(n_queries)]
+    docs = [list(rng.choice(pool, size=120, replace=False)) for _ in qids]
+    scores = [sorted(rng.normal(size=120).tolist(), reverse=True) for _ in qids]
+    return pool, Run(qids, docs, scores)
+
+
 def test_matches_ir_measures_on_a_random_run(tmp_path):
     import ir_measures
     rng = np.random.default_rng(0)
-    pool = [f"D{i}" for i in range(300)]
-    qids = [f"Q{i}" for i in range(40)]
-    docs = [list(rng.choice(pool, size=120, replace=False)) for _ in qids]
-    scores = [sorted(rng.normal(size=120).tolist(), reverse=True) for _ in qids]  # distinct, descending
-    qrels = {q: list(rng.choice(pool, size=rng.integers(1, 4), replace=False)) for q in qids}
-    run = Run(qids, docs, scores)
+    pool, run = _random_run(rng, 300, 40)
+    qrels = {q: list(rng.choice(pool, size=rng.integers(1, 4), replace=False)) for q in run.qids}
     ours, _ = evaluate_run(run, qrels)
     write_trec_run(tmp_path / "run.trec", run, depth=100)
     write_qrels(tmp_path / "qrels.txt", qrels)
@@ -86,6 +91,45 @@ def test_matches_ir_measures_on_a_random_run(tmp_path):
     assert ours.recall[100] == pytest.approx(ref[ir_measures.Success @ 100])
     assert ours.mrr == pytest.approx(ref[ir_measures.RR @ 100])
     assert 0 < ours.recall[100] < 1  # the run is neither trivially good nor bad
+
+
+def test_recall_at_k_counts_every_relevant_document_and_success_at_k_one():
+    run = _run({"q1": ["a", "b", "c", "d"], "q2": ["x", "y"]})
+    qrels = {"q1": ["b", "d", "e", "f", "b"], "q2": ["x"]}  # q1: 4 relevant (b once), 2 of them retrieved
+    m, _ = evaluate_run(run, qrels, ks=(1, 2, 10))
+    assert m.recall == {1: 0.5, 2: 1.0, 10: 1.0}  # Success@k: a relevant document in the top k
+    assert m.r_at == {1: pytest.approx((0 + 1) / 2), 2: pytest.approx((1 / 4 + 1) / 2),
+                      10: pytest.approx((2 / 4 + 1) / 2)}
+    d = m.as_dict()
+    assert d["Success@2"] == d["recall@2"] == 1.0 and d["R@10"] == pytest.approx(0.75) and d["RR@100"] == d["mrr@100"]
+    shared, _ = evaluate_run(_run({"q": ["a", "b", "c"]}, ranks={"q": [1, 1, 2]}), {"q": ["b", "c"]}, ks=(1,))
+    assert shared.r_at == {1: 0.5}  # a and b share docid rank 1
+
+
+def test_success_recall_and_rr_equal_ir_measures_on_a_multi_relevant_collection(tmp_path):
+    """Graded qrels with 1-8 relevant documents a query, read back from the TREC files by ir_measures."""
+    import ir_measures
+
+    rng = np.random.default_rng(1)
+    pool, run = _random_run(rng, 200, 30)
+    qids = run.qids
+    graded = {q: {d: int(rng.integers(1, 4)) for d in rng.choice(pool, size=rng.integers(1, 9), replace=False)}
+              for q in qids}
+    (tmp_path / "qrels.txt").write_text("".join(f"{q} 0 {d} {g}\n" for q, r in graded.items() for d, g in r.items()))
+    write_trec_run(tmp_path / "run.trec", run, depth=100)
+    from gdr.data import load_file_queries  # the qrels as gdr reads them (graded, trec_eval form)
+
+    (tmp_path / "q.tsv").write_text("id\ttext\n" + "".join(f"{q}\tquery {q}\n" for q in qids))
+    qs = load_file_queries(tmp_path / "q.tsv", tmp_path / "qrels.txt", doc_ids=pool)
+    ours, _ = evaluate_run(read_trec_run(tmp_path / "run.trec"), dict(zip(qs.qids, qs.relevant)))
+    measures = [ir_measures.Success @ 1, ir_measures.Success @ 10, ir_measures.R @ 10, ir_measures.R @ 100,
+                ir_measures.RR @ 100]
+    ref = ir_measures.calc_aggregate(measures, ir_measures.read_trec_qrels(str(tmp_path / "qrels.txt")),
+                                     ir_measures.read_trec_run(str(tmp_path / "run.trec")))
+    d = ours.as_dict()
+    for m in measures:
+        assert d[str(m)] == pytest.approx(ref[m]), m
+    assert d["R@10"] < d["Success@10"] < 1  # several relevant documents: recall below the hit rate
 
 
 def test_trec_files_round_trip_and_table(tmp_path):

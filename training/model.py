@@ -42,6 +42,7 @@ from torch import nn
 
 from gdr.cost import Dims, dims
 from gdr.lm.hostsync import padding_mask_4d
+from gdr.logs import quiet_loading
 
 log = logging.getLogger(__name__)
 
@@ -169,11 +170,12 @@ def _build_encoder(cfg: RetrieverConfig, vocab_size: int) -> tuple[nn.Module, di
         # the first `encoder_layers` layers only: the config override makes from_pretrained skip the rest
         cut = {} if cfg.encoder_layers is None else {("num_layers" if t5 else "num_hidden_layers"): cfg.encoder_layers}
         # float32 master weights whatever dtype the checkpoint was saved in; autocast does bf16
-        if t5:
-            enc = T5EncoderModel.from_pretrained(path, dtype=torch.float32, **cut)
-        else:
-            enc = _without_pooler(lambda p, **kw: AutoModel.from_pretrained(p, dtype=torch.float32, **cut, **kw),
-                                  path)
+        with quiet_loading():
+            if t5:
+                enc = T5EncoderModel.from_pretrained(path, dtype=torch.float32, **cut)
+            else:
+                enc = _without_pooler(lambda p, **kw: AutoModel.from_pretrained(p, dtype=torch.float32, **cut, **kw),
+                                      path)
     hf = enc.config.to_dict()
     drop = {"architectures", "transformers_version", "dtype", "torch_dtype"}
     hf = {k: v for k, v in hf.items() if not k.startswith("_") and k not in drop}

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "index": ("gdr.cli.commands.index", "index_main"),
     "train": ("gdr.cli.commands.train", "train_main"),
     "evaluate": ("gdr.cli.commands.evaluate", "evaluate_main"),
-    "search": ("gdr.cli.commands.evaluate", "search_main"),
+    "search": ("gdr.cli.commands.search", "search_main"),
     "bench": ("gdr.bench", "bench_main"),
     "run": ("gdr.cli.commands.run", "run_main"),
     "qg": ("gdr.cli.commands.qg", "qg_main"),
@@ -39,7 +39,7 @@ HELP = {
     "cluster": "generative clustering of a corpus, with evaluation when labels exist",
     "index": "build prefix-code docids (gc | hkmi | bmi | random | atomic); `gdr index add` grows one",
     "train": "train an NCI-style seq2seq retriever on docids",
-    "evaluate": "Recall@k / MRR@100 of a trained retriever (and BM25)",
+    "evaluate": "Success@k, R@k and RR@100 of a trained retriever (and BM25)",
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling | training | gpu (every GPU figure)",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
@@ -147,8 +147,9 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
 
 
 def _own_help(name: str, rest: list[str]) -> bool:
-    """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench``)."""
-    return name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
+    """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench <name>``,
+    ``gdr search``)."""
+    return name == "search" or name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
 
 
 def sub_command(name: str, rest: list[str]) -> str:

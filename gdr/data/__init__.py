@@ -9,7 +9,8 @@
 Names: ``bbc``, ``r2``, ``r5``, ``reuters`` (every story with a body, unlabelled), ``cranfield``,
 ``msmarco-lite``, ``nq320k``, ``beir`` (the latter needs ``path=``; a path to a BEIR folder also works
 as the name), ``jsonl`` and ``tsv`` (a file of documents, :mod:`gdr.data.files`; a path ending in
-``.jsonl`` or ``.tsv`` also works as the name). In memory: :meth:`Corpus.from_texts`,
+``.jsonl`` or ``.tsv`` also works as the name), ``trec`` (TREC SGML documents, topics and trec_eval qrels,
+:mod:`gdr.data.trec`; a file or folder of TREC SGML also works as the name). In memory: :meth:`Corpus.from_texts`,
 :meth:`Corpus.from_pandas`, :meth:`Corpus.from_dataset`. Default paths
 live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
 
@@ -23,6 +24,7 @@ import difflib
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 from gdr.data.bbc import load_bbc
 from gdr.data.beir import load_beir, load_beir_queries, write_beir
@@ -33,8 +35,9 @@ from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import drop_titles, title_queries
-from gdr.rules import (FILE, OPT_POSITIVE, Rule, boolean, check_values, existing, field_name, fractions, get, one_of,
-                       optional, path_problem, seed)
+from gdr.data.trec import format_hint, is_trec_folder, load_trec, sniff
+from gdr.rules import (FILE, OPT_POSITIVE, Rule, boolean, check_values, existing, field_name, fractions, get, integer,
+                       non_empty_list, one_of, optional, path_problem, seed, subset_of, text_encoding)
 
 __all__ = [
     "Corpus",
@@ -62,6 +65,7 @@ __all__ = [
     "load_nq320k_queries",
     "load_docs_file",
     "load_file_queries",
+    "load_trec",
     "R2_TOPICS",
     "R5_TOPICS",
     "DATA_RULES",
@@ -73,9 +77,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS)
+CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS, "trec")
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
 TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
+QUERY_KEYS = ("queries", "qrels", "topic_fields", "min_relevance")  # data: keys of the query side
 
 
 # ---------------------------------------------------------------------------- the loaders' rules
@@ -89,15 +94,19 @@ def corpus_name(v, sec):
             return "needs data.path=<BEIR folder> (or data.name=<BEIR folder>)"
         if v in DOC_FORMATS and not get(sec, "data.path"):
             return f"needs data.path=<a .{v} file of documents>"
+        if v == "trec" and not get(sec, "data.path"):
+            return "needs data.path=<a file or a folder of TREC SGML documents>"
         return None
     p = Path(v).expanduser()
     if (p / "corpus.jsonl").is_file():
         return None
     if p.is_file():
-        if file_format(p):
+        if file_format(p) or sniff(p) == "trec-docs":
             return None
-        return ("is a file, but not a .jsonl or .tsv file of documents (data=jsonl|tsv data.path=<file>); "
-                "a BEIR folder is a folder")
+        return ("is a file, but not a .jsonl or .tsv file of documents (data=jsonl|tsv data.path=<file>) nor TREC "
+                f"SGML{format_hint(p)}; a BEIR folder is a folder")
+    if is_trec_folder(p):
+        return None
     if p.exists():
         return "this folder has no corpus.jsonl: a BEIR folder needs corpus.jsonl, queries.jsonl and qrels/"
     close = difflib.get_close_matches(v, CORPORA, n=1)
@@ -134,6 +143,11 @@ DATA_RULES = (
     Rule("data.label_field", optional(field_name), "the label field of a file of documents"),
     Rule("data.queries", optional(existing("file")), "a file of queries (.jsonl or .tsv) for data=jsonl|tsv"),
     Rule("data.qrels", qrels_of_queries, "judgements (<split>.tsv, or a folder of them) for data.queries"),
+    Rule("data.text_fields", non_empty_list, "data=trec: the SGML fields holding a document's text"),
+    Rule("data.title_fields", optional(non_empty_list), "data=trec: the SGML fields of a title, the first present"),
+    Rule("data.topic_fields", subset_of("title", "desc", "narr"), "data=trec: a query's topic fields"),
+    Rule("data.min_relevance", integer, "judgements of this grade or more are relevant"),
+    Rule("data.encoding", text_encoding, "data=trec: the files' text encoding"),
 )
 # the scoring functions' choice for judgements of documents not in the corpus (QuerySet.judged_in)
 DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
@@ -145,7 +159,8 @@ SPLIT_RULE = Rule("split", one_of(*SPLITS), "the query split")
 
 
 def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
-    """A path given as the name means a BEIR folder, or a documents file (``.jsonl``, ``.tsv``)."""
+    """A path given as the name means a BEIR folder, a documents file (``.jsonl``, ``.tsv``), or TREC SGML (a file
+    whose first line is ``<DOC>``, or a folder holding such files)."""
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"corpus name: got {type(name).__name__}; pass a name ({', '.join(CORPORA)}) or a path, "
                         "or build a gdr.Corpus in memory (Corpus.from_texts / from_pandas / from_dataset)")
@@ -154,12 +169,15 @@ def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.P
         return "beir", name
     if name not in CORPORA and Path(name).is_file() and file_format(name):
         return file_format(name), name
+    if name not in CORPORA and (sniff(name) == "trec-docs" or is_trec_folder(name)):
+        return "trec", name
     if name not in CORPORA:
-        what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents" if Path(name).is_file() else
-                f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder)" if Path(name).is_dir() else
-                f"unknown corpus {name!r}")
-        raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder or of a "
-                         ".jsonl / .tsv file of documents")
+        what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents nor TREC SGML"
+                f"{format_hint(name)}" if Path(name).is_file() else
+                f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder) nor TREC SGML files"
+                if Path(name).is_dir() else f"unknown corpus {name!r}")
+        raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder, of a "
+                         ".jsonl / .tsv file of documents or of TREC SGML documents")
     return name, path
 
 
@@ -177,6 +195,9 @@ def load_corpus(
     text_field: str | None = None,
     title_field: str | None = None,
     label_field: str | None = None,
+    text_fields: Sequence[str] | None = None,
+    title_fields: Sequence[str] | None = None,
+    encoding: str | None = None,
 ) -> Corpus:
     """Load a corpus by name, optionally subsampled.
 
@@ -194,6 +215,8 @@ def load_corpus(
         never start with their title, Cranfield abstracts do and keep it.
     id_field, text_field, title_field, label_field : ``jsonl`` / ``tsv`` only: the names of the fields
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
+    text_fields, title_fields, encoding : ``trec`` only: the SGML fields holding the text (default ``TEXT``), the
+        title (the first of ``TITLE``, ``HEADLINE``, ``HEAD``), and the files' encoding; see :mod:`gdr.data.trec`.
     """
     check_values({"n_docs": n_docs, "seed": seed}, DATA_RULES, {"n_docs": "data.n_docs", "seed": "data.seed"})
     source = {"name": name, "path": None if path is None else os.fspath(path)}
@@ -202,6 +225,10 @@ def load_corpus(
                                 ("label_field", label_field)) if v is not None}
     if fields and name not in DOC_FORMATS:
         raise ValueError(f"{next(iter(fields))}= applies to a file of documents (jsonl, tsv), not {name!r}")
+    trec = {k: v for k, v in (("text_fields", text_fields), ("title_fields", title_fields), ("encoding", encoding))
+            if v is not None}
+    if trec and name != "trec":
+        raise ValueError(f"{next(iter(trec))}= applies to TREC SGML documents (data=trec), not {name!r}")
     if split is not None and name not in ("r2", "r5", "reuters"):
         raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
     if docs_tsv is not None and name not in ("msmarco-lite", "nq320k"):
@@ -224,6 +251,8 @@ def load_corpus(
         corpus = load_nq320k(path, docs_tsv=docs_tsv, **kw)
     elif name in DOC_FORMATS:
         corpus = load_docs_file(path, fmt=name, **fields, **kw)
+    elif name == "trec":
+        corpus = load_trec(path, **trec, **kw)
     else:
         corpus = load_beir(path, **kw)
     if drop_title:
@@ -300,7 +329,7 @@ def corpus_from_config(data) -> Corpus:
     """``load_corpus`` from a ``data:`` config section (``name`` plus any non-null keyword of it).
 
     Keys: ``path``, ``n_docs``, ``seed``, ``docs_tsv``, ``on_empty``, ``drop_title``, the field names of a file of
-    documents (see ``conf/data/*.yaml``); ``queries`` and ``qrels`` (a file's queries) are read by the query side.
+    documents (see ``conf/data/*.yaml``); ``QUERY_KEYS`` (a file's queries) are read by the query side.
     """
-    d = {k: v for k, v in dict(data).items() if v is not None and k not in ("queries", "qrels")}
+    d = {k: v for k, v in dict(data).items() if v is not None and k not in QUERY_KEYS}
     return load_corpus(d.pop("name"), **d)

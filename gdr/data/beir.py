@@ -2,8 +2,9 @@
 
 A folder holds ``corpus.jsonl`` (``{"_id", "title", "text"}`` per line), ``queries.jsonl``
 (``{"_id", "text"}``) and ``qrels/<split>.tsv`` with the header ``query-id corpus-id score``.
-A judgement with score > 0 is relevant (its score kept as the grade); score <= 0 is a
-judged non-relevant pair (counted, not kept). gdr adds one optional corpus field, ``label``,
+A judgement with score >= ``min_relevance`` (1) is relevant (its score kept as the grade); a lower one is a
+judged non-relevant pair (counted, not kept). A qrels file in trec_eval's form (``qid iter docno rel``) is read
+as well (:mod:`gdr.data.trec`). gdr adds one optional corpus field, ``label``,
 so labelled corpora survive a round trip; other BEIR tools ignore it.
 """
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Iterable
 
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, require_file
+from gdr.data.trec import format_hint, qrels_form
 from gdr.io import atomic_write_text
 
-__all__ = ["load_beir", "load_beir_queries", "beir_doc_ids", "write_beir", "SPLIT_ORDER"]
+__all__ = ["load_beir", "load_beir_queries", "beir_doc_ids", "write_beir", "corpus_jsonl", "SPLIT_ORDER"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,8 @@ def _jsonl(path: Path) -> Iterable[tuple[int, dict]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+            hint = format_hint(path) if lineno == 1 else ""
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}){hint}; "
                             "fix or delete that line") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}; "
@@ -159,9 +162,11 @@ def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str,
 
 
 def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, Path], known: set[str], name: str,
-               source: str) -> QuerySet:
-    """The QuerySet of the judgements in ``split_files`` (``{split: qrels TSV}``, BEIR's three columns with an
-    optional header) over the queries ``query_text`` (read from ``qfile``) and the doc ids ``known``."""
+               source: str, min_relevance: int = 1) -> QuerySet:
+    """The QuerySet of the judgements in ``split_files`` (``{split: qrels file}``: BEIR's three tab-separated columns
+    with an optional header, or trec_eval's ``qid iter docno rel``, told apart by the first line) over the queries
+    ``query_text`` (read from ``qfile``) and the doc ids ``known``; a judgement of ``min_relevance`` or more is
+    relevant."""
     qids, texts, relevant, grades, out_splits = [], [], [], [], []
     filtered: Counter[str] = Counter()
     nonrel = 0
@@ -169,21 +174,16 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
         rel: dict[str, list[str]] = {}
         grd: dict[str, list[int]] = {}
         judged: dict[tuple[str, str], int] = {}
+        form = None
         for lineno, line in iter_lines(file):
             if not line.strip():
                 continue
-            parts = line.split("\t")
-            if lineno == 1 and tuple(p.strip() for p in parts) == _QRELS_HEADER:
+            if form is None:
+                form = _qrels_form(file, lineno, line)
+            row = _qrels_row(form, line, file, lineno)
+            if row is None:
                 continue
-            if len(parts) != 3:
-                raise DataError(f"{file}:{lineno}: expected 3 tab-separated columns (query-id, corpus-id, score), "
-                                f"got {len(parts)}; fix that line")
-            qid, did, score_s = (p.strip() for p in parts)
-            try:
-                score = int(float(score_s))
-            except ValueError:
-                hint = " (the first line must be the header 'query-id<TAB>corpus-id<TAB>score')" if lineno == 1 else ""
-                raise DataError(f"{file}:{lineno}: score {score_s!r} is not a number{hint}; fix that line") from None
+            qid, did, score = row
             if qid not in query_text:
                 raise DataError(f"{file}:{lineno}: query-id {qid!r} is not in {qfile.name}; add the query or "
                                 "delete the judgement")
@@ -196,7 +196,7 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
             judged[qid, did] = lineno
             rel.setdefault(qid, [])
             grd.setdefault(qid, [])
-            if score <= 0:
+            if score < min_relevance:
                 nonrel += 1
                 continue
             rel[qid].append(did)
@@ -220,10 +220,56 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
     return QuerySet(name=name, qids=qids, texts=texts, relevant=relevant, splits=out_splits, grades=grades, info=info)
 
 
+def _qrels_form(file: Path, lineno: int, line: str) -> str:
+    """The form of a qrels file by its first line (see :func:`gdr.data.trec.qrels_form`), said in the log."""
+    form = qrels_form(line)
+    if form is None:
+        raise DataError(f"{file}:{lineno}: neither BEIR qrels (query-id<TAB>corpus-id<TAB>score) nor trec_eval qrels "
+                        f"(qid iter docno rel){format_hint(file)}; fix the file")
+    log.info("%s: read as %s qrels", file, "trec_eval" if form == "trec" else "BEIR")
+    return form
+
+
+def _qrels_row(form: str, line: str, file: Path, lineno: int) -> tuple[str, str, int] | None:
+    """``(qid, doc id, score)`` of one qrels line of the form ``form``; None for BEIR's header."""
+    if form == "trec":
+        parts = line.split()
+        if len(parts) != 4:
+            raise DataError(f"{file}:{lineno}: expected 4 whitespace-separated columns of trec_eval qrels (qid iter "
+                            f"docno rel) as on the first line, got {len(parts)}; fix that line")
+        qid, _, did, score_s = parts
+    else:
+        parts = line.split("\t")
+        if lineno == 1 and tuple(p.strip() for p in parts) == _QRELS_HEADER:
+            return None
+        if len(parts) != 3:
+            raise DataError(f"{file}:{lineno}: expected 3 tab-separated columns of BEIR qrels (query-id, corpus-id, "
+                            f"score) as on the first line, got {len(parts)}; fix that line")
+        qid, did, score_s = (p.strip() for p in parts)
+    try:
+        return qid, did, int(float(score_s))
+    except ValueError:
+        hint = " (the first line must be the header 'query-id<TAB>corpus-id<TAB>score')" if lineno == 1 else ""
+        raise DataError(f"{file}:{lineno}: score {score_s!r} is not a number{hint}; fix that line") from None
+
+
 def _one_line(s: str, what: str) -> str:
     if "\t" in s or "\n" in s or "\r" in s:
         raise DataError(f"{what} contains a tab or newline, which a qrels TSV cannot hold; clean the id")
     return s
+
+
+def corpus_jsonl(corpus: Corpus) -> str:
+    """``corpus`` as BEIR's ``corpus.jsonl`` text (``_id``, ``title``, ``text``, and ``label`` where labelled): also
+    a file of documents ``data=jsonl`` reads."""
+    rows = []
+    for i, d in enumerate(corpus.doc_ids):
+        row = {"_id": d, "title": (corpus.titles[i] or "") if corpus.titles is not None else "",
+               "text": corpus.texts[i]}
+        if corpus.labels is not None:
+            row["label"] = corpus.labels[i]
+        rows.append(json.dumps(row, ensure_ascii=False))
+    return "\n".join(rows) + "\n"
 
 
 def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLike) -> Path:
@@ -233,14 +279,7 @@ def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLi
     text there; relevance scores are the ``grades`` when present, else 1.
     """
     folder = Path(folder)
-    rows = []
-    for i, d in enumerate(corpus.doc_ids):
-        row = {"_id": d, "title": (corpus.titles[i] or "") if corpus.titles is not None else "",
-               "text": corpus.texts[i]}
-        if corpus.labels is not None:
-            row["label"] = corpus.labels[i]
-        rows.append(json.dumps(row, ensure_ascii=False))
-    atomic_write_text(folder / "corpus.jsonl", "\n".join(rows) + "\n")
+    atomic_write_text(folder / "corpus.jsonl", corpus_jsonl(corpus))
     if queries is None:
         return folder
     text_of: dict[str, str] = {}

@@ -8,9 +8,11 @@ columns (``.gz`` read transparently). Its fields:
 - optionally a title (``title_field``, default ``title``) and a label (``label_field``, default ``label``;
   labelled corpora get the flat clustering of ``gdr run``), used where present.
 
-Queries are optional: a queries file (jsonl ``{"_id"|"id"|"qid", "text"}`` or a tsv ``id<TAB>text`` with a
-header) and judgements in BEIR's qrels format (``query-id<TAB>corpus-id<TAB>score``, header optional): one
-file, whose name is its split (``test.tsv`` holds the ``test`` split), or a folder of ``<split>.tsv`` files.
+Queries are optional: a queries file (jsonl ``{"_id"|"id"|"qid", "text"}``, a tsv ``id<TAB>text`` with a
+header, or TREC topics, known by their content) and judgements in BEIR's qrels format
+(``query-id<TAB>corpus-id<TAB>score``, header optional) or trec_eval's (``qid iter docno rel``): one file, whose
+name is its split (``test.tsv`` holds the ``test`` split; a trec_eval file named otherwise is the ``test`` split),
+or a folder of ``<split>.tsv`` files.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, require_file
+from gdr.data.trec import format_hint, read_trec_topics, sniff
 
 __all__ = ["DOC_FORMATS", "file_format", "load_docs_file", "load_file_queries", "ID_FIELDS", "QUERY_ID_FIELDS"]
 
@@ -92,7 +95,8 @@ def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field:
     file = require_file(path, "documents file", "pass data.path=<a .jsonl or .tsv file of documents>")
     fmt = fmt or file_format(file)
     if fmt not in DOC_FORMATS:
-        raise DataError(f"{file}: not a .jsonl or .tsv file; name it so, or load it with data={'|'.join(DOC_FORMATS)}")
+        raise DataError(f"{file}: not a .jsonl or .tsv file{format_hint(file)}; name it so, or load it with "
+                        f"data={'|'.join(DOC_FORMATS)}")
     table = DocTable(on_empty=on_empty)
     id_key = None
     for lineno, row in _records(file, fmt):
@@ -114,15 +118,19 @@ def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field:
 
 
 def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, split: str | None = None,
-                      doc_ids: Iterable[str], name: str = "queries") -> QuerySet:
-    """The queries of ``queries`` (jsonl or tsv) judged in ``qrels`` (a ``<split>.tsv`` file or a folder of them),
-    checked against ``doc_ids``; ``split=None`` gives every split."""
-    from gdr.data.beir import _available_splits, read_qrels, read_query_texts
+                      doc_ids: Iterable[str], name: str = "queries", topic_fields: Sequence[str] = ("title",),
+                      min_relevance: int = 1, encoding: str = "utf-8") -> QuerySet:
+    """The queries of ``queries`` (jsonl, tsv or TREC topics, the latter's text the ``topic_fields``) judged in
+    ``qrels`` (a ``<split>.tsv`` file or a folder of them, BEIR or trec_eval qrels; a trec_eval file not named after
+    a split is the ``test`` split), checked against ``doc_ids``; ``split=None`` gives every split."""
+    from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
 
-    qfile = require_file(queries, "queries file", "pass data.queries=<a .jsonl or .tsv file of queries>")
-    fmt = file_format(qfile)
+    qfile = require_file(queries, "queries file",
+                         "pass data.queries=<a .jsonl or .tsv file of queries, or TREC topics>")
+    fmt = "trec-topics" if sniff(qfile) == "trec-topics" else file_format(qfile)
     if fmt is None:
-        raise DataError(f"{qfile}: a queries file is a .jsonl or a .tsv; name it so")
+        raise DataError(f"{qfile}: a queries file is a .jsonl, a .tsv or TREC topics (<top> <num> .. <title> .. "
+                        f"</top>){format_hint(qfile)}; name it so or pass that form")
     q = Path(qrels)
     if q.is_dir():
         files = {s: q / f"{s}.tsv" for s in _available_splits(q)}
@@ -130,11 +138,21 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
             raise FileNotFoundError(f"{q}: no <split>.tsv files; add e.g. {q / 'test.tsv'}")
     else:
         q = require_file(q, "qrels file", "pass data.qrels=<split>.tsv (e.g. test.tsv) or a folder of them")
-        files = {q.name.removesuffix(".gz").rsplit(".", 1)[0]: q}
+        stem = q.name.removesuffix(".gz").rsplit(".", 1)[0]
+        if stem not in SPLIT_ORDER and sniff(q) == "trec-qrels":
+            log.info("%s: trec_eval qrels not named after a split (train, dev, test): read as the test split", q)
+            stem = "test"
+        files = {stem: q}
     if split is not None:
         if split not in files:
             raise FileNotFoundError(f"{qrels}: no qrels for split {split!r}; available: {list(files)}")
         files = {split: files[split]}
-    rows = list(_records(qfile, fmt))
-    id_key = _pick(rows[0][1], "auto", QUERY_ID_FIELDS, qfile, rows[0][0], "the queries' id field") if rows else "_id"
-    return read_qrels(read_query_texts(qfile, rows, id_key), qfile, files, set(doc_ids), name, str(qfile))
+    if fmt == "trec-topics":
+        rows = read_trec_topics(qfile, topic_fields, encoding)
+        id_key = "_id"
+    else:
+        rows = list(_records(qfile, fmt))
+        id_key = (_pick(rows[0][1], "auto", QUERY_ID_FIELDS, qfile, rows[0][0], "the queries' id field") if rows
+                  else "_id")
+    return read_qrels(read_query_texts(qfile, rows, id_key), qfile, files, set(doc_ids), name, str(qfile),
+                      min_relevance)

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gdr.data import QUERY_SETS, file_format, load_docs_file, load_file_queries, load_queries, load_title_queries
+from gdr.data import (QUERY_SETS, file_format, load_docs_file, load_file_queries, load_queries, load_title_queries,
+                      load_trec)
 from gdr.rules import ConfigError
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     name = q.get("name")
     if not name:
         return None
-    if name in ("jsonl", "tsv"):  # a file of documents: its queries and judgements are files of their own
+    if name in ("jsonl", "tsv", "trec"):  # a file of documents: its queries and judgements are files of their own
         qs = _file_queries(data, corpus_ids)
         if qs is None:
             return None
@@ -64,7 +65,7 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
 
 
 def _file_queries(data: dict[str, Any], corpus_ids: set[str]):
-    """The queries of ``data=jsonl|tsv`` (``data.queries`` judged in ``data.qrels``), or None without them.
+    """The queries of ``data=jsonl|tsv|trec`` (``data.queries`` judged in ``data.qrels``), or None without them.
     Judgements are checked against every document of the file (a sample of ``n_docs`` keeps those of its own)."""
     if not data.get("qrels"):
         log.info("%s has no queries (data.queries, data.qrels); no real queries", data.get("path"))
@@ -73,9 +74,13 @@ def _file_queries(data: dict[str, Any], corpus_ids: set[str]):
         raise ValueError("data.qrels is set but data.queries is not: pass the queries file the judgements name")
     ids = corpus_ids
     if data.get("n_docs") or data.get("on_empty") == "drop":
-        fields = {k: data[k] for k in ("id_field", "text_field", "title_field", "label_field") if data.get(k)}
-        ids = set(load_docs_file(data["path"], fmt=data["name"], on_empty="keep", **fields).doc_ids)
-    return load_file_queries(data["queries"], data["qrels"], doc_ids=ids, name=Path(data["queries"]).stem)
+        keys = ("text_fields", "title_fields", "encoding") if data["name"] == "trec" else (
+            "id_field", "text_field", "title_field", "label_field")
+        fields = {k: data[k] for k in keys if data.get(k)}
+        ids = set((load_trec(data["path"], on_empty="keep", **fields) if data["name"] == "trec" else
+                   load_docs_file(data["path"], fmt=data["name"], on_empty="keep", **fields)).doc_ids)
+    topics = {k: data[k] for k in ("topic_fields", "min_relevance", "encoding") if data.get(k) is not None}
+    return load_file_queries(data["queries"], data["qrels"], doc_ids=ids, name=Path(data["queries"]).stem, **topics)
 
 
 def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,
@@ -89,8 +94,8 @@ def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequenc
     for q in sections:
         qs = split_queries(q, data, ids, docs_tsv)
         if q["split"] == need and (qs is None or len(qs) == 0):
-            files = data.get("name") in ("jsonl", "tsv") or file_format(str(data.get("name")))
-            hint = ("; a file of documents takes its queries as data=jsonl|tsv data.path=<documents> "
+            files = data.get("name") in ("jsonl", "tsv", "trec") or file_format(str(data.get("name")))
+            hint = ("; a file of documents takes its queries as data=jsonl|tsv|trec data.path=<documents> "
                     "data.queries=<queries file> data.qrels=<test.tsv>") if files else ""
             raise ConfigError(f"queries.test_split={need}: no {need!r} query of queries.name={q['name']} has a "
                               f"relevant document in this corpus, so nothing can be evaluated; choose another "

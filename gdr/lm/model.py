@@ -28,6 +28,7 @@ from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache
 from gdr.lm.hostsync import upload
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import CompilerFallbacks, ScoringMixin
+from gdr.logs import quiet_loading
 from gdr.models import MAX_DOC_TOKENS_RULE, pretrained_config, resolve_model
 from gdr.rules import check_values
 
@@ -70,7 +71,8 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             saved = saved_generator(path)
             cfg = pretrained_config(path, model)
             cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
-            self.model = cls.from_pretrained(path)
+            with quiet_loading():
+                self.model = cls.from_pretrained(path)
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         else:
             if tokenizer is None:

@@ -1,4 +1,4 @@
-"""Stage ``evaluate``: Recall@k and MRR@100 of a trained retriever on held-out queries (BM25 beside it)."""
+"""Stage ``evaluate``: Success@k, R@k and RR@100 of a trained retriever on held-out queries (BM25 beside it)."""
 from __future__ import annotations
 
 import logging
@@ -29,7 +29,8 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
                    split: str = "test", drop_unknown_qrels: bool = False) -> tuple[dict, str]:
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
     :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
-    ``metrics.json`` (Recall@1/10/100, MRR@100; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
+    ``metrics.json`` (Success@1/10/100, R@10/100, RR@100 under ir_measures' names and the keys ``recall@k``,
+    ``mrr@100``; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
     Only the ``split`` queries are scored; a relevant id not in ``corpus`` is refused, or dropped with
     ``drop_unknown_qrels`` (``metrics.json`` counts them). Returns (the ``metrics.json`` content, its markdown
@@ -74,7 +75,7 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
     metrics_json = {"split": split, "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9),
                     **({"unknown_qrels": unknown} if unknown else {})}
     atomic_write_json(out / "metrics.json", metrics_json)
-    table = markdown_table(rows, ["recall@1", "recall@10", "recall@100", "mrr@100", "n_queries"])
+    table = markdown_table(rows, ["Success@1", "Success@10", "Success@100", "R@10", "R@100", "RR@100", "n_queries"])
     atomic_write_text(out / "metrics.md", table)
     write_manifest(out, command="evaluate", run_dir=str(run_dir), corpus=corpus.name, split=split,
                    n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2),

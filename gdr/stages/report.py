@@ -8,11 +8,18 @@ from typing import Sequence
 
 import numpy as np
 
+from eval.compare import metric_name
 from gdr.guard import replace_together
 
-__all__ = ["write_report", "headline", "cluster_headline", "METRICS", "metric_label"]
+__all__ = ["write_report", "headline", "cluster_headline", "METRICS", "metric_label", "query_set_name"]
 
-METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
+# the keys of the evaluation rows: ``recall@k`` is Success@k (hit@k), ``R@k`` recall, ``mrr@100`` RR@100
+METRICS = ("recall@1", "recall@10", "recall@100", "R@10", "R@100", "mrr@100")
+MEASURES_NOTE = ("Measures under ir_measures' names: Success@k is the share of queries with a relevant document in the "
+                 "top k (what NCI and the GDR papers call Recall@k; it equals recall only where a query has one "
+                 "relevant document); R@k is recall, the relevant documents in the top k over all of a query's "
+                 "relevant documents, averaged over queries; RR@k is the mean reciprocal rank of the first relevant "
+                 "document (MRR@k).")
 
 
 SCHEME_NAMES = {"gc": "GC", "hkmi": "HKmI", "bmi": "BMI", "random": "random ids", "atomic": "atomic ids",
@@ -40,19 +47,62 @@ def cluster_headline(result: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def _mean_std(rows: list[dict], key: str) -> tuple[float, float]:
-    vals = np.array([r[key] for r in rows], dtype=float)
-    return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+def _mean_std(rows: list[dict], key: str) -> tuple[float, float | None]:
+    """Mean and std over seeds (NaN where a row lacks ``key``: an evaluation made before it was measured); the
+    std is None for one seed."""
+    vals = np.array([r.get(key, np.nan) for r in rows], dtype=float)
+    return float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else None
+
+
+def _cell(mean: float, std: float | None) -> str:
+    if mean != mean:
+        return "–"
+    return f"{100 * mean:.1f}" + ("" if std is None else f" ({100 * std:.1f})")
 
 
 def metric_label(metric: str, k: int | None = None) -> str:
-    """A column name for ``metric`` when every system returns ``k`` results per query: ``recall@100`` is
-    ``R@20`` at k = 20 (nothing is ranked below 20), ``mrr@100`` ``MRR@20``."""
-    name, _, depth = metric.partition("@")
-    d = int(depth) if depth.isdigit() else None
-    if d is not None and k is not None and k < d:
-        d = k
-    return f"{'R' if name == 'recall' else name.upper()}@{d if d is not None else depth}"
+    """A column name under ir_measures' names for ``metric`` when every system returns ``k`` results per query:
+    ``recall@1`` is ``Success@1``, ``recall@100`` ``Success@20`` at k = 20 (nothing is ranked below 20), ``R@100``
+    ``R@20``, ``mrr@100`` ``RR@20``."""
+    name, _, depth = metric_name(metric).partition("@")
+    if depth.isdigit() and k is not None and k < int(depth):
+        depth = str(k)
+    return f"{name}@{depth}"
+
+
+def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict | None, header: list[str],
+                     shown: list[str]) -> tuple[list[str], dict[str, dict], int | None]:
+    """(the markdown lines of the retrieval table, its numbers per scheme in %, the number of test queries): one
+    row per scheme, mean (std) over its seeds of the metrics ``shown`` (headed ``header``), no std for one seed."""
+    one_seed = all(len(rows) == 1 for rows in results.values())
+    lines = ["## Retrieval (one seed, in %)" if one_seed else "## Retrieval (mean (std) over seeds, in %)", "",
+             "| docids | " + " | ".join(header) + " | depth (max / mean) | largest child share | seeds |",
+             "|---|" + "---|" * (len(shown) + 3)]
+    summary: dict[str, dict] = {}
+    n_test = None
+    for method, rows in results.items():
+        stats = {m: _mean_std(rows, m) for m in METRICS}
+        n_test = rows[0].get("n_queries", n_test)
+        info = indexes[method]
+        summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items() if v[0] == v[0]}
+        summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()
+                                if v[0] == v[0] and v[1] is not None})
+        lines.append(f"| {method} | " + " | ".join(_cell(*stats[m]) for m in shown)
+                     + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
+                     + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
+    if bm25 is not None:
+        lines.append("| BM25 (reference) | " + " | ".join(_cell(bm25.get(m, np.nan), None) for m in shown)
+                     + " | | | |")
+        n_test = bm25.get("n_queries", n_test)
+    return lines, summary, n_test
+
+
+def query_set_name(settings: dict, corpus_name: str) -> str:
+    """The query set in words: its file (``data.queries``), else ``queries.name``, else the corpus's own."""
+    data, queries = settings["data"], settings["queries"]
+    if data.get("queries"):
+        return Path(data["queries"]).name
+    return corpus_name if queries["name"] == data["name"] else str(queries["name"])
 
 
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
@@ -72,7 +122,6 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
-    n_test = None
     comparisons = compare_folders(eval_dirs or {}, reference="gc")
     said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     corpus_name = corpus_name or cfg['data']['name']
@@ -80,7 +129,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     k = int(cfg.get("evaluate", {}).get("k") or 100)
     labels = {m: metric_label(m, k) for m in METRICS}
     shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
-    queries_name = corpus_name if cfg['queries']['name'] == cfg['data']['name'] else cfg['queries']['name']
+    queries_name = query_set_name(cfg, corpus_name)
     lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
              f"Command: `{command}`", "",
              f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
@@ -92,25 +141,10 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     if cfg['queries']['name'] == "titles":
         lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
                   "not a benchmark of the field.", ""]
-    lines += ["## Retrieval (mean (std) over seeds, in %)", "",
-              "| docids | " + " | ".join(labels[m] for m in shown)
-              + " | depth (max / mean) | largest child share | seeds |",
-              "|---|" + "---|" * (len(shown) + 3)]
-    summary: dict[str, dict] = {}
-    for method, rows in results.items():
-        stats = {m: _mean_std(rows, m) for m in METRICS}
-        n_test = rows[0].get("n_queries", n_test)
-        info = indexes[method]
-        summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items()}
-        summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()})
-        lines.append(f"| {method} | " + " | ".join(f"{100 * stats[m][0]:.1f} ({100 * stats[m][1]:.1f})" for m in shown)
-                     + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
-                     + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
-    if bm25 is not None:
-        lines.append("| BM25 (reference) | " + " | ".join(f"{100 * bm25[m]:.1f}" for m in shown) + " | | | |")
-        n_test = bm25.get("n_queries", n_test)
-    lines += ["", f"{n_test} test queries, {k} results each. The largest child share is the mean, over internal "
-                  "nodes, of the fraction of a node's documents in its largest child (1/K is perfectly balanced).", ""]
+    table, summary, n_test = _retrieval_table(results, indexes, bm25, [labels[m] for m in shown], shown)
+    lines += [*table, "", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The "
+              "largest child share is the mean, over internal nodes, of the fraction of a node's documents in its "
+              "largest child (1/K is perfectly balanced).", ""]
     if comparisons:
         lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
                   f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
@@ -137,7 +171,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     report = {"command": command, "seconds": seconds, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
-              "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
+              "retrieval": summary,
+              "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
+              "queries": queries_name,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
                          for r in records]}
@@ -163,7 +199,7 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | Non
     fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
     for ax, m in zip(axes, ("recall@1", "mrr@100")):
         mu = [summary[n][m] for n in names]
-        sd = [summary[n][f"{m}_std"] for n in names]
+        sd = [summary[n].get(f"{m}_std", 0.0) for n in names]  # one seed: no error bar
         ax.bar(range(len(names)), mu, yerr=sd, capsize=4, color="#4c72b0")
         if bm25 is not None:
             ax.axhline(bm25[m], color="#c44e52", ls="--", label="BM25")

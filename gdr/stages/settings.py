@@ -222,7 +222,7 @@ EVALUATE_RULES = (
     Rule("beam", POSITIVE, "beam width"),
     Rule("k", k_within_beam, "results per query"),
     Rule("batch_size", auto_or(POSITIVE), "queries per beam search; auto = what fits on CUDA (<= 1024), 32 on the CPU"),
-    Rule("length_penalty", number()),
+    Rule("length_penalty", number(), "a docid scores log p / length**length_penalty"),
     Rule("device", device(None, "cpu"), "null = cuda when available"),
     Rule("bm25", boolean),
 )

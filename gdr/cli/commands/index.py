@@ -55,5 +55,5 @@ def add_main(argv: list[str]) -> int:
     res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))
     print(f"added {len(res.codes)} documents to {cfg.index} ({res.n_redirected} redirected from full leaves, "
           f"{res.n_new_leaves} new leaves)")
-    print(next_steps(cfg.index))
+    print(next_steps(cfg.index, cfg.run))
     return 0
