@@ -39,7 +39,8 @@ TRAIN_QUERIES = {"nq320k": 307_373, "msmarco-lite": 0, "cranfield": 0}
 # The LMs' architectures (their config.json), so that no model file is needed to plan
 LM_CONFIGS = {
     "smollm2-135m": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True)),
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                   tie_word_embeddings=True)),
     "doc2query/all-with_prefix-t5-base-v1": ("t5", dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12,
                                                         num_decoder_layers=12, num_heads=12, vocab_size=32128)),
 }
@@ -50,8 +51,9 @@ PROMPT_TOKENS = 32  # the prompt template's tokens around a document (chat templ
 CPU_PEAKS = cost.DevicePeaks("cpu", 4.4e10, 3.9e9)
 CPU_FRACTIONS = {"sampling": 0.3, "scoring": 0.3, "training": 0.3, "search": 0.3}
 CPU_COLD_S = {"lm_load": 5.0, "sampling": 1.0, "scoring": 1.0, "training": 2.0, "search": 1.0}
-# Host work that is not model math, per second: P entries through a clustering pass, documents through BM25 indexing
-HOST_RATES = {"cluster_entries_per_s": 2.0e8, "bm25_docs_per_s": 5.0e3}
+# Host work that is not model math: GC indexing took 147 s for the 138,457 x 4,096 entries of MS MARCO Lite's P
+# (reports/benchmarks.md: 2-core CPU, root n_init 5, inner 1) = 3.9e6 entries/s; BM25's rate is assumed
+HOST_RATES = {"cluster_entries_per_s": 3.9e6, "bm25_docs_per_s": 5.0e3}
 CONCURRENT_CAP = 0.5  # several retrievers on one device: their fractions add up to at most this (not measured)
 
 
@@ -187,8 +189,9 @@ def _query_stats(prompt: int, new: int) -> dict[str, float]:
             "decode_context": new * prompt + new * (new + 1) / 2}
 
 
-def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, rates: _Rates, gpus: int,
+def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, rates: _Rates,
               batch: int = 1024) -> StagePlan:
+    """Sampling ``n_queries`` queries (one process: sampling does not spread over GPUs)."""
     prompt = doc_tokens + PROMPT_TOKENS
     stats = _query_stats(prompt, new_tokens)
     flops = cost.sampling_flops(lm, stats)
@@ -198,12 +201,14 @@ def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, r
     rate = frac * rates.limit(flops, nbytes)
     warm = rates.cold("sampling", "sampling_warmup_s")
     peak = cost.weight_bytes(lm, 2) + batch * (prompt + new_tokens) * cost.kv_bytes_per_position(lm.config, 2)
-    return StagePlan(name, warm + n_queries / gpus / rate, peak,
-                     f"{n_queries:,} queries at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + warm-up {warm:.0f} s")
+    return StagePlan(name, warm + n_queries / rate, peak,
+                     f"{n_queries:,} queries at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) "
+                     f"+ warm-up {warm:.0f} s")
 
 
 def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int, rates: _Rates,
              gpus: int) -> StagePlan:
+    """Scoring every (document, query) pair, the documents spread over the GPUs (``score.processes``)."""
     prompt = doc_tokens + PROMPT_TOKENS
     free = rates.peaks.memory or 16e9
     chunk = 4096
@@ -221,7 +226,8 @@ def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int
 
 
 def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates, gpus: int) -> list[StagePlan]:
-    """Training of every (indexer, seed) retriever and their search of the test split."""
+    """Training of every (indexer, seed) retriever (spread over the GPUs) and their search of the test split (one
+    process)."""
     t = cfg.train
     K = int(cfg.index.n_clusters)
     depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
@@ -233,7 +239,8 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
                  + n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0)))
     batch = 64 if rates.device == "cpu" else _train_batch(t.trainer.batch_size, rc, rates, per_epoch)
     params = sum(p.numel() for p in model.parameters())
-    flops = cost.train_flops_per_example(model, rc.max_query_len)
+    passes = 2 if float(t.optim.get("consistency_weight") or 0) > 0 else 1  # R-drop: two forward passes
+    flops = passes * cost.train_flops_per_example(model, rc.max_query_len)
     nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
     frac, src = rates.training_fraction(batch)
     concurrent = int(t.get("concurrent") or 1) if str(t.get("concurrent") or 1) != "auto" else 1
@@ -247,7 +254,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
         + cost.TRAIN_BYTES_PER_PARAM * params)
     train = StagePlan("training", warm + examples / gpus / rate, mem,
                       f"{n_ret} retrievers x {epochs} epochs (max_epochs: early stopping ends sooner) x {per_epoch:,} "
-                      f"examples at batch {batch}, {concurrent} at once: {_rate(rate)} examples/s ({agg:.1%} of the "
+                      f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: {_rate(rate)} examples/s ({agg:.1%} of the "
                       f"limit, {src}) + warm-up {warm:.0f} s")
     beam = int(cfg.evaluate.beam)
     sbatch = 32 if rates.device == "cpu" else 1024
@@ -259,7 +266,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     queries = n_ret * n_test
     mem = sbatch * cost.search_memory_per_query(cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len,
                                                 rc.max_code_len, rc.n_digits, beam)
-    search = StagePlan("evaluation", load + n_ret * warm / gpus + queries / gpus / rate, mem,
+    search = StagePlan("evaluation", load + n_ret * warm + queries / rate, mem,
                        f"{queries:,} test queries at beam {beam}: {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + "
                        f"load {load:.0f} s + warm-up {warm:.0f} s per retriever")
     return [train, search]
@@ -298,21 +305,34 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) 
     load = rates.cold("lm_load", "sampling_load_s")
     src = "CPU default" if device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
     stages = [StagePlan("lm_load", load, cost.weight_bytes(lm, 4), f"the cold load a benchmark measured ({src})"),
-              _sampling("sampling", lm, J, int(cfg.sample.max_new_tokens), doc_tokens, rates, gpus),
+              _sampling("sampling", lm, J, int(cfg.sample.max_new_tokens), doc_tokens, rates),
               _scoring(lm, n_docs, J, int(cfg.sample.max_new_tokens), doc_tokens, rates, gpus)]
-    entries = n_docs * J * (1 + int(cfg.cluster.get("repeats", 1)) * bool(cfg.cluster.enabled)) * len(cfg.indexers)
+    passes = sum(1 for i in cfg.indexers if i == "gc") + (int(cfg.cluster.get("repeats", 1))
+                                                          if cfg.cluster.enabled and _labelled(cfg) else 0)
+    entries = n_docs * J * passes
+    others = [i for i in cfg.indexers if i in ("hkmi", "bmi")]
     stages.append(StagePlan("clustering_indexing", entries / HOST_RATES["cluster_entries_per_s"], None,
-                            f"{entries:,} P entries through the clustering passes at "
-                            f"{HOST_RATES['cluster_entries_per_s']:.0e}/s (host work)"))
+                            f"{passes} pass(es) over the {n_docs * J:,} P entries at "
+                            f"{HOST_RATES['cluster_entries_per_s']:.2g}/s (GC indexing measured on a 2-core CPU)"
+                            + (f"; {', '.join(others)} indexing not modelled (no measurement)" if others else "")))
     per_doc = int(cfg.doc_queries.per_doc)
     if per_doc:
         stages.append(_sampling("doc_queries", lm, n_docs * per_doc, int(cfg.doc_queries.max_new_tokens),
-                                doc_tokens, rates, gpus))
+                                doc_tokens, rates))
     stages += _train_and_search(cfg, n_docs, n_train, n_test, rates, gpus)
+    if lm.config.is_encoder_decoder and device != "cpu":  # the committed LM figures are SmolLM2's
+        for st in stages:
+            if st.name in ("lm_load", "sampling", "scoring", "doc_queries"):
+                st.basis += "; measured on SmolLM2 (no seq2seq LM figure committed)"
     if cfg.get("bm25", True):
         stages.append(StagePlan("bm25", n_docs / HOST_RATES["bm25_docs_per_s"], None,
-                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s (host work)"))
+                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s (assumed, not measured)"))
     return stages
+
+
+def _labelled(cfg) -> bool:
+    """Whether the corpus has class labels (flat clustering is evaluated only then)."""
+    return str(cfg.data.name) in ("bbc", "reuters", "r2", "r5")
 
 
 def predict(cfg, device: str = "h200", gpus: int = 1) -> dict[str, float]:

@@ -310,7 +310,7 @@ def test_a_step_left_too_little_by_an_overrun_is_skipped_as_an_error(tmp_path, m
 def test_profile_table_on_the_cpu(tmp_path):
     from gdr.bench.common import profile_table
 
-    a = torch.randn(512, 512)  # large enough that mm's own time dominates matmul's dispatch (64 x 64 did not, under load)
+    a = torch.randn(512, 512)  # large enough that mm's own time dominates matmul's dispatch under load
     summary = profile_table(lambda: [a @ a for _ in range(5)], 5, "pair", torch.device("cpu"), tmp_path / "p.txt",
                             title="matmuls")
     text = (tmp_path / "p.txt").read_text()

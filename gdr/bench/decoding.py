@@ -26,7 +26,8 @@ timed; the reference decodes the same ones); ``--profile`` profiles one more bat
 Prints as its last line one JSON object: ``queries_per_s``, ``reference_queries_per_s``,
 ``speedup``, ``same_results``, ``model``, ``device``, the settings, and the roofline of one search query
 (:func:`gdr.cost.roofline`: ``flops_per_unit`` from :func:`gdr.cost.search_flops_per_query`, ``bytes_per_unit``
-from :func:`gdr.cost.search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...) and ``mfu``;
+from :func:`gdr.cost.search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...)
+and ``mfu``;
 the same line with ``"partial": true`` follows the warm-up and the timed phase.
 ``--batch auto`` takes ``gdr evaluate``'s auto size (as many queries as fit half the free GPU memory, up to
 1,024; 32 on the CPU).
@@ -41,8 +42,8 @@ from dataclasses import replace
 
 import torch
 
-from gdr.bench.common import (add_time_args, emit, preset_config, profile_skipped, profile_table, random_codes, roofline,
-                               seconds_left)
+from gdr.bench.common import (add_time_args, emit, preset_config, profile_skipped, profile_table, random_codes,
+                               roofline, seconds_left)
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from indexing.trie import DocidTrie, build_trie
 from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig

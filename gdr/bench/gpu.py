@@ -111,7 +111,8 @@ def _timed(name: str) -> list[str]:
 RUN_1000 = ["+experiment=bbc", "data.n_docs=1000", "sample.n_queries=512", "doc_queries.per_doc=3",
             "indexers=[gc,hkmi,random]", "seeds=[0]", "cluster.enabled=false", "plot=false", "device=auto",
             "train.trainer.batch_size=auto", "train.trainer.max_epochs=8", "evaluate.batch_size=auto"]
-SMOKE_RUN = ["+experiment=bbc", "data.n_docs=40", "model.max_doc_tokens=32", "sample.n_queries=16", "sample.max_new_tokens=8",
+SMOKE_RUN = ["+experiment=bbc", "data.n_docs=40", "model.max_doc_tokens=32", "sample.n_queries=16",
+             "sample.max_new_tokens=8",
              "doc_queries.per_doc=1", "indexers=[gc,hkmi,random]", "seeds=[0]",
              "index.n_clusters=4", "index.leaf_size=4", "queries.fractions=[0.5,0.1,0.4]",
              "cluster.enabled=false", "plot=false", "device=cpu", "score.processes=1", "score.shard_size=8",

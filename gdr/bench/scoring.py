@@ -47,7 +47,8 @@ def _int_or_auto(v: str):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--pairs", type=int, default=512, help="pairs scored by the engine (n_docs x n_queries)")
     ap.add_argument("--queries", type=int, default=64, help="queries per document (J)")
     ap.add_argument("--naive-pairs", type=int, default=48, help="pairs scored by the naive reference (0: skip it)")
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", default="auto", choices=["auto", "flex", "dense"], help="causal query packing")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                     help="compute dtype of the engine (auto: bf16 on CUDA, the model's on a CPU)")
-    ap.add_argument("--sample-batch-size", type=int, default=None, help="queries sampled per batch (default 16, 256 on CUDA)")
+    ap.add_argument("--sample-batch-size", type=int, default=None,
+                    help="queries sampled per batch (default 16, 256 on CUDA)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
