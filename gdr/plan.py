@@ -6,9 +6,10 @@ per unit)`` for models built on the meta device) times the fraction of that limi
 committed GPU runs (``reports/gpu-runs/*.json``: the highest fraction any of them reached on that device kind, the
 file named), plus the cold part those runs measured (model load, compilation warm-up). A device kind without a
 committed figure of its own takes the H200's fractions (a fraction of the limit carries over better than a rate),
-and says so. On a CPU the fractions are :data:`CPU_FRACTIONS` (measured with ``gdr bench`` on a 2-core CPU) of
-:data:`CPU_PEAKS`. Stages that do no model math (clustering, indexing, BM25) are estimated from their data sizes at
-the rates in :data:`HOST_RATES`. Every figure says what it rests on (``basis``).
+and says so. On a CPU the fractions are :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS` (scoring's measured on a 2-core
+CPU, the other steps taken to reach the same). Stages that do no model math (GC clustering and indexing, BM25) are
+estimated from their data sizes at the rates in :data:`HOST_RATES`. Every figure says what it rests on (``basis``).
+Sampling, doc-query generation and evaluation run in one process; scoring and training spread over ``gpus``.
 """
 from __future__ import annotations
 
