@@ -53,8 +53,8 @@ test-compat: $(COMPAT_VENV)/.installed
 	print(f'test-compat: torch {torch.__version__}, transformers {transformers.__version__}, pytorch-lightning {pl.__version__}')"
 	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q $(COMPAT_TESTS)
 
-# GPU benchmarks (gdr/bench/gpu.py): no `make install` needed, so they run on a bare CUDA image
-# (`source .device-carry/3/boot.sh` first: ../shared/device/prep.sh). Exit 2 with one line without CUDA.
+# GPU benchmarks (gdr/bench/gpu.py): no `make install` needed, so they run on a bare CUDA image with the
+# dependencies on the path. Exit 2 with one line without CUDA.
 BENCH_PY := $(shell [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3)
 
 bench-gpu:

@@ -148,9 +148,14 @@ def device_peaks(name: str) -> DevicePeaks | None:
 H200: DevicePeaks = device_peaks("H200")
 
 
+def _device(device: torch.device | str | None) -> torch.device:
+    """``device``, by default the GPU when there is one."""
+    return torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def device_name(device: torch.device | str | None = None) -> str:
     """``NVIDIA H200`` on CUDA; ``cpu`` otherwise."""
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return device.type
@@ -177,7 +182,7 @@ def roofline(flops_per_unit: float, bytes_per_unit: float, measured_per_s: float
 
     ``cpu`` : on a CPU, its measured peaks (the benchmarks time a matmul and a copy), or why they are missing.
     """
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(device)
     reason = source = None
     if device.type == "cpu":
         peaks = cpu if isinstance(cpu, DevicePeaks) else None
@@ -226,7 +231,8 @@ def param_count(module: torch.nn.Module, exclude_embeddings: bool = True) -> int
     """
     seen: set[int] = set()
     total = 0
-    emb_ids = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)} if exclude_embeddings else set()
+    emb_ids = ({id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+               if exclude_embeddings else set())
     out = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
     out_id = id(out.weight) if out is not None and getattr(out, "weight", None) is not None else None
     for p in module.parameters():

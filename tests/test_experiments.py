@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gdr.cli.help import CONFIG_OF
 from gdr.validate import ConfigError, validate
 from gdr.config import conf_dir, load_config
 
@@ -20,11 +21,12 @@ DOCS = [REPO / "Makefile", REPO / "README.md", *sorted((REPO / "reports").glob("
 
 
 def commands_for(name: str) -> set[str]:
-    """The `gdr <command>`s used with ``+experiment=name`` in the file itself and the docs; ``run`` if none."""
+    """The configs of the `gdr <command>`s used with ``+experiment=name`` in the file itself and the docs (`gdr plan`
+    composes run's); ``run`` if none."""
     pattern = re.compile(rf"gdr (\w+) [^\n]*\+experiment={re.escape(name)}(?![\w-])")
     texts = [(conf_dir() / "experiment" / f"{name}.yaml").read_text()]
     texts += [p.read_text() for p in DOCS if p.is_file()]
-    found = {m.group(1) for t in texts for m in pattern.finditer(t)}
+    found = {CONFIG_OF.get(m.group(1)) or m.group(1) for t in texts for m in pattern.finditer(t)}  # plan: run's
     return found or {"run"}
 
 

@@ -58,7 +58,8 @@ def _t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     p = F.dropout(s.float().softmax(-1).type_as(s), p=dropout, training=training)
     return torch.matmul(p, v)
 
-__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "encoder_dims", "load_tokenizer", "PAD", "EOS"]
+__all__ = ["RetrieverConfig", "GenerativeRetriever", "DecoderState", "encoder_dims", "decoder_dims", "meta_retriever",
+           "meta_param_count", "load_tokenizer", "PAD", "EOS"]
 
 PAD = 0  # also the decoder start token (T5 convention)
 EOS = 1  # end of docid
@@ -221,16 +222,20 @@ def decoder_dims(cfg: RetrieverConfig) -> Dims:
     return dims(cfg)
 
 
-def meta_param_count(cfg: RetrieverConfig) -> int:
-    """Parameters of the retriever ``cfg`` builds, counted on a build on the meta device (no memory, no weights
-    read; a random-init encoder takes its T5 settings' vocabulary)."""
+def meta_retriever(cfg: RetrieverConfig) -> "GenerativeRetriever":
+    """The retriever ``cfg`` builds, on the meta device: its shapes without memory or weights (a random-init
+    encoder takes its T5 settings' vocabulary). Its ``config.encoder_hf_config`` is filled in."""
     hf = {k: v for k, v in _encoder_hf_config(cfg).items()
           if not k.startswith("_") and k not in ("architectures", "transformers_version", "dtype", "torch_dtype")}
     meta_cfg = replace(cfg, encoder_hf_config=hf)
     with torch.device("meta"):
         encoder, _ = _build_encoder(meta_cfg, 0)
-        model = GenerativeRetriever(meta_cfg, encoder)
-    return sum(p.numel() for p in model.parameters())
+        return GenerativeRetriever(meta_cfg, encoder)
+
+
+def meta_param_count(cfg: RetrieverConfig) -> int:
+    """Parameters of the retriever ``cfg`` builds, counted on the meta device (:func:`meta_retriever`)."""
+    return sum(p.numel() for p in meta_retriever(cfg).parameters())
 
 
 @dataclass

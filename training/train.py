@@ -36,7 +36,8 @@ from training.stopping import patience_checks, steps_per_check
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example"]
+           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example",
+           "cuda_batch_size"]
 
 
 @dataclass
@@ -192,6 +193,12 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
         return GPU_BATCH
     if free_bytes is None:
         free_bytes, _ = torch.cuda.mem_get_info()
+    return cuda_batch_size(config, free_bytes, n_train)
+
+
+def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | None = None) -> int:
+    """``auto`` on a GPU with ``free_bytes`` free (:func:`resolve_batch_size`): what fits, above 512 only while an
+    epoch of ``n_train`` examples keeps :data:`MIN_STEPS_PER_EPOCH` steps."""
     bs = train_batch_for_memory(config, free_bytes)
     if n_train is not None:
         by_data = 2 ** int(np.log2(max(n_train // MIN_STEPS_PER_EPOCH, 1)))

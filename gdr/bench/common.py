@@ -4,6 +4,7 @@ scoring and sampling benchmarks, random docids, the retriever presets, the time 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +17,7 @@ from gdr import cost
 
 __all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
            "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped",
-           "cpu_peaks", "roofline"]
+           "cpu_peaks", "roofline", "parse_bench_args", "timed_batches", "maybe_profile"]
 
 
 T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12,
@@ -73,6 +74,46 @@ def add_time_args(ap) -> None:
                     help="stop the timed phase after this many seconds (at least one round; default: no limit)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="Unix time by which the benchmark prints its figures (make bench-gpu sets it)")
+
+
+def parse_bench_args(ap, argv: list[str] | None, profile_help: str):
+    """Add ``--profile`` and the time bounds to the benchmark's parser ``ap``, parse ``argv`` and set up logging."""
+    ap.add_argument("--profile", default=None, help=profile_help)
+    add_time_args(ap)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return args
+
+
+def timed_batches(run, starts, args, sync: Callable[[], None] = lambda: None) -> tuple[list, float, float]:
+    """The timed phase: ``run(start)`` for each of ``starts`` until ``--seconds`` have been timed or the deadline
+    comes near (at least one batch); returns (outputs, timed seconds, the longest batch's seconds)."""
+    outs, total, longest = [], 0.0, 0.0
+    starts = list(starts)
+    for i, start in enumerate(starts):
+        if outs and ((args.seconds is not None and total >= args.seconds) or seconds_left(args) < 2 * longest + 5):
+            print(f"timed phase stopped after {i} of {len(starts)} batches (--seconds {args.seconds}, "
+                  f"{seconds_left(args):.0f} s to the deadline)")
+            break
+        sync()
+        t0 = time.perf_counter()
+        outs.append(run(start))
+        sync()
+        t = time.perf_counter() - t0
+        total, longest = total + t, max(longest, t)
+    return outs, total, longest
+
+
+def maybe_profile(args, fn: Callable[[], object], units: int, unit: str, device, title: str,
+                  longest: float) -> dict | None:
+    """With ``--profile``: the profile table of ``fn`` (``units`` units of work) when the deadline leaves time
+    for it (three times the longest timed batch and 10 s), else a note that it was skipped; None without it."""
+    if not args.profile:
+        return None
+    need = 3 * longest + 10
+    if seconds_left(args) > need:
+        return profile_table(fn, units, unit, device, args.profile, title=title)
+    return profile_skipped(args.profile, title, seconds_left(args), need)
 
 
 def seconds_left(args) -> float:

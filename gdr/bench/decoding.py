@@ -26,7 +26,8 @@ timed; the reference decodes the same ones); ``--profile`` profiles one more bat
 Prints as its last line one JSON object: ``queries_per_s``, ``reference_queries_per_s``,
 ``speedup``, ``same_results``, ``model``, ``device``, the settings, and the roofline of one search query
 (:func:`gdr.cost.roofline`: ``flops_per_unit`` from :func:`gdr.cost.search_flops_per_query`, ``bytes_per_unit``
-from :func:`gdr.cost.search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...) and ``mfu``;
+from :func:`gdr.cost.search_bytes_per_query`, ``limit_per_s``, ``fraction_of_limit``, ``h200_limit_per_s``, ...)
+and ``mfu``;
 the same line with ``"partial": true`` follows the warm-up and the timed phase.
 ``--batch auto`` takes ``gdr evaluate``'s auto size (as many queries as fit half the free GPU memory, up to
 1,024; 32 on the CPU).
@@ -41,12 +42,12 @@ from dataclasses import replace
 
 import torch
 
-from gdr.bench.common import (add_time_args, emit, preset_config, profile_skipped, profile_table, random_codes, roofline,
-                               seconds_left)
+from gdr.bench.common import (emit, maybe_profile, parse_bench_args, preset_config, random_codes, roofline,
+                               timed_batches)
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from indexing.trie import DocidTrie, build_trie
 from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
-from training.search import BeamOutput, constrained_beam_search
+from training.search import CPU_SEARCH_BATCH, BeamOutput, constrained_beam_search, search_batch_for_memory
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def _codes_from_nodes(trie: DocidTrie, nodes: torch.Tensor) -> list[list[tuple[i
     return [[trie.code_of(n) for n in row if n >= 0] for row in nodes.cpu().tolist()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="gdr bench decoding", description=__doc__.split("\n\n")[0])
     ap.add_argument("--queries", type=int, default=32, help="number of queries (default 32)")
     ap.add_argument("--beam", type=int, default=100, help="beam width (default 100)")
@@ -165,127 +166,106 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the per-beam Python reference (slow at large sizes)")
-    ap.add_argument("--profile", default=None,
-                    help="write a torch.profiler table of one more batch here, if time is left")
-    add_time_args(ap)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    torch.manual_seed(args.seed)
+    return parse_bench_args(ap, argv, "write a torch.profiler table of one more batch here, if time is left")
 
-    codes = random_codes(args.docs, args.K, args.depth, args.seed)
-    t0 = time.perf_counter()
-    trie = build_trie(codes, n_digits=args.K)
-    t_trie = time.perf_counter() - t0
-    t0 = time.perf_counter()
+
+def _model(args, device: torch.device) -> GenerativeRetriever:
+    """The ``tiny`` random-init retriever or a preset, on ``device``; ``args.batch`` resolved (``auto``: what
+    ``gdr evaluate`` would take)."""
     if args.model == "tiny":
         cfg = RetrieverConfig(encoder=None, encoder_config=dict(d_model=64, num_layers=2, num_heads=4, d_ff=128),
                               n_digits=args.K, max_code_len=args.depth, d_model=64, num_layers=2, num_heads=4,
                               d_ff=128, dropout=0.0)
         model = GenerativeRetriever.build(cfg, vocab_size=1000).to(device).eval()
     else:
-
         model = GenerativeRetriever.build(preset_config(args.model, args.K, args.depth)).to(device).eval()
-    t_load = time.perf_counter() - t0  # the encoder's weights and, on a cold GPU, the CUDA context
-    t0 = time.perf_counter()
-    dict_trie = build_dict_trie(model, codes) if args.reference else None
-    t_dict = time.perf_counter() - t0
-    print(f"trie: {args.docs:,} docids, K={args.K}, depth {args.depth}: {trie.n_nodes:,} nodes, "
-          f"tensor trie built in {t_trie:.2f}s, model loaded in {t_load:.2f}s"
-          + (f", dict trie in {t_dict:.2f}s" if args.reference else "")
-          + f"; device {device}, {torch.get_num_threads()} threads")
-    g = torch.Generator().manual_seed(args.seed)
-    vocab = 1000 if args.model == "tiny" else int(model.encoder.config.vocab_size)
-    ids = torch.randint(5, vocab, (args.queries, args.query_len), generator=g).to(device)
-    mask = torch.ones_like(ids)
-    trie_dev = trie.to(device)
-    k = args.beam
     if args.batch == "auto":
-        from training.search import CPU_SEARCH_BATCH, search_batch_for_memory
-
         args.batch = CPU_SEARCH_BATCH if device.type != "cuda" else search_batch_for_memory(
             replace(model.config, max_query_len=args.query_len), torch.cuda.mem_get_info(device)[0], args.beam)
     args.batch = int(args.batch)
+    return model
 
+
+def _reference(args, model, ids, mask, dict_trie, trie, ours: BeamOutput, n: int, t_ours: float, device) -> dict:
+    """The per-beam Python reference on the first ``n`` queries: its rate and whether it ranks the same docids."""
+    t0 = time.perf_counter()
+    outs = [reference_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], dict_trie, args.depth,
+                                  beam=args.beam, k=args.beam) for s in range(0, n, args.batch)]
+    t_ref = time.perf_counter() - t0
+    ref = BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores for o in outs]))
+    same = bool(_codes_from_nodes(trie, ours.nodes) == _codes_from_tokens(ref.nodes, args.K)
+                and torch.allclose(ours.scores, ref.scores, atol=1e-5 if device.type == "cpu" else 1e-2))
+    out = {"reference_queries_per_s": round(n / t_ref, 2), "speedup": round(t_ref / t_ours, 2), "same_results": same}
+    print(f"reference: {t_ref:.3f}s  {n / t_ref:.1f} queries/s (per-beam Python trie walk); speedup "
+          f"{out['speedup']:.1f}x; same ranked docids: {same}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(args.seed)
+    codes = random_codes(args.docs, args.K, args.depth, args.seed)
+    trie = build_trie(codes, n_digits=args.K)
+    t0 = time.perf_counter()
+    model = _model(args, device)
+    t_load = time.perf_counter() - t0  # the encoder's weights and, on a cold GPU, the CUDA context
+    dict_trie = build_dict_trie(model, codes) if args.reference else None
+    print(f"trie: {args.docs:,} docids, K={args.K}, depth {args.depth}: {trie.n_nodes:,} nodes; model loaded in "
+          f"{t_load:.2f}s; device {device}, {torch.get_num_threads()} threads")
+    vocab = 1000 if args.model == "tiny" else int(model.encoder.config.vocab_size)
+    ids = torch.randint(5, vocab, (args.queries, args.query_len), generator=torch.Generator().manual_seed(args.seed))
+    ids = ids.to(device)
+    mask, trie_dev = torch.ones_like(ids), trie.to(device)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def run_ours(n: int = args.queries, start: int = 0):
+    def run_ours(start: int, n: int | None = None) -> BeamOutput:
+        n = min(args.batch, args.queries - start) if n is None else n
         with amp:
-            outs = [constrained_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], trie_dev,
-                                            beam=args.beam, k=k) for s in range(start, start + n, args.batch)]
-        return BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores.float() for o in outs]))
-
-    def run_ref(n: int):
-        outs = [reference_beam_search(model, ids[s:s + args.batch], mask[s:s + args.batch], dict_trie,
-                                      args.depth, beam=args.beam, k=k) for s in range(0, n, args.batch)]
-        return BeamOutput(torch.cat([o.nodes for o in outs]), torch.cat([o.scores for o in outs]))
-
-    def timed(fn, *a):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        out = fn(*a)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return out, time.perf_counter() - t
-
-    n_done, t_warm, t_ours, prof, rqps, same, speedup, valid = 0, None, 0.0, None, None, None, None, None
+            return constrained_beam_search(model, ids[start:start + n], mask[start:start + n], trie_dev,
+                                           beam=args.beam, k=args.beam)
 
     fpq = search_flops_per_query(model, args.query_len, args.beam)
     bpq = search_bytes_per_query(model, args.query_len, args.beam, args.batch, 2 if device.type == "cuda" else 4)
+    state = {"n": 0, "t": 0.0, "warmup_s": None, "prof": None, "extra": {}, "valid": None}
 
     def figures(partial: bool) -> dict:
-        qps = round(n_done / t_ours, 2) if n_done else None
-        util = mfu(fpq * n_done, t_ours, device) if n_done else None
+        n, t = state["n"], state["t"]
+        qps = round(n / t, 2) if n else None
+        util = mfu(fpq * n, t, device) if n else None
         return {
-            "queries_per_s": qps, "reference_queries_per_s": rqps, "speedup": speedup,
-            "same_results": same, "model": args.model, "queries": n_done, "batch": args.batch,
-            "beam": args.beam, "docs": args.docs, "K": args.K, "depth": args.depth, "device": device_name(device),
-            "trie_nodes": trie.n_nodes, "threads": torch.get_num_threads(), "docids_in_trie": valid,
-            "load_s": round(t_load, 3), "warmup_s": t_warm and round(t_warm, 3), "timed_s": round(t_ours, 3),
-            "launches_per_query": prof and prof["launches_per_unit"], "partial": partial,
-            "query_tokens": args.query_len, "mfu": None if util is None else round(util, 5),
+            "queries_per_s": qps, "reference_queries_per_s": None, "speedup": None, "same_results": None,
+            "model": args.model, "queries": n, "batch": args.batch, "beam": args.beam, "docs": args.docs,
+            "K": args.K, "depth": args.depth, "device": device_name(device), "trie_nodes": trie.n_nodes,
+            "threads": torch.get_num_threads(), "docids_in_trie": state["valid"], "load_s": round(t_load, 3),
+            "warmup_s": state["warmup_s"] and round(state["warmup_s"], 3), "timed_s": round(t, 3),
+            "launches_per_query": state["prof"] and state["prof"]["launches_per_unit"], "partial": partial,
+            "query_tokens": args.query_len, "mfu": None if util is None else round(util, 5), **state["extra"],
             **roofline(fpq, bpq, qps, device)}
 
     emit(figures(partial=True))  # load_s
-    _, t_warm = timed(run_ours, min(args.batch, args.queries))  # warm-up: one batch (allocator, kernels)
+    _, state["warmup_s"], _ = timed_batches(run_ours, [0], argparse.Namespace(seconds=None, deadline=None), sync)
+    # the warm-up: one batch (allocator, kernels)
     emit(figures(partial=True))
-    # The timed phase, batch by batch: every query, or fewer after --seconds / before the deadline (>= 1 batch).
-    parts, longest = [], 0.0
-    for s in range(0, args.queries, args.batch):
-        if parts and ((args.seconds is not None and t_ours >= args.seconds) or seconds_left(args) < 2 * longest + 5):
-            print(f"timed phase stopped after {s} of {args.queries} queries")
-            break
-        out, t = timed(run_ours, min(args.batch, args.queries - s), s)
-        parts.append(out)
-        t_ours, longest, n_done = t_ours + t, max(longest, t), n_done + out.nodes.shape[0]
-    ours = BeamOutput(torch.cat([o.nodes for o in parts]), torch.cat([o.scores for o in parts]))
-    valid = all(trie.contains(c) for row in _codes_from_nodes(trie, ours.nodes[:4]) for c in row)
-    print(f"ours:      {t_ours:.3f}s  {n_done / t_ours:.1f} queries/s ({args.model}, batch {args.batch})")
+    parts, state["t"], longest = timed_batches(run_ours, range(0, args.queries, args.batch), args, sync)
+    ours = BeamOutput(torch.cat([o.nodes for o in parts]), torch.cat([o.scores.float() for o in parts]))
+    state["n"] = ours.nodes.shape[0]
+    state["valid"] = all(trie.contains(c) for row in _codes_from_nodes(trie, ours.nodes[:4]) for c in row)
+    print(f"ours: {state['t']:.3f}s  {state['n'] / state['t']:.1f} queries/s ({args.model}, batch {args.batch}); "
+          f"docids in trie: {state['valid']}")
     emit(figures(partial=True))
     if args.reference:
-        ref, t_ref = timed(run_ref, n_done)
-        ref_codes = _codes_from_tokens(ref.nodes, args.K)
-        same = bool(_codes_from_nodes(trie, ours.nodes) == ref_codes
-                    and torch.allclose(ours.scores, ref.scores, atol=1e-5 if device.type == "cpu" else 1e-2))
-        rqps, speedup = round(n_done / t_ref, 2), round(t_ref / t_ours, 2)
-        print(f"reference: {t_ref:.3f}s  {rqps:.1f} queries/s (per-beam Python trie walk)")
-        print(f"speedup {speedup:.1f}x; same ranked docids: {same}")
-    print(f"docids in trie: {valid}")
-    if args.profile:  # one more batch, after the timing, if the deadline leaves time for it
-
-        n, need = min(args.batch, args.queries), 3 * longest + 10
-        title = f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}"
-        if seconds_left(args) > need:
-            prof = profile_table(lambda: run_ours(n), n, "query", device, args.profile, title=title)
-        else:
-            prof = profile_skipped(args.profile, title, seconds_left(args), need)
+        state["extra"] = _reference(args, model, ids, mask, dict_trie, trie, ours, state["n"], state["t"], device)
+    n = min(args.batch, args.queries)  # the profile: one more batch, if the deadline leaves time for it
+    state["prof"] = maybe_profile(args, lambda: run_ours(0, n), n, "query", device,
+                                  f"search {args.model}, beam {args.beam}, {args.docs} docids, batch {args.batch}",
+                                  longest)
     res = figures(partial=False)
     print(f"roofline: {fpq / 1e6:.1f} MFLOP and {bpq / 1e6:.2f} MB per query; limit {res['limit_per_s']} queries/s "
-          f"({res['limit_bound']}-bound, {res['peak_source']}), {res['fraction_of_limit']} of it; "
-          f"one H200: {res['h200_limit_per_s']} queries/s ({res['h200_limit_bound']}-bound)")
+          f"({res['limit_bound']}-bound), {res['fraction_of_limit']} of it; one H200: {res['h200_limit_per_s']}")
     emit(res)
     return 0
 

@@ -103,7 +103,7 @@ def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
     return path, False
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.indexing", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=138_457, help="N documents (default: MS MARCO Lite size)")
     ap.add_argument("--queries", type=int, default=4096, help="J sampled queries (default 4096)")
@@ -129,6 +129,35 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    return args
+
+
+def _print_summary(tree, opts, args, r: dict, mem: dict, before: dict) -> None:
+    """The human-readable lines of the benchmark (``r``: its JSON figures)."""
+    root = tree.nodes[0]
+    print(f"GC index: {r['build_seconds']:.1f} s build + {r['write_seconds']:.1f} s write; depth {tree.depth} (mean "
+          f"code length {r['mean_depth']:.2f}); {len(tree.internal_nodes)} internal nodes, {len(tree.leaves)} "
+          f"leaves, {tree.n_fallback} fallbacks")
+    print(f"root: {root.n_children} children, info {root.info}")
+    print(f"options: n_init root {opts.n_init}, below root {opts.n_init_inner}, init {opts.init}, "
+          f"split/merge {args.split_merge}, memory_mb {opts.memory_mb:g}, chunk_rows {opts.chunk_rows}, "
+          f"workers {args.workers}, torch threads {opts.torch_threads or 'default'}")
+    print(f"peak RSS {r['peak_rss_mb']:.0f} MiB (before indexing {r['rss_before_mb']:.0f} MiB) = "
+          f"{r['rss_over_p']:.2f} x the float16 P ({r['p_matrix_mb']:.0f} MiB)")
+    if mem:
+        print(f"sampled peaks while indexing: anonymous {mem.get('RssAnon', 0):.0f} MiB (before "
+              f"{before.get('RssAnon', 0):.0f}), file-backed {mem.get('RssFile', 0):.0f} MiB (before "
+              f"{before.get('RssFile', 0):.0f}: shared libraries)")
+    print(f"planted structure: ARI top level {r['ari_top']:.4f}, ARI top+sub (first two positions) "
+          f"{r['ari_two_levels']:.4f}")
+    if r["root_distortion"] is not None:
+        fit_d, planted_d = r["root_distortion"], r["planted_root_distortion"]
+        print(f"root distortion: fitted top level {fit_d:.8g}, planted top clusters {planted_d:.8g} "
+              f"(fitted - planted = {fit_d - planted_d:.4g}; not in the build time)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
 
     from sklearn.metrics import adjusted_rand_score
 
@@ -174,45 +203,24 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_distortion:
             from indexing.gc import partition_distortion
 
-            t0 = time.time()
             fit_d = partition_distortion(PMatrix(path), tree, top, opts)
             planted_d = partition_distortion(PMatrix(path), tree, h.top, opts)
-            dist_s = time.time() - t0
-    ari_top = float(adjusted_rand_score(h.top, top))
     second = np.array([c[0] * 10_000 + (c[1] if len(c) > 2 else -1) for c in codes])
-    ari_two = float(adjusted_rand_score(h.top * 10_000 + h.sub, second))
     lengths = np.array([len(c) for c in codes])
-    root = tree.nodes[0]
-    print(f"GC index: {build_s:.1f} s build + {write_s:.1f} s write; depth {tree.depth} (mean code length "
-          f"{lengths.mean():.2f}); {len(tree.internal_nodes)} internal nodes, {len(tree.leaves)} leaves, "
-          f"{tree.n_fallback} fallbacks")
-    print(f"root: {root.n_children} children, info {root.info}")
-    print(f"options: n_init root {opts.n_init}, below root {opts.n_init_inner}, init {opts.init}, "
-          f"split/merge {args.split_merge}, "
-          f"memory_mb {opts.memory_mb:g}, chunk_rows {opts.chunk_rows}, workers {args.workers}, "
-          f"torch threads {opts.torch_threads or 'default'}")
-    print(f"peak RSS {peak:.0f} MiB (before indexing {rss_before:.0f} MiB) = {peak / p_mb:.2f} x the float16 P "
-          f"({p_mb:.0f} MiB)")
-    if mem:
-        print(f"sampled peaks while indexing: anonymous {mem.get('RssAnon', 0):.0f} MiB (before "
-              f"{status_before.get('RssAnon', 0):.0f}), file-backed {mem.get('RssFile', 0):.0f} MiB (before "
-              f"{status_before.get('RssFile', 0):.0f}: shared libraries)")
-    print(f"planted structure: ARI top level {ari_top:.4f}, ARI top+sub (first two positions) {ari_two:.4f}")
-    if fit_d is not None:
-        print(f"root distortion: fitted top level {fit_d:.8g}, planted top clusters {planted_d:.8g} "
-              f"(fitted - planted = {fit_d - planted_d:.4g}; {dist_s:.1f} s, not in the build time)")
-    print(json.dumps({
+    res = {
         "docs": args.docs, "queries": args.queries, "seconds": round(build_s + write_s, 2),
         "build_seconds": round(build_s, 2), "write_seconds": round(write_s, 2), "depth": int(tree.depth),
         "mean_depth": round(float(lengths.mean()), 4), "n_fallback": int(tree.n_fallback),
         "peak_rss_mb": round(peak, 1), "p_matrix_mb": round(p_mb, 1), "rss_over_p": round(peak / p_mb, 3),
         "rss_before_mb": round(rss_before, 1), "peak_anon_mb": round(mem.get("RssAnon", float("nan")), 1),
         "peak_file_mb": round(mem.get("RssFile", float("nan")), 1),
-        "ari_top": round(ari_top, 4), "ari_two_levels": round(ari_two, 4), "n_init": opts.n_init,
-        "n_init_inner": opts.n_init_inner, "memory_mb": opts.memory_mb, "torch_threads": opts.torch_threads,
-        "init": opts.init, "split_merge": args.split_merge, "root_distortion": fit_d,
-        "planted_root_distortion": planted_d,
-    }))
+        "ari_top": round(float(adjusted_rand_score(h.top, top)), 4),
+        "ari_two_levels": round(float(adjusted_rand_score(h.top * 10_000 + h.sub, second)), 4),
+        "n_init": opts.n_init, "n_init_inner": opts.n_init_inner, "memory_mb": opts.memory_mb,
+        "torch_threads": opts.torch_threads, "init": opts.init, "split_merge": args.split_merge,
+        "root_distortion": fit_d, "planted_root_distortion": planted_d}
+    _print_summary(tree, opts, args, res, mem, status_before)
+    print(json.dumps(res))
     return 0
 
 

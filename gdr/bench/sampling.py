@@ -29,13 +29,16 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from gdr.bench.common import (add_time_args, bench_texts, build_lm, emit, profile_skipped, profile_table, roofline,
-                               seconds_left)
+from gdr.bench.common import (bench_texts, build_lm, emit, maybe_profile, parse_bench_args, roofline,
+                               timed_batches)
 from gdr.cost import device_name, mfu, sampling_bytes, sampling_flops
+from gdr.lm.decode import Decoder
 
 log = logging.getLogger(__name__)
 
@@ -65,119 +68,144 @@ def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
     return n_tok, texts
 
 
-def bench_model(name: str, args, report=lambda res: None) -> dict:
-    """Load, warm up and time model ``name``; ``report(figures)`` gets the partial figures as they come."""
-    t_load = time.perf_counter()
-    lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
-    t_load = time.perf_counter() - t_load
-    dev = lm.device
-    if args.compile != "auto":
-        from gdr.lm.decode import Decoder
+@dataclass
+class _Bench:
+    """One model's sampling benchmark: the model and its sizes, and what it has measured so far."""
 
-        lm._decoder = Decoder(lm, compile=args.compile == "on")
-    cuda = dev.type == "cuda"
-    n_q = args.queries or (8192 if cuda else 48)
-    n_hf = min(n_q, args.hf_queries or (1024 if cuda else 32))
-    bs = args.batch_size if args.batch_size != "auto" else lm.auto_batch_size(args.max_new_tokens)
-    bs = int(bs)
-    n_q = -(-n_q // bs) * bs  # whole batches: the timed run has one batch shape (compiled once on CUDA)
-    hf_bs = int(args.hf_batch_size or bs)
-    docs = bench_texts(args.docs, args.seed, args.docs_file)
-    kw = dict(max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, temperature=1.0)
-    # compiled or not for the whole bench (sample_queries' own auto would decide per timed batch)
-    compile_kw = dict(compile=cuda if args.compile == "auto" else args.compile == "on")
-    log.info("%s on %s: %d docs cut to %d tokens, %d queries in batches of %d (HF generate: %d in batches of %d), "
-             "%d new tokens", name, device_name(dev), len(docs), args.doc_tokens, n_q, bs, n_hf, hf_bs,
-             args.max_new_tokens)
+    name: str
+    args: argparse.Namespace
+    lm: Any
+    docs: list[str]
+    n_q: int  # queries of ours (whole batches: the timed run has one batch shape, compiled once on CUDA)
+    n_hf: int  # queries of transformers' generate
+    bs: int
+    hf_bs: int
+    load_s: float
+    warmup_s: float | None = None
+    t_ours: float = 0.0
+    t_hf: float = 0.0
+    ours: Any = None  # the SampledQueries so far
+    hf_tok: int = 0
+    hf_texts: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)  # the decoder's work in the timed rounds (not the profiled batch)
+    prof: dict | None = None
 
-    # Warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
-    # sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both
-    # alike. A JSON line after the warm-up and after every round (a step stopped at its limit keeps them).
-    dec = lm.decoder()
-    ours, t_warm, t_ours, t_hf, hf_tok, hf_texts, prof = None, None, 0.0, 0.0, 0, [], None
-    stats = {k: 0 for k in dec.stats}  # the decoder's work in the timed rounds (not the profiled batch)
+    def sample_kw(self) -> dict:
+        a = self.args  # compiled or not for the whole bench (sample_queries' own auto would decide per batch)
+        return dict(max_new_tokens=a.max_new_tokens, top_k=a.top_k, top_p=a.top_p, temperature=1.0,
+                    compile=self.lm.device.type == "cuda" if a.compile == "auto" else a.compile == "on")
 
-    def figures(partial: bool) -> dict:
+    def figures(self, partial: bool) -> dict:
         """The figures so far (rates null before the first timed round)."""
-        n_done, n_hf_done = len(ours.texts) if ours else 0, len(hf_texts)
+        args, dec, dev, stats = self.args, self.lm.decoder(), self.lm.device, self.stats or {"new_tokens": 0}
+        n_done, n_hf_done = len(self.ours.texts) if self.ours else 0, len(self.hf_texts)
         rate = lambda n, t: round(n / t, 2) if t > 0 and n else None  # noqa: E731
-        qps, hf_qps = rate(n_done, t_ours), rate(n_hf_done, t_hf)
-        flops = sampling_flops(lm.model, stats)
-        res = {"model": name, "device": device_name(dev), "queries": n_done, "hf_queries": n_hf_done,
-               "batch_size": bs, "hf_batch_size": hf_bs,
-               "doc_tokens": args.doc_tokens, "max_new_tokens": args.max_new_tokens,
-               "queries_per_s": qps, "tokens_per_s": rate(stats["new_tokens"], t_ours),
-               "hf_queries_per_s": hf_qps, "hf_tokens_per_s": rate(hf_tok, t_hf),
-               "speedup": round(qps / hf_qps, 2) if qps and hf_qps else None, "mfu": None,
-               "tflops_per_s": round(flops / t_ours / 1e12, 3) if t_ours else None,
+        qps, hf_qps = rate(n_done, self.t_ours), rate(n_hf_done, self.t_hf)
+        flops = sampling_flops(self.lm.model, stats) if self.stats else 0.0
+        m = mfu(flops, self.t_ours, dev) if self.t_ours else None
+        res = {"model": self.name, "device": device_name(dev), "queries": n_done, "hf_queries": n_hf_done,
+               "batch_size": self.bs, "hf_batch_size": self.hf_bs, "doc_tokens": args.doc_tokens,
+               "max_new_tokens": args.max_new_tokens, "queries_per_s": qps,
+               "tokens_per_s": rate(stats["new_tokens"], self.t_ours), "hf_queries_per_s": hf_qps,
+               "hf_tokens_per_s": rate(self.hf_tok, self.t_hf),
+               "speedup": round(qps / hf_qps, 2) if qps and hf_qps else None,
+               "mfu": round(m, 4) if m is not None else None,
+               "tflops_per_s": round(flops / self.t_ours / 1e12, 3) if self.t_ours else None,
                "mean_new_tokens": round(stats["new_tokens"] / n_done, 2) if n_done else None,
-               "hf_mean_new_tokens": round(hf_tok / n_hf_done, 2) if n_hf_done else None,
-               "empty_redrawn": int(ours.n_redrawn) if ours else 0, "compiled": bool(dec.compile),
-               "compile": dec.compile_record(),
-               "load_s": round(t_load, 2), "warmup_s": t_warm and round(t_warm, 2), "timed_s": round(t_ours, 3),
-               "launches_per_query": prof and prof["launches_per_unit"],
+               "hf_mean_new_tokens": round(self.hf_tok / n_hf_done, 2) if n_hf_done else None,
+               "empty_redrawn": int(self.ours.n_redrawn) if self.ours else 0, "compiled": bool(dec.compile),
+               "compile": dec.compile_record(), "load_s": round(self.load_s, 2),
+               "warmup_s": self.warmup_s and round(self.warmup_s, 2), "timed_s": round(self.t_ours, 3),
+               "launches_per_query": self.prof and self.prof["launches_per_unit"],
                "dtype": str(next(dec.model.parameters()).dtype).replace("torch.", ""),
                "threads": torch.get_num_threads(), "partial": partial}
-        m = mfu(flops, t_ours, dev) if t_ours else None
-        res["mfu"] = round(m, 4) if m is not None else None
-        if n_done and t_ours:  # the roofline of one query (module docstring)
+        if n_done and self.t_ours:  # the roofline of one query (module docstring)
             elt = next(dec.model.parameters()).element_size()
-            moved = sampling_bytes(dec.model, stats, decode_steps=stats["decode_tokens"] / bs,
-                                   prefill_passes=max(1, n_done // bs), element_size=elt)
+            moved = sampling_bytes(dec.model, stats, decode_steps=stats["decode_tokens"] / self.bs,
+                                   prefill_passes=max(1, n_done // self.bs), element_size=elt)
             res.update(roofline(flops / n_done, moved / n_done, qps, dev))
         return res
 
-    report(figures(partial=True))  # load_s: a figure already
-    t_warm = time.perf_counter()
-    if cuda:
-        lm.sample_queries(docs, min(bs, n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw, **compile_kw)
-        _hf_tokens(lm, docs[:min(hf_bs, n_hf)], args.seed + 1, hf_bs, **kw)
-        _sync(dev)
-    t_warm = time.perf_counter() - t_warm
-    dec.stats = {k: 0 for k in dec.stats}
-    report(figures(partial=True))
-    longest = 0.0  # the longest timed round (ours and generate): what one more needs
-    for r, b0 in enumerate(range(0, n_q, bs)):
-        if r and ((args.seconds is not None and t_ours + t_hf >= args.seconds)
-                  or seconds_left(args) < 2 * longest + 5):
-            log.info("timed phase stopped after %d of %d batches (--seconds %s, %.0f s to the deadline)", r,
-                     -(-n_q // bs), args.seconds, seconds_left(args))
-            break
-        t_round = time.perf_counter()
-        _sync(dev)
+
+def _setup(name: str, args) -> _Bench:
+    """Load model ``name`` and fix the sizes of its run."""
+    t_load = time.perf_counter()
+    lm = build_lm(name, args.doc_tokens, args.device, args.tokenizer)
+    t_load = time.perf_counter() - t_load
+    if args.compile != "auto":
+        lm._decoder = Decoder(lm, compile=args.compile == "on")
+    cuda = lm.device.type == "cuda"
+    n_q = args.queries or (8192 if cuda else 48)
+    n_hf = min(n_q, args.hf_queries or (1024 if cuda else 32))
+    bs = int(args.batch_size if args.batch_size != "auto" else lm.auto_batch_size(args.max_new_tokens))
+    b = _Bench(name, args, lm, bench_texts(args.docs, args.seed, args.docs_file), -(-n_q // bs) * bs, n_hf, bs,
+               int(args.hf_batch_size or bs), t_load)
+    log.info("%s on %s: %d docs cut to %d tokens, %d queries in batches of %d (HF generate: %d in batches of %d), "
+             "%d new tokens", name, device_name(lm.device), len(b.docs), args.doc_tokens, b.n_q, bs, n_hf, b.hf_bs,
+             args.max_new_tokens)
+    return b
+
+
+def _round(b: _Bench, r: int, b0: int) -> None:
+    """One timed round: a batch of ours, then transformers' generate on the same drawn documents."""
+    args, dev, kw = b.args, b.lm.device, b.sample_kw()
+    _sync(dev)
+    t0 = time.perf_counter()
+    b.ours = b.lm.sample_queries(b.docs, b0 + b.bs, seed=args.seed, batch_size=b.bs, progress=False, start=b.ours,
+                                 **kw)
+    _sync(dev)
+    b.t_ours += time.perf_counter() - t0
+    if len(b.hf_texts) < b.n_hf:  # transformers' generate on the same documents, in batches of hf_bs
+        drawn = [b.docs[i] for i in b.ours.source_index[len(b.hf_texts):min(b0 + b.bs, b.n_hf)]]
         t0 = time.perf_counter()
-        ours = lm.sample_queries(docs, b0 + bs, seed=args.seed, batch_size=bs, progress=False, start=ours, **kw,
-                                 **compile_kw)
+        tok, texts = _hf_tokens(b.lm, drawn, args.seed + r, b.hf_bs, **_hf_kw(kw))
         _sync(dev)
-        t_ours += time.perf_counter() - t0
-        if len(hf_texts) < n_hf:  # transformers' generate on the same documents, in batches of hf_bs
-            drawn = [docs[i] for i in ours.source_index[len(hf_texts):min(b0 + bs, n_hf)]]
-            t0 = time.perf_counter()
-            tok, texts = _hf_tokens(lm, drawn, args.seed + r, hf_bs, **kw)
-            _sync(dev)
-            t_hf += time.perf_counter() - t0
-            hf_tok, hf_texts = hf_tok + tok, hf_texts + texts
-        longest = max(longest, time.perf_counter() - t_round)
-        stats = dict(dec.stats)
-        report(figures(partial=True))
-    if args.profile:  # one more batch of ours, the timed (compiled) path, if the deadline leaves time for it
+        b.t_hf += time.perf_counter() - t0
+        b.hf_tok, b.hf_texts = b.hf_tok + tok, b.hf_texts + texts
+    b.stats = dict(b.lm.decoder().stats)
 
-        path = Path(args.profile)
-        if len([m for m in args.models.split(",") if m]) > 1:
-            path = path.with_name(f"{path.stem}-{Path(name).name}{path.suffix}")
-        title, need = f"sampling {name}, batch {bs}", 3 * longest + 10
-        if seconds_left(args) > need:
-            prof = profile_table(lambda: lm.sample_queries(docs, bs, seed=args.seed + 2, batch_size=bs,
-                                                           progress=False, **kw, **compile_kw),
-                                 bs, "query", dev, path, title=title)
-        else:
-            prof = profile_skipped(path, title, seconds_left(args), need)
 
-    res = figures(partial=False)
+def _hf_kw(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if k != "compile"}
+
+
+def bench_model(name: str, args, report=lambda res: None) -> dict:
+    """Load, warm up and time model ``name``; ``report(figures)`` gets the partial figures as they come.
+
+    The warm-up (on CUDA it compiles the decode step), then the timed rounds: one batch of ours, then the old
+    sampler on the same drawn documents, alternately, so that a machine shared with other jobs slows both alike.
+    A JSON line after the warm-up and after every round (a step stopped at its limit keeps them)."""
+    b = _setup(name, args)
+    lm, bs, kw = b.lm, b.bs, b.sample_kw()
+    report(b.figures(partial=True))  # load_s: a figure already
+    t0 = time.perf_counter()
+    if lm.device.type == "cuda":
+        lm.sample_queries(b.docs, min(bs, b.n_q), seed=args.seed + 1, batch_size=bs, progress=False, **kw)
+        _hf_tokens(lm, b.docs[:min(b.hf_bs, b.n_hf)], args.seed + 1, b.hf_bs, **_hf_kw(kw))
+        _sync(lm.device)
+    b.warmup_s = time.perf_counter() - t0
+    lm.decoder().stats = {k: 0 for k in lm.decoder().stats}
+    report(b.figures(partial=True))
+    state = argparse.Namespace(seconds=args.seconds, deadline=args.deadline, round=0)
+
+    def one_round(b0: int) -> None:
+        _round(b, state.round, b0)
+        state.round += 1
+        report(b.figures(partial=True))
+
+    _, _, longest = timed_batches(one_round, range(0, b.n_q, bs), args)  # ours and generate: each round
+    path = Path(args.profile) if args.profile else None  # one more batch of ours, the timed (compiled) path
+    if path is not None and len([m for m in args.models.split(",") if m]) > 1:
+        path = path.with_name(f"{path.stem}-{Path(name).name}{path.suffix}")
+    b.prof = maybe_profile(argparse.Namespace(**{**vars(args), "profile": path}),
+                           lambda: lm.sample_queries(b.docs, bs, seed=args.seed + 2, batch_size=bs, progress=False,
+                                                     **kw), bs, "query", lm.device, f"sampling {name}, batch {bs}",
+                           longest)
+    res = b.figures(partial=False)
     log.info("ours: %d queries in %.1f s = %s q/s (%s new tokens/s, MFU %s); generate: %d in %.1f s = %s q/s; "
-             "speedup %sx", res["queries"], t_ours, res["queries_per_s"], res["tokens_per_s"], res["mfu"],
-             res["hf_queries"], t_hf, res["hf_queries_per_s"], res["speedup"])
-    for t_new, t_old in list(zip(ours.texts, hf_texts))[:3]:
+             "speedup %sx", res["queries"], b.t_ours, res["queries_per_s"], res["tokens_per_s"], res["mfu"],
+             res["hf_queries"], b.t_hf, res["hf_queries_per_s"], res["speedup"])
+    for t_new, t_old in list(zip(b.ours.texts, b.hf_texts))[:3]:
         log.info("  ours: %-50s | generate: %s", t_new[:50], t_old.strip()[:50])
     return res
 
@@ -205,13 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
-    ap.add_argument("--profile", default=None,
-                    help="write a torch.profiler table of one more (compiled) batch here, if time is left")
-    add_time_args(ap)
-    args = ap.parse_args(argv)
+    args = parse_bench_args(ap, argv, "write a torch.profiler table of one more (compiled) batch here, if time is left")
     if args.batch_size != "auto":
         args.batch_size = int(args.batch_size)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     results: list[dict] = []
 

@@ -31,13 +31,16 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from gdr.bench.common import (add_time_args, bench_texts, build_lm, emit, profile_skipped, profile_table, roofline,
-                               seconds_left)
+from gdr.bench.common import (bench_texts, build_lm, emit, maybe_profile, parse_bench_args, roofline, seconds_left,
+                               timed_batches)
 from gdr.cost import device_name, mfu, peak_flops, scoring_bytes_per_pair, scoring_flops_per_pair
+from gdr.lm.scoring import auto_score_sizes, score_compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +48,10 @@ def _int_or_auto(v: str):
     return v if v == "auto" else int(v)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--pairs", type=int, default=512, help="pairs scored by the engine (n_docs x n_queries)")
     ap.add_argument("--queries", type=int, default=64, help="queries per document (J)")
     ap.add_argument("--naive-pairs", type=int, default=48, help="pairs scored by the naive reference (0: skip it)")
@@ -58,117 +62,134 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", default="auto", choices=["auto", "flex", "dense"], help="causal query packing")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                     help="compute dtype of the engine (auto: bf16 on CUDA, the model's on a CPU)")
-    ap.add_argument("--sample-batch-size", type=int, default=None, help="queries sampled per batch (default 16, 256 on CUDA)")
+    ap.add_argument("--sample-batch-size", type=int, default=None,
+                    help="queries sampled per batch (default 16, 256 on CUDA)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
-    ap.add_argument("--profile", default=None,
-                    help="write a torch.profiler table of one more batch here, if time is left")
-    add_time_args(ap)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from gdr.lm.scoring import auto_score_sizes, score_compute_dtype
+    return parse_bench_args(ap, argv, "write a torch.profiler table of one more batch here, if time is left")
 
+
+@dataclass
+class _Bench:
+    """The model, texts and sizes of one scoring benchmark, and what it has measured so far."""
+
+    args: argparse.Namespace
+    lm: Any
+    docs: list[str]
+    queries: list[str]
+    prompt_tokens: float
+    query_tokens: float
+    kw: dict
+    load_s: float
+    sample_s: float
+    warmup_s: float | None = None
+    engine_s: float = 0.0
+    parts: list = field(default_factory=list)  # the engine's rows, doc batch by doc batch
+    naive: dict = field(default_factory=dict)  # naive_pairs, naive_pairs_per_s, speedup, max_abs_diff
+    prof: dict | None = None
+
+    def costs(self) -> tuple[float, float]:
+        """(FLOPs, bytes) of one pair (gdr.cost)."""
+        lm, kw, J = self.lm, self.kw, len(self.queries)
+        elt = torch.empty((), dtype=score_compute_dtype(self.args.dtype, lm.device,
+                                                        next(lm.model.parameters()).dtype)).element_size()
+        return (scoring_flops_per_pair(lm.model, self.prompt_tokens, self.query_tokens, J),
+                scoring_bytes_per_pair(lm.model, self.prompt_tokens, self.query_tokens, J, kw["doc_batch_size"],
+                                       kw["max_query_tokens"], elt))
+
+    def figures(self, partial: bool) -> dict:
+        """The figures so far (the engine's null before its first timed doc batch)."""
+        args, lm = self.args, self.lm
+        fpp, bpp = self.costs()
+        n_pairs = sum(p.size for p in self.parts)
+        eng_rate = n_pairs / self.engine_s if n_pairs else None
+        util = mfu(fpp * n_pairs, self.engine_s, lm.device) if n_pairs else None
+        peak = peak_flops(lm.device)
+        nrate = self.naive.get("naive_pairs_per_s")
+        return {
+            "model": args.model, "device": device_name(lm.device), "torch_device": str(lm.device),
+            "peak_bf16_tflops": None if peak is None else peak / 1e12, "pairs": int(n_pairs),
+            "docs": n_pairs // len(self.queries), "queries": len(self.queries),
+            "prompt_tokens": round(self.prompt_tokens, 1), "query_tokens": round(self.query_tokens, 2),
+            "doc_batch_size": self.kw["doc_batch_size"], "max_query_tokens": self.kw["max_query_tokens"],
+            "attention": args.attention, "compute_dtype": args.dtype,
+            "engine_pairs_per_s": None if eng_rate is None else round(eng_rate, 2),
+            "engine_s": round(self.engine_s, 3), "load_s": round(self.load_s, 2), "sample_s": round(self.sample_s, 2),
+            "warmup_s": self.warmup_s and round(self.warmup_s, 2),
+            "launches_per_pair": self.prof and self.prof["launches_per_unit"],
+            "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
+            "naive_pairs": self.naive.get("naive_pairs"),
+            "naive_pairs_per_s": None if nrate is None else round(nrate, 3),
+            "speedup": None if nrate is None or eng_rate is None else round(eng_rate / nrate, 2),
+            "max_abs_diff": self.naive.get("max_abs_diff"), "doc_tokens": args.doc_tokens,
+            "threads": torch.get_num_threads(), "partial": partial, **roofline(fpp, bpp, eng_rate, lm.device)}
+
+
+def _setup(args) -> _Bench:
+    """Load the model, sample the queries, resolve the batch sizes."""
     t_load = time.perf_counter()
     lm = build_lm(args.model, args.doc_tokens, args.device, args.tokenizer)
     t_load = time.perf_counter() - t_load
-    cuda = lm.device.type == "cuda"
-    n_docs = max(1, args.pairs // args.queries)
-    docs = bench_texts(n_docs, args.seed, args.docs_file)
+    docs = bench_texts(max(1, args.pairs // args.queries), args.seed, args.docs_file)
     t_sample = time.perf_counter()
     queries = lm.sample_queries(docs, args.queries, seed=args.seed, progress=False, max_new_tokens=args.query_tokens,
-                                batch_size=args.sample_batch_size or (256 if cuda else 16)).texts
+                                batch_size=args.sample_batch_size or (256 if lm.device.type == "cuda" else 16)).texts
     t_sample = time.perf_counter() - t_sample
     prompt_len = [len(p) for p in lm.prompt_ids(docs)]
-    query_len = [len(q) for q in lm.query_ids(queries)]
     bs, mq = args.doc_batch_size, args.max_query_tokens
     if "auto" in (bs, mq):
         abs_, amq = auto_score_sizes(lm.model, lm.device, max(prompt_len))
         bs, mq = (abs_ if bs == "auto" else bs), (amq if mq == "auto" else mq)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     kw = dict(doc_batch_size=bs, max_query_tokens=mq, progress=False, compute_dtype=dtype, attention=args.attention)
-    print(f"model {args.model} on {lm.device} ({device_name(lm.device)}): {n_docs} docs x {len(queries)} queries, "
+    print(f"model {args.model} on {lm.device} ({device_name(lm.device)}): {len(docs)} docs x {len(queries)} queries, "
           f"docs cut to {args.doc_tokens} tokens, doc batch {bs}, {mq} query tokens per chunk")
+    return _Bench(args, lm, docs, queries, float(np.mean(prompt_len)),
+                  float(np.mean([len(q) for q in lm.query_ids(queries)])), kw, t_load, t_sample)
 
-    peak = peak_flops(lm.device)
-    fpp = scoring_flops_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries))
-    elt = torch.empty((), dtype=score_compute_dtype(args.dtype, lm.device,
-                                                    next(lm.model.parameters()).dtype)).element_size()
-    bpp = scoring_bytes_per_pair(lm.model, float(np.mean(prompt_len)), float(np.mean(query_len)), len(queries), bs, mq,
-                                 elt)
-    t_warm, t_engine = None, 0.0
-    parts: list[np.ndarray] = []  # the engine's rows, doc batch by doc batch
-    naive_rate = diff = naive_size = prof = None
 
-    def figures(partial: bool) -> dict:
-        """The figures so far (the engine's null before its first timed doc batch)."""
-        n_pairs = sum(p.size for p in parts)
-        eng_rate = n_pairs / t_engine if n_pairs else None
-        util = mfu(fpp * n_pairs, t_engine, lm.device) if n_pairs else None
-        return {
-            "model": args.model, "device": device_name(lm.device), "torch_device": str(lm.device),
-            "peak_bf16_tflops": None if peak is None else peak / 1e12, "pairs": int(n_pairs),
-            "docs": n_pairs // len(queries), "queries": len(queries),
-            "prompt_tokens": round(float(np.mean(prompt_len)), 1),
-            "query_tokens": round(float(np.mean(query_len)), 2), "doc_batch_size": bs, "max_query_tokens": mq,
-            "attention": args.attention, "compute_dtype": args.dtype,
-            "engine_pairs_per_s": None if eng_rate is None else round(eng_rate, 2),
-            "engine_s": round(t_engine, 3), "load_s": round(t_load, 2), "sample_s": round(t_sample, 2),
-            "warmup_s": t_warm and round(t_warm, 2), "launches_per_pair": prof and prof["launches_per_unit"],
-            "flops_per_pair": fpp, "mfu": None if util is None else round(util, 4),
-            "naive_pairs": naive_size, "naive_pairs_per_s": None if naive_rate is None else round(naive_rate, 3),
-            "speedup": None if naive_rate is None or eng_rate is None else round(eng_rate / naive_rate, 2),
-            "max_abs_diff": diff, "doc_tokens": args.doc_tokens, "threads": torch.get_num_threads(),
-            "partial": partial, **roofline(fpp, bpp, eng_rate, lm.device)}
+def _naive(b: _Bench, engine: np.ndarray) -> None:
+    """The naive per-pair forward on a few pairs: its rate and the largest difference from the engine."""
+    nd = max(1, min(len(engine), int(np.ceil(b.args.naive_pairs / len(b.queries)))))
+    nq = min(len(b.queries), int(np.ceil(b.args.naive_pairs / nd)))
+    t0 = time.perf_counter()
+    naive = b.lm.score_naive(b.docs[:nd], b.queries[:nq])
+    t_naive = time.perf_counter() - t0
+    b.naive = {"naive_pairs": naive.size, "naive_pairs_per_s": naive.size / t_naive,
+               "max_abs_diff": float(np.abs(engine[:nd, :nq] - naive).max())}
+    print(f"naive : {naive.size} pairs in {t_naive:.1f} s = {naive.size / t_naive:.2f} pairs/s, "
+          f"max |engine - naive| = {b.naive['max_abs_diff']:.2e} (over {naive.size} shared pairs)")
 
-    emit(figures(partial=True))
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    b = _setup(args)
+    lm, docs, queries, kw, bs = b.lm, b.docs, b.queries, b.kw, b.kw["doc_batch_size"]
+    emit(b.figures(partial=True))
     # Warm-up (compiles on CUDA: two full batches, so that the dynamic-shape kernels exist before timing).
-    t_warm = time.perf_counter()
-    lm.score(docs[:2 * bs], queries, **kw) if cuda else lm.score(docs[:1], queries[:4], **kw)
-    t_warm = time.perf_counter() - t_warm
-    emit(figures(partial=True))
-    # The timed phase, one doc batch at a time: every document once, or fewer after --seconds / before the
+    t0 = time.perf_counter()
+    lm.score(docs[:2 * bs], queries, **kw) if lm.device.type == "cuda" else lm.score(docs[:1], queries[:4], **kw)
+    b.warmup_s = time.perf_counter() - t0
+    emit(b.figures(partial=True))
+    # The timed phase, one doc batch at a time: every document once, or fewer after --seconds or before the
     # deadline (at least one batch).
-    longest = 0.0
-    for b0 in range(0, n_docs, bs):
-        if parts and ((args.seconds is not None and t_engine >= args.seconds) or seconds_left(args) < 2 * longest + 5):
-            print(f"timed phase stopped after {b0} of {n_docs} documents (--seconds {args.seconds}, "
-                  f"{seconds_left(args):.0f} s to the deadline)")
-            break
-        t0 = time.perf_counter()
-        parts.append(lm.score(docs[b0:b0 + bs], queries, **kw))
-        longest = max(longest, time.perf_counter() - t0)
-        t_engine += time.perf_counter() - t0
-    engine = np.concatenate(parts)
-    res = figures(partial=True)
-    print(f"engine: {engine.size} pairs in {t_engine:.1f} s = {res['engine_pairs_per_s']} pairs/s, "
-          f"{fpp / 1e9:.2f} GFLOP/pair" + (f", MFU {100 * res['mfu']:.1f}% of {peak / 1e12:.0f} TFLOP/s"
-                                           if res["mfu"] is not None else ""))
+    b.parts, b.engine_s, longest = timed_batches(lambda b0: lm.score(docs[b0:b0 + bs], queries, **kw),
+                                                 range(0, len(docs), bs), args)
+    engine = np.concatenate(b.parts)
+    res = b.figures(partial=True)
+    print(f"engine: {engine.size} pairs in {b.engine_s:.1f} s = {res['engine_pairs_per_s']} pairs/s, "
+          f"{res['flops_per_pair'] / 1e9:.2f} GFLOP/pair" + (f", MFU {100 * res['mfu']:.1f}%"
+                                                            if res["mfu"] is not None else ""))
     emit(res)
-
     if args.naive_pairs > 0 and seconds_left(args) > 2 * longest + 10:
-        nd = max(1, min(len(engine), int(np.ceil(args.naive_pairs / len(queries)))))
-        nq = min(len(queries), int(np.ceil(args.naive_pairs / nd)))
-        t0 = time.perf_counter()
-        naive = lm.score_naive(docs[:nd], queries[:nq])
-        t_naive = time.perf_counter() - t0
-        naive_rate, naive_size = naive.size / t_naive, naive.size
-        diff = float(np.abs(engine[:nd, :nq] - naive).max())
-        print(f"naive : {naive.size} pairs in {t_naive:.1f} s = {naive_rate:.2f} pairs/s")
-        print(f"speedup {res['engine_pairs_per_s'] / naive_rate:.1f}x, max |engine - naive| = {diff:.2e} "
-              f"(over {naive.size} shared pairs)")
-        emit(figures(partial=True))
-    if args.profile:  # one more batch of documents against every query, after the timing, if time is left
-
-        nb, need = min(bs, n_docs), 3 * longest + 10
-        title = f"scoring {args.model}, {nb} docs x {len(queries)} queries"
-        if seconds_left(args) > need:
-            prof = profile_table(lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
-                                 args.profile, title=title)
-        else:
-            prof = profile_skipped(args.profile, title, seconds_left(args), need)
-    emit(figures(partial=False))
+        _naive(b, engine)
+        emit(b.figures(partial=True))
+    nb = min(bs, len(docs))  # the profile: one more batch of documents against every query, if time is left
+    b.prof = maybe_profile(args, lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
+                           f"scoring {args.model}, {nb} docs x {len(queries)} queries", longest)
+    emit(b.figures(partial=False))
     return 0
 
 

@@ -37,8 +37,8 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from gdr.bench.common import (add_time_args, emit, preset_config, profile_failed, profile_skipped, random_codes, roofline,
-                               seconds_left, start_profiler, write_table)
+from gdr.bench.common import (add_time_args, emit, preset_config, profile_failed, profile_skipped, random_codes,
+                               roofline, seconds_left, start_profiler, write_table)
 from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,8 @@ class _Timer(pl.Callback):
                  title: str = "", seconds: float | None = None, deadline: float | None = None,
                  profile_steps: int = 3, report=lambda figures: None):
         self.report = report
-        self.warmup, self.n, self.device, self.batch, self.profile, self.title = warmup, steps, device, batch, profile, title
+        self.warmup, self.n, self.device, self.batch = warmup, steps, device, batch
+        self.profile, self.title = profile, title
         self.seconds, self.deadline, self.profile_steps = seconds, deadline, profile_steps
         self.t_start = self.t0 = self.t1 = None
         self.steps = 0
@@ -169,7 +170,8 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     n_params = module.model.n_params()["total"]
     bpe = training_bytes_per_example(n_params, param_count(module.model), batch, str(prec).startswith("bf16"))
     roof = roofline(fpe, bpe, examples / seconds, device)
-    return {"batch": batch, "examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
+    return {"batch": batch, "examples_per_s": round(examples / seconds, 1),
+            "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"],
                     help="fused AdamW (optim.fused); auto = on CUDA")
-    ap.add_argument("--precision", default=None, help="Lightning precision (default: bf16-mixed on CUDA, 32-true on CPU)")
+    ap.add_argument("--precision", default=None,
+                    help="Lightning precision (default: bf16-mixed on CUDA, 32-true on CPU)")
     ap.add_argument("--profile", default=None,
                     help="write a torch.profiler table of 3 more steps here (per preset), if time is left")
     add_time_args(ap)

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "search": ("gdr.cli.commands.search", "search_main"),
     "bench": ("gdr.bench", "bench_main"),
     "run": ("gdr.cli.commands.run", "run_main"),
+    "plan": ("gdr.cli.commands.plan", "plan_main"),
     "qg": ("gdr.cli.commands.qg", "qg_main"),
 }
 HELP = {
@@ -43,6 +44,7 @@ HELP = {
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling | training | gpu (every GPU figure)",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
+    "plan": "each stage's predicted seconds and peak memory of a `gdr run` (device=h200|h100|a100|cpu gpus=N)",
     "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
 }
 

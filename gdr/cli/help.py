@@ -18,12 +18,13 @@ __all__ = ["command_help", "CONFIG_OF"]
 
 # command -> the conf/<name>.yaml it composes (None: no config)
 CONFIG_OF = {"sample": "sample", "score": "score", "cluster": "cluster", "index": "index", "train": "train",
-             "evaluate": "evaluate", "search": "evaluate", "run": "run", "qg": "qg", "bench": None}
+             "evaluate": "evaluate", "search": "evaluate", "run": "run", "qg": "qg", "bench": None, "plan": "run"}
 USAGE = {
     "search": 'gdr search "query" ["another query" ...] run_dir=<gdr train out_dir> [k=10] [--json]',
     "index": "gdr index [key=value ...]   |   gdr index add run=<P-matrix run> index=<GC index folder>",
     "bench": "gdr bench {BENCHES} [options]   (gdr bench <name> --help: the options of each)",
     "run": "gdr run [+experiment=<name>] [key=value ...]",
+    "plan": "gdr plan [+experiment=<name>] [key=value ...] device=h200|h100|a100|cpu [gpus=N]",
 }
 _SKIP = ("model_presets", "hydra")  # tables of presets, not settings one sets one key at a time
 _KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*)\s*:(?P<rest>.*)$")

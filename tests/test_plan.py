@@ -1,0 +1,99 @@
+"""`gdr plan` (gdr/plan.py): per-stage seconds and peak memory from the cost model and the committed GPU figures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gdr import cost
+from gdr.config import load_config
+from gdr.plan import DEVICES, StagePlan, _meta_lm, format_plan, measured_figures, plan_run, predict
+
+STAGES = ["lm_load", "sampling", "scoring", "clustering_indexing", "doc_queries", "training", "evaluation", "bm25"]
+
+
+def _runs(tmp_path, scoring_fraction: float, warmup: float = 10.0):
+    """A gpu-runs folder with one chain JSON and one scoring JSON of known figures."""
+    chain = {"device": "NVIDIA H200", "sampling_fraction_of_limit": 0.05, "sampling_load_s": 30.0,
+             "sampling_warmup_s": 20.0, "training_small30m_fraction_of_limit": 0.1, "training_small30m_batch": 1024,
+             "training_small30m_warmup_s": 1.0, "search_fraction_of_limit": 0.02, "search_load_s": 5.0,
+             "search_warmup_s": 1.0, "scoring_fraction_of_limit": scoring_fraction / 2, "steps": {}}
+    (tmp_path / "2026-01-01-h200-chain.json").write_text(json.dumps(chain) + "\n")
+    bench = {"device": "NVIDIA H200", "engine_pairs_per_s": 1.0, "fraction_of_limit": scoring_fraction,
+             "warmup_s": warmup}
+    (tmp_path / "2026-01-02-h200-x-scoring.json").write_text("log line\n" + json.dumps(bench) + "\n")
+    return tmp_path
+
+
+def test_measured_figures_take_the_best_fraction_and_name_its_file(tmp_path):
+    figs = measured_figures("h200", _runs(tmp_path, 0.2))
+    assert figs["scoring_fraction_of_limit"] == (0.2, "2026-01-02-h200-x-scoring.json")  # not the chain's 0.1
+    assert figs["sampling_load_s"] == (30.0, "2026-01-01-h200-chain.json")
+    assert measured_figures("a100", tmp_path) == {}
+
+
+def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_the_warm_up(tmp_path):
+    """Checked by hand from the cost model: doubling the measured fraction halves the compute part, 8 GPUs
+    divide it by 8, the warm-up stays."""
+    cfg = load_config("run", ["+experiment=bbc", "data.n_docs=1000", "sample.n_queries=512"])
+    one = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}
+    assert list(one) == STAGES
+    lm = _meta_lm("smollm2-135m")
+    prompt, n = 128 + 32, 16
+    per_doc, tile = cost.score_memory(cost.dims(lm.config), prompt, 4096)
+    batch = cost.batch_for_memory(141e9, per_doc, share=0.5, fixed=tile, cap=64)
+    limit = min(989e12 / cost.scoring_flops_per_pair(lm, prompt, n, 512),
+                4.8e12 / cost.scoring_bytes_per_pair(lm, prompt, n, 512, batch, 4096, 2))
+    assert one["scoring"].seconds == pytest.approx(10.0 + 1000 * 512 / (0.2 * limit))
+    assert "2026-01-02-h200-x-scoring.json" in one["scoring"].basis and "20.0%" in one["scoring"].basis
+    twice = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.4))}
+    assert twice["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 2)
+    eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}
+    assert eight["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 8)
+    assert eight["training"].seconds < one["training"].seconds
+    assert one["lm_load"].seconds == 30.0 and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
+
+
+def test_a_device_without_figures_takes_the_h200_fractions_and_says_so(tmp_path):
+    cfg = load_config("run", ["+experiment=bbc", "data.n_docs=500"])
+    h100 = {s.name: s for s in plan_run(cfg, "h100", 1, _runs(tmp_path, 0.2))}
+    assert "H200 figures: none for h100" in h100["scoring"].basis
+    cpu = {s.name: s for s in plan_run(cfg, "cpu", 1, tmp_path)}
+    assert "CPU default" in cpu["scoring"].basis and cpu["scoring"].seconds > h100["scoring"].seconds
+
+
+def test_predict_gives_seconds_per_stage_for_the_report():
+    cfg = load_config("run", ["+experiment=bbc"])
+    pred = predict(cfg, "h200")
+    assert list(pred) == STAGES and all(v > 0 for v in pred.values())
+
+
+def test_the_committed_figures_plan_the_bbc_run_and_name_their_files(capsys):
+    from gdr.cli import main
+
+    assert main(["plan", "+experiment=bbc", "device=h200"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert list(summary["stages"]) == STAGES and summary["device"] == "h200"
+    for name in ("sampling", "scoring", "training", "evaluation"):
+        assert "2026-11-27-h200" in summary["stages"][name]["basis"], name
+    assert summary["seconds"] == pytest.approx(sum(s["seconds"] for s in summary["stages"].values()), abs=0.5)
+    assert out[0] == "gdr plan on 1 x H200:" and out[-2].startswith("total")
+
+
+def test_plan_refuses_what_it_cannot_plan(capsys):
+    from gdr.cli import main
+
+    assert main(["plan", "+experiment=bbc", "gpus=0"]) == 2
+    assert "gpus='0'" in capsys.readouterr().err
+    assert main(["plan", "+experiment=bbc", "device=tpu"]) == 2
+    assert "device=h200 | h100 | a100 | cpu" in capsys.readouterr().err
+    cfg = load_config("run", ["data=jsonl", "data.path=/nowhere"])
+    with pytest.raises(ValueError, match="set data.n_docs"):
+        plan_run(cfg, "h200")
+    assert set(DEVICES) == {"h200", "h100", "a100", "cpu"}
+
+
+def test_format_plan_lists_the_stages_and_the_total():
+    text = format_plan([StagePlan("a", 1.5, 2e9, "x"), StagePlan("b", 2.0, None, "y")], "h100", 8)
+    assert text.splitlines()[0] == "gdr plan on 8 x H100:" and "2.0" in text and text.endswith("3.5")
