@@ -3,6 +3,7 @@ and the one JSON line (:func:`headline`) that ``gdr run`` prints last."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from gdr.guard import replace_together
 
-__all__ = ["write_report", "headline", "cluster_headline", "METRICS", "metric_label"]
+__all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "metric_label"]
 
 METRICS = ("recall@1", "recall@10", "recall@100", "mrr@100")
 
@@ -58,7 +59,7 @@ def metric_label(metric: str, k: int | None = None) -> str:
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
-                 trained_on: str | None = None) -> dict:
+                 trained_on: str | None = None, partial: dict | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -68,7 +69,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
     each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`); ``corpus_name``:
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
-    retrievers learnt from, in words (default: the ``queries.train_split``)."""
+    retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
+    to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
+    says so."""
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
@@ -82,7 +85,12 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
     queries_name = corpus_name if cfg['queries']['name'] == cfg['data']['name'] else cfg['queries']['name']
     lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
-             f"Command: `{command}`", "",
+             f"Command: `{command}`", ""]
+    if partial:
+        lines += [f"**Partial: {partial['retrievers_done']} of {partial['retrievers']} retrievers finished; every "
+                  "figure below (means, intervals, tests) is over those. The run goes on, or resumes with the same "
+                  "command.**", ""]
+    lines += [
              f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
              f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
@@ -130,17 +138,21 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
             if f"{key}_ari" in c:
                 lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
         lines.append("")
-    lines += ["## Stages", "", "| stage | folder | seconds | |", "|---|---|---|---|"]
+    lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt apart.", "",
+              "| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"]
     for r in records:
-        lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {'reused' if r.reused else 'ran'} |")
+        last = r.seconds if r.last_seconds is None else r.last_seconds
+        lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {last:.1f} | {r.attempts} | "
+                     f"{'reused' if r.reused else 'ran'} |")
     lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
-    report = {"command": command, "seconds": seconds, "corpus": corpus_name, "n_docs": n_docs,
+    report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
               "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
-              "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
-                         for r in records]}
+              "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds,
+                          "last_seconds": r.seconds if r.last_seconds is None else r.last_seconds,
+                          "attempts": r.attempts, "reused": r.reused} for r in records]}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
     # unwritable) leaves the old report whole, and the three never disagree
     files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
@@ -151,6 +163,27 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def mark_in_progress(root: Path, command: str) -> bool:
+    """Mark the report of an earlier run in ``root`` as the previous one while a new run is in progress: kept
+    (an interrupted run leaves it) until the new run's own report replaces it. Returns whether there was one."""
+    path = root / "report.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    report["in_progress"] = {"since": since, "command": command}
+    note = (f"> **In progress since {since}** (`{command}`): this is the report of the previous run of this folder, "
+            "kept until this run's own replaces it.\n\n")
+    md = root / "report.md"
+    old_md = md.read_text(encoding="utf-8") if md.exists() else ""
+    old_md = old_md.split("\n\n", 1)[1] if old_md.startswith("> **In progress since") else old_md
+    replace_together({md: lambda p: p.write_text(note + old_md, encoding="utf-8"),
+                      path: lambda p: p.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str)
+                                                   + "\n", encoding="utf-8")})
+    return True
 
 
 def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | None = None) -> None:
