@@ -409,7 +409,7 @@ class RunContext:
     def drop_lm(self) -> None:
         self._lm = None
 
-    def run(self, spec: StageSpec | None) -> StageRecord | None:
+    def stage(self, spec: StageSpec | None) -> StageRecord | None:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
         if spec is None:
             return None
@@ -426,16 +426,16 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     run = open_run(cfg, argv)
-    run.score = run.run(score_spec(run))
-    run.cluster = run.run(cluster_spec(run))
-    run.doc_queries = run.run(doc_queries_spec(run))
+    run.score = run.stage(score_spec(run))
+    run.cluster = run.stage(cluster_spec(run))
+    run.doc_queries = run.stage(doc_queries_spec(run))
     run.drop_lm()  # the generator is not needed from here on
-    run.indexes = {method: run.run(index_spec(run, method)) for method in cfg.indexers}
-    run.bm25 = run.run(bm25_spec(run))
+    run.indexes = {method: run.stage(index_spec(run, method)) for method in cfg.indexers}
+    run.bm25 = run.stage(bm25_spec(run))
     for method in run.indexes:
         for seed in cfg.seeds:
-            train = run.run(train_spec(run, method, int(seed)))
-            ev = run.run(eval_spec(run, method, int(seed), train))
+            train = run.stage(train_spec(run, method, int(seed)))
+            ev = run.stage(eval_spec(run, method, int(seed), train))
             finish_retriever(run, method, int(seed), train, ev)
     return _report(run)
 
@@ -537,10 +537,10 @@ def doc_queries_spec(run: RunContext) -> StageSpec | None:
         from gdr.stages.doc_queries import sample_doc_queries
         from gdr.stages.settings import SampleSettings
 
-        sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
-                                                   "batch_size": dq.batch_size, "max_new_tokens": int(dq.max_new_tokens),
-                                                   "top_k": int(dq.top_k), "top_p": float(dq.top_p),
-                                                   "temperature": float(dq.temperature)})
+        sample = {"per_doc": int(dq.per_doc), "seed": int(dq.seed), "batch_size": dq.batch_size,
+                  "max_new_tokens": int(dq.max_new_tokens), "top_k": int(dq.top_k), "top_p": float(dq.top_p),
+                  "temperature": float(dq.temperature)}
+        sub = _with(cfg, out=str(folder), sample=sample)
         save_config(sub, folder, "sample.config.yaml")
         settings = SampleSettings.from_dict(to_container(sub.sample))
         _drop_damaged_doc_queries(folder)

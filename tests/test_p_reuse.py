@@ -55,13 +55,18 @@ def _stages(out: Path) -> dict[str, dict]:
     return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
 
 
+def _run_files(root: Path, out: Path, docs: Path, queries: Path, qrels: Path) -> dict[str, dict]:
+    """`gdr run data=jsonl` on these files; its stages by name."""
+    assert main(["run", "data=jsonl", f"data.path={docs}", f"data.queries={queries}", f"data.qrels={qrels}",
+                 *_settings(root, out)]) == 0
+    return _stages(out)
+
+
 def test_moved_files_and_a_new_train_split_reuse_p_and_the_generated_queries(files, tmp_path):
     root, docs, queries, qrels = files
     out = tmp_path / "run"
     a = root / "a"
-    assert main(["run", "data=jsonl", f"data.path={a / 'docs.jsonl'}", f"data.queries={a / 'queries.jsonl'}",
-                 f"data.qrels={a / 'test.tsv'}", *_settings(root, out)]) == 0
-    first = _stages(out)
+    first = _run_files(root, out, a / "docs.jsonl", a / "queries.jsonl", a / "test.tsv")
     assert not first["score"]["reused"] and not first["doc-queries"]["reused"]
 
     # every file elsewhere under another name, the judgements now a folder with a train split beside the test one
@@ -71,9 +76,7 @@ def test_moved_files_and_a_new_train_split_reuse_p_and_the_generated_queries(fil
     shutil.copy(a / "queries.jsonl", b / "topics.jsonl")
     shutil.copy(a / "test.tsv", b / "qrels" / "test.tsv")
     (b / "qrels" / "train.tsv").write_text("\n".join(qrels[:1] + qrels[2::2]) + "\n")
-    assert main(["run", "data=jsonl", f"data.path={b / 'documents.jsonl'}", f"data.queries={b / 'topics.jsonl'}",
-                 f"data.qrels={b / 'qrels'}", *_settings(root, out)]) == 0
-    second = _stages(out)
+    second = _run_files(root, out, b / "documents.jsonl", b / "topics.jsonl", b / "qrels")
     for name in ("score", "doc-queries"):
         assert second[name]["reused"] and second[name]["folder"] == first[name]["folder"], name
     assert not second["train-gc-s0"]["reused"]  # the retriever now learns from the train split: trained anew
@@ -84,9 +87,7 @@ def test_the_same_documents_as_a_dataframe_reuse_p(files, tmp_path):
     root, docs, queries, qrels = files
     out = tmp_path / "run"
     a = root / "a"
-    assert main(["run", "data=jsonl", f"data.path={a / 'docs.jsonl'}", f"data.queries={a / 'queries.jsonl'}",
-                 f"data.qrels={a / 'test.tsv'}", *_settings(root, out)]) == 0
-    first = _stages(out)
+    first = _run_files(root, out, a / "docs.jsonl", a / "queries.jsonl", a / "test.tsv")
     corpus = gdr.Corpus.from_pandas(pd.DataFrame(docs), name="docs")
     qs = gdr.QuerySet(name="docs", qids=[q["id"] for q in queries[::2]], texts=[q["text"] for q in queries[::2]],
                       relevant=[[d["id"]] for d in docs[::2]], splits=["test"] * 10)

@@ -11,7 +11,6 @@ import pytest
 import gdr
 from gdr import guard
 from gdr.cli import main
-from gdr.stages.report import mark_in_progress
 
 
 @pytest.fixture
@@ -63,6 +62,8 @@ def test_gdr_run_with_a_corpus_takes_the_lock_before_writing_it(tmp_path):
 
 
 def test_the_previous_report_is_kept_and_marked_in_progress(tmp_path):
+    from gdr.stages.report import mark_in_progress
+
     (tmp_path / "report.md").write_text("# gdr run: toy, 3 documents\n\nfigures\n")
     (tmp_path / "report.json").write_text(json.dumps({"seconds": 1.0, "retrieval": {"gc": {"recall@1": 50.0}}}))
     assert mark_in_progress(tmp_path, "gdr run out=x")

@@ -90,11 +90,10 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         lines += [f"**Partial: {partial['retrievers_done']} of {partial['retrievers']} retrievers finished; every "
                   "figure below (means, intervals, tests) is over those. The run goes on, or resumes with the same "
                   "command.**", ""]
-    lines += [
-             f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
-             f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
-             f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
-             f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
+    lines += [f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
+              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
+              f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
+              f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
     if said:
         lines += [f"**{said}**", ""]
     if cfg['queries']['name'] == "titles":
@@ -126,33 +125,19 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                   "test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
                   "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster is not None:
-        c = cluster
-        lines += ["## Flat clustering against the labels", "",
-                  f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of "
-                  f"best-of-{cfg['cluster']['n_init']} "
-                  f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
-                  f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
-                  "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
-        for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
-                          ("embedding_kmeans", f"k-means on {cfg['cluster']['embed_model']}")):
-            if f"{key}_ari" in c:
-                lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
-        lines.append("")
-    lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt apart.", "",
-              "| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"]
-    for r in records:
-        last = r.seconds if r.last_seconds is None else r.last_seconds
-        lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {last:.1f} | {r.attempts} | "
-                     f"{'reused' if r.reused else 'ran'} |")
+        lines += _cluster_lines(cfg, cluster)
+    stages = _stage_rows(records)
+    lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
+              "apart.", "", "| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | {s['last_seconds']:.1f} | {s['attempts']} | "
+              f"{'reused' if s['reused'] else 'ran'} |" for s in stages]
     lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
     report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
               "retrieval": summary, "bm25": {m: round(100 * bm25[m], 2) for m in METRICS} if bm25 else None,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
-              "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds,
-                          "last_seconds": r.seconds if r.last_seconds is None else r.last_seconds,
-                          "attempts": r.attempts, "reused": r.reused} for r in records]}
+              "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
     # unwritable) leaves the old report whole, and the three never disagree
     files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
@@ -163,6 +148,27 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def _cluster_lines(cfg: dict, c: dict) -> list[str]:
+    """The report's section on the flat clustering against the labels (``c``: :func:`cluster_headline`)."""
+    lines = ["## Flat clustering against the labels", "",
+             f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of "
+             f"best-of-{cfg['cluster']['n_init']} (ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
+             f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
+             "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
+    for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
+                      ("embedding_kmeans", f"k-means on {cfg['cluster']['embed_model']}")):
+        if f"{key}_ari" in c:
+            lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
+    return lines + [""]
+
+
+def _stage_rows(records: Sequence) -> list[dict]:
+    """One row per stage: seconds over every attempt, the last attempt apart, and whether it was reused."""
+    return [{"name": r.name, "folder": r.path.name, "seconds": r.seconds,
+             "last_seconds": r.seconds if r.last_seconds is None else r.last_seconds, "attempts": r.attempts,
+             "reused": r.reused} for r in records]
 
 
 def mark_in_progress(root: Path, command: str) -> bool:
