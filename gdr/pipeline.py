@@ -9,6 +9,7 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     bm25-<key>/              BM25 on the test queries (reference)
     train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
     eval-<method>-s<seed>-<key>/            gdr evaluate  Recall@1/10/100, MRR@100, TREC run
+    retrievers.jsonl         one line of test figures per finished retriever, as each finishes
     report.md  report.png  report.json  run.config.yaml
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
@@ -16,8 +17,11 @@ the run folder and the records so far); each stage is a :class:`StageSpec` built
 (``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
 
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
-the stages it reads. ``stage.json`` in the folder records the key, the inputs and the wall time, and is
-marked complete only when the stage finished, so a second run reuses every finished stage, a changed
+the stages it reads. Sampling and scoring read only the documents, so their keys hold the documents' ids and
+texts, the LM, their settings and the device kind and compute dtype, never file paths or the query settings:
+the same documents from a moved file, a DataFrame or a folder reuse one P. ``stage.json`` in the folder records
+the key, the inputs and the seconds of every attempt (a stopped one too), and is marked complete only when the
+stage finished, so a second run reuses every finished stage, a changed
 ``index.gc.alpha`` gives a new ``index-gc-<key>`` and new retrievers on it and nothing else, and a killed run
 continues where it stopped (the stages themselves resume: scoring by shard, sampling by batch, training
 from ``last.ckpt``).
@@ -28,6 +32,9 @@ missing or changed file (or an upstream stage rebuilt with different content) re
 log line naming the file and what was wrong, and the stages after it see the change in turn. Stages
 finished by an older gdr, without that list, are checked as far as possible (files parse, sizes match
 headers, P has no zero rows, docids.tsv is well formed), then their checksums are recorded.
+
+The report is rewritten after every retriever, marked partial until the last one, so a run cut short keeps
+what it finished; the report of an earlier run of the folder stays, marked in progress, until then.
 """
 from __future__ import annotations
 
