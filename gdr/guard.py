@@ -207,7 +207,7 @@ def release(path: str | os.PathLike) -> None:
     held, made = _HELD.pop(p, None), _MADE.pop(p, [])
     if held is not None:
         try:
-            if made and {c.name for c in p.iterdir()} <= {LOCK_FILE}:
+            if made and _only_lock(p):
                 (p / LOCK_FILE).unlink(missing_ok=True)
                 for folder in made:
                     with contextlib.suppress(OSError):  # not empty (another writer's files): kept
@@ -215,6 +215,13 @@ def release(path: str | os.PathLike) -> None:
             fcntl.flock(held[0], fcntl.LOCK_UN)
         finally:
             os.close(held[0])
+
+
+def _only_lock(folder: Path) -> bool:
+    try:
+        return {c.name for c in folder.iterdir()} <= {LOCK_FILE}
+    except OSError:  # gone already, or unreadable: nothing to tidy
+        return False
 
 
 def release_all() -> None:
