@@ -125,7 +125,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                   "test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
                   "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster is not None:
-        lines += _cluster_lines(cfg, cluster)
+        lines += _cluster_lines(cfg["cluster"], cluster)
     stages = _stage_rows(records)
     lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
               "apart.", "", "| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"]
@@ -150,15 +150,16 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     return report
 
 
-def _cluster_lines(cfg: dict, c: dict) -> list[str]:
-    """The report's section on the flat clustering against the labels (``c``: :func:`cluster_headline`)."""
+def _cluster_lines(settings: dict, c: dict) -> list[str]:
+    """The report's section on the flat clustering against the labels (``settings``: the run's ``cluster``
+    section; ``c``: :func:`cluster_headline`)."""
     lines = ["## Flat clustering against the labels", "",
-             f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of "
-             f"best-of-{cfg['cluster']['n_init']} (ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
+             f"K = number of labels, mean over {settings['repeats']} repeats of "
+             f"best-of-{settings['n_init']} (ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
              f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
              "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
     for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
-                      ("embedding_kmeans", f"k-means on {cfg['cluster']['embed_model']}")):
+                      ("embedding_kmeans", f"k-means on {settings['embed_model']}")):
         if f"{key}_ari" in c:
             lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
     return lines + [""]
