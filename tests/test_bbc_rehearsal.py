@@ -1,6 +1,7 @@
 """The BBC comparison (`+experiment=bbc`) rehearsed on the CPU, scaled down by overrides alone, through the code a
 GPU run takes: a run cut after its third retriever keeps a partial report (means and paired intervals over what
-finished) and one figures line per finished retriever; the run folder copied elsewhere resumes there without recomputing anything that finished."""
+finished) and one figures line per finished retriever; the run folder copied elsewhere resumes there without
+recomputing anything that finished."""
 from __future__ import annotations
 
 import json

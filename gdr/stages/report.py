@@ -154,8 +154,8 @@ def _cluster_lines(settings: dict, c: dict) -> list[str]:
     """The report's section on the flat clustering against the labels (``settings``: the run's ``cluster``
     section; ``c``: :func:`cluster_headline`)."""
     lines = ["## Flat clustering against the labels", "",
-             f"K = number of labels, mean over {settings['repeats']} repeats of "
-             f"best-of-{settings['n_init']} (ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
+             f"K = number of labels, mean over {settings['repeats']} repeats of best-of-{settings['n_init']} "
+             f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
              f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
              "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
     for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
