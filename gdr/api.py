@@ -256,12 +256,22 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
     if there is one) instead of ``data``: they are written as a BEIR folder ``<out>/corpus/<corpus.name>/``
     and run as ``data=beir`` on it, so an in-memory corpus gets the same stages, cache and report."""
     from gdr import guard
+
+    overrides = [f"+experiment={experiment}"] if experiment else []
+    settings = _need_mapping(settings, "settings", '{"data": {"n_docs": 80}, "out": "runs/mine"}')
+    try:
+        return _run(settings, overrides, corpus, queries)
+    finally:
+        guard.release_all()
+
+
+def _run(settings: dict, overrides: list[str], corpus, queries) -> dict:
+    """:func:`run` inside its locks (released by the caller, whatever happens)."""
+    from gdr import guard
     from gdr.config import load_config
     from gdr.pipeline import run_pipeline
     from gdr.validate import validate
 
-    overrides = [f"+experiment={experiment}"] if experiment else []
-    settings = _need_mapping(settings, "settings", '{"data": {"n_docs": 80}, "out": "runs/mine"}')
     if corpus is not None or queries is not None:
         settings = _in_memory_data(settings, corpus, queries)
     groups = []
@@ -280,10 +290,7 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
     cfg = load_config("run", overrides)
     validate("run", cfg)
     guard.claim_out("run", cfg)
-    try:
-        return run_pipeline(cfg, overrides)
-    finally:
-        guard.release_all()
+    return run_pipeline(cfg, overrides)
 
 
 def _is_group(group: str, name: Any) -> bool:
@@ -296,6 +303,7 @@ def _is_group(group: str, name: Any) -> bool:
 def _in_memory_data(settings: dict, corpus, queries) -> dict:
     """``settings`` with ``data`` pointing at a BEIR folder written from ``corpus`` and ``queries``."""
     from gdr.data import write_beir
+    from gdr.guard import claim_folder
 
     _need_corpus(corpus, hint="(gdr.run(settings, corpus=..., queries=...))")
     if queries is None:
@@ -308,6 +316,7 @@ def _in_memory_data(settings: dict, corpus, queries) -> dict:
                          "settings (n_docs, drop_title ...) under 'data'")
     out = Path(str(settings.get("out") or f"runs/run-{corpus.name}"))
     folder = out / "corpus" / "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus.name)
+    claim_folder(out, "out")  # the run folder's lock before its first write: a busy folder is left untouched
     write_beir(corpus, queries, folder)
     return {**settings, "out": str(out), "data": {**data, "name": "beir", "path": str(folder)}}
 

@@ -19,6 +19,8 @@
   multiprocessing resource tracker exits by itself once the parent and the workers are gone (its pipe
   closes), and DataLoader workers have torch's own parent watchdog (``os.getppid()``, every 5 s); they
   write no files.
+* A folder made by a claim and left holding only its lock (the command was refused after the claim) is
+  removed when the lock is released, so a refused run leaves no empty ``out=`` folder behind.
 * :func:`replace_together` writes a set of files (``report.md``, ``report.png``, ``report.json``) to
   temporary names first and renames them only when all are written, the JSON last, so a failed write
   leaves the old set whole.
@@ -35,10 +37,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 __all__ = ["OutputError", "FolderBusy", "claim_out", "claim_folder", "check_out_folder", "lock_folder",
-           "holding", "release", "release_all", "die_with_parent", "launched_rank", "replace_together", "withdraw",
+           "holding", "release", "release_all", "die_with_parent", "launched_rank", "replace_together",
            "write_error_line", "OUT_OPTION"]
 
 LOCK_FILE = ".gdr.lock"
@@ -47,6 +49,7 @@ OUT_OPTION = {"sample": "out", "score": "out", "cluster": "out", "index": "out",
               "train": "out_dir", "evaluate": "out_dir", "index add": "index"}
 COMMAND_LINE = ""  # what the lock file names as the holder's command; set by ``gdr``'s main
 _HELD: dict[Path, tuple[int, str]] = {}  # folder (resolved) -> (fd of its lock file, "option=path"), this process's
+_MADE: dict[Path, list[Path]] = {}  # held folder (resolved) -> the folders claiming it created, deepest first
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _NO_WRITE = {errno.EACCES, errno.EPERM, errno.EROFS}
 
@@ -155,8 +158,12 @@ def claim_folder(path: str | os.PathLike, option: str = "out", command: str | No
         return Path(path).expanduser()
     if Path(path).expanduser().resolve() in _HELD:
         return Path(path).expanduser()
+    target = Path(path).expanduser().absolute()
+    made = [a for a in (target, *target.parents) if not a.exists()]
     check_out_folder(path, option)
-    lock_folder(path, option, command)
+    held = lock_folder(path, option, command)
+    if made:
+        _MADE[held] = made
     return Path(path).expanduser()
 
 
@@ -191,15 +198,30 @@ def holding(path: str | os.PathLike, option: str = "out") -> Iterator[Path]:
 
 
 def release(path: str | os.PathLike) -> None:
-    """Drop this process's lock on one folder (nothing if it holds none)."""
+    """Drop this process's lock on one folder (nothing if it holds none). A folder this process made when it
+    claimed it and left holding nothing but its lock (a run refused after the claim) is removed, with the
+    parent folders made for it that are empty, while the lock is still held."""
     import fcntl
 
-    held = _HELD.pop(Path(path).expanduser().resolve(), None)
+    p = Path(path).expanduser().resolve()
+    held, made = _HELD.pop(p, None), _MADE.pop(p, [])
     if held is not None:
         try:
+            if made and _only_lock(p):
+                (p / LOCK_FILE).unlink(missing_ok=True)
+                for folder in made:
+                    with contextlib.suppress(OSError):  # not empty (another writer's files): kept
+                        folder.rmdir()
             fcntl.flock(held[0], fcntl.LOCK_UN)
         finally:
             os.close(held[0])
+
+
+def _only_lock(folder: Path) -> bool:
+    try:
+        return {c.name for c in folder.iterdir()} <= {LOCK_FILE}
+    except OSError:  # gone already, or unreadable: nothing to tidy
+        return False
 
 
 def release_all() -> None:
@@ -268,22 +290,6 @@ def replace_together(files: dict[str | os.PathLike, Callable[[Path], None]]) -> 
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-
-
-def withdraw(files: Sequence[str | os.PathLike]) -> list[Path]:
-    """Delete ``files`` in order (the one readers trust most first) and return those that existed.
-
-    ``gdr run`` withdraws the report of the previous run when it starts: until this run has finished and
-    written its own, no ``report.json`` in the folder looks current (a stopped, killed or failed run leaves
-    none, not the previous one). The stages keep everything; a rerun writes the report again in seconds."""
-    gone = []
-    for f in map(Path, files):
-        try:
-            f.unlink()
-            gone.append(f)
-        except FileNotFoundError:
-            pass
-    return gone
 
 
 # ----------------------------------------------------------------------------------- late write errors

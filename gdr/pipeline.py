@@ -9,6 +9,7 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     bm25-<key>/              BM25 on the test queries (reference)
     train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
     eval-<method>-s<seed>-<key>/            gdr evaluate  Recall@1/10/100, MRR@100, TREC run
+    retrievers.jsonl         one line of test figures per finished retriever, as each finishes
     report.md  report.png  report.json  run.config.yaml
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
@@ -16,8 +17,11 @@ the run folder and the records so far); each stage is a :class:`StageSpec` built
 (``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
 
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
-the stages it reads. ``stage.json`` in the folder records the key, the inputs and the wall time, and is
-marked complete only when the stage finished, so a second run reuses every finished stage, a changed
+the stages it reads. Sampling and scoring read only the documents, so their keys hold the documents' ids and
+texts, the LM, their settings and the device kind and compute dtype, never file paths or the query settings:
+the same documents from a moved file, a DataFrame or a folder reuse one P. ``stage.json`` in the folder records
+the key, the inputs and the seconds of every attempt (a stopped one too), and is marked complete only when the
+stage finished, so a second run reuses every finished stage, a changed
 ``index.gc.alpha`` gives a new ``index-gc-<key>`` and new retrievers on it and nothing else, and a killed run
 continues where it stopped (the stages themselves resume: scoring by shard, sampling by batch, training
 from ``last.ckpt``).
@@ -28,6 +32,9 @@ missing or changed file (or an upstream stage rebuilt with different content) re
 log line naming the file and what was wrong, and the stages after it see the change in turn. Stages
 finished by an older gdr, without that list, are checked as far as possible (files parse, sizes match
 headers, P has no zero rows, docids.tsv is well formed), then their checksums are recorded.
+
+The report is rewritten after every retriever, marked partial until the last one, so a run cut short keeps
+what it finished; the report of an earlier run of the folder stays, marked in progress, until then.
 """
 from __future__ import annotations
 
@@ -47,7 +54,8 @@ from omegaconf import DictConfig, OmegaConf
 from gdr import signals
 from gdr.config import save_config, to_container
 from gdr.data.splits import check_query_splits, split_queries
-from gdr.guard import LOCK_FILE, claim_folder, withdraw
+from gdr.guard import LOCK_FILE, claim_folder
+from gdr.stages.report import mark_in_progress, write_report
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
                     record_files, verify_files)
 from gdr.validate import check_corpus, check_run
@@ -61,7 +69,7 @@ STAGE_FILE = "stage.json"
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
-REPORT_FILES = ("report.json", "report.md", "report.png")  # report.json first: readers trust it most
+RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per finished retriever, as each finishes
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
     "gc": ("seed", "n_clusters", "leaf_size", "gc"),
@@ -88,7 +96,8 @@ def _keyed(d: Any) -> Any:
 
 @dataclass
 class StageRecord:
-    """One stage of a pipeline run: where it lives, its key, how long it took, whether it was reused."""
+    """One stage of a pipeline run: where it lives, its key, how long it took (``seconds``: every attempt of a
+    stage resumed after a stop, summed; ``last_seconds``: the attempt that finished it), whether it was reused."""
 
     name: str
     path: Path
@@ -97,6 +106,8 @@ class StageRecord:
     reused: bool
     info: dict = field(default_factory=dict)
     digest: str = ""  # checksum over its files' checksums: what a later stage records of it
+    last_seconds: float | None = None  # the attempt that finished it (``seconds`` sums every attempt)
+    attempts: int = 1
 
 
 class Pipeline:
@@ -134,8 +145,10 @@ class Pipeline:
             damage = self._damage(folder, old, upstream, check, outputs)
             if damage is None:
                 log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
-                rec = StageRecord(name, folder, key, float(old.get("seconds", 0.0)), True, old.get("info") or {},
-                                  _digest(old["artifacts"], outputs))
+                seconds = float(old.get("seconds", 0.0))
+                rec = StageRecord(name, folder, key, seconds, True, old.get("info") or {},
+                                  _digest(old["artifacts"], outputs), float(old.get("last_seconds", seconds)),
+                                  len(old.get("attempts") or [seconds]))
                 self.records.append(rec)
                 return rec
         claim_folder(folder, "out")  # one writer: a `gdr score out=<this folder>` elsewhere is refused
@@ -150,18 +163,26 @@ class Pipeline:
                         "from what passes its checks)", name, marker)
         else:
             log.info("stage %s: running into %s", name, folder)
-        atomic_write_json(marker, {"stage": name, "key": key, "status": "running", "inputs": inputs})
+        attempts = _earlier_attempts(folder, old if old is not None and old.get("key") == key else None)
+        running = {"stage": name, "key": key, "status": "running", "inputs": inputs, "attempts": attempts}
+        atomic_write_json(marker, {**running, "started": time.time()})
         t0 = time.perf_counter()
         signals.set_where(f"stage {name}")  # what a SIGTERM's one line names
-        info = build(folder) or {}
-        seconds = round(time.perf_counter() - t0, 2)
+        try:
+            info = build(folder) or {}
+        except BaseException:  # a stop, a kill by signal, an error: this attempt's seconds count on resume
+            atomic_write_json(marker, {**running, "attempts": attempts + [round(time.perf_counter() - t0, 2)]})
+            raise
+        last = round(time.perf_counter() - t0, 2)
+        seconds = round(sum(attempts) + last, 2)
         artifacts = record_files(folder, exclude=(STAGE_FILE,))
         atomic_write_json(marker, {"stage": name, "key": key, "status": "complete", "inputs": inputs,
-                                   "seconds": seconds, "info": info, "artifacts": artifacts, "outputs": list(outputs),
-                                   "upstream": upstream,
+                                   "seconds": seconds, "last_seconds": last, "attempts": attempts + [last],
+                                   "info": info, "artifacts": artifacts, "outputs": list(outputs), "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         signals.set_where(None)
-        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs))
+        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs), last,
+                          len(attempts) + 1)
         self.records.append(rec)
         return rec
 
@@ -195,6 +216,21 @@ class Pipeline:
                        upstream=upstream)  # the caller's dict
             atomic_write_json(folder / STAGE_FILE, old)
         return bad
+
+
+def _earlier_attempts(folder: Path, old: dict | None) -> list[float]:
+    """The seconds of the unfinished attempts at a stage before this one (from its ``stage.json`` of the same key
+    while it was running); a finished stage that is rebuilt starts a new count. An attempt killed without a chance
+    to record itself (kill -9, a power cut) counts until the newest file it wrote."""
+    if old is None or old.get("status") != "running":
+        return []
+    attempts = [float(x) for x in old.get("attempts") or []]
+    started = old.get("started")
+    if started is not None:
+        newest = max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file() and p.name != LOCK_FILE),
+                     default=started)
+        attempts.append(round(max(0.0, newest - float(started)), 2))
+    return attempts
 
 
 def _failure(folder: Path, read: Callable[[], Any]) -> tuple[str, str] | None:
@@ -351,7 +387,7 @@ class RunContext:
     def drop_lm(self) -> None:
         self._lm = None
 
-    def run(self, spec: StageSpec | None) -> StageRecord | None:
+    def stage(self, spec: StageSpec | None) -> StageRecord | None:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
         if spec is None:
             return None
@@ -368,24 +404,24 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     run = open_run(cfg, argv)
-    run.score = run.run(score_spec(run))
-    run.cluster = run.run(cluster_spec(run))
-    run.doc_queries = run.run(doc_queries_spec(run))
+    run.score = run.stage(score_spec(run))
+    run.cluster = run.stage(cluster_spec(run))
+    run.doc_queries = run.stage(doc_queries_spec(run))
     run.drop_lm()  # the generator is not needed from here on
-    run.indexes = {method: run.run(index_spec(run, method)) for method in cfg.indexers}
-    run.bm25 = run.run(bm25_spec(run))
+    run.indexes = {method: run.stage(index_spec(run, method)) for method in cfg.indexers}
+    run.bm25 = run.stage(bm25_spec(run))
     for method in run.indexes:
         for seed in cfg.seeds:
-            train = run.run(train_spec(run, method, int(seed)))
-            ev = run.run(eval_spec(run, method, int(seed), train))
-            run.results.setdefault(method, []).append({"seed": int(seed), **ev.info["metrics"]})
-            run.eval_dirs.setdefault(method, []).append(ev.path)
+            train = run.stage(train_spec(run, method, int(seed)))
+            ev = run.stage(eval_spec(run, method, int(seed), train))
+            finish_retriever(run, method, int(seed), train, ev)
     return _report(run)
 
 
 def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     """Check the settings, load the corpus and read its query splits, all before the run folder changes (a refused
-    run leaves its report and config as they were); then withdraw the previous report and save the config."""
+    run leaves its report and config as they were); then mark the previous report in progress and save the
+    config."""
     from gdr.data import corpus_from_config
 
     check_run(cfg)
@@ -397,8 +433,8 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
                        docs_tsv=cfg.data.get("docs_tsv"))
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
-    if withdraw([pipe.root / n for n in REPORT_FILES]):  # until this run finishes, no report looks current
-        log.info("%s: the previous run's report is withdrawn until this run finishes", pipe.root)
+    if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
+        log.info("%s: the previous run's report is marked in progress until this run replaces it", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
     return RunContext(cfg, corpus, pipe, corpus_signature(cfg, corpus), lm_settings(cfg),
                       _queries_section(cfg, cfg.queries.test_split), t_start, tuple(argv))
@@ -463,7 +499,9 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
         return cluster_headline(result)
 
     settings = {k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"}
-    return StageSpec("cluster", {"score": score.key, "cluster": settings}, build, after=[score])
+    # P is keyed by the documents alone: the labels it is scored against key this stage
+    inputs = {"score": score.key, "labels": hash_strings(run.corpus.labels), "cluster": settings}
+    return StageSpec("cluster", inputs, build, after=[score])
 
 
 def doc_queries_spec(run: RunContext) -> StageSpec | None:
@@ -477,10 +515,10 @@ def doc_queries_spec(run: RunContext) -> StageSpec | None:
         from gdr.stages.doc_queries import sample_doc_queries
         from gdr.stages.settings import SampleSettings
 
-        sub = _with(cfg, out=str(folder), sample={"per_doc": int(dq.per_doc), "seed": int(dq.seed),
-                                                   "batch_size": dq.batch_size, "max_new_tokens": int(dq.max_new_tokens),
-                                                   "top_k": int(dq.top_k), "top_p": float(dq.top_p),
-                                                   "temperature": float(dq.temperature)})
+        sample = {"per_doc": int(dq.per_doc), "seed": int(dq.seed), "batch_size": dq.batch_size,
+                  "max_new_tokens": int(dq.max_new_tokens), "top_k": int(dq.top_k), "top_p": float(dq.top_p),
+                  "temperature": float(dq.temperature)}
+        sub = _with(cfg, out=str(folder), sample=sample)
         save_config(sub, folder, "sample.config.yaml")
         settings = SampleSettings.from_dict(to_container(sub.sample))
         _drop_damaged_doc_queries(folder)
@@ -593,44 +631,96 @@ def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
             f"the documents' own text only: `{name}` has no {split} queries and there are no generated queries")
 
 
-def _report(run: RunContext) -> dict:
-    """The run's report (report.md, report.png, report.json) over the stages and retrievers finished so far."""
-    from gdr.stages.report import write_report
+def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord, ev: StageRecord) -> None:
+    """Take in one finished retriever: its test figures join the run's, a line in ``retrievers.jsonl`` (once per
+    evaluation folder) keeps them, and the report is rewritten over the retrievers finished so far, marked
+    partial, so a run cut short (a lease that ends) leaves what it finished."""
+    run.results.setdefault(method, []).append({"seed": seed, **ev.info["metrics"]})
+    run.eval_dirs.setdefault(method, []).append(ev.path)
+    path = run.pipe.root / RETRIEVERS_FILE
+    listed = {json.loads(line)["eval"] for line in path.read_text().splitlines() if line.strip()} \
+        if path.exists() else set()
+    if ev.path.name not in listed:
+        line = {"indexer": method, "seed": seed, "train": train.path.name, "eval": ev.path.name,
+                "train_seconds": train.seconds, "eval_seconds": ev.seconds,
+                "best_val_recall1": train.info.get("best_val_recall1"), "metrics": ev.info["metrics"]}
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line, default=str) + "\n")
+    done, total = sum(map(len, run.results.values())), len(run.indexes) * len(run.cfg.seeds)
+    if done < total:
+        _report(run, partial={"retrievers_done": done, "retrievers": total})
 
+
+def _command(argv: Sequence[str]) -> str:
+    return "gdr run " + " ".join(shlex.quote(a) for a in argv)
+
+
+def _report(run: RunContext, partial: dict | None = None) -> dict:
+    """The run's report (report.md, report.png, report.json) over the stages and retrievers finished so far;
+    ``partial``: how many of the run's retrievers those are, while some are still to come."""
     cfg = run.cfg
     seconds = round(time.perf_counter() - run.t_start, 1)
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
-    command = "gdr run " + " ".join(shlex.quote(a) for a in run.argv)
-    return write_report(to_container(cfg), command, run.pipe.root, run.pipe.records, len(run.corpus), run.results,
-                        {m: r.info for m, r in run.indexes.items()},
+    return write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
+                        run.results, {m: r.info for m, r in run.indexes.items()},
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),
-                        trained_on=trained_on(cfg, run.corpus, run.uses_generated))
+                        trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
-    """What identifies the corpus in stage keys: its config and hashes of its ids and model inputs."""
-    return {"data": to_container(cfg.data), "doc_ids": hash_strings(corpus.doc_ids),
-            "texts": hash_strings(corpus.model_inputs()), "n_docs": len(corpus)}
+    """What identifies the corpus in the keys of the stages that read its labels, queries or files too (index,
+    bm25, train): its config and :func:`documents_signature`."""
+    return {"data": to_container(cfg.data), **documents_signature(corpus)}
+
+
+def documents_signature(corpus) -> dict:
+    """What identifies the documents in the keys of the stages that read nothing else of the corpus (sampling,
+    scoring): hashes of their ids and of the texts the LM reads, never where they were loaded from."""
+    return {"doc_ids": hash_strings(corpus.doc_ids), "texts": hash_strings(corpus.model_inputs()),
+            "n_docs": len(corpus)}
 
 
 def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
-    """The inputs that key the score stage (sampled queries and P)."""
-    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "sample": _unbatched(cfg.sample),
-            "sampler": _sampler(), "score": _score_key(cfg.score)}
+    """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
+    :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings and
+    the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings."""
+    return {"documents": _documents(corpus_sig), "lm": to_container(cfg.model), "sample": _unbatched(cfg.sample),
+            "sampler": _sampler(), "score": _score_key(cfg.score), "device": device_key(cfg, scoring=True)}
+
+
+def _documents(corpus_sig: dict) -> dict:
+    return {k: corpus_sig[k] for k in ("doc_ids", "texts", "n_docs") if k in corpus_sig}
 
 
 def _score_key(section: DictConfig) -> dict:
-    """The score section as it keys the stage; ``compute_dtype: auto`` (what every older run used) is left out,
-    so that older score stages stay reusable."""
-    return {k: v for k, v in _keyed(to_container(section)).items() if not (k == "compute_dtype" and v == "auto")}
+    """The score section as it keys the stage; the compute dtype keys it as resolved (:func:`device_key`)."""
+    return {k: v for k, v in _keyed(to_container(section)).items() if k != "compute_dtype"}
+
+
+def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
+    """What of the machine decides sampled queries and P: the device kind the LM runs on (CUDA decodes a bf16
+    copy, the CPU fp32) and, for scoring, the dtype its passes compute in (``score.compute_dtype`` resolved
+    for that device, :func:`gdr.lm.scoring.score_compute_dtype`)."""
+    import torch
+
+    from gdr.lm.scoring import score_compute_dtype
+
+    device = str(cfg.get("device") or "auto")
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
+    out = {"kind": kind}
+    if scoring:
+        dtype = score_compute_dtype(str(cfg.score.get("compute_dtype", "auto")), torch.device(kind))
+        out["compute_dtype"] = str(dtype).removeprefix("torch.")
+    return out
 
 
 def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
-    """The inputs that key the doc-queries stage (generated training queries, with their own decoding)."""
-    return {"corpus": corpus_sig, "lm": to_container(cfg.model), "doc_queries": _unbatched(cfg.doc_queries),
-            "sampler": _sampler()}
+    """The inputs that key the doc-queries stage (generated training queries, with their own decoding): as
+    :func:`score_inputs`, the documents, the LM, the decoding settings and the device kind."""
+    return {"documents": _documents(corpus_sig), "lm": to_container(cfg.model),
+            "doc_queries": _unbatched(cfg.doc_queries), "sampler": _sampler(), "device": device_key(cfg)}
 
 
 def _sampler() -> str:

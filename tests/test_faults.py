@@ -336,9 +336,9 @@ def _last_line(err: str) -> str:
 
 
 def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished, tmp_path, capsys, caplog):
-    """Issue 23, 1: SIGTERM while `gdr run` trains (a scheduler's preemption) exited 0, said nothing and left
-    the previous report.json. Now: exit 143 within seconds, one line naming the stage, last.ckpt written at
-    the batch the signal came in, no report.json; the rerun resumes from that checkpoint to the same result."""
+    """SIGTERM while `gdr run` trains (a scheduler's preemption): exit 143 within seconds, one line naming the
+    stage, last.ckpt written at the batch the signal came in, the previous report kept but marked in progress
+    (never looking current); the rerun resumes from that checkpoint to the same result."""
     root, folder, ref, head = finished
     out = tmp_path / "run"
     shutil.copytree(ref, out)
@@ -349,7 +349,9 @@ def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished
                                "resume"), err[-2000:]
     assert "Traceback" not in err
     assert seconds < 8, seconds  # at the next batch end, not after the 10 s grace period
-    assert not (out / "report.json").exists() and not (out / "report.md").exists()
+    kept = json.loads((out / "report.json").read_text())
+    assert kept["in_progress"]["command"].startswith("gdr run ") and kept["retrieval"]
+    assert (out / "report.md").read_text().startswith("> **In progress since")
     (train,) = [p for p in out.glob("train-gc-s0-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
     last = train / "checkpoints" / "last.ckpt"
     saved = re.search(rf"stopping on SIGTERM: resume point {re.escape(str(last))} \(step (\d+)\)", err)

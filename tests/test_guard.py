@@ -370,7 +370,8 @@ def test_a_full_disk_is_found_by_the_probe(tmp_path, capsys, monkeypatch, nothin
 
 def test_a_full_disk_later_is_one_line_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch):
     """ENOSPC while writing outputs after the early check: one line naming the folder, exit 2, no
-    traceback, and no half-written file (the atomic writes leave the old state)."""
+    traceback, and no half-written file (the atomic writes leave the old state; the folder the command made
+    for them, left empty, is removed)."""
     import gdr.io
 
     docs = tmp_path / "docs.jsonl"
@@ -390,7 +391,8 @@ def test_a_full_disk_later_is_one_line_and_leaves_nothing_half_written(tmp_path,
                              "progress=false", f"out={out}"])
     assert line.startswith(f"gdr index: error: cannot write into out={out} (no space left on the device); "
                            "free space on that disk or choose another out="), line
-    assert sorted(p.name for p in out.iterdir()) == [guard.LOCK_FILE]  # no .tmp, no torn tree.json
+    # no .tmp, no torn tree.json: the folder the command made holds nothing, so it is gone with its lock
+    assert not out.exists()
 
 
 def test_a_p_matrix_that_does_not_fit_is_one_line_not_sigbus(toy, tmp_path, capsys, monkeypatch):
@@ -425,24 +427,21 @@ def test_permission_error_later_names_the_file(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- reports
-def _report_args(tmp_path, plot: bool, recall: float):
-    from gdr.pipeline import Pipeline, StageRecord
-    from gdr.config import load_config
+def _write_report(tmp_path, plot: bool, recall: float) -> dict:
+    """The report stage's write of a one-retriever run into ``tmp_path``."""
+    from gdr.config import load_config, to_container
+    from gdr.stages.report import write_report
 
     cfg = load_config("run", ["data=r5", f"out={tmp_path}", f"plot={str(plot).lower()}"])
-    pipe = Pipeline(tmp_path)
-    idx = StageRecord("index-gc", tmp_path / "index-gc-x", "x", 1.0, False,
-                      {"depth_max": 2, "depth_mean": 1.5, "largest_child_frac_mean": 0.5})
+    index = {"depth_max": 2, "depth_mean": 1.5, "largest_child_frac_mean": 0.5}
     rows = [{"seed": 0, "recall@1": recall, "recall@10": 0.8, "recall@100": 1.0, "mrr@100": 0.6, "n_queries": 9}]
-    return cfg, [], pipe, list(range(7)), {"gc": rows}, {"gc": idx}, None, None, 1.0
+    return write_report(to_container(cfg), "gdr run", tmp_path, [], 7, {"gc": rows}, {"gc": index}, None, None, 1.0)
 
 
 def test_report_files_are_replaced_together(tmp_path, monkeypatch):
     """Reproduction 6: a write that fails part way left report.md new and report.json old. Now all three
     are written to temp names first; a failure (here: the plot, on a full disk) leaves the old set whole."""
-    from gdr import pipeline as run
-
-    run._report(*_report_args(tmp_path, True, 0.5))
+    _write_report(tmp_path, True, 0.5)
     names = ("report.md", "report.png", "report.json")
     before = {n: (tmp_path / n).read_bytes() for n in names}
     assert json.loads(before["report.json"])["retrieval"]["gc"]["recall@1"] == 50.0
@@ -455,11 +454,11 @@ def test_report_files_are_replaced_together(tmp_path, monkeypatch):
 
     monkeypatch.setattr(report, "_plot", full)
     with pytest.raises(OSError):
-        run._report(*_report_args(tmp_path, True, 0.25))
+        _write_report(tmp_path, True, 0.25)
     assert {n: (tmp_path / n).read_bytes() for n in names} == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     monkeypatch.undo()
-    run._report(*_report_args(tmp_path, True, 0.25))  # a good write replaces all three
+    _write_report(tmp_path, True, 0.25)  # a good write replaces all three
     after = {n: (tmp_path / n).read_bytes() for n in names}
     assert json.loads(after["report.json"])["retrieval"]["gc"]["recall@1"] == 25.0
     assert "| gc | 25.0 |" in after["report.md"].decode() and after["report.png"] != before["report.png"]

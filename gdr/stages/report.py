@@ -3,6 +3,7 @@ and the one JSON line (:func:`headline`) that ``gdr run`` prints last."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -11,7 +12,8 @@ import numpy as np
 from eval.compare import metric_name
 from gdr.guard import replace_together
 
-__all__ = ["write_report", "headline", "cluster_headline", "METRICS", "metric_label", "query_set_name"]
+__all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "metric_label",
+           "query_set_name"]
 
 # the keys of the evaluation rows: ``recall@k`` is Success@k (hit@k), ``R@k`` recall, ``mrr@100`` RR@100
 METRICS = ("recall@1", "recall@10", "recall@100", "R@10", "R@100", "mrr@100")
@@ -108,7 +110,7 @@ def query_set_name(settings: dict, corpus_name: str) -> str:
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
-                 trained_on: str | None = None) -> dict:
+                 trained_on: str | None = None, partial: dict | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -118,7 +120,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
     each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`); ``corpus_name``:
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
-    retrievers learnt from, in words (default: the ``queries.train_split``)."""
+    retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
+    to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
+    says so."""
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
@@ -131,11 +135,15 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
     queries_name = query_set_name(cfg, corpus_name)
     lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
-             f"Command: `{command}`", "",
-             f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
-             f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
-             f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
-             f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
+             f"Command: `{command}`", ""]
+    if partial:
+        lines += [f"**Partial: {partial['retrievers_done']} of {partial['retrievers']} retrievers finished; every "
+                  "figure below (means, intervals, tests) is over those. The run goes on, or resumes with the same "
+                  "command.**", ""]
+    lines += [f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
+              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
+              f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
+              f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
     if said:
         lines += [f"**{said}**", ""]
     if cfg['queries']['name'] == "titles":
@@ -152,31 +160,21 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                   "test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
                   "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster is not None:
-        c = cluster
-        lines += ["## Flat clustering against the labels", "",
-                  f"K = number of labels, mean over {cfg['cluster']['repeats']} repeats of "
-                  f"best-of-{cfg['cluster']['n_init']} "
-                  f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
-                  f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
-                  "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
-        for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
-                          ("embedding_kmeans", f"k-means on {cfg['cluster']['embed_model']}")):
-            if f"{key}_ari" in c:
-                lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
-        lines.append("")
-    lines += ["## Stages", "", "| stage | folder | seconds | |", "|---|---|---|---|"]
-    for r in records:
-        lines.append(f"| {r.name} | `{r.path.name}` | {r.seconds:.1f} | {'reused' if r.reused else 'ran'} |")
+        lines += _cluster_lines(cfg["cluster"], cluster)
+    stages = _stage_rows(records)
+    lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
+              "apart.", "", "| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | {s['last_seconds']:.1f} | {s['attempts']} | "
+              f"{'reused' if s['reused'] else 'ran'} |" for s in stages]
     lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
-    report = {"command": command, "seconds": seconds, "corpus": corpus_name, "n_docs": n_docs,
+    report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
               "retrieval": summary,
               "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
               "queries": queries_name,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
-              "stages": [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "reused": r.reused}
-                         for r in records]}
+              "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
     # unwritable) leaves the old report whole, and the three never disagree
     files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
@@ -187,6 +185,49 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def _cluster_lines(settings: dict, c: dict) -> list[str]:
+    """The report's section on the flat clustering against the labels (``settings``: the run's ``cluster``
+    section; ``c``: :func:`cluster_headline`)."""
+    lines = ["## Flat clustering against the labels", "",
+             f"K = number of labels, mean over {settings['repeats']} repeats of best-of-{settings['n_init']} "
+             f"(ARI in %). GC's largest cluster holds {100 * c.get('gc_largest_cluster_share', 0):.1f}% of "
+             f"the documents (sizes {c.get('gc_cluster_sizes')}).", "",
+             "| method | ACC | NMI | ARI |", "|---|---|---|---|"]
+    for key, name in (("gc", "GC"), ("logp_kmeans", "k-means on log P"), ("tfidf_kmeans", "k-means on tf-idf"),
+                      ("embedding_kmeans", f"k-means on {settings['embed_model']}")):
+        if f"{key}_ari" in c:
+            lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
+    return lines + [""]
+
+
+def _stage_rows(records: Sequence) -> list[dict]:
+    """One row per stage: seconds over every attempt, the last attempt apart, and whether it was reused."""
+    return [{"name": r.name, "folder": r.path.name, "seconds": r.seconds,
+             "last_seconds": r.seconds if r.last_seconds is None else r.last_seconds, "attempts": r.attempts,
+             "reused": r.reused} for r in records]
+
+
+def mark_in_progress(root: Path, command: str) -> bool:
+    """Mark the report of an earlier run in ``root`` as the previous one while a new run is in progress: kept
+    (an interrupted run leaves it) until the new run's own report replaces it. Returns whether there was one."""
+    path = root / "report.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    report["in_progress"] = {"since": since, "command": command}
+    note = (f"> **In progress since {since}** (`{command}`): this is the report of the previous run of this folder, "
+            "kept until this run's own replaces it.\n\n")
+    md = root / "report.md"
+    old_md = md.read_text(encoding="utf-8") if md.exists() else ""
+    old_md = old_md.split("\n\n", 1)[1] if old_md.startswith("> **In progress since") else old_md
+    replace_together({md: lambda p: p.write_text(note + old_md, encoding="utf-8"),
+                      path: lambda p: p.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str)
+                                                   + "\n", encoding="utf-8")})
+    return True
 
 
 def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | None = None) -> None:

@@ -1,0 +1,89 @@
+"""The BBC comparison (`+experiment=bbc`) rehearsed on the CPU, scaled down by overrides alone, through the code a
+GPU run takes: a run cut after its third retriever keeps a partial report (means and paired intervals over what
+finished) and one figures line per finished retriever; the run folder copied elsewhere resumes there without
+recomputing anything that finished."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gdr.pipeline
+from gdr.cli import main
+from tiny_models import tiny_llama
+
+SCALED = ["data.n_docs=40", "sample.n_queries=16", "sample.batch_size=16", "sample.max_new_tokens=4",
+          "model.max_doc_tokens=32", "doc_queries.per_doc=1", "doc_queries.max_new_tokens=4",
+          "indexers=[gc,hkmi,random]", "seeds=[0,1]", "index.n_clusters=4", "index.leaf_size=4",
+          "index.gc.n_init=1", "index.gc.n_init_inner=1", "cluster.repeats=1", "cluster.n_init=1",
+          "cluster.embed_model=null", "train.model.size=tiny", "train.trainer.max_steps=2",
+          "train.trainer.min_steps=0", "train.trainer.batch_size=32", "train.trainer.val_check_interval=null",
+          "train.trainer.check_val_every_n_epoch=50",
+          "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false", "train.trainer.val_beam=4",
+          "train.trainer.num_sanity_val_steps=0", "train.optim.warmup_steps=1", "evaluate.k=10", "evaluate.beam=10",
+          "progress=false", "threads=1", "plot=false", "device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def lm_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bbc-lm") / "tiny-llama"
+    lm = tiny_llama()
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return path
+
+
+def _args(lm_path: Path, out: Path) -> list[str]:
+    return ["run", "+experiment=bbc", f"model.name={lm_path}", *SCALED, f"out={out}"]
+
+
+def _stages(out: Path) -> dict[str, dict]:
+    return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
+
+
+def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "lease1"
+    real = gdr.pipeline.train_spec
+
+    def cut_after_the_third(run, method, seed):  # the lease ends while the fourth retriever trains
+        spec = real(run, method, seed)
+        if sum(map(len, run.results.values())) == 3:
+            def stopped(folder):
+                raise KeyboardInterrupt
+            spec.build = stopped
+        return spec
+
+    monkeypatch.setattr(gdr.pipeline, "train_spec", cut_after_the_third)
+    assert main(_args(lm_path, out)) == 130
+    monkeypatch.undo()
+    report = json.loads((out / "report.json").read_text())
+    assert report["partial"] == {"retrievers_done": 3, "retrievers": 6}
+    assert report["retrieval"]["gc"] and report["retrieval"]["hkmi"] and "random" not in report["retrieval"]
+    assert {(c["a"], c["b"]) for c in report["comparisons"]} >= {("gc", "hkmi")}  # intervals over what finished
+    assert (out / "report.md").read_text().count("**Partial: 3 of 6 retrievers finished") == 1
+    lines = [json.loads(x) for x in (out / "retrievers.jsonl").read_text().splitlines()]
+    assert [(x["indexer"], x["seed"]) for x in lines] == [("gc", 0), ("gc", 1), ("hkmi", 0)]
+    assert all(0 <= x["metrics"]["recall@1"] <= 1 for x in lines)
+    stopped = json.loads(next(out.glob("train-hkmi-s1-*/stage.json")).read_text())
+    assert stopped["status"] == "running" and len(stopped["attempts"]) == 1
+
+    # the second lease: the folder carried elsewhere, the same command there
+    copy = tmp_path / "lease2"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".gdr.lock"))
+    capsys.readouterr()
+    assert main(_args(lm_path, copy)) == 0
+    stages = _stages(copy)
+    finished_first = {"score", "cluster", "doc-queries", "index-gc", "index-hkmi", "index-random", "bm25",
+                      "train-gc-s0", "eval-gc-s0", "train-gc-s1", "eval-gc-s1", "train-hkmi-s0", "eval-hkmi-s0"}
+    assert {n for n, s in stages.items() if s["reused"]} == finished_first
+    assert stages["train-hkmi-s1"]["attempts"] == 2  # the stopped attempt counts in its seconds
+    report = json.loads((copy / "report.json").read_text())
+    assert report["partial"] is None and set(report["retrieval"]) == {"gc", "hkmi", "random"}
+    assert [(x["indexer"], x["seed"]) for x in map(json.loads, (copy / "retrievers.jsonl").read_text().splitlines())] \
+        == [("gc", 0), ("gc", 1), ("hkmi", 0), ("hkmi", 1), ("random", 0), ("random", 1)]
+    assert "Partial" not in (copy / "report.md").read_text()
+
+    assert main(_args(lm_path, copy)) == 0  # and once more: nothing left to compute
+    assert all(s["reused"] for s in _stages(copy).values())

@@ -1,0 +1,105 @@
+"""P (the score stage) and the generated queries are keyed by the documents, the LM, the sampling and scoring settings
+and the device, never by where the files lie or which queries judge them: moving every input file, adding a train
+split, or handing the same documents over as a DataFrame reuses them."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import gdr
+from gdr.cli import main
+from tiny_models import tiny_llama
+
+TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A saved tiny causal LM and 20 documents with 20 judged queries as files (jsonl documents and queries, a
+    test.tsv of judgements)."""
+    root = tmp_path_factory.mktemp("reuse")
+    lm = tiny_llama()
+    lm.model.save_pretrained(root / "tiny-llama")
+    lm.tokenizer.save_pretrained(root / "tiny-llama")
+    a = root / "a"
+    a.mkdir()
+    docs, queries, qrels = [], [], ["query-id\tcorpus-id\tscore"]
+    for i in range(20):
+        t = TOPICS[i % 5].split()
+        docs.append({"id": f"d{i}", "text": f"{' '.join(t)} story number {i} about {t[0]} and {t[-1]} item{i}"})
+        queries.append({"id": f"q{i}", "text": f"{t[0]} item{i}"})
+        qrels.append(f"q{i}\td{i}\t1")
+    (a / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (a / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (a / "test.tsv").write_text("\n".join(qrels[:1] + qrels[1::2]) + "\n")
+    return root, docs, queries, qrels
+
+
+def _settings(root: Path, out: Path) -> list[str]:
+    return [f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24", "sample.n_queries=8",
+            "sample.batch_size=8", "sample.max_new_tokens=4", "doc_queries.per_doc=1", "doc_queries.max_new_tokens=4",
+            "indexers=[gc]", "bm25=false", "index.n_clusters=4", "index.leaf_size=4", "index.gc.n_init=1",
+            "index.gc.n_init_inner=1", "train.model.size=tiny", "train.trainer.max_steps=2",
+            "train.trainer.max_epochs=100", "train.trainer.batch_size=16", "train.trainer.enable_progress_bar=false",
+            "train.trainer.tensorboard=false", "train.trainer.val_beam=4", "train.trainer.check_val_every_n_epoch=50",
+            "train.trainer.num_sanity_val_steps=0", "train.optim.warmup_steps=1", "evaluate.k=10", "evaluate.beam=10",
+            "seeds=[0]", "progress=false", "threads=1", "plot=false", f"out={out}"]
+
+
+def _stages(out: Path) -> dict[str, dict]:
+    return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
+
+
+def _run_files(root: Path, out: Path, docs: Path, queries: Path, qrels: Path) -> dict[str, dict]:
+    """`gdr run data=jsonl` on these files; its stages by name."""
+    assert main(["run", "data=jsonl", f"data.path={docs}", f"data.queries={queries}", f"data.qrels={qrels}",
+                 *_settings(root, out)]) == 0
+    return _stages(out)
+
+
+def test_moved_files_and_a_new_train_split_reuse_p_and_the_generated_queries(files, tmp_path):
+    root, docs, queries, qrels = files
+    out = tmp_path / "run"
+    a = root / "a"
+    first = _run_files(root, out, a / "docs.jsonl", a / "queries.jsonl", a / "test.tsv")
+    assert not first["score"]["reused"] and not first["doc-queries"]["reused"]
+
+    # every file elsewhere under another name, the judgements now a folder with a train split beside the test one
+    b = tmp_path / "elsewhere"
+    (b / "qrels").mkdir(parents=True)
+    shutil.copy(a / "docs.jsonl", b / "documents.jsonl")
+    shutil.copy(a / "queries.jsonl", b / "topics.jsonl")
+    shutil.copy(a / "test.tsv", b / "qrels" / "test.tsv")
+    (b / "qrels" / "train.tsv").write_text("\n".join(qrels[:1] + qrels[2::2]) + "\n")
+    second = _run_files(root, out, b / "documents.jsonl", b / "topics.jsonl", b / "qrels")
+    for name in ("score", "doc-queries"):
+        assert second[name]["reused"] and second[name]["folder"] == first[name]["folder"], name
+    assert not second["train-gc-s0"]["reused"]  # the retriever now learns from the train split: trained anew
+    assert "`train` (10 queries)" in (out / "report.md").read_text()
+
+
+def test_the_same_documents_as_a_dataframe_reuse_p(files, tmp_path):
+    root, docs, queries, qrels = files
+    out = tmp_path / "run"
+    a = root / "a"
+    first = _run_files(root, out, a / "docs.jsonl", a / "queries.jsonl", a / "test.tsv")
+    corpus = gdr.Corpus.from_pandas(pd.DataFrame(docs), name="docs")
+    qs = gdr.QuerySet(name="docs", qids=[q["id"] for q in queries[::2]], texts=[q["text"] for q in queries[::2]],
+                      relevant=[[d["id"]] for d in docs[::2]], splits=["test"] * 10)
+    settings = {}
+    for arg in _settings(root, out):
+        key, value = arg.split("=", 1)
+        node = settings
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    gdr.run(settings, corpus=corpus, queries=qs)
+    second = _stages(out)
+    for name in ("score", "doc-queries"):
+        assert second[name]["reused"] and second[name]["folder"] == first[name]["folder"], name
