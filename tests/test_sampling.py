@@ -294,3 +294,66 @@ def test_gdr_run_keys_the_score_stage_by_sampler_not_batch_size():
     cfg.sample.batch_size = "auto"
     assert score_inputs(cfg, {"n_docs": 3}) == a
     assert a["sampler"] == SAMPLER_VERSION and "batch_size" not in a["sample"]
+
+
+def _killed_after_first_batch(lm, monkeypatch):
+    """``lm.sample_queries`` dies after its first checkpoint (as a killed process would)."""
+    orig = lm.sample_queries
+
+    def killed(*args, on_batch=None, **kw):
+        def once(partial):
+            on_batch(partial)
+            raise KeyboardInterrupt
+
+        return orig(*args, on_batch=once, **kw)
+
+    monkeypatch.setattr(lm, "sample_queries", killed)
+
+
+def test_a_folder_decoded_in_bf16_is_not_resumed_or_reused_in_fp32(tmp_path, monkeypatch):
+    """The CUDA decode (a bf16 copy of the weights) run on the CPU through the production path, killed after a
+    batch, then resumed by an fp32 decoder: refused in one line naming both, nothing mixed; finished in bf16,
+    then reused in fp32: refused too."""
+    from gdr.lm.decode import Decoder
+    from gdr.store import Q_PARTIAL
+
+    lm = tiny_llama()
+    lm._decoder = Decoder(lm, dtype=torch.bfloat16)  # what CUDA decodes in
+    kw = dict(n_queries=8, seed=4, batch_size=4, progress=False, **KW)
+    _killed_after_first_batch(lm, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        sample_run(lm, DOCS, DOC_IDS, tmp_path / "a", **kw)
+    monkeypatch.undo()
+    man = json.loads((tmp_path / "a" / "queries.manifest.json").read_text())
+    assert man["numerics"] == {"device": "cpu", "dtype": "bfloat16", "decode": "eager"}
+    partial = (tmp_path / "a" / Q_PARTIAL).read_text()
+    fp32 = tiny_llama()
+    with pytest.raises(FileExistsError, match=r"decoded on cpu, bfloat16, eager decode, this run decodes on cpu, "
+                                              r"float32, eager decode") as e:
+        sample_run(fp32, DOCS, DOC_IDS, tmp_path / "a", **kw)
+    assert "\n" not in str(e.value)
+    assert (tmp_path / "a" / Q_PARTIAL).read_text() == partial  # the bf16 queries are left as they were
+    finished = sample_run(lm, DOCS, DOC_IDS, tmp_path / "a", **kw)  # resumed in bf16: fine
+    assert len(finished) == 8
+    with pytest.raises(FileExistsError, match="decoded on cpu, bfloat16"):
+        sample_run(fp32, DOCS, DOC_IDS, tmp_path / "a", **kw)
+
+
+def test_the_decode_path_is_chosen_for_the_folder_not_for_the_queries_left(tmp_path, monkeypatch):
+    """compile=auto compiles work of at least compile_min_queries queries. A run of 10 (compiled) killed after
+    4 resumes with 6 left: still compiled (the folder's path, recorded as its numerics), not eager. ``auto``
+    compiles only on CUDA: here the CUDA rule is applied on the CPU, the step traced with the eager backend."""
+    from gdr.lm import compiling
+
+    real = compiling.want_compile
+    monkeypatch.setattr(compiling, "want_compile", lambda s, d, n, m="auto": real(s, "cuda", n, m))
+    lm = tiny_llama()
+    lm.decoder().compile_options = dict(backend="eager")
+    kw = dict(n_queries=10, seed=4, batch_size=4, progress=False, compile="auto", compile_min_queries=8, **KW)
+    _killed_after_first_batch(lm, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        sample_run(lm, DOCS, DOC_IDS, tmp_path, **kw)
+    monkeypatch.setattr(lm, "sample_queries", type(lm).sample_queries.__get__(lm))
+    sample_run(lm, DOCS, DOC_IDS, tmp_path, **kw)
+    man = json.loads((tmp_path / "queries.manifest.json").read_text())
+    assert man["numerics"]["decode"] == "compiled" and man["compile_last_call"]["compiled"] is True

@@ -26,6 +26,7 @@ import torch
 
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache, saved_generator
 from gdr.lm.hostsync import upload
+from gdr.lm.numerics import resolve_device
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import CompilerFallbacks, ScoringMixin
 from gdr.models import pretrained_config, resolve_model
@@ -33,12 +34,6 @@ from gdr.models import pretrained_config, resolve_model
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerativeLM"]
-
-
-def _autodevice(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
@@ -62,7 +57,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
         from gdr.validate import check_arguments
 
         check_arguments("GenerativeLM", max_doc_tokens=max_doc_tokens)  # before the model loads
-        self.device = _autodevice(device)
+        self.device = resolve_device(device)
         saved = None
         if isinstance(model, str):
             self.name = model

@@ -34,12 +34,13 @@ from gdr.lm.attention import ATTN_IMPL, FlexFailed, register_attention, set_atte
 from gdr.lm.compat import cache_kwarg
 from gdr.lm.compiling import compile_cache_dir
 from gdr.lm.hostsync import upload
+from gdr.lm.numerics import free_memory, score_compute_dtype
 from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompilerFallbacks", "ScoringCopy", "ScoringMixin", "token_logprobs", "auto_score_sizes", "score_compute_dtype", "CPU_DOC_BATCH_SIZE",
-           "CPU_MAX_QUERY_TOKENS"]
+__all__ = ["CompilerFallbacks", "ScoringCopy", "ScoringMixin", "token_logprobs", "auto_score_sizes",
+           "score_compute_dtype", "CPU_DOC_BATCH_SIZE", "CPU_MAX_QUERY_TOKENS"]
 
 # Measured best on a 2-core CPU (SmolLM2, `python -m gdr.cli.bench.scoring`): one document per pass, the
 # whole query set (up to 2,048 tokens) per chunk.
@@ -164,24 +165,6 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
 
 # ----------------------------------------------------------------------------------------- sizes
-COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
-
-
-def score_compute_dtype(name: str, device: torch.device, own: torch.dtype = torch.float32) -> torch.dtype:
-    """The dtype the scoring passes run in for ``score.compute_dtype`` = ``name``.
-
-    ``auto``: bf16 on CUDA, the model's own dtype (``own``; fp32 as loaded) elsewhere, also on CPUs with native
-    bf16 (1.5-2x faster there, but P would then depend on the CPU's instruction set). On the demo's P, bf16 (rotary
-    frequencies fp32) moved log p by 0.23 nats on average (1.79 at most), kept each document's query order
-    (Spearman >= 0.9993) and GC's ARI within its spread, and changed the GC docids about as much as another seed
-    does (reports/bf16-scoring.md)."""
-    if name not in COMPUTE_DTYPES:
-        raise ValueError(f"score.compute_dtype={name!r}: use {' | '.join(COMPUTE_DTYPES)}")
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else own
-    return getattr(torch, name)
-
-
 def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
                      free_bytes: int | None = None) -> tuple[int, int]:
     """(doc_batch_size, max_query_tokens) for ``score``: on CUDA from free GPU memory, on a CPU the
@@ -205,7 +188,7 @@ def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
     ff = get("intermediate_size", "d_ff", default=4 * d)
     T = 4096
     if free_bytes is None:
-        free_bytes, _ = torch.cuda.mem_get_info(device)
+        free_bytes = free_memory(device)  # the caching allocator emptied first
     tile = T * get("vocab_size", default=32000) * 4 * 2
     kv = 2 * 2 * layers * 2 * kv_heads * head_dim * (prompt_tokens + T)  # K+V, bf16, cache + copy
     act = T * (4 * d + 3 * ff + 2 * heads * head_dim) * 2
