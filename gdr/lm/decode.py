@@ -231,10 +231,10 @@ class Decoder:
         return -(-max(n, floor) // 64) * 64 if self.bucket else n
 
     def _longest_prompt(self) -> int:
-        """Tokens of the prompt of a document cut at ``max_doc_tokens``: the cache length every batch is
-        bucketed to (whatever its longest document), so that the batches of a run share one compiled length."""
+        """The cache length every batch is bucketed to (whatever its longest document), so that the batches of a
+        run share one compiled length: :meth:`gdr.lm.GenerativeLM.longest_prompt_tokens`, computed once."""
         if self._longest is None:
-            self._longest = len(self.lm.prompt_ids([""])[0]) + self.lm.max_doc_tokens
+            self._longest = self.lm.longest_prompt_tokens()
         return self._longest
 
     def _decode_cache(self, key: tuple, make):

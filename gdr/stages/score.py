@@ -36,8 +36,7 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
     bs, mq = settings.doc_batch_size, settings.max_query_tokens
     if "auto" not in (bs, mq):
         return settings
-    longest = len(lm.prompt_ids([""])[0]) + lm.max_doc_tokens  # the prompt of a full-length document
-    auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, longest)
+    auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, lm.longest_prompt_tokens())
     sizes = [auto_bs if bs == "auto" else int(bs), auto_mq if mq == "auto" else int(mq)]
     if dist_info()[1] > 1:
         import torch.distributed as dist

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
     ap.add_argument("--profile", default=None,
-                    help="write a torch.profiler table of one more batch here, if time is left")
+                    help="write (and print) a torch.profiler table of one more batch of the timed path here, "
+                         "if time is left")
     add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -166,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if seconds_left(args) > need:
             prof = profile_table(lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
                                  args.profile, title=title)
+            print(Path(args.profile).read_text(encoding="utf-8"))  # the timed path's profile, as written
         else:
             prof = profile_skipped(args.profile, title, seconds_left(args), need)
     emit(figures(partial=False))
