@@ -13,19 +13,17 @@ import gdr.store as store
 from gdr.data import Corpus
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import read_queries, score_run
-from tiny_models import DOCS, tiny_llama
+from test_pipeline import setup  # noqa: F401 - a fixture
+from tiny_models import DOCS
 
 CORPUS = Corpus(name="toy", doc_ids=[f"d{i}" for i in range(len(DOCS))], texts=list(DOCS))
 SAMPLE = SampleSettings(n_queries=6, batch_size=6, max_new_tokens=5)
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """The tiny causal LM saved as a checkpoint: each scoring process loads it by path."""
-    root = tmp_path_factory.mktemp("workers")
-    lm = tiny_llama()
-    lm.model.save_pretrained(root / "tiny-llama")
-    lm.tokenizer.save_pretrained(root / "tiny-llama")
+def saved(setup):  # noqa: F811 - the fixture
+    """The tiny causal LM saved as a checkpoint (test_pipeline's): each scoring process loads it by path."""
+    root, _ = setup
     return LMSettings(name=str(root / "tiny-llama"), max_doc_tokens=24, device="cpu", threads=1)
 
 
