@@ -3,7 +3,8 @@
 transformers' GGUF path parses the file's metadata once per object it builds (config, model, tokenizer) and
 maps names tensor by tensor; here the header is read once (the token and merge strings are skipped by their
 lengths, not decoded) and each tensor is de-quantised in one numpy expression over all its blocks
-(Q8_0, Q4_1; :func:`gguf.quants.dequantize` for other types). The tokenizer is transformers' (``gguf_file``), read by its own reader.
+(Q8_0, Q4_1; :func:`gguf.quants.dequantize` for other types). The tokenizer is transformers' (``gguf_file``),
+read by its own reader.
 """
 from __future__ import annotations
 

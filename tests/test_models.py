@@ -32,7 +32,8 @@ def test_the_gguf_header_is_read_and_string_arrays_skipped(tmp_path):
     strings = ["a", "bcd", "é"]
     arr = struct.pack("<IQ", 8, len(strings)) + b"".join(struct.pack("<Q", len(x.encode())) + x.encode()
                                                            for x in strings)
-    meta = [("general.architecture", 8, struct.pack("<Q", 5) + b"llama"), ("llama.block_count", 4, struct.pack("<I", 2)),
+    meta = [("general.architecture", 8, struct.pack("<Q", 5) + b"llama"),
+            ("llama.block_count", 4, struct.pack("<I", 2)),
             ("llama.rope.freq_base", 6, struct.pack("<f", 1e5)), ("tokenizer.ggml.tokens", 9, arr),
             ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 7)),
             ("general.ids", 9, struct.pack("<IQ", 5, 3) + struct.pack("<3i", 1, -2, 3))]

@@ -133,9 +133,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                    kernels: ScoringKernels | None = None) -> torch.Tensor:
     """``log_softmax(hidden @ weight.T + bias)[targets]`` without materialising all logits at once.
 
-    Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the vocabulary goes in tiles of
-    ``vocab_chunk`` (all at once when None) with an online logsumexp, and the target logit is picked from
-    the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything after it in
+    Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the
+    vocabulary goes in tiles of ``vocab_chunk`` (all at once when None) with an online logsumexp, and the target
+    logit is picked from the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything after it in
     fp32; in fp32 the result equals ``log_softmax`` + ``gather`` to rounding.
 
     Parameters
