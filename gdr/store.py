@@ -378,6 +378,47 @@ def _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, ma
 _NEWER_KEYS = {"compute_dtype", "device"}
 
 
+def _prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
+               order: np.ndarray, shard_size: int, world: int) -> None:
+    """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
+    keeps the shards before the cut; a broken header re-scores all), drop the markers of damaged shards, and
+    record the doc ids and a running manifest."""
+    p_path, shard_dir = out / P_FILE, out / SHARD_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    old = read_manifest(out, P_MANIFEST)
+    if old is not None:
+        stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
+                 and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
+        if stale:
+            said = [f"{k} {old[k]} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
+                    for k in stale]
+            raise FileExistsError(
+                f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(said)}); "
+                "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
+    problem = None
+    if old is not None and p_path.exists():
+        problem, right_size = _npy_check(p_path, shape, dtype)
+        if problem and right_size is not None:
+            # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
+            # so the shards before the cut keep their work
+            log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
+            os.truncate(p_path, right_size)
+            _reserve(p_path)
+            problem = None
+        elif problem:
+            log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
+    if old is None or not p_path.exists() or problem:
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        for f in shard_dir.glob("*.done"):
+            f.unlink()
+        np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=shape).flush()
+        _reserve(p_path)
+    else:
+        _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
+    atomic_write_json(out / "doc_ids.json", list(doc_ids))
+    write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
+
+
 def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
               out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
@@ -411,39 +452,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     order = np.argsort(prompt_len, kind="stable")
     n_shards = -(-len(order) // shard_size)
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        old = read_manifest(out, P_MANIFEST)
-        if old is not None:
-            stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
-                     and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
-            if stale:
-                said = [f"{k} {old[k]} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
-                        for k in stale]
-                raise FileExistsError(
-                    f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(said)}); "
-                    "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
-        problem = None
-        if old is not None and p_path.exists():
-            problem, right_size = _npy_check(p_path, (len(doc_ids), len(queries)), dtype)
-            if problem and right_size is not None:
-                # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
-                # so the shards before the cut keep their work
-                log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
-                os.truncate(p_path, right_size)
-                _reserve(p_path)
-                problem = None
-            elif problem:
-                log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
-        if old is None or not p_path.exists() or problem:
-            shard_dir.mkdir(parents=True, exist_ok=True)
-            for f in shard_dir.glob("*.done"):
-                f.unlink()
-            np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=(len(doc_ids), len(queries))).flush()
-            _reserve(p_path)
-        else:
-            _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
-        atomic_write_json(out / "doc_ids.json", list(doc_ids))
-        write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
+        _prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world)
     _barrier(world)
 
     P = np.load(p_path, mmap_mode="r+")
