@@ -239,3 +239,17 @@ def test_compiled_scoring_compiles_each_kernel_once_over_ragged_batches(family, 
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs == (2 if family == "llama" else 1), dict(torch._dynamo.utils.counters["stats"])
     np.testing.assert_allclose(got, naive[family], atol=2e-4, rtol=0)
+
+
+def test_auto_sizes_read_free_memory_after_emptying_the_cache(monkeypatch, llama):
+    """The caching allocator's blocks (earlier models, batches, graph pools) count as used in mem_get_info: an
+    auto size is read after emptying it, for scoring and for sampling alike, so a later stage of a run does not
+    size itself smaller than the first. (CUDA's two calls recorded on the CPU.)"""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: calls.append("read") or (8 << 30, 80 << 30))
+    bs, mq = auto_score_sizes(llama.model, torch.device("cuda"), 100)
+    assert calls == ["empty", "read"] and bs >= 1 and mq == 4096
+    calls.clear()
+    monkeypatch.setattr(llama, "device", torch.device("cuda"))
+    assert llama.auto_batch_size(8) >= 1 and calls == ["empty", "read"]
