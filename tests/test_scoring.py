@@ -253,3 +253,19 @@ def test_auto_sizes_read_free_memory_after_emptying_the_cache(monkeypatch, llama
     calls.clear()
     monkeypatch.setattr(llama, "device", torch.device("cuda"))
     assert llama.auto_batch_size(8) >= 1 and calls == ["empty", "read"]
+
+
+def test_the_block_mask_allows_what_the_dense_mask_allows(llama):
+    """The block mask's one-load rule (a query token sees its query's contiguous run up to itself, and its
+    document's prompt) allows exactly the pairs the dense additive mask allows, padding query included."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    q_ids = llama.query_ids(RAGGED_QUERIES)
+    _, chunks = llama._pack_causal(q_ids, 64, flex=True)
+    _, _, packed = chunks[0]
+    qid, off = packed[2], packed[3]
+    plen, Lp, T = torch.tensor([5, 9, 7]), 9, packed.shape[1]
+    block = llama._block_mask(plen, Lp, off)
+    allowed = create_mask(block.mask_mod, 3, 1, T, Lp + T, device="cpu")  # (B, 1, T, Lp + T)
+    dense = llama._dense_mask(plen, Lp, qid, off, torch.float32) == 0
+    assert torch.equal(allowed, dense) and T % 128 == 0 and 0 < dense.sum() < dense.numel()

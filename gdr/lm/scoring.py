@@ -408,7 +408,7 @@ class ScoringMixin:
             inp, tgt, qid, off = packed  # (T,) each
             T, Q = packed.shape[1], c1 - c0
             if flex:
-                mask = self._block_mask(plen, Lp, qid, off)
+                mask = self._block_mask(plen, Lp, off)
             else:
                 mask = self._dense_mask(plen, Lp, qid, off, h.dtype)
             pos = plen[:, None] + off[None, :]  # (B, T)
@@ -439,18 +439,22 @@ class ScoringMixin:
         return torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
     @staticmethod
-    def _block_mask(plen, Lp, qid, off):
-        """The same pattern as :meth:`_dense_mask` as a flex-attention ``BlockMask`` over (B, T, Lp + T)."""
+    def _block_mask(plen, Lp, off):
+        """The same pattern as :meth:`_dense_mask` as a flex-attention ``BlockMask`` over (B, T, Lp + T).
+
+        A chunk's queries are packed one after another, so the keys a query token sees in the chunk are the
+        contiguous run from its query's first token (``q_idx - off[q_idx]``) to itself: one load per row
+        (``off[q_idx]``) where comparing the query ids and offsets of both sides took four."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        B, T, dev = plen.shape[0], qid.shape[0], qid.device
+        B, T, dev = plen.shape[0], off.shape[0], off.device
         # a tensor, not a Python int: no recompile per prompt length; filled on the device, not uploaded
         n_prompt = torch.full((), Lp, dtype=torch.long, device=dev)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            kq = (kv_idx - n_prompt).clamp(min=0)  # index of a query key in the packed chunk
-            prompt = (kv_idx < n_prompt) & (kv_idx < plen[b])
-            own = (kv_idx >= n_prompt) & (qid[kq] == qid[q_idx]) & (off[kq] <= off[q_idx])
+            kq = kv_idx - n_prompt  # index of a query key in the packed chunk (negative: a prompt key)
+            prompt = (kq < 0) & (kv_idx < plen[b])
+            own = (kq >= q_idx - off[q_idx]) & (kq <= q_idx)
             return prompt | own
 
         if dev.type == "cuda":
