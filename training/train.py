@@ -372,12 +372,14 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
     best_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
         auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
+        save_on_train_epoch_end=False,  # at each validation's end, before a stop's resume point (StopOnSignal)
     ) if has_dev else None
     recorder = LossRecorder()
-    # best before last: last.ckpt then carries the best-checkpoint callback's updated state
-    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder,
-                 pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
-                 StopOnSignal(ckpt_dir / "last.ckpt"), *extra]
+    stop = StopOnSignal(ckpt_dir / "last.ckpt")
+    # best before last: last.ckpt then carries the best-checkpoint callback's updated state; the stop's resume
+    # point after both (Lightning runs checkpoint callbacks last, in this order), its raise before every callback
+    callbacks = [stop.first, *([best_ckpt] if best_ckpt else []), last_ckpt, stop, recorder,
+                 pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(), *extra]
     if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     stopping = _early_stopping(t, run, len(data.examples.train)) if has_dev else None
@@ -514,7 +516,7 @@ def train(
     module = _build_module(data, run, t, seed)
     trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
     ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)
-    with signals.deferred():  # a signal stops at the next batch end, after writing last.ckpt (StopOnSignal)
+    with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
