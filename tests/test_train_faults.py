@@ -99,6 +99,26 @@ def test_min_steps_above_max_steps_is_refused(toy, tmp_path, capsys):
         gdr.TrainSettings.merged(trainer={"max_steps": 3, "min_steps": 9})
 
 
+def test_a_finished_training_rerun_is_reused_with_its_dev_score(toy, tmp_path, caplog):
+    """A run that validates only at its end (check_val_every_n_epoch above its epochs), rerun with the same
+    command: reused as it is, with its dev score, its model untouched and no second fit (no logs/version_1)."""
+    out = tmp_path / "run"
+    args = _args(toy, out, "trainer.max_steps=7", "trainer.check_val_every_n_epoch=50")
+    assert main(args) == 0
+    first = json.loads((out / "manifest.json").read_text())
+    assert first["best_val_recall1"] is not None and first["batch_size"] == 16
+    model = file_digest(out / "model" / "model.pt")
+    with caplog.at_level(logging.INFO):
+        assert main(args) == 0
+    again = json.loads((out / "manifest.json").read_text())
+    assert (again["best_val_recall1"], again["best_checkpoint"], again["global_step"]) == \
+        (first["best_val_recall1"], first["best_checkpoint"], 7)
+    assert file_digest(out / "model" / "model.pt") == model and not (out / "logs" / "version_1").exists()
+    assert "a finished training on these inputs and settings (step 7" in caplog.text
+    assert main(_args(toy, out, "trainer.max_steps=9", "trainer.check_val_every_n_epoch=50")) == 0  # more steps
+    assert json.loads((out / "manifest.json").read_text())["global_step"] == 9
+
+
 # ----------------------------------------------------------------------------------- a folder of another training
 @pytest.mark.parametrize("change,named", [
     ({"docids": "rotated.tsv"}, "docids ("),  # the issue's case: the same codes, the ids rotated

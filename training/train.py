@@ -225,6 +225,7 @@ class TrainResult:
     n_params: dict[str, int]
     global_step: int
     losses: list[float] = field(default_factory=list, repr=False)
+    batch_size: int | None = None  # examples per optimiser step, as resolved (``trainer.batch_size: auto``)
 
 
 @dataclass
@@ -523,4 +524,4 @@ def train(
     if trainer.is_global_zero:
         score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
-                       global_step, recorder.losses)
+                       global_step, recorder.losses, run.batch_size)
