@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -259,6 +260,25 @@ def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp
     assert main(args) == 0
     man = json.loads((out / "manifest.json").read_text())
     assert all(_loads(p) for p in (out / "checkpoints").glob("*.ckpt")) and _loads(Path(man["best_checkpoint"]))
+
+
+def test_a_full_disk_inside_a_checkpoint_write_is_one_line_with_the_space_needed(toy, tmp_path, capsys, monkeypatch):
+    """The disk fills up while torch writes a checkpoint: torch raises a RuntimeError (`enforce fail at
+    inline_container.cc`) from the OSError, which gave a 77-line traceback and exit 1."""
+    from test_disk_full import fill_disk_for
+
+    out = tmp_path / "run"
+    args = _args(toy, out, "trainer.max_steps=6")
+    with monkeypatch.context() as m:
+        fill_disk_for(m, ".ckpt.")  # the temporary file of each checkpoint write
+        assert main(args) == 2
+    line = _one_line(capsys)
+    assert re.fullmatch(rf"gdr train: error: cannot write {re.escape(str(out))}/checkpoints/\S+\.ckpt \(no space left "
+                        r"on the device: it needs [\d.]+ (KiB|MiB), [\d.]+ \w+ free\); free space on that disk or "
+                        r"choose another out_dir= on a disk with room, then rerun the same command to resume", line), line
+    assert not list((out / "checkpoints").glob("*.ckpt")) and not list((out / "checkpoints").glob(".*.tmp"))
+    assert main(args) == 0
+    assert _loads(Path(json.loads((out / "manifest.json").read_text())["best_checkpoint"]))
 
 
 # ----------------------------------------------------------------------------------- one writer per folder
