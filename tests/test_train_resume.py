@@ -84,3 +84,26 @@ def test_a_training_stopped_at_any_step_twice_resumes_to_the_unbroken_run(tmp_pa
         assert os.path.basename(res.best_checkpoint) == os.path.basename(full.best_checkpoint), k
         assert file_digest(out / "model" / "model.pt") == file_digest(tmp_path / "full" / "model" / "model.pt"), k
         assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == full.global_step
+
+
+def test_each_validation_logs_one_line_to_watch_the_run_by(tmp_path, word_tokenizer, caplog):  # noqa: F811
+    import logging
+    import re
+
+    with caplog.at_level(logging.INFO, logger="training.callbacks"):
+        res = _fit(tmp_path / "run", word_tokenizer, RUNS["validated each epoch, early stopped"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "training.callbacks"]
+    rows = _rows(tmp_path / "run")
+    vals = [r for r in rows if "val/mrr" in r]
+    loss_at = {r["step"]: float(r["train/loss"]) for r in rows if "train/loss" in r}
+    assert len(lines) == len(vals) == 3, lines
+    best = 0.0
+    for line, row in zip(lines, vals):
+        m = re.fullmatch(r"step (\d+) \(epoch (\d+)\): train loss (\d\.\d{4}), val/mrr (\d\.\d{4}) \(best (\d\.\d{4})\), "
+                         r"([\d,]+) examples/s, ETA \d+:\d\d:\d\d", line)
+        assert m, line
+        best = max(best, float(row["val/mrr"]))
+        assert int(m[1]) == int(row["step"]) + 1 and m[2] == row["epoch"], (line, row)
+        assert (float(m[4]), float(m[5])) == (round(float(row["val/mrr"]), 4), round(best, 4)), (line, row)
+        assert float(m[3]) == round(loss_at[row["step"]], 4) and int(m[6].replace(",", "")) > 0
+    assert float(lines[-1].split("(best ")[1][:6]) == round(res.best_val_recall1, 4)

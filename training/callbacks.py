@@ -3,7 +3,9 @@ keep the training losses."""
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -14,7 +16,7 @@ from gdr.guard import die_with_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "validates_next"]
+__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "ValidationLog", "validates_next"]
 
 
 class DiesWithParent(pl.Callback):
@@ -37,10 +39,12 @@ class StopOnSignal(pl.callbacks.Checkpoint):
     signal comes): then it is the end of that validation, so the resumed run neither skips it (Lightning skips a
     validation due right after a batch-end checkpoint) nor repeats it. Lightning runs checkpoint callbacks after
     all others, so this one writes after early stopping and the best checkpoint callback (which writes at the
-    validation's end, never at the epoch's end: see ``training.train``) have seen the batch or the validation. After a batch-end checkpoint the stop is raised at the next batch start or epoch
-    end by :attr:`first` (a callback the Trainer runs before the others), once Lightning has logged the batch
-    and before another callback logs the next: every row of ``metrics.csv`` is written once across the stop.
-    Only the process that built the Trainer saves and stops.
+    validation's end, never at the epoch's end: see ``training.train``) have seen the batch or the validation;
+    an early stop decided there is kept in the checkpoint, as Lightning keeps no such flag. After a batch-end
+    checkpoint the stop is raised at the next batch start or epoch end by :attr:`first` (a callback the Trainer
+    runs before the others), once Lightning has logged the batch and before another callback logs the next:
+    every row of ``metrics.csv`` is written once across the stop. Only the process that built the Trainer
+    saves and stops.
     """
 
     def __init__(self, last: Path) -> None:
@@ -147,3 +151,49 @@ class LossRecorder(pl.Callback):
     def losses(self) -> list[float]:
         self._flush()
         return self._done
+
+
+class ValidationLog(pl.Callback):
+    """One INFO line per validation, so a training can be watched from its log::
+
+        step 120 (epoch 7): train loss 0.8123, val/recall@1 0.4375 (best 0.4500), 1,234 examples/s, ETA 0:03:10
+
+    ``examples/s`` counts the examples trained since this start (a resumed run counts from its resume point);
+    the ETA is the time to the last step ``max_steps``/``max_epochs`` allow at that rate (early stopping may end
+    the run sooner). ``examples_per_step``: the batch size times the processes that train.
+    """
+
+    def __init__(self, monitor: str, examples_per_step: int) -> None:
+        self.monitor, self.examples_per_step = monitor, examples_per_step
+        self.start: tuple[float, int] | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.start = (time.monotonic(), trainer.global_step)
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self.start is None:
+            return
+        metrics = trainer.callback_metrics  # one host sync per validation
+        score, loss = metrics.get(self.monitor), metrics.get("train/loss")
+        best = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+        if score is not None:  # this callback runs before the checkpoint callbacks take in this validation
+            best = float(score) if best is None or not math.isfinite(float(best)) else max(float(best), float(score))
+        step, (t0, step0) = trainer.global_step, self.start
+        seconds = time.monotonic() - t0
+        rate = (step - step0) / seconds if seconds > 0 else 0.0
+        total = trainer.estimated_stepping_batches
+        eta = (total - step) / rate if rate > 0 and math.isfinite(total) else None
+        log.info("step %d (epoch %d): train loss %s, %s %s (best %s), %s examples/s, ETA %s", step,
+                 trainer.current_epoch, _num(loss), self.monitor, _num(score), _num(best),
+                 f"{rate * self.examples_per_step:,.0f}", _clock(eta))
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{float(x):.4f}"
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

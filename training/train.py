@@ -26,7 +26,7 @@ import torch
 from gdr import signals
 from indexing.docids import write_docids
 from indexing.trie import DocidTrie, build_trie
-from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal
+from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, ValidationLog
 from training.checkpoints import AtomicCheckpointIO, check_last, checkpoint_batch, intact_best, remove_partial_writes
 from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, encoder_dims, load_tokenizer
@@ -380,7 +380,8 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
     # best before last: last.ckpt then carries the best-checkpoint callback's updated state; the stop's resume
     # point after both (Lightning runs checkpoint callbacks last, in this order), its raise before every callback
     callbacks = [stop.first, *([best_ckpt] if best_ckpt else []), last_ckpt, stop, recorder,
-                 pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(), *extra]
+                 pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
+                 ValidationLog(t.monitor, run.batch_size * run.world_size), *extra]
     if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     stopping = _early_stopping(t, run, len(data.examples.train)) if has_dev else None
