@@ -275,7 +275,8 @@ def test_a_full_disk_inside_a_checkpoint_write_is_one_line_with_the_space_needed
     line = _one_line(capsys)
     assert re.fullmatch(rf"gdr train: error: cannot write {re.escape(str(out))}/checkpoints/\S+\.ckpt \(no space left "
                         r"on the device: it needs [\d.]+ (KiB|MiB), [\d.]+ \w+ free\); free space on that disk or "
-                        r"choose another out_dir= on a disk with room, then rerun the same command to resume", line), line
+                        r"choose another out_dir= on a disk with room, then rerun the same command to resume",
+                        line), line
     assert not list((out / "checkpoints").glob("*.ckpt")) and not list((out / "checkpoints").glob(".*.tmp"))
     assert main(args) == 0
     assert _loads(Path(json.loads((out / "manifest.json").read_text())["best_checkpoint"]))

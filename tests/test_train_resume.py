@@ -99,8 +99,8 @@ def test_each_validation_logs_one_line_to_watch_the_run_by(tmp_path, word_tokeni
     assert len(lines) == len(vals) == 3, lines
     best = 0.0
     for line, row in zip(lines, vals):
-        m = re.fullmatch(r"step (\d+) \(epoch (\d+)\): train loss (\d\.\d{4}), val/mrr (\d\.\d{4}) \(best (\d\.\d{4})\), "
-                         r"([\d,]+) examples/s, ETA \d+:\d\d:\d\d", line)
+        m = re.fullmatch(r"step (\d+) \(epoch (\d+)\): train loss (\d\.\d{4}), val/mrr (\d\.\d{4}) "
+                         r"\(best (\d\.\d{4})\), ([\d,]+) examples/s, ETA \d+:\d\d:\d\d", line)
         assert m, line
         best = max(best, float(row["val/mrr"]))
         assert int(m[1]) == int(row["step"]) + 1 and m[2] == row["epoch"], (line, row)
