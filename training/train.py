@@ -24,6 +24,7 @@ import pytorch_lightning as pl
 import torch
 
 from gdr import signals
+from gdr.device import free_memory
 from indexing.docids import write_docids
 from indexing.trie import DocidTrie, build_trie
 from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, ValidationLog
@@ -36,7 +37,7 @@ from training.stopping import patience_checks, steps_per_check
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example"]
+           "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory", "train_memory_per_example"]
 
 
 @dataclass
@@ -198,7 +199,7 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     ``config`` needed), but above 512 only while an epoch of ``n_train`` examples keeps at least
     :data:`MIN_STEPS_PER_EPOCH` steps (a power of two); 64 on the CPU. An int stays (a config's 512 is 512).
 
-    ``free_bytes`` : the free device memory (default: asked from CUDA).
+    ``free_bytes`` : the free device memory (default: :func:`gdr.device.free_memory`, the cache emptied first).
     """
     if batch_size != "auto":
         return int(batch_size)
@@ -207,12 +208,23 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     if config is None:
         return GPU_BATCH
     if free_bytes is None:
-        free_bytes, _ = torch.cuda.mem_get_info()
+        free_bytes = free_memory()
     bs = train_batch_for_memory(config, free_bytes)
     if n_train is not None:
         by_data = 2 ** int(np.log2(max(n_train // MIN_STEPS_PER_EPOCH, 1)))
         bs = min(bs, max(GPU_BATCH, by_data))
     return bs
+
+
+def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n_train: int) -> int:
+    """The examples per optimiser step of a run, resolved once: ``trainer.batch_size`` as given, or for ``auto``
+    what :func:`resolve_batch_size` gives for the free memory now (the CUDA cache emptied first) and ``n_train``
+    training examples shared by the processes that train. ``config``: the architecture with its docid sizes
+    (``n_digits``, ``max_code_len``); a caller training several retrievers resolves it for the largest and passes
+    the number to each, so they all train at one batch whatever ran before."""
+    cuda = _on_cuda(trainer_opts.accelerator)
+    return resolve_batch_size(trainer_opts.batch_size, trainer_opts.accelerator, config=config,
+                              n_train=n_train // _world_size(trainer_opts.devices, cuda))
 
 
 @dataclass
@@ -306,8 +318,7 @@ def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -
     if t.batch_size == "auto" and t.resume and last.exists():
         batch_size = checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
     else:
-        batch_size = resolve_batch_size(t.batch_size, t.accelerator, config=data.cfg,
-                                        n_train=len(data.examples.train) // world)
+        batch_size = resolve_train_batch(t, data.cfg, len(data.examples.train))
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
