@@ -37,7 +37,8 @@ from training.stopping import patience_checks, steps_per_check
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory", "train_memory_per_example"]
+           "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory",
+           "train_memory_per_example"]
 
 
 @dataclass
