@@ -239,6 +239,8 @@ class TrainResult:
     global_step: int
     losses: list[float] = field(default_factory=list, repr=False)
     batch_size: int | None = None  # examples per optimiser step, as resolved (``trainer.batch_size: auto``)
+    precision: str | None = None  # as resolved (``trainer.precision: null``): bf16-mixed on a GPU, 32-true on the CPU
+    device: str | None = None  # cuda or cpu
 
 
 @dataclass
@@ -537,4 +539,4 @@ def train(
     if trainer.is_global_zero:
         score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
-                       global_step, recorder.losses, run.batch_size)
+                       global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu")

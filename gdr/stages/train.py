@@ -318,7 +318,7 @@ def _finished(out: Path, settings: TrainSettings):
         return None
     return TrainResult(out, out / "model", man.get("best_checkpoint"), man.get("best_val_recall1"),
                        man.get("examples") or {}, man.get("n_params") or {}, int(man.get("global_step") or 0),
-                       batch_size=man.get("batch_size"))
+                       batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"))
 
 
 def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
@@ -344,6 +344,7 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
                    best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
-                   global_step=res.global_step, batch_size=res.batch_size, trainer=_trainer_record(settings),
+                   global_step=res.global_step, batch_size=res.batch_size, precision=res.precision,
+                   device=res.device, trainer=_trainer_record(settings),
                    seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
     return res
