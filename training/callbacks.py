@@ -119,7 +119,8 @@ class _StopAtNextBatch(pl.Callback):
 
 
 def validates_next(trainer: pl.Trainer) -> bool:
-    """Whether Lightning validates right after the training batch that has just ended (its own rule)."""
+    """Whether Lightning validates right after the training batch that has just ended: its own rule, a private
+    method of its epoch loop (tests/test_train_resume.py stops a training at every step and fails if it moves)."""
     loop = trainer.fit_loop.epoch_loop
     return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
