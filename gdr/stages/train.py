@@ -3,7 +3,8 @@
 A training folder knows what it was trained on: ``trained_on.json`` holds hashes of the docids, the corpus,
 the real and the generated training queries, and every setting that changes the model. A folder holding a
 training (a checkpoint, a model) is resumed only when they match; anything else is refused before a file is
-written, with one line naming what differs (:func:`check_trained_on`).
+written, with one line naming what differs (:func:`check_trained_on`). A finished training run again with the same
+trainer settings too is reused from its manifest, dev score included (:func:`_finished`).
 
 :func:`split_queries` loads the real queries of one split (a query set, or titles as queries) restricted
 to the documents of a corpus: the training queries here, the test queries of ``evaluate`` and ``bm25``.
