@@ -246,6 +246,8 @@ def test_auto_sizes_read_free_memory_after_emptying_the_cache(monkeypatch, llama
     auto size is read after emptying it, for scoring and for sampling alike, so a later stage of a run does not
     size itself smaller than the first. (CUDA's two calls recorded on the CPU.)"""
     calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: calls.append("read") or (8 << 30, 80 << 30))
     bs, mq = auto_score_sizes(llama.model, torch.device("cuda"), 100)

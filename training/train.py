@@ -24,9 +24,10 @@ import pytorch_lightning as pl
 import torch
 
 from gdr import cost, signals
+from gdr.device import free_memory
 from indexing.docids import write_docids
 from indexing.trie import DocidTrie, build_trie
-from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal
+from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, ValidationLog
 from training.checkpoints import AtomicCheckpointIO, check_last, checkpoint_batch, intact_best, remove_partial_writes
 from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
@@ -36,8 +37,8 @@ from training.stopping import patience_checks, steps_per_check
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example",
-           "cuda_batch_size"]
+           "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory",
+           "train_memory_per_example", "cuda_batch_size"]
 
 
 @dataclass
@@ -183,7 +184,7 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     ``config`` needed), but above 512 only while an epoch of ``n_train`` examples keeps at least
     :data:`MIN_STEPS_PER_EPOCH` steps (a power of two); 64 on the CPU. An int stays (a config's 512 is 512).
 
-    ``free_bytes`` : the free device memory (default: asked from CUDA).
+    ``free_bytes`` : the free device memory (default: :func:`gdr.device.free_memory`, the cache emptied first).
     """
     if batch_size != "auto":
         return int(batch_size)
@@ -192,7 +193,7 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     if config is None:
         return GPU_BATCH
     if free_bytes is None:
-        free_bytes, _ = torch.cuda.mem_get_info()
+        free_bytes = free_memory()
     return cuda_batch_size(config, free_bytes, n_train)
 
 
@@ -206,6 +207,17 @@ def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | N
     return bs
 
 
+def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n_train: int) -> int:
+    """The examples per optimiser step of a run, resolved once: ``trainer.batch_size`` as given, or for ``auto``
+    what :func:`resolve_batch_size` gives for the free memory now (the CUDA cache emptied first) and ``n_train``
+    training examples shared by the processes that train. ``config``: the architecture with its docid sizes
+    (``n_digits``, ``max_code_len``); a caller training several retrievers resolves it for the largest and passes
+    the number to each, so they all train at one batch whatever ran before."""
+    cuda = _on_cuda(trainer_opts.accelerator)
+    return resolve_batch_size(trainer_opts.batch_size, trainer_opts.accelerator, config=config,
+                              n_train=n_train // _world_size(trainer_opts.devices, cuda))
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -216,6 +228,9 @@ class TrainResult:
     n_params: dict[str, int]
     global_step: int
     losses: list[float] = field(default_factory=list, repr=False)
+    batch_size: int | None = None  # examples per optimiser step, as resolved (``trainer.batch_size: auto``)
+    precision: str | None = None  # as resolved (``trainer.precision: null``): bf16-mixed on a GPU, 32-true on the CPU
+    device: str | None = None  # cuda or cpu
 
 
 @dataclass
@@ -286,8 +301,7 @@ def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -
     if t.batch_size == "auto" and t.resume and last.exists():
         batch_size = checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
     else:
-        batch_size = resolve_batch_size(t.batch_size, t.accelerator, config=data.cfg,
-                                        n_train=len(data.examples.train) // world)
+        batch_size = resolve_train_batch(t, data.cfg, len(data.examples.train))
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
@@ -353,12 +367,15 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
     best_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
         auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
+        save_on_train_epoch_end=False,  # at each validation's end, before a stop's resume point (StopOnSignal)
     ) if has_dev else None
     recorder = LossRecorder()
-    # best before last: last.ckpt then carries the best-checkpoint callback's updated state
-    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder,
+    stop = StopOnSignal(ckpt_dir / "last.ckpt")
+    # best before last: last.ckpt then carries the best-checkpoint callback's updated state; the stop's resume
+    # point after both (Lightning runs checkpoint callbacks last, in this order), its raise before every callback
+    callbacks = [stop.first, *([best_ckpt] if best_ckpt else []), last_ckpt, stop, recorder,
                  pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
-                 StopOnSignal(ckpt_dir / "last.ckpt"), *extra]
+                 ValidationLog(t.monitor, run.batch_size * run.world_size), *extra]
     if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     stopping = _early_stopping(t, run, len(data.examples.train)) if has_dev else None
@@ -496,11 +513,11 @@ def train(
     module = _build_module(data, run, t, seed)
     trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
     ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)
-    with signals.deferred():  # a signal stops at the next batch end, after writing last.ckpt (StopOnSignal)
+    with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:
         score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
-                       global_step, recorder.losses)
+                       global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu")

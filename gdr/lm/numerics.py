@@ -11,7 +11,7 @@ import torch
 
 from gdr.lm.compiling import want_compile
 
-__all__ = ["COMPUTE_DTYPES", "decode_dtype", "decode_numerics", "describe_numerics", "free_memory", "resolve_device",
+__all__ = ["COMPUTE_DTYPES", "decode_dtype", "decode_numerics", "describe_numerics", "resolve_device",
            "sampling_numerics", "score_compute_dtype", "scoring_numerics"]
 
 
@@ -38,14 +38,6 @@ def score_compute_dtype(name: str, device: torch.device, own: torch.dtype = torc
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else own
     return getattr(torch, name)
-
-
-def free_memory(device: torch.device) -> int:
-    """Free bytes on the CUDA ``device`` for an ``auto`` size, after emptying the caching allocator: blocks it
-    holds (from earlier models, batches or graph pools of the process) count as used in
-    ``torch.cuda.mem_get_info``, so without it a later stage of a run would size itself smaller than the first."""
-    torch.cuda.empty_cache()
-    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def decode_dtype(device: torch.device, own: torch.dtype = torch.float32) -> torch.dtype:

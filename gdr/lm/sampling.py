@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gdr.lm.numerics import free_memory
+from gdr.device import free_memory
 from gdr.lm.prompts import clean_query
 
 log = logging.getLogger(__name__)

@@ -31,11 +31,12 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.cost import batch_for_memory, dims, score_memory
+from gdr.device import free_memory
 from gdr.lm.attention import ATTN_IMPL, FlexFailed, compiled_flex, eager_flex, register_attention, set_attention
 from gdr.lm.compat import cache_kwarg
 from gdr.lm.compiling import compile_cache_dir
 from gdr.lm.hostsync import upload
-from gdr.lm.numerics import free_memory, score_compute_dtype
+from gdr.lm.numerics import score_compute_dtype
 from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)

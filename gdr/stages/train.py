@@ -3,7 +3,8 @@
 A training folder knows what it was trained on: ``trained_on.json`` holds hashes of the docids, the corpus,
 the real and the generated training queries, and every setting that changes the model. A folder holding a
 training (a checkpoint, a model) is resumed only when they match; anything else is refused before a file is
-written, with one line naming what differs (:func:`check_trained_on`).
+written, with one line naming what differs (:func:`check_trained_on`). A finished training run again with the same
+trainer settings too is reused from its manifest, dev score included (:func:`_finished`).
 
 The real queries of a split come from :func:`gdr.data.splits.split_queries`.
 """
@@ -205,7 +206,37 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
         if write_config is not None:
             write_config(out)
         atomic_write_json(out / TRAINED_ON, fingerprint)
+        done = _finished(out, settings)
+        if done is not None:
+            log.info("%s: a finished training on these inputs and settings (step %d, best %s %s); reused",
+                     out, done.global_step, settings.trainer.get("monitor", "val/recall@1"), done.best_val_recall1)
+            return done
         return _train(corpus, docids, codes, out, settings, queries, generated)
+
+
+def _trainer_record(settings: TrainSettings) -> dict:
+    """The trainer settings as the manifest records them (JSON values)."""
+    return json.loads(json.dumps(settings.to_dict()["trainer"], default=str))
+
+
+def _finished(out: Path, settings: TrainSettings):
+    """The ``TrainResult`` of the finished training in ``out`` (its manifest written, its files intact) when it
+    ran with these trainer settings too (the inputs and other settings :func:`check_trained_on` compared), else
+    None: a rerun of a finished training is that training, with its dev score, not another fit."""
+    from gdr.io import read_manifest, verify_files
+    from training.train import TrainResult
+
+    try:
+        man = read_manifest(out)
+    except (ValueError, OSError):
+        return None
+    if not man or man.get("command") != "train" or man.get("trainer") != _trainer_record(settings):
+        return None
+    if not man.get("files") or verify_files(out, man["files"]) is not None:
+        return None
+    return TrainResult(out, out / "model", man.get("best_checkpoint"), man.get("best_val_recall1"),
+                       man.get("examples") or {}, man.get("n_params") or {}, int(man.get("global_step") or 0),
+                       batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"))
 
 
 def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
@@ -231,5 +262,7 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
                    best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
-                   global_step=res.global_step, seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
+                   global_step=res.global_step, batch_size=res.batch_size, precision=res.precision,
+                   device=res.device, trainer=_trainer_record(settings),
+                   seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
     return res
