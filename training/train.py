@@ -30,7 +30,7 @@ from indexing.trie import build_trie
 from training.data import RetrievalDataModule, build_examples, resume_point
 from training.model import RetrieverConfig, encoder_dims, load_tokenizer
 from training.module import RetrieverModule
-from training.stopping import patience_checks, steps_per_check
+from training.stopping import effective_min_steps, patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
 
@@ -502,14 +502,20 @@ def train(
                  _StopOnSignal(ckpt_dir / "last.ckpt"), *callbacks]
     if t.enable_progress_bar and cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
+    min_steps = t.min_steps
     if has_dev and (t.patience_steps or t.patience > 0):
+        min_steps = effective_min_steps(t.min_steps, len(ex.train), batch_size, t.max_epochs, t.max_steps,
+                                        world_size=_world_size(t.devices, cuda))
+        if min_steps < t.min_steps:
+            log.info("trainer.min_steps=%d is past half of this run's steps (trainer.max_epochs=%d at %d examples a "
+                     "step): early stopping may act from step %d on", t.min_steps, t.max_epochs, batch_size, min_steps)
         patience = t.patience
         if t.patience_steps:  # steps -> checks at this batch size and validation interval
             per_check = steps_per_check(len(ex.train), batch_size, t.check_val_every_n_epoch, t.val_check_interval,
                                         world_size=_world_size(t.devices, cuda))
             patience = patience_checks(int(t.patience_steps), per_check)
             log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
-                     "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
+                     "not before step %d", t.patience_steps, t.monitor, patience, per_check, min_steps)
         # checked right after each validation, never at an epoch end without one (a run stopped by max_steps
         # mid-epoch, a resumed epoch): there the metric does not exist and Lightning would stop the run with an error
         callbacks.append(pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience,
@@ -524,7 +530,7 @@ def train(
         except ImportError:
             pass
     trainer = pl.Trainer(
-        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=t.min_steps or None,
+        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=min_steps or None,
         accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=precision,
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
