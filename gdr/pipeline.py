@@ -66,7 +66,7 @@ INDEX_KEYS = {
 }
 # Settings that change how fast a stage runs, not what it computes: left out of its key.
 _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
-              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged"}
+              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged", "concurrent"}
 
 
 def stage_key(inputs: dict) -> str:
@@ -475,32 +475,21 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     use_gen = doc_q is not None and train_cfg["examples"].get("use_generated", True)
     results: dict[str, list[dict]] = {}
     eval_dirs: dict[str, list[Path]] = {}  # per-query metrics (per_query.json) for the paired tests
+    trainings = {}  # (method, seed) -> the arguments of its stage
     for method, idx in indexes.items():
         for seed in cfg.seeds:
             t_inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": corpus_sig,
                         "queries": _queries_section(cfg, cfg.queries.train_split), "train": _keyed(train_cfg),
                         "seed": int(seed)}
-
-            def build_train(folder: Path, idx=idx, seed=seed) -> dict:
-                from gdr.stages import train as train_stage
-                from gdr.stages.settings import TrainSettings
-
-                sub = OmegaConf.create({**train_cfg, "data": to_container(cfg.data), "seed": int(seed),
-                                        "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder),
-                                        "queries": _queries_section(cfg, cfg.queries.train_split),
-                                        "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-                qs = train_stage.split_queries(to_container(sub.queries), to_container(cfg.data), set(corpus.doc_ids),
-                                               cfg.data.get("docs_tsv"))
-                settings = TrainSettings.from_dict(train_cfg, seed=int(seed))
-                # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
-                res = train_stage.train_retriever(corpus, sub.docids, folder, settings, queries=qs,
-                                                  generated=sub.generated, stale="restart",
-                                                  write_config=lambda f: save_config(sub, f))
-                return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step,
-                        "n_params": res.n_params}
-
-            tr = pipe.stage(f"train-{method}-s{seed}", t_inputs, build_train,
-                            after=[idx] + ([doc_q] if use_gen else []), outputs=("model/*", "docids.tsv"))
+            build = _TrainBuild(corpus, train_cfg, to_container(cfg.data), _queries_section(cfg, cfg.queries.train_split),
+                                int(seed), str(idx.path / "docids.tsv"),
+                                str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
+            trainings[method, seed] = (f"train-{method}-s{seed}", t_inputs, build, [idx] + ([doc_q] if use_gen else []))
+    _train_at_once(pipe, list(trainings.values()), train_cfg, corpus, int(cfg.doc_queries.per_doc) if use_gen else 0)
+    for method, idx in indexes.items():
+        for seed in cfg.seeds:
+            name, t_inputs, build, after = trainings[method, seed]
+            tr = pipe.stage(name, t_inputs, build, after=after, outputs=TRAIN_OUTPUTS)
 
             def build_eval(folder: Path, tr=tr) -> dict:
                 from gdr.stages.evaluate import evaluate_model
@@ -528,6 +517,70 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     report = _report(cfg, argv, pipe, corpus, results, indexes, bm25_rec, cluster_rec, seconds, eval_dirs,
                      trained_on=trained_on(cfg, corpus, use_gen))
     return report
+
+
+TRAIN_OUTPUTS = ("model/*", "docids.tsv")
+
+
+@dataclass
+class _TrainBuild:
+    """``build`` of one retriever's stage (``gdr train`` into the stage folder); picklable, so that
+    :func:`gdr.stages.train.train_retrievers` can run it in a process of its own."""
+
+    corpus: Any
+    train_cfg: dict
+    data: dict
+    queries: dict
+    seed: int
+    docids: str
+    generated: str | None
+
+    def __call__(self, folder: Path) -> dict:
+        from gdr.stages import train as train_stage
+        from gdr.stages.settings import TrainSettings
+
+        sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
+                                "out_dir": str(folder), "queries": self.queries, "generated": self.generated})
+        qs = train_stage.split_queries(self.queries, self.data, set(self.corpus.doc_ids), self.data.get("docs_tsv"))
+        settings = TrainSettings.from_dict(self.train_cfg, seed=self.seed)
+        # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
+        res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
+                                          generated=self.generated, stale="restart",
+                                          write_config=lambda f: save_config(sub, f))
+        return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
+
+
+def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after: list) -> StageRecord:
+    """One retriever's stage, run in a training process of its own (its stage.json marks it finished there)."""
+    return Pipeline(root).stage(name, inputs, build, after=after, outputs=TRAIN_OUTPUTS)
+
+
+def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, corpus, per_doc: int) -> None:
+    """Train the run's unfinished retrievers ``train.concurrent`` at a time, one process each, when that is more
+    than one; each stage is marked finished as its retriever finishes, and the stages are then reused in order.
+    ``per_doc``: generated training queries per document (0 without them)."""
+    from functools import partial
+
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import retrievers_at_once, split_queries, train_retrievers
+
+    todo = []
+    for name, inputs, build, after in trainings:
+        marker = pipe.root / f"{name}-{stage_key(json.loads(json.dumps(inputs, default=str)))}" / STAGE_FILE
+        if not (marker.exists() and json.loads(marker.read_text() or "{}").get("status") == "complete"):
+            todo.append((name, inputs, build, after))
+    if len(todo) < 2:
+        return
+    settings = TrainSettings.from_dict(train_cfg)
+    first = todo[0][2]
+    n_train = None
+    if settings.concurrent == "auto":  # an upper bound on a retriever's examples sizes its batch (batch auto)
+        qs = split_queries(first.queries, first.data, set(corpus.doc_ids), first.data.get("docs_tsv"))
+        windows = 1 + int(train_cfg["examples"].get("doc_windows") or 0)
+        n_train = len(corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
+    at_once = retrievers_at_once(settings, len(todo), n_train, first.docids)
+    if at_once > 1:
+        train_retrievers([partial(_train_stage, pipe.root, *t) for t in todo], at_once)
 
 
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:

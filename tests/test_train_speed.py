@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gdr.config import load_config, to_container
-from tests.test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
+from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
+from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
 from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 
@@ -52,3 +53,77 @@ def test_a_plateaued_dev_metric_stops_the_run_before_max_epochs_despite_a_large_
     res = _plateau_run(tmp_path / "run", word_tokenizer, max_epochs=20, patience=2, min_steps=1000)
     assert res.global_step < 20 * 2
     assert res.global_step == 20  # the floor, half of the 40 steps; the patience ran out long before
+
+
+def _lock_pid(folder) -> int:
+    from gdr.guard import LOCK_FILE
+
+    return int((folder / LOCK_FILE).read_text().split()[0])
+
+
+def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_path, capsys, caplog):
+    """`gdr run` with train.concurrent=2 trains its two retrievers in two processes of their own, and each equals,
+    byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move."""
+    import logging
+    import os
+
+    from gdr.cli import main
+
+    root, folder = setup
+    common = ["indexers=[hkmi,random]", "bm25=false", "train.trainer.log_every_n_steps=1"]
+    alone, both = tmp_path / "alone", tmp_path / "both"
+    assert main(_args(root, folder, alone, *common, "train.concurrent=1")) == 0
+    with caplog.at_level(logging.INFO, logger="gdr.stages.train"):
+        assert main(_args(root, folder, both, *common, "train.concurrent=2")) == 0
+    assert "training 2 retrievers, 2 at once" in caplog.text
+    trained = sorted(p.name for p in both.glob("train-*"))
+    assert len(trained) == 2 and trained == sorted(p.name for p in alone.glob("train-*"))
+    pids = {_lock_pid(both / name) for name in trained}
+    assert len(pids) == 2 and os.getpid() not in pids  # each in a process of its own
+    assert {_lock_pid(alone / name) for name in trained} == {os.getpid()}
+    for name in trained:
+        for rel in ("model/model.pt", "logs/version_0/metrics.csv", "docids.tsv"):
+            assert (both / name / rel).read_bytes() == (alone / name / rel).read_bytes(), (name, rel)
+    assert _last_json(capsys)["hkmi_recall_at_1"] is not None
+
+
+def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypatch):
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import model_config_from
+    from training import concurrent
+    from training.train import _param_estimate, train_memory_per_example
+
+    s = TrainSettings()
+    config = model_config_from({**s.model, "size": "small30m"}, s.model_presets)
+    config.n_digits, config.max_code_len = 11, 5
+    assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
+    assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15
+    monkeypatch.setattr(concurrent, "_on_cuda", lambda accelerator: True)
+    monkeypatch.setattr("training.train._on_cuda", lambda accelerator: True)
+    free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
+    n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
+    need = concurrent.CUDA_CONTEXT_BYTES + (20 * _param_estimate(config) + 1024 * train_memory_per_example(config)) / 0.6
+    assert n == int(free // need) and 2 <= n < 15
+    assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n
+    assert concurrent.resolve_concurrent("auto", 15, "auto", config, 64, n_train=29_000, free_bytes=free) == 15
+    assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=1e9) == 1
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _fail(x: int) -> int:
+    raise ValueError(f"job {x}: bad input")
+
+
+def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
+    from functools import partial
+
+    from training.concurrent import run_concurrently
+
+    done = []
+    assert run_concurrently([partial(_square, i) for i in range(3)], 2, on_done=lambda i, r: done.append(i)) == [0, 1, 4]
+    assert sorted(done) == [0, 1, 2]
+    with pytest.raises(ValueError, match="job 1: bad input"):
+        run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)

@@ -167,6 +167,7 @@ class TrainSettings(Settings):
     optim: dict = field(default_factory=lambda: dict(stage_defaults("train")["optim"]))
     trainer: dict = field(default_factory=lambda: dict(stage_defaults("train")["trainer"]))
     seed: int = 0
+    concurrent: int | str = "auto"  # `gdr run`: retrievers trained at once on one device (auto: 1 on the CPU)
 
 
 @dataclass

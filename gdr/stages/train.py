@@ -7,6 +7,9 @@ written, with one line naming what differs (:func:`check_trained_on`).
 
 :func:`split_queries` loads the real queries of one split (a query set, or titles as queries) restricted
 to the documents of a corpus: the training queries here, the test queries of ``evaluate`` and ``bm25``.
+
+:func:`train_retrievers` trains the retrievers of a run (indexers x seeds) ``train.concurrent`` at a time on one
+device, one process each (:mod:`training.concurrent`), each recorded as it finishes.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "split_queries", "model_config_from", "read_checked_docids", "check_train_inputs",
+__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "split_queries", "model_config_from", "read_checked_docids", "check_train_inputs",
            "check_query_splits", "trained_on", "check_trained_on", "TRAINED_ON"]
 
 TRAINED_ON = "trained_on.json"
@@ -316,3 +319,35 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
                    best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
                    global_step=res.global_step, seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
     return res
+
+
+def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None = None,
+                       docids: str | Path | None = None) -> int:
+    """``settings.concurrent`` for ``n_jobs`` retrievers: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the
+    CPU and on CUDA as many as the free memory holds at the batch each will train at (``n_train``: an upper bound
+    on a retriever's training examples; ``docids``: a ``docids.tsv`` of the run, for the docid length and digits
+    the decoder's memory depends on)."""
+    from training.concurrent import resolve_concurrent
+
+    c = settings.to_dict()
+    config = model_config_from(c["model"], c["model_presets"])
+    if docids is not None and settings.concurrent == "auto":
+        _, codes = read_checked_docids(docids)
+        config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
+        config.max_code_len = config.max_code_len or max(len(x) for x in codes)
+    t = c["trainer"]
+    return resolve_concurrent(settings.concurrent, n_jobs, str(t.get("accelerator", "auto")), config,
+                              t.get("batch_size", "auto"), n_train)
+
+
+def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int) -> list:
+    """Run the training ``jobs`` of a run (picklable callables, one per retriever, each training and recording one
+    retriever, e.g. a ``gdr run`` stage) ``concurrent`` at a time on this device, one process each; returns their
+    results in order. Each finished job's own record stands as it finishes, so a run cut short keeps them."""
+    from training.concurrent import run_concurrently
+
+    t0 = time.time()
+    log.info("training %d retrievers, %d at once", len(jobs), concurrent)
+    done = run_concurrently(jobs, concurrent, on_done=lambda i, _: log.info(
+        "retriever %d of %d trained (%.0f s into the batch)", i + 1, len(jobs), time.time() - t0))
+    return done
