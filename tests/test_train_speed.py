@@ -127,3 +127,19 @@ def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
     assert sorted(done) == [0, 1, 2]
     with pytest.raises(ValueError, match="job 1: bad input"):
         run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)
+
+
+def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys):
+    import json
+
+    from gdr.cli.bench.training import main as bench
+
+    assert bench(["--presets", "tiny", "--concurrent", "2", "--steps", "3", "--warmup", "1", "--docs", "100",
+                  "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    last = json.loads(out.strip().splitlines()[-1])
+    both = last["concurrent"]["tiny"]
+    assert last["concurrent"]["n"] == 2 and len(both["per_process_examples_per_s"]) == 2
+    assert both["examples_per_s"] > 0 and both["vs_one"] == pytest.approx(both["examples_per_s"]
+                                                                         / last["tiny"]["examples_per_s"], rel=1e-2)
+    assert "2 at once:" in out
