@@ -74,9 +74,15 @@ def stage_key(inputs: dict) -> str:
     return hash_strings([json.dumps(inputs, sort_keys=True, default=str)])[:10]
 
 
+# Settings added after stages were keyed without them: left out of a key at these values (their defaults, which
+# compute what the stage computed before they existed), so the keys of finished stages stay.
+_KEYED_UNLESS = {"length_buckets": False}
+
+
 def _keyed(d: Any) -> Any:
     if isinstance(d, dict):
-        return {k: _keyed(v) for k, v in d.items() if k not in _NOT_KEYED}
+        return {k: _keyed(v) for k, v in d.items()
+                if k not in _NOT_KEYED and not (k in _KEYED_UNLESS and v is _KEYED_UNLESS[k])}
     return d
 
 

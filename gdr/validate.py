@@ -628,6 +628,7 @@ TRAIN_STAGE = (
     Rule("trainer.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
     Rule("trainer.devices", trainer_devices_at("trainer"), "Lightning's devices"),
     Rule("trainer.compile", boolean),
+    Rule("trainer.length_buckets", boolean, "batches grouped by input length"),
     Rule("concurrent", auto_or(POSITIVE), "retrievers trained at once on one device; auto = what fits, 1 on the CPU"),
 )
 TRAIN_COMMAND = (

@@ -143,3 +143,84 @@ def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys
     assert both["examples_per_s"] > 0 and both["vs_one"] == pytest.approx(both["examples_per_s"]
                                                                          / last["tiny"]["examples_per_s"], rel=1e-2)
     assert "2 at once:" in out
+
+
+def test_bucketed_order_groups_batches_by_length_deterministically():
+    import numpy as np
+
+    from training.data import bucket_widths, bucketed_order
+
+    rng = np.random.default_rng(0)
+    lens = np.where(rng.random(1000) < 0.78, rng.integers(3, 17, 1000), 64)  # BBC-like: short queries, full windows
+    widths = bucket_widths(64)
+    assert widths.tolist() == [8, 16, 32, 64]
+    bucket = np.searchsorted(widths, lens)
+    order = np.random.default_rng([0, 0]).permutation(1000)
+    out = bucketed_order(order, bucket, 64, np.random.default_rng([0, 0, 1]))
+    assert sorted(out.tolist()) == list(range(1000))
+    again = bucketed_order(order, bucket, 64, np.random.default_rng([0, 0, 1]))
+    assert np.array_equal(out, again)
+    assert not np.array_equal(out, bucketed_order(order, bucket, 64, np.random.default_rng([1, 0, 1])))
+    batches = [out[i:i + 64] for i in range(0, 1000, 64)]
+    mixed = sum(len(set(bucket[b])) > 1 for b in batches)
+    assert mixed <= 3  # one window of 1,000 examples: at most one batch per bucket boundary mixes two buckets
+
+    def padded_per_example(batches):
+        return sum(len(b) * widths[bucket[b].max()] - lens[b].sum() for b in batches) / 1000
+
+    plain = [order[i:i + 64] for i in range(0, 1000, 64)]
+    assert padded_per_example(batches) < 0.25 * padded_per_example(plain)
+
+
+def test_a_resumed_bucketed_epoch_skips_whole_batches(word_tokenizer):
+    import numpy as np
+
+    from training.data import ResumeSampler
+
+    bucket = np.random.default_rng(1).integers(0, 3, 200)
+    full = list(ResumeSampler(200, seed=3, bucket=bucket, batch_size=16))
+    resumed = ResumeSampler(200, seed=3, resume_epoch=0, skip=5 * 16, bucket=bucket, batch_size=16)
+    assert list(resumed) == full[5 * 16:]
+
+
+def _count_graphs():
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, word_tokenizer):
+    """trainer.compile on the CPU through train(), with length buckets: batches padded to their bucket's width trace
+    at most one graph per (width, batch size), none after the second epoch; the losses are the eager step's."""
+    import torch
+
+    doc_ids, texts, codes = toy_corpus(20)
+    queries = [" ".join(t.split()[:n]) for t in texts for n in (1, 3)] + [t + " " + t for t in texts]  # 1-6 words
+
+    def run(name, compile):
+        torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        graphs_per_epoch = []
+
+        import pytorch_lightning as pl
+
+        class Count(pl.Callback):
+            def on_train_epoch_end(self, trainer, module):
+                graphs_per_epoch.append(_count_graphs())
+        res = train(tmp_path / name, tiny_config(word_tokenizer), doc_ids, codes, train_queries=queries,
+                    train_rel=[[i // 2] for i in range(40)] + [[i] for i in range(20)],
+                    examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
+                    optim=OptimOptions(lr_encoder=3e-3, lr_decoder=3e-3, warmup_steps=2),
+                    trainer_opts=TrainerOptions(max_epochs=3, batch_size=16, enable_progress_bar=False,
+                                                tensorboard=False, resume=False, compile=compile,
+                                                length_buckets=True, log_every_n_steps=1),
+                    seed=0, callbacks=[Count()])
+        return res, graphs_per_epoch
+
+    eager, _ = run("eager", False)
+    compiled, graphs = run("compiled", True)
+    assert 1 <= graphs[-1] <= 6  # widths 8, 16, 32 at batch 16 and at the epoch's last batch of 12
+    assert graphs[-1] == graphs[1]  # nothing traced after the second epoch
+    assert compiled.losses == pytest.approx(eager.losses, rel=1e-4, abs=1e-5)

@@ -115,7 +115,10 @@ class TrainerOptions:
     """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
 
     ``batch_size`` "auto" = on CUDA what fits the free memory, up to 4,096, 64 on the CPU (:func:`resolve_batch_size`;
-    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` on CUDA (ignored on the CPU).
+    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` (any device; static shapes:
+    each batch is padded to a fixed width, its length bucket's with ``length_buckets``, so that an epoch traces a few
+    graphs once); ``length_buckets`` groups each batch's examples by input length (``training.data.bucketed_order``),
+    so short queries are not padded to the width of document windows.
     """
 
     max_epochs: int = 20
@@ -148,6 +151,7 @@ class TrainerOptions:
     resume_damaged: str = "best"  # a damaged last.ckpt: start from the best checkpoint's weights, or "fresh"
     enable_progress_bar: bool = True
     compile: bool = False
+    length_buckets: bool = False
 
 
 GPU_BATCH, CPU_BATCH, GPU_BATCH_CAP = 512, 64, 4096
@@ -473,7 +477,7 @@ def train(
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=batch_size,
                              eval_batch_size=t.eval_batch_size, num_workers=t.num_workers, seed=seed,
-                             pin_memory=cuda)
+                             pin_memory=cuda, length_buckets=t.length_buckets, fixed_shapes=t.compile)
     module = RetrieverModule(cfg.to_dict(), lr_encoder=optim.lr_encoder, lr_decoder=optim.lr_decoder,
                              weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
                              consistency_weight=optim.consistency_weight, val_beam=trainer_opts.val_beam,
@@ -481,8 +485,8 @@ def train(
                              batch_size=batch_size)
     n_params = module.model.n_params()
     log.info("retriever parameters: %s", n_params)
-    if t.compile and cuda:
-        module.model.compile()  # in place: the state dict keeps its keys
+    if t.compile:
+        module.model.compile(dynamic=False)  # in place: the state dict keeps its keys; the data's fixed widths
 
     has_dev = len(ex.dev) > 0
     # Lightning 2.6 writes `save_last` only when a top-k checkpoint is written in the same step, so
