@@ -487,8 +487,8 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
             t_inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": corpus_sig,
                         "queries": _queries_section(cfg, cfg.queries.train_split), "train": _keyed(train_cfg),
                         "seed": int(seed)}
-            build = _TrainBuild(corpus, train_cfg, to_container(cfg.data), _queries_section(cfg, cfg.queries.train_split),
-                                int(seed), str(idx.path / "docids.tsv"),
+            build = _TrainBuild(corpus, train_cfg, to_container(cfg.data),
+                                _queries_section(cfg, cfg.queries.train_split), int(seed), str(idx.path / "docids.tsv"),
                                 str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
             trainings[method, seed] = (f"train-{method}-s{seed}", t_inputs, build, [idx] + ([doc_q] if use_gen else []))
     _train_at_once(pipe, list(trainings.values()), train_cfg, corpus, int(cfg.doc_queries.per_doc) if use_gen else 0)

@@ -102,7 +102,8 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     monkeypatch.setattr("training.train._on_cuda", lambda accelerator: True)
     free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
     n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
-    need = concurrent.CUDA_CONTEXT_BYTES + (20 * _param_estimate(config) + 1024 * train_memory_per_example(config)) / 0.6
+    per_model = 20 * _param_estimate(config) + 1024 * train_memory_per_example(config)
+    need = concurrent.CUDA_CONTEXT_BYTES + per_model / 0.6
     assert n == int(free // need) and 2 <= n < 15
     assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n
     assert concurrent.resolve_concurrent("auto", 15, "auto", config, 64, n_train=29_000, free_bytes=free) == 15
@@ -123,7 +124,8 @@ def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
     from training.concurrent import run_concurrently
 
     done = []
-    assert run_concurrently([partial(_square, i) for i in range(3)], 2, on_done=lambda i, r: done.append(i)) == [0, 1, 4]
+    squares = run_concurrently([partial(_square, i) for i in range(3)], 2, on_done=lambda i, r: done.append(i))
+    assert squares == [0, 1, 4]
     assert sorted(done) == [0, 1, 2]
     with pytest.raises(ValueError, match="job 1: bad input"):
         run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)
@@ -195,7 +197,7 @@ def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, wor
     import torch
 
     doc_ids, texts, codes = toy_corpus(20)
-    queries = [" ".join(t.split()[:n]) for t in texts for n in (1, 3)] + [t + " " + t for t in texts]  # 1-6 words
+    queries = [" ".join(t.split()[:n]) for t in texts for n in (1, 3)] + [" ".join([t] * 4) for t in texts]  # 1-12
 
     def run(name, compile):
         torch._dynamo.reset()
@@ -221,6 +223,6 @@ def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, wor
 
     eager, _ = run("eager", False)
     compiled, graphs = run("compiled", True)
-    assert 1 <= graphs[-1] <= 6  # widths 8, 16, 32 at batch 16 and at the epoch's last batch of 12
+    assert 2 <= graphs[-1] <= 4  # widths 8 and 12, at batch 16 and at the epoch's last batch of 12
     assert graphs[-1] == graphs[1]  # nothing traced after the second epoch
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-4, abs=1e-5)

@@ -28,8 +28,9 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "split_queries", "model_config_from", "read_checked_docids", "check_train_inputs",
-           "check_query_splits", "trained_on", "check_trained_on", "TRAINED_ON"]
+__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "split_queries", "model_config_from",
+           "read_checked_docids", "check_train_inputs", "check_query_splits", "trained_on", "check_trained_on",
+           "TRAINED_ON"]
 
 TRAINED_ON = "trained_on.json"
 # Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,

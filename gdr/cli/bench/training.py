@@ -203,7 +203,9 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     bpe = training_bytes_per_example(n_params, param_count(module.model), batch, str(prec).startswith("bf16"))
     roof = roofline(fpe, bpe, examples / seconds, device)
     clock = time.time() - time.perf_counter()  # the timed steps in Unix time: compared across processes
-    return {"timed_from": clock + timer.t0, "timed_to": clock + timer.t1, "batch": batch, "examples_per_s": round(examples / seconds, 1), "tokens_per_s": round(examples * seq_len / seconds, 1),
+    return {"timed_from": clock + timer.t0, "timed_to": clock + timer.t1,
+            "batch": batch, "examples_per_s": round(examples / seconds, 1),
+            "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
