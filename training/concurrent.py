@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from gdr import signals
 from gdr.guard import die_with_parent
 from training.model import RetrieverConfig
 from training.train import _on_cuda, _param_estimate, resolve_batch_size, train_memory_per_example
@@ -70,6 +71,7 @@ def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = "a
 def _worker(job: Callable[[], Any], conn, parent: int, threads: int, level: int) -> None:
     """One job in a spawned process: its result, or the exception it raised, goes back through ``conn``."""
     die_with_parent(parent)
+    signals.install()  # SIGTERM: the training writes its resume point at the batch end, then stops
     logging.basicConfig(level=level, format=f"[pid {os.getpid()}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(threads)  # the parent's count: a CPU matmul's sums depend on it
     try:
