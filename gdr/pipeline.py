@@ -573,7 +573,11 @@ def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, corp
     todo = []
     for name, inputs, build, after in trainings:
         marker = pipe.root / f"{name}-{stage_key(json.loads(json.dumps(inputs, default=str)))}" / STAGE_FILE
-        if not (marker.exists() and json.loads(marker.read_text() or "{}").get("status") == "complete"):
+        try:
+            done = json.loads(marker.read_text()).get("status") == "complete"
+        except (OSError, ValueError, AttributeError):  # none yet, or damaged: Pipeline.stage says what and re-runs
+            done = False
+        if not done:
             todo.append((name, inputs, build, after))
     if len(todo) < 2:
         return
