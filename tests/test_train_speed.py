@@ -226,3 +226,23 @@ def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, wor
     assert graphs[-1] == 2  # 60 examples in 4 full batches of 15: widths 8 (1-3 words) and 12 (a mixed batch too)
     assert graphs[-1] == graphs[1]  # nothing traced after the second epoch
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-4, abs=1e-5)
+
+
+def test_the_new_settings_leave_the_stage_keys_of_runs_without_them():
+    """train.concurrent never enters a stage key (only the speed changes); trainer.length_buckets does when on."""
+    from gdr.pipeline import _keyed
+
+    assert _keyed({"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
+        {"trainer": {"max_epochs": 3}}
+    assert _keyed({"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
+
+
+def test_train_concurrent_is_checked_by_its_rule():
+    from gdr.stages.settings import TrainSettings
+    from gdr.validate import ConfigError
+
+    assert TrainSettings().concurrent == "auto" and TrainSettings(concurrent=3).concurrent == 3
+    with pytest.raises(ConfigError, match=r"^concurrent=0: .*retrievers trained at once"):
+        TrainSettings(concurrent=0)
+    cfg = load_config("run", ["+experiment=bbc", "train.concurrent=2"])
+    assert cfg.train.concurrent == 2
