@@ -2,9 +2,9 @@
 
 Processes sharing the device rather than one process stepping several models:
 
-- A small retriever's step on a GPU is bound by the host (Python, Lightning's loop, kernel launches: small30m
-  reaches 13% of the H200's peak at batch 4,096 and less at BBC's 1,024). Processes run that host work on
-  separate CPU cores while the GPU interleaves their kernels; one process stepping N models would serialise it.
+- A small retriever's step on a GPU is bound by the host (Python, Lightning's loop, kernel launches), far from
+  the chip's peak. Processes run that host work on separate CPU cores while the GPU interleaves their kernels;
+  one process stepping N models would serialise it.
 - Each process runs the whole, unchanged training (Lightning's Trainer, checkpoints, resume, signals, seeds), so a
   retriever trained beside others takes the code path it takes alone: the same seed gives the same model (on the
   CPU exactly, at the same thread count; on CUDA within the kernels' own non-determinism). One process stepping
