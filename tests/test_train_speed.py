@@ -246,3 +246,13 @@ def test_train_concurrent_is_checked_by_its_rule():
         TrainSettings(concurrent=0)
     cfg = load_config("run", ["+experiment=bbc", "train.concurrent=2"])
     assert cfg.train.concurrent == 2
+
+
+def test_retrievers_at_once_keeps_a_number_and_is_one_when_each_uses_several_devices():
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import retrievers_at_once
+
+    assert retrievers_at_once(TrainSettings(concurrent=3), 15) == 3
+    assert retrievers_at_once(TrainSettings(concurrent=3), 2) == 2
+    assert retrievers_at_once(TrainSettings(), 15) == 1  # auto on the CPU
+    assert retrievers_at_once(TrainSettings.merged(concurrent=3, trainer={"devices": 2}), 15) == 1

@@ -327,18 +327,25 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
     """``settings.concurrent`` for ``n_jobs`` retrievers: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the
     CPU and on CUDA as many as the free memory holds at the batch each will train at (``n_train``: an upper bound
     on a retriever's training examples; ``docids``: a ``docids.tsv`` of the run, for the docid length and digits
-    the decoder's memory depends on)."""
+    the decoder's memory depends on). A retriever trained on several devices (``trainer.devices``) has them to itself:
+    1."""
     from training.concurrent import resolve_concurrent
+    from training.train import _on_cuda, _world_size
 
     c = settings.to_dict()
+    t = c["trainer"]
+    accelerator = str(t.get("accelerator", "auto"))
+    if _world_size(t.get("devices", "auto"), _on_cuda(accelerator)) > 1:
+        if settings.concurrent not in ("auto", 1):
+            log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent,
+                     t.get("devices"))
+        return 1
     config = model_config_from(c["model"], c["model_presets"])
     if docids is not None and settings.concurrent == "auto":
         _, codes = read_checked_docids(docids)
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
-    t = c["trainer"]
-    return resolve_concurrent(settings.concurrent, n_jobs, str(t.get("accelerator", "auto")), config,
-                              t.get("batch_size", "auto"), n_train)
+    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config, t.get("batch_size", "auto"), n_train)
 
 
 def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int) -> list:
