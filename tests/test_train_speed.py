@@ -1,12 +1,12 @@
 """Training a run's retrievers fast: early stopping within the epoch cap, the BBC experiment's splits, several
-retrievers trained at once, the compiled step and length-bucketed batches (issue 31, items 1-3)."""
+retrievers trained at once, the compiled step and length-bucketed batches."""
 from __future__ import annotations
 
 import pytest
-
-from gdr.config import load_config, to_container
 from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
 from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
+
+from gdr.config import load_config, to_container
 from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 

@@ -30,7 +30,12 @@ import torch
 from gdr import signals
 from gdr.guard import die_with_parent
 from training.model import RetrieverConfig
-from training.train import _on_cuda, _param_estimate, resolve_batch_size, train_memory_per_example
+from training.train import (
+    _on_cuda,
+    _param_estimate,
+    resolve_batch_size,
+    train_memory_per_example,
+)
 
 log = logging.getLogger(__name__)
 
