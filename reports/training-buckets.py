@@ -93,7 +93,8 @@ def main() -> None:
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
     gen_q, gen_d = spans(corpus.model_inputs(), 10, seed=1)
     inputs = {"n_docs": len(corpus), "doc_texts": corpus.model_inputs(),
-              "train_queries": [titles.texts[i] for i in keep], "train_rel": [[pos[titles.relevant[i][0]]] for i in keep], "gen_queries": gen_q, "gen_docs": gen_d}
+              "train_queries": [titles.texts[i] for i in keep],
+              "train_rel": [[pos[titles.relevant[i][0]]] for i in keep], "gen_queries": gen_q, "gen_docs": gen_d}
     s = TrainSettings()
     config = model_config_from({**s.model, "size": args.preset}, s.model_presets)
     codes = random_codes(len(corpus), 10, 3, seed=0)
