@@ -174,7 +174,7 @@ def test_bucketed_order_groups_batches_by_length_deterministically():
     assert padded_per_example(batches) < 0.25 * padded_per_example(plain)
 
 
-def test_a_resumed_bucketed_epoch_skips_whole_batches(word_tokenizer):
+def test_a_resumed_bucketed_epoch_skips_whole_batches():
     import numpy as np
 
     from training.data import ResumeSampler
