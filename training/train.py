@@ -32,7 +32,7 @@ from training.checkpoints import AtomicCheckpointIO, check_last, checkpoint_batc
 from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
 from training.module import RetrieverModule
-from training.stopping import patience_checks, steps_per_check
+from training.stopping import effective_min_steps, patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,10 @@ class TrainerOptions:
     """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
 
     ``batch_size`` "auto" = on CUDA what fits the free memory, up to 4,096, 64 on the CPU (:func:`resolve_batch_size`;
-    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` on CUDA (ignored on the CPU).
+    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` (any device; static shapes:
+    each batch is padded to a fixed width, its length bucket's with ``length_buckets``, so that an epoch traces a few
+    graphs once); ``length_buckets`` groups each batch's examples by input length (``training.data.bucketed_order``),
+    so short queries are not padded to the width of document windows.
     """
 
     max_epochs: int = 20
@@ -151,6 +154,7 @@ class TrainerOptions:
     resume_damaged: str = "best"  # a damaged last.ckpt: start from the best checkpoint's weights, or "fresh"
     enable_progress_bar: bool = True
     compile: bool = False
+    length_buckets: bool = False
 
 
 GPU_BATCH, CPU_BATCH, GPU_BATCH_CAP = 512, 64, 4096
@@ -319,12 +323,25 @@ def _build_module(data: _Data, run: _Run, t: TrainerOptions, seed: int) -> Retri
                              length_penalty=t.length_penalty, seed=seed, fused=run.fused, trie=data.trie,
                              batch_size=run.batch_size)
     log.info("retriever parameters: %s", module.model.n_params())
-    if t.compile and run.cuda:
-        module.model.compile()  # in place: the state dict keeps its keys
+    if t.compile:
+        module.model.compile(dynamic=False)  # in place: the state dict keeps its keys; the data's fixed widths
     return module
 
 
-def _early_stopping(t: TrainerOptions, run: _Run, n_train: int) -> pl.callbacks.EarlyStopping | None:
+def _min_steps(t: TrainerOptions, run: _Run, n_train: int, has_dev: bool) -> int:
+    """``trainer.min_steps``, held to half of the run's steps when early stopping is on, so that the epoch cap
+    does not always win over it (:func:`training.stopping.effective_min_steps`)."""
+    if not (has_dev and (t.patience_steps or t.patience > 0)):
+        return t.min_steps
+    min_steps = effective_min_steps(t.min_steps, n_train, run.batch_size, t.max_epochs, t.max_steps,
+                                    world_size=run.world_size)
+    if min_steps < t.min_steps:
+        log.info("trainer.min_steps=%d is past half of this run's steps (trainer.max_epochs=%d at %d examples a "
+                 "step): early stopping may act from step %d on", t.min_steps, t.max_epochs, run.batch_size, min_steps)
+    return min_steps
+
+
+def _early_stopping(t: TrainerOptions, run: _Run, n_train: int, min_steps: int) -> pl.callbacks.EarlyStopping | None:
     if not (t.patience_steps or t.patience > 0):
         return None
     patience = t.patience
@@ -333,7 +350,7 @@ def _early_stopping(t: TrainerOptions, run: _Run, n_train: int) -> pl.callbacks.
                                     world_size=run.world_size)
         patience = patience_checks(int(t.patience_steps), per_check)
         log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
-                 "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
+                 "not before step %d", t.patience_steps, t.monitor, patience, per_check, min_steps)
     # checked right after each validation, never at an epoch end without one (a run stopped by max_steps
     # mid-epoch, a resumed epoch): there the metric does not exist and Lightning would stop the run with an error
     return pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience,
@@ -378,11 +395,12 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
                  ValidationLog(t.monitor, run.batch_size * run.world_size), *extra]
     if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
-    stopping = _early_stopping(t, run, len(data.examples.train)) if has_dev else None
+    min_steps = _min_steps(t, run, len(data.examples.train), has_dev)
+    stopping = _early_stopping(t, run, len(data.examples.train), min_steps) if has_dev else None
     if stopping is not None:
         callbacks.append(stopping)
     trainer = pl.Trainer(
-        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=t.min_steps or None,
+        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=min_steps or None,
         accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=run.precision,
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
@@ -509,7 +527,8 @@ def train(
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     dm = RetrievalDataModule(data.examples, data.trie, pad_token_id=data.tokenizer.pad_token_id or 0,
                              batch_size=run.batch_size, eval_batch_size=t.eval_batch_size, num_workers=t.num_workers,
-                             seed=seed, pin_memory=run.cuda)
+                             seed=seed, pin_memory=run.cuda, length_buckets=t.length_buckets,
+                             fixed_shapes=t.compile)
     module = _build_module(data, run, t, seed)
     trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
     ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)

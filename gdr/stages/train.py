@@ -7,6 +7,9 @@ written, with one line naming what differs (:func:`check_trained_on`). A finishe
 trainer settings too is reused from its manifest, dev score included (:func:`_finished`).
 
 The real queries of a split come from :func:`gdr.data.splits.split_queries`.
+
+:func:`train_retrievers` trains the retrievers of a run (indexers x seeds) ``train.concurrent`` at a time on one
+device, one process each (:mod:`training.concurrent`), each recorded as it finishes.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "model_config_from", "read_checked_docids", "check_train_inputs", "trained_on",
-           "check_trained_on", "TRAINED_ON"]
+__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "model_config_from", "read_checked_docids",
+           "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON"]
 
 TRAINED_ON = "trained_on.json"
 # Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
@@ -266,3 +269,42 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
                    device=res.device, trainer=_trainer_record(settings),
                    seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
     return res
+
+
+def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None = None,
+                       docids: str | Path | None = None) -> int:
+    """``settings.concurrent`` for ``n_jobs`` retrievers: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the
+    CPU and on CUDA as many as the free memory holds at the batch each will train at (``n_train``: an upper bound
+    on a retriever's training examples; ``docids``: a ``docids.tsv`` of the run, for the docid length and digits
+    the decoder's memory depends on). A retriever trained on several devices (``trainer.devices``) has them to itself:
+    1."""
+    from training.concurrent import resolve_concurrent
+    from training.train import _on_cuda, _world_size
+
+    c = settings.to_dict()
+    t = c["trainer"]
+    accelerator = str(t.get("accelerator", "auto"))
+    if _world_size(t.get("devices", "auto"), _on_cuda(accelerator)) > 1:
+        if settings.concurrent not in ("auto", 1):
+            log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent,
+                     t.get("devices"))
+        return 1
+    config = model_config_from(c["model"], c["model_presets"])
+    if docids is not None and settings.concurrent == "auto":
+        _, codes = read_checked_docids(docids)
+        config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
+        config.max_code_len = config.max_code_len or max(len(x) for x in codes)
+    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config, t.get("batch_size", "auto"), n_train)
+
+
+def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int) -> list:
+    """Run the training ``jobs`` of a run (picklable callables, one per retriever, each training and recording one
+    retriever, e.g. a ``gdr run`` stage) ``concurrent`` at a time on this device, one process each; returns their
+    results in order. Each finished job's own record stands as it finishes, so a run cut short keeps them."""
+    from training.concurrent import run_concurrently
+
+    t0 = time.time()
+    log.info("training %d retrievers, %d at once", len(jobs), concurrent)
+    done = run_concurrently(jobs, concurrent, on_done=lambda i, _: log.info(
+        "retriever %d of %d trained (%.0f s into the batch)", i + 1, len(jobs), time.time() - t0))
+    return done
