@@ -91,7 +91,9 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     from gdr.stages.settings import TrainSettings
     from gdr.stages.train import model_config_from
     from training import concurrent
-    from training.train import _param_estimate, train_memory_per_example
+    from gdr.cost import TRAIN_BYTES_PER_PARAM
+    from training.model import meta_param_count
+    from training.train import train_memory_per_example
 
     s = TrainSettings()
     config = model_config_from({**s.model, "size": "small30m"}, s.model_presets)
@@ -102,7 +104,7 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     monkeypatch.setattr("training.train._on_cuda", lambda accelerator: True)
     free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
     n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
-    per_model = 20 * _param_estimate(config) + 1024 * train_memory_per_example(config)
+    per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * train_memory_per_example(config)
     need = concurrent.CUDA_CONTEXT_BYTES + per_model / 0.6
     assert n == int(free // need) and 2 <= n < 15
     assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n

@@ -27,15 +27,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from gdr import signals
+from gdr import cost, signals
+from gdr.device import free_memory
 from gdr.guard import die_with_parent
-from training.model import RetrieverConfig
-from training.train import (
-    _on_cuda,
-    _param_estimate,
-    resolve_batch_size,
-    train_memory_per_example,
-)
+from training.model import RetrieverConfig, meta_param_count
+from training.train import _on_cuda, resolve_batch_size, train_memory_per_example
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +44,11 @@ def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: 
     """How many retrievers training at ``batch_size`` fit in ``free_bytes`` at once (at least 1, at most ``n_jobs``).
 
     Each needs its CUDA context and what the batch rule plans for it (:func:`training.train.train_batch_for_memory`):
-    20 bytes a parameter (weights, gradients, AdamW states, bf16 copies) and the activations of ``batch_size``
+    :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the activations of ``batch_size``
     examples, within 60% of the memory left to it. So the last one to start still finds the memory its batch was
     sized for, and a retriever trained beside others gets the batch it would get alone."""
-    need = CUDA_CONTEXT_BYTES + (20 * _param_estimate(config) + batch_size * train_memory_per_example(config)) / 0.6
+    fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
+    need = CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config)) / 0.6
     return int(max(1, min(n_jobs, free_bytes // need)))
 
 
@@ -66,7 +63,7 @@ def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = "a
     if not _on_cuda(accelerator) or config is None or n_jobs <= 1:
         return 1
     if free_bytes is None:
-        free_bytes, _ = torch.cuda.mem_get_info()
+        free_bytes = free_memory()
     batch = resolve_batch_size(batch_size, accelerator, config=config, n_train=n_train, free_bytes=free_bytes)
     n = concurrent_for_memory(config, batch, free_bytes, n_jobs)
     log.info("train.concurrent=auto: %d retrievers at once (batch %d, %.1f GB free)", n, batch, free_bytes / 1e9)
