@@ -384,6 +384,7 @@ class RunContext:
     bm25: StageRecord | None = None
     results: dict[str, list[dict]] = field(default_factory=dict)  # per indexer, one row of test metrics per seed
     eval_dirs: dict[str, list[Path]] = field(default_factory=dict)  # per-query metrics for the paired tests
+    train_batch: int | None = None  # trainer.batch_size=auto resolved once for every retriever of the run
 
     def lm(self):
         if self._lm is None:
@@ -581,6 +582,8 @@ def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
     """6. One retriever per (indexer, seed) on that indexer's docids."""
     cfg, idx, doc_q, use_gen = run.cfg, run.indexes[method], run.doc_queries, run.uses_generated
     train_cfg = to_container(cfg.train)
+    if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
+        train_cfg["trainer"]["batch_size"] = run.train_batch
     train_q = _queries_section(cfg, cfg.queries.train_split)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": train_q, "train": _keyed(train_cfg), "seed": seed}
@@ -591,12 +594,54 @@ def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
 
 
 def train_at_once(run: RunContext) -> None:
-    """6a. The run's unfinished retrievers trained ``train.concurrent`` at a time (:func:`_train_at_once`); the
-    loop of :func:`run_pipeline` then reuses each finished stage in order."""
+    """6a. ``trainer.batch_size=auto`` resolved once for the run (:func:`resolve_train_batch`), then the run's
+    unfinished retrievers trained ``train.concurrent`` at a time (:func:`_train_at_once`); the loop of
+    :func:`run_pipeline` then reuses each finished stage in order."""
+    n_train = _train_examples_bound(run)
+    run.train_batch = resolve_train_batch(run, n_train)
     specs = [train_spec(run, method, int(seed)) for method in run.indexes for seed in run.cfg.seeds]
-    per_doc = int(run.cfg.doc_queries.per_doc) if run.uses_generated else 0
-    _train_at_once(run.pipe, [(s.name, s.inputs, s.build, list(s.after)) for s in specs],
-                   to_container(run.cfg.train), run.corpus, per_doc)
+    train_cfg = to_container(run.cfg.train)
+    if run.train_batch is not None:
+        train_cfg["trainer"]["batch_size"] = run.train_batch
+    _train_at_once(run.pipe, [(s.name, s.inputs, s.build, list(s.after)) for s in specs], train_cfg, n_train)
+
+
+def _train_examples_bound(run: RunContext) -> int:
+    """An upper bound on one retriever's training examples (real training queries, each document's first window,
+    its random windows and its generated queries), which sizes ``auto`` batches."""
+    cfg = run.cfg
+    qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data),
+                       set(run.corpus.doc_ids), cfg.data.get("docs_tsv"))
+    per_doc = int(cfg.doc_queries.per_doc) if run.uses_generated else 0
+    windows = 1 + int(cfg.train.examples.get("doc_windows") or 0)
+    return len(run.corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
+
+
+AUTO_SIZES_FILE = "auto_sizes.json"  # the run's resolved auto sizes, on the device that resolved them
+
+
+def resolve_train_batch(run: RunContext, n_train: int) -> int | None:
+    """``trainer.batch_size=auto`` resolved once per run and recorded in ``<run>/auto_sizes.json``: every retriever
+    of the run, and the run resumed on the same kind of device, trains at that batch whatever else holds the
+    device's memory by then; another device resolves (and keys) its own. None for a batch size given as a number."""
+    if run.cfg.train.trainer.batch_size != "auto":
+        return None
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import resolve_run_batch, training_device
+
+    settings = TrainSettings.from_dict(to_container(run.cfg.train))
+    path = run.pipe.root / AUTO_SIZES_FILE
+    device = training_device(settings)
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = {}
+    if saved.get("device") == device and isinstance(saved.get("train_batch"), int):
+        return saved["train_batch"]
+    batch = resolve_run_batch(settings, [str(r.path / "docids.tsv") for r in run.indexes.values()], n_train)
+    atomic_write_json(path, {"device": device, "train_batch": batch})
+    log.info("trainer.batch_size=auto: %d on %s for every retriever of this run (%s)", batch, device, path.name)
+    return batch
 
 
 def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord) -> StageSpec:
@@ -656,10 +701,10 @@ def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after:
     return Pipeline(root).stage(name, inputs, build, after=after, outputs=TRAIN_OUTPUTS)
 
 
-def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, corpus, per_doc: int) -> None:
+def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, n_train: int) -> None:
     """Train the run's unfinished retrievers ``train.concurrent`` at a time, one process each, when that is more
     than one; each stage is marked finished as its retriever finishes, and the stages are then reused in order.
-    ``per_doc``: generated training queries per document (0 without them)."""
+    ``n_train``: an upper bound on a retriever's training examples."""
     from functools import partial
 
     from gdr.stages.settings import TrainSettings
@@ -677,13 +722,7 @@ def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, corp
     if len(todo) < 2:
         return
     settings = TrainSettings.from_dict(train_cfg)
-    first = todo[0][2]
-    n_train = None
-    if settings.concurrent == "auto":  # an upper bound on a retriever's examples sizes its batch (batch auto)
-        qs = split_queries(first.queries, first.data, set(corpus.doc_ids), first.data.get("docs_tsv"))
-        windows = 1 + int(train_cfg["examples"].get("doc_windows") or 0)
-        n_train = len(corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
-    at_once = retrievers_at_once(settings, len(todo), n_train, first.docids)
+    at_once = retrievers_at_once(settings, len(todo), n_train, todo[0][2].docids)
     if at_once > 1:
         train_retrievers([partial(_train_stage, pipe.root, *t) for t in todo], at_once)
 

@@ -29,7 +29,8 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "model_config_from", "read_checked_docids",
+__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve_run_batch", "training_device",
+           "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON"]
 
 TRAINED_ON = "trained_on.json"
@@ -295,6 +296,30 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
     return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config, t.get("batch_size", "auto"), n_train)
+
+
+def training_device(settings: TrainSettings) -> str:
+    """The device a retriever of ``settings`` trains on, by name (``NVIDIA H200``, ``cpu``): what an ``auto`` size
+    resolved for it holds for."""
+    from gdr.cost import device_name
+    from training.train import _on_cuda
+
+    return device_name("cuda" if _on_cuda(str(settings.trainer.get("accelerator", "auto"))) else "cpu")
+
+
+def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_train: int) -> int:
+    """``trainer.batch_size`` for every retriever of a run, resolved once (:func:`training.train.resolve_train_batch`,
+    free memory read with the cache emptied): sized for the largest decoder among the runs' ``docids`` files (the
+    most digits and the longest docid) and ``n_train`` training examples."""
+    from training.train import TrainerOptions, resolve_train_batch
+
+    c = settings.to_dict()
+    config = model_config_from(c["model"], c["model_presets"])
+    codes = [code for path in docids for code in read_checked_docids(path)[1]]
+    if codes:
+        config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
+        config.max_code_len = config.max_code_len or max(len(x) for x in codes)
+    return resolve_train_batch(TrainerOptions(**c["trainer"]), config, n_train)
 
 
 def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int) -> list:
