@@ -1,4 +1,4 @@
-"""Bytes the attention reads per decode step with and without transformers' ``repeat_kv`` (issue 26, item 2),
+"""Bytes the attention reads per decode step with and without transformers' ``repeat_kv``,
 from the model's config, and the CPU time of one decode step's attention (one layer) both ways, side by side.
 
     python reports/gqa-decode.py [--batch 64] [--cache 320] [--reps 20]
