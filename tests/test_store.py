@@ -69,7 +69,7 @@ def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
 def test_small_shards_are_scored_in_groups_that_fill_a_doc_batch(lm, tmp_path):
     """2-document shards at a doc batch of 4: scored two shards at a time (batches of 4, as 4-document shards
     give, bit for bit), one marker per shard; a half-finished group resumes to the same matrix, rewriting
-    only its unfinished shard. Before, every shard was its own call: batches of 2."""
+    only its unfinished shard (one call per shard would score batches of 2)."""
     ref = tmp_path / "ref"
     score_run(lm, DOCS, DOC_IDS, QUERIES, ref, shard_size=4, doc_batch_size=4, progress=False)
     small = tmp_path / "small"
