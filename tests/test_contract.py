@@ -427,7 +427,8 @@ def test_a_query_split_other_than_train_dev_test_is_refused_at_load(tmp_path):
      r"qid 'a\\nb' \(row 0\) holds a line break"),
 ])
 def test_ids_with_a_tab_a_line_break_or_nan_are_refused_at_load(tmp_path, make, match):
-    """An id "h\\t2" passed gdr score and gdr index and broke docids.tsv; a NaN id became 'nan', 1.0 '1.0'."""
+    """An id holding a tab or a line break (which would break docids.tsv), or a NaN or float id (which would
+    become 'nan' or '1.0'), is refused where the corpus or query set is made."""
     with pytest.raises(gdr.DataError, match=match):
         make(tmp_path)
 

@@ -272,7 +272,8 @@ def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp
 
 def test_a_full_disk_inside_a_checkpoint_write_is_one_line_with_the_space_needed(toy, tmp_path, capsys, monkeypatch):
     """The disk fills up while torch writes a checkpoint: torch raises a RuntimeError (`enforce fail at
-    inline_container.cc`) from the OSError, which gave a 77-line traceback and exit 1."""
+    inline_container.cc`) from the OSError; gdr train turns it into one line naming the space needed, not a
+    77-line traceback and exit 1."""
     from test_disk_full import fill_disk_for
 
     out = tmp_path / "run"
