@@ -222,7 +222,7 @@ def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
 # ------------------------------------------------------------------------------------------ integrity
 def test_truncated_p_is_rescored_never_zero_filled(lm, tmp_path, caplog):
     """`truncate -s` of a finished P.npy, then the rerun our own message advises: the lost rows are re-scored
-    (the old code extended the file with zeros and trusted every shard marker)."""
+    (never zero-filled with every shard marker trusted)."""
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
     ref = np.load(tmp_path / "P.npy").copy()
     # cut right after the last row of the shard that ends first: that shard keeps its work, the others lose rows
@@ -274,7 +274,7 @@ def test_legacy_shard_markers_are_checked_then_adopted(lm, tmp_path):
     for m in (tmp_path / "P.shards").glob("*.done"):
         m.write_text("")
     P = np.load(tmp_path / "P.npy", mmap_mode="r+")
-    P[-1] = 0.0  # what the old code's zero-fill left
+    P[-1] = 0.0  # what an older gdr's zero-fill left
     P.flush()
     del P
     with _scored_batches(lm) as calls:

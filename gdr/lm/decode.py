@@ -246,7 +246,7 @@ class Decoder:
             return make()
         if cache is None:
             # a few shapes (the full batch and the buckets of smaller ones), at most twice the largest
-            # batch's rows in all: the memory the old two-shape pool could hold
+            # batch's rows in all
             rows = sum(k[1] for k in self._pool) + key[1]
             if rows > 2 * max([key[1], *(k[1] for k in self._pool)]):
                 self._pool.clear()
