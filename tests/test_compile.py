@@ -249,8 +249,8 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
 
 
 def test_the_compile_record_does_not_make_a_finished_folder_stale(tmp_path, monkeypatch):
-    """compile_last_call is what a call did, not a setting: a folder finished before it and the numerics were
-    recorded is reused as it is, not re-sampled (one that records another decode path is refused:
+    """compile_last_call is what a call did, not a setting: a folder whose manifest lacks it and the numerics (an older
+    gdr's) is reused as it is, not re-sampled (one that records another decode path is refused:
     test_sampling.py)."""
     lm = tiny_llama()
     rows = sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=False, **KW)

@@ -130,7 +130,7 @@ def test_p_of_another_device_is_refused_and_its_numerics_recorded(lm, tmp_path):
                                               "float32 here") as e:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
     assert "\n" not in str(e.value) and np.array_equal(before, np.load(tmp_path / "P.npy"))
-    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # before it was recorded
+    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # an older gdr's: no device
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
     assert json.loads(man_path.read_text())["device"] == "cpu"
 
