@@ -258,7 +258,7 @@ def _failure(folder: Path, read: Callable[[], Any]) -> tuple[str, str] | None:
 
 def _check_score_folder(folder: Path) -> tuple[str, str] | None:
     """A score stage of an older gdr: P, doc ids and queries agree with their manifests, no zero rows in P
-    (what the old code left after re-entering a truncated P)."""
+    (what an older gdr left after re-entering a truncated P)."""
     from gdr.store import P_FILE, load_run
 
     box = {}

@@ -1,5 +1,5 @@
-"""Scoring time and error of the demo's P in fp32, bf16, and bf16 with bf16 rotary frequencies (the copy
-before issue 26), side by side in one process.
+"""Scoring time and error of the demo's P in fp32, bf16, and bf16 with bf16 rotary frequencies (what
+``Module.to(bfloat16)`` gives), side by side in one process.
 
     python reports/bf16-scoring-speed.py runs/bf16-eval/fp32 [--docs 8] [--reps 3] [--threads 1] [--max-doc-tokens N]
 

@@ -1,11 +1,11 @@
-"""Bytes the attention reads per decode step with and without transformers' ``repeat_kv`` (issue 26, item 2),
+"""Bytes the attention reads per decode step with and without transformers' ``repeat_kv``,
 from the model's config, and the CPU time of one decode step's attention (one layer) both ways, side by side.
 
     python reports/gqa-decode.py [--batch 64] [--cache 320] [--reps 20]
 
-Before: under a mask (every StaticCache decode step) transformers' SDPA path copies each layer's keys and
+With ``repeat_kv``: under a mask (every StaticCache decode step) transformers' SDPA path copies each layer's keys and
 values G = heads / kv_heads times (``repeat_kv``: read K/V once, write G copies) and SDPA then reads the G
-copies. After (:func:`gdr.lm.attention.grouped_sdpa`): SDPA reads each layer's K/V once.
+copies. Without it (:func:`gdr.lm.attention.grouped_sdpa`): SDPA reads each layer's K/V once.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 
 def kv_bytes(cfg, batch: int, cache: int, elem: int = 2) -> dict:
-    """Bytes of the KV cache the attention of one decode step touches (all layers), before and after."""
+    """Bytes of the KV cache the attention of one decode step touches (all layers), with and without ``repeat_kv``."""
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     g = heads // kv

@@ -1,4 +1,4 @@
-"""Every advised command works as printed (issue 28, 6): each place in the code that builds a `gdr ...` command
+"""Every advised command works as printed: each place in the code that builds a `gdr ...` command
 into a message (found by grep, below) is run here: the message is provoked, the command taken from it verbatim,
 run, and the folder then reads. The commands are rebuilt from the folder's own saved config
 (:func:`gdr.config.rerun_command`), with the corpus's ``data=`` group and every key the command needs."""
@@ -267,7 +267,7 @@ def test_index_add_advice_pastes(setup, tmp_path, capsys):  # noqa: F811
 
 # ----------------------------------------------------------------------------------- docids
 def test_the_docids_advice_of_an_hkmi_index_names_its_corpus(setup, tmp_path, capsys):  # noqa: F811
-    """Issue 28, 6: the advice for a damaged docids.tsv of an hkmi index dropped data=, so it failed with
+    """The advice for a damaged docids.tsv of an hkmi index names its corpus (data=), without which it fails with
     `method=hkmi: needs the document texts`."""
     root, folder = setup
     idx = tmp_path / "idx"

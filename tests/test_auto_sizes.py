@@ -39,8 +39,9 @@ def test_free_memory_empties_the_cache_before_reading_and_is_none_on_the_cpu(mon
 
 
 def test_the_training_batch_is_resolved_from_memory_with_the_cache_given_back(monkeypatch):
-    """batch_size=auto read mem_get_info as it was: after a first retriever had trained, its cached blocks
-    counted as used and the next retriever of the same run got a smaller batch (and other learning rates)."""
+    """batch_size=auto gives the CUDA cache back before reading mem_get_info: else, after a first retriever has
+    trained, its cached blocks count as used and the next retriever of the same run gets a smaller batch (and
+    other learning rates)."""
     from gdr.bench.common import preset_config
     from training.train import TrainerOptions, resolve_train_batch, train_batch_for_memory
 

@@ -142,7 +142,7 @@ def test_a_step_missing_a_key_a_failing_step_and_a_hung_step_are_recorded(tmp_pa
 def test_a_step_stopped_at_its_limit_keeps_its_last_json_line_and_loses_its_process_group(tmp_path):
     """A benchmark killed at its limit (a cold compile ran long) still gives the figures of the last JSON line
     it printed, marked partial; its process group goes with it (inductor's compile workers would otherwise
-    keep the GPU and the CPUs busy during the next step). It was given --deadline, its limit less the margin."""
+    keep the GPU and the CPUs busy during the next step). It is given --deadline, its limit less the margin."""
     import time
 
     marker = tmp_path / "grandchild-survived"

@@ -66,7 +66,8 @@ def test_cluster_corpus_on_planted_logp():
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_every_command_has_help(capsys, flag):
-    """Issue 23, 2: `gdr run --help` was `LexerNoViableAltException: --help` (exit 2) for every command."""
+    """`gdr <command> --help` (and -h) prints the command's help for every command, not Hydra's
+    `LexerNoViableAltException: --help` (exit 2)."""
     from gdr.cli import HELP
 
     for name in COMMANDS:

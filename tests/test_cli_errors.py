@@ -53,7 +53,7 @@ CASES = {
         (["train", "docids={docids}", "examples.dev_fraction=1.0"], "examples.dev_fraction=1.0", "[0, 1)"),
         (["evaluate", "run_dir={train}", "k=20", "beam=10"], "k=20", "beam=10"),
         (["sample", "progress=flase"], "progress=flase", "true or false"),
-        # issue 23, 3: refused after the score, cluster and index stages had run, as `fractions=`
+        # refused with the config, before any stage runs (not after scoring, clustering and indexing)
         (["run", "+experiment=demo", "queries.fractions=[0.5,0.6,0.1]"], "queries.fractions=[0.5, 0.6, 0.1]",
          "must sum to 1 (these sum to 1.2)"),
         (["train", "docids={docids}", "+queries.fractions=[0.5,0.5]"], "queries.fractions=[0.5, 0.5]", "three"),

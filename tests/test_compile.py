@@ -38,8 +38,8 @@ def test_compiled_sampling_compiles_once_per_bucket_and_keeps_the_queries(tmp_pa
     """The CUDA configuration (sample.compile=true: row buckets, bucketed cache lengths, a compiled step),
     traced by dynamo on the CPU with the eager backend. Runs of 21, 5, 13 and 30 queries at batch size 16
     and per-document runs (15 and 9 rows a batch) decode batches of 16, 15, 14, 13, 9, 5 rows: every one
-    reuses one of the two buckets (8, 16), one compiled graph each. The old decoder compiled one graph per
-    distinct batch shape (rows x cache length)."""
+    reuses one of the two buckets (8, 16), one compiled graph each, rather than one graph per distinct batch shape
+    (rows x cache length)."""
     import torch._dynamo
 
     lm = tiny_llama()
@@ -249,8 +249,8 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
 
 
 def test_the_compile_record_does_not_make_a_finished_folder_stale(tmp_path, monkeypatch):
-    """compile_last_call is what a call did, not a setting: a folder finished before it and the numerics were
-    recorded is reused as it is, not re-sampled (one that records another decode path is refused:
+    """compile_last_call is what a call did, not a setting: a folder whose manifest lacks it and the numerics (an older
+    gdr's) is reused as it is, not re-sampled (one that records another decode path is refused:
     test_sampling.py)."""
     lm = tiny_llama()
     rows = sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=False, **KW)

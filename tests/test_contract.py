@@ -1,4 +1,4 @@
-"""One contract for every entry point (issue 28): the Python API's functions and the settings dataclasses refuse
+"""One contract for every entry point: the Python API's functions and the settings dataclasses refuse
 what the commands refuse, with the commands' rules and messages, before any model or data loads; the stage
 functions lock their out folder as the commands do; `gdr run` checks the settings that compare with the corpus
 before its first stage."""
@@ -40,7 +40,7 @@ def no_loading(monkeypatch):
 
 
 def _queries(n: int = 2):
-    """A valid query set (the type checks of issue 27 come before nothing else: the numbers are what is tested)."""
+    """A valid query set, so that only the numbers passed beside it are under test."""
     return gdr.QuerySet(name="toy", qids=[f"q{i}" for i in range(n)], texts=[f"query {i}" for i in range(n)],
                         relevant=[[f"d{i}"] for i in range(n)], splits=["test"] * n)
 
@@ -123,7 +123,8 @@ CASES = _cases()
 
 def test_every_export_with_settings_or_numbers_is_covered():
     """A function of gdr.__all__ that takes settings (**kwargs or a mapping) must be listed in SETTINGS_OF, so the
-    parametrized test below covers its numbers too; and the list covers what the issue found."""
+    parametrized test below covers its numbers too; and the list covers the numbers that reach a model or a file
+    when unchecked."""
     for name in gdr.__all__:
         obj = getattr(gdr, name)
         if not callable(obj) or inspect.isclass(obj):
@@ -170,7 +171,7 @@ def _call(name: str, where: str, value, tmp_path: Path):
 
 @pytest.mark.parametrize("name,where,shown", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_a_number_out_of_range_is_refused_naming_the_argument(no_loading, tmp_path, name, where, shown):
-    """Issue 28, 2 and 7: every gdr.* function (and settings class) that takes a number refuses one out of its
+    """Every gdr.* function (and settings class) that takes a number refuses one out of its
     range, naming the argument, before a model or data loads and before any file is written."""
     value = BAD.get(shown, -1)
     with pytest.raises((ValueError, TypeError)) as e:
@@ -194,9 +195,9 @@ def test_a_number_out_of_range_is_refused_naming_the_argument(no_loading, tmp_pa
     (lambda t: gdr.bm25(_corpus(), _queries(), t, k=0), r"^k=0: must be a positive integer"),
     (lambda t: gdr.load_corpus("bbc", n_docs=0), r"^n_docs=0: must be null or a positive integer"),
 ])
-def test_the_issues_bad_api_values_are_refused_first(no_loading, tmp_path, call, match):
-    """Issue 28, 2 and 7: each was accepted and gave junk (identical rows of P, gibberish queries, R@1 of another
-    beam, all-zero BM25, an empty corpus) or failed after the model loaded, leaving a manifest."""
+def test_bad_api_values_are_refused_before_anything_loads(no_loading, tmp_path, call, match):
+    """Each value, unchecked, gives junk (identical rows of P, gibberish queries, R@1 of another beam, all-zero
+    BM25, an empty corpus) or fails after the model loads, leaving a manifest: refused first, nothing written."""
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match=match):
         call(out)
@@ -232,7 +233,7 @@ def test_settings_and_commands_share_one_table(tmp_path):
 
 
 def test_a_document_with_empty_text_is_not_scored(no_loading, tmp_path):
-    """Issue 28, 2: gdr.score scored a corpus holding an empty text; refused now unless the loader kept it on
+    """gdr.score refuses a corpus holding an empty text before writing anything, unless the loader kept it on
     purpose (on_empty=keep lists it in corpus.info)."""
     corpus = gdr.Corpus(name="toy", doc_ids=["a", "b", "c"], texts=["one", "  ", "three"])
     with pytest.raises(ValueError, match=r"document 'b' has empty text"):
@@ -256,8 +257,8 @@ def _hold(folder: Path):
 
 
 def test_stage_functions_lock_their_folder_as_the_commands_do(setup, tmp_path):  # noqa: F811
-    """Issue 28, 5: gdr.score(...) and `gdr score out=<same>` ran into one folder together. Every stage function
-    now takes the folder's lock: refused while another process holds it, released when it returns."""
+    """gdr.score(...) and `gdr score out=<same>` never write one folder together: every stage function takes
+    the folder's lock, refused while another process holds it, released when it returns."""
     from gdr import guard
 
     root, folder = setup
@@ -298,7 +299,8 @@ BBC = ["data=bbc", "data.n_docs=20", "queries.name=titles", "data.drop_title=tru
 ])
 def test_run_refuses_settings_that_compare_with_the_corpus_before_stage_1(setup, tmp_path, capsys, extra,  # noqa: F811
                                                                         line):
-    """Issue 28, 4: each was refused only at its stage, after sampling and scoring (~90 s on a fresh run)."""
+    """Each is refused before the first stage, not at its own stage after sampling and scoring (~90 s on a fresh
+    run)."""
     root, folder = setup
     out = tmp_path / "run"
     args = [a for a in _args(root, folder, out, *extra) if not (a.startswith("data.name=") and "data=bbc" in extra)]
@@ -370,10 +372,11 @@ def _p_run(doc_ids):
     (lambda t: gdr.evaluate_clusters(_corpus(), _p_run([f"d{i}" for i in (0, 1, 2, 3, 5, 4)]), t), gdr.DataError,
      r"row 4 is document 'd5', corpus 'toy' has 'd4' there"),
 ])
-def test_arguments_that_ran_or_failed_late_are_refused_first(no_loading, tmp_path, call, error, match):
-    """Each of these ran (inf, a split that filtered nothing or did not exist, a relevant id scored as a miss) or
-    failed after the model loaded or deep in a library (per_doc=0, a 72.8 TiB MemoryError, a list for a dict, an
-    empty query set in bm25s, a corpus that is not P's): now refused by name before a model or data loads."""
+def test_arguments_that_would_run_wrong_or_fail_late_are_refused_first(no_loading, tmp_path, call, error, match):
+    """Unchecked, each of these runs (inf, a split that filters nothing or does not exist, a relevant id scored as
+    a miss) or fails after the model loads or deep in a library (per_doc=0, a 72.8 TiB MemoryError, a list for a
+    dict, an empty query set in bm25s, a corpus that is not P's): each is refused by name before a model or data
+    loads."""
     out = tmp_path / "out"
     with pytest.raises(error, match=match) as e:
         call(out)
@@ -382,14 +385,14 @@ def test_arguments_that_ran_or_failed_late_are_refused_first(no_loading, tmp_pat
 
 
 def test_split_scores_only_that_splits_queries(tmp_path):
-    """gdr.bm25(..., split='test') scored the train query too and recorded "split": "test"."""
+    """gdr.bm25(..., split='test') scores the test queries only, not the train query beside them."""
     m = gdr.bm25(_corpus(), _two_splits(), tmp_path / "b", k=3, split="test")
     assert m["n_queries"] == 1
     assert gdr.bm25(_corpus(), _two_splits(), tmp_path / "c", k=3, split="train")["n_queries"] == 1
 
 
 def test_relevant_ids_outside_the_corpus_are_dropped_only_when_asked_and_counted(tmp_path, caplog):
-    """A relevant id missing from the corpus counted as a miss without a word; with drop_unknown_qrels=True it is
+    """A relevant id missing from the corpus is refused (it would count as a miss); with drop_unknown_qrels=True it is
     dropped with a warning naming the count and one id, and metrics.json says how many."""
     import json
     import logging
@@ -402,7 +405,7 @@ def test_relevant_ids_outside_the_corpus_are_dropped_only_when_asked_and_counted
 
 
 def test_a_query_split_other_than_train_dev_test_is_refused_at_load(tmp_path):
-    """A query of split 'zzz' was counted as test."""
+    """A query of split 'zzz' is refused at load (never counted as test)."""
     with pytest.raises(gdr.DataError, match=r"query 'q0' has split 'zzz'; a split is one of train, dev, test"):
         gdr.QuerySet(name="toy", qids=["q0"], texts=["x"], relevant=[["d0"]], splits=["zzz"])
     folder = gdr.write_beir(_corpus(), _queries(), tmp_path / "beir")
@@ -424,7 +427,8 @@ def test_a_query_split_other_than_train_dev_test_is_refused_at_load(tmp_path):
      r"qid 'a\\nb' \(row 0\) holds a line break"),
 ])
 def test_ids_with_a_tab_a_line_break_or_nan_are_refused_at_load(tmp_path, make, match):
-    """An id "h\\t2" passed gdr score and gdr index and broke docids.tsv; a NaN id became 'nan', 1.0 '1.0'."""
+    """An id holding a tab or a line break (which would break docids.tsv), or a NaN or float id (which would
+    become 'nan' or '1.0'), is refused where the corpus or query set is made."""
     with pytest.raises(gdr.DataError, match=match):
         make(tmp_path)
 

@@ -83,16 +83,16 @@ def _damage(path: Path, how: str) -> None:
 
 # (stage, file in its folder, damage, byte-equal to the undamaged file after the rerun)
 CASES = [
-    ("score", "P.npy", "truncate", True),            # the issue's reproduction 1: never zero-filled
+    ("score", "P.npy", "truncate", True),            # the lost rows re-scored, never zero-filled
     ("score", "P.npy", "bitflip", True),             # one shard re-scored
     ("score", "P.shards/00002.done", "delete", True),
-    ("score", "queries.jsonl", "break_line", True),  # reproduction 8: re-sampled, not "fix that line"
+    ("score", "queries.jsonl", "break_line", True),  # re-sampled: an edited line cannot restore what P scored
     ("score", "queries.jsonl", "delete_line", True),
     ("doc-queries", "doc_queries.jsonl", "duplicate_line", True),
-    ("index-gc", "docids.tsv", "duplicate_line", True),  # reproduction 2
+    ("index-gc", "docids.tsv", "duplicate_line", True),  # a document twice
     ("index-gc", "tree_state.npz", "truncate", False),  # np.savez stamps the time
     ("index-bmi", "stage.json", "truncate", False),
-    ("index-gc", "stage.json", "delete", False),  # issue 23, 5: was redone with only an INFO "running into"
+    ("index-gc", "stage.json", "delete", False),  # rebuilt, the lost file named in the one line
     ("train-gc-s0", "model/model.pt", "bitflip", False),
     ("train-bmi-s0", "checkpoints/last.ckpt", "delete", False),
     ("eval-bmi-s0", "run.trec", "bitflip", True),
@@ -172,7 +172,7 @@ def _older_version_copy(ref: Path, out: Path) -> Path:
 
 
 def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, capsys, caplog):
-    """stage.json without checksums and empty shard markers (older gdr), with the zero rows the old code left
+    """stage.json without checksums and empty shard markers (older gdr), with the zero rows an older gdr left
     after re-entering a truncated P: the zeros are re-scored, the rest is kept and its checksums recorded."""
     root, folder, ref, head = finished
     out = _older_version_copy(ref, tmp_path / "run")
@@ -197,8 +197,8 @@ def test_run_of_an_older_version_is_checked_then_adopted(finished, tmp_path, cap
 
 
 def test_a_lost_stage_json_and_a_damaged_doc_queries_file_are_redone(finished, tmp_path, capsys, caplog):
-    """Issue 28, 6: with the doc-queries stage.json deleted and a line of doc_queries.jsonl gone, the damage was
-    named but not redone (exit 2, the advice then worked): the stage re-samples it now, with one line."""
+    """With the doc-queries stage.json deleted and a line of doc_queries.jsonl gone, `gdr run` re-samples the
+    stage itself, with one line naming the damage (not an exit 2 asking the user to run the advice)."""
     root, folder, ref, head = finished
     out = tmp_path / "run"
     shutil.copytree(ref, out)
@@ -213,7 +213,7 @@ def test_a_lost_stage_json_and_a_damaged_doc_queries_file_are_redone(finished, t
 
 
 def test_p_repaired_by_hand_is_not_scored_again_by_run(finished, tmp_path, capsys, caplog):
-    """Repro 1 as a user does it: `gdr score` repairs a truncated P in a stage folder (rewriting its
+    """A truncated P repaired as a user does it: `gdr score` repairs a truncated P in a stage folder (rewriting its
     manifest), then `gdr run` re-checks that stage and keeps every shard whose rows match their checksum."""
     root, folder, ref, head = finished
     out = tmp_path / "run"
@@ -286,7 +286,8 @@ def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(f
 
 @pytest.mark.parametrize("command", ["train", "evaluate"])
 def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path, capsys, command):
-    """Reproduction 3: `gdr train` took the last of two lines for one document; every reader refuses now."""
+    """A docids.tsv with two lines for one document (or one code for two) is refused by every reader,
+    `gdr train` included, rather than one line silently winning."""
     root, folder, ref, _ = finished
     idx, tr = _folder(ref, "index-gc"), _folder(ref, "train-gc-s0")
     lines = (idx / "docids.tsv").read_text().splitlines(keepends=True)
@@ -300,7 +301,7 @@ def test_docids_with_a_doc_twice_or_a_shared_code_are_refused(finished, tmp_path
             bad.write_text("".join(lines) + extra)
             argv = ["train", f"data.name={folder}", f"docids={bad}", "model.size=tiny", f"out_dir={tmp_path / 't'}"]
             assert main(argv) == 2
-            assert not (tmp_path / "t").exists()  # issue 23, 5: refused before out_dir is made (it held config.yaml)
+            assert not (tmp_path / "t").exists()  # refused before out_dir is made (no config.yaml left behind)
             capsys.readouterr()
         else:
             run = tmp_path / "tr"
@@ -342,7 +343,7 @@ def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished
     root, folder, ref, head = finished
     out = tmp_path / "run"
     shutil.copytree(ref, out)
-    shutil.rmtree(_folder(out, "train-gc-s0"))  # the issue's `rm -rf r/train-gc*`
+    shutil.rmtree(_folder(out, "train-gc-s0"))  # as `rm -rf r/train-gc*` does: training starts afresh
     rc, err, seconds = _signalled_at("train-slow", signal.SIGTERM, _args(root, folder, out, *EXTRA)[1:], tmp_path)
     assert rc == 143, err[-2000:]
     assert _last_line(err) == ("gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to "
@@ -377,7 +378,7 @@ def test_a_signal_while_sampling_or_between_stages_stops_with_one_line(finished,
 
 
 def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
-    """Ctrl-C during `gdr train` exited 1 (Lightning's own exit); now 130 and the line, with a resume point."""
+    """Ctrl-C during `gdr train` exits 130 (not Lightning's own exit 1) with the one line and a resume point."""
     root, folder, ref, _ = finished
     out = tmp_path / "t"
     argv = [f"data.name={folder}", f"docids={_folder(ref, 'index-gc') / 'docids.tsv'}", "model.size=tiny",
@@ -394,8 +395,8 @@ def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
 @pytest.mark.parametrize("line,want", [("q0\td999\t1", "corpus-id 'd999' is not in the corpus"),
                                        ("q999\td0\t1", "query-id 'q999' is not in queries.jsonl")])
 def test_a_bad_qrels_line_is_refused_before_the_first_stage(setup, tmp_path, capsys, line, want):  # noqa: F811
-    """Issue 23, 3: a qrels/test.tsv line naming an unknown document or query was refused at the bm25
-    stage, after scoring and indexing. Now before any stage starts, in seconds."""
+    """A qrels/test.tsv line naming an unknown document or query is refused before any stage starts, in seconds,
+    not at the bm25 stage after scoring and indexing."""
     root, folder = setup
     bad = tmp_path / "toy"
     shutil.copytree(folder, bad)
@@ -413,8 +414,8 @@ def test_a_bad_qrels_line_is_refused_before_the_first_stage(setup, tmp_path, cap
 
 
 def test_an_older_run_with_a_damaged_model_is_rebuilt_not_adopted(finished, tmp_path, capsys, caplog):
-    """Issue 23, 4: a stage folder of an older gdr (stage.json without checksums) with a damaged model.pt was
-    recorded as good, and every rerun stopped at evaluation. The train folder's own manifest is checked now."""
+    """A stage folder of an older gdr (stage.json without checksums) with a damaged model.pt is rebuilt, not
+    recorded as good (every rerun would stop at evaluation): the train folder's own manifest is checked."""
     root, folder, ref, head = finished
     out = _older_version_copy(ref, tmp_path / "run")
     target = _folder(out, "train-gc-s0") / "model" / "model.pt"
@@ -426,8 +427,8 @@ def test_an_older_run_with_a_damaged_model_is_rebuilt_not_adopted(finished, tmp_
 
 
 def test_the_advised_retrain_command_works_as_printed(finished, tmp_path, capsys):
-    """Issue 23, 4: `gdr evaluate` on a train folder with a damaged model advised `gdr train out_dir=<folder>`,
-    which fails with `docids=???`. The advice is now the whole command, from the folder's saved config."""
+    """`gdr evaluate` on a train folder with a damaged model advises the whole `gdr train` command, from the
+    folder's saved config (a bare `gdr train out_dir=<folder>` fails with `docids=???`), and it runs."""
     root, folder, ref, _ = finished
     run = tmp_path / "tr"
     shutil.copytree(_folder(ref, "train-gc-s0"), run)
@@ -443,8 +444,8 @@ def test_the_advised_retrain_command_works_as_printed(finished, tmp_path, capsys
 
 
 def test_the_advised_resample_command_works_as_printed(finished, tmp_path, capsys):
-    """`gdr sample sample.per_doc=N out=...` (a literal N, and the corpus and model left out) is now the
-    command that sampled the file, and the files to delete are all named."""
+    """The advice is the command that sampled the file (not `gdr sample sample.per_doc=N out=...`, a literal N
+    with the corpus and model left out), and the files to delete are all named."""
     from training.data import read_generated_queries
 
     root, folder, ref, _ = finished
@@ -465,7 +466,7 @@ def test_the_advised_resample_command_works_as_printed(finished, tmp_path, capsy
 
 
 def test_a_bad_generated_queries_file_is_refused_before_gdr_train_makes_anything(finished, tmp_path, capsys):
-    """Issue 23, 3: the generated query file `gdr train` reads is checked with its docids, before out_dir."""
+    """The generated query file `gdr train` reads is checked with its docids, before out_dir is made."""
     root, folder, ref, _ = finished
     gen = tmp_path / "doc_queries.jsonl"
     lines = (_folder(ref, "doc-queries") / "doc_queries.jsonl").read_text().splitlines(keepends=True)

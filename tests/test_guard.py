@@ -1,8 +1,8 @@
 """One writer per folder, children that die with their parent, output errors as one line (gdr.guard).
 
-Issue 17 reproductions 4 (kill -9 of the parent leaves scoring workers), 5 (two writers on one folder),
-6 (unwritable folder: tracebacks, report.md and report.json disagree) and 7 (accelerator=gpu without CUDA,
-out= naming a file)."""
+Covered: kill -9 of the parent takes its scoring workers with it; a second writer on one folder is refused; an
+unwritable folder or a full disk is one line, never a traceback, and report.md / report.json never disagree;
+accelerator=gpu without CUDA and out= naming a file are refused before any work."""
 from __future__ import annotations
 
 import errno
@@ -152,9 +152,8 @@ def _after_first_shard(proc: subprocess.Popen, parent, out: Path) -> list:
 
 
 def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
-    """Reproduction 4: kill -9 of gdr during scoring with score.processes=2 left both workers (and the
-    resource tracker) running, writing into the folder. Now they go with it, and a rerun's P equals an
-    uninterrupted run's."""
+    """kill -9 of gdr during scoring with score.processes=2 takes both workers (and the resource tracker) with
+    it, so nothing keeps writing into the folder, and a rerun's P equals an uninterrupted run's."""
     out = tmp_path / "killed"
     proc = _slow_scoring(toy, out, stderr=subprocess.DEVNULL)
     group = proc.pid
@@ -183,7 +182,7 @@ def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, tmp_path, sig):
-    """Issue 23, 1: SIGTERM to the whole job (a scheduler) or Ctrl-C (SIGINT to the terminal's process group)
+    """SIGTERM to the whole job (a scheduler) or Ctrl-C (SIGINT to the terminal's process group)
     while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints
     a traceback or outlives it, and the rerun resumes from the finished shards."""
     out = tmp_path / "stopped"
@@ -213,8 +212,8 @@ def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, t
 
 
 def test_the_advised_rescore_command_works_as_printed(toy, tmp_path, capsys):
-    """Issue 23, 4: a damaged P advised `gdr score out=<folder>`, which composes the default corpus and model
-    and is refused; the advice is now the command that scored the folder."""
+    """The advice for a damaged P is the command that scored the folder (a bare `gdr score out=<folder>` would
+    compose the default corpus and model and be refused), and it repairs P as printed."""
     out = tmp_path / "scored"
     assert main(_score_args(toy, out)) == 0
     capsys.readouterr()
@@ -230,8 +229,8 @@ def test_the_advised_rescore_command_works_as_printed(toy, tmp_path, capsys):
 
 
 def test_the_empty_text_advice_is_an_override_that_works(toy, tmp_path, capsys):
-    """Issue 23, 5: the empty-text error suggested the Python spelling `on_empty='drop'`; it now gives an
-    override that works on the command line as printed, whatever the data group."""
+    """The empty-text error gives an override that works on the command line as printed, whatever the data group
+    (not the Python spelling `on_empty='drop'`)."""
     root, folder = toy
     bad = tmp_path / "toy"
     shutil.copytree(folder, bad)
@@ -246,8 +245,8 @@ def test_the_empty_text_advice_is_an_override_that_works(toy, tmp_path, capsys):
 
 
 def test_a_full_disk_while_moving_a_file_in_names_the_destination(tmp_path, monkeypatch):
-    """Issue 23, 5: Lightning writes a checkpoint to a temporary file (/tmp/tmpXXXX) and moves it into the out
-    folder; on a full out disk the line named the temporary file. It names the file on the full disk now."""
+    """Lightning writes a checkpoint to a temporary file (/tmp/tmpXXXX) and moves it into the out folder; on a
+    full out disk the line names the destination, the file on the full disk, not the temporary file."""
     out = tmp_path / "out"
     guard.claim_folder(out, "out_dir")
     src = tmp_path / "tmpabc123"
@@ -440,7 +439,7 @@ def _write_report(tmp_path, plot: bool, recall: float) -> dict:
 
 
 def test_report_files_are_replaced_together(tmp_path, monkeypatch):
-    """Reproduction 6: a write that fails part way left report.md new and report.json old. Now all three
+    """report.md, report.png and report.json never disagree (report.md new, report.json old): all three
     are written to temp names first; a failure (here: the plot, on a full disk) leaves the old set whole."""
     _write_report(tmp_path, True, 0.5)
     names = ("report.md", "report.png", "report.json")
@@ -502,7 +501,8 @@ def no_cuda(monkeypatch):
     (["run", "device=cuda"], "device=cuda"),
 ], ids=lambda x: x if isinstance(x, str) else " ".join(x))
 def test_a_gpu_without_cuda_is_refused_before_anything(tmp_path, capsys, nothing_loads, no_cuda, docids, argv, key):
-    """Reproduction 7: a 43-line Lightning traceback after the data and model loaded, files left in out_dir."""
+    """Asking for a GPU without CUDA is one line naming the setting, before the data or model loads and before
+    out_dir is made (not a Lightning traceback after loading, files left in out_dir)."""
     out = tmp_path / "out"
     option = "out_dir" if argv[0] == "train" else "out"
     line = error_of(capsys, [a.format(docids=docids) for a in argv] + [f"{option}={out}"])

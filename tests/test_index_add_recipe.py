@@ -1,5 +1,5 @@
 """`gdr index add` for new documents: P scored against the index's own queries (`gdr score queries_from=<run>`),
-checked by content, never by qids (issue 27). Tiny random-init LM, offline, CPU."""
+checked by content, never by qids. Tiny random-init LM, offline, CPU."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,7 @@ def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys)
     shutil.copytree(idx, before)
     capsys.readouterr()
 
-    # queries.jsonl copied by hand into a new folder: gdr score used to re-sample over it without a word
+    # queries.jsonl copied by hand into a new folder: refused (never re-sampled over without a word)
     (tmp_path / "copied").mkdir()
     shutil.copy(run / "queries.jsonl", tmp_path / "copied" / "queries.jsonl")
     assert main(["score", f"data.name={new}", *lm, f"out={tmp_path / 'copied'}"]) == 2

@@ -1,4 +1,4 @@
-"""A researcher's own corpus (issue 27): plain files and in-memory corpora in, the same way through the CLI and the
+"""A researcher's own corpus: plain files and in-memory corpora in, the same way through the CLI and the
 API; arguments checked before a model loads; the API doing what it says; the smaller frictions. Tiny models,
 offline, CPU."""
 from __future__ import annotations

@@ -195,8 +195,8 @@ def test_beam_search_holds_cross_attention_keys_once_per_query(word_tokenizer, m
 
 
 def _t5stack_decoding(model):
-    """The retriever's incremental decoding through transformers' T5Stack and its EncoderDecoderCache, as it
-    was before the folded cross-attention: encoder states and cross keys/values copied to every hypothesis."""
+    """The retriever's incremental decoding through transformers' T5Stack and its EncoderDecoderCache, without the
+    folded cross-attention: encoder states and cross keys/values copied to every hypothesis (the reference)."""
     from types import SimpleNamespace
 
     import torch.nn.functional as F
@@ -439,9 +439,9 @@ def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word
 
 
 def test_generated_queries_alone_never_starve_training(word_tokenizer, caplog):
-    """The 40-document corpus with test judgements only (issue 27): 2 generated queries per document and no real
-    training queries. dev_min=100 used to hold out 79 of the 80 generated queries for dev (training on 1); the dev
-    split now takes at most one per document and 10% of them, so training keeps at least 90%."""
+    """The 40-document corpus with test judgements only: 2 generated queries per document and no real training
+    queries. The dev split takes at most one query per document and 10% of them, so training keeps at least 90%
+    (dev_min=100 alone would hold out 79 of the 80 generated queries, training on 1)."""
     from transformers import AutoTokenizer
 
     from training.data import build_examples
@@ -764,7 +764,7 @@ def test_the_cuda_optimizer_configuration_trains_on_the_cpu(tmp_path, word_token
 
 def test_gdr_train_with_the_cuda_settings_on_the_cpu(tmp_path, word_tokenizer, capsys):
     """`gdr train ... trainer.accelerator=cpu trainer.precision=bf16-mixed optim.fused=true
-    trainer.gradient_clip_val=1.0` exits 0 (was: Lightning's `does not allow for gradient clipping`); a fused
+    trainer.gradient_clip_val=1.0` exits 0 (not Lightning's `does not allow for gradient clipping`); a fused
     AdamW under 16-mixed with clipping is refused before anything loads, naming the key."""
     from gdr.cli import main
     from gdr.data import Corpus, QuerySet, write_beir

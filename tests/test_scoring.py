@@ -183,7 +183,7 @@ def test_flops_per_pair_by_hand():
 
 
 def test_torchrun_rank_gets_its_own_gpu(monkeypatch):
-    """Under torchrun, device auto/cuda means cuda:LOCAL_RANK (was: every rank on cuda:0)."""
+    """Under torchrun, device auto/cuda means cuda:LOCAL_RANK (never every rank on cuda:0)."""
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

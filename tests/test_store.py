@@ -69,7 +69,7 @@ def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
 def test_small_shards_are_scored_in_groups_that_fill_a_doc_batch(lm, tmp_path):
     """2-document shards at a doc batch of 4: scored two shards at a time (batches of 4, as 4-document shards
     give, bit for bit), one marker per shard; a half-finished group resumes to the same matrix, rewriting
-    only its unfinished shard. Before, every shard was its own call: batches of 2."""
+    only its unfinished shard (one call per shard would score batches of 2)."""
     ref = tmp_path / "ref"
     score_run(lm, DOCS, DOC_IDS, QUERIES, ref, shard_size=4, doc_batch_size=4, progress=False)
     small = tmp_path / "small"
@@ -130,7 +130,7 @@ def test_p_of_another_device_is_refused_and_its_numerics_recorded(lm, tmp_path):
                                               "float32 here") as e:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
     assert "\n" not in str(e.value) and np.array_equal(before, np.load(tmp_path / "P.npy"))
-    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # before it was recorded
+    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # an older gdr's: no device
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
     assert json.loads(man_path.read_text())["device"] == "cpu"
 
@@ -222,7 +222,7 @@ def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
 # ------------------------------------------------------------------------------------------ integrity
 def test_truncated_p_is_rescored_never_zero_filled(lm, tmp_path, caplog):
     """`truncate -s` of a finished P.npy, then the rerun our own message advises: the lost rows are re-scored
-    (the old code extended the file with zeros and trusted every shard marker)."""
+    (never zero-filled with every shard marker trusted)."""
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
     ref = np.load(tmp_path / "P.npy").copy()
     # cut right after the last row of the shard that ends first: that shard keeps its work, the others lose rows
@@ -274,7 +274,7 @@ def test_legacy_shard_markers_are_checked_then_adopted(lm, tmp_path):
     for m in (tmp_path / "P.shards").glob("*.done"):
         m.write_text("")
     P = np.load(tmp_path / "P.npy", mmap_mode="r+")
-    P[-1] = 0.0  # what the old code's zero-fill left
+    P[-1] = 0.0  # what an older gdr's zero-fill left
     P.flush()
     del P
     with _scored_batches(lm) as calls:

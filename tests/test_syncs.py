@@ -74,8 +74,8 @@ def _per_unit(run, small, large, units: int) -> tuple[float, SyncCounter]:
 def test_a_decode_step_makes_no_host_sync(family, request, monkeypatch):
     """Sampling at CUDA's stop-test interval: no sync per decode step but the all-finished test every
     ``stop_check_every(cuda) >= 8`` steps. A step is counted from one call of the model step to the next
-    (sampling, the stop test, the model). Was 1 per step on a tiny Llama (the test, every step on the CPU,
-    every 4 on CUDA) and 2 on T5 (plus transformers reading the 2D encoder mask at every step)."""
+    (sampling, the stop test, the model). The syncs this keeps out: an all-finished test at every step, and on T5
+    transformers reading the 2D encoder mask at every step."""
     from gdr.lm.decode import stop_check_every
 
     lm = request.getfixturevalue(family)
@@ -105,8 +105,8 @@ def test_a_decode_step_makes_no_host_sync(family, request, monkeypatch):
 @pytest.mark.parametrize("family, attention", [("llama", "flex"), ("llama", "dense"), ("t5", "dense")])
 def test_a_scoring_doc_batch_makes_one_host_sync_its_results(family, attention, request):
     """bf16 copy (CUDA's compute dtype), several query chunks per doc batch: one sync per doc batch, the copy
-    of its log-probs to the host. Was 22-31: an upload per chunk and per doc batch, transformers reading the
-    prompt mask, a device-side repeat_interleave without its size, T5's boolean indexing."""
+    of its log-probs to the host. The syncs this keeps out: an upload per chunk and per doc batch, transformers
+    reading the prompt mask, a device-side repeat_interleave without its size, T5's boolean indexing."""
     lm = request.getfixturevalue(family)
 
     def score(n_docs):
@@ -119,8 +119,8 @@ def test_a_scoring_doc_batch_makes_one_host_sync_its_results(family, attention, 
 
 def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer):  # noqa: F811 - the fixture
     """train() with what CUDA chooses (bf16-mixed autocast, fused AdamW, gradient clipping), on the CPU: no sync
-    in a steady-state step (forward, backward, clipping, optimizer step). Was 2: transformers reading the 2D
-    padding mask in the encoder and in the decoder's cross-attention."""
+    in a steady-state step (forward, backward, clipping, optimizer step), so none from transformers reading the
+    2D padding mask in the encoder or in the decoder's cross-attention."""
     import pytorch_lightning as pl
 
     from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
@@ -151,7 +151,7 @@ def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer):  # noqa: 
 
 def test_a_beam_search_step_makes_no_host_sync(word_tokenizer):  # noqa: F811 - the fixture
     """Constrained beam search under CUDA's bf16 autocast: no sync in a step, none in the whole search (its
-    encoder pass included). Was 1 per step (the cross-attention mask read on the host) and 1 in the encoder."""
+    encoder pass included), so the cross-attention mask is never read on the host."""
     from indexing.trie import build_trie
     from training.model import GenerativeRetriever, load_tokenizer
     from training.search import constrained_beam_search

@@ -51,8 +51,8 @@ class TokenizerCalls:
 def test_a_gdr_run_tokenises_every_text_once(setup, tmp_path, monkeypatch):  # noqa: F811 - the fixture
     """A `gdr run` (sampling in 2 batches, scoring in 15 shards of 2 documents, generated training queries,
     training, search): no tokenizer tokenises a text in two calls; each document's prompt is rendered and
-    tokenised once and each sampled query once. Before: each prompt again in every sampling batch and every
-    scoring shard that had it, every query in every shard."""
+    tokenised once and each sampled query once, never again in every sampling batch or scoring shard that holds
+    it."""
     root, folder = setup
     calls = TokenizerCalls(monkeypatch)
     out = tmp_path / "run"

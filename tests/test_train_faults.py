@@ -1,4 +1,4 @@
-"""Faults of `gdr train` and the API's train_retriever (issue 28), like tests/test_faults.py has for `gdr run`: a
+"""Faults of `gdr train` and the API's train_retriever, like tests/test_faults.py has for `gdr run`: a
 folder holding another training, a run shorter than its first validation, two stops, a damaged checkpoint, a full
 disk while checkpointing, a lock, settings that contradict each other. Tiny random-init retrievers on 40 toy
 documents (5 steps an epoch), a few seconds each on a CPU."""
@@ -43,7 +43,8 @@ def toy(tmp_path_factory, word_tokenizer):  # noqa: F811
 
 
 def _args(toy, out: Path, *extra: str, docids: str = "docids.tsv") -> list[str]:
-    """The issue's set-up check: `gdr train ... model.size=tiny trainer.max_steps=3 trainer.batch_size=16`."""
+    """A short training: `gdr train ... model.size=tiny trainer.max_steps=3 trainer.batch_size=16` (an epoch is
+    5 steps, so the run ends before its first scheduled validation)."""
     root, folder, tok = toy
     return ["train", f"data.name={folder}", f"model.tokenizer={tok}", f"docids={root / docids}", f"out_dir={out}",
             "model.size=tiny", "trainer.max_steps=3", "trainer.batch_size=16", "trainer.enable_progress_bar=false",
@@ -79,8 +80,9 @@ def _loads(path: Path) -> bool:
 
 # ----------------------------------------------------------------------------------- a run shorter than a validation
 def test_a_run_shorter_than_its_first_validation_validates_once_and_exits_0(toy, tmp_path, caplog):
-    """Issue 28, 3: `gdr train ... trainer.max_steps=3 trainer.batch_size=16` (an epoch is 5 steps) exited 1 with
-    Lightning's `Early stopping conditioned on metric val/recall@1 which is not available`."""
+    """`gdr train ... trainer.max_steps=3 trainer.batch_size=16` (an epoch is 5 steps) validates the final weights
+    once and exits 0, never Lightning's `Early stopping conditioned on metric val/recall@1 which is not
+    available`."""
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         assert main(_args(toy, out)) == 0
@@ -93,7 +95,8 @@ def test_a_run_shorter_than_its_first_validation_validates_once_and_exits_0(toy,
 
 
 def test_min_steps_above_max_steps_is_refused(toy, tmp_path, capsys):
-    """Issue 28, 3: min_steps > max_steps trained max_steps without a word."""
+    """min_steps > max_steps is refused by name (the command and the settings class), not trained to max_steps
+    without a word."""
     assert main(_args(toy, tmp_path / "t", "trainer.min_steps=9")) == 2
     assert "trainer.min_steps=9: must be <= trainer.max_steps=3" in _one_line(capsys)
     with pytest.raises(ValueError, match=r"^trainer.min_steps=9: must be <= trainer.max_steps=3"):
@@ -123,13 +126,14 @@ def test_a_finished_training_rerun_is_reused_with_its_dev_score(toy, tmp_path, c
 
 # ----------------------------------------------------------------------------------- a folder of another training
 @pytest.mark.parametrize("change,named", [
-    ({"docids": "rotated.tsv"}, "docids ("),  # the issue's case: the same codes, the ids rotated
+    ({"docids": "rotated.tsv"}, "docids ("),  # the same codes, the ids rotated
     ({"extra": "optim.lr_decoder=0.002"}, "optim.lr_decoder (0.001 -> 0.002)"),
     ({"extra": "examples.doc_windows=1"}, "examples.doc_windows (2 -> 1)"),
 ])
 def test_gdr_train_into_a_folder_of_another_training_is_refused(toy, trained, tmp_path, capsys, change, named):
-    """Issue 28, 1: `gdr train` into a finished training's folder with other docids logged "resuming from
-    last.ckpt" and exited 0 with the old model.pt under the new docids.tsv, manifest and config.yaml."""
+    """`gdr train` into a finished training's folder with other docids or settings is refused, naming what
+    differs, and leaves every file as it was (never "resuming from last.ckpt" into the old model.pt under a new
+    docids.tsv, manifest and config.yaml)."""
     out = _copy(trained, tmp_path / "run")
     files = ("docids.tsv", "config.yaml", "manifest.json", "model/model.pt", "checkpoints/last.ckpt")
     before = {f: file_digest(out / f) for f in files}
@@ -178,8 +182,9 @@ def _stop_at(monkeypatch, step: int) -> None:
 
 
 def test_two_stops_then_the_rerun_finishes(toy, tmp_path, capsys, monkeypatch):
-    """Issue 28, 3: stopped by SIGTERM at steps 2 and 9 (rc 143 both times), every rerun failed with Lightning's
-    `Early stopping conditioned on metric val/recall@1 which is not available`."""
+    """Stopped by SIGTERM at steps 2 and 9 (rc 143 and one line both times, last.ckpt at that step), the rerun
+    finishes the run; no rerun meets Lightning's `Early stopping conditioned on metric val/recall@1 which is not
+    available`."""
     out = tmp_path / "run"
     # an epoch is 19 steps at batch 4: both stops, and the end of the run, fall within the first one
     args = _args(toy, out, "trainer.batch_size=4", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=1")
@@ -196,7 +201,8 @@ def test_two_stops_then_the_rerun_finishes(toy, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("choice,said", [("best", "starting from the weights of best-"), ("fresh", "starting over")])
 def test_a_truncated_last_checkpoint_is_one_line_and_a_fallback(toy, trained, tmp_path, caplog, choice, said):
-    """Issue 28, 3: a truncated last.ckpt gave a traceback (`PytorchStreamReader failed reading zip archive`)."""
+    """A truncated last.ckpt is one warning line and a fallback (the best checkpoint's weights, or a fresh start
+    with trainer.resume_damaged=fresh), not a traceback (`PytorchStreamReader failed reading zip archive`)."""
     out = _copy(trained, tmp_path / "run")
     last = out / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
@@ -209,7 +215,8 @@ def test_a_truncated_last_checkpoint_is_one_line_and_a_fallback(toy, trained, tm
 
 
 def test_a_damaged_best_checkpoint_left_behind_is_never_used(toy, trained, tmp_path):
-    """A best-*.ckpt cut short (a full disk under an older gdr) was picked as the newest best on a rerun."""
+    """A best-*.ckpt cut short (a full disk under an older gdr) is never picked as the newest best on a rerun: it
+    is removed and the recorded best kept."""
     out = _copy(trained, tmp_path / "run")
     stray = out / "checkpoints" / "best-9-99.ckpt"
     good = Path(json.loads((out / "manifest.json").read_text())["best_checkpoint"]).name
@@ -222,7 +229,7 @@ def test_a_damaged_best_checkpoint_left_behind_is_never_used(toy, trained, tmp_p
 def test_a_relative_out_dir_keeps_its_best_checkpoint(toy, tmp_path, monkeypatch):
     """`gdr run` trains into relative folders (runs/<name>/train-...); Lightning resolves its checkpoint folder,
     so the best checkpoint's path is absolute: the clean-up of stray best-*.ckpt files must not take it for one
-    (make demo: `No such file or directory: .../best-15-224.ckpt`)."""
+    (else make demo fails with `No such file or directory: .../best-15-224.ckpt`)."""
     monkeypatch.chdir(tmp_path)
     assert main(_args(toy, Path("rel") / "run", "trainer.max_steps=5")) == 0
     best = Path(json.loads((tmp_path / "rel" / "run" / "manifest.json").read_text())["best_checkpoint"])
@@ -231,7 +238,7 @@ def test_a_relative_out_dir_keeps_its_best_checkpoint(toy, tmp_path, monkeypatch
 
 
 def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp_path, capsys, monkeypatch):
-    """Issue 28, 3: a full disk left a truncated best-*.ckpt, later recorded as a good artifact. Simulated where
+    """A full disk leaves no truncated best-*.ckpt to be recorded as a good artifact. Simulated where
     each writer meets it: Lightning's move from /tmp (a copy, cut short) and a write in place (its flush)."""
     out = tmp_path / "run"
     args = _args(toy, out, "trainer.max_steps=6")  # validation at step 5 writes the first best checkpoint
@@ -265,7 +272,8 @@ def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp
 
 def test_a_full_disk_inside_a_checkpoint_write_is_one_line_with_the_space_needed(toy, tmp_path, capsys, monkeypatch):
     """The disk fills up while torch writes a checkpoint: torch raises a RuntimeError (`enforce fail at
-    inline_container.cc`) from the OSError, which gave a 77-line traceback and exit 1."""
+    inline_container.cc`) from the OSError; gdr train turns it into one line naming the space needed, not a
+    77-line traceback and exit 1."""
     from test_disk_full import fill_disk_for
 
     out = tmp_path / "run"
@@ -285,8 +293,8 @@ def test_a_full_disk_inside_a_checkpoint_write_is_one_line_with_the_space_needed
 
 # ----------------------------------------------------------------------------------- one writer per folder
 def test_train_retriever_takes_the_folder_lock(toy, tmp_path):
-    """Issue 28, 5: the API's stage functions took no lock, so a script and `gdr train out_dir=<same>` wrote one
-    folder together."""
+    """train_retriever takes the folder's lock as `gdr train` does, so a script and `gdr train out_dir=<same>`
+    never write one folder together."""
     from gdr import guard
 
     root, folder, tok = toy

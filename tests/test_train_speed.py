@@ -48,7 +48,7 @@ def _plateau_run(out, tok, **trainer):
 
 
 def test_a_plateaued_dev_metric_stops_the_run_before_max_epochs_despite_a_large_min_steps(tmp_path, word_tokenizer):
-    """min_steps past the run's last step (the BBC settings at batch 1,024) no longer keeps every run to max_epochs:
+    """min_steps past the run's last step (the BBC settings at batch 1,024) does not keep every run to max_epochs:
     the floor is held to half the run, then the dev metric's patience ends it."""
     res = _plateau_run(tmp_path / "run", word_tokenizer, max_epochs=20, patience=2, min_steps=1000)
     assert res.global_step < 20 * 2

@@ -14,7 +14,7 @@ and ``compare``: for every strategy of ``--compare`` (fitted in the same process
 same seed), its ``distortion``, ``ari``, ``seconds``, ``iterations`` and ``n_moves``.
 
 A strategy is an init name, optionally with ``:sm`` or ``:nosm`` to force split/merge moves on or
-off (default: on for ``greedy-k-means++`` only). ``--compare random`` is the old default
+off (default: on for ``greedy-k-means++`` only). ``--compare random`` is the paper's setting
 (Algorithm 1 with Eq. init); ``--compare none`` fits the main strategy only. Labels are used only
 to score (ARI) and for the planted distortion, never inside a fit.
 """

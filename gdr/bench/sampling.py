@@ -6,7 +6,7 @@
 For each model (``--models``; default the bundled SmolLM2 and a random-init T5-base, see
 ``gdr.bench.common.build_lm``) both samplers draw the same documents (Reuters R5 stories cut to
 ``--doc-tokens`` tokens, drawn with replacement as ``sample_queries`` does): ours through
-``GenerativeLM.sample_queries`` (``--queries`` queries), the old one through ``GenerativeLM.generate`` in
+``GenerativeLM.sample_queries`` (``--queries`` queries), the reference through ``GenerativeLM.generate`` in
 batches of ``--hf-batch-size`` (``--hf-queries`` of them, the first ones of the same draw), the two
 alternating batch by batch so that other jobs on a shared machine slow both alike. On CUDA one warm-up
 batch of each is not timed (it also compiles the decode step). Reported: queries/s, new tokens/s (up to and
@@ -49,14 +49,15 @@ def _sync(device: torch.device) -> None:
 
 
 def _hf_tokens(lm, docs, seed, bs, **kw) -> tuple[int, list[str]]:
-    """The old sampler on ``docs`` in batches of ``bs``: (new tokens generated, texts)."""
+    """The reference sampler (transformers' ``generate``) on ``docs`` in batches of ``bs``: (new tokens generated,
+    texts)."""
     n_tok, texts = 0, []
     stops = torch.tensor(lm._stop_ids())
     for b0 in range(0, len(docs), bs):
         ids = lm.prompt_ids(docs[b0:b0 + bs])
         batch = lm._pad(ids, left=not lm.is_seq2seq)
         torch.manual_seed(seed * 1_000_003 + b0)
-        with torch.inference_mode():  # exactly the old `GenerativeLM.generate` (fp32 on CUDA too)
+        with torch.inference_mode():  # exactly `GenerativeLM.generate` (fp32 on CUDA too)
             out = lm.model.generate(**batch, do_sample=True, eos_token_id=lm._stop_ids(), pad_token_id=lm.pad_id,
                                     **kw)
         out = out[:, batch["input_ids"].shape[1]:] if not lm.is_seq2seq else out[:, 1:]

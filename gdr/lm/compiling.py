@@ -23,10 +23,10 @@ import torch
 __all__ = ["AUTO_COMPILE_MIN_QUERIES", "MIN_BUCKET", "allow_bucket_recompiles", "batch_bucket", "compile_cache_dir",
            "want_compile"]
 
-# sample.compile_min_queries=auto. On one H200 (../shared/gpu-baseline/2026-11-26-h200.md) the compiled decode
-# step reached 800 q/s in steady state but cost ~30 s of compilation and capture in a fresh process; our eager
-# loop is the HF-generate class of speed (~200-400 q/s). Compiling pays once it saves more than it costs:
-# 30 s / (1/300 - 1/800 s per query) ~ 14k queries cold, a few thousand with a warm compile cache.
+# sample.compile_min_queries=auto. On one H200 (reports/gpu-runs/2026-11-27.md) the compiled decode step reaches
+# ~1,000 q/s in steady state but costs ~30 s of compilation and capture in a fresh process; our eager loop is the
+# HF-generate class of speed (~200-400 q/s). Compiling pays once it saves more than it costs:
+# 30 s / (1/300 - 1/1000 s per query) ~ 13k queries cold, a few thousand with a warm compile cache.
 AUTO_COMPILE_MIN_QUERIES = 8192
 MIN_BUCKET = 8
 

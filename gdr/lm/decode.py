@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SAMPLER_VERSION", "Decoder", "filter_logits", "gumbel_noise", "sample_next", "stop_check_every"]
 
-# Which queries a (seed, settings) pair gives. "hf-generate" (no version in the manifest) was the old
-# batch-seeded transformers `generate`. "gdr-decode-1" decoded CUDA's bf16 copy with bf16 rotary frequencies and
-# transformers' repeat_kv attention; "gdr-decode-2" keeps the rotary frequencies fp32 and folds the grouped heads
-# (the same tokens in fp32 on a CPU, other near-ties and so other queries in bf16 on CUDA: issue 26).
+# Which queries a (seed, settings) pair gives, recorded in each query manifest. "hf-generate" (a manifest without a
+# version) is transformers' batch-seeded `generate`. "gdr-decode-1" decodes CUDA's bf16 copy with bf16 rotary
+# frequencies and transformers' repeat_kv attention; "gdr-decode-2" keeps the rotary frequencies fp32 and folds the
+# grouped heads (the same tokens in fp32 on a CPU, other near-ties and so other queries in bf16 on CUDA).
 SAMPLER_VERSION = "gdr-decode-2"
 
 _MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}
@@ -246,7 +246,7 @@ class Decoder:
             return make()
         if cache is None:
             # a few shapes (the full batch and the buckets of smaller ones), at most twice the largest
-            # batch's rows in all: the memory the old two-shape pool could hold
+            # batch's rows in all
             rows = sum(k[1] for k in self._pool) + key[1]
             if rows > 2 * max([key[1], *(k[1] for k in self._pool)]):
                 self._pool.clear()

@@ -46,7 +46,7 @@ class SamplingMixin:
     def generate(self, docs: Sequence[str], seed: int, max_new_tokens: int = 32, top_k: int = 50,
                  top_p: float = 0.99, temperature: float = 1.0, num_return_sequences: int = 1) -> list[str]:
         """One batched transformers ``generate`` call, seeded per call; returns ``len(docs) *
-        num_return_sequences`` cleaned queries. The old sampler: kept as the reference of tests and benchmarks
+        num_return_sequences`` cleaned queries. The reference sampler of tests and benchmarks
         (``sample_queries`` uses our own decode loop, :mod:`gdr.lm.decode`)."""
         ids = self.prompt_ids(docs)
         batch = self._pad(ids, left=not self.is_seq2seq)

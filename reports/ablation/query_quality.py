@@ -1,4 +1,4 @@
-# What the decoding of the generated training queries does to them (issue 21, item 3), without a retriever:
+# What the decoding of the generated training queries does to them, without a retriever:
 # per decoding, the share of documents whose queries are all distinct, the mean query length in words, and how
 # often BM25 over the corpus puts a query's own source document first (Recall@1) or in the top 10: a query that
 # does not point at its document teaches the retriever noise. Only documents present in every file count.
