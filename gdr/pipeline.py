@@ -666,13 +666,17 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),
-                        trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial)
+                        trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial,
+                        unknown_qrels=_test_queries(cfg, run.corpus, run.test_q).info.get("unknown_qrels", {}).get(
+                            run.test_q["split"], 0))
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
     """What identifies the corpus in the keys of the stages that read its labels, queries or files too (index,
-    bm25, train): its config and :func:`documents_signature`."""
-    return {"data": to_container(cfg.data), **documents_signature(corpus)}
+    bm25, train): its config and :func:`documents_signature`. ``data.drop_unknown_qrels`` is left out: it refuses
+    or drops judgements of documents not in the corpus, and a run it refuses has no stage to key."""
+    data = {k: v for k, v in to_container(cfg.data).items() if k != "drop_unknown_qrels"}
+    return {"data": data, **documents_signature(corpus)}
 
 
 def documents_signature(corpus) -> dict:

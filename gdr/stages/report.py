@@ -110,7 +110,7 @@ def query_set_name(settings: dict, corpus_name: str) -> str:
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
-                 trained_on: str | None = None, partial: dict | None = None) -> dict:
+                 trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -122,7 +122,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
     retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
     to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
-    says so."""
+    says so; ``unknown_qrels``: the relevant judgements of the test split dropped for naming documents not in the
+    corpus (``data.drop_unknown_qrels=true``)."""
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
@@ -153,6 +154,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     lines += [*table, "", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The "
               "largest child share is the mean, over internal nodes, of the fraction of a node's documents in its "
               "largest child (1/K is perfectly balanced).", ""]
+    if unknown_qrels:
+        lines += [f"{unknown_qrels} relevant judgement(s) of `{queries_name}` name documents not in the corpus and "
+                  "were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
     if comparisons:
         lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
                   f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
@@ -172,7 +176,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               "columns": labels,
               "retrieval": summary,
               "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
-              "queries": queries_name,
+              "queries": queries_name, "unknown_qrels": unknown_qrels,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
