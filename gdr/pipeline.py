@@ -56,6 +56,7 @@ from gdr.config import save_config, to_container
 from gdr.data.splits import check_query_splits, split_queries
 from gdr.guard import LOCK_FILE, claim_folder
 from gdr.stages.report import mark_in_progress, write_report
+from gdr.plan import predict_stages
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
                     record_files, verify_files)
 from gdr.validate import check_corpus, check_run
@@ -660,6 +661,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     ``partial``: how many of the run's retrievers those are, while some are still to come."""
     cfg = run.cfg
     seconds = round(time.perf_counter() - run.t_start, 1)
+    predicted = predict_stages(cfg, [r.name for r in run.pipe.records], len(run.corpus))
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
     return write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
                         run.results, {m: r.info for m, r in run.indexes.items()},
@@ -668,7 +670,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         corpus_name=getattr(run.corpus, "name", None),
                         trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial,
                         unknown_qrels=_test_queries(cfg, run.corpus, run.test_q).info.get("unknown_qrels", {}).get(
-                            run.test_q["split"], 0))
+                            run.test_q["split"], 0), predicted=predicted)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
