@@ -253,13 +253,15 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     agg = min(concurrent * frac, max(CONCURRENT_CAP, frac))
     rate = agg * rates.limit(flops, nbytes)
     epochs = int(t.trainer.max_epochs)
-    examples = n_ret * epochs * per_epoch
+    max_steps = int(t.trainer.get("max_steps") or -1)  # -1: no cap; else training stops at this many steps
+    examples = n_ret * (min(epochs * per_epoch, max_steps * batch) if max_steps > 0 else epochs * per_epoch)
     warm = rates.cold("training", "training_small30m_warmup_s") * math.ceil(n_ret / concurrent)
     mem = concurrent * (batch * cost.train_memory_per_example(
         cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
         + cost.TRAIN_BYTES_PER_PARAM * params)
     train = StagePlan("training", warm + examples / gpus / rate, mem,
                       f"{n_ret} retrievers x {epochs} epochs (max_epochs: early stopping ends sooner) x {per_epoch:,} "
+                      + (f"(at most {max_steps} steps) " if max_steps > 0 else "") +
                       f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: {_rate(rate)} examples/s ({agg:.1%} of the "
                       f"limit, {src}) + warm-up {warm:.0f} s")
     beam = int(cfg.evaluate.beam)

@@ -77,3 +77,11 @@ def test_predicted_score_seconds_grow_with_the_documents(n_docs):
     small, large = plan.predict_stages(cfg, ["score"], n_docs)["score"], plan.predict_stages(cfg, ["score"],
                                                                                           10 * n_docs)["score"]
     assert large > small > 0
+
+
+def test_a_training_capped_by_max_steps_is_predicted_shorter():
+    def train_seconds(*extra):
+        cfg = load_config("run", ["data=bbc", "device=cpu", "train.model.size=tiny", *extra])
+        return plan.predict_stages(cfg, ["train-gc-s0"], 300)["train-gc-s0"]
+
+    assert train_seconds("train.trainer.max_steps=6") < train_seconds() / 10
