@@ -54,14 +54,16 @@ def test_the_qrels_readers_refuse_unknown_documents_with_the_count_or_drop_them(
     assert len(said) == 1 and "3 judgement(s)" in said[0] and "d1" in said[0]
 
 
-def test_the_setting_is_checked_and_keys_no_document_stage():
+def test_the_setting_is_checked_and_keys_no_document_stage(tmp_path):
+    docs, _, _ = _subset(tmp_path)
     cfg = load_config("run", ["data=jsonl", "data.path=x.jsonl"])
     assert cfg.data.drop_unknown_qrels is False
+    assert all(load_config("run", [f"data={d}"]).data.drop_unknown_qrels is False for d in ("tsv", "trec", "beir"))
     with pytest.raises(ConfigError, match=r"data.drop_unknown_qrels=yes: must be true or false"):
-        validate("run", load_config("run", ["data=bbc", "data.drop_unknown_qrels=yes"]))
+        validate("run", load_config("run", ["data=jsonl", f"data.path={docs}", "data.drop_unknown_qrels=yes"]))
     corpus = gdr.Corpus(name="c", doc_ids=["a", "b"], texts=["x", "y"])
-    on = load_config("run", ["data=bbc", "data.drop_unknown_qrels=true"])
-    off = load_config("run", ["data=bbc"])
+    on = load_config("run", ["data=jsonl", "data.path=x.jsonl", "data.drop_unknown_qrels=true"])
+    off = load_config("run", ["data=jsonl", "data.path=x.jsonl"])
     assert corpus_signature(on, corpus) == corpus_signature(off, corpus)
     assert score_inputs(on, corpus_signature(on, corpus)) == score_inputs(off, corpus_signature(off, corpus))
 
@@ -106,3 +108,17 @@ def test_gdr_run_and_evaluate_on_a_subset_drop_unknown_qrels_as_the_api_does(set
     assert via_api["unknown_qrels"] == 3 and via_api["systems"] == cli["systems"]
     run_eval = json.loads((out / stage["eval-random-s0"] / "metrics.json").read_text())
     assert run_eval["systems"]["gdr"] == cli["systems"]["gdr"]
+
+
+def test_a_beir_folder_whose_corpus_is_a_subset_of_its_judgements(tmp_path):
+    docs, queries, qrels = _subset(tmp_path)
+    corpus = gdr.load_corpus(str(docs))
+    full = load_file_queries(queries, qrels, doc_ids=[f"d{i}" for i in range(30)])
+    folder = gdr.write_beir(corpus, full, tmp_path / "beir")
+    data = {"name": "beir", "path": str(folder)}
+    with pytest.raises(DataError, match=r"test\.tsv:\d+: corpus-id 'd1' is not in the corpus \(3 judgement"):
+        gdr.split_queries(corpus, "test", data=data)
+    qs = gdr.split_queries(corpus, "test", data={**data, "drop_unknown_qrels": True})
+    assert len(qs) == 11 and qs.info["unknown_qrels"] == {"test": 3}
+    assert gdr.bm25(corpus, qs, tmp_path / "b", k=10) == gdr.bm25(corpus, full, tmp_path / "a", k=10,
+                                                                   drop_unknown_qrels=True)
