@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-all test-compat clean bench-gpu bench-gpu-dry bench-gpu-smoke
+.PHONY: install demo test test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+# The linter the team keeps (ruff; its rules are in pyproject.toml's [tool.ruff]).
+lint: install
+	$(BIN)/ruff check .
 
 test-all: install
 	$(BIN)/python -m pytest -q

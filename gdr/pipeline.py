@@ -81,7 +81,7 @@ INDEX_KEYS = {
 }
 # Settings that change how fast a stage runs, not what it computes: left out of its key.
 _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
-              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged"}
+              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged", "concurrent"}
 
 
 def stage_key(inputs: dict) -> str:
@@ -89,9 +89,15 @@ def stage_key(inputs: dict) -> str:
     return hash_strings([json.dumps(inputs, sort_keys=True, default=str)])[:10]
 
 
+# Settings added after stages were keyed without them: left out of a key at these values (their defaults, which
+# compute what the stage computed before they existed), so the keys of finished stages stay.
+_KEYED_UNLESS = {"length_buckets": False}
+
+
 def _keyed(d: Any) -> Any:
     if isinstance(d, dict):
-        return {k: _keyed(v) for k, v in d.items() if k not in _NOT_KEYED}
+        return {k: _keyed(v) for k, v in d.items()
+                if k not in _NOT_KEYED and not (k in _KEYED_UNLESS and v is _KEYED_UNLESS[k])}
     return d
 
 
@@ -411,6 +417,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     run.drop_lm()  # the generator is not needed from here on
     run.indexes = {method: run.stage(index_spec(run, method)) for method in cfg.indexers}
     run.bm25 = run.stage(bm25_spec(run))
+    train_at_once(run)
     for method in run.indexes:
         for seed in cfg.seeds:
             train = run.stage(train_spec(run, method, int(seed)))
@@ -578,24 +585,19 @@ def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
     train_q = _queries_section(cfg, cfg.queries.train_split)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": train_q, "train": _keyed(train_cfg), "seed": seed}
-
-    def build(folder: Path) -> dict:
-        from gdr.stages import train as train_stage
-        from gdr.stages.settings import TrainSettings
-
-        sub = OmegaConf.create({**train_cfg, "data": to_container(cfg.data), "seed": seed,
-                                "docids": str(idx.path / "docids.tsv"), "out_dir": str(folder), "queries": train_q,
-                                "generated": str(doc_q.path / "doc_queries.jsonl") if use_gen else None})
-        qs = split_queries(train_q, to_container(cfg.data), set(run.corpus.doc_ids), cfg.data.get("docs_tsv"))
-        settings = TrainSettings.from_dict(train_cfg, seed=seed)
-        # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
-        res = train_stage.train_retriever(run.corpus, sub.docids, folder, settings, queries=qs,
-                                          generated=sub.generated, stale="restart",
-                                          write_config=lambda f: save_config(sub, f))
-        return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
-
+    build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, seed, str(idx.path / "docids.tsv"),
+                        str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
     return StageSpec(f"train-{method}-s{seed}", inputs, build, after=[idx] + ([doc_q] if use_gen else []),
-                     outputs=("model/*", "docids.tsv"))
+                     outputs=TRAIN_OUTPUTS)
+
+
+def train_at_once(run: RunContext) -> None:
+    """6a. The run's unfinished retrievers trained ``train.concurrent`` at a time (:func:`_train_at_once`); the
+    loop of :func:`run_pipeline` then reuses each finished stage in order."""
+    specs = [train_spec(run, method, int(seed)) for method in run.indexes for seed in run.cfg.seeds]
+    per_doc = int(run.cfg.doc_queries.per_doc) if run.uses_generated else 0
+    _train_at_once(run.pipe, [(s.name, s.inputs, s.build, list(s.after)) for s in specs],
+                   to_container(run.cfg.train), run.corpus, per_doc)
 
 
 def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord) -> StageSpec:
@@ -617,6 +619,74 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord) -> St
         return {"metrics": m["systems"][settings.tag]}
 
     return StageSpec(f"eval-{method}-s{seed}", inputs, build, after=[train])
+
+
+TRAIN_OUTPUTS = ("model/*", "docids.tsv")
+
+
+@dataclass
+class _TrainBuild:
+    """``build`` of one retriever's stage (``gdr train`` into the stage folder); picklable, so that
+    :func:`gdr.stages.train.train_retrievers` can run it in a process of its own."""
+
+    corpus: Any
+    train_cfg: dict
+    data: dict
+    queries: dict
+    seed: int
+    docids: str
+    generated: str | None
+
+    def __call__(self, folder: Path) -> dict:
+        from gdr.stages import train as train_stage
+        from gdr.stages.settings import TrainSettings
+
+        sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
+                                "out_dir": str(folder), "queries": self.queries, "generated": self.generated})
+        qs = split_queries(self.queries, self.data, set(self.corpus.doc_ids), self.data.get("docs_tsv"))
+        settings = TrainSettings.from_dict(self.train_cfg, seed=self.seed)
+        # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
+        res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
+                                          generated=self.generated, stale="restart",
+                                          write_config=lambda f: save_config(sub, f))
+        return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
+
+
+def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after: list) -> StageRecord:
+    """One retriever's stage, run in a training process of its own (its stage.json marks it finished there)."""
+    return Pipeline(root).stage(name, inputs, build, after=after, outputs=TRAIN_OUTPUTS)
+
+
+def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, corpus, per_doc: int) -> None:
+    """Train the run's unfinished retrievers ``train.concurrent`` at a time, one process each, when that is more
+    than one; each stage is marked finished as its retriever finishes, and the stages are then reused in order.
+    ``per_doc``: generated training queries per document (0 without them)."""
+    from functools import partial
+
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import retrievers_at_once, train_retrievers
+
+    todo = []
+    for name, inputs, build, after in trainings:
+        marker = pipe.root / f"{name}-{stage_key(json.loads(json.dumps(inputs, default=str)))}" / STAGE_FILE
+        try:
+            done = json.loads(marker.read_text()).get("status") == "complete"
+        except (OSError, ValueError, AttributeError):  # none yet, or damaged: Pipeline.stage says what and re-runs
+            done = False
+        if not done:
+            todo.append((name, inputs, build, after))
+    if len(todo) < 2:
+        return
+    settings = TrainSettings.from_dict(train_cfg)
+    first = todo[0][2]
+    n_train = None
+    if settings.concurrent == "auto":  # an upper bound on a retriever's examples sizes its batch (batch auto)
+        qs = split_queries(first.queries, first.data, set(corpus.doc_ids), first.data.get("docs_tsv"))
+        windows = 1 + int(train_cfg["examples"].get("doc_windows") or 0)
+        n_train = len(corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
+    at_once = retrievers_at_once(settings, len(todo), n_train, first.docids)
+    if at_once > 1:
+        train_retrievers([partial(_train_stage, pipe.root, *t) for t in todo], at_once)
 
 
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:

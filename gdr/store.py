@@ -115,11 +115,13 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
 
     An existing finished ``queries.jsonl`` with the same settings is reused; one with different settings,
-    or drawn by another sampler version, is an error (never silently overwritten). ``batch_size`` (or
-    ``auto``) changes only the speed: query j is the same at any batch size, and a resumed run equals an
-    uninterrupted one. ``compile`` / ``compile_min_queries``: whether the decode step is compiled
-    (:func:`gdr.lm.compiling.want_compile`); speed only, like ``batch_size``.
+    drawn by another sampler version, or decoded under other numerics (device kind, dtype, compiled or eager
+    decode: :mod:`gdr.lm.numerics`, recorded as ``numerics``), is an error (never silently overwritten or
+    mixed). ``batch_size`` (or ``auto``) changes only the speed: query j is the same at any batch size, and a
+    resumed run equals an uninterrupted one. ``compile`` / ``compile_min_queries``: whether the decode step is
+    compiled (:func:`gdr.lm.compiling.want_compile`), decided once for the folder's ``n_queries``.
     """
+    from gdr.lm.compiling import want_compile
     from gdr.lm.decode import SAMPLER_VERSION
 
     out = Path(out_dir)
@@ -139,6 +141,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
             f"queries_from={old['from_run']} again to score against them, or use another out= folder to sample new "
             "ones")
     _check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
+    numerics = _decode_numerics(lm, want_compile(compile, lm.device, n_queries, compile_min_queries))
+    _check_numerics(out, Q_MANIFEST, old, numerics, "queries.* (and P.*, scored on them)")
     if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
         changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
         raise FileExistsError(
@@ -149,7 +153,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         rows = read_queries(out, old)
         log.info("reusing %d sampled queries in %s", old["n_queries"], out / Q_FILE)
         return rows
-    write_manifest(out, Q_MANIFEST, **ident, status="running")
+    write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="running")
 
     from gdr.lm import SampledQueries
 
@@ -174,7 +178,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
-    write_manifest(out, Q_MANIFEST, **ident, status="complete", queries_hash=hash_strings(sq.texts),
+    write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="complete", queries_hash=hash_strings(sq.texts),
                    n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
                    seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile)
     partial.unlink(missing_ok=True)
@@ -221,7 +225,7 @@ def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> 
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / Q_FILE, rows)
     keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
-                                "temperature", "n_redrawn") if k in man}
+                                "temperature", "n_redrawn", "numerics") if k in man}
     write_manifest(out, Q_MANIFEST, **keep, from_run=origin, status="complete", queries_hash=texts_hash,
                    file=file_digest(out / Q_FILE))
     log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
@@ -237,6 +241,27 @@ def _check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> No
             f"{out / manifest}: these queries were drawn by sampler {old.get('sampler') or 'hf-generate'}, this "
             f"gdr samples with {SAMPLER_VERSION} (other queries for the same seed); to re-sample, delete "
             f"{files} in {out} or use another out= folder")
+
+
+def _decode_numerics(lm, compiled: bool) -> dict:
+    """The numerics of ``lm``'s decode loop with the decode path ``compiled`` (set on it for the run)."""
+    dec = lm.decoder()
+    dec.set_compile(compiled)
+    return dec.numerics()
+
+
+def _check_numerics(out: Path, manifest: str, old: dict | None, now: dict, files: str) -> None:
+    """Refuse, in one line, queries decoded under other numerics than this run's (a folder made before they
+    were recorded is taken as it is): resuming would mix the two, reusing would hand out other queries."""
+    from gdr.lm.numerics import describe_numerics
+
+    was = (old or {}).get("numerics")
+    if was is not None and was != now:
+        raise FileExistsError(
+            f"{out / manifest}: these queries were decoded on {describe_numerics(was)}, this run decodes on "
+            f"{describe_numerics(now)} (other near-ties, so other queries for the same seed; never mixed in one "
+            f"folder); run it where they were decoded (device=, sample.compile=), or to re-sample here delete "
+            f"{files} in {out}, or use another out= folder")
 
 
 def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> list[dict]:
@@ -340,15 +365,58 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
 
 
 def _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,
-              compute_dtype: str) -> dict:
+              numerics: dict) -> dict:
+    """What P's bytes depend on: the model and prompt, the inputs, the sizes (their resolved values) and the
+    numerics (device kind and compute dtype, :func:`gdr.lm.numerics.scoring_numerics`)."""
     return {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
             "queries_hash": hash_strings(queries), "shape": [len(doc_ids), len(queries)], "dtype": dtype,
             "shard_size": shard_size, "doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens,
-            "compute_dtype": compute_dtype}
+            **numerics}
 
 
 # Identity keys that older manifests lack: absent there means what `auto` resolves to (the only behaviour then).
-_NEWER_KEYS = {"compute_dtype"}
+_NEWER_KEYS = {"compute_dtype", "device"}
+
+
+def _prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
+               order: np.ndarray, shard_size: int, world: int) -> None:
+    """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
+    keeps the shards before the cut; a broken header re-scores all), drop the markers of damaged shards, and
+    record the doc ids and a running manifest."""
+    p_path, shard_dir = out / P_FILE, out / SHARD_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    old = read_manifest(out, P_MANIFEST)
+    if old is not None:
+        stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
+                 and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
+        if stale:
+            said = [f"{k} {old[k]} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
+                    for k in stale]
+            raise FileExistsError(
+                f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(said)}); "
+                "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
+    problem = None
+    if old is not None and p_path.exists():
+        problem, right_size = _npy_check(p_path, shape, dtype)
+        if problem and right_size is not None:
+            # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
+            # so the shards before the cut keep their work
+            log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
+            os.truncate(p_path, right_size)
+            _reserve(p_path)
+            problem = None
+        elif problem:
+            log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
+    if old is None or not p_path.exists() or problem:
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        for f in shard_dir.glob("*.done"):
+            f.unlink()
+        np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=shape).flush()
+        _reserve(p_path)
+    else:
+        _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
+    atomic_write_json(out / "doc_ids.json", list(doc_ids))
+    write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
 
 
 def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
@@ -363,7 +431,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     queries : query texts, length n_queries, in column order.
     dtype : ``float32`` or ``float16`` storage.
     compute_dtype : ``auto`` | ``bfloat16`` | ``float32``: the dtype the passes run in
-        (:func:`gdr.lm.scoring.score_compute_dtype`); the manifest records what it resolved to.
+        (:func:`gdr.lm.numerics.score_compute_dtype`); the manifest records what it resolved to.
     max_shards : stop after this many shards in this call (testing kills and partial runs).
 
     Returns the path of ``P.npy``.
@@ -372,49 +440,19 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         raise ValueError(f"score.dtype={dtype!r}: use float32 or float16")
     if len(texts) != len(doc_ids):
         raise ValueError(f"{len(texts)} texts but {len(doc_ids)} doc ids")
-    from gdr.lm.scoring import score_compute_dtype
+    from gdr.lm.numerics import scoring_numerics
 
-    compute = score_compute_dtype(compute_dtype, lm.device, next(lm.model.parameters()).dtype)
+    numerics = scoring_numerics(lm.device, compute_dtype, next(lm.model.parameters()).dtype)
+    compute = getattr(torch, numerics["compute_dtype"])
     out = Path(out_dir)
     rank, world = dist_info()
-    ident = _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,
-                      str(compute).removeprefix("torch."))
+    ident = _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens, numerics)
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
     prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
     order = np.argsort(prompt_len, kind="stable")
     n_shards = -(-len(order) // shard_size)
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        old = read_manifest(out, P_MANIFEST)
-        if old is not None:
-            stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
-                     and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
-            if stale:
-                raise FileExistsError(
-                    f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(stale)}); "
-                    "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
-        problem = None
-        if old is not None and p_path.exists():
-            problem, right_size = _npy_check(p_path, (len(doc_ids), len(queries)), dtype)
-            if problem and right_size is not None:
-                # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
-                # so the shards before the cut keep their work
-                log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
-                os.truncate(p_path, right_size)
-                _reserve(p_path)
-                problem = None
-            elif problem:
-                log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
-        if old is None or not p_path.exists() or problem:
-            shard_dir.mkdir(parents=True, exist_ok=True)
-            for f in shard_dir.glob("*.done"):
-                f.unlink()
-            np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=(len(doc_ids), len(queries))).flush()
-            _reserve(p_path)
-        else:
-            _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
-        atomic_write_json(out / "doc_ids.json", list(doc_ids))
-        write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
+        _prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world)
     _barrier(world)
 
     P = np.load(p_path, mmap_mode="r+")
@@ -517,7 +555,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     documents are appended (and flushed) batch by batch; a rerun continues after the last whole line.
     ``batch_size`` counts queries (``batch_size // n_per_doc`` documents per batch); the queries of
     document i depend only on (seed, i), so neither it nor a resume changes the file. ``compile`` /
-    ``compile_min_queries`` as in :func:`sample_run`, decided for all the queries left.
+    ``compile_min_queries`` and the recorded ``numerics`` as in :func:`sample_run` (decided for all the
+    corpus's queries).
     """
     from gdr.lm.compiling import want_compile
 
@@ -531,6 +570,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, DOCQ_MANIFEST)
     _check_sampler(out, DOCQ_MANIFEST, old, "doc_queries.*")
+    numerics = _decode_numerics(lm, want_compile(compile, lm.device, len(texts) * n_per_doc, compile_min_queries))
+    _check_numerics(out, DOCQ_MANIFEST, old, numerics, "doc_queries.*")
     if old is not None:
         changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if changed:
@@ -540,7 +581,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     if old is not None and old.get("status") == "complete":
         check_manifest_files(out, name=DOCQ_MANIFEST, fix=RerunCommand("sample", out, f"re-sample: delete {path} and "
                                                                        f"{out / DOCQ_MANIFEST}, then run `{{}}`"))
-    write_manifest(out, DOCQ_MANIFEST, **ident, status="running")
+    write_manifest(out, DOCQ_MANIFEST, **ident, numerics=numerics, status="running")
     done = 0
     if path.exists():
         rows = read_jsonl(path, drop_torn_tail=True)[:len(texts)]
@@ -550,7 +591,6 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             log.info("resuming per-document generation after %d documents", done)
     bs = lm.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
     docs_per_batch = max(1, bs // n_per_doc)
-    lm.decoder().set_compile(want_compile(compile, lm.device, (len(texts) - done) * n_per_doc, compile_min_queries))
     t0 = time.perf_counter()
     bar = tqdm(total=len(texts), initial=done, desc="queries per doc", unit="doc",
                disable=not progress or done >= len(texts))
@@ -566,7 +606,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             os.fsync(f.fileno())
             bar.update(len(batch))
     bar.close()
-    write_manifest(out, DOCQ_MANIFEST, **ident, status="complete", files=[DOCQ_FILE],
+    write_manifest(out, DOCQ_MANIFEST, **ident, numerics=numerics, status="complete", files=[DOCQ_FILE],
                    seconds_last_call=round(time.perf_counter() - t0, 2),
                    compile_last_call=lm.decoder().compile_record())
     return path

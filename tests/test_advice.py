@@ -32,7 +32,8 @@ SITES = {
                          "test_doc_queries_without_a_manifest_with_a_doc_twice"],
     "training/search.py": ["test_the_advised_retrain_command_works_as_printed (test_faults)"],
     "indexing/docids.py": ["test_the_docids_advice_of_an_hkmi_index_names_its_corpus"],
-    "gdr/stages/score.py": ["test_the_sample_command_for_a_multi_process_score"],
+    "gdr/stages/score.py": ["test_the_sample_command_for_a_multi_process_score",
+                            "test_shards_left_unscored_are_scored_by_the_advised_rerun"],
     "gdr/cli/commands/sample.py": ["test_the_sample_command_for_a_multi_process_score"],
 }
 
@@ -159,6 +160,22 @@ def test_the_sample_command_for_a_multi_process_score(scored, tmp_path):
     args = [a if not a.startswith("out=") else f"out={out}" for a in scored[1]]
     _run_advised(f"run `{sample_command(out, without_section(args[1:], 'score'))}` before a multi-process `gdr score`")
     assert (out / "queries.jsonl").read_text() == (scored[0] / "queries.jsonl").read_text()
+
+
+def test_shards_left_unscored_are_scored_by_the_advised_rerun(scored, tmp_path):
+    """Scoring processes that left shards unscored: the stage fails with the rerun that scores them."""
+    from gdr.stages.score import _check_complete
+    from gdr.store import load_run
+
+    out = _copy(scored[0], tmp_path / "s")
+    man = json.loads((out / "P.manifest.json").read_text())
+    (out / "P.manifest.json").write_text(json.dumps({**man, "status": "partial"}))
+    for s in (1, 3):
+        (out / "P.shards" / f"{s:05d}.done").unlink()
+    with pytest.raises(RuntimeError, match=r"2 shard\(s\) left unscored \(1, 3\)") as e:
+        _check_complete(out)
+    _run_advised(str(e.value))
+    assert np.array_equal(load_run(out).logp, load_run(scored[0]).logp)
 
 
 # ----------------------------------------------------------------------------------- generated queries

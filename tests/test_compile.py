@@ -219,7 +219,7 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     import numpy as np
     import torch.nn.attention.flex_attention as fa
 
-    from gdr.lm import attention
+    from gdr.lm import scoring
     from tiny_models import QUERIES
 
     compiles = []
@@ -232,9 +232,10 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
         raise AssertionError("eager flex attention ran: it builds the full fp32 score matrix")
 
     compiled = torch.compile(fa.flex_attention, backend=broken)
-    monkeypatch.setattr(attention, "flex_attention_fn", lambda: (compiled, True))
+    monkeypatch.setattr(scoring, "compiled_flex", lambda options=(): compiled)
     monkeypatch.setattr(fa, "flex_attention", eager_flex)
     lm = tiny_llama()
+    lm.kernels.compile, lm.kernels.options = True, {"backend": "eager"}  # the CUDA configuration, on the CPU
     kw = dict(doc_batch_size=3, max_query_tokens=7, progress=False)
     with caplog.at_level(logging.WARNING, logger="gdr.lm.scoring"):
         got = lm.score(DOCS, QUERIES, attention="flex", **kw)
@@ -244,18 +245,19 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     lines = [r.getMessage() for r in caplog.records if "flex" in r.getMessage()]
     assert len(lines) == 1 and "dense path" in lines[0] and "no triton" in lines[0], lines
     assert len(compiles) == 1  # not tried again for the later batches
-    assert lm.fallbacks.flex and not tiny_llama().fallbacks.flex  # the scorer's own record, not the process's
+    assert lm.kernels.flex_failed and not tiny_llama().kernels.flex_failed  # the scorer's own record, not the process's
 
 
 def test_the_compile_record_does_not_make_a_finished_folder_stale(tmp_path, monkeypatch):
-    """compile_last_call is what a call did, not a setting: a folder finished before the field existed (or by
-    another compile setting) is reused as it is, not re-sampled."""
+    """compile_last_call is what a call did, not a setting: a folder finished before it and the numerics were
+    recorded is reused as it is, not re-sampled (one that records another decode path is refused:
+    test_sampling.py)."""
     lm = tiny_llama()
     rows = sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=False, **KW)
     man = read_manifest(tmp_path, "queries.manifest.json")
     assert man["compile_last_call"]["compiled"] is False and man["compile_last_call"]["graphs"] == []
     path = tmp_path / "queries.manifest.json"
-    path.write_text(json.dumps({k: v for k, v in man.items() if k != "compile_last_call"}))
+    path.write_text(json.dumps({k: v for k, v in man.items() if k not in ("compile_last_call", "numerics")}))
 
     def resample(*a, **k):
         raise AssertionError("re-sampled a finished folder")

@@ -369,8 +369,8 @@ def test_a_full_disk_is_found_by_the_probe(tmp_path, capsys, monkeypatch, nothin
 
 
 def test_a_full_disk_later_is_one_line_and_leaves_nothing_half_written(tmp_path, capsys, monkeypatch):
-    """ENOSPC while writing outputs after the early check: one line naming the folder, exit 2, no
-    traceback, and no half-written file (the atomic writes leave the old state; the folder the command made
+    """ENOSPC while writing outputs after the early check: one line naming the file and the space it needs, exit 2,
+    no traceback, and no half-written file (the atomic writes leave the old state; the folder the command made
     for them, left empty, is removed)."""
     import gdr.io
 
@@ -389,8 +389,9 @@ def test_a_full_disk_later_is_one_line_and_leaves_nothing_half_written(tmp_path,
     monkeypatch.setattr(gdr.io, "os", FullDisk())
     line = error_of(capsys, ["index", "method=random", f"kmeans.docs={docs}", "n_clusters=2", "leaf_size=2",
                              "progress=false", f"out={out}"])
-    assert line.startswith(f"gdr index: error: cannot write into out={out} (no space left on the device); "
-                           "free space on that disk or choose another out="), line
+    assert line.startswith(f"gdr index: error: cannot write {out / 'docids.tsv'} (no space left on the device: "
+                           "it needs 54 bytes, "), line  # the file and the space it needs
+    assert "free); free space on that disk or choose another out=" in line, line
     # no .tmp, no torn tree.json: the folder the command made holds nothing, so it is gone with its lock
     assert not out.exists()
 

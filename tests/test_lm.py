@@ -145,7 +145,7 @@ def test_token_and_score_caches_belong_to_their_model():
     assert set(lm.tokens.table("prompt", lm.tokenizer, (repr(lm.prompt), lm.max_doc_tokens, False, lm.eos_id))) \
         == set(DOCS[:2])
     other = tiny_llama()
-    assert other.tokens is not lm.tokens and other.fallbacks is not lm.fallbacks
+    assert other.tokens is not lm.tokens and other.kernels is not lm.kernels
     lm.tokenizer = copy.deepcopy(lm.tokenizer)
     lm.tokenizer.chat_template = lm.tokenizer.chat_template.replace("[SEP]", "[SEP] [SEP]")
     assert lm.prompt_ids(DOCS[:2]) != ids  # the new tokenizer's prompts, not the cached ones

@@ -198,7 +198,8 @@ def test_torchrun_rank_gets_its_own_gpu(monkeypatch):
 
 
 def test_scoring_bench_json_keys(tmp_path, capsys):
-    """The contract of `make bench-gpu`: the last line is JSON with the rates, MFU and device (CPU: mfu None)."""
+    """The contract of `make bench-gpu`: the last line is JSON with the rates, MFU and device (CPU: mfu None);
+    with --profile the profile table of the timed path is printed as well as written."""
     import json
 
     from gdr.bench.scoring import main
@@ -206,9 +207,67 @@ def test_scoring_bench_json_keys(tmp_path, capsys):
     docs = tmp_path / "docs.txt"
     docs.write_text("\n".join(DOCS) + "\n")
     assert main(["--model", "smollm2-135m-random", "--device", "cpu", "--pairs", "4", "--queries", "2",
-                 "--doc-tokens", "8", "--query-tokens", "3", "--naive-pairs", "2", "--docs-file", str(docs)]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+                 "--doc-tokens", "8", "--query-tokens", "3", "--naive-pairs", "2", "--docs-file", str(docs),
+                 "--profile", str(tmp_path / "profile.txt")]) == 0
+    printed = capsys.readouterr().out
+    out = json.loads(printed.strip().splitlines()[-1])
+    assert (tmp_path / "profile.txt").read_text() in printed  # the timed path's profile is printed too
     assert {"engine_pairs_per_s", "mfu", "device", "flops_per_pair", "peak_bf16_tflops", "naive_pairs_per_s",
             "speedup", "max_abs_diff"} <= out.keys()
     assert out["device"] == "cpu" and out["mfu"] is None and out["pairs"] == 4
     assert out["flops_per_pair"] > 2 * 100e6 and out["max_abs_diff"] < 1e-3
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_compiled_scoring_compiles_each_kernel_once_over_ragged_batches(family, naive):
+    """The CUDA configuration (ScoringKernels.compile) traced by dynamo on the CPU with the eager backend, through
+    ``score``: ragged prompts, a last doc batch of 1 of 4 (7 documents: batches of 4 and 3, then 1 of 4 more
+    for a second call) and query chunks of several lengths. Every batch is padded to one shape (rows, prompt
+    length, chunk width), so each compiled kernel (flex attention, the log-prob tile) traces one graph: 2 for
+    the causal model, 1 for T5 (no flex). Unpadded, the smaller batches and chunk widths added graphs of
+    their own (a row count of 1 and each number of key blocks: 4 graphs for these batches). The numbers equal
+    the fp32 reference."""
+    import torch._dynamo
+
+    lm = tiny_llama() if family == "llama" else tiny_t5()
+    lm.kernels.compile, lm.kernels.options = True, {"backend": "eager"}
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    kw = dict(doc_batch_size=4, max_query_tokens=9, progress=False)
+    got = lm.score(DOCS, RAGGED_QUERIES, attention="flex" if family == "llama" else "auto", **kw)
+    lm.score(DOCS[:1], RAGGED_QUERIES, attention="flex" if family == "llama" else "auto", **kw)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs == (2 if family == "llama" else 1), dict(torch._dynamo.utils.counters["stats"])
+    np.testing.assert_allclose(got, naive[family], atol=2e-4, rtol=0)
+
+
+def test_auto_sizes_read_free_memory_after_emptying_the_cache(monkeypatch, llama):
+    """The caching allocator's blocks (earlier models, batches, graph pools) count as used in mem_get_info: an
+    auto size is read after emptying it, for scoring and for sampling alike, so a later stage of a run does not
+    size itself smaller than the first. (CUDA's two calls recorded on the CPU.)"""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: calls.append("read") or (8 << 30, 80 << 30))
+    bs, mq = auto_score_sizes(llama.model, torch.device("cuda"), 100)
+    assert calls == ["empty", "read"] and bs >= 1 and mq == 4096
+    calls.clear()
+    monkeypatch.setattr(llama, "device", torch.device("cuda"))
+    assert llama.auto_batch_size(8) >= 1 and calls == ["empty", "read"]
+
+
+def test_the_block_mask_allows_what_the_dense_mask_allows(llama):
+    """The block mask's one-load rule (a query token sees its query's contiguous run up to itself, and its
+    document's prompt) allows exactly the pairs the dense additive mask allows, padding query included."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    q_ids = llama.query_ids(RAGGED_QUERIES)
+    _, chunks = llama._pack_causal(q_ids, 64, flex=True)
+    _, _, packed = chunks[0]
+    qid, off = packed[2], packed[3]
+    plen, Lp, T = torch.tensor([5, 9, 7]), 9, packed.shape[1]
+    block = llama._block_mask(plen, Lp, off)
+    allowed = create_mask(block.mask_mod, 3, 1, T, Lp + T, device="cpu")  # (B, 1, T, Lp + T)
+    dense = llama._dense_mask(plen, Lp, qid, off, torch.float32) == 0
+    assert torch.equal(allowed, dense) and T % 128 == 0 and 0 < dense.sum() < dense.numel()

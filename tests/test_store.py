@@ -113,6 +113,28 @@ def test_compute_dtype_is_chosen_recorded_and_checked(lm, tmp_path):
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "x", progress=False, compute_dtype="float16")
 
 
+def test_p_of_another_device_is_refused_and_its_numerics_recorded(lm, tmp_path):
+    """P records the device kind and compute dtype that made it (gdr.lm.numerics.scoring_numerics, what a stage
+    key can hold before the model loads); a partial P from another device (a GPU's, here its manifest) is not
+    resumed on this one: refused in one line naming both, its rows left as they were."""
+    from gdr.lm.numerics import scoring_numerics
+
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False, max_shards=2)
+    man_path = tmp_path / "P.manifest.json"
+    man = json.loads(man_path.read_text())
+    assert {k: man[k] for k in ("device", "compute_dtype")} == scoring_numerics("cpu") == \
+        {"device": "cpu", "compute_dtype": "float32"}
+    before = np.load(tmp_path / "P.npy").copy()
+    man_path.write_text(json.dumps({**man, "device": "cuda", "compute_dtype": "bfloat16"}))
+    with pytest.raises(FileExistsError, match="device cuda there, cpu here, compute_dtype bfloat16 there, "
+                                              "float32 here") as e:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
+    assert "\n" not in str(e.value) and np.array_equal(before, np.load(tmp_path / "P.npy"))
+    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # before it was recorded
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
+    assert json.loads(man_path.read_text())["device"] == "cpu"
+
+
 def test_mismatched_run_folder_is_refused(lm, tmp_path):
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=4, progress=False)
     before = np.load(tmp_path / "P.npy").copy()

@@ -14,6 +14,7 @@ import gdr
 from gdr.config import load_config
 from gdr.data import (
     CORPORA,
+    QUERY_KEYS,
     Corpus,
     DataError,
     corpus_from_config,
@@ -234,8 +235,8 @@ def test_conf_data_composes(name):
     assert data.name == name and data.seed == 0 and data.n_docs is None
     # every key is a load_corpus keyword, so corpus_from_config can pass them through (but the query files of a
     # file of documents, which the query side reads)
-    files = name in ("jsonl", "tsv")
-    assert set(data) - {"name"} <= set(inspect.signature(load_corpus).parameters) | ({"queries", "qrels"} if files
+    files = name in ("jsonl", "tsv", "trec")
+    assert set(data) - {"name"} <= set(inspect.signature(load_corpus).parameters) | (set(QUERY_KEYS) if files
                                                                                       else set())
     assert ("drop_title" in data) == (name in ("bbc", "r2", "r5", "reuters") or files)
     assert ("docs_tsv" in data) == (name in ("msmarco-lite", "nq320k"))

@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -97,6 +98,27 @@ def test_min_steps_above_max_steps_is_refused(toy, tmp_path, capsys):
     assert "trainer.min_steps=9: must be <= trainer.max_steps=3" in _one_line(capsys)
     with pytest.raises(ValueError, match=r"^trainer.min_steps=9: must be <= trainer.max_steps=3"):
         gdr.TrainSettings.merged(trainer={"max_steps": 3, "min_steps": 9})
+
+
+def test_a_finished_training_rerun_is_reused_with_its_dev_score(toy, tmp_path, caplog):
+    """A run that validates only at its end (check_val_every_n_epoch above its epochs), rerun with the same
+    command: reused as it is, with its dev score, its model untouched and no second fit (no logs/version_1)."""
+    out = tmp_path / "run"
+    args = _args(toy, out, "trainer.max_steps=7", "trainer.check_val_every_n_epoch=50")
+    assert main(args) == 0
+    first = json.loads((out / "manifest.json").read_text())
+    assert first["best_val_recall1"] is not None
+    assert (first["batch_size"], first["precision"], first["device"]) == (16, "32-true", "cpu")  # as resolved
+    model = file_digest(out / "model" / "model.pt")
+    with caplog.at_level(logging.INFO):
+        assert main(args) == 0
+    again = json.loads((out / "manifest.json").read_text())
+    assert (again["best_val_recall1"], again["best_checkpoint"], again["global_step"]) == \
+        (first["best_val_recall1"], first["best_checkpoint"], 7)
+    assert file_digest(out / "model" / "model.pt") == model and not (out / "logs" / "version_1").exists()
+    assert "a finished training on these inputs and settings (step 7" in caplog.text
+    assert main(_args(toy, out, "trainer.max_steps=9", "trainer.check_val_every_n_epoch=50")) == 0  # more steps
+    assert json.loads((out / "manifest.json").read_text())["global_step"] == 9
 
 
 # ----------------------------------------------------------------------------------- a folder of another training
@@ -239,6 +261,26 @@ def test_a_full_disk_while_checkpointing_leaves_no_truncated_checkpoint(toy, tmp
     assert main(args) == 0
     man = json.loads((out / "manifest.json").read_text())
     assert all(_loads(p) for p in (out / "checkpoints").glob("*.ckpt")) and _loads(Path(man["best_checkpoint"]))
+
+
+def test_a_full_disk_inside_a_checkpoint_write_is_one_line_with_the_space_needed(toy, tmp_path, capsys, monkeypatch):
+    """The disk fills up while torch writes a checkpoint: torch raises a RuntimeError (`enforce fail at
+    inline_container.cc`) from the OSError, which gave a 77-line traceback and exit 1."""
+    from test_disk_full import fill_disk_for
+
+    out = tmp_path / "run"
+    args = _args(toy, out, "trainer.max_steps=6")
+    with monkeypatch.context() as m:
+        fill_disk_for(m, ".ckpt.")  # the temporary file of each checkpoint write
+        assert main(args) == 2
+    line = _one_line(capsys)
+    assert re.fullmatch(rf"gdr train: error: cannot write {re.escape(str(out))}/checkpoints/\S+\.ckpt \(no space left "
+                        r"on the device: it needs [\d.]+ (KiB|MiB), [\d.]+ \w+ free\); free space on that disk or "
+                        r"choose another out_dir= on a disk with room, then rerun the same command to resume",
+                        line), line
+    assert not list((out / "checkpoints").glob("*.ckpt")) and not list((out / "checkpoints").glob(".*.tmp"))
+    assert main(args) == 0
+    assert _loads(Path(json.loads((out / "manifest.json").read_text())["best_checkpoint"]))
 
 
 # ----------------------------------------------------------------------------------- one writer per folder

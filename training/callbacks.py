@@ -3,7 +3,9 @@ keep the training losses."""
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -14,7 +16,7 @@ from gdr.guard import die_with_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder"]
+__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "ValidationLog", "validates_next"]
 
 
 class DiesWithParent(pl.Callback):
@@ -29,30 +31,98 @@ class DiesWithParent(pl.Callback):
             die_with_parent(self.parent)
 
 
-class StopOnSignal(pl.Callback):
-    """SIGTERM / SIGINT during training (:func:`gdr.signals.deferred`): write ``last.ckpt`` at the end of the
-    current batch, then stop with :class:`gdr.signals.Stopped`; during validation, stop at the batch end
-    (the last checkpoint stands). Only the process that built the Trainer saves."""
+class StopOnSignal(pl.callbacks.Checkpoint):
+    """SIGTERM / SIGINT during training (:func:`gdr.signals.deferred`): write ``last.ckpt`` at a point a rerun
+    resumes from exactly as the unbroken run goes on, then stop with :class:`gdr.signals.Stopped`.
+
+    That point is the end of the current batch, unless a validation follows that batch (or is running when the
+    signal comes): then it is the end of that validation, so the resumed run neither skips it (Lightning skips a
+    validation due right after a batch-end checkpoint) nor repeats it. Lightning runs checkpoint callbacks after
+    all others, so this one writes after early stopping and the best checkpoint callback (which writes at the
+    validation's end, never at the epoch's end: see ``training.train``) have seen the batch or the validation;
+    an early stop decided there is kept in the checkpoint, as Lightning keeps no such flag. After a batch-end
+    checkpoint the stop is raised at the next batch start or epoch end by :attr:`first` (a callback the Trainer
+    runs before the others), once Lightning has logged the batch and before another callback logs the next:
+    every row of ``metrics.csv`` is written once across the stop. Only the process that built the Trainer
+    saves and stops.
+    """
 
     def __init__(self, last: Path) -> None:
         self.last = last
         self.parent = os.getpid()
+        self.signum: int | None = None
+        self.saved = False
+        self.trainer: pl.Trainer | None = None
+        self.resumed_stopping = False
+        self.first = _StopAtNextBatch(self)
+
+    def notice(self) -> bool:
+        if self.signum is None and os.getpid() == self.parent:
+            self.signum = signals.take()  # cancels the grace timer: a validation may take longer than it
+        return self.signum is not None
+
+    def save(self, trainer) -> None:
+        trainer.save_checkpoint(self.last)
+        self.saved = True
+        log.info("stopping on %s: resume point %s (step %d)", signals.name(self.signum), self.last,
+                 trainer.global_step)
+
+    def state_dict(self) -> dict:
+        # a stop decided (early stopping) when the checkpoint was written: Lightning keeps no such flag in it
+        return {"should_stop": bool(self.trainer is not None and self.trainer.should_stop)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.resumed_stopping = bool(state_dict.get("should_stop"))
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.trainer = trainer
 
     def on_train_start(self, trainer, pl_module):
         signals.reclaim()  # Lightning's SIGTERM handler (set after on_fit_start) would stop without a checkpoint
+        if self.resumed_stopping:  # the stopped run had decided to end there: so does its resumption
+            trainer.should_stop = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        signum = signals.take() if os.getpid() == self.parent else None
-        if signum is not None:
-            trainer.save_checkpoint(self.last)
-            log.info("stopping on %s: resume point %s (step %d)", signals.name(signum), self.last,
-                     trainer.global_step)
-            raise signals.Stopped(signum)
+        if self.notice() and not self.saved and not validates_next(trainer):
+            self.save(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        signum = signals.pending()
-        if signum is not None and os.getpid() == self.parent:
-            raise signals.Stopped(signum)
+        if trainer.state.fn != "fit" or os.getpid() != self.parent:
+            return
+        if trainer.sanity_checking and signals.pending() is not None:  # nothing trained yet: stop at once
+            raise signals.Stopped(signals.pending())
+        if not trainer.sanity_checking:
+            self.notice()
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self.notice():
+            if not self.saved:
+                self.save(trainer)
+            raise signals.Stopped(self.signum)
+
+
+class _StopAtNextBatch(pl.Callback):
+    """The first callback of the Trainer: raises the stop :class:`StopOnSignal` saved for at a batch end."""
+
+    def __init__(self, stop: StopOnSignal) -> None:
+        self.stop = stop
+
+    def _raise(self) -> None:
+        if self.stop.saved:
+            raise signals.Stopped(self.stop.signum)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._raise()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._raise()
+
+
+def validates_next(trainer: pl.Trainer) -> bool:
+    """Whether Lightning validates right after the training batch that has just ended: its own rule, a private
+    method of its epoch loop (tests/test_train_resume.py stops a training at every step and fails if it moves)."""
+    loop = trainer.fit_loop.epoch_loop
+    return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
 
 class LossRecorder(pl.Callback):
@@ -82,3 +152,49 @@ class LossRecorder(pl.Callback):
     def losses(self) -> list[float]:
         self._flush()
         return self._done
+
+
+class ValidationLog(pl.Callback):
+    """One INFO line per validation, so a training can be watched from its log::
+
+        step 120 (epoch 7): train loss 0.8123, val/recall@1 0.4375 (best 0.4500), 1,234 examples/s, ETA 0:03:10
+
+    ``examples/s`` counts the examples trained since this start (a resumed run counts from its resume point);
+    the ETA is the time to the last step ``max_steps``/``max_epochs`` allow at that rate (early stopping may end
+    the run sooner). ``examples_per_step``: the batch size times the processes that train.
+    """
+
+    def __init__(self, monitor: str, examples_per_step: int) -> None:
+        self.monitor, self.examples_per_step = monitor, examples_per_step
+        self.start: tuple[float, int] | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.start = (time.monotonic(), trainer.global_step)
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self.start is None:
+            return
+        metrics = trainer.callback_metrics  # one host sync per validation
+        score, loss = metrics.get(self.monitor), metrics.get("train/loss")
+        best = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+        if score is not None:  # this callback runs before the checkpoint callbacks take in this validation
+            best = float(score) if best is None or not math.isfinite(float(best)) else max(float(best), float(score))
+        step, (t0, step0) = trainer.global_step, self.start
+        seconds = time.monotonic() - t0
+        rate = (step - step0) / seconds if seconds > 0 else 0.0
+        total = trainer.estimated_stepping_batches
+        eta = (total - step) / rate if rate > 0 and math.isfinite(total) else None
+        log.info("step %d (epoch %d): train loss %s, %s %s (best %s), %s examples/s, ETA %s", step,
+                 trainer.current_epoch, _num(loss), self.monitor, _num(score), _num(best),
+                 f"{rate * self.examples_per_step:,.0f}", _clock(eta))
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{float(x):.4f}"
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
+from gdr.io import no_space
+
 log = logging.getLogger(__name__)
 
 __all__ = ["AtomicCheckpointIO", "readable", "intact_best", "check_last", "checkpoint_batch", "remove_partial_writes"]
@@ -38,11 +40,29 @@ class AtomicCheckpointIO(pl.plugins.TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except OSError as e:  # name the checkpoint (the line of gdr.guard.write_error_line), not the temporary file
-            raise OSError(e.errno, e.strerror, str(path)) from e
+        except (OSError, RuntimeError) as e:  # name the checkpoint (gdr.guard.write_error_line), not the temporary file
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # before the free space is read
+            full = no_space(e, path, _tensor_bytes(checkpoint))  # torch's writer: a RuntimeError from the OSError
+            if full is not None:
+                raise full from e
+            if isinstance(e, OSError):
+                raise OSError(e.errno, e.strerror, str(path)) from e
+            raise
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a checkpoint (nested dicts, lists): about the size of its file."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def remove_partial_writes(ckpt_dir: Path) -> None:

@@ -39,7 +39,7 @@ from indexing.trie import DocidTrie
 log = logging.getLogger(__name__)
 
 __all__ = ["TokenStore", "RetrievalExamples", "build_examples", "read_generated_queries", "EpochSampler",
-           "ResumeSampler", "resume_point", "RetrievalDataModule", "padded"]
+           "ResumeSampler", "resume_point", "RetrievalDataModule", "padded", "bucket_widths", "bucketed_order"]
 
 
 @dataclass
@@ -326,20 +326,56 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return out
 
 
+BUCKET_CHUNK = 64  # length bucketing sorts within windows of this many batches of the epoch's shuffled order
+
+
+def bucket_widths(max_width: int, smallest: int = 8) -> np.ndarray:
+    """The padded widths of length-bucketed batches: powers of two from ``smallest``, then ``max_width``."""
+    widths = [w for w in (smallest << i for i in range(32)) if w < max_width]
+    return np.asarray(widths + [max_width], dtype=np.int64)
+
+
+def bucketed_order(order: np.ndarray, bucket: np.ndarray, batch_size: int, rng: np.random.Generator,
+                   chunk: int = BUCKET_CHUNK) -> np.ndarray:
+    """``order`` (an epoch's shuffled example indices) regrouped so that each batch of ``batch_size`` holds examples
+    of one length bucket where it can: within each window of ``chunk`` batches the examples are sorted by
+    ``bucket[i]`` (stably: a bucket keeps its shuffled order), then the full batches are shuffled by ``rng``. Every
+    batch but the last stays full, so an epoch has ``ceil(n / batch_size)`` batches, a batch starts every
+    ``batch_size`` examples (a resumed run skips whole batches), and the order depends on the seed alone."""
+    n = len(order)
+    window = batch_size * max(1, chunk)
+    starts = np.arange(n) // window  # the window of each position
+    grouped = order[np.lexsort((bucket[order], starts))]  # by window, then by bucket; lexsort is stable
+    full = n // batch_size
+    blocks = rng.permutation(full)
+    head = grouped[:full * batch_size].reshape(full, batch_size)[blocks].ravel()
+    return np.concatenate([head, grouped[full * batch_size:]])
+
+
 class EpochSampler(Sampler[int]):
     """Shuffles with a permutation that depends only on (seed, epoch): a run resumed from a
-    checkpoint sees the same order as an uninterrupted one (Lightning calls ``set_epoch``)."""
+    checkpoint sees the same order as an uninterrupted one (Lightning calls ``set_epoch``). With ``bucket`` (a
+    length bucket per example) and ``batch_size``, batches are grouped by length (:func:`bucketed_order`)."""
 
-    def __init__(self, n: int, seed: int = 0, shuffle: bool = True):
+    def __init__(self, n: int, seed: int = 0, shuffle: bool = True, bucket: np.ndarray | None = None,
+                 batch_size: int = 1):
         self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+        self.bucket, self.batch_size = bucket, batch_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _order(self) -> np.ndarray:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        if self.bucket is not None:
+            order = bucketed_order(order, self.bucket, self.batch_size,
+                                   np.random.default_rng([self.seed, self.epoch, 1]))
+        return order
+
     def __iter__(self) -> Iterator[int]:
         if not self.shuffle:
             return iter(range(self.n))
-        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
+        return iter(self._order().tolist())
 
     def __len__(self) -> int:
         return self.n
@@ -351,12 +387,13 @@ class ResumeSampler(EpochSampler):
     length stays the full epoch: Lightning's loop, restored to the killed batch index, ends the epoch
     when the iterator is exhausted."""
 
-    def __init__(self, n: int, seed: int = 0, resume_epoch: int = -1, skip: int = 0):
-        super().__init__(n, seed)
+    def __init__(self, n: int, seed: int = 0, resume_epoch: int = -1, skip: int = 0, bucket: np.ndarray | None = None,
+                 batch_size: int = 1):
+        super().__init__(n, seed, bucket=bucket, batch_size=batch_size)
         self.resume_epoch, self.skip = resume_epoch, skip
 
     def __iter__(self):
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        order = self._order()
         if self.epoch == self.resume_epoch and self.skip:
             order = order[self.skip:]
             self.resume_epoch, self.skip = -1, 0
@@ -398,11 +435,14 @@ class _TrainTensors(Dataset):
     """Training examples pre-tokenised into tensors: a batch is one gather, not a per-example collate.
 
     The DataLoader's fetcher calls ``__getitems__`` with the sampler's indices of a whole batch;
-    the batch is trimmed to its longest input, exactly what padding each example one by one gave.
+    the batch is trimmed to its longest input, exactly what padding each example one by one gave, or with
+    ``widths`` (sorted) padded to the smallest of them that holds it: a few fixed shapes, which a compiled step
+    traces once each.
     """
 
-    def __init__(self, ids: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor):
+    def __init__(self, ids: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, widths: np.ndarray | None = None):
         self.ids, self.lens, self.labels = ids, lens, labels  # (n, S) int32, (n,), (n, L + 1)
+        self.widths = widths
 
     def __len__(self) -> int:
         return len(self.lens)
@@ -414,6 +454,8 @@ class _TrainTensors(Dataset):
         idx_t = torch.as_tensor(idx, dtype=torch.long)
         lens = self.lens[idx_t]  # (B,)
         width = int(lens.max())  # host tensors: no device sync
+        if self.widths is not None:
+            width = int(self.widths[np.searchsorted(self.widths, width)])
         ids = self.ids[idx_t, :width].long()  # (B, S)
         mask = (torch.arange(width)[None, :] < lens[:, None]).long()  # (B, S)
         return {"input_ids": ids, "attention_mask": mask, "labels": self.labels[idx_t]}
@@ -443,8 +485,12 @@ class RetrievalDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, examples: RetrievalExamples, trie: DocidTrie, pad_token_id: int, batch_size: int = 64,
-                 eval_batch_size: int = 32, num_workers: int = 0, seed: int = 0, pin_memory: bool = False):
+                 eval_batch_size: int = 32, num_workers: int = 0, seed: int = 0, pin_memory: bool = False,
+                 length_buckets: bool = False, fixed_shapes: bool = False):
         super().__init__()
+        # length_buckets: batches grouped by input length (bucket_widths, bucketed_order); fixed_shapes: each batch
+        # padded to its bucket's width (the longest input's without buckets), so a compiled step sees few shapes
+        self.length_buckets, self.fixed_shapes = length_buckets, fixed_shapes
         self.examples, self.trie = examples, trie
         self.pad_token_id = pad_token_id
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -454,6 +500,7 @@ class RetrievalDataModule(pl.LightningDataModule):
         self.labels = torch.from_numpy(np.where(seq < 0, -100, seq))  # (n_docs, L + 1)
         self.doc_node = torch.from_numpy(trie.doc_node)
         self._train: _TrainTensors | None = None
+        self._bucket: np.ndarray | None = None
 
     def _collate_dev(self, batch):
         seqs, rels = zip(*batch)
@@ -467,9 +514,13 @@ class RetrievalDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self._train is None:  # tokens -> tensors once, not per epoch
             ids, lens = padded(self.examples.train, self.pad_token_id)
-            self._train = _TrainTensors(ids, lens, self.labels[torch.from_numpy(self.examples.train_doc)])
+            widths = bucket_widths(ids.shape[1]) if self.length_buckets else np.asarray([ids.shape[1]])
+            self._bucket = np.searchsorted(widths, lens.numpy()) if self.length_buckets else None
+            self._train = _TrainTensors(ids, lens, self.labels[torch.from_numpy(self.examples.train_doc)],
+                                        widths=widths if self.fixed_shapes else None)
         ds = self._train
-        sampler = ResumeSampler(len(ds), self.seed, self.resume_epoch, self.resume_skip)
+        sampler = ResumeSampler(len(ds), self.seed, self.resume_epoch, self.resume_skip, bucket=self._bucket,
+                                batch_size=self.batch_size)
         return DataLoader(ds, batch_size=self.batch_size, sampler=sampler, collate_fn=_first,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False,
                           pin_memory=self.pin_memory)

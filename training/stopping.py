@@ -6,12 +6,16 @@ patience of 5 is 5 epochs: at batch 512 on 1,000 documents an epoch is ~13 steps
 (``patience_steps``) and turned into checks for the validation interval in use (every ``val_check_interval``
 steps across epochs, or once per ``check_val_every_n_epoch`` epochs of ``ceil(n_train / batch)`` steps), and
 a minimum number of steps (``min_steps``, Lightning's ``Trainer(min_steps=...)``) holds off any stop before it.
+
+Lightning lets ``max_epochs`` (or ``max_steps``) win over ``min_steps``: a floor at or past the run's last step
+leaves the dev metric no say, and every run trains to its cap. :func:`effective_min_steps` keeps the floor within
+the first half of the run's steps, so the cap stays a cap and the dev metric decides in the second half.
 """
 from __future__ import annotations
 
 import math
 
-__all__ = ["steps_per_check", "patience_checks"]
+__all__ = ["steps_per_check", "patience_checks", "effective_min_steps"]
 
 
 def steps_per_check(n_train: int, batch_size: int, check_val_every_n_epoch: int | None,
@@ -30,3 +34,14 @@ def patience_checks(patience_steps: int, per_check: float) -> int:
         raise ValueError(f"trainer.patience_steps={patience_steps}: give a positive number of steps, or null "
                          "to count the patience in validation checks (trainer.patience)")
     return max(1, math.ceil(patience_steps / max(per_check, 1e-9)))
+
+
+def effective_min_steps(min_steps: int, n_train: int, batch_size: int, max_epochs: int, max_steps: int = -1,
+                        world_size: int = 1) -> int:
+    """``min_steps`` capped at half the steps the run may take (``max_epochs`` epochs of ``ceil(n_train / batch)``
+    steps, or ``max_steps`` if fewer), so that early stopping can end the run before its cap."""
+    per_epoch = max(1, math.ceil(n_train / (batch_size * max(1, world_size))))
+    cap = per_epoch * max(1, max_epochs)
+    if max_steps > 0:
+        cap = min(cap, max_steps)
+    return min(int(min_steps), cap // 2)

@@ -24,20 +24,21 @@ import pytorch_lightning as pl
 import torch
 
 from gdr import cost, signals
+from gdr.device import free_memory
 from indexing.docids import write_docids
 from indexing.trie import DocidTrie, build_trie
-from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal
+from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, ValidationLog
 from training.checkpoints import AtomicCheckpointIO, check_last, checkpoint_batch, intact_best, remove_partial_writes
 from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
 from training.module import RetrieverModule
-from training.stopping import patience_checks, steps_per_check
+from training.stopping import effective_min_steps, patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
-           "resolve_batch_size", "resolve_fused", "train_batch_for_memory", "train_memory_per_example",
-           "cuda_batch_size"]
+           "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory",
+           "train_memory_per_example", "cuda_batch_size"]
 
 
 @dataclass
@@ -117,7 +118,10 @@ class TrainerOptions:
     """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
 
     ``batch_size`` "auto" = on CUDA what fits the free memory, up to 4,096, 64 on the CPU (:func:`resolve_batch_size`;
-    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` on CUDA (ignored on the CPU).
+    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` (any device; static shapes:
+    each batch is padded to a fixed width, its length bucket's with ``length_buckets``, so that an epoch traces a few
+    graphs once); ``length_buckets`` groups each batch's examples by input length (``training.data.bucketed_order``),
+    so short queries are not padded to the width of document windows.
     """
 
     max_epochs: int = 20
@@ -150,6 +154,7 @@ class TrainerOptions:
     resume_damaged: str = "best"  # a damaged last.ckpt: start from the best checkpoint's weights, or "fresh"
     enable_progress_bar: bool = True
     compile: bool = False
+    length_buckets: bool = False
 
 
 GPU_BATCH, CPU_BATCH, GPU_BATCH_CAP = 512, 64, 4096
@@ -183,7 +188,7 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     ``config`` needed), but above 512 only while an epoch of ``n_train`` examples keeps at least
     :data:`MIN_STEPS_PER_EPOCH` steps (a power of two); 64 on the CPU. An int stays (a config's 512 is 512).
 
-    ``free_bytes`` : the free device memory (default: asked from CUDA).
+    ``free_bytes`` : the free device memory (default: :func:`gdr.device.free_memory`, the cache emptied first).
     """
     if batch_size != "auto":
         return int(batch_size)
@@ -192,7 +197,7 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config:
     if config is None:
         return GPU_BATCH
     if free_bytes is None:
-        free_bytes, _ = torch.cuda.mem_get_info()
+        free_bytes = free_memory()
     return cuda_batch_size(config, free_bytes, n_train)
 
 
@@ -206,6 +211,17 @@ def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | N
     return bs
 
 
+def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n_train: int) -> int:
+    """The examples per optimiser step of a run, resolved once: ``trainer.batch_size`` as given, or for ``auto``
+    what :func:`resolve_batch_size` gives for the free memory now (the CUDA cache emptied first) and ``n_train``
+    training examples shared by the processes that train. ``config``: the architecture with its docid sizes
+    (``n_digits``, ``max_code_len``); a caller training several retrievers resolves it for the largest and passes
+    the number to each, so they all train at one batch whatever ran before."""
+    cuda = _on_cuda(trainer_opts.accelerator)
+    return resolve_batch_size(trainer_opts.batch_size, trainer_opts.accelerator, config=config,
+                              n_train=n_train // _world_size(trainer_opts.devices, cuda))
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -216,6 +232,9 @@ class TrainResult:
     n_params: dict[str, int]
     global_step: int
     losses: list[float] = field(default_factory=list, repr=False)
+    batch_size: int | None = None  # examples per optimiser step, as resolved (``trainer.batch_size: auto``)
+    precision: str | None = None  # as resolved (``trainer.precision: null``): bf16-mixed on a GPU, 32-true on the CPU
+    device: str | None = None  # cuda or cpu
 
 
 @dataclass
@@ -286,8 +305,7 @@ def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -
     if t.batch_size == "auto" and t.resume and last.exists():
         batch_size = checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
     else:
-        batch_size = resolve_batch_size(t.batch_size, t.accelerator, config=data.cfg,
-                                        n_train=len(data.examples.train) // world)
+        batch_size = resolve_train_batch(t, data.cfg, len(data.examples.train))
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
@@ -305,12 +323,25 @@ def _build_module(data: _Data, run: _Run, t: TrainerOptions, seed: int) -> Retri
                              length_penalty=t.length_penalty, seed=seed, fused=run.fused, trie=data.trie,
                              batch_size=run.batch_size)
     log.info("retriever parameters: %s", module.model.n_params())
-    if t.compile and run.cuda:
-        module.model.compile()  # in place: the state dict keeps its keys
+    if t.compile:
+        module.model.compile(dynamic=False)  # in place: the state dict keeps its keys; the data's fixed widths
     return module
 
 
-def _early_stopping(t: TrainerOptions, run: _Run, n_train: int) -> pl.callbacks.EarlyStopping | None:
+def _min_steps(t: TrainerOptions, run: _Run, n_train: int, has_dev: bool) -> int:
+    """``trainer.min_steps``, held to half of the run's steps when early stopping is on, so that the epoch cap
+    does not always win over it (:func:`training.stopping.effective_min_steps`)."""
+    if not (has_dev and (t.patience_steps or t.patience > 0)):
+        return t.min_steps
+    min_steps = effective_min_steps(t.min_steps, n_train, run.batch_size, t.max_epochs, t.max_steps,
+                                    world_size=run.world_size)
+    if min_steps < t.min_steps:
+        log.info("trainer.min_steps=%d is past half of this run's steps (trainer.max_epochs=%d at %d examples a "
+                 "step): early stopping may act from step %d on", t.min_steps, t.max_epochs, run.batch_size, min_steps)
+    return min_steps
+
+
+def _early_stopping(t: TrainerOptions, run: _Run, n_train: int, min_steps: int) -> pl.callbacks.EarlyStopping | None:
     if not (t.patience_steps or t.patience > 0):
         return None
     patience = t.patience
@@ -319,7 +350,7 @@ def _early_stopping(t: TrainerOptions, run: _Run, n_train: int) -> pl.callbacks.
                                     world_size=run.world_size)
         patience = patience_checks(int(t.patience_steps), per_check)
         log.info("early stopping after %d steps without a better %s: %d validations of %.0f steps, "
-                 "not before step %d", t.patience_steps, t.monitor, patience, per_check, t.min_steps)
+                 "not before step %d", t.patience_steps, t.monitor, patience, per_check, min_steps)
     # checked right after each validation, never at an epoch end without one (a run stopped by max_steps
     # mid-epoch, a resumed epoch): there the metric does not exist and Lightning would stop the run with an error
     return pl.callbacks.EarlyStopping(monitor=t.monitor, mode="max", patience=patience,
@@ -353,19 +384,23 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
     best_ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=ckpt_dir, filename="best-{epoch}-{step}", monitor=t.monitor, mode="max", save_top_k=1,
         auto_insert_metric_name=False, save_weights_only=True,  # only exported, never resumed from: no optimiser state
+        save_on_train_epoch_end=False,  # at each validation's end, before a stop's resume point (StopOnSignal)
     ) if has_dev else None
     recorder = LossRecorder()
-    # best before last: last.ckpt then carries the best-checkpoint callback's updated state
-    callbacks = [*([best_ckpt] if best_ckpt else []), last_ckpt, recorder,
+    stop = StopOnSignal(ckpt_dir / "last.ckpt")
+    # best before last: last.ckpt then carries the best-checkpoint callback's updated state; the stop's resume
+    # point after both (Lightning runs checkpoint callbacks last, in this order), its raise before every callback
+    callbacks = [stop.first, *([best_ckpt] if best_ckpt else []), last_ckpt, stop, recorder,
                  pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
-                 StopOnSignal(ckpt_dir / "last.ckpt"), *extra]
+                 ValidationLog(t.monitor, run.batch_size * run.world_size), *extra]
     if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
-    stopping = _early_stopping(t, run, len(data.examples.train)) if has_dev else None
+    min_steps = _min_steps(t, run, len(data.examples.train), has_dev)
+    stopping = _early_stopping(t, run, len(data.examples.train), min_steps) if has_dev else None
     if stopping is not None:
         callbacks.append(stopping)
     trainer = pl.Trainer(
-        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=t.min_steps or None,
+        default_root_dir=out, max_epochs=t.max_epochs, max_steps=t.max_steps, min_steps=min_steps or None,
         accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=run.precision,
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
@@ -492,15 +527,16 @@ def train(
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     dm = RetrievalDataModule(data.examples, data.trie, pad_token_id=data.tokenizer.pad_token_id or 0,
                              batch_size=run.batch_size, eval_batch_size=t.eval_batch_size, num_workers=t.num_workers,
-                             seed=seed, pin_memory=run.cuda)
+                             seed=seed, pin_memory=run.cuda, length_buckets=t.length_buckets,
+                             fixed_shapes=t.compile)
     module = _build_module(data, run, t, seed)
     trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
     ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)
-    with signals.deferred():  # a signal stops at the next batch end, after writing last.ckpt (StopOnSignal)
+    with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:
         score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
-                       global_step, recorder.losses)
+                       global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     nb = min(bs, len(docs))  # the profile: one more batch of documents against every query, if time is left
     b.prof = maybe_profile(args, lambda: lm.score(docs[:nb], queries, **kw), nb * len(queries), "pair", lm.device,
                            f"scoring {args.model}, {nb} docs x {len(queries)} queries", longest)
+    if b.prof is not None:
+        print(Path(args.profile).read_text(encoding="utf-8"))  # the timed path's profile, as written
     emit(b.figures(partial=False))
     return 0
 

@@ -31,6 +31,7 @@ import argparse
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -170,13 +171,35 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     n_params = module.model.n_params()["total"]
     bpe = training_bytes_per_example(n_params, param_count(module.model), batch, str(prec).startswith("bf16"))
     roof = roofline(fpe, bpe, examples / seconds, device)
-    return {"batch": batch, "examples_per_s": round(examples / seconds, 1),
+    clock = time.time() - time.perf_counter()  # the timed steps in Unix time: compared across processes
+    return {"timed_from": clock + timer.t0, "timed_to": clock + timer.t1,
+            "batch": batch, "examples_per_s": round(examples / seconds, 1),
             "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
             "fused": bool(trainer.optimizers[0].defaults.get("fused")),
             "launches_per_example": timer.summary and timer.summary["launches_per_unit"], **roof}
+
+
+def _at_once(n: int, alone: dict, bench) -> dict:
+    """``n`` copies of ``bench()`` (one preset's :func:`bench_preset`) at once, one process each
+    (:func:`training.concurrent.run_concurrently`): the examples of all of them over the wall time from the first
+    timed step to the last, and the MFU that is at the FLOPs of one example (against ``alone``, the same preset
+    run by itself)."""
+    from training.concurrent import run_concurrently
+
+    runs = run_concurrently([bench] * n, n)
+    examples = sum(r["examples_per_s"] * r["seconds"] for r in runs)
+    wall = max(r["timed_to"] for r in runs) - min(r["timed_from"] for r in runs)
+    rate = examples / wall
+    ratio = rate / alone["examples_per_s"]
+    mfu = None if alone["mfu"] is None else round(alone["mfu"] * ratio, 4)
+    each = ", ".join(f"{r['examples_per_s']:,.0f}" for r in runs)
+    print(f"  {n} at once: {rate:,.0f} examples/s in all ({ratio:.2f}x one alone), MFU {mfu}; each {each} examples/s",
+          flush=True)
+    return {"examples_per_s": round(rate, 1), "vs_one": round(ratio, 3), "mfu": mfu, "wall_s": round(wall, 3),
+            "per_process_examples_per_s": [r["examples_per_s"] for r in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the retriever (CUDA only)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="N > 1: then train N copies of each preset at once, one process each (train.concurrent), "
+                         "and print their aggregate examples/s and MFU against the one alone")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"],
                     help="fused AdamW (optim.fused); auto = on CUDA")
@@ -242,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
         out[name] = r
+        if args.concurrent > 1 and seconds_left(args) >= MIN_PRESET_S:
+            out.setdefault("concurrent", {"n": args.concurrent})[name] = _at_once(
+                args.concurrent, r, partial(bench_preset, name, device, batches[name], steps, warmup, args.seq_len,
+                                            args.K, args.depth, args.docs, args.compile, args.seed, fused=fused,
+                                            precision=args.precision, seconds=args.seconds, deadline=args.deadline))
         if name != presets[-1]:
             emit({**out, "partial": True})  # a step stopped at its limit keeps the presets it finished
     emit({**out, "partial": False})

@@ -8,6 +8,7 @@ Where things are:
 - :mod:`gdr.lm.decode`: the decode loop behind it (static KV cache, per-query random streams, sampler version).
 - :mod:`gdr.lm.scoring`: the matrix P of log p(query | doc) (Eq. 1).
 - :mod:`gdr.lm.attention`: the attention function of the scoring and decode passes (flex, grouped SDPA).
+- :mod:`gdr.lm.numerics`: what decides the bytes beyond the settings (device kind, dtype, decode path).
 """
 from gdr.lm.model import GenerativeLM
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, clean_query, saved_generator

@@ -4,7 +4,7 @@ One function (:func:`gdr_attention`) serves both: it is transformers' SDPA for e
 that SDPA handles with copies or dense masks:
 
 - a flex-attention ``BlockMask`` (scoring's packed causal queries): block-sparse flex attention, compiled on
-  CUDA (:func:`flex_attention_fn`); a compiler failure raises :class:`FlexFailed` so that the scorer can take
+  CUDA (the scorer's choice); a compiler failure raises :class:`FlexFailed` so that the scorer can take
   its dense path (never eager flex on a GPU: it materialises the fp32 scores);
 - T5 cross-attention with G query rows per document: the rows folded into one sequence per document;
 - grouped-query attention under a mask (:func:`grouped_sdpa`): no ``repeat_kv`` copies of the keys and values
@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-__all__ = ["ATTN_IMPL", "FlexFailed", "flex_attention_fn", "gdr_attention", "grouped_sdpa", "register_attention",
-           "set_attention", "use_gdr_attention"]
+__all__ = ["ATTN_IMPL", "FlexFailed", "compiled_flex", "eager_flex", "flex_attention_fn", "gdr_attention",
+           "grouped_sdpa", "register_attention", "set_attention", "use_gdr_attention"]
 
 ATTN_IMPL = "gdr_scoring"  # the name of gdr_attention in transformers' AttentionInterface
 
@@ -28,26 +28,32 @@ class FlexFailed(RuntimeError):
 
 
 @functools.cache
-def _compiled_flex():
-    """``torch.compile(flex_attention)``, built once per process: a compiled function depends on nothing but the
-    torch build, so every scorer of the process shares it (and its compiled graphs)."""
+def compiled_flex(options: tuple = ()):
+    """``torch.compile(flex_attention, dynamic=True, **dict(options))``, built once per process and options: a
+    compiled function depends on nothing but the torch build, so every scorer of the process shares it (and its
+    compiled graphs). ``options``: sorted (name, value) pairs of further ``torch.compile`` arguments."""
     from torch.nn.attention.flex_attention import flex_attention
 
     from gdr.lm.compiling import compile_cache_dir
 
     compile_cache_dir()
-    return torch.compile(flex_attention, dynamic=True)
+    return torch.compile(flex_attention, dynamic=True, **dict(options))
 
 
-def flex_attention_fn() -> tuple[object, bool]:
-    """(flex attention, whether it is compiled): compiled on CUDA; eager flex without CUDA (unfused, correct:
-    the tests' path), looked up at call time."""
-    if torch.cuda.is_available():
-        return _compiled_flex(), True
+def eager_flex():
+    """Eager flex attention (unfused, correct: the tests' path), looked up at call time."""
     from torch.nn.attention.flex_attention import flex_attention
 
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # said once
-    return flex_attention, False
+    return flex_attention
+
+
+def flex_attention_fn() -> tuple[object, bool]:
+    """(flex attention, whether it is compiled) for a caller that does not choose: compiled on CUDA, eager
+    without CUDA. The scorer passes its own choice (``gdr_flex``, :class:`gdr.lm.scoring.ScoringKernels`)."""
+    if torch.cuda.is_available():
+        return compiled_flex(), True
+    return eager_flex(), False
 
 
 def grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.Tensor:
@@ -70,12 +76,14 @@ def grouped_sdpa(query, key, value, mask, scaling=None, dropout=0.0) -> torch.Te
 
 
 def gdr_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
-                  **kwargs):
+                  gdr_flex: tuple | None = None, **kwargs):
     """Attention for the scoring and sampling passes; identical to transformers' SDPA for everything else.
 
     query (Bq, H, T, D), key/value (Bk, Hkv, S, D). The cases:
 
-    - ``attention_mask`` is a flex ``BlockMask`` (packed causal queries): block-sparse flex attention.
+    - ``attention_mask`` is a flex ``BlockMask`` (packed causal queries): block-sparse flex attention, the
+      function the caller passes through the model's forward (``gdr_flex``: (function, compiled)), else
+      :func:`flex_attention_fn`'s.
     - ``Bq = G * Bk`` (T5 cross-attention, G queries per document): the G query rows of a document are
       folded into one (H, G*T) sequence over that document's keys, one SDPA call, no key/value copies.
       ``attention_mask`` is then the (Bk, 1, 1, S) bool encoder padding mask; T5's cross-attention
@@ -89,7 +97,7 @@ def gdr_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
     if isinstance(attention_mask, BlockMask):
         kw = dict(block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
-        fn, compiled = flex_attention_fn()
+        fn, compiled = gdr_flex if gdr_flex is not None else flex_attention_fn()
         try:
             out = fn(query, key, value, **kw)
         except Exception as e:  # noqa: BLE001 - a compiler failure: the dense path, not eager flex (which

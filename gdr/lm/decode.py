@@ -37,6 +37,7 @@ import torch
 from gdr.lm.attention import use_gdr_attention
 from gdr.lm.compat import cache_kwarg
 from gdr.lm.hostsync import padding_mask_4d
+from gdr.lm.numerics import decode_dtype, decode_numerics
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class Decoder:
         self.device = lm.device
         self.model = lm.model
         # bf16 on CUDA; ``dtype`` makes that copy on a CPU too (tests run the CUDA configuration there)
-        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else next(lm.model.parameters()).dtype)
+        self.dtype = dtype or decode_dtype(self.device, next(lm.model.parameters()).dtype)
         if self.dtype != next(lm.model.parameters()).dtype:
             from gdr.lm.precision import cast_copy
 
@@ -199,6 +200,11 @@ class Decoder:
         self.bucket = self.compile if self._bucket_setting is None else self._bucket_setting
         self._record = dict(graphs=set(), eager_fallback=set(), eager_redraws=0)
 
+    def numerics(self) -> dict:
+        """What decides the bytes of this loop's queries beyond the settings (:mod:`gdr.lm.numerics`): the
+        device kind, the dtype it decodes in and the decode path of the last :meth:`set_compile`."""
+        return decode_numerics(self.device, self.dtype, self.compile)
+
     @property
     def _step_ok(self) -> bool:
         """A compiled step has run (tests: no silent eager fallback)."""
@@ -225,10 +231,10 @@ class Decoder:
         return -(-max(n, floor) // 64) * 64 if self.bucket else n
 
     def _longest_prompt(self) -> int:
-        """Tokens of the prompt of a document cut at ``max_doc_tokens``: the cache length every batch is
-        bucketed to (whatever its longest document), so that the batches of a run share one compiled length."""
+        """The cache length every batch is bucketed to (whatever its longest document), so that the batches of a
+        run share one compiled length: :meth:`gdr.lm.GenerativeLM.longest_prompt_tokens`, computed once."""
         if self._longest is None:
-            self._longest = len(self.lm.prompt_ids([""])[0]) + self.lm.max_doc_tokens
+            self._longest = self.lm.longest_prompt_tokens()
         return self._longest
 
     def _decode_cache(self, key: tuple, make):

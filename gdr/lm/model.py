@@ -26,8 +26,9 @@ import torch
 
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache, saved_generator
 from gdr.lm.hostsync import upload
+from gdr.lm.numerics import resolve_device
 from gdr.lm.sampling import SamplingMixin
-from gdr.lm.scoring import CompilerFallbacks, ScoringMixin
+from gdr.lm.scoring import ScoringKernels, ScoringMixin
 from gdr.logs import quiet_loading
 from gdr.models import MAX_DOC_TOKENS_RULE, pretrained_config, resolve_model
 from gdr.rules import check_values
@@ -35,12 +36,6 @@ from gdr.rules import check_values
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerativeLM"]
-
-
-def _autodevice(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
@@ -63,7 +58,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
 
         check_values({"max_doc_tokens": max_doc_tokens}, (MAX_DOC_TOKENS_RULE,),
                      {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
-        self.device = _autodevice(device)
+        self.device = resolve_device(device)
         saved = None
         if isinstance(model, str):
             self.name = model
@@ -105,7 +100,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
         self.eos_id = int(eos)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
         self.tokens = TokenCache()  # token ids by text, for this tokenizer and prompt
-        self.fallbacks = CompilerFallbacks()  # compiled scoring kernels that failed here: their eager twins
+        self.kernels = ScoringKernels()  # compiled or eager scoring kernels, and which compiled ones failed here
         self.score_copy = None  # the weights cast to the scoring dtype (ScoringMixin._scoring_model)
         self._decoder = None  # the decode loop, built on first use (SamplingMixin.decoder)
 
@@ -114,8 +109,10 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
         return {"model": self.name, "family": "seq2seq" if self.is_seq2seq else "causal",
                 "prompt": asdict(self.prompt), "max_doc_tokens": self.max_doc_tokens}
 
-    def _pad(self, seqs: Sequence[Sequence[int]], left: bool = False) -> dict[str, torch.Tensor]:
-        L = max(len(s) for s in seqs)
+    def _pad(self, seqs: Sequence[Sequence[int]], left: bool = False, length: int | None = None
+             ) -> dict[str, torch.Tensor]:
+        """(B, L) ids and attention mask of ``seqs`` padded to the longest, or to ``length`` when longer."""
+        L = max(max(len(s) for s in seqs), length or 0)
         ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), L), dtype=torch.long)
         for r, s in enumerate(seqs):  # building the padded batch; the compute is batched

@@ -118,6 +118,11 @@ class PromptMixin:
             for d in docs
         ]
 
+    def longest_prompt_tokens(self) -> int:
+        """Tokens of the prompt of a document cut at ``max_doc_tokens``: the length that compiled sampling and
+        scoring pad every batch to (a longer prompt, rare, pads further), and the auto sizes plan for."""
+        return len(self.prompt_ids([""])[0]) + self.max_doc_tokens
+
     def _cached_ids(self, kind: str, texts: Sequence[str], tokenize) -> list[list[int]]:
         """``tokenize(new_texts)`` for the distinct texts not seen before (one batched call), the rest from
         ``self.tokens`` (:class:`TokenCache`)."""

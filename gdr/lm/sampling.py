@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gdr.device import free_memory
 from gdr.lm.prompts import clean_query
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,7 @@ class SamplingMixin:
         """
         if self.device.type != "cuda":
             return CPU_BATCH
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return self.batch_for_memory(free, max_new_tokens)
+        return self.batch_for_memory(free_memory(self.device), max_new_tokens)
 
     def batch_for_memory(self, free_bytes: int, max_new_tokens: int = 32, cap: int = 1024) -> int:
         """The largest decode batch whose bf16 KV cache, prefill activations and logits fit in 60% of
@@ -131,8 +131,8 @@ class SamplingMixin:
         number of its random stream, in the row bucket it falls in when that one is compiled already, else
         eagerly (no new compiled graph for a few rows). ``start`` resumes after already finished queries (any number);
         ``on_batch(partial)`` is called after every batch (used to checkpoint). ``compile`` (auto | true |
-        false) and ``compile_min_queries`` decide whether the decode step is compiled for the queries left
-        (:func:`gdr.lm.compiling.want_compile`); the queries are the same either way.
+        false) and ``compile_min_queries`` decide whether the decode step is compiled, for all ``n`` queries
+        (:func:`gdr.lm.compiling.want_compile`): a resumed call decodes on the same path as the first.
         """
         from gdr.lm.compiling import want_compile
 
@@ -142,7 +142,8 @@ class SamplingMixin:
         redrawn = start.n_redrawn if start is not None else 0
         done = len(texts)
         bs = self.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
-        self.decoder().set_compile(want_compile(compile, self.device, n - done, compile_min_queries))
+        # decided from all n queries, not the ones left: a resumed run decodes with the same kernels
+        self.decoder().set_compile(want_compile(compile, self.device, n, compile_min_queries))
         kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
                   max_rows=bs)
         bar = tqdm(total=n, initial=done, desc="sample queries", unit="q", disable=not progress)

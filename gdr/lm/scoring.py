@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -31,16 +31,18 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.cost import batch_for_memory, dims, score_memory
-from gdr.lm.attention import ATTN_IMPL, FlexFailed, register_attention, set_attention
+from gdr.device import free_memory
+from gdr.lm.attention import ATTN_IMPL, FlexFailed, compiled_flex, eager_flex, register_attention, set_attention
 from gdr.lm.compat import cache_kwarg
 from gdr.lm.compiling import compile_cache_dir
 from gdr.lm.hostsync import upload
+from gdr.lm.numerics import score_compute_dtype
 from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompilerFallbacks", "ScoringCopy", "ScoringMixin", "token_logprobs", "auto_score_sizes", "score_compute_dtype", "CPU_DOC_BATCH_SIZE",
-           "CPU_MAX_QUERY_TOKENS"]
+__all__ = ["ScoringCopy", "ScoringKernels", "ScoringMixin", "token_logprobs", "auto_score_sizes",
+           "score_compute_dtype", "CPU_DOC_BATCH_SIZE", "CPU_MAX_QUERY_TOKENS"]
 
 # Measured best on a 2-core CPU (SmolLM2, `python -m gdr.bench.scoring`): one document per pass, the
 # whole query set (up to 2,048 tokens) per chunk.
@@ -90,31 +92,52 @@ def _lse_chunk(h: torch.Tensor, w: torch.Tensor, tgt: torch.Tensor, v0: int, fp3
 
 
 @functools.cache
-def _compiled_lse_chunk():
-    """``_lse_chunk`` compiled (one fused reduction over the tile), built once per process: it depends on
-    nothing but the torch build, so every scorer shares it."""
+def _compiled_lse_chunk(options: tuple = ()):
+    """``_lse_chunk`` compiled (one fused reduction over the tile), built once per process and options: it
+    depends on nothing but the torch build, so every scorer shares it."""
     compile_cache_dir()  # compiled kernels persist across processes
-    return torch.compile(_lse_chunk, dynamic=True)
+    return torch.compile(_lse_chunk, dynamic=True, **dict(options))
 
 
 @dataclass
-class CompilerFallbacks:
-    """Which compiled scoring kernels failed for their owner (a scorer: ``GenerativeLM.fallbacks``): each then
-    runs its eager twin (log-probs) or the dense path (flex attention) for the rest of that scorer's life,
-    after one log line, instead of failing again on every batch."""
+class ScoringKernels:
+    """How a scorer (``GenerativeLM.kernels``) runs its kernels, and which compiled ones failed for it.
 
-    flex: bool = False  # compiled flex attention failed: the dense additive mask
-    log_probs: bool = False  # the compiled log-prob tile failed: eager (same numbers, slower)
+    ``compile``: None compiles on CUDA (the log-prob tile, flex attention; the block-mask builder on CUDA only)
+    and runs eagerly elsewhere; True compiles on any device (the tests run the CUDA configuration on the CPU
+    so, with ``options={"backend": "eager"}``). Compiled scoring pads to fixed shapes (:meth:`ScoringMixin.score`),
+    so that ragged prompts and the last, smaller doc batch reuse the graphs of the first. A compiled kernel
+    that fails runs its eager twin (log-probs) or the dense path (flex attention) for the rest of the scorer's
+    life, after one log line."""
+
+    compile: bool | None = None
+    options: dict = field(default_factory=dict)  # further torch.compile arguments (tests: backend="eager")
+    flex_failed: bool = False  # compiled flex attention failed: the dense additive mask
+    log_probs_failed: bool = False  # the compiled log-prob tile failed: eager (same numbers, slower)
+
+    def compiled(self, device: torch.device) -> bool:
+        return device.type == "cuda" if self.compile is None else bool(self.compile)
+
+    def _key(self) -> tuple:
+        return tuple(sorted(self.options.items()))
+
+    def lse(self, device: torch.device):
+        """The log-prob tile function: compiled unless eager here or failed before."""
+        return _compiled_lse_chunk(self._key()) if self.compiled(device) and not self.log_probs_failed else _lse_chunk
+
+    def flex(self, device: torch.device) -> tuple[object, bool]:
+        """(flex attention, whether it is compiled), passed to the attention function (``gdr_flex``)."""
+        return (compiled_flex(self._key()), True) if self.compiled(device) else (eager_flex(), False)
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None,
                    token_chunk: int | None = None, vocab_chunk: int | None = None,
-                   fallbacks: CompilerFallbacks | None = None) -> torch.Tensor:
+                   kernels: ScoringKernels | None = None) -> torch.Tensor:
     """``log_softmax(hidden @ weight.T + bias)[targets]`` without materialising all logits at once.
 
-    Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the vocabulary goes in tiles of
-    ``vocab_chunk`` (all at once when None) with an online logsumexp, and the target logit is picked from
-    the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything after it in
+    Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the
+    vocabulary goes in tiles of ``vocab_chunk`` (all at once when None) with an online logsumexp, and the target
+    logit is picked from the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything after it in
     fp32; in fp32 the result equals ``log_softmax`` + ``gather`` to rounding.
 
     Parameters
@@ -123,8 +146,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     weight : (V, d) output projection.
     targets : (N,) int64 token ids.
     bias : (V,) or None.
-    fallbacks : the caller's record of failed compiled kernels (a fresh one, this call only, when None); the
-        tile is compiled on CUDA unless it failed there before.
+    kernels : the caller's :class:`ScoringKernels` (a fresh one, this call only, when None): the tile is
+        compiled on CUDA unless it failed there before.
 
     Returns
     -------
@@ -133,10 +156,9 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     N, V = hidden.shape[0], weight.shape[0]
     token_chunk = token_chunk or (4096 if hidden.device.type == "cuda" else 1024)
     vc = V if vocab_chunk is None else int(vocab_chunk)
-    fallbacks = fallbacks if fallbacks is not None else CompilerFallbacks()
+    kernels = kernels if kernels is not None else ScoringKernels()
     fp32_out = fp32_out_mm(hidden.device)
-    compiled = hidden.device.type == "cuda" and not fallbacks.log_probs
-    fn = _compiled_lse_chunk() if compiled else _lse_chunk
+    fn = kernels.lse(hidden.device)
     out = torch.empty(N, dtype=torch.float32, device=hidden.device)
     for s0 in range(0, N, token_chunk):
         h, t = hidden[s0:s0 + token_chunk], targets[s0:s0 + token_chunk]
@@ -155,7 +177,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                     if fn is _lse_chunk:
                         raise
                     log.warning("compiled log-prob kernel failed (%s); using eager", e)
-                    fallbacks.log_probs, fn = True, _lse_chunk
+                    kernels.log_probs_failed, fn = True, _lse_chunk
                     cm, cs, ct = fn(h, w, t, v0, fp32_out)
             new_m = torch.maximum(m, cm)
             s = s * torch.exp(m - new_m) + cs * torch.exp(cm - new_m)
@@ -165,24 +187,6 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
 
 # ----------------------------------------------------------------------------------------- sizes
-COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
-
-
-def score_compute_dtype(name: str, device: torch.device, own: torch.dtype = torch.float32) -> torch.dtype:
-    """The dtype the scoring passes run in for ``score.compute_dtype`` = ``name``.
-
-    ``auto``: bf16 on CUDA, the model's own dtype (``own``; fp32 as loaded) elsewhere, also on CPUs with native
-    bf16 (1.5-2x faster there, but P would then depend on the CPU's instruction set). On the demo's P, bf16 (rotary
-    frequencies fp32) moved log p by 0.23 nats on average (1.79 at most), kept each document's query order
-    (Spearman >= 0.9993) and GC's ARI within its spread, and changed the GC docids about as much as another seed
-    does (reports/bf16-scoring.md)."""
-    if name not in COMPUTE_DTYPES:
-        raise ValueError(f"score.compute_dtype={name!r}: use {' | '.join(COMPUTE_DTYPES)}")
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else own
-    return getattr(torch, name)
-
-
 def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
                      free_bytes: int | None = None) -> tuple[int, int]:
     """(doc_batch_size, max_query_tokens) for ``score``: on CUDA from free GPU memory, on a CPU the
@@ -198,7 +202,7 @@ def auto_score_sizes(model, device: torch.device, prompt_tokens: int = 512,
         return CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS
     T = 4096
     if free_bytes is None:
-        free_bytes, _ = torch.cuda.mem_get_info(device)
+        free_bytes = free_memory(device)  # the caching allocator emptied first
     per_doc, tile = score_memory(dims(model.config), prompt_tokens, T)
     bs = batch_for_memory(free_bytes, per_doc, share=0.5, fixed=tile, cap=64)
     return (bs, 16 * T) if model.config.is_encoder_decoder else (bs, T)
@@ -216,8 +220,8 @@ class ScoringCopy:
 
 
 class ScoringMixin:
-    """P-matrix scoring for :class:`gdr.lm.GenerativeLM` (needs ``model``, ``device``, ``fallbacks`` (a
-    :class:`CompilerFallbacks`) and ``score_copy`` (a :class:`ScoringCopy` or None) set by its ``__init__``)."""
+    """P-matrix scoring for :class:`gdr.lm.GenerativeLM` (needs ``model``, ``device``, ``kernels`` (a
+    :class:`ScoringKernels`) and ``score_copy`` (a :class:`ScoringCopy` or None) set by its ``__init__``)."""
 
     @torch.inference_mode()
     def score(self, docs: Sequence[str], queries: Sequence[str], doc_batch_size: int | str = 4,
@@ -256,21 +260,25 @@ class ScoringMixin:
         q_order = np.argsort([len(q) for q in q_ids], kind="stable")
         q_sorted = [q_ids[j] for j in q_order]
         # causal: the query chunks are the same for every doc batch: packed and uploaded once
-        flex = attention == "flex"
-        packs = {} if self.is_seq2seq else {flex: self._pack_causal(q_sorted, max_query_tokens, flex)}
+        flex, fixed = attention == "flex", self.kernels.compiled(self.device)
+        packs = {} if self.is_seq2seq else {flex: self._pack_causal(q_sorted, max_query_tokens, flex, fixed)}
+        # compiled: every batch padded to one shape (rows, prompt length), so no batch compiles a graph of its own
+        prompt_len = self.longest_prompt_tokens() if fixed else None
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
         bar = tqdm(total=len(docs) * len(queries), desc="score", unit="pair", unit_scale=True,
                    disable=not progress)
         for b0 in range(0, len(docs), doc_batch_size):
             rows = order[b0:b0 + doc_batch_size]
             batch = [p_ids[i] for i in rows]
+            if fixed:  # the last, smaller batch: copies of its last prompt, dropped below
+                batch += batch[-1:] * (doc_batch_size - len(batch))
             # The scoring model is already in its compute dtype: no autocast casts.
             with torch.autocast(self.device.type, enabled=False):
                 if self.is_seq2seq:
-                    lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens)
+                    lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens, prompt_len)
                 else:
-                    lp = self._score_causal_batch(model, batch, packs, q_sorted, max_query_tokens, flex)
-            out[rows[:, None], q_order[None, :]] = lp.float().cpu().numpy()  # the doc batch's one host sync
+                    lp = self._score_causal_batch(model, batch, packs, q_sorted, max_query_tokens, flex, prompt_len)
+            out[rows[:, None], q_order[None, :]] = lp[:len(rows)].float().cpu().numpy()  # the batch's one host sync
             bar.update(len(rows) * len(queries))
         bar.close()
         return out
@@ -298,20 +306,21 @@ class ScoringMixin:
         return held.model
 
     def _score_causal_batch(self, model, prompts: list[list[int]], packs: dict[bool, tuple], q_ids: list[list[int]],
-                            max_query_tokens: int, flex: bool) -> torch.Tensor:
+                            max_query_tokens: int, flex: bool, prompt_len: int | None = None) -> torch.Tensor:
         """:meth:`_score_causal` of one document batch on the queries packed by :meth:`_pack_causal`; if
         compiled flex attention fails, the batch (and every later one of this scorer) is scored on the dense
-        path, with one log line (``self.fallbacks.flex``). ``packs``: this ``score`` call's packings by
-        ``flex`` (flex pads each chunk to its block size); the dense one is added the first time it is needed."""
-        if flex and not self.fallbacks.flex:
+        path, with one log line (``self.kernels.flex_failed``). ``packs``: this ``score`` call's packings by
+        ``flex`` (flex pads each chunk to its block size); the dense one is added the first time it is needed.
+        ``prompt_len``: pad the prompts to at least this many tokens (compiled: one shape for every batch)."""
+        if flex and not self.kernels.flex_failed:
             try:
-                return self._score_causal(model, prompts, *packs[True], True)
+                return self._score_causal(model, prompts, *packs[True], True, prompt_len)
             except FlexFailed as e:
                 log.warning("compiled flex attention failed (%s); scoring on the dense path from now on", e)
-                self.fallbacks.flex = True
+                self.kernels.flex_failed = True
         if False not in packs:  # the flex packing's block padding is not what the dense path expects
             packs[False] = self._pack_causal(q_ids, max_query_tokens, False)
-        return self._score_causal(model, prompts, *packs[False], False)
+        return self._score_causal(model, prompts, *packs[False], False, prompt_len)
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
         chunks, start, tokens = [], 0, 0
@@ -326,9 +335,9 @@ class ScoringMixin:
     def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, model=None) -> torch.Tensor:
         """log softmax(lm_head(hidden))[targets] through :func:`token_logprobs`. hidden (N, d), targets (N,) -> (N,)"""
         head = (model or self.model).get_output_embeddings()
-        return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None), fallbacks=self.fallbacks)
+        return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None), kernels=self.kernels)
 
-    def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool
+    def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool, fixed: bool = False
                      ) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
         """The queries as :meth:`_score_causal` reads them, built on the host and uploaded without a host sync
         (:func:`gdr.lm.hostsync.upload`) once per ``score`` call.
@@ -337,17 +346,20 @@ class ScoringMixin:
         ``max_query_tokens`` tokens) with a token to predict after its first, a (4, T) int64 tensor: the packed
         input (every query without its last token), the targets (without its first), the query of each token
         (0..Q-1; Q for the padding) and its position inside its query. Flex pads a chunk to a multiple of its
-        128-token block (shapes repeat across chunks): the padding is one more query whose sums are dropped.
+        128-token block (shapes repeat across chunks), or with ``fixed`` (compiled scoring) every chunk to the
+        longest one's: the padding is one more query whose sums are dropped.
         """
         first = upload([q[0] for q in q_ids], self.device)  # (J,)
+        bounds = self._query_chunks(q_ids, max_query_tokens)
+        tokens = [sum(len(q) - 1 for q in q_ids[c0:c1]) for c0, c1 in bounds]
+        width = max(-(-T // 128) * 128 for T in tokens) if flex and fixed else 0
         chunks = []
-        for c0, c1 in self._query_chunks(q_ids, max_query_tokens):
+        for (c0, c1), T in zip(bounds, tokens):
             chunk = q_ids[c0:c1]
             lens = np.array([len(q) - 1 for q in chunk], dtype=np.int64)  # (Q,) packed tokens per query
-            T = int(lens.sum())
             if T == 0:  # single-token queries: the first-token term is all
                 continue
-            pad = -T % 128 if flex else 0
+            pad = (width - T if fixed else -T % 128) if flex else 0
             lens = np.append(lens, pad)  # (Q + 1,)
             inp = [t for q in chunk for t in q[:-1]] + [self.pad_id] * pad  # (T + pad,)
             tgt = [t for q in chunk for t in q[1:]] + [self.pad_id] * pad
@@ -357,14 +369,15 @@ class ScoringMixin:
         return first, chunks
 
     def _score_causal(self, model, prompts: list[list[int]], first: torch.Tensor,
-                      chunks: list[tuple[int, int, torch.Tensor]], flex: bool) -> torch.Tensor:
+                      chunks: list[tuple[int, int, torch.Tensor]], flex: bool, prompt_len: int | None = None
+                      ) -> torch.Tensor:
         """(B, n_queries) log-probs of every query after every prompt of the batch; ``first`` and ``chunks``:
-        the queries from :meth:`_pack_causal`."""
+        the queries from :meth:`_pack_causal`; prompts right-padded to at least ``prompt_len``."""
         dev = self.device
         B = len(prompts)
         plen_h = [len(p) for p in prompts]
         plen = upload(plen_h, dev)  # (B,)
-        enc = self._pad(prompts)
+        enc = self._pad(prompts, length=prompt_len)
         Lp = enc["input_ids"].shape[1]
         # Given the 2D mask, transformers would read it on the host (a sync) to see whether it can use plain
         # causal attention. The host knows: without padding no mask (causal), else the (B, 1, Lp, Lp) bool mask
@@ -387,12 +400,13 @@ class ScoringMixin:
             inp, tgt, qid, off = packed  # (T,) each
             T, Q = packed.shape[1], c1 - c0
             if flex:
-                mask = self._block_mask(plen, Lp, qid, off)
+                mask = self._block_mask(plen, Lp, off)
             else:
                 mask = self._dense_mask(plen, Lp, qid, off, h.dtype)
             pos = plen[:, None] + off[None, :]  # (B, T)
+            kw = {"gdr_flex": self.kernels.flex(dev)} if flex else {}  # to gdr.lm.attention.gdr_attention
             hq = base(input_ids=inp[None].expand(B, T), attention_mask=mask, position_ids=pos,
-                      **{ckw: cache}, use_cache=True).last_hidden_state  # (B, T, d)
+                      **{ckw: cache}, use_cache=True, **kw).last_hidden_state  # (B, T, d)
             cache.crop(-T)  # drop this chunk, keep the prompt for the next one
             lp = self._token_logprobs(hq.reshape(B * T, -1), tgt.repeat(B), model).view(B, T)
             out[:, c0:c1] += torch.zeros((B, Q + 1), device=dev).index_add_(1, qid, lp)[:, :Q]
@@ -417,18 +431,22 @@ class ScoringMixin:
         return torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
     @staticmethod
-    def _block_mask(plen, Lp, qid, off):
-        """The same pattern as :meth:`_dense_mask` as a flex-attention ``BlockMask`` over (B, T, Lp + T)."""
+    def _block_mask(plen, Lp, off):
+        """The same pattern as :meth:`_dense_mask` as a flex-attention ``BlockMask`` over (B, T, Lp + T).
+
+        A chunk's queries are packed one after another, so the keys a query token sees in the chunk are the
+        contiguous run from its query's first token (``q_idx - off[q_idx]``) to itself: one load per row
+        (``off[q_idx]``) where comparing the query ids and offsets of both sides took four."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        B, T, dev = plen.shape[0], qid.shape[0], qid.device
+        B, T, dev = plen.shape[0], off.shape[0], off.device
         # a tensor, not a Python int: no recompile per prompt length; filled on the device, not uploaded
         n_prompt = torch.full((), Lp, dtype=torch.long, device=dev)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            kq = (kv_idx - n_prompt).clamp(min=0)  # index of a query key in the packed chunk
-            prompt = (kv_idx < n_prompt) & (kv_idx < plen[b])
-            own = (kv_idx >= n_prompt) & (qid[kq] == qid[q_idx]) & (off[kq] <= off[q_idx])
+            kq = kv_idx - n_prompt  # index of a query key in the packed chunk (negative: a prompt key)
+            prompt = (kq < 0) & (kv_idx < plen[b])
+            own = (kq >= q_idx - off[q_idx]) & (kq <= q_idx)
             return prompt | own
 
         if dev.type == "cuda":
@@ -439,12 +457,14 @@ class ScoringMixin:
                 log.warning("compiled block-mask builder failed (%s); using eager", e)
         return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev)
 
-    def _score_seq2seq(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int) -> torch.Tensor:
+    def _score_seq2seq(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
+                       prompt_len: int | None = None) -> torch.Tensor:
         """(B, n_queries): the encoder once per document; the decoder over (B*Q, L) rows whose cross-attention
-        reads each document's encoder states once (see :func:`gdr.lm.attention.gdr_attention`)."""
+        reads each document's encoder states once (see :func:`gdr.lm.attention.gdr_attention`); prompts
+        right-padded to at least ``prompt_len``."""
         dev = self.device
         B = len(prompts)
-        enc = self._pad(prompts)
+        enc = self._pad(prompts, length=prompt_len)
         # (B, 1, 1, S) bool, used as is: a 2D mask would be read on the host (a sync) to see if it can be dropped
         enc_mask = enc["attention_mask"].bool()[:, None, None, :]
         enc_h = model.get_encoder()(input_ids=enc["input_ids"], attention_mask=enc_mask).last_hidden_state  # (B, S, d)

@@ -18,30 +18,45 @@ from pathlib import Path
 
 import torch
 
+from gdr.config import RerunCommand
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 
-__all__ = ["score_corpus", "score_queries", "score_in_processes"]
+__all__ = ["resolve_sizes", "score_corpus", "score_queries", "score_in_processes"]
 
 log = logging.getLogger(__name__)
+
+
+def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
+    """``settings`` with ``doc_batch_size`` and ``max_query_tokens`` resolved for ``lm``'s device when ``auto``
+    (:func:`gdr.lm.scoring.auto_score_sizes`, from free memory after emptying the CUDA cache). Called once per
+    run: under a launcher (``torchrun``) rank 0's sizes are broadcast, and :func:`score_in_processes` hands the
+    parent's to every worker, so that all processes group the shards alike."""
+    from gdr.lm.scoring import auto_score_sizes
+    from gdr.store import dist_info
+
+    bs, mq = settings.doc_batch_size, settings.max_query_tokens
+    if "auto" not in (bs, mq):
+        return settings
+    auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, lm.longest_prompt_tokens())
+    sizes = [auto_bs if bs == "auto" else int(bs), auto_mq if mq == "auto" else int(mq)]
+    if dist_info()[1] > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(sizes, src=0)
+    return settings.replace(doc_batch_size=int(sizes[0]), max_query_tokens=int(sizes[1]))
 
 
 def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, settings: ScoreSettings,
                   progress: bool = True) -> Path:
     """Score ``queries`` (rows of ``queries.jsonl``) against every document of ``corpus`` with ``lm`` into
-    ``out/P.npy`` (sharded, resumable; ``auto`` sizes resolved for ``lm``'s device); returns its path."""
-    from gdr.lm.scoring import auto_score_sizes
+    ``out/P.npy`` (sharded, resumable); ``auto`` sizes are resolved here (:func:`resolve_sizes`) unless the caller
+    resolved them. Returns its path."""
     from gdr.store import score_run
 
-    sc = settings
-    texts = corpus.model_inputs()
-    bs, mq = sc.doc_batch_size, sc.max_query_tokens
-    if "auto" in (bs, mq):  # resolved here: the run's manifest records the sizes that made its numbers
-        longest = len(lm.prompt_ids([""])[0]) + lm.max_doc_tokens  # the prompt of a full-length document
-        auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, longest)
-        bs, mq = (auto_bs if bs == "auto" else bs), (auto_mq if mq == "auto" else mq)
-    return score_run(lm, texts, corpus.doc_ids, [q["text"] for q in queries], Path(out),
-                     dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(bs),
-                     max_query_tokens=int(mq), progress=progress, compute_dtype=sc.compute_dtype)
+    sc = resolve_sizes(lm, settings)  # the run's manifest records the sizes that made its numbers
+    return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
+                     dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
+                     max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype)
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
@@ -82,6 +97,7 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     else:
         raise SystemExit(f"{qfile} missing: run `{resample}` before a multi-process `gdr score`")
     n_proc = int(score.processes or 1)
+    score = resolve_sizes(lm, score)  # once, here: every process groups the shards alike
     if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(out):
         if spec is None:
             raise ValueError(f"score.processes={n_proc}: each process loads its own model; pass the model as "
@@ -90,8 +106,24 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     else:
         path = score_queries(lm, corpus, queries, out, score, progress=progress)
     if rank == 0:
+        _check_complete(out)
         log.info("P matrix %s", path)
     return path
+
+
+def _check_complete(out: Path) -> None:
+    """Raise, in one line, when the processes left shards of ``out``'s P unscored (they grouped the shards
+    differently, or one stopped early): the stage is not finished and is never reported so."""
+    from gdr.store import P_MANIFEST, SHARD_DIR, read_manifest
+
+    man = read_manifest(out, P_MANIFEST) or {}
+    if man.get("status") == "complete":
+        return
+    n_docs, size = (man.get("shape") or [0])[0], int(man.get("shard_size") or 1)
+    left = sorted(set(range(-(-n_docs // size))) - {int(f.stem) for f in (out / SHARD_DIR).glob("*.done")})
+    shown = ", ".join(map(str, left[:5])) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    raise RuntimeError(f"{out / 'P.npy'}: {len(left)} shard(s) left unscored ({shown}) after every scoring process "
+                       f"finished; rerun `{RerunCommand('score', out)}` to score them (the finished shards are kept)")
 
 
 def _queries_of_run(lm, run, out: Path) -> list[dict]:

@@ -215,6 +215,8 @@ TRAIN_RULES = (
     Rule("trainer.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
     Rule("trainer.devices", trainer_devices_at("trainer"), "Lightning's devices"),
     Rule("trainer.compile", boolean),
+    Rule("trainer.length_buckets", boolean, "batches grouped by input length"),
+    Rule("concurrent", auto_or(POSITIVE), "retrievers trained at once on one device; auto = what fits, 1 on the CPU"),
 )
 # Search settings: `gdr evaluate`/`gdr search` at the root, `gdr run` under `evaluate.` (conf/stage/evaluate.yaml).
 RESULTS_RULE = Rule("k", POSITIVE)  # the results of a search that names its own k (gdr search, gdr.bm25)
@@ -450,6 +452,7 @@ class TrainSettings(Settings):
     optim: dict = field(default_factory=lambda: dict(stage_defaults("train")["optim"]))
     trainer: dict = field(default_factory=lambda: dict(stage_defaults("train")["trainer"]))
     seed: int = 0
+    concurrent: int | str = "auto"  # `gdr run`: retrievers trained at once on one device (auto: 1 on the CPU)
 
 
 @dataclass

@@ -3,9 +3,13 @@
 A training folder knows what it was trained on: ``trained_on.json`` holds hashes of the docids, the corpus,
 the real and the generated training queries, and every setting that changes the model. A folder holding a
 training (a checkpoint, a model) is resumed only when they match; anything else is refused before a file is
-written, with one line naming what differs (:func:`check_trained_on`).
+written, with one line naming what differs (:func:`check_trained_on`). A finished training run again with the same
+trainer settings too is reused from its manifest, dev score included (:func:`_finished`).
 
 The real queries of a split come from :func:`gdr.data.splits.split_queries`.
+
+:func:`train_retrievers` trains the retrievers of a run (indexers x seeds) ``train.concurrent`` at a time on one
+device, one process each (:mod:`training.concurrent`), each recorded as it finishes.
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_retriever", "model_config_from", "read_checked_docids", "check_train_inputs", "trained_on",
-           "check_trained_on", "TRAINED_ON"]
+__all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "model_config_from", "read_checked_docids",
+           "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON"]
 
 TRAINED_ON = "trained_on.json"
 # Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
@@ -205,7 +209,37 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
         if write_config is not None:
             write_config(out)
         atomic_write_json(out / TRAINED_ON, fingerprint)
+        done = _finished(out, settings)
+        if done is not None:
+            log.info("%s: a finished training on these inputs and settings (step %d, best %s %s); reused",
+                     out, done.global_step, settings.trainer.get("monitor", "val/recall@1"), done.best_val_recall1)
+            return done
         return _train(corpus, docids, codes, out, settings, queries, generated)
+
+
+def _trainer_record(settings: TrainSettings) -> dict:
+    """The trainer settings as the manifest records them (JSON values)."""
+    return json.loads(json.dumps(settings.to_dict()["trainer"], default=str))
+
+
+def _finished(out: Path, settings: TrainSettings):
+    """The ``TrainResult`` of the finished training in ``out`` (its manifest written, its files intact) when it
+    ran with these trainer settings too (the inputs and other settings :func:`check_trained_on` compared), else
+    None: a rerun of a finished training is that training, with its dev score, not another fit."""
+    from gdr.io import read_manifest, verify_files
+    from training.train import TrainResult
+
+    try:
+        man = read_manifest(out)
+    except (ValueError, OSError):
+        return None
+    if not man or man.get("command") != "train" or man.get("trainer") != _trainer_record(settings):
+        return None
+    if not man.get("files") or verify_files(out, man["files"]) is not None:
+        return None
+    return TrainResult(out, out / "model", man.get("best_checkpoint"), man.get("best_val_recall1"),
+                       man.get("examples") or {}, man.get("n_params") or {}, int(man.get("global_step") or 0),
+                       batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"))
 
 
 def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
@@ -231,5 +265,46 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
                    best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
-                   global_step=res.global_step, seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
+                   global_step=res.global_step, batch_size=res.batch_size, precision=res.precision,
+                   device=res.device, trainer=_trainer_record(settings),
+                   seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
     return res
+
+
+def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None = None,
+                       docids: str | Path | None = None) -> int:
+    """``settings.concurrent`` for ``n_jobs`` retrievers: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the
+    CPU and on CUDA as many as the free memory holds at the batch each will train at (``n_train``: an upper bound
+    on a retriever's training examples; ``docids``: a ``docids.tsv`` of the run, for the docid length and digits
+    the decoder's memory depends on). A retriever trained on several devices (``trainer.devices``) has them to itself:
+    1."""
+    from training.concurrent import resolve_concurrent
+    from training.train import _on_cuda, _world_size
+
+    c = settings.to_dict()
+    t = c["trainer"]
+    accelerator = str(t.get("accelerator", "auto"))
+    if _world_size(t.get("devices", "auto"), _on_cuda(accelerator)) > 1:
+        if settings.concurrent not in ("auto", 1):
+            log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent,
+                     t.get("devices"))
+        return 1
+    config = model_config_from(c["model"], c["model_presets"])
+    if docids is not None and settings.concurrent == "auto":
+        _, codes = read_checked_docids(docids)
+        config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
+        config.max_code_len = config.max_code_len or max(len(x) for x in codes)
+    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config, t.get("batch_size", "auto"), n_train)
+
+
+def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int) -> list:
+    """Run the training ``jobs`` of a run (picklable callables, one per retriever, each training and recording one
+    retriever, e.g. a ``gdr run`` stage) ``concurrent`` at a time on this device, one process each; returns their
+    results in order. Each finished job's own record stands as it finishes, so a run cut short keeps them."""
+    from training.concurrent import run_concurrently
+
+    t0 = time.time()
+    log.info("training %d retrievers, %d at once", len(jobs), concurrent)
+    done = run_concurrently(jobs, concurrent, on_done=lambda i, _: log.info(
+        "retriever %d of %d trained (%.0f s into the batch)", i + 1, len(jobs), time.time() - t0))
+    return done

@@ -1,0 +1,22 @@
+"""What a device has free, read the same way by every automatic size."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["free_memory"]
+
+
+def free_memory(device: torch.device | str | None = None) -> int | None:
+    """Bytes free on a CUDA ``device`` (default: the current one) for what is allocated next; None on the CPU.
+
+    ``torch.cuda.mem_get_info`` counts the blocks PyTorch's caching allocator keeps (freed tensors, graph pools)
+    as used, so a size read after other work would depend on what ran before: the cache is emptied first, after
+    the device has finished its queued work.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(dev)
+    return int(free)

