@@ -261,9 +261,9 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
         + cost.TRAIN_BYTES_PER_PARAM * params)
     train = StagePlan("training", warm + examples / gpus / rate, mem,
                       f"{n_ret} retrievers x {epochs} epochs (max_epochs: early stopping ends sooner) x {per_epoch:,} "
-                      + (f"(at most {max_steps} steps) " if max_steps > 0 else "") +
-                      f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: {_rate(rate)} examples/s ({agg:.1%} of the "
-                      f"limit, {src}) + warm-up {warm:.0f} s")
+                      + (f"(at most {max_steps} steps) " if max_steps > 0 else "")
+                      + f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: "
+                      f"{_rate(rate)} examples/s ({agg:.1%} of the limit, {src}) + warm-up {warm:.0f} s")
     beam = int(cfg.evaluate.beam)
     sbatch = 32 if rates.device == "cpu" else 1024
     flops = cost.search_flops_per_query(model, rc.max_query_len, beam)
@@ -333,7 +333,8 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) 
                 st.basis += "; measured on SmolLM2 (no seq2seq LM figure committed)"
     if cfg.get("bm25", True):
         stages.append(StagePlan("bm25", n_docs / HOST_RATES["bm25_docs_per_s"], None,
-                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s (assumed, not measured)"))
+                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s "
+                                "(assumed, not measured)"))
     return stages
 
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import transformers
+from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 from gdr import plan
 from gdr.cli import main
 from gdr.config import load_config
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 
 def _table(md: str) -> dict[str, list[str]]:

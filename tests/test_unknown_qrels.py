@@ -1,7 +1,7 @@
 """Judgements naming documents outside the corpus (a corpus that is a subset of the judged one): refused with the
-count, an example by file:line and the setting to set; with ``data.drop_unknown_qrels=true`` (``drop_unknown_qrels=True``
-in the API) dropped with one warning, and the count in metrics.json and the run's report. The command line and the
-API score the same subset alike. Offline, CPU, tiny models."""
+count, an example by file:line and the setting to set; with ``data.drop_unknown_qrels=true``
+(``drop_unknown_qrels=True`` in the API) dropped with one warning, and the count in metrics.json and the run's
+report. The command line and the API score the same subset alike. Offline, CPU, tiny models."""
 from __future__ import annotations
 
 import json
@@ -9,15 +9,15 @@ import logging
 from pathlib import Path
 
 import pytest
+from test_pipeline import TOPICS, _args, setup  # noqa: F401  (module fixture: a saved tiny LM)
 
 import gdr
 from gdr.cli import main
+from gdr.config import load_config
 from gdr.data import DataError, load_corpus
 from gdr.data.files import load_file_queries
 from gdr.pipeline import corpus_signature, score_inputs
-from gdr.config import load_config
 from gdr.validate import ConfigError, validate
-from test_pipeline import TOPICS, _args, setup  # noqa: F401  (module fixture: a saved tiny LM)
 
 DROPPED = ("d1", "d2", "d4")  # documents judged in test.tsv but left out of the subset
 
