@@ -131,7 +131,9 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     ``"titles"`` (each title is the query of its own article: bbc, r2, r5; ``seed`` and ``fractions`` split
     them). ``data``: how the corpus was loaded (``{"name": "bbc", "path": ...}``; default its name): title
     queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none; the default is
-    where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels)."""
+    where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels). ``data["drop_unknown_qrels"]``:
+    judgements of documents not in that folder's or file's corpus are dropped (counted in ``info["unknown_qrels"]``,
+    which :func:`bm25` and :func:`evaluate` report) rather than refused, as ``data.drop_unknown_qrels=true`` does."""
     from gdr.data.splits import split_queries as load
 
     _need_corpus(corpus)

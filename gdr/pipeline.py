@@ -58,6 +58,7 @@ from gdr.guard import LOCK_FILE, claim_folder
 from gdr.stages.report import mark_in_progress, write_report
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
                     record_files, verify_files)
+from gdr.plan import predict_stages
 from gdr.validate import check_corpus, check_run
 
 log = logging.getLogger(__name__)
@@ -769,19 +770,24 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     ``partial``: how many of the run's retrievers those are, while some are still to come."""
     cfg = run.cfg
     seconds = round(time.perf_counter() - run.t_start, 1)
+    predicted = predict_stages(cfg, [r.name for r in run.pipe.records], len(run.corpus))
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
     return write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
                         run.results, {m: r.info for m, r in run.indexes.items()},
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),
-                        trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial)
+                        trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial,
+                        unknown_qrels=_test_queries(cfg, run.corpus, run.test_q).info.get("unknown_qrels", {}).get(
+                            run.test_q["split"], 0), predicted=predicted)
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:
     """What identifies the corpus in the keys of the stages that read its labels, queries or files too (index,
-    bm25, train): its config and :func:`documents_signature`."""
-    return {"data": to_container(cfg.data), **documents_signature(corpus)}
+    bm25, train): its config and :func:`documents_signature`. ``data.drop_unknown_qrels`` is left out: it refuses
+    or drops judgements of documents not in the corpus, and a run it refuses has no stage to key."""
+    data = {k: v for k, v in to_container(cfg.data).items() if k != "drop_unknown_qrels"}
+    return {"data": data, **documents_signature(corpus)}
 
 
 def documents_signature(corpus) -> dict:

@@ -13,7 +13,9 @@ Sampling, doc-query generation and evaluation run in one process; scoring and tr
 """
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,10 @@ from gdr.stages.train import model_config_from
 from training.model import meta_retriever
 from training.train import cuda_batch_size
 
-__all__ = ["StagePlan", "plan_run", "predict", "measured_figures", "format_plan", "DEVICES"]
+log = logging.getLogger(__name__)
+
+__all__ = ["StagePlan", "plan_run", "predict", "predict_stages", "run_device", "measured_figures", "format_plan",
+           "DEVICES"]
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RUNS = REPO / "reports" / "gpu-runs"
@@ -248,15 +253,17 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     agg = min(concurrent * frac, max(CONCURRENT_CAP, frac))
     rate = agg * rates.limit(flops, nbytes)
     epochs = int(t.trainer.max_epochs)
-    examples = n_ret * epochs * per_epoch
+    max_steps = int(t.trainer.get("max_steps") or -1)  # -1: no cap; else training stops at this many steps
+    examples = n_ret * (min(epochs * per_epoch, max_steps * batch) if max_steps > 0 else epochs * per_epoch)
     warm = rates.cold("training", "training_small30m_warmup_s") * math.ceil(n_ret / concurrent)
     mem = concurrent * (batch * cost.train_memory_per_example(
         cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
         + cost.TRAIN_BYTES_PER_PARAM * params)
     train = StagePlan("training", warm + examples / gpus / rate, mem,
                       f"{n_ret} retrievers x {epochs} epochs (max_epochs: early stopping ends sooner) x {per_epoch:,} "
-                      f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: {_rate(rate)} examples/s ({agg:.1%} of the "
-                      f"limit, {src}) + warm-up {warm:.0f} s")
+                      + (f"(at most {max_steps} steps) " if max_steps > 0 else "")
+                      + f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: "
+                      f"{_rate(rate)} examples/s ({agg:.1%} of the limit, {src}) + warm-up {warm:.0f} s")
     beam = int(cfg.evaluate.beam)
     sbatch = 32 if rates.device == "cpu" else 1024
     flops = cost.search_flops_per_query(model, rc.max_query_len, beam)
@@ -310,9 +317,8 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) 
               _scoring(lm, n_docs, J, int(cfg.sample.max_new_tokens), doc_tokens, rates, gpus)]
     passes = sum(1 for i in cfg.indexers if i == "gc") + (int(cfg.cluster.get("repeats", 1))
                                                           if cfg.cluster.enabled and _labelled(cfg) else 0)
-    entries = n_docs * J * passes
     others = [i for i in cfg.indexers if i in ("hkmi", "bmi")]
-    stages.append(StagePlan("clustering_indexing", entries / HOST_RATES["cluster_entries_per_s"], None,
+    stages.append(StagePlan("clustering_indexing", _clustering_seconds(n_docs, J, passes), None,
                             f"{passes} pass(es) over the {n_docs * J:,} P entries at "
                             f"{HOST_RATES['cluster_entries_per_s']:.2g}/s (GC indexing measured on a 2-core CPU)"
                             + (f"; {', '.join(others)} indexing not modelled (no measurement)" if others else "")))
@@ -327,8 +333,14 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) 
                 st.basis += "; measured on SmolLM2 (no seq2seq LM figure committed)"
     if cfg.get("bm25", True):
         stages.append(StagePlan("bm25", n_docs / HOST_RATES["bm25_docs_per_s"], None,
-                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s (assumed, not measured)"))
+                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s "
+                                "(assumed, not measured)"))
     return stages
+
+
+def _clustering_seconds(n_docs: int, n_queries: int, passes: int) -> float:
+    """Host seconds of ``passes`` clusterings (GC indexing, flat clustering) over a P of ``n_docs`` x ``n_queries``."""
+    return n_docs * n_queries * passes / HOST_RATES["cluster_entries_per_s"]
 
 
 def _labelled(cfg) -> bool:
@@ -339,6 +351,47 @@ def _labelled(cfg) -> bool:
 def predict(cfg, device: str = "h200", gpus: int = 1) -> dict[str, float]:
     """Predicted seconds per stage (:func:`plan_run`), for a report to set beside the measured ones."""
     return {s.name: round(s.seconds, 1) for s in plan_run(cfg, device, gpus)}
+
+
+def run_device(cfg) -> tuple[str | None, int]:
+    """(the plan's device kind a run of ``cfg`` runs on here: ``cpu``, or the GPU's model among :data:`DEVICES`,
+    None for a GPU without figures; the number of GPUs)."""
+    device = str(cfg.get("device") or "auto")
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return "cpu", 1
+    name = torch.cuda.get_device_name(0).lower()
+    return next((k for k in DEVICES if k != "cpu" and k in name), None), torch.cuda.device_count()
+
+
+def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None]:
+    """Predicted seconds of the ``gdr run`` stages ``names`` (``score``, ``cluster``, ``doc-queries``,
+    ``index-<indexer>``, ``bm25``, ``train-<indexer>-s<seed>``, ``eval-<indexer>-s<seed>``) of ``cfg`` over
+    ``n_docs`` documents on this machine (:func:`run_device`), from :func:`plan_run` (configs only, no model
+    loaded): the LM's load, sampling and scoring make ``score``; training and evaluation are shared evenly by the
+    retrievers. None for a stage the plan does not model (indexers other than GC), and for every stage where the
+    plan cannot be made (a model without a local config, a GPU without figures), said in the log: a report never
+    fails for want of a prediction."""
+    device, gpus = run_device(cfg)
+    try:
+        if device is None:
+            raise ValueError(f"no figures for {torch.cuda.get_device_name(0)}")
+        sized = copy.deepcopy(cfg)
+        sized.data.n_docs = int(n_docs)
+        plan = {s.name: s.seconds for s in plan_run(sized, device, gpus)}
+    except Exception as e:  # noqa: BLE001  (any reason the plan cannot be made leaves the predictions n/a)
+        log.info("report: no predicted seconds (%s: %s)", type(e).__name__, e)
+        return {name: None for name in names}
+    n_ret = len(cfg.indexers) * len(cfg.seeds)
+    J = int(cfg.sample.n_queries)
+    fixed = {"score": plan["lm_load"] + plan["sampling"] + plan["scoring"], "doc-queries": plan.get("doc_queries"),
+             "bm25": plan.get("bm25"), "index-gc": _clustering_seconds(n_docs, J, 1),
+             "cluster": _clustering_seconds(n_docs, J, int(cfg.cluster.get("repeats", 1)))}
+    per_retriever = {"train": plan["training"] / n_ret, "eval": plan["evaluation"] / n_ret}
+    out = {}
+    for name in names:
+        seconds = fixed.get(name, per_retriever.get(name.split("-", 1)[0]))
+        out[name] = None if seconds is None else round(seconds, 1)
+    return out
 
 
 def format_plan(stages: list[StagePlan], device: str, gpus: int) -> str:

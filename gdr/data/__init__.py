@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS, "trec")
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
 TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
-QUERY_KEYS = ("queries", "qrels", "topic_fields", "min_relevance")  # data: keys of the query side
+QUERY_KEYS = ("queries", "qrels", "topic_fields", "min_relevance", "drop_unknown_qrels")  # data: keys of the query side
 
 
 # ---------------------------------------------------------------------------- the loaders' rules
@@ -128,7 +128,11 @@ def qrels_of_queries(v, sec):
     return None
 
 
-# ``data:`` (conf/data/*.yaml): the keyword arguments of load_corpus and corpus_from_config
+# the scoring functions' choice for judgements of documents not in the corpus (QuerySet.judged_in) and of the
+# qrels readers (gdr.data.beir.read_qrels)
+DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
+                         "judgements of documents not in the corpus: true drops them (a subset), false refuses")
+# ``data:`` (conf/data/*.yaml): the keyword arguments of load_corpus and corpus_from_config, and of the query side
 DATA_RULES = (
     Rule("data.name", corpus_name, "the corpus"),
     Rule("data.path", optional(existing()), "the corpus's data folder; null = the default location"),
@@ -148,10 +152,8 @@ DATA_RULES = (
     Rule("data.topic_fields", subset_of("title", "desc", "narr"), "data=trec: a query's topic fields"),
     Rule("data.min_relevance", integer, "judgements of this grade or more are relevant"),
     Rule("data.encoding", text_encoding, "data=trec: the files' text encoding"),
+    DROP_UNKNOWN_RULE,
 )
-# the scoring functions' choice for judgements of documents not in the corpus (QuerySet.judged_in)
-DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
-                         "judgements of documents not in the corpus: true drops them (a subset), false refuses")
 # ``queries:`` of title queries: the split's shares and seed (load_title_queries, gdr.split_queries)
 FRACTIONS_RULE = Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents")
 QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
@@ -269,12 +271,15 @@ def load_queries(
     *,
     path: str | os.PathLike | None = None,
     docs_tsv: str | os.PathLike | None = None,
+    drop_unknown_qrels: bool = False,
 ) -> QuerySet:
     """Load the query set of a corpus; ``split=None`` gives every split that exists.
 
     Relevant doc ids are checked against the corpus's id list (read from the raw files,
     or from ``docs_tsv`` for ``nq320k``). Reuters and BBC have labels, not queries; their title
-    queries come from :func:`load_title_queries`.
+    queries come from :func:`load_title_queries`. ``drop_unknown_qrels``: a BEIR folder whose corpus is a
+    subset of its judgements' drops those of other documents (:func:`gdr.data.beir.read_qrels`) instead of
+    refusing them.
     """
     name, path = _resolve(name, path)
     if name not in QUERY_SETS:
@@ -291,7 +296,7 @@ def load_queries(
 
         doc_ids = _doc_ids(nq320k_docs_file(path, docs_tsv)) if docs_tsv is not None else None
         return load_nq320k_queries(path, split=split, doc_ids=doc_ids)
-    return load_beir_queries(path, split=split)
+    return load_beir_queries(path, split=split, drop_unknown=drop_unknown_qrels)
 
 
 def load_title_queries(

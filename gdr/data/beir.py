@@ -112,12 +112,14 @@ def load_beir_queries(
     split: str | None = None,
     doc_ids: Iterable[str] | None = None,
     name: str | None = None,
+    drop_unknown: bool = False,
 ) -> QuerySet:
     """Read ``queries.jsonl`` and ``qrels/<split>.tsv`` (all splits when ``split`` is None).
 
     Parameters
     ----------
-    doc_ids : ids the qrels may name (default: the ids of ``corpus.jsonl``); an unknown id is an error.
+    doc_ids : ids the qrels may name (default: the ids of ``corpus.jsonl``); an unknown id is an error, or
+        with ``drop_unknown`` a judgement dropped (:func:`read_qrels`).
 
     Returns
     -------
@@ -140,7 +142,7 @@ def load_beir_queries(
     known = set(doc_ids) if doc_ids is not None else set(beir_doc_ids(folder))
     query_text = read_query_texts(qfile, _jsonl(qfile), "_id")
     return read_qrels(query_text, qfile, {s: qdir / f"{s}.tsv" for s in splits}, known,
-                      name or folder.resolve().name, str(folder))
+                      name or folder.resolve().name, str(folder), drop_unknown=drop_unknown)
 
 
 def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str, text_key: str = "text"
@@ -162,14 +164,19 @@ def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str,
 
 
 def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, Path], known: set[str], name: str,
-               source: str, min_relevance: int = 1) -> QuerySet:
+               source: str, min_relevance: int = 1, drop_unknown: bool = False) -> QuerySet:
     """The QuerySet of the judgements in ``split_files`` (``{split: qrels file}``: BEIR's three tab-separated columns
     with an optional header, or trec_eval's ``qid iter docno rel``, told apart by the first line) over the queries
     ``query_text`` (read from ``qfile``) and the doc ids ``known``; a judgement of ``min_relevance`` or more is
-    relevant."""
+    relevant. A judgement of a document not in ``known`` is refused (the count and the first, by file:line), or
+    with ``drop_unknown`` (``data.drop_unknown_qrels``: the corpus is a subset) dropped with one warning saying the
+    same; ``info["unknown_qrels"]`` counts the dropped relevant ones per split (what a score leaves out)."""
     qids, texts, relevant, grades, out_splits = [], [], [], [], []
     filtered: Counter[str] = Counter()
     nonrel = 0
+    unknown: Counter[str] = Counter()  # judgements of documents not in ``known``, per split
+    unknown_rel: Counter[str] = Counter()  # those of them that judge the document relevant
+    first_unknown = ""
     for s, file in split_files.items():
         rel: dict[str, list[str]] = {}
         grd: dict[str, list[int]] = {}
@@ -188,8 +195,10 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
                 raise DataError(f"{file}:{lineno}: query-id {qid!r} is not in {qfile.name}; add the query or "
                                 "delete the judgement")
             if did not in known:
-                raise DataError(f"{file}:{lineno}: corpus-id {did!r} is not in the corpus; add the document or "
-                                "delete the judgement")
+                unknown[s] += 1
+                unknown_rel[s] += score >= min_relevance
+                first_unknown = first_unknown or f"{file}:{lineno}: corpus-id {did!r}"
+                continue
             if (qid, did) in judged:
                 raise DataError(f"{file}:{lineno}: query {qid!r} and doc {did!r} were already judged on line "
                                 f"{judged[qid, did]}; keep one judgement")
@@ -210,14 +219,34 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
             relevant.append(r)
             grades.append(grd[qid])
             out_splits.append(s)
+    _unknown_judgements(unknown, first_unknown, drop_unknown)
     if not qids:
         raise DataError(f"{', '.join(map(str, split_files.values()))}: no query with a relevant judgement in "
                         f"split(s) {list(split_files)}")
     info = {"source": source, "filtered": dict(filtered), "nonrelevant_judgements": nonrel,
-            "unjudged_queries": len(set(query_text) - set(qids))}
+            "unjudged_queries": len(set(query_text) - set(qids)),
+            **({"unknown_qrels": dropped} if (dropped := {k: v for k, v in unknown_rel.items() if v}) else {})}
     if filtered:
         log.info("%s: %d queries have only non-relevant judgements and are left out", source, filtered["no_relevant"])
     return QuerySet(name=name, qids=qids, texts=texts, relevant=relevant, splits=out_splits, grades=grades, info=info)
+
+
+def _unknown_judgements(unknown: Counter[str], first: str, drop: bool) -> None:
+    """Refuse the judgements of documents not in the corpus (``unknown``: how many per split; ``first``: where the
+    first is), or with ``drop`` say once that they were dropped."""
+    n = sum(unknown.values())
+    if not n:
+        return
+    said = f"{first} is not in the corpus ({n} judgement(s) name documents not in it)"
+    if not drop:
+        raise DataError(f"{said}; add the documents or delete the judgements, or set data.drop_unknown_qrels=true "
+                        "(drop_unknown_qrels=True in the API) when the corpus is a subset")
+    if said not in _WARNED:  # a run reads its query files at every stage: said once
+        _WARNED.add(said)
+        log.warning("%s: dropped (data.drop_unknown_qrels=true)", said)
+
+
+_WARNED: set[str] = set()  # the drops of unknown judgements already said in this process
 
 
 def _qrels_form(file: Path, lineno: int, line: str) -> str:

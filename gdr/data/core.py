@@ -700,8 +700,9 @@ class QuerySet:
     def scored_split(self, corpus: Corpus, split: str, drop_unknown: bool = False) -> tuple["QuerySet", int]:
         """The queries of ``split`` (a split absent from this set is refused, naming those present) judged against
         ``corpus`` (:meth:`judged_in`): what a retriever is scored on. Returns (the queries, the relevant ids
-        dropped)."""
+        dropped: here, and by the loader of ``data.drop_unknown_qrels``, ``info["unknown_qrels"]``)."""
         qs, unknown = self.filter(split).judged_in(corpus, drop_unknown)
+        unknown += int((self.info.get("unknown_qrels") or {}).get(split, 0))
         if len(qs) == 0:
             raise DataError(f"no {split!r} query of {self.name!r} has a relevant document in corpus {corpus.name!r}")
         return qs, unknown

@@ -119,10 +119,11 @@ def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field:
 
 def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, split: str | None = None,
                       doc_ids: Iterable[str], name: str = "queries", topic_fields: Sequence[str] = ("title",),
-                      min_relevance: int = 1, encoding: str = "utf-8") -> QuerySet:
+                      min_relevance: int = 1, encoding: str = "utf-8", drop_unknown: bool = False) -> QuerySet:
     """The queries of ``queries`` (jsonl, tsv or TREC topics, the latter's text the ``topic_fields``) judged in
     ``qrels`` (a ``<split>.tsv`` file or a folder of them, BEIR or trec_eval qrels; a trec_eval file not named after
-    a split is the ``test`` split), checked against ``doc_ids``; ``split=None`` gives every split."""
+    a split is the ``test`` split), checked against ``doc_ids`` (a judgement of another document refused, or with
+    ``drop_unknown`` dropped: :func:`gdr.data.beir.read_qrels`); ``split=None`` gives every split."""
     from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
 
     qfile = require_file(queries, "queries file",
@@ -155,4 +156,4 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
         id_key = (_pick(rows[0][1], "auto", QUERY_ID_FIELDS, qfile, rows[0][0], "the queries' id field") if rows
                   else "_id")
     return read_qrels(read_query_texts(qfile, rows, id_key), qfile, files, set(doc_ids), name, str(qfile),
-                      min_relevance)
+                      min_relevance, drop_unknown)

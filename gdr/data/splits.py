@@ -47,6 +47,8 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
         return None
     else:
         kw = {"path": q.get("path")} if q.get("path") else {}
+        if data.get("drop_unknown_qrels"):  # a BEIR folder whose corpus.jsonl is a subset of its judgements'
+            kw["drop_unknown_qrels"] = True
         if docs_tsv:
             kw["docs_tsv"] = docs_tsv
         qs = load_queries(name, **kw)
@@ -80,7 +82,8 @@ def _file_queries(data: dict[str, Any], corpus_ids: set[str]):
         ids = set((load_trec(data["path"], on_empty="keep", **fields) if data["name"] == "trec" else
                    load_docs_file(data["path"], fmt=data["name"], on_empty="keep", **fields)).doc_ids)
     topics = {k: data[k] for k in ("topic_fields", "min_relevance", "encoding") if data.get(k) is not None}
-    return load_file_queries(data["queries"], data["qrels"], doc_ids=ids, name=Path(data["queries"]).stem, **topics)
+    return load_file_queries(data["queries"], data["qrels"], doc_ids=ids, name=Path(data["queries"]).stem,
+                             drop_unknown=bool(data.get("drop_unknown_qrels")), **topics)
 
 
 def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,

@@ -56,9 +56,9 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     retriever = Retriever.load(str(run_dir), device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
-    unknown = set(retriever.doc_ids.tolist()) - set(corpus.doc_ids)
-    if unknown:
-        log.warning("%d docids of the model are not in this corpus (e.g. %s)", len(unknown), next(iter(unknown)))
+    foreign = set(retriever.doc_ids.tolist()) - set(corpus.doc_ids)
+    if foreign:
+        log.warning("%d docids of the model are not in this corpus (e.g. %s)", len(foreign), next(iter(foreign)))
     t1 = time.time()
     run, metrics, first = evaluate_retriever(retriever, qs.qids, qs.texts, qrels, k=c["k"], beam=c["beam"])
     search_s = time.time() - t1

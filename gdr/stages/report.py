@@ -110,7 +110,8 @@ def query_set_name(settings: dict, corpus_name: str) -> str:
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
-                 trained_on: str | None = None, partial: dict | None = None) -> dict:
+                 trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
+                 predicted: dict[str, float | None] | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -122,7 +123,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
     retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
     to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
-    says so."""
+    says so; ``unknown_qrels``: the relevant judgements of the test split dropped for naming documents not in the
+    corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
+    (None or absent: not predicted, "n/a"), set beside the measured ones."""
     from eval.compare import compare_folders, comparison_table, find, verdict
 
     cfg = settings
@@ -153,26 +156,32 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     lines += [*table, "", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The "
               "largest child share is the mean, over internal nodes, of the fraction of a node's documents in its "
               "largest child (1/K is perfectly balanced).", ""]
+    if unknown_qrels:
+        lines += [f"{unknown_qrels} relevant judgement(s) of `{queries_name}` name documents not in the corpus and "
+                  "were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
     if comparisons:
         lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
-                  f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean difference "
-                  "in percentage points, a 95% paired bootstrap interval (percentile) and a two-sided paired permutation "
-                  "test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
+                  f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean "
+                  "difference in percentage points, a 95% paired bootstrap interval (percentile) and a two-sided "
+                  "paired permutation test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
                   "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster is not None:
         lines += _cluster_lines(cfg["cluster"], cluster)
-    stages = _stage_rows(records)
+    stages = _stage_rows(records, predicted or {})
     lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
-              "apart.", "", "| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"]
-    lines += [f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | {s['last_seconds']:.1f} | {s['attempts']} | "
-              f"{'reused' if s['reused'] else 'ran'} |" for s in stages]
+              "apart. Predicted: what `gdr plan` predicts for the stage from the settings on this machine (n/a: not "
+              "modelled).", "", "| stage | folder | seconds | predicted | last attempt | attempts | |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | "
+              f"{'n/a' if s['predicted_seconds'] is None else format(s['predicted_seconds'], '.1f')} | "
+              f"{s['last_seconds']:.1f} | {s['attempts']} | {'reused' if s['reused'] else 'ran'} |" for s in stages]
     lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
     report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
               "retrieval": summary,
               "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
-              "queries": queries_name,
+              "queries": queries_name, "unknown_qrels": unknown_qrels,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
@@ -202,9 +211,10 @@ def _cluster_lines(settings: dict, c: dict) -> list[str]:
     return lines + [""]
 
 
-def _stage_rows(records: Sequence) -> list[dict]:
-    """One row per stage: seconds over every attempt, the last attempt apart, and whether it was reused."""
-    return [{"name": r.name, "folder": r.path.name, "seconds": r.seconds,
+def _stage_rows(records: Sequence, predicted: dict[str, float | None]) -> list[dict]:
+    """One row per stage: seconds over every attempt, the predicted seconds (None: not predicted), the last attempt
+    apart, and whether it was reused."""
+    return [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "predicted_seconds": predicted.get(r.name),
              "last_seconds": r.seconds if r.last_seconds is None else r.last_seconds, "attempts": r.attempts,
              "reused": r.reused} for r in records]
 
