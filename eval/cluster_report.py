@@ -14,7 +14,6 @@ from typing import Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-
 log = logging.getLogger(__name__)
 
 

@@ -23,8 +23,17 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from gdr.data import DROP_UNKNOWN_RULE, QUERY_RULES, SPLIT_RULE
 from gdr.models import DEVICE_RULE
 from gdr.rules import check_values
-from gdr.stages.settings import (PER_DOC_RULE, RESULTS_RULE, ClusterSettings, EvaluateSettings, IndexSettings,
-                                 LMSettings, SampleSettings, ScoreSettings, TrainSettings)
+from gdr.stages.settings import (
+    PER_DOC_RULE,
+    RESULTS_RULE,
+    ClusterSettings,
+    EvaluateSettings,
+    IndexSettings,
+    LMSettings,
+    SampleSettings,
+    ScoreSettings,
+    TrainSettings,
+)
 
 if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
     from gdr.data import Corpus, QuerySet

@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -131,7 +131,7 @@ class DevicePeaks:
     memory: float | None = None
 
 
-@lru_cache(maxsize=None)
+@cache
 def device_table() -> tuple[DevicePeaks, ...]:
     """The data-sheet peaks of ``device_peaks.json``, in its order (most specific name first)."""
     rows = json.loads(PEAKS_FILE.read_text(encoding="utf-8"))["devices"]

@@ -55,10 +55,17 @@ from gdr import signals
 from gdr.config import save_config, to_container
 from gdr.data.splits import check_query_splits, split_queries
 from gdr.guard import LOCK_FILE, claim_folder
-from gdr.stages.report import mark_in_progress, write_report
-from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, check_readable, hash_strings,
-                    record_files, verify_files)
+from gdr.io import (
+    atomic_write_json,
+    bytes_digest,
+    check_manifest_files,
+    check_readable,
+    hash_strings,
+    record_files,
+    verify_files,
+)
 from gdr.plan import predict_stages
+from gdr.stages.report import mark_in_progress, write_report
 from gdr.validate import check_corpus, check_run
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,44 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gdr.data import CORPORA, DATA_RULES, FRACTIONS_RULE, QUERY_RULES, DataError
 from gdr.models import LM_RULES
-from gdr.rules import (FILE, NON_NEGATIVE, OPT_POSITIVE, POSITIVE, Check, ConfigError, Rule, accelerator, auto_or,
-                       boolean, check_rules, existing, folder_with, get, int_at_least, is_int, missing, number, one_of,
-                       optional, path_problem, seed, show, trainer_devices_at)
-from gdr.stages.settings import (CLUSTER_RULES, EVALUATE_RULES, INDEX_RULES, INDEXERS, RESULTS_RULE, SAMPLE_RULES,
-                                 SCORE_RULES, TRAIN_RULES, ClusterSettings, ScoreSettings)
+from gdr.rules import (
+    FILE,
+    NON_NEGATIVE,
+    OPT_POSITIVE,
+    POSITIVE,
+    Check,
+    ConfigError,
+    Rule,
+    accelerator,
+    auto_or,
+    boolean,
+    check_rules,
+    existing,
+    folder_with,
+    get,
+    int_at_least,
+    is_int,
+    missing,
+    number,
+    one_of,
+    optional,
+    path_problem,
+    seed,
+    show,
+    trainer_devices_at,
+)
+from gdr.stages.settings import (
+    CLUSTER_RULES,
+    EVALUATE_RULES,
+    INDEX_RULES,
+    INDEXERS,
+    RESULTS_RULE,
+    SAMPLE_RULES,
+    SCORE_RULES,
+    TRAIN_RULES,
+    ClusterSettings,
+    ScoreSettings,
+)
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
 

@@ -30,11 +30,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-doc-tokens", type=int, default=None, help="instead of the demo's 64 (longer prompts)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from omegaconf import OmegaConf
+
     from gdr.config import load_config
     from gdr.data import corpus_from_config
     from gdr.stages.settings import LMSettings
     from gdr.store import read_queries
-    from omegaconf import OmegaConf
 
     cfg = load_config("score", ["+experiment=demo"])
     corpus = corpus_from_config(cfg.data)

@@ -2,7 +2,6 @@
 import sys
 
 import torch
-
 from tiny_models import DOCS, QUERIES, tiny_llama
 
 from gdr.store import score_run

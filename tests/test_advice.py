@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from gdr.cli import main
 from test_cli_errors import error_of
 from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+
+from gdr.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # A message holding a command is built by one of these; each site is run by the tests named here.

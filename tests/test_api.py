@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 import gdr
 from gdr.cli import main
 from gdr.validate import ConfigError
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tiny_models import tiny_llama
 
 import gdr.pipeline
 from gdr.cli import main
-from tiny_models import tiny_llama
 
 SCALED = ["data.n_docs=40", "sample.n_queries=16", "sample.batch_size=16", "sample.max_new_tokens=4",
           "model.max_doc_tokens=32", "doc_queries.per_doc=1", "doc_queries.max_new_tokens=4",

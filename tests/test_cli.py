@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
-
-from gdr.cli import COMMANDS, main
-from eval.cluster_report import cluster_corpus, restrict, results_table
-from gdr.config import load_config, save_config
 from omegaconf import OmegaConf
+
+from eval.cluster_report import cluster_corpus, restrict, results_table
+from gdr.cli import COMMANDS, main
+from gdr.config import load_config, save_config
 
 
 def test_every_command_resolves():

@@ -2,8 +2,8 @@
 import pytest
 
 from gdr.cli import main
-from gdr.validate import ConfigError, validate
 from gdr.config import load_config
+from gdr.validate import ConfigError, validate
 
 
 @pytest.fixture(autouse=True)

@@ -6,12 +6,17 @@ import os
 
 import pytest
 import torch
+from tiny_models import DOCS, tiny_llama
 
 from gdr.io import read_jsonl, read_manifest
-from gdr.lm.compiling import (AUTO_COMPILE_MIN_QUERIES, allow_bucket_recompiles, batch_bucket, compile_cache_dir,
-                              want_compile)
+from gdr.lm.compiling import (
+    AUTO_COMPILE_MIN_QUERIES,
+    allow_bucket_recompiles,
+    batch_bucket,
+    compile_cache_dir,
+    want_compile,
+)
 from gdr.store import sample_per_doc_run, sample_run
-from tiny_models import DOCS, tiny_llama
 
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
 KW = dict(max_new_tokens=5, top_k=50, top_p=0.99, progress=False)
@@ -218,9 +223,9 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
     auto sizes) - and so is every later batch, with one log line."""
     import numpy as np
     import torch.nn.attention.flex_attention as fa
+    from tiny_models import QUERIES
 
     from gdr.lm import scoring
-    from tiny_models import QUERIES
 
     compiles = []
 

@@ -2,7 +2,6 @@
 Lite, NQ320K), a BEIR round trip, and one error message per kind of bad input."""
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gdr.cli.help import CONFIG_OF
-from gdr.validate import ConfigError, validate
 from gdr.config import conf_dir, load_config
+from gdr.validate import ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_pipeline import _args, setup  # noqa: F401  (the module fixture: a tiny LM and a 30-document corpus)
 
 from gdr.cli import main
 from gdr.io import file_digest
-from test_pipeline import _args, setup  # noqa: F401  (the module fixture: a tiny LM and a 30-document corpus)
 
 HERE = Path(__file__).parent
 # gc reads P, bmi reads the generated queries: every kind of stage, the smallest run that has them all

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from test_cli_errors import error_of
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 from gdr import guard
 from gdr.cli import main
-from test_cli_errors import error_of
-from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

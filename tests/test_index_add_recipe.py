@@ -6,10 +6,10 @@ import json
 import shutil
 
 import numpy as np
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document BEIR folder)
 
 from gdr.cli import main
 from gdr.data import load_corpus, write_beir
-from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document BEIR folder)
 
 
 def _split(folder, tmp_path):

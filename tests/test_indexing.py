@@ -11,13 +11,19 @@ from sklearn.metrics import adjusted_rand_score
 
 from gdr.cluster import clip_bounds, clip_logp, log_proposal, log_weights
 from indexing.docids import read_docids
-from indexing.gc import (GCOptions, GCSplitter, bootstrap_columns, build_gc_index, resampling_log_probs,
-                         root_statistics, row_groups)
+from indexing.gc import (
+    GCOptions,
+    GCSplitter,
+    bootstrap_columns,
+    build_gc_index,
+    resampling_log_probs,
+    root_statistics,
+    row_groups,
+)
 from indexing.kmeans import build_kmeans_index, query_mean_embeddings
 from indexing.pmatrix import PMatrix
 from indexing.synthetic import planted_hierarchy, planted_logp, write_planted_npy
-from indexing.tree import (atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels,
-                           random_tree)
+from indexing.tree import atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels, random_tree
 
 FAST = dict(n_init=2, n_init_inner=1, max_iter=30)
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import torch
+from tiny_models import DOCS, QUERIES
 
 from gdr.lm import PromptConfig, clean_query
-from tiny_models import DOCS, QUERIES
 
 
 @pytest.mark.parametrize("family", ["llama", "t5"])
@@ -96,8 +96,9 @@ def test_chat_prompt_contains_shots_and_doc(llama):
 
 def test_prompt_without_chat_template_is_an_error():
     from tiny_models import tokenizer
-    from gdr.lm import GenerativeLM
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gdr.lm import GenerativeLM
 
     tok = tokenizer()
     tok.chat_template = None
@@ -137,7 +138,6 @@ def test_token_and_score_caches_belong_to_their_model():
     import copy
 
     import torch
-
     from tiny_models import tiny_llama
 
     lm = tiny_llama()

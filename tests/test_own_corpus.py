@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 import gdr
 from gdr.cli import main
-from gdr.data import Corpus, DataError, QuerySet, load_corpus, write_beir
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+from gdr.data import Corpus, DataError, load_corpus, write_beir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from tiny_models import tiny_llama
 
 import gdr
 from gdr.cli import main
-from tiny_models import tiny_llama
 
 TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_models import tiny_llama
 
 from gdr.cli import main
 from gdr.data import Corpus, QuerySet, write_beir
-from tiny_models import tiny_llama
 
 TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")

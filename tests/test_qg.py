@@ -198,9 +198,9 @@ def test_gdr_qg_refuses_eval_splits_and_bad_sources(capsys):
 
 def test_title_pairs_exclude_r2_from_r5():
     """Real data: R5 title pairs minus every R2 story (and so its title)."""
-    from gdr.stages.qg import build_pairs
     from gdr.config import load_config, to_container
     from gdr.data import load_corpus
+    from gdr.stages.qg import build_pairs
 
     cfg = to_container(load_config("qg", ["data=r5", "qg.exclude=[r2]"]))
     pairs, info = build_pairs(cfg["qg"], cfg["data"], cfg["queries"], cfg["seed"])
@@ -215,9 +215,9 @@ def test_title_pairs_exclude_r2_from_r5():
 
 def test_query_pairs_use_the_train_split_only():
     """Real data: Cranfield pairs come from its train queries, one per (query, relevant document)."""
-    from gdr.stages.qg import build_pairs
     from gdr.config import load_config, to_container
     from gdr.data import load_queries
+    from gdr.stages.qg import build_pairs
 
     cfg = to_container(load_config("qg", ["data=cranfield", "qg.pairs=queries"]))
     pairs, info = build_pairs(cfg["qg"], cfg["data"], cfg["queries"], cfg["seed"])

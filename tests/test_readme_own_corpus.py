@@ -7,10 +7,11 @@ import json
 import re
 import shlex
 
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+
 import gdr
 from gdr.cli import main
 from gdr.data import load_corpus
-from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 TINY_TRAIN = {"model": {"size": "tiny"}, "optim": {"warmup_steps": 2},
               "trainer": {"max_steps": 4, "max_epochs": 100, "batch_size": 16, "tensorboard": False, "val_beam": 4,

@@ -516,7 +516,7 @@ def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, res
 
 
 def test_tiny_model_memorises_20_documents(tmp_path, word_tokenizer):
-    from eval.retrieval import evaluate_run, Run
+    from eval.retrieval import Run, evaluate_run
 
     doc_ids, texts, codes = toy_corpus(20)
     res = _train(tmp_path / "run", word_tokenizer, doc_ids, texts, codes, steps=60)

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_models import DOCS, tiny_llama
 
 from gdr.io import read_jsonl, write_manifest
 from gdr.lm.decode import SAMPLER_VERSION, filter_logits
 from gdr.store import sample_per_doc_run, sample_run
-from tiny_models import DOCS, tiny_llama
 
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
 KW = dict(max_new_tokens=6, top_k=50, top_p=0.99)
@@ -138,6 +138,7 @@ def test_decode_attention_copies_no_keys_and_values(family, compiled, llama, t5,
     ``repeat_kv`` in the prefill and in every decode step, eager and compiled (dynamo, eager backend), with
     exactly the tokens of transformers' SDPA attention, which copies the keys and values (T5: nothing changes)."""
     import torch._dynamo
+
     from gdr.lm.decode import Decoder
 
     lm = _lm(family, llama, t5)
@@ -178,6 +179,7 @@ def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):
     """The CUDA path's capture, traced by dynamo on the CPU (eager backend: no CUDA graphs, no C++ build):
     one graph for every batch of a shape (the reused decode cache), and the same tokens as the eager step."""
     import torch._dynamo
+
     from gdr.lm.decode import Decoder
 
     comp = Decoder(llama, compile=True)
@@ -196,8 +198,7 @@ def test_compiled_step_traces_once_and_gives_the_same_tokens(llama):
 @pytest.mark.parametrize("top_k,top_p,temperature", [(50, 0.99, 1.0), (5, 1.0, 0.7), (0, 0.9, 1.3), (20, 0.5, 1.0),
                                                      (1, 0.99, 1.0)])
 def test_filtering_equals_transformers_warpers(top_k, top_p, temperature):
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(16, 300, generator=g) * 3

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from test_pipeline import setup  # noqa: F401 - a fixture
+from tiny_models import DOCS
 
 import gdr.lm.scoring as scoring
 import gdr.stages.score as score_stage
@@ -13,8 +15,6 @@ import gdr.store as store
 from gdr.data import Corpus
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import read_queries, score_run
-from test_pipeline import setup  # noqa: F401 - a fixture
-from tiny_models import DOCS
 
 CORPUS = Corpus(name="toy", doc_ids=[f"d{i}" for i in range(len(DOCS))], texts=list(DOCS))
 SAMPLE = SampleSettings(n_queries=6, batch_size=6, max_new_tokens=5)

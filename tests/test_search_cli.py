@@ -33,8 +33,9 @@ def test_search_refuses_what_it_cannot_read_in_one_line(capsys):
 
 
 def test_the_api_loads_a_model_without_transformers_bars(llama_path, capfd):
-    import gdr
     from transformers.utils import logging as tf_logging
+
+    import gdr
 
     capfd.readouterr()
     gdr.load_lm(str(llama_path))
@@ -45,7 +46,6 @@ def test_the_api_loads_a_model_without_transformers_bars(llama_path, capfd):
 @pytest.fixture
 def llama_path(tmp_path, monkeypatch):
     from tiny_models import tiny_llama
-
     from transformers.utils import logging as tf_logging
 
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)

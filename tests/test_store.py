@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_models import DOCS, QUERIES, tiny_llama
 
 from gdr.store import load_run, sample_run, score_run
-from tiny_models import DOCS, QUERIES, tiny_llama
 
 HERE = Path(__file__).parent
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from syncs import SyncCounter
 from test_retriever import WORDS, tiny_config, toy_corpus, word_tokenizer  # noqa: F401 - a fixture
 from tiny_models import DOCS, QUERIES

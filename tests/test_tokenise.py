@@ -7,13 +7,12 @@ import json
 from collections import Counter
 
 import numpy as np
-import pytest
 import torch
+from test_pipeline import _args, setup  # noqa: F401 - a fixture
+from test_retriever import tiny_config, word_tokenizer  # noqa: F401 - a fixture
 from transformers import PreTrainedTokenizerBase
 
 from gdr.cli import main
-from test_pipeline import _args, setup  # noqa: F401 - a fixture
-from test_retriever import tiny_config, word_tokenizer  # noqa: F401 - a fixture
 
 _KW = ("add_special_tokens", "truncation", "max_length")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_retriever import toy_corpus, word_tokenizer  # noqa: F401  (session fixture: a word-level tokenizer)
 
 import gdr
 from gdr.cli import main
 from gdr.io import file_digest
-from test_retriever import toy_corpus, word_tokenizer  # noqa: F401  (session fixture: a word-level tokenizer)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,10 +9,10 @@ import signal
 import pytest
 import pytorch_lightning as pl
 import torch
+from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401  (session fixture)
 
 from gdr import signals
 from gdr.io import file_digest
-from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401  (session fixture)
 from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 

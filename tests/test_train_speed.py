@@ -88,10 +88,10 @@ def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_pa
 
 
 def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypatch):
+    from gdr.cost import TRAIN_BYTES_PER_PARAM
     from gdr.stages.settings import TrainSettings
     from gdr.stages.train import model_config_from
     from training import concurrent
-    from gdr.cost import TRAIN_BYTES_PER_PARAM
     from training.model import meta_param_count
     from training.train import train_memory_per_example
 

@@ -9,13 +9,13 @@ import logging
 from pathlib import Path
 
 import pytest
+from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 from gdr.cli import main
 from gdr.data import Corpus, DataError, QuerySet, load_corpus, load_cranfield, load_cranfield_queries, write_beir
 from gdr.data.beir import load_beir_queries
 from gdr.data.files import load_docs_file, load_file_queries
 from gdr.data.trec import load_trec, qrels_form, read_trec_topics, sniff
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 FT = """<DOC>
 <DOCNO> FT911-1 </DOCNO>

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +25,7 @@ T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layer
 
 
 # ---------------------------------------------------------------------------- peaks and the roofline
-@lru_cache(maxsize=None)
+@cache
 def cpu_peaks(n: int = 1024, copy_mib: int = 64, repeats: int = 5) -> cost.DevicePeaks:
     """This CPU's peaks, measured once per process: the best of ``repeats`` timed ``n`` x ``n`` matmuls in fp32
     and in bf16 (FLOP/s, the larger of the two) and of timed copies of ``copy_mib`` MiB (read + write bytes/s).

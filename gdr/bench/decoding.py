@@ -42,8 +42,7 @@ from dataclasses import replace
 
 import torch
 
-from gdr.bench.common import (emit, maybe_profile, parse_bench_args, preset_config, random_codes, roofline,
-                               timed_batches)
+from gdr.bench.common import emit, maybe_profile, parse_bench_args, preset_config, random_codes, roofline, timed_batches
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from indexing.trie import DocidTrie, build_trie
 from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig

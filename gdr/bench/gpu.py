@@ -378,8 +378,8 @@ def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
 def validate_run_config(overrides: list[str]) -> str | None:
     """None when ``gdr run <overrides>`` composes and passes validation; else the one-line problem."""
     try:
-        from gdr.validate import error_line, validate
         from gdr.config import load_config
+        from gdr.validate import error_line, validate
 
         cfg = load_config("run", overrides)
         validate("run", cfg)

@@ -34,8 +34,8 @@ def _throughput(mb: int, repeats: int) -> float:
 
 def _verify_run(root: Path) -> tuple[float, int, int]:
     """Seconds to check every stage of a run folder as ``Pipeline.stage`` does before reuse."""
-    from gdr.pipeline import STAGE_FILE, checksummed
     from gdr.io import verify_files
+    from gdr.pipeline import STAGE_FILE, checksummed
 
     t, hashed, total = 0.0, 0, 0
     for marker in sorted(root.glob(f"*/{STAGE_FILE}")):

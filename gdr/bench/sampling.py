@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 
-from gdr.bench.common import (bench_texts, build_lm, emit, maybe_profile, parse_bench_args, roofline,
-                               timed_batches)
+from gdr.bench.common import bench_texts, build_lm, emit, maybe_profile, parse_bench_args, roofline, timed_batches
 from gdr.cost import device_name, mfu, sampling_bytes, sampling_flops
 from gdr.lm.decode import Decoder
 

@@ -31,15 +31,23 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from gdr.bench.common import (bench_texts, build_lm, emit, maybe_profile, parse_bench_args, roofline, seconds_left,
-                               timed_batches)
+from gdr.bench.common import (
+    bench_texts,
+    build_lm,
+    emit,
+    maybe_profile,
+    parse_bench_args,
+    roofline,
+    seconds_left,
+    timed_batches,
+)
 from gdr.cost import device_name, mfu, peak_flops, scoring_bytes_per_pair, scoring_flops_per_pair
 from gdr.lm.scoring import auto_score_sizes, score_compute_dtype
 

@@ -38,8 +38,18 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from gdr.bench.common import (add_time_args, emit, preset_config, profile_failed, profile_skipped, random_codes,
-                               roofline, seconds_left, start_profiler, write_table)
+from gdr.bench.common import (
+    add_time_args,
+    emit,
+    preset_config,
+    profile_failed,
+    profile_skipped,
+    random_codes,
+    roofline,
+    seconds_left,
+    start_profiler,
+    write_table,
+)
 from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from typing import Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from gdr.validate import validate
 from gdr.config import command_config, to_container
 from gdr.guard import claim_out
+from gdr.validate import validate
 
 __all__ = ["compose", "corpus_and_queries", "lm_settings", "section", "override_keys", "in_section",
            "without_section"]

@@ -36,8 +36,25 @@ from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import drop_titles, title_queries
 from gdr.data.trec import format_hint, is_trec_folder, load_trec, sniff
-from gdr.rules import (FILE, OPT_POSITIVE, Rule, boolean, check_values, existing, field_name, fractions, get, integer,
-                       non_empty_list, one_of, optional, path_problem, seed, subset_of, text_encoding)
+from gdr.rules import (
+    FILE,
+    OPT_POSITIVE,
+    Rule,
+    boolean,
+    check_values,
+    existing,
+    field_name,
+    fractions,
+    get,
+    integer,
+    non_empty_list,
+    one_of,
+    optional,
+    path_problem,
+    seed,
+    subset_of,
+    text_encoding,
+)
 
 __all__ = [
     "Corpus",

@@ -17,8 +17,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gdr.data import (QUERY_SETS, file_format, load_docs_file, load_file_queries, load_queries, load_title_queries,
-                      load_trec)
+from gdr.data import (
+    QUERY_SETS,
+    file_format,
+    load_docs_file,
+    load_file_queries,
+    load_queries,
+    load_title_queries,
+    load_trec,
+)
 from gdr.rules import ConfigError
 
 log = logging.getLogger(__name__)

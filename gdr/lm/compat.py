@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from functools import cache
 
 __all__ = ["cache_kwarg"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cache_kwarg_of(forward) -> str:
     params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"

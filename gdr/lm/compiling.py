@@ -61,9 +61,9 @@ def batch_bucket(n: int, cap: int | None = None) -> int:
 def compile_cache_dir() -> Path:
     """Point inductor's on-disk caches at ``$GDR_CACHE/torch-compile`` (unless ``TORCHINDUCTOR_CACHE_DIR`` is
     set already) and return the folder. Call before the first ``torch.compile`` of a process."""
-    from gdr.models import cache_dir
-
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from gdr.models import cache_dir
 
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     # inductor writes its default into the variable once it has looked: that one is not a user's choice

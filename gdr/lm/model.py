@@ -24,9 +24,9 @@ from typing import Sequence
 
 import torch
 
-from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache, saved_generator
 from gdr.lm.hostsync import upload
 from gdr.lm.numerics import resolve_device
+from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache, saved_generator
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringKernels, ScoringMixin
 from gdr.logs import quiet_loading

@@ -47,8 +47,14 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
 
 def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int) -> tuple[dict, str]:
     from eval.bm25 import bm25_run
-    from eval.retrieval import (PER_QUERY_FILE, evaluate_run, markdown_table, write_per_query, write_qrels,
-                                write_trec_run)
+    from eval.retrieval import (
+        PER_QUERY_FILE,
+        evaluate_run,
+        markdown_table,
+        write_per_query,
+        write_qrels,
+        write_trec_run,
+    )
     from gdr.io import atomic_write_json, atomic_write_text, write_manifest
     from training.search import Retriever
 

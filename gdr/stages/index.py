@@ -93,8 +93,13 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
         extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
     elif cfg.method in ("hkmi", "bmi"):
-        from indexing.kmeans import (build_kmeans_index, default_embed_fn, document_embeddings,
-                                     query_mean_embeddings, read_doc_queries)
+        from indexing.kmeans import (
+            build_kmeans_index,
+            default_embed_fn,
+            document_embeddings,
+            query_mean_embeddings,
+            read_doc_queries,
+        )
 
         km = {"docs": None, "doc_queries": None, **cfg.kmeans}
         embed_fn = default_embed_fn(km["embed_model"], int(km["batch_size"]))

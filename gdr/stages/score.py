@@ -13,8 +13,8 @@ import shlex
 import signal
 import socket
 import sys
-from typing import Sequence
 from pathlib import Path
+from typing import Sequence
 
 import torch
 

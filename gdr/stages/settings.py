@@ -20,9 +20,30 @@ import numpy as np
 
 from gdr.config import conf_dir, override_value
 from gdr.models import LM_RULES
-from gdr.rules import (FILE, NON_NEGATIVE, OPT_POSITIVE, POSITIVE, ConfigError, Rule, accelerator, auto_or, boolean,
-                       check_values, device, get, int_at_least, is_int, non_empty_list, number, one_of, optional,
-                       precision, seed, string_list, trainer_devices_at)
+from gdr.rules import (
+    FILE,
+    NON_NEGATIVE,
+    OPT_POSITIVE,
+    POSITIVE,
+    ConfigError,
+    Rule,
+    accelerator,
+    auto_or,
+    boolean,
+    check_values,
+    device,
+    get,
+    int_at_least,
+    is_int,
+    non_empty_list,
+    number,
+    one_of,
+    optional,
+    precision,
+    seed,
+    string_list,
+    trainer_devices_at,
+)
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
            "TrainSettings", "EvaluateSettings", "stage_defaults", "INDEXERS"]

@@ -8,9 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from gdr.config import load_config, to_container
 from gdr.data import corpus_from_config
 from gdr.pipeline import lm_settings
-from gdr.config import load_config, to_container
 from gdr.store import sample_per_doc_run
 
 dest, per_doc, top_k, top_p, temp, argv = (Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),

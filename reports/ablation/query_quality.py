@@ -11,8 +11,8 @@ import numpy as np
 from eval.bm25 import bm25_run
 from eval.compare import mean_interval, paired_test
 from eval.retrieval import evaluate_run, per_query_metrics
-from gdr.data import corpus_from_config
 from gdr.config import load_config, to_container
+from gdr.data import corpus_from_config
 from gdr.io import read_jsonl
 
 cut = sys.argv.index("--")

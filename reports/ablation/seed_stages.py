@@ -7,9 +7,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from gdr.pipeline import corpus_signature, doc_queries_inputs, stage_key
-from gdr.data import corpus_from_config
 from gdr.config import load_config, to_container
+from gdr.data import corpus_from_config
+from gdr.pipeline import corpus_signature, doc_queries_inputs, stage_key
 
 score_src, dq_src, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 cfg = load_config("run", argv)

@@ -1,6 +1,8 @@
 # Demo-settings probe on BBC (100 articles without titles, J = 192): flat GC (K = 5) vs k-means on the same log P,
 # over J (first J sampled queries whose source is among the first N documents), alpha = 0.25 and alpha = auto.
-import json, sys, numpy as np
+import json
+import sys
+import numpy as np
 import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
 from gdr.data import load_corpus
 from gdr.cluster import GenerativeClustering, effective_sample_size

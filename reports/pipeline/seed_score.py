@@ -6,9 +6,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from gdr.pipeline import corpus_signature, score_inputs, stage_key
-from gdr.data import corpus_from_config
 from gdr.config import load_config, to_container
+from gdr.data import corpus_from_config
+from gdr.pipeline import corpus_signature, score_inputs, stage_key
 
 src, argv = Path(sys.argv[1]), sys.argv[2:]
 cfg = load_config("run", argv)

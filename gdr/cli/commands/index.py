@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gdr.validate import validate
 from gdr.config import command_config, save_config, to_container
 from gdr.guard import claim_out
+from gdr.validate import validate
 
 
 def _compose(argv: list[str]):

@@ -14,8 +14,8 @@ log = logging.getLogger(__name__)
 
 def qg_main(argv: list[str]) -> int:
     from gdr.io import atomic_write_json as write_json
-    from gdr.stages.qg import build_pairs
     from gdr.lm import PromptConfig
+    from gdr.stages.qg import build_pairs
     from training.qg import QGOptions, fine_tune_qg
 
     cfg = compose("qg", argv)
