@@ -1,9 +1,11 @@
 """What a device has free, read the same way by every automatic size."""
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["free_memory"]
+__all__ = ["free_memory", "local_device"]
 
 
 def free_memory(device: torch.device | str | None = None) -> int | None:
@@ -20,3 +22,16 @@ def free_memory(device: torch.device | str | None = None) -> int | None:
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(dev)
     return int(free)
+
+
+def local_device(device: str | None = "auto") -> str:
+    """The device of this process: under a launcher that sets ``LOCAL_RANK`` (``torchrun``), ``auto`` and
+    ``cuda`` mean ``cuda:{LOCAL_RANK % n_gpus}``, made the current CUDA device (before NCCL binds to it);
+    anything else is returned as given."""
+    device = "auto" if device is None else str(device)
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or device not in ("auto", "cuda") or not torch.cuda.is_available():
+        return device
+    gpu = int(local) % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    return f"cuda:{gpu}"

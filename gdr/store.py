@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from gdr.config import RerunCommand
+from gdr.device import local_device
 from tqdm.auto import tqdm
 
 from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_digest, hash_strings, read_jsonl,
@@ -68,19 +69,6 @@ class PRun:
     @property
     def query_texts(self) -> list[str]:
         return [q["text"] for q in self.queries]
-
-
-def local_device(device: str | None = "auto") -> str:
-    """The device of this process: under a launcher that sets ``LOCAL_RANK`` (``torchrun``), ``auto`` and
-    ``cuda`` mean ``cuda:{LOCAL_RANK % n_gpus}``, made the current CUDA device (before NCCL binds to it);
-    anything else is returned as given."""
-    device = "auto" if device is None else str(device)
-    local = os.environ.get("LOCAL_RANK")
-    if local is None or device not in ("auto", "cuda") or not torch.cuda.is_available():
-        return device
-    gpu = int(local) % torch.cuda.device_count()
-    torch.cuda.set_device(gpu)
-    return f"cuda:{gpu}"
 
 
 def dist_info() -> tuple[int, int]:

@@ -36,9 +36,10 @@ def section(cfg, key: str, **overrides) -> dict:
 
 def lm_settings(cfg):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
-    from gdr.pipeline import lm_settings as of_config
+    from gdr.stages.settings import LMSettings
 
-    return of_config(cfg)
+    return LMSettings.from_dict(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+                                threads=cfg.get("threads"))
 
 
 def corpus_and_queries(cfg, save: bool = True):

@@ -219,7 +219,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     if not spec.threads:
         spec.threads = 1
     if torch.cuda.is_available() and str(spec.device or "auto") in ("auto", "cuda"):
-        from gdr.store import local_device
+        from gdr.device import local_device
 
         spec.device = local_device(spec.device)  # before the process group: NCCL binds each rank to the current device
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)

@@ -339,11 +339,11 @@ class LMSettings(Settings):
     threads: int | None = None      # torch CPU threads (None: torch's default)
 
     def build(self):
-        """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.store.local_device`)."""
+        """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
         import torch
 
         from gdr.lm import GenerativeLM, PromptConfig
-        from gdr.store import local_device
+        from gdr.device import local_device
 
         if self.threads:
             torch.set_num_threads(int(self.threads))
