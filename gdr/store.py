@@ -462,8 +462,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     if max_shards is not None:
         mine = mine[:max(1, max_shards // per_call)]
     t0 = time.perf_counter()
-    score = dict(doc_batch_size=doc_batch_size, max_query_tokens=max_query_tokens, progress=False,
-                 compute_dtype=getattr(torch, numerics["compute_dtype"]))
+    score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
+             "compute_dtype": getattr(torch, numerics["compute_dtype"])}
     _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress)
     _barrier(world)
     finished = len(list(shard_dir.glob("*.done"))) == n_shards
