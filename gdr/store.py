@@ -279,7 +279,8 @@ def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> li
     except ValueError as e:
         raise ValueError(f"{str(e).split('; fix')[0]}; the file was changed after sampling: {redo}") from None
     want = man.get("queries_hash")
-    if want is not None and (len(rows) != man.get("n_queries") or hash_strings(r.get("text", "") for r in rows) != want):
+    if want is not None and (len(rows) != man.get("n_queries")
+                             or hash_strings(r.get("text", "") for r in rows) != want):
         raise ValueError(f"{path}: {len(rows)} queries that do not match {Q_MANIFEST} ({man.get('n_queries')} "
                          f"queries, hash {man['queries_hash']}): the file was changed after sampling; {redo}")
     return rows
@@ -331,7 +332,7 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
     dropped = 0
     for marker in sorted(shard_dir.glob("*.done")):
         s = int(marker.stem)
-        rows = np.sort(order[s * shard_size:(s + 1) * shard_size])
+        rows = _shard_rows(order, shard_size, s)
         try:
             want = json.loads(marker.read_text() or "{}").get("rows_crc32")
         except (json.JSONDecodeError, AttributeError):
@@ -431,7 +432,6 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     from gdr.lm.numerics import scoring_numerics
 
     numerics = scoring_numerics(lm.device, compute_dtype, next(lm.model.parameters()).dtype)
-    compute = getattr(torch, numerics["compute_dtype"])
     out = Path(out_dir)
     rank, world = dist_info()
     ident = _identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens, numerics)
@@ -443,33 +443,57 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         _prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world)
     _barrier(world)
 
-    P = np.load(p_path, mmap_mode="r+")
     # shards scored together: a doc batch never straddles two calls
     per_call = max(1, -(-doc_batch_size // shard_size))
     groups = [range(g, min(g + per_call, n_shards)) for g in range(0, n_shards, per_call)]
-
-    def pending(group) -> list[int]:
-        return [s for s in group if not (shard_dir / f"{s:05d}.done").exists()]
-
-    mine = [groups[g] for g in range(rank, len(groups), world) if pending(groups[g])]
+    mine = [groups[g] for g in range(rank, len(groups), world) if _pending(shard_dir, groups[g])]
     if max_shards is not None:
         mine = mine[:max(1, max_shards // per_call)]
-    done_before = n_shards - len(list(shard_dir.glob("*.done")))
+    t0 = time.perf_counter()
+    score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
+             "compute_dtype": getattr(torch, numerics["compute_dtype"])}
+    _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress)
+    _barrier(world)
+    finished = len(list(shard_dir.glob("*.done"))) == n_shards
+    if rank == 0:
+        write_manifest(out, P_MANIFEST, **ident, status="complete" if finished else "partial", world_size=world,
+                       seconds_last_call=round(time.perf_counter() - t0, 2),
+                       **({"file": file_digest(p_path)} if finished else {}))
+    return p_path
+
+
+def _shard_rows(order: np.ndarray, shard_size: int, s: int) -> np.ndarray:
+    """The rows of P in shard ``s``, ascending: shards cut the prompt-length ``order`` into ``shard_size`` rows."""
+    return np.sort(order[s * shard_size:(s + 1) * shard_size])
+
+
+def _pending(shard_dir: Path, group: Sequence[int]) -> list[int]:
+    """The shards of ``group`` without a ``.done`` marker."""
+    return [s for s in group if not (shard_dir / f"{s:05d}.done").exists()]
+
+
+def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path, shard_dir: Path,
+                  order: np.ndarray, shard_size: int, mine: list[range], dtype: str, score: dict,
+                  progress: bool) -> None:
+    """Score this process's groups of shards into ``p_path``, one ``lm.score`` call per group (keywords
+    ``score``); each finished shard's rows are flushed, then its ``.done`` marker written with their checksum."""
+    rank, world = dist_info()
+    n_shards = -(-len(order) // shard_size)
+    P = np.load(p_path, mmap_mode="r+")
     if rank == 0:
         log.info("P %s: %d shards of %d docs, %d left (%d on this process of %d)",
-                 tuple(P.shape), n_shards, shard_size, done_before, sum(len(pending(g)) for g in mine), world)
-    pairs = sum(len(order[s * shard_size:(s + 1) * shard_size]) for g in mine for s in pending(g)) * len(queries)
+                 tuple(P.shape), n_shards, shard_size, n_shards - len(list(shard_dir.glob("*.done"))),
+                 sum(len(_pending(shard_dir, g)) for g in mine), world)
+    pairs = sum(len(_shard_rows(order, shard_size, s)) for g in mine for s in _pending(shard_dir, g)) * len(queries)
     bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
                disable=not progress or pairs == 0)  # nothing left (P reused): no empty bar
-    t0 = time.perf_counter()
     for group in mine:
-        if not pending(group):  # finished meanwhile by another process on this folder
+        if not _pending(shard_dir, group):  # finished meanwhile by another process on this folder
             continue
         # the whole group, finished shards too (a resumed group batches as an uninterrupted one)
-        rows = [np.sort(order[s * shard_size:(s + 1) * shard_size]) for s in group]
+        rows = [_shard_rows(order, shard_size, s) for s in group]
         every = np.concatenate(rows)
-        lp = lm.score([texts[i] for i in every], queries, doc_batch_size=doc_batch_size,
-                      max_query_tokens=max_query_tokens, progress=False, compute_dtype=compute)
+        lp = lm.score([texts[i] for i in every], queries, **score)
         ends = np.cumsum([len(r) for r in rows])
         for s, r, block in zip(group, rows, np.split(lp, ends[:-1])):
             if (shard_dir / f"{s:05d}.done").exists():
@@ -482,13 +506,6 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
             bar.set_postfix(shard=f"{s + 1}/{n_shards}")
     bar.close()
     del P
-    _barrier(world)
-    finished = len(list(shard_dir.glob("*.done"))) == n_shards
-    if rank == 0:
-        write_manifest(out, P_MANIFEST, **ident, status="complete" if finished else "partial", world_size=world,
-                       seconds_last_call=round(time.perf_counter() - t0, 2),
-                       **({"file": file_digest(p_path)} if finished else {}))
-    return p_path
 
 
 def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:

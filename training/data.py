@@ -155,8 +155,8 @@ def _special_wrap(tokenizer) -> tuple[list[int], list[int]]:
     return [], []
 
 
-def _doc_windows(tokenizer, doc_texts: Sequence[str], window: int, n_windows: int, first: bool,
-                 max_doc_tokens: int, rng: np.random.Generator, chunk: int = 2048) -> tuple[TokenStore, np.ndarray, np.ndarray]:
+def _doc_windows(tokenizer, doc_texts: Sequence[str], window: int, n_windows: int, first: bool, max_doc_tokens: int,
+                 rng: np.random.Generator, chunk: int = 2048) -> tuple[TokenStore, np.ndarray, np.ndarray]:
     """First-``window`` and random-window inputs per document; returns (store, doc index, is_first)."""
     pre, post = _special_wrap(tokenizer)
     body = max(window - len(pre) - len(post), 1)
@@ -178,6 +178,18 @@ def _doc_windows(tokenizer, doc_texts: Sequence[str], window: int, n_windows: in
                     docs.append(s + j)
                     is_first.append(False)
     return TokenStore.from_lists(seqs), np.asarray(docs, dtype=np.int64), np.asarray(is_first, dtype=bool)
+
+
+@dataclass
+class _Gathered:
+    """The examples gathered so far, source by source: training parts with their targets, the dev split
+    (inputs and relevant document indices) and the per-source counts."""
+
+    parts: list[TokenStore] = field(default_factory=list)
+    targets: list[np.ndarray] = field(default_factory=list)
+    dev: TokenStore = field(default_factory=lambda: TokenStore.concat([]))
+    dev_rel: list[np.ndarray] = field(default_factory=list)
+    counts: dict[str, int | str] = field(default_factory=dict)
 
 
 def build_examples(
@@ -204,6 +216,9 @@ def build_examples(
 ) -> RetrievalExamples:
     """Tokenise every source and hold out the dev split (see the module docstring).
 
+    The sources are added in a fixed order (real queries, generated queries, document windows), all drawing
+    from one generator seeded with ``seed``, so the same arguments give the same examples in the same order.
+
     Parameters
     ----------
     n_docs : number of documents (targets are indices in [0, n_docs))
@@ -220,98 +235,133 @@ def build_examples(
         raise ValueError(f"{len(train_queries)} training queries but {len(train_rel)} relevance lists")
     if len(gen_queries) != len(gen_docs):
         raise ValueError(f"{len(gen_queries)} generated queries but {len(gen_docs)} document indices")
-    parts: list[TokenStore] = []
-    targets: list[np.ndarray] = []
-    counts: dict[str, int | str] = {}
-    dev = TokenStore.concat([])
-    dev_rel: list[np.ndarray] = []
-
+    got = _Gathered()
     real_q = list(train_queries) if use_real else []
-    gen_q = list(gen_queries) if use_generated else []
-    gen_d = np.asarray(gen_docs, dtype=np.int64) if use_generated else np.zeros(0, np.int64)
-    if generated_per_doc is not None and len(gen_q):
-        keep = np.flatnonzero(_rank_within(gen_d) < generated_per_doc)
-        gen_q, gen_d = [gen_q[i] for i in keep], gen_d[keep]
+    gen_q, gen_d = _generated_subset(gen_queries, gen_docs, use_generated, generated_per_doc)
     if len(real_q):
-        rel = [np.asarray(r, dtype=np.int64) for r in train_rel]
-        bad = [i for i, r in enumerate(rel) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
-        if bad:
-            raise ValueError(f"training query #{bad[0]} ({real_q[bad[0]][:60]!r}) has no valid relevant document")
-        n_dev = min(dev_max, int(round(dev_fraction * len(real_q)))) if len(real_q) > 1 else 0
-        perm = rng.permutation(len(real_q))
-        dev_idx, tr_idx = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
-        store = _tokenize(tokenizer, real_q, max_query_len)
-        dev = store.take(dev_idx)
-        dev_rel = [rel[i] for i in dev_idx]
-        # one training example per (query, relevant document) pair
-        n_rel = np.array([len(rel[i]) for i in tr_idx], dtype=np.int64)
-        parts.append(store.take(np.repeat(tr_idx, n_rel)))
-        targets.append(np.concatenate([rel[i] for i in tr_idx]) if len(tr_idx) else np.zeros(0, np.int64))
-        counts["real_queries"] = int(n_rel.sum())
-        counts["dev_from"] = "real_queries"
+        _add_real_queries(got, tokenizer, real_q, train_rel, n_docs, max_query_len, dev_fraction, dev_max, rng)
     if len(gen_q):
-        if gen_d.min() < 0 or gen_d.max() >= n_docs:
-            raise ValueError("a generated query points at a document index outside the corpus")
-        store = _tokenize(tokenizer, gen_q, max_query_len)
-        keep = np.arange(len(gen_q))
-        # held-out generated queries: one per document (of a seeded choice of documents), at most a share of them
-        first_of_doc = np.flatnonzero(_rank_within(gen_d) == 0)
-        cap = min(int(dev_max_share * len(gen_q)), len(first_of_doc) - 1)
-        want = 0
-        if not len(real_q) and len(gen_q) > 1:
-            want = min(dev_max, max(int(round(dev_fraction * len(gen_q))), dev_min))
-        elif len(dev_rel) < dev_min and len(gen_q) > 1:
-            want = dev_min - len(dev_rel)  # too few real dev queries: generated ones fill the dev split up
-        if want > 0 and cap > 0:
-            dev_idx = np.sort(rng.permutation(first_of_doc)[:min(want, cap)])
-            keep = np.setdiff1d(keep, dev_idx)
-            dev = TokenStore.concat([dev, store.take(dev_idx)])
-            dev_rel = dev_rel + [gen_d[i:i + 1] for i in dev_idx]
-            counts["dev_from"] = f"{counts['dev_from']}+generated_queries" if len(real_q) else "generated_queries"
-            counts["dev_generated"] = int(len(dev_idx))
-            if want > len(dev_idx):
-                log.info("dev split: %d held-out generated queries, not the %d asked for (train.examples.dev_min=%d): "
-                         "at most one per document and %g of the %d generated queries (examples.dev_max_share)",
-                         len(dev_idx), want, dev_min, dev_max_share, len(gen_q))
-        parts.append(store.take(keep) if len(keep) < len(gen_q) else store)
-        targets.append(gen_d[keep])
-        counts["generated_queries"] = int(len(keep))
+        want = _generated_dev_wanted(len(gen_q), bool(real_q), len(got.dev_rel), dev_fraction, dev_max, dev_min)
+        held = _add_generated_queries(got, tokenizer, gen_q, gen_d, n_docs, max_query_len, want, dev_max_share, rng)
+        if 0 < held < want:
+            log.info("dev split: %d held-out generated queries, not the %d asked for (train.examples.dev_min=%d): "
+                     "at most one per document and %g of the %d generated queries (examples.dev_max_share)",
+                     held, want, dev_min, dev_max_share, len(gen_q))
     if doc_texts is not None and (doc_first or doc_windows):
         if len(doc_texts) != n_docs:
             raise ValueError(f"{len(doc_texts)} document texts for {n_docs} documents")
         store, docs, is_first = _doc_windows(tokenizer, doc_texts, window, doc_windows, doc_first,
                                              max_doc_tokens, rng)
-        if not len(dev_rel) and len(docs):
-            # no queries at all: hold out random windows (or, without windows, first windows: a memorisation check)
-            pool = np.flatnonzero(~is_first) if (~is_first).any() else np.arange(len(docs))
-            n_dev = min(dev_max, max(1, int(round(dev_fraction * len(pool)))))
-            dev_idx = np.sort(rng.choice(pool, size=min(n_dev, len(pool)), replace=False))
-            dev = store.take(dev_idx)
-            dev_rel = [docs[i:i + 1] for i in dev_idx]
-            if not (~is_first).any():
-                log.warning("no queries and no random windows: the dev split repeats training inputs")
-            else:
-                mask = np.ones(len(docs), dtype=bool)
-                mask[dev_idx] = False
-                store, docs, is_first = store.take(np.flatnonzero(mask)), docs[mask], is_first[mask]
-            counts["dev_from"] = "document_windows"
-        parts.append(store)
-        targets.append(docs)
-        counts["doc_first"] = int(is_first.sum())
-        counts["doc_windows"] = int((~is_first).sum())
-    train = TokenStore.concat(parts)
-    train_doc = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+        _add_document_windows(got, store, docs, is_first, dev_fraction, dev_max, rng)
+    return _assemble(got, n_docs)
+
+
+def _generated_subset(gen_queries: Sequence[str], gen_docs, use_generated: bool,
+                      generated_per_doc: int | None) -> tuple[list[str], np.ndarray]:
+    """The generated queries used (none when switched off; the first ``generated_per_doc`` of each document)."""
+    gen_q = list(gen_queries) if use_generated else []
+    gen_d = np.asarray(gen_docs, dtype=np.int64) if use_generated else np.zeros(0, np.int64)
+    if generated_per_doc is not None and len(gen_q):
+        keep = np.flatnonzero(_rank_within(gen_d) < generated_per_doc)
+        gen_q, gen_d = [gen_q[i] for i in keep], gen_d[keep]
+    return gen_q, gen_d
+
+
+def _add_real_queries(got: _Gathered, tokenizer, real_q: list[str], train_rel: Sequence[Sequence[int]], n_docs: int,
+                      max_query_len: int, dev_fraction: float, dev_max: int, rng: np.random.Generator) -> None:
+    """Hold out a seeded ``dev_fraction`` of the real queries; the rest give one example per relevant document."""
+    rel = [np.asarray(r, dtype=np.int64) for r in train_rel]
+    bad = [i for i, r in enumerate(rel) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
+    if bad:
+        raise ValueError(f"training query #{bad[0]} ({real_q[bad[0]][:60]!r}) has no valid relevant document")
+    n_dev = min(dev_max, int(round(dev_fraction * len(real_q)))) if len(real_q) > 1 else 0
+    perm = rng.permutation(len(real_q))
+    dev_idx, tr_idx = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
+    store = _tokenize(tokenizer, real_q, max_query_len)
+    got.dev = store.take(dev_idx)
+    got.dev_rel = [rel[i] for i in dev_idx]
+    # one training example per (query, relevant document) pair
+    n_rel = np.array([len(rel[i]) for i in tr_idx], dtype=np.int64)
+    got.parts.append(store.take(np.repeat(tr_idx, n_rel)))
+    got.targets.append(np.concatenate([rel[i] for i in tr_idx]) if len(tr_idx) else np.zeros(0, np.int64))
+    got.counts["real_queries"] = int(n_rel.sum())
+    got.counts["dev_from"] = "real_queries"
+
+
+def _generated_dev_wanted(n_gen: int, has_real: bool, n_dev: int, dev_fraction: float, dev_max: int,
+                          dev_min: int) -> int:
+    """How many generated queries the dev split asks for: its whole size without real queries, else what the
+    real dev queries fall short of ``dev_min``."""
+    if n_gen <= 1:
+        return 0
+    if not has_real:
+        return min(dev_max, max(int(round(dev_fraction * n_gen)), dev_min))
+    return max(dev_min - n_dev, 0)  # too few real dev queries: generated ones fill the dev split up
+
+
+def _add_generated_queries(got: _Gathered, tokenizer, gen_q: list[str], gen_d: np.ndarray, n_docs: int,
+                           max_query_len: int, want: int, dev_max_share: float, rng: np.random.Generator) -> int:
+    """Train on the generated queries, less up to ``want`` held out for the dev split: one per document (of a
+    seeded choice of documents), at most ``dev_max_share`` of them. Returns how many were held out."""
+    if gen_d.min() < 0 or gen_d.max() >= n_docs:
+        raise ValueError("a generated query points at a document index outside the corpus")
+    store = _tokenize(tokenizer, gen_q, max_query_len)
+    keep, dev_idx = np.arange(len(gen_q)), np.zeros(0, np.int64)
+    first_of_doc = np.flatnonzero(_rank_within(gen_d) == 0)
+    cap = min(int(dev_max_share * len(gen_q)), len(first_of_doc) - 1)
+    if want > 0 and cap > 0:
+        dev_idx = np.sort(rng.permutation(first_of_doc)[:min(want, cap)])
+        keep = np.setdiff1d(keep, dev_idx)
+        got.dev = TokenStore.concat([got.dev, store.take(dev_idx)])
+        got.dev_rel = got.dev_rel + [gen_d[i:i + 1] for i in dev_idx]
+        had = got.counts.get("dev_from")
+        got.counts["dev_from"] = f"{had}+generated_queries" if had else "generated_queries"
+        got.counts["dev_generated"] = int(len(dev_idx))
+    got.parts.append(store.take(keep) if len(keep) < len(gen_q) else store)
+    got.targets.append(gen_d[keep])
+    got.counts["generated_queries"] = int(len(keep))
+    return len(dev_idx)
+
+
+def _add_document_windows(got: _Gathered, store: TokenStore, docs: np.ndarray, is_first: np.ndarray,
+                          dev_fraction: float, dev_max: int, rng: np.random.Generator) -> None:
+    """Train on the document windows; with no query in the dev split, hold out random windows (or, without
+    random windows, first windows: a memorisation check)."""
+    if not len(got.dev_rel) and len(docs):
+        pool = np.flatnonzero(~is_first) if (~is_first).any() else np.arange(len(docs))
+        n_dev = min(dev_max, max(1, int(round(dev_fraction * len(pool)))))
+        dev_idx = np.sort(rng.choice(pool, size=min(n_dev, len(pool)), replace=False))
+        got.dev = store.take(dev_idx)
+        got.dev_rel = [docs[i:i + 1] for i in dev_idx]
+        if not (~is_first).any():
+            log.warning("no queries and no random windows: the dev split repeats training inputs")
+        else:
+            mask = np.ones(len(docs), dtype=bool)
+            mask[dev_idx] = False
+            store, docs, is_first = store.take(np.flatnonzero(mask)), docs[mask], is_first[mask]
+        got.counts["dev_from"] = "document_windows"
+    got.parts.append(store)
+    got.targets.append(docs)
+    got.counts["doc_first"] = int(is_first.sum())
+    got.counts["doc_windows"] = int((~is_first).sum())
+
+
+def _assemble(got: _Gathered, n_docs: int) -> RetrievalExamples:
+    """Concatenate the sources into the training examples; count and log them, warn of an outsized dev split."""
+    train = TokenStore.concat(got.parts)
+    train_doc = np.concatenate(got.targets) if got.targets else np.zeros(0, np.int64)
     if len(train) == 0:
         raise ValueError("no training examples: enable real queries, generated queries or document windows")
+    counts = got.counts
     counts["train_examples"] = len(train)
-    counts["dev_queries"] = len(dev)
+    counts["dev_queries"] = len(got.dev)
     n_train_q = counts.get("real_queries", 0) + counts.get("generated_queries", 0)
-    if counts.get("dev_from") != "document_windows" and len(dev) > n_train_q:
+    if counts.get("dev_from") != "document_windows" and len(got.dev) > n_train_q:
         log.warning("the dev split (%d queries) is larger than what is left to train on (%d queries): lower "
-                    "train.examples.dev_fraction / dev_min, or add training queries", len(dev), n_train_q)
+                    "train.examples.dev_fraction / dev_min, or add training queries", len(got.dev), n_train_q)
     counts["docs_without_example"] = int(n_docs - len(np.unique(train_doc)))
     log.info("training examples: %s", counts)
-    return RetrievalExamples(train, train_doc, dev, dev_rel, counts)
+    return RetrievalExamples(train, train_doc, got.dev, got.dev_rel, counts)
 
 
 def _rank_within(groups: np.ndarray) -> np.ndarray:

@@ -100,7 +100,8 @@ class QGResult:
     n_params: dict[str, int]
 
 
-def split_pairs(pairs: QGPairs, dev_fraction: float, seed: int = 0, dev_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def split_pairs(pairs: QGPairs, dev_fraction: float, seed: int = 0,
+                dev_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the train and dev pairs: dev = the pairs of a seeded ``dev_fraction`` of the documents
     (hash of the doc id, so the split does not move when pairs are added), capped at ``dev_max`` pairs."""
     from gdr.data.titles import split_of
@@ -272,29 +273,16 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
     tr_idx, dev_idx = split_pairs(pairs, dev_fraction, seed, dev_max)
     if len(tr_idx) == 0:
         raise ValueError(f"all {len(pairs)} pairs fell in the dev part; lower qg.dev_fraction")
-    train_p, dev_p = _stores(lm, pairs.take(tr_idx)), _stores(lm, pairs.take(dev_idx)) if len(dev_idx) else None
     o = options
-    coll = _collate(lm.pad_id, lm.is_seq2seq)
     last = out / "checkpoints" / "last.ckpt"
     resume = str(last) if (o.resume and last.exists()) else None
     r_epoch, r_skip = resume_point(last, len(tr_idx), o.batch_size) if resume else (-1, 0)
-    train_dl = DataLoader(_PairData(*train_p), batch_size=o.batch_size,
-                          sampler=ResumeSampler(len(tr_idx), seed, r_epoch, r_skip), collate_fn=coll)
-    dev_dl = DataLoader(_PairData(*dev_p), batch_size=o.eval_batch_size, shuffle=False, collate_fn=coll) if dev_p else None
+    train_dl, dev_dl = _loaders(lm, pairs, tr_idx, dev_idx, o, seed, r_epoch, r_skip)
     lm.model.train()
     counts = freeze_below(lm.model, o.train_layers)
     log.info("query generator parameters: %s", counts)
     module = QGModule(lm.model, o.lr, o.weight_decay, o.warmup_steps, lm.is_seq2seq)
-    ckpt_dir = out / "checkpoints"
-    last_ckpt = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
-                                             enable_version_counter=False,
-                                             every_n_train_steps=o.checkpoint_every_n_steps, save_weights_only=False)
-    best_ckpt = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="best-{step}", monitor="val/loss", mode="min",
-                                             save_top_k=1, auto_insert_metric_name=False,
-                                             save_weights_only=True) if dev_dl else None
-    cbs = [*([best_ckpt] if best_ckpt else []), last_ckpt, *callbacks]
-    if dev_dl and o.patience > 0:
-        cbs.append(pl.callbacks.EarlyStopping(monitor="val/loss", mode="min", patience=o.patience))
+    best_ckpt, cbs = _checkpoints(out / "checkpoints", o, dev_dl is not None, callbacks)
     trainer = pl.Trainer(
         default_root_dir=out, max_epochs=o.max_epochs, max_steps=o.max_steps, accelerator=o.accelerator,
         devices=o.devices, strategy=o.strategy, precision=_precision(o.precision, o.accelerator),
@@ -303,24 +291,12 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
         callbacks=cbs, logger=[pl.loggers.CSVLogger(out, name="logs")], enable_progress_bar=o.enable_progress_bar,
         enable_model_summary=False,
     )
-    state_path = out / "qg.state.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    if dev_dl and "dev_loss_before" not in state:
-        trainer.validate(module, dataloaders=dev_dl, verbose=False)
-        state["dev_loss_before"], state["dev_nll_per_query_before"] = _dev_figures(trainer)
-        atomic_write_text(state_path, json.dumps(state))
-        log.info("dev loss before fine-tuning: %.4f per token, %.3f nats per query",
-                 state["dev_loss_before"], state["dev_nll_per_query_before"])
+    state = _dev_before(trainer, module, dev_dl, out / "qg.state.json")
     if resume:
         log.info("resuming from %s (epoch %d, %d examples of it done)", resume, r_epoch, r_skip)
     trainer.fit(module, train_dataloaders=train_dl, val_dataloaders=dev_dl, ckpt_path=resume)
 
-    best = (best_ckpt.best_model_path or None) if best_ckpt else None
-    if best_ckpt and not best:
-        found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
-        best = str(found[-1]) if found else None
-    if best:
-        module.load_state_dict(torch.load(best, map_location="cpu", weights_only=False)["state_dict"])
+    _load_best(module, best_ckpt, out / "checkpoints")
     dev_loss = dev_per_q = None
     if dev_dl:  # the exported state's dev figures, measured (not read from a callback)
         trainer_eval = pl.Trainer(accelerator=o.accelerator, devices=1, logger=False, enable_progress_bar=False,
@@ -335,6 +311,61 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
         step = int(torch.load(last, map_location="cpu", weights_only=False, mmap=True).get("global_step", 0))
     return QGResult(out, model_dir, state.get("dev_loss_before"), dev_loss, state.get("dev_nll_per_query_before"),
                     dev_per_q, step, len(tr_idx), len(dev_idx), counts)
+
+
+def _loaders(lm, pairs: QGPairs, tr_idx: np.ndarray, dev_idx: np.ndarray, o: QGOptions, seed: int, r_epoch: int,
+             r_skip: int) -> tuple[DataLoader, DataLoader | None]:
+    """The training loader (seeded shuffle, resumed at epoch ``r_epoch`` past ``r_skip`` examples) and the dev
+    loader (None without dev pairs)."""
+    train_p = _stores(lm, pairs.take(tr_idx))
+    dev_p = _stores(lm, pairs.take(dev_idx)) if len(dev_idx) else None
+    coll = _collate(lm.pad_id, lm.is_seq2seq)
+    train_dl = DataLoader(_PairData(*train_p), batch_size=o.batch_size,
+                          sampler=ResumeSampler(len(tr_idx), seed, r_epoch, r_skip), collate_fn=coll)
+    dev_dl = None
+    if dev_p:
+        dev_dl = DataLoader(_PairData(*dev_p), batch_size=o.eval_batch_size, shuffle=False, collate_fn=coll)
+    return train_dl, dev_dl
+
+
+def _checkpoints(ckpt_dir: Path, o: QGOptions, has_dev: bool, extra: Sequence[pl.Callback]
+                 ) -> tuple[pl.callbacks.ModelCheckpoint | None, list[pl.Callback]]:
+    """The best-dev-loss checkpoint (None without a dev part) and every callback of the run: best, ``last.ckpt``
+    for resuming, ``extra``, then early stopping on the dev loss when ``o.patience`` asks for it."""
+    last_ckpt = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
+                                             enable_version_counter=False,
+                                             every_n_train_steps=o.checkpoint_every_n_steps, save_weights_only=False)
+    best_ckpt = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="best-{step}", monitor="val/loss", mode="min",
+                                             save_top_k=1, auto_insert_metric_name=False,
+                                             save_weights_only=True) if has_dev else None
+    cbs = [*([best_ckpt] if best_ckpt else []), last_ckpt, *extra]
+    if has_dev and o.patience > 0:
+        cbs.append(pl.callbacks.EarlyStopping(monitor="val/loss", mode="min", patience=o.patience))
+    return best_ckpt, cbs
+
+
+def _dev_before(trainer: pl.Trainer, module: QGModule, dev_dl: DataLoader | None, state_path: Path) -> dict:
+    """The run's state file; on the first call with a dev part, the dev figures before fine-tuning are measured
+    and written to it (a resumed run keeps those of its first call)."""
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    if dev_dl and "dev_loss_before" not in state:
+        trainer.validate(module, dataloaders=dev_dl, verbose=False)
+        state["dev_loss_before"], state["dev_nll_per_query_before"] = _dev_figures(trainer)
+        atomic_write_text(state_path, json.dumps(state))
+        log.info("dev loss before fine-tuning: %.4f per token, %.3f nats per query",
+                 state["dev_loss_before"], state["dev_nll_per_query_before"])
+    return state
+
+
+def _load_best(module: QGModule, best_ckpt: pl.callbacks.ModelCheckpoint | None, ckpt_dir: Path) -> None:
+    """Load the lowest-dev-loss weights into ``module``: the callback's best or, when the callback holds no path,
+    the newest ``best-*.ckpt`` on disk; without a dev part (no callback) the last state stays."""
+    best = (best_ckpt.best_model_path or None) if best_ckpt else None
+    if best_ckpt and not best:
+        found = sorted(ckpt_dir.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+        best = str(found[-1]) if found else None
+    if best:
+        module.load_state_dict(torch.load(best, map_location="cpu", weights_only=False)["state_dict"])
 
 
 def export_generator(lm, model_dir: str | os.PathLike) -> Path:

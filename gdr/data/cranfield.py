@@ -138,52 +138,9 @@ def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None, 
     qrel = require_file(folder / "cranqrel", "Cranfield relevance judgements", _FIX)
     if doc_ids is None:
         doc_ids = {rid for rid, *_ in _records(require_file(folder / "cran.all.1400", "Cranfield documents", _FIX))}
-    known = set(doc_ids)
-
-    texts, file_numbers, lines = [], [], []
-    for number, lineno, fields, _ in _records(qry):
-        text = normalize_space(" ".join(fields.get("W", [])))
-        if not text:
-            raise DataError(f"{qry}:{lineno}: query {number} has no text; add its '.W' text or delete the record "
-                            "(and renumber cranqrel, which counts queries in file order)")
-        texts.append(text)
-        file_numbers.append(number)
-        lines.append(lineno)
+    texts, file_numbers, lines = _query_texts(qry)
     n = len(texts)
-
-    relevant: list[list[str]] = [[] for _ in range(n)]
-    grades: list[list[int]] = [[] for _ in range(n)]
-    seen: dict[tuple[int, str], int] = {}
-    nonrel = 0
-    for lineno, line in iter_lines(qrel):
-        parts = line.split()
-        if not parts:
-            continue
-        try:
-            if len(parts) != 3:
-                raise ValueError
-            q, d, code = int(parts[0]), str(int(parts[1])), int(parts[2])
-        except ValueError:
-            raise DataError(f"{qrel}:{lineno}: expected 'query doc code' (three integers), got {line!r}; "
-                            "fix or delete that line") from None
-        if not 1 <= q <= n:
-            raise DataError(f"{qrel}:{lineno}: query number {q} is outside 1..{n}; cranqrel numbers the "
-                            f"queries of {qry.name} 1..{n} in file order, so fix the number or the query file")
-        if d not in known:
-            raise DataError(f"{qrel}:{lineno}: doc id {d!r} is not in cran.all.1400; fix or delete that line")
-        if code not in RELEVANT_CODES and code != NONRELEVANT_CODE:
-            raise DataError(f"{qrel}:{lineno}: relevance code {code} is not one of -1, 1, 2, 3, 4; "
-                            "fix or delete that line")
-        if (q, d) in seen:
-            raise DataError(f"{qrel}:{lineno}: query {q} and doc {d} were already judged on line "
-                            f"{seen[q, d]}; keep one judgement")
-        seen[q, d] = lineno
-        if code == NONRELEVANT_CODE:
-            nonrel += 1
-            continue
-        relevant[q - 1].append(d)
-        grades[q - 1].append(code)
-
+    relevant, grades, nonrel = _judgements(qrel, qry.name, n, set(doc_ids))
     empty = [i for i in range(n) if not relevant[i]]
     if empty:
         i = empty[0]
@@ -203,3 +160,55 @@ def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None, 
               "split": {"seed": int(seed), "fractions": [float(x) for x in fractions],
                         "method": "seeded permutation"}},
     )
+
+
+def _query_texts(qry: Path) -> tuple[list[str], list[str], list[int]]:
+    """The query texts of ``cran.qry`` in file order, with the file's own query numbers and their lines."""
+    texts, file_numbers, lines = [], [], []
+    for number, lineno, fields, _ in _records(qry):
+        text = normalize_space(" ".join(fields.get("W", [])))
+        if not text:
+            raise DataError(f"{qry}:{lineno}: query {number} has no text; add its '.W' text or delete the record "
+                            "(and renumber cranqrel, which counts queries in file order)")
+        texts.append(text)
+        file_numbers.append(number)
+        lines.append(lineno)
+    return texts, file_numbers, lines
+
+
+def _judgements(qrel: Path, qry_name: str, n: int, known: set[str]) -> tuple[list[list[str]], list[list[int]], int]:
+    """Read ``cranqrel`` for ``n`` queries: per query the relevant doc ids and their codes in file order, and the
+    number of non-relevant judgements; a malformed, unknown or repeated judgement names its line."""
+    relevant: list[list[str]] = [[] for _ in range(n)]
+    grades: list[list[int]] = [[] for _ in range(n)]
+    seen: dict[tuple[int, str], int] = {}
+    nonrel = 0
+    for lineno, line in iter_lines(qrel):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            q, d, code = int(parts[0]), str(int(parts[1])), int(parts[2])
+        except ValueError:
+            raise DataError(f"{qrel}:{lineno}: expected 'query doc code' (three integers), got {line!r}; "
+                            "fix or delete that line") from None
+        if not 1 <= q <= n:
+            raise DataError(f"{qrel}:{lineno}: query number {q} is outside 1..{n}; cranqrel numbers the "
+                            f"queries of {qry_name} 1..{n} in file order, so fix the number or the query file")
+        if d not in known:
+            raise DataError(f"{qrel}:{lineno}: doc id {d!r} is not in cran.all.1400; fix or delete that line")
+        if code not in RELEVANT_CODES and code != NONRELEVANT_CODE:
+            raise DataError(f"{qrel}:{lineno}: relevance code {code} is not one of -1, 1, 2, 3, 4; "
+                            "fix or delete that line")
+        if (q, d) in seen:
+            raise DataError(f"{qrel}:{lineno}: query {q} and doc {d} were already judged on line "
+                            f"{seen[q, d]}; keep one judgement")
+        seen[q, d] = lineno
+        if code == NONRELEVANT_CODE:
+            nonrel += 1
+            continue
+        relevant[q - 1].append(d)
+        grades[q - 1].append(code)
+    return relevant, grades, nonrel

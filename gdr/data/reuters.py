@@ -15,7 +15,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from gdr.data.core import Corpus, DataError, DocTable, _require_dir, data_dir, normalize_space
 
@@ -78,14 +78,8 @@ def load_reuters(
     (``no_body``, ``no_topic``, ``several_topics``, ``other_topic``, ``other_split``), and
     ``info["label_counts"]`` the kept stories per topic.
     """
-    folder = _require_dir(path or data_dir() / "reuters21578", "Reuters-21578",
-                          "pass path= the folder holding reut2-000.sgm .. reut2-021.sgm, or set GDR_DATA_DIR")
-    files = sorted(folder.glob("reut2-*.sgm"))
-    if len(files) != N_FILES:
-        raise FileNotFoundError(f"{folder}: found {len(files)} reut2-*.sgm files, expected {N_FILES}; "
-                                "point path= at a complete Reuters-21578 Distribution 1.0 copy")
+    folder, files = _sgm_files(path)
     topics = None if topics is None else tuple(topics)
-    keep = set(topics or ())
     if name is None:
         name = {R2_TOPICS: "r2", R5_TOPICS: "r5"}.get(topics, "reuters")
     want_split = None if split is None else split.upper()
@@ -95,47 +89,15 @@ def load_reuters(
     table = DocTable(on_empty="error")
     filtered: Counter[str] = Counter()
     n_stories = 0
-    for f in files:
-        # latin-1 maps every byte, so decoding cannot fail
-        text = f.read_text(encoding="latin-1")
-        line, pos = 1, 0  # line number of `pos`, advanced incrementally for error messages
-        for m in _STORY.finditer(text):
-            n_stories += 1
-            line += text.count("\n", pos, m.start())
-            pos = m.start()
-            attrs = dict(_ATTR.findall(m.group(1)))
-            story = m.group(2)
-            doc_id = attrs.get("NEWID")
-            if not doc_id:
-                raise DataError(f"{f}:{line}: <REUTERS> tag without NEWID; this is not an original "
-                                "Reuters-21578 file, restore it from the distribution")
-            if want_split is not None and attrs.get("LEWISSPLIT") != want_split:
-                filtered["other_split"] += 1
-                continue
-            body = _BODY.search(story)
-            if body is None:
-                filtered["no_body"] += 1
-                continue
-            tm = _TOPICS.search(story)
-            labels = _D.findall(tm.group(1)) if tm else []
-            if topics is None:
-                tt = _TITLE.search(story)
-                title = normalize_space(_clean(tt.group(1))) if tt else None
-                table.add(doc_id, _body_text(body.group(1)), title=title, where=f"{f}:{line} (NEWID {doc_id})")
-                continue
-            if not labels:
-                filtered["no_topic"] += 1
-                continue
-            if len(labels) > 1:
-                filtered["several_topics"] += 1
-                continue
-            if labels[0] not in keep:
-                filtered["other_topic"] += 1
-                continue
-            tt = _TITLE.search(story)
-            title = normalize_space(_clean(tt.group(1))) if tt else None
-            table.add(doc_id, _body_text(body.group(1)), title=title, label=labels[0],
-                      where=f"{f}:{line} (NEWID {doc_id})")
+    for where, doc_id, attrs, story in _stories(files):
+        n_stories += 1
+        reason, body, label = _verdict(attrs, story, topics, want_split)
+        if reason:
+            filtered[reason] += 1
+            continue
+        tt = _TITLE.search(story)
+        title = normalize_space(_clean(tt.group(1))) if tt else None
+        table.add(doc_id, _body_text(body), title=title, label=label, where=where)
     info = {
         "topics": None if topics is None else list(topics),
         "split": split,
@@ -151,3 +113,54 @@ def load_reuters(
         raise DataError(f"{folder}: no story kept for topic(s) {missing}; check the topic names "
                         f"(e.g. {list(R5_TOPICS)})")
     return corpus
+
+
+def _sgm_files(path: str | os.PathLike | None) -> tuple[Path, list[Path]]:
+    """The Reuters folder and its 22 ``reut2-*.sgm`` files in order; an incomplete copy is refused."""
+    folder = _require_dir(path or data_dir() / "reuters21578", "Reuters-21578",
+                          "pass path= the folder holding reut2-000.sgm .. reut2-021.sgm, or set GDR_DATA_DIR")
+    files = sorted(folder.glob("reut2-*.sgm"))
+    if len(files) != N_FILES:
+        raise FileNotFoundError(f"{folder}: found {len(files)} reut2-*.sgm files, expected {N_FILES}; "
+                                "point path= at a complete Reuters-21578 Distribution 1.0 copy")
+    return folder, files
+
+
+def _stories(files: Sequence[Path]) -> Iterator[tuple[str, str, dict[str, str], str]]:
+    """Every ``<REUTERS>`` story of ``files`` in order: ``(where, NEWID, tag attributes, inner SGML)``, where
+    ``where`` is ``"file:line (NEWID id)"`` for error messages."""
+    for f in files:
+        # latin-1 maps every byte, so decoding cannot fail
+        text = f.read_text(encoding="latin-1")
+        line, pos = 1, 0  # line number of `pos`, advanced incrementally for error messages
+        for m in _STORY.finditer(text):
+            line += text.count("\n", pos, m.start())
+            pos = m.start()
+            attrs = dict(_ATTR.findall(m.group(1)))
+            doc_id = attrs.get("NEWID")
+            if not doc_id:
+                raise DataError(f"{f}:{line}: <REUTERS> tag without NEWID; this is not an original "
+                                "Reuters-21578 file, restore it from the distribution")
+            yield f"{f}:{line} (NEWID {doc_id})", doc_id, attrs, m.group(2)
+
+
+def _verdict(attrs: dict[str, str], story: str, topics: tuple[str, ...] | None,
+             want_split: str | None) -> tuple[str | None, str, str | None]:
+    """Whether a story is kept: ``(reason it is left out or None, raw body, label)``; with ``topics=None``
+    every story with a body is kept, unlabelled."""
+    if want_split is not None and attrs.get("LEWISSPLIT") != want_split:
+        return "other_split", "", None
+    body = _BODY.search(story)
+    if body is None:
+        return "no_body", "", None
+    if topics is None:
+        return None, body.group(1), None
+    tm = _TOPICS.search(story)
+    labels = _D.findall(tm.group(1)) if tm else []
+    if not labels:
+        return "no_topic", "", None
+    if len(labels) > 1:
+        return "several_topics", "", None
+    if labels[0] not in topics:
+        return "other_topic", "", None
+    return None, body.group(1), labels[0]
