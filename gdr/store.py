@@ -39,13 +39,21 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from gdr.config import RerunCommand
 from gdr.device import local_device
-from tqdm.auto import tqdm
-
-from gdr.io import (atomic_write_json, bytes_digest, check_manifest_files, file_digest, hash_strings, read_jsonl,
-                    read_manifest, write_jsonl, write_manifest)
+from gdr.io import (
+    atomic_write_json,
+    bytes_digest,
+    check_manifest_files,
+    file_digest,
+    hash_strings,
+    read_jsonl,
+    read_manifest,
+    write_jsonl,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -564,7 +572,6 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     corpus's queries).
     """
     from gdr.lm.compiling import want_compile
-
     from gdr.lm.decode import SAMPLER_VERSION
 
     out = Path(out_dir)
