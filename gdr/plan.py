@@ -292,7 +292,7 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int) ->
     flops = passes * cost.train_flops_per_example(model, width)
     nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
     frac, src = rates.training_fraction(batch)
-    concurrent = _concurrent(t.get("concurrent") or 1, rc, batch, rates, n_ret)
+    concurrent = _concurrent(t.get("concurrent") or 1, rc, batch, rates, n_ret, gpus)
     agg = min(concurrent * frac, 1.0)
     limit = rates.limit(flops, nbytes)
     rate = agg * limit
@@ -318,9 +318,12 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int) ->
                      f"{src}) + warm-up {warm:.0f} s", low=low)
 
 
-def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int) -> int:
-    """``train.concurrent`` for ``n_ret`` retrievers: a number is kept (at most ``n_ret``); ``auto`` is 1 on the CPU
-    and on a GPU what :func:`training.concurrent.concurrent_for_memory` fits in the device's memory."""
+def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int) -> int:
+    """``train.concurrent`` for ``n_ret`` retrievers, as :func:`gdr.stages.train.retrievers_at_once` resolves it: 1
+    where each retriever trains data-parallel over several ``gpus``; a number is kept (at most ``n_ret``); ``auto``
+    is 1 on the CPU and on a GPU what :func:`training.concurrent.concurrent_for_memory` fits in its memory."""
+    if gpus > 1:
+        return 1
     if str(setting) != "auto":
         return max(1, min(int(setting), n_ret))
     if rates.device == "cpu":
@@ -331,22 +334,24 @@ def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int) -> int:
 def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str]:
     """(steps at the cap, steps at the earliest stop, what the earliest stop rests on) of one retriever: the cap is
     ``max_epochs`` (or ``max_steps``); the earliest stop is the first validation past both the floor
-    (:func:`training.stopping.effective_min_steps`) and the patience after the first validation (the best score
-    at the first check), so no run of these settings stops sooner."""
+    (:func:`training.stopping.effective_min_steps`) and the patience (``patience_steps`` turned into validations,
+    else ``patience`` validations) after the first validation (the best score at the first check), as
+    training.train sets up its early stopping: no run of these settings stops sooner."""
     epoch_steps = math.ceil(per_epoch / batch)
     max_steps = int(trainer.get("max_steps") or -1)
     cap = epoch_steps * int(trainer.max_epochs)
     cap = min(cap, max_steps) if max_steps > 0 else cap
-    patience = trainer.get("patience_steps")
-    if not patience:
-        return cap, cap, "no patience_steps: the cap"
     check = steps_per_check(per_epoch, batch, trainer.get("check_val_every_n_epoch"),
                             trainer.get("val_check_interval"))
+    patience = trainer.get("patience_steps")
+    checks = patience_checks(int(patience), check) if patience else int(trainer.get("patience") or 0)
+    if checks <= 0:
+        return cap, cap, "no early stopping: the cap"
     floor = effective_min_steps(int(trainer.get("min_steps") or 0), per_epoch, batch, int(trainer.max_epochs),
                                 max_steps)
-    checks = max(1 + patience_checks(int(patience), check), math.ceil(floor / check))
-    return cap, min(cap, math.ceil(checks * check)), (f"earliest stop: min_steps {floor}, patience {patience} steps, "
-                                                      f"validation every {check:g}")
+    first = max(1 + checks, math.ceil(floor / check))
+    return cap, min(cap, math.ceil(first * check)), (f"earliest stop: min_steps {floor}, patience {checks} "
+                                                     f"validations, one every {check:g} steps")
 
 
 def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int) -> int:

@@ -52,7 +52,7 @@ def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_
     assert twice["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 2)
     eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}
     assert eight["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 8)
-    assert eight["training"].seconds < one["training"].seconds
+    assert " 1 at once" in eight["training"].basis  # each retriever data-parallel over the 8 GPUs
     assert one["lm_load"].seconds == LM_LOAD_S and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
 
 
@@ -124,6 +124,10 @@ def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_
     assert all_.seconds - 1 == pytest.approx((one.seconds - 12) / 10)
     assert "100.0% of the limit" in all_.basis and "assumed: concurrent runs overlap" in two.basis
     assert "assumed: concurrent" not in one.basis
+    cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024", "train.concurrent=12"])
+    eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}["training"]
+    assert " 1 at once" in eight.basis  # each retriever data-parallel over the 8 GPUs, as the run resolves it
+    assert eight.seconds - 12 == pytest.approx((one.seconds - 12) / 8)
 
 
 def test_auto_concurrency_is_what_the_device_memory_holds(tmp_path, monkeypatch):
@@ -169,6 +173,8 @@ def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
     assert _train_steps(OmegaConf.create(bbc), 30037, 1024)[:2] == (900, 300)
     assert _train_steps(OmegaConf.create({**bbc, "min_steps": 0}), 30037, 1024)[:2] == (900, 250)  # 50 + 4 checks
     assert _train_steps(OmegaConf.create({**bbc, "patience_steps": None}), 30037, 1024)[:2] == (900, 900)
+    checks = dict(max_epochs=30, min_steps=0, patience=5, check_val_every_n_epoch=1, val_check_interval=None)
+    assert _train_steps(OmegaConf.create(checks), 30037, 1024)[:2] == (900, 180)  # 30-step epochs: 1 + 5 checks
     assert _train_steps(OmegaConf.create({**bbc, "max_steps": 200}), 30037, 1024)[:2] == (200, 200)
     st = _training(tmp_path, "train.concurrent=1")
     assert st.low - 12 == pytest.approx((st.seconds - 12) / 3)
