@@ -8,8 +8,15 @@ file named), plus the cold part those runs measured (model load, compilation war
 committed figure of its own takes the H200's fractions (a fraction of the limit carries over better than a rate),
 and says so. On a CPU the fractions are :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS` (scoring's measured on a 2-core
 CPU, the other steps taken to reach the same). Stages that do no model math (GC clustering and indexing, BM25) are
-estimated from their data sizes at the rates in :data:`HOST_RATES`. Every figure says what it rests on (``basis``).
-Sampling, doc-query generation and evaluation run in one process; scoring and training spread over ``gpus``.
+estimated from their data sizes at the rates in :data:`HOST_RATES`. Every figure says what it rests on (``basis``),
+and an assumption says it is one. Sampling, doc-query generation and evaluation run in one process; scoring and
+training spread over ``gpus``.
+
+Training is planned as the run trains: ``train.concurrent`` retrievers at once (``auto`` by the run's memory rule
+at the device's memory), their aggregate rate that many times one retriever's, up to the limit (assumed, not
+measured); under ``trainer.length_buckets`` each example at the mean padded width :data:`BUCKETED_PADDING` gives;
+from ``max_epochs`` (``seconds``, the first total) down to the earliest stop early stopping allows (``low``, the
+second total). A bundled GGUF LM loads by the fast conversion (:data:`LM_LOAD_S`).
 """
 from __future__ import annotations
 
@@ -25,8 +32,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from gdr import cost
+from gdr.models import BUNDLED
 from gdr.stages.train import model_config_from
+from training.concurrent import concurrent_for_memory
 from training.model import meta_retriever
+from training.stopping import effective_min_steps, patience_checks, steps_per_check
 from training.train import cuda_batch_size
 
 log = logging.getLogger(__name__)
@@ -60,7 +70,12 @@ CPU_COLD_S = {"lm_load": 5.0, "sampling": 1.0, "scoring": 1.0, "training": 2.0, 
 # Host work that is not model math: GC indexing took 147 s for the 138,457 x 4,096 entries of MS MARCO Lite's P
 # (reports/benchmarks.md: 2-core CPU, root n_init 5, inner 1) = 3.9e6 entries/s; BM25's rate is assumed
 HOST_RATES = {"cluster_entries_per_s": 3.9e6, "bm25_docs_per_s": 5.0e3}
-CONCURRENT_CAP = 0.5  # several retrievers on one device: their fractions add up to at most this (not measured)
+# Padded tokens per training example without and with trainer.length_buckets (reports/training-speed.md: 40.1 vs
+# 5.41 on a BBC-like mix of 77% short queries, measured on the CPU: a count of tokens, not a speed)
+BUCKETED_PADDING = 40.1 / 5.41
+# The fast GGUF conversion's cold start (reports/lm-cold-start.md: 8.0 CPU s, 4.0 of them imports, measured on the
+# 2-core development CPU; the GPU machine's CPU is not measured)
+LM_LOAD_S = 8.0
 
 
 def _rate(x: float) -> str:
@@ -69,12 +84,18 @@ def _rate(x: float) -> str:
 
 @dataclass
 class StagePlan:
-    """One stage: predicted ``seconds``, ``peak_bytes`` of device memory (None: host work) and its ``basis``."""
+    """One stage: predicted ``seconds``, ``peak_bytes`` of device memory (None: host work) and its ``basis``;
+    ``low``: the seconds if every early stop comes at its earliest (None: ``seconds``)."""
 
     name: str
     seconds: float
     peak_bytes: float | None
     basis: str
+    low: float | None = None
+
+    @property
+    def seconds_low(self) -> float:
+        return self.seconds if self.low is None else self.low
 
 
 def measured_figures(device: str, folder: Path = GPU_RUNS) -> dict[str, tuple[float, str]]:
@@ -228,7 +249,9 @@ def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int
     pairs = n_docs * n_queries
     peak = cost.weight_bytes(lm, 2) + batch * per_doc + tile
     return StagePlan("scoring", warm + pairs / gpus / rate, peak,
-                     f"{pairs:,} pairs at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + warm-up {warm:.0f} s")
+                     f"{pairs:,} pairs at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + warm-up {warm:.0f} s"
+                     + ("" if rates.device == "cpu" else " (measured; fewer graphs compile with the fixed shape "
+                        "buckets, not remeasured)"))
 
 
 def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates, gpus: int) -> list[StagePlan]:
@@ -243,27 +266,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     ex = t.examples
     per_epoch = (n_train * bool(ex.use_real) + n_docs * int(cfg.doc_queries.per_doc) * bool(ex.use_generated)
                  + n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0)))
-    batch = 64 if rates.device == "cpu" else _train_batch(t.trainer.batch_size, rc, rates, per_epoch)
-    params = sum(p.numel() for p in model.parameters())
-    passes = 2 if float(t.optim.get("consistency_weight") or 0) > 0 else 1  # R-drop: two forward passes
-    flops = passes * cost.train_flops_per_example(model, rc.max_query_len)
-    nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
-    frac, src = rates.training_fraction(batch)
-    concurrent = int(t.get("concurrent") or 1) if str(t.get("concurrent") or 1) != "auto" else 1
-    agg = min(concurrent * frac, max(CONCURRENT_CAP, frac))
-    rate = agg * rates.limit(flops, nbytes)
-    epochs = int(t.trainer.max_epochs)
-    max_steps = int(t.trainer.get("max_steps") or -1)  # -1: no cap; else training stops at this many steps
-    examples = n_ret * (min(epochs * per_epoch, max_steps * batch) if max_steps > 0 else epochs * per_epoch)
-    warm = rates.cold("training", "training_small30m_warmup_s") * math.ceil(n_ret / concurrent)
-    mem = concurrent * (batch * cost.train_memory_per_example(
-        cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
-        + cost.TRAIN_BYTES_PER_PARAM * params)
-    train = StagePlan("training", warm + examples / gpus / rate, mem,
-                      f"{n_ret} retrievers x {epochs} epochs (max_epochs: early stopping ends sooner) x {per_epoch:,} "
-                      + (f"(at most {max_steps} steps) " if max_steps > 0 else "")
-                      + f"examples at batch {batch}{', two passes each' if passes == 2 else ''}, {concurrent} at once: "
-                      f"{_rate(rate)} examples/s ({agg:.1%} of the limit, {src}) + warm-up {warm:.0f} s")
+    train = _training(t, model, n_ret, per_epoch, rates, gpus)
     beam = int(cfg.evaluate.beam)
     sbatch = 32 if rates.device == "cpu" else 1024
     flops = cost.search_flops_per_query(model, rc.max_query_len, beam)
@@ -278,6 +281,82 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
                        f"{queries:,} test queries at beam {beam}: {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + "
                        f"load {load:.0f} s + warm-up {warm:.0f} s per retriever")
     return [train, search]
+
+
+def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int) -> StagePlan:
+    """Training ``n_ret`` retrievers of ``per_epoch`` examples an epoch: ``train.concurrent`` at once (``auto`` as
+    the run resolves it for the device's memory), each example at its padded width (:data:`BUCKETED_PADDING`
+    under ``length_buckets``), for ``max_epochs`` (``seconds``) down to the earliest stop the early-stopping rule
+    allows (``low``)."""
+    rc = model.config
+    batch = 64 if rates.device == "cpu" else _train_batch(t.trainer.batch_size, rc, rates, per_epoch)
+    params = sum(p.numel() for p in model.parameters())
+    passes = 2 if float(t.optim.get("consistency_weight") or 0) > 0 else 1  # R-drop: two forward passes
+    buckets = bool(t.trainer.get("length_buckets"))
+    width = rc.max_query_len / BUCKETED_PADDING if buckets else rc.max_query_len
+    flops = passes * cost.train_flops_per_example(model, width)
+    nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
+    frac, src = rates.training_fraction(batch)
+    concurrent = _concurrent(t.get("concurrent") or 1, rc, batch, rates, n_ret, gpus)
+    agg = min(concurrent * frac, 1.0)
+    limit = rates.limit(flops, nbytes)
+    rate = agg * limit
+    steps, low_steps, stop = _train_steps(t.trainer, per_epoch, batch)
+    warm = rates.cold("training", "training_small30m_warmup_s") * math.ceil(n_ret / concurrent)
+    mem = concurrent * (batch * cost.train_memory_per_example(
+        cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
+        + cost.TRAIN_BYTES_PER_PARAM * params)
+    seconds = warm + n_ret * steps * batch / gpus / rate
+    low = warm + n_ret * low_steps * batch / gpus / rate
+    full = rates.limit(passes * cost.train_flops_per_example(model, rc.max_query_len), nbytes)
+    width_note = (f"length buckets: padded width {rc.max_query_len}/{BUCKETED_PADDING:.1f} = {width:.1f} tokens "
+                  f"(reports/training-speed.md), a limit {limit / full:.1f}x the full width's; assumed: the "
+                  f"measured fraction of the limit holds at that width" if buckets
+                  else f"padded to {rc.max_query_len} tokens")
+    together = (f"{concurrent} at once{' (auto: what the memory holds)' if str(t.get('concurrent')) == 'auto' else ''}"
+                + (f", {concurrent} x the single rate up to the limit: assumed: concurrent runs overlap their "
+                   f"host-bound steps; not measured yet" if concurrent > 1 else ""))
+    return StagePlan("training", seconds, mem,
+                     f"{n_ret} retrievers x {steps:,} steps ({t.trainer.max_epochs} epochs, the cap) down to "
+                     f"{low_steps:,} ({stop}) x batch {batch}{', two passes each' if passes == 2 else ''}; "
+                     f"{width_note}; {together}: {_rate(rate)} examples/s ({agg:.1%} of the limit; one: {frac:.1%}, "
+                     f"{src}) + warm-up {warm:.0f} s", low=low)
+
+
+def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int) -> int:
+    """``train.concurrent`` for ``n_ret`` retrievers, as :func:`gdr.stages.train.retrievers_at_once` resolves it: 1
+    where each retriever trains data-parallel over several ``gpus``; a number is kept (at most ``n_ret``); ``auto``
+    is 1 on the CPU and on a GPU what :func:`training.concurrent.concurrent_for_memory` fits in its memory."""
+    if gpus > 1:
+        return 1
+    if str(setting) != "auto":
+        return max(1, min(int(setting), n_ret))
+    if rates.device == "cpu":
+        return 1
+    return concurrent_for_memory(rc, batch, rates.peaks.memory or 16e9, n_ret)
+
+
+def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str]:
+    """(steps at the cap, steps at the earliest stop, what the earliest stop rests on) of one retriever: the cap is
+    ``max_epochs`` (or ``max_steps``); the earliest stop is the first validation past both the floor
+    (:func:`training.stopping.effective_min_steps`) and the patience (``patience_steps`` turned into validations,
+    else ``patience`` validations) after the first validation (the best score at the first check), as
+    training.train sets up its early stopping: no run of these settings stops sooner."""
+    epoch_steps = math.ceil(per_epoch / batch)
+    max_steps = int(trainer.get("max_steps") or -1)
+    cap = epoch_steps * int(trainer.max_epochs)
+    cap = min(cap, max_steps) if max_steps > 0 else cap
+    check = steps_per_check(per_epoch, batch, trainer.get("check_val_every_n_epoch"),
+                            trainer.get("val_check_interval"))
+    patience = trainer.get("patience_steps")
+    checks = patience_checks(int(patience), check) if patience else int(trainer.get("patience") or 0)
+    if checks <= 0:
+        return cap, cap, "no early stopping: the cap"
+    floor = effective_min_steps(int(trainer.get("min_steps") or 0), per_epoch, batch, int(trainer.max_epochs),
+                                max_steps)
+    first = max(1 + checks, math.ceil(floor / check))
+    return cap, min(cap, math.ceil(first * check)), (f"earliest stop: min_steps {floor}, patience {checks} "
+                                                     f"validations, one every {check:g} steps")
 
 
 def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int) -> int:
@@ -310,9 +389,7 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) 
     n_docs, n_train, n_test = _sizes(cfg)
     lm = _meta_lm(str(cfg.model.name))
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
-    load = rates.cold("lm_load", "sampling_load_s")
-    src = "CPU default" if device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
-    stages = [StagePlan("lm_load", load, cost.weight_bytes(lm, 4), f"the cold load a benchmark measured ({src})"),
+    stages = [_lm_load(str(cfg.model.name), lm, rates),
               _sampling("sampling", lm, J, int(cfg.sample.max_new_tokens), doc_tokens, rates),
               _scoring(lm, n_docs, J, int(cfg.sample.max_new_tokens), doc_tokens, rates, gpus)]
     passes = sum(1 for i in cfg.indexers if i == "gc") + (int(cfg.cluster.get("repeats", 1))
@@ -341,6 +418,19 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) 
 def _clustering_seconds(n_docs: int, n_queries: int, passes: int) -> float:
     """Host seconds of ``passes`` clusterings (GC indexing, flat clustering) over a P of ``n_docs`` x ``n_queries``."""
     return n_docs * n_queries * passes / HOST_RATES["cluster_entries_per_s"]
+
+
+def _lm_load(name: str, lm, rates: _Rates) -> StagePlan:
+    """The LM's cold load: a bundled GGUF LM by the fast conversion (:data:`LM_LOAD_S`), another by the cold load
+    the committed runs measured."""
+    measured = rates.cold("lm_load", "sampling_load_s")
+    src = "CPU default" if rates.device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
+    if rates.device == "cpu" or name not in BUNDLED:
+        return StagePlan("lm_load", measured, cost.weight_bytes(lm, 4), f"the cold load a benchmark measured ({src})")
+    return StagePlan("lm_load", LM_LOAD_S, cost.weight_bytes(lm, 4),
+                     f"the fast GGUF conversion: {LM_LOAD_S:.0f} CPU s measured on the 2-core development CPU "
+                     f"(reports/lm-cold-start.md), not on the GPU machine's; its cold load before it: "
+                     f"{measured:.1f} s ({src})")
 
 
 def _labelled(cfg) -> bool:
@@ -395,10 +485,13 @@ def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None
 
 
 def format_plan(stages: list[StagePlan], device: str, gpus: int) -> str:
-    """The plan as a table: stage, seconds, peak memory, basis; the total last."""
+    """The plan as a table: stage, seconds, peak memory, basis; the total at the epoch caps, then at the earliest
+    early stops."""
     lines = [f"gdr plan on {gpus} x {DEVICES[device]}:", f"{'stage':<20} {'seconds':>9} {'peak GB':>8}  basis"]
     for s in stages:
         mem = "-" if s.peak_bytes is None else f"{s.peak_bytes / 1e9:.1f}"
         lines.append(f"{s.name:<20} {s.seconds:>9.1f} {mem:>8}  {s.basis}")
-    lines.append(f"{'total':<20} {sum(s.seconds for s in stages):>9.1f}")
+    lines.append(f"{'total':<20} {sum(s.seconds for s in stages):>9.1f}  every retriever to its epoch cap")
+    lines.append(f"{'total, early stop':<20} {sum(s.seconds_low for s in stages):>9.1f}  every retriever stopped at "
+                 f"the earliest its early stopping allows")
     return "\n".join(lines)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from gdr import cost
 from gdr.config import load_config
-from gdr.plan import DEVICES, StagePlan, _meta_lm, format_plan, measured_figures, plan_run, predict
+from gdr.plan import DEVICES, LM_LOAD_S, StagePlan, _meta_lm, format_plan, measured_figures, plan_run, predict
+from training.concurrent import concurrent_for_memory
 
 STAGES = ["lm_load", "sampling", "scoring", "clustering_indexing", "doc_queries", "training", "evaluation", "bm25"]
 
@@ -50,8 +52,8 @@ def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_
     assert twice["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 2)
     eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}
     assert eight["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 8)
-    assert eight["training"].seconds < one["training"].seconds
-    assert one["lm_load"].seconds == 30.0 and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
+    assert " 1 at once" in eight["training"].basis  # each retriever data-parallel over the 8 GPUs
+    assert one["lm_load"].seconds == LM_LOAD_S and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
 
 
 def test_a_device_without_figures_takes_the_h200_fractions_and_says_so(tmp_path):
@@ -94,6 +96,105 @@ def test_plan_refuses_what_it_cannot_plan(capsys):
     assert set(DEVICES) == {"h200", "h100", "a100", "cpu"}
 
 
-def test_format_plan_lists_the_stages_and_the_total():
-    text = format_plan([StagePlan("a", 1.5, 2e9, "x"), StagePlan("b", 2.0, None, "y")], "h100", 8)
-    assert text.splitlines()[0] == "gdr plan on 8 x H100:" and "2.0" in text and text.endswith("3.5")
+def test_format_plan_lists_the_stages_and_both_totals():
+    text = format_plan([StagePlan("a", 1.5, 2e9, "x"), StagePlan("b", 2.0, None, "y", low=1.0)], "h100", 8)
+    lines = text.splitlines()
+    assert lines[0] == "gdr plan on 8 x H100:" and "2.0" in text
+    assert lines[-2].split()[:2] == ["total", "3.5"] and lines[-1].split()[:4] == ["total,", "early", "stop", "2.5"]
+
+
+def _training(tmp_path, *overrides: str, device: str = "h200") -> StagePlan:
+    cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024", *overrides])
+    return {s.name: s for s in plan_run(cfg, device, 1, _runs(tmp_path, 0.2))}["training"]
+
+
+def test_the_bbc_plan_trains_the_four_schemes_three_seeds_each(tmp_path):
+    cfg = load_config("run", ["+experiment=bbc"])
+    assert list(cfg.indexers) == ["gc", "hkmi", "bmi", "random"]
+    assert _training(tmp_path).basis.startswith("12 retrievers x 900 steps (30 epochs, the cap) down to 300 ")
+
+
+def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_is_assumed(tmp_path):
+    """The fixture's single retriever reaches 10% of the limit with a 1 s warm-up: 2 at once halve the compute
+    part and the warm-ups; 12 at once reach 120%, capped at the limit: a tenth of the compute part."""
+    one = _training(tmp_path, "train.concurrent=1")
+    two = _training(tmp_path, "train.concurrent=2")
+    all_ = _training(tmp_path, "train.concurrent=12")
+    assert two.seconds - 6 == pytest.approx((one.seconds - 12) / 2)
+    assert all_.seconds - 1 == pytest.approx((one.seconds - 12) / 10)
+    assert "100.0% of the limit" in all_.basis and "assumed: concurrent runs overlap" in two.basis
+    assert "assumed: concurrent" not in one.basis
+    cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024", "train.concurrent=12"])
+    eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}["training"]
+    assert " 1 at once" in eight.basis  # each retriever data-parallel over the 8 GPUs, as the run resolves it
+    assert eight.seconds - 12 == pytest.approx((one.seconds - 12) / 8)
+
+
+def test_auto_concurrency_is_what_the_device_memory_holds(tmp_path, monkeypatch):
+    """``train.concurrent: auto`` (bbc.yaml's) takes the run's rule, training.concurrent.concurrent_for_memory, at
+    the device's memory: more retrievers at once on an H200 than on an H100, each with its own memory."""
+    import gdr.plan
+
+    asked = []
+
+    def rule(config, batch, free, n_jobs):
+        asked.append((batch, free, n_jobs))
+        return concurrent_for_memory(config, batch, free, n_jobs)
+
+    monkeypatch.setattr(gdr.plan, "concurrent_for_memory", rule)
+    assert load_config("run", ["+experiment=bbc"]).train.concurrent == "auto"
+    h200, h100 = _training(tmp_path, device="h200"), _training(tmp_path, device="h100")
+    assert [(b, n) for b, _, n in asked] == [(1024, 12), (1024, 12)]
+    assert asked[0][1] == cost.device_peaks("H200").memory and asked[1][1] == cost.device_peaks("H100").memory
+    n200, n100 = (int(re.search(r"(\d+) at once \(auto", s.basis).group(1)) for s in (h200, h100))
+    assert n200 > n100 >= 1
+    assert h200.peak_bytes / n200 == pytest.approx(h100.peak_bytes / n100)
+
+
+def test_length_buckets_move_training_time_only_as_far_as_the_limit_moves(tmp_path, monkeypatch):
+    import gdr.plan
+
+    full = _training(tmp_path, "train.concurrent=1", "train.trainer.length_buckets=false")
+    short = _training(tmp_path, "train.concurrent=1")
+    ratio = (full.seconds - 12) / (short.seconds - 12)
+    assert 1.5 < ratio < gdr.plan.BUCKETED_PADDING  # the decoder's docid positions do not shrink
+    assert f"a limit {ratio:.1f}x the full width's" in short.basis and "assumed: the measured fraction" in short.basis
+    monkeypatch.setattr(gdr.plan, "BUCKETED_PADDING", 1.0)
+    assert _training(tmp_path, "train.concurrent=1").seconds == pytest.approx(full.seconds)
+
+
+def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
+    from omegaconf import OmegaConf
+
+    from gdr.plan import _train_steps
+
+    bbc = dict(max_epochs=30, min_steps=300, patience_steps=200, val_check_interval=50,
+               check_val_every_n_epoch=None)
+    assert _train_steps(OmegaConf.create(bbc), 30037, 1024)[:2] == (900, 300)
+    assert _train_steps(OmegaConf.create({**bbc, "min_steps": 0}), 30037, 1024)[:2] == (900, 250)  # 50 + 4 checks
+    assert _train_steps(OmegaConf.create({**bbc, "patience_steps": None}), 30037, 1024)[:2] == (900, 900)
+    checks = dict(max_epochs=30, min_steps=0, patience=5, check_val_every_n_epoch=1, val_check_interval=None)
+    assert _train_steps(OmegaConf.create(checks), 30037, 1024)[:2] == (900, 180)  # 30-step epochs: 1 + 5 checks
+    assert _train_steps(OmegaConf.create({**bbc, "max_steps": 200}), 30037, 1024)[:2] == (200, 200)
+    st = _training(tmp_path, "train.concurrent=1")
+    assert st.low - 12 == pytest.approx((st.seconds - 12) / 3)
+
+
+def test_the_bundled_gguf_lm_loads_by_the_fast_conversion(tmp_path):
+    cfg = load_config("run", ["+experiment=bbc"])
+    st = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}
+    assert st["lm_load"].seconds == LM_LOAD_S and "reports/lm-cold-start.md" in st["lm_load"].basis
+    assert "30.0 s (2026-01-01-h200-chain.json)" in st["lm_load"].basis
+    t5 = load_config("run", ["+experiment=msmarco-lite"])
+    assert {s.name: s for s in plan_run(t5, "h200", 1, _runs(tmp_path, 0.2))}["lm_load"].seconds == 30.0
+
+
+def test_the_plan_prints_both_totals(capsys):
+    from gdr.cli import main
+
+    assert main(["plan", "+experiment=bbc", "device=h100"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert out[-3].startswith("total ") and out[-2].startswith("total, early stop")
+    assert summary["seconds_early_stop"] < summary["seconds"]
+    assert f"{summary['seconds_early_stop']:.1f}" in out[-2]

@@ -32,6 +32,7 @@ def plan_main(argv: list[str]) -> int:
     stages = plan_run(cfg, device, gpus)
     print(format_plan(stages, device, gpus))
     print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
+                      "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
     return 0
