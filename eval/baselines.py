@@ -172,7 +172,7 @@ def run_baselines(texts: Sequence[str] | None, logp: np.ndarray | None, k: int, 
         x = _check_x(x, name)
         t0 = time.perf_counter()
         if y_true is not None:
-            rep = repeated_best_of(lambda s: _kmeans_once(x, k, s, max_iter, init)[:2], y_true,
+            rep = repeated_best_of(lambda s, x=x: _kmeans_once(x, k, s, max_iter, init)[:2], y_true,
                                    n_repeats=repeats, n_init=n_init, seed=seed, progress=progress)
             res = BaselineResult(name=name, labels=rep.labels, objective=float(rep.distortions[0, rep.selected[0]]),
                                  dim=x.shape[1], seconds=0.0, mean=rep.mean, std=rep.std)

@@ -54,7 +54,8 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
         gc = GenerativeClustering(n_clusters, alpha=v["alpha"], clip_sigma=v["clip_sigma"], phi=v["phi"],
                                   init=init, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed,
                                   device=device, ess_target=ess).fit(logp)
-        res = {"kind": "gc", "settings": {**v, "alpha_used": gc.alpha_}, "labels": gc.labels_.tolist(), "distortion": float(gc.distortion_),
+        res = {"kind": "gc", "settings": {**v, "alpha_used": gc.alpha_}, "labels": gc.labels_.tolist(),
+               "distortion": float(gc.distortion_),
                "n_iter": int(gc.n_iter_), "distortion_history": [float(d) for d in gc.distortion_history_],
                # what sets a cluster apart: lift of its centroid over the mean centroid of all clusters
                # (ranking by c_k alone, or by c_k / phi, lists the same generic queries for every cluster)

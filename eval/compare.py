@@ -174,8 +174,9 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
     for c in comparisons:
         c = c.to_dict() if isinstance(c, Comparison) else c
         lo, hi = c["ci95"]
-        lines.append(f"| {c['a']} | {c['b']} | {metric_name(c['metric'])} | {c['n_queries']} | {c.get('n_seeds_a', 1)} / "
-                     f"{c.get('n_seeds_b', 1)} | {c['diff']:+.1f} | [{lo:+.1f}, {hi:+.1f}] | {c['p_value']:.3g} |")
+        lines.append(f"| {c['a']} | {c['b']} | {metric_name(c['metric'])} | {c['n_queries']} | "
+                     f"{c.get('n_seeds_a', 1)} / {c.get('n_seeds_b', 1)} | {c['diff']:+.1f} | "
+                     f"[{lo:+.1f}, {hi:+.1f}] | {c['p_value']:.3g} |")
     return lines
 
 

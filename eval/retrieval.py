@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "Run", "RetrievalMetrics", "first_relevant_rank", "relevant_found", "metrics_from_ranks", "per_query_metrics",
-    "evaluate_run", "write_trec_run", "write_qrels", "read_trec_run", "markdown_table", "write_per_query", "read_per_query",
+    "evaluate_run", "write_trec_run", "write_qrels", "read_trec_run", "markdown_table", "write_per_query",
+    "read_per_query",
 ]
 
 
@@ -89,7 +90,8 @@ class RetrievalMetrics:
         return out
 
 
-def first_relevant_rank(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.ndarray, rel_doc: np.ndarray) -> np.ndarray:
+def first_relevant_rank(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.ndarray,
+                        rel_doc: np.ndarray) -> np.ndarray:
     """Rank of the first relevant result of each query; 0 if none.
 
     Parameters
@@ -125,7 +127,8 @@ def relevant_found(doc_idx: np.ndarray, ranks: np.ndarray, rel_query: np.ndarray
     return found / np.maximum(n_rel, 1)[:, None]
 
 
-def metrics_from_ranks(first_rank: np.ndarray, ks: Sequence[int] = (1, 10, 100), mrr_depth: int = 100) -> RetrievalMetrics:
+def metrics_from_ranks(first_rank: np.ndarray, ks: Sequence[int] = (1, 10, 100),
+                       mrr_depth: int = 100) -> RetrievalMetrics:
     """Recall@k and MRR@mrr_depth from first-relevant ranks of shape (n_queries,) (0 = not found)."""
     n = len(first_rank)
     if n == 0:

@@ -603,7 +603,7 @@ def _lloyd_from(p: _Prepared, log_c64: torch.Tensor, max_iter: int, tol: float) 
     prev = math.inf
     converged = False
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - read after the loop: the number of iterations run
         s = p.v @ log_c64.to(p.v.dtype).T                                 # (N, K) = V @ log c^T
         s_best, new = s.max(dim=1)                                        # argmin_k d = argmax_k V.log c_k
         counts = torch.bincount(new, minlength=k)

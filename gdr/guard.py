@@ -63,7 +63,8 @@ class FolderBusy(OutputError):
 
 
 def launched_rank() -> int:
-    """This process's rank in a launcher's job (``torchrun``, Lightning ``ddp``): ``RANK``, else ``LOCAL_RANK``, else 0."""
+    """This process's rank in a launcher's job (``torchrun``, Lightning ``ddp``): ``RANK``, else ``LOCAL_RANK``,
+    else 0."""
     for var in ("RANK", "LOCAL_RANK"):
         v = os.environ.get(var)
         if v is not None and v.strip().lstrip("-").isdigit():

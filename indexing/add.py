@@ -95,8 +95,8 @@ class _Placer:
         st, path = self.st, ()
         if path in st.leaves:
             if not self.has_room(path):
-                raise ValueError(f"the index is full: its root is a leaf with K = {self.K} documents and existing codes "
-                                 "never change; rebuild the index over all documents")
+                raise ValueError(f"the index is full: its root is a leaf with K = {self.K} documents and existing "
+                                 "codes never change; rebuild the index over all documents")
             return self.take(path)
         while True:
             node = st.nodes[path]
@@ -104,8 +104,8 @@ class _Placer:
             child = next((path + (int(k),) for k in order if self.has_room(path + (int(k),))), None)
             if child is None:
                 if node.n_children >= self.K:
-                    raise ValueError(f"the index is full below node {format_code(path) or 'root'} (every leaf holds K = "
-                                     f"{self.K} documents); rebuild the index over all documents")
+                    raise ValueError(f"the index is full below node {format_code(path) or 'root'} (every leaf "
+                                     f"holds K = {self.K} documents); rebuild the index over all documents")
                 _, lw = _node_weights(x, node, st.alpha)
                 c = lw[0].astype(np.float64)
                 node.log_centroids = np.vstack([node.log_centroids, (c - logsumexp(c))[None].astype(np.float32)])

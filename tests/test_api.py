@@ -24,7 +24,7 @@ def test_import_is_cheap_and_every_export_resolves():
         assert getattr(gdr, name) is not None, name
     assert gdr.GenerativeClustering.__name__ == "GenerativeClustering" and "score" in dir(gdr)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        gdr.nope
+        _ = gdr.nope
     assert gdr.stages.settings.SampleSettings is gdr.SampleSettings  # submodules load on access too
 
 

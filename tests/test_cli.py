@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from eval.cluster_report import cluster_corpus, restrict, results_table
@@ -28,7 +29,7 @@ def test_config_composition_and_overrides(tmp_path):
     assert cfg.score.shard_size > 0 and cfg.sample.n_queries == 64
     path = save_config(cfg, tmp_path)
     assert "alpha: 1.0" in path.read_text()
-    with pytest.raises(Exception):
+    with pytest.raises(MissingConfigException, match="data/does-not-exist"):
         load_config("cluster", ["data=does-not-exist"])
 
 

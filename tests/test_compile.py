@@ -172,7 +172,7 @@ def test_a_backend_that_fails_on_the_second_shape_decodes_that_shape_eagerly(tmp
         return run_then_fail
 
     lm = tiny_llama()
-    dec = _counting(lm, flaky)
+    _counting(lm, flaky)  # the backend of lm's own decoder, the one sample_run decodes with
     eager_lm = tiny_llama()
     with caplog.at_level(logging.WARNING, logger="gdr.lm.decode"):
         for n in (21, 13, 5):  # batches of 16 + 5, then 13 (the 16 bucket), then 5 (the failed 8 bucket)

@@ -268,12 +268,15 @@ GOOD_DOC = '{"_id": "d1", "title": "T", "text": "some text"}\n'
 @pytest.mark.parametrize(
     "corpus, pattern",
     [
-        (GOOD_DOC + '{"_id": "d1", "text": "again"}\n', r"corpus\.jsonl:2: duplicate doc_id 'd1' \(first seen at .*corpus\.jsonl:1\)"),
-        (GOOD_DOC + '{"_id": "d2", "title": "", "text": "  "}\n', r"corpus\.jsonl:2: document 'd2' has empty text.*on_empty='drop'"),
+        (GOOD_DOC + '{"_id": "d1", "text": "again"}\n',
+         r"corpus\.jsonl:2: duplicate doc_id 'd1' \(first seen at .*corpus\.jsonl:1\)"),
+        (GOOD_DOC + '{"_id": "d2", "title": "", "text": "  "}\n',
+         r"corpus\.jsonl:2: document 'd2' has empty text.*on_empty='drop'"),
         (GOOD_DOC + '{"_id": "d2", "text": "x"\n', r"corpus\.jsonl:2: not valid JSON .*fix or delete that line"),
         (GOOD_DOC + '{"title": "no id", "text": "x"}\n', r"corpus\.jsonl:2: record has no '_id'"),
         (GOOD_DOC + '{"_id": "d2"}\n', r"corpus\.jsonl:2: document 'd2' has no 'text' field"),
-        (GOOD_DOC.encode() + b'{"_id": "d2", "text": "caf\xe9"}\n', r"corpus\.jsonl:2: byte b'\\xe9' at column 27 is not valid utf-8; re-encode"),
+        (GOOD_DOC.encode() + b'{"_id": "d2", "text": "caf\xe9"}\n',
+         r"corpus\.jsonl:2: byte b'\\xe9' at column 27 is not valid utf-8; re-encode"),
     ],
     ids=["duplicate-id", "empty-text", "bad-json", "no-id", "no-text", "undecodable"],
 )
@@ -296,9 +299,11 @@ def test_beir_on_empty_options(tmp_path):
         (None, "query-id\tcorpus-id\tscore\nq1\td9\t1\n", r"qrels/test\.tsv:2: corpus-id 'd9' is not in the corpus"),
         (None, "query-id\tcorpus-id\tscore\nq7\td1\t1\n", r"qrels/test\.tsv:2: query-id 'q7' is not in queries\.jsonl"),
         (None, "query-id\tcorpus-id\tscore\nq1\td1\n", r"qrels/test\.tsv:2: expected 3 tab-separated columns"),
-        (None, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1\t2\n", r"test\.tsv:3: query 'q1' and doc 'd1' were already judged on line 2"),
+        (None, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1\t2\n",
+         r"test\.tsv:3: query 'q1' and doc 'd1' were already judged on line 2"),
         (None, "q1\td1\tscore\n", r"test\.tsv:1: score 'score' is not a number \(the first line must be the header"),
-        ('{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n', None, r"queries\.jsonl:2: duplicate query _id 'q1' \(first on line 1\)"),
+        ('{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n', None,
+         r"queries\.jsonl:2: duplicate query _id 'q1' \(first on line 1\)"),
         ('{"_id": "q1", "text": ""}\n', None, r"queries\.jsonl:1: query 'q1' has empty text"),
     ],
     ids=["unknown-doc", "unknown-query", "columns", "double-judgement", "bad-header", "duplicate-query", "empty-query"],
@@ -466,7 +471,8 @@ def test_cranfield_duplicate_doc_and_missing_file(tmp_path):
     folder = _mini_cranfield(tmp_path / "c", "1 1 2\n2 2 1\n")
     with open(folder / "cran.all.1400", "a") as f:
         f.write(".I 2\n.T\ndup\n.A\n.B\n.W\nagain .\n")
-    with pytest.raises(DataError, match=r"cran\.all\.1400:18: duplicate doc_id '2' \(first seen at .*cran\.all\.1400:11\)"):
+    with pytest.raises(DataError,
+                       match=r"cran\.all\.1400:18: duplicate doc_id '2' \(first seen at .*cran\.all\.1400:11\)"):
         load_corpus("cranfield", path=folder)
     (folder / "cran.all.1400").unlink()
     with pytest.raises(FileNotFoundError, match=r"cran\.all\.1400: Cranfield documents does not exist; pass path="):

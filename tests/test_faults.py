@@ -353,7 +353,8 @@ def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished
     kept = json.loads((out / "report.json").read_text())
     assert kept["in_progress"]["command"].startswith("gdr run ") and kept["retrieval"]
     assert (out / "report.md").read_text().startswith("> **In progress since")
-    (train,) = [p for p in out.glob("train-gc-s0-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
+    (train,) = [p for p in out.glob("train-gc-s0-*")
+                if json.loads((p / "stage.json").read_text())["status"] == "running"]
     last = train / "checkpoints" / "last.ckpt"
     saved = re.search(rf"stopping on SIGTERM: resume point {re.escape(str(last))} \(step (\d+)\)", err)
     assert saved, err[-2000:]

@@ -219,7 +219,8 @@ def test_the_advised_rescore_command_works_as_printed(toy, tmp_path, capsys):
     capsys.readouterr()
     data = (out / "P.npy").read_bytes()
     (out / "P.npy").write_bytes(data[: len(data) // 2])
-    index = ["index", "method=gc", f"run={out}", f"out={tmp_path / 'idx'}", "n_clusters=4", "leaf_size=4", "gc.n_init=1"]
+    index = ["index", "method=gc", f"run={out}", f"out={tmp_path / 'idx'}", "n_clusters=4", "leaf_size=4",
+             "gc.n_init=1"]
     line = error_of(capsys, index)
     cmd = re.search(r"run `(gdr score [^`]+)`", line)
     assert cmd, line

@@ -254,7 +254,8 @@ def test_switches_and_streamed_root(planted, tmp_path):
     h, x = planted
     path = write_planted_npy(tmp_path / "P.npy", h)  # float16 on disk, read with explicit reads
     pm = PMatrix(path, n_cols=128)                   # J: first 128 columns only
-    opts = GCOptions(**{**FAST, "n_init": 10}, memory_mb=2.0, chunk_rows=128, localized=False, bootstrap=False, clip_sigma=None)
+    opts = GCOptions(**{**FAST, "n_init": 10}, memory_mb=2.0, chunk_rows=128, localized=False, bootstrap=False,
+                     clip_sigma=None)
     tree = build_gc_index(pm, n_clusters=5, leaf_size=5, options=opts, progress=False)
     check_prefix_code(tree.codes, 5)
     root = tree.nodes[0]

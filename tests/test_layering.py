@@ -1,5 +1,6 @@
 """gdr's layers: the core (rules, data, lm, store, cluster, io, config, models, embed, cost) imports no stage built on
-it, gdr.rules and gdr.lm import nothing above them, and no module of gdr, training, indexing or eval imports in a loop."""
+it, gdr.rules and gdr.lm import nothing above them, and no module of gdr, training, indexing or eval imports in a
+loop."""
 from __future__ import annotations
 
 import ast

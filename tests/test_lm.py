@@ -88,7 +88,7 @@ def test_clean_query():
 
 def test_chat_prompt_contains_shots_and_doc(llama):
     (text,) = llama.prompt_texts(["stocks fell"])
-    for doc, query in llama.prompt.shots:
+    for _doc, query in llama.prompt.shots:
         assert query in text
     assert text.rstrip().endswith("[assistant]")
     assert "Document: stocks fell" in text
@@ -128,7 +128,7 @@ def test_low_precision_copies_keep_rotary_fp32(llama):
         assert bufs == dict.fromkeys(["model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"],
                                      torch.float32), name
         for got, want in zip(_rotary_at(m, pos), ref):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=lambda s: f"{name} copy: {s}")
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=lambda s, name=name: f"{name} copy: {s}")
     assert next(llama.model.parameters()).dtype == torch.float32  # the model itself is not cast
 
 

@@ -140,7 +140,8 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
         rc = 130
     assert rc != 0
     monkeypatch.setattr(train_stage, "train_retriever", real)
-    killed = [p for p in out.glob("train-hkmi-s1-*") if json.loads((p / "stage.json").read_text())["status"] == "running"]
+    killed = [p for p in out.glob("train-hkmi-s1-*")
+              if json.loads((p / "stage.json").read_text())["status"] == "running"]
     assert len(killed) == 1
     assert main(_args(root, folder, out, "seeds=[1]")) == 0
     capsys.readouterr()

@@ -11,8 +11,8 @@ from gdr.lm import GENERATOR_FILE, GenerativeLM, PromptConfig
 from tests.tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
 from training.qg import QGModule, QGOptions, QGPairs, _collate, fine_tune_qg, freeze_below, split_pairs
 
-FAST = dict(max_epochs=100, batch_size=4, eval_batch_size=4, warmup_steps=0, enable_progress_bar=False, accelerator="cpu",
-            devices=1, log_every_n_steps=1, checkpoint_every_n_steps=1)
+FAST = dict(max_epochs=100, batch_size=4, eval_batch_size=4, warmup_steps=0, enable_progress_bar=False,
+            accelerator="cpu", devices=1, log_every_n_steps=1, checkpoint_every_n_steps=1)
 
 
 def _pairs(n_copies: int = 4) -> QGPairs:
@@ -175,8 +175,8 @@ def test_gdr_qg_command_end_to_end(tmp_path, capsys):
                              for c in range(3) for i, (d, q) in enumerate(zip(DOCS, QUERIES))))
     out = tmp_path / "out"
     rc = main(["qg", f"qg.pairs={pairs}", f"model.name={base}", "model.max_doc_tokens=24", f"out={out}",
-               "qg.train.max_steps=2", "qg.train.max_epochs=5", "qg.train.batch_size=4", "qg.dev_fraction=0.3", "device=cpu",
-               "progress=false", "qg.train.accelerator=cpu", "qg.lowercase=true"])
+               "qg.train.max_steps=2", "qg.train.max_epochs=5", "qg.train.batch_size=4", "qg.dev_fraction=0.3",
+               "device=cpu", "progress=false", "qg.train.accelerator=cpu", "qg.lowercase=true"])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["global_step"] == 2 and last["n_dev"] > 0

@@ -348,7 +348,8 @@ def test_shared_docid_returns_every_document(word_tokenizer):
     model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=2, L=2)).eval()
     from transformers import AutoTokenizer
 
-    r = Retriever(model, AutoTokenizer.from_pretrained(word_tokenizer), trie, ["a", "b", "c", "d"], device="cpu", beam=10)
+    r = Retriever(model, AutoTokenizer.from_pretrained(word_tokenizer), trie, ["a", "b", "c", "d"], device="cpu",
+                  beam=10)
     res = r.search(["apple river", "stone"], k=3)  # 3 docids = 4 documents
     for row in res:
         ids = [d for d, _ in row]
@@ -500,11 +501,12 @@ def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_
 
 # ----------------------------------------------------------------------------- training
 
-def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(), ckpt_every=None,
-           batch_size=20, **optim):
+def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, resume=False, callbacks=(),
+           ckpt_every=None, batch_size=20, **optim):
     cfg = tiny_config(tok, dropout=dropout)
     return train(
-        out, cfg, doc_ids, codes, doc_texts=None, train_queries=texts * 4, train_rel=[[i] for i in range(len(texts))] * 4,
+        out, cfg, doc_ids, codes, doc_texts=None, train_queries=texts * 4,
+        train_rel=[[i] for i in range(len(texts))] * 4,
         examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
         optim=OptimOptions(**{"lr_encoder": 3e-3, "lr_decoder": 3e-3, "warmup_steps": 5, "weight_decay": 0.0, **optim}),
         trainer_opts=TrainerOptions(max_epochs=epochs, max_steps=steps, batch_size=batch_size,
@@ -618,7 +620,8 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
     write_docids(tmp_path / "docids.tsv", doc_ids, codes)
     run = tmp_path / "run"
     common = [f"data.name={folder}"]
-    assert main(["train", *common, f"model.tokenizer={word_tokenizer}", f"docids={tmp_path / 'docids.tsv'}", f"out_dir={run}", "model.size=tiny",
+    assert main(["train", *common, f"model.tokenizer={word_tokenizer}", f"docids={tmp_path / 'docids.tsv'}",
+                 f"out_dir={run}", "model.size=tiny",
                  "model.dropout=0.0", "optim.lr_encoder=3e-3", "optim.lr_decoder=3e-3", "optim.warmup_steps=5",
                  "trainer.max_steps=40", "trainer.max_epochs=1000", "trainer.batch_size=16",
                  "trainer.enable_progress_bar=false", "trainer.tensorboard=false", "trainer.val_beam=5",

@@ -44,9 +44,10 @@ def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: 
     """How many retrievers training at ``batch_size`` fit in ``free_bytes`` at once (at least 1, at most ``n_jobs``).
 
     Each needs its CUDA context and what the batch rule plans for it (:func:`training.train.train_batch_for_memory`):
-    :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the activations of ``batch_size``
-    examples, within 60% of the memory left to it. So the last one to start still finds the memory its batch was
-    sized for, and a retriever trained beside others gets the batch it would get alone."""
+    :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the
+    activations of ``batch_size`` examples, within 60% of the memory left to it. So the last one to start still
+    finds the memory its batch was sized for, and a retriever trained beside others gets the batch it would get
+    alone."""
     fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
     need = CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config)) / 0.6
     return int(max(1, min(n_jobs, free_bytes // need)))

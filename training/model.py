@@ -415,7 +415,8 @@ class GenerativeRetriever(nn.Module):
         """Relative position bias of query position ``t`` over keys 0..t: (1, H, 1, t + 1) (T5's compute_bias)."""
         attn = self.decoder.block[0].layer[0].SelfAttention
         rel = torch.arange(t + 1, device=device) - t  # memory position - query position
-        bucket = attn._relative_position_bucket(rel, bidirectional=False, num_buckets=attn.relative_attention_num_buckets,
+        bucket = attn._relative_position_bucket(rel, bidirectional=False,
+                                                num_buckets=attn.relative_attention_num_buckets,
                                                 max_distance=attn.relative_attention_max_distance)
         return attn.relative_attention_bias(bucket).t().contiguous()[None, :, None, :]
 

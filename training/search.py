@@ -136,7 +136,8 @@ def _beam_kernel(model, input_ids, attention_mask, trie, beam, k, length_penalty
     return BeamOutput(out_nodes, best)
 
 
-def expand_nodes(trie: DocidTrie, nodes: np.ndarray, scores: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def expand_nodes(trie: DocidTrie, nodes: np.ndarray,
+                 scores: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Expand terminal nodes (n_q, k) to documents; a docid shared by several documents yields all.
 
     Returns per query: document indices, scores and docid ranks (1-based; documents sharing a docid

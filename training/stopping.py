@@ -23,7 +23,9 @@ def steps_per_check(n_train: int, batch_size: int, check_val_every_n_epoch: int 
     """Optimiser steps between two validations for Lightning's validation settings."""
     per_epoch = max(1, math.ceil(n_train / (batch_size * max(1, world_size))))
     if isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool):
-        return float(val_check_interval) if check_val_every_n_epoch is None else float(min(val_check_interval, per_epoch))
+        if check_val_every_n_epoch is None:
+            return float(val_check_interval)
+        return float(min(val_check_interval, per_epoch))
     frac = 1.0 if val_check_interval is None else float(val_check_interval)
     return per_epoch * (frac if check_val_every_n_epoch is None else frac * check_val_every_n_epoch)
 

@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-iter", type=int, default=100)
     ap.add_argument("--alpha", type=float, default=0.25)
     ap.add_argument("--init", type=_parse_strategy, default=("greedy-k-means++", None),
-                    help="strategy of the main fit: an init of %s, optionally :sm or :nosm (default: the "
-                         "library default, greedy-k-means++ with split/merge moves)" % (gcmod._INITS,))
+                    help=f"strategy of the main fit: an init of {gcmod._INITS}, optionally :sm or :nosm (default: the "
+                         "library default, greedy-k-means++ with split/merge moves)")
     ap.add_argument("--compare", default="random",
                     help="comma-separated strategies fitted after the main one for a side-by-side table "
                          "(default: random, the old default; 'none': no comparison)")

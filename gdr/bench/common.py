@@ -42,7 +42,7 @@ def cpu_peaks(n: int = 1024, copy_mib: int = 64, repeats: int = 5) -> cost.Devic
     flops = []
     for dtype in (torch.float32, torch.bfloat16):
         a = torch.randn(n, n).to(dtype)
-        flops.append(2.0 * n ** 3 / best(lambda: a @ a))
+        flops.append(2.0 * n ** 3 / best(lambda a=a: a @ a))
     src = torch.ones(copy_mib * 2 ** 18)  # fp32: 4 bytes each
     dst = torch.empty_like(src)
     return cost.DevicePeaks("cpu", max(flops), 2.0 * src.numel() * 4 / best(lambda: dst.copy_(src)))

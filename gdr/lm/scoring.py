@@ -137,8 +137,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
     Tokens go in chunks of ``token_chunk`` rows (None: 4,096 on CUDA, 1,024 elsewhere); within a chunk the
     vocabulary goes in tiles of ``vocab_chunk`` (all at once when None) with an online logsumexp, and the target
-    logit is picked from the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything after it in
-    fp32; in fp32 the result equals ``log_softmax`` + ``gather`` to rounding.
+    logit is picked from the tile that holds it. The matmul runs in the inputs' dtype (bf16 on CUDA), everything
+    after it in fp32; in fp32 the result equals ``log_softmax`` + ``gather`` to rounding.
 
     Parameters
     ----------
@@ -428,7 +428,8 @@ class ScoringMixin:
         see_prompt = torch.arange(Lp, device=dev)[None, :] < plen[:, None]  # (B, Lp)
         see_query = (qid[:, None] == qid[None, :]) & (off[None, :] <= off[:, None])  # (T, T)
         allowed = torch.cat([see_prompt[:, None, :].expand(B, T, Lp), see_query[None].expand(B, T, T)], -1)
-        return torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
 
     @staticmethod
     def _block_mask(plen, Lp, off):

@@ -1,9 +1,9 @@
 """Stage ``index``: prefix-code docids of a corpus by one indexer (gc | hkmi | bmi | random | atomic).
 
 :func:`build_index` loads the inputs the method needs, calls one builder (:func:`indexing.gc.build_gc_index`,
-:func:`indexing.kmeans.build_kmeans_index`, :func:`indexing.tree.random_tree`, :func:`indexing.tree.atomic_codes`) and writes the index with
-:func:`indexing.output.write_index`, plus ``manifest.json``. ``gdr index add`` (grow a GC index) is
-:func:`indexing.add.add_to_index`.
+:func:`indexing.kmeans.build_kmeans_index`, :func:`indexing.tree.random_tree`, :func:`indexing.tree.atomic_codes`)
+and writes the index with :func:`indexing.output.write_index`, plus ``manifest.json``. ``gdr index add`` (grow a GC
+index) is :func:`indexing.add.add_to_index`.
 """
 from __future__ import annotations
 

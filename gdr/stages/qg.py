@@ -75,7 +75,8 @@ def read_pairs_jsonl(path: str, corpus=None, load_corpus=None):
                     texts = dict(zip(corpus.doc_ids, corpus.model_inputs()))
                 did = str(rec["doc_id"])
                 if did not in texts:
-                    raise ValueError(f"{path}:{n}: doc_id {did!r} is not in the corpus {getattr(corpus, 'name', '')!r}; "
+                    raise ValueError(f"{path}:{n}: doc_id {did!r} is not in the corpus "
+                                     f"{getattr(corpus, 'name', '')!r}; "
                                      "give the text as \"doc\" or pick the corpus with data=...")
                 doc = texts[did]
             else:

@@ -163,7 +163,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
                   f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean "
                   "difference in percentage points, a 95% paired bootstrap interval (percentile) and a two-sided "
-                  "paired permutation test (scipy.stats; eval/compare.py). A query's value is the mean over the seeds of its scheme. "
+                  "paired permutation test (scipy.stats; eval/compare.py). A query's value is the mean over the "
+                  "seeds of its scheme. "
                   "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
     if cluster is not None:
         lines += _cluster_lines(cfg["cluster"], cluster)

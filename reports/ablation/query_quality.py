@@ -44,8 +44,9 @@ for f, rows in files.items():
                  f"[{lo:.1f}, {hi:.1f}] | {100 * pq['recall@10'].mean():.1f} |")
 if len(per_file) == 2:  # query j of document d under each decoding: paired
     common = [q for q in per_file[0] if q in per_file[1]]
-    diff, lo, hi, p = paired_test(np.array([per_file[0][q] for q in common]), np.array([per_file[1][q] for q in common]))
-    lines += ["", f"Paired over the {len(common)} (document, j) pairs: BM25 R@1 difference (first - second) {diff:+.1f} "
-                  f"points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired permutation p = {p:.2g}."]
+    diff, lo, hi, p = paired_test(np.array([per_file[0][q] for q in common]),
+                                  np.array([per_file[1][q] for q in common]))
+    lines += ["", f"Paired over the {len(common)} (document, j) pairs: BM25 R@1 difference (first - second) "
+                  f"{diff:+.1f} points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired permutation p = {p:.2g}."]
 out.write_text("\n".join(lines) + "\n", encoding="utf-8")
 print("\n".join(lines))

@@ -4,11 +4,12 @@ import sys
 
 import torch
 
-logging.basicConfig(level=logging.INFO)
-torch.set_num_threads(2)
 from gdr.data import load_corpus
 from gdr.lm import GenerativeLM
 from gdr.store import sample_run, score_run
+
+logging.basicConfig(level=logging.INFO)
+torch.set_num_threads(2)
 
 n, J, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 c = load_corpus("bbc", n_docs=n, seed=0)

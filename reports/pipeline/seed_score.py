@@ -12,7 +12,8 @@ from gdr.pipeline import corpus_signature, score_inputs, stage_key
 
 src, argv = Path(sys.argv[1]), sys.argv[2:]
 cfg = load_config("run", argv)
-inputs = json.loads(json.dumps(score_inputs(cfg, corpus_signature(cfg, corpus_from_config(to_container(cfg.data)))), default=str))
+signature = corpus_signature(cfg, corpus_from_config(to_container(cfg.data)))
+inputs = json.loads(json.dumps(score_inputs(cfg, signature), default=str))
 dst = Path(cfg.out) / f"score-{stage_key(inputs)}"
 dst.mkdir(parents=True, exist_ok=True)
 for f in ["queries.jsonl", "queries.manifest.json", "P.npy", "P.manifest.json", "doc_ids.json"]:
