@@ -6,8 +6,8 @@ import torch
 from tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
 
 from gdr.cost import param_count, scoring_flops_per_pair
-from gdr.lm.scoring import CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS, auto_score_sizes, token_logprobs
 from gdr.device import local_device
+from gdr.lm.scoring import CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS, auto_score_sizes, token_logprobs
 
 # Ragged on both sides: prompts of different lengths, queries of 2 to 5 tokens (with EOS).
 RAGGED_QUERIES = QUERIES + ["a much longer query about the central bank and europe", "rat"]

