@@ -42,7 +42,7 @@ COMPAT_VENV ?= .venv-compat
 COMPAT_PINS := transformers==5.17.0 pytorch-lightning==2.6.6
 COMPAT_TESTS := tests/test_lm.py tests/test_sampling.py tests/test_scoring.py tests/test_retriever.py \
 	tests/test_pipeline.py tests/test_bench_gpu.py tests/test_compile.py tests/test_syncs.py tests/test_tokenise.py \
-	tests/test_index_add_recipe.py
+	tests/test_index_add_recipe.py tests/test_train_speed.py tests/test_auto_sizes.py
 
 $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(COMPAT_VENV)
