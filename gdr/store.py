@@ -49,6 +49,7 @@ from gdr.io import (
     check_manifest_files,
     file_digest,
     hash_strings,
+    no_space,
     read_jsonl,
     read_manifest,
     write_jsonl,
@@ -299,7 +300,11 @@ def _reserve(path: Path) -> None:
     """Reserve a memmap's blocks: a full disk is ENOSPC now, not SIGBUS mid-run."""
     if hasattr(os, "posix_fallocate"):
         with open(path, "r+b") as f:
-            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+            size = os.fstat(f.fileno()).st_size
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as e:  # one line naming P and the bytes it needs (gdr.guard), not a traceback
+                raise no_space(e, path, size) or e from e
 
 
 def _npy_problem(path: Path, shape: Sequence[int], dtype: str) -> str | None:

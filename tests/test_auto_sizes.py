@@ -69,3 +69,37 @@ def test_the_training_batch_caps_by_each_process_share_of_the_examples(monkeypat
     n_train = 2048 * MIN_STEPS_PER_EPOCH * 2  # one process: 2 * 2048 per step keeps 16 steps an epoch
     got = resolve_train_batch(TrainerOptions(batch_size="auto", devices=devices), preset_config("mini", 30, 4), n_train)
     assert got == 4096 // n
+
+
+def test_a_run_resolves_its_training_batch_once_and_records_it_with_its_device(monkeypatch, tmp_path):
+    """`gdr run` resolves trainer.batch_size=auto once, for every retriever of the run, and records it with the
+    device in <run>/auto_sizes.json: a retriever trained later (or the run resumed on the same device) trains at
+    that batch whatever the memory holds by then (the stage key carries the number, not `auto`). Another
+    device resolves its own."""
+    import json
+    from types import SimpleNamespace
+
+    import gdr.pipeline as pipeline
+    from gdr.config import load_config
+
+    gpu = _FakeCuda(free=60e9, cached=0)
+    gpu.install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    index = tmp_path / "index-gc"
+    index.mkdir()
+    (index / "docids.tsv").write_text("".join(f"d{i}\t{i // 10}-{i % 10}\n" for i in range(100)))
+    cfg = load_config("run", ["train.model.size=small30m", "train.trainer.batch_size=auto",
+                              "train.trainer.accelerator=gpu", f"out={tmp_path / 'run'}"])
+    run = SimpleNamespace(cfg=cfg, pipe=SimpleNamespace(root=tmp_path / "run"),
+                          indexes={"gc": SimpleNamespace(path=index)})
+    run.pipe.root.mkdir()
+    first = pipeline.resolve_train_batch(run, 10**6)
+    assert first > 64 and json.loads((run.pipe.root / "auto_sizes.json").read_text()) == {
+        "device": "NVIDIA H200", "train_batch": first}
+    gpu.free = 2e9  # another retriever holds the memory now: the run's batch stays
+    assert pipeline.resolve_train_batch(run, 10**6) == first
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert pipeline.resolve_train_batch(run, 10**6) < first  # another device: resolved (and keyed) anew
+    cfg.train.trainer.batch_size = 96
+    assert pipeline.resolve_train_batch(run, 10**6) is None  # a number is the number: nothing to resolve

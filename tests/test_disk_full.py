@@ -58,3 +58,24 @@ def test_an_atomic_write_on_a_full_disk_names_the_file_and_the_space_and_keeps_t
     assert re.fullmatch(rf"cannot write {re.escape(str(path))} \(no space left on the device: it needs 6.8 KiB, "
                         r"[\d.]+ (bytes|KiB|MiB|GiB) free\); free space on that disk or choose another out= on a disk "
                         r"with room, then rerun the same command to resume", line), line
+
+
+def test_a_p_matrix_the_disk_cannot_hold_names_its_file_and_size(monkeypatch, tmp_path):
+    """P.npy's blocks are reserved before scoring starts: a disk that cannot hold them stops the stage at once with
+    the file and the bytes it needs (not a SIGBUS or a traceback mid-run)."""
+    import numpy as np
+
+    from gdr import store
+
+    path = tmp_path / "P.npy"
+    np.lib.format.open_memmap(path, mode="w+", dtype="float32", shape=(300, 100)).flush()
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(NoSpace) as err:
+        store._reserve(path)
+    assert err.value.filename == str(path) and err.value.needed == path.stat().st_size > 300 * 100 * 4
+    line = guard.write_error_line(err.value, "score")
+    assert line.startswith(f"cannot write {path} (no space left on the device: it needs 117.3 KiB"), line
