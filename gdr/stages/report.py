@@ -126,7 +126,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     says so; ``unknown_qrels``: the relevant judgements of the test split dropped for naming documents not in the
     corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
     (None or absent: not predicted, "n/a"), set beside the measured ones."""
-    from eval.compare import compare_folders, comparison_table, find, verdict
+    from eval.compare import compare_folders, find, verdict
 
     cfg = settings
     comparisons = compare_folders(eval_dirs or {}, reference="gc")
@@ -159,24 +159,11 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     if unknown_qrels:
         lines += [f"{unknown_qrels} relevant judgement(s) of `{queries_name}` name documents not in the corpus and "
                   "were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
-    if comparisons:
-        lines += ["## Paired comparisons (test queries, seeds averaged per query)", "",
-                  f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean "
-                  "difference in percentage points, a 95% paired bootstrap interval (percentile) and a two-sided "
-                  "paired permutation test (scipy.stats; eval/compare.py). A query's value is the mean over the "
-                  "seeds of its scheme. "
-                  "p-values are not corrected for multiple comparisons.", "", *comparison_table(comparisons), ""]
+    lines += _comparison_lines(comparisons)
     if cluster is not None:
         lines += _cluster_lines(cfg["cluster"], cluster)
     stages = _stage_rows(records, predicted or {})
-    lines += ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
-              "apart. Predicted: what `gdr plan` predicts for the stage from the settings on this machine (n/a: not "
-              "modelled).", "", "| stage | folder | seconds | predicted | last attempt | attempts | |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | "
-              f"{'n/a' if s['predicted_seconds'] is None else format(s['predicted_seconds'], '.1f')} | "
-              f"{s['last_seconds']:.1f} | {s['attempts']} | {'reused' if s['reused'] else 'ran'} |" for s in stages]
-    lines += ["", f"Wall time of this invocation: {seconds:.1f} s.", ""]
+    lines += [*_stage_lines(stages), "", f"Wall time of this invocation: {seconds:.1f} s.", ""]
     report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
@@ -195,6 +182,32 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def _comparison_lines(comparisons: list[dict]) -> list[str]:
+    """The report's paired comparisons: each system against the reference, with how they are computed."""
+    from eval.compare import comparison_table
+
+    if not comparisons:
+        return []
+    return ["## Paired comparisons (test queries, seeds averaged per query)", "",
+            f"`{comparisons[0]['a']}` against every other system on the same test queries: the mean "
+            "difference in percentage points, a 95% paired bootstrap interval (percentile) and a two-sided "
+            "paired permutation test (scipy.stats; eval/compare.py). A query's value is the mean over the "
+            "seeds of its scheme. p-values are not corrected for multiple comparisons.", "",
+            *comparison_table(comparisons), ""]
+
+
+def _stage_lines(stages: list[dict]) -> list[str]:
+    """The report's stage table: seconds over every attempt, the last attempt, and what ``gdr plan`` predicted."""
+    lines = ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
+             "apart. Predicted: what `gdr plan` predicts for the stage from the settings on this machine (n/a: not "
+             "modelled).", "", "| stage | folder | seconds | predicted | last attempt | attempts | |",
+             "|---|---|---|---|---|---|---|"]
+    return lines + [
+        f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | "
+        f"{'n/a' if s['predicted_seconds'] is None else format(s['predicted_seconds'], '.1f')} | "
+        f"{s['last_seconds']:.1f} | {s['attempts']} | {'reused' if s['reused'] else 'ran'} |" for s in stages]
 
 
 def _cluster_lines(settings: dict, c: dict) -> list[str]:
