@@ -422,7 +422,7 @@ def test_add_rejects_other_queries(planted, tmp_path):
     _, x = planted
     run, out = _cli_index(tmp_path, x[:100])
     new = write_run(tmp_path / "new", x[:2], doc_ids=["a", "b"], qids=[f"other{j}" for j in range(x.shape[1])])
-    with pytest.raises(ValueError, match="same queries"):
+    with pytest.raises(ValueError, match="scored against other queries"):
         add_to_index(out, new, plot=False)
 
 
