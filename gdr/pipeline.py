@@ -45,6 +45,7 @@ import shlex
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -65,7 +66,9 @@ from gdr.io import (
     verify_files,
 )
 from gdr.plan import predict_stages
+from gdr.stages import train as train_stage
 from gdr.stages.report import mark_in_progress, write_report
+from gdr.stages.settings import TrainSettings
 from gdr.validate import check_corpus, check_run
 
 log = logging.getLogger(__name__)
@@ -425,13 +428,48 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     run.drop_lm()  # the generator is not needed from here on
     run.indexes = {method: run.stage(index_spec(run, method)) for method in cfg.indexers}
     run.bm25 = run.stage(bm25_spec(run))
-    train_at_once(run)
-    for method in run.indexes:
-        for seed in cfg.seeds:
-            train = run.stage(train_spec(run, method, int(seed)))
-            ev = run.stage(eval_spec(run, method, int(seed), train))
-            finish_retriever(run, method, int(seed), train, ev)
+    train_and_evaluate(run)
     return _report(run)
+
+
+def retriever_order(run: RunContext) -> list[tuple[str, int]]:
+    """The run's retrievers as (indexer, seed), seed by seed: the first complete comparison of every docid scheme
+    (seed 0) comes before any second seed starts, so a run cut short has compared the schemes at least once."""
+    return [(method, int(seed)) for seed in run.cfg.seeds for method in run.indexes]
+
+
+def train_and_evaluate(run: RunContext) -> None:
+    """6-7. Every retriever trained, evaluated and folded into the report as soon as it is trained (also when
+    ``train.concurrent`` trains several at once: the parent evaluates each as it finishes while the others train),
+    so a run cut short keeps each retriever it finished in ``retrievers.jsonl`` and the partial report. Retrievers
+    trained by an earlier attempt are taken in first."""
+    order = retriever_order(run)
+    taken: set[tuple[str, int]] = set()
+
+    def take(method: str, seed: int) -> None:
+        train = run.stage(train_spec(run, method, seed))
+        ev = run.stage(eval_spec(run, method, seed, train))
+        finish_retriever(run, method, seed, train, ev)
+        taken.add((method, seed))
+
+    n_train = _train_examples_bound(run)
+    run.train_batch = resolve_train_batch(run, n_train)
+    specs = {ms: train_spec(run, *ms) for ms in order}
+    for ms in order:
+        if _finished(run.pipe, specs[ms]):
+            take(*ms)
+    todo = [ms for ms in order if ms not in taken]
+    settings = _train_settings(run)
+    docids = str(next(iter(run.indexes.values())).path / "docids.tsv")
+    at_once = train_stage.retrievers_at_once(settings, len(todo), n_train, docids) if len(todo) > 1 else 1
+    if at_once > 1:
+        jobs = [partial(_train_stage, run.pipe.root, s.name, s.inputs, s.build, list(s.after))
+                for s in (specs[ms] for ms in todo)]
+        train_stage.train_retrievers(jobs, at_once, on_done=lambda i, _: take(*todo[i]),
+                                     on_cuda=train_stage.training_device(settings) != "cpu")
+    for ms in order:
+        if ms not in taken:
+            take(*ms)
 
 
 def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
@@ -601,19 +639,6 @@ def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
                      outputs=TRAIN_OUTPUTS)
 
 
-def train_at_once(run: RunContext) -> None:
-    """6a. ``trainer.batch_size=auto`` resolved once for the run (:func:`resolve_train_batch`), then the run's
-    unfinished retrievers trained ``train.concurrent`` at a time (:func:`_train_at_once`); the loop of
-    :func:`run_pipeline` then reuses each finished stage in order."""
-    n_train = _train_examples_bound(run)
-    run.train_batch = resolve_train_batch(run, n_train)
-    specs = [train_spec(run, method, int(seed)) for method in run.indexes for seed in run.cfg.seeds]
-    train_cfg = to_container(run.cfg.train)
-    if run.train_batch is not None:
-        train_cfg["trainer"]["batch_size"] = run.train_batch
-    _train_at_once(run.pipe, [(s.name, s.inputs, s.build, list(s.after)) for s in specs], train_cfg, n_train)
-
-
 def _train_examples_bound(run: RunContext) -> int:
     """An upper bound on one retriever's training examples (real training queries, each document's first window,
     its random windows and its generated queries), which sizes ``auto`` batches."""
@@ -634,19 +659,17 @@ def resolve_train_batch(run: RunContext, n_train: int) -> int | None:
     device's memory by then; another device resolves (and keys) its own. None for a batch size given as a number."""
     if run.cfg.train.trainer.batch_size != "auto":
         return None
-    from gdr.stages.settings import TrainSettings
-    from gdr.stages.train import resolve_run_batch, training_device
-
     settings = TrainSettings.from_dict(to_container(run.cfg.train))
     path = run.pipe.root / AUTO_SIZES_FILE
-    device = training_device(settings)
+    device = train_stage.training_device(settings)
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         saved = {}
     if saved.get("device") == device and isinstance(saved.get("train_batch"), int):
         return saved["train_batch"]
-    batch = resolve_run_batch(settings, [str(r.path / "docids.tsv") for r in run.indexes.values()], n_train)
+    docids = [str(r.path / "docids.tsv") for r in run.indexes.values()]
+    batch = train_stage.resolve_run_batch(settings, docids, n_train)
     atomic_write_json(path, {"device": device, "train_batch": batch})
     log.info("trainer.batch_size=auto: %d on %s for every retriever of this run (%s)", batch, device, path.name)
     return batch
@@ -690,9 +713,6 @@ class _TrainBuild:
     generated: str | None
 
     def __call__(self, folder: Path) -> dict:
-        from gdr.stages import train as train_stage
-        from gdr.stages.settings import TrainSettings
-
         sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
                                 "out_dir": str(folder), "queries": self.queries, "generated": self.generated})
         qs = split_queries(self.queries, self.data, set(self.corpus.doc_ids), self.data.get("docs_tsv"))
@@ -709,30 +729,21 @@ def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after:
     return Pipeline(root).stage(name, inputs, build, after=after, outputs=TRAIN_OUTPUTS)
 
 
-def _train_at_once(pipe: Pipeline, trainings: list[tuple], train_cfg: dict, n_train: int) -> None:
-    """Train the run's unfinished retrievers ``train.concurrent`` at a time, one process each, when that is more
-    than one; each stage is marked finished as its retriever finishes, and the stages are then reused in order.
-    ``n_train``: an upper bound on a retriever's training examples."""
-    from functools import partial
+def _finished(pipe: Pipeline, spec: StageSpec) -> bool:
+    """Whether ``spec``'s stage folder is marked complete (its checks come when :meth:`Pipeline.stage` reuses it)."""
+    marker = pipe.root / f"{spec.name}-{stage_key(json.loads(json.dumps(spec.inputs, default=str)))}" / STAGE_FILE
+    try:
+        return json.loads(marker.read_text()).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):  # none yet, or damaged: Pipeline.stage says what and re-runs
+        return False
 
-    from gdr.stages.settings import TrainSettings
-    from gdr.stages.train import retrievers_at_once, train_retrievers
 
-    todo = []
-    for name, inputs, build, after in trainings:
-        marker = pipe.root / f"{name}-{stage_key(json.loads(json.dumps(inputs, default=str)))}" / STAGE_FILE
-        try:
-            done = json.loads(marker.read_text()).get("status") == "complete"
-        except (OSError, ValueError, AttributeError):  # none yet, or damaged: Pipeline.stage says what and re-runs
-            done = False
-        if not done:
-            todo.append((name, inputs, build, after))
-    if len(todo) < 2:
-        return
-    settings = TrainSettings.from_dict(train_cfg)
-    at_once = retrievers_at_once(settings, len(todo), n_train, todo[0][2].docids)
-    if at_once > 1:
-        train_retrievers([partial(_train_stage, pipe.root, *t) for t in todo], at_once)
+def _train_settings(run: RunContext) -> TrainSettings:
+    """The run's training settings, with ``trainer.batch_size=auto`` as resolved for the run."""
+    train_cfg = to_container(run.cfg.train)
+    if run.train_batch is not None:
+        train_cfg["trainer"]["batch_size"] = run.train_batch
+    return TrainSettings.from_dict(train_cfg)
 
 
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
@@ -752,8 +763,13 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
     """Take in one finished retriever: its test figures join the run's, a line in ``retrievers.jsonl`` (once per
     evaluation folder) keeps them, and the report is rewritten over the retrievers finished so far, marked
     partial, so a run cut short (a lease that ends) leaves what it finished."""
-    run.results.setdefault(method, []).append({"seed": seed, **ev.info["metrics"]})
-    run.eval_dirs.setdefault(method, []).append(ev.path)
+    rows = [*zip(run.results.get(method, []), run.eval_dirs.get(method, [])),
+            ({"seed": seed, **ev.info["metrics"]}, ev.path)]
+    rows.sort(key=lambda r: [int(s) for s in run.cfg.seeds].index(r[0]["seed"]))
+    run.results[method], run.eval_dirs[method] = [r for r, _ in rows], [d for _, d in rows]
+    # the report's rows in the order of `indexers`, whatever order the retrievers finished in
+    run.results = {m: run.results[m] for m in run.indexes if m in run.results}
+    run.eval_dirs = {m: run.eval_dirs[m] for m in run.indexes if m in run.eval_dirs}
     path = run.pipe.root / RETRIEVERS_FILE
     listed = {json.loads(line)["eval"] for line in path.read_text().splitlines() if line.strip()} \
         if path.exists() else set()

@@ -258,3 +258,23 @@ def test_retrievers_at_once_keeps_a_number_and_is_one_when_each_uses_several_dev
     assert retrievers_at_once(TrainSettings(concurrent=3), 2) == 2
     assert retrievers_at_once(TrainSettings(), 15) == 1  # auto on the CPU
     assert retrievers_at_once(TrainSettings.merged(concurrent=3, trainer={"devices": 2}), 15) == 1
+
+
+def _pid(_: int) -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_run_concurrently_spawns_one_worker_per_slot_and_hands_each_result_on_while_the_others_work():
+    """Five jobs in two slots run in two processes (a spawn per slot, not per job); ``on_done`` of a job runs in
+    this process once its slot has taken the next job."""
+    import os
+    from functools import partial
+
+    from training.concurrent import run_concurrently
+
+    done = []
+    pids = run_concurrently([partial(_pid, i) for i in range(5)], 2, on_done=lambda i, r: done.append(i))
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert sorted(done) == [0, 1, 2, 3, 4]

@@ -12,8 +12,10 @@ Processes sharing the device rather than one process stepping several models:
 - The price: a CUDA context per process (~500 MB; :data:`CUDA_CONTEXT_BYTES` in the memory plan) and a few seconds
   of imports per process.
 
-Workers start with ``spawn`` (a forked child cannot use CUDA once the parent did), die with their parent
-(:func:`gdr.guard.die_with_parent`), and hand back each result as it finishes. A stop (SIGTERM, Ctrl-C, a failed
+One worker per slot (``concurrent`` of them), each training the jobs it is handed one after another: a spawn's
+imports and CUDA context are paid once per slot, not once per retriever. Workers start with ``spawn`` (a forked
+child cannot use CUDA once the parent did), die with their parent (:func:`gdr.guard.die_with_parent`), and hand
+back each result as it finishes. A stop (SIGTERM, Ctrl-C, a failed
 job) sends SIGTERM to the running workers, which write their resume point and exit.
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ from training.train import _on_cuda, resolve_batch_size, train_memory_per_exampl
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CUDA_CONTEXT_BYTES", "concurrent_for_memory", "resolve_concurrent", "run_concurrently"]
+__all__ = ["CUDA_CONTEXT_BYTES", "concurrent_for_memory", "resolve_concurrent", "run_concurrently", "slot_threads"]
 
 CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDNN workspaces
 
@@ -71,39 +73,62 @@ def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = "a
     return n
 
 
-def _worker(job: Callable[[], Any], conn, parent: int, threads: int, level: int) -> None:
-    """One job in a spawned process: its result, or the exception it raised, goes back through ``conn``."""
+def _slot(conn, parent: int, threads: int, level: int) -> None:
+    """One slot in a spawned process: it runs the jobs the parent sends, one after another, and hands back each
+    result (or the exception it raised) through ``conn``; ``None`` ends it. One spawn (imports, CUDA context) per
+    slot, not per job."""
     die_with_parent(parent)
     signals.install()  # SIGTERM: the training writes its resume point at the batch end, then stops
     logging.basicConfig(level=level, format=f"[pid {os.getpid()}] %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(threads)  # the parent's count: a CPU matmul's sums depend on it
-    try:
-        result = ("ok", job())
-    except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
-        result = ("error", e)
-    try:
-        conn.send(result)
-    except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its type and message
-        conn.send(("error", RuntimeError(f"{type(result[1]).__name__}: {result[1]}" if result[0] == "error" else
-                                         f"the job's result could not be sent back: {e}")))
+    torch.set_num_threads(threads)  # a CPU matmul's sums depend on it: the parent's count on the CPU
+    while (job := conn.recv()) is not None:
+        try:
+            result = ("ok", job())
+        except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
+            result = ("error", e)
+        try:
+            conn.send(result)
+        except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its type and message
+            conn.send(("error", RuntimeError(f"{type(result[1]).__name__}: {result[1]}" if result[0] == "error" else
+                                             f"the job's result could not be sent back: {e}")))
+        if result[0] == "error":
+            break
     conn.close()
 
 
-def _stop(running: dict) -> None:
-    """SIGTERM to every running worker (each writes its resume point and exits), then wait for them."""
-    for proc, _ in running.values():
-        if proc.is_alive():
+def _stop(slots: dict) -> None:
+    """SIGTERM to every slot still working (each writes its resume point and exits), the end to the idle ones,
+    then wait for them."""
+    for conn, (proc, job) in slots.items():
+        if not proc.is_alive():
+            continue
+        if job is None:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        else:
             os.kill(proc.pid, signal.SIGTERM)
-    for proc, _ in running.values():
+    for proc, _ in slots.values():
         proc.join()
 
 
+def slot_threads(concurrent: int, on_cuda: bool) -> int:
+    """CPU threads of each of ``concurrent`` slots: on CUDA the cores shared out (their work there is the host
+    loop and data), on the CPU the parent's count, which the bytes of a CPU matmul's sums depend on."""
+    if not on_cuda:
+        return torch.get_num_threads()
+    return max(1, len(os.sched_getaffinity(0)) // max(1, concurrent))
+
+
 def run_concurrently(jobs: Sequence[Callable[[], Any]], concurrent: int,
-                     on_done: Callable[[int, Any], None] | None = None) -> list:
-    """Run ``jobs`` (picklable callables, e.g. :func:`functools.partial` of a module-level function) ``concurrent``
-    at a time, in order of their index; returns their results in that order. ``on_done(i, result)`` is called in
-    this process as each one finishes. ``concurrent`` <= 1 runs them here, one after another. The first job that
-    fails stops the others (they keep their resume points) and its exception is raised here."""
+                     on_done: Callable[[int, Any], None] | None = None, threads: int | None = None) -> list:
+    """Run ``jobs`` (picklable callables, e.g. :func:`functools.partial` of a module-level function) in
+    ``concurrent`` slots, one spawned process each, in order of their index; returns their results in that order.
+    ``on_done(i, result)`` is called in this process as each one finishes, after its slot has its next job, so it
+    runs while the slots work. ``concurrent`` <= 1 runs them here, one after another. The first job that fails
+    stops the others (they keep their resume points) and its exception is raised here. ``threads``: each slot's
+    CPU threads (default: this process's)."""
     results: list = [None] * len(jobs)
     if concurrent <= 1 or len(jobs) <= 1:
         for i, job in enumerate(jobs):
@@ -112,32 +137,43 @@ def run_concurrently(jobs: Sequence[Callable[[], Any]], concurrent: int,
                 on_done(i, results[i])
         return results
     ctx = multiprocessing.get_context("spawn")
-    threads, level = torch.get_num_threads(), logging.getLogger().getEffectiveLevel()
+    threads, level = threads or torch.get_num_threads(), logging.getLogger().getEffectiveLevel()
     todo = list(range(len(jobs)))
-    running: dict = {}  # connection -> (process, job index)
+    slots: dict = {}  # connection -> (process, index of the job it runs, or None when idle)
+    for _ in range(min(concurrent, len(jobs))):
+        conn, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=_slot, args=(child, os.getpid(), threads, level), daemon=False)
+        proc.start()
+        child.close()
+        slots[conn] = (proc, None)
     try:
-        while todo or running:
-            while todo and len(running) < concurrent:
-                i = todo.pop(0)
-                recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker, args=(jobs[i], send, os.getpid(), threads, level), daemon=False)
-                proc.start()
-                send.close()
-                running[recv] = (proc, i)
-            for conn in wait(list(running)):
-                proc, i = running.pop(conn)
+        finished: list[int] = []
+        while True:
+            for conn, (proc, job) in list(slots.items()):  # an idle slot takes the next job
+                if job is None and todo:
+                    i = todo.pop(0)
+                    conn.send(jobs[i])
+                    slots[conn] = (proc, i)
+            for i in finished:  # each finished job's own work here, while the slots train
+                if on_done is not None:
+                    on_done(i, results[i])
+            finished = []
+            busy = [conn for conn, (_, job) in slots.items() if job is not None]
+            if not busy:
+                break
+            for conn in wait(busy):
+                proc, i = slots[conn]
                 try:
                     status, value = conn.recv()
                 except EOFError:  # died without a word: killed, or out of memory
                     proc.join()
                     status, value = "error", RuntimeError(f"the training process of job {i} exited with code "
                                                           f"{proc.exitcode} before it finished")
-                proc.join()
                 if status == "error":
                     raise value
+                slots[conn] = (proc, None)
                 results[i] = value
-                if on_done is not None:
-                    on_done(i, value)
+                finished.append(i)
     finally:
-        _stop(running)
+        _stop(slots)
     return results

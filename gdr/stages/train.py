@@ -322,14 +322,21 @@ def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_t
     return resolve_train_batch(TrainerOptions(**c["trainer"]), config, n_train)
 
 
-def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int) -> list:
+def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int,
+                     on_done: Callable[[int, Any], None] | None = None, on_cuda: bool = False) -> list:
     """Run the training ``jobs`` of a run (picklable callables, one per retriever, each training and recording one
-    retriever, e.g. a ``gdr run`` stage) ``concurrent`` at a time on this device, one process each; returns their
-    results in order. Each finished job's own record stands as it finishes, so a run cut short keeps them."""
-    from training.concurrent import run_concurrently
+    retriever, e.g. a ``gdr run`` stage) ``concurrent`` at a time on this device; returns their results in order.
+    Each finished job's own record stands as it finishes, so a run cut short keeps them; ``on_done(i, result)`` runs
+    here as job ``i`` finishes, while the others train. ``on_cuda``: the jobs train on CUDA, so each of the
+    ``concurrent`` slots takes its share of the CPU cores (:func:`training.concurrent.slot_threads`)."""
+    from training.concurrent import run_concurrently, slot_threads
 
     t0 = time.time()
     log.info("training %d retrievers, %d at once", len(jobs), concurrent)
-    done = run_concurrently(jobs, concurrent, on_done=lambda i, _: log.info(
-        "retriever %d of %d trained (%.0f s into the batch)", i + 1, len(jobs), time.time() - t0))
-    return done
+
+    def done(i: int, result: Any) -> None:
+        log.info("retriever %d of %d trained (%.0f s into the batch)", i + 1, len(jobs), time.time() - t0)
+        if on_done is not None:
+            on_done(i, result)
+
+    return run_concurrently(jobs, concurrent, on_done=done, threads=slot_threads(concurrent, on_cuda))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One work call of a GPU lease (README, "A GPU lease"): starts `gdr run +experiment=bbc` in a session of its own
+# (setsid: it goes on between the calls of one lease, while the machine stays warm) or, if it is running, waits on
+# it; after WAIT seconds, or when the run ends, it copies what the run has so far to $OUT. Nothing here needs the
+# run to finish: every retriever is in retrievers.jsonl and the (partial) report as soon as it is evaluated.
+#   bash examples/lease/bbc.sh WAIT [gdr run overrides ...]
+# after every piece of ../shared/device/prep.sh reached /tmp/gdr-stash. $OUT gets (at most 8 files): report.md,
+# report.png, report.json, retrievers.jsonl, stages.json (each stage's seconds and status), run.log (its last
+# 3,000 lines), plan.txt (`gdr plan` for this machine, before the run) and status.txt.
+set -u
+wait_s=${1:?usage: bbc.sh WAIT [overrides ...]}; shift
+source /tmp/gdr-stash/boot.sh || exit 3
+runs=/tmp/gdr-runs; run=$runs/bbc; out=${OUT:-$runs/out}
+mkdir -p "$runs" "$out"
+pid=$(cat "$runs/pid" 2>/dev/null || true)
+if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+  [ -f "$runs/plan.txt" ] || python3 -m gdr.cli plan +experiment=bbc out=$run "$@" > "$runs/plan.txt" 2>&1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$runs/run.log" 2>&1
+  setsid python3 -m gdr.cli run +experiment=bbc out=$run "$@" >> "$runs/run.log" 2>&1 < /dev/null &
+  pid=$!; echo "$pid" > "$runs/pid"
+  echo "bbc.sh: started gdr run (pid $pid)"
+fi
+end=$((SECONDS + wait_s))
+while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 3; done
+if kill -0 "$pid" 2>/dev/null; then state="running"; else state="ended"; fi
+python3 - "$run" "$out/stages.json" <<'PY'
+import json, sys
+from pathlib import Path
+run, rows = Path(sys.argv[1]), []
+for f in sorted(run.glob("*/stage.json")):
+    try:
+        s = json.loads(f.read_text())
+    except ValueError:
+        continue
+    rows.append({"folder": f.parent.name, **{k: s.get(k) for k in ("status", "seconds", "attempts", "info")}})
+Path(sys.argv[2]).write_text(json.dumps(rows, indent=1, default=str))
+PY
+for f in report.md report.png report.json retrievers.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$out/"; done
+tail -n 3000 "$runs/run.log" > "$out/run.log"; cp "$runs/plan.txt" "$out/" 2>/dev/null
+{ echo "gdr run: $state after this call's ${SECONDS}s"; grep -c . "$run/retrievers.jsonl" 2>/dev/null; } \
+  > "$out/status.txt"
+cat "$out/status.txt"; tail -n 5 "$runs/run.log"
