@@ -65,6 +65,7 @@ from gdr.io import (
     record_files,
     verify_files,
 )
+from gdr.lm.compiling import release_compiled
 from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.report import mark_in_progress, write_report
@@ -403,7 +404,10 @@ class RunContext:
         return self._lm
 
     def drop_lm(self) -> None:
+        """Let the query generator go, with what its compiled code holds on the device (the training after it
+        sizes its batch and concurrency by the free memory)."""
         self._lm = None
+        release_compiled()
 
     def stage(self, spec: StageSpec | None) -> StageRecord | None:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
@@ -445,9 +449,12 @@ def train_and_evaluate(run: RunContext) -> None:
     trained by an earlier attempt are taken in first."""
     order = retriever_order(run)
     taken: set[tuple[str, int]] = set()
+    trained_here: set[tuple[str, int]] = set()  # trained by this run's workers: the parent then finds them finished
 
     def take(method: str, seed: int) -> None:
         train = run.stage(train_spec(run, method, seed))
+        if (method, seed) in trained_here:
+            train.reused = False
         ev = run.stage(eval_spec(run, method, seed, train))
         finish_retriever(run, method, seed, train, ev)
         taken.add((method, seed))
@@ -465,7 +472,12 @@ def train_and_evaluate(run: RunContext) -> None:
     if at_once > 1:
         jobs = [partial(_train_stage, run.pipe.root, s.name, s.inputs, s.build, list(s.after))
                 for s in (specs[ms] for ms in todo)]
-        train_stage.train_retrievers(jobs, at_once, on_done=lambda i, _: take(*todo[i]),
+
+        def trained(i: int, _) -> None:
+            trained_here.add(todo[i])
+            take(*todo[i])
+
+        train_stage.train_retrievers(jobs, at_once, on_done=trained,
                                      on_cuda=train_stage.training_device(settings) != "cpu")
     for ms in order:
         if ms not in taken:
