@@ -1,0 +1,110 @@
+"""Collections by ir_datasets id (gdr.data.irds), offline: a dataset registered from local files in the test."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import ir_datasets  # in the test extra: a missing package fails here, it is never skipped
+import pytest
+
+import gdr
+from gdr.config import load_config
+from gdr.data import corpus_from_config
+from gdr.data.irds import irds_split, load_irds, load_irds_queries
+from gdr.data.splits import split_queries
+from gdr.rules import ConfigError
+from gdr.validate import validate
+
+TOY = "gdr-toy"  # registered once per process (ir_datasets' registry refuses a second registration of a name)
+N_DOCS = 12
+
+
+class ToyDoc(NamedTuple):
+    doc_id: str
+    title: str
+    text: str
+
+    def default_text(self):
+        return f"{self.title} {self.text}"
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> str:
+    """``gdr-toy`` (12 documents with titles), ``gdr-toy/test`` (3 judged queries, one judged non-relevant doc and one
+    query without a relevant doc) and ``gdr-toy/train`` (2 queries), read from local TSV and qrels files."""
+    from ir_datasets.datasets.base import Dataset
+    from ir_datasets.formats import GenericQuery, TrecQrels, TsvDocs, TsvQueries
+    from ir_datasets.util import LocalDownload
+
+    root = tmp_path_factory.mktemp("irds")
+    docs = root / "docs.tsv"
+    docs.write_text("".join(f"d{i}\ttitle {i}\tbody of document {i} about topic{i % 3}\n" for i in range(N_DOCS)))
+    files = {"test": ("q1\tdocument seven\nq2\ttopic one\nq3\tnothing relevant\n",
+                      "q1 0 d7 2\nq2 0 d1 1\nq2 0 d4 1\nq2 0 d10 0\nq3 0 d2 0\n"),
+             "train": ("t1\tdocument three\nt2\tdocument five\n", "t1 0 d3 1\nt2 0 d5 1\n")}
+    if TOY not in ir_datasets.registry._registered:
+        doc_handler = TsvDocs(LocalDownload(docs), doc_cls=ToyDoc)
+        ir_datasets.registry.register(TOY, Dataset(doc_handler))
+        for split, (queries, qrels) in files.items():
+            (root / f"{split}.queries.tsv").write_text(queries)
+            (root / f"{split}.qrels").write_text(qrels)
+            ir_datasets.registry.register(f"{TOY}/{split}", Dataset(
+                doc_handler, TsvQueries(LocalDownload(root / f"{split}.queries.tsv"), GenericQuery),
+                TrecQrels(LocalDownload(root / f"{split}.qrels"), {0: "not relevant", 1: "relevant", 2: "key"})))
+    return f"{TOY}/test"
+
+
+def test_documents_queries_and_qrels_are_read_through_ir_datasets(toy):
+    corpus = gdr.load_corpus(f"irds:{toy}")
+    assert corpus.doc_ids == [f"d{i}" for i in range(N_DOCS)]
+    assert corpus.titles[7] == "title 7" and corpus.texts[7] == "body of document 7 about topic1"
+    assert corpus.info["data"] == {"name": f"irds:{toy}"}
+    qs = gdr.load_queries(f"irds:{toy}")
+    # q3 has only a non-relevant judgement: not a query of the set; d10's grade 0 is not relevant
+    assert qs.qids == ["q1", "q2"] and qs.texts == ["document seven", "topic one"]
+    assert qs.relevant == [["d7"], ["d1", "d4"]] and qs.grades == [[2], [1, 1]] and qs.splits == ["test", "test"]
+    assert qs.info["filtered"]["no_relevant"] == 1
+    assert load_irds_queries(f"{TOY}/train").splits == ["train", "train"]
+    assert load_irds_queries(toy, min_relevance=2).qids == ["q1"]
+
+
+def test_the_split_is_the_one_the_id_names():
+    assert irds_split("msmarco-passage/dev/small") == "dev"
+    assert irds_split("beir/scifact/train") == "train"
+    assert irds_split("beir/fiqa/test") == "test"
+    assert irds_split("vaswani") == "test"
+
+
+def test_a_subset_keeps_the_judged_documents_first(toy):
+    sub = load_irds(toy, n_docs=5, seed=0)
+    # d7, d1, d4 judged relevant; d10 (grade 0) and d2 (q3) judged; so all of these and no other
+    assert set(sub.doc_ids) == {"d1", "d2", "d4", "d7", "d10"}
+    assert sub.doc_ids == sorted(sub.doc_ids, key=lambda d: int(d[1:]))  # collection order
+    assert sub.info["sample"] == {"n": 5, "seed": 0, "of": N_DOCS, "judged_relevant": 3, "judged": 5}
+    two = load_irds(toy, n_docs=2, seed=3)
+    assert set(two.doc_ids) <= {"d1", "d4", "d7"}  # fewer than the relevant ones: a draw among them
+    eight = [load_irds(toy, n_docs=8, seed=s).doc_ids for s in (0, 0, 1)]
+    assert eight[0] == eight[1] and {"d1", "d2", "d4", "d7", "d10"} <= set(eight[0]) and len(eight[0]) == 8
+    assert eight[2] != eight[0]  # another seed draws other unjudged documents
+
+
+def test_data_irds_in_a_config(toy):
+    cfg = load_config("run", ["data=irds", f"data.id={toy}", "data.n_docs=6"])
+    validate("run", cfg)
+    data = {k: v for k, v in dict(cfg.data).items()}
+    corpus = corpus_from_config(data)
+    assert len(corpus) == 6 and {"d1", "d4", "d7"} <= set(corpus.doc_ids)
+    test = split_queries({"name": cfg.queries.name, "split": "test", "path": None}, data, set(corpus.doc_ids))
+    assert test.qids == ["q1", "q2"]
+    assert split_queries({"name": "irds", "split": "train", "path": None}, data, set(corpus.doc_ids)) is None
+
+
+def test_an_unknown_id_is_refused_with_the_closest(toy):
+    cfg = load_config("run", ["data=irds", f"data.id={TOY}/tset"])
+    with pytest.raises(ConfigError, match=r"data.id.*not an ir_datasets id; did you mean gdr-toy/test"):
+        validate("run", cfg)
+    with pytest.raises(ConfigError, match=r"data.id=\?\?\?: missing mandatory value"):
+        validate("run", load_config("run", ["data=irds"]))
+    with pytest.raises(ValueError, match="not an ir_datasets id"):
+        gdr.load_corpus("irds:no/such/dataset")
+    with pytest.raises(ValueError, match="path= does not apply to an ir_datasets id"):
+        gdr.load_corpus(f"irds:{toy}", path="/tmp")
