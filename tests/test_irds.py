@@ -108,3 +108,28 @@ def test_an_unknown_id_is_refused_with_the_closest(toy):
         gdr.load_corpus("irds:no/such/dataset")
     with pytest.raises(ValueError, match="path= does not apply to an ir_datasets id"):
         gdr.load_corpus(f"irds:{toy}", path="/tmp")
+
+
+def test_gdr_run_on_an_ir_datasets_id(toy, tmp_path, capsys):
+    """`gdr run data=irds data.id=...` end to end with tiny models: the test split of the id is scored, the train
+    split (another id) is not read, and the report names the collection."""
+    from tiny_models import tiny_llama
+
+    from gdr.cli import main
+
+    lm = tiny_llama()
+    lm.model.save_pretrained(tmp_path / "lm")
+    lm.tokenizer.save_pretrained(tmp_path / "lm")
+    out = tmp_path / "run"
+    argv = ["run", "data=irds", f"data.id={toy}", "data.n_docs=10", f"model.name={tmp_path / 'lm'}",
+            "model.max_doc_tokens=16", "sample.n_queries=8", "sample.batch_size=8", "sample.max_new_tokens=4",
+            "doc_queries.per_doc=1", "indexers=[gc]", "index.n_clusters=3", "index.leaf_size=3",
+            "index.gc.n_init=1", "index.gc.n_init_inner=1", "train.model.size=tiny", "train.trainer.max_steps=2",
+            "train.trainer.batch_size=8", "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false",
+            "train.trainer.val_beam=2", "train.trainer.num_sanity_val_steps=0", "train.optim.warmup_steps=1",
+            "evaluate.k=5", "evaluate.beam=5", "seeds=[0]", "progress=false", "threads=1", f"out={out}"]
+    assert main(argv) == 0
+    report = (out / "report.json").read_text()
+    assert '"bm25"' in report and "gdr-toy/test" in (out / "report.md").read_text()
+    bm25 = next(out.glob("bm25-*"))
+    assert (bm25 / "qrels.txt").read_text().splitlines() == ["q1 0 d7 1", "q2 0 d1 1", "q2 0 d4 1"]
