@@ -1,6 +1,7 @@
 """Collections by ir_datasets id (gdr.data.irds), offline: a dataset registered from local files in the test."""
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import ir_datasets  # in the test extra: a missing package fails here, it is never skipped
@@ -8,8 +9,8 @@ import pytest
 
 import gdr
 from gdr.config import load_config
-from gdr.data import corpus_from_config
-from gdr.data.irds import irds_split, load_irds, load_irds_queries
+from gdr.data import DataError, corpus_from_config
+from gdr.data.irds import irds_split, load_irds, load_irds_queries, load_irds_query_sets
 from gdr.data.splits import split_queries
 from gdr.rules import ConfigError
 from gdr.validate import validate
@@ -50,6 +51,11 @@ def toy(tmp_path_factory) -> str:
             ir_datasets.registry.register(f"{TOY}/{split}", Dataset(
                 doc_handler, TsvQueries(LocalDownload(root / f"{split}.queries.tsv"), GenericQuery),
                 TrecQrels(LocalDownload(root / f"{split}.qrels"), {0: "not relevant", 1: "relevant", 2: "key"})))
+        other = root / "other.tsv"  # another collection, judged by the same queries
+        other.write_text("x1\tx\tanother collection\n")
+        ir_datasets.registry.register(f"{TOY}-other/train", Dataset(
+            TsvDocs(LocalDownload(other), doc_cls=ToyDoc), TsvQueries(LocalDownload(root / "train.queries.tsv")),
+            TrecQrels(LocalDownload(root / "train.qrels"), {1: "relevant"})))
     return f"{TOY}/test"
 
 
@@ -133,3 +139,29 @@ def test_gdr_run_on_an_ir_datasets_id(toy, tmp_path, capsys):
     assert '"bm25"' in report and "gdr-toy/test" in (out / "report.md").read_text()
     bm25 = next(out.glob("bm25-*"))
     assert (bm25 / "qrels.txt").read_text().splitlines() == ["q1 0 d7 1", "q2 0 d1 1", "q2 0 d4 1"]
+
+
+def test_query_ids_add_their_splits_and_their_judged_documents(toy):
+    data = {"name": "irds", "id": toy, "query_ids": [f"{TOY}/train"], "n_docs": 7}
+    validate("run", load_config("run", ["data=irds", f"data.id={toy}", f"data.query_ids=[{TOY}/train]"]))
+    corpus = corpus_from_config(data)
+    # judged relevant by the test (d1, d4, d7) or the train queries (d3, d5), judged not relevant (d2, d10)
+    assert corpus.doc_ids == ["d1", "d2", "d3", "d4", "d5", "d7", "d10"]
+    train = split_queries({"name": "irds", "split": "train", "path": None}, data, set(corpus.doc_ids))
+    assert train.qids == ["t1", "t2"] and train.relevant == [["d3"], ["d5"]]
+    test = split_queries({"name": "irds", "split": "test", "path": None}, data, set(corpus.doc_ids))
+    assert test.qids == ["q1", "q2"]
+    with pytest.raises(DataError, match="name the split 'test' twice"):
+        load_irds_query_sets(toy, [toy])
+    with pytest.raises(DataError, match=r"judges the documents of 'gdr-toy-other/train'.*name ids of one collection"):
+        load_irds_query_sets(toy, [f"{TOY}-other/train"])
+    with pytest.raises(ConfigError, match=r"data.query_ids.*'gdr-toy/tset' is not an ir_datasets id"):
+        validate("run", load_config("run", ["data=irds", f"data.id={toy}", f"data.query_ids=[{TOY}/tset]"]))
+
+
+def test_without_ir_datasets_the_error_names_the_extra(toy, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ir_datasets", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"data=irds needs ir_datasets: pip install 'gdr\[irds\]'"):
+        gdr.load_corpus(f"irds:{toy}")
+    with pytest.raises(ConfigError, match=r"data.id=gdr-toy/test: data=irds needs ir_datasets: pip install"):
+        validate("run", load_config("run", ["data=irds", f"data.id={toy}"]))

@@ -2,7 +2,9 @@
 pt.Experiment with its BM25, offline and without Java."""
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -78,3 +80,10 @@ def test_a_missing_retriever_names_those_the_run_has(run_dir):
         BM25.from_run(run_dir / "nothing")
     train = RunFolder(run_dir).stage_folder("train-gc-s0")
     assert GenerativeRetriever.from_run(train, k=5).k == 5  # a train folder is taken as it is
+
+
+def test_without_pyterrier_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyterrier", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "gdr.pyterrier")
+    with pytest.raises(ImportError, match=r"^gdr.pyterrier needs PyTerrier: pip install 'gdr\[pyterrier\]'"):
+        importlib.import_module("gdr.pyterrier")

@@ -162,6 +162,13 @@ def irds_id(v, sec):
     return irds_problem(v)
 
 
+def irds_ids(v, sec):
+    """``data.query_ids``: a list of ids ir_datasets knows, with data=irds only."""
+    if non_empty_list(v, sec):
+        return "must be a non-empty list of ir_datasets ids"
+    return next((f"{i!r} {p}" for i, p in ((i, irds_id(i, sec)) for i in v) if p), None)
+
+
 # the scoring functions' choice for judgements of documents not in the corpus (QuerySet.judged_in) and of the
 # qrels readers (gdr.data.beir.read_qrels)
 DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
@@ -188,6 +195,8 @@ DATA_RULES = (
     Rule("data.encoding", text_encoding, "data=trec: the files' text encoding"),
     Rule("data.id", optional(irds_id), "data=irds: the ir_datasets id of documents, queries and qrels "
                                        "(beir/scifact/test)"),
+    Rule("data.query_ids", optional(irds_ids), "data=irds: ids of the same documents whose queries join data.id's, "
+                                               "each in the split its id names ([beir/scifact/train])"),
     Rule("data.query_field", optional(field_name), "data=irds: the queries' text field; null = text or "
                                                    "default_text()"),
     DROP_UNKNOWN_RULE,
@@ -238,6 +247,7 @@ def load_corpus(
     text_fields: Sequence[str] | None = None,
     title_fields: Sequence[str] | None = None,
     encoding: str | None = None,
+    query_ids: Sequence[str] | None = None,
 ) -> Corpus:
     """Load a corpus by name, optionally subsampled.
 
@@ -257,12 +267,14 @@ def load_corpus(
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
     text_fields, title_fields, encoding : ``trec`` only: the SGML fields holding the text (default ``TEXT``), the
         title (the first of ``TITLE``, ``HEADLINE``, ``HEAD``), and the files' encoding; see :mod:`gdr.data.trec`.
+    query_ids : ``irds:<id>`` only: ids of the same documents whose judged documents ``n_docs`` keeps first too
+        (their queries join in :func:`gdr.data.splits.split_queries`); see :mod:`gdr.data.irds`.
     """
     check_values({"n_docs": n_docs, "seed": seed}, DATA_RULES, {"n_docs": "data.n_docs", "seed": "data.seed"})
     source = {"name": name, "path": None if path is None else os.fspath(path)}
     if isinstance(name, str) and name.startswith(IRDS_PREFIX):
         return _load_irds_corpus(name, path=path, docs_tsv=docs_tsv, split=split, n_docs=n_docs, seed=seed,
-                                 on_empty=on_empty, drop_title=drop_title, others=(
+                                 on_empty=on_empty, drop_title=drop_title, query_ids=query_ids, others=(
                                      id_field, text_field, title_field, label_field, text_fields, title_fields,
                                      encoding))
     name, path = _resolve(name, path)
@@ -270,6 +282,8 @@ def load_corpus(
                                 ("label_field", label_field)) if v is not None}
     trec = {k: v for k, v in (("text_fields", text_fields), ("title_fields", title_fields), ("encoding", encoding))
             if v is not None}
+    if query_ids is not None:
+        raise ValueError(f"query_ids= applies to an ir_datasets id (irds:<id>), not {name!r}")
     _check_applies(name, fields, trec, split, docs_tsv)
     kw = {} if on_empty is None else {"on_empty": on_empty}
     if name in ("r2", "r5", "reuters"):
@@ -313,7 +327,8 @@ def _check_applies(name: str, fields: dict, trec: dict, split, docs_tsv) -> None
         raise ValueError(f"docs_tsv= applies to msmarco-lite and nq320k, not {name!r}")
 
 
-def _load_irds_corpus(name: str, *, path, docs_tsv, split, n_docs, seed, on_empty, drop_title, others) -> Corpus:
+def _load_irds_corpus(name: str, *, path, docs_tsv, split, n_docs, seed, on_empty, drop_title, query_ids,
+                      others) -> Corpus:
     """``load_corpus("irds:<id>")``: the documents of an ir_datasets id (:mod:`gdr.data.irds`), ``n_docs`` of them
     judged ones first."""
     given = [k for k, v in (("path", path), ("docs_tsv", docs_tsv), ("split", split)) if v is not None]
@@ -321,7 +336,8 @@ def _load_irds_corpus(name: str, *, path, docs_tsv, split, n_docs, seed, on_empt
         what = given[0] if given else "a field setting"
         raise ValueError(f"{what}= does not apply to an ir_datasets id ({name!r}): ir_datasets finds the files "
                          "itself, and a split is named by the id (beir/scifact/train, beir/scifact/test)")
-    corpus = load_irds(name[len(IRDS_PREFIX):], n_docs=n_docs, seed=seed, on_empty=on_empty or "error")
+    corpus = load_irds(name[len(IRDS_PREFIX):], n_docs=n_docs, seed=seed, on_empty=on_empty or "error",
+                       judged_by=query_ids or ())
     if drop_title:
         corpus = drop_titles(corpus)
     corpus.info["data"] = {"name": name, **({"drop_title": True} if drop_title else {})}

@@ -9,7 +9,8 @@ reads it from there; gdr reads its documents, queries and qrels through it and k
   Only queries with a relevant judgement (``relevance >= min_relevance``) are kept; grades are kept.
 - The split: an id names one query set; its split is the last part of the id that is ``train``, ``dev``
   (``valid``, ``validation``) or ``test`` (``msmarco-passage/dev/small`` -> dev), else ``test``
-  (``vaswani``, ``cranfield``), as a qrels file not named after a split is the test split.
+  (``vaswani``, ``cranfield``), as a qrels file not named after a split is the test split. ``query_ids`` (ids of
+  the same documents) add their splits: ``data.id=beir/scifact/test data.query_ids=[beir/scifact/train]``.
 - ``n_docs``: a subset, judged documents first. Documents judged relevant by a query of the id come first, then
   the other judged ones, then the rest; within each group a uniform draw with ``seed``; kept in collection order.
   The collection is read once, holding at most ``2 * n_docs`` documents' texts at a time.
@@ -25,7 +26,7 @@ from gdr.data.core import Corpus, DataError, DocTable, QuerySet
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PREFIX", "irds_split", "load_irds", "load_irds_queries", "irds_problem"]
+__all__ = ["PREFIX", "irds_split", "load_irds", "load_irds_queries", "load_irds_query_sets", "irds_problem"]
 
 PREFIX = "irds:"  # load_corpus("irds:<id>")
 _SPLIT_WORDS = {"train": "train", "dev": "dev", "valid": "dev", "validation": "dev", "test": "test"}
@@ -60,6 +61,7 @@ def irds_problem(dataset_id: Any) -> str | None:
 
 
 def _load(dataset_id: str):
+    _ir_datasets()  # a missing package is an ImportError naming the extra, not a bad id
     problem = irds_problem(dataset_id)
     if problem:
         raise ValueError(f"ir_datasets id {dataset_id!r}: {problem}")
@@ -82,21 +84,23 @@ def _doc_text(doc) -> tuple[str, str | None]:
     return " ".join(str(getattr(doc, f)) for f in fields if f != "doc_id" and isinstance(getattr(doc, f), str)), None
 
 
-def _judged(ds, min_relevance: int) -> tuple[set[str], set[str]]:
-    """(documents judged relevant, documents judged at all) by the qrels of ``ds`` (empty without qrels)."""
-    if not ds.has_qrels():
-        return set(), set()
+def _judged(datasets, min_relevance: int) -> tuple[set[str], set[str]]:
+    """(documents judged relevant, documents judged at all) by the qrels of ``datasets`` (those that have qrels)."""
     relevant, judged = set(), set()
-    for q in ds.qrels_iter():
-        judged.add(q.doc_id)
-        if q.relevance >= min_relevance:
-            relevant.add(q.doc_id)
+    for ds in datasets:
+        if not ds.has_qrels():
+            continue
+        for q in ds.qrels_iter():
+            judged.add(q.doc_id)
+            if q.relevance >= min_relevance:
+                relevant.add(q.doc_id)
     return relevant, judged
 
 
 def load_irds(dataset_id: str, *, n_docs: int | None = None, seed: int = 0, on_empty: str = "error",
-              min_relevance: int = 1) -> Corpus:
-    """The documents of ir_datasets' ``dataset_id`` (all, or ``n_docs`` of them, judged ones first)."""
+              min_relevance: int = 1, judged_by: tuple[str, ...] | list[str] = ()) -> Corpus:
+    """The documents of ir_datasets' ``dataset_id`` (all, or ``n_docs`` of them, judged ones first: judged by the
+    qrels of ``dataset_id`` and of the ids ``judged_by``)."""
     ds = _load(dataset_id)
     if not ds.has_docs():
         raise DataError(f"ir_datasets id {dataset_id!r} has no documents (it provides {ds!r}); name a dataset that "
@@ -108,7 +112,7 @@ def load_irds(dataset_id: str, *, n_docs: int | None = None, seed: int = 0, on_e
             text, title = _doc_text(doc)
             table.add(str(doc.doc_id), text, title, where=f"{source} doc {doc.doc_id}")
         return table.build(dataset_id, source)
-    relevant, judged = _judged(ds, min_relevance)
+    relevant, judged = _judged([ds, *(_load(i) for i in judged_by)], min_relevance)
     kept, n_seen = _subset(ds.docs_iter(), n_docs, seed, relevant, judged)
     for _, doc in sorted(kept, key=lambda r: r[0]):  # collection order
         text, title = _doc_text(doc)
@@ -146,6 +150,30 @@ def _subset(docs, n: int, seed: int, relevant: set[str], judged: set[str]) -> tu
         best = np.sort(np.argpartition(keys, n - 1)[:n])
         held = [held[i] for i in best]
     return held, n_seen
+
+
+def load_irds_query_sets(dataset_id: str, query_ids=(), *, query_field: str | None = None,
+                         min_relevance: int = 1) -> QuerySet:
+    """The queries of ``dataset_id`` and of each of ``query_ids`` (ids of the same documents, e.g.
+    ``beir/scifact/train`` beside ``beir/scifact/test``), each in the split its id names, as one set."""
+    sets = [load_irds_queries(i, query_field=query_field, min_relevance=min_relevance)
+            for i in (dataset_id, *query_ids)]
+    if query_ids:
+        ird = _ir_datasets()
+        docs = ird.docs_parent_id(dataset_id)
+        other = next((i for i in query_ids if ird.docs_parent_id(i) != docs), None)
+        if other is not None:
+            raise DataError(f"data.query_ids: {other!r} judges the documents of {ird.docs_parent_id(other)!r}, "
+                            f"data.id={dataset_id!r} those of {docs!r}; name ids of one collection")
+    splits = [qs.splits[0] for qs in sets if len(qs)]
+    if len(set(splits)) != len(splits):
+        raise DataError(f"data.id and data.query_ids name the split {max(splits, key=splits.count)!r} twice "
+                        f"({', '.join((dataset_id, *query_ids))}); each id gives one split (train, dev, test)")
+    return QuerySet(name=dataset_id, qids=[q for qs in sets for q in qs.qids],
+                    texts=[t for qs in sets for t in qs.texts], relevant=[r for qs in sets for r in qs.relevant],
+                    splits=[x for qs in sets for x in qs.splits], grades=[g for qs in sets for g in qs.grades],
+                    info={"source": ", ".join(qs.info["source"] for qs in sets),
+                          "filtered": {"no_relevant": sum(qs.info["filtered"]["no_relevant"] for qs in sets)}})
 
 
 def load_irds_queries(dataset_id: str, *, query_field: str | None = None, min_relevance: int = 1) -> QuerySet:
