@@ -50,6 +50,15 @@ def test_experiment_runs_with_pyterriers_significance_tests(run_dir):
     assert table["RR@10 p-value"].iloc[1:].between(0, 1).all() and pd.isna(table["RR@10 p-value"].iloc[0])
     assert not pt.java.started()
 
+    # PyTerrier's figures are the report's (gdr's metrics.json: recall@1 is Success@1, at the run's depth k = 10)
+    means = pt.Experiment([bm25, gc, hkmi], topics, qrels, eval_metrics=[Success @ 1, RR @ 10], names=["bm25", "gc",
+                          "hkmi"]).set_index("name")
+    for name, stage in (("gc", "eval-gc-s0"), ("hkmi", "eval-hkmi-s0"), ("bm25", "bm25")):
+        m = json.loads((_stage(run_dir, stage) / "metrics.json").read_text())["systems"]
+        m = m["bm25" if name == "bm25" else "gdr"]
+        assert means.loc[name, "Success@1"] == pytest.approx(m["recall@1"], abs=1e-9), name
+        assert means.loc[name, "RR@10"] == pytest.approx(m["mrr@100"], abs=1e-9), name
+
     # the same rows as the run's own evaluation: gdr's run.trec and bm25.trec on its test queries
     for system, stage, file in ((gc, "eval-gc-s0", "run.trec"), (hkmi, "eval-hkmi-s0", "run.trec"),
                                 (bm25, "bm25", "bm25.trec")):
