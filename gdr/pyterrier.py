@@ -89,16 +89,16 @@ class RunFolder:
     def queries(self, split: str = "test"):
         """The ``split`` queries the run scores on (those with a relevant document in the corpus), a
         :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split."""
-        from gdr.data.splits import split_queries
+        from omegaconf import OmegaConf
 
-        q = self.config["queries"]
-        section = {"name": q["name"], "split": split, "path": q.get("path")}
-        if q["name"] == "titles":
-            section.update(seed=int(q.get("seed") or 0), fractions=list(q.get("fractions") or (0.8, 0.1, 0.1)))
+        from gdr.data.splits import split_queries
+        from gdr.pipeline import _queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
+
+        section = _queries_section(OmegaConf.create(self.config), split)
         qs = split_queries(section, self.config["data"], set(self.corpus.doc_ids), self.config["data"].get("docs_tsv"))
         if qs is None or len(qs) == 0:
-            raise ValueError(f"{self.path}: the run's query set {q['name']!r} has no {split!r} query with a relevant "
-                             "document in its corpus")
+            raise ValueError(f"{self.path}: the run's query set {section['name']!r} has no {split!r} query with a "
+                             "relevant document in its corpus")
         return qs
 
 
