@@ -26,6 +26,8 @@ from gdr.data import (
     load_title_queries,
     load_trec,
 )
+from gdr.data.irds import PREFIX as IRDS_PREFIX
+from gdr.data.irds import load_irds_query_sets
 from gdr.rules import ConfigError
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,10 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
         qs = _file_queries(data, corpus_ids)
         if qs is None:
             return None
+    elif name == "irds" or name.startswith(IRDS_PREFIX):  # an ir_datasets id: its queries and qrels
+        qs = load_irds_query_sets(data["id"] if name == "irds" else name[len(IRDS_PREFIX):],
+                                  list(data.get("query_ids") or ()), query_field=data.get("query_field"),
+                                  min_relevance=int(data.get("min_relevance") or 1))
     elif name == "titles":  # each title is the query of its own article (bbc, r2, r5)
         qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
                                 fractions=tuple(q.get("fractions") or (0.8, 0.1, 0.1)))
