@@ -32,6 +32,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from gdr import cost
+from gdr.data.titles import TITLE_FRACTIONS
 from gdr.models import BUNDLED
 from gdr.stages.train import model_config_from
 from training.concurrent import concurrent_for_memory
@@ -375,7 +376,7 @@ def _sizes(cfg) -> tuple[int, int, int]:
                          f"set data.n_docs=<documents>")
     n_docs = int(n_docs)
     if str(cfg.queries.name) == "titles":
-        fr = list(cfg.queries.fractions)
+        fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
         return n_docs, int(fr[0] * n_docs), int(fr[2] * n_docs)
     scale = n_docs / CORPUS_DOCS.get(name, n_docs)
     return n_docs, int(TRAIN_QUERIES.get(name, 0) * scale), int(TEST_QUERIES.get(name, 1000) * scale)
