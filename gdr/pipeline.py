@@ -782,10 +782,9 @@ def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
     qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
                        cfg.data.get("docs_tsv"))
     split = f"`{cfg.queries.train_split}`"
-    if cfg.queries.get("folds") is not None:  # that section is every topic
+    if cfg.queries.get("folds") is not None:
         k = int(cfg.queries.folds)
-        return (f"the topics of the other {k - 1} of {k} folds ({len(qs)} topics in all)"
-                + (" and generated queries" if use_generated else ""))
+        return f"the topics of the {k - 1} other folds of {k}" + (" and generated queries" if use_generated else "")
     if qs is not None and len(qs):
         return f"{split} ({len(qs)} queries)" + (" and generated queries" if use_generated else "")
     name = corpus.name if cfg.queries.name == cfg.data.name else cfg.queries.name  # a BEIR folder by its name
