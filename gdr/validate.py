@@ -25,7 +25,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from gdr.data import CORPORA, DATA_RULES, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, DataError
+from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, DataError
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -199,6 +199,8 @@ INDEX_COMMAND = (
 TRAIN_COMMAND = (
     Rule("docids", existing("file"), "docids.tsv from `gdr index`"),
     FRACTIONS_RULE,
+    FOLDS_RULE,
+    FOLD_RULE,
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
     Rule("queries.path", optional(existing())),
     *QUERY_RULES[1:],
@@ -206,6 +208,8 @@ TRAIN_COMMAND = (
 EVALUATE_COMMAND = (
     Rule("run_dir", train_run),
     FRACTIONS_RULE,
+    FOLDS_RULE,
+    FOLD_RULE,
     Rule("queries.path", optional(existing())),
 )
 RUN = (

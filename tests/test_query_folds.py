@@ -13,6 +13,7 @@ from test_pipeline import TOPICS, _args, setup  # noqa: F401  (module fixture: a
 
 import gdr
 from gdr.cli import main
+from gdr.config import rerun_command
 from gdr.data import load_trec
 from gdr.data.splits import check_query_splits, fold_of, split_queries
 from gdr.data.titles import split_of
@@ -134,6 +135,9 @@ def test_five_folds_test_every_topic_and_compare_the_schemes_over_all_of_them(se
     assert [(x["fold"], x["indexer"]) for x in lines] == [(f, m) for f in range(5) for m in ("hkmi", "random")]
     bm25 = json.loads((out / stages["bm25"]["folder"] / "per_query.json").read_text())
     assert set(bm25["qids"]) == topics
+    # a fold's training folder reruns by hand on the same topics (its saved config names the fold)
+    cmd = rerun_command("train", out / stages["train-hkmi-s0-f2"]["folder"])
+    assert "+queries.folds=5" in cmd and "+queries.fold=2" in cmd
     # the same settings again reuse every stage
     assert main(args[:1] + ["data=trec", *data] + args[1:]) == 0
     capsys.readouterr()

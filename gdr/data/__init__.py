@@ -179,6 +179,9 @@ FRACTIONS_RULE = Rule("queries.fractions", optional(fractions),
 FOLDS_RULE = Rule("queries.folds", optional(int_at_least(2)),
                   "K-fold cross-validation over the topics: K retrievers per scheme and seed, each trained without "
                   "one fold and scored on it, so every topic is a test topic; null = one train/test split")
+# a `gdr train` / `gdr evaluate` of one fold (what a `gdr run` stage folder saves)
+FOLD_RULE = Rule("queries.fold", optional(int_at_least(0)),
+                 "with queries.folds: the fold held out, whose topics are the test split; null = every topic")
 QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
 SPLIT_RULE = Rule("split", one_of(*SPLITS), "the query split")
 
