@@ -169,3 +169,10 @@ def test_a_run_cut_short_compares_the_schemes_on_the_folds_it_finished(setup, tr
     fold0 = len(json.loads(next(out.glob("eval-random-s0-f0-*/per_query.json")).read_text())["qids"])
     # hkmi has folds 0 and 1, random fold 0: compared on fold 0's topics
     assert [c["n_queries"] for c in report["comparisons"]] == [fold0] * 3
+
+
+def test_a_seed_s_figures_over_its_folds_weigh_each_fold_by_its_topics():
+    from gdr.pipeline import _pooled_metrics
+
+    rows = [{"recall@1": 1.0, "R@10": 0.5, "n_queries": 1}, {"recall@1": 0.0, "R@10": 1.0, "n_queries": 3}]
+    assert _pooled_metrics(rows) == {"recall@1": 0.25, "R@10": 0.875, "n_queries": 4}
