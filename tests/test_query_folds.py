@@ -176,3 +176,11 @@ def test_a_seed_s_figures_over_its_folds_weigh_each_fold_by_its_topics():
 
     rows = [{"recall@1": 1.0, "R@10": 0.5, "n_queries": 1}, {"recall@1": 0.0, "R@10": 1.0, "n_queries": 3}]
     assert _pooled_metrics(rows) == {"recall@1": 0.25, "R@10": 0.875, "n_queries": 4}
+
+
+def test_the_api_takes_the_folds_too(trec):
+    corpus = gdr.load_corpus(trec["path"])
+    test = gdr.split_queries(corpus, "test", data=trec, folds=5, fold=2)
+    assert test.qids == _split(trec, "test", folds=5, fold=2, seed=0).qids and len(test) == 3
+    with pytest.raises(ValueError, match=r"^fold=5: must be one of the folds 0 \.\. folds-1 \(folds=5\)$"):
+        gdr.split_queries(corpus, "test", data=trec, folds=5, fold=5)
