@@ -779,12 +779,12 @@ def _train_settings(run: RunContext) -> TrainSettings:
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
     """What the retrievers of a run learnt from, in words, for the report: the real training split when the
     query set has one, else generated queries (and the documents' own windows) only."""
-    qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
-                       cfg.data.get("docs_tsv"))
-    split = f"`{cfg.queries.train_split}`"
     if cfg.queries.get("folds") is not None:
         k = int(cfg.queries.folds)
         return f"the topics of the {k - 1} other folds of {k}" + (" and generated queries" if use_generated else "")
+    qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
+                       cfg.data.get("docs_tsv"))
+    split = f"`{cfg.queries.train_split}`"
     if qs is not None and len(qs):
         return f"{split} ({len(qs)} queries)" + (" and generated queries" if use_generated else "")
     name = corpus.name if cfg.queries.name == cfg.data.name else cfg.queries.name  # a BEIR folder by its name
