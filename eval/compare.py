@@ -183,8 +183,10 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
 def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = None,
                     metrics: Sequence[str] = PAIRED_METRICS, n_resamples: int = 9999, seed: int = 0) -> list[dict]:
     """The paired comparisons of a run: ``eval_dirs`` maps a system to its evaluation folders (one per seed),
-    each holding ``per_query.json`` (:func:`eval.retrieval.write_per_query`). ``reference`` (default: the
-    first system) is compared with every other; values in percentage points. Fewer than two systems: []."""
+    each holding ``per_query.json`` (:func:`eval.retrieval.write_per_query`); a seed given as a list of folders
+    (cross-validation: one per fold, each scored on its own topics) has their per-query results joined.
+    ``reference`` (default: the first system) is compared with every other; values in percentage points. Fewer
+    than two systems: []."""
     from pathlib import Path
 
     from eval.retrieval import PER_QUERY_FILE, per_query_metrics, read_per_query
@@ -196,13 +198,15 @@ def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = N
     for name, dirs in eval_dirs.items():
         rows = []
         for d in dirs:
-            q, first = read_per_query(Path(d) / PER_QUERY_FILE)
+            folders = list(d) if isinstance(d, (list, tuple)) else [d]
+            parts = [read_per_query(Path(f) / PER_QUERY_FILE) for f in folders]
+            q, first = [x for p, _ in parts for x in p], np.concatenate([r for _, r in parts])
             if name in qids and q != qids[name]:
                 # seeds of one system are scored on the same queries in the same order; align if not
                 pos = {x: i for i, x in enumerate(q)}
                 missing = [x for x in qids[name] if x not in pos]
                 if missing:
-                    raise ValueError(f"{Path(d) / PER_QUERY_FILE}: query {missing[0]!r} of the other seeds of "
+                    raise ValueError(f"{Path(folders[0]) / PER_QUERY_FILE}: query {missing[0]!r} of the other seeds of "
                                      f"{name} is missing; re-run its evaluation")
                 first = first[[pos[x] for x in qids[name]]]
             qids.setdefault(name, q)

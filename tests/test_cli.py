@@ -89,8 +89,10 @@ def test_help_is_generated_from_the_configs_and_the_rules(capsys):
     out = capsys.readouterr().out
     lines = {ln.split(" = ")[0].strip(): ln for ln in out.splitlines() if " = " in ln}
     assert "J [a positive integer]" in lines["sample.n_queries"] and "= 64 " in lines["sample.n_queries"]
-    assert "titles only: expected train/dev/test shares" in lines["queries.fractions"]
-    assert "[three numbers >= 0" in lines["queries.fractions"]
+    fractions = lines["queries.fractions"]
+    assert "= null" in fractions and "train/dev/test shares of the topics" in fractions
+    assert "[null or three numbers >= 0" in out  # the rule, on a wrapped line
+    assert "= null" in lines["queries.folds"] and "cross-validate over K folds" in lines["queries.folds"]
     assert "= small30m" in lines["train.model.size"] and "tiny | mini" in out
     assert "bbc (default) |" in out and "+experiment" in out and "demo" in out
     for command in ("train", "sample", "index"):

@@ -37,7 +37,7 @@ from gdr.data.irds import irds_problem, load_irds, load_irds_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
-from gdr.data.titles import drop_titles, title_queries
+from gdr.data.titles import TITLE_FRACTIONS, drop_titles, title_queries
 from gdr.data.trec import format_hint, is_trec_folder, load_trec, sniff
 from gdr.rules import (
     FILE,
@@ -49,6 +49,7 @@ from gdr.rules import (
     field_name,
     fractions,
     get,
+    int_at_least,
     integer,
     non_empty_list,
     one_of,
@@ -201,8 +202,16 @@ DATA_RULES = (
                                                    "default_text()"),
     DROP_UNKNOWN_RULE,
 )
-# ``queries:`` of title queries: the split's shares and seed (load_title_queries, gdr.split_queries)
-FRACTIONS_RULE = Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents")
+# ``queries:`` split by a setting (gdr.data.splits): shares or folds of the topics, seeded by topic id
+FRACTIONS_RULE = Rule("queries.fractions", optional(fractions),
+                      "train/dev/test shares of the topics, split by a seeded hash of the topic id; null = the query "
+                      "set's own splits (titles, which have none: 0.8/0.1/0.1)")
+FOLDS_RULE = Rule("queries.folds", optional(int_at_least(2)),
+                  "K-fold cross-validation over the topics: K retrievers per scheme and seed, each trained without "
+                  "one fold and scored on it, so every topic is a test topic; null = one train/test split")
+# a `gdr train` / `gdr evaluate` of one fold (what a `gdr run` stage folder saves)
+FOLD_RULE = Rule("queries.fold", optional(int_at_least(0)),
+                 "with queries.folds: the fold held out, whose topics are the test split; null = every topic")
 QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
 SPLIT_RULE = Rule("split", one_of(*SPLITS), "the query split")
 
@@ -386,7 +395,7 @@ def load_title_queries(
     *,
     path: str | os.PathLike | None = None,
     seed: int = 0,
-    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    fractions: tuple[float, float, float] = TITLE_FRACTIONS,
 ) -> QuerySet:
     """Title queries of the whole corpus ``name`` (one of ``TITLE_CORPORA``), optionally one split.
 

@@ -111,7 +111,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
-                 predicted: dict[str, float | None] | None = None) -> dict:
+                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -119,13 +119,16 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     (:class:`gdr.pipeline.StageRecord`); ``results``: per indexer, one row of test metrics per seed;
     ``indexes``: per indexer, the facts of its index (depth, balance); ``bm25``, ``cluster``: the facts of
     those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
-    each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`); ``corpus_name``:
+    each with ``per_query.json``; a list of folders, one per fold, joined) for the paired comparisons against GC
+    (:mod:`eval.compare`); ``corpus_name``:
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
     retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
     to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
     says so; ``unknown_qrels``: the relevant judgements of the test split dropped for naming documents not in the
     corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
-    (None or absent: not predicted, "n/a"), set beside the measured ones."""
+    (None or absent: not predicted, "n/a"), set beside the measured ones; ``query_split``: how the topics were
+    split (``{"by": "folds" | "fractions" | "query set", ...}``, :func:`gdr.pipeline.query_split`), said in the
+    report."""
     from eval.compare import compare_folders, find, verdict
 
     cfg = settings
@@ -147,6 +150,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
               f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
               f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
+    lines += _split_lines(query_split or {})
     if said:
         lines += [f"**{said}**", ""]
     if cfg['queries']['name'] == "titles":
@@ -169,7 +173,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               "columns": labels,
               "retrieval": summary,
               "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
-              "queries": queries_name, "unknown_qrels": unknown_qrels,
+              "queries": queries_name, "query_split": query_split, "unknown_qrels": unknown_qrels,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
@@ -182,6 +186,20 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def _split_lines(split: dict) -> list[str]:
+    """The report's sentence on how the topics were split (nothing for the query set's own splits)."""
+    if split.get("by") == "folds":
+        return [f"Cross-validated over {split['folds']} folds of the {split['n_topics']} topics (a seeded hash of "
+                f"the topic id, queries.seed={split['seed']}): each retriever is trained without one fold's topics "
+                "and scored on them, so every topic is a test topic once; a seed's figures, its per-query results "
+                "and the paired comparisons are over all the topics, joined over the folds.", ""]
+    if split.get("by") == "fractions":
+        shares = "/".join(f"{x:g}" for x in split["fractions"])
+        return [f"Topics split train/dev/test {shares} by a seeded hash of their ids (queries.fractions, "
+                f"queries.seed={split['seed']}).", ""]
+    return []
 
 
 def _comparison_lines(comparisons: list[dict]) -> list[str]:
