@@ -205,7 +205,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     ``examples``, ``model``, ``optim``, ``trainer`` dicts merged onto the defaults (e.g.
     ``trainer={"max_epochs": 5, "batch_size": 32}``; a progress bar shows by default:
     ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``training.train.TrainResult``
-    (``model_dir``, ``best_val_recall1``, ``global_step`` ...)."""
+    (``model_dir``, ``best_score`` of the dev metric ``monitor``, ``global_step`` ...)."""
     from gdr.stages.train import train_retriever as stage
 
     _need_corpus(corpus)
