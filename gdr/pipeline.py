@@ -8,8 +8,8 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer
     bm25-<key>/              BM25 on the test queries (reference)
     train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
-    eval-<method>-s<seed>-<key>/            gdr evaluate  Recall@1/10/100, MRR@100, TREC run
-    retrievers.jsonl         one line of test figures per retriever of this run finished so far, rewritten as each finishes
+    eval-<method>-s<seed>-<key>/            gdr evaluate  Success@1/10/k, R@10/k, RR@k (k = evaluate.k), TREC run
+    retrievers.jsonl         a line of test figures per retriever of this run finished so far (rewritten)
     report.md  report.png  report.json  run.config.yaml
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
