@@ -92,7 +92,7 @@ def _main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest) and not _own_help(name, rest):
         from gdr.cli.help import command_help
 
-        print(command_help(name, HELP[name]))
+        print(command_help(name, HELP[name], [a for a in rest if a not in ("-h", "--help")]))
         return 0
     setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]
