@@ -113,6 +113,18 @@ def test_the_best_checkpoint_is_printed_and_stored_under_the_metric_that_picked_
     assert f"best val/recall@1: {man['best_val_score']}" in capsys.readouterr().out
 
 
+def test_lightnings_progress_bar_is_not_written_into_a_log_file(toy, tmp_path, capfd, caplog):
+    """`gdr train ... > train.log 2>&1` (stdout and stderr not a terminal) with the default
+    `trainer.enable_progress_bar=true`: no Lightning bar redraws in the output, while the log keeps the line of
+    each validation."""
+    args = [a for a in _args(toy, tmp_path / "run", "trainer.max_steps=10") if "enable_progress_bar" not in a]
+    with caplog.at_level(logging.INFO, logger="training.callbacks"):
+        assert main(args) == 0
+    out, err = capfd.readouterr()
+    assert "Epoch " not in out + err and "it/s" not in out + err  # Lightning's bar, rich's or tqdm's
+    assert re.search(r"step 10 \(epoch 1\): train loss \d\.\d{4}, val/recall@1", caplog.text), caplog.text
+
+
 def test_min_steps_above_max_steps_is_refused(toy, tmp_path, capsys):
     """min_steps > max_steps is refused by name (the command and the settings class), not trained to max_steps
     without a word."""

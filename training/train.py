@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ import torch
 
 from gdr import cost, signals
 from gdr.device import free_memory
+from gdr.logs import on_terminal
 from indexing.docids import write_docids
 from indexing.trie import DocidTrie, build_trie
 from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, TrainingCSVLogger, ValidationLog
@@ -411,7 +413,10 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
     callbacks = [stop.first, *([best_ckpt] if best_ckpt else []), last_ckpt, stop, recorder,
                  pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
                  ValidationLog(t.monitor, run.batch_size * run.world_size), *extra]
-    if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
+    # Lightning's bar (on stdout) only on a terminal: in a log file every refresh would stay as a line, and the
+    # log has ValidationLog's line per validation instead
+    progress = t.enable_progress_bar and on_terminal(sys.stdout)
+    if progress and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     min_steps = _min_steps(t, run, len(data.examples.train), has_dev)
     stopping = _early_stopping(t, run, len(data.examples.train), min_steps) if has_dev else None
@@ -423,7 +428,7 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
         log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=_loggers(out, t.tensorboard),
-        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
+        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=progress,
         enable_model_summary=False, deterministic=False, plugins=[AtomicCheckpointIO()],
     )
     return trainer, best_ckpt, recorder
