@@ -267,7 +267,7 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = 100
     names = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
     for ax, m in zip(axes, ("recall@1", f"mrr@{k}")):
-        mu = [summary[n][m] for n in names]
+        mu = [summary[n].get(m, float("nan")) for n in names]
         sd = [summary[n].get(f"{m}_std", 0.0) for n in names]  # one seed: no error bar
         ax.bar(range(len(names)), mu, yerr=sd, capsize=4, color="#4c72b0")
         if bm25 is not None:
@@ -294,7 +294,8 @@ def headline(report: dict) -> dict:
     ret = report["retrieval"]
     if "gc" in ret:
         out["recall_at_1"] = ret["gc"]["recall@1"]
-        out["mrr_at_100"] = ret["gc"][f"mrr@{report.get('results_per_query') or 100}"]
+        gc = ret["gc"]  # an evaluation of before the depth naming, deeper than 100, has RR@100 alone
+        out["mrr_at_100"] = gc.get(f"mrr@{report.get('results_per_query') or 100}", gc.get("mrr@100"))
     for method, m in ret.items():
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):
