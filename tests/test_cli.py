@@ -121,3 +121,11 @@ def test_run_help_lists_every_setting_of_the_chosen_data_group(capsys, option):
     if option == "trec":
         lines = {ln.split(" = ")[0].strip(): ln for ln in out.splitlines() if " = " in ln}
         assert "= [TEXT]" in lines["data.text_fields"] and "= trec" in lines["data.name"]
+
+
+def test_help_with_an_option_that_does_not_exist_says_so_in_one_line(capsys):
+    """`gdr run data=nosuch --help`: the help of the defaults, with one line naming the option, not a traceback."""
+    assert main(["run", "data=nosuch", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "data=nosuch: " in out and "Could not find 'data/nosuch' (the defaults follow)" in out
+    assert "bbc (default)" in out and "Traceback" not in out

@@ -179,6 +179,7 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     defaults and meanings."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
 
     from gdr.config import conf_dir
     from gdr.rules import show
@@ -199,7 +200,12 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     chosen = _group_choices(cdir, list(overrides))
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(cdir), version_base=None):
-        full = compose(config_name=name, overrides=chosen, return_hydra_config=True)
+        try:
+            full = compose(config_name=name, overrides=chosen, return_hydra_config=True)
+        except HydraException as e:  # an option that does not exist: said, then the defaults
+            lines += ["", f"{' '.join(chosen)}: {str(e).splitlines()[0]} (the defaults follow)"]
+            chosen = []
+            full = compose(config_name=name, return_hydra_config=True)
     choices = dict(OmegaConf.to_container(full.hydra.runtime.choices))
     cfg = OmegaConf.masked_copy(full, [k for k in full.keys() if k != "hydra"])
     comments: dict[str, str] = {}
@@ -209,9 +215,9 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     rules = _rules("search" if command == "search" else command, cfg)
 
     groups = [(g.split("@")[0], c) for g, c in choices.items() if not g.startswith("hydra") and c is not None
-              and (cdir / g.split("@")[0]).is_dir() and not g.startswith("stage/")]
+              and (cdir / g.split("@")[0]).is_dir() and not g.startswith(("stage/", "experiment"))]
     if command == "run":
-        groups.append(("experiment", None))
+        groups.append(("experiment", choices.get("experiment")))
     if groups:
         lines += ["", "config groups (choose with group=<option>; an experiment with +experiment=<name>):"]
         for grp, choice in groups:
