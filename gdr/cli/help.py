@@ -173,14 +173,26 @@ def _group_choices(cdir: Path, overrides: list[str]) -> list[str]:
     return out
 
 
-def command_help(command: str, summary: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
-    """The text of ``gdr <command> --help``; ``summary``: the command's one-line description; ``overrides``: the
-    command line's other arguments, whose group choices (``data=trec``) pick the settings listed, with their
-    defaults and meanings."""
+def _compose(cdir: Path, name: str, chosen: list[str]) -> tuple[DictConfig, list[str], str | None]:
+    """(``conf/<name>.yaml`` composed with the group choices ``chosen`` and Hydra's own config, the choices it
+    took, a line naming a choice that does not exist, after which the defaults are composed instead)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(cdir), version_base=None):
+        try:
+            return compose(config_name=name, overrides=chosen, return_hydra_config=True), chosen, None
+        except HydraException as e:
+            note = f"{' '.join(chosen)}: {str(e).splitlines()[0]} (the defaults follow)"
+            return compose(config_name=name, return_hydra_config=True), [], note
+
+
+def command_help(command: str, summary: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The text of ``gdr <command> --help``; ``summary``: the command's one-line description; ``overrides``: the
+    command line's other arguments, whose group choices (``data=trec``) pick the settings listed, with their
+    defaults and meanings."""
     from gdr.config import conf_dir
     from gdr.rules import show
 
@@ -197,15 +209,8 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     header, _, _ = yaml_comments(cdir / f"{name}.yaml")
     if header:
         lines += ["", *header.splitlines()]
-    chosen = _group_choices(cdir, list(overrides))
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(cdir), version_base=None):
-        try:
-            full = compose(config_name=name, overrides=chosen, return_hydra_config=True)
-        except HydraException as e:  # an option that does not exist: said, then the defaults
-            lines += ["", f"{' '.join(chosen)}: {str(e).splitlines()[0]} (the defaults follow)"]
-            chosen = []
-            full = compose(config_name=name, return_hydra_config=True)
+    full, chosen, note = _compose(cdir, name, _group_choices(cdir, list(overrides)))
+    lines += ["", note] if note else []
     choices = dict(OmegaConf.to_container(full.hydra.runtime.choices))
     cfg = OmegaConf.masked_copy(full, [k for k in full.keys() if k != "hydra"])
     comments: dict[str, str] = {}
