@@ -209,12 +209,12 @@ class TrainingCSVLogger(pl.loggers.CSVLogger):
     ``resume_step``: None for a fresh start (an earlier file is replaced); else the global step of the checkpoint
     the training resumes from: the rows logged before it are kept and the new ones appended, while rows of step
     ``resume_step`` and later (logged after that checkpoint by a run killed before its next one) are dropped, as the
-    resumed run logs those steps again. Set it before the first row is logged (:func:`training.train.train` does,
-    once it knows the checkpoint)."""
+    resumed run logs those steps again. Given here or set before the first row is logged (:func:`training.train.train`
+    sets it once it knows the checkpoint)."""
 
-    def __init__(self, save_dir, name: str = "logs") -> None:
+    def __init__(self, save_dir, name: str = "logs", resume_step: int | None = None) -> None:
         super().__init__(save_dir, name=name, version="")
-        self.resume_step: int | None = None
+        self.resume_step = resume_step
 
     @property
     def experiment(self) -> ExperimentWriter:
