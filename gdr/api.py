@@ -216,7 +216,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     ``examples``, ``model``, ``optim``, ``trainer`` dicts merged onto the defaults (e.g.
     ``trainer={"max_epochs": 5, "batch_size": 32}``; a progress bar shows by default:
     ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``training.train.TrainResult``
-    (``model_dir``, ``best_val_recall1``, ``global_step`` ...)."""
+    (``model_dir``, ``best_score`` of the dev metric ``monitor``, ``global_step`` ...)."""
     from gdr.stages.train import train_retriever as stage
 
     _need_corpus(corpus)
@@ -229,7 +229,8 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
 
 def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
              drop_unknown_qrels: bool = False, **settings: Any) -> dict:
-    """Recall@1/10/100 and MRR@100 of the retriever trained in ``run_dir`` on the ``split`` queries of ``queries``
+    """Success@1/10/k, R@10/k and RR@k (k: the results per query, 100 unless ``k``) of the retriever trained in
+    ``run_dir`` on the ``split`` queries of ``queries``
     (BM25 beside it unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns
     ``metrics.json``'s content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
     :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...). A relevant id not in
@@ -248,7 +249,7 @@ def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike
 def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, split: str = "test",
          drop_unknown_qrels: bool = False) -> dict:
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (the reference of every retriever):
-    ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions).
+    ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@k``, fractions).
     ``drop_unknown_qrels``: as in :func:`evaluate`."""
     from gdr.stages.bm25 import bm25_baseline
 

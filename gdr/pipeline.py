@@ -8,9 +8,9 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer
     bm25-<key>/              BM25 on the test queries (reference)
     train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
-    eval-<method>-s<seed>-<key>/            gdr evaluate  Recall@1/10/100, MRR@100, TREC run
+    eval-<method>-s<seed>-<key>/            gdr evaluate  Success@1/10/k, R@10/k, RR@k (k = evaluate.k), TREC run
                                             (queries.folds=K: -s<seed>-f<fold>, K of each, one per held-out fold)
-    retrievers.jsonl         one line of test figures per finished retriever, as each finishes
+    retrievers.jsonl         a line of test figures per retriever of this run finished so far (rewritten)
     report.md  report.png  report.json  run.config.yaml
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
@@ -60,6 +60,7 @@ from gdr.data.titles import TITLE_FRACTIONS
 from gdr.guard import LOCK_FILE, claim_folder
 from gdr.io import (
     atomic_write_json,
+    atomic_write_text,
     bytes_digest,
     check_manifest_files,
     check_readable,
@@ -83,7 +84,7 @@ STAGE_FILE = "stage.json"
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
-RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per finished retriever, as each finishes
+RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per retriever of this run finished so far
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
     "gc": ("seed", "n_clusters", "leaf_size", "gc"),
@@ -418,6 +419,7 @@ class RunContext:
     folds_done: dict[tuple[str, int], dict[int, tuple[dict, Path]]] = field(default_factory=dict)  # queries.folds:
     # per (indexer, seed), each finished fold's test metrics and evaluation folder
     train_batch: int | None = None  # trainer.batch_size=auto resolved once for every retriever of the run
+    retrievers: dict[tuple, dict] = field(default_factory=dict)  # (indexer, seed[, fold]): its retrievers.jsonl line
 
     def lm(self):
         if self._lm is None:
@@ -763,7 +765,8 @@ class _TrainBuild:
         res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
                                           generated=self.generated, stale="restart",
                                           write_config=lambda f: save_config(sub, f))
-        return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
+        return {**train_stage.best_record(res.monitor, res.best_score), "global_step": res.global_step,
+                "n_params": res.n_params}
 
 
 def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after: list) -> StageRecord:
@@ -806,10 +809,10 @@ def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
 
 def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord, ev: StageRecord,
                      fold: int | None = None) -> None:
-    """Take in one finished retriever: its test figures join the run's, a line in ``retrievers.jsonl`` (once per
-    evaluation folder) keeps them, and the report is rewritten over the retrievers finished so far, marked
-    partial, so a run cut short (a lease that ends) leaves what it finished. With ``queries.folds`` a seed's
-    figures are those of its folds joined (:func:`_joined_folds`)."""
+    """Take in one finished retriever: its test figures join the run's, ``retrievers.jsonl`` is rewritten to hold
+    the retrievers finished so far (one line each, in the run's order: :func:`retriever_order`), and the report is
+    rewritten over them, marked partial, so a run cut short (a lease that ends) leaves what it finished. With
+    ``queries.folds`` a seed's figures are those of its folds joined (:func:`_joined_folds`)."""
     if fold is None:
         rows = [*zip(run.results.get(method, []), run.eval_dirs.get(method, [])),
                 ({"seed": seed, **ev.info["metrics"]}, ev.path)]
@@ -821,16 +824,15 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
     # the report's rows in the order of `indexers`, whatever order the retrievers finished in
     run.results = {m: run.results[m] for m in run.indexes if m in run.results}
     run.eval_dirs = {m: run.eval_dirs[m] for m in run.indexes if m in run.eval_dirs}
-    path = run.pipe.root / RETRIEVERS_FILE
-    listed = {json.loads(line)["eval"] for line in path.read_text().splitlines() if line.strip()} \
-        if path.exists() else set()
-    if ev.path.name not in listed:
-        line = {"indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}),
-                "train": train.path.name, "eval": ev.path.name,
-                "train_seconds": train.seconds, "eval_seconds": ev.seconds,
-                "best_val_recall1": train.info.get("best_val_recall1"), "metrics": ev.info["metrics"]}
-        with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(line, default=str) + "\n")
+    # a stage of an earlier gdr holds the score as best_val_recall1 alone, whatever the run's trainer.monitor was
+    monitor, score = train_stage.best_of_manifest({"best_val_metric": run.cfg.train.trainer.get("monitor"),
+                                                   **train.info})
+    ms = (method, seed) if fold is None else (method, seed, fold)
+    run.retrievers[ms] = {
+        "indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}), "train": train.path.name,
+        "eval": ev.path.name, "train_seconds": train.seconds, "eval_seconds": ev.seconds,
+        **train_stage.best_record(monitor, score), "metrics": ev.info["metrics"]}
+    _write_retrievers(run)
     done = sum(map(len, run.folds_done.values())) if fold is not None else sum(map(len, run.results.values()))
     total = len(run.indexes) * len(run.cfg.seeds) * len(_folds(run.cfg))
     if done < total:
@@ -866,6 +868,14 @@ def _pooled_metrics(rows: Sequence[dict]) -> dict:
         else:
             out[key] = value
     return out
+
+
+def _write_retrievers(run: RunContext) -> None:
+    """``retrievers.jsonl``: exactly the retrievers of this run finished so far, one line each keyed by (indexer,
+    seed[, fold]), in the run's order; replaced whole (a temporary file renamed), so a retriever superseded since an
+    earlier run of the folder (e.g. by a changed ``index.gc.alpha``) or not part of this run leaves no line."""
+    lines = [json.dumps(run.retrievers[ms], default=str) + "\n" for ms in retriever_order(run) if ms in run.retrievers]
+    atomic_write_text(run.pipe.root / RETRIEVERS_FILE, "".join(lines))
 
 
 def _command(argv: Sequence[str]) -> str:

@@ -82,7 +82,7 @@ def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_pa
     assert len(pids) == 2 and os.getpid() not in pids  # each in a process of its own
     assert {_lock_pid(alone / name) for name in trained} == {os.getpid()}
     for name in trained:
-        for rel in ("model/model.pt", "logs/version_0/metrics.csv", "docids.tsv"):
+        for rel in ("model/model.pt", "logs/metrics.csv", "docids.tsv"):
             assert (both / name / rel).read_bytes() == (alone / name / rel).read_bytes(), (name, rel)
     assert _last_json(capsys)["hkmi_recall_at_1"] is not None
 
