@@ -1,14 +1,22 @@
 """``gdr plan <the overrides of gdr run> device=h200|h100|a100|cpu [gpus=N]``: each stage's predicted seconds and
-peak memory (:func:`gdr.plan.plan_run`), printed before anything loads, with what each figure rests on."""
+peak memory (:func:`gdr.plan.plan_run`), printed before anything loads, with what each figure rests on.
+
+``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
+its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); ``--write-factors`` saves the
+run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json``, which the plan of that device reads."""
 from __future__ import annotations
 
 import json
 
 from gdr.config import command_config
-from gdr.plan import DEVICES, format_plan, plan_run
+from pathlib import Path
+
+from gdr.plan import DEVICES, check_run, format_check, format_plan, plan_run, write_factors
 
 
 def plan_main(argv: list[str]) -> int:
+    if "--check" in argv:
+        return _check(argv)
     device, gpus, rest = "h200", 1, []
     for a in argv:
         key, _, value = a.partition("=")
@@ -35,4 +43,31 @@ def plan_main(argv: list[str]) -> int:
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
+    return 0
+
+
+def _check(argv: list[str]) -> int:
+    """``gdr plan --check RUN_DIR [device=...] [gpus=N] [--write-factors]``."""
+    i = argv.index("--check")
+    if i + 1 >= len(argv) or argv[i + 1].startswith("-") or "=" in argv[i + 1]:
+        raise SystemExit("gdr plan --check RUN_DIR: name the run folder (or the folder holding its report.json)")
+    run_dir, rest = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
+    device, gpus, write = None, 1, False
+    for a in rest:
+        key, _, value = a.partition("=")
+        if a == "--write-factors":
+            write = True
+        elif key == "device" and value in DEVICES:
+            device = value
+        elif key == "gpus" and value.isdigit() and int(value) >= 1:
+            gpus = int(value)
+        else:
+            raise SystemExit(f"gdr plan --check: {a!r}: use device={' | '.join(DEVICES)}, gpus=N or --write-factors")
+    try:
+        check = check_run(run_dir, device, gpus)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    print(format_check(check))
+    if write:
+        print(f"wrote {write_factors(check)}")
     return 0
