@@ -714,6 +714,11 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
     sized.data.n_docs = int(rep.get("n_docs") or _sizes(cfg)[0])
     raw = plan_run(sized, device, gpus, folder, free=free, factors=False)
     cal = plan_run(sized, device, gpus, folder, free=free)
+    _, ffile = stage_factors(device, folder)
+    if ffile:
+        notes.append(f"plan: with the factors of {ffile}" + (
+            " (measured on this run: in-sample; 'plan, no factors' is the out-of-sample prediction)"
+            if ffile.startswith(run_dir.resolve().name) else ""))
     names = [st["name"] for st in rep["stages"]]
     measured = {st["name"]: float(st["seconds"]) for st in rep["stages"]}
     n_ret = sum(n.startswith("train-") for n in names) or len(cfg.indexers) * len(cfg.seeds)
@@ -796,5 +801,5 @@ def write_factors(check: RunCheck, folder: Path = GPU_RUNS) -> Path:
     path = folder / f"{check.run.resolve().name}-factors.json"
     path.write_text(json.dumps({"device": DEVICES[check.device], "run": check.run.resolve().name,
                                 "what": "measured / predicted seconds per plan stage, predicted before any factors",
-                                "factors": check.factors}, indent=1) + "\n", encoding="utf-8")
+                                "factors": check.factors}) + "\n", encoding="utf-8")
     return path
