@@ -403,7 +403,8 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
                   f"the measured fraction of the limit holds at that width" if buckets
                   else f"padded to {rc.max_query_len} tokens")
     resolved = "" if free is None or rates.device == "cpu" else f" for {memory / 1e9:.1f} GB free"
-    together = (f"{concurrent} at once{' (auto: what the memory holds' + resolved + ')' if str(t.get('concurrent')) == 'auto' else ''}"
+    auto_c = f" (auto: what the memory holds{resolved})" if str(t.get("concurrent")) == "auto" else ""
+    together = (f"{concurrent} at once{auto_c}"
                 + (f", {concurrent} x the single rate up to the limit: assumed: concurrent runs overlap their "
                    f"host-bound steps; not measured yet; {concurrent} worker spawns at {SPAWN_S:.0f} s each "
                    f"(assumed, not measured)" if concurrent > 1 else ""))

@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widths", default="", help="comma-separated batch sizes: print only the input positions per "
-                                                 "example (real plus pad) at each, with and without buckets; no training")
+                    "example (real plus pad) at each, with and without buckets; no training")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)

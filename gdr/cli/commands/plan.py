@@ -7,10 +7,9 @@ run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json``, wh
 from __future__ import annotations
 
 import json
-
-from gdr.config import command_config
 from pathlib import Path
 
+from gdr.config import command_config
 from gdr.plan import DEVICES, check_run, format_check, format_plan, plan_run, write_factors
 
 
