@@ -34,13 +34,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from gdr import cost
+from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.lm.compiling import want_compile
 from gdr.models import BUNDLED
 from gdr.stages.train import model_config_from
 from training.concurrent import concurrent_for_memory
 from training.model import meta_retriever
 from training.stopping import effective_min_steps, patience_checks, steps_per_check
-from training.train import cuda_batch_size
+from training.train import CPU_BATCH, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,6 @@ PROMPT_TOKENS = 32  # the prompt template's tokens around a document (chat templ
 CPU_PEAKS = cost.DevicePeaks("cpu", 4.4e10, 3.9e9)
 CPU_FRACTIONS = {"sampling": 0.3, "scoring": 0.3, "training": 0.3, "search": 0.3}
 CPU_COLD_S = {"lm_load": 5.0, "sampling": 1.0, "scoring": 1.0, "training": 2.0, "search": 1.0}
-CPU_BATCH = 64  # trainer.batch_size=auto on the CPU (training.train.resolve_batch_size)
 # Input positions (real tokens plus pad) per training example under trainer.length_buckets, as a share of
 # max_query_len, by batch size: `reports/training-buckets.py --docs 300 --widths 64,576,1024` on the BBC-like mix
 # of 77% short queries (26.1, 27.7 and 39.0 of 64 positions; 64 of 64 without buckets). A count of tokens, not a
@@ -204,6 +204,9 @@ class _Rates:
 
     def __init__(self, device: str, folder: Path = GPU_RUNS, cfg=None, factors: bool = True):
         self.device = device
+        self.cal: dict[str, float] = {}  # this CPU's calibration (gdr.calibrate), when there is one
+        self.cal_note = ""
+        self.beam = 1  # the beam the calibration searched at
         self.factors, self.factor_file = stage_factors(device, folder) if factors else ({}, "")
         if device == "cpu":
             self.peaks, self.figures, self.note, self.points = CPU_PEAKS, {}, "", []
@@ -227,7 +230,11 @@ class _Rates:
                 "reports/gpu-runs/2026-11-27-bbc-compare, the H200 machine's CPU: assumed to hold here, not measured")
 
     def cpu_note(self) -> str:
-        return "CPU default"
+        return self.cal_note or "CPU default"
+
+    def per_unit(self, key: str) -> float | None:
+        """Seconds per unit this CPU's calibration measured for ``key`` (None without a calibration)."""
+        return self.cal.get(key)
 
     def fraction(self, step: str, key: str | None = None) -> tuple[float, str]:
         if self.device == "cpu":
@@ -291,6 +298,12 @@ def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, r
     nbytes = cost.sampling_bytes(lm, stats, decode_steps=new_tokens / batch, prefill_passes=1 / batch,
                                  element_size=2)
     mode = "compiled" if compiled else "eager"
+    peak = cost.weight_bytes(lm, 2) + batch * (prompt + new_tokens) * cost.kv_bytes_per_position(lm.config, 2)
+    if rates.per_unit("sampling_s_per_query"):
+        per = rates.per_unit("sampling_s_per_query")
+        return StagePlan(name, n_queries * per, peak, f"{n_queries:,} queries at {_rate(1 / per)}/s ({rates.cpu_note()}"
+                         + ("; assumed: a query of several per document as dear as one" if name == "doc_queries"
+                            else "") + ")")
     if compiled or rates.device == "cpu":
         frac, src = rates.fraction("sampling")
     elif "sampling_eager_fraction_of_limit" in rates.figures:
@@ -300,7 +313,6 @@ def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, r
         src += "; assumed: the eager loop as fast as the compiled one (no eager figure)"
     rate = frac * rates.limit(flops, nbytes)
     warm = rates.cold("sampling", "sampling_warmup_s") if compiled or rates.device == "cpu" else 0.0
-    peak = cost.weight_bytes(lm, 2) + batch * (prompt + new_tokens) * cost.kv_bytes_per_position(lm.config, 2)
     return StagePlan(name, warm + n_queries / rate, peak,
                      f"{n_queries:,} queries, {mode}, at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) "
                      f"+ warm-up {warm:.0f} s")
@@ -323,6 +335,12 @@ def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int
     pairs = n_docs * n_queries
     ways = gpus if rates.device != "cpu" else max(1, processes)
     peak = cost.weight_bytes(lm, 2) + batch * per_doc + tile
+    if rates.per_unit("scoring_s_per_pair"):
+        per, spawn = rates.per_unit("scoring_s_per_pair"), (rates.per_unit("lm_load_s") if ways > 1 else 0.0)
+        return StagePlan("scoring", spawn + pairs / ways * per, peak,
+                         f"{pairs:,} pairs at {_rate(1 / per)}/s a process x {ways} ({rates.cpu_note()}; assumed: "
+                         f"the processes share no core)" + (f" + {spawn:.1f} s: each worker loads the LM, assumed "
+                                                            f"as long as one load" if ways > 1 else ""))
     return StagePlan("scoring", warm + pairs / ways / rate, peak,
                      f"{pairs:,} pairs at {_rate(rate)}/s ({frac:.1%} of the limit, {src})"
                      + (f" x {ways} processes" if ways > 1 else "") + f" + warm-up {warm:.0f} s")
@@ -333,9 +351,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     """Training of every (indexer, seed) retriever (spread over the GPUs) and their search of the test split (one
     process)."""
     t = cfg.train
-    K = int(cfg.index.n_clusters)
-    depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
-    model = meta_retriever(model_config_from({**t.model, "n_digits": K, "max_code_len": depth}, dict(t.model_presets)))
+    model = _retriever(cfg, n_docs)
     rc = model.config  # with the encoder's HF config filled in
     n_ret = len(cfg.indexers) * len(cfg.seeds)
     ex = t.examples
@@ -343,6 +359,11 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
                  + n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0)))
     train = _training(t, model, n_ret, per_epoch, rates, gpus, free)
     beam = int(cfg.evaluate.beam)
+    if rates.per_unit("search_s_per_query"):
+        per, setup = rates.per_unit("search_s_per_query"), rates.per_unit("retriever_setup_s")
+        return [train, StagePlan("evaluation", n_ret * (setup + n_test * per), None,
+                                 f"{n_ret} x ({setup:.1f} s set-up + {n_test:,} test queries at beam {beam}: "
+                                 f"{_rate(1 / per)}/s) ({rates.cpu_note()})")]
     sbatch = 32 if rates.device == "cpu" else 1024
     flops = cost.search_flops_per_query(model, rc.max_query_len, beam)
     nbytes = cost.search_bytes_per_query(model, rc.max_query_len, beam, sbatch, 2)
@@ -356,6 +377,15 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
                        f"{n_ret} x {n_test:,} test queries at beam {beam}: {_rate(rate)}/s ({frac:.1%} of the limit, "
                        f"{src}) + load {load:.1f} s + warm-up {warm:.1f} s per retriever")
     return [train, search]
+
+
+def _retriever(cfg, n_docs: int):
+    """The run's retriever on the meta device, its docids sized for ``n_docs`` documents (``index.n_clusters``
+    digits, the depth a tree of ``index.leaf_size`` leaves needs)."""
+    t = cfg.train
+    K = int(cfg.index.n_clusters)
+    depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
+    return meta_retriever(model_config_from({**t.model, "n_digits": K, "max_code_len": depth}, dict(t.model_presets)))
 
 
 def _padded_width(max_query_len: int, batch: int, buckets: bool) -> float:
@@ -394,7 +424,18 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
         cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
         + cost.TRAIN_BYTES_PER_PARAM * params)
 
+    per = rates.per_unit("training_s_per_example")
+    if per:  # this CPU's calibration: its rate at this batch and width, plus each retriever's set-up and validations
+        rate, agg = 1 / per, 0.0
+        check = steps_per_check(per_epoch, batch, t.trainer.get("check_val_every_n_epoch"),
+                                t.trainer.get("val_check_interval"))
+        dev = int(t.examples.get("dev_min") or 100)
+        val_s = dev * rates.per_unit("search_s_per_query") * int(t.trainer.get("val_beam") or 10) / rates.beam
+        warm, src = n_ret * rates.per_unit("retriever_setup_s"), rates.cpu_note()
+
     def at(n_steps: int) -> float:
+        if per:
+            return warm + n_ret * (n_steps * batch * per + n_steps / check * val_s)
         return warm + spawns + n_ret * n_steps * batch / gpus / rate
 
     full = rates.limit(passes * cost.train_flops_per_example(model, rc.max_query_len), nbytes)
@@ -409,12 +450,19 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
                    f"host-bound steps; not measured yet; {concurrent} worker spawns at {SPAWN_S:.0f} s each "
                    f"(assumed, not measured)" if concurrent > 1 else ""))
     auto = " (auto" + resolved + ")" if t.trainer.batch_size == "auto" else ""
+    if per:
+        together = (f"{concurrent} at once" + (": assumed: as fast together as one with all the threads"
+                                              if concurrent > 1 else "")
+                    + f"; a validation every {check:g} steps: {dev} dev queries (train.examples.dev_min, assumed) "
+                      f"at val_beam, {val_s:.1f} s")
     return StagePlan("training", at(mid_steps), mem,
                      f"{n_ret} retrievers x {mid_steps:,} steps (assumed: the dev score best at the floor, then the "
                      f"patience) from {low_steps:,} ({stop}) to {steps:,} ({t.trainer.max_epochs} epochs, the cap) "
                      f"x batch {batch}{auto}{', two passes each' if passes == 2 else ''}; {width_note}; {together}: "
-                     f"{_rate(rate)} examples/s ({agg:.1%} of the limit; one: {frac:.1%}, {src}) + warm-up "
-                     f"{warm:.0f} s", low=at(low_steps), high=at(steps), steps=(low_steps, mid_steps))
+                     f"{_rate(rate)} examples/s ("
+                     + (f"{agg:.1%} of the limit; one: {frac:.1%}, " if not per else "") + f"{src}) + "
+                     + ("set-up" if per else "warm-up") + f" {warm:.0f} s", low=at(low_steps), high=at(steps),
+                     steps=(low_steps, mid_steps))
 
 
 def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float) -> int:
@@ -483,13 +531,19 @@ def _sizes(cfg) -> tuple[int, int, int]:
 
 
 def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
-             free: float | None = None, factors: bool = True) -> list[StagePlan]:
+             free: float | None = None, factors: bool = True, calibrate: str = "cache") -> list[StagePlan]:
     """Each stage of ``gdr run`` with the composed config ``cfg`` on ``gpus`` devices of kind ``device``;
-    ``free``: the device memory free when training starts (bytes; None: all of it, assumed)."""
+    ``free``: the device memory free when training starts (bytes; None: all of it, assumed). On the CPU,
+    ``calibrate``: ``run`` times this CPU at the run's shapes unless a calibration of them is cached
+    (:func:`gdr.calibrate.calibrate_cpu`), ``cache`` uses a cached one only (no model loads), ``off`` neither."""
     if device not in DEVICES:
         raise ValueError(f"device={device!r}: use {' | '.join(DEVICES)}")
+    if calibrate not in ("run", "cache", "off"):
+        raise ValueError(f"calibrate={calibrate!r}: use run | cache | off")
     rates = _Rates(device, folder, cfg, factors)
     n_docs, n_train, n_test = _sizes(cfg)
+    if device == "cpu" and calibrate != "off":
+        _calibrate(rates, cfg, n_docs, calibrate == "run")
     lm = _meta_lm(str(cfg.model.name))
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
     kind = "cpu" if device == "cpu" else "cuda"
@@ -523,6 +577,32 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     return stages
 
 
+def _calibrate(rates: _Rates, cfg, n_docs: int, run: bool) -> None:
+    """This CPU's calibration at the shapes of ``cfg`` into ``rates``: measured now (``run``, unless cached) or
+    read from the cache."""
+    t = cfg.train
+    model = _retriever(cfg, n_docs)
+    rc = model.config
+    threads = cfg.get("threads")
+    processes = int(cfg.score.get("processes") or 1)
+    batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
+    shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
+              "new_tokens": int(cfg.sample.max_new_tokens), "threads": threads,
+              "score_threads": 1 if processes > 1 else (threads or torch.get_num_threads()), "batch": batch,
+              "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
+              "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
+              "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"}}
+    if run:
+        figures, path, cached = calibrate_cpu(shapes, rc)
+    else:
+        path = calibration_path(shapes)
+        if not path.is_file():
+            return
+        figures, cached = json.loads(path.read_text(encoding="utf-8"))["figures"], True
+    rates.cal, rates.beam = figures, shapes["beam"]
+    rates.cal_note = f"calibrated on this CPU{', cached' if cached else ''}: {path}"
+
+
 def _host(name: str, seconds: float, rates: _Rates, what: str) -> StagePlan:
     """Host work (no model math) at the figures of the BBC run's machine (:data:`HOST_S`)."""
     src = rates.host_note()
@@ -553,7 +633,7 @@ def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
 def _lm_load(name: str, lm, rates: _Rates) -> StagePlan:
     """The LM's cold load: a bundled GGUF LM by the fast conversion (:data:`LM_LOAD_S`), another by the cold load
     the committed runs measured."""
-    measured = rates.cold("lm_load", "sampling_load_s")
+    measured = rates.per_unit("lm_load_s") or rates.cold("lm_load", "sampling_load_s")
     src = rates.cpu_note() if rates.device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
     if rates.device == "cpu" or name not in BUNDLED:
         return StagePlan("lm_load", measured, cost.weight_bytes(lm, 4), f"the cold load measured ({src})")

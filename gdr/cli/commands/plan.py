@@ -36,7 +36,7 @@ def plan_main(argv: list[str]) -> int:
     from gdr.validate import validate
 
     validate("run", cfg)
-    stages = plan_run(cfg, device, gpus)
+    stages = plan_run(cfg, device, gpus, calibrate="run")
     print(format_plan(stages, device, gpus))
     print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
