@@ -271,3 +271,18 @@ def test_the_committed_h200_plan_of_the_bbc_run_is_within_30_percent_of_its_stag
     rows = {r[0]: r for r in check_run(BBC_RUN).rows}
     for name in ("score", "cluster", "doc-queries", "train, all 12", "eval, all 12", "total"):
         assert 0.7 <= rows[name][2] / rows[name][3] <= 1.3, (name, rows[name])
+
+
+def test_free_gb_resolves_the_batch_and_the_retrievers_at_once_as_the_run_did(capsys):
+    """The H200 BBC run found 20.6 GB free at training (the LM stages still held the rest): batch 576, one at
+    once; with the whole memory free the same rules give batch 1,024 and several at once."""
+    from gdr.cli import main
+
+    assert main(["plan", "+experiment=bbc", "device=h200", "free_gb=20.6"]) == 0
+    basis = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]["training"]["basis"]
+    assert "batch 576 (auto for 20.6 GB free)" in basis and "1 at once (auto: what the memory holds for 20.6" in basis
+    assert main(["plan", "+experiment=bbc", "device=h200"]) == 0
+    basis = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]["training"]["basis"]
+    assert "batch 1024 (auto)" in basis and "1 at once" not in basis
+    assert main(["plan", "+experiment=bbc", "free_gb=lots"]) == 2
+    assert "free_gb='lots'" in capsys.readouterr().err
