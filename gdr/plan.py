@@ -1,22 +1,26 @@
-"""``gdr plan``: each stage's predicted seconds and peak memory of a ``gdr run`` configuration, before anything loads.
+"""``gdr plan``: each stage's predicted seconds and peak memory of a ``gdr run`` configuration, before anything loads;
+``gdr plan --check RUN_DIR``: a finished run's measured seconds beside that plan.
 
-A stage's seconds are its units of work (queries sampled, pairs scored, training examples, search queries) over the
-rate the device allows (the roofline of :mod:`gdr.cost`: ``min(peak FLOP/s / FLOPs per unit, peak bytes/s / bytes
-per unit)`` for models built on the meta device) times the fraction of that limit the same step reached in the
-committed GPU runs (``reports/gpu-runs/*.json``: the highest fraction any of them reached on that device kind, the
-file named), plus the cold part those runs measured (model load, compilation warm-up). A device kind without a
-committed figure of its own takes the H200's fractions (a fraction of the limit carries over better than a rate),
-and says so. On a CPU the fractions are :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS` (scoring's measured on a 2-core
-CPU, the other steps taken to reach the same). Stages that do no model math (GC clustering and indexing, BM25) are
-estimated from their data sizes at the rates in :data:`HOST_RATES`. Every figure says what it rests on (``basis``),
-and an assumption says it is one. Sampling, doc-query generation and evaluation run in one process; scoring and
-training spread over ``gpus``.
+On a GPU a stage's seconds are its units of work (queries sampled, pairs scored, training examples, search queries)
+over the rate the device allows (the roofline of :mod:`gdr.cost`: ``min(peak FLOP/s / FLOPs per unit, peak
+bytes/s / bytes per unit)`` for models built on the meta device) times the fraction of that limit the same step
+reached in the committed GPU runs (``reports/gpu-runs/*.json``: the highest fraction any of them reached on that
+device kind, the file named), plus the cold part those runs measured (model load, compilation warm-up; sampling is
+compiled, and pays the warm-up, only from ``sample.compile_min_queries`` queries, as the run decides). Then each
+stage is multiplied by the measured / predicted ratio of the device's newest finished run
+(``reports/gpu-runs/*-factors.json``, written by ``gdr plan --check RUN_DIR --write-factors``). A device kind
+without figures of its own takes the H200's fractions and says so.
 
-Training is planned as the run trains: ``train.concurrent`` retrievers at once (``auto`` by the run's memory rule
-at the device's memory), their aggregate rate that many times one retriever's, up to the limit (assumed, not
-measured); under ``trainer.length_buckets`` each example at the mean padded width :data:`BUCKETED_PADDING` gives;
-from ``max_epochs`` (``seconds``, the first total) down to the earliest stop early stopping allows (``low``, the
-second total). A bundled GGUF LM loads by the fast conversion (:data:`LM_LOAD_S`).
+On the CPU the plan first times this machine (:mod:`gdr.calibrate`: a few batches of each step at the run's shapes
+and thread counts, cached per machine); without a calibration (``calibrate="off"``, or ``"cache"`` with none
+cached, as the run's report uses) it falls back to :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS`, and says so.
+
+Host stages (flat clustering and its k-means baselines, every docid scheme's indexing, BM25, the report rewritten
+after each retriever) are per-unit seconds of the BBC run's machine (:data:`HOST_S`). Training is planned as the run
+trains: batch and ``train.concurrent`` ``auto`` resolved for the memory free at training (``free``), each example
+at the padded width measured with and without length buckets (:data:`BUCKETED_WIDTH`), from the earliest stop
+early stopping allows (``low``) through a central stop (``seconds``) to the epoch cap (``high``). Every figure
+says what it rests on (``basis``), and an assumption says it is one.
 """
 from __future__ import annotations
 
