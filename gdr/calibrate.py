@@ -15,7 +15,8 @@ Each step is timed once warm (a first, untimed call pays the lazy initialisation
 - ``retriever_setup_s``: building the retriever's architecture (without reading the encoder's weights).
 
 The figures are cached per machine and shapes under ``$GDR_CACHE/plan-calibration/`` (the key: host name, CPU
-count, torch version and the shapes), so a second plan reads them. Total budget: a few seconds on tiny models,
+count, torch version and the shapes), so a second plan reads them, with the load average they were timed at (a
+busy machine times slow: ``gdr plan ... --recalibrate`` times again). Total budget: a few seconds on tiny models,
 <= 30 s for SmolLM2 and ``small30m`` on 2 cores.
 """
 from __future__ import annotations
@@ -73,10 +74,13 @@ def calibrate_cpu(shapes: dict, retriever_config, refresh: bool = False) -> tupl
     if path.is_file() and not refresh:
         return json.loads(path.read_text(encoding="utf-8"))["figures"], path, True
     threads_before = torch.get_num_threads()
+    load = os.getloadavg()[0]
     try:
         figures = {**_lm_figures(shapes), **_retriever_figures(shapes, retriever_config)}
     finally:
         torch.set_num_threads(threads_before)
+    # what else ran meanwhile: a figure timed on a busy machine predicts a busy machine
+    figures["load_average"] = round(max(load, os.getloadavg()[0]), 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"shapes": shapes, "figures": figures}, default=str), encoding="utf-8")

@@ -28,6 +28,7 @@ import copy
 import json
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -542,12 +543,12 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     (:func:`gdr.calibrate.calibrate_cpu`), ``cache`` uses a cached one only (no model loads), ``off`` neither."""
     if device not in DEVICES:
         raise ValueError(f"device={device!r}: use {' | '.join(DEVICES)}")
-    if calibrate not in ("run", "cache", "off"):
-        raise ValueError(f"calibrate={calibrate!r}: use run | cache | off")
+    if calibrate not in ("run", "refresh", "cache", "off"):
+        raise ValueError(f"calibrate={calibrate!r}: use run | refresh | cache | off")
     rates = _Rates(device, folder, cfg, factors)
     n_docs, n_train, n_test = _sizes(cfg)
     if device == "cpu" and calibrate != "off":
-        _calibrate(rates, cfg, n_docs, calibrate == "run")
+        _calibrate(rates, cfg, n_docs, calibrate)
     lm = _meta_lm(str(cfg.model.name))
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
     kind = "cpu" if device == "cpu" else "cuda"
@@ -581,9 +582,9 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     return stages
 
 
-def _calibrate(rates: _Rates, cfg, n_docs: int, run: bool) -> None:
-    """This CPU's calibration at the shapes of ``cfg`` into ``rates``: measured now (``run``, unless cached) or
-    read from the cache."""
+def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
+    """This CPU's calibration at the shapes of ``cfg`` into ``rates``: measured now (``run``, unless cached;
+    ``refresh``: even if cached) or read from the cache (``cache``)."""
     t = cfg.train
     model = _retriever(cfg, n_docs)
     rc = model.config
@@ -596,15 +597,18 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, run: bool) -> None:
               "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
               "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
               "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"}}
-    if run:
-        figures, path, cached = calibrate_cpu(shapes, rc)
+    if mode in ("run", "refresh"):
+        figures, path, cached = calibrate_cpu(shapes, rc, refresh=mode == "refresh")
     else:
         path = calibration_path(shapes)
         if not path.is_file():
             return
         figures, cached = json.loads(path.read_text(encoding="utf-8"))["figures"], True
     rates.cal, rates.beam = figures, shapes["beam"]
-    rates.cal_note = f"calibrated on this CPU{', cached' if cached else ''}: {path}"
+    busy = figures.get("load_average")
+    rates.cal_note = (f"calibrated on this CPU{', cached' if cached else ''}"
+                      + (f" at load average {busy:g} on {os.cpu_count()} cores" if busy is not None else "")
+                      + f": {path}")
 
 
 def _host(name: str, seconds: float, rates: _Rates, what: str) -> StagePlan:

@@ -27,8 +27,11 @@ def test_the_calibrated_cpu_plan_predicts_a_run_at_test_size(setup, tmp_path, mo
     stages = plan_run(cfg, "cpu", calibrate="run")
     assert all("calibrated on this CPU" in s.basis for s in stages if s.name in ("sampling", "scoring", "training"))
     assert list((tmp_path / "cache" / "plan-calibration").glob("*.json"))  # cached per machine and shapes
+    assert "at load average" in next(s for s in stages if s.name == "training").basis  # how busy it was
     again = plan_run(cfg, "cpu", calibrate="cache")  # read back, not measured again
     assert "cached" in next(s for s in again if s.name == "training").basis
+    fresh = plan_run(cfg, "cpu", calibrate="refresh")  # gdr plan --recalibrate: timed again
+    assert "cached" not in next(s for s in fresh if s.name == "training").basis
     predicted = stage_seconds(stages, list(measured), 2)
     rows = {n: (predicted[n], measured[n]) for n in ("score", "doc-queries", "train-gc-s0", "train-random-s0")}
     rows["total of these"] = tuple(sum(r[i] for r in rows.values()) for i in (0, 1))

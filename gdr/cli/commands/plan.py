@@ -1,7 +1,8 @@
 """``gdr plan <the overrides of gdr run> device=h200|h100|a100|cpu [gpus=N] [free_gb=GB]``: each stage's predicted
 seconds and peak memory (:func:`gdr.plan.plan_run`), printed before anything loads, with what each figure rests on;
 ``free_gb``: the device memory free when training starts, which resolves ``batch_size`` and ``concurrent``
-``auto`` (default: all of it). On the CPU the plan first calibrates this machine (:mod:`gdr.calibrate`).
+``auto`` (default: all of it). On the CPU the plan first calibrates this machine (:mod:`gdr.calibrate`), once per
+machine and shapes (``--recalibrate``: again).
 
 ``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
 its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); ``--write-factors`` saves the
@@ -19,8 +20,11 @@ def plan_main(argv: list[str]) -> int:
     if "--check" in argv:
         return _check(argv)
     device, gpus, free, rest = "h200", 1, None, []
+    calibrate = "refresh" if "--recalibrate" in argv else "run"
     for a in argv:
         key, _, value = a.partition("=")
+        if a == "--recalibrate":
+            continue
         if key == "device" and value in DEVICES:
             device = value
         elif key == "free_gb":
@@ -43,7 +47,7 @@ def plan_main(argv: list[str]) -> int:
     from gdr.validate import validate
 
     validate("run", cfg)
-    stages = plan_run(cfg, device, gpus, free=free, calibrate="run")
+    stages = plan_run(cfg, device, gpus, free=free, calibrate=calibrate)
     print(format_plan(stages, device, gpus))
     print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
