@@ -5,8 +5,10 @@ default fractions of a roofline.
 Each step is timed once warm (a first, untimed call pays the lazy initialisation) on the run's own models:
 
 - ``lm_load_s``: loading the query generator (``model.name``), as every process that samples or scores does;
-- ``sampling_s_per_query``: a batch of queries from one document, ``model.max_doc_tokens`` and
-  ``sample.max_new_tokens`` as the run sets them, with the run's threads;
+- ``sampling_s_per_query``: one batch of ``sample_batch`` queries (the run's batch, at most the run's J and
+  :data:`SAMPLE_QUERIES`), ``model.max_doc_tokens`` and ``sample.max_new_tokens`` as the run sets them, with the
+  run's threads; ``doc_queries_s_per_query``: ``per_doc`` queries of each of a few documents, the prompt
+  prefilled once per document as the doc-queries stage does;
 - ``scoring_s_per_pair``: one document against a batch of queries of ``sample.max_new_tokens`` tokens, with the
   threads one scoring process has (1 when ``score.processes`` > 1, as gdr/stages/score.py gives each worker);
 - ``training_s_per_example``: optimiser steps of the retriever preset (random-init encoder: the speed is the
@@ -42,7 +44,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["calibrate_cpu", "calibration_path"]
 
-SAMPLE_QUERIES = 16  # queries in the timed sampling batch (fewer than a CPU run's batch of 64: the figure errs slow)
+SAMPLE_QUERIES = 64  # at most this many queries in the timed sampling batch (a CPU run's batch: 64)
+DOC_QUERY_DOCS = 4   # documents in the timed batch of per-document queries
 SCORE_QUERIES = 8    # queries in the timed scoring batch (one document)
 TRAIN_STEPS = 1      # timed optimiser steps
 SEARCH_QUERIES = 16  # queries in the timed search batch
@@ -116,13 +119,20 @@ def _lm_figures(s: dict) -> dict[str, float]:
         return lm.sample_queries([doc], n, seed=0, batch_size=n, max_new_tokens=new, progress=False, compile=False)
 
     sample(2)  # untimed: lazy initialisation
-    sampling = _timed(lambda: sample(SAMPLE_QUERIES)) / SAMPLE_QUERIES
+    n = max(1, min(int(s["sample_batch"]), SAMPLE_QUERIES))
+    sampling = _timed(lambda: sample(n)) / n
+    per_doc = int(s.get("per_doc") or 0)
+    figures = {}
+    if per_doc:
+        docs = [_doc_text(4 * int(s["doc_tokens"]) + i) for i in range(DOC_QUERY_DOCS)]
+        figures["doc_queries_s_per_query"] = _timed(lambda: lm.sample_per_doc(
+            docs, per_doc, max_new_tokens=new, max_rows=DOC_QUERY_DOCS * per_doc)) / (DOC_QUERY_DOCS * per_doc)
     words = DOC.split()
     queries = [" ".join(words[i:i + max(1, new - 2)]) for i in range(SCORE_QUERIES)]  # ~new tokens each
     torch.set_num_threads(int(s["score_threads"]))
     lm.score([doc], queries[:2], progress=False)
     scoring = _timed(lambda: lm.score([doc], queries, progress=False)) / SCORE_QUERIES
-    return {"lm_load_s": load, "sampling_s_per_query": sampling, "scoring_s_per_pair": scoring}
+    return {"lm_load_s": load, "sampling_s_per_query": sampling, "scoring_s_per_pair": scoring, **figures}
 
 
 def _retriever_figures(s: dict, config) -> dict[str, float]:

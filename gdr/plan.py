@@ -41,6 +41,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from gdr import cost
 from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.lm.compiling import want_compile
+from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.models import BUNDLED
 from gdr.stages.train import model_config_from
 from training.concurrent import concurrent_for_memory
@@ -304,11 +305,11 @@ def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, r
                                  element_size=2)
     mode = "compiled" if compiled else "eager"
     peak = cost.weight_bytes(lm, 2) + batch * (prompt + new_tokens) * cost.kv_bytes_per_position(lm.config, 2)
-    if rates.per_unit("sampling_s_per_query"):
-        per = rates.per_unit("sampling_s_per_query")
-        return StagePlan(name, n_queries * per, peak, f"{n_queries:,} queries at {_rate(1 / per)}/s ({rates.cpu_note()}"
-                         + ("; assumed: a query of several per document as dear as one" if name == "doc_queries"
-                            else "") + ")")
+    key = "doc_queries_s_per_query" if name == "doc_queries" else "sampling_s_per_query"
+    if rates.per_unit(key):
+        per = rates.per_unit(key)
+        return StagePlan(name, n_queries * per, peak,
+                         f"{n_queries:,} queries at {_rate(1 / per)}/s ({rates.cpu_note()})")
     if compiled or rates.device == "cpu":
         frac, src = rates.fraction("sampling")
     elif "sampling_eager_fraction_of_limit" in rates.figures:
@@ -591,8 +592,11 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     threads = cfg.get("threads")
     processes = int(cfg.score.get("processes") or 1)
     batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
+    sb = cfg.sample.get("batch_size", "auto")
     shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
               "new_tokens": int(cfg.sample.max_new_tokens), "threads": threads,
+              "sample_batch": min(int(cfg.sample.n_queries), CPU_SAMPLE_BATCH if sb == "auto" else int(sb)),
+              "per_doc": int(cfg.doc_queries.per_doc),
               "score_threads": 1 if processes > 1 else (threads or torch.get_num_threads()), "batch": batch,
               "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
               "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
