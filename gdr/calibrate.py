@@ -77,13 +77,14 @@ def calibrate_cpu(shapes: dict, retriever_config, refresh: bool = False) -> tupl
     if path.is_file() and not refresh:
         return json.loads(path.read_text(encoding="utf-8"))["figures"], path, True
     threads_before = torch.get_num_threads()
-    load = os.getloadavg()[0]
+    load, t0 = os.getloadavg()[0], time.perf_counter()
     try:
         figures = {**_lm_figures(shapes), **_retriever_figures(shapes, retriever_config)}
     finally:
         torch.set_num_threads(threads_before)
     # what else ran meanwhile: a figure timed on a busy machine predicts a busy machine
     figures["load_average"] = round(max(load, os.getloadavg()[0]), 1)
+    figures["calibration_s"] = round(time.perf_counter() - t0, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"shapes": shapes, "figures": figures}, default=str), encoding="utf-8")

@@ -612,6 +612,7 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     busy = figures.get("load_average")
     rates.cal_note = (f"calibrated on this CPU{', cached' if cached else ''}"
                       + (f" at load average {busy:g} on {os.cpu_count()} cores" if busy is not None else "")
+                      + (f" in {figures['calibration_s']:g} s" if "calibration_s" in figures else "")
                       + f": {path}")
 
 

@@ -26,7 +26,9 @@ def test_the_calibrated_cpu_plan_predicts_a_run_at_test_size(setup, tmp_path, mo
     cfg = load_config("run", [*args[1:], "device=cpu", "data.n_docs=30"])
     stages = plan_run(cfg, "cpu", calibrate="run")
     assert all("calibrated on this CPU" in s.basis for s in stages if s.name in ("sampling", "scoring", "training"))
-    assert list((tmp_path / "cache" / "plan-calibration").glob("*.json"))  # cached per machine and shapes
+    cached = list((tmp_path / "cache" / "plan-calibration").glob("*.json"))  # cached per machine and shapes
+    assert len(cached) == 1
+    assert json.loads(cached[0].read_text())["figures"]["calibration_s"] < 30  # the calibration's budget
     assert "at load average" in next(s for s in stages if s.name == "training").basis  # how busy it was
     again = plan_run(cfg, "cpu", calibrate="cache")  # read back, not measured again
     assert "cached" in next(s for s in again if s.name == "training").basis
