@@ -1,22 +1,26 @@
-"""``gdr plan``: each stage's predicted seconds and peak memory of a ``gdr run`` configuration, before anything loads.
+"""``gdr plan``: each stage's predicted seconds and peak memory of a ``gdr run`` configuration, before anything loads;
+``gdr plan --check RUN_DIR``: a finished run's measured seconds beside that plan.
 
-A stage's seconds are its units of work (queries sampled, pairs scored, training examples, search queries) over the
-rate the device allows (the roofline of :mod:`gdr.cost`: ``min(peak FLOP/s / FLOPs per unit, peak bytes/s / bytes
-per unit)`` for models built on the meta device) times the fraction of that limit the same step reached in the
-committed GPU runs (``reports/gpu-runs/*.json``: the highest fraction any of them reached on that device kind, the
-file named), plus the cold part those runs measured (model load, compilation warm-up). A device kind without a
-committed figure of its own takes the H200's fractions (a fraction of the limit carries over better than a rate),
-and says so. On a CPU the fractions are :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS` (scoring's measured on a 2-core
-CPU, the other steps taken to reach the same). Stages that do no model math (GC clustering and indexing, BM25) are
-estimated from their data sizes at the rates in :data:`HOST_RATES`. Every figure says what it rests on (``basis``),
-and an assumption says it is one. Sampling, doc-query generation and evaluation run in one process; scoring and
-training spread over ``gpus``.
+On a GPU a stage's seconds are its units of work (queries sampled, pairs scored, training examples, search queries)
+over the rate the device allows (the roofline of :mod:`gdr.cost`: ``min(peak FLOP/s / FLOPs per unit, peak
+bytes/s / bytes per unit)`` for models built on the meta device) times the fraction of that limit the same step
+reached in the committed GPU runs (``reports/gpu-runs/*.json``: the highest fraction any of them reached on that
+device kind, the file named), plus the cold part those runs measured (model load, compilation warm-up; sampling is
+compiled, and pays the warm-up, only from ``sample.compile_min_queries`` queries, as the run decides). Then each
+stage is multiplied by the measured / predicted ratio of the device's newest finished run
+(``reports/gpu-runs/*-factors.json``, written by ``gdr plan --check RUN_DIR --write-factors``). A device kind
+without figures of its own takes the H200's fractions and says so.
 
-Training is planned as the run trains: ``train.concurrent`` retrievers at once (``auto`` by the run's memory rule
-at the device's memory), their aggregate rate that many times one retriever's, up to the limit (assumed, not
-measured); under ``trainer.length_buckets`` each example at the mean padded width :data:`BUCKETED_PADDING` gives;
-from ``max_epochs`` (``seconds``, the first total) down to the earliest stop early stopping allows (``low``, the
-second total). A bundled GGUF LM loads by the fast conversion (:data:`LM_LOAD_S`).
+On the CPU the plan first times this machine (:mod:`gdr.calibrate`: a few batches of each step at the run's shapes
+and thread counts, cached per machine); without a calibration (``calibrate="off"``, or ``"cache"`` with none
+cached, as the run's report uses) it falls back to :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS`, and says so.
+
+Host stages (flat clustering and its k-means baselines, every docid scheme's indexing, BM25, the report rewritten
+after each retriever) are per-unit seconds of the BBC run's machine (:data:`HOST_S`). Training is planned as the run
+trains: batch and ``train.concurrent`` ``auto`` resolved for the memory free at training (``free``), each example
+at the padded width measured with and without length buckets (:data:`BUCKETED_WIDTH`), from the earliest stop
+early stopping allows (``low``) through a central stop (``seconds``) to the epoch cap (``high``). Every figure
+says what it rests on (``basis``), and an assumption says it is one.
 """
 from __future__ import annotations
 
@@ -24,21 +28,27 @@ import copy
 import json
 import logging
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from gdr import cost
+from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.data.titles import TITLE_FRACTIONS
+from gdr.lm.compiling import want_compile
+from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.models import BUNDLED
 from gdr.stages.train import model_config_from
 from training.concurrent import concurrent_for_memory
 from training.model import meta_retriever
 from training.stopping import effective_min_steps, patience_checks, steps_per_check
-from training.train import cuda_batch_size
+from training.train import CPU_BATCH, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +78,26 @@ PROMPT_TOKENS = 32  # the prompt template's tokens around a document (chat templ
 CPU_PEAKS = cost.DevicePeaks("cpu", 4.4e10, 3.9e9)
 CPU_FRACTIONS = {"sampling": 0.3, "scoring": 0.3, "training": 0.3, "search": 0.3}
 CPU_COLD_S = {"lm_load": 5.0, "sampling": 1.0, "scoring": 1.0, "training": 2.0, "search": 1.0}
-# Host work that is not model math: GC indexing took 147 s for the 138,457 x 4,096 entries of MS MARCO Lite's P
-# (reports/benchmarks.md: 2-core CPU, root n_init 5, inner 1) = 3.9e6 entries/s; BM25's rate is assumed
-HOST_RATES = {"cluster_entries_per_s": 3.9e6, "bm25_docs_per_s": 5.0e3}
-# Padded tokens per training example without and with trainer.length_buckets (reports/training-speed.md: 40.1 vs
-# 5.41 on a BBC-like mix of 77% short queries, measured on the CPU: a count of tokens, not a speed)
-BUCKETED_PADDING = 40.1 / 5.41
+# Input positions (real tokens plus pad) per training example under trainer.length_buckets, as a share of
+# max_query_len, by batch size: `reports/training-buckets.py --docs 300 --widths 64,576,1024` on the BBC-like mix
+# of 77% short queries (26.1, 27.7 and 39.0 of 64 positions; 64 of 64 without buckets). A count of tokens, not a
+# speed: larger batches mix more lengths into each bucket.
+BUCKETED_WIDTH = {64: 26.1 / 64, 576: 27.68 / 64, 1024: 39.01 / 64}
+# Test queries the titles loader keeps, as a share of fractions[2] x documents (titles shared by several articles
+# are left out): 821 of 1,001 on BBC in reports/gpu-runs/2026-11-27-bbc-compare
+TITLES_TEST_KEPT = {"bbc": 821 / (0.45 * 2225)}
+# The 2026-11-27 BBC run's host stages on the H200 machine (reports/gpu-runs/2026-11-27-bbc-compare/run.log), the
+# base of the host model; a device's *-factors.json corrects them per stage. Clustering: 10 repeats of GC 8.3 s,
+# of k-means on tf-idf 57.5 s, on MiniLM embeddings 2.6 s, on log P 1.6 s (2,225 documents, J = 1,024); indexing
+# per docid scheme; BM25; a report rewrite after each retriever (the run's 85 s outside its stages, over 12).
+HOST_S = {"gc_entry_repeat": 8.3 / (2225 * 1024 * 10), "tfidf_doc_repeat": 57.5 / (2225 * 10),
+          "embedding_doc_repeat": 2.6 / (2225 * 10), "logp_entry_repeat": 1.6 / (2225 * 1024 * 10),
+          "index_gc_entry": 5.22 / (2225 * 1024), "index_hkmi_doc": 1.85 / 2225, "index_bmi_doc": 3.74 / 2225,
+          "index_random_doc": 0.29 / 2225, "index_atomic_doc": 0.29 / 2225, "bm25_doc": 7.11 / 2225,
+          "report_write": 85.3 / 12}
+# A worker process that trains retrievers (train.concurrent > 1): imports, device context, tokenising its
+# examples, loading the encoder. Not measured on any device yet: assumed.
+SPAWN_S = 15.0
 # The fast GGUF conversion's cold start (reports/lm-cold-start.md: 8.0 CPU s, 4.0 of them imports, measured on the
 # 2-core development CPU; the GPU machine's CPU is not measured)
 LM_LOAD_S = 8.0
@@ -93,10 +117,29 @@ class StagePlan:
     peak_bytes: float | None
     basis: str
     low: float | None = None
+    high: float | None = None
+    parts: dict[str, float] | None = None  # seconds of each part a run times as a stage of its own (indexing)
+    steps: tuple[int, int] | None = None  # training: (steps at low, steps at seconds) of each retriever
+
+    def at_steps(self, n: float) -> float:
+        """Training: the seconds if each retriever took ``n`` steps (linear between ``low`` and ``seconds``)."""
+        lo, mid = self.steps
+        return self.seconds + (n - mid) * (self.seconds - self.seconds_low) / max(mid - lo, 1)
 
     @property
     def seconds_low(self) -> float:
         return self.seconds if self.low is None else self.low
+
+    @property
+    def seconds_high(self) -> float:
+        return self.seconds if self.high is None else self.high
+
+    def scale(self, factor: float) -> None:
+        """Every figure of the stage times ``factor``."""
+        self.seconds *= factor
+        self.low = None if self.low is None else self.low * factor
+        self.high = None if self.high is None else self.high * factor
+        self.parts = None if self.parts is None else {k: v * factor for k, v in self.parts.items()}
 
 
 def measured_figures(device: str, folder: Path = GPU_RUNS) -> dict[str, tuple[float, str]]:
@@ -151,11 +194,27 @@ def _training_points(device: str, folder: Path) -> list[tuple[int, float, str]]:
     return out
 
 
-class _Rates:
-    """The device's peaks and, per step, the fraction of the limit and the cold seconds to plan with."""
+def stage_factors(device: str, folder: Path = GPU_RUNS) -> tuple[dict[str, float], str]:
+    """(plan stage -> measured / predicted seconds, the file) of the newest ``*-factors.json`` in ``folder`` for
+    ``device`` (what ``gdr plan --check RUN_DIR --write-factors`` wrote from a finished run); ({}, "") if none."""
+    want = DEVICES[device].lower()
+    for path in sorted(folder.glob("*-factors.json"), reverse=True):
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        if want in str(rec.get("device", "")).lower():
+            return {k: float(v) for k, v in rec["factors"].items()}, path.name
+    return {}, ""
 
-    def __init__(self, device: str, folder: Path = GPU_RUNS):
+
+class _Rates:
+    """The device's peaks and, per step, the fraction of the limit and the cold seconds to plan with; the
+    per-stage factors a finished run on the device measured (:func:`stage_factors`)."""
+
+    def __init__(self, device: str, folder: Path = GPU_RUNS, cfg=None, factors: bool = True):
         self.device = device
+        self.cal: dict[str, float] = {}  # this CPU's calibration (gdr.calibrate), when there is one
+        self.cal_note = ""
+        self.beam = 1  # the beam the calibration searched at
+        self.factors, self.factor_file = stage_factors(device, folder) if factors else ({}, "")
         if device == "cpu":
             self.peaks, self.figures, self.note, self.points = CPU_PEAKS, {}, "", []
             return
@@ -165,6 +224,24 @@ class _Rates:
             kind, self.note = "h200", f" (H200 figures: none for {device})"
         self.figures = measured_figures(kind, folder)
         self.points = _training_points(kind, folder)
+
+    def apply_factor(self, st: StagePlan) -> None:
+        """``st`` times the measured / predicted ratio of its stage in the device's newest finished run."""
+        f = self.factors.get(st.name)
+        if f is not None:
+            st.scale(f)
+            st.basis += f"; x {f:.2f}: measured / predicted in {self.factor_file}"
+
+    def host_note(self) -> str:
+        return ("reports/gpu-runs/2026-11-27-bbc-compare, the H200 machine's CPU" if self.device != "cpu" else
+                "reports/gpu-runs/2026-11-27-bbc-compare, the H200 machine's CPU: assumed to hold here, not measured")
+
+    def cpu_note(self) -> str:
+        return self.cal_note or "CPU default"
+
+    def per_unit(self, key: str) -> float | None:
+        """Seconds per unit this CPU's calibration measured for ``key`` (None without a calibration)."""
+        return self.cal.get(key)
 
     def fraction(self, step: str, key: str | None = None) -> tuple[float, str]:
         if self.device == "cpu":
@@ -217,26 +294,41 @@ def _query_stats(prompt: int, new: int) -> dict[str, float]:
             "decode_context": new * prompt + new * (new + 1) / 2}
 
 
-def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, rates: _Rates,
+def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, rates: _Rates, compiled: bool,
               batch: int = 1024) -> StagePlan:
-    """Sampling ``n_queries`` queries (one process: sampling does not spread over GPUs)."""
+    """Sampling ``n_queries`` queries (one process: sampling does not spread over GPUs); ``compiled``: whether the
+    run compiles the decode step for them (:func:`gdr.lm.compiling.want_compile`): only then the compiled rate
+    and its warm-up apply."""
     prompt = doc_tokens + PROMPT_TOKENS
     stats = _query_stats(prompt, new_tokens)
     flops = cost.sampling_flops(lm, stats)
     nbytes = cost.sampling_bytes(lm, stats, decode_steps=new_tokens / batch, prefill_passes=1 / batch,
                                  element_size=2)
-    frac, src = rates.fraction("sampling")
-    rate = frac * rates.limit(flops, nbytes)
-    warm = rates.cold("sampling", "sampling_warmup_s")
+    mode = "compiled" if compiled else "eager"
     peak = cost.weight_bytes(lm, 2) + batch * (prompt + new_tokens) * cost.kv_bytes_per_position(lm.config, 2)
+    key = "doc_queries_s_per_query" if name == "doc_queries" else "sampling_s_per_query"
+    if rates.per_unit(key):
+        per = rates.per_unit(key)
+        return StagePlan(name, n_queries * per, peak,
+                         f"{n_queries:,} queries at {_rate(1 / per)}/s ({rates.cpu_note()})")
+    if compiled or rates.device == "cpu":
+        frac, src = rates.fraction("sampling")
+    elif "sampling_eager_fraction_of_limit" in rates.figures:
+        frac, src = rates.fraction("sampling", "sampling_eager_fraction_of_limit")
+    else:
+        frac, src = rates.fraction("sampling")
+        src += "; assumed: the eager loop as fast as the compiled one (no eager figure)"
+    rate = frac * rates.limit(flops, nbytes)
+    warm = rates.cold("sampling", "sampling_warmup_s") if compiled or rates.device == "cpu" else 0.0
     return StagePlan(name, warm + n_queries / rate, peak,
-                     f"{n_queries:,} queries at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) "
+                     f"{n_queries:,} queries, {mode}, at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) "
                      f"+ warm-up {warm:.0f} s")
 
 
 def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int, rates: _Rates,
-             gpus: int) -> StagePlan:
-    """Scoring every (document, query) pair, the documents spread over the GPUs (``score.processes``)."""
+             gpus: int, processes: int = 1) -> StagePlan:
+    """Scoring every (document, query) pair, the documents spread over the GPUs (or ``score.processes`` CPU
+    processes, each at the single process's calibrated rate)."""
     prompt = doc_tokens + PROMPT_TOKENS
     free = rates.peaks.memory or 16e9
     chunk = 4096
@@ -248,27 +340,37 @@ def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int
     rate = frac * rates.limit(flops, nbytes)
     warm = rates.cold("scoring", "scoring_warmup_s")
     pairs = n_docs * n_queries
+    ways = gpus if rates.device != "cpu" else max(1, processes)
     peak = cost.weight_bytes(lm, 2) + batch * per_doc + tile
-    return StagePlan("scoring", warm + pairs / gpus / rate, peak,
-                     f"{pairs:,} pairs at {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + warm-up {warm:.0f} s"
-                     + ("" if rates.device == "cpu" else " (measured; fewer graphs compile with the fixed shape "
-                        "buckets, not remeasured)"))
+    if rates.per_unit("scoring_s_per_pair"):
+        per, spawn = rates.per_unit("scoring_s_per_pair"), (rates.per_unit("lm_load_s") if ways > 1 else 0.0)
+        return StagePlan("scoring", spawn + pairs / ways * per, peak,
+                         f"{pairs:,} pairs at {_rate(1 / per)}/s a process x {ways} ({rates.cpu_note()}; assumed: "
+                         f"the processes share no core)" + (f" + {spawn:.1f} s: each worker loads the LM, assumed "
+                                                            f"as long as one load" if ways > 1 else ""))
+    return StagePlan("scoring", warm + pairs / ways / rate, peak,
+                     f"{pairs:,} pairs at {_rate(rate)}/s ({frac:.1%} of the limit, {src})"
+                     + (f" x {ways} processes" if ways > 1 else "") + f" + warm-up {warm:.0f} s")
 
 
-def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates, gpus: int) -> list[StagePlan]:
+def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates, gpus: int,
+                      free: float | None) -> list[StagePlan]:
     """Training of every (indexer, seed) retriever (spread over the GPUs) and their search of the test split (one
     process)."""
     t = cfg.train
-    K = int(cfg.index.n_clusters)
-    depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
-    model = meta_retriever(model_config_from({**t.model, "n_digits": K, "max_code_len": depth}, dict(t.model_presets)))
+    model = _retriever(cfg, n_docs)
     rc = model.config  # with the encoder's HF config filled in
     n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
     ex = t.examples
     per_epoch = (n_train * bool(ex.use_real) + n_docs * int(cfg.doc_queries.per_doc) * bool(ex.use_generated)
                  + n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0)))
-    train = _training(t, model, n_ret, per_epoch, rates, gpus)
+    train = _training(t, model, n_ret, per_epoch, rates, gpus, free)
     beam = int(cfg.evaluate.beam)
+    if rates.per_unit("search_s_per_query"):
+        per, setup = rates.per_unit("search_s_per_query"), rates.per_unit("retriever_setup_s")
+        return [train, StagePlan("evaluation", n_ret * (setup + n_test * per), None,
+                                 f"{n_ret} x ({setup:.1f} s set-up + {n_test:,} test queries at beam {beam}: "
+                                 f"{_rate(1 / per)}/s) ({rates.cpu_note()})")]
     sbatch = 32 if rates.device == "cpu" else 1024
     flops = cost.search_flops_per_query(model, rc.max_query_len, beam)
     nbytes = cost.search_bytes_per_query(model, rc.max_query_len, beam, sbatch, 2)
@@ -279,70 +381,118 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     mem = sbatch * cost.search_memory_per_query(cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len,
                                                 rc.max_code_len, rc.n_digits, beam)
     search = StagePlan("evaluation", load + n_ret * warm + queries / rate, mem,
-                       f"{queries:,} test queries at beam {beam}: {_rate(rate)}/s ({frac:.1%} of the limit, {src}) + "
-                       f"load {load:.0f} s + warm-up {warm:.0f} s per retriever")
+                       f"{n_ret} x {n_test:,} test queries at beam {beam}: {_rate(rate)}/s ({frac:.1%} of the limit, "
+                       f"{src}) + load {load:.1f} s + warm-up {warm:.1f} s per retriever")
     return [train, search]
 
 
-def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int) -> StagePlan:
-    """Training ``n_ret`` retrievers of ``per_epoch`` examples an epoch: ``train.concurrent`` at once (``auto`` as
-    the run resolves it for the device's memory), each example at its padded width (:data:`BUCKETED_PADDING`
-    under ``length_buckets``), for ``max_epochs`` (``seconds``) down to the earliest stop the early-stopping rule
-    allows (``low``)."""
+def _retriever(cfg, n_docs: int):
+    """The run's retriever on the meta device, its docids sized for ``n_docs`` documents (``index.n_clusters``
+    digits, the depth a tree of ``index.leaf_size`` leaves needs)."""
+    t = cfg.train
+    K = int(cfg.index.n_clusters)
+    depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
+    return meta_retriever(model_config_from({**t.model, "n_digits": K, "max_code_len": depth}, dict(t.model_presets)))
+
+
+def _padded_width(max_query_len: int, batch: int, buckets: bool) -> float:
+    """Input positions (real tokens plus pad) per training example: ``max_query_len`` without length buckets; with
+    them the measured share (:data:`BUCKETED_WIDTH`), interpolated in log2(batch) between the measured batches."""
+    if not buckets:
+        return float(max_query_len)
+    pts = sorted(BUCKETED_WIDTH.items())
+    share = float(np.interp(math.log2(batch), [math.log2(b) for b, _ in pts], [w for _, w in pts]))
+    return share * max_query_len
+
+
+def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, free: float | None) -> StagePlan:
+    """Training ``n_ret`` retrievers of ``per_epoch`` examples an epoch: batch and ``train.concurrent`` as the run
+    resolves them for ``free`` bytes of device memory at training time (None: the device's memory), each example
+    at its padded width (:func:`_padded_width`); ``seconds`` at the central stop (the dev score best at the floor,
+    then the patience), ``low`` at the earliest stop, ``high`` at the epoch cap."""
     rc = model.config
-    batch = 64 if rates.device == "cpu" else _train_batch(t.trainer.batch_size, rc, rates, per_epoch)
+    memory = free if free is not None else (rates.peaks.memory or 16e9)
+    batch = _train_batch(t.trainer.batch_size, rc, rates, per_epoch, memory)
     params = sum(p.numel() for p in model.parameters())
     passes = 2 if float(t.optim.get("consistency_weight") or 0) > 0 else 1  # R-drop: two forward passes
     buckets = bool(t.trainer.get("length_buckets"))
-    width = rc.max_query_len / BUCKETED_PADDING if buckets else rc.max_query_len
+    width = _padded_width(rc.max_query_len, batch, buckets)
     flops = passes * cost.train_flops_per_example(model, width)
     nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
     frac, src = rates.training_fraction(batch)
-    concurrent = _concurrent(t.get("concurrent") or 1, rc, batch, rates, n_ret, gpus)
+    concurrent = _concurrent(t.get("concurrent") or 1, rc, batch, rates, n_ret, gpus, memory)
     agg = min(concurrent * frac, 1.0)
     limit = rates.limit(flops, nbytes)
     rate = agg * limit
-    steps, low_steps, stop = _train_steps(t.trainer, per_epoch, batch)
+    steps, low_steps, stop, mid_steps = _train_steps(t.trainer, per_epoch, batch)
     warm = rates.cold("training", "training_small30m_warmup_s") * math.ceil(n_ret / concurrent)
+    spawns = concurrent * SPAWN_S if concurrent > 1 else 0.0
     mem = concurrent * (batch * cost.train_memory_per_example(
         cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
         + cost.TRAIN_BYTES_PER_PARAM * params)
-    seconds = warm + n_ret * steps * batch / gpus / rate
-    low = warm + n_ret * low_steps * batch / gpus / rate
+
+    per = rates.per_unit("training_s_per_example")
+    if per:  # this CPU's calibration: its rate at this batch and width, plus each retriever's set-up and validations
+        rate, agg = 1 / per, 0.0
+        check = steps_per_check(per_epoch, batch, t.trainer.get("check_val_every_n_epoch"),
+                                t.trainer.get("val_check_interval"))
+        dev = int(t.examples.get("dev_min") or 100)
+        val_s = dev * rates.per_unit("search_s_per_query") * int(t.trainer.get("val_beam") or 10) / rates.beam
+        warm, src = n_ret * rates.per_unit("retriever_setup_s"), rates.cpu_note()
+
+    def at(n_steps: int) -> float:
+        if per:
+            return warm + n_ret * (n_steps * batch * per + n_steps / check * val_s)
+        return warm + spawns + n_ret * n_steps * batch / gpus / rate
+
     full = rates.limit(passes * cost.train_flops_per_example(model, rc.max_query_len), nbytes)
-    width_note = (f"length buckets: padded width {rc.max_query_len}/{BUCKETED_PADDING:.1f} = {width:.1f} tokens "
-                  f"(reports/training-speed.md), a limit {limit / full:.1f}x the full width's; assumed: the "
-                  f"measured fraction of the limit holds at that width" if buckets
+    width_note = (f"length buckets: {width:.1f} input positions an example at batch {batch} (measured, "
+                  f"reports/training-buckets.py --widths), a limit {limit / full:.1f}x the full width's; assumed: "
+                  f"the measured fraction of the limit holds at that width" if buckets
                   else f"padded to {rc.max_query_len} tokens")
-    together = (f"{concurrent} at once{' (auto: what the memory holds)' if str(t.get('concurrent')) == 'auto' else ''}"
+    resolved = "" if free is None or rates.device == "cpu" else f" for {memory / 1e9:.1f} GB free"
+    auto_c = f" (auto: what the memory holds{resolved})" if str(t.get("concurrent")) == "auto" else ""
+    together = (f"{concurrent} at once{auto_c}"
                 + (f", {concurrent} x the single rate up to the limit: assumed: concurrent runs overlap their "
-                   f"host-bound steps; not measured yet" if concurrent > 1 else ""))
-    return StagePlan("training", seconds, mem,
-                     f"{n_ret} retrievers x {steps:,} steps ({t.trainer.max_epochs} epochs, the cap) down to "
-                     f"{low_steps:,} ({stop}) x batch {batch}{', two passes each' if passes == 2 else ''}; "
-                     f"{width_note}; {together}: {_rate(rate)} examples/s ({agg:.1%} of the limit; one: {frac:.1%}, "
-                     f"{src}) + warm-up {warm:.0f} s", low=low)
+                   f"host-bound steps; not measured yet; {concurrent} worker spawns at {SPAWN_S:.0f} s each "
+                   f"(assumed, not measured)" if concurrent > 1 else ""))
+    auto = " (auto" + resolved + ")" if t.trainer.batch_size == "auto" else ""
+    if per:
+        together = (f"{concurrent} at once" + (": assumed: as fast together as one with all the threads"
+                                              if concurrent > 1 else "")
+                    + f"; a validation every {check:g} steps: {dev} dev queries (train.examples.dev_min, assumed) "
+                      f"at val_beam, {val_s:.1f} s")
+    return StagePlan("training", at(mid_steps), mem,
+                     f"{n_ret} retrievers x {mid_steps:,} steps (assumed: the dev score best at the floor, then the "
+                     f"patience) from {low_steps:,} ({stop}) to {steps:,} ({t.trainer.max_epochs} epochs, the cap) "
+                     f"x batch {batch}{auto}{', two passes each' if passes == 2 else ''}; {width_note}; {together}: "
+                     f"{_rate(rate)} examples/s ("
+                     + (f"{agg:.1%} of the limit; one: {frac:.1%}, " if not per else "") + f"{src}) + "
+                     + ("set-up" if per else "warm-up") + f" {warm:.0f} s", low=at(low_steps), high=at(steps),
+                     steps=(low_steps, mid_steps))
 
 
-def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int) -> int:
+def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float) -> int:
     """``train.concurrent`` for ``n_ret`` retrievers, as :func:`gdr.stages.train.retrievers_at_once` resolves it: 1
     where each retriever trains data-parallel over several ``gpus``; a number is kept (at most ``n_ret``); ``auto``
-    is 1 on the CPU and on a GPU what :func:`training.concurrent.concurrent_for_memory` fits in its memory."""
+    is 1 on the CPU and on a GPU what :func:`training.concurrent.concurrent_for_memory` fits in ``memory``."""
     if gpus > 1:
         return 1
     if str(setting) != "auto":
         return max(1, min(int(setting), n_ret))
     if rates.device == "cpu":
         return 1
-    return concurrent_for_memory(rc, batch, rates.peaks.memory or 16e9, n_ret)
+    return concurrent_for_memory(rc, batch, memory, n_ret)
 
 
-def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str]:
-    """(steps at the cap, steps at the earliest stop, what the earliest stop rests on) of one retriever: the cap is
-    ``max_epochs`` (or ``max_steps``); the earliest stop is the first validation past both the floor
-    (:func:`training.stopping.effective_min_steps`) and the patience (``patience_steps`` turned into validations,
-    else ``patience`` validations) after the first validation (the best score at the first check), as
-    training.train sets up its early stopping: no run of these settings stops sooner."""
+def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, int]:
+    """(steps at the cap, steps at the earliest stop, what the earliest stop rests on, steps at the central stop)
+    of one retriever: the cap is ``max_epochs`` (or ``max_steps``); the earliest stop is the first validation
+    past both the floor (:func:`training.stopping.effective_min_steps`) and the patience (``patience_steps``
+    turned into validations, else ``patience`` validations) after the first validation, as training.train sets
+    up its early stopping: no run of these settings stops sooner. The central stop assumes the dev score is best
+    at the floor and the patience runs out after it (the BBC run on the H200 stopped its 9 structured-docid
+    retrievers at 400-550 steps, floor 300 + patience 200 = 500)."""
     epoch_steps = math.ceil(per_epoch / batch)
     max_steps = int(trainer.get("max_steps") or -1)
     cap = epoch_steps * int(trainer.max_epochs)
@@ -352,19 +502,23 @@ def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str]:
     patience = trainer.get("patience_steps")
     checks = patience_checks(int(patience), check) if patience else int(trainer.get("patience") or 0)
     if checks <= 0:
-        return cap, cap, "no early stopping: the cap"
+        return cap, cap, "no early stopping: the cap", cap
     floor = effective_min_steps(int(trainer.get("min_steps") or 0), per_epoch, batch, int(trainer.max_epochs),
                                 max_steps)
     first = max(1 + checks, math.ceil(floor / check))
+    mid = math.ceil((math.ceil(max(floor, check) / check) + checks) * check)
     return cap, min(cap, math.ceil(first * check)), (f"earliest stop: min_steps {floor}, patience {checks} "
-                                                     f"validations, one every {check:g} steps")
+                                                     f"validations, one every {check:g} steps"), min(cap, mid)
 
 
-def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int) -> int:
-    """``trainer.batch_size``; ``auto`` as training.train resolves it on a device of this memory."""
+def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int, memory: float) -> int:
+    """``trainer.batch_size``; ``auto`` as training.train resolves it: 64 on the CPU, on a GPU what ``memory``
+    bytes hold (:func:`training.train.cuda_batch_size`)."""
     if batch_size != "auto":
         return int(batch_size)
-    return cuda_batch_size(rc, rates.peaks.memory or 16e9, per_epoch)
+    if rates.device == "cpu":
+        return CPU_BATCH
+    return cuda_batch_size(rc, memory, per_epoch)
 
 
 def _n_folds(cfg) -> int:
@@ -392,57 +546,126 @@ def _split_sizes(cfg) -> tuple[int, int, int]:
     n_docs = int(n_docs)
     if str(cfg.queries.name) == "titles":
         fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
-        return n_docs, int(fr[0] * n_docs), int(fr[2] * n_docs)
+        kept = TITLES_TEST_KEPT.get(name, 1.0)
+        return n_docs, int(fr[0] * n_docs * kept), max(1, round(fr[2] * n_docs * kept))
     scale = n_docs / CORPUS_DOCS.get(name, n_docs)
     return n_docs, int(TRAIN_QUERIES.get(name, 0) * scale), int(TEST_QUERIES.get(name, 1000) * scale)
 
 
-def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS) -> list[StagePlan]:
-    """Each stage of ``gdr run`` with the composed config ``cfg`` on ``gpus`` devices of kind ``device``."""
+def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
+             free: float | None = None, factors: bool = True, calibrate: str = "cache") -> list[StagePlan]:
+    """Each stage of ``gdr run`` with the composed config ``cfg`` on ``gpus`` devices of kind ``device``;
+    ``free``: the device memory free when training starts (bytes; None: all of it, assumed). On the CPU,
+    ``calibrate``: ``run`` times this CPU at the run's shapes unless a calibration of them is cached
+    (:func:`gdr.calibrate.calibrate_cpu`), ``cache`` uses a cached one only (no model loads), ``off`` neither."""
     if device not in DEVICES:
         raise ValueError(f"device={device!r}: use {' | '.join(DEVICES)}")
-    rates = _Rates(device, folder)
+    if calibrate not in ("run", "refresh", "cache", "off"):
+        raise ValueError(f"calibrate={calibrate!r}: use run | refresh | cache | off")
+    rates = _Rates(device, folder, cfg, factors)
     n_docs, n_train, n_test = _sizes(cfg)
+    if device == "cpu" and calibrate != "off":
+        _calibrate(rates, cfg, n_docs, calibrate)
     lm = _meta_lm(str(cfg.model.name))
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
+    kind = "cpu" if device == "cpu" else "cuda"
+    s = cfg.sample
     stages = [_lm_load(str(cfg.model.name), lm, rates),
-              _sampling("sampling", lm, J, int(cfg.sample.max_new_tokens), doc_tokens, rates),
-              _scoring(lm, n_docs, J, int(cfg.sample.max_new_tokens), doc_tokens, rates, gpus)]
-    passes = sum(1 for i in cfg.indexers if i == "gc") + (int(cfg.cluster.get("repeats", 1))
-                                                          if cfg.cluster.enabled and _labelled(cfg) else 0)
-    others = [i for i in cfg.indexers if i in ("hkmi", "bmi")]
-    stages.append(StagePlan("clustering_indexing", _clustering_seconds(n_docs, J, passes), None,
-                            f"{passes} pass(es) over the {n_docs * J:,} P entries at "
-                            f"{HOST_RATES['cluster_entries_per_s']:.2g}/s (GC indexing measured on a 2-core CPU)"
-                            + (f"; {', '.join(others)} indexing not modelled (no measurement)" if others else "")))
+              _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates,
+                        want_compile(s.get("compile", "auto"), kind, J, s.get("compile_min_queries", "auto"))),
+              _scoring(lm, n_docs, J, int(s.max_new_tokens), doc_tokens, rates, gpus,
+                       int(cfg.score.get("processes") or 1))]
+    if cfg.cluster.enabled and _labelled(cfg):
+        stages.append(_clustering(cfg, n_docs, J, rates))
     per_doc = int(cfg.doc_queries.per_doc)
     if per_doc:
-        stages.append(_sampling("doc_queries", lm, n_docs * per_doc, int(cfg.doc_queries.max_new_tokens),
-                                doc_tokens, rates))
-    stages += _train_and_search(cfg, n_docs, n_train, n_test, rates, gpus)
+        n_gen = n_docs * per_doc
+        stages.append(_sampling("doc_queries", lm, n_gen, int(cfg.doc_queries.max_new_tokens), doc_tokens, rates,
+                                want_compile(s.get("compile", "auto"), kind, n_gen,
+                                             s.get("compile_min_queries", "auto"))))
+    stages.append(_indexing(cfg, n_docs, J, rates))
+    if cfg.get("bm25", True):
+        stages.append(_host("bm25", HOST_S["bm25_doc"] * n_docs, rates, f"{n_docs:,} documents"))
+    stages += _train_and_search(cfg, n_docs, n_train, n_test, rates, gpus, free)
+    n_ret = len(cfg.indexers) * len(cfg.seeds)
+    stages.append(_host("reports", HOST_S["report_write"] * n_ret, rates,
+                        f"the report rewritten after each of {n_ret} retrievers"))
     if lm.config.is_encoder_decoder and device != "cpu":  # the committed LM figures are SmolLM2's
         for st in stages:
             if st.name in ("lm_load", "sampling", "scoring", "doc_queries"):
                 st.basis += "; measured on SmolLM2 (no seq2seq LM figure committed)"
-    if cfg.get("bm25", True):
-        stages.append(StagePlan("bm25", n_docs / HOST_RATES["bm25_docs_per_s"], None,
-                                f"{n_docs:,} documents indexed at {HOST_RATES['bm25_docs_per_s']:.0e}/s "
-                                "(assumed, not measured)"))
+    for st in stages:
+        rates.apply_factor(st)
     return stages
 
 
-def _clustering_seconds(n_docs: int, n_queries: int, passes: int) -> float:
-    """Host seconds of ``passes`` clusterings (GC indexing, flat clustering) over a P of ``n_docs`` x ``n_queries``."""
-    return n_docs * n_queries * passes / HOST_RATES["cluster_entries_per_s"]
+def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
+    """This CPU's calibration at the shapes of ``cfg`` into ``rates``: measured now (``run``, unless cached;
+    ``refresh``: even if cached) or read from the cache (``cache``)."""
+    t = cfg.train
+    model = _retriever(cfg, n_docs)
+    rc = model.config
+    threads = cfg.get("threads")
+    processes = int(cfg.score.get("processes") or 1)
+    batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
+    sb = cfg.sample.get("batch_size", "auto")
+    shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
+              "new_tokens": int(cfg.sample.max_new_tokens), "threads": threads,
+              "sample_batch": min(int(cfg.sample.n_queries), CPU_SAMPLE_BATCH if sb == "auto" else int(sb)),
+              "per_doc": int(cfg.doc_queries.per_doc),
+              "score_threads": 1 if processes > 1 else (threads or torch.get_num_threads()), "batch": batch,
+              "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
+              "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
+              "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"}}
+    if mode in ("run", "refresh"):
+        figures, path, cached = calibrate_cpu(shapes, rc, refresh=mode == "refresh")
+    else:
+        path = calibration_path(shapes)
+        if not path.is_file():
+            return
+        figures, cached = json.loads(path.read_text(encoding="utf-8"))["figures"], True
+    rates.cal, rates.beam = figures, shapes["beam"]
+    busy = figures.get("load_average")
+    rates.cal_note = (f"calibrated on this CPU{', cached' if cached else ''}"
+                      + (f" at load average {busy:g} on {os.cpu_count()} cores" if busy is not None else "")
+                      + (f" in {figures['calibration_s']:g} s" if "calibration_s" in figures else "")
+                      + f": {path}")
+
+
+def _host(name: str, seconds: float, rates: _Rates, what: str) -> StagePlan:
+    """Host work (no model math) at the figures of the BBC run's machine (:data:`HOST_S`)."""
+    src = rates.host_note()
+    return StagePlan(name, seconds, None, f"{what} at the BBC run's per-unit seconds ({src})")
+
+
+def _clustering(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
+    """The flat clustering stage: GC (each variant) and the k-means baselines, ``cluster.repeats`` times each."""
+    repeats = int(cfg.cluster.get("repeats", 1))
+    variants = max(1, len(cfg.cluster.get("variants") or {}))
+    baselines = list(cfg.cluster.get("baselines") or [])
+    per = {"tfidf": HOST_S["tfidf_doc_repeat"] * n_docs, "embedding": HOST_S["embedding_doc_repeat"] * n_docs,
+           "logp": HOST_S["logp_entry_repeat"] * n_docs * J}
+    seconds = repeats * (variants * HOST_S["gc_entry_repeat"] * n_docs * J + sum(per.get(b, 0.0) for b in baselines))
+    return _host("clustering", seconds, rates, f"{repeats} repeats of GC ({variants} variant(s)) over the "
+                 f"{n_docs * J:,} P entries and of k-means on {', '.join(baselines) or 'nothing'}")
+
+
+def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
+    """Every docid scheme's index: GC's over P, the others over the documents."""
+    per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
+           for i in cfg.indexers}
+    st = _host("indexing", sum(per.values()), rates, ", ".join(f"{i} {v:.1f} s" for i, v in per.items()))
+    st.parts = per
+    return st
 
 
 def _lm_load(name: str, lm, rates: _Rates) -> StagePlan:
     """The LM's cold load: a bundled GGUF LM by the fast conversion (:data:`LM_LOAD_S`), another by the cold load
     the committed runs measured."""
-    measured = rates.cold("lm_load", "sampling_load_s")
-    src = "CPU default" if rates.device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
+    measured = rates.per_unit("lm_load_s") or rates.cold("lm_load", "sampling_load_s")
+    src = rates.cpu_note() if rates.device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
     if rates.device == "cpu" or name not in BUNDLED:
-        return StagePlan("lm_load", measured, cost.weight_bytes(lm, 4), f"the cold load a benchmark measured ({src})")
+        return StagePlan("lm_load", measured, cost.weight_bytes(lm, 4), f"the cold load measured ({src})")
     return StagePlan("lm_load", LM_LOAD_S, cost.weight_bytes(lm, 4),
                      f"the fast GGUF conversion: {LM_LOAD_S:.0f} CPU s measured on the 2-core development CPU "
                      f"(reports/lm-cold-start.md), not on the GPU machine's; its cold load before it: "
@@ -469,45 +692,224 @@ def run_device(cfg) -> tuple[str | None, int]:
     return next((k for k in DEVICES if k != "cpu" and k in name), None), torch.cuda.device_count()
 
 
+# The run's stage names (gdr/pipeline.py) -> the plan's stages that make them
+RUN_GROUPS = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
+              "doc-queries": ("doc_queries",), "bm25": ("bm25",)}
+
+
+def stage_seconds(stages: list[StagePlan], names: list[str], n_ret: int) -> dict[str, float | None]:
+    """The plan's seconds of each run stage in ``names`` (``score``, ``cluster``, ``doc-queries``,
+    ``index-<indexer>``, ``bm25``, ``train-<indexer>-s<seed>``, ``eval-<indexer>-s<seed>``); training and
+    evaluation are shared evenly by the ``n_ret`` retrievers. None for a stage the plan does not have."""
+    by = {s.name: s for s in stages}
+    out: dict[str, float | None] = {}
+    for name in names:
+        kind = name.split("-", 1)[0]
+        if name in RUN_GROUPS:
+            parts = [by[p].seconds for p in RUN_GROUPS[name] if p in by]
+            out[name] = sum(parts) if parts else None
+        elif kind == "index" and "indexing" in by:
+            out[name] = getattr(by["indexing"], "parts", {}).get(name.split("-", 1)[1])
+        elif kind in ("train", "eval"):
+            st = by.get("training" if kind == "train" else "evaluation")
+            out[name] = None if st is None else st.seconds / n_ret
+        else:
+            out[name] = None
+    return out
+
+
 def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None]:
-    """Predicted seconds of the ``gdr run`` stages ``names`` (``score``, ``cluster``, ``doc-queries``,
-    ``index-<indexer>``, ``bm25``, ``train-<indexer>-s<seed>``, ``eval-<indexer>-s<seed>``) of ``cfg`` over
-    ``n_docs`` documents on this machine (:func:`run_device`), from :func:`plan_run` (configs only, no model
-    loaded): the LM's load, sampling and scoring make ``score``; training and evaluation are shared evenly by the
-    retrievers. None for a stage the plan does not model (indexers other than GC), and for every stage where the
-    plan cannot be made (a model without a local config, a GPU without figures), said in the log: a report never
-    fails for want of a prediction."""
+    """Predicted seconds of the ``gdr run`` stages ``names`` (:func:`stage_seconds`) of ``cfg`` over ``n_docs``
+    documents on this machine (:func:`run_device`), from :func:`plan_run` (configs only, no model loaded). None
+    for every stage where the plan cannot be made (a model without a local config, a GPU without figures), said
+    in the log: a report never fails for want of a prediction."""
     device, gpus = run_device(cfg)
     try:
         if device is None:
             raise ValueError(f"no figures for {torch.cuda.get_device_name(0)}")
         sized = copy.deepcopy(cfg)
         sized.data.n_docs = int(n_docs)
-        plan = {s.name: s.seconds for s in plan_run(sized, device, gpus)}
+        stages = plan_run(sized, device, gpus)
     except Exception as e:  # noqa: BLE001  (any reason the plan cannot be made leaves the predictions n/a)
         log.info("report: no predicted seconds (%s: %s)", type(e).__name__, e)
         return {name: None for name in names}
-    n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
-    J = int(cfg.sample.n_queries)
-    fixed = {"score": plan["lm_load"] + plan["sampling"] + plan["scoring"], "doc-queries": plan.get("doc_queries"),
-             "bm25": plan.get("bm25"), "index-gc": _clustering_seconds(n_docs, J, 1),
-             "cluster": _clustering_seconds(n_docs, J, int(cfg.cluster.get("repeats", 1)))}
-    per_retriever = {"train": plan["training"] / n_ret, "eval": plan["evaluation"] / n_ret}
-    out = {}
-    for name in names:
-        seconds = fixed.get(name, per_retriever.get(name.split("-", 1)[0]))
-        out[name] = None if seconds is None else round(seconds, 1)
-    return out
+    got = stage_seconds(stages, names, len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg))
+    return {k: None if v is None else round(v, 1) for k, v in got.items()}
 
 
 def format_plan(stages: list[StagePlan], device: str, gpus: int) -> str:
-    """The plan as a table: stage, seconds, peak memory, basis; the total at the epoch caps, then at the earliest
-    early stops."""
+    """The plan as a table: stage, seconds, peak memory, basis; the total at the central stops, then at the
+    earliest early stops, then at the epoch caps."""
     lines = [f"gdr plan on {gpus} x {DEVICES[device]}:", f"{'stage':<20} {'seconds':>9} {'peak GB':>8}  basis"]
     for s in stages:
         mem = "-" if s.peak_bytes is None else f"{s.peak_bytes / 1e9:.1f}"
         lines.append(f"{s.name:<20} {s.seconds:>9.1f} {mem:>8}  {s.basis}")
-    lines.append(f"{'total':<20} {sum(s.seconds for s in stages):>9.1f}  every retriever to its epoch cap")
+    lines.append(f"{'total':<20} {sum(s.seconds for s in stages):>9.1f}  every retriever stopped at the central "
+                 f"estimate")
     lines.append(f"{'total, early stop':<20} {sum(s.seconds_low for s in stages):>9.1f}  every retriever stopped at "
                  f"the earliest its early stopping allows")
+    lines.append(f"{'total, epoch cap':<20} {sum(s.seconds_high for s in stages):>9.1f}  every retriever to its "
+                 f"epoch cap")
     return "\n".join(lines)
+
+
+# --- gdr plan --check: a finished run's measured seconds against the plan of its config -------------------------
+
+_RESOLVED = re.compile(r"train\.concurrent=auto: (\d+) retrievers at once \(batch (\d+), ([\d.]+) GB free\)")
+
+
+@dataclass
+class RunCheck:
+    """A finished run beside its plan: ``rows`` of (stage, predicted before the run's factors, predicted, measured);
+    ``factors``: measured / predicted per plan stage (the plan before any factors), as ``--write-factors`` saves."""
+
+    run: Path
+    device: str
+    rows: list[tuple[str, float | None, float | None, float]]
+    factors: dict[str, float]
+    notes: list[str]
+
+
+def _run_report(run_dir: Path) -> tuple[Path, dict]:
+    """(the folder, report.json) of ``run_dir``: a run folder or a folder holding its report.json."""
+    path = run_dir / "report.json"
+    if not path.is_file():
+        raise ValueError(f"gdr plan --check {run_dir}: no report.json there (a finished gdr run folder, or a "
+                         f"folder holding its report.json)")
+    rep = json.loads(path.read_text(encoding="utf-8"))
+    if not rep.get("stages"):
+        raise ValueError(f"{path}: no stages with seconds (a report of gdr run)")
+    return run_dir, rep
+
+
+def _run_config(run_dir: Path, rep: dict):
+    """The composed config of the run: its ``run.config.yaml``, else the overrides of ``command`` in report.json."""
+    from gdr.config import load_config
+
+    saved = run_dir / "run.config.yaml"
+    if saved.is_file():
+        from omegaconf import OmegaConf
+
+        return OmegaConf.load(saved)
+    words = str(rep.get("command", "")).split()
+    if words[:2] != ["gdr", "run"]:
+        raise ValueError(f"{run_dir}: no run.config.yaml and report.json's command {rep.get('command')!r} is not "
+                         f"a gdr run")
+    return load_config("run", [w for w in words[2:] if not w.startswith("out=")])
+
+
+def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: Path = GPU_RUNS) -> RunCheck:
+    """The plan of the run in ``run_dir`` (its config; the memory free at training as its log says, when it does)
+    beside the seconds its report measured, stage by stage (:func:`stage_seconds`), with the retrievers' training,
+    their evaluation, the time outside any stage (report writes, loads) and the total as rows of their own."""
+    run_dir, rep = _run_report(Path(run_dir))
+    cfg = _run_config(run_dir, rep)
+    notes = []
+    log_text = (run_dir / "run.log").read_text(encoding="utf-8", errors="replace") if (
+        run_dir / "run.log").is_file() else ""
+    if device is None:
+        first = log_text.splitlines()[0].lower() if log_text else ""
+        device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in first), None)
+        if device is None:
+            raise ValueError(f"{run_dir}: name the device the run ran on (device=h200|h100|a100|cpu): its run.log "
+                             f"does not say")
+    m = _RESOLVED.search(log_text)
+    free = float(m.group(3)) * 1e9 if m else None
+    if m:
+        notes.append(f"resolved in the run (run.log): {m.group(1)} retriever(s) at once, batch {m.group(2)}, "
+                     f"{m.group(3)} GB free at training")
+    else:
+        notes.append("assumed: the device's whole memory free at training (run.log does not say)")
+    sized = copy.deepcopy(cfg)
+    sized.data.n_docs = int(rep.get("n_docs") or _sizes(cfg)[0])
+    raw = plan_run(sized, device, gpus, folder, free=free, factors=False)
+    cal = plan_run(sized, device, gpus, folder, free=free)
+    _, ffile = stage_factors(device, folder)
+    if ffile:
+        notes.append(f"plan: with the factors of {ffile}" + (
+            " (measured on this run: in-sample; 'plan, no factors' is the out-of-sample prediction)"
+            if ffile.startswith(run_dir.resolve().name) else ""))
+    names = [st["name"] for st in rep["stages"]]
+    measured = {st["name"]: float(st["seconds"]) for st in rep["stages"]}
+    n_ret = sum(n.startswith("train-") for n in names) or len(cfg.indexers) * len(cfg.seeds)
+    p_raw, p_cal = stage_seconds(raw, names, n_ret), stage_seconds(cal, names, n_ret)
+    rows = [(n, p_raw[n], p_cal[n], measured[n]) for n in names]
+    by_raw, by_cal = {s.name: s for s in raw}, {s.name: s for s in cal}
+    outside = float(rep["seconds"]) - sum(measured.values())
+    for label, kind in (("train, all", "train-"), ("eval, all", "eval-")):
+        sel = [n for n in names if n.startswith(kind)]
+        rows.append((f"{label} {len(sel)}", sum(p_raw[n] or 0 for n in sel), sum(p_cal[n] or 0 for n in sel),
+                     sum(measured[n] for n in sel)))
+    rows.append(("outside stages", by_raw["reports"].seconds if "reports" in by_raw else None,
+                 by_cal["reports"].seconds if "reports" in by_cal else None, outside))
+    rows.append(("total", sum(s.seconds for s in raw), sum(s.seconds for s in cal), float(rep["seconds"])))
+    factors = _factors(run_dir, raw, measured, names, outside, n_ret, notes)
+    return RunCheck(run_dir, device, rows, factors, notes)
+
+
+def _factors(run_dir: Path, raw: list[StagePlan], measured: dict[str, float], names: list[str], outside: float,
+             n_ret: int, notes: list[str]) -> dict[str, float]:
+    """Measured / predicted seconds of each plan stage (``raw``: the plan before any factors); training at the
+    steps the retrievers took (``stages.json``'s ``global_step``, else the plan's central stop)."""
+    by = {s.name: s for s in raw}
+
+    def ratio(meas: float, pred: float | None) -> float | None:
+        return None if not pred else meas / pred
+
+    group = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
+             "doc-queries": ("doc_queries",), "bm25": ("bm25",)}
+    out: dict[str, float | None] = {}
+    for run_name, plan_names in group.items():
+        if run_name in measured:
+            f = ratio(measured[run_name], sum(by[p].seconds for p in plan_names if p in by))
+            out.update({p: f for p in plan_names if p in by})
+    idx = [n for n in names if n.startswith("index-")]
+    if idx and "indexing" in by:
+        out["indexing"] = ratio(sum(measured[n] for n in idx), by["indexing"].seconds)
+    steps = _run_steps(run_dir)
+    if "training" in by:
+        tr = by["training"]
+        at = tr.at_steps(float(np.mean(steps))) if steps else tr.seconds
+        notes.append(f"training factor at the steps taken: mean {np.mean(steps):.0f} of {len(steps)} retrievers "
+                     f"(stages.json global_step)" if steps else "training factor at the plan's central stop "
+                     "(no stages.json with global_step)")
+        out["training"] = ratio(sum(measured[n] for n in names if n.startswith("train-")), at)
+    if "evaluation" in by:
+        out["evaluation"] = ratio(sum(measured[n] for n in names if n.startswith("eval-")), by["evaluation"].seconds)
+    if "reports" in by:
+        out["reports"] = ratio(outside, by["reports"].seconds)
+    return {k: round(v, 3) for k, v in out.items() if v is not None}
+
+
+def _run_steps(run_dir: Path) -> list[int]:
+    """Each retriever's ``global_step`` from the run's ``stages.json`` (empty if it has none)."""
+    path = run_dir / "stages.json"
+    if not path.is_file():
+        return []
+    recs = json.loads(path.read_text(encoding="utf-8"))
+    return [int(r["info"]["global_step"]) for r in recs
+            if str(r.get("folder", "")).startswith("train-") and "global_step" in (r.get("info") or {})]
+
+
+def format_check(check: RunCheck) -> str:
+    """The check as a table: stage, predicted before the factors, predicted, measured, predicted / measured."""
+    def cell(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1f}"
+
+    lines = [f"gdr plan --check {check.run} on {DEVICES[check.device]}:", *(f"  {n}" for n in check.notes),
+             f"{'stage':<22} {'plan, no factors':>16} {'plan':>9} {'measured':>9} {'plan/measured':>14}"]
+    for name, raw, cal, meas in check.rows:
+        ratio = "n/a" if cal is None or meas <= 0 else f"{cal / meas:.2f}"
+        lines.append(f"{name:<22} {cell(raw):>16} {cell(cal):>9} {meas:>9.1f} {ratio:>14}")
+    lines.append("factors (measured / plan without factors): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in check.factors.items()))
+    return "\n".join(lines)
+
+
+def write_factors(check: RunCheck, folder: Path = GPU_RUNS) -> Path:
+    """``<folder>/<run folder name>-factors.json``: the check's factors, read by the plan of the device since."""
+    path = folder / f"{check.run.resolve().name}-factors.json"
+    path.write_text(json.dumps({"device": DEVICES[check.device], "run": check.run.resolve().name,
+                                "what": "measured / predicted seconds per plan stage, predicted before any factors",
+                                "factors": check.factors}) + "\n", encoding="utf-8")
+    return path

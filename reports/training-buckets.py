@@ -66,13 +66,16 @@ def spans(texts: list[str], per_doc: int, seed: int) -> tuple[list[str], np.ndar
 
 
 def padded_per_example(tokenizer, inputs: dict, examples: ExampleOptions, max_query_len: int, trie, batch: int,
-                       buckets: bool, seed: int) -> float:
-    """Padded input positions per training example over one epoch of the data module's batches."""
+                       buckets: bool, seed: int) -> tuple[float, float]:
+    """(pad positions, input positions: real tokens plus pad) per training example over one epoch of the data
+    module's batches. The second is the width the encoder computes on."""
     ex = build_examples(tokenizer, max_query_len=max_query_len, seed=seed, **inputs, **asdict(examples))
     dm = RetrievalDataModule(ex, trie, pad_token_id=tokenizer.pad_token_id or 0, batch_size=batch, seed=seed,
                              length_buckets=buckets)
-    pad = sum(int((b["attention_mask"] == 0).sum()) for b in dm.train_dataloader())
-    return pad / len(ex.train)
+    masks = [b["attention_mask"] for b in dm.train_dataloader()]
+    pad = sum(int((m == 0).sum()) for m in masks)
+    width = sum(m.numel() for m in masks)
+    return pad / len(ex.train), width / len(ex.train)
 
 
 def main() -> None:
@@ -83,6 +86,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--widths", default="", help="comma-separated batch sizes: print only the input positions per "
+                    "example (real plus pad) at each, with and without buckets; no training")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -101,6 +106,15 @@ def main() -> None:
     examples = ExampleOptions(dev_fraction=0.3, dev_min=100, doc_windows=2, window=64)
     tokenizer = load_tokenizer(config.tokenizer_name)
     trie = build_trie(codes, n_digits=10)
+    if args.widths:
+        rows = [{"batch": b, "length_buckets": buckets, **dict(zip(("pad_per_example", "tokens_per_example"), (
+                    round(v, 2) for v in padded_per_example(tokenizer, inputs, examples, config.max_query_len, trie, b,
+                                                            buckets, 0))))}
+                for b in (int(x) for x in args.widths.split(",")) for buckets in (False, True)]
+        for row in rows:
+            print(row, flush=True)
+        print(json.dumps({"docs": len(corpus), "max_query_len": config.max_query_len, "widths": rows}))
+        return
     out: dict = {"docs": len(corpus), "preset": args.preset, "epochs": args.epochs, "batch": args.batch,
                  "threads": args.threads, "titles": len(keep), "runs": []}
     for seed in [int(x) for x in args.seeds.split(",")]:
@@ -116,7 +130,7 @@ def main() -> None:
                 best_step = Path(res.best_checkpoint).stem.split("-")[-1] if res.best_checkpoint else None
             row = {"seed": seed, "length_buckets": buckets, "examples_per_s": round(clock.examples / clock.seconds, 1),
                    "padded_tokens_per_example": round(padded_per_example(
-                       tokenizer, inputs, examples, config.max_query_len, trie, args.batch, buckets, seed), 2),
+                       tokenizer, inputs, examples, config.max_query_len, trie, args.batch, buckets, seed)[0], 2),
                    "train_examples": res.counts["train_examples"], "dev_queries": res.counts["dev_queries"],
                    "dev_recall_at_1": res.best_val_recall1, "best_step": best_step, "steps": res.global_step}
             print(row, flush=True)

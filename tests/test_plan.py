@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,8 @@ from gdr.config import load_config
 from gdr.plan import DEVICES, LM_LOAD_S, StagePlan, _meta_lm, format_plan, measured_figures, plan_run, predict
 from training.concurrent import concurrent_for_memory
 
-STAGES = ["lm_load", "sampling", "scoring", "clustering_indexing", "doc_queries", "training", "evaluation", "bm25"]
+STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexing", "bm25", "training", "evaluation",
+          "reports"]
 
 
 def _runs(tmp_path, scoring_fraction: float, warmup: float = 10.0):
@@ -97,10 +99,12 @@ def test_plan_refuses_what_it_cannot_plan(capsys):
 
 
 def test_format_plan_lists_the_stages_and_both_totals():
-    text = format_plan([StagePlan("a", 1.5, 2e9, "x"), StagePlan("b", 2.0, None, "y", low=1.0)], "h100", 8)
+    text = format_plan([StagePlan("a", 1.5, 2e9, "x"), StagePlan("b", 2.0, None, "y", low=1.0, high=4.0)], "h100",
+                       8)
     lines = text.splitlines()
     assert lines[0] == "gdr plan on 8 x H100:" and "2.0" in text
-    assert lines[-2].split()[:2] == ["total", "3.5"] and lines[-1].split()[:4] == ["total,", "early", "stop", "2.5"]
+    assert lines[-3].split()[:2] == ["total", "3.5"] and lines[-2].split()[:4] == ["total,", "early", "stop", "2.5"]
+    assert lines[-1].split()[:4] == ["total,", "epoch", "cap", "5.5"]
 
 
 def _training(tmp_path, *overrides: str, device: str = "h200") -> StagePlan:
@@ -111,17 +115,23 @@ def _training(tmp_path, *overrides: str, device: str = "h200") -> StagePlan:
 def test_the_bbc_plan_trains_the_four_schemes_three_seeds_each(tmp_path):
     cfg = load_config("run", ["+experiment=bbc"])
     assert list(cfg.indexers) == ["gc", "hkmi", "bmi", "random"]
-    assert _training(tmp_path).basis.startswith("12 retrievers x 900 steps (30 epochs, the cap) down to 300 ")
+    assert _training(tmp_path).basis.startswith("12 retrievers x 500 steps (assumed: the dev score best at the floor, "
+                                                "then the patience) from 300 ")
+    assert "to 900 (30 epochs, the cap)" in _training(tmp_path).basis
 
 
 def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_is_assumed(tmp_path):
     """The fixture's single retriever reaches 10% of the limit with a 1 s warm-up: 2 at once halve the compute
-    part and the warm-ups; 12 at once reach 120%, capped at the limit: a tenth of the compute part."""
+    part and the warm-ups and add 2 worker spawns; 12 at once reach 120%, capped at the limit: a tenth of the
+    compute part, and 12 spawns."""
+    from gdr.plan import SPAWN_S
+
     one = _training(tmp_path, "train.concurrent=1")
     two = _training(tmp_path, "train.concurrent=2")
     all_ = _training(tmp_path, "train.concurrent=12")
-    assert two.seconds - 6 == pytest.approx((one.seconds - 12) / 2)
-    assert all_.seconds - 1 == pytest.approx((one.seconds - 12) / 10)
+    assert two.seconds - 6 - 2 * SPAWN_S == pytest.approx((one.seconds - 12) / 2)
+    assert all_.seconds - 1 - 12 * SPAWN_S == pytest.approx((one.seconds - 12) / 10)
+    assert "2 worker spawns" in two.basis and "spawn" not in one.basis
     assert "100.0% of the limit" in all_.basis and "assumed: concurrent runs overlap" in two.basis
     assert "assumed: concurrent" not in one.basis
     cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024", "train.concurrent=12"])
@@ -154,13 +164,25 @@ def test_auto_concurrency_is_what_the_device_memory_holds(tmp_path, monkeypatch)
 def test_length_buckets_move_training_time_only_as_far_as_the_limit_moves(tmp_path, monkeypatch):
     import gdr.plan
 
+    """At batch 1,024 the buckets' measured width is 39.0 of 64 positions (real tokens plus pad): training gets
+    faster by less than 64 / 39.0, as the decoder's docid positions do not shrink."""
     full = _training(tmp_path, "train.concurrent=1", "train.trainer.length_buckets=false")
     short = _training(tmp_path, "train.concurrent=1")
     ratio = (full.seconds - 12) / (short.seconds - 12)
-    assert 1.5 < ratio < gdr.plan.BUCKETED_PADDING  # the decoder's docid positions do not shrink
+    assert 1.1 < ratio < 64 / 39.0
     assert f"a limit {ratio:.1f}x the full width's" in short.basis and "assumed: the measured fraction" in short.basis
-    monkeypatch.setattr(gdr.plan, "BUCKETED_PADDING", 1.0)
+    assert "39.0 input positions an example at batch 1024" in short.basis
+    monkeypatch.setattr(gdr.plan, "BUCKETED_WIDTH", {64: 1.0, 1024: 1.0})
     assert _training(tmp_path, "train.concurrent=1").seconds == pytest.approx(full.seconds)
+
+
+def test_the_padded_width_is_interpolated_between_the_measured_batches():
+    from gdr.plan import BUCKETED_WIDTH, _padded_width
+
+    assert _padded_width(64, 576, False) == 64
+    assert _padded_width(64, 576, True) == pytest.approx(64 * BUCKETED_WIDTH[576])
+    assert 64 * BUCKETED_WIDTH[576] < _padded_width(64, 768, True) < 64 * BUCKETED_WIDTH[1024]
+    assert _padded_width(64, 4096, True) == pytest.approx(64 * BUCKETED_WIDTH[1024])  # held past the last
 
 
 def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
@@ -171,13 +193,16 @@ def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
     bbc = dict(max_epochs=30, min_steps=300, patience_steps=200, val_check_interval=50,
                check_val_every_n_epoch=None)
     assert _train_steps(OmegaConf.create(bbc), 30037, 1024)[:2] == (900, 300)
+    assert _train_steps(OmegaConf.create(bbc), 30037, 1024)[3] == 500  # best at the floor 300, patience 200
     assert _train_steps(OmegaConf.create({**bbc, "min_steps": 0}), 30037, 1024)[:2] == (900, 250)  # 50 + 4 checks
     assert _train_steps(OmegaConf.create({**bbc, "patience_steps": None}), 30037, 1024)[:2] == (900, 900)
     checks = dict(max_epochs=30, min_steps=0, patience=5, check_val_every_n_epoch=1, val_check_interval=None)
     assert _train_steps(OmegaConf.create(checks), 30037, 1024)[:2] == (900, 180)  # 30-step epochs: 1 + 5 checks
     assert _train_steps(OmegaConf.create({**bbc, "max_steps": 200}), 30037, 1024)[:2] == (200, 200)
     st = _training(tmp_path, "train.concurrent=1")
-    assert st.low - 12 == pytest.approx((st.seconds - 12) / 3)
+    assert st.low - 12 == pytest.approx((st.high - 12) / 3)
+    assert st.seconds - 12 == pytest.approx((st.high - 12) * 5 / 9)
+    assert st.at_steps(400) == pytest.approx((st.low + st.seconds) / 2)
 
 
 def test_the_bundled_gguf_lm_loads_by_the_fast_conversion(tmp_path):
@@ -195,9 +220,72 @@ def test_the_plan_prints_both_totals(capsys):
     assert main(["plan", "+experiment=bbc", "device=h100"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
-    assert out[-3].startswith("total ") and out[-2].startswith("total, early stop")
+    assert out[-4].startswith("total ") and out[-3].startswith("total, early stop")
+    assert out[-2].startswith("total, epoch cap")
     assert summary["seconds_early_stop"] < summary["seconds"]
-    assert f"{summary['seconds_early_stop']:.1f}" in out[-2]
+    assert f"{summary['seconds_early_stop']:.1f}" in out[-3]
+
+
+BBC_RUN = Path(__file__).resolve().parents[1] / "reports" / "gpu-runs" / "2026-11-27-bbc-compare"
+
+
+def test_check_sets_a_finished_run_beside_its_plan_and_its_factors_reproduce_it(tmp_path, capsys):
+    """The committed H200 run: its log's resolved inputs (batch 576 at 20.6 GB free, 1 at once) reach the plan;
+    each row's ratio is the plan over the measured seconds; factors written from the run, then read back by the
+    plan of that device, reproduce the run's measured totals per plan stage (training at the steps taken)."""
+    from gdr.plan import check_run, format_check, write_factors
+
+    (tmp_path / "runs").mkdir()
+    runs = _runs(tmp_path / "runs", 0.11)
+    before = check_run(BBC_RUN, folder=runs)
+    assert before.device == "h200" and any("batch 576, 20.6 GB free" in n for n in before.notes)
+    rows = {r[0]: r for r in before.rows}
+    assert rows["total"][3] == 751.1 and rows["train, all 12"][3] == pytest.approx(388.7, abs=0.1)
+    assert rows["score"][1] == rows["score"][2]  # no factors in that folder yet
+    assert "batch 576 (auto for 20.6 GB free)" in {s.name: s for s in plan_run(
+        load_config("run", ["+experiment=bbc"]), "h200", 1, runs, free=20.6e9)}["training"].basis
+    write_factors(before, runs)
+    after = check_run(BBC_RUN, folder=runs)
+    rows = {r[0]: r for r in after.rows}
+    for name in ("score", "cluster", "doc-queries", "eval, all 12", "outside stages"):
+        assert rows[name][2] == pytest.approx(rows[name][3], rel=0.01), name
+    assert rows["train, all 12"][2] != pytest.approx(rows["train, all 12"][3], rel=0.01)  # central stop, not 438
+    text = format_check(after)
+    assert "in-sample" in text and f"{rows['total'][2] / 751.1:.2f}" in text.splitlines()[-2]
+
+
+def test_check_refuses_a_folder_without_a_report(tmp_path, capsys):
+    from gdr.cli import main
+
+    assert main(["plan", "--check", str(tmp_path)]) == 2
+    assert f"gdr plan --check {tmp_path}: no report.json there" in capsys.readouterr().err
+    assert main(["plan", "--check"]) == 2
+    assert "name the run folder" in capsys.readouterr().err
+
+
+def test_the_committed_h200_plan_of_the_bbc_run_is_within_30_percent_of_its_stages(capsys):
+    """The committed figures and factors, at the inputs the run resolved (20.6 GB free at training): each stage
+    of 10 s or more, the 12 retrievers' training and the total within 30% of what the run measured."""
+    from gdr.plan import check_run
+
+    rows = {r[0]: r for r in check_run(BBC_RUN).rows}
+    for name in ("score", "cluster", "doc-queries", "train, all 12", "eval, all 12", "total"):
+        assert 0.7 <= rows[name][2] / rows[name][3] <= 1.3, (name, rows[name])
+
+
+def test_free_gb_resolves_the_batch_and_the_retrievers_at_once_as_the_run_did(capsys):
+    """The H200 BBC run found 20.6 GB free at training (the LM stages still held the rest): batch 576, one at
+    once; with the whole memory free the same rules give batch 1,024 and several at once."""
+    from gdr.cli import main
+
+    assert main(["plan", "+experiment=bbc", "device=h200", "free_gb=20.6"]) == 0
+    basis = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]["training"]["basis"]
+    assert "batch 576 (auto for 20.6 GB free)" in basis and "1 at once (auto: what the memory holds for 20.6" in basis
+    assert main(["plan", "+experiment=bbc", "device=h200"]) == 0
+    basis = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]["training"]["basis"]
+    assert "batch 1024 (auto)" in basis and "1 at once" not in basis
+    assert main(["plan", "+experiment=bbc", "free_gb=lots"]) == 2
+    assert "free_gb='lots'" in capsys.readouterr().err
 
 
 def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_its_fold(tmp_path):

@@ -44,7 +44,7 @@ HELP = {
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling | training | gpu (every GPU figure)",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
-    "plan": "each stage's predicted seconds and peak memory of a `gdr run` (device=h200|h100|a100|cpu gpus=N)",
+    "plan": "each stage's predicted seconds of a `gdr run` (device=h200|cpu.. free_gb=GB); --check RUN_DIR",
     "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
 }
 

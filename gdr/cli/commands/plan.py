@@ -1,19 +1,37 @@
-"""``gdr plan <the overrides of gdr run> device=h200|h100|a100|cpu [gpus=N]``: each stage's predicted seconds and
-peak memory (:func:`gdr.plan.plan_run`), printed before anything loads, with what each figure rests on."""
+"""``gdr plan <the overrides of gdr run> device=h200|h100|a100|cpu [gpus=N] [free_gb=GB]``: each stage's predicted
+seconds and peak memory (:func:`gdr.plan.plan_run`), printed before anything loads, with what each figure rests on;
+``free_gb``: the device memory free when training starts, which resolves ``batch_size`` and ``concurrent``
+``auto`` (default: all of it). On the CPU the plan first calibrates this machine (:mod:`gdr.calibrate`), once per
+machine and shapes (``--recalibrate``: again).
+
+``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
+its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); ``--write-factors`` saves the
+run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json``, which the plan of that device reads."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from gdr.config import command_config
-from gdr.plan import DEVICES, format_plan, plan_run
+from gdr.plan import DEVICES, check_run, format_check, format_plan, plan_run, write_factors
 
 
 def plan_main(argv: list[str]) -> int:
-    device, gpus, rest = "h200", 1, []
+    if "--check" in argv:
+        return _check(argv)
+    device, gpus, free, rest = "h200", 1, None, []
+    calibrate = "refresh" if "--recalibrate" in argv else "run"
     for a in argv:
         key, _, value = a.partition("=")
+        if a == "--recalibrate":
+            continue
         if key == "device" and value in DEVICES:
             device = value
+        elif key == "free_gb":
+            try:
+                free = float(value) * 1e9
+            except ValueError:
+                raise SystemExit(f"free_gb={value!r}: the GB of device memory free when training starts") from None
         elif key == "gpus":
             if not value.isdigit() or int(value) < 1:
                 raise SystemExit(f"gpus={value!r}: a whole number of GPUs, 1 or more")
@@ -29,10 +47,37 @@ def plan_main(argv: list[str]) -> int:
     from gdr.validate import validate
 
     validate("run", cfg)
-    stages = plan_run(cfg, device, gpus)
+    stages = plan_run(cfg, device, gpus, free=free, calibrate=calibrate)
     print(format_plan(stages, device, gpus))
     print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
+    return 0
+
+
+def _check(argv: list[str]) -> int:
+    """``gdr plan --check RUN_DIR [device=...] [gpus=N] [--write-factors]``."""
+    i = argv.index("--check")
+    if i + 1 >= len(argv) or argv[i + 1].startswith("-") or "=" in argv[i + 1]:
+        raise SystemExit("gdr plan --check RUN_DIR: name the run folder (or the folder holding its report.json)")
+    run_dir, rest = Path(argv[i + 1]), argv[:i] + argv[i + 2:]
+    device, gpus, write = None, 1, False
+    for a in rest:
+        key, _, value = a.partition("=")
+        if a == "--write-factors":
+            write = True
+        elif key == "device" and value in DEVICES:
+            device = value
+        elif key == "gpus" and value.isdigit() and int(value) >= 1:
+            gpus = int(value)
+        else:
+            raise SystemExit(f"gdr plan --check: {a!r}: use device={' | '.join(DEVICES)}, gpus=N or --write-factors")
+    try:
+        check = check_run(run_dir, device, gpus)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    print(format_check(check))
+    if write:
+        print(f"wrote {write_factors(check)}")
     return 0
