@@ -295,6 +295,7 @@ def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_
                                         "h200", 1, runs)}
     n = len(load_config("run", ["+experiment=cranfield"]).indexers)
     assert f"{n} retrievers" in one["training"].basis and f"{5 * n} retrievers" in five["training"].basis
-    tested = re.search(r"([\d,]+) test queries", five["evaluation"].basis).group(1)
-    assert int(tested.replace(",", "")) == n * 225  # every one of Cranfield's 225 topics once per scheme
+    n_ret, tested = re.search(r"(\d+) x \(?[^(]*?([\d,]+) test queries", five["evaluation"].basis).groups()
+    assert int(n_ret) == 5 * n and int(tested.replace(",", "")) * 5 == 225  # each fold's share of Cranfield's 225
+    # topics: every topic once per scheme
     assert five["scoring"].seconds == one["scoring"].seconds  # P does not depend on the split
