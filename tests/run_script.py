@@ -20,16 +20,16 @@ def pause() -> None:
 
 def install(point: str) -> None:
     if point == "sample":
-        import gdr.store as store
+        import gdr.stages.sample as sampling
 
-        real_jsonl = store.write_jsonl
+        real_jsonl = sampling.write_jsonl
 
         def write_jsonl(path, rows):
             real_jsonl(path, rows)
-            if Path(path).name == store.Q_PARTIAL:
+            if Path(path).name == sampling.Q_PARTIAL:
                 pause()
 
-        store.write_jsonl = write_jsonl
+        sampling.write_jsonl = write_jsonl
     elif point == "score":
         import gdr.store as store
 
