@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
+.PHONY: install demo test test-slow test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -24,8 +24,14 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/gdr run +experiment=demo
 
+# The fast lane: everything but the tests marked `slow` (compiling, concurrent or multi-process training and
+# scoring, subprocesses killed or signalled, the bundled SmolLM2 model) and `gpu`.
 test: install
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+# The slow lane: the tests `make test` leaves out (`.ci/run` runs both, so every test runs in CI).
+test-slow: install
+	$(BIN)/python -m pytest -m "slow and not gpu" -q
 
 # The linter the team keeps (ruff; its rules are in pyproject.toml's [tool.ruff]).
 lint: install

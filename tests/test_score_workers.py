@@ -27,6 +27,7 @@ def saved(setup):  # noqa: F811 - the fixture
     return LMSettings(name=str(root / "tiny-llama"), max_doc_tokens=24, device="cpu", threads=1)
 
 
+@pytest.mark.slow
 def test_workers_score_with_the_sizes_the_parent_resolved(saved, tmp_path, monkeypatch):
     """The parent resolves doc_batch_size=auto and max_query_tokens=auto once (here to 3 and 7; a worker that
     resolved its own on the CPU would take 1 and 2,048) and every worker scores with them: the manifest

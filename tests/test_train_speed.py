@@ -61,6 +61,7 @@ def _lock_pid(folder) -> int:
     return int((folder / LOCK_FILE).read_text().split()[0])
 
 
+@pytest.mark.slow
 def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_path, capsys, caplog):
     """`gdr run` with train.concurrent=2 trains its two retrievers in two processes of their own, and each equals,
     byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move."""
@@ -193,6 +194,7 @@ def _count_graphs():
     return int(counters["stats"]["unique_graphs"])
 
 
+@pytest.mark.slow
 def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, word_tokenizer):
     """trainer.compile on the CPU through train(), with length buckets: batches padded to their bucket's width trace
     at most one graph per (width, batch size), none after the second epoch; the losses are the eager step's."""
@@ -266,6 +268,7 @@ def _pid(_: int) -> int:
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_run_concurrently_spawns_one_worker_per_slot_and_hands_each_result_on_while_the_others_work():
     """Five jobs in two slots run in two processes (a spawn per slot, not per job); ``on_done`` of a job runs in
     this process once its slot has taken the next job."""
