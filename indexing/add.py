@@ -277,7 +277,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     index_dir = Path(index_dir)
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")
-    run = load_run(run_dir, n_queries=st.n_queries, require_manifest=False)
+    run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
     check_same_queries(st, run, index_dir)
     old_ids, old_codes = read_docids(index_dir / "docids.tsv")
     known = set(old_ids)

@@ -84,7 +84,7 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
 
         if not run:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
-        prun = load_run(run, n_queries=cfg.gc.get("n_queries"), require_manifest=False)
+        prun = load_run(run, require_manifest=False).first_queries(cfg.gc.get("n_queries"))
         doc_ids, query_texts, query_hash = prun.doc_ids, prun.query_texts, prun.query_hash
         tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=_gc_options(cfg.gc),
                               seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))

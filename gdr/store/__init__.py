@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -90,6 +90,12 @@ class PRun:
     def query_hash(self) -> str:
         """Hash of the qids of the columns in use (the first J): what indexes of older versions recorded."""
         return hash_strings(str(q.get("qid", i)) for i, q in enumerate(self.queries[: self.pmatrix.n_cols]))
+
+    def first_queries(self, n_queries: int | None) -> PRun:
+        """This run with its rows read over the first ``n_queries`` columns of P (all when None): GC's J."""
+        if n_queries is None:
+            return self
+        return replace(self, pmatrix=PMatrix(self.pmatrix.path or self.logp, n_cols=n_queries))
 
     def query_identity(self) -> dict:
         """What the columns in use (the first J) are, by content: the hash of their texts, the model that
@@ -337,10 +343,9 @@ def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
         raise ValueError(f"{p_path}: {problem}; rerun `{RerunCommand('score', out)}` (it re-scores what is damaged)")
 
 
-def load_run(out_dir: str | os.PathLike, require_complete: bool = True, n_queries: int | None = None,
-             require_manifest: bool = True) -> PRun:
-    """Open a run folder: P (a read-only memmap, and a row reader over its first ``n_queries`` columns, all when
-    None), its doc ids and queries, each checked against the manifests.
+def load_run(out_dir: str | os.PathLike, require_complete: bool = True, require_manifest: bool = True) -> PRun:
+    """Open a run folder: P (a read-only memmap, and a row reader that does not map it), its doc ids and queries,
+    each checked against the manifests (:meth:`PRun.first_queries`: the rows over fewer columns).
 
     ``require_manifest=False`` also opens a folder that holds only ``P.npy``, ``doc_ids.json`` and optionally
     ``queries.jsonl`` (a P computed elsewhere, for ``gdr index``); what a manifest records is checked when there
@@ -356,7 +361,7 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True, n_querie
         raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `{RerunCommand('score', out)}` to finish it")
     if "shape" in man:
         check_p(out, man)  # header, size and checksum
-    pm = PMatrix(out / P_FILE, n_cols=n_queries)
+    pm = PMatrix(out / P_FILE)
     rescore = RerunCommand("score", out, "rerun `{}` (it re-scores what is damaged)")
     doc_ids = _read_doc_ids(out, man, pm.n_rows, rescore)
     if (out / Q_FILE).exists():
