@@ -530,6 +530,7 @@ def test_more_gpus_than_the_machine_has(tmp_path, capsys, nothing_loads, monkeyp
     assert "trainer.devices=oops: must be auto, -1 (all), a positive integer or a list" in line
 
 
+@pytest.mark.slow
 def test_a_sigterm_inside_a_finaliser_exits_a_scoring_worker_quietly(tmp_path):
     """A scoring worker's SIGTERM (gdr.stages.score._leave) that lands while tqdm's __del__ runs raised its
     SystemExit inside the finaliser: Python printed "Exception ignored in ... Traceback" and the worker went on

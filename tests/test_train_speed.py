@@ -121,6 +121,7 @@ def _fail(x: int) -> int:
     raise ValueError(f"job {x}: bad input")
 
 
+@pytest.mark.slow
 def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
     from functools import partial
 
@@ -134,6 +135,7 @@ def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
         run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)
 
 
+@pytest.mark.slow
 def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys):
     import json
 

@@ -257,13 +257,12 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
     return dropped
 
 
-
 # Identity keys that older manifests lack: absent there means what `auto` resolves to (the only behaviour then).
 _NEWER_KEYS = {"compute_dtype", "device"}
 
 
 def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
-               order: np.ndarray, shard_size: int, world: int) -> None:
+              order: np.ndarray, shard_size: int, world: int) -> None:
     """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
     keeps the shards before the cut; a broken header re-scores all), drop the markers of damaged shards, and
     record the doc ids and a running manifest."""
