@@ -42,8 +42,9 @@ test-all: install
 
 # The compatibility lane: the oldest versions we support (pyproject.toml's lower bounds; transformers and
 # Lightning as on the GPU image) in a second virtual environment, running the LM, sampling, scoring, training,
-# pipeline and GPU-bench tests. torch stays the CPU wheel (2.13.0): the GPU image's 2.11 exists on PyPI only as
-# a CUDA build (530 MB plus GBs of CUDA libraries).
+# pipeline and GPU-bench tests of the fast lane (their `slow` ones run in `make test-slow`, on the current versions).
+# torch stays the CPU wheel (2.13.0): the GPU image's 2.11 exists on PyPI only as a CUDA build (530 MB plus GBs
+# of CUDA libraries).
 COMPAT_VENV ?= .venv-compat
 COMPAT_PINS := transformers==5.17.0 pytorch-lightning==2.6.6
 COMPAT_TESTS := tests/test_lm.py tests/test_sampling.py tests/test_scoring.py tests/test_retriever.py \
