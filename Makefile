@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
+.PHONY: install demo test test-slow test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -24,8 +24,14 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/gdr run +experiment=demo
 
+# The fast lane: everything but the tests marked `slow` (compiling, concurrent or multi-process training and
+# scoring, subprocesses killed or signalled, the bundled SmolLM2 model) and `gpu`.
 test: install
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+# The slow lane: the tests `make test` leaves out (`.ci/run` runs both, so every test runs in CI).
+test-slow: install
+	$(BIN)/python -m pytest -m "slow and not gpu" -q
 
 # The linter the team keeps (ruff; its rules are in pyproject.toml's [tool.ruff]).
 lint: install
@@ -36,8 +42,9 @@ test-all: install
 
 # The compatibility lane: the oldest versions we support (pyproject.toml's lower bounds; transformers and
 # Lightning as on the GPU image) in a second virtual environment, running the LM, sampling, scoring, training,
-# pipeline and GPU-bench tests. torch stays the CPU wheel (2.13.0): the GPU image's 2.11 exists on PyPI only as
-# a CUDA build (530 MB plus GBs of CUDA libraries).
+# pipeline and GPU-bench tests of the fast lane (their `slow` ones run in `make test-slow`, on the current versions).
+# torch stays the CPU wheel (2.13.0): the GPU image's 2.11 exists on PyPI only as a CUDA build (530 MB plus GBs
+# of CUDA libraries).
 COMPAT_VENV ?= .venv-compat
 COMPAT_PINS := transformers==5.17.0 pytorch-lightning==2.6.6
 COMPAT_TESTS := tests/test_lm.py tests/test_sampling.py tests/test_scoring.py tests/test_retriever.py \

@@ -1,11 +1,12 @@
-"""What a device has free, read the same way by every automatic size."""
+"""What a device has free, read the same way by every automatic size; the process's device and rank."""
 from __future__ import annotations
 
 import os
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["free_memory", "local_device"]
+__all__ = ["free_memory", "local_device", "dist_info"]
 
 
 def free_memory(device: torch.device | str | None = None) -> int | None:
@@ -35,3 +36,18 @@ def local_device(device: str | None = "auto") -> str:
     gpu = int(local) % torch.cuda.device_count()
     torch.cuda.set_device(gpu)
     return f"cuda:{gpu}"
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world_size), initialising torch.distributed when a launcher asked for several processes:
+    NCCL when each local rank has a GPU of its own, gloo otherwise (CPU, or ranks sharing a GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        nccl = torch.cuda.is_available() and local_world <= torch.cuda.device_count()
+        if nccl:
+            local_device("cuda")
+        dist.init_process_group("nccl" if nccl else "gloo")
+    return dist.get_rank(), dist.get_world_size()

@@ -34,8 +34,8 @@ from scipy.special import logsumexp
 from gdr.cluster import distortion_matrix, log_weights
 from gdr.config import RerunCommand, data_overrides, saved_data
 from gdr.io import atomic_write_json, check_manifest_files, refresh_manifest_files, write_manifest
+from gdr.store import PMatrix, load_run
 from indexing.docids import format_code, read_docids, write_docids
-from indexing.pmatrix import PMatrix, load_pmatrix_run
 from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
 from indexing.summary import summarize, write_summary
 
@@ -277,7 +277,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     index_dir = Path(index_dir)
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")
-    run = load_pmatrix_run(run_dir, n_queries=st.n_queries)
+    run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
     check_same_queries(st, run, index_dir)
     old_ids, old_codes = read_docids(index_dir / "docids.tsv")
     known = set(old_ids)

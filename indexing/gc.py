@@ -42,7 +42,7 @@ from scipy.special import logsumexp
 from tqdm.auto import tqdm
 
 from gdr.cluster import _INITS, centroid_update, distortion_matrix, fit_generative, log_proposal, log_weights
-from indexing.pmatrix import PMatrix
+from gdr.store.rows import PMatrix
 from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 
 __all__ = [
@@ -522,7 +522,7 @@ def build_gc_index(
     Parameters
     ----------
     pmatrix
-        log P of shape (n_docs, J) (:class:`indexing.pmatrix.PMatrix`; may be a file larger than memory).
+        log P of shape (n_docs, J) (:class:`gdr.store.rows.PMatrix`; may be a file larger than memory).
     n_clusters, leaf_size
         K and c (30 and 30 as in NCI).
     options

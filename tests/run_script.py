@@ -5,7 +5,9 @@ Environment: ``GDR_TEST_PAUSE`` is ``sample`` (after the first checkpoint of the
 (right after stage ``<name>`` is marked complete); ``GDR_TEST_READY`` is a file touched when the process
 reaches that point (then it sleeps until killed). ``train-slow`` does not stop there: it touches the file
 after the first ``last.ckpt`` and goes on training with every batch slowed to 0.2 s, so a signal lands
-in the middle of training. Arguments: those of ``gdr run``, or of ``gdr $GDR_TEST_COMMAND`` when set.
+in the middle of training; its grace period (:func:`gdr.signals.deferred`) is 10 minutes, so that only the
+batch end can stop it (a stop by the grace timer would outlast the test's wait). Arguments: those of
+``gdr run``, or of ``gdr $GDR_TEST_COMMAND`` when set.
 """
 import os
 import sys
@@ -20,16 +22,16 @@ def pause() -> None:
 
 def install(point: str) -> None:
     if point == "sample":
-        import gdr.store as store
+        import gdr.stages.sample as sampling
 
-        real_jsonl = store.write_jsonl
+        real_jsonl = sampling.write_jsonl
 
         def write_jsonl(path, rows):
             real_jsonl(path, rows)
-            if Path(path).name == store.Q_PARTIAL:
+            if Path(path).name == sampling.Q_PARTIAL:
                 pause()
 
-        store.write_jsonl = write_jsonl
+        sampling.write_jsonl = write_jsonl
     elif point == "score":
         import gdr.store as store
 
@@ -64,6 +66,10 @@ def install(point: str) -> None:
                 time.sleep(0.2)
 
         pl.callbacks.ModelCheckpoint.on_train_batch_end = on_train_batch_end
+        import gdr.signals as signals
+
+        real_deferred = signals.deferred
+        signals.deferred = lambda grace_s=10.0: real_deferred(grace_s=600.0)
     elif point.startswith("stage:"):
         import gdr.pipeline as run
 

@@ -4,7 +4,7 @@ import sys
 import torch
 from tiny_models import DOCS, QUERIES, tiny_llama
 
-from gdr.store import score_run
+from gdr.stages.score import score_run
 
 if __name__ == "__main__":
     out, delay = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0

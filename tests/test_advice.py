@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # A message holding a command is built by one of these; each site is run by the tests named here.
 ADVICE = re.compile(r"RerunCommand\(|sample_command\(|_RescoreAdvice\(|next_steps\(")
 SITES = {
-    "gdr/store.py": ["test_queries_changed_after_sampling", "test_a_p_matrix_without_its_manifest",
-                     "test_an_unfinished_p_matrix", "test_the_advised_rescore_command_works_as_printed (test_guard)",
-                     "test_doc_ids_json_damaged", "test_finished_doc_queries_damaged"],
-    "indexing/pmatrix.py": ["test_a_truncated_p_matrix_given_to_gdr_index", "test_an_unfinished_p_matrix"],
+    "gdr/store/__init__.py": ["test_queries_changed_after_sampling", "test_a_p_matrix_without_its_manifest",
+                              "test_an_unfinished_p_matrix",
+                              "test_the_advised_rescore_command_works_as_printed (test_guard)",
+                              "test_doc_ids_json_damaged"],
+    "gdr/store/rows.py": ["test_a_truncated_p_matrix_given_to_gdr_index"],
+    "gdr/stages/doc_queries.py": ["test_finished_doc_queries_damaged"],
     "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_index_add_advice_pastes"],
     "gdr/cli/commands/index.py": ["test_index_add_advice_pastes"],
     "training/data.py": ["test_the_advised_resample_command_works_as_printed (test_faults)",
@@ -92,17 +94,16 @@ def test_a_p_matrix_without_its_manifest(scored, tmp_path):
     assert load_run(out).logp.shape == (30, 8)
 
 
-@pytest.mark.parametrize("reader", ["load_run", "load_pmatrix_run"])
-def test_an_unfinished_p_matrix(scored, tmp_path, reader):
+@pytest.mark.parametrize("require_manifest", [True, False])  # as `gdr cluster` and `gdr index` open a run
+def test_an_unfinished_p_matrix(scored, tmp_path, require_manifest):
     from gdr.store import load_run
-    from indexing.pmatrix import load_pmatrix_run
 
     out = _copy(scored[0], tmp_path / "s")
     man = json.loads((out / "P.manifest.json").read_text())
     man["status"] = "running"
     (out / "P.manifest.json").write_text(json.dumps(man))
     with pytest.raises(RuntimeError) as e:
-        {"load_run": load_run, "load_pmatrix_run": load_pmatrix_run}[reader](out)
+        load_run(out, require_manifest=require_manifest)
     _run_advised(str(e.value))
     assert np.array_equal(load_run(out).logp, np.load(scored[0] / "P.npy"))
 
@@ -142,7 +143,7 @@ def test_a_truncated_p_matrix_given_to_gdr_index(scored, tmp_path, capsys):
     man = json.loads((out / "P.manifest.json").read_text())
     man.pop("file", None)  # a manifest without the file's checksum: the header check of PMatrix speaks
     (out / "P.manifest.json").write_text(json.dumps(man))
-    from indexing.pmatrix import PMatrix
+    from gdr.store.rows import PMatrix
 
     with pytest.raises(ValueError) as e:
         PMatrix(out / "P.npy")

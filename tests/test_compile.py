@@ -16,7 +16,8 @@ from gdr.lm.compiling import (
     compile_cache_dir,
     want_compile,
 )
-from gdr.store import sample_per_doc_run, sample_run
+from gdr.stages.doc_queries import sample_per_doc_run
+from gdr.stages.sample import sample_run
 
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
 KW = dict(max_new_tokens=5, top_k=50, top_p=0.99, progress=False)

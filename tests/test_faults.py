@@ -243,16 +243,17 @@ def test_p_manifest_of_other_settings_is_scored_again_by_run(finished, tmp_path,
 
 
 def _signalled_at(point: str, sig: int, argv: list[str], tmp_path: Path,
-                  command: str = "run") -> tuple[int, str, float]:
+                  command: str = "run") -> tuple[int, str, float, float]:
     """Start ``gdr <command> argv`` (tests/run_script.py), send ``sig`` once it reaches ``point``; returns its
-    exit code, its stderr and the seconds from the signal to its exit."""
+    exit code, its stderr, the seconds from the signal to its exit and the seconds from its start to ``point``."""
     ready = tmp_path / f"ready-{point.replace(':', '-')}"
     ready.unlink(missing_ok=True)
     env = dict(os.environ, GDR_TEST_PAUSE=point, GDR_TEST_READY=str(ready), GDR_TEST_COMMAND=command,
                PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
     proc = subprocess.Popen([sys.executable, str(HERE / "run_script.py"), *argv], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
+    started = time.time()
+    deadline = started + 120
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     t0 = time.time()
@@ -262,13 +263,21 @@ def _signalled_at(point: str, sig: int, argv: list[str], tmp_path: Path,
     finally:
         proc.kill()
     assert ready.exists(), f"never reached {point}: {err.decode()[-2000:]}"
-    return proc.returncode, err.decode(), time.time() - t0
+    return proc.returncode, err.decode(), time.time() - t0, t0 - started
+
+
+def _prompt(seconds: float, started: float) -> bool:
+    """A stop is prompt when it takes under 8 s (a quiet machine) or under the time the process took to start and
+    reach the point it was signalled at: both are Python, imports and file writes, so the bound grows with the
+    machine's load (at a load average of ~10 a stop took 10-11 s)."""
+    return seconds < max(8.0, started)
 
 
 def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
     _signalled_at(point, signal.SIGKILL, _args(root, folder, out, *EXTRA)[1:], tmp_path)
 
 
+@pytest.mark.slow
 def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(finished, tmp_path, capsys, caplog):
     root, folder, ref, head = finished
     out = tmp_path / "run"
@@ -336,23 +345,29 @@ def _last_line(err: str) -> str:
     return err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished, tmp_path, capsys, caplog):
     """SIGTERM while `gdr run` trains (a scheduler's preemption): exit 143 within seconds, one line naming the
-    stage, last.ckpt written at the batch the signal came in, the previous report kept but marked in progress
-    (never looking current); the rerun resumes from that checkpoint to the same result."""
+    stage, last.ckpt written at the batch the signal came in, the report never looking current (the bmi retriever
+    of the earlier attempt is taken in first, so it is this run's report, marked partial: 1 of 2 retrievers); the
+    rerun resumes from that checkpoint to the same result."""
     root, folder, ref, head = finished
     out = tmp_path / "run"
     shutil.copytree(ref, out)
     shutil.rmtree(_folder(out, "train-gc-s0"))  # as `rm -rf r/train-gc*` does: training starts afresh
-    rc, err, seconds = _signalled_at("train-slow", signal.SIGTERM, _args(root, folder, out, *EXTRA)[1:], tmp_path)
+    rc, err, seconds, started = _signalled_at("train-slow", signal.SIGTERM, _args(root, folder, out, *EXTRA)[1:],
+                                              tmp_path)
     assert rc == 143, err[-2000:]
     assert _last_line(err) == ("gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to "
                                "resume"), err[-2000:]
     assert "Traceback" not in err
-    assert seconds < 8, seconds  # at the next batch end, not after the 10 s grace period
+    # at the next batch end: the child's grace period is 10 minutes (tests/run_script.py), so only the batch end
+    # stops it within the 60 s the test waits, with the resume point checked below
+    assert _prompt(seconds, started), (seconds, started)
     kept = json.loads((out / "report.json").read_text())
-    assert kept["in_progress"]["command"].startswith("gdr run ") and kept["retrieval"]
-    assert (out / "report.md").read_text().startswith("> **In progress since")
+    assert kept["partial"] == {"retrievers_done": 1, "retrievers": 2}, kept
+    assert "bmi" in kept["retrieval"] and "gc" not in kept["retrieval"], kept["retrieval"]
+    assert "**Partial: 1 of 2 retrievers finished" in (out / "report.md").read_text()
     (train,) = [p for p in out.glob("train-gc-s0-*")
                 if json.loads((p / "stage.json").read_text())["status"] == "running"]
     last = train / "checkpoints" / "last.ckpt"
@@ -367,17 +382,19 @@ def test_sigterm_during_training_stops_with_one_line_and_a_resume_point(finished
 
 
 @pytest.mark.parametrize("point,sig", [("sample", signal.SIGTERM), ("stage:score", signal.SIGINT)])
+@pytest.mark.slow
 def test_a_signal_while_sampling_or_between_stages_stops_with_one_line(finished, tmp_path, point, sig):
     root, folder, _, _ = finished
     out = tmp_path / "run"
-    rc, err, seconds = _signalled_at(point, sig, _args(root, folder, out, *EXTRA)[1:], tmp_path)
+    rc, err, seconds, started = _signalled_at(point, sig, _args(root, folder, out, *EXTRA)[1:], tmp_path)
     name = signal.Signals(sig).name
     assert rc == 128 + sig, err[-2000:]
     assert _last_line(err).startswith(f"gdr run: stopped by {name}") and \
         _last_line(err).endswith("; rerun the same command to resume"), err[-2000:]
-    assert "Traceback" not in err and seconds < 8
+    assert "Traceback" not in err and _prompt(seconds, started), (seconds, started)
 
 
+@pytest.mark.slow
 def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
     """Ctrl-C during `gdr train` exits 130 (not Lightning's own exit 1) with the one line and a resume point."""
     root, folder, ref, _ = finished
@@ -386,10 +403,10 @@ def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
             "trainer.max_steps=60", "trainer.max_epochs=100", "trainer.batch_size=16", "trainer.tensorboard=false",
             "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=2", "trainer.num_sanity_val_steps=0",
             "trainer.check_val_every_n_epoch=50", f"out_dir={out}"]
-    rc, err, seconds = _signalled_at("train-slow", signal.SIGINT, argv, tmp_path, command="train")
+    rc, err, seconds, started = _signalled_at("train-slow", signal.SIGINT, argv, tmp_path, command="train")
     assert rc == 130, err[-2000:]
     assert _last_line(err) == "gdr train: stopped by SIGINT; rerun the same command to resume", err[-2000:]
-    assert seconds < 8 and (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()
+    assert _prompt(seconds, started) and (out / "checkpoints" / "last.ckpt").is_file() and not (out / "model").exists()
 
 
 # ----------------------------------------------------------------------------------- checked first, advice works

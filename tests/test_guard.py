@@ -151,6 +151,7 @@ def _after_first_shard(proc: subprocess.Popen, parent, out: Path) -> list:
     return parent.children(recursive=True)
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
     """kill -9 of gdr during scoring with score.processes=2 takes both workers (and the resource tracker) with
     it, so nothing keeps writing into the folder, and a rerun's P equals an uninterrupted run's."""
@@ -181,17 +182,20 @@ def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, tmp_path, sig):
     """SIGTERM to the whole job (a scheduler) or Ctrl-C (SIGINT to the terminal's process group)
     while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints
     a traceback or outlives it, and the rerun resumes from the finished shards."""
     out = tmp_path / "stopped"
+    started = time.time()
     proc = _slow_scoring(toy, out, stderr=subprocess.PIPE, text=True)
     try:
         parent = psutil.Process(proc.pid)
         children = _after_first_shard(proc, parent, out)
         os.killpg(proc.pid, sig)
         t0 = time.time()
+        started = t0 - started  # the job's start up to its first shard: what a stop is measured against
         _, err = proc.communicate(timeout=60)
         seconds = time.time() - t0
         gone, alive = psutil.wait_procs(children, timeout=10)
@@ -206,7 +210,8 @@ def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, t
     # the last line gdr writes (multiprocessing's resource tracker may warn after it, about a worker's semaphore)
     gdr_lines = [ln for ln in err.strip().splitlines() if ln.startswith("gdr ")]
     assert gdr_lines[-1:] == [f"gdr score: stopped by {name}; rerun the same command to resume"], err
-    assert "Traceback" not in err and seconds < 10, (seconds, err[-2000:])
+    # under 10 s on a quiet machine; on a loaded one, under the time the job took to start and score a shard
+    assert "Traceback" not in err and seconds < max(10.0, started), (seconds, started, err[-2000:])
     assert main(_score_args(toy, out)) == 0  # resumes the finished shards
     assert (out / "P.npy").is_file()
 
@@ -525,6 +530,7 @@ def test_more_gpus_than_the_machine_has(tmp_path, capsys, nothing_loads, monkeyp
     assert "trainer.devices=oops: must be auto, -1 (all), a positive integer or a list" in line
 
 
+@pytest.mark.slow
 def test_a_sigterm_inside_a_finaliser_exits_a_scoring_worker_quietly(tmp_path):
     """A scoring worker's SIGTERM (gdr.stages.score._leave) that lands while tqdm's __del__ runs raised its
     SystemExit inside the finaliser: Python printed "Exception ignored in ... Traceback" and the worker went on

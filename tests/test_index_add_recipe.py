@@ -21,9 +21,9 @@ def _split(folder, tmp_path):
 
 
 def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys):
+    from gdr.store.rows import PMatrix
     from indexing.add import place_documents
     from indexing.docids import read_docids
-    from indexing.pmatrix import PMatrix
     from indexing.state import load_tree_state
 
     root, folder = setup

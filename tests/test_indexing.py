@@ -10,6 +10,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from gdr.cluster import clip_bounds, clip_logp, log_proposal, log_weights
+from gdr.store.rows import PMatrix
 from indexing.docids import read_docids
 from indexing.gc import (
     GCOptions,
@@ -21,7 +22,6 @@ from indexing.gc import (
     row_groups,
 )
 from indexing.kmeans import build_kmeans_index, query_mean_embeddings
-from indexing.pmatrix import PMatrix
 from indexing.synthetic import planted_hierarchy, planted_logp, write_planted_npy
 from indexing.tree import atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels, random_tree
 
@@ -90,7 +90,7 @@ def test_degenerate_splitter_always_terminates():
 @pytest.mark.parametrize("dtype", ["<f2", ">f4"])
 def test_pmatrix_file_reads_match_the_array(tmp_path, monkeypatch, dtype):
     """Explicit reads (runs of nearby rows, bounded buffers) return exactly P[rows, :J] as float32."""
-    import indexing.pmatrix as pmatrix
+    import gdr.store.rows as pmatrix
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((301, 37)).astype(dtype)

@@ -216,7 +216,7 @@ def test_unreachable_hub_id_is_one_line(setup, tmp_path, capsys, monkeypatch):
 
 
 def test_no_empty_progress_bar_when_p_is_reused(llama, tmp_path, capfd):
-    from gdr.store import score_run
+    from gdr.stages.score import score_run
 
     kw = dict(texts=["a cat", "a dog"], doc_ids=["a", "b"], queries=["cat", "dog"], out_dir=tmp_path)
     score_run(llama, **kw)

@@ -172,6 +172,7 @@ def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path
     assert "gc_vs_hkmi_recall_at_1_p" not in head and report["verdict"] == ""
 
 
+@pytest.mark.slow
 def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     root, folder = setup
     common = ["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",

@@ -9,7 +9,8 @@ from tiny_models import DOCS, tiny_llama
 
 from gdr.io import read_jsonl, write_manifest
 from gdr.lm.decode import SAMPLER_VERSION, filter_logits
-from gdr.store import sample_per_doc_run, sample_run
+from gdr.stages.doc_queries import sample_per_doc_run
+from gdr.stages.sample import sample_run
 
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
 KW = dict(max_new_tokens=6, top_k=50, top_p=0.99)

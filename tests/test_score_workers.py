@@ -11,10 +11,10 @@ from tiny_models import DOCS
 
 import gdr.lm.scoring as scoring
 import gdr.stages.score as score_stage
-import gdr.store as store
 from gdr.data import Corpus
+from gdr.stages.score import score_run
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
-from gdr.store import read_queries, score_run
+from gdr.store import read_queries
 
 CORPUS = Corpus(name="toy", doc_ids=[f"d{i}" for i in range(len(DOCS))], texts=list(DOCS))
 SAMPLE = SampleSettings(n_queries=6, batch_size=6, max_new_tokens=5)
@@ -27,6 +27,7 @@ def saved(setup):  # noqa: F811 - the fixture
     return LMSettings(name=str(root / "tiny-llama"), max_doc_tokens=24, device="cpu", threads=1)
 
 
+@pytest.mark.slow
 def test_workers_score_with_the_sizes_the_parent_resolved(saved, tmp_path, monkeypatch):
     """The parent resolves doc_batch_size=auto and max_query_tokens=auto once (here to 3 and 7; a worker that
     resolved its own on the CPU would take 1 and 2,048) and every worker scores with them: the manifest
@@ -52,14 +53,14 @@ def test_shards_left_unscored_by_disagreeing_workers_fail_the_stage(saved, tmp_p
     def disagreeing(corpus, spec, out, settings, n_proc, progress=True):
         queries = [q["text"] for q in read_queries(out)]
         for rank, bs in ((0, 4), (1, 2)):
-            monkeypatch.setattr(store, "dist_info", lambda rank=rank: (rank, 2))
+            monkeypatch.setattr(score_stage, "dist_info", lambda rank=rank: (rank, 2))
             score_run(lm, corpus.texts, corpus.doc_ids, queries, out, shard_size=2, doc_batch_size=bs,
                       max_query_tokens=7, progress=False)
         monkeypatch.undo()
         return out / "P.npy"
 
     monkeypatch.setattr(score_stage, "score_in_processes", disagreeing)
-    monkeypatch.setattr(store, "_barrier", lambda world: None)
+    monkeypatch.setattr(score_stage, "_barrier", lambda world: None)
     docs = Corpus(name="toy", doc_ids=[f"d{i}" for i in range(16)], texts=[DOCS[i % len(DOCS)] + f" {i}"
                                                                            for i in range(16)])
     settings = ScoreSettings(shard_size=2, processes=2, doc_batch_size=4, max_query_tokens=7)

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from tiny_models import DOCS, QUERIES, tiny_llama
 
-from gdr.store import load_run, sample_run, score_run
+from gdr.stages.sample import sample_run
+from gdr.stages.score import score_run
+from gdr.store import load_run
 
 HERE = Path(__file__).parent
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
@@ -148,6 +150,7 @@ def _script(out, *extra):
     return [sys.executable, str(HERE / "score_script.py"), str(out), *extra], env
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     cmd, env = _script(ref)
@@ -167,6 +170,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert json.loads((killed / "P.manifest.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     cmd, env = _script(one)
@@ -194,7 +198,7 @@ def test_sample_run_reuses_and_refuses(lm, tmp_path):
 
 def test_per_doc_generation_resumes_to_the_same_file(lm, tmp_path):
     from gdr.io import read_jsonl
-    from gdr.store import sample_per_doc_run
+    from gdr.stages.doc_queries import sample_per_doc_run
 
     kw = dict(n_per_doc=2, seed=1, batch_size=3, max_new_tokens=5, progress=False)
     full = read_jsonl(sample_per_doc_run(lm, DOCS, DOC_IDS, tmp_path / "a", **kw))

@@ -62,6 +62,7 @@ RUNS = {
 
 
 @pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.slow
 def test_a_training_stopped_at_any_step_twice_resumes_to_the_unbroken_run(tmp_path, word_tokenizer, name,  # noqa: F811
                                                                           installed_signals):
     kw = RUNS[name]

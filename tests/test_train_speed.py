@@ -61,6 +61,7 @@ def _lock_pid(folder) -> int:
     return int((folder / LOCK_FILE).read_text().split()[0])
 
 
+@pytest.mark.slow
 def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_path, capsys, caplog):
     """`gdr run` with train.concurrent=2 trains its two retrievers in two processes of their own, and each equals,
     byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move."""
@@ -120,6 +121,7 @@ def _fail(x: int) -> int:
     raise ValueError(f"job {x}: bad input")
 
 
+@pytest.mark.slow
 def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
     from functools import partial
 
@@ -133,6 +135,7 @@ def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
         run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)
 
 
+@pytest.mark.slow
 def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys):
     import json
 
@@ -195,6 +198,7 @@ def _count_graphs():
     return int(counters["stats"]["unique_graphs"])
 
 
+@pytest.mark.slow
 def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, word_tokenizer):
     """trainer.compile on the CPU through train(), with length buckets: batches padded to their bucket's width trace
     at most one graph per (width, batch size), none after the second epoch; the losses are the eager step's."""
@@ -268,6 +272,7 @@ def _pid(_: int) -> int:
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_run_concurrently_spawns_one_worker_per_slot_and_hands_each_result_on_while_the_others_work():
     """Five jobs in two slots run in two processes (a spawn per slot, not per job); ``on_done`` of a job runs in
     this process once its slot has taken the next job."""

@@ -81,7 +81,7 @@ class _MemSampler(threading.Thread):
 
 def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
     """The float16 P of ``h`` in ``folder`` (reused if ``cache`` and a file of the right shape is there)."""
-    from indexing.pmatrix import PMatrix
+    from gdr.store.rows import PMatrix
     from indexing.synthetic import write_planted_npy
 
     name = (f"planted-{args.docs}x{args.queries}-top{args.clusters}-sub{args.sub}-seed{args.seed}.f16.npy" if cache
@@ -161,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from sklearn.metrics import adjusted_rand_score
 
+    from gdr.store.rows import PMatrix
     from indexing.gc import GCOptions, build_gc_index
     from indexing.output import write_index
-    from indexing.pmatrix import PMatrix
     from indexing.synthetic import planted_hierarchy
 
     if args.tmp is not None:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from gdr.io import read_jsonl, write_manifest
 from gdr.stages.settings import IndexSettings
+from gdr.store import load_run
 
 __all__ = ["build_index", "METHODS"]
 
@@ -33,9 +34,7 @@ def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:
 def _doc_ids(settings: IndexSettings, run, corpus: Callable | None) -> list[str]:
     """Doc ids for random/atomic/bmi: from run=, data=, kmeans.docs or kmeans.doc_queries (first given)."""
     if run:
-        from indexing.pmatrix import load_pmatrix_run
-
-        return load_pmatrix_run(run).doc_ids
+        return load_run(run, require_manifest=False).doc_ids
     if corpus is not None:
         return corpus().doc_ids
     if settings.kmeans.get("docs"):
@@ -82,11 +81,10 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     query_texts, query_hash = None, ""
     if cfg.method == "gc":
         from indexing.gc import build_gc_index
-        from indexing.pmatrix import load_pmatrix_run
 
         if not run:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
-        prun = load_pmatrix_run(run, n_queries=cfg.gc.get("n_queries"))
+        prun = load_run(run, require_manifest=False).first_queries(cfg.gc.get("n_queries"))
         doc_ids, query_texts, query_hash = prun.doc_ids, prun.query_texts, prun.query_hash
         tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=_gc_options(cfg.gc),
                               seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))
@@ -112,10 +110,8 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
             else:
                 raise ValueError("method=hkmi needs document texts: data=<corpus> or kmeans.docs=<jsonl>")
             if run:  # index exactly the documents of the P-matrix run (comparable with gc)
-                from indexing.pmatrix import load_pmatrix_run
-
                 pos = {d: i for i, d in enumerate(doc_ids)}
-                run_ids = load_pmatrix_run(run).doc_ids
+                run_ids = load_run(run, require_manifest=False).doc_ids
                 missing = [d for d in run_ids if d not in pos]
                 if missing:
                     raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")

@@ -1,12 +1,30 @@
-"""Stage ``sample``: J queries drawn from the corpus by the generative LM (Algorithm 1, line 1)."""
+"""Stage ``sample``: J queries drawn from the corpus by the generative LM (Algorithm 1, line 1).
+
+:func:`sample_queries` is the stage; :func:`sample_run` the resumable job that fills a run folder's
+``queries.jsonl`` (the folder's format: :mod:`gdr.store`).
+"""
 from __future__ import annotations
 
+import json
+import logging
 import os
+import time
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
+
+from gdr.guard import holding
+from gdr.io import file_digest, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
+from gdr.lm import SampledQueries, compiling
+from gdr.lm.decode import SAMPLER_VERSION
+from gdr.lm.numerics import describe_numerics
 from gdr.stages.settings import SampleSettings
+from gdr.store import P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, Q_PARTIAL, read_queries
 
-__all__ = ["sample_queries", "check_texts"]
+__all__ = ["sample_queries", "sample_run", "check_texts"]
+
+log = logging.getLogger(__name__)
 
 
 def check_texts(corpus) -> None:
@@ -28,9 +46,6 @@ def sample_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
     :class:`gdr.lm.GenerativeLM`) into ``out/queries.jsonl``; returns them (``text``, ``source_doc_id``, ...).
 
     Resumable; a finished file with the same settings is reused, one with other settings is refused."""
-    from gdr.guard import holding
-    from gdr.store import sample_run
-
     s = settings
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr sample`
@@ -38,3 +53,103 @@ def sample_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
                           batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
                           temperature=s.temperature, progress=progress, compile=s.compile,
                           compile_min_queries=s.compile_min_queries)
+
+
+def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_queries: int,
+               seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32, top_k: int = 50,
+               top_p: float = 0.99, temperature: float = 1.0, progress: bool = True, compile: bool | str = "auto",
+               compile_min_queries: int | str = "auto") -> list[dict]:
+    """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
+
+    An existing finished ``queries.jsonl`` with the same settings is reused; one with different settings,
+    drawn by another sampler version, or decoded under other numerics (device kind, dtype, compiled or eager
+    decode: :mod:`gdr.lm.numerics`, recorded as ``numerics``), is an error (never silently overwritten or
+    mixed). ``batch_size`` (or ``auto``) changes only the speed: query j is the same at any batch size, and a
+    resumed run equals an uninterrupted one. ``compile`` / ``compile_min_queries``: whether the decode step is
+    compiled (:func:`gdr.lm.compiling.want_compile`), decided once for the folder's ``n_queries``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
+             "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
+             "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
+    old = read_manifest(out, Q_MANIFEST)
+    if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
+        raise FileExistsError(
+            f"{out / Q_FILE} has no {Q_MANIFEST}: gdr did not sample it here and will not sample over it; to score "
+            f"documents against the queries of another run use `gdr score queries_from=<that run>` (it copies them "
+            f"with their manifest), or delete {out / Q_FILE} to sample new queries")
+    if old is not None and old.get("from_run"):
+        raise FileExistsError(
+            f"{out / Q_FILE} holds the queries of {old['from_run']}, copied by `gdr score queries_from=...`: pass "
+            f"queries_from={old['from_run']} again to score against them, or use another out= folder to sample new "
+            "ones")
+    check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
+    numerics = decode_numerics(lm, compiling.want_compile(compile, lm.device, n_queries, compile_min_queries))
+    check_numerics(out, Q_MANIFEST, old, numerics, "queries.* (and P.*, scored on them)")
+    if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
+        changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
+        raise FileExistsError(
+            f"{out / Q_MANIFEST} was written with different settings ({', '.join(changed)}); "
+            f"use another out= folder, or delete {out / Q_FILE} and {out / Q_MANIFEST} (and any {P_FILE}, "
+            f"{P_MANIFEST}, P.shards/ scored from them) to sample again")
+    if old is not None and old.get("status") == "complete" and (out / Q_FILE).exists():
+        rows = read_queries(out, old)
+        log.info("reusing %d sampled queries in %s", old["n_queries"], out / Q_FILE)
+        return rows
+    write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="running")
+
+    start = None
+    partial = out / Q_PARTIAL
+    if partial.exists():
+        rows = read_jsonl(partial)[:n_queries]
+        if rows:
+            log.info("resuming sampling after %d queries", len(rows))
+            start = SampledQueries([r["text"] for r in rows], np.array([r["source_index"] for r in rows]),
+                                   int(rows[-1].get("n_redrawn", 0)))
+
+    def checkpoint(sq: SampledQueries) -> None:
+        write_jsonl(partial, ({"text": t, "source_index": int(s), "n_redrawn": sq.n_redrawn}
+                              for t, s in zip(sq.texts, sq.source_index)))
+
+    t0 = time.perf_counter()
+    sq = lm.sample_queries(texts, n_queries, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                           top_k=top_k, top_p=top_p, temperature=temperature, progress=progress,
+                           start=start, on_batch=checkpoint, compile=compile,
+                           compile_min_queries=compile_min_queries)
+    rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
+            for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
+    write_jsonl(out / Q_FILE, rows)
+    write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="complete", queries_hash=hash_strings(sq.texts),
+                   n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
+                   seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile)
+    partial.unlink(missing_ok=True)
+    return rows
+
+
+def check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> None:
+    """Refuse queries drawn by another sampler version (other queries for the same seed), in one line."""
+    if old is not None and old.get("sampler") != SAMPLER_VERSION:
+        raise FileExistsError(
+            f"{out / manifest}: these queries were drawn by sampler {old.get('sampler') or 'hf-generate'}, this "
+            f"gdr samples with {SAMPLER_VERSION} (other queries for the same seed); to re-sample, delete "
+            f"{files} in {out} or use another out= folder")
+
+
+def decode_numerics(lm, compiled: bool) -> dict:
+    """The numerics of ``lm``'s decode loop with the decode path ``compiled`` (set on it for the run)."""
+    dec = lm.decoder()
+    dec.set_compile(compiled)
+    return dec.numerics()
+
+
+def check_numerics(out: Path, manifest: str, old: dict | None, now: dict, files: str) -> None:
+    """Refuse, in one line, queries decoded under other numerics than this run's (a folder made before they
+    were recorded is taken as it is): resuming would mix the two, reusing would hand out other queries."""
+    was = (old or {}).get("numerics")
+    if was is not None and was != now:
+        raise FileExistsError(
+            f"{out / manifest}: these queries were decoded on {describe_numerics(was)}, this run decodes on "
+            f"{describe_numerics(now)} (other near-ties, so other queries for the same seed; never mixed in one "
+            f"folder); run it where they were decoded (device=, sample.compile=), or to re-sample here delete "
+            f"{files} in {out}, or use another out= folder")

@@ -2,7 +2,17 @@
 
 :func:`score_corpus` samples the queries (unless ``queries.jsonl`` exists) and scores them, in this process,
 split across ``torchrun`` ranks, or in ``processes`` processes it starts (:func:`score_in_processes`);
-:func:`score_queries` scores given queries with a loaded model.
+:func:`score_queries` scores given queries with a loaded model; :func:`score_run` is the job that fills
+``P.npy`` (the folder's format, checks and shard markers: :mod:`gdr.store`).
+
+:func:`score_run` walks shards of ``shard_size`` documents in prompt-length order. Shards are scored in fixed
+groups of ``ceil(doc_batch_size / shard_size)`` consecutive shards (one shard when a shard holds a doc batch),
+so that a small shard never cuts a doc batch short; a group's batches, and therefore its numbers, do not depend
+on which process computes it or when. The prompts and queries are tokenised once per run (the model caches
+them), whatever the shard size. After a kill a rerun skips finished shards, so the finished matrix equals an
+uninterrupted run's exactly. With ``torchrun --nproc_per_node N`` (or any launcher that sets
+``RANK``/``WORLD_SIZE``) the shard groups are split round-robin across processes through ``torch.distributed``
+(gloo on CPU, nccl on GPU); each process writes its own rows of the shared memmap.
 """
 from __future__ import annotations
 
@@ -13,15 +23,36 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from gdr.config import RerunCommand
+from gdr.device import dist_info, local_device
+from gdr.io import hash_strings, read_jsonl, read_manifest
+from gdr.lm.numerics import scoring_numerics
+from gdr.logs import setup_logging
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
+from gdr.store import (
+    P_FILE,
+    P_MANIFEST,
+    SHARD_DIR,
+    check_p,
+    copy_run_queries,
+    finish_p,
+    pending_shards,
+    prepare_p,
+    score_folder,
+    shard_rows,
+    write_shard,
+)
 
-__all__ = ["resolve_sizes", "score_corpus", "score_queries", "score_in_processes"]
+__all__ = ["resolve_sizes", "score_corpus", "score_queries", "score_in_processes", "score_run"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +63,6 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
     run: under a launcher (``torchrun``) rank 0's sizes are broadcast, and :func:`score_in_processes` hands the
     parent's to every worker, so that all processes group the shards alike."""
     from gdr.lm.scoring import auto_score_sizes
-    from gdr.store import dist_info
 
     bs, mq = settings.doc_batch_size, settings.max_query_tokens
     if "auto" not in (bs, mq):
@@ -40,8 +70,6 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
     auto_bs, auto_mq = auto_score_sizes(lm.model, lm.device, lm.longest_prompt_tokens())
     sizes = [auto_bs if bs == "auto" else int(bs), auto_mq if mq == "auto" else int(mq)]
     if dist_info()[1] > 1:
-        import torch.distributed as dist
-
         dist.broadcast_object_list(sizes, src=0)
     return settings.replace(doc_batch_size=int(sizes[0]), max_query_tokens=int(sizes[1]))
 
@@ -51,8 +79,6 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
     """Score ``queries`` (rows of ``queries.jsonl``) against every document of ``corpus`` with ``lm`` into
     ``out/P.npy`` (sharded, resumable); ``auto`` sizes are resolved here (:func:`resolve_sizes`) unless the caller
     resolved them. Returns its path."""
-    from gdr.store import score_run
-
     sc = resolve_sizes(lm, settings)  # the run's manifest records the sizes that made its numbers
     return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
@@ -84,7 +110,6 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
 def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool,
                   queries_from: str | os.PathLike | None, resample: str) -> Path:
     from gdr.stages.sample import sample_queries
-    from gdr.store import dist_info
 
     built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
     lm = built if built is not None else spec.build()
@@ -114,8 +139,6 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
 def _check_complete(out: Path) -> None:
     """Raise, in one line, when the processes left shards of ``out``'s P unscored (they grouped the shards
     differently, or one stopped early): the stage is not finished and is never reported so."""
-    from gdr.store import P_MANIFEST, SHARD_DIR, read_manifest
-
     man = read_manifest(out, P_MANIFEST) or {}
     if man.get("status") == "complete":
         return
@@ -129,8 +152,6 @@ def _check_complete(out: Path) -> None:
 def _queries_of_run(lm, run, out: Path) -> list[dict]:
     """The queries of ``run`` copied into ``out``; the model must be the one that scored ``run``'s P."""
     import json
-
-    from gdr.store import P_MANIFEST, copy_run_queries, read_manifest, score_folder
 
     scorer = (read_manifest(score_folder(run), P_MANIFEST) or {}).get("lm")
     mine = json.loads(json.dumps(lm.describe()))
@@ -155,8 +176,6 @@ def _finished(out) -> bool:
     """A complete, undamaged P in ``out``: scored here in-process (the identity check, nothing left to score)
     instead of spawning processes that would each load the model to find no shard left. A damaged one is
     repaired by the processes."""
-    from gdr.store import P_MANIFEST, check_p, read_manifest
-
     man = read_manifest(Path(out), P_MANIFEST)
     if not man or man.get("status") != "complete":
         return False
@@ -197,7 +216,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
 
     With CUDA and ``device`` auto/cuda, rank r scores on ``cuda:{r % n_gpus}``. The process group is
-    set up here, after ``torch.cuda.set_device``, so that ``gdr.store.dist_info`` finds it ready: NCCL
+    set up here, after ``torch.cuda.set_device``, so that :func:`gdr.device.dist_info` finds it ready: NCCL
     when every rank has a GPU of its own, gloo when ranks share one (NCCL refuses two ranks on one
     device; the group only carries barriers). On a CPU, ``dist_info`` sets up gloo as before.
     The worker dies with ``parent`` (the spawning process): kill -9 of ``gdr`` leaves no writer behind."""
@@ -207,11 +226,6 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     signal.signal(signal.SIGTERM, _leave)  # the parent's terminate(), or a scheduler: go at once, quietly
     sys.unraisablehook = _exit_from_finaliser  # ... also when it lands inside a finaliser
-    import torch.distributed as dist
-
-    from gdr.io import read_jsonl
-    from gdr.logs import setup_logging
-
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     setup_logging()
@@ -219,8 +233,6 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     if not spec.threads:
         spec.threads = 1
     if torch.cuda.is_available() and str(spec.device or "auto") in ("auto", "cuda"):
-        from gdr.device import local_device
-
         spec.device = local_device(spec.device)  # before the process group: NCCL binds each rank to the current device
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
         log.info("scoring process %d of %d on %s", rank, world, spec.device)
@@ -266,3 +278,102 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
                            f"resume from the finished shards in {out} (a script must call gdr.score(processes=N) "
                            "under `if __name__ == \"__main__\":`: each process imports it again)")
     return Path(out) / "P.npy"
+
+
+def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
+              out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
+              doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
+              max_shards: int | None = None, compute_dtype: str = "auto") -> Path:
+    """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
+
+    Parameters
+    ----------
+    texts, doc_ids : the corpus, length n_docs, in row order.
+    queries : query texts, length n_queries, in column order.
+    dtype : ``float32`` or ``float16`` storage.
+    compute_dtype : ``auto`` | ``bfloat16`` | ``float32``: the dtype the passes run in
+        (:func:`gdr.lm.numerics.score_compute_dtype`); the manifest records what it resolved to.
+    max_shards : stop after this many shards in this call (testing kills and partial runs).
+
+    Returns the path of ``P.npy``.
+    """
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"score.dtype={dtype!r}: use float32 or float16")
+    if len(texts) != len(doc_ids):
+        raise ValueError(f"{len(texts)} texts but {len(doc_ids)} doc ids")
+    numerics = scoring_numerics(lm.device, compute_dtype, next(lm.model.parameters()).dtype)
+    out = Path(out_dir)
+    rank, world = dist_info()
+    ident = _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens, numerics)
+    p_path, shard_dir = out / P_FILE, out / SHARD_DIR
+    prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
+    order = np.argsort(prompt_len, kind="stable")
+    n_shards = -(-len(order) // shard_size)
+    if rank == 0:
+        prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world)
+    _barrier(world)
+
+    # shards scored together: a doc batch never straddles two calls
+    per_call = max(1, -(-doc_batch_size // shard_size))
+    groups = [range(g, min(g + per_call, n_shards)) for g in range(0, n_shards, per_call)]
+    mine = [groups[g] for g in range(rank, len(groups), world) if pending_shards(shard_dir, groups[g])]
+    if max_shards is not None:
+        mine = mine[:max(1, max_shards // per_call)]
+    t0 = time.perf_counter()
+    score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
+             "compute_dtype": getattr(torch, numerics["compute_dtype"])}
+    _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress)
+    _barrier(world)
+    if rank == 0:
+        finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2))
+    return p_path
+
+
+def _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,
+                numerics: dict) -> dict:
+    """What P's bytes depend on: the model and prompt, the inputs, the sizes (their resolved values) and the
+    numerics (device kind and compute dtype, :func:`gdr.lm.numerics.scoring_numerics`)."""
+    return {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
+            "queries_hash": hash_strings(queries), "shape": [len(doc_ids), len(queries)], "dtype": dtype,
+            "shard_size": shard_size, "doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens,
+            **numerics}
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path, shard_dir: Path,
+                  order: np.ndarray, shard_size: int, mine: list[range], dtype: str, score: dict,
+                  progress: bool) -> None:
+    """Score this process's groups of shards into ``p_path``, one ``lm.score`` call per group (keywords
+    ``score``); each finished shard's rows are flushed, then its ``.done`` marker written with their checksum."""
+    rank, world = dist_info()
+    n_shards = -(-len(order) // shard_size)
+    P = np.load(p_path, mmap_mode="r+")
+    if rank == 0:
+        log.info("P %s: %d shards of %d docs, %d left (%d on this process of %d)",
+                 tuple(P.shape), n_shards, shard_size, n_shards - len(list(shard_dir.glob("*.done"))),
+                 sum(len(pending_shards(shard_dir, g)) for g in mine), world)
+    left = [s for g in mine for s in pending_shards(shard_dir, g)]
+    pairs = len(queries) * sum(len(shard_rows(order, shard_size, s)) for s in left)
+    bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
+               disable=not progress or pairs == 0)  # nothing left (P reused): no empty bar
+    for group in mine:
+        if not pending_shards(shard_dir, group):  # finished meanwhile by another process on this folder
+            continue
+        # the whole group, finished shards too (a resumed group batches as an uninterrupted one)
+        rows = [shard_rows(order, shard_size, s) for s in group]
+        every = np.concatenate(rows)
+        lp = lm.score([texts[i] for i in every], queries, **score)
+        ends = np.cumsum([len(r) for r in rows])
+        for s, r, block in zip(group, rows, np.split(lp, ends[:-1])):
+            if (shard_dir / f"{s:05d}.done").exists():
+                continue
+            block = np.ascontiguousarray(block.astype(dtype))
+            write_shard(P, shard_dir, s, r, block)
+            bar.update(block.size)
+            bar.set_postfix(shard=f"{s + 1}/{n_shards}")
+    bar.close()
+    del P

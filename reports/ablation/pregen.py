@@ -1,5 +1,5 @@
 # Generated training queries for the ablation, computed before the `gdr run` stage that uses them existed
-# (the same library call the doc-queries stage makes, gdr.store.sample_per_doc_run, with the stage's settings;
+# (the same library call the doc-queries stage makes, gdr.stages.doc_queries.sample_per_doc_run, with its settings;
 # the store's manifest records them, so the stage resumes from these files only if its settings are identical):
 #   python reports/ablation/pregen.py <dest folder> <per_doc> <top_k> <top_p> <temperature> <gdr run overrides>
 # LIMIT=N in the environment: only the first N documents (query i of document d depends on (seed, d, i) alone, so
@@ -11,7 +11,7 @@ from pathlib import Path
 from gdr.config import load_config, to_container
 from gdr.data import corpus_from_config
 from gdr.pipeline import lm_settings
-from gdr.store import sample_per_doc_run
+from gdr.stages.doc_queries import sample_per_doc_run
 
 dest, per_doc, top_k, top_p, temp, argv = (Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                            float(sys.argv[4]), float(sys.argv[5]), sys.argv[6:])

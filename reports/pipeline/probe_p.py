@@ -6,7 +6,8 @@ import torch
 
 from gdr.data import load_corpus
 from gdr.lm import GenerativeLM
-from gdr.store import sample_run, score_run
+from gdr.stages.sample import sample_run
+from gdr.stages.score import score_run
 
 logging.basicConfig(level=logging.INFO)
 torch.set_num_threads(2)

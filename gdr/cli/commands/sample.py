@@ -36,9 +36,9 @@ def sample_main(argv: list[str]) -> int:
 
 def score_main(argv: list[str]) -> int:
     from gdr.data import corpus_from_config
+    from gdr.device import dist_info
     from gdr.stages import score
     from gdr.stages.settings import SampleSettings, ScoreSettings
-    from gdr.store import dist_info
 
     cfg = compose("score", argv)
     if cfg.get("queries_from") and not any(in_section(k, "model") for k in override_keys(argv)):

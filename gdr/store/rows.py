@@ -1,8 +1,7 @@
-"""Read the log P matrix of a scoring run row by row, without holding it in memory.
+"""Read the log P matrix of a run row by row, without holding it in memory.
 
-A P-matrix run folder holds ``P.npy`` (log p(query | doc), float16 or float32, of shape
-(n_docs, n_queries)), ``queries.jsonl`` (one ``{"qid", "text", "source_doc_id"}`` per
-line, column order) and ``doc_ids.json`` (the doc ids in row order).
+``P.npy`` holds log p(query | doc), float16 or float32, of shape (n_docs, n_queries) (the folder
+around it: :mod:`gdr.store`).
 
 ``P.npy`` may be larger than memory. :class:`PMatrix` copies the requested rows out as float32
 with explicit reads (``os.preadv`` into a bounded buffer) and never memory-maps the file (a
@@ -19,21 +18,15 @@ runs of rows, which is as vectorized as reading scattered rows without mapping t
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from gdr.config import RerunCommand
-from gdr.io import hash_strings, read_manifest
 
-__all__ = ["PMatrix", "PMatrixRun", "load_pmatrix_run"]
-
-log = logging.getLogger(__name__)
+__all__ = ["PMatrix"]
 
 # Rows copied per block of a read: bounds the float16/float32 temporaries of a read.
 _READ_BLOCK = 2048
@@ -238,72 +231,3 @@ class PMatrix:
         for a in range(0, n, chunk_rows):
             b = min(a + chunk_rows, n)
             yield a, self.read_rows(slice(a, b) if rows is None else rows[a:b])
-
-
-@dataclass
-class PMatrixRun:
-    """A scoring run: log P plus the ids of its rows and columns."""
-
-    pmatrix: PMatrix
-    doc_ids: list[str]
-    queries: list[dict]  # one {"qid", "text", ...} per column (all columns, not only the first J)
-    path: Path
-    scorer: dict | None = None  # the model that scored P (P.manifest.json's ``lm``), when recorded
-    origin: str = ""  # where the queries were sampled: this folder, or the run they were copied from
-
-    @property
-    def query_texts(self) -> list[str]:
-        return [str(q.get("text", q.get("qid", ""))) for q in self.queries]
-
-    @property
-    def query_hash(self) -> str:
-        """Hash of the qids of the columns in use (the first J): what indexes of older versions recorded."""
-        return hash_strings(str(q.get("qid", i)) for i, q in enumerate(self.queries[: self.pmatrix.n_cols]))
-
-    def query_identity(self) -> dict:
-        """What the columns in use (the first J) are, by content: the hash of their texts, the model that
-        scored them and where they were sampled. Two runs whose P columns can be compared (``gdr index add``)
-        agree on ``texts_hash`` and ``scorer``; qids (``q0 .. q{J-1}`` in every run) say nothing."""
-        return {"texts_hash": hash_strings(self.query_texts[: self.pmatrix.n_cols]), "n_queries": self.pmatrix.n_cols,
-                "scorer": self.scorer, "source": self.origin or str(self.path)}
-
-
-def load_pmatrix_run(run_dir: str | os.PathLike, n_queries: int | None = None) -> PMatrixRun:
-    """Open a P-matrix run folder (``P.npy``, ``queries.jsonl``, ``doc_ids.json``) and check it is consistent."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"P-matrix run folder {run_dir} does not exist; pass run=<folder of `gdr score`>")
-    man = read_manifest(run_dir, "P.manifest.json")  # written by gdr.store while scoring
-    if man is not None and man.get("status", "complete") != "complete":
-        raise RuntimeError(f"{run_dir / 'P.npy'} is {man.get('status')}: rerun "
-                           f"`{RerunCommand('score', run_dir)}` to finish "
-                           "it before indexing")
-    if man is not None and "shape" in man:
-        from gdr.store import check_p
-
-        check_p(run_dir, man)  # header, size and checksum
-    pm = PMatrix(run_dir / "P.npy", n_cols=n_queries)
-    ids_path = run_dir / "doc_ids.json"
-    if not ids_path.exists():
-        raise FileNotFoundError(f"{ids_path} is missing; the run folder must hold the row order of P.npy")
-    with open(ids_path, encoding="utf-8") as f:
-        doc_ids = [str(d) for d in json.load(f)]
-    if len(doc_ids) != pm.n_rows:
-        raise ValueError(f"{ids_path} lists {len(doc_ids)} doc ids but {pm.path} has {pm.n_rows} rows")
-    if len(set(doc_ids)) != len(doc_ids):
-        seen: set[str] = set()
-        dup = next(d for d in doc_ids if d in seen or seen.add(d))  # type: ignore[func-returns-value]
-        raise ValueError(f"{ids_path}: doc id {dup!r} occurs more than once; doc ids must be unique")
-    q_path = run_dir / "queries.jsonl"
-    if q_path.exists():
-        from gdr.store import read_queries
-
-        queries = read_queries(run_dir)  # checked against queries.manifest.json when there is one
-        if len(queries) != pm.n_cols_total:
-            raise ValueError(f"{q_path} has {len(queries)} queries but {pm.path} has {pm.n_cols_total} columns")
-    else:
-        log.warning("%s is missing; queries are named by column number", q_path)
-        queries = [{"qid": str(j), "text": f"q{j}"} for j in range(pm.n_cols_total)]
-    q_man = read_manifest(run_dir, "queries.manifest.json") or {}
-    return PMatrixRun(pmatrix=pm, doc_ids=doc_ids, queries=queries, path=run_dir,
-                      scorer=(man or {}).get("lm"), origin=str(q_man.get("from_run") or run_dir))

@@ -1,0 +1,398 @@
+"""The P-matrix store: the run folder's format, its readers, writers, manifests and checksums.
+
+A run folder holds::
+
+    doc_ids.json         the documents, in row order
+    queries.jsonl        {"qid", "text", "source_doc_id", "source_index"} per line, in column order
+    queries.manifest.json
+    P.npy                log P, float32 (or float16), shape (n_docs, n_queries), a .npy memmap
+    P.manifest.json      model, prompt, doc-id / text / query hashes, shape, dtype, sharding, status
+    P.shards/            one ``NNNNN.done`` marker per finished shard, holding the checksum of its rows
+
+P is written in shards of ``shard_size`` documents. Documents are ordered by prompt length once (stable
+sort), and shard s is the s-th run of that order (:func:`shard_rows`). A shard's rows are flushed to disk
+before its marker is written (:func:`write_shard`), so after a kill (even SIGKILL) a rerun skips finished
+shards and recomputes only unfinished ones.
+
+Nothing on disk is trusted blindly: before a rerun writes, :func:`prepare_p` checks P.npy's header and size
+(a wrong one is re-created and every shard re-scored, never zero-filled) and each finished shard's rows
+against the checksum in its marker (a damaged shard is re-scored); the finished file's size and checksum go
+into P.manifest.json (:func:`finish_p`) and ``queries.jsonl``'s into queries.manifest.json
+(:func:`write_queries`), and :func:`load_run`, the one reader of a run folder, checks both before handing
+them out. :mod:`gdr.store.rows` reads P's rows without mapping the file (P may exceed memory).
+
+The jobs that fill a folder live with the model stages that run them: sampling in :mod:`gdr.stages.sample`,
+scoring (sharded, resumable, split across ``torchrun`` ranks) in :mod:`gdr.stages.score`, the queries per
+document in :mod:`gdr.stages.doc_queries`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from gdr.config import RerunCommand
+from gdr.io import (
+    atomic_write_json,
+    bytes_digest,
+    file_digest,
+    hash_strings,
+    no_space,
+    read_jsonl,
+    read_manifest,
+    write_jsonl,
+    write_manifest,
+)
+from gdr.store.rows import PMatrix
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PRun", "PMatrix", "load_run", "check_p", "read_queries",
+           "score_folder", "copy_run_queries", "prepare_p", "shard_rows", "pending_shards", "write_shard",
+           "finish_p"]
+
+P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
+Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
+DOCQ_FILE, DOCQ_MANIFEST = "doc_queries.jsonl", "doc_queries.manifest.json"
+
+
+@dataclass
+class PRun:
+    """A P-matrix run: log P with the ids of its rows (documents) and columns (queries)."""
+
+    path: Path
+    doc_ids: list[str]
+    queries: list[dict]  # one {"qid", "text", ...} per column (all columns, not only the first J)
+    logp: np.ndarray  # (n_docs, n_queries) memmap, read-only: every column
+    manifest: dict  # P.manifest.json ({} for a folder without one)
+    pmatrix: PMatrix | None = None  # row reader over the first J columns; None: over all of ``logp``
+    origin: str = ""  # where the queries were sampled: this folder, or the run they were copied from
+
+    def __post_init__(self):
+        if self.pmatrix is None:
+            self.pmatrix = PMatrix(self.logp)
+
+    @property
+    def scorer(self) -> dict | None:
+        """The model that scored P (P.manifest.json's ``lm``), when recorded."""
+        return self.manifest.get("lm")
+
+    @property
+    def query_texts(self) -> list[str]:
+        return [str(q.get("text", q.get("qid", ""))) for q in self.queries]
+
+    @property
+    def query_hash(self) -> str:
+        """Hash of the qids of the columns in use (the first J): what indexes of older versions recorded."""
+        return hash_strings(str(q.get("qid", i)) for i, q in enumerate(self.queries[: self.pmatrix.n_cols]))
+
+    def first_queries(self, n_queries: int | None) -> PRun:
+        """This run with its rows read over the first ``n_queries`` columns of P (all when None): GC's J."""
+        if n_queries is None:
+            return self
+        return replace(self, pmatrix=PMatrix(self.pmatrix.path or self.logp, n_cols=n_queries))
+
+    def query_identity(self) -> dict:
+        """What the columns in use (the first J) are, by content: the hash of their texts, the model that
+        scored them and where they were sampled. Two runs whose P columns can be compared (``gdr index add``)
+        agree on ``texts_hash`` and ``scorer``; qids (``q0 .. q{J-1}`` in every run) say nothing."""
+        return {"texts_hash": hash_strings(self.query_texts[: self.pmatrix.n_cols]), "n_queries": self.pmatrix.n_cols,
+                "scorer": self.scorer, "source": self.origin or str(self.path)}
+
+
+def score_folder(path: str | os.PathLike) -> Path:
+    """The folder of sampled queries and P that ``path`` names: a ``gdr score`` folder, or a ``gdr run`` folder
+    holding exactly one finished ``score-<key>/`` stage."""
+    p = Path(path)
+    if (p / Q_FILE).is_file():
+        return p
+    stages = sorted(d for d in p.glob("score-*") if (d / Q_FILE).is_file()) if p.is_dir() else []
+    if len(stages) == 1:
+        return stages[0]
+    if len(stages) > 1:
+        raise ValueError(f"queries_from={p}: the run folder holds {len(stages)} score stages "
+                         f"({', '.join(d.name for d in stages)}); pass the one the index was built on")
+    raise FileNotFoundError(f"queries_from={p}: no {Q_FILE} there (nor a single score-*/ stage of `gdr run`); pass the "
+                            "folder of the `gdr score` (or `gdr run`) whose queries the new documents are scored "
+                            "against")
+
+
+def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> tuple[list[dict], dict | None]:
+    """Copy the sampled queries of the finished run ``run_dir`` (checked against its manifest) into ``out_dir``,
+    with a manifest naming where they came from (``from_run``), so that a P scored there has the run's columns.
+    Returns (the query rows, the model that scored the run's P, or None when its manifest does not say).
+    An ``out_dir`` holding other queries is refused; the same queries are reused."""
+    src, out = score_folder(run_dir), Path(out_dir)
+    man = read_manifest(src, Q_MANIFEST)
+    if man is None or man.get("status") != "complete":
+        raise FileNotFoundError(f"queries_from={src}: {src / Q_MANIFEST} is missing or unfinished; finish that run "
+                                "first")
+    rows = read_queries(src, man)
+    texts_hash = hash_strings(r["text"] for r in rows)
+    scorer = (read_manifest(src, P_MANIFEST) or {}).get("lm")
+    origin = str(man.get("from_run") or src.resolve())
+    old = read_manifest(out, Q_MANIFEST)
+    if old is not None or (out / Q_FILE).exists():
+        if old is not None and old.get("queries_hash") == texts_hash and (out / Q_FILE).exists():
+            return read_queries(out, old), scorer
+        where = f"queries sampled in {old.get('from_run') or out}" if old else f"a {Q_FILE} without {Q_MANIFEST}"
+        raise FileExistsError(f"out={out}: holds {where}, not the queries of {origin}; use another out= folder")
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / Q_FILE, rows)
+    keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
+                                "temperature", "n_redrawn", "numerics") if k in man}
+    write_manifest(out, Q_MANIFEST, **keep, from_run=origin, status="complete", queries_hash=texts_hash,
+                   file=file_digest(out / Q_FILE))
+    log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
+    return rows, scorer
+
+
+def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> list[dict]:
+    """``queries.jsonl`` of a finished sampling run, checked against its manifest (size and checksum, or
+    for manifests of older versions the count and the hash of the texts).
+
+    A file that no longer matches was changed after sampling; editing it back cannot restore what the
+    P matrix was scored from, so the error says to re-sample.
+    """
+    out = Path(out_dir)
+    man = read_manifest(out, Q_MANIFEST) if manifest is None else manifest
+    path = out / Q_FILE
+    redo = (f"re-sample: delete {path} and {out / Q_MANIFEST} (and any P.npy, P.manifest.json, P.shards/ "
+            f"scored from them), then run `{RerunCommand('score', out)}`")
+    if man is None:
+        return read_jsonl(path)
+    if man.get("file"):
+        d = file_digest(path)
+        if d["size"] != man["file"]["size"]:
+            raise ValueError(f"{path}: {d['size']:,} bytes, {man['file']['size']:,} recorded in {Q_MANIFEST}: "
+                             f"the file was changed after sampling; {redo}")
+        if d["crc32"] != man["file"]["crc32"]:
+            raise ValueError(f"{path}: checksum differs from the one in {Q_MANIFEST}: the file was changed after "
+                             f"sampling; {redo}")
+    try:
+        rows = read_jsonl(path)
+    except ValueError as e:
+        raise ValueError(f"{str(e).split('; fix')[0]}; the file was changed after sampling: {redo}") from None
+    want = man.get("queries_hash")
+    if want is not None and (len(rows) != man.get("n_queries")
+                             or hash_strings(r.get("text", "") for r in rows) != want):
+        raise ValueError(f"{path}: {len(rows)} queries that do not match {Q_MANIFEST} ({man.get('n_queries')} "
+                         f"queries, hash {man['queries_hash']}): the file was changed after sampling; {redo}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------ writing P
+def _reserve(path: Path) -> None:
+    """Reserve a memmap's blocks: a full disk is ENOSPC now, not SIGBUS mid-run."""
+    if hasattr(os, "posix_fallocate"):
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as e:  # one line naming P and the bytes it needs (gdr.guard), not a traceback
+                raise no_space(e, path, size) or e from e
+
+
+def _npy_problem(path: Path, shape: Sequence[int], dtype: str) -> str | None:
+    """What is wrong with the .npy file at ``path`` for a (shape, dtype) matrix, or None."""
+    problem, _ = _npy_check(path, shape, dtype)
+    return problem
+
+
+def _npy_check(path: Path, shape: Sequence[int], dtype: str) -> tuple[str | None, int | None]:
+    """(what is wrong or None, the right file size when the header is right and only the size is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            hshape, fortran, hdtype = read(f)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError, EOFError) as e:
+        return f"unreadable .npy header ({e})", None
+    if tuple(hshape) != tuple(shape) or np.dtype(hdtype) != np.dtype(dtype) or fortran:
+        return f"header says {np.dtype(hdtype).name} {tuple(hshape)}, expected {dtype} {tuple(shape)}", None
+    want = offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
+    size = path.stat().st_size
+    if size != want:
+        return f"{size:,} bytes, a {dtype} {tuple(shape)} matrix needs {want:,} (truncated or extended)", want
+    return None, None
+
+
+def _rows_digest(P: np.ndarray, rows: np.ndarray) -> str:
+    return bytes_digest(np.ascontiguousarray(P[rows]))
+
+
+def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size: int, p_path: Path) -> int:
+    """Drop the markers of shards whose rows no longer match their checksum (they are re-scored).
+
+    Markers of older versions hold no checksum: their rows are accepted when finite and non-zero (a
+    log-probability is < 0; zeros are what a truncated-and-refilled file holds) and their checksum is
+    recorded. Returns the number of markers dropped."""
+    dropped = 0
+    for marker in sorted(shard_dir.glob("*.done")):
+        s = int(marker.stem)
+        rows = shard_rows(order, shard_size, s)
+        try:
+            want = json.loads(marker.read_text() or "{}").get("rows_crc32")
+        except (json.JSONDecodeError, AttributeError):
+            want = "unreadable marker"
+        if want is None:  # written by an older version: check what can be checked, then record
+            block = np.asarray(P[rows], dtype=np.float32)
+            if len(rows) and np.isfinite(block).all() and (block != 0).all():
+                atomic_write_json(marker, {"rows_crc32": _rows_digest(P, rows)})
+                continue
+            problem = "hold zeros or non-finite values"
+        elif _rows_digest(P, rows) != want:
+            problem = "differ from the checksum in its marker"
+        else:
+            continue
+        log.warning("%s: rows of shard %d %s; re-scoring that shard", p_path, s, problem)
+        marker.unlink()
+        dropped += 1
+    return dropped
+
+
+# Identity keys that older manifests lack: absent there means what `auto` resolves to (the only behaviour then).
+_NEWER_KEYS = {"compute_dtype", "device"}
+
+
+def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
+              order: np.ndarray, shard_size: int, world: int) -> None:
+    """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
+    keeps the shards before the cut; a broken header re-scores all), drop the markers of damaged shards, and
+    record the doc ids and a running manifest."""
+    p_path, shard_dir = out / P_FILE, out / SHARD_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    old = read_manifest(out, P_MANIFEST)
+    if old is not None:
+        stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
+                 and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
+        if stale:
+            said = [f"{k} {old[k]} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
+                    for k in stale]
+            raise FileExistsError(
+                f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(said)}); "
+                "use another out= folder, or delete P.npy, P.manifest.json and P.shards/ to start over")
+    problem = None
+    if old is not None and p_path.exists():
+        problem, right_size = _npy_check(p_path, shape, dtype)
+        if problem and right_size is not None:
+            # header intact: restore the length; the shard checksums find (and re-score) the lost rows,
+            # so the shards before the cut keep their work
+            log.warning("%s: %s; re-scoring the shards whose rows it lost", p_path, problem)
+            os.truncate(p_path, right_size)
+            _reserve(p_path)
+            problem = None
+        elif problem:
+            log.warning("%s: %s; re-creating it and re-scoring every shard", p_path, problem)
+    if old is None or not p_path.exists() or problem:
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        for f in shard_dir.glob("*.done"):
+            f.unlink()
+        np.lib.format.open_memmap(p_path, mode="w+", dtype=dtype, shape=shape).flush()
+        _reserve(p_path)
+    else:
+        _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
+    atomic_write_json(out / "doc_ids.json", list(doc_ids))
+    write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
+
+
+def shard_rows(order: np.ndarray, shard_size: int, s: int) -> np.ndarray:
+    """The rows of P in shard ``s``, ascending: shards cut the prompt-length ``order`` into ``shard_size`` rows."""
+    return np.sort(order[s * shard_size:(s + 1) * shard_size])
+
+
+def pending_shards(shard_dir: Path, group: Sequence[int]) -> list[int]:
+    """The shards of ``group`` without a ``.done`` marker."""
+    return [s for s in group if not (shard_dir / f"{s:05d}.done").exists()]
+
+
+def write_shard(P: np.ndarray, shard_dir: Path, s: int, rows: np.ndarray, block: np.ndarray) -> None:
+    """Write shard ``s``'s ``block`` (shape (len(rows), n_queries), P's dtype) into rows ``rows`` of the memmap
+    ``P``, flush it, then write the shard's ``.done`` marker with the block's checksum."""
+    P[rows] = block
+    P.flush()
+    atomic_write_json(shard_dir / f"{s:05d}.done", {"rows_crc32": bytes_digest(block)})
+
+
+def finish_p(out: Path, ident: dict, n_shards: int, world: int, **extra) -> bool:
+    """Rank 0's part after scoring: the manifest says ``complete`` (with P.npy's size and checksum) when all
+    ``n_shards`` shards are done, ``partial`` otherwise; ``extra`` (timings) is recorded too. Returns whether
+    P is complete."""
+    finished = len(list((out / SHARD_DIR).glob("*.done"))) == n_shards
+    write_manifest(out, P_MANIFEST, **ident, status="complete" if finished else "partial", world_size=world, **extra,
+                   **({"file": file_digest(out / P_FILE)} if finished else {}))
+    return finished
+
+
+def check_p(out_dir: str | os.PathLike, manifest: dict) -> None:
+    """Raise an error naming ``P.npy`` when its header, size or checksum disagrees with ``manifest``."""
+    out = Path(out_dir)
+    p_path = out / P_FILE
+    problem = _npy_problem(p_path, manifest["shape"], manifest["dtype"]) if p_path.exists() else "missing"
+    if problem is None and manifest.get("file"):
+        if file_digest(p_path)["crc32"] != manifest["file"]["crc32"]:
+            problem = f"checksum differs from the one in {P_MANIFEST}"
+    if problem:
+        raise ValueError(f"{p_path}: {problem}; rerun `{RerunCommand('score', out)}` (it re-scores what is damaged)")
+
+
+def load_run(out_dir: str | os.PathLike, require_complete: bool = True, require_manifest: bool = True) -> PRun:
+    """Open a run folder: P (a read-only memmap, and a row reader that does not map it), its doc ids and queries,
+    each checked against the manifests (:meth:`PRun.first_queries`: the rows over fewer columns).
+
+    ``require_manifest=False`` also opens a folder that holds only ``P.npy``, ``doc_ids.json`` and optionally
+    ``queries.jsonl`` (a P computed elsewhere, for ``gdr index``); what a manifest records is checked when there
+    is one."""
+    out = Path(out_dir)
+    man = read_manifest(out, P_MANIFEST)
+    if man is None and require_manifest:
+        raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `{RerunCommand('score', out)}` first")
+    if man is None and not out.is_dir():
+        raise FileNotFoundError(f"P-matrix run folder {out} does not exist; pass run=<folder of `gdr score`>")
+    man = man or {}
+    if require_complete and man.get("status", "complete") != "complete":
+        raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `{RerunCommand('score', out)}` to finish it")
+    if "shape" in man:
+        check_p(out, man)  # header, size and checksum
+    pm = PMatrix(out / P_FILE)
+    rescore = RerunCommand("score", out, "rerun `{}` (it re-scores what is damaged)")
+    doc_ids = _read_doc_ids(out, man, pm.n_rows, rescore)
+    if (out / Q_FILE).exists():
+        queries = read_queries(out)  # checked against queries.manifest.json when there is one
+        if man.get("queries_hash") and hash_strings(q["text"] for q in queries) != man["queries_hash"]:
+            raise ValueError(f"{out / Q_FILE}: its queries are not the ones {out / P_FILE} was scored with; {rescore}")
+        if len(queries) != pm.n_cols_total:
+            raise ValueError(f"{out / Q_FILE} has {len(queries)} queries but {pm.path} has {pm.n_cols_total} columns")
+    else:
+        log.warning("%s is missing; queries are named by column number", out / Q_FILE)
+        queries = [{"qid": str(j), "text": f"q{j}"} for j in range(pm.n_cols_total)]
+    origin = (read_manifest(out, Q_MANIFEST) or {}).get("from_run") or out
+    return PRun(out, doc_ids, queries, np.load(out / P_FILE, mmap_mode="r"), man, pmatrix=pm, origin=str(origin))
+
+
+def _read_doc_ids(out: Path, man: dict, n_rows: int, rescore: RerunCommand) -> list[str]:
+    """``doc_ids.json``: one unique id per row of P, matching the manifest's hash when it records one."""
+    path = out / "doc_ids.json"
+    if not man and not path.exists():
+        raise FileNotFoundError(f"{path} is missing; the run folder must hold the row order of P.npy")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc_ids = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); {rescore}") from None
+    if man.get("doc_ids_hash") and hash_strings(doc_ids) != man["doc_ids_hash"]:
+        raise ValueError(f"{path}: does not match {P_MANIFEST} (doc ids hash); {rescore}")
+    doc_ids = [str(d) for d in doc_ids]
+    if len(doc_ids) != n_rows:
+        raise ValueError(f"{path} lists {len(doc_ids)} doc ids but {out / P_FILE} has {n_rows} rows")
+    if len(set(doc_ids)) != len(doc_ids):
+        seen: set[str] = set()
+        dup = next(d for d in doc_ids if d in seen or seen.add(d))  # type: ignore[func-returns-value]
+        raise ValueError(f"{path}: doc id {dup!r} occurs more than once; doc ids must be unique")
+    return doc_ids
