@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gdr.data import DROP_UNKNOWN_RULE, QUERY_RULES, SPLIT_RULE
 from gdr.models import DEVICE_RULE
-from gdr.rules import check_values
+from gdr.rules import Rule, boolean, check_values
 from gdr.stages.settings import (
     PER_DOC_RULE,
     RESULTS_RULE,
@@ -217,20 +217,26 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
 
 
 def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
-             drop_unknown_qrels: bool = False, **settings: Any) -> dict:
+             drop_unknown_qrels: bool = False, allow_train_split: bool = False, **settings: Any) -> dict:
     """Recall@1/10/100 and MRR@100 of the retriever trained in ``run_dir`` on the ``split`` queries of ``queries``
     (BM25 beside it unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns
     ``metrics.json``'s content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
     :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...). A relevant id not in
-    ``corpus`` is refused, or dropped with ``drop_unknown_qrels=True`` (a subset; ``unknown_qrels`` counts them)."""
+    ``corpus`` is refused, or dropped with ``drop_unknown_qrels=True`` (a subset; ``unknown_qrels`` counts them).
+    A split the retriever was trained on is refused unless ``allow_train_split=True`` (``metrics.json`` then says
+    ``trained_on_this_split``)."""
     from gdr.stages.evaluate import evaluate_model
+    from gdr.stages.train import check_not_trained_on, trained_splits
 
     _need_path(run_dir, "run_dir", "the out folder of gdr.train_retriever")
     _need_corpus(corpus)
     _need_queries(queries)
     _check_split(split, drop_unknown_qrels)
+    check_values({"allow_train_split": allow_train_split}, (Rule("allow_train_split", boolean),))
+    check_not_trained_on(run_dir, split, allow_train_split, key="split")
     metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split,
-                                drop_unknown_qrels=drop_unknown_qrels)
+                                drop_unknown_qrels=drop_unknown_qrels,
+                                on_train_split=split in trained_splits(run_dir))
     return metrics
 
 

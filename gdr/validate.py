@@ -25,7 +25,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from gdr.data import CORPORA, DATA_RULES, FRACTIONS_RULE, QUERY_RULES, DataError
+from gdr.data import CORPORA, DATA_RULES, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -138,9 +138,11 @@ def per_doc_for_bmi(v, sec):
 
 
 def other_than(key: str) -> Check:
+    """A query split (one of ``SPLITS``) other than the one ``key`` names."""
     def check(v, sec):
-        if not isinstance(v, str) or not v:
-            return "must be a split name"
+        problem = SPLIT_RULE.check(v, sec)
+        if problem:
+            return problem
         return f"must differ from {key}={get(sec, key)} (never test on what was trained on)" \
             if v == get(sec, key) else None
 
@@ -201,18 +203,21 @@ TRAIN_COMMAND = (
     FRACTIONS_RULE,
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
     Rule("queries.path", optional(existing())),
+    Rule("queries.split", optional(SPLIT_RULE.check), "the split trained on; its dev part is held out"),
     *QUERY_RULES[1:],
 )
 EVALUATE_COMMAND = (
     Rule("run_dir", train_run),
     FRACTIONS_RULE,
     Rule("queries.path", optional(existing())),
+    Rule("queries.split", SPLIT_RULE.check,
+         "the split scored; never the one the model was trained on (unless --allow-train-split)"),
 )
 RUN = (
     Rule("indexers", indexers, "one docid index per name"),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
     Rule("queries.path", optional(existing())),
-    Rule("queries.train_split", lambda v, sec: None if isinstance(v, str) and v else "must be a split name"),
+    Rule("queries.train_split", SPLIT_RULE.check, "the split trained on; its dev part is held out"),
     Rule("queries.test_split", other_than("queries.train_split")),
     FRACTIONS_RULE,
     Rule("doc_queries.per_doc", per_doc_for_bmi, "generated training queries per document"),
