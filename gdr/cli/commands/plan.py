@@ -5,21 +5,22 @@ from __future__ import annotations
 import json
 
 from gdr.config import command_config
-from gdr.plan import DEVICES, format_plan, plan_run
+from gdr.plan import DEVICES, format_plan, gpus_problem, plan_run
 
 
 def plan_main(argv: list[str]) -> int:
-    device, gpus, rest = "h200", 1, []
+    device, gpus, rest = "h200", "1", []
     for a in argv:
         key, _, value = a.partition("=")
         if key == "device" and value in DEVICES:
             device = value
         elif key == "gpus":
-            if not value.isdigit() or int(value) < 1:
-                raise SystemExit(f"gpus={value!r}: a whole number of GPUs, 1 or more")
-            gpus = int(value)
+            gpus = value
         else:
             rest.append(a)
+    if gpus_problem(device, gpus):
+        raise SystemExit(gpus_problem(device, gpus))
+    gpus = int(gpus)
     if any(a.startswith("device=") for a in rest):
         raise SystemExit(f"{next(a for a in rest if a.startswith('device='))}: gdr plan plans for "
                          f"device={' | '.join(DEVICES)}")
