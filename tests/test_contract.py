@@ -657,4 +657,9 @@ def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
     with pytest.raises(ConfigError, match=r"^split=train: the retriever in .*train was trained on the 'train' "
                                           r"queries; .*allow_train_split=True"):
         gdr.evaluate(train, _corpus(), _two_splits(), tmp_path / "out", split="train")
+    legacy = tmp_path / "legacy"  # a gdr train folder of an older gdr: its config.yaml names the split
+    legacy.mkdir()
+    (legacy / "config.yaml").write_text("queries:\n  name: toy\n  split: test\n")
+    with pytest.raises(ConfigError, match=r"^split=test: the retriever in .*legacy was trained on the 'test'"):
+        gdr.evaluate(legacy, _corpus(), _two_splits(), tmp_path / "out", split="test")
     assert not (tmp_path / "out").exists()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from omegaconf import OmegaConf
+import yaml
 
 from gdr.config import flat_leaves
 from gdr.io import atomic_write_json
@@ -186,11 +186,12 @@ def trained_splits(run_dir: str | Path) -> list[str]:
     except (OSError, ValueError, AttributeError):
         pass
     try:
-        cfg = OmegaConf.load(run_dir / "config.yaml")
-        name, split = OmegaConf.select(cfg, "queries.name"), OmegaConf.select(cfg, "queries.split")
-        return [split] if name and isinstance(split, str) else []
-    except Exception:  # no config.yaml, or one that does not resolve: nothing known
+        queries = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("queries") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # no config.yaml, or not one of gdr train
         return []
+    if not isinstance(queries, dict) or not queries.get("name") or not isinstance(queries.get("split"), str):
+        return []
+    return [queries["split"]]
 
 
 def check_not_trained_on(run_dir: str | Path, split: str, allow: bool = False, key: str = "queries.split") -> None:
