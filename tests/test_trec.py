@@ -297,19 +297,23 @@ def test_messages_name_the_trec_form_they_found(collection):
 
 def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) -> tuple[Path, Path, Path]:
     """A slice of Cranfield written as TREC distributes a collection: the judged documents of its first
-    ``n_queries`` queries (and others up to ``n_docs``) in two SGML files, one gzipped; topics with ``Number:`` and
-    titles over two lines; qrels with Cranfield's codes (1 = most relevant) turned into grades 4 .. 1."""
+    ``n_queries`` queries (and others up to ``n_docs``) in two SGML files, one gzipped, the first with <TEXT> fields
+    and the second, as older collections are, with the text directly in <DOC> (title in <HEAD>); topics with
+    ``Number:`` and titles over two lines; qrels with Cranfield's codes (1 = most relevant) turned into grades
+    4 .. 1."""
     corpus, qs = load_cranfield(), load_cranfield_queries()
     qs = qs.select(range(n_queries))
     judged = list(dict.fromkeys(d for rel in qs.relevant for d in rel))
     assert len(judged) < n_docs
     others = [d for d, x in zip(corpus.doc_ids, corpus.texts) if d not in set(judged) and x.strip()]
     docs = corpus.select(corpus.indices(sorted(judged + others[: n_docs - len(judged)], key=int)))
-    sgml = [f"<DOC>\n<DOCNO> {d} </DOCNO>\n<TITLE>{t}</TITLE>\n<TEXT>\n{x}\n</TEXT>\n</DOC>\n"
-            for d, t, x in zip(docs.doc_ids, docs.titles, docs.texts)]
+    rows = list(zip(docs.doc_ids, docs.titles, docs.texts))
+    fields = [f"<DOC>\n<DOCNO> {d} </DOCNO>\n<TITLE>{t}</TITLE>\n<TEXT>\n{x}\n</TEXT>\n</DOC>\n"
+              for d, t, x in rows[: n_docs // 2]]
+    bodies = [f"<DOC>\n<DOCNO>{d}</DOCNO>\n<HEAD>{t}</HEAD>\n{x}\n</DOC>\n" for d, t, x in rows[n_docs // 2:]]
     (folder / "docs").mkdir()
-    (folder / "docs" / "cran.1").write_text("".join(sgml[: n_docs // 2]))
-    (folder / "docs" / "cran.2.gz").write_bytes(gzip.compress("".join(sgml[n_docs // 2:]).encode()))
+    (folder / "docs" / "cran.1").write_text("".join(fields))
+    (folder / "docs" / "cran.2.gz").write_bytes(gzip.compress("".join(bodies).encode()))
     topics = folder / "topics.cran"
     topics.write_text("".join(f"<top>\n<num> Number: {q}\n<title> {t[: len(t) // 2]}\n{t[len(t) // 2:]}\n\n"
                               f"<desc> Description:\n{t}\n</top>\n\n" for q, t in zip(qs.qids, qs.texts)))
@@ -320,8 +324,9 @@ def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) 
 
 
 def test_cranfield_in_trec_form_runs_with_one_gdr_run(setup, tmp_path, capsys):
-    """The classic collection as TREC files, no converter: `gdr run data=trec` trains, evaluates and reports
-    Success@k, R@k and RR@k, BM25's equal to ir_measures on its run file (several relevant documents a query)."""
+    """The classic collection as TREC files, no converter and no edit (half of it with the text directly in <DOC>):
+    `gdr run data=trec` trains, evaluates and reports Success@k, R@k and RR@k, BM25's equal to ir_measures on its
+    run file (several relevant documents a query)."""
     import ir_measures
 
     root, folder = setup
