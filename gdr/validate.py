@@ -363,13 +363,14 @@ def error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
 
     from gdr.guard import OutputError
+    from gdr.signals import WorkerDied
 
     if isinstance(exc, HydraException):
         return _with_override(_hydra_line(exc) or type(exc).__name__, argv)
     if isinstance(exc, OmegaConfBaseException):
         line, key = _first_line(str(exc)) or type(exc).__name__, getattr(exc, "full_key", None)
         return f"{line} (key {key})" if key and key not in line else _with_override(line, argv)
-    if isinstance(exc, (ConfigError, DataError, OutputError)):
+    if isinstance(exc, (ConfigError, DataError, OutputError, WorkerDied)):
         return _first_line(str(exc)) or type(exc).__name__
     if isinstance(exc, (ValueError, FileNotFoundError, FileExistsError)):
         line = _first_line(str(exc)) or type(exc).__name__
