@@ -544,6 +544,12 @@ def test_good_columns_give_the_same_corpus_on_every_route(tmp_path, route):
         assert c.doc_ids == want and c.texts == ["one", "two"]
 
 
+def test_numpy_columns_are_plain_strings():
+    c = gdr.Corpus(name="n", doc_ids=np.array([3, 4]), texts=np.array(["one", "two"]))
+    assert c.doc_ids == ["3", "4"] and c.texts == ["one", "two"] and type(c.texts[0]) is str
+    assert gdr.Corpus.from_texts(list(np.array(["one", "two"])), ids=np.array(["a", "b"])).doc_ids == ["a", "b"]
+
+
 @pytest.mark.parametrize("family", INPUT_FAMILIES)
 @pytest.mark.parametrize("route", CORPUS_ROUTES)
 def test_a_bad_value_is_refused_on_every_route(tmp_path, route, family):

@@ -328,10 +328,12 @@ def _strings(values, what: str, expect: str) -> list[str]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{what}: got {type(values).__name__}; pass {expect}")
     out = list(values)
-    if set(map(type, out)) <= {str}:
+    if set(map(type, out)) <= {str}:  # the common case, without a Python loop
         return out
-    bad = next(i for i, v in enumerate(out) if text_value_problem(v))
-    raise TypeError(f"{what}: item {bad} {text_value_problem(out[bad])}; pass {expect}")
+    bad = next((i for i, v in enumerate(out) if text_value_problem(v)), None)
+    if bad is not None:
+        raise TypeError(f"{what}: item {bad} {text_value_problem(out[bad])}; pass {expect}")
+    return [str(v) for v in out]  # str subclasses (numpy.str_) as plain strings
 
 
 def _column(values, what: str, n: int, optional: bool = False) -> list | None:
