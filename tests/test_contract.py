@@ -561,6 +561,32 @@ def test_a_bad_value_is_refused_on_every_route(tmp_path, route, family):
     assert re.search(what, str(e.value)) and len(str(e.value).splitlines()) == 1, str(e.value)
 
 
+def _queries_file_route(t: Path, qid):
+    import json
+
+    from gdr.data.files import load_file_queries
+
+    (t / "queries.jsonl").write_text(json.dumps({"_id": qid, "text": "a query"}) + "\n")
+    (t / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq\td0\t1\n")
+    return load_file_queries(t / "queries.jsonl", t / "test.tsv", doc_ids=["d0"])
+
+
+QUERY_ROUTES = {
+    "QuerySet": lambda t, qid: gdr.QuerySet(name="q", qids=[qid], texts=["a query"], relevant=[["d0"]],
+                                            splits=["test"]),
+    "jsonl": _queries_file_route,
+}
+
+
+@pytest.mark.parametrize("family", [f for f in INPUT_FAMILIES if f.endswith(" id")])
+@pytest.mark.parametrize("route", QUERY_ROUTES)
+def test_a_bad_query_id_is_refused_on_every_route(tmp_path, route, family):
+    ids, _, what = INPUT_FAMILIES[family]
+    with pytest.raises((gdr.DataError, TypeError)) as e:
+        QUERY_ROUTES[route](tmp_path, ids[0])
+    assert re.search(what.replace("has no 'id'", "has no '_id'"), str(e.value)), str(e.value)
+
+
 @pytest.mark.parametrize("relevant,match", [
     (["d0"], r"query 'q0': relevant is 'd0'; pass one list of relevant doc ids per query"),
     ([[math.nan]], r"query 'q0': relevant doc id nan is missing"),
