@@ -41,13 +41,19 @@ log = logging.getLogger(__name__)
 
 ON_EMPTY = ("error", "drop", "keep", "title")
 SPLITS = ("train", "dev", "test")  # the query splits a QuerySet holds
-_ID_BREAKS = re.compile(r"[\t\n\r]")  # docids.tsv, qrels and TREC runs are tab- and line-separated
+# docids.tsv is tab-separated, and qrels and TREC runs (run.trec, bm25.trec) are split on any whitespace by
+# trec_eval and ir_measures: an id with a space would shift every column after it
+_ID_BREAKS = re.compile(r"\s")
 
 
 def id_problem(value: str) -> str | None:
-    """What makes ``value`` unusable as a document or query id (a tab or a line break), or None."""
+    """What makes ``value`` unusable as a document or query id (a tab, a line break or other whitespace), or None."""
     found = _ID_BREAKS.search(value)
-    return None if found is None else f"holds a {'tab' if found.group() == chr(9) else 'line break'}"
+    if found is None:
+        return None
+    named = {"\t": "a tab", "\n": "a line break", "\r": "a line break", " ": "a space"}
+    what = named.get(found.group(), f"whitespace ({found.group()!r})")
+    return f"holds {what}, which splits the columns of run and qrels files"
 
 
 def id_value_problem(v) -> str | None:
