@@ -54,8 +54,8 @@ def sgml_text_fields(v, sec=None):
     if bad is not None:
         return f"{bad!r} is not an SGML field name; name fields as tags, e.g. [TEXT, GRAPHIC]"
     if any(x.upper() == "DOCNO" for x in v):
-        return ("DOCNO is the document's id, not its text; name the fields holding the text, or leave "
-                "data.text_fields out to read each <DOC>'s body")
+        return ("DOCNO is the document's id, not its text; name the fields holding the text (a <DOC> without them "
+                "gives its body)")
     return None
 
 
