@@ -653,6 +653,7 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
     assert (tmp_path / "eval-train" / "metrics.md").read_text().startswith(
         "Scored on `train`, a split the retriever was trained on (--allow-train-split)")
     capsys.readouterr()
+    assert main(["evaluate", "--help"]) == 0 and "[--allow-train-split]" in capsys.readouterr().out
     assert main(["search", texts[0], f"run_dir={run}", "k=3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["query"] == texts[0] and len(out["results"]) == 3
