@@ -616,6 +616,14 @@ TRUNCATED = {  # a gzip cut in half, by every reader of .gz files
 }
 
 
+def test_the_msmarco_documents_scan_refuses_a_truncated_archive(tmp_path):
+    from gdr.data.msmarco import _scan_docs_tsv
+
+    path = _truncated(tmp_path / "msmarco-docs.tsv.gz", "".join(f"{d}\turl\ttitle\t{x}\n" for d, x in _ROWS))
+    with pytest.raises(gdr.DataError, match=rf"^{re.escape(str(path))}:\d+: the gzip archive ends early"):
+        _scan_docs_tsv(path, {"D-none"})
+
+
 def test_every_reader_of_archives_is_in_the_truncation_family():
     from gdr.data.files import DOC_FORMATS
 

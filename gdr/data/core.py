@@ -144,7 +144,7 @@ def iter_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tup
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        for lineno, raw in enumerate(_gzip_checked(f, path), 1):
+        for lineno, raw in enumerate(checked_lines(f, path), 1):
             try:
                 line = raw.decode(encoding)
             except UnicodeDecodeError as e:
@@ -162,8 +162,9 @@ def gzip_damage(path: Path, line: int, error: Exception) -> DataError:
                      f" download or compress it again (`gzip -t {path}` checks one)")
 
 
-def _gzip_checked(lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
-    """The lines of an open file; a truncated or damaged gzip stream is refused naming the line it stops at."""
+def checked_lines(lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
+    """The lines of an open file (``gzip.open`` or plain); a truncated or damaged gzip stream is refused naming the
+    line it stops at."""
     read = 0
     try:
         for raw in lines:
