@@ -11,7 +11,7 @@ from eval.retrieval import Run
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BM25Result", "bm25_search", "bm25_run"]
+__all__ = ["BM25Result", "BM25Index", "bm25_search", "bm25_run"]
 
 
 @dataclass
@@ -23,31 +23,46 @@ class BM25Result:
     scores: np.ndarray
 
 
-def bm25_search(doc_texts: Sequence[str], queries: Sequence[str], k: int = 100, k1: float = 1.5,
-                b: float = 0.75, stopwords: str | None = "en", show_progress: bool = False) -> BM25Result:
-    """Top-k BM25 documents per query (Lucene variant, no stemming).
+class BM25Index:
+    """A BM25 index (Lucene variant, no stemming) of ``doc_texts``, built once and searched many times.
 
     Documents that share no term with a query (score 0) are dropped from its list.
     """
-    import bm25s
 
-    if not doc_texts:
-        raise ValueError("BM25 needs at least one document")
-    retriever = bm25s.BM25(k1=k1, b=b)
-    retriever.index(bm25s.tokenize(list(doc_texts), stopwords=stopwords, show_progress=show_progress),
-                    show_progress=show_progress)
-    q_tok = bm25s.tokenize(list(queries), stopwords=stopwords, return_ids=False, show_progress=show_progress)
-    kk = min(k, len(doc_texts))
-    docs, scores = retriever.retrieve(q_tok, k=kk, show_progress=show_progress)
-    docs = np.asarray(docs, dtype=np.int64)
-    scores = np.asarray(scores, dtype=np.float32)
-    keep = scores > 0
-    docs = np.where(keep, docs, -1)
-    scores = np.where(keep, scores, -np.inf).astype(np.float32)
-    if kk < k:
-        docs = np.pad(docs, ((0, 0), (0, k - kk)), constant_values=-1)
-        scores = np.pad(scores, ((0, 0), (0, k - kk)), constant_values=-np.inf)
-    return BM25Result(docs, scores)
+    def __init__(self, doc_texts: Sequence[str], k1: float = 1.5, b: float = 0.75, stopwords: str | None = "en",
+                 show_progress: bool = False):
+        import bm25s
+
+        if not doc_texts:
+            raise ValueError("BM25 needs at least one document")
+        self.n_docs, self.stopwords, self.show_progress = len(doc_texts), stopwords, show_progress
+        self.retriever = bm25s.BM25(k1=k1, b=b)
+        self.retriever.index(bm25s.tokenize(list(doc_texts), stopwords=stopwords, show_progress=show_progress),
+                             show_progress=show_progress)
+
+    def search(self, queries: Sequence[str], k: int = 100) -> BM25Result:
+        """Top-k documents per query."""
+        import bm25s
+
+        q_tok = bm25s.tokenize(list(queries), stopwords=self.stopwords, return_ids=False,
+                               show_progress=self.show_progress)
+        kk = min(k, self.n_docs)
+        docs, scores = self.retriever.retrieve(q_tok, k=kk, show_progress=self.show_progress)
+        docs = np.asarray(docs, dtype=np.int64)
+        scores = np.asarray(scores, dtype=np.float32)
+        keep = scores > 0
+        docs = np.where(keep, docs, -1)
+        scores = np.where(keep, scores, -np.inf).astype(np.float32)
+        if kk < k:
+            docs = np.pad(docs, ((0, 0), (0, k - kk)), constant_values=-1)
+            scores = np.pad(scores, ((0, 0), (0, k - kk)), constant_values=-np.inf)
+        return BM25Result(docs, scores)
+
+
+def bm25_search(doc_texts: Sequence[str], queries: Sequence[str], k: int = 100, k1: float = 1.5,
+                b: float = 0.75, stopwords: str | None = "en", show_progress: bool = False) -> BM25Result:
+    """Top-k BM25 documents per query (:class:`BM25Index` built for this one search)."""
+    return BM25Index(doc_texts, k1=k1, b=b, stopwords=stopwords, show_progress=show_progress).search(queries, k=k)
 
 
 def bm25_run(doc_ids: Sequence[str], doc_texts: Sequence[str], qids: Sequence[str], queries: Sequence[str],

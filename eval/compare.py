@@ -1,9 +1,10 @@
 """Paired comparison of retrieval systems on the same test queries.
 
 Each system (a docid scheme's retrievers, one per seed, or BM25) gives per-query metrics (``recall@1``,
-``recall@10``, ``mrr@100``: :func:`eval.retrieval.per_query_metrics`). Two systems are compared on the queries
-both were scored on: a query's value is first **averaged over the system's seeds** (the unit of the test is
-the query; the seeds' spread is reported next to it as mean (std) over seeds), then
+``recall@10``, ``mrr@k`` at the run's depth k: :func:`paired_metrics`, :func:`eval.retrieval.per_query_metrics`).
+Two systems are compared on the queries both were scored on: a query's value is first **averaged over the
+system's seeds** (the unit of the test is the query; the seeds' spread is reported next to it as mean (std)
+over seeds), then
 
 - ``diff``: the mean over queries of ``a - b``;
 - ``ci95``: a 95% paired bootstrap interval of that mean (``scipy.stats.bootstrap``, ``paired=True``, the
@@ -24,10 +25,19 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["PAIRED_METRICS", "Comparison", "paired_test", "mean_interval", "compare_systems", "compare_folders",
-           "find", "verdict", "comparison_table", "metric_name"]
+from eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_metrics, read_per_query
 
-PAIRED_METRICS = ("recall@1", "recall@10", "mrr@100")
+__all__ = ["PAIRED_METRICS", "paired_metrics", "Comparison", "paired_test", "mean_interval", "compare_systems",
+           "compare_folders", "find", "verdict", "comparison_table", "metric_name"]
+
+
+
+def paired_metrics(k: int = 100) -> tuple[str, ...]:
+    """The per-query metrics compared for runs of ``k`` results per query: Success@1, Success@10 (k >= 10), RR@k."""
+    return ("recall@1", *(("recall@10",) if k >= 10 else ()), f"mrr@{int(k)}")
+
+
+PAIRED_METRICS = paired_metrics(100)
 # resampled elements held at once (batch x n_queries): bounds the memory of a large test set
 _MAX_ELEMENTS = 1 << 23
 
@@ -144,13 +154,6 @@ def find(comparisons: Sequence[Comparison | dict], a: str, b: str, metric: str) 
     return None
 
 
-def metric_name(metric: str) -> str:
-    """A per-query metric key under ir_measures' name: ``recall@1`` (hit@1) is ``Success@1``, ``mrr@100``
-    ``RR@100``."""
-    name, _, depth = metric.partition("@")
-    return f"{ {'recall': 'Success', 'mrr': 'RR'}.get(name, name)}@{depth}"
-
-
 def verdict(c: Comparison | dict | None, alpha: float = 0.05, names: Mapping[str, str] | None = None) -> str:
     """One sentence: whether ``a`` beats ``b`` on the metric (interval excluding 0 and p < alpha), or not."""
     if c is None:
@@ -181,14 +184,16 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
 
 
 def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = None,
-                    metrics: Sequence[str] = PAIRED_METRICS, n_resamples: int = 9999, seed: int = 0) -> list[dict]:
+                    metrics: Sequence[str] | None = None, n_resamples: int = 9999, seed: int = 0,
+                    k: int = 100) -> list[dict]:
     """The paired comparisons of a run: ``eval_dirs`` maps a system to its evaluation folders (one per seed),
-    each holding ``per_query.json`` (:func:`eval.retrieval.write_per_query`). ``reference`` (default: the
-    first system) is compared with every other; values in percentage points. Fewer than two systems: []."""
+    each holding ``per_query.json`` (:func:`eval.retrieval.write_per_query`) of a run of ``k`` results per query;
+    a seed given as a list of folders (cross-validation: one per fold, each scored on its own topics) has their
+    per-query results joined. ``reference`` (default: the first system) is compared with every other on ``metrics``
+    (default: :func:`paired_metrics` at ``k``); values in percentage points. Fewer than two systems: []."""
     from pathlib import Path
 
-    from eval.retrieval import PER_QUERY_FILE, per_query_metrics, read_per_query
-
+    metrics = tuple(metrics or paired_metrics(k))
     if len(eval_dirs) < 2:
         return []
     systems: dict[str, dict[str, np.ndarray]] = {}
@@ -196,17 +201,19 @@ def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = N
     for name, dirs in eval_dirs.items():
         rows = []
         for d in dirs:
-            q, first = read_per_query(Path(d) / PER_QUERY_FILE)
+            folders = list(d) if isinstance(d, (list, tuple)) else [d]
+            parts = [read_per_query(Path(f) / PER_QUERY_FILE) for f in folders]
+            q, first = [x for p, _ in parts for x in p], np.concatenate([r for _, r in parts])
             if name in qids and q != qids[name]:
                 # seeds of one system are scored on the same queries in the same order; align if not
                 pos = {x: i for i, x in enumerate(q)}
                 missing = [x for x in qids[name] if x not in pos]
                 if missing:
-                    raise ValueError(f"{Path(d) / PER_QUERY_FILE}: query {missing[0]!r} of the other seeds of "
+                    raise ValueError(f"{Path(folders[0]) / PER_QUERY_FILE}: query {missing[0]!r} of the other seeds of "
                                      f"{name} is missing; re-run its evaluation")
                 first = first[[pos[x] for x in qids[name]]]
             qids.setdefault(name, q)
-            rows.append(per_query_metrics(first))
+            rows.append(per_query_metrics(first, depths(k), mrr_depth=k))
         systems[name] = {m: np.stack([r[m] for r in rows]) for m in metrics}
     ref = reference if reference in systems else next(iter(systems))
     return [c.to_dict() for c in compare_systems(systems, qids, ref, metrics, scale=100.0,

@@ -8,8 +8,12 @@ Definitions, under ``ir_measures``' names (:meth:`RetrievalMetrics.as_dict` give
   keys ``recall@k`` (:attr:`RetrievalMetrics.recall`) that the pipeline's outputs have always used.
 - **R@k** (recall): per query, the relevant documents among the top ``k`` over all its relevant
   documents, averaged over queries (:attr:`RetrievalMetrics.r_at`).
-- **RR@100** (MRR@100): the mean over evaluated queries of ``1 / r``, where ``r`` is the rank of
-  the first relevant result, and 0 if there is none in the top 100 (keys ``mrr@100``).
+- **RR@k** (MRR@k): the mean over evaluated queries of ``1 / r``, where ``r`` is the rank of
+  the first relevant result, and 0 if there is none in the top k (keys ``mrr@k``).
+
+A run of ``k`` results per query is measured at the depths it has (:func:`depths`): Success@1, Success@10,
+Success@k, R@10, R@k and RR@k (:func:`metric_keys`), each named at its depth; a depth past k is never named, as a
+run cut at 20 has no Success@100 of its own.
 
 Evaluated queries are those with at least one relevant document in the qrels; a query of the qrels
 absent from the run counts as a miss. A *rank* is normally the 1-based position in the ranked list;
@@ -33,8 +37,28 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Run", "RetrievalMetrics", "first_relevant_rank", "relevant_found", "metrics_from_ranks", "per_query_metrics",
     "evaluate_run", "write_trec_run", "write_qrels", "read_trec_run", "markdown_table", "write_per_query",
-    "read_per_query",
+    "read_per_query", "depths", "metric_keys", "metric_name",
 ]
+
+
+def depths(k: int) -> tuple[int, ...]:
+    """The cut-offs a run of ``k`` results per query is measured at: 1, 10 and k, those up to k."""
+    return tuple(sorted({d for d in (1, 10, int(k)) if d <= int(k)}))
+
+
+def metric_keys(k: int) -> tuple[str, ...]:
+    """The keys of the measures of a run of ``k`` results per query, in the order tables show them:
+    ``recall@d`` (Success@d) for each of :func:`depths`, ``R@d`` from 10 up (R@1 is Success@1 where a query has one
+    relevant document, and below it otherwise: it is kept in ``metrics.json``, not in the tables), ``mrr@k``
+    (RR@k)."""
+    ds = depths(k)
+    return (*(f"recall@{d}" for d in ds), *(f"R@{d}" for d in ds if d >= 10 or d == int(k)), f"mrr@{int(k)}")
+
+
+def metric_name(metric: str) -> str:
+    """A metric key under ir_measures' name: ``recall@1`` (hit@1) is ``Success@1``, ``mrr@20`` ``RR@20``."""
+    name, _, depth = metric.partition("@")
+    return f"{ {'recall': 'Success', 'mrr': 'RR'}.get(name, name)}@{depth}"
 
 
 @dataclass

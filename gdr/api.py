@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from gdr.data import DROP_UNKNOWN_RULE, QUERY_RULES, SPLIT_RULE
+from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE
 from gdr.models import DEVICE_RULE
 from gdr.rules import Rule, boolean, check_values
 from gdr.stages.settings import (
@@ -135,15 +135,19 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
 
 
 def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: Mapping[str, Any] | None = None,
-                  path: PathLike | None = None, seed: int = 0,
-                  fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> QuerySet | None:
+                  path: PathLike | None = None, seed: int = 0, fractions: Sequence[float] | None = None,
+                  folds: int | None = None, fold: int | None = None) -> QuerySet | None:
     """The real queries of one ``split`` whose relevant documents are in ``corpus`` (others dropped); None when
     there are none.
 
     ``name``: a query set (cranfield, msmarco-lite, nq320k, a BEIR folder; default: the corpus's own) or
     ``"titles"`` (each title is the query of its own article: bbc, r2, r5; ``seed`` and ``fractions`` split
-    them). ``data``: how the corpus was loaded (``{"name": "bbc", "path": ...}``; default its name): title
-    queries read the titles from there, since a corpus loaded with ``drop_title=True`` has none; the default is
+    them). ``fractions`` (train/dev/test shares) splits real topics too, by a seeded hash of the topic id
+    (``queries.fractions``); None: the query set's own splits (titles: 0.8/0.1/0.1). ``folds`` (K) and ``fold``
+    cross-validate as ``queries.folds`` does: the topics of ``fold`` are the test split, the other folds' the train
+    split (``fold=None``: every topic). ``data``: how the corpus
+    was loaded (``{"name": "bbc", "path": ...}``; default its name): title queries read the titles from there,
+    since a corpus loaded with ``drop_title=True`` has none; the default is
     where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels). ``data["drop_unknown_qrels"]``:
     judgements of documents not in that folder's or file's corpus are dropped (counted in ``info["unknown_qrels"]``,
     which :func:`bm25` and :func:`evaluate` report) rather than refused, as ``data.drop_unknown_qrels=true`` does."""
@@ -151,10 +155,17 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
 
     _need_corpus(corpus)
     check_values({"split": split}, (SPLIT_RULE,))
-    check_values({"seed": seed, "fractions": list(fractions)}, QUERY_RULES, {"fractions": "queries.fractions"})
+    fractions = None if fractions is None else list(fractions)
+    check_values({"seed": seed, "fractions": fractions, "folds": folds, "fold": fold},
+                 (*QUERY_RULES, FOLDS_RULE, FOLD_RULE),
+                 {"fractions": "queries.fractions", "folds": "queries.folds", "fold": "queries.fold"})
+    if folds is not None and fractions is not None:
+        raise ValueError(f"folds={folds}: the folds split the topics, so fractions must be None")
+    if fold is not None and (folds is None or fold >= folds):
+        raise ValueError(f"fold={fold}: must be one of the folds 0 .. folds-1 (folds={folds})")
     data = _need_mapping(data, "data", '{"name": "bbc"}') or dict(corpus.info.get("data") or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
-         "seed": int(seed), "fractions": list(fractions)}
+         "seed": int(seed), "fractions": fractions, "folds": folds, "fold": fold}
     return load(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
 
 
@@ -213,7 +224,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     ``examples``, ``model``, ``optim``, ``trainer`` dicts merged onto the defaults (e.g.
     ``trainer={"max_epochs": 5, "batch_size": 32}``; a progress bar shows by default:
     ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``training.train.TrainResult``
-    (``model_dir``, ``best_val_recall1``, ``global_step`` ...)."""
+    (``model_dir``, ``best_score`` of the dev metric ``monitor``, ``global_step`` ...)."""
     from gdr.stages.train import train_retriever as stage
 
     _need_corpus(corpus)
@@ -227,7 +238,8 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
 
 def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
              drop_unknown_qrels: bool = False, allow_train_split: bool = False, **settings: Any) -> dict:
-    """Recall@1/10/100 and MRR@100 of the retriever trained in ``run_dir`` on the ``split`` queries of ``queries``
+    """Success@1/10/k, R@10/k and RR@k (k: the results per query, 100 unless ``k``) of the retriever trained in
+    ``run_dir`` on the ``split`` queries of ``queries``
     (BM25 beside it unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns
     ``metrics.json``'s content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
     :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...). A relevant id not in
@@ -253,7 +265,7 @@ def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike
 def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, split: str = "test",
          drop_unknown_qrels: bool = False) -> dict:
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (the reference of every retriever):
-    ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@100``, fractions).
+    ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@k``, fractions).
     ``drop_unknown_qrels``: as in :func:`evaluate`."""
     from gdr.stages.bm25 import bm25_baseline
 

@@ -9,6 +9,9 @@ REPORT table (a WARNING printed for every checkpoint loaded into another archite
 the retriever's first MiniLM layers) and its "Loading weights" bar go too (``HF_HUB_DISABLE_PROGRESS_BARS=0``
 keeps the bar). ``verbose=True`` (``gdr ... --verbose``) shows all of it.
 
+:func:`on_terminal`: whether a progress bar drawn on a stream is seen on a terminal rather than written, one
+redraw a line, into a log file (``gdr run ... > run.log 2>&1``).
+
 :func:`warn_once`: a warning about the data (a file decoded as latin-1, empty documents) is logged once
 per process, however often the corpus is loaded.
 """
@@ -21,7 +24,7 @@ import sys
 import warnings
 from typing import Iterator
 
-__all__ = ["setup_logging", "quiet_loading", "warn_once", "log_once", "OWN_LOGGERS"]
+__all__ = ["setup_logging", "quiet_loading", "warn_once", "log_once", "OWN_LOGGERS", "on_terminal"]
 
 OWN_LOGGERS = ("gdr", "eval", "indexing", "training", "__main__")
 # Libraries that attach their own handler or level (records do not reach the root filter): their level is set.
@@ -124,3 +127,13 @@ def log_once(logger: logging.Logger, level: int, msg: str, *args) -> None:
         return
     _warned.add(key)
     logger.log(level, msg, *args)
+
+
+def on_terminal(stream=None) -> bool:
+    """Whether ``stream`` (default ``sys.stderr``) is a terminal: a bar that redraws itself in place is shown
+    there, while in a file or a pipe each redraw would stay as a line of the log."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False

@@ -8,8 +8,9 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer
     bm25-<key>/              BM25 on the test queries (reference)
     train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
-    eval-<method>-s<seed>-<key>/            gdr evaluate  Recall@1/10/100, MRR@100, TREC run
-    retrievers.jsonl         one line of test figures per finished retriever, as each finishes
+    eval-<method>-s<seed>-<key>/            gdr evaluate  Success@1/10/k, R@10/k, RR@k (k = evaluate.k), TREC run
+                                            (queries.folds=K: -s<seed>-f<fold>, K of each, one per held-out fold)
+    retrievers.jsonl         a line of test figures per retriever of this run finished so far (rewritten)
     report.md  report.png  report.json  run.config.yaml
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
@@ -55,9 +56,11 @@ from omegaconf import DictConfig, OmegaConf
 from gdr import signals
 from gdr.config import save_config, to_container
 from gdr.data.splits import check_query_splits, split_queries
+from gdr.data.titles import TITLE_FRACTIONS
 from gdr.guard import LOCK_FILE, claim_folder
 from gdr.io import (
     atomic_write_json,
+    atomic_write_text,
     bytes_digest,
     check_manifest_files,
     check_readable,
@@ -65,6 +68,7 @@ from gdr.io import (
     record_files,
     verify_files,
 )
+from gdr.lm.compiling import release_compiled
 from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.report import mark_in_progress, write_report
@@ -80,7 +84,7 @@ STAGE_FILE = "stage.json"
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
-RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per finished retriever, as each finishes
+RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per retriever of this run finished so far
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
     "gc": ("seed", "n_clusters", "leaf_size", "gc"),
@@ -351,12 +355,28 @@ def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- stages
-def _queries_section(cfg: DictConfig, split: str) -> dict:
+def _queries_section(cfg: DictConfig, split: str, fold: int | None = None) -> dict:
+    """The ``queries`` section of one split (:func:`gdr.data.splits.split_queries`); with ``queries.folds``, of the
+    retrievers that hold out ``fold`` (None: every topic)."""
     q = cfg.queries
     out = {"name": q.name, "split": split, "path": q.path}
     if q.name == "titles":
-        out.update(seed=int(q.get("seed") or 0), fractions=list(q.get("fractions") or (0.8, 0.1, 0.1)))
+        out.update(seed=int(q.get("seed") or 0), fractions=list(q.get("fractions") or TITLE_FRACTIONS))
+    elif q.get("fractions") is not None:
+        out.update(seed=int(q.get("seed") or 0), fractions=list(q.fractions))
+    if q.get("folds") is not None:
+        out.update(seed=int(q.get("seed") or 0), folds=int(q.folds), fold=fold)
     return out
+
+
+def _folds(cfg: DictConfig) -> list[int | None]:
+    """The held-out folds of a run: 0 .. K-1 with ``queries.folds=K``, else one split ([None])."""
+    k = cfg.queries.get("folds")
+    return [None] if k is None else list(range(int(k)))
+
+
+def _suffix(seed: int, fold: int | None) -> str:
+    return f"s{seed}" if fold is None else f"s{seed}-f{fold}"
 
 
 @dataclass
@@ -394,8 +414,12 @@ class RunContext:
     indexes: dict[str, StageRecord] = field(default_factory=dict)
     bm25: StageRecord | None = None
     results: dict[str, list[dict]] = field(default_factory=dict)  # per indexer, one row of test metrics per seed
-    eval_dirs: dict[str, list[Path]] = field(default_factory=dict)  # per-query metrics for the paired tests
+    eval_dirs: dict[str, list] = field(default_factory=dict)  # per-query metrics for the paired tests (per seed:
+    # a folder, or with queries.folds the list of its folds' folders, joined)
+    folds_done: dict[tuple[str, int], dict[int, tuple[dict, Path]]] = field(default_factory=dict)  # queries.folds:
+    # per (indexer, seed), each finished fold's test metrics and evaluation folder
     train_batch: int | None = None  # trainer.batch_size=auto resolved once for every retriever of the run
+    retrievers: dict[tuple, dict] = field(default_factory=dict)  # (indexer, seed[, fold]): its retrievers.jsonl line
 
     def lm(self):
         if self._lm is None:
@@ -403,7 +427,10 @@ class RunContext:
         return self._lm
 
     def drop_lm(self) -> None:
+        """Let the query generator go, with what its compiled code holds on the device (the training after it
+        sizes its batch and concurrency by the free memory)."""
         self._lm = None
+        release_compiled()
 
     def stage(self, spec: StageSpec | None) -> StageRecord | None:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
@@ -432,10 +459,15 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     return _report(run)
 
 
-def retriever_order(run: RunContext) -> list[tuple[str, int]]:
+def retriever_order(run: RunContext) -> list[tuple]:
     """The run's retrievers as (indexer, seed), seed by seed: the first complete comparison of every docid scheme
-    (seed 0) comes before any second seed starts, so a run cut short has compared the schemes at least once."""
-    return [(method, int(seed)) for seed in run.cfg.seeds for method in run.indexes]
+    (seed 0) comes before any second seed starts, so a run cut short has compared the schemes at least once.
+    With ``queries.folds`` (indexer, seed, fold), (seed, fold) major: every scheme of a fold before the next fold,
+    so a run cut short has compared the schemes on whole folds (paired tests need a topic scored by both), and
+    every fold of seed 0 (each topic a test topic) before any second seed."""
+    if run.cfg.queries.get("folds") is None:
+        return [(method, int(seed)) for seed in run.cfg.seeds for method in run.indexes]
+    return [(method, int(seed), fold) for seed in run.cfg.seeds for fold in _folds(run.cfg) for method in run.indexes]
 
 
 def train_and_evaluate(run: RunContext) -> None:
@@ -444,13 +476,16 @@ def train_and_evaluate(run: RunContext) -> None:
     so a run cut short keeps each retriever it finished in ``retrievers.jsonl`` and the partial report. Retrievers
     trained by an earlier attempt are taken in first."""
     order = retriever_order(run)
-    taken: set[tuple[str, int]] = set()
+    taken: set[tuple] = set()
+    trained_here: set[tuple] = set()  # trained by this run's workers: the parent then finds them finished
 
-    def take(method: str, seed: int) -> None:
-        train = run.stage(train_spec(run, method, seed))
-        ev = run.stage(eval_spec(run, method, seed, train))
-        finish_retriever(run, method, seed, train, ev)
-        taken.add((method, seed))
+    def take(method: str, seed: int, *fold: int) -> None:
+        train = run.stage(train_spec(run, method, seed, *fold))
+        if (method, seed, *fold) in trained_here:
+            train.reused = False
+        ev = run.stage(eval_spec(run, method, seed, train, *fold))
+        finish_retriever(run, method, seed, train, ev, *fold)
+        taken.add((method, seed, *fold))
 
     n_train = _train_examples_bound(run)
     run.train_batch = resolve_train_batch(run, n_train)
@@ -465,7 +500,12 @@ def train_and_evaluate(run: RunContext) -> None:
     if at_once > 1:
         jobs = [partial(_train_stage, run.pipe.root, s.name, s.inputs, s.build, list(s.after))
                 for s in (specs[ms] for ms in todo)]
-        train_stage.train_retrievers(jobs, at_once, on_done=lambda i, _: take(*todo[i]),
+
+        def trained(i: int, _) -> None:
+            trained_here.add(todo[i])
+            take(*todo[i])
+
+        train_stage.train_retrievers(jobs, at_once, on_done=trained,
                                      on_cuda=train_stage.training_device(settings) != "cpu")
     for ms in order:
         if ms not in taken:
@@ -624,18 +664,20 @@ def bm25_spec(run: RunContext) -> StageSpec | None:
                      build)
 
 
-def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
-    """6. One retriever per (indexer, seed) on that indexer's docids."""
+def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None) -> StageSpec:
+    """6. One retriever per (indexer, seed) on that indexer's docids; with ``queries.folds``, per (indexer, seed,
+    fold), trained without the topics of ``fold``."""
     cfg, idx, doc_q, use_gen = run.cfg, run.indexes[method], run.doc_queries, run.uses_generated
     train_cfg = to_container(cfg.train)
     if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
         train_cfg["trainer"]["batch_size"] = run.train_batch
-    train_q = _queries_section(cfg, cfg.queries.train_split)
+    train_q = _queries_section(cfg, cfg.queries.train_split, fold)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": train_q, "train": _keyed(train_cfg), "seed": seed}
     build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, seed, str(idx.path / "docids.tsv"),
                         str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
-    return StageSpec(f"train-{method}-s{seed}", inputs, build, after=[idx] + ([doc_q] if use_gen else []),
+    return StageSpec(f"train-{method}-{_suffix(seed, fold)}", inputs, build,
+                     after=[idx] + ([doc_q] if use_gen else []),
                      outputs=TRAIN_OUTPUTS)
 
 
@@ -675,9 +717,11 @@ def resolve_train_batch(run: RunContext, n_train: int) -> int | None:
     return batch
 
 
-def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord) -> StageSpec:
-    """7. A retriever on the test split (search, metrics, per-query figures, TREC run)."""
-    cfg, test_q = run.cfg, run.test_q
+def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold: int | None = None) -> StageSpec:
+    """7. A retriever on the test split (search, metrics, per-query figures, TREC run): with ``queries.folds``, on
+    the topics of the fold it was trained without."""
+    cfg = run.cfg
+    test_q = run.test_q if fold is None else _queries_section(cfg, cfg.queries.test_split, fold)
     inputs = {"train": train.key, "queries": test_q, "per_query": 1, "evaluate": _keyed(to_container(cfg.evaluate))}
 
     def build(folder: Path) -> dict:
@@ -693,7 +737,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord) -> St
                               split=test_q["split"])
         return {"metrics": m["systems"][settings.tag]}
 
-    return StageSpec(f"eval-{method}-s{seed}", inputs, build, after=[train])
+    return StageSpec(f"eval-{method}-{_suffix(seed, fold)}", inputs, build, after=[train])
 
 
 TRAIN_OUTPUTS = ("model/*", "docids.tsv")
@@ -721,7 +765,8 @@ class _TrainBuild:
         res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
                                           generated=self.generated, stale="restart",
                                           write_config=lambda f: save_config(sub, f))
-        return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
+        return {**train_stage.best_record(res.monitor, res.best_score), "global_step": res.global_step,
+                "n_params": res.n_params}
 
 
 def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after: list) -> StageRecord:
@@ -749,6 +794,9 @@ def _train_settings(run: RunContext) -> TrainSettings:
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
     """What the retrievers of a run learnt from, in words, for the report: the real training split when the
     query set has one, else generated queries (and the documents' own windows) only."""
+    if cfg.queries.get("folds") is not None:
+        k = int(cfg.queries.folds)
+        return f"the topics of the {k - 1} other folds of {k}" + (" and generated queries" if use_generated else "")
     qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
                        cfg.data.get("docs_tsv"))
     split = f"`{cfg.queries.train_split}`"
@@ -759,29 +807,75 @@ def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
             f"the documents' own text only: `{name}` has no {split} queries and there are no generated queries")
 
 
-def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord, ev: StageRecord) -> None:
-    """Take in one finished retriever: its test figures join the run's, a line in ``retrievers.jsonl`` (once per
-    evaluation folder) keeps them, and the report is rewritten over the retrievers finished so far, marked
-    partial, so a run cut short (a lease that ends) leaves what it finished."""
-    rows = [*zip(run.results.get(method, []), run.eval_dirs.get(method, [])),
-            ({"seed": seed, **ev.info["metrics"]}, ev.path)]
-    rows.sort(key=lambda r: [int(s) for s in run.cfg.seeds].index(r[0]["seed"]))
-    run.results[method], run.eval_dirs[method] = [r for r, _ in rows], [d for _, d in rows]
+def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord, ev: StageRecord,
+                     fold: int | None = None) -> None:
+    """Take in one finished retriever: its test figures join the run's, ``retrievers.jsonl`` is rewritten to hold
+    the retrievers finished so far (one line each, in the run's order: :func:`retriever_order`), and the report is
+    rewritten over them, marked partial, so a run cut short (a lease that ends) leaves what it finished. With
+    ``queries.folds`` a seed's figures are those of its folds joined (:func:`_joined_folds`)."""
+    if fold is None:
+        rows = [*zip(run.results.get(method, []), run.eval_dirs.get(method, [])),
+                ({"seed": seed, **ev.info["metrics"]}, ev.path)]
+        rows.sort(key=lambda r: [int(s) for s in run.cfg.seeds].index(r[0]["seed"]))
+        run.results[method], run.eval_dirs[method] = [r for r, _ in rows], [d for _, d in rows]
+    else:
+        run.folds_done.setdefault((method, seed), {})[fold] = (ev.info["metrics"], ev.path)
+        run.results[method], run.eval_dirs[method] = _joined_folds(run, method)
     # the report's rows in the order of `indexers`, whatever order the retrievers finished in
     run.results = {m: run.results[m] for m in run.indexes if m in run.results}
     run.eval_dirs = {m: run.eval_dirs[m] for m in run.indexes if m in run.eval_dirs}
-    path = run.pipe.root / RETRIEVERS_FILE
-    listed = {json.loads(line)["eval"] for line in path.read_text().splitlines() if line.strip()} \
-        if path.exists() else set()
-    if ev.path.name not in listed:
-        line = {"indexer": method, "seed": seed, "train": train.path.name, "eval": ev.path.name,
-                "train_seconds": train.seconds, "eval_seconds": ev.seconds,
-                "best_val_recall1": train.info.get("best_val_recall1"), "metrics": ev.info["metrics"]}
-        with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(line, default=str) + "\n")
-    done, total = sum(map(len, run.results.values())), len(run.indexes) * len(run.cfg.seeds)
+    # a stage of an earlier gdr holds the score as best_val_recall1 alone, whatever the run's trainer.monitor was
+    monitor, score = train_stage.best_of_manifest({"best_val_metric": run.cfg.train.trainer.get("monitor"),
+                                                   **train.info})
+    ms = (method, seed) if fold is None else (method, seed, fold)
+    run.retrievers[ms] = {
+        "indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}), "train": train.path.name,
+        "eval": ev.path.name, "train_seconds": train.seconds, "eval_seconds": ev.seconds,
+        **train_stage.best_record(monitor, score), "metrics": ev.info["metrics"]}
+    _write_retrievers(run)
+    done = sum(map(len, run.folds_done.values())) if fold is not None else sum(map(len, run.results.values()))
+    total = len(run.indexes) * len(run.cfg.seeds) * len(_folds(run.cfg))
     if done < total:
         _report(run, partial={"retrievers_done": done, "retrievers": total})
+
+
+def _joined_folds(run: RunContext, method: str) -> tuple[list[dict], list[list[Path]]]:
+    """(one row of test figures per seed, per seed its folds' evaluation folders) of ``method`` under
+    ``queries.folds``: a seed counts once all its folds are scored, its figures the means over all their topics
+    (each fold's weighted by its topics); while no seed has every fold, the first seed's finished folds count, so
+    a run cut short compares the schemes on the folds it finished."""
+    k = len(_folds(run.cfg))
+    seeds = [int(s) for s in run.cfg.seeds if (method, int(s)) in run.folds_done]
+    whole = [s for s in seeds if len(run.folds_done[(method, s)]) == k]
+    rows, dirs = [], []
+    for s in whole or seeds[:1]:
+        done = run.folds_done[(method, s)]
+        folds = sorted(done)
+        rows.append({"seed": s, **_pooled_metrics([done[f][0] for f in folds]), "folds": folds})
+        dirs.append([done[f][1] for f in folds])
+    return rows, dirs
+
+
+def _pooled_metrics(rows: Sequence[dict]) -> dict:
+    """Test figures of several disjoint query sets as one: each mean weighted by its ``n_queries``, which add up."""
+    n = np.array([float(r["n_queries"]) for r in rows])
+    out: dict = {}
+    for key, value in rows[0].items():
+        if key == "n_queries":
+            out[key] = int(n.sum())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(np.dot(n, [float(r[key]) for r in rows]) / n.sum())
+        else:
+            out[key] = value
+    return out
+
+
+def _write_retrievers(run: RunContext) -> None:
+    """``retrievers.jsonl``: exactly the retrievers of this run finished so far, one line each keyed by (indexer,
+    seed[, fold]), in the run's order; replaced whole (a temporary file renamed), so a retriever superseded since an
+    earlier run of the folder (e.g. by a changed ``index.gc.alpha``) or not part of this run leaves no line."""
+    lines = [json.dumps(run.retrievers[ms], default=str) + "\n" for ms in retriever_order(run) if ms in run.retrievers]
+    atomic_write_text(run.pipe.root / RETRIEVERS_FILE, "".join(lines))
 
 
 def _command(argv: Sequence[str]) -> str:
@@ -801,8 +895,23 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),
                         trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial,
-                        unknown_qrels=_test_queries(cfg, run.corpus, run.test_q).info.get("unknown_qrels", {}).get(
-                            run.test_q["split"], 0), predicted=predicted)
+                        unknown_qrels=sum((_test_queries(cfg, run.corpus, run.test_q).info.get("unknown_qrels")
+                                           or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
+                        predicted=predicted, query_split=query_split(run))
+
+
+def query_split(run: RunContext) -> dict:
+    """How the run's topics were split, for the report: ``{"by": "folds", "folds", "seed", "n_topics"}`` (every
+    topic a test topic once), ``{"by": "fractions", "fractions", "seed"}`` (a seeded hash of the topic id;
+    ``"by": "titles"``: of the document id) or ``{"by": "query set"}`` (its own splits)."""
+    section = run.test_q
+    if section.get("folds"):
+        n = len(_test_queries(run.cfg, run.corpus, section))
+        return {"by": "folds", "folds": section["folds"], "seed": section["seed"], "n_topics": n}
+    if section.get("fractions"):
+        return {"by": "titles" if section["name"] == "titles" else "fractions", "fractions": section["fractions"],
+                "seed": section["seed"]}
+    return {"by": "query set"}
 
 
 def corpus_signature(cfg: DictConfig, corpus) -> dict:

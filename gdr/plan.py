@@ -32,6 +32,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from gdr import cost
+from gdr.data.titles import TITLE_FRACTIONS
 from gdr.models import BUNDLED
 from gdr.stages.train import model_config_from
 from training.concurrent import concurrent_for_memory
@@ -273,7 +274,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
     model = meta_retriever(model_config_from({**t.model, "n_digits": K, "max_code_len": depth}, dict(t.model_presets)))
     rc = model.config  # with the encoder's HF config filled in
-    n_ret = len(cfg.indexers) * len(cfg.seeds)
+    n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
     ex = t.examples
     per_epoch = (n_train * bool(ex.use_real) + n_docs * int(cfg.doc_queries.per_doc) * bool(ex.use_generated)
                  + n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0)))
@@ -377,8 +378,23 @@ def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int) -> int:
     return cuda_batch_size(rc, rates.peaks.memory or 16e9, per_epoch)
 
 
+def _n_folds(cfg) -> int:
+    """Retrievers per (indexer, seed): ``queries.folds``, else one."""
+    return int(cfg.queries.get("folds") or 1)
+
+
 def _sizes(cfg) -> tuple[int, int, int]:
-    """(documents, training queries, test queries) of the run."""
+    """(documents, training queries, test queries) of one retriever of the run (cross-validated: every topic is
+    in one fold, scored there and trained on in the others)."""
+    n_docs, n_train, n_test = _split_sizes(cfg)
+    k = _n_folds(cfg)
+    if k > 1:
+        n_train, n_test = (n_train + n_test) * (k - 1) // k, (n_train + n_test) // k
+    return n_docs, n_train, n_test
+
+
+def _split_sizes(cfg) -> tuple[int, int, int]:
+    """(documents, training queries, test queries) of the run's query set."""
     name = str(cfg.data.name)
     n_docs = cfg.data.get("n_docs") or CORPUS_DOCS.get(name)
     if n_docs is None:
@@ -386,7 +402,7 @@ def _sizes(cfg) -> tuple[int, int, int]:
                          f"set data.n_docs=<documents>")
     n_docs = int(n_docs)
     if str(cfg.queries.name) == "titles":
-        fr = list(cfg.queries.fractions)
+        fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
         return n_docs, int(fr[0] * n_docs), int(fr[2] * n_docs)
     scale = n_docs / CORPUS_DOCS.get(name, n_docs)
     return n_docs, int(TRAIN_QUERIES.get(name, 0) * scale), int(TEST_QUERIES.get(name, 1000) * scale)
@@ -482,7 +498,7 @@ def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None
     except Exception as e:  # noqa: BLE001  (any reason the plan cannot be made leaves the predictions n/a)
         log.info("report: no predicted seconds (%s: %s)", type(e).__name__, e)
         return {name: None for name in names}
-    n_ret = len(cfg.indexers) * len(cfg.seeds)
+    n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
     J = int(cfg.sample.n_queries)
     fixed = {"score": plan["lm_load"] + plan["sampling"] + plan["scoring"], "doc-queries": plan.get("doc_queries"),
              "bm25": plan.get("bm25"), "index-gc": _clustering_seconds(n_docs, J, 1),

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from gdr.data import CORPORA, DATA_RULES, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
+from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -202,6 +202,8 @@ INDEX_COMMAND = (
 TRAIN_COMMAND = (
     Rule("docids", existing("file"), "docids.tsv from `gdr index`"),
     FRACTIONS_RULE,
+    FOLDS_RULE,
+    FOLD_RULE,
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
     Rule("queries.path", optional(existing())),
     Rule("queries.split", optional(SPLIT_RULE.check), "the split trained on; its dev part is held out"),
@@ -210,6 +212,8 @@ TRAIN_COMMAND = (
 EVALUATE_COMMAND = (
     Rule("run_dir", train_run),
     FRACTIONS_RULE,
+    FOLDS_RULE,
+    FOLD_RULE,
     Rule("queries.path", optional(existing())),
     Rule("queries.split", SPLIT_RULE.check,
          "the split scored; never the one the model was trained on (unless --allow-train-split)"),
@@ -221,6 +225,7 @@ RUN = (
     Rule("queries.train_split", SPLIT_RULE.check, "the split trained on; its dev part is held out"),
     Rule("queries.test_split", other_than("queries.train_split")),
     FRACTIONS_RULE,
+    FOLDS_RULE,
     Rule("doc_queries.per_doc", per_doc_for_bmi, "generated training queries per document"),
     Rule("doc_queries.seed", seed),
     Rule("doc_queries.batch_size", auto_or(POSITIVE), "queries per decode batch; auto = as sample.batch_size"),
@@ -284,6 +289,13 @@ def check_run(cfg: DictConfig) -> None:
     if cfg.queries.name == "titles" and not cfg.data.get("drop_title"):
         raise ValueError("queries.name=titles needs data.drop_title=true: a document that still holds its title "
                          "makes the title query trivial")
+    folds = cfg.queries.get("folds")
+    if folds is not None and cfg.queries.get("fractions") is not None:
+        raise ConfigError(f"queries.folds={folds}: the folds split the topics, so queries.fractions must be null "
+                          f"(it is {show(cfg.queries.fractions)}); set one of them")
+    if folds is not None and (cfg.queries.train_split, cfg.queries.test_split) != ("train", "test"):
+        raise ConfigError(f"queries.folds={folds}: each fold's topics are its test split and the others' its train "
+                          f"split, so queries.train_split must be train and queries.test_split test")
     if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")

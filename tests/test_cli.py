@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hydra.errors import MissingConfigException
@@ -89,8 +91,10 @@ def test_help_is_generated_from_the_configs_and_the_rules(capsys):
     out = capsys.readouterr().out
     lines = {ln.split(" = ")[0].strip(): ln for ln in out.splitlines() if " = " in ln}
     assert "J [a positive integer]" in lines["sample.n_queries"] and "= 64 " in lines["sample.n_queries"]
-    assert "titles only: expected train/dev/test shares" in lines["queries.fractions"]
-    assert "[three numbers >= 0" in lines["queries.fractions"]
+    fractions = lines["queries.fractions"]
+    assert "= null" in fractions and "train/dev/test shares of the topics" in fractions
+    assert "[null or three numbers >= 0" in out  # the rule, on a wrapped line
+    assert "= null" in lines["queries.folds"] and "cross-validate over K folds" in lines["queries.folds"]
     assert "= small30m" in lines["train.model.size"] and "tiny | mini" in out
     assert "bbc (default) |" in out and "+experiment" in out and "demo" in out
     for command in ("train", "sample", "index"):
@@ -102,3 +106,28 @@ def test_help_is_generated_from_the_configs_and_the_rules(capsys):
                 key = f"{prefix}.{rule.key}" if prefix else rule.key
                 if "*" not in key and OmegaConf.select(cfg, key, default="<absent>") != "<absent>":
                     assert f"  {key} = " in text, (command, key)
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "conf" / "data")
+                                          .glob("*.yaml")))
+def test_run_help_lists_every_setting_of_the_chosen_data_group(capsys, option):
+    """`gdr run data=trec --help` lists what data=trec is set with (data.text_fields, data.queries, data.qrels,
+    data.on_empty, ...) with its defaults, not those of the default corpus: every key of conf/data/<option>.yaml."""
+    assert main(["run", f"data={option}", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert f"{option} (chosen)" in out
+    for key in OmegaConf.to_container(OmegaConf.load(
+            Path(__file__).resolve().parent.parent / "conf" / "data" / f"{option}.yaml")):
+        if key != "defaults":
+            assert f"\n  data.{key} = " in out, (option, key)
+    if option == "trec":
+        lines = {ln.split(" = ")[0].strip(): ln for ln in out.splitlines() if " = " in ln}
+        assert "= [TEXT]" in lines["data.text_fields"] and "= trec" in lines["data.name"]
+
+
+def test_help_with_an_option_that_does_not_exist_says_so_in_one_line(capsys):
+    """`gdr run data=nosuch --help`: the help of the defaults, with one line naming the option, not a traceback."""
+    assert main(["run", "data=nosuch", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "data=nosuch: " in out and "Could not find 'data/nosuch' (the defaults follow)" in out
+    assert "bbc (default)" in out and "Traceback" not in out

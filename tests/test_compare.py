@@ -102,3 +102,26 @@ def test_one_discordant_query_of_ten_gives_an_interval_inside_the_resampled_rang
     a, b = np.zeros(10), np.r_[1.0, np.zeros(9)]
     diff, lo, hi, p = paired_test(a, b)
     assert diff == pytest.approx(-0.1) and -0.31 < lo <= diff and hi == 0.0 and p == 1.0
+
+
+def test_compare_folders_joins_the_folds_of_a_seed(tmp_path):
+    """Cross-validation: a seed is a list of folders, one per fold, each scored on its own topics; joined, the
+    comparison runs over every topic, seeds averaged per topic as without folds."""
+    qids = [f"q{i}" for i in range(12)]
+    folds = [qids[0::3], qids[1::3], qids[2::3]]  # 3 folds of 4 topics
+    hits = {"gc": [set(qids[:9]), set(qids[:6])], "hkmi": [set(qids[:3]), set(qids[:3])]}  # 2 seeds each
+    dirs = {}
+    for name, seeds in hits.items():
+        dirs[name] = []
+        for s, found in enumerate(seeds):
+            group = []
+            for f, topics in enumerate(folds):
+                d = tmp_path / f"{name}-s{s}-f{f}"
+                d.mkdir()
+                write_per_query(d / "per_query.json", {q: int(q in found) for q in topics})
+                group.append(d)
+            dirs[name].append(group)
+    c = find(compare_folders(dirs, reference="gc"), "gc", "hkmi", "recall@1")
+    # per topic: gc (9/12 + 6/12 averaged over seeds) - hkmi 3/12 = 7.5/12 - 3/12
+    assert c["n_queries"] == 12 and c["diff"] == pytest.approx(100 * 4.5 / 12)
+    assert (c["n_seeds_a"], c["n_seeds_b"]) == (2, 2)

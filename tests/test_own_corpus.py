@@ -173,7 +173,8 @@ def test_run_dict_selects_the_data_group_as_the_command_does(setup, tmp_path, ca
     md = (out / "report.md").read_text()
     assert md.startswith("# gdr run: toy, 30 documents") and "trained on `train` (" in md
     assert "| docids | Success@1 | Success@10 | R@10 | RR@10 |" in md
-    assert report["columns"]["recall@100"] == "Success@10"
+    assert report["columns"] == {"recall@1": "Success@1", "recall@10": "Success@10", "R@10": "R@10",
+                                 "mrr@10": "RR@10"}  # measured at evaluate.k=10, named there
 
     train = out / next(s["folder"] for s in report["stages"] if s["name"] == "train-random-s0")
     capfd.readouterr()

@@ -94,7 +94,7 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     # paired comparisons: GC against every other scheme and BM25, on the same 10 test queries
     comps = report["comparisons"]
     assert {(c["a"], c["b"], c["metric"]) for c in comps} == {
-        ("gc", b, m) for b in (*INDEXERS[1:], "bm25") for m in ("recall@1", "recall@10", "mrr@100")}
+        ("gc", b, m) for b in (*INDEXERS[1:], "bm25") for m in ("recall@1", "recall@10", "mrr@10")}  # evaluate.k=10
     for c in comps:
         assert c["n_queries"] == 10 and 0.0 <= c["p_value"] <= 1.0
         assert c["ci95"][0] <= c["diff"] <= c["ci95"][1]
@@ -120,6 +120,8 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     capsys.readouterr()
     ran = {name for name, s in _stages(out).items() if not s["reused"]}
     assert ran == {"index-gc", "train-gc-s0", "eval-gc-s0"}
+    # retrievers.jsonl holds exactly the retrievers of this report: the superseded gc retriever's line is gone
+    assert _retrievers(out) == [(m, 0, _stages(out)[f"eval-{m}-s0"]["folder"]) for m in INDEXERS]
 
     # a run killed inside a stage continues there: finished stages are reused, the killed one re-runs
     import gdr.stages.train as train_stage
@@ -148,6 +150,15 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     ran = {name for name, s in _stages(out).items() if not s["reused"]}
     assert ran == {f"{s}-{m}-s1" for m in INDEXERS[1:] for s in ("train", "eval")}
     assert json.loads((killed[0] / "stage.json").read_text())["status"] == "complete"
+    assert _retrievers(out) == [(m, 1, _stages(out)[f"eval-{m}-s1"]["folder"]) for m in INDEXERS]
+    line = json.loads((out / "retrievers.jsonl").read_text().splitlines()[0])
+    assert line["best_val_metric"] == "val/recall@1" and line["best_val_recall1"] == line["best_val_score"]
+
+
+def _retrievers(out: Path) -> list[tuple[str, int, str]]:
+    """(indexer, seed, evaluation folder) of each line of ``retrievers.jsonl``."""
+    lines = [json.loads(x) for x in (out / "retrievers.jsonl").read_text().splitlines()]
+    return [(x["indexer"], x["seed"], x["eval"]) for x in lines]
 
 
 def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path, capsys):

@@ -202,3 +202,15 @@ def test_the_plan_prints_both_totals(capsys):
     assert out[-3].startswith("total ") and out[-2].startswith("total, early stop")
     assert summary["seconds_early_stop"] < summary["seconds"]
     assert f"{summary['seconds_early_stop']:.1f}" in out[-2]
+
+
+def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_its_fold(tmp_path):
+    runs = _runs(tmp_path, 0.2)
+    one = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]"]), "h200", 1, runs)}
+    five = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]", "queries.folds=5"]),
+                                        "h200", 1, runs)}
+    n = len(load_config("run", ["+experiment=cranfield"]).indexers)
+    assert f"{n} retrievers" in one["training"].basis and f"{5 * n} retrievers" in five["training"].basis
+    tested = re.search(r"([\d,]+) test queries", five["evaluation"].basis).group(1)
+    assert int(tested.replace(",", "")) == n * 225  # every one of Cranfield's 225 topics once per scheme
+    assert five["scoring"].seconds == one["scoring"].seconds  # P does not depend on the split

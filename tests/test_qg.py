@@ -256,5 +256,16 @@ def test_killed_fine_tune_resumes_to_the_uninterrupted_model(tmp_path):
     lm = tiny_llama(seed=4)  # a fresh process: the model comes back from last.ckpt
     res = fine_tune_qg(tmp_path / "run", lm, pairs, opts, dev_fraction=0.25, seed=0)
     assert res.global_step == 8
+    # one metrics.csv across the kill, with the steps of the unbroken run, each once
+    assert list((tmp_path / "run").rglob("metrics.csv")) == [tmp_path / "run" / "logs" / "metrics.csv"]
+    assert _logged_steps(tmp_path / "run") == _logged_steps(tmp_path / "ref")
     for (n, a), (_, b) in zip(ref.model.named_parameters(), lm.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def _logged_steps(out) -> list[tuple[str, str]]:
+    """(step, metric) of every value in ``logs/metrics.csv``."""
+    import csv
+
+    with open(out / "logs" / "metrics.csv", newline="") as f:
+        return sorted((r["step"], k) for r in csv.DictReader(f) for k, v in r.items() if v != "" and k != "step")

@@ -528,7 +528,7 @@ def test_tiny_model_memorises_20_documents(tmp_path, word_tokenizer):
     run = Run([f"q{i}" for i in range(20)], [[d for d, _ in row] for row in out], [[s for _, s in row] for row in out])
     metrics, _ = evaluate_run(run, {f"q{i}": [d] for i, d in enumerate(doc_ids)})
     assert metrics.recall[1] == 1.0
-    assert list((tmp_path / "run" / "logs").glob("version_*/metrics.csv"))
+    assert (tmp_path / "run" / "logs" / "metrics.csv").is_file()
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
 
 

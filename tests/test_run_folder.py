@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,12 @@ def test_the_previous_report_is_kept_and_marked_in_progress(tmp_path):
     assert md.startswith("> **In progress since") and md.count("In progress") == 1
     assert md.endswith("# gdr run: toy, 3 documents\n\nfigures\n")
     assert not mark_in_progress(tmp_path / "none", "gdr run")
+
+
+def test_the_readme_says_what_an_unfinished_run_leaves():
+    """README describes the report an unfinished run leaves as above (kept, marked `in_progress`), not as withdrawn."""
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert "has no `report.json`: `gdr run` withdraws" not in readme
+    assert ("the previous run's `report.json` and `report.md` are kept but marked in progress (`report.json` gains "
+            "`\"in_progress\": {\"since\": ..., \"command\": ...}`, `report.md` a first line `> **In progress since "
+            "...**`)") in readme

@@ -392,3 +392,29 @@ def test_per_document_queries_of_another_dtype_are_refused(tmp_path):
                                               "bfloat16, eager decode, this run decodes on cpu, float32"):
         sample_per_doc_run(tiny_llama(), DOCS, DOC_IDS, tmp_path, **kw)
     assert path.read_text() == before
+
+
+def test_the_sampling_bar_moves_within_a_batch(llama, monkeypatch):
+    """One batch of every query (`sample.batch_size` >= J, as `auto` gives on a GPU): the bar advances with the
+    decode steps, not from 0% to 100% when the batch ends; the queries are those of a run without a bar."""
+    import gdr.lm.sampling as sampling
+
+    shown: list[int] = []
+
+    class Bar:  # tqdm's interface as sample_queries uses it, recording each position
+        def __init__(self, total, initial=0, **kw):
+            self.n, self.total = initial, total
+
+        def update(self, k):
+            self.n += k
+            shown.append(self.n)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sampling, "tqdm", Bar)
+    kw = {**KW, "max_new_tokens": 8}
+    got = llama.sample_queries(DOCS, 12, seed=5, batch_size=64, progress=True, **kw)
+    assert got.texts == llama.sample_queries(DOCS, 12, seed=5, batch_size=64, progress=False, **kw).texts
+    assert shown[-1] == 12 and [x for x in shown if 0 < x < 12], shown  # positions inside the one batch
+    assert shown == sorted(shown)

@@ -235,8 +235,9 @@ def test_conf_data_composes(name):
     assert data.name == name and data.seed == 0 and data.n_docs is None
     # every key is a load_corpus keyword, so corpus_from_config can pass them through (but the query files of a
     # file of documents, which the query side reads)
-    files = name in ("jsonl", "tsv", "trec")
+    files = name in ("jsonl", "tsv", "trec", "irds")
     query_side = set(QUERY_KEYS) if files else {"drop_unknown_qrels"} if name == "beir" else set()
+    query_side |= {"id"} if name == "irds" else set()  # data.id: corpus_from_config makes it the name irds:<id>
     assert set(data) - {"name"} <= set(inspect.signature(load_corpus).parameters) | query_side
     assert ("drop_title" in data) == (name in ("bbc", "r2", "r5", "reuters") or files)
     assert ("docs_tsv" in data) == (name in ("msmarco-lite", "nq320k"))

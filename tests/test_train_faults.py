@@ -94,6 +94,37 @@ def test_a_run_shorter_than_its_first_validation_validates_once_and_exits_0(toy,
     assert "optim.warmup_steps: 4000 warmup steps" in logs and "warming up over the first 0 steps" in logs
 
 
+def test_the_best_checkpoint_is_printed_and_stored_under_the_metric_that_picked_it(toy, tmp_path, capsys):
+    """`gdr train trainer.monitor=val/mrr` prints `best val/mrr: <its value>` and its manifest keeps that value as
+    `best_val_score` of `best_val_metric: val/mrr`, never as a recall@1; a rerun reusing the training says the
+    same. Under the default monitor the manifest keeps `best_val_recall1` too (what earlier readers read)."""
+    out = tmp_path / "mrr"
+    args = _args(toy, out, "trainer.monitor=val/mrr")
+    for _ in range(2):  # trained, then reused
+        assert main(args) == 0
+        man = json.loads((out / "manifest.json").read_text())
+        assert man["best_val_metric"] == "val/mrr" and "best_val_recall1" not in man
+        printed = capsys.readouterr().out
+        assert f"best val/mrr: {man['best_val_score']}  steps: 3" in printed and "recall" not in printed
+        assert isinstance(man["best_val_score"], float)
+    assert main(_args(toy, tmp_path / "r1")) == 0
+    man = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    assert man["best_val_metric"] == "val/recall@1" and man["best_val_recall1"] == man["best_val_score"] is not None
+    assert f"best val/recall@1: {man['best_val_score']}" in capsys.readouterr().out
+
+
+def test_lightnings_progress_bar_is_not_written_into_a_log_file(toy, tmp_path, capfd, caplog):
+    """`gdr train ... > train.log 2>&1` (stdout and stderr not a terminal) with the default
+    `trainer.enable_progress_bar=true`: no Lightning bar redraws in the output, while the log keeps the line of
+    each validation."""
+    args = [a for a in _args(toy, tmp_path / "run", "trainer.max_steps=10") if "enable_progress_bar" not in a]
+    with caplog.at_level(logging.INFO, logger="training.callbacks"):
+        assert main(args) == 0
+    out, err = capfd.readouterr()
+    assert "Epoch " not in out + err and "it/s" not in out + err  # Lightning's bar, rich's or tqdm's
+    assert re.search(r"step 10 \(epoch 1\): train loss \d\.\d{4}, val/recall@1", caplog.text), caplog.text
+
+
 def test_min_steps_above_max_steps_is_refused(toy, tmp_path, capsys):
     """min_steps > max_steps is refused by name (the command and the settings class), not trained to max_steps
     without a word."""
@@ -112,13 +143,13 @@ def test_a_finished_training_rerun_is_reused_with_its_dev_score(toy, tmp_path, c
     first = json.loads((out / "manifest.json").read_text())
     assert first["best_val_recall1"] is not None
     assert (first["batch_size"], first["precision"], first["device"]) == (16, "32-true", "cpu")  # as resolved
-    model = file_digest(out / "model" / "model.pt")
+    model, rows = file_digest(out / "model" / "model.pt"), (out / "logs" / "metrics.csv").read_bytes()
     with caplog.at_level(logging.INFO):
         assert main(args) == 0
     again = json.loads((out / "manifest.json").read_text())
     assert (again["best_val_recall1"], again["best_checkpoint"], again["global_step"]) == \
         (first["best_val_recall1"], first["best_checkpoint"], 7)
-    assert file_digest(out / "model" / "model.pt") == model and not (out / "logs" / "version_1").exists()
+    assert file_digest(out / "model" / "model.pt") == model and (out / "logs" / "metrics.csv").read_bytes() == rows
     assert "a finished training on these inputs and settings (step 7" in caplog.text
     assert main(_args(toy, out, "trainer.max_steps=9", "trainer.check_val_every_n_epoch=50")) == 0  # more steps
     assert json.loads((out / "manifest.json").read_text())["global_step"] == 9

@@ -48,12 +48,10 @@ def _fit(out, tok, trainer_kw: dict, stop_at: int | None = None):
 
 
 def _rows(out) -> list[dict]:
-    """Every row of every ``logs/version_N/metrics.csv``, in the order written, without empty cells."""
-    rows = []
-    for f in sorted((out / "logs").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
-        with open(f, newline="") as fh:
-            rows += [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(fh)]
-    return rows
+    """Every row of the training's one ``logs/metrics.csv`` (however often it resumed), without empty cells."""
+    assert list(out.rglob("metrics.csv")) == [out / "logs" / "metrics.csv"]
+    with open(out / "logs" / "metrics.csv", newline="") as fh:
+        return [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(fh)]
 
 
 # 4 steps an epoch; the first run stops early at step 12 (patience 1), before its max_steps
@@ -80,7 +78,7 @@ def test_a_training_stopped_at_any_step_twice_resumes_to_the_unbroken_run(tmp_pa
             signals.install()
         res = _fit(out, word_tokenizer, kw)
         assert _rows(out) == want, f"stopped at steps {k}, {k + 1}"
-        assert (res.global_step, res.best_val_recall1) == (full.global_step, full.best_val_recall1), k
+        assert (res.global_step, res.best_score) == (full.global_step, full.best_score), k
         assert os.path.basename(res.best_checkpoint) == os.path.basename(full.best_checkpoint), k
         assert file_digest(out / "model" / "model.pt") == file_digest(tmp_path / "full" / "model" / "model.pt"), k
         assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == full.global_step
@@ -106,4 +104,27 @@ def test_each_validation_logs_one_line_to_watch_the_run_by(tmp_path, word_tokeni
         assert int(m[1]) == int(row["step"]) + 1 and m[2] == row["epoch"], (line, row)
         assert (float(m[4]), float(m[5])) == (round(float(row["val/mrr"]), 4), round(best, 4)), (line, row)
         assert float(m[3]) == round(loss_at[row["step"]], 4) and int(m[6].replace(",", "")) > 0
-    assert float(lines[-1].split("(best ")[1][:6]) == round(res.best_val_recall1, 4)
+    assert float(lines[-1].split("(best ")[1][:6]) == round(res.best_score, 4)
+
+
+def test_a_resumed_training_has_one_metrics_csv_without_rows_past_its_checkpoint(tmp_path, word_tokenizer,  # noqa: F811
+                                                                                  installed_signals):
+    """Stopped at step 4 and resumed, a training keeps one ``logs/metrics.csv`` (no ``logs/version_N`` per start)
+    holding the unbroken run's rows. Rows a run killed without a stop (kill -9) flushed after its last checkpoint are
+    dropped on resume, as the resumed run logs those steps again."""
+    kw = RUNS["validated every 2 steps across epochs"]
+    _fit(tmp_path / "full", word_tokenizer, kw)
+    want = _rows(tmp_path / "full")
+    out = tmp_path / "run"
+    with pytest.raises(signals.Stopped):
+        _fit(out, word_tokenizer, kw, stop_at=4)
+    signals.uninstall()
+    signals.install()
+    step = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    late = [r for r in want if int(r["step"]) >= step][:3]  # as a killed run would have flushed them
+    assert late and len(_rows(out)) < len(want)
+    with open(out / "logs" / "metrics.csv", "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=next(csv.reader(open(out / "logs" / "metrics.csv"))))
+        writer.writerows(late)
+    _fit(out, word_tokenizer, kw)
+    assert _rows(out) == want

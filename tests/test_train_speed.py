@@ -82,7 +82,7 @@ def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_pa
     assert len(pids) == 2 and os.getpid() not in pids  # each in a process of its own
     assert {_lock_pid(alone / name) for name in trained} == {os.getpid()}
     for name in trained:
-        for rel in ("model/model.pt", "logs/version_0/metrics.csv", "docids.tsv"):
+        for rel in ("model/model.pt", "logs/metrics.csv", "docids.tsv"):
             assert (both / name / rel).read_bytes() == (alone / name / rel).read_bytes(), (name, rel)
     assert _last_json(capsys)["hkmi_recall_at_1"] is not None
 
@@ -171,7 +171,9 @@ def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys
     assert last["concurrent"]["n"] == 2 and len(both["per_process_examples_per_s"]) == 2
     assert both["examples_per_s"] > 0 and both["vs_one"] == pytest.approx(both["examples_per_s"]
                                                                          / last["tiny"]["examples_per_s"], rel=1e-2)
-    assert "2 at once:" in out
+    assert "2 at once:" in out and "spawn to first step" in out
+    # from the spawn to each process's first training step: imports, device, data and model, well under a minute
+    assert len(both["spawn_to_first_step_s"]) == 2 and all(0 < s < 120 for s in both["spawn_to_first_step_s"])
 
 
 def test_bucketed_order_groups_batches_by_length_deterministically():

@@ -347,10 +347,18 @@ def test_cranfield_in_trec_form_runs_with_one_gdr_run(setup, tmp_path, capsys):
     row = next(line for line in md.splitlines() if line.startswith("| random |"))
     assert "(" not in row  # no std of one seed
     bm25_dir = out / next(s["folder"] for s in report["stages"] if s["name"] == "bm25")
-    measures = [ir_measures.Success @ 1, ir_measures.Success @ 10, ir_measures.R @ 10, ir_measures.RR @ 100]
+    measures = [ir_measures.Success @ 1, ir_measures.Success @ 10, ir_measures.R @ 10, ir_measures.RR @ 10]
     ref = ir_measures.calc_aggregate(measures, ir_measures.read_trec_qrels(str(qrels)),
                                      ir_measures.read_trec_run(str(bm25_dir / "bm25.trec")))
     got = report["bm25"]
-    assert [got["recall@1"], got["recall@10"], got["R@10"], got["mrr@100"]] == pytest.approx(
+    assert [got["recall@1"], got["recall@10"], got["R@10"], got["mrr@10"]] == pytest.approx(
         [round(100 * ref[m], 2) for m in measures], abs=0.006)
     assert got["R@10"] < got["recall@10"]  # several relevant documents a query: recall below the hit rate
+    # every measure named at the depth evaluated (evaluate.k=10): metrics.json, report.md, the comparisons
+    ev_dir = out / next(s["folder"] for s in report["stages"] if s["name"] == "eval-random-s0")
+    for folder, system in ((ev_dir, "gdr"), (bm25_dir, "bm25")):
+        row = json.loads((folder / "metrics.json").read_text())["systems"][system]
+        assert {"Success@10", "R@10", "RR@10", "mrr@10"} <= set(row), folder
+        assert not [key for key in row if "@100" in key], folder
+    assert {c["metric"] for c in report["comparisons"]} == {"recall@1", "recall@10", "mrr@10"}
+    assert "| random | bm25 | RR@10 |" in md and "@100" not in md and "@100" not in json.dumps(report)

@@ -1,7 +1,8 @@
 """Lightning callbacks of a gdr training: stop on a signal with a resume point, die with the parent process,
-keep the training losses."""
+keep the training losses; the one ``metrics.csv`` of a training, across its resumptions."""
 from __future__ import annotations
 
+import csv
 import logging
 import math
 import os
@@ -10,13 +11,14 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 from gdr import signals
 from gdr.guard import die_with_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "ValidationLog", "validates_next"]
+__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "ValidationLog", "validates_next", "TrainingCSVLogger"]
 
 
 class DiesWithParent(pl.Callback):
@@ -198,3 +200,53 @@ def _clock(seconds: float | None) -> str:
         return "n/a"
     s = int(round(max(seconds, 0.0)))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class TrainingCSVLogger(pl.loggers.CSVLogger):
+    """``out/logs/metrics.csv``: one file for a training however often it resumed (Lightning's CSVLogger starts a
+    ``version_N`` folder per start, or deletes the file of a fixed version).
+
+    ``resume_step``: None for a fresh start (an earlier file is replaced); else the global step of the checkpoint
+    the training resumes from: the rows logged before it are kept and the new ones appended, while rows of step
+    ``resume_step`` and later (logged after that checkpoint by a run killed before its next one) are dropped, as the
+    resumed run logs those steps again. Given here or set before the first row is logged (:func:`training.train.train`
+    sets it once it knows the checkpoint)."""
+
+    def __init__(self, save_dir, name: str = "logs", resume_step: int | None = None) -> None:
+        super().__init__(save_dir, name=name, version="")
+        self.resume_step = resume_step
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ResumedWriter(self.log_dir, self.resume_step)
+        return self._experiment
+
+
+class _ResumedWriter(ExperimentWriter):
+    """Lightning's CSV writer, started from the rows of ``metrics.csv`` before ``resume_step`` (None: none)."""
+
+    def __init__(self, log_dir: str, resume_step: int | None) -> None:
+        self.resume_step = resume_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:  # called by the writer's __init__, in place of deleting the file
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        if self.resume_step is None:
+            path.unlink()
+            return
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            keys, rows = list(reader.fieldnames or []), list(reader)
+        kept = [r for r in rows if not r.get("step", "").isdigit() or int(r["step"]) < self.resume_step]
+        self.metrics_keys = sorted(keys)  # new columns are merged into these (the writer rewrites the header)
+        if len(kept) < len(rows):
+            tmp = path.with_name(f".{path.name}.tmp")
+            with tmp.open("w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(kept)
+            os.replace(tmp, path)

@@ -22,7 +22,8 @@ from gdr.io import no_space
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AtomicCheckpointIO", "readable", "intact_best", "check_last", "checkpoint_batch", "remove_partial_writes"]
+__all__ = ["AtomicCheckpointIO", "readable", "intact_best", "check_last", "checkpoint_batch", "checkpoint_step",
+           "remove_partial_writes"]
 
 
 class AtomicCheckpointIO(pl.plugins.TorchCheckpointIO):
@@ -116,3 +117,9 @@ def checkpoint_batch(ckpt: Path, default: int) -> int:
     except Exception:  # noqa: BLE001 - a damaged last.ckpt: check_last says so and picks what to resume
         return default
     return int(state.get("hyper_parameters", {}).get("batch_size") or default)
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The global step a (readable) checkpoint was written at."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    return int(state.get("global_step", 0))

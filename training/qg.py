@@ -13,7 +13,7 @@ Run folder layout (``gdr qg``)::
       pairs.manifest.json       where the pairs came from, counts, the train/dev split by document
       model/                    save_pretrained() checkpoint + tokenizer + gdr_generator.json (the prompt)
       checkpoints/last.ckpt     resume point; checkpoints/best-*.ckpt lowest dev loss
-      logs/version_N/metrics.csv
+      logs/metrics.csv          one file across resumptions (training.callbacks.TrainingCSVLogger)
       qg.manifest.json          dev loss before and after, steps, seconds
 
 The dev part is held out **by document** (a seeded hash of the doc id, :func:`gdr.data.titles.split_of`),
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,6 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 from gdr.io import atomic_write_text
 from gdr.lm import GENERATOR_FILE
 from gdr.lm.precision import rotary_buffers, set_buffers
+from gdr.logs import on_terminal
+from training.callbacks import TrainingCSVLogger
+from training.checkpoints import checkpoint_step
 from training.data import ResumeSampler, TokenStore, _pad, resume_point
 from training.module import linear_warmup_decay
 from training.train import _precision
@@ -288,7 +292,8 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
         devices=o.devices, strategy=o.strategy, precision=_precision(o.precision, o.accelerator),
         gradient_clip_val=o.gradient_clip_val, val_check_interval=o.val_check_interval,
         limit_val_batches=1.0 if dev_dl else 0, num_sanity_val_steps=0, log_every_n_steps=o.log_every_n_steps,
-        callbacks=cbs, logger=[pl.loggers.CSVLogger(out, name="logs")], enable_progress_bar=o.enable_progress_bar,
+        callbacks=cbs, logger=[TrainingCSVLogger(out, resume_step=checkpoint_step(last) if resume else None)],
+        enable_progress_bar=o.enable_progress_bar and on_terminal(sys.stdout),  # never into a log file
         enable_model_summary=False,
     )
     state = _dev_before(trainer, module, dev_dl, out / "qg.state.json")

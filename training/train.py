@@ -6,15 +6,16 @@ Run folder layout::
       docids.tsv               the docids the model was trained on
       model/                   retriever.json, model.pt, tokenizer files (Retriever.load reads this)
       checkpoints/last.ckpt    resume point (a killed run restarts from here)
-      checkpoints/best-*.ckpt  best val/recall@1 (a run that ends before its first validation validates once at
+      checkpoints/best-*.ckpt  best ``trainer.monitor`` (a run that ends before its first validation validates once at
                                its end); every checkpoint is written to a temporary name and renamed, so a full
                                disk or a kill never leaves a truncated one
-      logs/version_N/metrics.csv   CSVLogger, one version per start (tensorboard/ when installed)
+      logs/metrics.csv         every logged row, one file across resumptions (tensorboard/ when installed)
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,10 +26,18 @@ import torch
 
 from gdr import cost, signals
 from gdr.device import free_memory
+from gdr.logs import on_terminal
 from indexing.docids import write_docids
 from indexing.trie import DocidTrie, build_trie
-from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, ValidationLog
-from training.checkpoints import AtomicCheckpointIO, check_last, checkpoint_batch, intact_best, remove_partial_writes
+from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, TrainingCSVLogger, ValidationLog
+from training.checkpoints import (
+    AtomicCheckpointIO,
+    check_last,
+    checkpoint_batch,
+    checkpoint_step,
+    intact_best,
+    remove_partial_writes,
+)
 from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
 from training.module import RetrieverModule
@@ -224,10 +233,13 @@ def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n
 
 @dataclass
 class TrainResult:
+    """What a training left: its folders, the best checkpoint and its dev score ``best_score`` under the metric
+    that picked it (``monitor``, ``trainer.monitor``), the example counts and the steps."""
+
     out_dir: Path
     model_dir: Path
     best_checkpoint: str | None
-    best_val_recall1: float | None
+    best_score: float | None  # the best dev value of ``monitor``
     counts: dict[str, Any]
     n_params: dict[str, int]
     global_step: int
@@ -235,6 +247,13 @@ class TrainResult:
     batch_size: int | None = None  # examples per optimiser step, as resolved (``trainer.batch_size: auto``)
     precision: str | None = None  # as resolved (``trainer.precision: null``): bf16-mixed on a GPU, 32-true on the CPU
     device: str | None = None  # cuda or cpu
+    monitor: str = "val/recall@1"  # the dev metric ``best_score`` is a value of
+
+    @property
+    def best_val_recall1(self) -> float | None:
+        """The best dev recall@1 when it picked the checkpoint (``trainer.monitor=val/recall@1``), else None: another
+        metric's value is never given under this name (``best_score`` holds it)."""
+        return self.best_score if self.monitor == "val/recall@1" else None
 
 
 @dataclass
@@ -358,13 +377,14 @@ def _early_stopping(t: TrainerOptions, run: _Run, n_train: int, min_steps: int) 
 
 
 def _loggers(out: Path, tensorboard: bool) -> list:
-    # version=None: logs/version_N per start, so a resumed run does not overwrite the earlier metrics
-    loggers: list = [pl.loggers.CSVLogger(out, name="logs")]
+    # one folder per training, whatever its starts: logs/metrics.csv continued by a resumed run (TrainingCSVLogger),
+    # tensorboard/ with an event file per start, which TensorBoard reads as one run
+    loggers: list = [TrainingCSVLogger(out, name="logs")]
     if tensorboard:
         try:
             import tensorboard as _  # noqa: F401 - an optional dependency: its logger only when installed
 
-            loggers.append(pl.loggers.TensorBoardLogger(out, name="tensorboard"))
+            loggers.append(pl.loggers.TensorBoardLogger(out, name="tensorboard", version=""))
         except ImportError:
             pass
     return loggers
@@ -393,7 +413,10 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
     callbacks = [stop.first, *([best_ckpt] if best_ckpt else []), last_ckpt, stop, recorder,
                  pl.callbacks.LearningRateMonitor(logging_interval="step"), DiesWithParent(),
                  ValidationLog(t.monitor, run.batch_size * run.world_size), *extra]
-    if t.enable_progress_bar and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
+    # Lightning's bar (on stdout) only on a terminal: in a log file every refresh would stay as a line, and the
+    # log has ValidationLog's line per validation instead
+    progress = t.enable_progress_bar and on_terminal(sys.stdout)
+    if progress and run.cuda:  # the bar reads the logged loss (a host sync) at each refresh
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=t.log_every_n_steps))
     min_steps = _min_steps(t, run, len(data.examples.train), has_dev)
     stopping = _early_stopping(t, run, len(data.examples.train), min_steps) if has_dev else None
@@ -405,7 +428,7 @@ def _build_trainer(out: Path, t: TrainerOptions, run: _Run, data: _Data, extra: 
         gradient_clip_val=t.gradient_clip_val, check_val_every_n_epoch=t.check_val_every_n_epoch,
         val_check_interval=t.val_check_interval, limit_val_batches=t.limit_val_batches if has_dev else 0,
         log_every_n_steps=t.log_every_n_steps, callbacks=callbacks, logger=_loggers(out, t.tensorboard),
-        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=t.enable_progress_bar,
+        num_sanity_val_steps=t.num_sanity_val_steps if has_dev else 0, enable_progress_bar=progress,
         enable_model_summary=False, deterministic=False, plugins=[AtomicCheckpointIO()],
     )
     return trainer, best_ckpt, recorder
@@ -532,6 +555,9 @@ def train(
     module = _build_module(data, run, t, seed)
     trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
     ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)
+    for logger in trainer.loggers:
+        if isinstance(logger, TrainingCSVLogger):  # rows up to the resume point kept, later ones logged again
+            logger.resume_step = checkpoint_step(Path(ckpt_path)) if ckpt_path else None
     with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
@@ -539,4 +565,5 @@ def train(
     if trainer.is_global_zero:
         score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
-                       global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu")
+                       global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu",
+                       t.monitor)

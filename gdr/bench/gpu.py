@@ -365,12 +365,13 @@ def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
         return {f"{name}_seconds": None, **base}, [f"{path} not written"]
     rep = json.loads(path.read_text())
     out: dict[str, Any] = {f"{name}_seconds": rep.get("seconds"), f"{name}_n_docs": rep.get("n_docs"), **base}
+    rr = f"mrr@{rep.get('results_per_query') or 100}"  # RR at the run's depth, under the figures' key of 100
     for method, m in (rep.get("retrieval") or {}).items():
         out[f"{name}_{method}_recall_at_1"] = m.get("recall@1")
-        out[f"{name}_{method}_mrr_at_100"] = m.get("mrr@100")
+        out[f"{name}_{method}_mrr_at_100"] = m.get(rr, m.get("mrr@100"))
     bm25 = rep.get("bm25") or {}
     out[f"{name}_bm25_recall_at_1"] = bm25.get("recall@1")
-    out[f"{name}_bm25_mrr_at_100"] = bm25.get("mrr@100")
+    out[f"{name}_bm25_mrr_at_100"] = bm25.get(rr, bm25.get("mrr@100"))
     out[f"{name}_stages"] = {s["name"]: s["seconds"] for s in rep.get("stages", [])}
     return out, []
 

@@ -72,7 +72,7 @@ class _Timer(pl.Callback):
         self.warmup, self.n, self.device, self.batch = warmup, steps, device, batch
         self.profile, self.title = profile, title
         self.seconds, self.deadline, self.profile_steps = seconds, deadline, profile_steps
-        self.t_start = self.t0 = self.t1 = None
+        self.t_start = self.t0 = self.t1 = self.first_step = None
         self.steps = 0
         self.prof = self.prof_t0 = self.prof_stop = self.summary = None
 
@@ -88,6 +88,8 @@ class _Timer(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
+        if self.first_step is None:
+            self.first_step = time.time()  # Unix time: compared with the spawn in another process
         if step == self.warmup and self.t0 is None:
             self._sync()
             self.t0 = time.perf_counter()
@@ -182,7 +184,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     bpe = training_bytes_per_example(n_params, param_count(module.model), batch, str(prec).startswith("bf16"))
     roof = roofline(fpe, bpe, examples / seconds, device)
     clock = time.time() - time.perf_counter()  # the timed steps in Unix time: compared across processes
-    return {"timed_from": clock + timer.t0, "timed_to": clock + timer.t1,
+    return {"timed_from": clock + timer.t0, "timed_to": clock + timer.t1, "first_step_at": timer.first_step,
             "batch": batch, "examples_per_s": round(examples / seconds, 1),
             "tokens_per_s": round(examples * seq_len / seconds, 1),
             "mfu": None if util is None else round(util, 4), "params": module.model.n_params()["total"],
@@ -199,16 +201,19 @@ def _at_once(n: int, alone: dict, bench) -> dict:
     run by itself)."""
     from training.concurrent import run_concurrently
 
+    spawned = time.time()
     runs = run_concurrently([bench] * n, n)
+    first = [round(r["first_step_at"] - spawned, 2) for r in runs]  # spawn, imports, device, data, model, 1st batch
     examples = sum(r["examples_per_s"] * r["seconds"] for r in runs)
     wall = max(r["timed_to"] for r in runs) - min(r["timed_from"] for r in runs)
     rate = examples / wall
     ratio = rate / alone["examples_per_s"]
     mfu = None if alone["mfu"] is None else round(alone["mfu"] * ratio, 4)
     each = ", ".join(f"{r['examples_per_s']:,.0f}" for r in runs)
-    print(f"  {n} at once: {rate:,.0f} examples/s in all ({ratio:.2f}x one alone), MFU {mfu}; each {each} examples/s",
-          flush=True)
+    print(f"  {n} at once: {rate:,.0f} examples/s in all ({ratio:.2f}x one alone), MFU {mfu}; each {each} examples/s; "
+          f"spawn to first step {', '.join(f'{s:.1f}' for s in first)} s", flush=True)
     return {"examples_per_s": round(rate, 1), "vs_one": round(ratio, 3), "mfu": mfu, "wall_s": round(wall, 3),
+            "spawn_to_first_step_s": first,
             "per_process_examples_per_s": [r["examples_per_s"] for r in runs]}
 
 

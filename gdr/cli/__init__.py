@@ -40,7 +40,7 @@ HELP = {
     "cluster": "generative clustering of a corpus, with evaluation when labels exist",
     "index": "build prefix-code docids (gc | hkmi | bmi | random | atomic); `gdr index add` grows one",
     "train": "train an NCI-style seq2seq retriever on docids",
-    "evaluate": "Success@k, R@k and RR@100 of a trained retriever (and BM25)",
+    "evaluate": "Success@k, R@k and RR@k of a trained retriever (and BM25), k = the results per query",
     "search": "search a trained retriever from the command line",
     "bench": "benchmarks: scoring | clustering | indexing | decoding | sampling | training | gpu (every GPU figure)",
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
@@ -92,7 +92,7 @@ def _main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest) and not _own_help(name, rest):
         from gdr.cli.help import command_help
 
-        print(command_help(name, HELP[name]))
+        print(command_help(name, HELP[name], [a for a in rest if a not in ("-h", "--help")]))
         return 0
     setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]

@@ -164,11 +164,37 @@ def _matches(key: str, pattern: str) -> bool:
     return len(a) == len(b) and all(q in ("*", k) for k, q in zip(a, b))
 
 
-def command_help(command: str, summary: str) -> str:
-    """The text of ``gdr <command> --help``; ``summary``: the command's one-line description."""
+def _group_choices(cdir: Path, overrides: list[str]) -> list[str]:
+    """The overrides that choose a config group's option (``data=trec``, ``+experiment=bbc``): what the settings
+    listed depend on; other overrides (values) are left to the command itself."""
+    out = []
+    for o in overrides:
+        key, eq, _ = o.lstrip("+~").partition("=")
+        if eq and "." not in key and (cdir / key.split("@")[0]).is_dir():
+            out.append(o)
+    return out
+
+
+def _compose(cdir: Path, name: str, chosen: list[str]) -> tuple[DictConfig, list[str], str | None]:
+    """(``conf/<name>.yaml`` composed with the group choices ``chosen`` and Hydra's own config, the choices it
+    took, a line naming a choice that does not exist, after which the defaults are composed instead)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
 
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(cdir), version_base=None):
+        try:
+            return compose(config_name=name, overrides=chosen, return_hydra_config=True), chosen, None
+        except HydraException as e:
+            note = f"{' '.join(chosen)}: {str(e).splitlines()[0]} (the defaults follow)"
+            return compose(config_name=name, return_hydra_config=True), [], note
+
+
+def command_help(command: str, summary: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The text of ``gdr <command> --help``; ``summary``: the command's one-line description; ``overrides``: the
+    command line's other arguments, whose group choices (``data=trec``) pick the settings listed, with their
+    defaults and meanings."""
     from gdr.config import conf_dir
     from gdr.rules import show
 
@@ -185,9 +211,8 @@ def command_help(command: str, summary: str) -> str:
     header, _, _ = yaml_comments(cdir / f"{name}.yaml")
     if header:
         lines += ["", *header.splitlines()]
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(cdir), version_base=None):
-        full = compose(config_name=name, return_hydra_config=True)
+    full, chosen, note = _compose(cdir, name, _group_choices(cdir, list(overrides)))
+    lines += ["", note] if note else []
     choices = dict(OmegaConf.to_container(full.hydra.runtime.choices))
     cfg = OmegaConf.masked_copy(full, [k for k in full.keys() if k != "hydra"])
     comments: dict[str, str] = {}
@@ -197,14 +222,15 @@ def command_help(command: str, summary: str) -> str:
     rules = _rules("search" if command == "search" else command, cfg)
 
     groups = [(g.split("@")[0], c) for g, c in choices.items() if not g.startswith("hydra") and c is not None
-              and (cdir / g.split("@")[0]).is_dir() and not g.startswith("stage/")]
+              and (cdir / g.split("@")[0]).is_dir() and not g.startswith(("stage/", "experiment"))]
     if command == "run":
-        groups.append(("experiment", None))
+        groups.append(("experiment", choices.get("experiment")))
     if groups:
         lines += ["", "config groups (choose with group=<option>; an experiment with +experiment=<name>):"]
         for grp, choice in groups:
             options = sorted(p.stem for p in (cdir / grp).glob("*.yaml"))
-            shown = " | ".join(f"{o} (default)" if o == choice else o for o in options)
+            mark = "(chosen)" if any(c.lstrip("+~").split("=")[0].split("@")[0] == grp for c in chosen) else "(default)"
+            shown = " | ".join(f"{o} {mark}" if o == choice else o for o in options)
             lines.append(f"  {('+' if grp == 'experiment' else '') + grp:<12} {shown}")
 
     lines += ["", "settings (key = default: meaning; the values the check before any work accepts):"]

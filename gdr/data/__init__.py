@@ -10,7 +10,8 @@ Names: ``bbc``, ``r2``, ``r5``, ``reuters`` (every story with a body, unlabelled
 ``msmarco-lite``, ``nq320k``, ``beir`` (the latter needs ``path=``; a path to a BEIR folder also works
 as the name), ``jsonl`` and ``tsv`` (a file of documents, :mod:`gdr.data.files`; a path ending in
 ``.jsonl`` or ``.tsv`` also works as the name), ``trec`` (TREC SGML documents, topics and trec_eval qrels,
-:mod:`gdr.data.trec`; a file or folder of TREC SGML also works as the name). In memory: :meth:`Corpus.from_texts`,
+:mod:`gdr.data.trec`; a file or folder of TREC SGML also works as the name), ``irds:<id>`` (a collection by its
+ir_datasets id, read through ir_datasets and its cache: :mod:`gdr.data.irds`). In memory: :meth:`Corpus.from_texts`,
 :meth:`Corpus.from_pandas`, :meth:`Corpus.from_dataset`. Default paths
 live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
 
@@ -31,10 +32,12 @@ from gdr.data.beir import load_beir, load_beir_queries, write_beir
 from gdr.data.core import SPLITS, Corpus, DataError, QuerySet, data_dir
 from gdr.data.cranfield import load_cranfield, load_cranfield_queries
 from gdr.data.files import DOC_FORMATS, file_format, load_docs_file, load_file_queries
+from gdr.data.irds import PREFIX as IRDS_PREFIX
+from gdr.data.irds import irds_problem, load_irds, load_irds_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
-from gdr.data.titles import drop_titles, title_queries
+from gdr.data.titles import TITLE_FRACTIONS, drop_titles, title_queries
 from gdr.data.trec import format_hint, is_trec_folder, load_trec, sgml_text_fields, sniff
 from gdr.rules import (
     FILE,
@@ -46,6 +49,7 @@ from gdr.rules import (
     field_name,
     fractions,
     get,
+    int_at_least,
     integer,
     non_empty_list,
     one_of,
@@ -83,6 +87,8 @@ __all__ = [
     "load_docs_file",
     "load_file_queries",
     "load_trec",
+    "load_irds",
+    "load_irds_queries",
     "R2_TOPICS",
     "R5_TOPICS",
     "DATA_RULES",
@@ -94,10 +100,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS, "trec")
+CORPORA = ("bbc", "r2", "r5", "reuters", "cranfield", "msmarco-lite", "nq320k", "beir", *DOC_FORMATS, "trec", "irds")
 QUERY_SETS = ("cranfield", "msmarco-lite", "nq320k", "beir")
 TITLE_CORPORA = ("bbc", "r2", "r5", "reuters")
-QUERY_KEYS = ("queries", "qrels", "topic_fields", "min_relevance", "drop_unknown_qrels")  # data: keys of the query side
+# data: keys of the query side
+QUERY_KEYS = ("queries", "qrels", "topic_fields", "min_relevance", "drop_unknown_qrels", "query_field")
 
 
 # ---------------------------------------------------------------------------- the loaders' rules
@@ -113,7 +120,11 @@ def corpus_name(v, sec):
             return f"needs data.path=<a .{v} file of documents>"
         if v == "trec" and not get(sec, "data.path"):
             return "needs data.path=<a file or a folder of TREC SGML documents>"
+        if v == "irds" and not get(sec, "data.id"):
+            return "needs data.id=<an ir_datasets id, e.g. beir/scifact/test>"
         return None
+    if v.startswith(IRDS_PREFIX):
+        return irds_problem(v[len(IRDS_PREFIX):])
     p = Path(v).expanduser()
     if (p / "corpus.jsonl").is_file():
         return None
@@ -145,6 +156,20 @@ def qrels_of_queries(v, sec):
     return None
 
 
+def irds_id(v, sec):
+    """``data.id``: an id ir_datasets knows, with data=irds only."""
+    if get(sec, "data.name") != "irds":
+        return "applies to data=irds (an ir_datasets id); remove it or set data=irds"
+    return irds_problem(v)
+
+
+def irds_ids(v, sec):
+    """``data.query_ids``: a list of ids ir_datasets knows, with data=irds only."""
+    if non_empty_list(v, sec):
+        return "must be a non-empty list of ir_datasets ids"
+    return next((f"{i!r} {p}" for i, p in ((i, irds_id(i, sec)) for i in v) if p), None)
+
+
 # the scoring functions' choice for judgements of documents not in the corpus (QuerySet.judged_in) and of the
 # qrels readers (gdr.data.beir.read_qrels)
 DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
@@ -170,10 +195,24 @@ DATA_RULES = (
     Rule("data.topic_fields", subset_of("title", "desc", "narr"), "data=trec: a query's topic fields"),
     Rule("data.min_relevance", integer, "judgements of this grade or more are relevant"),
     Rule("data.encoding", text_encoding, "data=trec: the files' text encoding"),
+    Rule("data.id", optional(irds_id), "data=irds: the ir_datasets id of documents, queries and qrels "
+                                       "(beir/scifact/test)"),
+    Rule("data.query_ids", optional(irds_ids), "data=irds: ids of the same documents whose queries join data.id's, "
+                                               "each in the split its id names ([beir/scifact/train])"),
+    Rule("data.query_field", optional(field_name), "data=irds: the queries' text field; null = text or "
+                                                   "default_text()"),
     DROP_UNKNOWN_RULE,
 )
-# ``queries:`` of title queries: the split's shares and seed (load_title_queries, gdr.split_queries)
-FRACTIONS_RULE = Rule("queries.fractions", fractions, "titles only: the train/dev/test shares of the documents")
+# ``queries:`` split by a setting (gdr.data.splits): shares or folds of the topics, seeded by topic id
+FRACTIONS_RULE = Rule("queries.fractions", optional(fractions),
+                      "train/dev/test shares of the topics, split by a seeded hash of the topic id; null = the query "
+                      "set's own splits (titles, which have none: 0.8/0.1/0.1)")
+FOLDS_RULE = Rule("queries.folds", optional(int_at_least(2)),
+                  "K-fold cross-validation over the topics: K retrievers per scheme and seed, each trained without "
+                  "one fold and scored on it, so every topic is a test topic; null = one train/test split")
+# a `gdr train` / `gdr evaluate` of one fold (what a `gdr run` stage folder saves)
+FOLD_RULE = Rule("queries.fold", optional(int_at_least(0)),
+                 "with queries.folds: the fold held out, whose topics are the test split; null = every topic")
 QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
 SPLIT_RULE = Rule("split", one_of(*SPLITS), "the query split")
 
@@ -218,6 +257,7 @@ def load_corpus(
     text_fields: Sequence[str] | None = None,
     title_fields: Sequence[str] | None = None,
     encoding: str | None = None,
+    query_ids: Sequence[str] | None = None,
 ) -> Corpus:
     """Load a corpus by name, optionally subsampled.
 
@@ -237,22 +277,24 @@ def load_corpus(
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
     text_fields, title_fields, encoding : ``trec`` only: the SGML fields holding the text (default ``TEXT``), the
         title (the first of ``TITLE``, ``HEADLINE``, ``HEAD``), and the files' encoding; see :mod:`gdr.data.trec`.
+    query_ids : ``irds:<id>`` only: ids of the same documents whose judged documents ``n_docs`` keeps first too
+        (their queries join in :func:`gdr.data.splits.split_queries`); see :mod:`gdr.data.irds`.
     """
     check_values({"n_docs": n_docs, "seed": seed}, DATA_RULES, {"n_docs": "data.n_docs", "seed": "data.seed"})
     source = {"name": name, "path": None if path is None else os.fspath(path)}
+    if isinstance(name, str) and name.startswith(IRDS_PREFIX):
+        return _load_irds_corpus(name, path=path, docs_tsv=docs_tsv, split=split, n_docs=n_docs, seed=seed,
+                                 on_empty=on_empty, drop_title=drop_title, query_ids=query_ids, others=(
+                                     id_field, text_field, title_field, label_field, text_fields, title_fields,
+                                     encoding))
     name, path = _resolve(name, path)
     fields = {k: v for k, v in (("id_field", id_field), ("text_field", text_field), ("title_field", title_field),
                                 ("label_field", label_field)) if v is not None}
-    if fields and name not in DOC_FORMATS:
-        raise ValueError(f"{next(iter(fields))}= applies to a file of documents (jsonl, tsv), not {name!r}")
     trec = {k: v for k, v in (("text_fields", text_fields), ("title_fields", title_fields), ("encoding", encoding))
             if v is not None}
-    if trec and name != "trec":
-        raise ValueError(f"{next(iter(trec))}= applies to TREC SGML documents (data=trec), not {name!r}")
-    if split is not None and name not in ("r2", "r5", "reuters"):
-        raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
-    if docs_tsv is not None and name not in ("msmarco-lite", "nq320k"):
-        raise ValueError(f"docs_tsv= applies to msmarco-lite and nq320k, not {name!r}")
+    if query_ids is not None:
+        raise ValueError(f"query_ids= applies to an ir_datasets id (irds:<id>), not {name!r}")
+    _check_applies(name, fields, trec, split, docs_tsv)
     kw = {} if on_empty is None else {"on_empty": on_empty}
     if name in ("r2", "r5", "reuters"):
         if on_empty is not None:
@@ -283,6 +325,35 @@ def load_corpus(
     return corpus.sample(n_docs, seed)
 
 
+def _check_applies(name: str, fields: dict, trec: dict, split, docs_tsv) -> None:
+    """Refuse a keyword of :func:`load_corpus` that does not apply to corpus ``name``."""
+    if fields and name not in DOC_FORMATS:
+        raise ValueError(f"{next(iter(fields))}= applies to a file of documents (jsonl, tsv), not {name!r}")
+    if trec and name != "trec":
+        raise ValueError(f"{next(iter(trec))}= applies to TREC SGML documents (data=trec), not {name!r}")
+    if split is not None and name not in ("r2", "r5", "reuters"):
+        raise ValueError(f"corpus {name!r} has no document splits; split= selects queries in load_queries()")
+    if docs_tsv is not None and name not in ("msmarco-lite", "nq320k"):
+        raise ValueError(f"docs_tsv= applies to msmarco-lite and nq320k, not {name!r}")
+
+
+def _load_irds_corpus(name: str, *, path, docs_tsv, split, n_docs, seed, on_empty, drop_title, query_ids,
+                      others) -> Corpus:
+    """``load_corpus("irds:<id>")``: the documents of an ir_datasets id (:mod:`gdr.data.irds`), ``n_docs`` of them
+    judged ones first."""
+    given = [k for k, v in (("path", path), ("docs_tsv", docs_tsv), ("split", split)) if v is not None]
+    if given or any(v is not None for v in others):
+        what = given[0] if given else "a field setting"
+        raise ValueError(f"{what}= does not apply to an ir_datasets id ({name!r}): ir_datasets finds the files "
+                         "itself, and a split is named by the id (beir/scifact/train, beir/scifact/test)")
+    corpus = load_irds(name[len(IRDS_PREFIX):], n_docs=n_docs, seed=seed, on_empty=on_empty or "error",
+                       judged_by=query_ids or ())
+    if drop_title:
+        corpus = drop_titles(corpus)
+    corpus.info["data"] = {"name": name, **({"drop_title": True} if drop_title else {})}
+    return corpus
+
+
 def load_queries(
     name: str,
     split: str | None = None,
@@ -299,6 +370,8 @@ def load_queries(
     subset of its judgements' drops those of other documents (:func:`gdr.data.beir.read_qrels`) instead of
     refusing them.
     """
+    if isinstance(name, str) and name.startswith(IRDS_PREFIX):  # an ir_datasets id: its own queries and qrels
+        return load_irds_queries(name[len(IRDS_PREFIX):]).filter(split)
     name, path = _resolve(name, path)
     if name not in QUERY_SETS:
         hint = f"; load_title_queries({name!r}) gives its title queries" if name in TITLE_CORPORA else ""
@@ -323,7 +396,7 @@ def load_title_queries(
     *,
     path: str | os.PathLike | None = None,
     seed: int = 0,
-    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    fractions: tuple[float, float, float] = TITLE_FRACTIONS,
 ) -> QuerySet:
     """Title queries of the whole corpus ``name`` (one of ``TITLE_CORPORA``), optionally one split.
 
@@ -355,4 +428,7 @@ def corpus_from_config(data) -> Corpus:
     documents (see ``conf/data/*.yaml``); ``QUERY_KEYS`` (a file's queries) are read by the query side.
     """
     d = {k: v for k, v in dict(data).items() if v is not None and k not in QUERY_KEYS}
-    return load_corpus(d.pop("name"), **d)
+    name = d.pop("name")
+    if name == "irds":  # data=irds data.id=<id>
+        name = IRDS_PREFIX + str(d.pop("id", ""))
+    return load_corpus(name, **d)

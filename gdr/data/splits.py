@@ -8,6 +8,15 @@ step, so a bad qrels or query line stops it in seconds.
 A split is described by a plain ``queries`` section: ``name`` (a query set, a BEIR folder, ``jsonl``/``tsv``,
 or ``titles``), ``split``, ``path``, and for titles ``seed`` and ``fractions``; the corpus by its ``data:``
 settings (``name``, ``path``; title queries and query files are read from there).
+
+Real topics are split by a setting where the section says so, over every topic of the query set (all its splits
+pooled, a topic judged in several joined) that has a relevant document in the corpus:
+
+- ``fractions`` (with ``seed``): train/dev/test by :func:`gdr.data.titles.split_of` of the topic id, as titles
+  are split by document id (a topic keeps its split whatever other topics there are);
+- ``folds`` (with ``seed`` and ``fold``): K folds of equal size (:func:`fold_of`); the topics of fold ``fold``
+  are the test split and the others the train split; ``fold: null`` puts every topic in the asked split (the
+  union of the held-out folds, BM25's test queries; every topic that some retriever trains on).
 """
 from __future__ import annotations
 
@@ -26,11 +35,15 @@ from gdr.data import (
     load_title_queries,
     load_trec,
 )
+from gdr.data.core import QuerySet
+from gdr.data.irds import PREFIX as IRDS_PREFIX
+from gdr.data.irds import load_irds_query_sets
+from gdr.data.titles import TITLE_FRACTIONS, split_of, unit_hash
 from gdr.rules import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["split_queries", "check_query_splits"]
+__all__ = ["split_queries", "check_query_splits", "fold_of", "resplits"]
 
 
 def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], docs_tsv=None):
@@ -38,7 +51,8 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     corpus has none.
 
     ``q``: ``name`` (a query set, a BEIR folder, or ``titles``), ``split``, ``path``, and for titles ``seed``
-    and ``fractions``; ``data``: the corpus's ``data:`` settings (``name``, ``path``; titles reload it)."""
+    and ``fractions``; ``fractions`` or ``folds`` and ``fold`` (with ``seed``) split real topics (module
+    docstring); ``data``: the corpus's ``data:`` settings (``name``, ``path``; titles reload it)."""
     name = q.get("name")
     if not name:
         return None
@@ -46,9 +60,13 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
         qs = _file_queries(data, corpus_ids)
         if qs is None:
             return None
+    elif name == "irds" or name.startswith(IRDS_PREFIX):  # an ir_datasets id: its queries and qrels
+        qs = load_irds_query_sets(data["id"] if name == "irds" else name[len(IRDS_PREFIX):],
+                                  list(data.get("query_ids") or ()), query_field=data.get("query_field"),
+                                  min_relevance=int(data.get("min_relevance") or 1))
     elif name == "titles":  # each title is the query of its own article (bbc, r2, r5)
         qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
-                                fractions=tuple(q.get("fractions") or (0.8, 0.1, 0.1)))
+                                fractions=tuple(q.get("fractions") or TITLE_FRACTIONS))
     elif name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
         log.info("%s has no query set; no real queries", name)
         return None
@@ -59,18 +77,93 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
         if docs_tsv:
             kw["docs_tsv"] = docs_tsv
         qs = load_queries(name, **kw)
+    if resplits(q):
+        qs = _assign_splits(_in_corpus(_pooled(qs), corpus_ids, "topics"), q)
+        mine = np.flatnonzero(np.asarray(qs.splits, dtype=object) == q["split"])
+        if len(mine) == 0:
+            log.info("no topic of %s falls in split %r as %s splits them; no real queries from it", name,
+                     q["split"], qs.info["split_by"])
+            return None
+        return qs.select(mine)
     if q["split"] not in qs.split_names:
         log.info("query set %s has no split %r (has %s); no real queries from it", name, q["split"], qs.split_names)
         return None
-    qs = qs.filter(q["split"])
+    return _in_corpus(qs.filter(q["split"]), corpus_ids, q["split"])
+
+
+def resplits(q: dict[str, Any]) -> bool:
+    """Whether the section ``q`` splits the topics itself (``folds``, or ``fractions`` of real topics) rather than
+    taking the query set's own splits."""
+    return bool(q.get("folds")) or bool(q.get("fractions")) and q.get("name") != "titles"
+
+
+def fold_of(qids: Sequence[str], k: int, seed: int = 0) -> np.ndarray:
+    """The fold in [0, k) of each topic id, of shape (n,): the topics in the order of a seeded hash of their ids
+    (:func:`gdr.data.titles.unit_hash`) dealt round-robin, so the folds differ in size by at most one and the same
+    topics with the same seed give the same folds in any order."""
+    order = np.argsort(unit_hash(qids, seed), kind="stable")
+    fold = np.empty(len(qids), dtype=np.int64)
+    fold[order] = np.arange(len(qids)) % k
+    return fold
+
+
+def _pooled(qs: QuerySet) -> QuerySet:
+    """Every topic of ``qs`` once, whatever split it came in; a topic judged in several splits keeps its first
+    text and the union of its judgements. The judgements a loader dropped (``info["unknown_qrels"]`` per split)
+    no longer belong to a split: their total is kept under ``"pooled"``."""
+    row: dict[str, int] = {}  # topic id -> its row in the pooled set
+    src: list[int] = []  # the row of ``qs`` each pooled topic takes its text from
+    relevant: list[list[str]] = []
+    grades: list[list[int]] | None = None if qs.grades is None else []
+    for i, qid in enumerate(qs.qids):
+        j = row.setdefault(qid, len(src))
+        if j == len(src):
+            src.append(i)
+            relevant.append(list(qs.relevant[i]))
+            if grades is not None:
+                grades.append(list(qs.grades[i]))
+            continue
+        for n, d in enumerate(qs.relevant[i]):  # the same topic in another split: its new judgements join
+            if d not in relevant[j]:
+                relevant[j].append(d)
+                if grades is not None:
+                    grades[j].append(qs.grades[i][n])
+    info = {k: v for k, v in qs.info.items() if k != "unknown_qrels"}
+    unknown = sum((qs.info.get("unknown_qrels") or {}).values())
+    if unknown:
+        info["unknown_qrels"] = {"pooled": int(unknown)}
+    return QuerySet(name=qs.name, qids=list(row), texts=[qs.texts[i] for i in src], relevant=relevant,
+                    splits=["test"] * len(src), grades=grades, info=info)
+
+
+def _assign_splits(qs: QuerySet, q: dict[str, Any]) -> QuerySet:
+    """``qs`` with each topic's split as the section ``q`` assigns it (module docstring)."""
+    seed = int(q.get("seed") or 0)
+    if q.get("folds"):
+        if q.get("fold") is None:
+            splits = [q["split"]] * len(qs)
+        else:
+            held_out = fold_of(qs.qids, int(q["folds"]), seed) == int(q["fold"])
+            splits = np.where(held_out, "test", "train").tolist()
+        how = {"folds": int(q["folds"]), "fold": q.get("fold"), "seed": seed}
+    else:
+        splits = split_of(qs.qids, seed, q["fractions"])
+        how = {"fractions": [float(x) for x in q["fractions"]], "seed": seed}
+    return QuerySet(name=qs.name, qids=qs.qids, texts=qs.texts, relevant=qs.relevant, splits=splits,
+                    grades=qs.grades, info={**qs.info, "split_by": how})
+
+
+def _in_corpus(qs: QuerySet, corpus_ids: set[str], what: str) -> QuerySet:
+    """The queries of ``qs`` with their relevant documents restricted to ``corpus_ids``; a query left with none
+    is dropped (said in the log)."""
     keep_rel = [[d for d in rel if d in corpus_ids] for rel in qs.relevant]
     keep = np.array([len(r) > 0 for r in keep_rel], dtype=bool)
     if not keep.all():
         log.info("%d of %d %s queries have no relevant document in this corpus; dropped",
-                 int((~keep).sum()), len(keep), q["split"])
-    qs = qs.select(np.flatnonzero(keep))
-    qs.relevant = [r for r, k in zip(keep_rel, keep) if k]
-    return qs
+                 int((~keep).sum()), len(keep), what)
+    out = qs.select(np.flatnonzero(keep))
+    out.relevant = [r for r, k in zip(keep_rel, keep) if k]
+    return out
 
 
 def _file_queries(data: dict[str, Any], corpus_ids: set[str]):
@@ -103,6 +196,11 @@ def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequenc
     ids = set(corpus_ids)
     for q in sections:
         qs = split_queries(q, data, ids, docs_tsv)
+        n = 0 if qs is None else len(qs)
+        if q.get("folds") and q.get("fold") is None and n < int(q["folds"]):
+            raise ConfigError(f"queries.folds={q['folds']}: only {n} topic(s) of queries.name={q['name']} have a "
+                              f"relevant document in this corpus, fewer than the folds, so some fold would have no "
+                              f"test topic; lower queries.folds")
         if q["split"] == need and (qs is None or len(qs) == 0):
             files = data.get("name") in ("jsonl", "tsv", "trec") or file_format(str(data.get("name")))
             hint = ("; a file of documents takes its queries as data=jsonl|tsv|trec data.path=<documents> "

@@ -31,11 +31,13 @@ import numpy as np
 from gdr.data.core import Corpus, DataError, QuerySet
 from gdr.logs import log_once
 
-__all__ = ["title_queries", "drop_titles", "split_of", "TITLE_SPLITS", "DUPLICATES"]
+__all__ = ["title_queries", "drop_titles", "split_of", "unit_hash", "TITLE_SPLITS", "TITLE_FRACTIONS", "DUPLICATES"]
 
 log = logging.getLogger(__name__)
 
 TITLE_SPLITS = ("train", "dev", "test")
+# the train/dev/test shares of title queries, which have no split of their own, where queries.fractions is null
+TITLE_FRACTIONS = (0.8, 0.1, 0.1)
 DUPLICATES = ("drop", "keep")
 
 
@@ -47,20 +49,21 @@ def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
     return f
 
 
-def _unit_hash(doc_ids: Sequence[str], seed: int) -> np.ndarray:
-    """blake2b of ``f"{seed}:{doc_id}"`` as a number in [0, 1), of shape (n,)."""
+def unit_hash(doc_ids: Sequence[str], seed: int) -> np.ndarray:
+    """blake2b of ``f"{seed}:{id}"`` as a number in [0, 1), of shape (n,): a document's or a topic's place in a
+    seeded split that depends on its own id only."""
     digests = b"".join(hashlib.blake2b(f"{seed}:{d}".encode(), digest_size=8).digest() for d in doc_ids)
     # 53 high bits -> exact float64 in [0, 1)
     return (np.frombuffer(digests, dtype=">u8") >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def split_of(doc_ids: Sequence[str], seed: int = 0, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> list[str]:
+def split_of(doc_ids: Sequence[str], seed: int = 0, fractions: Sequence[float] = TITLE_FRACTIONS) -> list[str]:
     """The title-query split of each doc id, of length len(doc_ids); depends on the id and seed only."""
     f = _check_fractions(fractions)
     if len(doc_ids) == 0:
         return []
     cuts = np.cumsum(f)[:-1]  # (2,): train | dev | test
-    which = np.searchsorted(cuts, _unit_hash(doc_ids, seed), side="right")
+    which = np.searchsorted(cuts, unit_hash(doc_ids, seed), side="right")
     return np.asarray(TITLE_SPLITS, dtype=object)[which].tolist()
 
 
@@ -70,7 +73,7 @@ def _shared(values: Sequence[str | None]) -> np.ndarray:
     return np.fromiter((bool(v) and counts[v] > 1 for v in values), dtype=bool, count=len(values))
 
 
-def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = (0.8, 0.1, 0.1),
+def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = TITLE_FRACTIONS,
                   duplicates: str = "drop") -> QuerySet:
     """One query per document with a title: the title is the text, the document the one relevant item.
 

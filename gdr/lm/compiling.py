@@ -15,13 +15,15 @@
 """
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 __all__ = ["AUTO_COMPILE_MIN_QUERIES", "MIN_BUCKET", "allow_bucket_recompiles", "batch_bucket", "compile_cache_dir",
-           "want_compile"]
+           "release_compiled", "want_compile"]
 
 # sample.compile_min_queries=auto. On one H200 (reports/gpu-runs/2026-11-27.md) the compiled decode step reaches
 # ~1,000 q/s in steady state but costs ~30 s of compilation and capture in a fresh process; our eager loop is the
@@ -80,3 +82,16 @@ def allow_bucket_recompiles(n: int = 32) -> None:
     import torch._dynamo.config as dc
 
     dc.recompile_limit = max(int(dc.recompile_limit), n)
+
+
+def release_compiled() -> None:
+    """Free what compiled code holds once its model is dropped: dynamo's compiled frames (whose guards and bound
+    methods keep the decoder, its weights and static KV cache alive) and the CUDA-graph trees of
+    ``mode="reduce-overhead"``, whose memory pools outlive the model they were captured for; then the allocator's
+    cache. On one H200 the LM stages of ``+experiment=bbc`` left ~120 GB held this way, so the retrievers after them
+    sized their batch and concurrency for 20.6 GB (reports/gpu-runs/2026-11-27-bbc-compare). The on-disk compile
+    cache stays, so a later compile of the same shapes is cheap."""
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

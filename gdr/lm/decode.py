@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -403,7 +403,8 @@ class Decoder:
     @torch.inference_mode()
     def decode(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, qid: torch.Tensor,
                attempt: torch.Tensor, seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-               temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True) -> torch.Tensor:
+               temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True,
+               on_step: Callable[[int], None] | None = None) -> torch.Tensor:
         """Sample one continuation per query.
 
         prompts : U distinct prompts (token ids). rows : (B,) int64, the prompt of each query.
@@ -411,6 +412,8 @@ class Decoder:
         max_rows : the caller's batch size, the largest row bucket (when bucketing).
         new_graphs : False for re-draws: compile no new graph (a shape without one decodes eagerly; on a cold
             GPU each new shape costs 20-60 s of compilation and capture).
+        on_step : called with the tokens decoded so far after each step (a progress bar; it reads nothing from the
+            device, so it adds no host sync).
         Returns (B, max_new_tokens) int64 token ids; after a row's stop token (kept) come pad ids.
         """
         dev = self.device
@@ -442,6 +445,8 @@ class Decoder:
             out[:, t] = tok
             alive += (~done[:n_real]).sum()
             done |= torch.isin(tok, self.stop)
+            if on_step is not None:
+                on_step(t + 1)
             if t == max_new_tokens - 1 or ((t + 1) % check_every == 0 and bool(done.all())):
                 break
             logits = self._run_step(tok, pos + t, b, t)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -11,6 +12,7 @@ from tqdm.auto import tqdm
 
 from gdr.device import free_memory
 from gdr.lm.prompts import clean_query
+from gdr.logs import on_terminal
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,13 @@ class SampledQueries:
     n_redrawn: int = 0
     compile: dict | None = None  # what the decode compiled (gdr.lm.decode.Decoder.compile_record)
 
+
+def _advance(bar, first: int, rows: int, max_new_tokens: int, step: int) -> None:
+    """Move ``bar`` (queries) to the share of a batch of ``rows`` queries from query ``first`` that ``step`` of its
+    ``max_new_tokens`` decode steps stands for; the batch's end moves it to the batch's last query."""
+    target = first + rows * step // (max_new_tokens + 1)
+    if target > bar.n:
+        bar.update(target - bar.n)
 
 
 class SamplingMixin:
@@ -71,13 +80,15 @@ class SamplingMixin:
 
     def decode_queries(self, docs: Sequence[str], rows: np.ndarray, qid: np.ndarray, attempt: np.ndarray | int,
                        seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True) -> list[str]:
+                       temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True,
+                       on_step=None) -> list[str]:
         """One query per row with our decode loop: row r continues ``docs[rows[r]]`` with the random stream
         of query ``qid[r]`` (redraw ``attempt[r]``), so its text does not depend on the other rows.
 
         docs : U distinct documents (each prompt is prefilled once). rows, qid : (B,) int.
         max_rows : the batch size of the caller (the largest row bucket of a compiled decode).
         new_graphs : False (re-draws): a compiled decode compiles no new graph, see ``Decoder.decode``.
+        on_step : called with the tokens decoded so far after each decode step (``Decoder.decode``).
         Returns B cleaned queries.
         """
         rows_t = torch.as_tensor(np.asarray(rows, dtype=np.int64))
@@ -85,7 +96,8 @@ class SamplingMixin:
         att_t = torch.as_tensor(np.broadcast_to(np.asarray(attempt, dtype=np.int64), qid_t.shape).copy())
         out = self.decoder().decode(self.prompt_ids(docs), rows_t, qid_t, att_t, seed=seed,
                                     max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-                                    temperature=temperature, max_rows=max_rows, new_graphs=new_graphs)
+                                    temperature=temperature, max_rows=max_rows, new_graphs=new_graphs,
+                                    on_step=on_step)
         return [clean_query(t) for t in self.tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)]
 
     def auto_batch_size(self, max_new_tokens: int = 32) -> int:
@@ -146,12 +158,16 @@ class SamplingMixin:
         self.decoder().set_compile(want_compile(compile, self.device, n, compile_min_queries))
         kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
                   max_rows=bs)
-        bar = tqdm(total=n, initial=done, desc="sample queries", unit="q", disable=not progress)
+        # in a log file (not a terminal) a redraw is a line: at most one every 10 s there
+        bar = tqdm(total=n, initial=done, desc="sample queries", unit="q", disable=not progress,
+                   mininterval=0.1 if on_terminal() else 10.0)
         for b0 in range(done, n, bs):
             idx = source[b0:b0 + bs]
             qid = np.arange(b0, b0 + len(idx))
             uniq, inv = np.unique(idx, return_inverse=True)
-            gen = self.decode_queries([docs[i] for i in uniq], inv, qid, 0, **kw)
+            # the bar moves with the decode steps of a batch (a batch may be every query), not only at its end
+            step = partial(_advance, bar, b0, len(idx), max_new_tokens) if progress else None
+            gen = self.decode_queries([docs[i] for i in uniq], inv, qid, 0, on_step=step, **kw)
             for attempt in range(1, max_redraws + 1):
                 empty = np.array([k for k, g in enumerate(gen) if not g], dtype=np.int64)
                 if not len(empty):
@@ -167,7 +183,7 @@ class SamplingMixin:
                 if empty:
                     raise RuntimeError(f"documents {empty} gave empty queries {max_redraws} times; check the prompt")
             texts.extend(gen)
-            bar.update(len(idx))
+            bar.update(b0 + len(idx) - bar.n)
             if on_batch is not None:
                 on_batch(SampledQueries(texts, source[:len(texts)], redrawn))
         bar.close()

@@ -9,7 +9,7 @@ made. ``gdr run`` (:mod:`gdr.pipeline`) and the commands (:mod:`gdr.cli.commands
 - :mod:`~gdr.stages.doc_queries`: ``sample_doc_queries``: generated training queries for every document.
 - :mod:`~gdr.stages.index`: ``build_index``: prefix-code docids (gc, hkmi, bmi, random, atomic).
 - :mod:`~gdr.stages.train`: ``train_retriever``: the seq2seq retriever.
-- :mod:`~gdr.stages.evaluate`: ``evaluate_model``: Recall@k, MRR@100 of a trained retriever.
+- :mod:`~gdr.stages.evaluate`: ``evaluate_model``: Success@k, R@k, RR@k of a trained retriever.
 - :mod:`~gdr.stages.bm25`: ``bm25_baseline``: the BM25 reference.
 - :mod:`~gdr.stages.report`: ``write_report``, ``headline``: the comparison of a pipeline run.
 - :mod:`~gdr.stages.qg`: ``build_pairs``: the (document, query) pairs a query generator is fine-tuned on.

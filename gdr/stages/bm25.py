@@ -10,7 +10,8 @@ def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "
                   drop_unknown_qrels: bool = False) -> dict:
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (a :class:`gdr.data.QuerySet` over it) into
     ``out``: ``bm25.trec``, ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics":
-    {recall@1, recall@10, recall@100, mrr@100, ...}}``. A relevant id not in ``corpus`` is refused, or dropped
+    {recall@1, recall@10, recall@k, mrr@k, ...}}`` (measured at the ``k`` results per query:
+    :func:`eval.retrieval.metric_keys`). A relevant id not in ``corpus`` is refused, or dropped
     with ``drop_unknown_qrels`` (:meth:`gdr.data.QuerySet.judged_in`; ``metrics.json`` counts them)."""
     from gdr.guard import holding
 
@@ -21,12 +22,12 @@ def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "
 
 def _bm25_baseline(corpus, qs, out: Path, k: int, split: str, unknown: int) -> dict:
     from eval.bm25 import bm25_run
-    from eval.retrieval import PER_QUERY_FILE, evaluate_run, write_per_query, write_qrels, write_trec_run
+    from eval.retrieval import PER_QUERY_FILE, depths, evaluate_run, write_per_query, write_qrels, write_trec_run
     from gdr.io import atomic_write_json
 
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     run = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=int(k))
-    metrics, first = evaluate_run(run, qrels)
+    metrics, first = evaluate_run(run, qrels, ks=depths(k), mrr_depth=k)
     write_per_query(out / PER_QUERY_FILE, first)  # per-query metrics for the paired tests (eval/compare.py)
     write_trec_run(out / "bm25.trec", run, tag="bm25", depth=int(k))
     write_qrels(out / "qrels.txt", qrels)

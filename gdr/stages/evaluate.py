@@ -1,4 +1,5 @@
-"""Stage ``evaluate``: Success@k, R@k and RR@100 of a trained retriever on held-out queries (BM25 beside it)."""
+"""Stage ``evaluate``: Success@k, R@k and RR@k of a trained retriever on held-out queries (BM25 beside it), each
+named at the depth it was measured at (``k``: the results per query)."""
 from __future__ import annotations
 
 import logging
@@ -16,12 +17,12 @@ __all__ = ["evaluate_model", "evaluate_retriever"]
 def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], qrels: dict[str, list[str]],
                        k: int = 100, beam: int | None = None, progress: bool = True):
     """Search ``queries`` and evaluate; returns (Run, RetrievalMetrics, first-relevant ranks by qid)."""
-    from eval.retrieval import Run, evaluate_run
+    from eval.retrieval import Run, depths, evaluate_run
 
     docs, scores, ranks = retriever.search_ranked(list(queries), k=k, beam=beam, progress=progress)
     run = Run(list(qids), [retriever.doc_ids[d].tolist() for d in docs], [s.astype(float).tolist() for s in scores],
               [r.tolist() for r in ranks])
-    metrics, first = evaluate_run(run, qrels, ks=(1, 10, 100), mrr_depth=100)
+    metrics, first = evaluate_run(run, qrels, ks=depths(k), mrr_depth=k)
     return run, metrics, first
 
 
@@ -30,8 +31,9 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
                    ) -> tuple[dict, str]:
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
     :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
-    ``metrics.json`` (Success@1/10/100, R@10/100, RR@100 under ir_measures' names and the keys ``recall@k``,
-    ``mrr@100``; BM25 too with ``settings.bm25``), ``metrics.md``, ``run.trec``.
+    ``metrics.json`` (Success@1/10/k, R@10/k, RR@k at k = ``settings.k``, the results per query, under
+    ir_measures' names and the keys ``recall@d``, ``R@d``, ``mrr@k``: :func:`eval.retrieval.metric_keys`; BM25 too
+    with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
     Only the ``split`` queries are scored; a relevant id not in ``corpus`` is refused, or dropped with
     ``drop_unknown_qrels`` (``metrics.json`` counts them). ``on_train_split``: ``split`` is one the retriever was
@@ -52,8 +54,11 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
     from eval.bm25 import bm25_run
     from eval.retrieval import (
         PER_QUERY_FILE,
+        depths,
         evaluate_run,
         markdown_table,
+        metric_keys,
+        metric_name,
         write_per_query,
         write_qrels,
         write_trec_run,
@@ -77,7 +82,7 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
     write_per_query(out / PER_QUERY_FILE, first)  # the paired tests of `gdr run` read it (eval/compare.py)
     if c["bm25"]:
         brun = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=c["k"])
-        bm, bfirst = evaluate_run(brun, qrels)
+        bm, bfirst = evaluate_run(brun, qrels, ks=depths(c["k"]), mrr_depth=c["k"])
         rows["bm25"] = bm.as_dict()
         write_trec_run(out / "bm25.trec", brun, tag="bm25", depth=c["k"])
         write_per_query(out / f"bm25.{PER_QUERY_FILE}", bfirst)
@@ -85,7 +90,7 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
                     **({"unknown_qrels": unknown} if unknown else {}),
                     **({"trained_on_this_split": True} if on_train_split else {})}
     atomic_write_json(out / "metrics.json", metrics_json)
-    table = markdown_table(rows, ["Success@1", "Success@10", "Success@100", "R@10", "R@100", "RR@100", "n_queries"])
+    table = markdown_table(rows, [*map(metric_name, metric_keys(c["k"])), "n_queries"])
     if on_train_split:  # --allow-train-split: these figures measure memory of training queries, not retrieval
         table = (f"Scored on `{split}`, a split the retriever was trained on (--allow-train-split): not a held-out "
                  f"measure.\n\n{table}")

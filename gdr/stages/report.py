@@ -9,14 +9,15 @@ from typing import Sequence
 
 import numpy as np
 
-from eval.compare import metric_name
+from eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
 
-__all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "metric_label",
-           "query_set_name"]
+__all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "query_set_name",
+           "at_depth"]
 
-# the keys of the evaluation rows: ``recall@k`` is Success@k (hit@k), ``R@k`` recall, ``mrr@100`` RR@100
-METRICS = ("recall@1", "recall@10", "recall@100", "R@10", "R@100", "mrr@100")
+# the keys of the evaluation rows at the default 100 results per query (:func:`eval.retrieval.metric_keys` at
+# another ``evaluate.k``): ``recall@d`` is Success@d (hit@d), ``R@d`` recall, ``mrr@100`` RR@100
+METRICS = metric_keys(100)
 MEASURES_NOTE = ("Measures under ir_measures' names: Success@k is the share of queries with a relevant document in the "
                  "top k (what NCI and the GDR papers call Recall@k; it equals recall only where a query has one "
                  "relevant document); R@k is recall, the relevant documents in the top k over all of a query's "
@@ -62,28 +63,29 @@ def _cell(mean: float, std: float | None) -> str:
     return f"{100 * mean:.1f}" + ("" if std is None else f" ({100 * std:.1f})")
 
 
-def metric_label(metric: str, k: int | None = None) -> str:
-    """A column name under ir_measures' names for ``metric`` when every system returns ``k`` results per query:
-    ``recall@1`` is ``Success@1``, ``recall@100`` ``Success@20`` at k = 20 (nothing is ranked below 20), ``R@100``
-    ``R@20``, ``mrr@100`` ``RR@20``."""
-    name, _, depth = metric_name(metric).partition("@")
-    if depth.isdigit() and k is not None and k < int(depth):
-        depth = str(k)
-    return f"{name}@{depth}"
+def at_depth(row: dict, k: int) -> dict:
+    """An evaluation row with its measures under the keys of depth ``k`` (:func:`eval.retrieval.metric_keys`).
+    A row of an evaluation made before the measures were named at their depth holds those of a run of ``k < 100``
+    results under the keys of 100 (``recall@100``, ``R@100``, ``mrr@100``): with nothing ranked below k they are the
+    values at k, and are given under those keys."""
+    if k >= 100 or f"mrr@{k}" in row or "mrr@100" not in row:
+        return row
+    return {**row, **{f"{m}@{k}": row[f"{m}@100"] for m in ("recall", "R", "mrr") if f"{m}@100" in row}}
 
 
-def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict | None, header: list[str],
-                     shown: list[str]) -> tuple[list[str], dict[str, dict], int | None]:
+def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict | None,
+                     shown: Sequence[str]) -> tuple[list[str], dict[str, dict], int | None]:
     """(the markdown lines of the retrieval table, its numbers per scheme in %, the number of test queries): one
-    row per scheme, mean (std) over its seeds of the metrics ``shown`` (headed ``header``), no std for one seed."""
+    row per scheme, mean (std) over its seeds of the metrics ``shown`` (keys of :func:`eval.retrieval.metric_keys`,
+    headed by their ir_measures names), no std for one seed."""
     one_seed = all(len(rows) == 1 for rows in results.values())
     lines = ["## Retrieval (one seed, in %)" if one_seed else "## Retrieval (mean (std) over seeds, in %)", "",
-             "| docids | " + " | ".join(header) + " | depth (max / mean) | largest child share | seeds |",
+             f"| docids | {' | '.join(map(metric_name, shown))} | depth (max / mean) | largest child share | seeds |",
              "|---|" + "---|" * (len(shown) + 3)]
     summary: dict[str, dict] = {}
     n_test = None
     for method, rows in results.items():
-        stats = {m: _mean_std(rows, m) for m in METRICS}
+        stats = {m: _mean_std(rows, m) for m in shown}
         n_test = rows[0].get("n_queries", n_test)
         info = indexes[method]
         summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items() if v[0] == v[0]}
@@ -111,7 +113,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
-                 predicted: dict[str, float | None] | None = None) -> dict:
+                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -119,23 +121,28 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     (:class:`gdr.pipeline.StageRecord`); ``results``: per indexer, one row of test metrics per seed;
     ``indexes``: per indexer, the facts of its index (depth, balance); ``bm25``, ``cluster``: the facts of
     those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
-    each with ``per_query.json``) for the paired comparisons against GC (:mod:`eval.compare`); ``corpus_name``:
+    each with ``per_query.json``; a list of folders, one per fold, joined) for the paired comparisons against GC
+    (:mod:`eval.compare`); ``corpus_name``:
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
     retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
     to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
     says so; ``unknown_qrels``: the relevant judgements of the test split dropped for naming documents not in the
     corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
-    (None or absent: not predicted, "n/a"), set beside the measured ones."""
+    (None or absent: not predicted, "n/a"), set beside the measured ones; ``query_split``: how the topics were
+    split (``{"by": "folds" | "fractions" | "query set", ...}``, :func:`gdr.pipeline.query_split`), said in the
+    report."""
     from eval.compare import compare_folders, find, verdict
 
     cfg = settings
-    comparisons = compare_folders(eval_dirs or {}, reference="gc")
+    k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
+    comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
     said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     corpus_name = corpus_name or cfg['data']['name']
     trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
-    k = int(cfg.get("evaluate", {}).get("k") or 100)
-    labels = {m: metric_label(m, k) for m in METRICS}
-    shown = [m for i, m in enumerate(METRICS) if labels[m] not in [labels[x] for x in METRICS[:i]]]  # R@10 once
+    shown = metric_keys(k)
+    labels = {m: metric_name(m) for m in shown}
+    results = {method: [at_depth(r, k) for r in rows] for method, rows in results.items()}
+    bm25 = at_depth(bm25, k) if bm25 is not None else None
     queries_name = query_set_name(cfg, corpus_name)
     lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
              f"Command: `{command}`", ""]
@@ -147,12 +154,13 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
               f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
               f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
+    lines += _split_lines(query_split or {})
     if said:
         lines += [f"**{said}**", ""]
     if cfg['queries']['name'] == "titles":
         lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
                   "not a benchmark of the field.", ""]
-    table, summary, n_test = _retrieval_table(results, indexes, bm25, [labels[m] for m in shown], shown)
+    table, summary, n_test = _retrieval_table(results, indexes, bm25, shown)
     lines += [*table, "", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The "
               "largest child share is the mean, over internal nodes, of the fraction of a node's documents in its "
               "largest child (1/K is perfectly balanced).", ""]
@@ -168,8 +176,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
               "retrieval": summary,
-              "bm25": {m: round(100 * bm25[m], 2) for m in METRICS if m in bm25} if bm25 else None,
-              "queries": queries_name, "unknown_qrels": unknown_qrels,
+              "bm25": {m: round(100 * bm25[m], 2) for m in shown if m in bm25} if bm25 else None,
+              "queries": queries_name, "query_split": query_split, "unknown_qrels": unknown_qrels,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
               "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
@@ -182,6 +190,20 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def _split_lines(split: dict) -> list[str]:
+    """The report's sentence on how the topics were split (nothing for the query set's own splits)."""
+    if split.get("by") == "folds":
+        return [f"Cross-validated over {split['folds']} folds of the {split['n_topics']} topics (a seeded hash of "
+                f"the topic id, queries.seed={split['seed']}): each retriever is trained without one fold's topics "
+                "and scored on them, so every topic is a test topic once; a seed's figures, its per-query results "
+                "and the paired comparisons are over all the topics, joined over the folds.", ""]
+    if split.get("by") == "fractions":
+        shares = "/".join(f"{x:g}" for x in split["fractions"])
+        return [f"Topics split train/dev/test {shares} by a seeded hash of their ids (queries.fractions, "
+                f"queries.seed={split['seed']}).", ""]
+    return []
 
 
 def _comparison_lines(comparisons: list[dict]) -> list[str]:
@@ -254,7 +276,7 @@ def mark_in_progress(root: Path, command: str) -> bool:
     return True
 
 
-def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | None = None) -> None:
+def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = 100) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,15 +284,15 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | Non
 
     names = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
-    for ax, m in zip(axes, ("recall@1", "mrr@100")):
-        mu = [summary[n][m] for n in names]
+    for ax, m in zip(axes, ("recall@1", f"mrr@{k}")):
+        mu = [summary[n].get(m, float("nan")) for n in names]
         sd = [summary[n].get(f"{m}_std", 0.0) for n in names]  # one seed: no error bar
         ax.bar(range(len(names)), mu, yerr=sd, capsize=4, color="#4c72b0")
         if bm25 is not None:
             ax.axhline(bm25[m], color="#c44e52", ls="--", label="BM25")
             ax.legend(loc="upper right", fontsize=8)
         ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel(f"{metric_label(m, k)} (%)")
+        ax.set_ylabel(f"{metric_name(m)} (%)")
         ax.set_ylim(0, 100)
     fig.suptitle(title + " (mean and std over seeds)")
     fig.tight_layout()
@@ -279,8 +301,9 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int | Non
 
 
 def headline(report: dict) -> dict:
-    """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 per indexer and of BM25, and the
-    paired permutation p-value of GC vs HKmI on Recall@1."""
+    """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 (Success@1) per indexer and of BM25,
+    GC's RR at the run's depth k (under the demo's key ``mrr_at_100``: RR@100, the default k; at another k the RR of
+    a run cut there, RR@k) and the paired permutation p-value of GC vs HKmI on Recall@1."""
     out: dict = {"seconds": report["seconds"]}
     c = report.get("cluster") or {}
     for k in ("gc_ari", "logp_kmeans_ari", "gc_largest_cluster_share"):
@@ -289,7 +312,8 @@ def headline(report: dict) -> dict:
     ret = report["retrieval"]
     if "gc" in ret:
         out["recall_at_1"] = ret["gc"]["recall@1"]
-        out["mrr_at_100"] = ret["gc"]["mrr@100"]
+        gc = ret["gc"]  # an evaluation of before the depth naming, deeper than 100, has RR@100 alone
+        out["mrr_at_100"] = gc.get(f"mrr@{report.get('results_per_query') or 100}", gc.get("mrr@100"))
     for method, m in ret.items():
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):

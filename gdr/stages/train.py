@@ -244,7 +244,7 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
         done = _finished(out, settings)
         if done is not None:
             log.info("%s: a finished training on these inputs and settings (step %d, best %s %s); reused",
-                     out, done.global_step, settings.trainer.get("monitor", "val/recall@1"), done.best_val_recall1)
+                     out, done.global_step, done.monitor, done.best_score)
             return done
         return _train(corpus, docids, codes, out, settings, queries, generated)
 
@@ -269,9 +269,27 @@ def _finished(out: Path, settings: TrainSettings):
         return None
     if not man.get("files") or verify_files(out, man["files"]) is not None:
         return None
-    return TrainResult(out, out / "model", man.get("best_checkpoint"), man.get("best_val_recall1"),
+    monitor, score = best_of_manifest(man)
+    return TrainResult(out, out / "model", man.get("best_checkpoint"), score,
                        man.get("examples") or {}, man.get("n_params") or {}, int(man.get("global_step") or 0),
-                       batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"))
+                       batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"),
+                       monitor=monitor)
+
+
+def best_of_manifest(man: dict) -> tuple[str, float | None]:
+    """(the dev metric that picked a training's checkpoint, its best value) from its manifest: ``best_val_metric``
+    and ``best_val_score``; a manifest written before ``best_val_score`` holds the value as ``best_val_recall1``
+    (whatever the metric was)."""
+    monitor = str(man.get("best_val_metric") or "val/recall@1")
+    return monitor, man.get("best_val_score", man.get("best_val_recall1"))
+
+
+def best_record(monitor: str, score: float | None) -> dict:
+    """The best dev score as a manifest or a record keeps it: under its metric's name (``best_val_metric``,
+    ``best_val_score``), and as ``best_val_recall1`` too when that metric is recall@1 (what readers of earlier
+    records read)."""
+    return {"best_val_metric": monitor, "best_val_score": score,
+            **({"best_val_recall1": score} if monitor == "val/recall@1" else {})}
 
 
 def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
@@ -295,8 +313,7 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
     )
     write_manifest(out, command="train", corpus=corpus.name, n_docs=len(corpus), docids=str(docids),
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
-                   best_checkpoint=res.best_checkpoint, best_val_recall1=res.best_val_recall1,
-                   best_val_metric=c["trainer"].get("monitor", "val/recall@1"),  # what best_val_recall1 holds
+                   best_checkpoint=res.best_checkpoint, **best_record(res.monitor, res.best_score),
                    global_step=res.global_step, batch_size=res.batch_size, precision=res.precision,
                    device=res.device, trainer=_trainer_record(settings),
                    seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))

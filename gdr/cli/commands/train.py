@@ -17,5 +17,5 @@ def train_main(argv: list[str]) -> int:
     # config.yaml is written once out_dir is known to hold no other training (trained_on.json)
     res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"),
                           write_config=lambda folder: save_config(cfg, folder))
-    print(f"model: {res.model_dir}  best val/recall@1: {res.best_val_recall1}  steps: {res.global_step}")
+    print(f"model: {res.model_dir}  best {res.monitor}: {res.best_score}  steps: {res.global_step}")
     return 0

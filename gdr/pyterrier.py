@@ -1,0 +1,222 @@
+"""gdr inside PyTerrier: a run's trained retrievers and its BM25 as ``pt.Transformer`` s (the ``gdr[pyterrier]`` extra).
+
+>>> import pyterrier as pt                                                       # doctest: +SKIP
+>>> from gdr.pyterrier import BM25, GenerativeRetriever, topics_and_qrels       # doctest: +SKIP
+>>> bm25 = BM25.from_run("runs/bbc")                                            # doctest: +SKIP
+>>> gc = GenerativeRetriever.from_run("runs/bbc", indexer="gc", seed=0)         # doctest: +SKIP
+>>> hkmi = GenerativeRetriever.from_run("runs/bbc", indexer="hkmi", seed=0)     # doctest: +SKIP
+>>> topics, qrels = topics_and_qrels("runs/bbc")                                # the run's test split  # doctest: +SKIP
+>>> pt.Experiment([bm25, gc, hkmi], topics, qrels, eval_metrics=["RR@10", "R@10"], baseline=0)  # doctest: +SKIP
+
+Both take a topics frame (``qid``, ``query``) and give PyTerrier's result frame: the topics' columns plus
+``docno``, ``score`` and ``rank`` (from 0, as PyTerrier counts), best first, at most ``k`` rows per query. A
+generative retriever's rows are the ones ``gdr evaluate`` writes to ``run.trec`` (the constrained beam search of
+:class:`training.search.Retriever`; documents sharing a docid share its score), BM25's those of ``bm25.trec``
+(:mod:`eval.bm25` over the texts the run's models read). ``k`` and the search settings default to the run's
+``evaluate:`` section. Neither needs Java: PyTerrier 1.x runs without it, and Terrier's own indexes are not used.
+
+This module is the optional part of gdr that PyTerrier is for, so it imports PyTerrier when it is imported.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import pandas as pd
+    import pyterrier as pt  # optional: the gdr[pyterrier] extra
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError("gdr.pyterrier needs PyTerrier: pip install 'gdr[pyterrier]' (or pip install pyterrier)") from e
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GenerativeRetriever", "BM25", "RunFolder", "topics_and_qrels", "queries_frames"]
+
+PathLike = str | os.PathLike
+
+
+class RunFolder:
+    """A ``gdr run`` folder read for PyTerrier: its settings (``run.config.yaml``), stages (``report.json``), corpus
+    and query splits. The corpus is loaded once, when first needed."""
+
+    def __init__(self, path: PathLike):
+        self.path = Path(path)
+        config = self.path / "run.config.yaml"
+        if not config.is_file():
+            raise FileNotFoundError(f"{self.path}: no run.config.yaml, so not the out folder of `gdr run` (a `gdr "
+                                    "train` out_dir is taken by GenerativeRetriever.from_run as it is)")
+        from omegaconf import OmegaConf
+
+        self.config: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
+
+    @property
+    def evaluate(self) -> dict[str, Any]:
+        """The run's search settings (``evaluate:``: k, beam, length_penalty, batch_size, device)."""
+        return dict(self.config.get("evaluate") or {})
+
+    def stage_folder(self, name: str) -> Path:
+        """The folder of stage ``name`` (``train-gc-s0``) this run's report names, else the one finished folder
+        ``<name>-<key>``; a refusal lists the stages of that kind the folder has."""
+        report = self.path / "report.json"
+        if report.is_file():
+            stages = {s["name"]: s["folder"] for s in json.loads(report.read_text(encoding="utf-8")).get("stages", [])}
+            if name in stages and (self.path / stages[name]).is_dir():
+                return self.path / stages[name]
+        done = sorted(p for p in self.path.glob(f"{name}-*") if _complete(p) and p.name[len(name) + 1:].isalnum())
+        if len(done) == 1:
+            return done[0]
+        kind = name.split("-")[0]
+        have = sorted({p.name.rsplit("-", 1)[0] for p in self.path.glob(f"{kind}-*") if _complete(p)})
+        if not done:
+            raise FileNotFoundError(f"{self.path}: no finished stage {name} (finished {kind} stages: "
+                                    f"{', '.join(have) or 'none'}); run `gdr run` with that indexer and seed first")
+        raise FileNotFoundError(f"{self.path}: {len(done)} finished {name} folders ({', '.join(p.name for p in done)}) "
+                                "and no report.json naming one; pass the folder itself to from_run")
+
+    @cached_property
+    def corpus(self):
+        """The run's corpus, loaded from its ``data:`` settings."""
+        from gdr.data import corpus_from_config
+
+        return corpus_from_config(self.config["data"])
+
+    def queries(self, split: str = "test"):
+        """The ``split`` queries the run scores on (those with a relevant document in the corpus), a
+        :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split."""
+        from omegaconf import OmegaConf
+
+        from gdr.data.splits import split_queries
+        from gdr.pipeline import _queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
+
+        section = _queries_section(OmegaConf.create(self.config), split)
+        qs = split_queries(section, self.config["data"], set(self.corpus.doc_ids), self.config["data"].get("docs_tsv"))
+        if qs is None or len(qs) == 0:
+            raise ValueError(f"{self.path}: the run's query set {section['name']!r} has no {split!r} query with a "
+                             "relevant document in its corpus")
+        return qs
+
+
+def _complete(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "stage.json").read_text(encoding="utf-8")).get("status") == "complete"
+    except (OSError, ValueError):
+        return False
+
+
+def queries_frames(qs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A :class:`gdr.data.QuerySet` as PyTerrier's topics (``qid``, ``query``) and qrels (``qid``, ``docno``,
+    ``label``: the relevance grade where the set has grades, else 1)."""
+    topics = pd.DataFrame({"qid": list(qs.qids), "query": list(qs.texts)})
+    n_rel = np.fromiter(map(len, qs.relevant), dtype=np.int64, count=len(qs))
+    labels = np.concatenate([np.asarray(g, dtype=np.int64) for g in qs.grades]) if qs.grades is not None and len(qs) \
+        else np.ones(int(n_rel.sum()), dtype=np.int64)
+    qrels = pd.DataFrame({"qid": np.repeat(np.asarray(qs.qids, dtype=object), n_rel),
+                          "docno": [d for rel in qs.relevant for d in rel], "label": labels})
+    return topics, qrels
+
+
+def topics_and_qrels(run_dir: PathLike | RunFolder, split: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The topics and qrels of a run's ``split`` (default: its ``queries.test_split``), as :func:`queries_frames`:
+    the queries ``gdr run`` scored its retrievers on."""
+    run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+    return queries_frames(run.queries(split or run.config["queries"].get("test_split", "test")))
+
+
+def _results(topics: pd.DataFrame, ids: np.ndarray, docs: list[np.ndarray], scores: list[np.ndarray],
+             k: int) -> pd.DataFrame:
+    """PyTerrier's result frame: each topic row repeated once per result (its first ``k``), with ``docno``,
+    ``score`` and ``rank`` (0-based). ``docs``/``scores``: per topic, document indices and scores best first."""
+    docs, scores = [d[:k] for d in docs], [s[:k] for s in scores]
+    counts = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))  # (n_topics,)
+    out = topics.iloc[np.repeat(np.arange(len(topics)), counts)].reset_index(drop=True)
+    flat = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
+    out["docno"] = ids[flat] if len(flat) else np.zeros(0, dtype=object)
+    out["score"] = np.concatenate(scores).astype(np.float64) if scores else np.zeros(0)
+    out["rank"] = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return out
+
+
+def _topics(transformer: pt.Transformer, topics: pd.DataFrame) -> pd.DataFrame:
+    """``topics`` checked as a query frame (``qid``, ``query``), qids as strings."""
+    pt.validate.query_frame(topics, extra_columns=["query"], context=transformer)
+    return topics.assign(qid=topics["qid"].astype(str))
+
+
+class GenerativeRetriever(pt.Transformer):
+    """A trained gdr retriever (``gdr train`` / a ``train-<indexer>-s<seed>`` stage of ``gdr run``) as a
+    ``pt.Transformer``: topics (``qid``, ``query``) in, results (``qid``, ``query``, ``docno``, ``score``,
+    ``rank``) out, the top ``k`` of a constrained beam search of width ``beam`` per query."""
+
+    def __init__(self, retriever, k: int = 100, beam: int | None = None, name: str = "gdr"):
+        self.retriever, self.k, self.beam, self.name = retriever, int(k), beam, name
+
+    @classmethod
+    def from_run(cls, run_dir: PathLike, indexer: str = "gc", seed: int = 0, *, k: int | None = None,
+                 beam: int | None = None, device: str | None = None, batch_size: int | str | None = None,
+                 ) -> "GenerativeRetriever":
+        """The retriever of ``indexer`` and ``seed`` in the ``gdr run`` folder ``run_dir`` (or the ``gdr train``
+        folder ``run_dir`` itself), searching as the run's ``evaluate:`` section says unless ``k``, ``beam``,
+        ``device`` or ``batch_size`` are given."""
+        from training.search import Retriever
+
+        path = Path(run_dir)
+        if (path / "model").is_dir() and (path / "docids.tsv").is_file():  # a train folder itself
+            folder, ev = path, {}
+        else:
+            run = RunFolder(path)
+            folder, ev = run.stage_folder(f"train-{indexer}-s{int(seed)}"), run.evaluate
+        k = int(k if k is not None else ev.get("k", 100))
+        beam = int(beam if beam is not None else ev.get("beam") or k)
+        retriever = Retriever.load(folder, device=device if device is not None else ev.get("device"),
+                                   beam=beam, length_penalty=float(ev.get("length_penalty", 1.0)),
+                                   batch_size=batch_size if batch_size is not None else ev.get("batch_size", "auto"))
+        return cls(retriever, k=k, beam=beam, name=f"gdr-{indexer}-s{int(seed)}")
+
+    def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
+        topics = _topics(self, topics)
+        if len(topics) == 0:
+            return _results(topics, self.retriever.doc_ids, [], [], self.k)
+        docs, scores, _ = self.retriever.search_ranked(topics["query"].tolist(), k=self.k, beam=self.beam)
+        return _results(topics, self.retriever.doc_ids, docs, scores, self.k)
+
+    def __repr__(self) -> str:
+        return f"GenerativeRetriever({self.name!r}, k={self.k}, beam={self.beam})"
+
+
+class BM25(pt.Transformer):
+    """BM25 (:class:`eval.bm25.BM25Index`, built once) over a corpus's model inputs (title and text) as a
+    ``pt.Transformer``, the reference of a ``gdr run``: topics in, the top ``k`` documents per query out (documents
+    sharing no term with a query are not listed)."""
+
+    def __init__(self, corpus, k: int = 100, name: str = "bm25"):
+        from eval.bm25 import BM25Index
+
+        self.doc_ids = np.asarray(corpus.doc_ids, dtype=object)
+        self.index = BM25Index(corpus.model_inputs())
+        self.k, self.name = int(k), name
+
+    @classmethod
+    def from_run(cls, run_dir: PathLike | RunFolder, *, k: int | None = None, corpus=None) -> "BM25":
+        """BM25 over the corpus of the ``gdr run`` folder ``run_dir`` (or ``corpus``, a :class:`gdr.Corpus`, where
+        it is at hand), at the run's ``evaluate.k`` unless ``k`` is given."""
+        run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+        return cls(corpus if corpus is not None else run.corpus,
+                   k=int(k if k is not None else run.evaluate.get("k", 100)))
+
+    def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
+        topics = _topics(self, topics)
+        if len(topics) == 0:
+            return _results(topics, self.doc_ids, [], [], self.k)
+        res = self.index.search(topics["query"].tolist(), k=self.k)
+        found = res.doc_idx >= 0  # (n_topics, k)
+        return _results(topics, self.doc_ids, [d[m] for d, m in zip(res.doc_idx, found)],
+                        [s[m] for s, m in zip(res.scores, found)], self.k)
+
+    def __repr__(self) -> str:
+        return f"BM25(n_docs={len(self.doc_ids)}, k={self.k})"
