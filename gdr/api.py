@@ -16,13 +16,14 @@ line's configuration system; nothing here needs it except :func:`run`, which rea
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE
 from gdr.models import DEVICE_RULE
-from gdr.rules import check_values
+from gdr.rules import Rule, boolean, check_values
 from gdr.stages.settings import (
     PER_DOC_RULE,
     RESULTS_RULE,
@@ -70,6 +71,7 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
     from gdr.stages.sample import sample_queries as stage
 
     _need_corpus(corpus)
+    _need_path(out, "out", "the folder to write into")
     if sampling.get("per_doc"):
         raise TypeError(f"sample_queries: per_doc={sampling['per_doc']} is not a setting of J sampled queries; "
                         f"for {sampling['per_doc']} queries of every document call "
@@ -89,6 +91,7 @@ def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out:
     from gdr.stages.doc_queries import sample_doc_queries as stage
 
     _need_corpus(corpus)
+    _need_path(out, "out", "the folder to write into")
     check_values({"per_doc": per_doc}, (PER_DOC_RULE,), nest="sample")
     settings = SampleSettings(per_doc=per_doc, seed=seed, **sampling)
     return stage(_built_lm(lm), corpus, out, settings, progress=progress)
@@ -118,6 +121,7 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
 
     _need_corpus(corpus)
     _need_lm(lm)
+    _need_path(out, "out", "the folder to write into")
     if isinstance(lm, str):
         lm = LMSettings(name=lm)
     sampling = _need_mapping(sampling, "sampling", '{"temperature": 1.0}')
@@ -178,6 +182,7 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     from gdr.store import load_run
 
     _need_corpus(corpus)
+    _need_path(out, "out", "the folder to write into")
     check_values({"device": device}, (DEVICE_RULE,))
     settings = ClusterSettings.merged(settings)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
@@ -198,10 +203,13 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
     balance, leaves) with ``docids``: the path of ``docids.tsv``."""
     from gdr.stages.index import build_index as stage
 
+    _need_path(out, "out", "the folder to write into")
     _need_corpus(corpus, optional=True)
+    run_path = getattr(run, "path", run)
+    if corpus is not None and run is not None:  # the documents come from the run: the corpus must be its own
+        _need_same_documents(corpus, run)
     settings.setdefault("progress", False)
     index_settings = IndexSettings.merged(settings, method=method)
-    run_path = getattr(run, "path", run)
     summary = stage(index_settings, out, corpus=corpus, run=str(run_path) if run_path is not None else None)
     return {**summary, "docids": str(Path(out) / "docids.tsv")}
 
@@ -220,6 +228,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     from gdr.stages.train import train_retriever as stage
 
     _need_corpus(corpus)
+    _need_path(out, "out", "the folder to write into")
     _need_queries(queries, optional=True)
     _need_path(docids, "docids", "the docids.tsv of gdr.build_index (its result's ['docids'])")
     sections = {**sections, "model": {**(sections.get("model") or {}), **({"size": size} if size is not None else {})}}
@@ -228,21 +237,28 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
 
 
 def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
-             drop_unknown_qrels: bool = False, **settings: Any) -> dict:
+             drop_unknown_qrels: bool = False, allow_train_split: bool = False, **settings: Any) -> dict:
     """Success@1/10/k, R@10/k and RR@k (k: the results per query, 100 unless ``k``) of the retriever trained in
     ``run_dir`` on the ``split`` queries of ``queries``
     (BM25 beside it unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns
     ``metrics.json``'s content (``systems``: ``{"gdr": {...}, "bm25": {...}}``). ``settings``: the fields of
     :class:`~gdr.stages.settings.EvaluateSettings` (``k``, ``beam``, ``batch_size`` ...). A relevant id not in
-    ``corpus`` is refused, or dropped with ``drop_unknown_qrels=True`` (a subset; ``unknown_qrels`` counts them)."""
+    ``corpus`` is refused, or dropped with ``drop_unknown_qrels=True`` (a subset; ``unknown_qrels`` counts them).
+    A split the retriever was trained on is refused unless ``allow_train_split=True`` (``metrics.json`` then says
+    ``trained_on_this_split``)."""
     from gdr.stages.evaluate import evaluate_model
+    from gdr.stages.train import check_not_trained_on, trained_splits
 
     _need_path(run_dir, "run_dir", "the out folder of gdr.train_retriever")
     _need_corpus(corpus)
+    _need_path(out, "out", "the folder to write into")
     _need_queries(queries)
     _check_split(split, drop_unknown_qrels)
+    check_values({"allow_train_split": allow_train_split}, (Rule("allow_train_split", boolean),))
+    check_not_trained_on(run_dir, split, allow_train_split, key="split")
     metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split,
-                                drop_unknown_qrels=drop_unknown_qrels)
+                                drop_unknown_qrels=drop_unknown_qrels,
+                                on_train_split=split in trained_splits(run_dir))
     return metrics
 
 
@@ -254,6 +270,7 @@ def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, spli
     from gdr.stages.bm25 import bm25_baseline
 
     _need_corpus(corpus)
+    _need_path(out, "out", "the folder to write into")
     _need_queries(queries)
     check_values({"k": k}, (RESULTS_RULE,))
     _check_split(split, drop_unknown_qrels)
@@ -300,6 +317,10 @@ def _run(settings: dict, overrides: list[str], corpus, queries) -> dict:
     groups = []
     for k in ("data", "model"):
         v = settings.get(k)
+        if v is not None and not isinstance(v, (str, Mapping)):
+            raise TypeError(f"settings[{k!r}]: got {type(v).__name__} {v!r:.60}; pass a name ({k}='"
+                            f"{'bbc' if k == 'data' else 'smollm2-135m'}') or a dict of {k} settings "
+                            f"({{'name': ..., ...}})")
         if isinstance(v, str):
             groups.append(f"{k}={settings.pop(k)}")
         elif isinstance(v, Mapping) and _is_group(k, v.get("name")):  # {"data": {"name": "beir", ...}}: data=beir
@@ -350,6 +371,8 @@ def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: 
     (checked before any model loads)."""
     from gdr.data import Corpus
 
+    if isinstance(value, Corpus) and len(value) == 0:
+        raise ValueError(f"{arg}: the gdr.Corpus {value.name!r} holds no document; pass one with at least one")
     if isinstance(value, Corpus) or (optional and value is None):
         return
     kind = type(value).__module__.split(".")[0]
@@ -364,6 +387,16 @@ def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: 
     else:
         how = "gdr.load_corpus(name or path), gdr.Corpus.from_texts / from_pandas / from_dataset"
     raise TypeError(f"{arg}: got {type(value).__name__}; pass a gdr.Corpus: {how}" + (f" {hint}" if hint else ""))
+
+
+def _need_same_documents(corpus: Corpus, run: Any) -> None:
+    """Refuse a corpus that is not the documents of ``run`` (a :class:`PRun` or a ``gdr score`` folder), naming
+    the count or the first row that differs; a folder without ``doc_ids.json`` is left to the stage to refuse."""
+    doc_ids = getattr(run, "doc_ids", None)
+    if doc_ids is None and isinstance(run, (str, os.PathLike)) and (Path(run) / "doc_ids.json").is_file():
+        doc_ids = json.loads((Path(run) / "doc_ids.json").read_text(encoding="utf-8"))
+    if doc_ids is not None:
+        corpus.check_same_ids(doc_ids, f"run {getattr(run, 'path', run)}")
 
 
 def _need_queries(value: Any, arg: str = "queries", optional: bool = False) -> None:

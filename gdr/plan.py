@@ -53,11 +53,22 @@ from training.train import CPU_BATCH, cuda_batch_size
 log = logging.getLogger(__name__)
 
 __all__ = ["StagePlan", "plan_run", "predict", "predict_stages", "run_device", "measured_figures", "format_plan",
-           "DEVICES"]
+           "DEVICES", "MAX_GPUS", "gpus_problem"]
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RUNS = REPO / "reports" / "gpu-runs"
 DEVICES = {"h200": "H200", "h100": "H100", "a100": "A100", "cpu": "cpu"}
+MAX_GPUS = 16  # gdr run trains and scores on the GPUs of one machine (no multi-node), and none holds more
+
+
+def gpus_problem(device: str, gpus: str) -> str | None:
+    """What is wrong with ``gpus=<gpus>`` (the raw value) for ``device``, or None: a whole number from 1 to
+    :data:`MAX_GPUS`, and 1 on a CPU."""
+    if not gpus.isdigit() or not 1 <= int(gpus) <= MAX_GPUS:
+        return f"gpus={gpus!r}: a whole number of GPUs, 1 to {MAX_GPUS} (those of one machine, where gdr run runs)"
+    if device == "cpu" and int(gpus) != 1:
+        return f"gpus={gpus}: device=cpu has no GPUs; plan for device=h200 | h100 | a100 with gpus=N, or drop gpus="
+    return None
 
 # Corpus and query-split sizes of the known data sets, for a config with data.n_docs null (the whole corpus)
 CORPUS_DOCS = {"bbc": 2225, "cranfield": 1400, "nq320k": 109_739, "msmarco-lite": 138_457, "reuters": 10_788}

@@ -26,8 +26,8 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["Stopped", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred", "stop_line",
-           "exit_code", "set_where", "name", "SIGNALS"]
+__all__ = ["Stopped", "WorkerDied", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred",
+           "stop_line", "exit_code", "set_where", "name", "SIGNALS"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _state: dict = {"signum": None, "defer": 0, "where": None, "timer": None, "previous": {}}
@@ -40,6 +40,19 @@ class Stopped(BaseException):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = int(signum)
+
+
+class WorkerDied(RuntimeError):
+    """A worker process (a training slot) ended without a word: killed (``kill -9``, the OOM killer) or crashed.
+    Its work keeps its resume point, so the message says to rerun; ``gdr`` prints it as one line."""
+
+    def __init__(self, what: str, exitcode: int | None):
+        known = exitcode is not None and exitcode < 0 and -exitcode in {int(x) for x in signal.Signals}
+        how = f"was killed by {name(-exitcode)}" if known else f"exited with code {exitcode}"
+        hint = " (kill -9, or the kernel's out-of-memory killer)" if exitcode == -signal.SIGKILL else ""
+        super().__init__(f"{what} {how}{hint} before it finished; the other jobs stopped at their resume points: "
+                         "rerun the same command to continue")
+        self.exitcode = exitcode
 
 
 def _handler(signum: int, frame) -> None:

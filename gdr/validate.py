@@ -25,7 +25,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, DataError
+from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -58,6 +58,7 @@ from gdr.stages.settings import (
     EVALUATE_RULES,
     INDEX_RULES,
     INDEXERS,
+    LR_LIMIT,
     RESULTS_RULE,
     SAMPLE_RULES,
     SCORE_RULES,
@@ -138,9 +139,11 @@ def per_doc_for_bmi(v, sec):
 
 
 def other_than(key: str) -> Check:
+    """A query split (one of ``SPLITS``) other than the one ``key`` names."""
     def check(v, sec):
-        if not isinstance(v, str) or not v:
-            return "must be a split name"
+        problem = SPLIT_RULE.check(v, sec)
+        if problem:
+            return problem
         return f"must differ from {key}={get(sec, key)} (never test on what was trained on)" \
             if v == get(sec, key) else None
 
@@ -173,7 +176,7 @@ QG = (
     Rule("qg.shots", NON_NEGATIVE, "prompt examples kept"),
     Rule("qg.lowercase", boolean),
     Rule("qg.train.train_layers", OPT_POSITIVE, "blocks trained; null = all"),
-    Rule("qg.train.lr", number(0), "AdamW learning rate"),
+    Rule("qg.train.lr", number(0, 1), f"AdamW learning rate; {LR_LIMIT}"),
     Rule("qg.train.weight_decay", number(0, lo_open=False)),
     Rule("qg.train.warmup_steps", NON_NEGATIVE),
     Rule("qg.train.batch_size", POSITIVE, "pairs per step"),
@@ -203,6 +206,7 @@ TRAIN_COMMAND = (
     FOLD_RULE,
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
     Rule("queries.path", optional(existing())),
+    Rule("queries.split", optional(SPLIT_RULE.check), "the split trained on; its dev part is held out"),
     *QUERY_RULES[1:],
 )
 EVALUATE_COMMAND = (
@@ -211,12 +215,14 @@ EVALUATE_COMMAND = (
     FOLDS_RULE,
     FOLD_RULE,
     Rule("queries.path", optional(existing())),
+    Rule("queries.split", SPLIT_RULE.check,
+         "the split scored; never the one the model was trained on (unless --allow-train-split)"),
 )
 RUN = (
     Rule("indexers", indexers, "one docid index per name"),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
     Rule("queries.path", optional(existing())),
-    Rule("queries.train_split", lambda v, sec: None if isinstance(v, str) and v else "must be a split name"),
+    Rule("queries.train_split", SPLIT_RULE.check, "the split trained on; its dev part is held out"),
     Rule("queries.test_split", other_than("queries.train_split")),
     FRACTIONS_RULE,
     FOLDS_RULE,
@@ -226,7 +232,7 @@ RUN = (
     Rule("doc_queries.max_new_tokens", POSITIVE),
     Rule("doc_queries.top_k", NON_NEGATIVE, "top-k sampling of the training queries; 0 = off"),
     Rule("doc_queries.top_p", number(0, 1), "nucleus mass of the training queries; 1 = off"),
-    Rule("doc_queries.temperature", number(0), "sampling temperature of the training queries"),
+    Rule("doc_queries.temperature", number(0), "sampling temperature of the training queries; below 1e-30 greedy"),
     Rule("cluster.enabled", boolean),
     Rule("bm25", boolean),
     Rule("plot", boolean),
@@ -369,13 +375,14 @@ def error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
 
     from gdr.guard import OutputError
+    from gdr.signals import WorkerDied
 
     if isinstance(exc, HydraException):
         return _with_override(_hydra_line(exc) or type(exc).__name__, argv)
     if isinstance(exc, OmegaConfBaseException):
         line, key = _first_line(str(exc)) or type(exc).__name__, getattr(exc, "full_key", None)
         return f"{line} (key {key})" if key and key not in line else _with_override(line, argv)
-    if isinstance(exc, (ConfigError, DataError, OutputError)):
+    if isinstance(exc, (ConfigError, DataError, OutputError, WorkerDied)):
         return _first_line(str(exc)) or type(exc).__name__
     if isinstance(exc, (ValueError, FileNotFoundError, FileExistsError)):
         line = _first_line(str(exc)) or type(exc).__name__

@@ -485,3 +485,223 @@ def test_score_refuses_a_p_larger_than_memory_before_the_model_loads(setup, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sample.n_queries=10000000000000: P of 30 documents x 10000000000000 queries" in err[0]
     assert not (out / "queries.jsonl").exists() and not (out / "score.config.yaml").exists()
+
+
+# ------------------------------------------------------------- input families: every route judges an input the same
+# Each route a corpus comes in by, from (ids, texts) columns. A new Corpus.from_* or file format is refused by
+# test_every_route_is_in_the_families until it is added here, so the families below cover it by construction.
+def _jsonl_route(t: Path, ids, texts):
+    import json
+
+    path = t / "docs.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": x}) + "\n" for i, x in zip(ids, texts)))
+    return gdr.load_corpus(str(path))
+
+
+def _dataset_route(t: Path, ids, texts):
+    import datasets
+
+    return gdr.Corpus.from_dataset(datasets.Dataset.from_dict({"id": ids, "text": texts}))
+
+
+def _pandas_route(t: Path, ids, texts):
+    import pandas as pd
+
+    return gdr.Corpus.from_pandas(pd.DataFrame({"id": ids, "text": texts}))
+
+
+CORPUS_ROUTES = {
+    "Corpus": lambda t, ids, texts: gdr.Corpus(name="c", doc_ids=ids, texts=texts),
+    "from_texts": lambda t, ids, texts: gdr.Corpus.from_texts(texts, ids=ids),
+    "from_pandas": _pandas_route,
+    "from_dataset": _dataset_route,
+    "jsonl": _jsonl_route,
+}
+# (ids, texts) whose one bad column a route must refuse, naming what is wrong with the value; both rows of a column
+# have one type, as a DataFrame or Arrow column does
+INPUT_FAMILIES = {
+    "nan id": ([math.nan, math.nan], ["one", "two"], r"missing \(None/NaN\)"),
+    "float id": ([1.5, 2.5], ["one", "two"], r"float 1\.5, which would read as '1\.5'"),
+    "bool id": ([True, False], ["one", "two"], r"boolean True, which would read as 'True'"),
+    "missing id": ([None, "b"], ["one", "two"], r"missing|has no 'id'"),
+    "spaced id": (["D 023", "D 024"], ["one", "two"], r"'D 023' .*holds a space, which splits the columns of run"),
+    "nan text": (["a", "b"], [math.nan, math.nan], r"missing \(None/NaN\)|must be a string, got float"),
+    "number text": (["a", "b"], [1.5, 2.5], r"is a float|must be a string, got float"),
+}
+
+
+def test_every_route_is_in_the_families():
+    from gdr.data.files import DOC_FORMATS
+
+    routes = {"Corpus"} | {n for n in dir(gdr.Corpus) if n.startswith("from_")}
+    typed = {f for f in DOC_FORMATS if f != "tsv"}  # a TSV holds strings only: no value has another type there
+    assert routes | typed <= set(CORPUS_ROUTES), sorted(routes | typed - set(CORPUS_ROUTES))
+
+
+@pytest.mark.parametrize("route", CORPUS_ROUTES)
+def test_good_columns_give_the_same_corpus_on_every_route(tmp_path, route):
+    for ids, want in (["a", "b"], ["a", "b"]), ([7, 8], ["7", "8"]):
+        c = CORPUS_ROUTES[route](tmp_path, ids, ["one", "two"])
+        assert c.doc_ids == want and c.texts == ["one", "two"]
+
+
+def test_numpy_columns_are_plain_strings():
+    c = gdr.Corpus(name="n", doc_ids=np.array([3, 4]), texts=np.array(["one", "two"]))
+    assert c.doc_ids == ["3", "4"] and c.texts == ["one", "two"] and type(c.texts[0]) is str
+    assert gdr.Corpus.from_texts(list(np.array(["one", "two"])), ids=np.array(["a", "b"])).doc_ids == ["a", "b"]
+
+
+@pytest.mark.parametrize("family", INPUT_FAMILIES)
+@pytest.mark.parametrize("route", CORPUS_ROUTES)
+def test_a_bad_value_is_refused_on_every_route(tmp_path, route, family):
+    """Issue 39 item 6: a NaN id became 'nan', 1.5 '1.5', a JSONL true 'True', a NaN text 'nan', on some routes and
+    not others; every route now refuses each, in one line saying what the value is."""
+    ids, texts, what = INPUT_FAMILIES[family]
+    with pytest.raises((gdr.DataError, TypeError)) as e:
+        CORPUS_ROUTES[route](tmp_path, ids, texts)
+    assert re.search(what, str(e.value)) and len(str(e.value).splitlines()) == 1, str(e.value)
+
+
+def _queries_file_route(t: Path, qid):
+    import json
+
+    from gdr.data.files import load_file_queries
+
+    (t / "queries.jsonl").write_text(json.dumps({"_id": qid, "text": "a query"}) + "\n")
+    (t / "test.tsv").write_text(f"query-id\tcorpus-id\tscore\n{qid if isinstance(qid, str) else 'q'}\td0\t1\n")
+    return load_file_queries(t / "queries.jsonl", t / "test.tsv", doc_ids=["d0"])
+
+
+QUERY_ROUTES = {
+    "QuerySet": lambda t, qid: gdr.QuerySet(name="q", qids=[qid], texts=["a query"], relevant=[["d0"]],
+                                            splits=["test"]),
+    "jsonl": _queries_file_route,
+}
+
+
+@pytest.mark.parametrize("family", [f for f in INPUT_FAMILIES if f.endswith(" id")])
+@pytest.mark.parametrize("route", QUERY_ROUTES)
+def test_a_bad_query_id_is_refused_on_every_route(tmp_path, route, family):
+    ids, _, what = INPUT_FAMILIES[family]
+    with pytest.raises((gdr.DataError, TypeError)) as e:
+        QUERY_ROUTES[route](tmp_path, ids[0])
+    assert re.search(what.replace("has no 'id'", "has no '_id'").replace(" .*holds", ".*holds"), str(e.value)), \
+        str(e.value)
+
+
+@pytest.mark.parametrize("relevant,match", [
+    (["d0"], r"query 'q0': relevant is 'd0'; pass one list of relevant doc ids per query"),
+    ([[math.nan]], r"query 'q0': relevant doc id nan is missing"),
+    ([[True]], r"relevant doc id True is the boolean True"),
+])
+def test_a_query_set_judges_its_relevant_ids(relevant, match):
+    with pytest.raises(gdr.DataError, match=match):
+        gdr.QuerySet(name="q", qids=["q0"], texts=["x"], relevant=relevant, splits=["test"])
+
+
+def _truncated(path: Path, text: str) -> Path:
+    import gzip
+
+    data = gzip.compress(text.encode())
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+_ROWS = [(f"d{i}", f"document {i} " + "word " * 30) for i in range(60)]
+TRUNCATED = {  # a gzip cut in half, by every reader of .gz files
+    "jsonl": lambda t: _truncated(t / "docs.jsonl.gz", "".join(f'{{"id": "{d}", "text": "{x}"}}\n' for d, x in _ROWS)),
+    "tsv": lambda t: _truncated(t / "docs.tsv.gz", "id\ttext\n" + "".join(f"{d}\t{x}\n" for d, x in _ROWS)),
+    "trec": lambda t: _truncated(t / "docs.gz", "".join(f"<DOC><DOCNO>{d}</DOCNO><TEXT>{x}</TEXT></DOC>\n"
+                                                         for d, x in _ROWS)),
+}
+
+
+def test_the_msmarco_documents_scan_refuses_a_truncated_archive(tmp_path):
+    from gdr.data.msmarco import _scan_docs_tsv
+
+    path = _truncated(tmp_path / "msmarco-docs.tsv.gz", "".join(f"{d}\turl\ttitle\t{x}\n" for d, x in _ROWS))
+    with pytest.raises(gdr.DataError, match=rf"^{re.escape(str(path))}:\d+: the gzip archive ends early"):
+        _scan_docs_tsv(path, {"D-none"})
+
+
+def test_every_reader_of_archives_is_in_the_truncation_family():
+    from gdr.data.files import DOC_FORMATS
+
+    assert {*DOC_FORMATS, "trec"} <= set(TRUNCATED)
+
+
+@pytest.mark.parametrize("fmt", TRUNCATED)
+def test_a_truncated_archive_is_refused_naming_its_file_and_line(tmp_path, fmt):
+    path = TRUNCATED[fmt](tmp_path)
+    with pytest.raises(gdr.DataError, match=rf"^{re.escape(str(path))}:\d+: the gzip archive ends early"):
+        gdr.load_corpus(str(path) if fmt != "trec" else "trec", **({"path": path} if fmt == "trec" else {}))
+
+
+def _rules_of(pattern: str):
+    """(command, key, check) of every rule of every command table whose key matches ``pattern``."""
+    from gdr.validate import TABLES
+
+    return [(cmd, f"{prefix}.{r.key}" if prefix else r.key, r.check) for cmd, parts in TABLES.items()
+            for prefix, rules in parts for r in rules if re.search(pattern, r.key)]
+
+
+SPLIT_SETTINGS = _rules_of(r"(^|\.|_)split$")
+LR_SETTINGS = _rules_of(r"(^|\.)lr(_(?!scaling)\w+)?$")  # the learning rates, not how they scale
+
+
+def test_the_setting_families_are_found():
+    keys = {k for _, k, _ in SPLIT_SETTINGS}
+    assert {"queries.train_split", "queries.test_split", "queries.split"} <= keys
+    assert {"optim.lr_decoder", "optim.lr_encoder", "qg.train.lr"} <= {k.split(".", 1)[-1] if k.startswith("train.")
+                                                                        else k for _, k, _ in LR_SETTINGS}
+
+
+@pytest.mark.parametrize("command,key,check", SPLIT_SETTINGS, ids=[f"{c}-{k}" for c, k, _ in SPLIT_SETTINGS])
+def test_every_split_setting_refuses_an_unknown_split(command, key, check):
+    """Issue 39 item 4: queries.train_split=bogus (gdr run) and queries.split=bogus (gdr train) trained on generated
+    queries only, with exit 0. Every split setting of every command is one of train | dev | test (gdr qg: train)."""
+    from gdr.config import load_config
+
+    cfg = load_config("evaluate" if command == "search" else command, [])  # gdr search reads evaluate's config
+    assert re.match(r"must be (null or )?one of train( \| dev \| test)?$", check("bogus", cfg) or "")
+
+
+@pytest.mark.parametrize("command,key,check", LR_SETTINGS, ids=[f"{c}-{k}" for c, k, _ in LR_SETTINGS])
+def test_every_learning_rate_refuses_one_that_diverges(command, key, check):
+    """Issue 39 item 8: train.optim.lr_decoder=1e308 passed the checks and failed in training, after sampling,
+    scoring and indexing."""
+    assert check(1e308, None) and check(2.0, None) and check(1e-3, None) is None
+
+
+def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
+    """Issue 39 items 6 and 8, by the API: out=None, an empty corpus, a data or model setting of the wrong type,
+    a corpus that is not the scored run's, and evaluating on the training split."""
+    import json
+
+    with pytest.raises(TypeError, match=r"^out: got NoneType; pass a path"):
+        gdr.score(_corpus(), "smollm2-135m", None, n_queries=2)
+    with pytest.raises(TypeError, match=r"^out: got NoneType"):
+        gdr.bm25(_corpus(), _queries(), None)
+    with pytest.raises(ValueError, match=r"^corpus: the gdr\.Corpus 'e' holds no document"):
+        gdr.score(gdr.Corpus(name="e", doc_ids=[], texts=[]), "smollm2-135m", tmp_path / "out", n_queries=2)
+    with pytest.raises(TypeError, match=r"^settings\['data'\]: got list \['bbc'\]; pass a name"):
+        gdr.run({"data": ["bbc"]})
+    with pytest.raises(TypeError, match=r"^settings\['model'\]: got int 3"):
+        gdr.run({"model": 3})
+    run = tmp_path / "score"
+    run.mkdir()
+    (run / "doc_ids.json").write_text(json.dumps([f"d{i}" for i in range(30)]))
+    with pytest.raises(gdr.DataError, match=r"run .*score holds 30 documents, corpus 'toy' 6"):
+        gdr.build_index(tmp_path / "out", method="gc", run=run, corpus=_corpus())
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / "trained_on.json").write_text(json.dumps({"inputs": {"queries": {"hash": "0", "splits": ["train"]}}}))
+    with pytest.raises(ConfigError, match=r"^split=train: the retriever in .*train was trained on the 'train' "
+                                          r"queries; .*allow_train_split=True"):
+        gdr.evaluate(train, _corpus(), _two_splits(), tmp_path / "out", split="train")
+    legacy = tmp_path / "legacy"  # a gdr train folder of an older gdr: its config.yaml names the split
+    legacy.mkdir()
+    (legacy / "config.yaml").write_text("queries:\n  name: toy\n  split: test\n")
+    with pytest.raises(ConfigError, match=r"^split=test: the retriever in .*legacy was trained on the 'test'"):
+        gdr.evaluate(legacy, _corpus(), _two_splits(), tmp_path / "out", split="test")
+    assert not (tmp_path / "out").exists()

@@ -90,6 +90,10 @@ def test_plan_refuses_what_it_cannot_plan(capsys):
 
     assert main(["plan", "+experiment=bbc", "gpus=0"]) == 2
     assert "gpus='0'" in capsys.readouterr().err
+    assert main(["plan", "+experiment=bbc", "gpus=100000"]) == 2  # planned as if one machine held them
+    assert "gpus='100000': a whole number of GPUs, 1 to 16" in capsys.readouterr().err
+    assert main(["plan", "+experiment=bbc", "device=cpu", "gpus=4"]) == 2  # a CPU plan divided by 4
+    assert "gpus=4: device=cpu has no GPUs" in capsys.readouterr().err
     assert main(["plan", "+experiment=bbc", "device=tpu"]) == 2
     assert "device=h200 | h100 | a100 | cpu" in capsys.readouterr().err
     cfg = load_config("run", ["data=jsonl", "data.path=/nowhere"])

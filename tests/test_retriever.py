@@ -638,7 +638,22 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
     lines = (ev / "run.trec").read_text().splitlines()
     assert len(lines) == 20 * 10 and lines[0].split()[1] == "Q0"
     assert (ev / "qrels.txt").exists() and (ev / "metrics.md").exists() and (ev / "manifest.json").exists()
+    assert "trained_on_this_split" not in m
+    # the split trained on is refused before the corpus loads, unless asked for, and then the report says so
     capsys.readouterr()
+    on_train = [*common, f"run_dir={run}", f"out_dir={tmp_path / 'eval-train'}", "k=10", "beam=10",
+                "queries.split=train"]
+    assert main(["evaluate", *on_train]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"queries.split=train: the retriever in {run} was trained on the 'train' queries" in \
+        err[0] and "--allow-train-split" in err[0], err
+    assert not (tmp_path / "eval-train").exists()
+    assert main(["evaluate", *on_train, "--allow-train-split"]) == 0
+    assert json.loads((tmp_path / "eval-train" / "metrics.json").read_text())["trained_on_this_split"] is True
+    assert (tmp_path / "eval-train" / "metrics.md").read_text().startswith(
+        "Scored on `train`, a split the retriever was trained on (--allow-train-split)")
+    capsys.readouterr()
+    assert main(["evaluate", "--help"]) == 0 and "[--allow-train-split]" in capsys.readouterr().out
     assert main(["search", texts[0], f"run_dir={run}", "k=3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["query"] == texts[0] and len(out["results"]) == 3

@@ -219,6 +219,23 @@ def test_filtering_equals_transformers_warpers(top_k, top_p, temperature):
     assert 0 < kept.sum() < kept.numel()
 
 
+def test_a_vanishing_temperature_decodes_greedily(llama):
+    """Issue 39 item 8: temperature=1e-45 gave junk tokens (logits / T overflowed to inf - inf = NaN) while 1e-30
+    gave the greedy output; every temperature below GREEDY_BELOW now gives the greedy queries, the limit T -> 0."""
+    from gdr.lm.decode import GREEDY_BELOW
+
+    args = (llama.prompt_ids(DOCS[:3]), torch.arange(3), torch.arange(3), torch.zeros(3, dtype=torch.long))
+
+    def decode(temperature, top_k=0):
+        return llama.decoder().decode(*args, seed=5, max_new_tokens=6, top_k=top_k, top_p=0.99,
+                                      temperature=temperature)
+
+    greedy = decode(1.0, top_k=1)
+    assert torch.equal(decode(1e-20), greedy)  # the scaled logits still fit float32: already greedy
+    for t in (GREEDY_BELOW / 2, 1e-38, 1e-45, 5e-324):
+        assert torch.equal(decode(t), greedy), t
+
+
 def _first_tokens_ours(lm, doc, n, temperature):
     out = lm.decoder().decode(lm.prompt_ids([doc]), torch.zeros(n, dtype=torch.long), torch.arange(n),
                               torch.zeros(n, dtype=torch.long), seed=11, max_new_tokens=1, top_k=5,

@@ -121,6 +121,32 @@ def _fail(x: int) -> int:
     raise ValueError(f"job {x}: bad input")
 
 
+def _killed(x: int) -> int:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+@pytest.mark.slow
+def test_a_killed_training_slot_is_one_line_saying_to_rerun():
+    """Issue 39 item 8: kill -9 of one training worker under train.concurrent=2 made the parent print a 30-line
+    traceback; it is one line naming the job, the signal and the way on."""
+    from functools import partial
+
+    from gdr.signals import WorkerDied
+    from gdr.validate import error_line
+    from training.concurrent import run_concurrently
+
+    with pytest.raises(WorkerDied) as e:
+        run_concurrently([partial(_square, 0), partial(_killed, 1)], 2)
+    assert str(e.value) == ("the training process of job 1 was killed by SIGKILL (kill -9, or the kernel's "
+                            "out-of-memory killer) before it finished; the other jobs stopped at their resume points: "
+                            "rerun the same command to continue")
+    assert error_line(e.value) == str(e.value)  # gdr prints it as its one error line, exit 2
+
+
 @pytest.mark.slow
 def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
     from functools import partial

@@ -95,8 +95,13 @@ def test_trec_documents_with_real_quirks(collection, caplog):
     ("<DOC>\n<TEXT>x</TEXT>\n</DOC>\n", r"bad\.sgml:1: <DOC> without a <DOCNO>"),
     ("<DOC><DOCNO>a</DOCNO><TEXT>x</TEXT></DOC>\n<DOC>\n<DOCNO>b</DOCNO>\n", r"bad\.sgml:2: <DOC> is never closed"),
     ("<DOC><DOCNO>a</DOCNO>\n<DOC><DOCNO>b</DOCNO></DOC>\n", r"bad\.sgml:2: <DOC> inside a <DOC>"),
-    ("<DOC>\n<DOCNO>a</DOCNO>\n<BODY>x</BODY>\n</DOC>\n",
-     r"bad\.sgml:1: document 'a' has no <TEXT> \(its fields: DOCNO, BODY\); .*data\.text_fields"),
+    ("<DOC>\n<DOCNO>a</DOCNO>\n<TITLE>x</TITLE>\n</DOC>\n",
+     r"bad\.sgml:1: document 'a' has no <TEXT> nor text of its own \(its fields: DOCNO, TITLE\); "
+     r".*data\.text_fields"),
+    ("<DOC>\n<DOCNO> D\t023 </DOCNO>\n<TEXT>x</TEXT>\n</DOC>\n",
+     r"bad\.sgml:2: <DOCNO> 'D\\t023' holds whitespace; a DOCNO is one token"),
+    ("<DOC>\n<DOCNO>a</DOCNO>\n<TEXT>x</TEXT>\n<DOCNO>b</DOCNO>\n</DOC>\n",
+     r"bad\.sgml:4: a second <DOCNO> \('b'\) in document 'a' \(its <DOC> is at line 1\)"),
     ("<DOC>\n<DOCNO>a</DOCNO><TEXT>x</TEXT></DOC>\n<DOC><DOCNO>a</DOCNO><TEXT>y</TEXT></DOC>\n",
      r"bad\.sgml:3: duplicate doc_id 'a' \(first seen at .*bad\.sgml:1\)"),
     ("<DOC><DOCNO>a</DOCNO><TEXT>caf\xe9</TEXT></DOC>\n", r"bad\.sgml:1: byte .* data\.encoding=latin-1"),
@@ -105,6 +110,91 @@ def test_bad_trec_documents_name_the_line_and_the_fix(tmp_path, text, message):
     (tmp_path / "bad.sgml").write_bytes(text.encode("latin-1"))
     with pytest.raises(DataError, match=message):
         load_trec(tmp_path / "bad.sgml")
+
+
+def _cranfield_forms(folder: Path, n_docs: int = 40) -> dict[str, Path]:
+    """The first ``n_docs`` non-empty Cranfield documents as one TREC file in each form a collection comes in: the
+    text in <TEXT> (title in <TITLE>), the text in <P> markup directly in <DOC> (title in <HEAD>), and the bare text
+    directly in <DOC> (title in <HEADLINE>)."""
+    c = load_cranfield()
+    c = c.select([i for i, x in enumerate(c.texts) if x.strip()][:n_docs])
+    rows = list(zip(c.doc_ids, c.titles, c.texts))
+    forms = {
+        "text": "".join(f"<DOC>\n<DOCNO> {d} </DOCNO>\n<TITLE>{t}</TITLE>\n<TEXT>\n{x}\n</TEXT>\n</DOC>\n"
+                        for d, t, x in rows),
+        "body": "".join(f"<DOC>\n<DOCNO>{d}</DOCNO>\n<HEAD>{t}</HEAD>\n<P>\n{x}\n</P>\n</DOC>\n" for d, t, x in rows),
+        "bare": "".join(f"<DOC>\n<DOCNO>{d}</DOCNO>\n<HEADLINE>{t}</HEADLINE>\n{x}\n</DOC>\n" for d, t, x in rows),
+    }
+    out = {}
+    for form, text in forms.items():
+        out[form] = folder / f"cran.{form}"
+        out[form].write_text(text)
+    return out
+
+
+def test_any_trec_body_gives_the_same_corpus(tmp_path, caplog):
+    """Issue 40 item 1: with or without <TEXT>, with <HEAD>/<TITLE>/<HEADLINE> titles, one Cranfield slice reads to
+    the same documents; a <DOC> without a text field gives its body (minus DOCNO and the title), said in the log."""
+    caplog.set_level(logging.INFO, logger="gdr.data.trec")
+    files = _cranfield_forms(tmp_path)
+    with_text = load_trec(files["text"])
+    assert len(with_text) == 40 and all(x.strip() for x in with_text.texts)
+    assert "have no <TEXT>" not in caplog.text
+    for form in ("body", "bare"):
+        got = load_corpus("trec", path=files[form])
+        assert got.doc_ids == with_text.doc_ids and got.titles == with_text.titles
+        assert got.texts == with_text.texts, form
+        assert f"{files[form]}: 40 of 40 documents have no <TEXT>: their text is the body of <DOC>" in caplog.text
+    # a mixed file: documents with <TEXT> keep only it, the others give their body
+    (tmp_path / "mixed.sgml").write_text("<DOC><DOCNO>a</DOCNO><DATE>1990</DATE><TEXT>inside</TEXT>outside</DOC>\n"
+                                         "<DOC><DOCNO>b</DOCNO><HEAD>t</HEAD>just &amp; this</DOC>\n")
+    mixed = load_trec(tmp_path / "mixed.sgml")
+    assert mixed.texts == ["inside", "just & this"] and mixed.titles == [None, "t"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (["DOCNO"], r"text_fields=\['DOCNO'\]: DOCNO is the document's id, not its text"),
+    (["docno", "TEXT"], r"text_fields=\['docno', 'TEXT'\]: DOCNO is the document's id"),
+    (["DOCID"], r"ids\.sgml:1: data\.text_fields=\[DOCID\]: every document's text is one id-like token \(here "
+                r"'FBIS3-1' of 'a'\): these fields hold ids"),
+])
+def test_a_text_field_of_ids_is_refused(tmp_path, fields, message):
+    (tmp_path / "ids.sgml").write_text("<DOC>\n<DOCNO>a</DOCNO><DOCID>FBIS3-1</DOCID><TEXT>words here</TEXT></DOC>\n"
+                                       "<DOC><DOCNO>b</DOCNO><DOCID>FBIS3-2</DOCID><TEXT>more</TEXT></DOC>\n")
+    with pytest.raises(ValueError, match=message):
+        load_trec(tmp_path / "ids.sgml", text_fields=fields)
+
+
+def test_text_fields_docno_is_refused_at_the_door(collection):
+    from gdr.config import load_config
+    from gdr.validate import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=r"data\.text_fields=\[DOCNO\]: DOCNO is the document's id, not its text"):
+        validate("run", load_config("run", ["data=trec", f"data.path={collection / 'docs'}",
+                                            "data.text_fields=[DOCNO]"]))
+
+
+def test_a_truncated_archive_is_refused_naming_it_anywhere(tmp_path):
+    """Issue 39 item 5: a .gz cut short is refused with its file and line, as a single file, in a folder of
+    TREC SGML (where it used to be left out with an INFO line) and as a .jsonl.gz of documents."""
+    sgml = "".join(f"<DOC>\n<DOCNO>d{i}</DOCNO>\n<TEXT>document {i} {'word ' * 40}</TEXT>\n</DOC>\n"
+                   for i in range(100))
+    gz = gzip.compress(sgml.encode())
+    (tmp_path / "one.gz").write_bytes(gz[: len(gz) // 2])
+    with pytest.raises(DataError, match=r"one\.gz:\d+: the gzip archive ends early or is damaged here"):
+        load_trec(tmp_path / "one.gz")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.sgml").write_text(sgml)
+    for cut in (len(gz) // 2, 12):  # cut in the middle, and inside the first block (nothing to sniff)
+        (docs / "b.gz").write_bytes(gz[:cut])
+        with pytest.raises(DataError, match=r"docs/b\.gz:\d+: the gzip archive ends early"):
+            load_corpus("trec", path=docs)
+    jsonl = "".join(f'{{"id": "d{i}", "text": "document {i} {"word " * 40}"}}\n' for i in range(100)).encode()
+    gj = gzip.compress(jsonl)
+    (tmp_path / "docs.jsonl.gz").write_bytes(gj[: len(gj) // 2])
+    with pytest.raises(DataError, match=r"docs\.jsonl\.gz:\d+: the gzip archive ends early"):
+        load_docs_file(tmp_path / "docs.jsonl.gz")
 
 
 def test_missing_text_is_an_empty_document_by_choice(tmp_path):
@@ -207,19 +297,23 @@ def test_messages_name_the_trec_form_they_found(collection):
 
 def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) -> tuple[Path, Path, Path]:
     """A slice of Cranfield written as TREC distributes a collection: the judged documents of its first
-    ``n_queries`` queries (and others up to ``n_docs``) in two SGML files, one gzipped; topics with ``Number:`` and
-    titles over two lines; qrels with Cranfield's codes (1 = most relevant) turned into grades 4 .. 1."""
+    ``n_queries`` queries (and others up to ``n_docs``) in two SGML files, one gzipped, the first with <TEXT> fields
+    and the second, as older collections are, with the text directly in <DOC> (title in <HEAD>); topics with
+    ``Number:`` and titles over two lines; qrels with Cranfield's codes (1 = most relevant) turned into grades
+    4 .. 1."""
     corpus, qs = load_cranfield(), load_cranfield_queries()
     qs = qs.select(range(n_queries))
     judged = list(dict.fromkeys(d for rel in qs.relevant for d in rel))
     assert len(judged) < n_docs
     others = [d for d, x in zip(corpus.doc_ids, corpus.texts) if d not in set(judged) and x.strip()]
     docs = corpus.select(corpus.indices(sorted(judged + others[: n_docs - len(judged)], key=int)))
-    sgml = [f"<DOC>\n<DOCNO> {d} </DOCNO>\n<TITLE>{t}</TITLE>\n<TEXT>\n{x}\n</TEXT>\n</DOC>\n"
-            for d, t, x in zip(docs.doc_ids, docs.titles, docs.texts)]
+    rows = list(zip(docs.doc_ids, docs.titles, docs.texts))
+    fields = [f"<DOC>\n<DOCNO> {d} </DOCNO>\n<TITLE>{t}</TITLE>\n<TEXT>\n{x}\n</TEXT>\n</DOC>\n"
+              for d, t, x in rows[: n_docs // 2]]
+    bodies = [f"<DOC>\n<DOCNO>{d}</DOCNO>\n<HEAD>{t}</HEAD>\n{x}\n</DOC>\n" for d, t, x in rows[n_docs // 2:]]
     (folder / "docs").mkdir()
-    (folder / "docs" / "cran.1").write_text("".join(sgml[: n_docs // 2]))
-    (folder / "docs" / "cran.2.gz").write_bytes(gzip.compress("".join(sgml[n_docs // 2:]).encode()))
+    (folder / "docs" / "cran.1").write_text("".join(fields))
+    (folder / "docs" / "cran.2.gz").write_bytes(gzip.compress("".join(bodies).encode()))
     topics = folder / "topics.cran"
     topics.write_text("".join(f"<top>\n<num> Number: {q}\n<title> {t[: len(t) // 2]}\n{t[len(t) // 2:]}\n\n"
                               f"<desc> Description:\n{t}\n</top>\n\n" for q, t in zip(qs.qids, qs.texts)))
@@ -230,8 +324,9 @@ def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) 
 
 
 def test_cranfield_in_trec_form_runs_with_one_gdr_run(setup, tmp_path, capsys):
-    """The classic collection as TREC files, no converter: `gdr run data=trec` trains, evaluates and reports
-    Success@k, R@k and RR@k, BM25's equal to ir_measures on its run file (several relevant documents a query)."""
+    """The classic collection as TREC files, no converter and no edit (half of it with the text directly in <DOC>):
+    `gdr run data=trec` trains, evaluates and reports Success@k, R@k and RR@k, BM25's equal to ir_measures on its
+    run file (several relevant documents a query)."""
     import ir_measures
 
     root, folder = setup

@@ -167,8 +167,7 @@ def run_concurrently(jobs: Sequence[Callable[[], Any]], concurrent: int,
                     status, value = conn.recv()
                 except EOFError:  # died without a word: killed, or out of memory
                     proc.join()
-                    status, value = "error", RuntimeError(f"the training process of job {i} exited with code "
-                                                          f"{proc.exitcode} before it finished")
+                    status, value = "error", signals.WorkerDied(f"the training process of job {i}", proc.exitcode)
                 if status == "error":
                     raise value
                 slots[conn] = (proc, None)

@@ -23,6 +23,8 @@ USAGE = {
     "search": 'gdr search "query" ["another query" ...] run_dir=<gdr train out_dir> [k=10] [--json]',
     "index": "gdr index [key=value ...]   |   gdr index add run=<P-matrix run> index=<GC index folder>",
     "bench": "gdr bench {BENCHES} [options]   (gdr bench <name> --help: the options of each)",
+    "evaluate": "gdr evaluate [key=value ...] [--allow-train-split]   (--allow-train-split: score on the split "
+                "the retriever was trained on, as metrics.md then says)",
     "run": "gdr run [+experiment=<name>] [key=value ...]",
     "plan": "gdr plan [+experiment=<name>] [key=value ...] device=h200|h100|a100|cpu [gpus=N]",
 }

@@ -38,7 +38,7 @@ from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import load_nq320k, load_nq320k_queries
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import TITLE_FRACTIONS, drop_titles, title_queries
-from gdr.data.trec import format_hint, is_trec_folder, load_trec, sniff
+from gdr.data.trec import format_hint, is_trec_folder, load_trec, sgml_text_fields, sniff
 from gdr.rules import (
     FILE,
     OPT_POSITIVE,
@@ -189,7 +189,8 @@ DATA_RULES = (
     Rule("data.label_field", optional(field_name), "the label field of a file of documents"),
     Rule("data.queries", optional(existing("file")), "a file of queries (.jsonl or .tsv) for data=jsonl|tsv"),
     Rule("data.qrels", qrels_of_queries, "judgements (<split>.tsv, or a folder of them) for data.queries"),
-    Rule("data.text_fields", non_empty_list, "data=trec: the SGML fields holding a document's text"),
+    Rule("data.text_fields", sgml_text_fields, "data=trec: the SGML fields holding a document's text; a <DOC> without "
+         "them gives its body"),
     Rule("data.title_fields", optional(non_empty_list), "data=trec: the SGML fields of a title, the first present"),
     Rule("data.topic_fields", subset_of("title", "desc", "narr"), "data=trec: a query's topic fields"),
     Rule("data.min_relevance", integer, "judgements of this grade or more are relevant"),

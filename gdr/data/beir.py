@@ -16,7 +16,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, require_file
+from gdr.data.core import (
+    Corpus,
+    DataError,
+    DocTable,
+    QuerySet,
+    id_problem,
+    id_value_problem,
+    iter_lines,
+    require_file,
+)
 from gdr.data.trec import format_hint, qrels_form
 from gdr.io import atomic_write_text
 
@@ -58,8 +67,10 @@ def _id(row: dict, path: Path, lineno: int, key: str = "_id") -> str:
     v = row.get(key)
     if v is None or (isinstance(v, str) and not v.strip()):
         raise DataError(f"{path}:{lineno}: record has no '{key}'; give every record a non-empty '{key}'")
-    if not isinstance(v, (str, int)):
-        raise DataError(f"{path}:{lineno}: '{key}' must be a string, got {v!r}")
+    if id_value_problem(v):
+        raise DataError(f"{path}:{lineno}: '{key}' must be a string, got {v!r} (it {id_value_problem(v)})")
+    if id_problem(str(v)):
+        raise DataError(f"{path}:{lineno}: '{key}' {str(v)!r} {id_problem(str(v))}; remove it from the id")
     return str(v)
 
 

@@ -14,6 +14,7 @@ import gzip
 import logging
 import os
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -40,29 +41,58 @@ log = logging.getLogger(__name__)
 
 ON_EMPTY = ("error", "drop", "keep", "title")
 SPLITS = ("train", "dev", "test")  # the query splits a QuerySet holds
-_ID_BREAKS = re.compile(r"[\t\n\r]")  # docids.tsv, qrels and TREC runs are tab- and line-separated
+# docids.tsv is tab-separated, and qrels and TREC runs (run.trec, bm25.trec) are split on any whitespace by
+# trec_eval and ir_measures: an id with a space would shift every column after it
+_ID_BREAKS = re.compile(r"\s")
 
 
 def id_problem(value: str) -> str | None:
-    """What makes ``value`` unusable as a document or query id (a tab or a line break), or None."""
+    """What makes ``value`` unusable as a document or query id (a tab, a line break or other whitespace), or None."""
     found = _ID_BREAKS.search(value)
-    return None if found is None else f"holds a {'tab' if found.group() == chr(9) else 'line break'}"
+    if found is None:
+        return None
+    named = {"\t": "a tab", "\n": "a line break", "\r": "a line break", " ": "a space"}
+    what = named.get(found.group(), f"whitespace ({found.group()!r})")
+    return f"holds {what}, which splits the columns of run and qrels files"
+
+
+def id_value_problem(v) -> str | None:
+    """Why a raw value cannot be a document or query id, or None: ids are strings or integers. The one judge of
+    every route in (``Corpus(...)``, ``from_texts``, ``from_pandas``, ``from_dataset``, JSONL and TSV files), so
+    the same value is refused the same way wherever it comes from."""
+    if isinstance(v, str):
+        return None if v.strip() else "is empty"
+    if v is None or (isinstance(v, float) and v != v):
+        return "is missing (None/NaN)"
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        return f"is the boolean {v!r}, which would read as {str(v)!r}"
+    if isinstance(v, float) or type(v).__name__.startswith("float"):
+        return f"is the float {v!r}, which would read as {str(v)!r}"
+    if isinstance(v, int) or type(v).__name__.startswith(("int", "uint")):
+        return None
+    return f"is a {type(v).__name__} ({v!r:.40})"
+
+
+def text_value_problem(v) -> str | None:
+    """Why a raw value cannot be a document's text, or None: texts are strings (empty ones are ``on_empty``'s)."""
+    if isinstance(v, str):
+        return None
+    if v is None or (isinstance(v, float) and v != v):
+        return "is missing (None/NaN)"
+    return f"is a {type(v).__name__} ({v!r:.40}), not a string"
 
 
 def _id_strings(values, what: str) -> list[str]:
-    """Ids as strings; a missing one (None, NaN) or a float (1.0 would become '1.0') is refused by row."""
+    """Ids as strings; a missing one (None, NaN), a float (1.0 would become '1.0') or a boolean is refused by row."""
     values = list(values)
-    if set(map(type, values)) <= {str}:  # the common case, without a Python loop
+    if set(map(type, values)) <= {str} and all(values):  # the common case, without a Python loop
         return values
-    out = []
     for i, v in enumerate(values):
-        if v is None or isinstance(v, float):
-            why = ("is missing (None/NaN)" if v is None or v != v
-                   else f"is the float {v!r}, which would read as {str(v)!r}")
+        why = id_value_problem(v)
+        if why:
             raise DataError(f"{what} row {i}: the id {why}; ids are strings or integers (a float column: "
                             ".astype('Int64').astype(str), or drop the rows without an id)")
-        out.append(str(v))
-    return out
+    return [str(v) for v in values]
 
 
 class DataError(ValueError):
@@ -114,7 +144,7 @@ def iter_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tup
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(checked_lines(f, path), 1):
             try:
                 line = raw.decode(encoding)
             except UnicodeDecodeError as e:
@@ -124,6 +154,24 @@ def iter_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tup
                     "or fix that line"
                 ) from None
             yield lineno, line.rstrip("\r\n")
+
+
+def gzip_damage(path: Path, line: int, error: Exception) -> DataError:
+    """The one-line refusal of a gzip archive that ends early or is damaged at ``line`` (1-based)."""
+    return DataError(f"{path}:{line}: the gzip archive ends early or is damaged here ({error or type(error).__name__});"
+                     f" download or compress it again (`gzip -t {path}` checks one)")
+
+
+def checked_lines(lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
+    """The lines of an open file (``gzip.open`` or plain); a truncated or damaged gzip stream is refused naming the
+    line it stops at."""
+    read = 0
+    try:
+        for raw in lines:
+            read += 1
+            yield raw
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise gzip_damage(path, read + 1, e) from None
 
 
 _WS = re.compile(r"\s+")
@@ -283,14 +331,16 @@ def _join_title(title: str | None, text: str, sep: str) -> str:
 # ---------------------------------------------------------------------------- Corpus
 
 def _strings(values, what: str, expect: str) -> list[str]:
-    """``values`` as a list of strings; a bare string or non-strings are refused with what to pass."""
+    """``values`` as a list of strings; a bare string or non-strings (NaN included) are refused with what to pass."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{what}: got {type(values).__name__}; pass {expect}")
     out = list(values)
-    bad = next((i for i, v in enumerate(out) if not isinstance(v, str)), None)
+    if set(map(type, out)) <= {str}:  # the common case, without a Python loop
+        return out
+    bad = next((i for i, v in enumerate(out) if text_value_problem(v)), None)
     if bad is not None:
-        raise TypeError(f"{what}: item {bad} is {type(out[bad]).__name__} ({out[bad]!r:.40}); pass {expect}")
-    return out
+        raise TypeError(f"{what}: item {bad} {text_value_problem(out[bad])}; pass {expect}")
+    return [str(v) for v in out]  # str subclasses (numpy.str_) as plain strings
 
 
 def _column(values, what: str, n: int, optional: bool = False) -> list | None:
@@ -298,7 +348,7 @@ def _column(values, what: str, n: int, optional: bool = False) -> list | None:
         return None
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise TypeError(f"{what}: got {type(values).__name__}; pass a list with one entry per document")
-    out = [None if v is None else str(v) for v in values]
+    out = [None if v is None or v != v else str(v) for v in values]  # NaN (pandas' missing) is missing
     if len(out) != n:
         raise ValueError(f"{what}: {len(out)} entries for {n} documents; pass one per document")
     return out
@@ -362,7 +412,7 @@ class Corpus:
 
     def __post_init__(self) -> None:
         self.doc_ids = _id_strings(self.doc_ids, f"Corpus {self.name!r}: doc_ids")
-        self.texts = list(self.texts)
+        self.texts = _strings(self.texts, f"Corpus {self.name!r}: texts", "one string per document")
         n = len(self.doc_ids)
         _columns_as_lists(self, ("texts", "titles", "labels"), n, f"Corpus {self.name!r}", "doc_ids", "document")
         dup = _first_duplicate(self.doc_ids) if len(set(self.doc_ids)) != n else None
@@ -492,7 +542,14 @@ class Corpus:
         Corpus(name='texts', n_docs=2)
         """
         texts = _strings(texts, "texts", "a list of document strings")
-        ids = [str(i) for i in range(len(texts))] if ids is None else _column(ids, "ids", len(texts))
+        if ids is None:
+            ids = [str(i) for i in range(len(texts))]
+        elif isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+            raise TypeError(f"ids: got {type(ids).__name__}; pass a list with one id per document")
+        elif len(ids) != len(texts):
+            raise ValueError(f"ids: {len(ids)} entries for {len(texts)} documents; pass one per document")
+        else:
+            ids = _id_strings(ids, "ids")
         return cls._checked(name, ids, texts, _column(titles, "titles", len(texts), True),
                             _column(labels, "labels", len(texts), True), {"source": "texts"})
 
@@ -595,6 +652,8 @@ class QuerySet:
         _columns_as_lists(self, ("texts", "relevant", "splits", "grades"), n, f"QuerySet {self.name!r}", "qids",
                           "query")
         _check_ids(self.qids, f"QuerySet {self.name!r}: qid")
+        self.texts = _strings(self.texts, f"QuerySet {self.name!r}: texts", "one query string per qid")
+        self._check_relevant()
         if not set(self.splits) <= set(SPLITS):
             odd = next(i for i, s in enumerate(self.splits) if s not in SPLITS)
             raise DataError(f"QuerySet {self.name!r}: query {self.qids[odd]!r} has split {self.splits[odd]!r}; a split "
@@ -609,6 +668,19 @@ class QuerySet:
             split, qid = _first_duplicate([f"{s}\x00{q}" for s, q in keys]).split("\x00")  # type: ignore[union-attr]
             raise DataError(f"QuerySet {self.name!r}: duplicate qid {qid!r} in split {split!r}; "
                             "query ids must be unique within a split")
+
+    def _check_relevant(self) -> None:
+        """Each query's relevant ids are a list of ids (``relevant=["d0"]`` would read as ['d', '0'])."""
+        for q, rel in zip(self.qids, self.relevant):
+            if not isinstance(rel, (list, tuple)):
+                raise DataError(f"QuerySet {self.name!r}: query {q!r}: relevant is {rel!r:.40}; pass one list of "
+                                "relevant doc ids per query, e.g. relevant=[['d0'], ['d3', 'd7']]")
+            bad = next((d for d in rel if id_value_problem(d)), None) if set(map(type, rel)) - {str} else None
+            if bad is not None:
+                raise DataError(f"QuerySet {self.name!r}: query {q!r}: relevant doc id {bad!r} "
+                                f"{id_value_problem(bad)}; doc ids are strings")
+        self.relevant = [[str(d) for d in rel] if not isinstance(rel, list) or set(map(type, rel)) - {str} else rel
+                         for rel in self.relevant]
 
     def __len__(self) -> int:
         return len(self.qids)

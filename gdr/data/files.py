@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from gdr.data.core import Corpus, DataError, DocTable, QuerySet, iter_lines, require_file
+from gdr.data.core import Corpus, DataError, DocTable, QuerySet, id_value_problem, iter_lines, require_file
 from gdr.data.trec import format_hint, read_trec_topics, sniff
 
 __all__ = ["DOC_FORMATS", "file_format", "load_docs_file", "load_file_queries", "ID_FIELDS", "QUERY_ID_FIELDS"]
@@ -104,9 +104,12 @@ def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field:
             id_key = _pick(row, id_field, ID_FIELDS, file, lineno, "data.id_field")
             _pick(row, text_field, (), file, lineno, "data.text_field")
         v = row.get(id_key)
-        if v is None or not isinstance(v, (str, int)) or not str(v).strip():
+        if v is None or (isinstance(v, str) and not v.strip()):
             raise DataError(f"{file}:{lineno}: record has no {id_key!r} (or it is not a string); give every "
                             f"document a non-empty {id_key!r}")
+        if id_value_problem(v):
+            raise DataError(f"{file}:{lineno}: {id_key!r} {id_value_problem(v)}; ids are strings or integers: fix "
+                            "that record")
         text = _text(row, text_field, file, lineno)
         if text is None:
             raise DataError(f"{file}:{lineno}: document {v!r} has no {text_field!r} field; add it")

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Collection
 
-from gdr.data.core import Corpus, DataError, DocTable, QuerySet, data_dir, iter_lines, require_file
+from gdr.data.core import Corpus, DataError, DocTable, QuerySet, checked_lines, data_dir, iter_lines, require_file
 
 __all__ = ["load_msmarco_lite", "load_msmarco_lite_queries", "read_id_list", "read_query2docid", "find_docs_tsv"]
 
@@ -110,7 +110,7 @@ def _scan_docs_tsv(file: Path, wanted: set[str]) -> dict[str, tuple[int, list[st
     with opener(file, "rb") as f, tqdm(total=size if file.suffix != ".gz" else None, unit="B", unit_scale=True,
                                         desc=f"scan {file.name}", mininterval=2.0, leave=False) as bar:
         pending = 0
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(checked_lines(f, file), 1):
             pending += len(raw)
             if pending > 1 << 24:
                 bar.update(pending)

@@ -41,7 +41,8 @@ from gdr.lm.numerics import decode_dtype, decode_numerics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLER_VERSION", "Decoder", "filter_logits", "gumbel_noise", "sample_next", "stop_check_every"]
+__all__ = ["SAMPLER_VERSION", "GREEDY_BELOW", "Decoder", "filter_logits", "gumbel_noise", "sample_next",
+           "stop_check_every"]
 
 # Which queries a (seed, settings) pair gives, recorded in each query manifest. "hf-generate" (a manifest without a
 # version) is transformers' batch-seeded `generate`. "gdr-decode-1" decodes CUDA's bf16 copy with bf16 rotary
@@ -88,6 +89,11 @@ def gumbel_noise(keys: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.T
     return -torch.log(-torch.log(u))
 
 
+# Below this temperature the scaled logits (up to ~1e3 / T) could overflow float32 (3.4e38), and inf - inf gives
+# NaN tokens: decoding is greedy there, the limit of sampling as T -> 0 (the help of sample.temperature says so).
+GREEDY_BELOW = 1e-30
+
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, temperature: float
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature, then top-k, then top-p, as transformers' warpers do, over a batch.
@@ -95,7 +101,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, temperature: f
     logits : (B, V). Returns ``(vals, idx)`` of shape (B, k), k = top_k (or V when top_k = 0): the k
     largest scaled logits in descending order and their token ids; those top-p removes are ``-inf``.
     """
-    logits = logits.float() / temperature if temperature != 1.0 else logits.float()
+    if temperature < GREEDY_BELOW:  # the limit T -> 0 is the argmax; dividing would give inf - inf = NaN tokens
+        logits, top_k = logits.float(), 1
+    else:
+        logits = logits.float() / temperature if temperature != 1.0 else logits.float()
     k = logits.shape[-1] if top_k <= 0 else min(top_k, logits.shape[-1])
     vals, idx = logits.topk(k, dim=-1)  # (B, k), sorted descending
     if top_p < 1.0:

@@ -27,7 +27,8 @@ def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], q
 
 
 def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settings: EvaluateSettings,
-                   split: str = "test", drop_unknown_qrels: bool = False) -> tuple[dict, str]:
+                   split: str = "test", drop_unknown_qrels: bool = False, on_train_split: bool = False
+                   ) -> tuple[dict, str]:
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
     :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
     ``metrics.json`` (Success@1/10/k, R@10/k, RR@k at k = ``settings.k``, the results per query, under
@@ -35,8 +36,9 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
     with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
     Only the ``split`` queries are scored; a relevant id not in ``corpus`` is refused, or dropped with
-    ``drop_unknown_qrels`` (``metrics.json`` counts them). Returns (the ``metrics.json`` content, its markdown
-    table)."""
+    ``drop_unknown_qrels`` (``metrics.json`` counts them). ``on_train_split``: ``split`` is one the retriever was
+    trained on, allowed by the caller (``--allow-train-split``): ``metrics.json`` and ``metrics.md`` say so. Returns
+    (the ``metrics.json`` content, its markdown table)."""
     from gdr.guard import holding
 
     c = settings.to_dict()
@@ -44,10 +46,11 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
         raise ValueError("no queries with relevant documents in this corpus to evaluate on")
     qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr evaluate`
-        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split, unknown)
+        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split, unknown, on_train_split)
 
 
-def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int) -> tuple[dict, str]:
+def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int, on_train_split: bool
+                    ) -> tuple[dict, str]:
     from eval.bm25 import bm25_run
     from eval.retrieval import (
         PER_QUERY_FILE,
@@ -84,9 +87,13 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
         write_trec_run(out / "bm25.trec", brun, tag="bm25", depth=c["k"])
         write_per_query(out / f"bm25.{PER_QUERY_FILE}", bfirst)
     metrics_json = {"split": split, "systems": rows, "queries_per_s": len(qs) / max(search_s, 1e-9),
-                    **({"unknown_qrels": unknown} if unknown else {})}
+                    **({"unknown_qrels": unknown} if unknown else {}),
+                    **({"trained_on_this_split": True} if on_train_split else {})}
     atomic_write_json(out / "metrics.json", metrics_json)
     table = markdown_table(rows, [*map(metric_name, metric_keys(c["k"])), "n_queries"])
+    if on_train_split:  # --allow-train-split: these figures measure memory of training queries, not retrieval
+        table = (f"Scored on `{split}`, a split the retriever was trained on (--allow-train-split): not a held-out "
+                 f"measure.\n\n{table}")
     atomic_write_text(out / "metrics.md", table)
     write_manifest(out, command="evaluate", run_dir=str(run_dir), corpus=corpus.name, split=split,
                    n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2),

@@ -100,6 +100,9 @@ def min_steps(v, sec):
     return problem
 
 
+# AdamW moves each weight by about lr a step: above 1 every step overshoots, and the batch scaling of lr_scaling
+# can take a huge value to inf, which fails only in training, after sampling, scoring and indexing
+LR_LIMIT = "AdamW moves each weight by about lr a step: at most 1"
 SAMPLE_RULES = (
     Rule("sample.n_queries", POSITIVE, "the number J of sampled queries"),
     Rule("sample.per_doc", NON_NEGATIVE, "queries generated for every document; 0 = off"),
@@ -111,7 +114,7 @@ SAMPLE_RULES = (
     Rule("sample.compile_min_queries", auto_or(POSITIVE), "sample.compile=auto compiles from this many queries"),
     Rule("sample.top_k", NON_NEGATIVE, "top-k sampling; 0 = off"),
     Rule("sample.top_p", number(0, 1), "nucleus sampling mass; 1 = off"),
-    Rule("sample.temperature", number(0), "sampling temperature"),
+    Rule("sample.temperature", number(0), "sampling temperature; below 1e-30 the greedy output, its limit"),
 )
 # queries for every document (gdr.sample_doc_queries, `gdr sample sample.per_doc=N`): at least one
 PER_DOC_RULE = Rule("sample.per_doc", POSITIVE, "queries per document")
@@ -200,8 +203,8 @@ TRAIN_RULES = (
                                                  "d_ff", "d_kv", "pawa_rank", "max_query_len", "encoder_layers")),
     Rule("model.dropout", optional(number(0, 1, lo_open=False, hi_open=True))),
     Rule("model.pawa", optional(boolean)),
-    Rule("optim.lr_encoder", number(0, lo_open=False), "0 freezes the encoder"),
-    Rule("optim.lr_decoder", number(0)),
+    Rule("optim.lr_encoder", number(0, 1, lo_open=False), f"0 freezes the encoder; {LR_LIMIT}"),
+    Rule("optim.lr_decoder", number(0, 1), LR_LIMIT),
     Rule("optim.weight_decay", number(0, lo_open=False)),
     Rule("optim.warmup_steps", NON_NEGATIVE),
     Rule("optim.consistency_weight", number(0, lo_open=False), "0 = off"),

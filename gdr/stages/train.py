@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import yaml
 
 from gdr.config import flat_leaves
 from gdr.io import atomic_write_json
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve_run_batch", "training_device",
            "model_config_from", "read_checked_docids",
-           "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON"]
+           "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON", "trained_splits",
+           "check_not_trained_on"]
 
 TRAINED_ON = "trained_on.json"
 # Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
@@ -111,7 +113,7 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
                    "what": f"{corpus.name}, {len(corpus)} documents"},
         "queries": None if queries is None else {
             "hash": hash_strings([*queries.texts, "\0", *("\t".join(r) for r in queries.relevant)]),
-            "what": f"{len(queries)} real queries"},
+            "what": f"{len(queries)} real queries", "splits": list(dict.fromkeys(queries.splits))},
         "generated": None if not generated else {"hash": file_digest(generated)["crc32"], "what": str(generated)},
     }
     return {"inputs": inputs, "settings": json.loads(json.dumps(flat_leaves(keyed), default=str))}
@@ -170,6 +172,35 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = True, st
         shutil.rmtree(out / name, ignore_errors=True)
     for name in ("manifest.json", TRAINED_ON):
         (out / name).unlink(missing_ok=True)
+
+
+def trained_splits(run_dir: str | Path) -> list[str]:
+    """The query splits the retriever in ``run_dir`` was trained on: ``trained_on.json``'s, else (a folder of an
+    older gdr) ``config.yaml``'s ``queries.split`` when it had queries; [] when unknown or none."""
+    run_dir = Path(run_dir)
+    try:
+        record = json.loads((run_dir / TRAINED_ON).read_text(encoding="utf-8"))
+        queries = (record.get("inputs") or {}).get("queries")
+        if queries is None or "splits" in queries:
+            return list((queries or {}).get("splits") or [])
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        queries = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("queries") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # no config.yaml, or not one of gdr train
+        return []
+    if not isinstance(queries, dict) or not queries.get("name") or not isinstance(queries.get("split"), str):
+        return []
+    return [queries["split"]]
+
+
+def check_not_trained_on(run_dir: str | Path, split: str, allow: bool = False, key: str = "queries.split") -> None:
+    """Refuse to score the retriever of ``run_dir`` on a query ``split`` it was trained on (its scores would measure
+    memory, not retrieval), unless ``allow`` (``--allow-train-split``, ``allow_train_split=True``)."""
+    if split in trained_splits(run_dir) and not allow:
+        raise ConfigError(f"{key}={split}: the retriever in {run_dir} was trained on the {split!r} queries; score "
+                          f"it on a split it never saw, or add --allow-train-split (allow_train_split=True in "
+                          "Python) to measure it on its training queries, as the report will then say")
 
 
 def _legacy_differences(out: Path, fingerprint: dict) -> list[str]:

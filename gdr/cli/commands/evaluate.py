@@ -6,16 +6,24 @@ from gdr.cli.common import compose, corpus_and_queries
 _SETTINGS = ("k", "beam", "length_penalty", "batch_size", "device", "bm25", "tag")
 
 
+ALLOW_TRAIN_SPLIT = "--allow-train-split"  # score on a split the retriever was trained on, said in metrics.md
+
+
 def evaluate_main(argv: list[str]) -> int:
     from gdr.stages.evaluate import evaluate_model
     from gdr.stages.settings import EvaluateSettings
+    from gdr.stages.train import check_not_trained_on, trained_splits
 
-    cfg = compose("evaluate", argv)
+    allow = ALLOW_TRAIN_SPLIT in argv
+    argv = [a for a in argv if a != ALLOW_TRAIN_SPLIT]
+    cfg = compose("evaluate", argv, before_claim=lambda cfg: check_not_trained_on(cfg.run_dir, cfg.queries.split,
+                                                                                  allow))
     c, out, corpus, qs = corpus_and_queries(cfg)
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "
                          f"for {c['data']['name']}; set queries.name / queries.split")
     _, table = evaluate_model(c["run_dir"], corpus, qs, out, EvaluateSettings.from_dict({k: c[k] for k in _SETTINGS}),
-                              split=c["queries"]["split"])
+                              split=c["queries"]["split"],
+                              on_train_split=allow and c["queries"]["split"] in trained_splits(c["run_dir"]))
     print(table, end="")
     return 0

@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 
 from gdr.config import command_config
-from gdr.plan import DEVICES, check_run, format_check, format_plan, plan_run, write_factors
+from gdr.plan import DEVICES, check_run, format_check, format_plan, gpus_problem, plan_run, write_factors
 
 
 def plan_main(argv: list[str]) -> int:
     if "--check" in argv:
         return _check(argv)
-    device, gpus, free, rest = "h200", 1, None, []
+    device, gpus, free, rest = "h200", "1", None, []
     calibrate = "refresh" if "--recalibrate" in argv else "run"
     for a in argv:
         key, _, value = a.partition("=")
@@ -33,11 +33,12 @@ def plan_main(argv: list[str]) -> int:
             except ValueError:
                 raise SystemExit(f"free_gb={value!r}: the GB of device memory free when training starts") from None
         elif key == "gpus":
-            if not value.isdigit() or int(value) < 1:
-                raise SystemExit(f"gpus={value!r}: a whole number of GPUs, 1 or more")
-            gpus = int(value)
+            gpus = value
         else:
             rest.append(a)
+    if gpus_problem(device, gpus):
+        raise SystemExit(gpus_problem(device, gpus))
+    gpus = int(gpus)
     if any(a.startswith("device=") for a in rest):
         raise SystemExit(f"{next(a for a in rest if a.startswith('device='))}: gdr plan plans for "
                          f"device={' | '.join(DEVICES)}")
