@@ -59,7 +59,7 @@ def test_experiment_runs_with_pyterriers_significance_tests(run_dir):
         m = json.loads((_stage(run_dir, stage) / "metrics.json").read_text())["systems"]
         m = m["bm25" if name == "bm25" else "gdr"]
         assert means.loc[name, "Success@1"] == pytest.approx(m["recall@1"], abs=1e-9), name
-        assert means.loc[name, "RR@10"] == pytest.approx(m["mrr@100"], abs=1e-9), name
+        assert means.loc[name, "RR@10"] == pytest.approx(m["mrr@10"], abs=1e-9), name
 
     # the same rows as the run's own evaluation: gdr's run.trec and bm25.trec on its test queries
     for system, stage, file in ((gc, "eval-gc-s0", "run.trec"), (hkmi, "eval-hkmi-s0", "run.trec"),

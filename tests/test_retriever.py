@@ -627,7 +627,10 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
                  "trainer.enable_progress_bar=false", "trainer.tensorboard=false", "trainer.val_beam=5",
                  "trainer.check_val_every_n_epoch=5", "examples.window=4", f"trainer.monitor={monitor}"]) == 0
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["best_checkpoint"] and manifest["best_val_recall1"] is not None  # the monitored score
+    # the monitored score, under its own name
+    assert manifest["best_checkpoint"] and manifest["best_val_metric"] == monitor
+    assert manifest["best_val_score"] is not None
+    assert ("best_val_recall1" in manifest) == (monitor == "val/recall@1")
     assert manifest["examples"]["dev_from"] == "real_queries" and manifest["examples"]["dev_queries"] == 2
     assert (run / "model" / "retriever.json").exists() and (run / "config.yaml").exists()
     ev = tmp_path / "eval"
