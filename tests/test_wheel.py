@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_llama
 
+from gdr.config import conf_dir
 from gdr.data import Corpus, QuerySet, write_beir
+from gdr.paths import SHIPPED, checkout, shipped_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the copy of the source tree leaves out: environments, builds, runs, caches
@@ -137,3 +139,13 @@ def test_installed_tiny_run_outside_the_checkout(installed):
     report = json.loads((work / "runs" / "tiny" / "report.json").read_text())
     assert set(report["retrieval"]) >= {"gc", "random"} and 0.0 <= last["recall_at_1"] <= 100.0
     assert {s["name"] for s in report["stages"]} >= {"score", "index-gc", "index-random", "train-gc-s0", "eval-gc-s0"}
+
+
+def test_in_the_checkout_the_repository_folders_are_read_and_settings_override_them(tmp_path, monkeypatch):
+    for name in SHIPPED:
+        monkeypatch.delenv({"conf": "GDR_CONF_DIR", "gpu-runs": "GDR_GPU_RUNS"}[name], raising=False)
+    assert checkout() == ROOT
+    assert shipped_dir("conf") == ROOT / "conf" and shipped_dir("gpu-runs") == ROOT / "reports" / "gpu-runs"
+    monkeypatch.setenv("GDR_GPU_RUNS", str(tmp_path))
+    monkeypatch.setenv("GDR_CONF_DIR", str(tmp_path / "conf"))
+    assert shipped_dir("gpu-runs") == tmp_path and conf_dir() == tmp_path / "conf"
