@@ -20,9 +20,17 @@ from gdr.data import Corpus, QuerySet, write_beir
 from gdr.paths import SHIPPED, checkout, shipped_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-# What the copy of the source tree leaves out: environments, builds, runs, caches
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "runs", "outputs", "lightning_logs",
-                                    "*.egg-info", "__pycache__", ".pytest_cache", "*.npy")
+_NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.npy")
+
+
+def _not_source(folder: str, names: list[str]) -> set[str]:
+    """What the copy of the source tree leaves out: at the top the hidden folders (.git, .venv, caches) and the
+    outputs of builds and runs; everywhere bytecode and build metadata."""
+    top = Path(folder) == ROOT
+    return _NOT_SOURCE(folder, names) | {n for n in names if top and (n.startswith(".") or n in (
+        "build", "dist", "runs", "outputs", "lightning_logs"))}
+
+
 PACKAGES = {"gdr", "indexing", "training", "eval"}
 
 
@@ -49,7 +57,7 @@ def installed(tmp_path_factory):
     """(the wheels, the fresh environment's bin folder, the environment to run it in, a folder outside the checkout)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)  # builds write build/ and *.egg-info beside the sources
+    shutil.copytree(ROOT, src, ignore=_not_source)  # builds write build/ and *.egg-info beside the sources
     wheels = _build(src, tmp / "dist")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
