@@ -17,6 +17,7 @@ from typing import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from gdr.io import atomic_write_text
+from gdr.paths import shipped_dir
 
 __all__ = ["conf_dir", "load_config", "command_config", "save_config", "to_container", "rerun_command",
            "RerunCommand", "override_value", "flat_leaves", "saved_data", "data_overrides"]
@@ -25,17 +26,9 @@ log = logging.getLogger(__name__)
 
 
 def conf_dir() -> Path:
-    """The ``conf/`` folder: ``$GDR_CONF_DIR`` or the repository's ``conf/``."""
-    env = os.environ.get("GDR_CONF_DIR")
-    if env:
-        return Path(env).resolve()
-    here = Path(__file__).resolve().parent.parent / "conf"
-    if here.is_dir():
-        return here
-    raise FileNotFoundError(
-        f"no conf/ folder next to {Path(__file__).resolve().parent}; install gdr from its "
-        "repository with `pip install -e .` or set GDR_CONF_DIR to a copy of conf/"
-    )
+    """The ``conf/`` folder: ``$GDR_CONF_DIR``, else the wheel's copy, else the checkout's ``conf/``
+    (:func:`gdr.paths.shipped_dir`)."""
+    return shipped_dir("conf")
 
 
 def load_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:

@@ -17,6 +17,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterable
 
+from gdr.paths import checkout
+
 __all__ = [
     "NoSpace",
     "no_space",
@@ -135,11 +137,13 @@ def hash_strings(items: Iterable[str]) -> str:
 
 
 def _git_commit() -> str | None:
+    """The commit of the checkout gdr runs from; None when installed (its site-packages may sit in another
+    project's repository, whose commit is not gdr's)."""
+    root = checkout()
+    if root is None:
+        return None
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5,
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
     except Exception:
         return None

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gdr.paths import cache_dir
 from gdr.rules import OPT_POSITIVE, POSITIVE, Rule, boolean, device
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,6 @@ LM_RULES = (
     Rule("threads", OPT_POSITIVE, "torch CPU threads; null = torch's default"),
     Rule("progress", boolean),
 )
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("GDR_CACHE", Path.home() / ".cache" / "gdr"))
 
 
 def _package_dir(pkg: str, pip_name: str) -> Path:

@@ -9,7 +9,8 @@ device kind, the file named), plus the cold part those runs measured (model load
 compiled, and pays the warm-up, only from ``sample.compile_min_queries`` queries, as the run decides). Then each
 stage is multiplied by the measured / predicted ratio of the device's newest finished run
 (``reports/gpu-runs/*-factors.json``, written by ``gdr plan --check RUN_DIR --write-factors``). A device kind
-without figures of its own takes the H200's fractions and says so.
+without figures of its own takes the H200's fractions and says so. Installed from a wheel, gdr reads its copy of
+``reports/gpu-runs/``; ``$GDR_GPU_RUNS`` names another folder (:func:`gdr.paths.shipped_dir`).
 
 On the CPU the plan first times this machine (:mod:`gdr.calibrate`: a few batches of each step at the run's shapes
 and thread counts, cached per machine); without a calibration (``calibrate="off"``, or ``"cache"`` with none
@@ -44,6 +45,7 @@ from gdr.data.titles import TITLE_FRACTIONS
 from gdr.lm.compiling import want_compile
 from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.models import BUNDLED
+from gdr.paths import shipped_dir
 from gdr.stages.train import model_config_from
 from training.concurrent import concurrent_for_memory
 from training.model import meta_retriever
@@ -55,8 +57,7 @@ log = logging.getLogger(__name__)
 __all__ = ["StagePlan", "plan_run", "predict", "predict_stages", "run_device", "measured_figures", "format_plan",
            "DEVICES", "MAX_GPUS", "gpus_problem"]
 
-REPO = Path(__file__).resolve().parents[1]
-GPU_RUNS = REPO / "reports" / "gpu-runs"
+GPU_RUNS = shipped_dir("gpu-runs")  # the committed GPU figures: reports/gpu-runs/, or the wheel's copy
 DEVICES = {"h200": "H200", "h100": "H100", "a100": "A100", "cpu": "cpu"}
 MAX_GPUS = 16  # gdr run trains and scores on the GPUs of one machine (no multi-node), and none holds more
 

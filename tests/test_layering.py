@@ -134,7 +134,8 @@ def test_no_module_imports_in_a_loop():
     assert _cycle(graph) == []
 
 
-GROUND = ("gdr.rules", "gdr.cost", "gdr.logs", "gdr.device", "gdr.gguf_llama")  # modules that import nothing of gdr
+# modules that import nothing of gdr
+GROUND = ("gdr.rules", "gdr.cost", "gdr.logs", "gdr.device", "gdr.gguf_llama", "gdr.paths")
 
 
 def test_rules_import_nothing_of_gdr_and_lm_nothing_above_it():

@@ -62,10 +62,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gdr.paths import checkout
+
 __all__ = ["Step", "plan", "main", "last_json", "extract", "run_stages", "step_limit", "planned_limits", "RUN_1000",
            "BUDGET_S", "LIMITS", "STEP_COSTS", "StepCost", "floor_s"]
 
-REPO = Path(__file__).resolve().parents[2]
+# The checkout whose gdr the steps run (on a bare CUDA image, without an install); None: the installed gdr
+REPO = checkout()
 
 # The whole default chain on one H100/H200, cold machine included: under a device call's 10 minutes, with room
 # for the interpreter's start and the logs archive
@@ -394,7 +397,8 @@ def validate_run_config(overrides: list[str]) -> str | None:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    if REPO is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -496,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seconds for the whole chain (default {BUDGET_S} on a GPU, {SMOKE_BUDGET_S} with --smoke)")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "gpu"
-    out = Path(args.out or os.environ.get("OUT") or REPO / "runs" / "bench-gpu")
+    out = Path(args.out or os.environ.get("OUT") or (REPO or Path.cwd()) / "runs" / "bench-gpu")
     if args.work:
         work = Path(args.work)
     elif os.environ.get("OUT") and not args.out:  # $OUT returns at most 8 files: runs live elsewhere

@@ -13,7 +13,8 @@ as the name), ``jsonl`` and ``tsv`` (a file of documents, :mod:`gdr.data.files`;
 :mod:`gdr.data.trec`; a file or folder of TREC SGML also works as the name), ``irds:<id>`` (a collection by its
 ir_datasets id, read through ir_datasets and its cache: :mod:`gdr.data.irds`). In memory: :meth:`Corpus.from_texts`,
 :meth:`Corpus.from_pandas`, :meth:`Corpus.from_dataset`. Default paths
-live under :func:`data_dir` (``$GDR_DATA_DIR`` or ``<repo>/../shared/data``).
+live under :func:`data_dir` (``$GDR_DATA_DIR``; in a checkout ``<repo>/../shared/data``, installed
+``~/.cache/gdr/data``).
 
 Queries: :func:`load_queries` reads the query sets that ship with a collection
 (``QUERY_SETS``); :func:`load_title_queries` builds title queries for the titled corpora

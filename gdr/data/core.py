@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from gdr.logs import log_once, warn_once
+from gdr.paths import cache_dir, checkout
 
 __all__ = [
     "Corpus",
@@ -102,17 +103,18 @@ class DataError(ValueError):
 # ---------------------------------------------------------------------------- paths
 
 def data_dir() -> Path:
-    """Root of the shared data: ``$GDR_DATA_DIR`` or ``<repo>/../shared/data``.
-
-    CI clones the repository with ``shared/`` beside it, so the default is resolved
-    relative to the installed package, never to the working directory.
+    """Root of the data sets' default folders: ``$GDR_DATA_DIR``; else, in a source checkout, the development
+    default ``<repo>/../shared/data`` (CI clones the repository with ``shared/`` beside it); else, installed
+    from a wheel, ``<cache>/data`` under gdr's cache (:func:`gdr.paths.cache_dir`). Never the working
+    directory.
     """
     env = os.environ.get("GDR_DATA_DIR")
     if env:
         return Path(env).expanduser().resolve()
-    import gdr
-
-    return (Path(gdr.__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+    root = checkout()
+    if root is not None:
+        return (root / ".." / "shared" / "data").resolve()
+    return cache_dir() / "data"
 
 
 def require_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:

@@ -6,7 +6,8 @@ machine and shapes (``--recalibrate``: again).
 
 ``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
 its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); ``--write-factors`` saves the
-run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json``, which the plan of that device reads."""
+run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json`` (``$GDR_GPU_RUNS/`` when set, the wheel's
+copy when installed), which the plan of that device reads."""
 from __future__ import annotations
 
 import json
