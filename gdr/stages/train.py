@@ -24,12 +24,14 @@ import numpy as np
 
 from gdr.config import flat_leaves
 from gdr.io import atomic_write_json
+from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve_run_batch", "training_device",
+           "training_numerics", "keyed_model",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON"]
 
@@ -100,10 +102,9 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     from indexing.docids import format_code
 
     c = settings.to_dict()
-    model = dict(c["model_presets"].get(c["model"].get("size"), {}))
-    model.update({k: v for k, v in c["model"].items() if v is not None})
-    keyed = {"model": model, "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
-             "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE}}
+    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
+             "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
+             "device": training_numerics(settings)}
     inputs = {
         "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
                    "what": str(docids)},
@@ -115,6 +116,31 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
         "generated": None if not generated else {"hash": file_digest(generated)["crc32"], "what": str(generated)},
     }
     return {"inputs": inputs, "settings": json.loads(json.dumps(flat_leaves(keyed), default=str))}
+
+
+# The retriever's settings that name a model: keyed by the digest of its files, not by the name or path.
+_MODEL_REFS = ("encoder", "tokenizer")
+
+
+def keyed_model(settings: TrainSettings) -> dict:
+    """The retriever's ``model.*`` as resolved from its preset, with the encoder and tokenizer each keyed by the
+    digest of its files (:func:`gdr.models.model_digest`): a model changed in place is another input, a moved
+    one the same."""
+    model = dict(settings.model_presets.get(settings.model.get("size"), {}))
+    model.update({k: v for k, v in settings.model.items() if v is not None})
+    return {k: model_digest(v) if k in _MODEL_REFS and isinstance(v, str) else v for k, v in model.items()}
+
+
+def training_numerics(settings: TrainSettings) -> dict:
+    """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
+    (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU) and whether AdamW is fused."""
+    from training.train import _on_cuda, _precision, resolve_fused
+
+    accelerator = str(settings.trainer.get("accelerator", "auto"))
+    cuda = _on_cuda(accelerator)
+    precision = _precision(settings.trainer.get("precision"), accelerator)
+    return {"kind": "cuda" if cuda else "cpu", "precision": precision,
+            "fused": resolve_fused(settings.optim.get("fused", "auto"), cuda, precision)}
 
 
 def _differences(old: dict, new: dict) -> list[str]:
