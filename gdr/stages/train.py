@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -31,7 +33,7 @@ from gdr.stages.settings import TrainSettings
 log = logging.getLogger(__name__)
 
 __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve_run_batch", "training_device",
-           "training_numerics", "keyed_model",
+           "training_numerics", "training_threads", "keyed_model",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON"]
 
@@ -94,17 +96,17 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
 
 
 def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], settings: TrainSettings, queries=None,
-               generated: str | Path | None = None) -> dict:
+               generated: str | Path | None = None, threads: int | None = None) -> dict:
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
     input, and the settings that change the model (``model.*`` as resolved from its preset, ``examples.*``,
-    ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`)."""
+    ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`, and :func:`training_numerics`)."""
     from gdr.io import file_digest, hash_strings
     from indexing.docids import format_code
 
     c = settings.to_dict()
     keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
              "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
-             "device": training_numerics(settings)}
+             "device": training_numerics(settings, threads)}
     inputs = {
         "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
                    "what": str(docids)},
@@ -131,16 +133,41 @@ def keyed_model(settings: TrainSettings) -> dict:
     return {k: model_digest(v) if k in _MODEL_REFS and isinstance(v, str) else v for k, v in model.items()}
 
 
-def training_numerics(settings: TrainSettings) -> dict:
+def training_numerics(settings: TrainSettings, threads: int | None = None) -> dict:
     """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
-    (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU) and whether AdamW is fused."""
+    (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
+    CPU, the torch threads it trains with (:func:`training_threads` of ``threads``)."""
     from training.train import _on_cuda, _precision, resolve_fused
 
     accelerator = str(settings.trainer.get("accelerator", "auto"))
     cuda = _on_cuda(accelerator)
     precision = _precision(settings.trainer.get("precision"), accelerator)
-    return {"kind": "cuda" if cuda else "cpu", "precision": precision,
-            "fused": resolve_fused(settings.optim.get("fused", "auto"), cuda, precision)}
+    out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
+           "fused": resolve_fused(settings.optim.get("fused", "auto"), cuda, precision)}
+    return out if cuda else {**out, "threads": training_threads(threads)}
+
+
+def training_threads(threads: int | None = None) -> int:
+    """The torch threads a retriever trains with on the CPU: ``threads`` (``gdr run``'s ``threads``), else one per
+    core this process may use. A CPU matmul's sums depend on the count, so each training sets it at its start
+    rather than inherit what an earlier stage of the process left (the query generator sets ``threads``)."""
+    if threads:
+        return int(threads)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextmanager
+def _torch_threads(n: int | None):
+    """torch's CPU threads set to ``n`` for the block (None: left as they are), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -217,7 +244,7 @@ def _legacy_differences(out: Path, fingerprint: dict) -> list[str]:
 
 def train_retriever(corpus, docids: str | Path, out: str | Path, settings: TrainSettings, *, queries=None,
                     generated: str | Path | None = None, write_config: Callable[[Path], Any] | None = None,
-                    stale: str = "refuse"):
+                    stale: str = "refuse", threads: int | None = None):
     """Train one retriever on ``docids`` (a ``docids.tsv`` of ``gdr index``) for ``corpus`` into ``out``.
 
     ``queries``: real training queries (a :class:`gdr.data.QuerySet` over the corpus, e.g. from
@@ -225,13 +252,14 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     ``doc_queries.jsonl`` of generated queries, or None. Returns the ``training.train.TrainResult``; a killed
     run resumes from ``out/checkpoints/last.ckpt``, and only a training on the same inputs and settings
     (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
-    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``)."""
+    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``). ``threads``:
+    the torch CPU threads of a training on the CPU (:func:`training_threads`), set for it whatever ran before."""
     from gdr.guard import holding
 
     out = Path(out)
     codes = _align_docids(str(docids), corpus.doc_ids)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
-        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated)
+        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated, threads)
         check_trained_on(out, fingerprint, resume=bool(settings.trainer.get("resume", True)), stale=stale)
         if write_config is not None:
             write_config(out)
@@ -241,7 +269,8 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
             log.info("%s: a finished training on these inputs and settings (step %d, best %s %s); reused",
                      out, done.global_step, settings.trainer.get("monitor", "val/recall@1"), done.best_val_recall1)
             return done
-        return _train(corpus, docids, codes, out, settings, queries, generated)
+        with _torch_threads(fingerprint["settings"].get("device.threads")):
+            return _train(corpus, docids, codes, out, settings, queries, generated)
 
 
 def _trainer_record(settings: TrainSettings) -> dict:
