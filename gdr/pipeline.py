@@ -17,9 +17,13 @@ the run folder and the records so far); each stage is a :class:`StageSpec` built
 (``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
 
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
-the stages it reads. Sampling and scoring read only the documents, so their keys hold the documents' ids and
-texts, the LM, their settings and the device kind and compute dtype, never file paths or the query settings:
-the same documents from a moved file, a DataFrame or a folder reuse one P. ``stage.json`` in the folder records
+the stages it reads, each input by its content, never by a path. Sampling and scoring read only the documents, so
+their keys hold the documents' ids and texts, the LM (by the digest of its files, :func:`gdr.models.model_digest`),
+their settings and the device kind and compute dtype, not the query settings: the same documents from a moved
+file, a DataFrame or a folder reuse one P, and a model changed in place makes a new one. The other stages hold the
+documents, queries and judgements by their content (:func:`corpus_signature`, :func:`queries_signature`) and a
+retriever the device, precision, AdamW kind and CPU threads it trains with, so a moved or copied collection reuses
+every stage. ``stage.json`` in the folder records
 the key, the inputs and the seconds of every attempt (a stopped one too), and is marked complete only when the
 stage finished, so a second run reuses every finished stage, a changed
 ``index.gc.alpha`` gives a new ``index-gc-<key>`` and new retrievers on it and nothing else, and a killed run
