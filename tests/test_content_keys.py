@@ -105,7 +105,9 @@ def test_a_model_changed_in_place_reruns_what_it_made_and_a_moved_one_reruns_not
     moved = _move(model, tmp_path / "elsewhere" / "lm")  # the same files at another path
     assert main(_args(moved, folder, out)) == 0
     assert _ran(out, capsys) == set()
-    train = json.loads((_only(out, "train-gc-s0-*") / "stage.json").read_text())
+    train_dir = next(s["folder"] for s in json.loads((out / "report.json").read_text())["stages"]
+                     if s["name"] == "train-gc-s0")
+    train = json.loads((out / train_dir / "stage.json").read_text())
     assert train["inputs"]["device"] == {"kind": "cpu", "precision": "32-true", "fused": False, "threads": 1}
 
 
