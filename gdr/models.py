@@ -56,8 +56,7 @@ LM_RULES = (
     Rule("model.name", model_name, "the query generator"),
     MAX_DOC_TOKENS_RULE,
     DEVICE_RULE,
-    Rule("threads", OPT_POSITIVE, "torch CPU threads of the LM and of a retriever trained on the CPU (its key "
-         "records them); null = torch's default for the LM, one per core for a retriever"),
+    Rule("threads", OPT_POSITIVE, "torch CPU threads; null = torch's default"),
     Rule("progress", boolean),
 )
 

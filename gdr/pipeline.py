@@ -653,9 +653,9 @@ def train_spec(run: RunContext, method: str, seed: int) -> StageSpec:
     keyed["model"] = train_stage.keyed_model(settings)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": run.queries_sig[train_q["split"]], "train": keyed, "seed": seed,
-              "device": train_stage.training_numerics(settings, cfg.get("threads"))}
+              "device": train_stage.training_numerics(settings)}
     build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, seed, str(idx.path / "docids.tsv"),
-                        str(doc_q.path / "doc_queries.jsonl") if use_gen else None, cfg.get("threads"))
+                        str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
     return StageSpec(f"train-{method}-s{seed}", inputs, build, after=[idx] + ([doc_q] if use_gen else []),
                      outputs=TRAIN_OUTPUTS)
 
@@ -733,7 +733,6 @@ class _TrainBuild:
     seed: int
     docids: str
     generated: str | None
-    threads: int | None = None  # the run's `threads`: what a CPU training runs with, whatever ran before it
 
     def __call__(self, folder: Path) -> dict:
         sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
@@ -743,7 +742,7 @@ class _TrainBuild:
         # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
         res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
                                           generated=self.generated, stale="restart",
-                                          write_config=lambda f: save_config(sub, f), threads=self.threads)
+                                          write_config=lambda f: save_config(sub, f))
         return {"best_val_recall1": res.best_val_recall1, "global_step": res.global_step, "n_params": res.n_params}
 
 

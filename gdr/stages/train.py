@@ -96,7 +96,7 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
 
 
 def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], settings: TrainSettings, queries=None,
-               generated: str | Path | None = None, threads: int | None = None) -> dict:
+               generated: str | Path | None = None) -> dict:
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
     input, and the settings that change the model (``model.*`` as resolved from its preset, ``examples.*``,
     ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`, and :func:`training_numerics`)."""
@@ -106,7 +106,7 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     c = settings.to_dict()
     keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
              "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
-             "device": training_numerics(settings, threads)}
+             "device": training_numerics(settings)}
     inputs = {
         "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
                    "what": str(docids)},
@@ -133,10 +133,10 @@ def keyed_model(settings: TrainSettings) -> dict:
     return {k: model_digest(v) if k in _MODEL_REFS and isinstance(v, str) else v for k, v in model.items()}
 
 
-def training_numerics(settings: TrainSettings, threads: int | None = None) -> dict:
+def training_numerics(settings: TrainSettings) -> dict:
     """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
     (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
-    CPU, the torch threads it trains with (:func:`training_threads` of ``threads``)."""
+    CPU, the torch threads it trains with (:func:`training_threads`)."""
     from training.train import _on_cuda, _precision, resolve_fused
 
     accelerator = str(settings.trainer.get("accelerator", "auto"))
@@ -144,15 +144,14 @@ def training_numerics(settings: TrainSettings, threads: int | None = None) -> di
     precision = _precision(settings.trainer.get("precision"), accelerator)
     out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
            "fused": resolve_fused(settings.optim.get("fused", "auto"), cuda, precision)}
-    return out if cuda else {**out, "threads": training_threads(threads)}
+    return out if cuda else {**out, "threads": training_threads()}
 
 
-def training_threads(threads: int | None = None) -> int:
-    """The torch threads a retriever trains with on the CPU: ``threads`` (``gdr run``'s ``threads``), else one per
-    core this process may use. A CPU matmul's sums depend on the count, so each training sets it at its start
-    rather than inherit what an earlier stage of the process left (the query generator sets ``threads``)."""
-    if threads:
-        return int(threads)
+def training_threads() -> int:
+    """The torch threads a retriever trains with on the CPU: one per core this process may use, by every entry point
+    (``gdr run``, ``gdr train``, a training worker). A CPU matmul's sums depend on the count, so each training sets it
+    at its start rather than inherit what an earlier stage of the process left (the query generator sets
+    ``threads``)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -244,7 +243,7 @@ def _legacy_differences(out: Path, fingerprint: dict) -> list[str]:
 
 def train_retriever(corpus, docids: str | Path, out: str | Path, settings: TrainSettings, *, queries=None,
                     generated: str | Path | None = None, write_config: Callable[[Path], Any] | None = None,
-                    stale: str = "refuse", threads: int | None = None):
+                    stale: str = "refuse"):
     """Train one retriever on ``docids`` (a ``docids.tsv`` of ``gdr index``) for ``corpus`` into ``out``.
 
     ``queries``: real training queries (a :class:`gdr.data.QuerySet` over the corpus, e.g. from
@@ -252,14 +251,14 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     ``doc_queries.jsonl`` of generated queries, or None. Returns the ``training.train.TrainResult``; a killed
     run resumes from ``out/checkpoints/last.ckpt``, and only a training on the same inputs and settings
     (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
-    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``). ``threads``:
-    the torch CPU threads of a training on the CPU (:func:`training_threads`), set for it whatever ran before."""
+    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``). A training
+    on the CPU runs at :func:`training_threads`, whatever ran before it in the process."""
     from gdr.guard import holding
 
     out = Path(out)
     codes = _align_docids(str(docids), corpus.doc_ids)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
-        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated, threads)
+        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated)
         check_trained_on(out, fingerprint, resume=bool(settings.trainer.get("resume", True)), stale=stale)
         if write_config is not None:
             write_config(out)
