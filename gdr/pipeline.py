@@ -18,9 +18,13 @@ the run folder and the records so far); each stage is a :class:`StageSpec` built
 (``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
 
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
-the stages it reads. Sampling and scoring read only the documents, so their keys hold the documents' ids and
-texts, the LM, their settings and the device kind and compute dtype, never file paths or the query settings:
-the same documents from a moved file, a DataFrame or a folder reuse one P. ``stage.json`` in the folder records
+the stages it reads, each input by its content, never by a path. Sampling and scoring read only the documents, so
+their keys hold the documents' ids and texts, the LM (by the digest of its files, :func:`gdr.models.model_digest`),
+their settings and the device kind and compute dtype, not the query settings: the same documents from a moved
+file, a DataFrame or a folder reuse one P, and a model changed in place makes a new one. The other stages hold the
+documents, queries and judgements by their content (:func:`corpus_signature`, :func:`queries_signature`) and a
+retriever the device, precision, AdamW kind and CPU threads it trains with, so a moved or copied collection reuses
+every stage. ``stage.json`` in the folder records
 the key, the inputs and the seconds of every attempt (a stopped one too), and is marked complete only when the
 stage finished, so a second run reuses every finished stage, a changed
 ``index.gc.alpha`` gives a new ``index-gc-<key>`` and new retrievers on it and nothing else, and a killed run
@@ -69,6 +73,7 @@ from gdr.io import (
     verify_files,
 )
 from gdr.lm.compiling import release_compiled
+from gdr.models import model_digest
 from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.report import mark_in_progress, write_report
@@ -407,6 +412,7 @@ class RunContext:
     test_q: dict
     t_start: float
     argv: Sequence[str] = ()
+    queries_sig: dict = field(default_factory=dict)  # per split (train, test): queries_signature, what keys them
     _lm: Any = None
     score: StageRecord | None = None
     cluster: StageRecord | None = None
@@ -530,8 +536,10 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
         log.info("%s: the previous run's report is marked in progress until this run replaces it", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
-    return RunContext(cfg, corpus, pipe, corpus_signature(cfg, corpus), lm_settings(cfg),
-                      _queries_section(cfg, cfg.queries.test_split), t_start, tuple(argv))
+    splits = {s: queries_signature(cfg, corpus, _queries_section(cfg, s))
+              for s in (cfg.queries.train_split, cfg.queries.test_split)}
+    return RunContext(cfg, corpus, pipe, corpus_signature(corpus), lm_settings(cfg),
+                      _queries_section(cfg, cfg.queries.test_split), t_start, tuple(argv), splits)
 
 
 # ---------------------------------------------------------------------------------------------- stage specs
@@ -571,6 +579,14 @@ def score_spec(run: RunContext) -> StageSpec | None:
                      check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
 
+def _embed_by_digest(settings: Any) -> Any:
+    """A settings dict with its ``embed_model`` (a sentence-transformers name or path) keyed by the digest of the
+    model's files (:func:`gdr.models.model_digest`); anything else as it is."""
+    if isinstance(settings, dict) and isinstance(settings.get("embed_model"), str):
+        return {**settings, "embed_model": model_digest(settings["embed_model"])}
+    return settings
+
+
 def _clustering(run: RunContext) -> bool:
     return bool(run.cfg.cluster.enabled and run.corpus.labels is not None)
 
@@ -592,7 +608,7 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
         save_config(cfg, folder, "cluster.config.yaml")
         return cluster_headline(result)
 
-    settings = {k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"}
+    settings = _embed_by_digest({k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"})
     # P is keyed by the documents alone: the labels it is scored against key this stage
     inputs = {"score": score.key, "labels": hash_strings(run.corpus.labels), "cluster": settings}
     return StageSpec("cluster", inputs, build, after=[score])
@@ -627,7 +643,7 @@ def index_spec(run: RunContext, method: str) -> StageSpec:
     index_cfg = to_container(cfg.index)
     upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
     inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
-              "index": {k: index_cfg[k] for k in INDEX_KEYS[method]}}
+              "index": {k: _embed_by_digest(index_cfg[k]) for k in INDEX_KEYS[method]}}
 
     def build(folder: Path) -> dict:
         from gdr.stages.index import build_index
@@ -660,8 +676,9 @@ def bm25_spec(run: RunContext) -> StageSpec | None:
         return bm25_baseline(run.corpus, _test_queries(cfg, run.corpus, test_q), folder, k=int(cfg.evaluate.k),
                              split=test_q["split"])
 
-    return StageSpec("bm25", {"corpus": run.corpus_sig, "queries": test_q, "k": int(cfg.evaluate.k), "per_query": 1},
-                     build)
+    inputs = {"corpus": run.corpus_sig, "queries": run.queries_sig[test_q["split"]], "k": int(cfg.evaluate.k),
+              "per_query": 1}
+    return StageSpec("bm25", inputs, build)
 
 
 def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None) -> StageSpec:
@@ -672,8 +689,12 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
         train_cfg["trainer"]["batch_size"] = run.train_batch
     train_q = _queries_section(cfg, cfg.queries.train_split, fold)
+    settings = TrainSettings.from_dict(train_cfg, seed=seed)
+    keyed = {k: v for k, v in _keyed(train_cfg).items() if k != "model_presets"}
+    keyed["model"] = train_stage.keyed_model(settings)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
-              "queries": train_q, "train": _keyed(train_cfg), "seed": seed}
+              "queries": _queries_key(run, train_q), "train": keyed, "seed": seed,
+              "device": train_stage.training_numerics(settings)}
     build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, seed, str(idx.path / "docids.tsv"),
                         str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
     return StageSpec(f"train-{method}-{_suffix(seed, fold)}", inputs, build,
@@ -722,7 +743,8 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
     the topics of the fold it was trained without."""
     cfg = run.cfg
     test_q = run.test_q if fold is None else _queries_section(cfg, cfg.queries.test_split, fold)
-    inputs = {"train": train.key, "queries": test_q, "per_query": 1, "evaluate": _keyed(to_container(cfg.evaluate))}
+    inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1,
+              "evaluate": _keyed(to_container(cfg.evaluate))}
 
     def build(folder: Path) -> dict:
         from gdr.stages.evaluate import evaluate_model
@@ -914,12 +936,34 @@ def query_split(run: RunContext) -> dict:
     return {"by": "query set"}
 
 
-def corpus_signature(cfg: DictConfig, corpus) -> dict:
-    """What identifies the corpus in the keys of the stages that read its labels, queries or files too (index,
-    bm25, train): its config and :func:`documents_signature`. ``data.drop_unknown_qrels`` is left out: it refuses
-    or drops judgements of documents not in the corpus, and a run it refuses has no stage to key."""
-    data = {k: v for k, v in to_container(cfg.data).items() if k != "drop_unknown_qrels"}
-    return {"data": data, **documents_signature(corpus)}
+def corpus_signature(corpus) -> dict:
+    """What identifies the corpus in the keys of the stages that read more of it than the LM does (index, bm25,
+    train): :func:`documents_signature` and hashes of the bodies, titles and labels, never the files or settings it
+    was loaded by, so a moved or copied collection reuses every stage."""
+    def optional(values):
+        return None if values is None else hash_strings("\0" if v is None else f"={v}" for v in values)
+
+    return {**documents_signature(corpus), "bodies": hash_strings(corpus.texts), "titles": optional(corpus.titles),
+            "labels": optional(corpus.labels)}
+
+
+def _queries_key(run: RunContext, section: dict) -> dict:
+    """What keys a stage by the queries of ``section``: the split's :func:`queries_signature` read once per run, or
+    with ``queries.folds`` the fold's own (the topics a fold trains on or is tested on differ by fold)."""
+    if section.get("fold") is None:
+        return run.queries_sig[section["split"]]
+    return {**queries_signature(run.cfg, run.corpus, section), "fold": section["fold"]}
+
+
+def queries_signature(cfg: DictConfig, corpus, section: dict) -> dict:
+    """What identifies the real queries of one split (a :func:`_queries_section`) in a key: their ids, texts,
+    relevant documents and grades as read against ``corpus``, never the files they came from."""
+    qs = split_queries(section, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
+    if qs is None:
+        return {"split": section["split"], "n": 0}
+    judged = [*("\t".join(r) for r in qs.relevant), "\0", *("\t".join(map(str, g)) for g in qs.grades or ())]
+    return {"split": section["split"], "n": len(qs), "queries": hash_strings([*qs.qids, "\0", *qs.texts]),
+            "judged": hash_strings(judged)}
 
 
 def documents_signature(corpus) -> dict:
@@ -933,8 +977,16 @@ def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
     :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings and
     the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings."""
-    return {"documents": _documents(corpus_sig), "lm": to_container(cfg.model), "sample": _unbatched(cfg.sample),
+    return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model), "sample": _unbatched(cfg.sample),
             "sampler": _sampler(), "score": _score_key(cfg.score), "device": device_key(cfg, scoring=True)}
+
+
+def lm_key(model: DictConfig) -> dict:
+    """The query generator as it keys a stage: its ``model:`` settings with the name replaced by the digest of the
+    model's files (:func:`gdr.models.model_digest`), so a model changed in place re-runs what it made and a moved
+    one re-runs nothing."""
+    settings = to_container(model)
+    return {**{k: v for k, v in settings.items() if k != "name"}, "weights": model_digest(settings["name"])}
 
 
 def _documents(corpus_sig: dict) -> dict:
@@ -966,7 +1018,7 @@ def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
 def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the doc-queries stage (generated training queries, with their own decoding): as
     :func:`score_inputs`, the documents, the LM, the decoding settings and the device kind."""
-    return {"documents": _documents(corpus_sig), "lm": to_container(cfg.model),
+    return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model),
             "doc_queries": _unbatched(cfg.doc_queries), "sampler": _sampler(), "device": device_key(cfg)}
 
 

@@ -30,7 +30,7 @@ from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringKernels, ScoringMixin
 from gdr.logs import quiet_loading
-from gdr.models import MAX_DOC_TOKENS_RULE, pretrained_config, resolve_model
+from gdr.models import MAX_DOC_TOKENS_RULE, model_digest, pretrained_config, resolve_model
 from gdr.rules import check_values
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,11 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
                      {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
         self.device = resolve_device(device)
         saved = None
+        self.weights = None  # the digest of a model loaded by name (gdr.models.model_digest): its identity
         if isinstance(model, str):
             self.name = model
             path = resolve_model(model)
+            self.weights = model_digest(model)
             saved = saved_generator(path)
             cfg = pretrained_config(path, model)
             cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
@@ -105,8 +107,10 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
         self._decoder = None  # the decode loop, built on first use (SamplingMixin.decoder)
 
     def describe(self) -> dict:
-        """What identifies this scorer in a manifest."""
-        return {"model": self.name, "family": "seq2seq" if self.is_seq2seq else "causal",
+        """What identifies this scorer in a manifest: a model loaded by name by the digest of its files, never its
+        path (a model object by its name)."""
+        who = {"weights": self.weights} if self.weights else {"model": self.name}
+        return {**who, "family": "seq2seq" if self.is_seq2seq else "causal",
                 "prompt": asdict(self.prompt), "max_doc_tokens": self.max_doc_tokens}
 
     def _pad(self, seqs: Sequence[Sequence[int]], left: bool = False, length: int | None = None

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,12 +27,14 @@ import yaml
 
 from gdr.config import flat_leaves
 from gdr.io import atomic_write_json
+from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve_run_batch", "training_device",
+           "training_numerics", "training_threads", "keyed_model",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON", "trained_splits",
            "check_not_trained_on"]
@@ -97,15 +101,14 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
                generated: str | Path | None = None) -> dict:
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
     input, and the settings that change the model (``model.*`` as resolved from its preset, ``examples.*``,
-    ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`)."""
+    ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`, and :func:`training_numerics`)."""
     from gdr.io import file_digest, hash_strings
     from indexing.docids import format_code
 
     c = settings.to_dict()
-    model = dict(c["model_presets"].get(c["model"].get("size"), {}))
-    model.update({k: v for k, v in c["model"].items() if v is not None})
-    keyed = {"model": model, "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
-             "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE}}
+    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
+             "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
+             "device": training_numerics(settings)}
     inputs = {
         "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
                    "what": str(docids)},
@@ -117,6 +120,55 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
         "generated": None if not generated else {"hash": file_digest(generated)["crc32"], "what": str(generated)},
     }
     return {"inputs": inputs, "settings": json.loads(json.dumps(flat_leaves(keyed), default=str))}
+
+
+# The retriever's settings that name a model: keyed by the digest of its files, not by the name or path.
+_MODEL_REFS = ("encoder", "tokenizer")
+
+
+def keyed_model(settings: TrainSettings) -> dict:
+    """The retriever's ``model.*`` as resolved from its preset, with the encoder and tokenizer each keyed by the
+    digest of its files (:func:`gdr.models.model_digest`): a model changed in place is another input, a moved
+    one the same."""
+    model = dict(settings.model_presets.get(settings.model.get("size"), {}))
+    model.update({k: v for k, v in settings.model.items() if v is not None})
+    return {k: model_digest(v) if k in _MODEL_REFS and isinstance(v, str) else v for k, v in model.items()}
+
+
+def training_numerics(settings: TrainSettings) -> dict:
+    """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
+    (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
+    CPU, the torch threads it trains with (:func:`training_threads`)."""
+    from training.train import _on_cuda, _precision, resolve_fused
+
+    accelerator = str(settings.trainer.get("accelerator", "auto"))
+    cuda = _on_cuda(accelerator)
+    precision = _precision(settings.trainer.get("precision"), accelerator)
+    out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
+           "fused": resolve_fused(settings.optim.get("fused", "auto"), cuda, precision)}
+    return out if cuda else {**out, "threads": training_threads()}
+
+
+def training_threads() -> int:
+    """The torch threads a retriever trains with on the CPU: one per core this process may use, by every entry point
+    (``gdr run``, ``gdr train``, a training worker). A CPU matmul's sums depend on the count, so each training sets it
+    at its start rather than inherit what an earlier stage of the process left (the query generator sets
+    ``threads``)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextmanager
+def _torch_threads(n: int | None):
+    """torch's CPU threads set to ``n`` for the block (None: left as they are), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -230,7 +282,8 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     ``doc_queries.jsonl`` of generated queries, or None. Returns the ``training.train.TrainResult``; a killed
     run resumes from ``out/checkpoints/last.ckpt``, and only a training on the same inputs and settings
     (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
-    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``)."""
+    command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``). A training
+    on the CPU runs at :func:`training_threads`, whatever ran before it in the process."""
     from gdr.guard import holding
 
     out = Path(out)
@@ -246,7 +299,8 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
             log.info("%s: a finished training on these inputs and settings (step %d, best %s %s); reused",
                      out, done.global_step, done.monitor, done.best_score)
             return done
-        return _train(corpus, docids, codes, out, settings, queries, generated)
+        with _torch_threads(fingerprint["settings"].get("device.threads")):
+            return _train(corpus, docids, codes, out, settings, queries, generated)
 
 
 def _trainer_record(settings: TrainSettings) -> dict:

@@ -13,7 +13,7 @@ from gdr.pipeline import corpus_signature, doc_queries_inputs, stage_key
 
 score_src, dq_src, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
 cfg = load_config("run", argv)
-sig = corpus_signature(cfg, corpus_from_config(to_container(cfg.data)))
+sig = corpus_signature(corpus_from_config(to_container(cfg.data)))
 out = Path(cfg.out)
 out.mkdir(parents=True, exist_ok=True)
 if (score_src.is_dir() and not (out / score_src.name).exists()

@@ -12,7 +12,7 @@ from gdr.pipeline import corpus_signature, score_inputs, stage_key
 
 src, argv = Path(sys.argv[1]), sys.argv[2:]
 cfg = load_config("run", argv)
-signature = corpus_signature(cfg, corpus_from_config(to_container(cfg.data)))
+signature = corpus_signature(corpus_from_config(to_container(cfg.data)))
 inputs = json.loads(json.dumps(score_inputs(cfg, signature), default=str))
 dst = Path(cfg.out) / f"score-{stage_key(inputs)}"
 dst.mkdir(parents=True, exist_ok=True)
