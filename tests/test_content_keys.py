@@ -12,29 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_pipeline import _args as pipeline_args
+from test_pipeline import toy_collection
 from tiny_models import tiny_llama
 
 import gdr.models
 from gdr.cli import main
-from gdr.data import Corpus, QuerySet, write_beir
+from gdr.data import Corpus
 from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
 from gdr.stages.train import check_trained_on, trained_on
-
-TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
-
-
-def _collection(folder: Path) -> Path:
-    ids, texts, qtexts = [], [], []
-    for i in range(30):
-        t = TOPICS[i % 5].split()
-        ids.append(f"d{i}")
-        texts.append(f"{' '.join(t)} story number {i} about {t[0]} and {t[-1]} item{i}")
-        qtexts.append(f"{t[0]} item{i}")
-    qs = QuerySet(name="toy", qids=[f"q{i}" for i in range(30)], texts=qtexts, relevant=[[d] for d in ids],
-                  splits=["test" if i % 3 == 0 else "train" for i in range(30)])
-    return write_beir(Corpus(name="toy", doc_ids=ids, texts=texts), qs, folder)
 
 
 def _move(src: Path, dst: Path) -> Path:
@@ -59,20 +47,13 @@ def _save_lm(folder: Path, seed: int) -> Path:
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("GDR_CACHE", str(tmp_path / "cache"))  # this test's own digest cache
-    return _save_lm(tmp_path / "lm", seed=0), _collection(tmp_path / "toy")
+    return _save_lm(tmp_path / "lm", seed=0), toy_collection(tmp_path / "toy")
 
 
 def _args(model: Path, folder: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "run", f"data.name={folder}", f"model.name={model}", "model.max_doc_tokens=24", "indexers=[gc,random]",
-        "sample.n_queries=16", "sample.batch_size=8", "sample.max_new_tokens=6", "doc_queries.per_doc=2",
-        "index.n_clusters=4", "index.leaf_size=4", "index.gc.n_init=2", "index.gc.n_init_inner=1",
-        "train.model.size=tiny", "train.trainer.max_steps=4", "train.trainer.max_epochs=100",
-        "train.trainer.batch_size=16", "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false",
-        "train.trainer.val_beam=4", "train.trainer.check_val_every_n_epoch=50", "train.trainer.num_sanity_val_steps=0",
-        "train.optim.warmup_steps=2", "evaluate.k=10", "evaluate.beam=10", "seeds=[0]", "progress=false",
-        "threads=1", f"out={out}", *extra,
-    ]
+    """`gdr run` as test_pipeline runs it, with GC and random docids and the model at ``model``."""
+    args = pipeline_args(model.parent, folder, out, "indexers=[gc,random]", "train.trainer.max_steps=4", *extra)
+    return [f"model.name={model}" if a.startswith("model.name=") else a for a in args]
 
 
 def _ran(out: Path, capsys) -> set[str]:

@@ -22,6 +22,11 @@ def setup(tmp_path_factory):
     lm = tiny_llama()
     lm.model.save_pretrained(root / "tiny-llama")
     lm.tokenizer.save_pretrained(root / "tiny-llama")
+    return root, toy_collection(root / "toy")
+
+
+def toy_collection(folder: Path) -> Path:
+    """A 30-document BEIR folder of five topics, a third of its queries in the test split."""
     ids, texts, qtexts = [], [], []
     for i in range(30):
         t = TOPICS[i % 5].split()
@@ -30,8 +35,7 @@ def setup(tmp_path_factory):
         qtexts.append(f"{t[0]} item{i}")
     qs = QuerySet(name="toy", qids=[f"q{i}" for i in range(30)], texts=qtexts, relevant=[[d] for d in ids],
                   splits=["test" if i % 3 == 0 else "train" for i in range(30)])
-    folder = write_beir(Corpus(name="toy", doc_ids=ids, texts=texts), qs, root / "toy")
-    return root, folder
+    return write_beir(Corpus(name="toy", doc_ids=ids, texts=texts), qs, folder)
 
 
 def _args(root: Path, folder: Path, out: Path, *extra: str) -> list[str]:
