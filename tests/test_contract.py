@@ -705,3 +705,40 @@ def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
     with pytest.raises(ConfigError, match=r"^split=test: the retriever in .*legacy was trained on the 'test'"):
         gdr.evaluate(legacy, _corpus(), _two_splits(), tmp_path / "out", split="test")
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------- keys by content (issue 39)
+# The stages whose bytes depend on the machine: the generator's sampling and scoring, and the retriever's training.
+DEVICE_STAGES = ("score", "doc-queries", "train")
+
+
+def _strings(value, where=()):
+    """Every string leaf of a stage's inputs, with where it sits."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, (*where, str(k)))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, (*where, str(i)))
+    elif isinstance(value, str):
+        yield where, value
+
+
+def test_every_stage_key_holds_content_never_a_path_and_the_device_where_it_decides_bytes(setup, tmp_path):  # noqa: F811
+    """By construction over whatever stages `gdr run` has: no input of any stage's key is a path to a file or
+    folder (the corpus, its queries and judgements, the models are keyed by their content: a moved collection or
+    model re-runs nothing, a model changed in place re-runs what it made), and every stage whose bytes depend on
+    the machine keys the device it ran on."""
+    import json
+
+    root, folder = setup
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out, "indexers=[gc,random]")) == 0
+    stages = {f.parent.name.rsplit("-", 1)[0]: json.loads(f.read_text())["inputs"] for f in out.glob("*/stage.json")}
+    assert {"score", "doc-queries", "index-gc", "bm25", "train-gc-s0", "eval-gc-s0"} <= set(stages)
+    for name, inputs in stages.items():
+        paths = [("/".join(w), v) for w, v in _strings(inputs) if ("/" in v or "\\" in v) and Path(v).exists()]
+        assert not paths, f"{name} is keyed by a path: {paths}"
+        kind = "doc-queries" if name == "doc-queries" else name.split("-")[0]
+        if kind in DEVICE_STAGES:
+            assert "device" in inputs and inputs["device"], f"{name}'s key has no device"
