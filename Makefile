@@ -31,7 +31,7 @@ test: install
 
 # The slow lane: the tests `make test` leaves out (`.ci/run` runs both, so every test runs in CI).
 test-slow: install
-	$(BIN)/python -m pytest -m "slow and not gpu" -q
+	$(BIN)/python -m pytest -m "slow and not gpu and not long" -q --durations=10
 
 # The linter the team keeps (ruff; its rules are in pyproject.toml's [tool.ruff]).
 lint: install

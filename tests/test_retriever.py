@@ -855,6 +855,7 @@ def _noisy_queries(docs: list[np.ndarray], per_doc: int, seed: int) -> tuple[lis
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_batch_512_with_scaled_lr_reaches_the_batch_64_recall(tmp_path, word_tokenizer):
     """64 documents, 1,024 noisy training queries, 256 held-out ones; 3 seeds per setting.
 
