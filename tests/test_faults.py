@@ -291,6 +291,13 @@ def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(f
     for stage, name in (("score", "P.npy"), ("score", "queries.jsonl"), ("index-gc", "docids.tsv"),
                         ("doc-queries", "doc_queries.jsonl")):
         assert file_digest(_folder(out, stage) / name) == file_digest(_folder(ref, stage) / name)
+    # every retriever, the one killed inside its training and those trained after the kills, has the unbroken
+    # run's bytes: nothing earlier in the process (or its absence after a kill) changes a retriever
+    trains = [s for s in _stages(ref) if s.startswith("train-")]
+    assert trains
+    for stage in trains:
+        assert file_digest(_folder(out, stage) / "model" / "model.pt") == \
+            file_digest(_folder(ref, stage) / "model" / "model.pt"), stage
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate"])
