@@ -483,22 +483,23 @@ def train_and_evaluate(run: RunContext) -> None:
     trained by an earlier attempt are taken in first."""
     order = retriever_order(run)
     taken: set[tuple] = set()
-    trained_here: set[tuple] = set()  # trained by this run's workers: the parent then finds them finished
 
-    def take(method: str, seed: int, *fold: int) -> None:
-        train = run.stage(train_spec(run, method, seed, *fold))
-        if (method, seed, *fold) in trained_here:
+    def take(ms: tuple, ran_here: bool = False) -> None:
+        """Evaluate and report retriever ``ms`` (indexer, seed[, fold]), training it here if it is not yet;
+        ``ran_here``: one of this run's workers trained it, so the parent finds it finished but it ran."""
+        train = run.stage(train_spec(run, *ms))
+        if ran_here:
             train.reused = False
-        ev = run.stage(eval_spec(run, method, seed, train, *fold))
-        finish_retriever(run, method, seed, train, ev, *fold)
-        taken.add((method, seed, *fold))
+        ev = run.stage(eval_spec(run, ms[0], ms[1], train, *ms[2:]))
+        finish_retriever(run, ms[0], ms[1], train, ev, *ms[2:])
+        taken.add(ms)
 
     n_train = _train_examples_bound(run)
     run.train_batch = resolve_train_batch(run, n_train)
     specs = {ms: train_spec(run, *ms) for ms in order}
     for ms in order:
         if _finished(run.pipe, specs[ms]):
-            take(*ms)
+            take(ms)
     todo = [ms for ms in order if ms not in taken]
     settings = _train_settings(run)
     docids = str(next(iter(run.indexes.values())).path / "docids.tsv")
@@ -506,16 +507,11 @@ def train_and_evaluate(run: RunContext) -> None:
     if at_once > 1:
         jobs = [partial(_train_stage, run.pipe.root, s.name, s.inputs, s.build, list(s.after))
                 for s in (specs[ms] for ms in todo)]
-
-        def trained(i: int, _) -> None:
-            trained_here.add(todo[i])
-            take(*todo[i])
-
-        train_stage.train_retrievers(jobs, at_once, on_done=trained,
+        train_stage.train_retrievers(jobs, at_once, on_done=lambda i, _: take(todo[i], ran_here=True),
                                      on_cuda=train_stage.training_device(settings) != "cpu")
     for ms in order:
         if ms not in taken:
-            take(*ms)
+            take(ms)
 
 
 def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
