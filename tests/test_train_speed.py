@@ -131,8 +131,8 @@ def _killed(x: int) -> int:
 
 @pytest.mark.slow
 def test_a_killed_training_slot_is_one_line_saying_to_rerun():
-    """Issue 39 item 8: kill -9 of one training worker under train.concurrent=2 made the parent print a 30-line
-    traceback; it is one line naming the job, the signal and the way on."""
+    """kill -9 of one training worker under train.concurrent=2 is one line naming the job, the signal and the way
+    on, not a traceback."""
     from functools import partial
 
     from gdr.signals import WorkerDied

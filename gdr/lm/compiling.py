@@ -88,9 +88,8 @@ def release_compiled() -> None:
     """Free what compiled code holds once its model is dropped: dynamo's compiled frames (whose guards and bound
     methods keep the decoder, its weights and static KV cache alive) and the CUDA-graph trees of
     ``mode="reduce-overhead"``, whose memory pools outlive the model they were captured for; then the allocator's
-    cache. On one H200 the LM stages of ``+experiment=bbc`` left ~120 GB held this way, so the retrievers after them
-    sized their batch and concurrency for 20.6 GB (reports/gpu-runs/2026-11-27-bbc-compare). The on-disk compile
-    cache stays, so a later compile of the same shapes is cheap."""
+    cache. Without this, what runs after the LM stages (the retrievers) would size their batch and concurrency for
+    the memory those pools keep. The on-disk compile cache stays, so a later compile of the same shapes is cheap."""
     torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
