@@ -554,7 +554,7 @@ def test_numpy_columns_are_plain_strings():
 @pytest.mark.parametrize("family", INPUT_FAMILIES)
 @pytest.mark.parametrize("route", CORPUS_ROUTES)
 def test_a_bad_value_is_refused_on_every_route(tmp_path, route, family):
-    """Issue 39 item 6: a NaN id became 'nan', 1.5 '1.5', a JSONL true 'True', a NaN text 'nan', on some routes and
+    """a NaN id became 'nan', 1.5 '1.5', a JSONL true 'True', a NaN text 'nan', on some routes and
     not others; every route now refuses each, in one line saying what the value is."""
     ids, texts, what = INPUT_FAMILIES[family]
     with pytest.raises((gdr.DataError, TypeError)) as e:
@@ -658,7 +658,7 @@ def test_the_setting_families_are_found():
 
 @pytest.mark.parametrize("command,key,check", SPLIT_SETTINGS, ids=[f"{c}-{k}" for c, k, _ in SPLIT_SETTINGS])
 def test_every_split_setting_refuses_an_unknown_split(command, key, check):
-    """Issue 39 item 4: queries.train_split=bogus (gdr run) and queries.split=bogus (gdr train) trained on generated
+    """queries.train_split=bogus (gdr run) and queries.split=bogus (gdr train) trained on generated
     queries only, with exit 0. Every split setting of every command is one of train | dev | test (gdr qg: train)."""
     from gdr.config import load_config
 
@@ -668,13 +668,13 @@ def test_every_split_setting_refuses_an_unknown_split(command, key, check):
 
 @pytest.mark.parametrize("command,key,check", LR_SETTINGS, ids=[f"{c}-{k}" for c, k, _ in LR_SETTINGS])
 def test_every_learning_rate_refuses_one_that_diverges(command, key, check):
-    """Issue 39 item 8: train.optim.lr_decoder=1e308 passed the checks and failed in training, after sampling,
+    """train.optim.lr_decoder=1e308 passed the checks and failed in training, after sampling,
     scoring and indexing."""
     assert check(1e308, None) and check(2.0, None) and check(1e-3, None) is None
 
 
 def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
-    """Issue 39 items 6 and 8, by the API: out=None, an empty corpus, a data or model setting of the wrong type,
+    """By the API: out=None, an empty corpus, a data or model setting of the wrong type,
     a corpus that is not the scored run's, and evaluating on the training split."""
     import json
 
@@ -707,7 +707,7 @@ def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# ------------------------------------------------------------------------------------- keys by content (issue 39)
+# ------------------------------------------------------------------------------------- keys by content ------------
 # The stages whose bytes depend on the machine: the generator's sampling and scoring, and the retriever's training.
 DEVICE_STAGES = ("score", "doc-queries", "train")
 

@@ -220,7 +220,7 @@ def test_filtering_equals_transformers_warpers(top_k, top_p, temperature):
 
 
 def test_a_vanishing_temperature_decodes_greedily(llama):
-    """Issue 39 item 8: temperature=1e-45 gave junk tokens (logits / T overflowed to inf - inf = NaN) while 1e-30
+    """temperature=1e-45 gave junk tokens (logits / T overflowed to inf - inf = NaN) while 1e-30
     gave the greedy output; every temperature below GREEDY_BELOW now gives the greedy queries, the limit T -> 0."""
     from gdr.lm.decode import GREEDY_BELOW
 

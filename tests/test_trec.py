@@ -133,7 +133,7 @@ def _cranfield_forms(folder: Path, n_docs: int = 40) -> dict[str, Path]:
 
 
 def test_any_trec_body_gives_the_same_corpus(tmp_path, caplog):
-    """Issue 40 item 1: with or without <TEXT>, with <HEAD>/<TITLE>/<HEADLINE> titles, one Cranfield slice reads to
+    """with or without <TEXT>, with <HEAD>/<TITLE>/<HEADLINE> titles, one Cranfield slice reads to
     the same documents; a <DOC> without a text field gives its body (minus DOCNO and the title), said in the log."""
     caplog.set_level(logging.INFO, logger="gdr.data.trec")
     files = _cranfield_forms(tmp_path)
@@ -175,7 +175,7 @@ def test_text_fields_docno_is_refused_at_the_door(collection):
 
 
 def test_a_truncated_archive_is_refused_naming_it_anywhere(tmp_path):
-    """Issue 39 item 5: a .gz cut short is refused with its file and line, as a single file, in a folder of
+    """a .gz cut short is refused with its file and line, as a single file, in a folder of
     TREC SGML (where it used to be left out with an INFO line) and as a .jsonl.gz of documents."""
     sgml = "".join(f"<DOC>\n<DOCNO>d{i}</DOCNO>\n<TEXT>document {i} {'word ' * 40}</TEXT>\n</DOC>\n"
                    for i in range(100))
