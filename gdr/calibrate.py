@@ -7,12 +7,15 @@ Each step is timed once warm (a first, untimed call pays the lazy initialisation
 - ``lm_load_s``: loading the query generator (``model.name``), as every process that samples or scores does;
 - ``sampling_s_per_query``: one batch of ``sample_batch`` queries (the run's batch, at most the run's J and
   :data:`SAMPLE_QUERIES`), ``model.max_doc_tokens`` and ``sample.max_new_tokens`` as the run sets them, with the
-  run's threads; ``doc_queries_s_per_query``: ``per_doc`` queries of each of a few documents, the prompt
-  prefilled once per document as the doc-queries stage does;
-- ``scoring_s_per_pair``: one document against a batch of queries of ``sample.max_new_tokens`` tokens, with the
-  threads one scoring process has (1 when ``score.processes`` > 1, as gdr/stages/score.py gives each worker);
+  run's threads; ``doc_queries_s_per_query``: one batch of the doc-queries stage, ``doc_query_docs`` documents of
+  ``per_doc`` queries each (the stage's ``batch_size // per_doc``), the prompt prefilled once per document;
+- ``scoring_s_per_pair``: one document against ``score_queries`` queries of ``sample.max_new_tokens`` tokens (the
+  run's J, at most one packed chunk), with the threads one scoring process has (1 when ``score.processes`` > 1,
+  as gdr/stages/score.py gives each worker): a document's prompt and the chunk's attention are paid as the run
+  pays them;
 - ``training_s_per_example``: optimiser steps of the retriever preset (random-init encoder: the speed is the
-  architecture's) at the run's CPU batch and the padded width the plan uses;
+  architecture's) at the run's CPU batch and the padded width the plan uses, with the threads training takes
+  (:func:`gdr.stages.train.training_threads`);
 - ``search_s_per_query``: constrained beam search at ``evaluate.beam`` over random docids of the run's shape;
 - ``retriever_setup_s``: building the retriever's architecture (without reading the encoder's weights).
 
@@ -45,9 +48,8 @@ log = logging.getLogger(__name__)
 __all__ = ["calibrate_cpu", "calibration_path"]
 
 SAMPLE_QUERIES = 64  # at most this many queries in the timed sampling batch (a CPU run's batch: 64)
-DOC_QUERY_DOCS = 4   # documents in the timed batch of per-document queries
-SCORE_QUERIES = 8    # queries in the timed scoring batch (one document)
-TRAIN_STEPS = 1      # timed optimiser steps
+SCORE_QUERIES = 192  # at most this many queries in the timed scoring batch (one document)
+TRAIN_STEPS = 3      # timed optimiser steps
 SEARCH_QUERIES = 16  # queries in the timed search batch
 # A document of plain news prose: the sampled queries end as real ones do (a made-up text makes the LM end early
 # and redraw)
@@ -70,8 +72,10 @@ def calibration_path(shapes: dict) -> Path:
 
 def calibrate_cpu(shapes: dict, retriever_config, refresh: bool = False) -> tuple[dict[str, float], Path, bool]:
     """(figures, their cache file, whether they were read from the cache) of this CPU at ``shapes``: the
-    ``model`` name, ``doc_tokens``, ``new_tokens``, ``threads`` (None: torch's default), ``score_threads``,
-    ``batch`` (training), ``width`` (training input positions), ``beam``, ``n_docs``, ``n_digits``, ``depth``;
+    ``model`` name, ``doc_tokens``, ``new_tokens``, ``threads`` (None: torch's default), ``sample_batch``,
+    ``per_doc`` and ``doc_query_docs`` (the doc-queries stage's batch), ``score_threads``, ``score_queries``,
+    ``train_threads``, ``batch`` (training), ``width`` (training input positions), ``beam``, ``n_docs``,
+    ``n_digits``, ``depth``;
     ``retriever_config``: the run's :class:`training.model.RetrieverConfig` with its docid sizes."""
     path = calibration_path(shapes)
     if path.is_file() and not refresh:
@@ -125,21 +129,22 @@ def _lm_figures(s: dict) -> dict[str, float]:
     per_doc = int(s.get("per_doc") or 0)
     figures = {}
     if per_doc:
-        docs = [_doc_text(4 * int(s["doc_tokens"]) + i) for i in range(DOC_QUERY_DOCS)]
+        n_docs = max(1, int(s["doc_query_docs"]))
+        docs = [_doc_text(4 * int(s["doc_tokens"]) + i) for i in range(n_docs)]
         figures["doc_queries_s_per_query"] = _timed(lambda: lm.sample_per_doc(
-            docs, per_doc, max_new_tokens=new, max_rows=DOC_QUERY_DOCS * per_doc)) / (DOC_QUERY_DOCS * per_doc)
+            docs, per_doc, max_new_tokens=new, max_rows=n_docs * per_doc)) / (n_docs * per_doc)
     words = DOC.split()
-    queries = [" ".join(words[i:i + max(1, new - 2)]) for i in range(SCORE_QUERIES)]  # ~new tokens each
+    n_q = max(2, min(int(s["score_queries"]), SCORE_QUERIES))
+    queries = [" ".join(words[(i + k) % len(words)] for k in range(max(1, new - 2))) for i in range(n_q)]
     torch.set_num_threads(int(s["score_threads"]))
     lm.score([doc], queries[:2], progress=False)
-    scoring = _timed(lambda: lm.score([doc], queries, progress=False)) / SCORE_QUERIES
+    scoring = _timed(lambda: lm.score([doc], queries, progress=False)) / n_q
     return {"lm_load_s": load, "sampling_s_per_query": sampling, "scoring_s_per_pair": scoring, **figures}
 
 
 def _retriever_figures(s: dict, config) -> dict[str, float]:
     """Set-up, training steps and beam search of the retriever (random-init weights: the speed is the shape's)."""
-    if s.get("threads"):
-        torch.set_num_threads(int(s["threads"]))
+    torch.set_num_threads(int(s["train_threads"]))
     t0 = time.perf_counter()
     torch.manual_seed(0)
     model = GenerativeRetriever.build(type(config).from_dict(config.to_dict()))  # the encoder's architecture only

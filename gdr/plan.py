@@ -44,10 +44,12 @@ from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.lm.compiling import want_compile
 from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
+from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
-from gdr.stages.train import model_config_from
+from gdr.stages.train import model_config_from, training_threads
 from training.concurrent import concurrent_for_memory
+from training.data import dev_sizes
 from training.model import meta_retriever
 from training.stopping import effective_min_steps, patience_checks, steps_per_check
 from training.train import CPU_BATCH, cuda_batch_size
@@ -373,10 +375,8 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     model = _retriever(cfg, n_docs)
     rc = model.config  # with the encoder's HF config filled in
     n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
-    ex = t.examples
-    per_epoch = (n_train * bool(ex.use_real) + n_docs * int(cfg.doc_queries.per_doc) * bool(ex.use_generated)
-                 + n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0)))
-    train = _training(t, model, n_ret, per_epoch, rates, gpus, free)
+    per_epoch, dev = _examples(t.examples, n_docs, n_train, int(cfg.doc_queries.per_doc))
+    train = _training(t, model, n_ret, per_epoch, rates, gpus, free, dev)
     beam = int(cfg.evaluate.beam)
     if rates.per_unit("search_s_per_query"):
         per, setup = rates.per_unit("search_s_per_query"), rates.per_unit("retriever_setup_s")
@@ -398,6 +398,21 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     return [train, search]
 
 
+def _examples(ex, n_docs: int, n_train: int, per_doc: int) -> tuple[int, int]:
+    """(training examples an epoch, dev queries) of one retriever: ``n_train`` real queries (one relevant document
+    each), ``per_doc`` generated ones per document and the document windows, less what the dev split holds out
+    (:func:`training.data.dev_sizes`); a run without queries validates on held-out windows (not modelled: all
+    windows are counted as training examples)."""
+    n_real = n_train if ex.use_real else 0
+    n_gen = n_docs * per_doc if ex.use_generated else 0
+    if ex.get("generated_per_doc") is not None:
+        n_gen = n_docs * min(per_doc, int(ex.generated_per_doc))
+    dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, float(ex.dev_fraction), int(ex.dev_max),
+                                  int(ex.dev_min), float(ex.dev_max_share))
+    windows = n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0))
+    return n_real - dev_real + n_gen - dev_gen + windows, dev_real + dev_gen
+
+
 def _retriever(cfg, n_docs: int):
     """The run's retriever on the meta device, its docids sized for ``n_docs`` documents (``index.n_clusters``
     digits, the depth a tree of ``index.leaf_size`` leaves needs)."""
@@ -417,7 +432,8 @@ def _padded_width(max_query_len: int, batch: int, buckets: bool) -> float:
     return share * max_query_len
 
 
-def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, free: float | None) -> StagePlan:
+def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, free: float | None,
+              dev: int) -> StagePlan:
     """Training ``n_ret`` retrievers of ``per_epoch`` examples an epoch: batch and ``train.concurrent`` as the run
     resolves them for ``free`` bytes of device memory at training time (None: the device's memory), each example
     at its padded width (:func:`_padded_width`); ``seconds`` at the central stop (the dev score best at the floor,
@@ -448,7 +464,6 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
         rate, agg = 1 / per, 0.0
         check = steps_per_check(per_epoch, batch, t.trainer.get("check_val_every_n_epoch"),
                                 t.trainer.get("val_check_interval"))
-        dev = int(t.examples.get("dev_min") or 100)
         val_s = dev * rates.per_unit("search_s_per_query") * int(t.trainer.get("val_beam") or 10) / rates.beam
         warm, src = n_ret * rates.per_unit("retriever_setup_s"), rates.cpu_note()
 
@@ -472,8 +487,7 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
     if per:
         together = (f"{concurrent} at once" + (": assumed: as fast together as one with all the threads"
                                               if concurrent > 1 else "")
-                    + f"; a validation every {check:g} steps: {dev} dev queries (train.examples.dev_min, assumed) "
-                      f"at val_beam, {val_s:.1f} s")
+                    + f"; a validation every {check:g} steps: {dev} dev queries at val_beam, {val_s:.1f} s")
     return StagePlan("training", at(mid_steps), mem,
                      f"{n_ret} retrievers x {mid_steps:,} steps (assumed: the dev score best at the floor, then the "
                      f"patience) from {low_steps:,} ({stop}) to {steps:,} ({t.trainer.max_epochs} epochs, the cap) "
@@ -621,11 +635,18 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     processes = int(cfg.score.get("processes") or 1)
     batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
     sb = cfg.sample.get("batch_size", "auto")
+    db = cfg.doc_queries.get("batch_size", "auto")
+    per_doc, new = int(cfg.doc_queries.per_doc), int(cfg.sample.max_new_tokens)
+    qt = cfg.score.get("max_query_tokens", "auto")
     shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
-              "new_tokens": int(cfg.sample.max_new_tokens), "threads": threads,
+              "new_tokens": new, "threads": threads,
               "sample_batch": min(int(cfg.sample.n_queries), CPU_SAMPLE_BATCH if sb == "auto" else int(sb)),
-              "per_doc": int(cfg.doc_queries.per_doc),
-              "score_threads": 1 if processes > 1 else (threads or torch.get_num_threads()), "batch": batch,
+              "per_doc": per_doc,
+              "doc_query_docs": min(n_docs, max(1, (CPU_SAMPLE_BATCH if db == "auto" else int(db)) // max(per_doc, 1))),
+              "score_threads": 1 if processes > 1 else (threads or torch.get_num_threads()),
+              "score_queries": min(int(cfg.sample.n_queries),
+                                   (CPU_MAX_QUERY_TOKENS if qt == "auto" else int(qt)) // max(new, 1)),
+              "train_threads": training_threads(), "batch": batch,
               "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
               "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
               "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"}}

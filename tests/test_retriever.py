@@ -413,7 +413,7 @@ def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
 def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word_tokenizer):
     from transformers import AutoTokenizer
 
-    from training.data import build_examples
+    from training.data import build_examples, dev_sizes
 
     tok = AutoTokenizer.from_pretrained(word_tokenizer)
     queries = [f"{WORDS[i]} {WORDS[i + 10]}" for i in range(10)]
@@ -427,6 +427,12 @@ def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word
     c = ex.counts
     assert c["dev_queries"] == 8 and c["dev_generated"] == 6 and c["dev_from"] == "real_queries+generated_queries"
     assert c["generated_queries"] == 34 and c["train_examples"] == 8 + 34
+    # the counts gdr plan takes from dev_sizes are the ones build_examples holds out
+    assert dev_sizes(10, 40, 10, 0.2, 1000, 8, 1.0) == (2, c["dev_generated"])
+    assert dev_sizes(10, 40, 10, 0.2, 1000, 0, 1.0) == (old.counts["dev_queries"], 0)
+    for share, held in ((0.1, 4), (1.0, 9)):  # at most that share; one document keeps all its queries
+        built = build_examples(tok, 10, dev_min=100, **{**kw, "dev_max_share": share}).counts["dev_generated"]
+        assert dev_sizes(10, 40, 10, 0.2, 1000, 100, share) == (2, held) and built == held
     dev_gen_docs = [int(r[0]) for r in ex.dev_rel[2:]]
     assert len(set(dev_gen_docs)) == 6  # at most one held-out query per document
     train_inputs = {tuple(ex.train[i]) for i in range(len(ex.train))}

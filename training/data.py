@@ -38,7 +38,7 @@ from indexing.trie import DocidTrie
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TokenStore", "RetrievalExamples", "build_examples", "read_generated_queries", "EpochSampler",
+__all__ = ["TokenStore", "RetrievalExamples", "build_examples", "dev_sizes", "read_generated_queries", "EpochSampler",
            "ResumeSampler", "resume_point", "RetrievalDataModule", "padded", "bucket_widths", "bucketed_order"]
 
 
@@ -274,7 +274,7 @@ def _add_real_queries(got: _Gathered, tokenizer, real_q: list[str], train_rel: S
     bad = [i for i, r in enumerate(rel) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
     if bad:
         raise ValueError(f"training query #{bad[0]} ({real_q[bad[0]][:60]!r}) has no valid relevant document")
-    n_dev = min(dev_max, int(round(dev_fraction * len(real_q)))) if len(real_q) > 1 else 0
+    n_dev = _real_dev_size(len(real_q), dev_fraction, dev_max)
     perm = rng.permutation(len(real_q))
     dev_idx, tr_idx = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
     store = _tokenize(tokenizer, real_q, max_query_len)
@@ -286,6 +286,27 @@ def _add_real_queries(got: _Gathered, tokenizer, real_q: list[str], train_rel: S
     got.targets.append(np.concatenate([rel[i] for i in tr_idx]) if len(tr_idx) else np.zeros(0, np.int64))
     got.counts["real_queries"] = int(n_rel.sum())
     got.counts["dev_from"] = "real_queries"
+
+
+def dev_sizes(n_real: int, n_gen: int, n_gen_docs: int, dev_fraction: float, dev_max: int, dev_min: int,
+              dev_max_share: float) -> tuple[int, int]:
+    """(real queries, generated queries) :func:`build_examples` holds out for the dev split, given ``n_real`` real
+    training queries and ``n_gen`` generated ones over ``n_gen_docs`` documents: the counts its seeded choice makes,
+    without the choice (what ``gdr plan`` needs to count an epoch's examples)."""
+    n_dev = _real_dev_size(n_real, dev_fraction, dev_max)
+    want = _generated_dev_wanted(n_gen, n_real > 0, n_dev, dev_fraction, dev_max, dev_min)
+    cap = _generated_dev_cap(n_gen, n_gen_docs, dev_max_share)
+    return n_dev, min(want, cap) if want > 0 and cap > 0 else 0
+
+
+def _real_dev_size(n_real: int, dev_fraction: float, dev_max: int) -> int:
+    """The seeded ``dev_fraction`` of ``n_real`` real queries held out (none of a single query)."""
+    return min(dev_max, int(round(dev_fraction * n_real))) if n_real > 1 else 0
+
+
+def _generated_dev_cap(n_gen: int, n_gen_docs: int, dev_max_share: float) -> int:
+    """At most ``dev_max_share`` of the generated queries, one per document, leaving one document out."""
+    return min(int(dev_max_share * n_gen), n_gen_docs - 1)
 
 
 def _generated_dev_wanted(n_gen: int, has_real: bool, n_dev: int, dev_fraction: float, dev_max: int,
@@ -308,7 +329,7 @@ def _add_generated_queries(got: _Gathered, tokenizer, gen_q: list[str], gen_d: n
     store = _tokenize(tokenizer, gen_q, max_query_len)
     keep, dev_idx = np.arange(len(gen_q)), np.zeros(0, np.int64)
     first_of_doc = np.flatnonzero(_rank_within(gen_d) == 0)
-    cap = min(int(dev_max_share * len(gen_q)), len(first_of_doc) - 1)
+    cap = _generated_dev_cap(len(gen_q), len(first_of_doc), dev_max_share)
     if want > 0 and cap > 0:
         dev_idx = np.sort(rng.permutation(first_of_doc)[:min(want, cap)])
         keep = np.setdiff1d(keep, dev_idx)
