@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -259,6 +260,11 @@ EVALUATE_RULES = (
 )
 
 
+# True while settings are built from a config the command's door already checked (Settings.from_config): their
+# values are trusted, not checked a second time. A context variable, so that a thread building its own is unaffected.
+_AT_DOOR_CHECKED: ContextVar[bool] = ContextVar("settings_checked_at_door", default=False)
+
+
 class Settings:
     """Shared helpers of the settings dataclasses."""
 
@@ -267,7 +273,8 @@ class Settings:
     keys: ClassVar[dict[str, str]] = {}     # fields kept at another key of the config
 
     def __post_init__(self) -> None:
-        self.check()
+        if not _AT_DOOR_CHECKED.get():  # built by a script: this is its door
+            self.check()
 
     def check(self, shown: str = ""):
         """Refuse a value its rules refuse, naming the field (``shown`` before it, e.g. ``sampling.``); returns
@@ -287,6 +294,17 @@ class Settings:
         return cls(**d)
 
     @classmethod
+    def from_config(cls, values: Mapping[str, Any] | None = None, **overrides: Any):
+        """Like :meth:`from_dict`, for a config section its command already checked at the door
+        (:func:`gdr.validate.validate`): unknown keys are still refused by name, the values are trusted, not
+        checked a second time."""
+        token = _AT_DOOR_CHECKED.set(True)
+        try:
+            return cls.from_dict(values, **overrides)
+        finally:
+            _AT_DOOR_CHECKED.reset(token)
+
+    @classmethod
     def merged(cls, values: Mapping[str, Any] | None = None, **overrides: Any):
         """Like :meth:`from_dict`, but a dict given for a dict-valued setting (``gc``, ``trainer`` ...) changes
         only the keys it names: the rest keep their defaults (what a script means by ``gc={"alpha": "auto"}``)."""
@@ -303,8 +321,16 @@ class Settings:
         return asdict(self)  # type: ignore[call-overload]
 
     def replace(self, **changes: Any):
-        """A copy with some settings changed."""
+        """A copy with some settings changed (checked: a script's door)."""
         return replace(self, **changes)  # type: ignore[type-var]
+
+    def resolved(self, **changes: Any):
+        """A copy with values a stage resolved itself (``auto`` sizes) on checked settings: not checked again."""
+        token = _AT_DOOR_CHECKED.set(True)
+        try:
+            return replace(self, **changes)  # type: ignore[type-var]
+        finally:
+            _AT_DOOR_CHECKED.reset(token)
 
 
 def available_memory() -> int:
