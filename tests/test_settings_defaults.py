@@ -18,12 +18,16 @@ from gdr.stages.settings import (
     SECTIONS,
     STAGE_EXAMPLES,
     STAGE_OPTIM,
+    ClusterGC,
     ClusterSettings,
+    IndexGC,
     IndexSettings,
     TrainSettings,
     generated_yaml,
+    section_classes,
     write_generated,
 )
+from indexing.options import GCOptions
 from training.options import ExampleOptions, OptimOptions, TrainerOptions
 
 
@@ -101,9 +105,13 @@ def test_stage_sections_are_the_kernels_fields():
             assert getattr(kernel, key) != value, f"{type(kernel).__name__}.{key}={value} is written twice"
 
 
-def test_every_section_field_is_a_dataclass_field():
-    """Each dict-valued settings field (index.gc, cluster.gc ...) is the fields of its section class, so a key
-    and its default and help live there once."""
-    for (cls, name), section in SECTIONS.items():
-        assert list(getattr(cls(), name)) == [f.name for f in fields(section)], (cls.__name__, name)
-    assert ClusterSettings().gc["alpha"] == 0.25 and IndexSettings().gc["alpha"] == 0.25
+def test_every_section_key_is_declared_by_one_dataclass_field():
+    """Each dict-valued settings field (index.gc, trainer ...) holds the fields of its section classes, each key
+    declared by exactly one of them (index.gc: the stage's own IndexGC and the kernel's GCOptions), so a key's
+    default and help live in one place."""
+    for cls, name in SECTIONS:
+        declared = [f.name for section in section_classes(cls, name) for f in fields(section)]
+        assert len(declared) == len(set(declared)), f"{cls.__name__}.{name}: a key declared twice"
+        assert sorted(getattr(cls(), name)) == sorted(declared), (cls.__name__, name)
+    assert IndexSettings().gc == {**asdict(IndexGC()), **asdict(GCOptions())}
+    assert ClusterSettings().gc == asdict(ClusterGC())

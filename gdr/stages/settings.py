@@ -49,6 +49,7 @@ from gdr.rules import (
     string_list,
     trainer_devices_at,
 )
+from indexing.options import GCOptions
 from training.options import ExampleOptions, OptimOptions, TrainerOptions
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
@@ -501,35 +502,25 @@ class ClusterSettings(Settings):
 
 @dataclass
 class IndexGC:
-    """``gc``: the GC indexer (hierarchical generative clustering, Algorithm 2)."""
+    """``gc``'s keys beside the kernel's :class:`indexing.options.GCOptions`: which columns of P, and what
+    tree.json shows."""
 
     n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)")
-    alpha: float | str = setting(0.25, "Eq. ris / vmp / resampling; auto = chosen at the root by effective sample "
-                                       "size")
-    ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J")
-    clip_sigma: float | None = setting(5.0, "Eq. clip once on the root P (mu_j + 5 sigma_j); null = no clipping")
-    proposal: str = setting("power", "power (Eq. vmp) | naive (column mean of P)")
-    localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")")
-    bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling")
-    bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)")
-    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++")
-    split_merge: bool | None = setting(None, "split/merge moves after each node's fit; null = on for greedy-k-means++ "
-                                             "only")
-    n_init: int = setting(10, "fit_generative runs at the root")
-    n_init_inner: int = setting(3, "... at every node below the root")
-    max_iter: int = setting(100)
-    tol: float = setting(1.0e-5, "relative improvement of the total distortion")
-    dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity")
-    device: str = setting("cpu")
-    memory_mb: float = setting(1024, "per-node working-set budget; larger nodes: fit on a row sample + streamed "
-                                     "refinement")
-    chunk_rows: int = setting(2048, "rows per streamed chunk")
-    refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget")
-    torch_threads: int | None = setting(1, "torch threads while indexing (1: fastest on a shared 2-core machine); "
-                                           "null = default")
     top_queries: int = setting(5, "typical queries per child in tree.json")
     centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
                                           "tree_state.npz)")
+
+
+# the order `gdr index --help` and conf/stage/index.yaml list index.gc's keys in (IndexGC's and GCOptions')
+INDEX_GC_ORDER = ("n_queries", "alpha", "ess_target", "clip_sigma", "proposal", "localized", "bootstrap",
+                  "bootstrap_root", "init", "split_merge", "n_init", "n_init_inner", "max_iter", "tol", "dedupe",
+                  "device", "memory_mb", "chunk_rows", "refine_max_iter", "torch_threads", "top_queries",
+                  "centroid_json_depth")
+
+
+def _index_gc() -> dict:
+    both = {**asdict(IndexGC()), **asdict(GCOptions())}
+    return {k: both[k] for k in INDEX_GC_ORDER}
 
 
 @dataclass
@@ -565,7 +556,7 @@ class IndexSettings(Settings):
     workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)")
     progress: bool = setting(True)
     plot: bool = setting(True, "summary.png")
-    gc: dict = setting(factory=lambda: asdict(IndexGC()))
+    gc: dict = setting(factory=_index_gc)
     kmeans: dict = setting(help="hkmi and bmi", factory=lambda: asdict(IndexKMeans()))
     atomic: dict = setting(factory=lambda: asdict(IndexAtomic()))
 
@@ -658,10 +649,10 @@ class EvaluateSettings(Settings):
 
 # ---------------------------------------------------------------------------- conf/stage/*.yaml, generated
 # the nested sections of the dict-valued fields: their keys' help (and, for the defaults, their fields)
-SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): IndexGC, (IndexSettings, "kmeans"): IndexKMeans,
-            (IndexSettings, "atomic"): IndexAtomic, (TrainSettings, "examples"): ExampleOptions,
-            (TrainSettings, "model"): TrainModel, (TrainSettings, "optim"): OptimOptions,
-            (TrainSettings, "trainer"): TrainerOptions}
+SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC, GCOptions),
+            (IndexSettings, "kmeans"): IndexKMeans, (IndexSettings, "atomic"): IndexAtomic,
+            (TrainSettings, "examples"): ExampleOptions, (TrainSettings, "model"): TrainModel,
+            (TrainSettings, "optim"): OptimOptions, (TrainSettings, "trainer"): TrainerOptions}
 # conf/<file> -> the settings class it is written from and its fields there, in the order the commands list them
 # (a field kept out of a stage file has one of its own where only some commands compose it: `gdr index`'s method,
 # `gdr train`'s seed, `gdr run`'s cluster.enabled)
@@ -679,6 +670,12 @@ GENERATED = {
 }
 
 
+def section_classes(cls, name: str) -> tuple:
+    """The dataclasses whose fields are the keys of the dict-valued field ``name`` of ``cls`` (none: not one)."""
+    found = SECTIONS.get((cls, name), ())
+    return found if isinstance(found, tuple) else (found,)
+
+
 def field_help(cls) -> dict[str, str]:
     """Dotted key -> what it means, from the field metadata of ``cls`` and its sections (``gc.alpha``); a key
     without help is left out."""
@@ -686,8 +683,8 @@ def field_help(cls) -> dict[str, str]:
     for f in fields(cls):
         if f.metadata.get("help"):
             out[f.name] = f.metadata["help"]
-        section = SECTIONS.get((cls, f.name))
-        out.update({f"{f.name}.{k}": v for k, v in field_help(section).items()} if section else {})
+        for section in section_classes(cls, f.name):
+            out.update({f"{f.name}.{k}": v for k, v in field_help(section).items()})
     if cls is TrainSettings:
         out.update({f"model_presets.{name}": what for name, (_, what) in MODEL_PRESETS.items()})
     return out
