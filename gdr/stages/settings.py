@@ -363,8 +363,9 @@ class LMSettings(Settings):
     name: str = "smollm2-135m"
     max_doc_tokens: int = 128
     prompt: dict | None = None      # PromptConfig fields; None: the model's default prompt
-    device: str = "auto"            # auto | cpu | cuda | cuda:N (under torchrun: cuda:LOCAL_RANK)
-    threads: int | None = None      # torch CPU threads (None: torch's default)
+    # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
+    device: str = setting("auto", "auto | cpu | cuda")
+    threads: int | None = setting(None, "torch CPU threads (null = torch default)")
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
@@ -657,6 +658,7 @@ SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC,
 # (a field kept out of a stage file has one of its own where only some commands compose it: `gdr index`'s method,
 # `gdr train`'s seed, `gdr run`'s cluster.enabled)
 GENERATED = {
+    "stage/lm.yaml": (LMSettings, ("device", "threads")),  # the model's own keys are its conf/model/ option's
     "stage/sample.yaml": (SampleSettings, ("n_queries", "per_doc", "seed", "batch_size", "max_new_tokens", "compile",
                                            "compile_min_queries", "top_k", "top_p", "temperature")),
     "stage/score.yaml": (ScoreSettings, ()),
