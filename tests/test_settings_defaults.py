@@ -115,3 +115,20 @@ def test_every_section_key_is_declared_by_one_dataclass_field():
         assert sorted(getattr(cls(), name)) == sorted(declared), (cls.__name__, name)
     assert IndexSettings().gc == {**asdict(IndexGC()), **asdict(GCOptions())}
     assert ClusterSettings().gc == asdict(ClusterGC())
+
+
+def test_help_reads_what_a_key_means_from_its_field(monkeypatch):
+    """`gdr <command> --help` says what a generated key means from its field's metadata, not from YAML comments:
+    the trainer's monitor from training.options.TrainerOptions; a changed help text shows at once."""
+    import gdr.cli.help as help_module
+
+    def line_of(text: str, key: str) -> str:
+        return next(x for x in text.splitlines() if x.strip().startswith(f"{key} ="))
+
+    monitor = [f for f in fields(TrainerOptions) if f.name == "monitor"][0].metadata["help"]
+    assert " ".join(monitor.split()[:4]) in line_of(help_module.command_help("train", "train"), "trainer.monitor")
+    real = help_module.generated_help
+    monkeypatch.setattr(help_module, "generated_help",
+                        lambda name: {**real(name), "beam": "beams, as the field says"} if name == "stage/evaluate.yaml"
+                        else real(name))
+    assert "beams, as the field says" in line_of(help_module.command_help("evaluate", "evaluate"), "beam")
