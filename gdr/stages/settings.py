@@ -313,8 +313,8 @@ class Settings:
         """Like :meth:`from_dict`, but a dict given for a dict-valued setting (``gc``, ``trainer`` ...) changes
         only the keys it names: the rest keep their defaults (what a script means by ``gc={"alpha": "auto"}``)."""
         d = {**(dict(values) if values else {}), **overrides}
-        base = cls.from_dict(d)  # refuses unknown keys
-        defaults = cls()
+        base = cls.from_config(d)  # refuses unknown keys; the values are checked once, merged, below
+        defaults = cls.from_config()
         for key, value in d.items():
             default = getattr(defaults, key)
             if isinstance(default, dict) and isinstance(value, Mapping):
