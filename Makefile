@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
+.PHONY: conf install demo test test-slow test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: install
 # The slow lane: the tests `make test` leaves out (`.ci/run` runs both, so every test runs in CI).
 test-slow: install
 	$(BIN)/python -m pytest -m "slow and not gpu and not long" -q --durations=10
+
+# conf/stage/*.yaml are written from the settings dataclasses (gdr/stages/settings.py: GENERATED); after changing a
+# default or a help text there, rewrite them (tests/test_settings_defaults.py fails until they match)
+conf:
+	$(BIN)/python -c "from gdr.stages.settings import write_generated; print(*write_generated('conf') or ['unchanged'])"
 
 # The linter the team keeps (ruff; its rules are in pyproject.toml's [tool.ruff]).
 lint: install

@@ -185,6 +185,7 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     _need_path(out, "out", "the folder to write into")
     check_values({"device": device}, (DEVICE_RULE,))
     settings = ClusterSettings.merged(settings)
+    settings.check_corpus(corpus)
     prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
     corpus.check_same_ids(prun.doc_ids, f"run {getattr(prun, 'path', run)}")
     result, _ = cluster_run(corpus, prun, out, settings, device=device)

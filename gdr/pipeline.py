@@ -78,7 +78,7 @@ from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.report import mark_in_progress, write_report
 from gdr.stages.settings import TrainSettings
-from gdr.validate import check_corpus, check_run
+from gdr.validate import check_corpus
 
 log = logging.getLogger(__name__)
 
@@ -515,12 +515,12 @@ def train_and_evaluate(run: RunContext) -> None:
 
 
 def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
-    """Check the settings, load the corpus and read its query splits, all before the run folder changes (a refused
-    run leaves its report and config as they were); then mark the previous report in progress and save the
-    config."""
+    """Load the corpus, read its query splits and check the settings that compare with them, all before the run
+    folder changes (a refused run leaves its report and config as they were); then mark the previous report in
+    progress and save the config. ``cfg`` passed :func:`gdr.validate.validate` at the door (``gdr run``,
+    ``gdr.run``): its rules are not checked again here."""
     from gdr.data import corpus_from_config
 
-    check_run(cfg)
     t_start = time.perf_counter()
     corpus = corpus_from_config(to_container(cfg.data))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
@@ -557,8 +557,8 @@ def score_spec(run: RunContext) -> StageSpec | None:
 
         save_config(_with(cfg, out=str(folder)), folder, "score.config.yaml")
         _drop_damaged_queries(folder)
-        sample = SampleSettings.from_dict(to_container(cfg.sample))
-        score = ScoreSettings.from_dict(to_container(cfg.score))
+        sample = SampleSettings.from_config(to_container(cfg.sample))
+        score = ScoreSettings.from_config(to_container(cfg.score))
         try:
             path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress)
         except FileExistsError as e:
@@ -600,7 +600,7 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
         from gdr.store import load_run
 
         result, _ = cluster_run(run.corpus, load_run(score.path), folder,
-                                ClusterSettings.from_dict(to_container(cfg.cluster)), device=cfg.device)
+                                ClusterSettings.from_config(to_container(cfg.cluster)), device=cfg.device)
         save_config(cfg, folder, "cluster.config.yaml")
         return cluster_headline(result)
 
@@ -626,7 +626,7 @@ def doc_queries_spec(run: RunContext) -> StageSpec | None:
                   "temperature": float(dq.temperature)}
         sub = _with(cfg, out=str(folder), sample=sample)
         save_config(sub, folder, "sample.config.yaml")
-        settings = SampleSettings.from_dict(to_container(sub.sample))
+        settings = SampleSettings.from_config(to_container(sub.sample))
         _drop_damaged_doc_queries(folder)
         return {"doc_queries": str(sample_doc_queries(run.lm(), run.corpus, folder, settings, progress=cfg.progress))}
 
@@ -649,7 +649,7 @@ def index_spec(run: RunContext, method: str) -> StageSpec:
                                 "data": to_container(cfg.data), "run": str(score.path) if method == "gc" else None})
         if method == "bmi":
             sub.kmeans.doc_queries = str(doc_q.path / "doc_queries.jsonl")
-        settings = IndexSettings.from_dict({**index_cfg, "method": method, "kmeans": to_container(sub.kmeans)})
+        settings = IndexSettings.from_config({**index_cfg, "method": method, "kmeans": to_container(sub.kmeans)})
         summary = build_index(settings, folder, corpus=run.corpus, run=sub.run)
         save_config(sub, folder)
         return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
@@ -685,7 +685,7 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
         train_cfg["trainer"]["batch_size"] = run.train_batch
     train_q = _queries_section(cfg, cfg.queries.train_split, fold)
-    settings = TrainSettings.from_dict(train_cfg, seed=seed)
+    settings = TrainSettings.from_config(train_cfg, seed=seed)
     keyed = {k: v for k, v in _keyed(train_cfg).items() if k != "model_presets"}
     keyed["model"] = train_stage.keyed_model(settings)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
@@ -718,7 +718,7 @@ def resolve_train_batch(run: RunContext, n_train: int) -> int | None:
     device's memory by then; another device resolves (and keys) its own. None for a batch size given as a number."""
     if run.cfg.train.trainer.batch_size != "auto":
         return None
-    settings = TrainSettings.from_dict(to_container(run.cfg.train))
+    settings = TrainSettings.from_config(to_container(run.cfg.train))
     path = run.pipe.root / AUTO_SIZES_FILE
     device = train_stage.training_device(settings)
     try:
@@ -750,7 +750,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
                                 "run_dir": str(train.path), "out_dir": str(folder), "bm25": False, "queries": test_q})
         folder.mkdir(parents=True, exist_ok=True)
         save_config(sub, folder)
-        settings = EvaluateSettings.from_dict(to_container(cfg.evaluate), bm25=False)
+        settings = EvaluateSettings.from_config(to_container(cfg.evaluate), bm25=False)
         m, _ = evaluate_model(train.path, run.corpus, _test_queries(cfg, run.corpus, test_q), folder, settings,
                               split=test_q["split"])
         return {"metrics": m["systems"][settings.tag]}
@@ -778,7 +778,7 @@ class _TrainBuild:
         sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
                                 "out_dir": str(folder), "queries": self.queries, "generated": self.generated})
         qs = split_queries(self.queries, self.data, set(self.corpus.doc_ids), self.data.get("docs_tsv"))
-        settings = TrainSettings.from_dict(self.train_cfg, seed=self.seed)
+        settings = TrainSettings.from_config(self.train_cfg, seed=self.seed)
         # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
         res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
                                           generated=self.generated, stale="restart",
@@ -806,7 +806,7 @@ def _train_settings(run: RunContext) -> TrainSettings:
     train_cfg = to_container(run.cfg.train)
     if run.train_batch is not None:
         train_cfg["trainer"]["batch_size"] = run.train_batch
-    return TrainSettings.from_dict(train_cfg)
+    return TrainSettings.from_config(train_cfg)
 
 
 def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
@@ -1043,7 +1043,7 @@ def lm_settings(cfg: DictConfig):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
     from gdr.stages.settings import LMSettings
 
-    return LMSettings.from_dict(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
                                 threads=cfg.get("threads"))
 
 

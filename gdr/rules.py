@@ -19,13 +19,14 @@ import difflib
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing"]
+__all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
+           "setting"]
 
 
 class ConfigError(ValueError):
@@ -371,3 +372,13 @@ def check_values(values: Mapping[str, Any], rules: Sequence[Rule], keys: Mapping
             if problem:
                 top = max((k for k in names if key == k or key.startswith(k + ".")), key=len)
                 raise refusal(f"{shown}{names[top]}{key[len(top):]}", value, problem, rule)
+
+
+# ---------------------------------------------------------------------------- settings fields
+
+def setting(default: Any = None, help: str = "", *, factory: Callable[[], Any] | None = None):
+    """A settings dataclass field: its default (``factory`` for a mutable one) and ``help``, what the key means,
+    in its metadata, the one place ``--help`` and the generated ``conf/stage/*.yaml`` read it from."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})

@@ -310,11 +310,11 @@ def check_corpus(command: str, cfg: DictConfig, corpus) -> None:
     (in seconds, not at their stage after sampling and scoring); the messages name the full key. ``gdr run``
     clusters only a labelled corpus (and only with ``cluster.enabled``); ``gdr cluster`` any corpus."""
     if command in ("score", "cluster", "run"):
-        ScoreSettings.from_dict(OmegaConf.to_container(cfg.score, resolve=True)).check_size(
+        ScoreSettings.from_config(OmegaConf.to_container(cfg.score, resolve=True)).check_size(
             len(corpus), cfg.sample.n_queries)
     clusters = command == "cluster" or command == "run" and cfg.cluster.enabled and corpus.labels is not None
     if clusters:
-        ClusterSettings.from_dict(OmegaConf.to_container(cfg.cluster, resolve=True)).check_corpus(
+        ClusterSettings.from_config(OmegaConf.to_container(cfg.cluster, resolve=True)).check_corpus(
             corpus, prefix="cluster.")
     leaf = get(cfg, "index.leaf_size")
     if leaf is not None and int(leaf) >= len(corpus):

@@ -41,8 +41,9 @@ import torch
 from scipy.special import logsumexp
 from tqdm.auto import tqdm
 
-from gdr.cluster import _INITS, centroid_update, distortion_matrix, fit_generative, log_proposal, log_weights
+from gdr.cluster import centroid_update, distortion_matrix, fit_generative, log_proposal, log_weights
 from gdr.store.rows import PMatrix
+from indexing.options import GCOptions
 from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 
 __all__ = [
@@ -62,75 +63,6 @@ log = logging.getLogger(__name__)
 # Bytes per element of a node's (n, J) block in the in-memory path: the float32 rows, the
 # resampled rows, log W, the temporary of log_weights, and the kernel's V (float32 each), plus slack.
 _BYTES_PER_ELEM = 24
-
-
-@dataclass
-class GCOptions:
-    """Switches of hierarchical GC (defaults: the paper, K and c set on the tree).
-
-    alpha: RIS regularisation (Eq. ris), 0.25 in the paper; "auto": chosen once at the root by
-        :func:`gdr.cluster.auto_alpha` (mean effective sample size ``ess_target * J``) and used at every node.
-    ess_target: the ESS fraction of ``alpha="auto"``.
-    clip_sigma: n_sigma of Eq. clip, applied once with the root's bounds; None disables clipping.
-    proposal: "power" (Eq. vmp) or "naive" (column mean of P).
-    localized: re-estimate phi~ on each node's documents (else every node uses the global phi).
-    bootstrap: resample the J columns at each node by Eq. resampling (else use all J as they are).
-    bootstrap_root: also resample at the root (r_j = 1 there: a uniform bootstrap).
-    init, n_init, max_iter, tol, split_merge: passed to ``fit_generative``; ``n_init`` at the root,
-        ``n_init_inner`` below it. ``init``: "greedy-k-means++" (default), "random" (Eq. init) or
-        "k-means++" (Appendix); ``split_merge``: null = on for "greedy-k-means++" only.
-    dedupe: cluster identical rows once (weighted by multiplicity).
-    device: torch device of the kernel.
-    memory_mb: working-set budget of one node; larger nodes are fitted on a row sample and
-        refined by streamed passes of ``chunk_rows`` rows, at most ``refine_max_iter`` of them.
-        With ``workers`` threads, peak memory is about ``workers * memory_mb`` plus the baseline.
-    torch_threads: torch intra-op threads while indexing (restored afterwards); None = leave as is.
-        1 is the default because most nodes are small: on a loaded 2-core machine, the kernel's
-        (K, J) tensor operations ran 20-40x slower with 2 OpenMP threads than with 1 (measured).
-    """
-
-    alpha: float | str = 0.25
-    ess_target: float = 0.5
-    clip_sigma: float | None = 5.0
-    proposal: str = "power"
-    localized: bool = True
-    bootstrap: bool = True
-    bootstrap_root: bool = False
-    init: str = "greedy-k-means++"
-    n_init: int = 10
-    n_init_inner: int = 3
-    max_iter: int = 100
-    tol: float = 1e-5
-    dedupe: bool = True
-    device: str = "cpu"
-    memory_mb: float = 1024.0
-    chunk_rows: int = 2048
-    refine_max_iter: int = 30
-    torch_threads: int | None = 1
-    split_merge: bool | None = None
-
-    def validate(self) -> None:
-        if self.alpha != "auto" and not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
-                                         and self.alpha > 0):
-            raise ValueError(f"gc.alpha must be > 0 or 'auto' (the paper uses 0.25); got {self.alpha!r}")
-        if not 0 < self.ess_target < 1:
-            raise ValueError(f"gc.ess_target must be in (0, 1); got {self.ess_target}")
-        if self.clip_sigma is not None and not self.clip_sigma > 0:
-            raise ValueError(f"gc.clip_sigma must be > 0 or null (no clipping); got {self.clip_sigma}")
-        if self.proposal not in ("power", "naive"):
-            raise ValueError(f"gc.proposal must be 'power' or 'naive'; got {self.proposal!r}")
-        if self.init not in _INITS:
-            raise ValueError(f"gc.init must be one of {', '.join(_INITS)}; got {self.init!r}")
-        if self.split_merge is not None and not isinstance(self.split_merge, bool):
-            raise ValueError(f"gc.split_merge must be true, false or null (on for greedy-k-means++); "
-                             f"got {self.split_merge!r}")
-        for name in ("n_init", "n_init_inner", "max_iter", "chunk_rows"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"gc.{name} must be >= 1; got {getattr(self, name)}")
-        if self.torch_threads is not None and int(self.torch_threads) < 1:
-            raise ValueError(f"gc.torch_threads must be >= 1 or null; got {self.torch_threads}")
-        if self.refine_max_iter < 0 or self.memory_mb <= 0 or self.tol < 0:
-            raise ValueError("gc.refine_max_iter and gc.tol must be >= 0 and gc.memory_mb > 0")
 
 
 @dataclass

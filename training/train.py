@@ -41,6 +41,7 @@ from training.checkpoints import (
 from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
 from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
 from training.module import RetrieverModule
+from training.options import ExampleOptions, OptimOptions, TrainerOptions
 from training.stopping import effective_min_steps, patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
@@ -48,44 +49,6 @@ log = logging.getLogger(__name__)
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
            "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory",
            "train_memory_per_example", "cuda_batch_size"]
-
-
-@dataclass
-class ExampleOptions:
-    """Which training inputs to use (see ``training.data``)."""
-
-    use_real: bool = True
-    use_generated: bool = True
-    doc_first: bool = True
-    doc_windows: int = 2
-    window: int = 64
-    max_doc_tokens: int = 2048
-    dev_fraction: float = 0.1
-    dev_max: int = 1000
-    dev_min: int = 0  # fewer real dev queries: held-out generated queries fill the dev split up to this
-    dev_max_share: float = 0.1  # held-out generated queries: at most this share of them (one per document)
-    generated_per_doc: int | None = None  # only the first N generated queries of each document
-
-
-@dataclass
-class OptimOptions:
-    """AdamW settings, given at ``base_batch_size``.
-
-    At batch size B the learning rates are multiplied by ``sqrt(B / base_batch_size)`` (``lr_scaling:
-    sqrt``, the square-root rule for Adam-type optimisers) or ``B / base_batch_size`` (``linear``) or kept
-    (``none``, this class's default, so that code calling :func:`train` with its own rates keeps them), and
-    the warmup covers the same number of *examples*: ``warmup_steps * base_batch_size / B`` steps. At
-    B = base_batch_size nothing changes (see :func:`scaled_optim`).
-    """
-
-    lr_encoder: float = 1e-4
-    lr_decoder: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 1000
-    consistency_weight: float = 0.0
-    base_batch_size: int = 64
-    lr_scaling: str = "none"  # conf/stage/train.yaml: sqrt
-    fused: bool | str = "auto"  # fused AdamW: auto = on CUDA (see resolve_fused)
 
 
 LR_SCALINGS = ("sqrt", "linear", "none")
@@ -120,50 +83,6 @@ def scaled_optim(optim: OptimOptions, batch_size: int) -> OptimOptions:
     warmup = int(round(optim.warmup_steps / ratio))
     return replace(optim, lr_encoder=optim.lr_encoder * factor, lr_decoder=optim.lr_decoder * factor,
                    warmup_steps=warmup, base_batch_size=batch_size)
-
-
-@dataclass
-class TrainerOptions:
-    """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
-
-    ``batch_size`` "auto" = on CUDA what fits the free memory, up to 4,096, 64 on the CPU (:func:`resolve_batch_size`;
-    a resumed run keeps its first batch); ``compile`` wraps the model in ``torch.compile`` (any device; static shapes:
-    each batch is padded to a fixed width, its length bucket's with ``length_buckets``, so that an epoch traces a few
-    graphs once); ``length_buckets`` groups each batch's examples by input length (``training.data.bucketed_order``),
-    so short queries are not padded to the width of document windows.
-    """
-
-    max_epochs: int = 20
-    max_steps: int = -1
-    batch_size: int | str = 64
-    eval_batch_size: int = 32
-    accelerator: str = "auto"
-    devices: Any = "auto"
-    strategy: str = "auto"
-    precision: str | None = None
-    gradient_clip_val: float = 1.0
-    check_val_every_n_epoch: int = 1
-    val_check_interval: float | int | None = None
-    limit_val_batches: float | int = 1.0
-    patience: int = 5  # validation checks without improvement before stopping
-    patience_steps: int | None = None  # instead: optimiser steps without improvement (training/stopping.py)
-    min_steps: int = 0  # no early stop before this many steps
-    # what picks the exported checkpoint and stops early: "val/recall@1" (NCI) or "val/mrr" (MRR@val_beam,
-    # finer-grained: on a dev set of a few queries recall@1 ties at 0 and the first epoch would be kept)
-    monitor: str = "val/recall@1"
-    val_beam: int = 10
-    length_penalty: float = 1.0
-    num_workers: int = 0
-    log_every_n_steps: int = 50
-    checkpoint_every_n_steps: int | None = None
-    checkpoint_every_n_epochs: int = 1
-    num_sanity_val_steps: int = 2
-    tensorboard: bool = True
-    resume: bool = True
-    resume_damaged: str = "best"  # a damaged last.ckpt: start from the best checkpoint's weights, or "fresh"
-    enable_progress_bar: bool = True
-    compile: bool = False
-    length_buckets: bool = False
 
 
 GPU_BATCH, CPU_BATCH, GPU_BATCH_CAP = 512, 64, 4096

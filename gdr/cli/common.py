@@ -30,7 +30,7 @@ def compose(name: str, argv: list[str], lock: str | None = None, before_claim=No
 
 
 def section(cfg, key: str, **overrides) -> dict:
-    """A config section as a plain dict (for ``<Settings>.from_dict``)."""
+    """A config section as a plain dict (for ``<Settings>.from_config``)."""
     return {**to_container(cfg[key]), **overrides}
 
 
@@ -38,7 +38,7 @@ def lm_settings(cfg):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
     from gdr.stages.settings import LMSettings
 
-    return LMSettings.from_dict(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
                                 threads=cfg.get("threads"))
 
 

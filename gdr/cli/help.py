@@ -1,8 +1,9 @@
 """``gdr <command> --help``: generated from the command's YAML config, its comments and its validation rules.
 
 Nothing here is a second copy of the settings: the defaults come from composing ``conf/<command>.yaml``,
-the meaning of each key from the ``# comment`` on its line in the YAML file that sets it (else the rule's
-description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a
+the meaning of each key from its settings field's metadata (:func:`gdr.stages.settings.generated_help`, for the
+keys of the generated ``conf/stage/*.yaml``) or from the ``# comment`` on its line in the command's own YAML file
+(else the rule's description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a
 value no rule accepts: ``must be a positive integer`` becomes ``a positive integer``). The config groups
 and their options are the folders and files of ``conf/`` the composition chose from.
 """
@@ -13,6 +14,8 @@ import textwrap
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from gdr.stages.settings import GENERATED, generated_help
 
 __all__ = ["command_help", "CONFIG_OF"]
 
@@ -217,7 +220,8 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     cfg = OmegaConf.masked_copy(full, [k for k in full.keys() if k != "hydra"])
     comments: dict[str, str] = {}
     for path, package in _sources(cdir, name, choices):
-        for key, text in yaml_comments(path)[1].items():
+        rel = path.relative_to(cdir).as_posix()  # a generated stage file: its keys' help is its fields' metadata
+        for key, text in (generated_help(rel) if rel in GENERATED else yaml_comments(path)[1]).items():
             comments.setdefault(f"{package}.{key}" if package else key, text)
     rules = _rules("search" if command == "search" else command, cfg)
 

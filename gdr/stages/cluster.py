@@ -24,10 +24,11 @@ def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device:
     """Cluster the P matrix of ``run`` (a :class:`gdr.store.PRun` of ``corpus``, e.g. ``gdr.store.load_run(folder)``)
     with ``settings``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
 
-    Returns (the result of :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
+    ``settings`` passed their checks against ``corpus`` at the caller's door (:meth:`ClusterSettings.check_corpus`:
+    ``gdr cluster``, ``gdr run``, :func:`gdr.evaluate_clusters`). Returns (the result of
+    :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
     from gdr.guard import holding
 
-    settings.check_corpus(corpus)
     with holding(out):  # one writer per folder, as with `gdr cluster`
         return _cluster_run(corpus, run, Path(out), settings, device)
 

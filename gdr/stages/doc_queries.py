@@ -19,9 +19,8 @@ from gdr.guard import holding
 from gdr.io import check_manifest_files, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
 from gdr.lm import compiling
 from gdr.lm.decode import SAMPLER_VERSION
-from gdr.rules import check_values
 from gdr.stages.sample import check_numerics, check_sampler, check_texts, decode_numerics
-from gdr.stages.settings import PER_DOC_RULE, SampleSettings
+from gdr.stages.settings import SampleSettings
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST
 
 __all__ = ["sample_doc_queries", "sample_per_doc_run"]
@@ -31,9 +30,10 @@ log = logging.getLogger(__name__)
 
 def sample_doc_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
                        progress: bool = True) -> Path:
-    """``settings.per_doc`` queries for every document into ``out/doc_queries.jsonl`` (resumable); its path."""
+    """``settings.per_doc`` queries for every document into ``out/doc_queries.jsonl`` (resumable); its path.
+    ``settings.per_doc`` >= 1 was checked at the door (:func:`gdr.sample_doc_queries`; ``gdr sample`` and ``gdr run``
+    call this only for a positive one)."""
     s = settings
-    check_values({"per_doc": s.per_doc}, (PER_DOC_RULE,), nest="sample", shown="sample.")
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr sample`
         return sample_per_doc_run(lm, corpus.model_inputs(), corpus.doc_ids, Path(out), n_per_doc=s.per_doc,

@@ -71,7 +71,7 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
     sizes = [auto_bs if bs == "auto" else int(bs), auto_mq if mq == "auto" else int(mq)]
     if dist_info()[1] > 1:
         dist.broadcast_object_list(sizes, src=0)
-    return settings.replace(doc_batch_size=int(sizes[0]), max_query_tokens=int(sizes[1]))
+    return settings.resolved(doc_batch_size=int(sizes[0]), max_query_tokens=int(sizes[1]))
 
 
 def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, settings: ScoreSettings,
@@ -229,7 +229,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     setup_logging()
-    spec = LMSettings.from_dict(lm_settings)
+    spec = LMSettings.from_config(lm_settings)  # the parent's settings, checked at its door
     if not spec.threads:
         spec.threads = 1
     if torch.cuda.is_available() and str(spec.device or "auto") in ("auto", "cuda"):
@@ -237,7 +237,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
         log.info("scoring process %d of %d on %s", rank, world, spec.device)
     lm = spec.build()
-    score_queries(lm, corpus, read_jsonl(Path(out) / "queries.jsonl"), out, ScoreSettings.from_dict(score_settings),
+    score_queries(lm, corpus, read_jsonl(Path(out) / "queries.jsonl"), out, ScoreSettings.from_config(score_settings),
                   progress=progress)
 
     if dist.is_initialized():

@@ -1,24 +1,31 @@
-"""The settings of each stage as plain dataclasses (no Hydra): what ``conf/*.yaml`` sections hold.
+"""The settings of each stage as plain dataclasses (no Hydra): the one place their defaults are written.
 
-Every class has the defaults of its ``conf/`` section and :meth:`~Settings.from_dict`, which takes that
-section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a script writes by hand) and refuses a
-key it does not know, naming it. The commands build them from their composed configs; a script builds
-them directly, e.g. ``SampleSettings(n_queries=32)``.
+Every field carries its default and its help (:func:`gdr.rules.setting`; a dict-valued field's keys are the fields
+of its section classes, :data:`SECTIONS`: the training kernel's :mod:`training.options`, the GC indexer's
+:mod:`indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them
+(:data:`GENERATED`, ``make conf``); ``--help`` reads the help from the fields (:func:`generated_help`).
 
-Each class carries its rules (``rules``: :class:`gdr.rules.Rule` keyed as in the command's composed config;
-``section``: where its fields sit there; ``keys``: fields kept at another key). The commands check their configs
-with these tables (:mod:`gdr.validate`), and an instance checks its fields with them when it is made: a
-:class:`gdr.rules.ConfigError` (a ``ValueError``) naming the field, before any model or data loads.
+:meth:`~Settings.from_dict` takes a section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a
+script writes by hand) and refuses a key it does not know, naming it. A script builds them directly, e.g.
+``SampleSettings(n_queries=32)``: that is its door, where the instance checks its fields with its rules (``rules``:
+:class:`gdr.rules.Rule` keyed as in the command's composed config; ``section``: where its fields sit there;
+``keys``: fields kept at another key), a :class:`gdr.rules.ConfigError` naming the field before any model or data
+loads. A command checks its whole config once with the same tables (:func:`gdr.validate.validate`) and builds its
+settings with :meth:`~Settings.from_config`, which trusts the values.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+import textwrap
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
+import yaml
 
-from gdr.config import conf_dir, override_value
+from gdr.config import override_value
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -41,12 +48,15 @@ from gdr.rules import (
     optional,
     precision,
     seed,
+    setting,
     string_list,
     trainer_devices_at,
 )
+from indexing.options import GCOptions
+from training.options import ExampleOptions, OptimOptions, TrainerOptions
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
-           "TrainSettings", "EvaluateSettings", "stage_defaults", "INDEXERS"]
+           "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS"]
 
 
 # ---------------------------------------------------------------------------- the settings' rules
@@ -254,6 +264,11 @@ EVALUATE_RULES = (
 )
 
 
+# True while settings are built from a config the command's door already checked (Settings.from_config): their
+# values are trusted, not checked a second time. A context variable, so that a thread building its own is unaffected.
+_AT_DOOR_CHECKED: ContextVar[bool] = ContextVar("settings_checked_at_door", default=False)
+
+
 class Settings:
     """Shared helpers of the settings dataclasses."""
 
@@ -262,7 +277,8 @@ class Settings:
     keys: ClassVar[dict[str, str]] = {}     # fields kept at another key of the config
 
     def __post_init__(self) -> None:
-        self.check()
+        if not _AT_DOOR_CHECKED.get():  # built by a script: this is its door
+            self.check()
 
     def check(self, shown: str = ""):
         """Refuse a value its rules refuse, naming the field (``shown`` before it, e.g. ``sampling.``); returns
@@ -282,12 +298,23 @@ class Settings:
         return cls(**d)
 
     @classmethod
+    def from_config(cls, values: Mapping[str, Any] | None = None, **overrides: Any):
+        """Like :meth:`from_dict`, for a config section its command already checked at the door
+        (:func:`gdr.validate.validate`): unknown keys are still refused by name, the values are trusted, not
+        checked a second time."""
+        token = _AT_DOOR_CHECKED.set(True)
+        try:
+            return cls.from_dict(values, **overrides)
+        finally:
+            _AT_DOOR_CHECKED.reset(token)
+
+    @classmethod
     def merged(cls, values: Mapping[str, Any] | None = None, **overrides: Any):
         """Like :meth:`from_dict`, but a dict given for a dict-valued setting (``gc``, ``trainer`` ...) changes
         only the keys it names: the rest keep their defaults (what a script means by ``gc={"alpha": "auto"}``)."""
         d = {**(dict(values) if values else {}), **overrides}
-        base = cls.from_dict(d)  # refuses unknown keys
-        defaults = cls()
+        base = cls.from_config(d)  # refuses unknown keys; the values are checked once, merged, below
+        defaults = cls.from_config()
         for key, value in d.items():
             default = getattr(defaults, key)
             if isinstance(default, dict) and isinstance(value, Mapping):
@@ -298,8 +325,16 @@ class Settings:
         return asdict(self)  # type: ignore[call-overload]
 
     def replace(self, **changes: Any):
-        """A copy with some settings changed."""
+        """A copy with some settings changed (checked: a script's door)."""
         return replace(self, **changes)  # type: ignore[type-var]
+
+    def resolved(self, **changes: Any):
+        """A copy with values a stage resolved itself (``auto`` sizes) on checked settings: not checked again."""
+        token = _AT_DOOR_CHECKED.set(True)
+        try:
+            return replace(self, **changes)  # type: ignore[type-var]
+        finally:
+            _AT_DOOR_CHECKED.reset(token)
 
 
 def available_memory() -> int:
@@ -321,13 +356,6 @@ def _size(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
-def stage_defaults(section: str) -> dict:
-    """The defaults of a ``conf/stage/<section>.yaml`` file (index, train, evaluate) as a plain dict."""
-    import yaml
-
-    return yaml.safe_load((conf_dir() / "stage" / f"{section}.yaml").read_text(encoding="utf-8")) or {}
-
-
 @dataclass
 class LMSettings(Settings):
     """The query generator (``model:`` plus ``device`` and ``threads``): :meth:`build` loads it."""
@@ -338,8 +366,9 @@ class LMSettings(Settings):
     name: str = "smollm2-135m"
     max_doc_tokens: int = 128
     prompt: dict | None = None      # PromptConfig fields; None: the model's default prompt
-    device: str = "auto"            # auto | cpu | cuda | cuda:N (under torchrun: cuda:LOCAL_RANK)
-    threads: int | None = None      # torch CPU threads (None: torch's default)
+    # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
+    device: str = setting("auto", "auto | cpu | cuda")
+    threads: int | None = setting(None, "torch CPU threads (null = torch default)")
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
@@ -362,16 +391,22 @@ class SampleSettings(Settings):
     rules: ClassVar = SAMPLE_RULES
     section: ClassVar = "sample"
 
-    n_queries: int = 64             # J
-    per_doc: int = 0                # > 0: this many queries for every document instead (doc_queries.jsonl)
-    seed: int = 0
-    batch_size: int | str = "auto"  # only the speed changes
-    max_new_tokens: int = 32
-    top_k: int = 50
-    top_p: float = 0.99
-    temperature: float = 1.0
-    compile: bool | str = "auto"    # compile the decode step: auto = on CUDA for >= compile_min_queries queries
-    compile_min_queries: int | str = "auto"  # auto: gdr.lm.compiling.AUTO_COMPILE_MIN_QUERIES
+    n_queries: int = setting(64, "J")
+    per_doc: int = setting(0, "> 0: instead, generate this many queries for EVERY document (doc_queries.jsonl; "
+                              "training data of the retriever and input of the BMI indexer)")
+    seed: int = setting(0)
+    batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
+                                            "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
+                                            "(sampler gdr-decode-1)")
+    max_new_tokens: int = setting(32)
+    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off")
+    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off")
+    temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume")
+    compile: bool | str = setting("auto", "auto | true | false: compile the decode step (CUDA graphs on a GPU; the "
+                                          "same queries either way). auto = on CUDA when at least compile_min_queries "
+                                          "queries are left to decode")
+    compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
+                                                     "(gdr/lm/compiling.py)")
 
 
 @dataclass
@@ -381,12 +416,19 @@ class ScoreSettings(Settings):
     rules: ClassVar = SCORE_RULES
     section: ClassVar = "score"
 
-    dtype: str = "float32"              # storage of P.npy: float32 | float16
-    compute_dtype: str = "auto"         # scoring's dtype: auto (bf16 on CUDA, fp32 on a CPU) | bfloat16 | float32
-    shard_size: int = 32
-    doc_batch_size: int | str = "auto"
-    max_query_tokens: int | str = "auto"
-    processes: int = 1              # > 1: that many scoring processes on this machine
+    dtype: str = setting("float32", "float32 | float16: storage of P.npy")
+    compute_dtype: str = setting("auto", "auto | bfloat16 | float32: the dtype the scoring passes run in (auto: bf16 "
+                                         "on CUDA, the model's fp32 on a CPU); bf16 vs fp32 on the demo: "
+                                         "reports/bf16-scoring.md")
+    shard_size: int = setting(32, "documents per resumable shard (scored in groups that fill a doc batch: the shard "
+                                  "size changes neither the batches nor how often anything is tokenised)")
+    doc_batch_size: int | str = setting("auto", "documents per forward pass (auto: 1 on CPU; on CUDA as many as fit in "
+                                                "half the free GPU memory, at most 64)")
+    max_query_tokens: int | str = setting("auto", "query tokens per packed chunk (auto: 2048 on CPU, 4096 on CUDA)")
+    processes: int = setting(1, "> 1: that many scoring processes on this machine (CPU: one single-thread process per "
+                                "core is fastest); the same P as one process. Started by spawn, which imports the "
+                                "calling script again: a script calls gdr.score(processes=N) under "
+                                "`if __name__ == \"__main__\":`")
 
     def check_size(self, n_docs: int, n_queries: int, key: str = "sample.n_queries") -> None:
         """Refuse a P of ``n_docs`` x ``n_queries`` that does not fit this machine's available memory (the index
@@ -399,26 +441,42 @@ class ScoreSettings(Settings):
 
 
 @dataclass
+class ClusterGC:
+    """``cluster.gc``: GC's settings of the flat clustering; each of ``cluster.variants`` overrides some of them
+    (the paper's ablations)."""
+
+    alpha: float | str = setting(0.25)  # auto: the largest alpha whose weights keep a mean ESS of ess_target * J
+    clip_sigma: float | None = setting(5.0)
+    phi: str = setting("power")
+    ess_target: float = setting(0.5)
+
+
+@dataclass
 class ClusterSettings(Settings):
     """``cluster:``: flat generative clustering and its evaluation against labels."""
 
     rules: ClassVar = CLUSTER_RULES
     section: ClassVar = "cluster"
 
-    n_clusters: int | None = None   # None: the number of labels
-    seed: int = 0
-    n_init: int = 10
-    repeats: int = 10
-    init: str = "greedy-k-means++"
-    max_iter: int = 100
-    tol: float = 1.0e-6
-    restrict_labels: list | None = None
-    gc: dict = field(default_factory=lambda: {"alpha": 0.25, "clip_sigma": 5.0, "phi": "power", "ess_target": 0.5})
-    variants: dict = field(default_factory=lambda: {"gc": {}})
-    baselines: list = field(default_factory=lambda: ["tfidf", "embedding", "logp"])
-    embed_model: str = "minilm-l6"
-    describe_top: int = 5
-    enabled: bool = True            # `gdr run` only: skip the stage when false
+    n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)")
+    seed: int = setting(0)
+    n_init: int = setting(10, "runs per fit; the lowest distortion wins (no labels used)")
+    repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)")
+    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves, lowest distortion) | random (Eq. "
+                                            "init, Algorithm 1) | k-means++")
+    max_iter: int = setting(100)
+    tol: float = setting(1.0e-6)
+    # the evaluation restricted to documents with these labels (and to the queries sampled from them), e.g. R2 =
+    # {earn, acq} inside an R5 run; None: all documents
+    restrict_labels: list | None = setting(None)
+    gc: dict = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
+                       factory=lambda: asdict(ClusterGC()))
+    variants: dict = setting(factory=lambda: {"gc": {}})
+    baselines: list = setting(help="k-means baselines (only when labels exist)",
+                              factory=lambda: ["tfidf", "embedding", "logp"])
+    embed_model: str = setting("minilm-l6", "any sentence-transformers name or path")
+    describe_top: int = setting(5)
+    enabled: bool = setting(True, "flat GC vs k-means on the corpus labels (skipped when there are none)")
 
     def check_corpus(self, corpus, prefix: str = "") -> None:
         """The rules that depend on the corpus, checked once it is loaded and before any work: ``restrict_labels``
@@ -447,21 +505,110 @@ class ClusterSettings(Settings):
 
 
 @dataclass
+class IndexGC:
+    """``gc``'s keys beside the kernel's :class:`indexing.options.GCOptions`: which columns of P, and what
+    tree.json shows."""
+
+    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)")
+    top_queries: int = setting(5, "typical queries per child in tree.json")
+    centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
+                                          "tree_state.npz)")
+
+
+# the order `gdr index --help` and conf/stage/index.yaml list index.gc's keys in (IndexGC's and GCOptions')
+INDEX_GC_ORDER = ("n_queries", "alpha", "ess_target", "clip_sigma", "proposal", "localized", "bootstrap",
+                  "bootstrap_root", "init", "split_merge", "n_init", "n_init_inner", "max_iter", "tol", "dedupe",
+                  "device", "memory_mb", "chunk_rows", "refine_max_iter", "torch_threads", "top_queries",
+                  "centroid_json_depth")
+
+
+def _index_gc() -> dict:
+    both = {**asdict(IndexGC()), **asdict(GCOptions())}
+    return {k: both[k] for k in INDEX_GC_ORDER}
+
+
+@dataclass
+class IndexKMeans:
+    """``kmeans``: the k-means of hkmi and bmi."""
+
+    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)")
+    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}")
+    embed_model: str = setting("minilm-l6", "any sentence-transformers model (bundled minilm-l6 works offline)")
+    batch_size: int = setting(64)
+    n_init: int = setting(1, "faiss nredo")
+    max_iter: int = setting(25, "faiss niter")
+    spherical: bool = setting(False)
+
+
+@dataclass
+class IndexAtomic:
+    """``atomic``: one flat position per document."""
+
+    warn_above: int = setting(100000)
+
+
+@dataclass
 class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
     rules: ClassVar = INDEX_RULES + (Rule("method", one_of(*INDEXERS), "the indexer"),)
 
-    method: str = "gc"
-    seed: int = 0
-    n_clusters: int = 30
-    leaf_size: int = 30
-    workers: int = 1
-    progress: bool = True
-    plot: bool = True
-    gc: dict = field(default_factory=lambda: dict(stage_defaults("index")["gc"]))
-    kmeans: dict = field(default_factory=lambda: dict(stage_defaults("index")["kmeans"]))
-    atomic: dict = field(default_factory=lambda: {"warn_above": 100000})
+    method: str = setting("gc", "gc | hkmi | bmi | random | atomic")
+    seed: int = setting(0)
+    n_clusters: int = setting(30, "K: children per node; every position < K")
+    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)")
+    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)")
+    progress: bool = setting(True)
+    plot: bool = setting(True, "summary.png")
+    gc: dict = setting(factory=_index_gc)
+    kmeans: dict = setting(help="hkmi and bmi", factory=lambda: asdict(IndexKMeans()))
+    atomic: dict = setting(factory=lambda: asdict(IndexAtomic()))
+
+
+@dataclass
+class TrainModel:
+    """``model``: the retriever; a ``size`` preset of :data:`MODEL_PRESETS`, any non-null key overriding it."""
+
+    size: str = setting("small30m", "a preset below; any non-null key here overrides it")
+    encoder: str | None = setting(None)
+    encoder_config: dict | None = setting(None)
+    encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)")
+    tokenizer: str | None = setting(None)
+    n_digits: int | None = setting(None, "null = from the docids (max digit + 1)")
+    max_code_len: int | None = setting(None, "null = from the docids (longest code)")
+    d_model: int | None = setting(None)
+    num_layers: int | None = setting(None)
+    num_heads: int | None = setting(None)
+    d_ff: int | None = setting(None)
+    d_kv: int | None = setting(None)
+    dropout: float | None = setting(None)
+    pawa: bool | None = setting(None, "NCI's prefix-aware weight-adaptive output layer")
+    pawa_rank: int | None = setting(None)
+    max_query_len: int | None = setting(None)
+
+
+def _preset(encoder, d_model, num_layers, num_heads, d_ff, pawa_rank, **more) -> dict:
+    """A ``model_presets`` entry: the decoder's sizes; dropout 0.1, no PAWA, 64 query tokens in every preset."""
+    return {"encoder": encoder, **more, "d_model": d_model, "num_layers": num_layers, "num_heads": num_heads,
+            "d_ff": d_ff, "dropout": 0.1, "pawa": False, "pawa_rank": pawa_rank, "max_query_len": 64}
+
+
+# model.size -> the retriever's shape (training.model.RetrieverConfig fields), with what each is for
+MODEL_PRESETS = {
+    "tiny": (_preset(None, 32, 2, 4, 64, 8, encoder_config={"d_model": 32, "num_layers": 2, "num_heads": 4,
+                                                               "d_ff": 64}, tokenizer="minilm-l6"),
+             "~1M parameters, random init: tests and smoke runs"),
+    "mini": (_preset("minilm-l6", 256, 2, 4, 1024, 8, encoder_layers=2),
+             "CPU-sized: the first 2 layers of the pretrained MiniLM-L6 (bundled) + 2-layer decoder"),
+    "small30m": (_preset("minilm-l6", 384, 4, 6, 1536, 16),
+                 "~32M: pretrained MiniLM-L6 encoder (bundled, offline) + 4-layer decoder"),
+    "t5-small": (_preset("t5-small", 512, 4, 8, 2048, 16), "T5-small encoder from the hub or a local path"),
+    "t5-base": (_preset("t5-base", 768, 6, 12, 3072, 32), "NCI's size"),
+}
+# what `gdr train` and `gdr run` change of training.options' defaults (a direct call of training.train.train keeps
+# its learning rates as given and needs no generated dev queries)
+STAGE_EXAMPLES = {"dev_min": 100}
+STAGE_OPTIM = {"lr_scaling": "sqrt"}
 
 
 @dataclass
@@ -470,13 +617,21 @@ class TrainSettings(Settings):
 
     rules: ClassVar = TRAIN_RULES + (Rule("seed", seed),)
 
-    examples: dict = field(default_factory=lambda: dict(stage_defaults("train")["examples"]))
-    model: dict = field(default_factory=lambda: dict(stage_defaults("train")["model"]))
-    model_presets: dict = field(default_factory=lambda: dict(stage_defaults("train")["model_presets"]))
-    optim: dict = field(default_factory=lambda: dict(stage_defaults("train")["optim"]))
-    trainer: dict = field(default_factory=lambda: dict(stage_defaults("train")["trainer"]))
-    seed: int = 0
-    concurrent: int | str = "auto"  # `gdr run`: retrievers trained at once on one device (auto: 1 on the CPU)
+    examples: dict = setting(help="training inputs (training/data.py), each switchable",
+                             factory=lambda: {**asdict(ExampleOptions()), **STAGE_EXAMPLES})
+    model: dict = setting(factory=lambda: asdict(TrainModel()))
+    model_presets: dict = setting(factory=lambda: {k: dict(v) for k, (v, _) in MODEL_PRESETS.items()})
+    optim: dict = setting(help=("learning rates and warmup are stated at `base_batch_size` examples per step; at "
+                                "batch B they are scaled by sqrt(B / base_batch_size) (`lr_scaling: sqrt`; `linear`: "
+                                "B / base; `none`: as given) and the warmup covers the same number of examples "
+                                "(warmup_steps * base / B steps). Batch 512: lr x 2.83, warmup 125 steps."),
+                          factory=lambda: {**asdict(OptimOptions()), **STAGE_OPTIM})
+    trainer: dict = setting(factory=lambda: asdict(TrainerOptions()))
+    seed: int = setting(0)
+    concurrent: int | str = setting("auto", "`gdr run`: retrievers (indexers x seeds) trained at once on one device, "
+                                            "one process each (training/concurrent.py); auto = on CUDA as many as the "
+                                            "free memory holds at their batch, 1 on the CPU; a number asks for that "
+                                            "many on any device")
 
 
 @dataclass
@@ -485,10 +640,100 @@ class EvaluateSettings(Settings):
 
     rules: ClassVar = EVALUATE_RULES
 
-    k: int = 100
-    beam: int = 100
-    length_penalty: float = 1.0
-    batch_size: int | str = "auto"
-    device: str | None = None
-    bm25: bool = True
-    tag: str = "gdr"
+    k: int = setting(100, "results per query (run file depth)")
+    beam: int = setting(100, "beams of the constrained beam search over the docid trie")
+    length_penalty: float = setting(1.0, "a docid scores log p / length**length_penalty (matters where codes differ "
+                                         "in length)")
+    batch_size: int | str = setting("auto", "queries per beam search: auto = as many as fit half the free GPU memory "
+                                            "(<= 1024), 32 on the CPU")
+    device: str | None = setting(None, "null = cuda if available")
+    bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries")
+    tag: str = setting("gdr")
+
+
+# ---------------------------------------------------------------------------- conf/stage/*.yaml, generated
+# the nested sections of the dict-valued fields: their keys' help (and, for the defaults, their fields)
+SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC, GCOptions),
+            (IndexSettings, "kmeans"): IndexKMeans, (IndexSettings, "atomic"): IndexAtomic,
+            (TrainSettings, "examples"): ExampleOptions, (TrainSettings, "model"): TrainModel,
+            (TrainSettings, "optim"): OptimOptions, (TrainSettings, "trainer"): TrainerOptions}
+# conf/<file> -> the settings class it is written from and its fields there, in the order the commands list them
+# (a field kept out of a stage file has one of its own where only some commands compose it: `gdr index`'s method,
+# `gdr train`'s seed, `gdr run`'s cluster.enabled)
+GENERATED = {
+    "stage/lm.yaml": (LMSettings, ("device", "threads")),  # the model's own keys are its conf/model/ option's
+    "stage/sample.yaml": (SampleSettings, ("n_queries", "per_doc", "seed", "batch_size", "max_new_tokens", "compile",
+                                           "compile_min_queries", "top_k", "top_p", "temperature")),
+    "stage/score.yaml": (ScoreSettings, ()),
+    "stage/cluster.yaml": (ClusterSettings, tuple(f.name for f in fields(ClusterSettings) if f.name != "enabled")),
+    "stage/cluster_enabled.yaml": (ClusterSettings, ("enabled",)),
+    "stage/index.yaml": (IndexSettings, tuple(f.name for f in fields(IndexSettings) if f.name != "method")),
+    "stage/index_method.yaml": (IndexSettings, ("method",)),
+    "stage/train.yaml": (TrainSettings, ("concurrent", "examples", "model", "model_presets", "optim", "trainer")),
+    "stage/train_seed.yaml": (TrainSettings, ("seed",)),
+    "stage/evaluate.yaml": (EvaluateSettings, ()),
+}
+
+
+def section_classes(cls, name: str) -> tuple:
+    """The dataclasses whose fields are the keys of the dict-valued field ``name`` of ``cls`` (none: not one)."""
+    found = SECTIONS.get((cls, name), ())
+    return found if isinstance(found, tuple) else (found,)
+
+
+def field_help(cls) -> dict[str, str]:
+    """Dotted key -> what it means, from the field metadata of ``cls`` and its sections (``gc.alpha``); a key
+    without help is left out."""
+    out: dict[str, str] = {}
+    for f in fields(cls):
+        if f.metadata.get("help"):
+            out[f.name] = f.metadata["help"]
+        for section in section_classes(cls, f.name):
+            out.update({f"{f.name}.{k}": v for k, v in field_help(section).items()})
+    if cls is TrainSettings:
+        out.update({f"model_presets.{name}": what for name, (_, what) in MODEL_PRESETS.items()})
+    return out
+
+
+def generated_help(name: str) -> dict[str, str]:
+    """Dotted key -> its help, of the keys the generated ``conf/<name>`` holds (``--help`` reads this)."""
+    cls, names = GENERATED[name]
+    keep = names or tuple(f.name for f in fields(cls))
+    return {k: v for k, v in field_help(cls).items() if k.split(".")[0] in keep}
+
+
+def _yaml_value(v) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=10**6, sort_keys=False).strip().removesuffix("\n...")
+
+
+def _yaml_lines(values: dict, helps: dict[str, str], indent: str = "", prefix: str = "") -> list[str]:
+    """``values`` as YAML block lines, each key's help a comment above it."""
+    lines: list[str] = []
+    for k, v in values.items():
+        what = helps.get(prefix + k)
+        lines += [f"{indent}# {x}" for x in textwrap.wrap(what, 116 - len(indent))] if what else []
+        if isinstance(v, dict) and v:
+            lines += [f"{indent}{k}:", *_yaml_lines(v, helps, indent + "  ", f"{prefix}{k}.")]
+        else:
+            lines.append(f"{indent}{k}: {_yaml_value(v)}")
+    return lines
+
+
+def generated_yaml(name: str) -> str:
+    """The text of ``conf/<name>`` (a key of :data:`GENERATED`), written from its settings class."""
+    cls, names = GENERATED[name]
+    defaults = cls().to_dict()
+    values = {k: defaults[k] for k in (names or defaults)}
+    head = f"# Generated from gdr.stages.settings.{cls.__name__} (`make conf`): change the dataclass, not this file."
+    return "\n".join([head, *_yaml_lines(values, field_help(cls))]) + "\n"
+
+
+def write_generated(folder) -> list[str]:
+    """Write every :data:`GENERATED` file under the ``conf/`` ``folder``; returns the names that changed."""
+    changed = []
+    for name in GENERATED:
+        path, text = Path(folder) / name, generated_yaml(name)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(name)
+    return changed

@@ -23,7 +23,7 @@ def cluster_main(argv: list[str]) -> int:
     cfg = compose("cluster", argv)
     out = Path(cfg.out)
     corpus = corpus_from_config(to_container(cfg.data))
-    c = ClusterSettings.from_dict(section(cfg, "cluster"))
+    c = ClusterSettings.from_config(section(cfg, "cluster"))
     if corpus.labels is None and c.n_clusters is None:
         raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
     check_corpus("cluster", cfg, corpus)  # before sampling and scoring, naming the full key
@@ -34,9 +34,9 @@ def cluster_main(argv: list[str]) -> int:
 
         queries = _queries_of_run(lm, cfg.queries_from, out)
     else:
-        queries = sample_queries(lm, corpus, out, SampleSettings.from_dict(section(cfg, "sample")),
+        queries = sample_queries(lm, corpus, out, SampleSettings.from_config(section(cfg, "sample")),
                                  progress=cfg.progress)
-    score_queries(lm, corpus, queries, out, ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress)
+    score_queries(lm, corpus, queries, out, ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress)
     del lm
     result, table = cluster_run(corpus, load_run(out), out, c, device=str(cfg.device))
     suffix = f".{'-'.join(c.restrict_labels)}" if c.restrict_labels else ""

@@ -22,7 +22,7 @@ def evaluate_main(argv: list[str]) -> int:
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "
                          f"for {c['data']['name']}; set queries.name / queries.split")
-    _, table = evaluate_model(c["run_dir"], corpus, qs, out, EvaluateSettings.from_dict({k: c[k] for k in _SETTINGS}),
+    _, table = evaluate_model(c["run_dir"], corpus, qs, out, EvaluateSettings.from_config({k: c[k] for k in _SETTINGS}),
                               split=c["queries"]["split"],
                               on_train_split=allow and c["queries"]["split"] in trained_splits(c["run_dir"]))
     print(table, end="")

@@ -29,7 +29,7 @@ def index_main(argv: list[str]) -> int:
     claim_out("index", cfg)
     c = to_container(cfg)
     data = c.pop("data", None)
-    settings = IndexSettings.from_dict({k: v for k, v in c.items() if k not in ("run", "out", "index")})
+    settings = IndexSettings.from_config({k: v for k, v in c.items() if k not in ("run", "out", "index")})
 
     def corpus():
         from gdr.data import corpus_from_config

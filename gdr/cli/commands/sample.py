@@ -22,7 +22,7 @@ def sample_main(argv: list[str]) -> int:
     lm = lm_settings(cfg).build()
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     save_config(cfg, cfg.out, "sample.config.yaml")
-    s = SampleSettings.from_dict(section(cfg, "sample"))
+    s = SampleSettings.from_config(section(cfg, "sample"))
     if s.per_doc:
         path = sample_doc_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
         log.info("%d queries per document in %s", s.per_doc, path)
@@ -48,8 +48,8 @@ def score_main(argv: list[str]) -> int:
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     if dist_info()[0] == 0:
         save_config(cfg, cfg.out, "score.config.yaml")
-    score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_dict(section(cfg, "sample")),
-                       ScoreSettings.from_dict(section(cfg, "score")), progress=cfg.progress,
+    score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_config(section(cfg, "sample")),
+                       ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress,
                        queries_from=cfg.get("queries_from"),
                        resample=score.sample_command(cfg.out, without_section(argv, "score")))
     return 0

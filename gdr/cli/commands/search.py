@@ -15,7 +15,7 @@ from pathlib import Path
 from gdr.cli import HELP
 from gdr.cli.common import in_section, override_keys
 from gdr.config import load_config, to_container
-from gdr.stages.settings import EVALUATE_RULES
+from gdr.stages.settings import EVALUATE_RULES, EvaluateSettings
 from gdr.validate import validate
 
 log = logging.getLogger(__name__)
@@ -28,13 +28,9 @@ EXAMPLES = """examples:
 
 
 def settings_help() -> str:
-    """The settings part of ``--help``: defaults from ``conf/stage/evaluate.yaml``, meanings from the rules that
-    check them (:data:`gdr.stages.settings.EVALUATE_RULES`)."""
-    from omegaconf import OmegaConf
-
-    from gdr.config import conf_dir
-
-    defaults = OmegaConf.load(conf_dir() / "stage" / "evaluate.yaml")
+    """The settings part of ``--help``: defaults from :class:`gdr.stages.settings.EvaluateSettings`, meanings from
+    the rules that check them (:data:`gdr.stages.settings.EVALUATE_RULES`)."""
+    defaults = EvaluateSettings().to_dict()
     what = {r.key: r.what for r in EVALUATE_RULES}
     rows = [("run_dir=<folder>", "the retriever: a `gdr train` out_dir or a train-* folder of `gdr run` (required)"),
             ("k=10", what["k"])]

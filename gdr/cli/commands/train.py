@@ -12,7 +12,7 @@ def train_main(argv: list[str]) -> int:
     # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
     cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
     c, out, corpus, qs = corpus_and_queries(cfg, save=False)
-    settings = TrainSettings.from_dict({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
+    settings = TrainSettings.from_config({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
                                                           "seed")})
     # config.yaml is written once out_dir is known to hold no other training (trained_on.json)
     res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"),

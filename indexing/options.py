@@ -1,0 +1,85 @@
+"""The options of hierarchical GC indexing (:mod:`indexing.gc`), without torch: ``gdr index``'s and ``gdr run``'s
+``gc`` section is these fields (:class:`gdr.stages.settings.IndexSettings`), their defaults and help written here
+once."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gdr.rules import setting
+
+__all__ = ["GCOptions"]
+
+
+@dataclass
+class GCOptions:
+    """Switches of hierarchical GC (defaults: the paper, K and c set on the tree).
+
+    alpha: RIS regularisation (Eq. ris), 0.25 in the paper; "auto": chosen once at the root by
+        :func:`gdr.cluster.auto_alpha` (mean effective sample size ``ess_target * J``) and used at every node.
+    ess_target: the ESS fraction of ``alpha="auto"``.
+    clip_sigma: n_sigma of Eq. clip, applied once with the root's bounds; None disables clipping.
+    proposal: "power" (Eq. vmp) or "naive" (column mean of P).
+    localized: re-estimate phi~ on each node's documents (else every node uses the global phi).
+    bootstrap: resample the J columns at each node by Eq. resampling (else use all J as they are).
+    bootstrap_root: also resample at the root (r_j = 1 there: a uniform bootstrap).
+    init, n_init, max_iter, tol, split_merge: passed to ``fit_generative``; ``n_init`` at the root,
+        ``n_init_inner`` below it. ``init``: "greedy-k-means++" (default), "random" (Eq. init) or
+        "k-means++" (Appendix); ``split_merge``: null = on for "greedy-k-means++" only.
+    dedupe: cluster identical rows once (weighted by multiplicity).
+    device: torch device of the kernel.
+    memory_mb: working-set budget of one node; larger nodes are fitted on a row sample and
+        refined by streamed passes of ``chunk_rows`` rows, at most ``refine_max_iter`` of them.
+        With ``workers`` threads, peak memory is about ``workers * memory_mb`` plus the baseline.
+    torch_threads: torch intra-op threads while indexing (restored afterwards); None = leave as is.
+        1 is the default because most nodes are small: on a loaded 2-core machine, the kernel's
+        (K, J) tensor operations ran 20-40x slower with 2 OpenMP threads than with 1 (measured).
+    """
+    alpha: float | str = setting(0.25, "Eq. ris / vmp / resampling; auto = chosen at the root by effective sample "
+                                       "size")
+    ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J")
+    clip_sigma: float | None = setting(5.0, "Eq. clip once on the root P (mu_j + 5 sigma_j); null = no clipping")
+    proposal: str = setting("power", "power (Eq. vmp) | naive (column mean of P)")
+    localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")")
+    bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling")
+    bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)")
+    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++")
+    n_init: int = setting(10, "fit_generative runs at the root")
+    n_init_inner: int = setting(3, "... at every node below the root")
+    max_iter: int = setting(100)
+    tol: float = setting(1e-5, "relative improvement of the total distortion")
+    dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity")
+    device: str = setting("cpu")
+    memory_mb: float = setting(1024, "per-node working-set budget; larger nodes: fit on a row sample + streamed "
+                                     "refinement")
+    chunk_rows: int = setting(2048, "rows per streamed chunk")
+    refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget")
+    torch_threads: int | None = setting(1, "torch threads while indexing (1: fastest on a shared 2-core machine); "
+                                           "null = default")
+    split_merge: bool | None = setting(None, "split/merge moves after each node's fit; null = on for greedy-k-means++ "
+                                             "only")
+
+    def validate(self) -> None:
+        from gdr.cluster import _INITS  # gdr.cluster imports torch; these options are read without it
+
+        if self.alpha != "auto" and not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
+                                         and self.alpha > 0):
+            raise ValueError(f"gc.alpha must be > 0 or 'auto' (the paper uses 0.25); got {self.alpha!r}")
+        if not 0 < self.ess_target < 1:
+            raise ValueError(f"gc.ess_target must be in (0, 1); got {self.ess_target}")
+        if self.clip_sigma is not None and not self.clip_sigma > 0:
+            raise ValueError(f"gc.clip_sigma must be > 0 or null (no clipping); got {self.clip_sigma}")
+        if self.proposal not in ("power", "naive"):
+            raise ValueError(f"gc.proposal must be 'power' or 'naive'; got {self.proposal!r}")
+        if self.init not in _INITS:
+            raise ValueError(f"gc.init must be one of {', '.join(_INITS)}; got {self.init!r}")
+        if self.split_merge is not None and not isinstance(self.split_merge, bool):
+            raise ValueError(f"gc.split_merge must be true, false or null (on for greedy-k-means++); "
+                             f"got {self.split_merge!r}")
+        for name in ("n_init", "n_init_inner", "max_iter", "chunk_rows"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"gc.{name} must be >= 1; got {getattr(self, name)}")
+        if self.torch_threads is not None and int(self.torch_threads) < 1:
+            raise ValueError(f"gc.torch_threads must be >= 1 or null; got {self.torch_threads}")
+        if self.refine_max_iter < 0 or self.memory_mb <= 0 or self.tol < 0:
+            raise ValueError("gc.refine_max_iter and gc.tol must be >= 0 and gc.memory_mb > 0")

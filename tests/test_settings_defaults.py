@@ -1,0 +1,134 @@
+"""Every stage's defaults are written once: in its settings dataclass (gdr/stages/settings.py, training/options.py).
+
+The ``conf/stage/*.yaml`` files the commands compose are generated from those dataclasses (``make conf``); a command's
+own YAML (``conf/<command>.yaml``) may not set a key that a generated file it composes holds, and the few defaults
+``gdr train``/``gdr run`` change of the training kernel's are listed once and must differ from the kernel's.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import yaml
+
+from gdr.config import conf_dir, flat_leaves
+from gdr.stages.settings import (
+    GENERATED,
+    SECTIONS,
+    STAGE_EXAMPLES,
+    STAGE_OPTIM,
+    ClusterGC,
+    ClusterSettings,
+    IndexGC,
+    IndexSettings,
+    TrainSettings,
+    generated_yaml,
+    section_classes,
+    write_generated,
+)
+from indexing.options import GCOptions
+from training.options import ExampleOptions, OptimOptions, TrainerOptions
+
+
+def _included(cdir: Path, name: str, package: str = "") -> list[tuple[str, str]]:
+    """(generated file, the package its keys land in) of every generated file ``conf/<name>.yaml`` composes, through
+    the command configs it includes (``run`` includes ``cluster``, which includes ``score`` ...)."""
+    raw = yaml.safe_load((cdir / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+    out = []
+    for entry in raw.get("defaults", []):
+        if not isinstance(entry, str) or entry == "_self_":
+            continue  # a group choice (data: bbc) picks an option file, which holds choices, not defaults
+        path, _, at = entry.partition("@")
+        where = package if at in ("", "_here_") else ".".join(p for p in (package, at) if p)
+        if f"{path}.yaml" in GENERATED:
+            out.append((f"{path}.yaml", where))
+        elif (cdir / f"{path}.yaml").is_file():
+            out += _included(cdir, path, where)
+    return out
+
+
+def duplicates(cdir: Path) -> list[str]:
+    """``file: key`` for every value a command's YAML writes at a key a generated settings file it composes already
+    holds (a default written twice); ``???`` (a key placed there, its value filled from the generated file) is not
+    a value."""
+    found = []
+    for command_file in sorted(cdir.glob("*.yaml")):
+        raw = yaml.safe_load(command_file.read_text(encoding="utf-8")) or {}
+        own = {k: v for k, v in flat_leaves(raw).items() if k.split(".")[0] != "defaults" and v != "???"}
+        for gen, package in _included(cdir, command_file.stem):
+            generated = flat_leaves(yaml.safe_load((cdir / gen).read_text(encoding="utf-8")) or {})
+            for key in generated:
+                full = f"{package}.{key}" if package else key
+                hits = [k for k in own if k == full or k.startswith(full + ".") or full.startswith(k + ".")]
+                found += [f"{command_file.name}: {k} (also {gen})" for k in hits]
+    return sorted(set(found))
+
+
+def test_generated_stage_files_are_what_the_dataclasses_write():
+    """A default or a help text changed by hand in conf/stage/*.yaml (a second copy of it) fails here: `make conf`
+    rewrites them from the dataclasses."""
+    for name in GENERATED:
+        text = (conf_dir() / name).read_text(encoding="utf-8")
+        assert text == generated_yaml(name), f"conf/{name} differs from its dataclass: run `make conf`"
+
+
+def test_no_command_yaml_repeats_a_default_of_its_settings():
+    assert duplicates(conf_dir()) == []
+
+
+def test_a_default_written_twice_is_found(tmp_path):
+    """The check above finds a copy: a sampling default written into conf/sample.yaml, a trainer default into
+    conf/run.yaml's train section and cluster.enabled back into conf/run.yaml."""
+    cdir = tmp_path / "conf"
+    shutil.copytree(conf_dir(), cdir)
+    with open(cdir / "sample.yaml", "a", encoding="utf-8") as f:
+        f.write("sample:\n  top_k: 50\n")
+    with open(cdir / "run.yaml", "a", encoding="utf-8") as f:
+        f.write("train:\n  trainer:\n    max_epochs: 20\ncluster:\n  enabled: true\n")
+    assert duplicates(cdir) == ["run.yaml: cluster.enabled (also stage/cluster_enabled.yaml)",
+                                "run.yaml: train.trainer.max_epochs (also stage/train.yaml)",
+                                "sample.yaml: sample.top_k (also stage/sample.yaml)"]
+    (cdir / "stage" / "score.yaml").write_text("dtype: float32\n", encoding="utf-8")
+    assert write_generated(cdir) == ["stage/score.yaml"]  # `make conf` puts the generated text back
+
+
+def test_stage_sections_are_the_kernels_fields():
+    """TrainSettings' examples, optim and trainer are training.options' fields and defaults (not a copy), but for
+    the defaults the commands change, each of which differs from the kernel's (else it would be written twice)."""
+    s = TrainSettings()
+    assert s.trainer == asdict(TrainerOptions())
+    assert s.examples == {**asdict(ExampleOptions()), **STAGE_EXAMPLES}
+    assert s.optim == {**asdict(OptimOptions()), **STAGE_OPTIM}
+    for kernel, changed in ((ExampleOptions(), STAGE_EXAMPLES), (OptimOptions(), STAGE_OPTIM)):
+        for key, value in changed.items():
+            assert getattr(kernel, key) != value, f"{type(kernel).__name__}.{key}={value} is written twice"
+
+
+def test_every_section_key_is_declared_by_one_dataclass_field():
+    """Each dict-valued settings field (index.gc, trainer ...) holds the fields of its section classes, each key
+    declared by exactly one of them (index.gc: the stage's own IndexGC and the kernel's GCOptions), so a key's
+    default and help live in one place."""
+    for cls, name in SECTIONS:
+        declared = [f.name for section in section_classes(cls, name) for f in fields(section)]
+        assert len(declared) == len(set(declared)), f"{cls.__name__}.{name}: a key declared twice"
+        assert sorted(getattr(cls(), name)) == sorted(declared), (cls.__name__, name)
+    assert IndexSettings().gc == {**asdict(IndexGC()), **asdict(GCOptions())}
+    assert ClusterSettings().gc == asdict(ClusterGC())
+
+
+def test_help_reads_what_a_key_means_from_its_field(monkeypatch):
+    """`gdr <command> --help` says what a generated key means from its field's metadata, not from YAML comments:
+    the trainer's monitor from training.options.TrainerOptions; a changed help text shows at once."""
+    import gdr.cli.help as help_module
+
+    def line_of(text: str, key: str) -> str:
+        return next(x for x in text.splitlines() if x.strip().startswith(f"{key} ="))
+
+    monitor = [f for f in fields(TrainerOptions) if f.name == "monitor"][0].metadata["help"]
+    assert " ".join(monitor.split()[:4]) in line_of(help_module.command_help("train", "train"), "trainer.monitor")
+    real = help_module.generated_help
+    monkeypatch.setattr(help_module, "generated_help",
+                        lambda name: {**real(name), "beam": "beams, as the field says"} if name == "stage/evaluate.yaml"
+                        else real(name))
+    assert "beams, as the field says" in line_of(help_module.command_help("evaluate", "evaluate"), "beam")
