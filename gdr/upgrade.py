@@ -40,6 +40,7 @@ from gdr.io import (
     record_files,
     verify_files,
 )
+from gdr.lm.numerics import scoring_numerics
 from gdr.models import model_digest
 from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run
 from indexing.docids import read_docids
@@ -190,8 +191,8 @@ def _digest(name: str, where: Path) -> str:
 def upgrade_manifests(folder: str | os.PathLike, device: dict | None, lm: dict | None = None) -> list[str]:
     """The P run manifests of ``folder`` brought to the current format: the scorer by its files' digest
     (``lm``: the stage's upgraded LM section, else from the manifest's ``lm.model``), the device and compute
-    dtype where absent (``device``: the stage's ``{"kind", "compute_dtype"}``; a manifest without them outside a
-    run cannot be upgraded), the queries file's checksum; one line per manifest changed."""
+    dtype where absent (``device``: the stage's ``{"kind", "compute_dtype"}``, else what ``auto`` resolves to),
+    the queries file's checksum; one line per manifest changed."""
     folder, done = Path(folder), []
     for name in _MANIFESTS:
         path = folder / name
@@ -211,15 +212,17 @@ def _manifest_v0_to_v1(folder: Path, name: str, man: dict, device: dict | None, 
     path = folder / name
     scorer = man.get("lm")
     if isinstance(scorer, dict) and "model" in scorer:
+        # in a run, the LM its stage now names; else the model's files where it names some (a model handed over
+        # as an object, or a hub id not cached here, stays named as it is, as the current format names them)
         weights = lm["weights"] if lm and "weights" in lm else _digest(scorer["model"], path)
-        man["lm"] = {"weights": weights, **{k: v for k, v in scorer.items() if k != "model"}}
+        if not weights.startswith("id:"):
+            man["lm"] = {"weights": weights, **{k: v for k, v in scorer.items() if k != "model"}}
     if name == P_MANIFEST and not ("device" in man and "compute_dtype" in man):
-        if not device:
-            raise FormatError(f"{path}: format 0 without the device and compute dtype P was scored in, and no "
-                              f"stage.json saying them, so it cannot be upgraded; score it again (delete P.npy, "
-                              f"{P_MANIFEST} and P.shards/) or use another out= folder")
-        man.setdefault("device", device.get("kind"))
-        man.setdefault("compute_dtype", device.get("compute_dtype"))
+        # format 0 before these were recorded scored with `auto` alone: its run's stage.json says what that was,
+        # else what it resolves to on the device recorded, or on this machine's (what re-entering it assumed)
+        was = {"device": device.get("kind"), "compute_dtype": device.get("compute_dtype")} if device \
+            else scoring_numerics(man.get("device"))
+        man = {**was, **man}
     if name == Q_MANIFEST and "file" not in man and (folder / Q_FILE).is_file() and man.get("status") == "complete":
         rows = read_jsonl(folder / Q_FILE)
         if len(rows) == man.get("n_queries") and hash_strings(r.get("text", "") for r in rows) == man.get(
