@@ -8,12 +8,15 @@ with :class:`FormatError`, one line naming the version and what to do.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
+from typing import Sequence
 
-from gdr.io import hash_strings
+from gdr.io import bytes_digest, hash_strings
 
-__all__ = ["FORMAT", "STAGE_FILE", "FormatError", "format_of", "require_format", "stage_key"]
+__all__ = ["FORMAT", "STAGE_FILE", "FormatError", "format_of", "require_format", "stage_key", "stage_digest",
+           "matches"]
 
 FORMAT = 1  # the format this gdr writes and reads
 STAGE_FILE = "stage.json"  # a stage folder's record: key, inputs, status, attempts, files and their checksums
@@ -26,6 +29,18 @@ class FormatError(ValueError):
 def stage_key(inputs: dict) -> str:
     """A short hash of a stage's inputs (canonical JSON): the ``<key>`` of its folder ``<name>-<key>``."""
     return hash_strings([json.dumps(inputs, sort_keys=True, default=str)])[:10]
+
+
+def stage_digest(artifacts: dict, outputs: Sequence[str]) -> str:
+    """A stage's content as the stages after it record it: one checksum over the recorded checksums of its files
+    matching ``outputs`` (``stage.json``'s ``artifacts`` and ``outputs``)."""
+    mine = {k: v["crc32"] for k, v in artifacts.items() if matches(k, outputs)}
+    return bytes_digest(json.dumps(mine, sort_keys=True).encode())
+
+
+def matches(rel: str, patterns: Sequence[str]) -> bool:
+    """Whether the relative path ``rel`` matches one of the glob ``patterns``."""
+    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
 
 
 def format_of(record: dict, path: str | Path) -> int:

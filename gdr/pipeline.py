@@ -43,7 +43,6 @@ what it finished; the report of an earlier run of the folder stays, marked in pr
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import shlex
@@ -61,12 +60,11 @@ from gdr import signals
 from gdr.config import save_config, to_container
 from gdr.data.splits import check_query_splits, split_queries
 from gdr.data.titles import TITLE_FRACTIONS
-from gdr.formats import FORMAT, STAGE_FILE, require_format, stage_key
+from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
 from gdr.guard import LOCK_FILE, claim_folder
 from gdr.io import (
     atomic_write_json,
     atomic_write_text,
-    bytes_digest,
     check_manifest_files,
     hash_strings,
     record_files,
@@ -163,7 +161,7 @@ class Pipeline:
                 log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
                 seconds = float(old.get("seconds", 0.0))
                 rec = StageRecord(name, folder, key, seconds, True, old.get("info") or {},
-                                  _digest(old["artifacts"], outputs), float(old.get("last_seconds", seconds)),
+                                  stage_digest(old["artifacts"], outputs), float(old.get("last_seconds", seconds)),
                                   len(old.get("attempts") or [seconds]))
                 self.records.append(rec)
                 return rec
@@ -198,7 +196,7 @@ class Pipeline:
                                    "info": info, "artifacts": artifacts, "outputs": list(outputs), "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         signals.set_where(None)
-        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs), last,
+        rec = StageRecord(name, folder, key, seconds, False, info, stage_digest(artifacts, outputs), last,
                           len(attempts) + 1)
         self.records.append(rec)
         return rec
@@ -266,19 +264,9 @@ def _drop_damaged_doc_queries(folder: Path) -> None:
             (folder / name).unlink(missing_ok=True)
 
 
-def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
-    """One checksum over the recorded checksums of the files matching ``outputs``."""
-    mine = {k: v["crc32"] for k, v in artifacts.items() if _matches(k, outputs)}
-    return bytes_digest(json.dumps(mine, sort_keys=True).encode())
-
-
-def _matches(rel: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
-
-
 def checksummed(artifacts: dict, outputs: Sequence[str]) -> list[str]:
     """The files whose checksum is verified before reuse: what later stages read, and every small file."""
-    return [k for k, v in artifacts.items() if v["size"] <= CHECKSUM_MAX_OTHER or _matches(k, outputs)]
+    return [k for k, v in artifacts.items() if v["size"] <= CHECKSUM_MAX_OTHER or matches(k, outputs)]
 
 
 def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, stage_key
+from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, stage_digest, stage_key
 from gdr.io import (
     atomic_write_json,
     check_manifest_files,
@@ -54,6 +54,9 @@ _ORDER = ("score", "doc-queries", "cluster", "index", "bm25", "train", "eval")
 # The inputs of a stage that hold the key of a stage it reads.
 _REFERENCES = ("score", "doc_queries", "index", "upstream", "train")
 _MANIFESTS = (P_MANIFEST, Q_MANIFEST, DOCQ_MANIFEST)
+# The files of each kind of format-0 stage that the stages after it read (its content for them).
+_OUTPUTS = {"score": ("P.npy", "queries.jsonl", "doc_ids.json"), "doc-queries": ("doc_queries.jsonl",),
+            "index": ("docids.tsv",), "train": ("model/*", "docids.tsv")}
 
 
 def upgrade(path: str | os.PathLike) -> list[str]:
@@ -79,6 +82,7 @@ def upgrade_run(root: str | os.PathLike) -> list[str]:
     versions = {f: format_of(r, f / STAGE_FILE) for f, r in records.items() if r is not None}
     keys: dict[str, str | None] = {}  # old key -> new key (None: retired)
     names: dict[str, str] = {}  # old folder name -> new one
+    upgraded: dict[str, tuple[str, dict]] = {}  # new key -> (folder name, stage.json)
     done = []
     for folder in folders:
         rec, version = records[folder], versions.get(folder)
@@ -88,12 +92,16 @@ def upgrade_run(root: str | os.PathLike) -> list[str]:
         while version < FORMAT:
             rec = STEPS[version](folder, rec, keys)
             version += 1
-        rec["upstream"] = {names.get(k, k): v for k, v in (rec.get("upstream") or {}).items()}
+        if "upstream" in rec:
+            rec["upstream"] = {names.get(k, k): v for k, v in rec["upstream"].items()}
+        elif rec.get("status") != "retired":
+            rec["upstream"] = _upstream(rec, upgraded)
         if rec is not records[folder] or version != versions[folder]:
             atomic_write_json(folder / STAGE_FILE, rec)
         retired = rec.get("status") == "retired"
         keys[old_key] = None if retired else rec.get("key")
         target = folder if retired else folder.with_name(f"{rec['stage']}-{rec['key']}")
+        upgraded[rec.get("key")] = (target.name, rec)
         if target != folder and not target.exists():
             os.replace(folder, target)  # stage.json already names the new key: a rename cut short is redone here
         names[folder.name] = target.name
@@ -103,6 +111,18 @@ def upgrade_run(root: str | os.PathLike) -> list[str]:
     for line in done:
         log.info("upgraded %s/%s", root, line)
     return done
+
+
+def _upstream(rec: dict, upgraded: dict[str, tuple[str, dict]]) -> dict:
+    """``upstream`` of a stage that recorded none: the content (:func:`gdr.formats.stage_digest`) of each stage its
+    inputs name, as it is now; one without checksums (it failed its checks: rebuilt) is left out, so the run
+    rebuilds this stage after it."""
+    out = {}
+    for ref in _REFERENCES:
+        name, up = upgraded.get(rec["inputs"].get(ref) if isinstance(rec["inputs"].get(ref), str) else "", ("", {}))
+        if "artifacts" in up:
+            out[name] = stage_digest(up["artifacts"], up.get("outputs") or ("*",))
+    return out
 
 
 def _stage_folders(root: Path) -> list[Path]:
@@ -140,7 +160,7 @@ def _v0_to_v1(folder: Path, rec: dict, keys: dict[str, str | None]) -> dict:
         inputs["cluster"] = _embed_by_digest(inputs["cluster"], where)
     if isinstance(inputs.get("index"), dict):
         inputs["index"] = {k: _embed_by_digest(v, where) for k, v in inputs["index"].items()}
-    trainer = (inputs.get("train") or {}).get("trainer")
+    trainer = inputs["train"].get("trainer") if isinstance(inputs.get("train"), dict) else None  # else a key
     if isinstance(trainer, dict):
         trainer.setdefault("length_buckets", False)
     for ref in _REFERENCES:
@@ -246,9 +266,10 @@ def _first_checksums(folder: Path, stage: str) -> dict:
     if bad is None:
         bad = _CHECKS.get(stage.split("-")[0], lambda f: None)(folder)
     if bad is not None:
-        log.warning("%s: %s; the stage is built again", folder, bad)
+        log.warning("%s; the stage is built again", bad)
         return {"status": "running"}
-    return {"artifacts": record_files(folder, exclude=(STAGE_FILE,))}
+    kind = next((k for k in _OUTPUTS if stage == k or stage.startswith(k + "-")), "")
+    return {"artifacts": record_files(folder, exclude=(STAGE_FILE,)), "outputs": list(_OUTPUTS.get(kind, ("*",)))}
 
 
 def _readable(folder: Path, files: list[str]) -> str | None:
@@ -258,7 +279,7 @@ def _readable(folder: Path, files: list[str]) -> str | None:
         p = folder / rel
         try:
             if p.stat().st_size == 0 and p.suffix not in (".done", ".txt", ".trec", ".tsv"):
-                return f"{rel}: empty"
+                return f"{p}: empty"
             if p.suffix == ".json":
                 json.loads(p.read_text(encoding="utf-8"))
             elif p.suffix == ".jsonl":
@@ -266,7 +287,7 @@ def _readable(folder: Path, files: list[str]) -> str | None:
             elif p.suffix == ".npy":
                 np.load(p, mmap_mode="r")
         except (ValueError, OSError, EOFError) as e:  # JSONDecodeError is a ValueError
-            return f"{rel}: unreadable ({str(e).splitlines()[0][:120]})"
+            return f"{p}: unreadable ({str(e).splitlines()[0][:120]})"
     return None
 
 
@@ -286,7 +307,7 @@ def _check_score(folder: Path) -> str | None:
     if bad is None:
         P = np.asarray(box["run"].logp)
         if not (np.isfinite(P).all() and (P != 0).all()):
-            bad = f"{P_FILE}: holds zeros or non-finite values"
+            bad = f"{folder / P_FILE}: holds zeros or non-finite values"
     return bad
 
 
