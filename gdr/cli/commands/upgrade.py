@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gdr.cli import HELP
 from gdr.formats import FORMAT
 from gdr.guard import claim_folder
 from gdr.upgrade import upgrade
@@ -15,8 +16,8 @@ from gdr.upgrade import upgrade
 
 def upgrade_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
-        prog="gdr upgrade", description=f"Bring a folder written by an older gdr to format {FORMAT}, in place, keeping "
-        "its work (P, sampled queries, finished stages); a `gdr run` folder is also upgraded when it is run.")
+        prog="gdr upgrade", description=f"gdr upgrade: {HELP['upgrade']}. Format {FORMAT}, in place, keeping the "
+        "work (P, sampled queries, finished stages); a `gdr run` folder is also upgraded when it is run.")
     ap.add_argument("folder", help="a `gdr run` folder (with its <stage>-<key>/ folders) or a `gdr score` folder")
     args = ap.parse_args(argv)
     if not Path(args.folder).is_dir():
