@@ -16,8 +16,9 @@ from gdr.upgrade import upgrade
 
 def upgrade_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
-        prog="gdr upgrade", description=f"gdr upgrade: {HELP['upgrade']}. Format {FORMAT}, in place, keeping the "
-        "work (P, sampled queries, finished stages); a `gdr run` folder is also upgraded when it is run.")
+        prog="gdr upgrade", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"gdr upgrade: {HELP['upgrade']}.\nTo format {FORMAT}, in place, keeping the work (P, sampled "
+        "queries, finished stages);\na `gdr run` folder is also upgraded when it is run.")
     ap.add_argument("folder", help="a `gdr run` folder (with its <stage>-<key>/ folders) or a `gdr score` folder")
     args = ap.parse_args(argv)
     if not Path(args.folder).is_dir():
