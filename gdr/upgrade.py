@@ -92,17 +92,20 @@ def upgrade_run(root: str | os.PathLike) -> list[str]:
         while version < FORMAT:
             rec = STEPS[version](folder, rec, keys)
             version += 1
-        if "upstream" in rec:
-            rec["upstream"] = {names.get(k, k): v for k, v in rec["upstream"].items()}
-        elif rec.get("status") != "retired":
-            rec["upstream"] = _upstream(rec, upgraded)
-        if rec is not records[folder] or version != versions[folder]:
+        if rec is not records[folder]:  # upgraded now: name its upstream stages by their new folders
+            rec["upstream"] = {names.get(k, k): v for k, v in rec["upstream"].items()} if "upstream" in rec \
+                else _upstream(rec, upgraded)
+        target = folder.with_name(f"{rec.get('stage', folder.name.rsplit('-', 1)[0])}-{rec.get('key')}")
+        if rec.get("status") == "retired":
+            target = folder
+        elif target != folder and target.exists():  # that stage was built anew meanwhile: it is the one used
+            rec, target = {**rec, "status": "retired", "retired": f"{target.name} exists already"}, folder
+        if rec is not records[folder]:
             atomic_write_json(folder / STAGE_FILE, rec)
         retired = rec.get("status") == "retired"
         keys[old_key] = None if retired else rec.get("key")
-        target = folder if retired else folder.with_name(f"{rec['stage']}-{rec['key']}")
         upgraded[rec.get("key")] = (target.name, rec)
-        if target != folder and not target.exists():
+        if target != folder:
             os.replace(folder, target)  # stage.json already names the new key: a rename cut short is redone here
         names[folder.name] = target.name
         if versions[folder] != FORMAT:

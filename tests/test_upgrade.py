@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -105,3 +106,28 @@ def test_a_p_folder_whose_model_is_gone_cannot_be_upgraded(tmp_path, capsys):
     assert len(err.splitlines()) == 1
     assert f"format 0 names its model by the path {gone}, which is not there" in err
     assert (score / "P.manifest.json").read_bytes() == before
+
+
+def test_an_upgrade_cut_short_before_a_rename_is_finished_by_the_next(old_run, monkeypatch):
+    """stage.json is rewritten (to a temporary name, then renamed) before its folder takes the new key: an upgrade
+    stopped between the two leaves a format-1 stage.json in the old folder, and the next upgrade renames it."""
+    import gdr.upgrade as up
+
+    root, _ = old_run
+    run = root / "run"
+    replace = os.replace
+
+    def stopped(src, dst):  # files are still written (temporary name, then renamed); a stage folder is not
+        if Path(dst).parent == run:
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(up.os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        up.upgrade_run(run)
+    monkeypatch.undo()
+    marker = json.loads((run / "score-f1504afa55" / "stage.json").read_text())
+    assert marker["format"] == FORMAT and marker["key"] != "f1504afa55"
+    up.upgrade_run(run)
+    assert not (run / "score-f1504afa55").exists()
+    assert (run / f"score-{marker['key']}" / "P.npy").read_bytes() == (OLD / "score-f1504afa55" / "P.npy").read_bytes()
