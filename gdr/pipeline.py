@@ -764,9 +764,7 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
     # the report's rows in the order of `indexers`, whatever order the retrievers finished in
     run.results = {m: run.results[m] for m in run.indexes if m in run.results}
     run.eval_dirs = {m: run.eval_dirs[m] for m in run.indexes if m in run.eval_dirs}
-    # a stage of an earlier gdr holds the score as best_val_recall1 alone, whatever the run's trainer.monitor was
-    monitor, score = train_stage.best_of_manifest({"best_val_metric": run.cfg.train.trainer.get("monitor"),
-                                                   **train.info})
+    monitor, score = train.info.get("best_val_metric"), train.info.get("best_val_score")
     ms = (method, seed) if fold is None else (method, seed, fold)
     run.retrievers[ms] = {
         "indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}), "train": train.path.name,

@@ -11,7 +11,8 @@ Format 0 (no ``format`` recorded) -> 1:
 
 * the LM (and a clustering's sentence-transformers model) is keyed by the digest of its files, not by its name or
   path: ``lm.name`` becomes ``lm.weights`` in the stage's inputs and ``lm.model`` in its manifests;
-* ``train.trainer.length_buckets``, keyed only when set before, is keyed at its then only value, ``false``;
+* ``train.trainer.length_buckets``, keyed only when set before, is keyed at its then only value, ``false``; a
+  training's best dev score, recorded as ``best_val_recall1`` whatever its metric, is named by its metric;
 * a stage keyed by the corpus's settings and file paths (``corpus.data``) or by the queries' path, not by their
   content, is retired (``status: retired``): its key cannot be rewritten without reading files that may have
   changed since, so a run builds it again under its content key; so is every stage built on a retired one;
@@ -166,6 +167,7 @@ def _v0_to_v1(folder: Path, rec: dict, keys: dict[str, str | None]) -> dict:
     trainer = inputs["train"].get("trainer") if isinstance(inputs.get("train"), dict) else None  # else a key
     if isinstance(trainer, dict):
         trainer.setdefault("length_buckets", False)
+        rec = {**rec, "info": _best_score(rec.get("info") or {}, trainer)}
     for ref in _REFERENCES:
         if isinstance(inputs.get(ref), str) and inputs[ref] in keys:
             inputs[ref] = keys[inputs[ref]]
@@ -176,6 +178,15 @@ def _v0_to_v1(folder: Path, rec: dict, keys: dict[str, str | None]) -> dict:
     elif "artifacts" not in rec and rec.get("status") == "complete":
         out.update(_first_checksums(folder, rec.get("stage", folder.name)))
     return out
+
+
+def _best_score(info: dict, trainer: dict) -> dict:
+    """A training stage's ``info`` with its best dev score under its metric's name: format 0 held it as
+    ``best_val_recall1`` alone, whatever metric ``trainer.monitor`` chose the checkpoint by."""
+    if "best_val_score" in info or "best_val_recall1" not in info:
+        return info
+    monitor = trainer.get("monitor") or "val/recall@1"
+    return {**info, "best_val_metric": monitor, "best_val_score": info["best_val_recall1"]}
 
 
 def _unkeyable(inputs: dict, keys: dict[str, str | None]) -> str | None:

@@ -131,3 +131,13 @@ def test_an_upgrade_cut_short_before_a_rename_is_finished_by_the_next(old_run, m
     up.upgrade_run(run)
     assert not (run / "score-f1504afa55").exists()
     assert (run / f"score-{marker['key']}" / "P.npy").read_bytes() == (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+
+
+def test_a_training_s_best_score_of_format_0_is_named_by_the_metric_that_chose_it():
+    """Format 0 kept a training stage's best dev score as best_val_recall1 whatever trainer.monitor was."""
+    from gdr.upgrade import _best_score
+
+    assert _best_score({"best_val_recall1": 0.4, "global_step": 9}, {"monitor": "val/mrr"}) == \
+        {"best_val_recall1": 0.4, "global_step": 9, "best_val_metric": "val/mrr", "best_val_score": 0.4}
+    now = {"best_val_metric": "val/recall@1", "best_val_score": 0.5, "best_val_recall1": 0.5}
+    assert _best_score(now, {"monitor": "val/mrr"}) == now  # recorded by its metric already
