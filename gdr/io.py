@@ -33,7 +33,6 @@ __all__ = [
     "bytes_digest",
     "record_files",
     "verify_files",
-    "check_readable",
     "check_manifest_files",
     "refresh_manifest_files",
 ]
@@ -249,29 +248,6 @@ def verify_files(folder: str | os.PathLike, record: dict[str, dict],
                 continue
             if file_digest(folder / rel)["crc32"] != want["crc32"]:
                 return rel, "checksum differs from the one recorded (content changed)"
-    return None
-
-
-def check_readable(folder: str | os.PathLike, files: Iterable[str]) -> tuple[str, str] | None:
-    """What can be checked of files that carry no recorded checksum (written by an older version): JSON and
-    JSON-lines files parse, a .npy file's size matches its header, no file is empty. Returns ``None`` or
-    ``(relative path, what is wrong)`` for the first file that fails."""
-    import numpy as np
-
-    folder = Path(folder)
-    for rel in files:
-        p = folder / rel
-        try:
-            if p.stat().st_size == 0 and p.suffix not in (".done", ".txt", ".trec", ".tsv"):
-                return rel, "empty"
-            if p.suffix == ".json":
-                json.loads(p.read_text(encoding="utf-8"))
-            elif p.suffix == ".jsonl":
-                read_jsonl(p)
-            elif p.suffix == ".npy":
-                np.load(p, mmap_mode="r")
-        except (ValueError, OSError, EOFError) as e:  # JSONDecodeError is a ValueError
-            return rel, f"unreadable ({str(e).splitlines()[0][:120]})"
     return None
 
 

@@ -34,16 +34,15 @@ from ``last.ckpt``).
 ``stage.json`` also lists every file the stage wrote with its size and CRC-32 checksum, and the
 checksums of the upstream stages it read. Before a finished stage is reused both are checked: a damaged,
 missing or changed file (or an upstream stage rebuilt with different content) re-runs the stage, with one
-log line naming the file and what was wrong, and the stages after it see the change in turn. Stages
-finished by an older gdr, without that list, are checked as far as possible (files parse, sizes match
-headers, P has no zero rows, docids.tsv is well formed), then their checksums are recorded.
+log line naming the file and what was wrong, and the stages after it see the change in turn. ``stage.json``
+carries the folder's ``format`` (:mod:`gdr.formats`); a run folder of an older one is upgraded when it is opened
+(:mod:`gdr.upgrade`), so everything here reads the current format only.
 
 The report is rewritten after every retriever, marked partial until the last one, so a run cut short keeps
 what it finished; the report of an earlier run of the folder stays, marked in progress, until then.
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import shlex
@@ -61,13 +60,12 @@ from gdr import signals
 from gdr.config import save_config, to_container
 from gdr.data.splits import check_query_splits, split_queries
 from gdr.data.titles import TITLE_FRACTIONS
+from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
 from gdr.guard import LOCK_FILE, claim_folder
 from gdr.io import (
     atomic_write_json,
     atomic_write_text,
-    bytes_digest,
     check_manifest_files,
-    check_readable,
     hash_strings,
     record_files,
     verify_files,
@@ -78,13 +76,14 @@ from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.report import mark_in_progress, write_report
 from gdr.stages.settings import TrainSettings
+from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_pipeline", "open_run", "Pipeline", "RunContext", "StageRecord", "StageSpec", "lm_settings"]
+__all__ = ["run_pipeline", "open_run", "Pipeline", "RunContext", "StageRecord", "StageSpec", "lm_settings",
+           "STAGE_FILE", "stage_key"]
 
-STAGE_FILE = "stage.json"
 # Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
@@ -103,20 +102,9 @@ _NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard
               "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged", "concurrent"}
 
 
-def stage_key(inputs: dict) -> str:
-    """A short hash of a stage's inputs (canonical JSON)."""
-    return hash_strings([json.dumps(inputs, sort_keys=True, default=str)])[:10]
-
-
-# Settings added after stages were keyed without them: left out of a key at these values (their defaults, which
-# compute what the stage computed before they existed), so the keys of finished stages stay.
-_KEYED_UNLESS = {"length_buckets": False}
-
-
 def _keyed(d: Any) -> Any:
     if isinstance(d, dict):
-        return {k: _keyed(v) for k, v in d.items()
-                if k not in _NOT_KEYED and not (k in _KEYED_UNLESS and v is _KEYED_UNLESS[k])}
+        return {k: _keyed(v) for k, v in d.items() if k not in _NOT_KEYED}
     return d
 
 
@@ -145,18 +133,16 @@ class Pipeline:
         self.records: list[StageRecord] = []
 
     def stage(self, name: str, inputs: dict, build: Callable[[Path], dict | None], after: Sequence[StageRecord] = (),
-              resumes: Sequence[str] | None = None, check: Callable[[Path], tuple[str, str] | None] | None = None,
-              outputs: Sequence[str] = ("*",)) -> StageRecord:
+              resumes: Sequence[str] | None = None, outputs: Sequence[str] = ("*",)) -> StageRecord:
         """Run ``build(folder)`` unless a finished, undamaged stage with the same inputs exists; return its record.
 
         ``build`` returns a small dict of facts kept in ``stage.json`` (``info``). ``after``: the stages whose
         files ``build`` reads; a change in their content re-runs this one. ``resumes``: ``None`` when a damaged
         stage is rebuilt from an empty folder; else the stage resumes in place: its damaged file is deleted
         and rebuilt, except the files named here, which ``build`` checks and repairs piece by piece itself
-        (P.npy: only damaged shards are re-scored). ``check(folder)``: what is wrong with the files of a
-        stage finished by an older gdr (no checksums recorded): ``(file, what is wrong)`` or None.
-        ``outputs``: patterns of the files later stages read; only their checksums count as this stage's
-        content for them (manifests with times, logs and checkpoints differ between identical rebuilds)."""
+        (P.npy: only damaged shards are re-scored). ``outputs``: patterns of the files later stages read; only
+        their checksums count as this stage's content for them (manifests with times, logs and checkpoints differ
+        between identical rebuilds)."""
         inputs = json.loads(json.dumps(inputs, default=str))
         key = stage_key(inputs)
         folder = self.root / f"{name}-{key}"
@@ -167,13 +153,15 @@ class Pipeline:
             damage = None
         except (ValueError, OSError) as e:
             old, damage = None, (STAGE_FILE, f"unreadable ({e})")
+        if old is not None:
+            require_format(old, marker, self.root)
         if old is not None and old.get("key") == key and old.get("status") == "complete":
-            damage = self._damage(folder, old, upstream, check, outputs)
+            damage = self._damage(folder, old, upstream, outputs)
             if damage is None:
                 log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
                 seconds = float(old.get("seconds", 0.0))
                 rec = StageRecord(name, folder, key, seconds, True, old.get("info") or {},
-                                  _digest(old["artifacts"], outputs), float(old.get("last_seconds", seconds)),
+                                  stage_digest(old["artifacts"], outputs), float(old.get("last_seconds", seconds)),
                                   len(old.get("attempts") or [seconds]))
                 self.records.append(rec)
                 return rec
@@ -190,7 +178,8 @@ class Pipeline:
         else:
             log.info("stage %s: running into %s", name, folder)
         attempts = _earlier_attempts(folder, old if old is not None and old.get("key") == key else None)
-        running = {"stage": name, "key": key, "status": "running", "inputs": inputs, "attempts": attempts}
+        running = {"format": FORMAT, "stage": name, "key": key, "status": "running", "inputs": inputs,
+                   "attempts": attempts}
         atomic_write_json(marker, {**running, "started": time.time()})
         t0 = time.perf_counter()
         signals.set_where(f"stage {name}")  # what a SIGTERM's one line names
@@ -202,45 +191,26 @@ class Pipeline:
         last = round(time.perf_counter() - t0, 2)
         seconds = round(sum(attempts) + last, 2)
         artifacts = record_files(folder, exclude=(STAGE_FILE,))
-        atomic_write_json(marker, {"stage": name, "key": key, "status": "complete", "inputs": inputs,
+        atomic_write_json(marker, {"format": FORMAT, "stage": name, "key": key, "status": "complete", "inputs": inputs,
                                    "seconds": seconds, "last_seconds": last, "attempts": attempts + [last],
                                    "info": info, "artifacts": artifacts, "outputs": list(outputs), "upstream": upstream,
                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         signals.set_where(None)
-        rec = StageRecord(name, folder, key, seconds, False, info, _digest(artifacts, outputs), last,
+        rec = StageRecord(name, folder, key, seconds, False, info, stage_digest(artifacts, outputs), last,
                           len(attempts) + 1)
         self.records.append(rec)
         return rec
 
     @staticmethod
-    def _damage(folder: Path, old: dict, upstream: dict, check, outputs: Sequence[str]) -> tuple[str, str] | None:
-        """(file, what is wrong) for a finished stage that must not be reused, or None.
-
-        A stage finished by an older gdr (no ``artifacts`` in stage.json) is checked as far as that is
-        possible, then its checksums are recorded in stage.json, so it is verified fully from then on."""
-        if "artifacts" in old:
-            bad = verify_files(folder, old["artifacts"], checksum=checksummed(old["artifacts"], outputs))
-            if bad is None and old.get("upstream", {}) != upstream:
-                changed = sorted(k for k in set(upstream) | set(old.get("upstream", {}))
-                                 if upstream.get(k) != old.get("upstream", {}).get(k))
-                bad = (STAGE_FILE, f"upstream stage {', '.join(changed)} changed since this stage was built")
-            return bad
-        files = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
-                 if p.is_file() and p.name != STAGE_FILE and not p.name.startswith(".")]
-        bad = check_readable(folder, files)
-        for manifest in sorted(folder.glob("*manifest.json")) if bad is None else ():
-            # what the stage's own command recorded (a train folder's model/*, docids.tsv): checked, not trusted
-            bad = _failure(folder, lambda m=manifest: check_manifest_files(folder, name=m.name))
-            if bad is not None:
-                break
-        if bad is None and check is not None:
-            bad = check(folder)
-        if bad is None:
-            log.info("stage %s: recording checksums of the %d files of %s, written by an older gdr "
-                     "(checked: they parse and match their headers)", old.get("stage"), len(files), folder.name)
-            old.update(artifacts=record_files(folder, exclude=(STAGE_FILE,)), outputs=list(outputs),
-                       upstream=upstream)  # the caller's dict
-            atomic_write_json(folder / STAGE_FILE, old)
+    def _damage(folder: Path, old: dict, upstream: dict, outputs: Sequence[str]) -> tuple[str, str] | None:
+        """(file, what is wrong) for a finished stage that must not be reused, or None."""
+        if "artifacts" not in old:
+            return STAGE_FILE, "records no checksums of the stage's files"
+        bad = verify_files(folder, old["artifacts"], checksum=checksummed(old["artifacts"], outputs))
+        if bad is None and old.get("upstream", {}) != upstream:
+            changed = sorted(k for k in set(upstream) | set(old.get("upstream", {}))
+                             if upstream.get(k) != old.get("upstream", {}).get(k))
+            bad = (STAGE_FILE, f"upstream stage {', '.join(changed)} changed since this stage was built")
         return bad
 
 
@@ -257,37 +227,6 @@ def _earlier_attempts(folder: Path, old: dict | None) -> list[float]:
                      default=started)
         attempts.append(round(max(0.0, newest - float(started)), 2))
     return attempts
-
-
-def _failure(folder: Path, read: Callable[[], Any]) -> tuple[str, str] | None:
-    """Run ``read()``; an error ``<path>: <what>`` (gdr's messages name the file first) becomes
-    ``(path relative to folder, what)``."""
-    try:
-        read()
-    except (ValueError, RuntimeError, OSError) as e:
-        path, _, what = str(e).partition(": ")
-        path, _, line = path.partition(":")
-        what = f"line {line}: {what}" if line else what
-        try:
-            path = Path(path).relative_to(folder).as_posix()
-        except ValueError:
-            pass
-        return path, what or str(e)
-    return None
-
-
-def _check_score_folder(folder: Path) -> tuple[str, str] | None:
-    """A score stage of an older gdr: P, doc ids and queries agree with their manifests, no zero rows in P
-    (what an older gdr left after re-entering a truncated P)."""
-    from gdr.store import P_FILE, load_run
-
-    box = {}
-    bad = _failure(folder, lambda: box.setdefault("run", load_run(folder)))
-    if bad is None:
-        P = np.asarray(box["run"].logp)
-        if not (np.isfinite(P).all() and (P != 0).all()):
-            bad = (P_FILE, "holds zeros or non-finite values (what re-entering a truncated P used to leave)")
-    return bad
 
 
 def _drop_damaged_queries(folder: Path) -> None:
@@ -325,25 +264,9 @@ def _drop_damaged_doc_queries(folder: Path) -> None:
             (folder / name).unlink(missing_ok=True)
 
 
-def _check_index_folder(folder: Path) -> tuple[str, str] | None:
-    from indexing.docids import read_docids
-
-    return _failure(folder, lambda: read_docids(folder / "docids.tsv"))
-
-
-def _digest(artifacts: dict, outputs: Sequence[str]) -> str:
-    """One checksum over the recorded checksums of the files matching ``outputs``."""
-    mine = {k: v["crc32"] for k, v in artifacts.items() if _matches(k, outputs)}
-    return bytes_digest(json.dumps(mine, sort_keys=True).encode())
-
-
-def _matches(rel: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
-
-
 def checksummed(artifacts: dict, outputs: Sequence[str]) -> list[str]:
     """The files whose checksum is verified before reuse: what later stages read, and every small file."""
-    return [k for k, v in artifacts.items() if v["size"] <= CHECKSUM_MAX_OTHER or _matches(k, outputs)]
+    return [k for k, v in artifacts.items() if v["size"] <= CHECKSUM_MAX_OTHER or matches(k, outputs)]
 
 
 def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
@@ -387,14 +310,13 @@ def _suffix(seed: int, fold: int | None) -> str:
 @dataclass
 class StageSpec:
     """One stage of a run, before it runs: its name, the inputs that key it, how to build it into its folder,
-    and what it reads and leaves (see :meth:`Pipeline.stage` for ``after``, ``resumes``, ``check``, ``outputs``)."""
+    and what it reads and leaves (see :meth:`Pipeline.stage` for ``after``, ``resumes``, ``outputs``)."""
 
     name: str
     inputs: dict
     build: Callable[[Path], dict | None]
     after: Sequence[StageRecord] = ()
     resumes: Sequence[str] | None = None
-    check: Callable[[Path], tuple[str, str] | None] | None = None
     outputs: Sequence[str] = ("*",)
 
 
@@ -443,7 +365,7 @@ class RunContext:
         if spec is None:
             return None
         return self.pipe.stage(spec.name, spec.inputs, spec.build, after=spec.after, resumes=spec.resumes,
-                               check=spec.check, outputs=spec.outputs)
+                               outputs=spec.outputs)
 
     @property
     def uses_generated(self) -> bool:
@@ -529,6 +451,7 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
                        docs_tsv=cfg.data.get("docs_tsv"))
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
+    upgrade_run(pipe.root)  # a folder of an older gdr brought to the current format, or refused in one line
     if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
         log.info("%s: the previous run's report is marked in progress until this run replaces it", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
@@ -572,7 +495,7 @@ def score_spec(run: RunContext) -> StageSpec | None:
         return {"p_matrix": str(path)}
 
     return StageSpec("score", score_inputs(cfg, run.corpus_sig), build, resumes=("P.npy", "P.manifest.json"),
-                     check=_check_score_folder, outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
+                     outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
 
 def _embed_by_digest(settings: Any) -> Any:
@@ -656,8 +579,7 @@ def index_spec(run: RunContext, method: str) -> StageSpec:
                                         "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
     after = {"gc": [score], "bmi": [doc_q] if doc_q else []}.get(method, [])
-    return StageSpec(f"index-{method}", inputs, build, after=after, check=_check_index_folder,
-                     outputs=("docids.tsv",))
+    return StageSpec(f"index-{method}", inputs, build, after=after, outputs=("docids.tsv",))
 
 
 def bm25_spec(run: RunContext) -> StageSpec | None:
@@ -842,9 +764,7 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
     # the report's rows in the order of `indexers`, whatever order the retrievers finished in
     run.results = {m: run.results[m] for m in run.indexes if m in run.results}
     run.eval_dirs = {m: run.eval_dirs[m] for m in run.indexes if m in run.eval_dirs}
-    # a stage of an earlier gdr holds the score as best_val_recall1 alone, whatever the run's trainer.monitor was
-    monitor, score = train_stage.best_of_manifest({"best_val_metric": run.cfg.train.trainer.get("monitor"),
-                                                   **train.info})
+    monitor, score = train.info.get("best_val_metric"), train.info.get("best_val_score")
     ms = (method, seed) if fold is None else (method, seed, fold)
     run.retrievers[ms] = {
         "indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}), "train": train.path.name,

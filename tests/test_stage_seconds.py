@@ -53,7 +53,7 @@ def test_an_attempt_killed_without_a_word_counts_until_its_newest_file(tmp_path)
     rec = pipe.stage("s", {"a": 1}, _slow_build(calls, stop_first=False))
     marker = json.loads((rec.path / STAGE_FILE).read_text())
     now = time.time()
-    running = {k: marker[k] for k in ("stage", "key", "inputs")}
+    running = {k: marker[k] for k in ("format", "stage", "key", "inputs")}
     (rec.path / STAGE_FILE).write_text(json.dumps({**running, "status": "running", "attempts": [5.0],
                                                    "started": now - 100}))
     for p in rec.path.iterdir():

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from tiny_models import DOCS, QUERIES, tiny_llama
 
+from gdr.formats import FORMAT, FormatError
 from gdr.stages.sample import sample_run
 from gdr.stages.score import score_run
 from gdr.store import load_run
+from gdr.upgrade import upgrade
 
 HERE = Path(__file__).parent
 DOC_IDS = [f"d{i}" for i in range(len(DOCS))]
@@ -89,8 +91,8 @@ def test_small_shards_are_scored_in_groups_that_fill_a_doc_batch(lm, tmp_path):
 
 def test_compute_dtype_is_chosen_recorded_and_checked(lm, tmp_path):
     """score.compute_dtype: bf16 on the CPU gives bf16 numbers (close to fp32, not equal); the manifest records
-    what auto resolved to; a folder scored in another compute dtype is refused; an older manifest without the
-    key (scored by auto, the only behaviour then) is reused as is."""
+    what auto resolved to; a folder scored in another compute dtype is refused; a manifest of format 0 without the
+    key (scored by auto, the only behaviour then) is refused until `gdr upgrade` records it, then reused."""
     import torch
 
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "bf16", shard_size=4, progress=False, compute_dtype="bfloat16")
@@ -106,8 +108,12 @@ def test_compute_dtype_is_chosen_recorded_and_checked(lm, tmp_path):
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "bf16", shard_size=4, progress=False)
     man_path = tmp_path / "auto" / "P.manifest.json"
     man = json.loads(man_path.read_text())
-    del man["compute_dtype"]
+    del man["compute_dtype"], man["format"]
     man_path.write_text(json.dumps(man))
+    with pytest.raises(FormatError, match=r"P.manifest.json: format 0 of an older gdr .* run `gdr upgrade "):
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "auto", shard_size=4, progress=False)
+    assert upgrade(tmp_path / "auto") == [f"{man_path}: format 0 -> {FORMAT}"]
+    assert json.loads(man_path.read_text())["compute_dtype"] == "float32"
     with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "auto", shard_size=4, progress=False)
     assert calls == []
@@ -132,9 +138,9 @@ def test_p_of_another_device_is_refused_and_its_numerics_recorded(lm, tmp_path):
                                               "float32 here") as e:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
     assert "\n" not in str(e.value) and np.array_equal(before, np.load(tmp_path / "P.npy"))
-    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # an older gdr's: no device
-    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
-    assert json.loads(man_path.read_text())["device"] == "cpu"
+    man_path.write_text(json.dumps({k: v for k, v in man.items() if k != "device"}))  # no device: refused too
+    with pytest.raises(FileExistsError, match="device None there, cpu here"):
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
 
 
 def test_mismatched_run_folder_is_refused(lm, tmp_path):

@@ -262,12 +262,13 @@ def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, wor
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-4, abs=1e-5)
 
 
-def test_the_new_settings_leave_the_stage_keys_of_runs_without_them():
-    """train.concurrent never enters a stage key (only the speed changes); trainer.length_buckets does when on."""
+def test_train_concurrent_stays_out_of_stage_keys_and_length_buckets_keys_them():
+    """train.concurrent never enters a stage key (only the speed changes); trainer.length_buckets does, on or off
+    (a stage keyed before it existed is given ``false`` by the upgrade, gdr.upgrade)."""
     from gdr.pipeline import _keyed
 
     assert _keyed({"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
-        {"trainer": {"max_epochs": 3}}
+        {"trainer": {"length_buckets": False, "max_epochs": 3}}
     assert _keyed({"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
 
 

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gdr.cli.commands.run", "run_main"),
     "plan": ("gdr.cli.commands.plan", "plan_main"),
     "qg": ("gdr.cli.commands.qg", "qg_main"),
+    "upgrade": ("gdr.cli.commands.upgrade", "upgrade_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",
@@ -46,6 +47,7 @@ HELP = {
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
     "plan": "each stage's predicted seconds of a `gdr run` (device=h200|cpu.. free_gb=GB); --check RUN_DIR",
     "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
+    "upgrade": "bring a run or score folder of an older gdr to the current format, keeping its P (RUN_DIR)",
 }
 
 
@@ -150,8 +152,8 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
 
 def _own_help(name: str, rest: list[str]) -> bool:
     """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench <name>``,
-    ``gdr search``)."""
-    return name == "search" or name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
+    ``gdr search``, ``gdr upgrade``)."""
+    return name in ("search", "upgrade") or name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
 
 
 def sub_command(name: str, rest: list[str]) -> str:

@@ -15,6 +15,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from gdr.config import RerunCommand
+from gdr.formats import FORMAT, require_format
 from gdr.guard import holding
 from gdr.io import check_manifest_files, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
 from gdr.lm import compiling
@@ -64,6 +65,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
              "texts_hash": hash_strings(texts), "n_per_doc": n_per_doc, "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, DOCQ_MANIFEST)
+    if old is not None:
+        require_format(old, out / DOCQ_MANIFEST, out)
     check_sampler(out, DOCQ_MANIFEST, old, "doc_queries.*")
     compiled = compiling.want_compile(compile, lm.device, len(texts) * n_per_doc, compile_min_queries)
     numerics = decode_numerics(lm, compiled)
@@ -77,7 +80,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     if old is not None and old.get("status") == "complete":
         check_manifest_files(out, name=DOCQ_MANIFEST, fix=RerunCommand("sample", out, f"re-sample: delete {path} and "
                                                                        f"{out / DOCQ_MANIFEST}, then run `{{}}`"))
-    write_manifest(out, DOCQ_MANIFEST, **ident, numerics=numerics, status="running")
+    write_manifest(out, DOCQ_MANIFEST, **ident, format=FORMAT, numerics=numerics, status="running")
     done = 0
     if path.exists():
         rows = read_jsonl(path, drop_torn_tail=True)[:len(texts)]
@@ -102,7 +105,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
             os.fsync(f.fileno())
             bar.update(len(batch))
     bar.close()
-    write_manifest(out, DOCQ_MANIFEST, **ident, numerics=numerics, status="complete", files=[DOCQ_FILE],
+    write_manifest(out, DOCQ_MANIFEST, **ident, format=FORMAT, numerics=numerics, status="complete", files=[DOCQ_FILE],
                    seconds_last_call=round(time.perf_counter() - t0, 2),
                    compile_last_call=lm.decoder().compile_record())
     return path

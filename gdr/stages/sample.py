@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gdr.formats import FORMAT, require_format
 from gdr.guard import holding
 from gdr.io import file_digest, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
 from gdr.lm import SampledQueries, compiling
@@ -74,6 +75,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
              "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, Q_MANIFEST)
+    if old is not None:
+        require_format(old, out / Q_MANIFEST, out)
     if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
         raise FileExistsError(
             f"{out / Q_FILE} has no {Q_MANIFEST}: gdr did not sample it here and will not sample over it; to score "
@@ -97,7 +100,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         rows = read_queries(out, old)
         log.info("reusing %d sampled queries in %s", old["n_queries"], out / Q_FILE)
         return rows
-    write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="running")
+    write_manifest(out, Q_MANIFEST, **ident, format=FORMAT, numerics=numerics, status="running")
 
     start = None
     partial = out / Q_PARTIAL
@@ -120,8 +123,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
-    write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="complete", queries_hash=hash_strings(sq.texts),
-                   n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
+    write_manifest(out, Q_MANIFEST, **ident, format=FORMAT, numerics=numerics, status="complete",
+                   queries_hash=hash_strings(sq.texts), n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
                    seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile)
     partial.unlink(missing_ok=True)
     return rows

@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from gdr.config import RerunCommand
+from gdr.formats import FORMAT, require_format
 from gdr.io import (
     atomic_write_json,
     bytes_digest,
@@ -146,21 +147,23 @@ def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> 
     write_jsonl(out / Q_FILE, rows)
     keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
                                 "temperature", "n_redrawn", "numerics") if k in man}
-    write_manifest(out, Q_MANIFEST, **keep, from_run=origin, status="complete", queries_hash=texts_hash,
+    write_manifest(out, Q_MANIFEST, **keep, format=FORMAT, from_run=origin, status="complete", queries_hash=texts_hash,
                    file=file_digest(out / Q_FILE))
     log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
     return rows, scorer
 
 
 def read_queries(out_dir: str | os.PathLike, manifest: dict | None = None) -> list[dict]:
-    """``queries.jsonl`` of a finished sampling run, checked against its manifest (size and checksum, or
-    for manifests of older versions the count and the hash of the texts).
+    """``queries.jsonl`` of a finished sampling run, checked against its manifest (size and checksum, the count
+    and the hash of the texts).
 
     A file that no longer matches was changed after sampling; editing it back cannot restore what the
     P matrix was scored from, so the error says to re-sample.
     """
     out = Path(out_dir)
     man = read_manifest(out, Q_MANIFEST) if manifest is None else manifest
+    if man is not None:
+        require_format(man, out / Q_MANIFEST, out)
     path = out / Q_FILE
     redo = (f"re-sample: delete {path} and {out / Q_MANIFEST} (and any P.npy, P.manifest.json, P.shards/ "
             f"scored from them), then run `{RerunCommand('score', out)}`")
@@ -257,10 +260,6 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
     return dropped
 
 
-# Identity keys that older manifests lack: absent there means what `auto` resolves to (the only behaviour then).
-_NEWER_KEYS = {"compute_dtype", "device"}
-
-
 def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
               order: np.ndarray, shard_size: int, world: int) -> None:
     """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
@@ -270,10 +269,10 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
     out.mkdir(parents=True, exist_ok=True)
     old = read_manifest(out, P_MANIFEST)
     if old is not None:
-        stale = [k for k in ident if (k in old or k not in _NEWER_KEYS)
-                 and json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
+        require_format(old, out / P_MANIFEST, out)
+        stale = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if stale:
-            said = [f"{k} {old[k]} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
+            said = [f"{k} {old.get(k)} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
                     for k in stale]
             raise FileExistsError(
                 f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(said)}); "
@@ -299,7 +298,7 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
     else:
         _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
     atomic_write_json(out / "doc_ids.json", list(doc_ids))
-    write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
+    write_manifest(out, P_MANIFEST, **ident, format=FORMAT, status="running", world_size=world)
 
 
 def shard_rows(order: np.ndarray, shard_size: int, s: int) -> np.ndarray:
@@ -325,8 +324,8 @@ def finish_p(out: Path, ident: dict, n_shards: int, world: int, **extra) -> bool
     ``n_shards`` shards are done, ``partial`` otherwise; ``extra`` (timings) is recorded too. Returns whether
     P is complete."""
     finished = len(list((out / SHARD_DIR).glob("*.done"))) == n_shards
-    write_manifest(out, P_MANIFEST, **ident, status="complete" if finished else "partial", world_size=world, **extra,
-                   **({"file": file_digest(out / P_FILE)} if finished else {}))
+    write_manifest(out, P_MANIFEST, **ident, format=FORMAT, status="complete" if finished else "partial",
+                   world_size=world, **extra, **({"file": file_digest(out / P_FILE)} if finished else {}))
     return finished
 
 
@@ -351,6 +350,8 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True, require_
     is one."""
     out = Path(out_dir)
     man = read_manifest(out, P_MANIFEST)
+    if man is not None:
+        require_format(man, out / P_MANIFEST, out)
     if man is None and require_manifest:
         raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `{RerunCommand('score', out)}` first")
     if man is None and not out.is_dir():

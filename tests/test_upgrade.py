@@ -1,0 +1,143 @@
+"""A folder of an older gdr is brought to the current format by one upgrade step, keeping its P: the fixture
+``fixtures/run_101d818`` is a tiny ``gdr run`` made by gdr at commit 101d818 (format 0; how:
+``fixtures/make_run_101d818.py``)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gdr.cli import main
+from gdr.formats import FORMAT
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OLD = FIXTURES / "run_101d818"
+
+
+def _fixture():
+    """The fixture's module (its inputs and its run's arguments), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("make_run_101d818", FIXTURES / "make_run_101d818.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def old_run(tmp_path, monkeypatch):
+    """A copy of the format-0 run folder beside the same tiny LM and corpus, the working folder set there (the
+    fixture names its LM by the relative path ``tiny-llama``)."""
+    fx = _fixture()
+    fx.write_inputs(tmp_path)
+    shutil.copytree(OLD, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path, fx
+
+
+def _stages(run: Path) -> dict[str, dict]:
+    return {s["name"]: s for s in json.loads((run / "report.json").read_text())["stages"]}
+
+
+def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old_run, capsys):
+    root, fx = old_run
+    run = root / "run"
+    p_before = (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+    assert main(["upgrade", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("score-f1504afa55: format 0 -> 1, now score-") for line in lines)
+    assert any("index-gc-9078297d3d: format 0 -> 1, retired (keyed by the corpus's settings and paths" in line
+               for line in lines)
+    score = next(run.glob("score-*"))
+    stage = json.loads((score / "stage.json").read_text())
+    assert stage["format"] == FORMAT and "name" not in stage["inputs"]["lm"]
+    assert stage["inputs"]["lm"]["weights"].startswith("sha256:")
+    for name in ("P.manifest.json", "queries.manifest.json"):
+        man = json.loads((score / name).read_text())
+        assert man["format"] == FORMAT and man["lm"]["weights"] == stage["inputs"]["lm"]["weights"]
+    assert main(["upgrade", str(run)]) == 0  # a second upgrade finds nothing to do
+    assert capsys.readouterr().out.strip() == f"{run}: already format {FORMAT}, nothing to upgrade"
+
+    assert main(fx.run_args(root)) == 0
+    stages = _stages(run)
+    assert stages["score"]["reused"] and stages["doc-queries"]["reused"]  # no rescoring, no resampling
+    assert stages["score"]["folder"] == score.name
+    assert not stages["index-gc"]["reused"]  # keyed by paths at 101d818: built again under its content key
+    assert (score / "P.npy").read_bytes() == p_before
+
+
+def test_gdr_run_upgrades_an_old_folder_when_it_opens_it(old_run):
+    root, fx = old_run
+    assert main(fx.run_args(root)) == 0
+    stages = _stages(root / "run")
+    assert stages["score"]["reused"] and stages["doc-queries"]["reused"]
+    assert (root / "run" / stages["score"]["folder"] / "P.npy").read_bytes() == \
+        (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+
+
+def test_a_newer_format_is_refused_in_one_line_naming_it(old_run, capsys):
+    root, fx = old_run
+    marker = root / "run" / "score-f1504afa55" / "stage.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": FORMAT + 1}))
+    before = {p: p.read_bytes() for p in (root / "run").rglob("*") if p.is_file()}
+    for argv in (["upgrade", str(root / "run")], fx.run_args(root)):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert f"{marker}: format {FORMAT + 1} is newer than this gdr's format {FORMAT}" in err
+    after = {p: p.read_bytes() for p in before}
+    assert after == before  # refused before any stage was changed
+
+
+def test_a_p_folder_whose_model_is_gone_cannot_be_upgraded(tmp_path, capsys):
+    """Format 0 named the LM by its path; where nothing is there any more its files cannot key P: refused in one
+    line naming the version and the path, the manifest left as it was."""
+    score = tmp_path / "score"
+    shutil.copytree(OLD / "score-f1504afa55", score)
+    (score / "stage.json").unlink()  # a P folder of `gdr score`, not a stage of a run
+    man = json.loads((score / "P.manifest.json").read_text())
+    gone = str(tmp_path / "moved" / "tiny-llama")
+    (score / "P.manifest.json").write_text(json.dumps({**man, "lm": {**man["lm"], "model": gone}}))
+    before = (score / "P.manifest.json").read_bytes()
+    assert main(["upgrade", str(score)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert f"format 0 names its model by the path {gone}, which is not there" in err
+    assert (score / "P.manifest.json").read_bytes() == before
+
+
+def test_an_upgrade_cut_short_before_a_rename_is_finished_by_the_next(old_run, monkeypatch):
+    """stage.json is rewritten (to a temporary name, then renamed) before its folder takes the new key: an upgrade
+    stopped between the two leaves a format-1 stage.json in the old folder, and the next upgrade renames it."""
+    import gdr.upgrade as up
+
+    root, _ = old_run
+    run = root / "run"
+    replace = os.replace
+
+    def stopped(src, dst):  # files are still written (temporary name, then renamed); a stage folder is not
+        if Path(dst).parent == run:
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(up.os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        up.upgrade_run(run)
+    monkeypatch.undo()
+    marker = json.loads((run / "score-f1504afa55" / "stage.json").read_text())
+    assert marker["format"] == FORMAT and marker["key"] != "f1504afa55"
+    up.upgrade_run(run)
+    assert not (run / "score-f1504afa55").exists()
+    assert (run / f"score-{marker['key']}" / "P.npy").read_bytes() == (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+
+
+def test_a_training_s_best_score_of_format_0_is_named_by_the_metric_that_chose_it():
+    """Format 0 kept a training stage's best dev score as best_val_recall1 whatever trainer.monitor was."""
+    from gdr.upgrade import _best_score
+
+    assert _best_score({"best_val_recall1": 0.4, "global_step": 9}, {"monitor": "val/mrr"}) == \
+        {"best_val_recall1": 0.4, "global_step": 9, "best_val_metric": "val/mrr", "best_val_score": 0.4}
+    now = {"best_val_metric": "val/recall@1", "best_val_score": 0.5, "best_val_recall1": 0.5}
+    assert _best_score(now, {"monitor": "val/mrr"}) == now  # recorded by its metric already
