@@ -42,13 +42,16 @@ from gdr.store import (
     P_FILE,
     P_MANIFEST,
     SHARD_DIR,
+    Reuse,
     check_p,
     copy_run_queries,
     finish_p,
     pending_shards,
     prepare_p,
+    reuse_map,
     score_folder,
     shard_rows,
+    text_digests,
     write_shard,
 )
 
@@ -283,8 +286,16 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
 def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
               out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
-              max_shards: int | None = None, compute_dtype: str = "auto") -> Path:
+              max_shards: int | None = None, compute_dtype: str = "auto",
+              reuse_from: str | os.PathLike | None = None) -> Path:
     """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
+
+    With ``reuse_from`` (the folder of an older finished P of the same model, prompt, dtype, sizes and numerics,
+    e.g. of the corpus before an edit) the entries whose document text and query text both occur there are
+    copied from it, and only the others are scored: the rows of new or edited documents, and the reused rows'
+    columns of new queries (:func:`gdr.store.reuse_map`). Every entry is computed from its own document and
+    query alone (the CPU's scoring does not depend on which others share a pass), so the matrix equals a full
+    rescore's.
 
     Parameters
     ----------
@@ -309,9 +320,16 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
     order = np.argsort(prompt_len, kind="stable")
     n_shards = -(-len(order) // shard_size)
+    digests = text_digests(texts)
     if rank == 0:
-        prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world)
+        prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world, digests)
     _barrier(world)
+    reuse = None
+    if reuse_from is not None and Path(reuse_from).resolve() != out.resolve():
+        reuse = reuse_map(reuse_from, ident, digests, queries)
+        if reuse is not None and rank == 0:
+            log.info("reusing %s: %d of %d documents and %d of %d queries found there", reuse.path / P_FILE,
+                     int((reuse.row_src >= 0).sum()), len(doc_ids), int((reuse.col_src >= 0).sum()), len(queries))
 
     # shards scored together: a doc batch never straddles two calls
     per_call = max(1, -(-doc_batch_size // shard_size))
@@ -322,10 +340,13 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     t0 = time.perf_counter()
     score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
              "compute_dtype": getattr(torch, numerics["compute_dtype"])}
-    _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress)
+    pairs = _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress,
+                          reuse)
     _barrier(world)
     if rank == 0:
-        finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2))
+        extra = {"reused_from": str(reuse.path)} if reuse is not None else {}
+        finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2),
+                 pairs_scored_last_call=pairs, **extra)
     return p_path
 
 
@@ -346,9 +367,10 @@ def _barrier(world: int) -> None:
 
 def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path, shard_dir: Path,
                   order: np.ndarray, shard_size: int, mine: list[range], dtype: str, score: dict,
-                  progress: bool) -> None:
+                  progress: bool, reuse: Reuse | None = None) -> int:
     """Score this process's groups of shards into ``p_path``, one ``lm.score`` call per group (keywords
-    ``score``); each finished shard's rows are flushed, then its ``.done`` marker written with their checksum."""
+    ``score``; with ``reuse``, :func:`_score_group_reusing`); each finished shard's rows are flushed, then its
+    ``.done`` marker written with their checksum. Returns the number of (document, query) pairs scored."""
     rank, world = dist_info()
     n_shards = -(-len(order) // shard_size)
     P = np.load(p_path, mmap_mode="r+")
@@ -360,13 +382,19 @@ def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path
     pairs = len(queries) * sum(len(shard_rows(order, shard_size, s)) for s in left)
     bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
                disable=not progress or pairs == 0)  # nothing left (P reused): no empty bar
+    scored = 0
     for group in mine:
         if not pending_shards(shard_dir, group):  # finished meanwhile by another process on this folder
             continue
         # the whole group, finished shards too (a resumed group batches as an uninterrupted one)
         rows = [shard_rows(order, shard_size, s) for s in group]
         every = np.concatenate(rows)
-        lp = lm.score([texts[i] for i in every], queries, **score)
+        if reuse is None:
+            lp = lm.score([texts[i] for i in every], queries, **score)
+            scored += lp.size
+        else:
+            lp, n = _score_group_reusing(lm, texts, queries, every, reuse, score)
+            scored += n
         ends = np.cumsum([len(r) for r in rows])
         for s, r, block in zip(group, rows, np.split(lp, ends[:-1])):
             if (shard_dir / f"{s:05d}.done").exists():
@@ -377,3 +405,24 @@ def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path
             bar.set_postfix(shard=f"{s + 1}/{n_shards}")
     bar.close()
     del P
+    return scored
+
+
+def _score_group_reusing(lm, texts: Sequence[str], queries: Sequence[str], rows: np.ndarray, reuse: Reuse,
+                         score: dict) -> tuple[np.ndarray, int]:
+    """P's ``rows`` (len(rows), n_queries) float32: the older P's entries where ``reuse`` has both the row and
+    the column, scored elsewhere: the new rows against every query in one call, the reused rows against the
+    new queries in another. Returns the block and the number of pairs scored."""
+    block = reuse.block(rows)
+    have = reuse.row_src[rows] >= 0  # (len(rows),)
+    new_cols = np.flatnonzero(reuse.col_src < 0)  # (n_new_queries,)
+    n = 0
+    if (~have).any():
+        lp = lm.score([texts[i] for i in rows[~have]], queries, **score)  # (n_new_rows, n_queries)
+        block[~have] = lp
+        n += lp.size
+    if have.any() and len(new_cols):
+        lp = lm.score([texts[i] for i in rows[have]], [queries[j] for j in new_cols], **score)
+        block[np.ix_(have, new_cols)] = lp
+        n += lp.size
+    return block, n

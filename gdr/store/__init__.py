@@ -8,6 +8,8 @@ A run folder holds::
     P.npy                log P, float32 (or float16), shape (n_docs, n_queries), a .npy memmap
     P.manifest.json      model, prompt, doc-id / text / query hashes, shape, dtype, sharding, status
     P.shards/            one ``NNNNN.done`` marker per finished shard, holding the checksum of its rows
+    doc_texts.json       a digest of each row's model input, in row order: what lets a later P of an edited
+                         corpus reuse this one's entries (:func:`reuse_map`)
 
 P is written in shards of ``shard_size`` documents. Documents are ordered by prompt length once (stable
 sort), and shard s is the s-th run of that order (:func:`shard_rows`). A shard's rows are flushed to disk
@@ -54,11 +56,12 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PRun", "PMatrix", "load_run", "check_p", "read_queries",
            "score_folder", "copy_run_queries", "prepare_p", "shard_rows", "pending_shards", "write_shard",
-           "finish_p"]
+           "finish_p", "Reuse", "reuse_map", "text_digests"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
 DOCQ_FILE, DOCQ_MANIFEST = "doc_queries.jsonl", "doc_queries.manifest.json"
+TEXTS_FILE = "doc_texts.json"
 
 
 @dataclass
@@ -262,10 +265,10 @@ _NEWER_KEYS = {"compute_dtype", "device"}
 
 
 def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
-              order: np.ndarray, shard_size: int, world: int) -> None:
+              order: np.ndarray, shard_size: int, world: int, digests: Sequence[str] | None = None) -> None:
     """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
     keeps the shards before the cut; a broken header re-scores all), drop the markers of damaged shards, and
-    record the doc ids and a running manifest."""
+    record the doc ids, each row's text digest (``digests``, :func:`text_digests`) and a running manifest."""
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
     out.mkdir(parents=True, exist_ok=True)
     old = read_manifest(out, P_MANIFEST)
@@ -299,7 +302,80 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
     else:
         _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
     atomic_write_json(out / "doc_ids.json", list(doc_ids))
+    if digests is not None:
+        atomic_write_json(out / TEXTS_FILE, list(digests))
     write_manifest(out, P_MANIFEST, **ident, status="running", world_size=world)
+
+
+# ------------------------------------------------------------------------------ reusing an older P
+# What a P's entries depend on besides its rows' and columns' texts: an older P agreeing on all of these
+# holds, at a (document text, query text) pair both share, the bytes a full rescore would write there.
+_INPUT_KEYS = {"doc_ids_hash", "texts_hash", "queries_hash", "shape"}
+
+
+def text_digests(texts: Sequence[str]) -> list[str]:
+    """One digest per text (:func:`gdr.io.hash_strings` of it alone): rows are matched by content."""
+    return [hash_strings([t]) for t in texts]
+
+
+@dataclass
+class Reuse:
+    """Where a new P's entries already sit in an older P: ``row_src[i]`` the older row with document i's text,
+    ``col_src[j]`` the older column with query j's text (-1: none). Entry (i, j) is reused when both are >= 0."""
+
+    path: Path  # the older run folder
+    logp: np.ndarray  # (n_old_docs, n_old_queries) memmap, read-only
+    row_src: np.ndarray  # (n_docs,) int64
+    col_src: np.ndarray  # (n_queries,) int64
+
+    def block(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), n_queries) float32: the older entries of ``rows`` at reused columns, NaN elsewhere."""
+        out = np.full((len(rows), len(self.col_src)), np.nan, dtype=np.float32)
+        src, cols = self.row_src[rows], self.col_src
+        r, c = src >= 0, cols >= 0
+        if r.any() and c.any():
+            out[np.ix_(r, c)] = self.logp[np.ix_(src[r], cols[c])]
+        return out
+
+
+def _match(old: Sequence[str], new: Sequence[str]) -> np.ndarray:
+    """(len(new),) int64: for each of ``new``, the index of an equal string in ``old``, -1 when none."""
+    if not len(old) or not len(new):
+        return np.full(len(new), -1, dtype=np.int64)
+    o, n = np.asarray(old, dtype=object).astype(str), np.asarray(new, dtype=object).astype(str)
+    order = np.argsort(o, kind="stable")
+    pos = np.searchsorted(o, n, sorter=order).clip(max=len(o) - 1)
+    return np.where(o[order[pos]] == n, order[pos], -1).astype(np.int64)
+
+
+def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], queries: Sequence[str]
+              ) -> Reuse | None:
+    """How much of the finished P in ``old_dir`` a P of identity ``ident`` (rows with text ``digests``,
+    columns ``queries``) can take as it is; None when nothing: that P was scored by another model, prompt,
+    dtype, sizes or numerics (the keys of ``ident`` other than its inputs), is unfinished or damaged, or does
+    not record its rows' and columns' texts (``doc_texts.json``, ``queries.jsonl``)."""
+    old_dir = Path(old_dir)
+    man = read_manifest(old_dir, P_MANIFEST)
+    if (man is None or man.get("status") != "complete" or not (old_dir / TEXTS_FILE).is_file()
+            or not (old_dir / Q_FILE).is_file()):
+        return None
+    differs = [k for k in ident if k not in _INPUT_KEYS
+               and json.loads(json.dumps(man.get(k))) != json.loads(json.dumps(ident[k]))]
+    if differs:
+        log.info("not reusing %s: scored with other %s", old_dir / P_FILE, ", ".join(differs))
+        return None
+    try:
+        run = load_run(old_dir)
+        with open(old_dir / TEXTS_FILE, encoding="utf-8") as f:
+            old_digests = json.load(f)
+    except (OSError, ValueError, RuntimeError) as e:
+        log.warning("not reusing %s: %s", old_dir / P_FILE, e)
+        return None
+    if len(old_digests) != run.logp.shape[0]:
+        log.warning("not reusing %s: %s lists %d rows, P has %d", old_dir / P_FILE, TEXTS_FILE, len(old_digests),
+                    run.logp.shape[0])
+        return None
+    return Reuse(old_dir, run.logp, _match(old_digests, digests), _match(run.query_texts, queries))
 
 
 def shard_rows(order: np.ndarray, shard_size: int, s: int) -> np.ndarray:
