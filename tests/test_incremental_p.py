@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from tiny_models import DOCS, QUERIES, tiny_llama
 
+from gdr.data import Corpus
 from gdr.io import write_jsonl
-from gdr.stages.score import score_run
+from gdr.stages.score import score_corpus, score_run
+from gdr.stages.settings import SampleSettings, ScoreSettings
 from gdr.store import load_run
 
 IDS = [f"d{i}" for i in range(len(DOCS))]
@@ -113,3 +115,67 @@ def test_an_older_p_without_row_digests_is_not_reused(lm, old, tmp_path):
     (legacy / "doc_texts.json").unlink()
     n, _, _ = _incremental_and_full(lm, legacy, tmp_path, list(DOCS), IDS, list(QUERIES))
     assert n == len(DOCS) * len(QUERIES)
+
+
+# ---------------------------------------------------------------------------- sampling and scoring together
+SAMPLE = SampleSettings(n_queries=12, batch_size=4, max_new_tokens=5, seed=3)
+SCORE = ScoreSettings(shard_size=3, doc_batch_size=1, max_query_tokens=2048)
+
+
+def _counting(lm, monkeypatch):
+    """Counters of the queries decoded and the (document, query) pairs scored through ``lm``."""
+    seen = {"decoded": 0, "scored": 0}
+    decode, score = lm.decode_queries, lm.score
+
+    def decoding(docs, rows, *a, **k):
+        seen["decoded"] += len(rows)
+        return decode(docs, rows, *a, **k)
+
+    def scoring(docs, queries, *a, **k):
+        seen["scored"] += len(docs) * len(queries)
+        return score(docs, queries, *a, **k)
+
+    monkeypatch.setattr(lm, "decode_queries", decoding)
+    monkeypatch.setattr(lm, "score", scoring)
+    return seen
+
+
+def test_an_edited_document_resamples_its_queries_and_rescores_its_row_and_their_columns(lm, tmp_path,
+                                                                                         monkeypatch):
+    before = Corpus(name="toy", doc_ids=IDS, texts=list(DOCS))
+    score_corpus(before, lm, tmp_path / "before", SAMPLE, SCORE, progress=False)
+    texts = list(DOCS)
+    texts[0] = "the dog slept under the table all day"
+    after = Corpus(name="toy", doc_ids=IDS, texts=texts)
+    seen = _counting(lm, monkeypatch)
+    score_corpus(after, lm, tmp_path / "inc", SAMPLE, SCORE, progress=False, reuse_from=tmp_path / "before")
+    counts = dict(seen)
+    score_corpus(after, lm, tmp_path / "full", SAMPLE, SCORE, progress=False)
+    inc, full = load_run(tmp_path / "inc"), load_run(tmp_path / "full")
+    assert inc.queries == full.queries  # the same queries, sampled again only where drawn from document 0
+    from_edited = [j for j, q in enumerate(full.queries) if q["source_doc_id"] == "d0"]
+    assert 0 < len(from_edited) < SAMPLE.n_queries  # the seed draws document 0 for some queries, not all
+    assert counts["decoded"] == len(from_edited)
+    # columns are matched by text: a re-drawn query the tiny model wrote before too keeps its column
+    old_texts = {q["text"] for q in load_run(tmp_path / "before").queries}
+    new_cols = [j for j, q in enumerate(full.queries) if q["text"] not in old_texts]
+    assert new_cols and set(new_cols) <= set(from_edited)
+    # its row against every query, then every other row against the columns of its new queries
+    assert counts["scored"] == SAMPLE.n_queries + (len(DOCS) - 1) * len(new_cols)
+    assert seen["scored"] - counts["scored"] == len(DOCS) * SAMPLE.n_queries  # what the full rescore scored
+    _assert_equal(np.asarray(inc.logp), np.asarray(full.logp), new_cols=new_cols)
+    assert inc.logp[0].tobytes() == full.logp[0].tobytes()
+
+
+def test_index_add_scores_only_the_new_documents_rows(lm, tmp_path, monkeypatch):
+    """``gdr index add``'s P (new documents over an indexed run's queries, ``queries_from=``) taking the rows of
+    the documents that run scored already."""
+    base = Corpus(name="toy", doc_ids=IDS[:5], texts=list(DOCS[:5]))
+    score_corpus(base, lm, tmp_path / "run", SAMPLE, SCORE, progress=False)
+    grown = Corpus(name="toy", doc_ids=IDS, texts=list(DOCS))
+    seen = _counting(lm, monkeypatch)
+    score_corpus(grown, lm, tmp_path / "add", SAMPLE, SCORE, progress=False, queries_from=tmp_path / "run",
+                 reuse_from=tmp_path / "run")
+    assert seen == {"decoded": 0, "scored": 2 * SAMPLE.n_queries}
+    score_corpus(grown, lm, tmp_path / "full", SAMPLE, SCORE, progress=False, queries_from=tmp_path / "run")
+    assert load_run(tmp_path / "add").logp.tobytes() == load_run(tmp_path / "full").logp.tobytes()

@@ -15,14 +15,22 @@ from typing import Sequence
 import numpy as np
 
 from gdr.guard import holding
-from gdr.io import file_digest, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
+from gdr.io import (
+    atomic_write_json,
+    file_digest,
+    hash_strings,
+    read_jsonl,
+    read_manifest,
+    write_jsonl,
+    write_manifest,
+)
 from gdr.lm import SampledQueries, compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.numerics import describe_numerics
 from gdr.stages.settings import SampleSettings
-from gdr.store import P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, Q_PARTIAL, read_queries
+from gdr.store import P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, Q_PARTIAL, TEXTS_FILE, read_queries, text_digests
 
-__all__ = ["sample_queries", "sample_run", "check_texts"]
+__all__ = ["sample_queries", "sample_run", "check_texts", "reusable_queries"]
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +49,31 @@ def check_texts(corpus) -> None:
 
 
 def sample_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
-                   progress: bool = True) -> list[dict]:
+                   progress: bool = True, reuse_from: str | os.PathLike | None = None) -> list[dict]:
     """Sample ``settings.n_queries`` queries from ``corpus`` (a :class:`gdr.data.Corpus`) with ``lm`` (a
     :class:`gdr.lm.GenerativeLM`) into ``out/queries.jsonl``; returns them (``text``, ``source_doc_id``, ...).
 
-    Resumable; a finished file with the same settings is reused, one with other settings is refused."""
+    Resumable; a finished file with the same settings is reused, one with other settings is refused.
+    ``reuse_from``: an older sampling whose unchanged documents' queries are taken as they are (:func:`sample_run`)."""
     s = settings
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr sample`
         return sample_run(lm, corpus.model_inputs(), corpus.doc_ids, Path(out), n_queries=s.n_queries, seed=s.seed,
                           batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
                           temperature=s.temperature, progress=progress, compile=s.compile,
-                          compile_min_queries=s.compile_min_queries)
+                          compile_min_queries=s.compile_min_queries, reuse_from=reuse_from)
 
 
 def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_queries: int,
                seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32, top_k: int = 50,
                top_p: float = 0.99, temperature: float = 1.0, progress: bool = True, compile: bool | str = "auto",
-               compile_min_queries: int | str = "auto") -> list[dict]:
+               compile_min_queries: int | str = "auto", reuse_from: str | os.PathLike | None = None) -> list[dict]:
     """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
+
+    ``reuse_from``: the folder of an older sampling of as many documents with the same settings and numerics
+    (the corpus before an edit). Query j's source document is the same there (it depends on the seed and the
+    number of documents), and its text depends only on the seed, j and that document's text: where that text is
+    unchanged, the query is taken from there, and only the others are decoded (:func:`reusable_queries`).
 
     An existing finished ``queries.jsonl`` with the same settings is reused; one with different settings,
     drawn by another sampler version, or decoded under other numerics (device kind, dtype, compiled or eager
@@ -99,8 +113,11 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         return rows
     write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="running")
 
-    start = None
+    start = given = None
     partial = out / Q_PARTIAL
+    digests = text_digests(texts)
+    if reuse_from is not None and not partial.exists() and Path(reuse_from).resolve() != out.resolve():
+        given = reusable_queries(reuse_from, ident, numerics, digests)
     if partial.exists():
         rows = read_jsonl(partial)[:n_queries]
         if rows:
@@ -116,15 +133,46 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     sq = lm.sample_queries(texts, n_queries, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
                            top_k=top_k, top_p=top_p, temperature=temperature, progress=progress,
                            start=start, on_batch=checkpoint, compile=compile,
-                           compile_min_queries=compile_min_queries)
+                           compile_min_queries=compile_min_queries, given=given)
     rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
+    atomic_write_json(out / TEXTS_FILE, digests)  # what a later, edited corpus reuses these queries by
+    reused = {} if given is None else {"reused_from": str(reuse_from),
+                                       "queries_reused": sum(t is not None for t in given)}
     write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="complete", queries_hash=hash_strings(sq.texts),
                    n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
-                   seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile)
+                   seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile, **reused)
     partial.unlink(missing_ok=True)
     return rows
+
+
+def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, digests: list[str]
+                     ) -> list[str | None] | None:
+    """(n_queries,) the texts of ``old_dir``'s queries whose source document's text is unchanged (``digests``:
+    this corpus's, :func:`gdr.store.text_digests`), None for the others; None when nothing there can be taken:
+    unfinished, sampled with other settings, sampler or numerics, from another number of documents (other
+    sources), or without its documents' digests."""
+    old_dir = Path(old_dir)
+    man = read_manifest(old_dir, Q_MANIFEST)
+    inputs = {"doc_ids_hash", "texts_hash"}
+    if (man is None or man.get("status") != "complete" or man.get("from_run") or man.get("numerics") != numerics
+            or not (old_dir / TEXTS_FILE).is_file()
+            or any(json.loads(json.dumps(ident[k])) != man.get(k) for k in ident if k not in inputs)):
+        return None
+    try:
+        rows = read_queries(old_dir, man)
+        with open(old_dir / TEXTS_FILE, encoding="utf-8") as f:
+            old_digests = json.load(f)
+    except (OSError, ValueError) as e:
+        log.warning("not reusing the queries of %s: %s", old_dir, e)
+        return None
+    if len(old_digests) != len(digests):
+        return None
+    src = np.array([int(r["source_index"]) for r in rows], dtype=np.int64)  # (n_queries,)
+    same = np.asarray(old_digests, dtype=object)[src] == np.asarray(digests, dtype=object)[src]  # (n_queries,)
+    log.info("reusing %d of %d queries of %s (their documents are unchanged)", int(same.sum()), len(rows), old_dir)
+    return [r["text"] if k else None for r, k in zip(rows, same)]
 
 
 def check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> None:

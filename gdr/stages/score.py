@@ -78,19 +78,21 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
 
 
 def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, settings: ScoreSettings,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, reuse_from: str | os.PathLike | None = None) -> Path:
     """Score ``queries`` (rows of ``queries.jsonl``) against every document of ``corpus`` with ``lm`` into
     ``out/P.npy`` (sharded, resumable); ``auto`` sizes are resolved here (:func:`resolve_sizes`) unless the caller
-    resolved them. Returns its path."""
+    resolved them. ``reuse_from``: an older P whose matching entries are copied (:func:`score_run`). Returns its
+    path."""
     sc = resolve_sizes(lm, settings)  # the run's manifest records the sizes that made its numbers
     return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
-                     max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype)
+                     max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype,
+                     reuse_from=reuse_from)
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
                  progress: bool = True, queries_from: str | os.PathLike | None = None,
-                 resample: str | None = None) -> Path:
+                 resample: str | None = None, reuse_from: str | os.PathLike | None = None) -> Path:
     """Sample (unless ``queries.jsonl`` exists) and score into ``out``; returns the P matrix path.
 
     ``lm``: a :class:`gdr.stages.settings.LMSettings` (loaded here when needed; ``score.processes > 1`` loads
@@ -100,18 +102,22 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     run``) folder, with the model that scored them (another one is refused): the P of new documents that
     ``gdr index add`` places into an index built on that run (:func:`gdr.store.copy_run_queries`).
     ``resample``: the command that samples the queries, named when a launched rank > 0 finds none (the
-    ``gdr score`` command passes its own overrides, :func:`sample_command`; default ``gdr sample out=<out>``)."""
+    ``gdr score`` command passes its own overrides, :func:`sample_command`; default ``gdr sample out=<out>``).
+    ``reuse_from``: the folder of an older run of the same model and settings over an overlapping corpus (before
+    an edit, or before ``gdr index add``'s new documents): its queries of unchanged documents and its P entries
+    of unchanged (document, query) pairs are taken, and only the rest is sampled and scored."""
     from gdr.guard import holding
     from gdr.stages.sample import check_texts
 
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr score` (the scoring processes share it)
         return _score_corpus(corpus, lm, Path(out), sample, score, progress, queries_from,
-                             resample or sample_command(out))
+                             resample or sample_command(out), reuse_from)
 
 
 def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool,
-                  queries_from: str | os.PathLike | None, resample: str) -> Path:
+                  queries_from: str | os.PathLike | None, resample: str,
+                  reuse_from: str | os.PathLike | None = None) -> Path:
     from gdr.stages.sample import sample_queries
 
     built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
@@ -121,7 +127,7 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     if queries_from is not None and rank == 0:
         queries = _queries_of_run(lm, queries_from, out)
     elif rank == 0 or qfile.exists():
-        queries = sample_queries(lm, corpus, out, sample, progress=progress)
+        queries = sample_queries(lm, corpus, out, sample, progress=progress, reuse_from=reuse_from)
     else:
         raise SystemExit(f"{qfile} missing: run `{resample}` before a multi-process `gdr score`")
     n_proc = int(score.processes or 1)
@@ -130,9 +136,9 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
         if spec is None:
             raise ValueError(f"score.processes={n_proc}: each process loads its own model; pass the model as "
                              "LMSettings (or (GenerativeLM, LMSettings)), not only a loaded GenerativeLM")
-        path = score_in_processes(corpus, spec, out, score, n_proc, progress=progress)
+        path = score_in_processes(corpus, spec, out, score, n_proc, progress=progress, reuse_from=reuse_from)
     else:
-        path = score_queries(lm, corpus, queries, out, score, progress=progress)
+        path = score_queries(lm, corpus, queries, out, score, progress=progress, reuse_from=reuse_from)
     if rank == 0:
         _check_complete(out)
         log.info("P matrix %s", path)
@@ -215,7 +221,7 @@ def _exit_from_finaliser(unraisable) -> None:
 
 
 def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, score_settings: dict, out: str,
-                  progress: bool, parent: int | None = None) -> None:
+                  progress: bool, parent: int | None = None, reuse_from: str | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
 
     With CUDA and ``device`` auto/cuda, rank r scores on ``cuda:{r % n_gpus}``. The process group is
@@ -241,14 +247,14 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
         log.info("scoring process %d of %d on %s", rank, world, spec.device)
     lm = spec.build()
     score_queries(lm, corpus, read_jsonl(Path(out) / "queries.jsonl"), out, ScoreSettings.from_dict(score_settings),
-                  progress=progress)
+                  progress=progress, reuse_from=reuse_from)
 
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings: ScoreSettings, n_proc: int,
-                       progress: bool = True) -> Path:
+                       progress: bool = True, reuse_from: str | os.PathLike | None = None) -> Path:
     """Score ``out`` (its queries already sampled) with ``n_proc`` processes on this machine.
 
     On a CPU, one single-threaded process per core beats one multi-threaded process (measured: 11.8 vs
@@ -259,7 +265,8 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, corpus, lm.to_dict(), settings.to_dict(),
-                                                     str(out), progress, os.getpid()), daemon=True)
+                                                     str(out), progress, os.getpid(),
+                                                     None if reuse_from is None else str(reuse_from)), daemon=True)
              for r in range(n_proc)]
     failed = []
     try:

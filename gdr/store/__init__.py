@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PRun", "PMatrix", "load_run", "check_p", "read_queries",
            "score_folder", "copy_run_queries", "prepare_p", "shard_rows", "pending_shards", "write_shard",
-           "finish_p", "Reuse", "reuse_map", "text_digests"]
+           "finish_p", "Reuse", "reuse_map", "text_digests", "TEXTS_FILE"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
