@@ -192,6 +192,9 @@ QG = (
 SCORE_COMMAND = (
     Rule("queries_from", optional(folder_with_queries),
          "a run whose queries are scored instead of sampled; null = sample"),
+    Rule("reuse_from", optional(folder_with_queries),
+         "an older run of the same model and settings: its queries of unchanged documents and its P entries of "
+         "unchanged pairs are taken, the rest sampled and scored; null = queries_from (or nothing)"),
 )
 INDEX_COMMAND = (
     Rule("method", index_inputs, "the indexer"),

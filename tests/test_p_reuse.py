@@ -103,3 +103,26 @@ def test_the_same_documents_as_a_dataframe_reuse_p(files, tmp_path):
     second = _stages(out)
     for name in ("score", "doc-queries"):
         assert second[name]["reused"] and second[name]["folder"] == first[name]["folder"], name
+
+
+def test_an_edited_document_rescores_its_row_and_its_queries_columns_only(files, tmp_path):
+    """`gdr run` after one document's text changed: a new score stage (other documents, other key) that takes the
+    earlier stage's queries and P entries of everything unchanged."""
+    root, docs, queries, qrels = files
+    out = tmp_path / "run"
+    a = root / "a"
+    first = _run_files(root, out, a / "docs.jsonl", a / "queries.jsonl", a / "test.tsv")
+    edited = tmp_path / "docs.jsonl"
+    changed = [dict(d, text="a rewritten story on tennis and golf") if d["id"] == "d3" else d for d in docs]
+    edited.write_text("".join(json.dumps(d) + "\n" for d in changed))
+    second = _run_files(root, out, edited, a / "queries.jsonl", a / "test.tsv")
+    assert not second["score"]["reused"] and second["score"]["folder"] != first["score"]["folder"]
+    old_dir, new_dir = out / first["score"]["folder"], out / second["score"]["folder"]
+    old_q, new_q = gdr.load_run(old_dir).queries, gdr.load_run(new_dir).queries
+    q_man = json.loads((new_dir / "queries.manifest.json").read_text())
+    from_d3 = sum(q["source_doc_id"] == "d3" for q in new_q)
+    assert q_man["queries_reused"] == len(new_q) - from_d3 and q_man["reused_from"] == str(old_dir)
+    new_cols = sum(q["text"] not in {o["text"] for o in old_q} for q in new_q)
+    p_man = json.loads((new_dir / "P.manifest.json").read_text())
+    assert p_man["reused_from"] == str(old_dir)
+    assert p_man["pairs_scored_last_call"] == len(new_q) + (len(docs) - 1) * new_cols < len(docs) * len(new_q)
