@@ -300,9 +300,10 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     With ``reuse_from`` (the folder of an older finished P of the same model, prompt, dtype, sizes and numerics,
     e.g. of the corpus before an edit) the entries whose document text and query text both occur there are
     copied from it, and only the others are scored: the rows of new or edited documents, and the reused rows'
-    columns of new queries (:func:`gdr.store.reuse_map`). Every entry is computed from its own document and
-    query alone (the CPU's scoring does not depend on which others share a pass), so the matrix equals a full
-    rescore's.
+    columns of new queries (:func:`gdr.store.reuse_map`). On the CPU a document's row does not depend on the
+    documents scored beside it, so the copied entries and the rows scored whole equal a full rescore's byte for
+    byte; a reused row's entries at new queries equal it to float rounding (a query's last bits depend on where
+    it sits among the queries packed into one pass). The manifest records ``reused_from`` and the pairs scored.
 
     Parameters
     ----------
