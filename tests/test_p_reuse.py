@@ -126,3 +126,25 @@ def test_an_edited_document_rescores_its_row_and_its_queries_columns_only(files,
     p_man = json.loads((new_dir / "P.manifest.json").read_text())
     assert p_man["reused_from"] == str(old_dir)
     assert p_man["pairs_scored_last_call"] == len(new_q) + (len(docs) - 1) * new_cols < len(docs) * len(new_q)
+
+
+def test_gdr_score_reuse_from_an_older_folder(files, tmp_path):
+    """`gdr score reuse_from=<older folder>` after one document's text changed: its queries and P entries of
+    everything unchanged taken from there; a folder of other settings reuses nothing."""
+    root, docs, queries, qrels = files
+    settings = [f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24", "sample.n_queries=8",
+                "sample.batch_size=8", "sample.max_new_tokens=4", "progress=false", "threads=1"]
+    assert main(["score", "data=jsonl", f"data.path={root / 'a' / 'docs.jsonl'}", *settings,
+                 f"out={tmp_path / 'old'}"]) == 0
+    edited = tmp_path / "docs.jsonl"
+    edited.write_text("".join(json.dumps(dict(d, text="golf and tennis news") if d["id"] == "d7" else d) + "\n"
+                              for d in docs))
+    assert main(["score", "data=jsonl", f"data.path={edited}", *settings, f"reuse_from={tmp_path / 'old'}",
+                 f"out={tmp_path / 'new'}"]) == 0
+    new = gdr.load_run(tmp_path / "new")
+    from_d7 = sum(q["source_doc_id"] == "d7" for q in new.queries)
+    assert json.loads((tmp_path / "new" / "queries.manifest.json").read_text())["queries_reused"] == 8 - from_d7
+    assert new.manifest["pairs_scored_last_call"] < len(docs) * 8
+    assert main(["score", "data=jsonl", f"data.path={edited}", *settings, "score.dtype=float16",
+                 f"reuse_from={tmp_path / 'old'}", f"out={tmp_path / 'f16'}"]) == 0
+    assert gdr.load_run(tmp_path / "f16").manifest["pairs_scored_last_call"] == len(docs) * 8
