@@ -15,7 +15,7 @@ from gdr.data import Corpus
 from gdr.io import write_jsonl
 from gdr.stages.score import score_corpus, score_run
 from gdr.stages.settings import SampleSettings, ScoreSettings
-from gdr.store import load_run
+from gdr.store import load_run, text_digests
 
 IDS = [f"d{i}" for i in range(len(DOCS))]
 
@@ -179,3 +179,19 @@ def test_index_add_scores_only_the_new_documents_rows(lm, tmp_path, monkeypatch)
     assert seen == {"decoded": 0, "scored": 2 * SAMPLE.n_queries}
     score_corpus(grown, lm, tmp_path / "full", SAMPLE, SCORE, progress=False, queries_from=tmp_path / "run")
     assert load_run(tmp_path / "add").logp.tobytes() == load_run(tmp_path / "full").logp.tobytes()
+
+
+def test_a_changed_row_digest_file_is_not_trusted(lm, old, tmp_path):
+    """``doc_texts.json`` edited after scoring (here: claiming an edited document is unchanged) reuses nothing."""
+    import shutil
+
+    forged = tmp_path / "forged"
+    shutil.copytree(old, forged)
+    digests = json.loads((forged / "doc_texts.json").read_text())
+    texts = list(DOCS)
+    texts[2] = "a document whose digest is forged below"
+    digests[2] = text_digests(texts)[2]
+    (forged / "doc_texts.json").write_text(json.dumps(digests))
+    n, inc, full = _incremental_and_full(lm, forged, tmp_path, texts, IDS, list(QUERIES))
+    assert n == len(DOCS) * len(QUERIES)
+    assert inc.tobytes() == full.tobytes()

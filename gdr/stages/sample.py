@@ -142,7 +142,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
                                        "queries_reused": sum(t is not None for t in given)}
     write_manifest(out, Q_MANIFEST, **ident, numerics=numerics, status="complete", queries_hash=hash_strings(sq.texts),
                    n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
-                   seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile, **reused)
+                   seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile,
+                   doc_texts_hash=hash_strings(digests), **reused)
     partial.unlink(missing_ok=True)
     return rows
 
@@ -167,7 +168,7 @@ def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, di
     except (OSError, ValueError) as e:
         log.warning("not reusing the queries of %s: %s", old_dir, e)
         return None
-    if len(old_digests) != len(digests):
+    if len(old_digests) != len(digests) or hash_strings(old_digests) != man.get("doc_texts_hash"):
         return None
     src = np.array([int(r["source_index"]) for r in rows], dtype=np.int64)  # (n_queries,)
     same = np.asarray(old_digests, dtype=object)[src] == np.asarray(digests, dtype=object)[src]  # (n_queries,)

@@ -354,7 +354,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     if rank == 0:
         extra = {"reused_from": str(reuse.path)} if reuse is not None else {}
         finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2),
-                 pairs_scored_last_call=pairs, **extra)
+                 pairs_scored_last_call=pairs, doc_texts_hash=hash_strings(digests), **extra)
     return p_path
 
 

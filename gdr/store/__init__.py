@@ -371,9 +371,8 @@ def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], q
     except (OSError, ValueError, RuntimeError) as e:
         log.warning("not reusing %s: %s", old_dir / P_FILE, e)
         return None
-    if len(old_digests) != run.logp.shape[0]:
-        log.warning("not reusing %s: %s lists %d rows, P has %d", old_dir / P_FILE, TEXTS_FILE, len(old_digests),
-                    run.logp.shape[0])
+    if len(old_digests) != run.logp.shape[0] or hash_strings(old_digests) != man.get("doc_texts_hash"):
+        log.warning("not reusing %s: %s does not match %s", old_dir / P_FILE, TEXTS_FILE, P_MANIFEST)
         return None
     return Reuse(old_dir, run.logp, _match(old_digests, digests), _match(run.query_texts, queries))
 
