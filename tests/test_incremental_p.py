@@ -195,3 +195,18 @@ def test_a_changed_row_digest_file_is_not_trusted(lm, old, tmp_path):
     n, inc, full = _incremental_and_full(lm, forged, tmp_path, texts, IDS, list(QUERIES))
     assert n == len(DOCS) * len(QUERIES)
     assert inc.tobytes() == full.tobytes()
+
+
+def test_queries_of_a_changed_digest_file_or_another_corpus_size_are_decoded_again(lm, tmp_path, monkeypatch):
+    before = Corpus(name="toy", doc_ids=IDS, texts=list(DOCS))
+    score_corpus(before, lm, tmp_path / "before", SAMPLE, SCORE, progress=False)
+    (tmp_path / "before" / "doc_texts.json").write_text(json.dumps(text_digests(["forged"] + list(DOCS[1:]))))
+    texts = ["forged"] + list(DOCS[1:])
+    seen = _counting(lm, monkeypatch)
+    score_corpus(Corpus(name="toy", doc_ids=IDS, texts=texts), lm, tmp_path / "forged", SAMPLE, SCORE,
+                 progress=False, reuse_from=tmp_path / "before")
+    assert seen["decoded"] == SAMPLE.n_queries
+    seen["decoded"] = 0
+    fewer = Corpus(name="toy", doc_ids=IDS[:-1], texts=list(DOCS[:-1]))  # other sources for every query
+    score_corpus(fewer, lm, tmp_path / "fewer", SAMPLE, SCORE, progress=False, reuse_from=tmp_path / "forged")
+    assert seen["decoded"] == SAMPLE.n_queries
