@@ -111,13 +111,18 @@ def stage_key(inputs: dict) -> str:
 
 # Settings added after stages were keyed without them: left out of a key at these values (their defaults, which
 # compute what the stage computed before they existed), so the keys of finished stages stay.
-_KEYED_UNLESS = {"length_buckets": False}
+_KEYED_UNLESS = {"length_buckets": False, "p_per_doc": 0}
+
+
+def _is_default(v: Any, default: Any) -> bool:
+    """``v`` is ``default``, of its type too (``0`` is not ``False``)."""
+    return type(v) is type(default) and v == default
 
 
 def _keyed(d: Any) -> Any:
     if isinstance(d, dict):
         return {k: _keyed(v) for k, v in d.items()
-                if k not in _NOT_KEYED and not (k in _KEYED_UNLESS and v is _KEYED_UNLESS[k])}
+                if k not in _NOT_KEYED and not (k in _KEYED_UNLESS and _is_default(v, _KEYED_UNLESS[k]))}
     return d
 
 

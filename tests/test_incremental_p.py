@@ -1,15 +1,21 @@
-"""Incremental P: a P of an edited corpus built from an older P of the same model and settings scores only the
-entries it does not find there (rows of new or edited documents, columns of new queries) and equals a full
-rescore: byte for byte in every row scored whole (a new or edited document's) and every reused entry; the reused
-rows' entries at new queries to float rounding (a query's last bits depend on where it sits among the queries
-packed into one pass)."""
+"""Incremental P: a P of an edited corpus built from an older P of the same model and settings samples and scores
+only what it does not find there, and equals a full rescore of the new corpus byte for byte.
+
+Under the per-document sampler (``sample.p_per_doc``) a document's queries depend only on its text, and P is
+scored by source document (a packed chunk never mixes two documents' queries) one document per pass, so entry
+(i, j) depends only on document i's text and the queries of j's source document: an edited document re-samples
+its queries and re-scores its row and their columns, everything else is copied. Under the global sampler
+(Algorithm 1's draws, all queries packed together) only the rows are reused, and only where the query list is
+the same."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 
 import numpy as np
 import pytest
-from tiny_models import DOCS, QUERIES, tiny_llama
+from tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
 
 from gdr.data import Corpus
 from gdr.io import write_jsonl
@@ -18,6 +24,9 @@ from gdr.stages.settings import SampleSettings, ScoreSettings
 from gdr.store import load_run, text_digests
 
 IDS = [f"d{i}" for i in range(len(DOCS))]
+PER_DOC = SampleSettings(p_per_doc=2, batch_size=4, max_new_tokens=5, seed=3)
+GLOBAL = SampleSettings(n_queries=12, batch_size=4, max_new_tokens=5, seed=3)
+SCORE = ScoreSettings(shard_size=3, doc_batch_size=1, max_query_tokens=2048)
 
 
 @pytest.fixture(scope="module")
@@ -25,103 +34,29 @@ def lm():
     return tiny_llama()
 
 
-def _score(lm, texts, ids, queries, out, **kw):
-    """``score_run`` into ``out`` beside the queries' file (what a folder's columns are read from)."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "queries.jsonl", ({"qid": f"q{j}", "text": q} for j, q in enumerate(queries)))
-    score_run(lm, texts, ids, queries, out, shard_size=3, progress=False, **kw)
+def _same_bytes(a, b) -> bool:
+    """Equal bytes (NaN and -0.0 included), not equal to rounding."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-@pytest.fixture(scope="module")
-def old(lm, tmp_path_factory):
-    """The P of the corpus before any change."""
-    out = tmp_path_factory.mktemp("old")
-    _score(lm, DOCS, IDS, QUERIES, out)
-    return out
-
-
-def _incremental_and_full(lm, old, tmp_path, texts, ids, queries, **kw):
-    """(pairs the incremental P scored, its P, a full rescore's P)."""
-    _score(lm, texts, ids, queries, tmp_path / "inc", reuse_from=old, **kw)
-    _score(lm, texts, ids, queries, tmp_path / "full", **kw)
-    man = json.loads((tmp_path / "inc" / "P.manifest.json").read_text())
-    full = json.loads((tmp_path / "full" / "P.manifest.json").read_text())
-    assert full["pairs_scored_last_call"] == len(texts) * len(queries)
-    return man["pairs_scored_last_call"], load_run(tmp_path / "inc").logp, load_run(tmp_path / "full").logp
-
-
-def _assert_equal(inc, full, new_cols=()):
-    """``inc`` equals ``full`` byte for byte outside ``new_cols``, to rounding inside them."""
-    keep = np.setdiff1d(np.arange(full.shape[1]), new_cols)
-    assert inc[:, keep].tobytes() == full[:, keep].tobytes()
-    np.testing.assert_allclose(inc[:, new_cols], full[:, new_cols], rtol=1e-6, atol=0)
-
-
-def test_one_edited_document_rescores_its_row_and_its_queries_columns(lm, old, tmp_path):
-    texts = list(DOCS)
-    texts[4] = "an edited document about rain in spain"
-    queries = list(QUERIES)
-    queries[1] = "rain spain"  # the query drawn from the edited document
-    n, inc, full = _incremental_and_full(lm, old, tmp_path, texts, IDS, queries)
-    assert n == len(queries) + (len(texts) - 1) * 1  # the edited row, then the new column of the others
-    _assert_equal(inc, full, new_cols=[1])
-    assert inc[4].tobytes() == full[4].tobytes()  # the edited row, scored whole
-    man = json.loads((tmp_path / "inc" / "P.manifest.json").read_text())
-    assert man["reused_from"] == str(old) and man["status"] == "complete"
-
-
-def test_added_and_removed_documents_score_only_the_new_rows(lm, old, tmp_path):
-    keep = [0, 2, 3, 5, 6]  # two documents removed, two added among them
-    texts = [DOCS[i] for i in keep[:2]] + ["a new document on tennis"] + [DOCS[i] for i in keep[2:]] + ["one more"]
-    ids = [IDS[i] for i in keep[:2]] + ["n1"] + [IDS[i] for i in keep[2:]] + ["n2"]
-    n, inc, full = _incremental_and_full(lm, old, tmp_path, texts, ids, list(QUERIES))
-    assert n == 2 * len(QUERIES)
-    assert inc.tobytes() == full.tobytes()
-
-
-def test_new_queries_alone_score_only_their_columns(lm, old, tmp_path):
-    queries = list(QUERIES[::-1]) + ["tennis final", "cat"]  # the old queries in another order, two new
-    n, inc, full = _incremental_and_full(lm, old, tmp_path, list(DOCS), IDS, queries)
-    assert n == len(DOCS) * 2
-    _assert_equal(inc, full, new_cols=[6, 7])
-
-
-def test_float16_storage_reuses_its_own_bytes(lm, tmp_path):
-    _score(lm, DOCS, IDS, QUERIES, tmp_path / "old16", dtype="float16")
-    texts = list(DOCS)
-    texts[0] = "the dog sat on the log"
-    n, inc, full = _incremental_and_full(lm, tmp_path / "old16", tmp_path, texts, IDS, list(QUERIES),
-                                         dtype="float16")
-    assert n == len(QUERIES)
-    assert inc.dtype == np.float16
-    _assert_equal(inc, full)
-
-
-def test_a_p_of_other_settings_is_not_reused(lm, old, tmp_path):
-    texts = list(DOCS)
-    texts[0] = "the dog sat on the log"
-    # another storage dtype: its entries are not this P's bytes, so every pair is scored
-    n, inc, full = _incremental_and_full(lm, old, tmp_path, texts, IDS, list(QUERIES), dtype="float16")
-    assert n == len(DOCS) * len(QUERIES)
-    assert "reused_from" not in json.loads((tmp_path / "inc" / "P.manifest.json").read_text())
-    assert inc.tobytes() == full.tobytes()
-
-
-def test_an_older_p_without_row_digests_is_not_reused(lm, old, tmp_path):
-    import shutil
-
-    legacy = tmp_path / "legacy"
-    shutil.copytree(old, legacy)
-    (legacy / "doc_texts.json").unlink()
-    n, _, _ = _incremental_and_full(lm, legacy, tmp_path, list(DOCS), IDS, list(QUERIES))
-    assert n == len(DOCS) * len(QUERIES)
+# ---------------------------------------------------------------------------- the scorer, content-local
+@pytest.mark.parametrize("make", [tiny_llama, tiny_t5], ids=["causal", "seq2seq"])
+def test_a_query_groups_columns_depend_only_on_its_own_queries(make):
+    """Scored by group, the columns of a group are the bytes of that group's queries scored alone, whatever
+    other groups' queries are scored beside them; one group of all equals the default packing."""
+    lm = make()
+    groups = np.array([2, 0, 2, 1, 0, 1])  # (n_queries,) e.g. source documents, in any order
+    kw = dict(doc_batch_size=1, max_query_tokens=2048, progress=False)
+    P = lm.score(DOCS, QUERIES, groups=groups, **kw)
+    for g in np.unique(groups):
+        cols = np.flatnonzero(groups == g)
+        alone = lm.score(DOCS, [QUERIES[j] for j in cols], groups=groups[cols], **kw)
+        assert _same_bytes(P[:, cols], alone), g
+    assert _same_bytes(lm.score(DOCS, QUERIES, groups=np.zeros(6, dtype=np.int64), **kw), lm.score(DOCS, QUERIES, **kw))
 
 
 # ---------------------------------------------------------------------------- sampling and scoring together
-SAMPLE = SampleSettings(n_queries=12, batch_size=4, max_new_tokens=5, seed=3)
-SCORE = ScoreSettings(shard_size=3, doc_batch_size=1, max_query_tokens=2048)
-
-
 def _counting(lm, monkeypatch):
     """Counters of the queries decoded and the (document, query) pairs scored through ``lm``."""
     seen = {"decoded": 0, "scored": 0}
@@ -140,73 +75,145 @@ def _counting(lm, monkeypatch):
     return seen
 
 
-def test_an_edited_document_resamples_its_queries_and_rescores_its_row_and_their_columns(lm, tmp_path,
-                                                                                         monkeypatch):
-    before = Corpus(name="toy", doc_ids=IDS, texts=list(DOCS))
-    score_corpus(before, lm, tmp_path / "before", SAMPLE, SCORE, progress=False)
-    texts = list(DOCS)
-    texts[0] = "the dog slept under the table all day"
-    after = Corpus(name="toy", doc_ids=IDS, texts=texts)
+@pytest.fixture(scope="module")
+def before(lm, tmp_path_factory):
+    """The per-document run of the corpus before any change."""
+    out = tmp_path_factory.mktemp("before")
+    score_corpus(Corpus(name="toy", doc_ids=IDS, texts=list(DOCS)), lm, out, PER_DOC, SCORE, progress=False)
+    return out
+
+
+def _incremental_and_full(lm, old, tmp_path, monkeypatch, ids, texts, sample=PER_DOC, score=SCORE):
+    """(what the incremental run decoded and scored, its run, a full rescore's run) of the corpus ``ids, texts``."""
+    corpus = Corpus(name="toy", doc_ids=ids, texts=texts)
     seen = _counting(lm, monkeypatch)
-    score_corpus(after, lm, tmp_path / "inc", SAMPLE, SCORE, progress=False, reuse_from=tmp_path / "before")
+    score_corpus(corpus, lm, tmp_path / "inc", sample, score, progress=False, reuse_from=old)
     counts = dict(seen)
-    score_corpus(after, lm, tmp_path / "full", SAMPLE, SCORE, progress=False)
-    inc, full = load_run(tmp_path / "inc"), load_run(tmp_path / "full")
-    assert inc.queries == full.queries  # the same queries, sampled again only where drawn from document 0
-    from_edited = [j for j, q in enumerate(full.queries) if q["source_doc_id"] == "d0"]
-    assert 0 < len(from_edited) < SAMPLE.n_queries  # the seed draws document 0 for some queries, not all
-    assert counts["decoded"] == len(from_edited)
-    # columns are matched by text: a re-drawn query the tiny model wrote before too keeps its column
-    old_texts = {q["text"] for q in load_run(tmp_path / "before").queries}
-    new_cols = [j for j, q in enumerate(full.queries) if q["text"] not in old_texts]
-    assert new_cols and set(new_cols) <= set(from_edited)
-    # its row against every query, then every other row against the columns of its new queries
-    assert counts["scored"] == SAMPLE.n_queries + (len(DOCS) - 1) * len(new_cols)
-    assert seen["scored"] - counts["scored"] == len(DOCS) * SAMPLE.n_queries  # what the full rescore scored
-    _assert_equal(np.asarray(inc.logp), np.asarray(full.logp), new_cols=new_cols)
-    assert inc.logp[0].tobytes() == full.logp[0].tobytes()
+    score_corpus(corpus, lm, tmp_path / "full", sample, score, progress=False)
+    assert seen["scored"] - counts["scored"] == len(texts) * len(load_run(tmp_path / "full").queries)
+    return counts, load_run(tmp_path / "inc"), load_run(tmp_path / "full")
+
+
+def _check(counts, inc, full, n_new_docs: int, n_docs: int):
+    """The incremental run equals the full one byte for byte and did only ``n_new_docs`` documents' work: their
+    queries decoded, their rows against every query, the other rows against their queries."""
+    assert inc.queries == full.queries
+    assert _same_bytes(inc.logp, full.logp)
+    k = PER_DOC.p_per_doc
+    assert counts["decoded"] == k * n_new_docs
+    assert counts["scored"] == n_new_docs * k * n_docs + (n_docs - n_new_docs) * k * n_new_docs
+    assert inc.manifest["pairs_scored_last_call"] == counts["scored"]
+
+
+def test_one_edited_document_rescores_its_row_and_its_queries_columns(lm, before, tmp_path, monkeypatch):
+    texts = list(DOCS)
+    texts[4] = "an edited document about rain in spain"
+    counts, inc, full = _incremental_and_full(lm, before, tmp_path, monkeypatch, IDS, texts)
+    _check(counts, inc, full, n_new_docs=1, n_docs=len(DOCS))
+    assert inc.manifest["reused_from"] == str(before) and inc.manifest["query_chunks"] == "by_source"
+    q_man = json.loads((tmp_path / "inc" / "queries.manifest.json").read_text())
+    assert q_man["queries_reused"] == PER_DOC.p_per_doc * (len(DOCS) - 1)
+
+
+def test_two_added_documents_score_their_rows_and_columns(lm, before, tmp_path, monkeypatch):
+    ids, texts = IDS[:3] + ["n1"] + IDS[3:] + ["n2"], list(DOCS[:3]) + ["a new document on tennis"] + list(
+        DOCS[3:]) + ["one more about golf"]
+    counts, inc, full = _incremental_and_full(lm, before, tmp_path, monkeypatch, ids, texts)
+    _check(counts, inc, full, n_new_docs=2, n_docs=len(texts))
+
+
+def test_a_removed_document_scores_nothing(lm, before, tmp_path, monkeypatch):
+    keep = [0, 1, 2, 4, 5, 6]
+    counts, inc, full = _incremental_and_full(lm, before, tmp_path, monkeypatch, [IDS[i] for i in keep],
+                                              [DOCS[i] for i in keep])
+    _check(counts, inc, full, n_new_docs=0, n_docs=len(keep))
+
+
+def test_other_settings_or_batched_rows_reuse_nothing_and_say_why(lm, before, tmp_path, monkeypatch, caplog):
+    texts = list(DOCS)
+    texts[0] = "the dog sat on the log"
+    ids_texts = (IDS, texts)
+    with caplog.at_level(logging.INFO, logger="gdr.store"):
+        counts, inc, full = _incremental_and_full(lm, before, tmp_path / "f16", monkeypatch, *ids_texts,
+                                                  score=SCORE.replace(dtype="float16"))
+    assert counts["scored"] == len(DOCS) * len(full.queries) and "reused_from" not in inc.manifest
+    assert _same_bytes(inc.logp, full.logp)
+    assert "scored with other dtype" in caplog.text
+    with caplog.at_level(logging.INFO, logger="gdr.stages.score"):
+        counts, inc, full = _incremental_and_full(lm, before, tmp_path / "b2", monkeypatch, *ids_texts,
+                                                  score=SCORE.replace(doc_batch_size=2))
+    assert counts["scored"] == len(DOCS) * len(full.queries) and _same_bytes(inc.logp, full.logp)
+    assert "score.doc_batch_size=2: a row's bytes depend on the documents padded beside it" in caplog.text
+
+
+def test_a_changed_row_digest_file_or_an_older_p_without_one_is_not_trusted(lm, before, tmp_path, monkeypatch):
+    """``doc_texts.json`` edited after scoring (here: claiming an edited document is unchanged) reuses nothing."""
+    forged = tmp_path / "forged"
+    shutil.copytree(before, forged)
+    texts = list(DOCS)
+    texts[2] = "a document whose digest is forged below"
+    digests = json.loads((forged / "doc_texts.json").read_text())
+    digests[2] = text_digests(texts)[2]
+    (forged / "doc_texts.json").write_text(json.dumps(digests))
+    counts, inc, full = _incremental_and_full(lm, forged, tmp_path / "a", monkeypatch, IDS, texts)
+    assert counts["decoded"] == len(full.queries) and counts["scored"] == len(DOCS) * len(full.queries)
+    assert _same_bytes(inc.logp, full.logp)
+    (forged / "doc_texts.json").unlink()
+    counts, _, full = _incremental_and_full(lm, forged, tmp_path / "b", monkeypatch, IDS, texts)
+    assert counts["scored"] == len(DOCS) * len(full.queries)
+
+
+# ---------------------------------------------------------------------------- the global sampler
+def test_global_sampler_reuses_rows_only_for_the_same_queries(lm, tmp_path, monkeypatch):
+    """Algorithm 1's draws: all queries are packed together, so rows are reused only where the query list is
+    the same (an edited document no query was drawn from, or one that gave the same queries again); an edit that
+    changes a query reuses no entry."""
+    few = GLOBAL.replace(n_queries=4)  # fewer queries than documents: some document is no query's source
+    score_corpus(Corpus(name="toy", doc_ids=IDS, texts=list(DOCS)), lm, tmp_path / "old", few, SCORE,
+                 progress=False)
+    old = [q["text"] for q in load_run(tmp_path / "old").queries]
+    sources = {q["source_index"] for q in load_run(tmp_path / "old").queries}
+    for k, edited in enumerate((min(set(range(len(DOCS))) - sources), min(sources))):
+        texts = list(DOCS)
+        texts[edited] = "a rewritten story on tennis and golf"
+        counts, inc, full = _incremental_and_full(lm, tmp_path / "old", tmp_path / str(k), monkeypatch, IDS,
+                                                  texts, sample=few)
+        assert inc.queries == full.queries and _same_bytes(inc.logp, full.logp)
+        same = [q["text"] for q in full.queries] == old
+        assert same or k == 1  # the unsourced document's edit leaves every query as it was
+        assert counts["scored"] == len(old) * (1 if same else len(DOCS))
 
 
 def test_index_add_scores_only_the_new_documents_rows(lm, tmp_path, monkeypatch):
     """``gdr index add``'s P (new documents over an indexed run's queries, ``queries_from=``) taking the rows of
     the documents that run scored already."""
     base = Corpus(name="toy", doc_ids=IDS[:5], texts=list(DOCS[:5]))
-    score_corpus(base, lm, tmp_path / "run", SAMPLE, SCORE, progress=False)
+    score_corpus(base, lm, tmp_path / "run", GLOBAL, SCORE, progress=False)
     grown = Corpus(name="toy", doc_ids=IDS, texts=list(DOCS))
     seen = _counting(lm, monkeypatch)
-    score_corpus(grown, lm, tmp_path / "add", SAMPLE, SCORE, progress=False, queries_from=tmp_path / "run",
+    score_corpus(grown, lm, tmp_path / "add", GLOBAL, SCORE, progress=False, queries_from=tmp_path / "run",
                  reuse_from=tmp_path / "run")
-    assert seen == {"decoded": 0, "scored": 2 * SAMPLE.n_queries}
-    score_corpus(grown, lm, tmp_path / "full", SAMPLE, SCORE, progress=False, queries_from=tmp_path / "run")
-    assert load_run(tmp_path / "add").logp.tobytes() == load_run(tmp_path / "full").logp.tobytes()
+    assert seen == {"decoded": 0, "scored": 2 * GLOBAL.n_queries}
+    score_corpus(grown, lm, tmp_path / "full", GLOBAL, SCORE, progress=False, queries_from=tmp_path / "run")
+    assert _same_bytes(load_run(tmp_path / "add").logp, load_run(tmp_path / "full").logp)
 
 
-def test_a_changed_row_digest_file_is_not_trusted(lm, old, tmp_path):
-    """``doc_texts.json`` edited after scoring (here: claiming an edited document is unchanged) reuses nothing."""
-    import shutil
+def test_score_run_reuses_rows_of_the_same_query_list_only(lm, tmp_path, caplog):
+    """``score_run`` with given queries packed together: the rows of unchanged documents are copied, the others
+    scored; another query list reuses nothing, with one log line why."""
+    def run(out, texts, queries=QUERIES, **kw):
+        out.mkdir(parents=True)
+        write_jsonl(out / "queries.jsonl", ({"qid": f"q{j}", "text": q} for j, q in enumerate(queries)))
+        score_run(lm, texts, IDS, queries, out, shard_size=3, progress=False, **kw)
+        return load_run(out)
 
-    forged = tmp_path / "forged"
-    shutil.copytree(old, forged)
-    digests = json.loads((forged / "doc_texts.json").read_text())
+    run(tmp_path / "old", list(DOCS))
     texts = list(DOCS)
-    texts[2] = "a document whose digest is forged below"
-    digests[2] = text_digests(texts)[2]
-    (forged / "doc_texts.json").write_text(json.dumps(digests))
-    n, inc, full = _incremental_and_full(lm, forged, tmp_path, texts, IDS, list(QUERIES))
-    assert n == len(DOCS) * len(QUERIES)
-    assert inc.tobytes() == full.tobytes()
-
-
-def test_queries_of_a_changed_digest_file_or_another_corpus_size_are_decoded_again(lm, tmp_path, monkeypatch):
-    before = Corpus(name="toy", doc_ids=IDS, texts=list(DOCS))
-    score_corpus(before, lm, tmp_path / "before", SAMPLE, SCORE, progress=False)
-    (tmp_path / "before" / "doc_texts.json").write_text(json.dumps(text_digests(["forged"] + list(DOCS[1:]))))
-    texts = ["forged"] + list(DOCS[1:])
-    seen = _counting(lm, monkeypatch)
-    score_corpus(Corpus(name="toy", doc_ids=IDS, texts=texts), lm, tmp_path / "forged", SAMPLE, SCORE,
-                 progress=False, reuse_from=tmp_path / "before")
-    assert seen["decoded"] == SAMPLE.n_queries
-    seen["decoded"] = 0
-    fewer = Corpus(name="toy", doc_ids=IDS[:-1], texts=list(DOCS[:-1]))  # other sources for every query
-    score_corpus(fewer, lm, tmp_path / "fewer", SAMPLE, SCORE, progress=False, reuse_from=tmp_path / "forged")
-    assert seen["decoded"] == SAMPLE.n_queries
+    texts[1] = "stocks rose on tuesday"
+    inc, full = run(tmp_path / "inc", texts, reuse_from=tmp_path / "old"), run(tmp_path / "full", texts)
+    assert inc.manifest["pairs_scored_last_call"] == len(QUERIES) and _same_bytes(inc.logp, full.logp)
+    queries = list(QUERIES[:-1]) + ["tennis final"]
+    with caplog.at_level(logging.INFO, logger="gdr.store"):
+        inc = run(tmp_path / "other", texts, queries, reuse_from=tmp_path / "old")
+    assert inc.manifest["pairs_scored_last_call"] == len(DOCS) * len(QUERIES) and "reused_from" not in inc.manifest
+    assert "no query group of it is this P's (all queries packed together: other queries)" in caplog.text

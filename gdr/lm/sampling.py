@@ -135,7 +135,8 @@ class SamplingMixin:
                        temperature: float = 1.0, max_redraws: int = 10, progress: bool = True,
                        start: "SampledQueries | None" = None, on_batch=None, compile: bool | str = "auto",
                        compile_min_queries: int | str = "auto",
-                       given: "Sequence[str | None] | None" = None) -> SampledQueries:
+                       given: "Sequence[str | None] | None" = None,
+                       draws: "tuple[np.ndarray, np.ndarray] | None" = None) -> SampledQueries:
         """Algorithm 1 line 1 / Section 4.3: draw ``n`` documents uniformly (with replacement, i.i.d. from
         the prior) and generate one query from each.
 
@@ -148,11 +149,14 @@ class SamplingMixin:
         (:func:`gdr.lm.compiling.want_compile`): a resumed call decodes on the same path as the first.
         ``given``: (n,) the texts of queries known already (from an older run over the same documents, their
         source unchanged), None where a query is to be decoded; only those are (no ``start``, no ``on_batch``).
+        ``draws``: (source, stream), each (n,) int64: query j from document ``source[j]`` with random stream
+        ``stream[j]`` (:func:`gdr.lm.decode.row_keys`); None: ``n`` documents drawn uniformly with ``seed``,
+        query j on stream j.
         """
         from gdr.lm.compiling import want_compile
 
-        rng = np.random.default_rng(seed)
-        source = rng.integers(0, len(docs), size=n)
+        source, stream = draws if draws is not None else (np.random.default_rng(seed).integers(0, len(docs), size=n),
+                                                          np.arange(n))
         texts = list(start.texts) if start is not None else []
         redrawn = start.n_redrawn if start is not None else 0
         done = len(texts)
@@ -176,15 +180,15 @@ class SamplingMixin:
             uniq, inv = np.unique(idx, return_inverse=True)
             # the bar moves with the decode steps of a batch (a batch may be every query), not only at its end
             step = partial(_advance, bar, b0, len(idx), max_new_tokens) if progress else None
-            gen = self.decode_queries([docs[i] for i in uniq], inv, qid, 0, on_step=step, **kw)
+            gen = self.decode_queries([docs[i] for i in uniq], inv, stream[qid], 0, on_step=step, **kw)
             for attempt in range(1, max_redraws + 1):
                 empty = np.array([k for k, g in enumerate(gen) if not g], dtype=np.int64)
                 if not len(empty):
                     break
                 redrawn += len(empty)
                 uniq, inv = np.unique(idx[empty], return_inverse=True)
-                again = self.decode_queries([docs[i] for i in uniq], inv, qid[empty], attempt, new_graphs=False,
-                                            **kw)
+                again = self.decode_queries([docs[i] for i in uniq], inv, stream[qid[empty]], attempt,
+                                            new_graphs=False, **kw)
                 for k, g in zip(empty, again):
                     gen[k] = g
             else:

@@ -150,7 +150,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         lines += [f"**Partial: {partial['retrievers_done']} of {partial['retrievers']} retrievers finished; every "
                   "figure below (means, intervals, tests) is over those. The run goes on, or resumes with the same "
                   "command.**", ""]
-    lines += [f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
+    per_doc = cfg["sample"].get("p_per_doc")
+    J = f"{per_doc} sampled queries per document" if per_doc else f"J = {cfg['sample']['n_queries']} sampled queries"
+    lines += [f"Query generator `{cfg['model']['name']}`, {J}, "
               f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
               f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
               f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]

@@ -27,10 +27,20 @@ from gdr.io import (
 from gdr.lm import SampledQueries, compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.numerics import describe_numerics
-from gdr.stages.settings import SampleSettings
-from gdr.store import P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, Q_PARTIAL, TEXTS_FILE, read_queries, text_digests
+from gdr.stages.settings import MAX_P_PER_DOC, SampleSettings
+from gdr.store import (
+    P_FILE,
+    P_MANIFEST,
+    Q_FILE,
+    Q_MANIFEST,
+    Q_PARTIAL,
+    TEXTS_FILE,
+    match_strings,
+    read_queries,
+    text_digests,
+)
 
-__all__ = ["sample_queries", "sample_run", "check_texts", "reusable_queries"]
+__all__ = ["sample_queries", "sample_run", "check_texts", "reusable_queries", "per_doc_draws"]
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +71,21 @@ def sample_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
         return sample_run(lm, corpus.model_inputs(), corpus.doc_ids, Path(out), n_queries=s.n_queries, seed=s.seed,
                           batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, top_k=s.top_k, top_p=s.top_p,
                           temperature=s.temperature, progress=progress, compile=s.compile,
-                          compile_min_queries=s.compile_min_queries, reuse_from=reuse_from)
+                          compile_min_queries=s.compile_min_queries, reuse_from=reuse_from, p_per_doc=s.p_per_doc)
 
 
 def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_queries: int,
                seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32, top_k: int = 50,
                top_p: float = 0.99, temperature: float = 1.0, progress: bool = True, compile: bool | str = "auto",
-               compile_min_queries: int | str = "auto", reuse_from: str | os.PathLike | None = None) -> list[dict]:
+               compile_min_queries: int | str = "auto", reuse_from: str | os.PathLike | None = None,
+               p_per_doc: int = 0) -> list[dict]:
     """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
+
+    ``p_per_doc`` > 0: instead, that many queries from every document, in row order (``n_queries`` is then
+    ``p_per_doc`` x documents), each document's on random streams keyed by its text (:func:`per_doc_draws`):
+    a document's queries depend only on its text and the settings, never on the other documents, so an edited,
+    added or removed document changes only its own queries (and, scored by source, :func:`gdr.stages.score.
+    score_run`, only its row and columns of P).
 
     ``reuse_from``: the folder of an older sampling of as many documents with the same settings and numerics
     (the corpus before an edit). Query j's source document is the same there (it depends on the seed and the
@@ -84,9 +101,11 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    n_queries = p_per_doc * len(texts) if p_per_doc else n_queries
     ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
              "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
-             "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
+             "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature,
+             **({"p_per_doc": p_per_doc} if p_per_doc else {})}  # absent when 0: older manifests stay valid
     old = read_manifest(out, Q_MANIFEST)
     if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
         raise FileExistsError(
@@ -133,7 +152,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     sq = lm.sample_queries(texts, n_queries, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
                            top_k=top_k, top_p=top_p, temperature=temperature, progress=progress,
                            start=start, on_batch=checkpoint, compile=compile,
-                           compile_min_queries=compile_min_queries, given=given)
+                           compile_min_queries=compile_min_queries, given=given,
+                           draws=per_doc_draws(digests, p_per_doc) if p_per_doc else None)
     rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
             for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
     write_jsonl(out / Q_FILE, rows)
@@ -150,16 +170,26 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
 
 def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, digests: list[str]
                      ) -> list[str | None] | None:
-    """(n_queries,) the texts of ``old_dir``'s queries whose source document's text is unchanged (``digests``:
-    this corpus's, :func:`gdr.store.text_digests`), None for the others; None when nothing there can be taken:
-    unfinished, sampled with other settings, sampler or numerics, from another number of documents (other
-    sources), or without its documents' digests."""
+    """(n_queries,) the texts of ``old_dir``'s queries that this sampling would decode again, byte for byte, None
+    for the others; None when nothing there can be taken (with one log line why): unfinished, sampled with other
+    settings, sampler or numerics, or without its documents' digests (``digests``: this corpus's,
+    :func:`gdr.store.text_digests`).
+
+    Under the per-document sampler (``ident["p_per_doc"]``) a document's queries are those of an older document
+    of the same text, whatever the number of documents. Under the global one query j's source document is a draw
+    of the seed and the number of documents, so queries are taken only at the same number of documents, where
+    query j's source text is unchanged."""
     old_dir = Path(old_dir)
     man = read_manifest(old_dir, Q_MANIFEST)
-    inputs = {"doc_ids_hash", "texts_hash"}
-    if (man is None or man.get("status") != "complete" or man.get("from_run") or man.get("numerics") != numerics
-            or not (old_dir / TEXTS_FILE).is_file()
-            or any(json.loads(json.dumps(ident[k])) != man.get(k) for k in ident if k not in inputs)):
+    per_doc = int(ident.get("p_per_doc", 0))
+    inputs = {"doc_ids_hash", "texts_hash"} | ({"n_queries"} if per_doc else set())
+    if man is None or man.get("status") != "complete" or man.get("from_run") or not (old_dir / TEXTS_FILE).is_file():
+        log.info("not reusing the queries of %s: unfinished, copied, or without %s", old_dir, TEXTS_FILE)
+        return None
+    differs = [k for k in ident if k not in inputs and json.loads(json.dumps(ident[k])) != man.get(k)]
+    differs += ["numerics"] * (man.get("numerics") != numerics) + ["p_per_doc"] * (man.get("p_per_doc", 0) != per_doc)
+    if differs:
+        log.info("not reusing the queries of %s: sampled with other %s", old_dir, ", ".join(differs))
         return None
     try:
         rows = read_queries(old_dir, man)
@@ -168,12 +198,34 @@ def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, di
     except (OSError, ValueError) as e:
         log.warning("not reusing the queries of %s: %s", old_dir, e)
         return None
-    if len(old_digests) != len(digests) or hash_strings(old_digests) != man.get("doc_texts_hash"):
+    if hash_strings(old_digests) != man.get("doc_texts_hash"):
+        log.warning("not reusing the queries of %s: %s does not match %s", old_dir, TEXTS_FILE, Q_MANIFEST)
         return None
-    src = np.array([int(r["source_index"]) for r in rows], dtype=np.int64)  # (n_queries,)
-    same = np.asarray(old_digests, dtype=object)[src] == np.asarray(digests, dtype=object)[src]  # (n_queries,)
-    log.info("reusing %d of %d queries of %s (their documents are unchanged)", int(same.sum()), len(rows), old_dir)
-    return [r["text"] if k else None for r, k in zip(rows, same)]
+    texts = np.asarray([r["text"] for r in rows], dtype=object)  # (n_old_queries,)
+    if per_doc:  # query k of row i: the k-th of the older row of the same text
+        old_row = match_strings(old_digests, digests)  # (n_docs,)
+        take = (old_row.clip(min=0)[:, None] * per_doc + np.arange(per_doc)).ravel()  # (n_queries,)
+        same = np.repeat(old_row >= 0, per_doc)  # (n_queries,)
+    elif len(old_digests) != len(digests):
+        log.info("not reusing the queries of %s: drawn from %d documents, not %d (every query's source differs)",
+                 old_dir, len(old_digests), len(digests))
+        return None
+    else:
+        src = np.array([int(r["source_index"]) for r in rows], dtype=np.int64)  # (n_queries,)
+        take, same = np.arange(len(rows)), np.asarray(old_digests, dtype=object)[src] == np.asarray(
+            digests, dtype=object)[src]
+    log.info("reusing %d of %d queries of %s (their documents are unchanged)", int(same.sum()), len(same), old_dir)
+    return [t if k else None for t, k in zip(texts[take], same)]
+
+
+def per_doc_draws(digests: Sequence[str], p_per_doc: int) -> tuple[np.ndarray, np.ndarray]:
+    """(source, stream), each (n_docs * p_per_doc,) int64, of the per-document sampler: ``p_per_doc`` queries of
+    every row in row order, query k of a document on stream ``int(44 bits of its digest) * MAX_P_PER_DOC + k``
+    (:func:`gdr.lm.decode.row_keys`), so that it depends on the document's text alone."""
+    base = np.array([int(d[:11], 16) for d in digests], dtype=np.int64)  # (n_docs,) 44 bits of each text's digest
+    source = np.repeat(np.arange(len(digests), dtype=np.int64), p_per_doc)
+    stream = (base[:, None] * MAX_P_PER_DOC + np.arange(p_per_doc, dtype=np.int64)).ravel()
+    return source, stream
 
 
 def check_sampler(out: Path, manifest: str, old: dict | None, files: str) -> None:

@@ -39,8 +39,10 @@ from gdr.lm.numerics import scoring_numerics
 from gdr.logs import setup_logging
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import (
+    BY_SOURCE,
     P_FILE,
     P_MANIFEST,
+    Q_MANIFEST,
     SHARD_DIR,
     Reuse,
     check_p,
@@ -81,13 +83,16 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
                   progress: bool = True, reuse_from: str | os.PathLike | None = None) -> Path:
     """Score ``queries`` (rows of ``queries.jsonl``) against every document of ``corpus`` with ``lm`` into
     ``out/P.npy`` (sharded, resumable); ``auto`` sizes are resolved here (:func:`resolve_sizes`) unless the caller
-    resolved them. ``reuse_from``: an older P whose matching entries are copied (:func:`score_run`). Returns its
-    path."""
+    resolved them. ``reuse_from``: an older P whose matching entries are copied (:func:`score_run`). Queries of
+    the per-document sampler (``sample.p_per_doc``, recorded in ``out``'s queries manifest) are scored by source
+    document (``groups``). Returns its path."""
     sc = resolve_sizes(lm, settings)  # the run's manifest records the sizes that made its numbers
+    per_doc = (read_manifest(Path(out), Q_MANIFEST) or {}).get("p_per_doc")
+    groups = np.array([int(q["source_index"]) for q in queries], dtype=np.int64) if per_doc else None
     return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
                      max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype,
-                     reuse_from=reuse_from)
+                     reuse_from=reuse_from, query_groups=groups)
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
@@ -294,16 +299,21 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
               out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
               max_shards: int | None = None, compute_dtype: str = "auto",
-              reuse_from: str | os.PathLike | None = None) -> Path:
+              reuse_from: str | os.PathLike | None = None, query_groups: np.ndarray | None = None) -> Path:
     """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
 
-    With ``reuse_from`` (the folder of an older finished P of the same model, prompt, dtype, sizes and numerics,
-    e.g. of the corpus before an edit) the entries whose document text and query text both occur there are
-    copied from it, and only the others are scored: the rows of new or edited documents, and the reused rows'
-    columns of new queries (:func:`gdr.store.reuse_map`). On the CPU a document's row does not depend on the
-    documents scored beside it, so the copied entries and the rows scored whole equal a full rescore's byte for
-    byte; a reused row's entries at new queries equal it to float rounding (a query's last bits depend on where
-    it sits among the queries packed into one pass). The manifest records ``reused_from`` and the pairs scored.
+    ``query_groups`` (n_queries,) int, e.g. each query's source document: a packed chunk of queries never mixes two
+    groups (:meth:`gdr.lm.scoring.ScoringMixin.score`), recorded as ``query_chunks: by_source``; None: all
+    queries packed together.
+
+    With ``reuse_from`` (the folder of an older finished P of the same model, prompt, dtype, sizes, numerics and
+    packing, e.g. of the corpus before an edit) the entries whose row has the same document text there and whose
+    column's whole query group is there are copied, and only the others are scored: the rows of new or edited
+    documents against every query, and the other rows against the new groups' queries (:func:`gdr.store.
+    reuse_map`). This equals a full rescore byte for byte by construction: with one document per pass
+    (``doc_batch_size=1``) and shapes that depend on nothing else (not compiled, which pads to a run-wide shape),
+    an entry depends only on its document's text and its query group's texts. Elsewhere nothing is reused (one
+    log line says why). The manifest records ``reused_from`` and the pairs scored.
 
     Parameters
     ----------
@@ -324,6 +334,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     out = Path(out_dir)
     rank, world = dist_info()
     ident = _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens, numerics)
+    if query_groups is not None:
+        ident["query_chunks"] = BY_SOURCE  # absent otherwise: the P manifests of all queries packed together stay
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
     prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
     order = np.argsort(prompt_len, kind="stable")
@@ -333,8 +345,9 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world, digests)
     _barrier(world)
     reuse = None
-    if reuse_from is not None and Path(reuse_from).resolve() != out.resolve():
-        reuse = reuse_map(reuse_from, ident, digests, queries)
+    if reuse_from is not None and Path(reuse_from).resolve() != out.resolve() and _rows_apart(lm, doc_batch_size,
+                                                                                            reuse_from):
+        reuse = reuse_map(reuse_from, ident, digests, queries, query_groups)
         if reuse is not None and rank == 0:
             log.info("reusing %s: %d of %d documents and %d of %d queries found there", reuse.path / P_FILE,
                      int((reuse.row_src >= 0).sum()), len(doc_ids), int((reuse.col_src >= 0).sum()), len(queries))
@@ -347,7 +360,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         mine = mine[:max(1, max_shards // per_call)]
     t0 = time.perf_counter()
     score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
-             "compute_dtype": getattr(torch, numerics["compute_dtype"])}
+             "compute_dtype": getattr(torch, numerics["compute_dtype"]), "groups": query_groups}
     pairs = _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress,
                           reuse)
     _barrier(world)
@@ -366,6 +379,19 @@ def _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, 
             "queries_hash": hash_strings(queries), "shape": [len(doc_ids), len(queries)], "dtype": dtype,
             "shard_size": shard_size, "doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens,
             **numerics}
+
+
+def _rows_apart(lm, doc_batch_size: int, reuse_from) -> bool:
+    """Whether ``lm`` scores each document in passes of its own, in shapes nothing else decides (the condition
+    for an older P's rows to be this one's bytes); False with one log line why."""
+    if doc_batch_size != 1:
+        why = f"score.doc_batch_size={doc_batch_size}: a row's bytes depend on the documents padded beside it"
+    elif lm.kernels.compiled(lm.device):
+        why = "compiled scoring pads every pass to a shape of the whole run"
+    else:
+        return True
+    log.info("not reusing %s: %s (a full rescore)", Path(reuse_from) / P_FILE, why)
+    return False
 
 
 def _barrier(world: int) -> None:
@@ -423,14 +449,16 @@ def _score_group_reusing(lm, texts: Sequence[str], queries: Sequence[str], rows:
     new queries in another. Returns the block and the number of pairs scored."""
     block = reuse.block(rows)
     have = reuse.row_src[rows] >= 0  # (len(rows),)
-    new_cols = np.flatnonzero(reuse.col_src < 0)  # (n_new_queries,)
+    new_cols = np.flatnonzero(reuse.col_src < 0)  # (n_new_queries,) whole query groups
     n = 0
     if (~have).any():
         lp = lm.score([texts[i] for i in rows[~have]], queries, **score)  # (n_new_rows, n_queries)
         block[~have] = lp
         n += lp.size
     if have.any() and len(new_cols):
-        lp = lm.score([texts[i] for i in rows[have]], [queries[j] for j in new_cols], **score)
+        groups = score["groups"]
+        lp = lm.score([texts[i] for i in rows[have]], [queries[j] for j in new_cols],
+                      **{**score, "groups": None if groups is None else groups[new_cols]})
         block[np.ix_(have, new_cols)] = lp
         n += lp.size
     return block, n

@@ -46,7 +46,11 @@ from gdr.rules import (
 )
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
-           "TrainSettings", "EvaluateSettings", "stage_defaults", "INDEXERS"]
+           "TrainSettings", "EvaluateSettings", "stage_defaults", "INDEXERS", "MAX_P_PER_DOC"]
+
+# sample.p_per_doc's bound: query k of a document is on random stream (44 bits of its text's digest) *
+# MAX_P_PER_DOC + k (gdr.stages.sample.per_doc_draws), so no two queries of a document share a stream
+MAX_P_PER_DOC = 1 << 16
 
 
 # ---------------------------------------------------------------------------- the settings' rules
@@ -106,6 +110,10 @@ LR_LIMIT = "AdamW moves each weight by about lr a step: at most 1"
 SAMPLE_RULES = (
     Rule("sample.n_queries", POSITIVE, "the number J of sampled queries"),
     Rule("sample.per_doc", NON_NEGATIVE, "queries generated for every document; 0 = off"),
+    Rule("sample.p_per_doc", lambda v, sec: None if is_int(v) and 0 <= v < MAX_P_PER_DOC
+         else f"must be an integer from 0 to {MAX_P_PER_DOC - 1}",
+         "P's queries: this many from every document, each document's own (an edit re-scores only what changed); "
+         "0 = sample.n_queries drawn over the corpus"),
     Rule("sample.seed", seed),
     Rule("sample.batch_size", auto_or(POSITIVE),
          "queries per decode batch (changes speed, not the queries); auto = fits the GPU / fastest on a CPU"),
@@ -364,6 +372,7 @@ class SampleSettings(Settings):
 
     n_queries: int = 64             # J
     per_doc: int = 0                # > 0: this many queries for every document instead (doc_queries.jsonl)
+    p_per_doc: int = 0              # > 0: P's queries are this many from every document (incremental P)
     seed: int = 0
     batch_size: int | str = "auto"  # only the speed changes
     max_new_tokens: int = 32
@@ -372,6 +381,13 @@ class SampleSettings(Settings):
     temperature: float = 1.0
     compile: bool | str = "auto"    # compile the decode step: auto = on CUDA for >= compile_min_queries queries
     compile_min_queries: int | str = "auto"  # auto: gdr.lm.compiling.AUTO_COMPILE_MIN_QUERIES
+
+    def n_total(self, n_docs: int) -> tuple[int, str]:
+        """(J, the key that sets it) for a corpus of ``n_docs`` documents: ``p_per_doc`` x ``n_docs`` under the
+        per-document sampler, else ``n_queries``."""
+        if self.p_per_doc:
+            return self.p_per_doc * int(n_docs), "sample.p_per_doc"
+        return self.n_queries, "sample.n_queries"
 
 
 @dataclass

@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PRun", "PMatrix", "load_run", "check_p", "read_queries",
            "score_folder", "copy_run_queries", "prepare_p", "shard_rows", "pending_shards", "write_shard",
-           "finish_p", "Reuse", "reuse_map", "text_digests", "TEXTS_FILE"]
+           "finish_p", "Reuse", "reuse_map", "text_digests", "match_strings", "query_groups", "TEXTS_FILE",
+           "BY_SOURCE"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
@@ -148,7 +149,7 @@ def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> 
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / Q_FILE, rows)
     keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
-                                "temperature", "n_redrawn", "numerics") if k in man}
+                                "temperature", "n_redrawn", "numerics", "p_per_doc") if k in man}
     write_manifest(out, Q_MANIFEST, **keep, from_run=origin, status="complete", queries_hash=texts_hash,
                    file=file_digest(out / Q_FILE))
     log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
@@ -309,8 +310,11 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
 
 # ------------------------------------------------------------------------------ reusing an older P
 # What a P's entries depend on besides its rows' and columns' texts: an older P agreeing on all of these
-# holds, at a (document text, query text) pair both share, the bytes a full rescore would write there.
+# holds, at an entry whose row and query group it shares (:func:`reuse_map`), the bytes a full rescore writes.
 _INPUT_KEYS = {"doc_ids_hash", "texts_hash", "queries_hash", "shape"}
+# P.manifest.json's ``query_chunks`` when the scorer packed each source document's queries apart (absent: all
+# queries packed together)
+BY_SOURCE = "by_source"
 
 
 def text_digests(texts: Sequence[str]) -> list[str]:
@@ -321,7 +325,8 @@ def text_digests(texts: Sequence[str]) -> list[str]:
 @dataclass
 class Reuse:
     """Where a new P's entries already sit in an older P: ``row_src[i]`` the older row with document i's text,
-    ``col_src[j]`` the older column with query j's text (-1: none). Entry (i, j) is reused when both are >= 0."""
+    ``col_src[j]`` the older column of query j, in an older query group of the same texts (-1: none). Entry
+    (i, j) is reused when both are >= 0; a query group is reused whole or not at all."""
 
     path: Path  # the older run folder
     logp: np.ndarray  # (n_old_docs, n_old_queries) memmap, read-only
@@ -338,7 +343,7 @@ class Reuse:
         return out
 
 
-def _match(old: Sequence[str], new: Sequence[str]) -> np.ndarray:
+def match_strings(old: Sequence[str], new: Sequence[str]) -> np.ndarray:
     """(len(new),) int64: for each of ``new``, the index of an equal string in ``old``, -1 when none."""
     if not len(old) or not len(new):
         return np.full(len(new), -1, dtype=np.int64)
@@ -348,33 +353,66 @@ def _match(old: Sequence[str], new: Sequence[str]) -> np.ndarray:
     return np.where(o[order[pos]] == n, order[pos], -1).astype(np.int64)
 
 
-def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], queries: Sequence[str]
-              ) -> Reuse | None:
-    """How much of the finished P in ``old_dir`` a P of identity ``ident`` (rows with text ``digests``,
-    columns ``queries``) can take as it is; None when nothing: that P was scored by another model, prompt,
-    dtype, sizes or numerics (the keys of ``ident`` other than its inputs), is unfinished or damaged, or does
-    not record its rows' and columns' texts (``doc_texts.json``, ``queries.jsonl``)."""
+def query_groups(texts: Sequence[str], groups: np.ndarray | None) -> tuple[list[np.ndarray], list[str]]:
+    """The columns of each query group ((n_queries,) ``groups``; None: one group of all), each in column order,
+    and each group's key: the hash of its query texts in that order (what its entries depend on)."""
+    g = np.zeros(len(texts), dtype=np.int64) if groups is None else np.asarray(groups)
+    order = np.argsort(g, kind="stable")
+    cols = np.split(order, np.flatnonzero(np.diff(g[order])) + 1) if len(g) else []
+    return cols, [hash_strings([texts[j] for j in c]) for c in cols]
+
+
+def _column_map(old_texts: Sequence[str], old_groups: np.ndarray | None, texts: Sequence[str],
+                groups: np.ndarray | None) -> np.ndarray:
+    """(n_queries,) int64: for each column, its column in the older P's group of the same key, -1 when none."""
+    old_cols, old_keys = query_groups(old_texts, old_groups)
+    where = dict(zip(old_keys, old_cols))
+    col_src = np.full(len(texts), -1, dtype=np.int64)
+    for cols, key in zip(*query_groups(texts, groups)):
+        if key in where:
+            col_src[cols] = where[key]
+    return col_src
+
+
+def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], queries: Sequence[str],
+              groups: np.ndarray | None = None) -> Reuse | None:
+    """How much of the finished P in ``old_dir`` a P of identity ``ident`` (rows with text ``digests``, columns
+    ``queries`` in chunk groups ``groups``, (n_queries,) or None) can take as it is, when a row's entries depend
+    only on its document's text and the queries of their group (the caller's part: one document per pass).
+
+    None, with one log line why, when nothing: that P was scored by another model, prompt, dtype, sizes, numerics
+    or query packing (the keys of ``ident`` other than its inputs), is unfinished or damaged, does not record its
+    rows' and columns' texts (``doc_texts.json``, ``queries.jsonl``), or shares no query group (all queries packed
+    together: no other query list)."""
     old_dir = Path(old_dir)
     man = read_manifest(old_dir, P_MANIFEST)
     if (man is None or man.get("status") != "complete" or not (old_dir / TEXTS_FILE).is_file()
             or not (old_dir / Q_FILE).is_file()):
+        log.info("not reusing %s: unfinished, or without %s and %s", old_dir / P_FILE, TEXTS_FILE, Q_FILE)
         return None
-    differs = [k for k in ident if k not in _INPUT_KEYS
-               and json.loads(json.dumps(man.get(k))) != json.loads(json.dumps(ident[k]))]
+    differs = [k for k in set(ident) | {"query_chunks"} if k not in _INPUT_KEYS
+               and json.loads(json.dumps(man.get(k))) != json.loads(json.dumps(ident.get(k)))]
     if differs:
-        log.info("not reusing %s: scored with other %s", old_dir / P_FILE, ", ".join(differs))
+        log.info("not reusing %s: scored with other %s", old_dir / P_FILE, ", ".join(sorted(differs)))
         return None
     try:
         run = load_run(old_dir)
         with open(old_dir / TEXTS_FILE, encoding="utf-8") as f:
             old_digests = json.load(f)
-    except (OSError, ValueError, RuntimeError) as e:
+        old_groups = (np.array([int(q["source_index"]) for q in run.queries], dtype=np.int64)
+                      if man.get("query_chunks") == BY_SOURCE else None)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
         log.warning("not reusing %s: %s", old_dir / P_FILE, e)
         return None
     if len(old_digests) != run.logp.shape[0] or hash_strings(old_digests) != man.get("doc_texts_hash"):
         log.warning("not reusing %s: %s does not match %s", old_dir / P_FILE, TEXTS_FILE, P_MANIFEST)
         return None
-    return Reuse(old_dir, run.logp, _match(old_digests, digests), _match(run.query_texts, queries))
+    col_src = _column_map(run.query_texts, old_groups, list(queries), groups)
+    if not (col_src >= 0).any():
+        log.info("not reusing %s: no query group of it is this P's (all queries packed together: other queries)",
+                 old_dir / P_FILE)
+        return None
+    return Reuse(old_dir, run.logp, match_strings(old_digests, digests), col_src)
 
 
 def shard_rows(order: np.ndarray, shard_size: int, s: int) -> np.ndarray:
