@@ -594,8 +594,9 @@ def _embed_by_digest(settings: Any) -> Any:
 
 def _older_score(folder: Path, lm: dict) -> Path | None:
     """The newest other finished score stage beside ``folder`` whose P the same ``lm`` scored (the run of this
-    corpus before an edit), or None. Its queries and entries are taken only where the sampling and scoring
-    settings match too and the texts are unchanged (:func:`gdr.stages.score.score_corpus`'s ``reuse_from``)."""
+    corpus before an edit), or None. Its queries and entries are taken only where they are the bytes this stage
+    would compute (:func:`gdr.stages.score.score_corpus`'s ``reuse_from``): which stage it is decides the speed,
+    never the result, so it is no part of the stage key."""
     from gdr.store import P_MANIFEST
 
     lm = json.loads(json.dumps(lm))

@@ -107,25 +107,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature,
              **({"p_per_doc": p_per_doc} if p_per_doc else {})}  # absent when 0: older manifests stay valid
     old = read_manifest(out, Q_MANIFEST)
-    if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
-        raise FileExistsError(
-            f"{out / Q_FILE} has no {Q_MANIFEST}: gdr did not sample it here and will not sample over it; to score "
-            f"documents against the queries of another run use `gdr score queries_from=<that run>` (it copies them "
-            f"with their manifest), or delete {out / Q_FILE} to sample new queries")
-    if old is not None and old.get("from_run"):
-        raise FileExistsError(
-            f"{out / Q_FILE} holds the queries of {old['from_run']}, copied by `gdr score queries_from=...`: pass "
-            f"queries_from={old['from_run']} again to score against them, or use another out= folder to sample new "
-            "ones")
-    check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
     numerics = decode_numerics(lm, compiling.want_compile(compile, lm.device, n_queries, compile_min_queries))
-    check_numerics(out, Q_MANIFEST, old, numerics, "queries.* (and P.*, scored on them)")
-    if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
-        changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
-        raise FileExistsError(
-            f"{out / Q_MANIFEST} was written with different settings ({', '.join(changed)}); "
-            f"use another out= folder, or delete {out / Q_FILE} and {out / Q_MANIFEST} (and any {P_FILE}, "
-            f"{P_MANIFEST}, P.shards/ scored from them) to sample again")
+    _check_folder(out, old, ident, numerics)
     if old is not None and old.get("status") == "complete" and (out / Q_FILE).exists():
         rows = read_queries(out, old)
         log.info("reusing %d sampled queries in %s", old["n_queries"], out / Q_FILE)
@@ -166,6 +149,29 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
                    doc_texts_hash=hash_strings(digests), **reused)
     partial.unlink(missing_ok=True)
     return rows
+
+
+def _check_folder(out: Path, old: dict | None, ident: dict, numerics: dict) -> None:
+    """Refuse, in one line, to sample into ``out`` over queries gdr did not sample there, copied ones, or ones of
+    another sampler, numerics or settings (``old``: its manifest, ``ident``: this sampling's)."""
+    if old is None and (out / Q_FILE).exists():  # never sampled over: someone put these queries here
+        raise FileExistsError(
+            f"{out / Q_FILE} has no {Q_MANIFEST}: gdr did not sample it here and will not sample over it; to score "
+            f"documents against the queries of another run use `gdr score queries_from=<that run>` (it copies them "
+            f"with their manifest), or delete {out / Q_FILE} to sample new queries")
+    if old is not None and old.get("from_run"):
+        raise FileExistsError(
+            f"{out / Q_FILE} holds the queries of {old['from_run']}, copied by `gdr score queries_from=...`: pass "
+            f"queries_from={old['from_run']} again to score against them, or use another out= folder to sample new "
+            "ones")
+    check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
+    check_numerics(out, Q_MANIFEST, old, numerics, "queries.* (and P.*, scored on them)")
+    if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
+        changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
+        raise FileExistsError(
+            f"{out / Q_MANIFEST} was written with different settings ({', '.join(changed)}); "
+            f"use another out= folder, or delete {out / Q_FILE} and {out / Q_MANIFEST} (and any {P_FILE}, "
+            f"{P_MANIFEST}, P.shards/ scored from them) to sample again")
 
 
 def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, digests: list[str]
