@@ -100,7 +100,7 @@ def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out:
 def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *, n_queries: int = 64,
           seed: int = 0, processes: int = 1, sampling: Mapping[str, Any] | None = None,
           scoring: Mapping[str, Any] | None = None, progress: bool = False,
-          queries_from: PRun | PathLike | None = None) -> PRun:
+          queries_from: PRun | PathLike | None = None, reuse_from: PRun | PathLike | None = None) -> PRun:
     """Sample J = ``n_queries`` queries (unless ``out/queries.jsonl`` exists) and score log p(query | doc) for
     every pair: the matrix P (Algorithm 1, lines 1-2). Returns the run (``.logp`` (N, J), ``.queries``,
     ``.doc_ids``, ``.path``).
@@ -115,7 +115,12 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
 
     ``queries_from``: a finished run (what :func:`score` returned, or a ``gdr score`` / ``gdr run`` folder) whose
     queries are scored instead of sampling new ones, with the model that scored it: the P of new documents for
-    ``gdr index add`` into an index built on that run (``gdr score queries_from=<run>``)."""
+    ``gdr index add`` into an index built on that run (``gdr score queries_from=<run>``).
+
+    ``reuse_from``: an older run of the same model and settings (the corpus before an edit): its queries and P
+    entries that a full rescore would give byte for byte are taken, only the rest sampled and scored; with
+    ``sampling={"p_per_doc": k}`` (k queries from every document) that is all but an edited document's own
+    queries, row and columns (``gdr score reuse_from=<run>``)."""
     from gdr.stages.score import score_corpus
     from gdr.store import load_run
 
@@ -128,9 +133,11 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
     scoring = _need_mapping(scoring, "scoring", '{"dtype": "float16"}')
     sample = SampleSettings(n_queries=n_queries, seed=seed, **sampling)
     settings = ScoreSettings(**{"processes": processes, **scoring})
-    settings.check_size(len(corpus), n_queries, key="n_queries")
+    J, key = sample.n_total(len(corpus))
+    settings.check_size(len(corpus), J, key="n_queries" if key == "sample.n_queries" else 'sampling["p_per_doc"]')
     source = getattr(queries_from, "path", queries_from)
-    score_corpus(corpus, lm, out, sample, settings, progress=progress, queries_from=source)
+    older = getattr(reuse_from, "path", reuse_from)
+    score_corpus(corpus, lm, out, sample, settings, progress=progress, queries_from=source, reuse_from=older)
     return load_run(out)
 
 

@@ -67,6 +67,7 @@ from gdr.io import (
     atomic_write_text,
     check_manifest_files,
     hash_strings,
+    read_manifest,
     record_files,
     verify_files,
 )
@@ -482,8 +483,10 @@ def score_spec(run: RunContext) -> StageSpec | None:
         _drop_damaged_queries(folder)
         sample = SampleSettings.from_config(to_container(cfg.sample))
         score = ScoreSettings.from_config(to_container(cfg.score))
+        older = _older_score(folder, run.lm().describe())  # an edited corpus: its unchanged part is taken from there
         try:
-            path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress)
+            path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress,
+                                reuse_from=older)
         except FileExistsError as e:
             if P_MANIFEST not in str(e):
                 raise
@@ -491,7 +494,8 @@ def score_spec(run: RunContext) -> StageSpec | None:
             # start the matrix over rather than stop.
             log.warning("stage score: %s disagrees with this stage's settings; scoring P again", folder / P_MANIFEST)
             (folder / P_MANIFEST).unlink()
-            path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress)
+            path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress,
+                                reuse_from=older)
         return {"p_matrix": str(path)}
 
     return StageSpec("score", score_inputs(cfg, run.corpus_sig), build, resumes=("P.npy", "P.manifest.json"),
@@ -504,6 +508,22 @@ def _embed_by_digest(settings: Any) -> Any:
     if isinstance(settings, dict) and isinstance(settings.get("embed_model"), str):
         return {**settings, "embed_model": model_digest(settings["embed_model"])}
     return settings
+
+
+def _older_score(folder: Path, lm: dict) -> Path | None:
+    """The newest other finished score stage beside ``folder`` whose P the same ``lm`` scored (the run of this
+    corpus before an edit), or None. Its queries and entries are taken only where they are the bytes this stage
+    would compute (:func:`gdr.stages.score.score_corpus`'s ``reuse_from``): which stage it is decides the speed,
+    never the result, so it is no part of the stage key."""
+    from gdr.store import P_MANIFEST
+
+    lm = json.loads(json.dumps(lm))
+    found = []
+    for d in folder.parent.glob("score-*"):
+        man = read_manifest(d, P_MANIFEST) if d != folder and d.is_dir() else None
+        if man and man.get("status") == "complete" and man.get("lm") == lm:
+            found.append((d.joinpath(P_MANIFEST).stat().st_mtime, d))
+    return max(found)[1] if found else None
 
 
 def _clustering(run: RunContext) -> bool:

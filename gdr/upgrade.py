@@ -11,6 +11,7 @@ Format 0 (no ``format`` recorded) -> 1:
 
 * the LM (and a clustering's sentence-transformers model) is keyed by the digest of its files, not by its name or
   path: ``lm.name`` becomes ``lm.weights`` in the stage's inputs and ``lm.model`` in its manifests;
+* ``sample.p_per_doc`` is keyed at its then only value, ``0`` (queries drawn over the corpus);
 * ``train.trainer.length_buckets``, keyed only when set before, is keyed at its then only value, ``false``; a
   training's best dev score, recorded as ``best_val_recall1`` whatever its metric, is named by its metric;
 * a stage keyed by the corpus's settings and file paths (``corpus.data``) or by the queries' path, not by their
@@ -164,6 +165,8 @@ def _v0_to_v1(folder: Path, rec: dict, keys: dict[str, str | None]) -> dict:
         inputs["cluster"] = _embed_by_digest(inputs["cluster"], where)
     if isinstance(inputs.get("index"), dict):
         inputs["index"] = {k: _embed_by_digest(v, where) for k, v in inputs["index"].items()}
+    if isinstance(inputs.get("sample"), dict):
+        inputs["sample"] = {**inputs["sample"], "p_per_doc": 0}
     trainer = inputs["train"].get("trainer") if isinstance(inputs.get("train"), dict) else None  # else a key
     if isinstance(trainer, dict):
         trainer.setdefault("length_buckets", False)

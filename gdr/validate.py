@@ -64,6 +64,7 @@ from gdr.stages.settings import (
     SCORE_RULES,
     TRAIN_RULES,
     ClusterSettings,
+    SampleSettings,
     ScoreSettings,
 )
 
@@ -192,6 +193,9 @@ QG = (
 SCORE_COMMAND = (
     Rule("queries_from", optional(folder_with_queries),
          "a run whose queries are scored instead of sampled; null = sample"),
+    Rule("reuse_from", optional(folder_with_queries),
+         "an older run of the same model and settings: its queries of unchanged documents and its P entries of "
+         "unchanged pairs are taken, the rest sampled and scored; null = queries_from (or nothing)"),
 )
 INDEX_COMMAND = (
     Rule("method", index_inputs, "the indexer"),
@@ -300,7 +304,8 @@ def check_run(cfg: DictConfig) -> None:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")
     n_cols, J = cfg.index.gc.get("n_queries"), int(cfg.sample.n_queries)
-    if "gc" in cfg.indexers and n_cols is not None and int(n_cols) > J:
+    per_doc = int(cfg.sample.p_per_doc)  # J is p_per_doc x documents, checked at the stage
+    if "gc" in cfg.indexers and n_cols is not None and int(n_cols) > J and not per_doc:
         raise ConfigError(f"index.gc.n_queries={n_cols}: must be <= sample.n_queries={J}, the J columns of P it takes "
                           "the first of; lower index.gc.n_queries (null = all) or raise sample.n_queries")
 
@@ -310,8 +315,8 @@ def check_corpus(command: str, cfg: DictConfig, corpus) -> None:
     (in seconds, not at their stage after sampling and scoring); the messages name the full key. ``gdr run``
     clusters only a labelled corpus (and only with ``cluster.enabled``); ``gdr cluster`` any corpus."""
     if command in ("score", "cluster", "run"):
-        ScoreSettings.from_config(OmegaConf.to_container(cfg.score, resolve=True)).check_size(
-            len(corpus), cfg.sample.n_queries)
+        J, key = SampleSettings.from_config(OmegaConf.to_container(cfg.sample, resolve=True)).n_total(len(corpus))
+        ScoreSettings.from_config(OmegaConf.to_container(cfg.score, resolve=True)).check_size(len(corpus), J, key)
     clusters = command == "cluster" or command == "run" and cfg.cluster.enabled and corpus.labels is not None
     if clusters:
         ClusterSettings.from_config(OmegaConf.to_container(cfg.cluster, resolve=True)).check_corpus(

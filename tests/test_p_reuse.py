@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -55,10 +56,10 @@ def _stages(out: Path) -> dict[str, dict]:
     return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
 
 
-def _run_files(root: Path, out: Path, docs: Path, queries: Path, qrels: Path) -> dict[str, dict]:
-    """`gdr run data=jsonl` on these files; its stages by name."""
+def _run_files(root: Path, out: Path, docs: Path, queries: Path, qrels: Path, *more: str) -> dict[str, dict]:
+    """`gdr run data=jsonl` on these files (and ``more`` overrides); its stages by name."""
     assert main(["run", "data=jsonl", f"data.path={docs}", f"data.queries={queries}", f"data.qrels={qrels}",
-                 *_settings(root, out)]) == 0
+                 *_settings(root, out), *more]) == 0
     return _stages(out)
 
 
@@ -103,3 +104,50 @@ def test_the_same_documents_as_a_dataframe_reuse_p(files, tmp_path):
     second = _stages(out)
     for name in ("score", "doc-queries"):
         assert second[name]["reused"] and second[name]["folder"] == first[name]["folder"], name
+
+
+def test_an_edited_document_rescores_its_row_and_its_queries_columns_only(files, tmp_path):
+    """`gdr run` (per-document sampler) after one document's text changed: a new score stage (other documents,
+    other key) that takes the earlier stage's queries and P entries of everything unchanged."""
+    root, docs, queries, qrels = files
+    out = tmp_path / "run"
+    a = root / "a"
+    first = _run_files(root, out, a / "docs.jsonl", a / "queries.jsonl", a / "test.tsv", "sample.p_per_doc=1")
+    edited = tmp_path / "docs.jsonl"
+    changed = [dict(d, text="a rewritten story on tennis and golf") if d["id"] == "d3" else d for d in docs]
+    edited.write_text("".join(json.dumps(d) + "\n" for d in changed))
+    second = _run_files(root, out, edited, a / "queries.jsonl", a / "test.tsv", "sample.p_per_doc=1")
+    assert not second["score"]["reused"] and second["score"]["folder"] != first["score"]["folder"]
+    old_dir, new_dir = out / first["score"]["folder"], out / second["score"]["folder"]
+    new_q = gdr.load_run(new_dir).queries
+    q_man = json.loads((new_dir / "queries.manifest.json").read_text())
+    assert q_man["queries_reused"] == len(docs) - 1 and q_man["reused_from"] == str(old_dir)
+    p_man = json.loads((new_dir / "P.manifest.json").read_text())
+    assert p_man["reused_from"] == str(old_dir)
+    # d3's row against every query, the other rows against d3's one query
+    assert p_man["pairs_scored_last_call"] == len(new_q) + (len(docs) - 1)
+
+
+def test_gdr_score_reuse_from_an_older_folder(files, tmp_path):
+    """`gdr score reuse_from=<older folder>` after one document's text changed: its queries and P entries of
+    everything unchanged taken from there, the bytes of a full rescore; a folder of other settings reuses
+    nothing."""
+    root, docs, queries, qrels = files
+    settings = [f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24", "sample.p_per_doc=1",
+                "sample.batch_size=8", "sample.max_new_tokens=4", "progress=false", "threads=1"]
+    assert main(["score", "data=jsonl", f"data.path={root / 'a' / 'docs.jsonl'}", *settings,
+                 f"out={tmp_path / 'old'}"]) == 0
+    edited = tmp_path / "docs.jsonl"
+    edited.write_text("".join(json.dumps(dict(d, text="golf and tennis news") if d["id"] == "d7" else d) + "\n"
+                              for d in docs))
+    assert main(["score", "data=jsonl", f"data.path={edited}", *settings, f"reuse_from={tmp_path / 'old'}",
+                 f"out={tmp_path / 'new'}"]) == 0
+    new = gdr.load_run(tmp_path / "new")
+    n = len(docs)
+    assert json.loads((tmp_path / "new" / "queries.manifest.json").read_text())["queries_reused"] == n - 1
+    assert new.manifest["pairs_scored_last_call"] == n + (n - 1)
+    assert main(["score", "data=jsonl", f"data.path={edited}", *settings, f"out={tmp_path / 'full'}"]) == 0
+    assert np.asarray(new.logp).tobytes() == np.asarray(gdr.load_run(tmp_path / "full").logp).tobytes()
+    assert main(["score", "data=jsonl", f"data.path={edited}", *settings, "score.dtype=float16",
+                 f"reuse_from={tmp_path / 'old'}", f"out={tmp_path / 'f16'}"]) == 0
+    assert gdr.load_run(tmp_path / "f16").manifest["pairs_scored_last_call"] == n * n

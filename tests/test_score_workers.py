@@ -50,7 +50,7 @@ def test_shards_left_unscored_by_disagreeing_workers_fail_the_stage(saved, tmp_p
     complete; a rerun scores what is left."""
     lm = saved.build()
 
-    def disagreeing(corpus, spec, out, settings, n_proc, progress=True):
+    def disagreeing(corpus, spec, out, settings, n_proc, progress=True, reuse_from=None):
         queries = [q["text"] for q in read_queries(out)]
         for rank, bs in ((0, 4), (1, 2)):
             monkeypatch.setattr(score_stage, "dist_info", lambda rank=rank: (rank, 2))

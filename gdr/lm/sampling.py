@@ -134,7 +134,9 @@ class SamplingMixin:
                        max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
                        temperature: float = 1.0, max_redraws: int = 10, progress: bool = True,
                        start: "SampledQueries | None" = None, on_batch=None, compile: bool | str = "auto",
-                       compile_min_queries: int | str = "auto") -> SampledQueries:
+                       compile_min_queries: int | str = "auto",
+                       given: "Sequence[str | None] | None" = None,
+                       draws: "tuple[np.ndarray, np.ndarray] | None" = None) -> SampledQueries:
         """Algorithm 1 line 1 / Section 4.3: draw ``n`` documents uniformly (with replacement, i.i.d. from
         the prior) and generate one query from each.
 
@@ -145,46 +147,61 @@ class SamplingMixin:
         ``on_batch(partial)`` is called after every batch (used to checkpoint). ``compile`` (auto | true |
         false) and ``compile_min_queries`` decide whether the decode step is compiled, for all ``n`` queries
         (:func:`gdr.lm.compiling.want_compile`): a resumed call decodes on the same path as the first.
+        ``given``: (n,) the texts of queries known already (from an older run over the same documents, their
+        source unchanged), None where a query is to be decoded; only those are (no ``start``, no ``on_batch``).
+        ``draws``: (source, stream), each (n,) int64: query j from document ``source[j]`` with random stream
+        ``stream[j]`` (:func:`gdr.lm.decode.row_keys`); None: ``n`` documents drawn uniformly with ``seed``,
+        query j on stream j.
         """
         from gdr.lm.compiling import want_compile
 
-        rng = np.random.default_rng(seed)
-        source = rng.integers(0, len(docs), size=n)
+        source, stream = draws if draws is not None else (np.random.default_rng(seed).integers(0, len(docs), size=n),
+                                                          np.arange(n))
         texts = list(start.texts) if start is not None else []
         redrawn = start.n_redrawn if start is not None else 0
         done = len(texts)
+        if given is not None:
+            texts = list(given)
+            todo = np.flatnonzero(np.array([t is None for t in given], dtype=bool))  # (n_left,) queries to decode
+        else:
+            todo = np.arange(done, n)
         bs = self.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
         # decided from all n queries, not the ones left: a resumed run decodes with the same kernels
         self.decoder().set_compile(want_compile(compile, self.device, n, compile_min_queries))
         kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
                   max_rows=bs)
         # in a log file (not a terminal) a redraw is a line: at most one every 10 s there
-        bar = tqdm(total=n, initial=done, desc="sample queries", unit="q", disable=not progress,
+        bar = tqdm(total=n, initial=n - len(todo), desc="sample queries", unit="q", disable=not progress,
                    mininterval=0.1 if on_terminal() else 10.0)
-        for b0 in range(done, n, bs):
-            idx = source[b0:b0 + bs]
-            qid = np.arange(b0, b0 + len(idx))
+        for b in range(0, len(todo), bs):
+            qid = todo[b:b + bs]
+            idx = source[qid]
+            b0 = n - len(todo) + b  # queries finished before this batch
             uniq, inv = np.unique(idx, return_inverse=True)
             # the bar moves with the decode steps of a batch (a batch may be every query), not only at its end
             step = partial(_advance, bar, b0, len(idx), max_new_tokens) if progress else None
-            gen = self.decode_queries([docs[i] for i in uniq], inv, qid, 0, on_step=step, **kw)
+            gen = self.decode_queries([docs[i] for i in uniq], inv, stream[qid], 0, on_step=step, **kw)
             for attempt in range(1, max_redraws + 1):
                 empty = np.array([k for k, g in enumerate(gen) if not g], dtype=np.int64)
                 if not len(empty):
                     break
                 redrawn += len(empty)
                 uniq, inv = np.unique(idx[empty], return_inverse=True)
-                again = self.decode_queries([docs[i] for i in uniq], inv, qid[empty], attempt, new_graphs=False,
-                                            **kw)
+                again = self.decode_queries([docs[i] for i in uniq], inv, stream[qid[empty]], attempt,
+                                            new_graphs=False, **kw)
                 for k, g in zip(empty, again):
                     gen[k] = g
             else:
                 empty = [int(idx[k]) for k, g in enumerate(gen) if not g]
                 if empty:
                     raise RuntimeError(f"documents {empty} gave empty queries {max_redraws} times; check the prompt")
-            texts.extend(gen)
+            if given is None:
+                texts.extend(gen)
+            else:
+                for j, g in zip(qid, gen):
+                    texts[j] = g
             bar.update(b0 + len(idx) - bar.n)
-            if on_batch is not None:
+            if on_batch is not None and given is None:
                 on_batch(SampledQueries(texts, source[:len(texts)], redrawn))
         bar.close()
         if redrawn:

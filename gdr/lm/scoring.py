@@ -226,7 +226,7 @@ class ScoringMixin:
     @torch.inference_mode()
     def score(self, docs: Sequence[str], queries: Sequence[str], doc_batch_size: int | str = 4,
               max_query_tokens: int | str = 2048, progress: bool = True, compute_dtype: torch.dtype | None = None,
-              attention: str = "auto") -> np.ndarray:
+              attention: str = "auto", groups: np.ndarray | None = None) -> np.ndarray:
         """log p(query_j | doc_i) for every pair (Eq. 1).
 
         Parameters
@@ -239,6 +239,10 @@ class ScoringMixin:
         compute_dtype : None: bf16 on CUDA (a bf16 copy of the weights), the model's own dtype elsewhere.
         attention : causal models only: ``"flex"`` (block mask), ``"dense"`` (additive 4D mask), or
             ``"auto"``: flex on CUDA, dense on a CPU.
+        groups : (n_queries,) int or None: a chunk never holds the queries of two groups (their source
+            documents), so that with ``doc_batch_size=1`` entry (i, j) depends only on document i and the
+            queries of j's group, not on the other queries scored beside them (incremental P). None: all
+            queries are packed together (fewer, fuller passes).
 
         Returns
         -------
@@ -256,12 +260,13 @@ class ScoringMixin:
             raise ValueError(f"attention={attention!r}: use auto, flex or dense")
         model = self._scoring_model(compute_dtype)
         order = np.argsort([len(p) for p in p_ids], kind="stable")
-        # Queries sorted by length: chunks of similar lengths (less padding in seq2seq rows); put back below.
-        q_order = np.argsort([len(q) for q in q_ids], kind="stable")
-        q_sorted = [q_ids[j] for j in q_order]
+        # Queries sorted by (group, length): chunks of similar lengths (less padding in seq2seq rows); put back below.
+        q_order = np.lexsort((np.array([len(q) for q in q_ids], dtype=np.int64),
+                              np.zeros(len(q_ids), dtype=np.int64) if groups is None else np.asarray(groups)))
+        q_sorted, g_sorted = [q_ids[j] for j in q_order], None if groups is None else np.asarray(groups)[q_order]
         # causal: the query chunks are the same for every doc batch: packed and uploaded once
         flex, fixed = attention == "flex", self.kernels.compiled(self.device)
-        packs = {} if self.is_seq2seq else {flex: self._pack_causal(q_sorted, max_query_tokens, flex, fixed)}
+        packs = {} if self.is_seq2seq else {flex: self._pack_causal(q_sorted, max_query_tokens, flex, fixed, g_sorted)}
         # compiled: every batch padded to one shape (rows, prompt length), so no batch compiles a graph of its own
         prompt_len = self.longest_prompt_tokens() if fixed else None
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
@@ -275,9 +280,10 @@ class ScoringMixin:
             # The scoring model is already in its compute dtype: no autocast casts.
             with torch.autocast(self.device.type, enabled=False):
                 if self.is_seq2seq:
-                    lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens, prompt_len)
+                    lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens, prompt_len, g_sorted)
                 else:
-                    lp = self._score_causal_batch(model, batch, packs, q_sorted, max_query_tokens, flex, prompt_len)
+                    lp = self._score_causal_batch(model, batch, packs, (q_sorted, g_sorted), max_query_tokens, flex,
+                                                  prompt_len)
             out[rows[:, None], q_order[None, :]] = lp[:len(rows)].float().cpu().numpy()  # the batch's one host sync
             bar.update(len(rows) * len(queries))
         bar.close()
@@ -305,12 +311,13 @@ class ScoringMixin:
             held = self.score_copy = ScoringCopy(self.model, stamp, m)
         return held.model
 
-    def _score_causal_batch(self, model, prompts: list[list[int]], packs: dict[bool, tuple], q_ids: list[list[int]],
+    def _score_causal_batch(self, model, prompts: list[list[int]], packs: dict[bool, tuple], queries: tuple,
                             max_query_tokens: int, flex: bool, prompt_len: int | None = None) -> torch.Tensor:
         """:meth:`_score_causal` of one document batch on the queries packed by :meth:`_pack_causal`; if
         compiled flex attention fails, the batch (and every later one of this scorer) is scored on the dense
         path, with one log line (``self.kernels.flex_failed``). ``packs``: this ``score`` call's packings by
-        ``flex`` (flex pads each chunk to its block size); the dense one is added the first time it is needed.
+        ``flex`` (flex pads each chunk to its block size); the dense one is added the first time it is needed, from
+        ``queries`` (the sorted query ids and their groups, as :meth:`_pack_causal` takes them).
         ``prompt_len``: pad the prompts to at least this many tokens (compiled: one shape for every batch)."""
         if flex and not self.kernels.flex_failed:
             try:
@@ -319,13 +326,16 @@ class ScoringMixin:
                 log.warning("compiled flex attention failed (%s); scoring on the dense path from now on", e)
                 self.kernels.flex_failed = True
         if False not in packs:  # the flex packing's block padding is not what the dense path expects
-            packs[False] = self._pack_causal(q_ids, max_query_tokens, False)
+            packs[False] = self._pack_causal(queries[0], max_query_tokens, False, groups=queries[1])
         return self._score_causal(model, prompts, *packs[False], False, prompt_len)
 
-    def _query_chunks(self, q_ids: list[list[int]], max_tokens: int) -> list[tuple[int, int]]:
+    def _query_chunks(self, q_ids: list[list[int]], max_tokens: int, groups: np.ndarray | None = None
+                      ) -> list[tuple[int, int]]:
+        """(c0, c1) bounds of consecutive queries of at most ``max_tokens`` tokens (a longer query alone), a new
+        chunk wherever ``groups`` (n_queries,) changes."""
         chunks, start, tokens = [], 0, 0
         for j, q in enumerate(q_ids):
-            if j > start and tokens + len(q) > max_tokens:
+            if j > start and (tokens + len(q) > max_tokens or (groups is not None and groups[j] != groups[start])):
                 chunks.append((start, j))
                 start, tokens = j, 0
             tokens += len(q)
@@ -337,8 +347,8 @@ class ScoringMixin:
         head = (model or self.model).get_output_embeddings()
         return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None), kernels=self.kernels)
 
-    def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool, fixed: bool = False
-                     ) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
+    def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool, fixed: bool = False,
+                     groups: np.ndarray | None = None) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
         """The queries as :meth:`_score_causal` reads them, built on the host and uploaded without a host sync
         (:func:`gdr.lm.hostsync.upload`) once per ``score`` call.
 
@@ -347,10 +357,11 @@ class ScoringMixin:
         input (every query without its last token), the targets (without its first), the query of each token
         (0..Q-1; Q for the padding) and its position inside its query. Flex pads a chunk to a multiple of its
         128-token block (shapes repeat across chunks), or with ``fixed`` (compiled scoring) every chunk to the
-        longest one's: the padding is one more query whose sums are dropped.
+        longest one's: the padding is one more query whose sums are dropped. ``groups`` (J,): a chunk holds the
+        queries of one group only (:meth:`_query_chunks`).
         """
         first = upload([q[0] for q in q_ids], self.device)  # (J,)
-        bounds = self._query_chunks(q_ids, max_query_tokens)
+        bounds = self._query_chunks(q_ids, max_query_tokens, groups)
         tokens = [sum(len(q) - 1 for q in q_ids[c0:c1]) for c0, c1 in bounds]
         width = max(-(-T // 128) * 128 for T in tokens) if flex and fixed else 0
         chunks = []
@@ -459,10 +470,10 @@ class ScoringMixin:
         return create_block_mask(mask_mod, B, None, T, Lp + T, device=dev)
 
     def _score_seq2seq(self, model, prompts: list[list[int]], q_ids: list[list[int]], max_query_tokens: int,
-                       prompt_len: int | None = None) -> torch.Tensor:
+                       prompt_len: int | None = None, groups: np.ndarray | None = None) -> torch.Tensor:
         """(B, n_queries): the encoder once per document; the decoder over (B*Q, L) rows whose cross-attention
         reads each document's encoder states once (see :func:`gdr.lm.attention.gdr_attention`); prompts
-        right-padded to at least ``prompt_len``."""
+        right-padded to at least ``prompt_len``; a chunk holds the queries of one of ``groups`` (n_queries,) only."""
         dev = self.device
         B = len(prompts)
         enc = self._pad(prompts, length=prompt_len)
@@ -474,7 +485,7 @@ class ScoringMixin:
         scaled = getattr(model.config, "scale_decoder_outputs", model.config.tie_word_embeddings)
         scale = model.config.d_model ** -0.5 if scaled else 1.0  # T5 scales before a tied head
         out = torch.empty((B, len(q_ids)), dtype=torch.float32, device=dev)
-        for c0, c1 in self._query_chunks(q_ids, max(1, max_query_tokens // B)):
+        for c0, c1 in self._query_chunks(q_ids, max(1, max_query_tokens // B), groups):
             chunk = q_ids[c0:c1]
             Q, L = len(chunk), max(len(q) for q in chunk)
             # Built on the host, one upload: the right-padded labels, the decoder inputs (shifted right) and the

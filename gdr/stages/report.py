@@ -109,6 +109,12 @@ def query_set_name(settings: dict, corpus_name: str) -> str:
     return corpus_name if queries["name"] == data["name"] else str(queries["name"])
 
 
+def _sampled(sample: dict) -> str:
+    """How many queries P's columns are: J of them, or ``p_per_doc`` from every document."""
+    per_doc = sample.get("p_per_doc")
+    return f"{per_doc} sampled queries per document" if per_doc else f"J = {sample['n_queries']} sampled queries"
+
+
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
@@ -150,7 +156,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         lines += [f"**Partial: {partial['retrievers_done']} of {partial['retrievers']} retrievers finished; every "
                   "figure below (means, intervals, tests) is over those. The run goes on, or resumes with the same "
                   "command.**", ""]
-    lines += [f"Query generator `{cfg['model']['name']}`, J = {cfg['sample']['n_queries']} sampled queries, "
+    lines += [f"Query generator `{cfg['model']['name']}`, {_sampled(cfg['sample'])}, "
               f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
               f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
               f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]

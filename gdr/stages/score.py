@@ -39,16 +39,21 @@ from gdr.lm.numerics import scoring_numerics
 from gdr.logs import setup_logging
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import (
+    BY_SOURCE,
     P_FILE,
     P_MANIFEST,
+    Q_MANIFEST,
     SHARD_DIR,
+    Reuse,
     check_p,
     copy_run_queries,
     finish_p,
     pending_shards,
     prepare_p,
+    reuse_map,
     score_folder,
     shard_rows,
+    text_digests,
     write_shard,
 )
 
@@ -75,19 +80,24 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
 
 
 def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, settings: ScoreSettings,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, reuse_from: str | os.PathLike | None = None) -> Path:
     """Score ``queries`` (rows of ``queries.jsonl``) against every document of ``corpus`` with ``lm`` into
     ``out/P.npy`` (sharded, resumable); ``auto`` sizes are resolved here (:func:`resolve_sizes`) unless the caller
-    resolved them. Returns its path."""
+    resolved them. ``reuse_from``: an older P whose matching entries are copied (:func:`score_run`). Queries of
+    the per-document sampler (``sample.p_per_doc``, recorded in ``out``'s queries manifest) are scored by source
+    document (``groups``). Returns its path."""
     sc = resolve_sizes(lm, settings)  # the run's manifest records the sizes that made its numbers
+    per_doc = (read_manifest(Path(out), Q_MANIFEST) or {}).get("p_per_doc")
+    groups = np.array([int(q["source_index"]) for q in queries], dtype=np.int64) if per_doc else None
     return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
-                     max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype)
+                     max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype,
+                     reuse_from=reuse_from, query_groups=groups)
 
 
 def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, score: ScoreSettings,
                  progress: bool = True, queries_from: str | os.PathLike | None = None,
-                 resample: str | None = None) -> Path:
+                 resample: str | None = None, reuse_from: str | os.PathLike | None = None) -> Path:
     """Sample (unless ``queries.jsonl`` exists) and score into ``out``; returns the P matrix path.
 
     ``lm``: a :class:`gdr.stages.settings.LMSettings` (loaded here when needed; ``score.processes > 1`` loads
@@ -97,18 +107,22 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     run``) folder, with the model that scored them (another one is refused): the P of new documents that
     ``gdr index add`` places into an index built on that run (:func:`gdr.store.copy_run_queries`).
     ``resample``: the command that samples the queries, named when a launched rank > 0 finds none (the
-    ``gdr score`` command passes its own overrides, :func:`sample_command`; default ``gdr sample out=<out>``)."""
+    ``gdr score`` command passes its own overrides, :func:`sample_command`; default ``gdr sample out=<out>``).
+    ``reuse_from``: the folder of an older run of the same model and settings over an overlapping corpus (before
+    an edit, or before ``gdr index add``'s new documents): its queries of unchanged documents and its P entries
+    of unchanged (document, query) pairs are taken, and only the rest is sampled and scored."""
     from gdr.guard import holding
     from gdr.stages.sample import check_texts
 
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr score` (the scoring processes share it)
         return _score_corpus(corpus, lm, Path(out), sample, score, progress, queries_from,
-                             resample or sample_command(out))
+                             resample or sample_command(out), reuse_from)
 
 
 def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool,
-                  queries_from: str | os.PathLike | None, resample: str) -> Path:
+                  queries_from: str | os.PathLike | None, resample: str,
+                  reuse_from: str | os.PathLike | None = None) -> Path:
     from gdr.stages.sample import sample_queries
 
     built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
@@ -118,7 +132,7 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     if queries_from is not None and rank == 0:
         queries = _queries_of_run(lm, queries_from, out)
     elif rank == 0 or qfile.exists():
-        queries = sample_queries(lm, corpus, out, sample, progress=progress)
+        queries = sample_queries(lm, corpus, out, sample, progress=progress, reuse_from=reuse_from)
     else:
         raise SystemExit(f"{qfile} missing: run `{resample}` before a multi-process `gdr score`")
     n_proc = int(score.processes or 1)
@@ -127,9 +141,9 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
         if spec is None:
             raise ValueError(f"score.processes={n_proc}: each process loads its own model; pass the model as "
                              "LMSettings (or (GenerativeLM, LMSettings)), not only a loaded GenerativeLM")
-        path = score_in_processes(corpus, spec, out, score, n_proc, progress=progress)
+        path = score_in_processes(corpus, spec, out, score, n_proc, progress=progress, reuse_from=reuse_from)
     else:
-        path = score_queries(lm, corpus, queries, out, score, progress=progress)
+        path = score_queries(lm, corpus, queries, out, score, progress=progress, reuse_from=reuse_from)
     if rank == 0:
         _check_complete(out)
         log.info("P matrix %s", path)
@@ -212,7 +226,7 @@ def _exit_from_finaliser(unraisable) -> None:
 
 
 def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, score_settings: dict, out: str,
-                  progress: bool, parent: int | None = None) -> None:
+                  progress: bool, parent: int | None = None, reuse_from: str | None = None) -> None:
     """One scoring process of :func:`score_in_processes`: its round-robin share of the shards.
 
     With CUDA and ``device`` auto/cuda, rank r scores on ``cuda:{r % n_gpus}``. The process group is
@@ -238,14 +252,14 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
         log.info("scoring process %d of %d on %s", rank, world, spec.device)
     lm = spec.build()
     score_queries(lm, corpus, read_jsonl(Path(out) / "queries.jsonl"), out, ScoreSettings.from_config(score_settings),
-                  progress=progress)
+                  progress=progress, reuse_from=reuse_from)
 
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings: ScoreSettings, n_proc: int,
-                       progress: bool = True) -> Path:
+                       progress: bool = True, reuse_from: str | os.PathLike | None = None) -> Path:
     """Score ``out`` (its queries already sampled) with ``n_proc`` processes on this machine.
 
     On a CPU, one single-threaded process per core beats one multi-threaded process (measured: 11.8 vs
@@ -256,7 +270,8 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, corpus, lm.to_dict(), settings.to_dict(),
-                                                     str(out), progress, os.getpid()), daemon=True)
+                                                     str(out), progress, os.getpid(),
+                                                     None if reuse_from is None else str(reuse_from)), daemon=True)
              for r in range(n_proc)]
     failed = []
     try:
@@ -283,8 +298,22 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
 def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
               out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
-              max_shards: int | None = None, compute_dtype: str = "auto") -> Path:
+              max_shards: int | None = None, compute_dtype: str = "auto",
+              reuse_from: str | os.PathLike | None = None, query_groups: np.ndarray | None = None) -> Path:
     """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
+
+    ``query_groups`` (n_queries,) int, e.g. each query's source document: a packed chunk of queries never mixes two
+    groups (:meth:`gdr.lm.scoring.ScoringMixin.score`), recorded as ``query_chunks: by_source``; None: all
+    queries packed together.
+
+    With ``reuse_from`` (the folder of an older finished P of the same model, prompt, dtype, sizes, numerics and
+    packing, e.g. of the corpus before an edit) the entries whose row has the same document text there and whose
+    column's whole query group is there are copied, and only the others are scored: the rows of new or edited
+    documents against every query, and the other rows against the new groups' queries (:func:`gdr.store.
+    reuse_map`). This equals a full rescore byte for byte by construction: with one document per pass
+    (``doc_batch_size=1``) and shapes that depend on nothing else (not compiled, which pads to a run-wide shape),
+    an entry depends only on its document's text and its query group's texts. Elsewhere nothing is reused (one
+    log line says why). The manifest records ``reused_from`` and the pairs scored.
 
     Parameters
     ----------
@@ -305,13 +334,23 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     out = Path(out_dir)
     rank, world = dist_info()
     ident = _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens, numerics)
+    if query_groups is not None:
+        ident["query_chunks"] = BY_SOURCE  # absent otherwise: the P manifests of all queries packed together stay
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
     prompt_len = np.array([len(p) for p in lm.prompt_ids(texts)])
     order = np.argsort(prompt_len, kind="stable")
     n_shards = -(-len(order) // shard_size)
+    digests = text_digests(texts)
     if rank == 0:
-        prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world)
+        prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world, digests)
     _barrier(world)
+    reuse = None
+    if reuse_from is not None and Path(reuse_from).resolve() != out.resolve() and _rows_apart(lm, doc_batch_size,
+                                                                                            reuse_from):
+        reuse = reuse_map(reuse_from, ident, digests, queries, query_groups)
+        if reuse is not None and rank == 0:
+            log.info("reusing %s: %d of %d documents and %d of %d queries found there", reuse.path / P_FILE,
+                     int((reuse.row_src >= 0).sum()), len(doc_ids), int((reuse.col_src >= 0).sum()), len(queries))
 
     # shards scored together: a doc batch never straddles two calls
     per_call = max(1, -(-doc_batch_size // shard_size))
@@ -321,11 +360,14 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         mine = mine[:max(1, max_shards // per_call)]
     t0 = time.perf_counter()
     score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
-             "compute_dtype": getattr(torch, numerics["compute_dtype"])}
-    _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress)
+             "compute_dtype": getattr(torch, numerics["compute_dtype"]), "groups": query_groups}
+    pairs = _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress,
+                          reuse)
     _barrier(world)
     if rank == 0:
-        finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2))
+        extra = {"reused_from": str(reuse.path)} if reuse is not None else {}
+        finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2),
+                 pairs_scored_last_call=pairs, doc_texts_hash=hash_strings(digests), **extra)
     return p_path
 
 
@@ -339,6 +381,19 @@ def _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, 
             **numerics}
 
 
+def _rows_apart(lm, doc_batch_size: int, reuse_from) -> bool:
+    """Whether ``lm`` scores each document in passes of its own, in shapes nothing else decides (the condition
+    for an older P's rows to be this one's bytes); False with one log line why."""
+    if doc_batch_size != 1:
+        why = f"score.doc_batch_size={doc_batch_size}: a row's bytes depend on the documents padded beside it"
+    elif lm.kernels.compiled(lm.device):
+        why = "compiled scoring pads every pass to a shape of the whole run"
+    else:
+        return True
+    log.info("not reusing %s: %s (a full rescore)", Path(reuse_from) / P_FILE, why)
+    return False
+
+
 def _barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
@@ -346,9 +401,10 @@ def _barrier(world: int) -> None:
 
 def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path, shard_dir: Path,
                   order: np.ndarray, shard_size: int, mine: list[range], dtype: str, score: dict,
-                  progress: bool) -> None:
+                  progress: bool, reuse: Reuse | None = None) -> int:
     """Score this process's groups of shards into ``p_path``, one ``lm.score`` call per group (keywords
-    ``score``); each finished shard's rows are flushed, then its ``.done`` marker written with their checksum."""
+    ``score``; with ``reuse``, :func:`_score_group_reusing`); each finished shard's rows are flushed, then its
+    ``.done`` marker written with their checksum. Returns the number of (document, query) pairs scored."""
     rank, world = dist_info()
     n_shards = -(-len(order) // shard_size)
     P = np.load(p_path, mmap_mode="r+")
@@ -360,13 +416,19 @@ def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path
     pairs = len(queries) * sum(len(shard_rows(order, shard_size, s)) for s in left)
     bar = tqdm(total=pairs, desc=f"score[{rank}]" if world > 1 else "score", unit="pair", unit_scale=True,
                disable=not progress or pairs == 0)  # nothing left (P reused): no empty bar
+    scored = 0
     for group in mine:
         if not pending_shards(shard_dir, group):  # finished meanwhile by another process on this folder
             continue
         # the whole group, finished shards too (a resumed group batches as an uninterrupted one)
         rows = [shard_rows(order, shard_size, s) for s in group]
         every = np.concatenate(rows)
-        lp = lm.score([texts[i] for i in every], queries, **score)
+        if reuse is None:
+            lp = lm.score([texts[i] for i in every], queries, **score)
+            scored += lp.size
+        else:
+            lp, n = _score_group_reusing(lm, texts, queries, every, reuse, score)
+            scored += n
         ends = np.cumsum([len(r) for r in rows])
         for s, r, block in zip(group, rows, np.split(lp, ends[:-1])):
             if (shard_dir / f"{s:05d}.done").exists():
@@ -377,3 +439,26 @@ def _score_shards(lm, texts: Sequence[str], queries: Sequence[str], p_path: Path
             bar.set_postfix(shard=f"{s + 1}/{n_shards}")
     bar.close()
     del P
+    return scored
+
+
+def _score_group_reusing(lm, texts: Sequence[str], queries: Sequence[str], rows: np.ndarray, reuse: Reuse,
+                         score: dict) -> tuple[np.ndarray, int]:
+    """P's ``rows`` (len(rows), n_queries) float32: the older P's entries where ``reuse`` has both the row and
+    the column, scored elsewhere: the new rows against every query in one call, the reused rows against the
+    new queries in another. Returns the block and the number of pairs scored."""
+    block = reuse.block(rows)
+    have = reuse.row_src[rows] >= 0  # (len(rows),)
+    new_cols = np.flatnonzero(reuse.col_src < 0)  # (n_new_queries,) whole query groups
+    n = 0
+    if (~have).any():
+        lp = lm.score([texts[i] for i in rows[~have]], queries, **score)  # (n_new_rows, n_queries)
+        block[~have] = lp
+        n += lp.size
+    if have.any() and len(new_cols):
+        groups = score["groups"]
+        lp = lm.score([texts[i] for i in rows[have]], [queries[j] for j in new_cols],
+                      **{**score, "groups": None if groups is None else groups[new_cols]})
+        block[np.ix_(have, new_cols)] = lp
+        n += lp.size
+    return block, n

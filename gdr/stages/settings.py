@@ -56,7 +56,11 @@ from indexing.options import GCOptions
 from training.options import ExampleOptions, OptimOptions, TrainerOptions
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
-           "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS"]
+           "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS", "MAX_P_PER_DOC"]
+
+# sample.p_per_doc's bound: query k of a document is on random stream (44 bits of its text's digest) *
+# MAX_P_PER_DOC + k (gdr.stages.sample.per_doc_draws), so no two queries of a document share a stream
+MAX_P_PER_DOC = 1 << 16
 
 
 # ---------------------------------------------------------------------------- the settings' rules
@@ -116,6 +120,10 @@ LR_LIMIT = "AdamW moves each weight by about lr a step: at most 1"
 SAMPLE_RULES = (
     Rule("sample.n_queries", POSITIVE, "the number J of sampled queries"),
     Rule("sample.per_doc", NON_NEGATIVE, "queries generated for every document; 0 = off"),
+    Rule("sample.p_per_doc", lambda v, sec: None if is_int(v) and 0 <= v < MAX_P_PER_DOC
+         else f"must be an integer from 0 to {MAX_P_PER_DOC - 1}",
+         "P's queries: this many from every document, each document's own (an edit re-scores only what changed); "
+         "0 = sample.n_queries drawn over the corpus"),
     Rule("sample.seed", seed),
     Rule("sample.batch_size", auto_or(POSITIVE),
          "queries per decode batch (changes speed, not the queries); auto = fits the GPU / fastest on a CPU"),
@@ -394,6 +402,11 @@ class SampleSettings(Settings):
     n_queries: int = setting(64, "J")
     per_doc: int = setting(0, "> 0: instead, generate this many queries for EVERY document (doc_queries.jsonl; "
                               "training data of the retriever and input of the BMI indexer)")
+    p_per_doc: int = setting(0, "> 0: P's queries are this many from EVERY document (J = p_per_doc x documents), "
+                                "each document's on random streams keyed by its text and scored apart from the "
+                                "others' (by source), so an edited, added or removed document re-samples and "
+                                "re-scores only its own queries, row and columns of P (gdr score reuse_from=, gdr "
+                                "run). 0: n_queries drawn over the corpus (Algorithm 1)")
     seed: int = setting(0)
     batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
                                             "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
@@ -407,6 +420,13 @@ class SampleSettings(Settings):
                                           "queries are left to decode")
     compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
                                                      "(gdr/lm/compiling.py)")
+
+    def n_total(self, n_docs: int) -> tuple[int, str]:
+        """(J, the key that sets it) for a corpus of ``n_docs`` documents: ``p_per_doc`` x ``n_docs`` under the
+        per-document sampler, else ``n_queries``."""
+        if self.p_per_doc:
+            return self.p_per_doc * int(n_docs), "sample.p_per_doc"
+        return self.n_queries, "sample.n_queries"
 
 
 @dataclass
@@ -662,8 +682,8 @@ SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC,
 # `gdr train`'s seed, `gdr run`'s cluster.enabled)
 GENERATED = {
     "stage/lm.yaml": (LMSettings, ("device", "threads")),  # the model's own keys are its conf/model/ option's
-    "stage/sample.yaml": (SampleSettings, ("n_queries", "per_doc", "seed", "batch_size", "max_new_tokens", "compile",
-                                           "compile_min_queries", "top_k", "top_p", "temperature")),
+    "stage/sample.yaml": (SampleSettings, ("n_queries", "per_doc", "p_per_doc", "seed", "batch_size", "max_new_tokens",
+                                           "compile", "compile_min_queries", "top_k", "top_p", "temperature")),
     "stage/score.yaml": (ScoreSettings, ()),
     "stage/cluster.yaml": (ClusterSettings, tuple(f.name for f in fields(ClusterSettings) if f.name != "enabled")),
     "stage/cluster_enabled.yaml": (ClusterSettings, ("enabled",)),

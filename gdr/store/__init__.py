@@ -8,6 +8,8 @@ A run folder holds::
     P.npy                log P, float32 (or float16), shape (n_docs, n_queries), a .npy memmap
     P.manifest.json      model, prompt, doc-id / text / query hashes, shape, dtype, sharding, status
     P.shards/            one ``NNNNN.done`` marker per finished shard, holding the checksum of its rows
+    doc_texts.json       a digest of each row's model input, in row order: what lets a later P of an edited
+                         corpus reuse this one's entries (:func:`reuse_map`)
 
 P is written in shards of ``shard_size`` documents. Documents are ordered by prompt length once (stable
 sort), and shard s is the s-th run of that order (:func:`shard_rows`). A shard's rows are flushed to disk
@@ -55,11 +57,13 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PRun", "PMatrix", "load_run", "check_p", "read_queries",
            "score_folder", "copy_run_queries", "prepare_p", "shard_rows", "pending_shards", "write_shard",
-           "finish_p"]
+           "finish_p", "Reuse", "reuse_map", "text_digests", "match_strings", "query_groups", "TEXTS_FILE",
+           "BY_SOURCE"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
 DOCQ_FILE, DOCQ_MANIFEST = "doc_queries.jsonl", "doc_queries.manifest.json"
+TEXTS_FILE = "doc_texts.json"
 
 
 @dataclass
@@ -146,7 +150,7 @@ def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> 
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / Q_FILE, rows)
     keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
-                                "temperature", "n_redrawn", "numerics") if k in man}
+                                "temperature", "n_redrawn", "numerics", "p_per_doc") if k in man}
     write_manifest(out, Q_MANIFEST, **keep, format=FORMAT, from_run=origin, status="complete", queries_hash=texts_hash,
                    file=file_digest(out / Q_FILE))
     log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
@@ -261,10 +265,10 @@ def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size:
 
 
 def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, int], dtype: str,
-              order: np.ndarray, shard_size: int, world: int) -> None:
+              order: np.ndarray, shard_size: int, world: int, digests: Sequence[str] | None = None) -> None:
     """Rank 0's part before scoring: refuse a P of another identity, repair or re-create P.npy (a cut file
     keeps the shards before the cut; a broken header re-scores all), drop the markers of damaged shards, and
-    record the doc ids and a running manifest."""
+    record the doc ids, each row's text digest (``digests``, :func:`text_digests`) and a running manifest."""
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
     out.mkdir(parents=True, exist_ok=True)
     old = read_manifest(out, P_MANIFEST)
@@ -298,7 +302,116 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
     else:
         _check_shards(np.load(p_path, mmap_mode="r"), shard_dir, order, shard_size, p_path)
     atomic_write_json(out / "doc_ids.json", list(doc_ids))
+    if digests is not None:
+        atomic_write_json(out / TEXTS_FILE, list(digests))
     write_manifest(out, P_MANIFEST, **ident, format=FORMAT, status="running", world_size=world)
+
+
+# ------------------------------------------------------------------------------ reusing an older P
+# What a P's entries depend on besides its rows' and columns' texts: an older P agreeing on all of these
+# holds, at an entry whose row and query group it shares (:func:`reuse_map`), the bytes a full rescore writes.
+_INPUT_KEYS = {"doc_ids_hash", "texts_hash", "queries_hash", "shape"}
+# P.manifest.json's ``query_chunks`` when the scorer packed each source document's queries apart (absent: all
+# queries packed together)
+BY_SOURCE = "by_source"
+
+
+def text_digests(texts: Sequence[str]) -> list[str]:
+    """One digest per text (:func:`gdr.io.hash_strings` of it alone): rows are matched by content."""
+    return [hash_strings([t]) for t in texts]
+
+
+@dataclass
+class Reuse:
+    """Where a new P's entries already sit in an older P: ``row_src[i]`` the older row with document i's text,
+    ``col_src[j]`` the older column of query j, in an older query group of the same texts (-1: none). Entry
+    (i, j) is reused when both are >= 0; a query group is reused whole or not at all."""
+
+    path: Path  # the older run folder
+    logp: np.ndarray  # (n_old_docs, n_old_queries) memmap, read-only
+    row_src: np.ndarray  # (n_docs,) int64
+    col_src: np.ndarray  # (n_queries,) int64
+
+    def block(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), n_queries) float32: the older entries of ``rows`` at reused columns, NaN elsewhere."""
+        out = np.full((len(rows), len(self.col_src)), np.nan, dtype=np.float32)
+        src, cols = self.row_src[rows], self.col_src
+        r, c = src >= 0, cols >= 0
+        if r.any() and c.any():
+            out[np.ix_(r, c)] = self.logp[np.ix_(src[r], cols[c])]
+        return out
+
+
+def match_strings(old: Sequence[str], new: Sequence[str]) -> np.ndarray:
+    """(len(new),) int64: for each of ``new``, the index of an equal string in ``old``, -1 when none."""
+    if not len(old) or not len(new):
+        return np.full(len(new), -1, dtype=np.int64)
+    o, n = np.asarray(old, dtype=object).astype(str), np.asarray(new, dtype=object).astype(str)
+    order = np.argsort(o, kind="stable")
+    pos = np.searchsorted(o, n, sorter=order).clip(max=len(o) - 1)
+    return np.where(o[order[pos]] == n, order[pos], -1).astype(np.int64)
+
+
+def query_groups(texts: Sequence[str], groups: np.ndarray | None) -> tuple[list[np.ndarray], list[str]]:
+    """The columns of each query group ((n_queries,) ``groups``; None: one group of all), each in column order,
+    and each group's key: the hash of its query texts in that order (what its entries depend on)."""
+    g = np.zeros(len(texts), dtype=np.int64) if groups is None else np.asarray(groups)
+    order = np.argsort(g, kind="stable")
+    cols = np.split(order, np.flatnonzero(np.diff(g[order])) + 1) if len(g) else []
+    return cols, [hash_strings([texts[j] for j in c]) for c in cols]
+
+
+def _column_map(old_texts: Sequence[str], old_groups: np.ndarray | None, texts: Sequence[str],
+                groups: np.ndarray | None) -> np.ndarray:
+    """(n_queries,) int64: for each column, its column in the older P's group of the same key, -1 when none."""
+    old_cols, old_keys = query_groups(old_texts, old_groups)
+    where = dict(zip(old_keys, old_cols))
+    col_src = np.full(len(texts), -1, dtype=np.int64)
+    for cols, key in zip(*query_groups(texts, groups)):
+        if key in where:
+            col_src[cols] = where[key]
+    return col_src
+
+
+def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], queries: Sequence[str],
+              groups: np.ndarray | None = None) -> Reuse | None:
+    """How much of the finished P in ``old_dir`` a P of identity ``ident`` (rows with text ``digests``, columns
+    ``queries`` in chunk groups ``groups``, (n_queries,) or None) can take as it is, when a row's entries depend
+    only on its document's text and the queries of their group (the caller's part: one document per pass).
+
+    None, with one log line why, when nothing: that P was scored by another model, prompt, dtype, sizes, numerics
+    or query packing (the keys of ``ident`` other than its inputs), is unfinished or damaged, does not record its
+    rows' and columns' texts (``doc_texts.json``, ``queries.jsonl``), or shares no query group (all queries packed
+    together: no other query list)."""
+    old_dir = Path(old_dir)
+    man = read_manifest(old_dir, P_MANIFEST)
+    if (man is None or man.get("status") != "complete" or not (old_dir / TEXTS_FILE).is_file()
+            or not (old_dir / Q_FILE).is_file()):
+        log.info("not reusing %s: unfinished, or without %s and %s", old_dir / P_FILE, TEXTS_FILE, Q_FILE)
+        return None
+    differs = [k for k in set(ident) | {"query_chunks"} if k not in _INPUT_KEYS
+               and json.loads(json.dumps(man.get(k))) != json.loads(json.dumps(ident.get(k)))]
+    if differs:
+        log.info("not reusing %s: scored with other %s", old_dir / P_FILE, ", ".join(sorted(differs)))
+        return None
+    try:
+        run = load_run(old_dir)
+        with open(old_dir / TEXTS_FILE, encoding="utf-8") as f:
+            old_digests = json.load(f)
+        old_groups = (np.array([int(q["source_index"]) for q in run.queries], dtype=np.int64)
+                      if man.get("query_chunks") == BY_SOURCE else None)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        log.warning("not reusing %s: %s", old_dir / P_FILE, e)
+        return None
+    if len(old_digests) != run.logp.shape[0] or hash_strings(old_digests) != man.get("doc_texts_hash"):
+        log.warning("not reusing %s: %s does not match %s", old_dir / P_FILE, TEXTS_FILE, P_MANIFEST)
+        return None
+    col_src = _column_map(run.query_texts, old_groups, list(queries), groups)
+    if not (col_src >= 0).any():
+        log.info("not reusing %s: no query group of it is this P's (all queries packed together: other queries)",
+                 old_dir / P_FILE)
+        return None
+    return Reuse(old_dir, run.logp, match_strings(old_digests, digests), col_src)
 
 
 def shard_rows(order: np.ndarray, shard_size: int, s: int) -> np.ndarray:

@@ -18,7 +18,7 @@ def cluster_main(argv: list[str]) -> int:
     from gdr.stages.sample import sample_queries
     from gdr.stages.score import score_queries
     from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings
-    from gdr.store import load_run
+    from gdr.store import load_run, score_folder
 
     cfg = compose("cluster", argv)
     out = Path(cfg.out)
@@ -29,14 +29,18 @@ def cluster_main(argv: list[str]) -> int:
     check_corpus("cluster", cfg, corpus)  # before sampling and scoring, naming the full key
     out.mkdir(parents=True, exist_ok=True)
     lm = lm_settings(cfg).build()
+    # an older run's unchanged queries and P entries (conf/score.yaml's reuse_from, else queries_from's run)
+    reuse = cfg.get("reuse_from") or cfg.get("queries_from")
+    reuse = score_folder(reuse) if reuse else None
     if cfg.get("queries_from"):  # the queries of another run (conf/score.yaml), not sampled
         from gdr.stages.score import _queries_of_run
 
         queries = _queries_of_run(lm, cfg.queries_from, out)
     else:
         queries = sample_queries(lm, corpus, out, SampleSettings.from_config(section(cfg, "sample")),
-                                 progress=cfg.progress)
-    score_queries(lm, corpus, queries, out, ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress)
+                                 progress=cfg.progress, reuse_from=reuse)
+    score_queries(lm, corpus, queries, out, ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress,
+                  reuse_from=reuse)
     del lm
     result, table = cluster_run(corpus, load_run(out), out, c, device=str(cfg.device))
     suffix = f".{'-'.join(c.restrict_labels)}" if c.restrict_labels else ""

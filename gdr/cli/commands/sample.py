@@ -51,8 +51,18 @@ def score_main(argv: list[str]) -> int:
     score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_config(section(cfg, "sample")),
                        ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress,
                        queries_from=cfg.get("queries_from"),
-                       resample=score.sample_command(cfg.out, without_section(argv, "score")))
+                       resample=score.sample_command(cfg.out, without_section(argv, "score")),
+                       reuse_from=_reuse_from(cfg))
     return 0
+
+
+def _reuse_from(cfg):
+    """The score folder whose unchanged queries and P entries this ``gdr score`` takes: ``reuse_from``, else the
+    run of ``queries_from`` (the documents it scored already keep their rows), else None."""
+    from gdr.store import score_folder
+
+    run = cfg.get("reuse_from") or cfg.get("queries_from")
+    return score_folder(run) if run else None
 
 
 def _model_of_run(cfg) -> None:
