@@ -6,6 +6,7 @@ so a training run takes a second or two on one CPU thread (conftest sets one thr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -612,26 +613,42 @@ def test_consistency_regulariser_and_pawa_train(word_tokenizer):
     assert mod.model.pawa_a.weight.grad is not None and mod.model.pawa_a.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("monitor", ["val/recall@1", "val/mrr"])
-def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
+@pytest.fixture(scope="module")
+def cli_training(tmp_path_factory, word_tokenizer):
+    """`gdr train` on a 20-document BEIR folder (20 train and 20 test queries), run once per monitored metric and
+    shared by the tests that read it (none writes into its out_dir). Returns ``train(monitor) -> (out_dir, data
+    folder)``."""
     from gdr.cli import main
     from gdr.data import Corpus, QuerySet, write_beir
 
+    root = tmp_path_factory.mktemp("cli-train")
     doc_ids, texts, codes = toy_corpus(20)
-    corpus = Corpus(name="toy", doc_ids=doc_ids, texts=texts)
     qs = QuerySet(name="toy", qids=[f"tr{i}" for i in range(20)] + [f"te{i}" for i in range(20)],
                   texts=texts + [" ".join(t.split()[:2]) for t in texts],
                   relevant=[[d] for d in doc_ids] * 2, splits=["train"] * 20 + ["test"] * 20)
-    folder = write_beir(corpus, qs, tmp_path / "toy")
-    write_docids(tmp_path / "docids.tsv", doc_ids, codes)
-    run = tmp_path / "run"
-    common = [f"data.name={folder}"]
-    assert main(["train", *common, f"model.tokenizer={word_tokenizer}", f"docids={tmp_path / 'docids.tsv'}",
-                 f"out_dir={run}", "model.size=tiny",
-                 "model.dropout=0.0", "optim.lr_encoder=3e-3", "optim.lr_decoder=3e-3", "optim.warmup_steps=5",
-                 "trainer.max_steps=40", "trainer.max_epochs=1000", "trainer.batch_size=16",
-                 "trainer.enable_progress_bar=false", "trainer.tensorboard=false", "trainer.val_beam=5",
-                 "trainer.check_val_every_n_epoch=5", "examples.window=4", f"trainer.monitor={monitor}"]) == 0
+    folder = write_beir(Corpus(name="toy", doc_ids=doc_ids, texts=texts), qs, root / "toy")
+    write_docids(root / "docids.tsv", doc_ids, codes)
+    runs: dict[str, Path] = {}
+
+    def train(monitor: str):
+        if monitor not in runs:
+            run = root / f"run-{monitor.replace('/', '-')}"
+            assert main(["train", f"data.name={folder}", f"model.tokenizer={word_tokenizer}",
+                         f"docids={root / 'docids.tsv'}", f"out_dir={run}", "model.size=tiny",
+                         "model.dropout=0.0", "optim.lr_encoder=3e-3", "optim.lr_decoder=3e-3",
+                         "optim.warmup_steps=5", "trainer.max_steps=40", "trainer.max_epochs=1000",
+                         "trainer.batch_size=16", "trainer.enable_progress_bar=false", "trainer.tensorboard=false",
+                         "trainer.val_beam=5", "trainer.check_val_every_n_epoch=5", "examples.window=4",
+                         f"trainer.monitor={monitor}"]) == 0
+            runs[monitor] = run
+        return runs[monitor], folder
+
+    return train
+
+
+@pytest.mark.parametrize("monitor", ["val/recall@1", "val/mrr"])
+def test_cli_train_keeps_the_best_checkpoint_under_the_monitored_metric(cli_training, monitor):
+    run, _ = cli_training(monitor)
     manifest = json.loads((run / "manifest.json").read_text())
     # the monitored score, under its own name
     assert manifest["best_checkpoint"] and manifest["best_val_metric"] == monitor
@@ -639,6 +656,15 @@ def test_cli_train_evaluate_search(tmp_path, word_tokenizer, capsys, monitor):
     assert ("best_val_recall1" in manifest) == (monitor == "val/recall@1")
     assert manifest["examples"]["dev_from"] == "real_queries" and manifest["examples"]["dev_queries"] == 2
     assert (run / "model" / "retriever.json").exists() and (run / "config.yaml").exists()
+
+
+def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, capsys):
+    """`gdr evaluate` and `gdr search` on a `gdr train` out_dir (what they read does not depend on the monitor)."""
+    from gdr.cli import main
+
+    run, folder = cli_training("val/recall@1")
+    texts = toy_corpus(20)[1]
+    common = [f"data.name={folder}"]
     ev = tmp_path / "eval"
     assert main(["evaluate", *common, f"run_dir={run}", f"out_dir={ev}", "k=10", "beam=10"]) == 0
     m = json.loads((ev / "metrics.json").read_text())

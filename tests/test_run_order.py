@@ -89,7 +89,7 @@ def test_sigterm_during_concurrent_training_keeps_each_finished_retriever_and_th
     root, folder = setup
     out = tmp_path / "run"
     args = _args(root, folder, out, "indexers=[hkmi,random]", "seeds=[0,1]", "bm25=false", "train.concurrent=2",
-                 "train.trainer.max_steps=120", "train.trainer.min_steps=120")
+                 "train.trainer.max_steps=40", "train.trainer.min_steps=40")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "-m", "gdr.cli", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
