@@ -5,8 +5,10 @@ before its first stage."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
+import pkgutil
 import re
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 import gdr
+import gdr.stages
 from gdr.cli import main
 from gdr.validate import ConfigError
 
@@ -30,6 +33,9 @@ def no_loading(monkeypatch):
         raise AssertionError("loaded a model or a corpus before checking the arguments")
 
     import transformers
+
+    for mod in pkgutil.iter_modules(gdr.stages.__path__):  # imported first: none binds a patched loader for good
+        importlib.import_module(f"gdr.stages.{mod.name}")
 
     for cls in ("AutoConfig", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoTokenizer"):
         monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", forbidden)
