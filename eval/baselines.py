@@ -21,9 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import faiss
 import numpy as np
 
 from eval.clustering import repeated_best_of
+from gdr.embed import embed_texts
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,6 @@ _SMALL = 1 << 20  # below this many vector entries faiss runs single-threaded
 
 def _kmeans_once(x: np.ndarray, k: int, seed: int, max_iter: int, init: str):
     """One faiss k-means run: (labels (N,), objective, centroids (k, d))."""
-    import faiss
-
     if x.size < _SMALL:  # OpenMP barriers cost more than the work (0.2 s vs 0.3 ms on tiny inputs)
         n_threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)
@@ -113,7 +113,7 @@ def kmeans_fit(x: np.ndarray, k: int, n_init: int = 10, seed: int = 0, max_iter:
 def tfidf_matrix(texts: Sequence[str], max_features: int = 20000, sublinear_tf: bool = True,
                  stop_words: str | None = "english", min_df: int = 1) -> np.ndarray:
     """Dense float32 tf-idf of shape (n_docs, n_features <= max_features), rows L2-normalised."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.feature_extraction.text import TfidfVectorizer  # optional: gdr[eval]
 
     texts = list(texts)
     if not texts:
@@ -159,8 +159,6 @@ def run_baselines(texts: Sequence[str] | None, logp: np.ndarray | None, k: int, 
     if texts is not None:
         reps["tfidf"] = tfidf_matrix(texts, max_features=tfidf_max_features)
         if embed_model:
-            from gdr.embed import embed_texts
-
             reps[f"embedding:{embed_model}"] = embed_texts(list(texts), model=embed_model, progress=progress)
     if logp is not None:
         reps["logp"] = _check_x(logp, "logp")

@@ -31,7 +31,7 @@ class BM25Index:
 
     def __init__(self, doc_texts: Sequence[str], k1: float = 1.5, b: float = 0.75, stopwords: str | None = "en",
                  show_progress: bool = False):
-        import bm25s
+        import bm25s  # optional: gdr[eval]
 
         if not doc_texts:
             raise ValueError("BM25 needs at least one document")
@@ -42,7 +42,7 @@ class BM25Index:
 
     def search(self, queries: Sequence[str], k: int = 100) -> BM25Result:
         """Top-k documents per query."""
-        import bm25s
+        import bm25s  # optional: gdr[eval]
 
         q_tok = bm25s.tokenize(list(queries), stopwords=self.stopwords, return_ids=False,
                                show_progress=self.show_progress)

@@ -11,8 +11,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 from scipy.special import logsumexp
+
+from eval.baselines import run_baselines
+from eval.clustering import clustering_scores, make_gc_fit_fn, repeated_best_of
+from gdr.cluster import GenerativeClustering, describe_clusters
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +49,6 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
     Returns a dict with, per method, the selected run's labels, distortion, and (with labels) mean/std
     of ACC/NMI/ARI over ``repeats`` best-of-``n_init`` repeats; and GC's cluster descriptions.
     """
-    from eval.clustering import clustering_scores, make_gc_fit_fn, repeated_best_of
-    from gdr.cluster import GenerativeClustering, describe_clusters
-
     out: dict = {"methods": {}, "n_docs": int(logp.shape[0]), "n_queries": int(logp.shape[1]),
                  "n_clusters": n_clusters}
     for name, v in variants.items():
@@ -74,8 +77,6 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
         log.info("%s done in %.1f s%s", name, res["seconds"],
                  f": {res.get('mean')}" if "mean" in res else "")
     if labels is not None and baselines:
-        from eval.baselines import run_baselines
-
         names = set(baselines)
         bl = run_baselines(texts if names & {"tfidf", "embedding"} else None,
                            logp if "logp" in names else None, n_clusters, n_init=n_init, repeats=max(repeats, 1),
@@ -116,10 +117,7 @@ def descriptions_md(result: dict, labels: Sequence[str] | None) -> str:
 
 
 def plot_clusters(result: dict, labels: Sequence[str] | None, path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     gc = result["methods"]["GC"]
     pred = np.asarray(gc["labels"])

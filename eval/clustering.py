@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
 from tqdm.auto import tqdm
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,6 @@ def clustering_accuracy(y_true: Sequence, y_pred: Sequence) -> float:
 
     With more clusters than classes, the unmatched clusters count as errors (and vice versa).
     """
-    from scipy.optimize import linear_sum_assignment
-
     c = contingency_matrix(y_true, y_pred)
     rows, cols = linear_sum_assignment(c, maximize=True)
     return float(c[rows, cols].sum() / c.sum())
@@ -198,8 +198,6 @@ def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = 0.
                    phi: str = "power", init: str = "random", max_iter: int = 100, tol: float = 1e-6,
                    device="cpu", dtype=None, ess_target: float = 0.5) -> Callable[[int], Any]:
     """A single-run GC ``fit_fn(seed)`` for ``repeated_best_of``; clip, phi and W are computed once."""
-    import torch
-
     from gdr import cluster as gcmod
 
     est = gcmod.GenerativeClustering(n_clusters, alpha=alpha, clip_sigma=clip_sigma, phi=phi, init=init,

@@ -21,9 +21,11 @@ corrected for multiple comparisons.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 from eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_metrics, read_per_query
 
@@ -67,8 +69,6 @@ def _mean_diff(x, y, axis=-1):
 def paired_test(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int = 0,
                 confidence: float = 0.95) -> tuple[float, float, float, float]:
     """(mean of ``a - b``, interval low, interval high, two-sided p-value) for paired samples of shape (n,)."""
-    from scipy import stats
-
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
@@ -94,8 +94,6 @@ def mean_interval(x: np.ndarray, n_resamples: int = 9999, seed: int = 0,
                   confidence: float = 0.95) -> tuple[float, float, float]:
     """(mean, interval low, interval high): a percentile bootstrap interval of the mean of per-query values of
     shape (n,)."""
-    from scipy import stats
-
     x = np.asarray(x, dtype=float)
     if len(x) == 0:
         return float("nan"), float("nan"), float("nan")
@@ -191,8 +189,6 @@ def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = N
     a seed given as a list of folders (cross-validation: one per fold, each scored on its own topics) has their
     per-query results joined. ``reference`` (default: the first system) is compared with every other on ``metrics``
     (default: :func:`paired_metrics` at ``k``); values in percentage points. Fewer than two systems: []."""
-    from pathlib import Path
-
     metrics = tuple(metrics or paired_metrics(k))
     if len(eval_dirs) < 2:
         return []

@@ -8,6 +8,10 @@ import argparse
 import json
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+
 PAPER = {  # the paper's Table 2 (full data, doc2query T5-base), for orientation only
     "r5": {"GC": (79.1, 71.5, 69.1), "k-means (embedding:all-MiniLM-L12-v2, paper)": (76.7, 65.6, 58.6)},
     "earn-acq": {"GC": (96.1, 77.8, 84.9), "k-means (embedding:all-MiniLM-L12-v2, paper)": (86.9, 54.3, 54.5)},
@@ -36,11 +40,7 @@ def table(m: dict) -> str:
 
 
 def plot(ms: list[dict], path: Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, axes = plt.subplots(1, len(ms), figsize=(6.5 * len(ms), 4.2), squeeze=False)
     for ax, m in zip(axes[0], ms):

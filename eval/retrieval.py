@@ -23,6 +23,7 @@ an int matrix of document indices (n_queries, depth), ranks the same shape.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gdr.io import atomic_write_text
+from gdr.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -278,15 +279,11 @@ PER_QUERY_FILE = "per_query.json"
 def write_per_query(path: str | os.PathLike, first: Mapping[str, int]) -> None:
     """Per evaluated query, the rank of its first relevant result (0 = none): ``{"qids": [...],
     "first_rank": [...]}``, from which :func:`per_query_metrics` gives R@k and the reciprocal rank."""
-    from gdr.io import atomic_write_json
-
     atomic_write_json(path, {"qids": list(first), "first_rank": [int(r) for r in first.values()]})
 
 
 def read_per_query(path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
     """(query ids, first-relevant ranks) written by :func:`write_per_query`."""
-    import json
-
     with open(path, encoding="utf-8") as f:
         d = json.load(f)
     if not isinstance(d, dict) or len(d.get("qids", [])) != len(d.get("first_rank", [None])):

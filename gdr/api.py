@@ -21,9 +21,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE
+from gdr import guard
+from gdr.config import conf_dir, load_config
+from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE, Corpus, QuerySet, write_beir
+from gdr.guard import claim_folder
+from gdr.lm import GenerativeLM
 from gdr.models import DEVICE_RULE
+from gdr.pipeline import run_pipeline
 from gdr.rules import Rule, boolean, check_values
+from gdr.stages.bm25 import bm25_baseline
+from gdr.stages.cluster import cluster_run
+from gdr.stages.evaluate import evaluate_model
+from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
     PER_DOC_RULE,
     RESULTS_RULE,
@@ -35,6 +44,9 @@ from gdr.stages.settings import (
     ScoreSettings,
     TrainSettings,
 )
+from gdr.stages.train import check_not_trained_on, trained_splits
+from gdr.store import load_run
+from gdr.validate import validate
 
 if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
     from gdr.data import Corpus, QuerySet
@@ -121,9 +133,6 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
     entries that a full rescore would give byte for byte are taken, only the rest sampled and scored; with
     ``sampling={"p_per_doc": k}`` (k queries from every document) that is all but an edited document's own
     queries, row and columns (``gdr score reuse_from=<run>``)."""
-    from gdr.stages.score import score_corpus
-    from gdr.store import load_run
-
     _need_corpus(corpus)
     _need_lm(lm)
     _need_path(out, "out", "the folder to write into")
@@ -185,9 +194,6 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     :class:`~gdr.stages.settings.ClusterSettings` (``n_clusters``, ``repeats``, ``gc={"alpha": "auto"}`` ...).
     Returns per method (``GC``, ``k-means (tfidf)`` ...) its mean ACC/NMI/ARI and GC's labels and cluster
     descriptions. For GC alone on a matrix, use :class:`gdr.GenerativeClustering`."""
-    from gdr.stages.cluster import cluster_run
-    from gdr.store import load_run
-
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
     check_values({"device": device}, (DEVICE_RULE,))
@@ -254,9 +260,6 @@ def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike
     ``corpus`` is refused, or dropped with ``drop_unknown_qrels=True`` (a subset; ``unknown_qrels`` counts them).
     A split the retriever was trained on is refused unless ``allow_train_split=True`` (``metrics.json`` then says
     ``trained_on_this_split``)."""
-    from gdr.stages.evaluate import evaluate_model
-    from gdr.stages.train import check_not_trained_on, trained_splits
-
     _need_path(run_dir, "run_dir", "the out folder of gdr.train_retriever")
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
@@ -275,8 +278,6 @@ def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, spli
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (the reference of every retriever):
     ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@k``, fractions).
     ``drop_unknown_qrels``: as in :func:`evaluate`."""
-    from gdr.stages.bm25 import bm25_baseline
-
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
     _need_queries(queries)
@@ -303,8 +304,6 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
     ``from_dataset``) and its queries (a :class:`gdr.QuerySet` with a ``test`` split, and a ``train`` split
     if there is one) instead of ``data``: they are written as a BEIR folder ``<out>/corpus/<corpus.name>/``
     and run as ``data=beir`` on it, so an in-memory corpus gets the same stages, cache and report."""
-    from gdr import guard
-
     overrides = [f"+experiment={experiment}"] if experiment else []
     settings = _need_mapping(settings, "settings", '{"data": {"n_docs": 80}, "out": "runs/mine"}')
     try:
@@ -315,11 +314,6 @@ def run(settings: Mapping[str, Any] | None = None, *, experiment: str | None = N
 
 def _run(settings: dict, overrides: list[str], corpus, queries) -> dict:
     """:func:`run` inside its locks (released by the caller, whatever happens)."""
-    from gdr import guard
-    from gdr.config import load_config
-    from gdr.pipeline import run_pipeline
-    from gdr.validate import validate
-
     if corpus is not None or queries is not None:
         settings = _in_memory_data(settings, corpus, queries)
     groups = []
@@ -347,16 +341,11 @@ def _run(settings: dict, overrides: list[str], corpus, queries) -> dict:
 
 def _is_group(group: str, name: Any) -> bool:
     """Whether ``conf/<group>/<name>.yaml`` exists (``data/beir``, ``model/doc2query-t5``)."""
-    from gdr.config import conf_dir
-
     return isinstance(name, str) and "/" not in name and (conf_dir() / group / f"{name}.yaml").is_file()
 
 
 def _in_memory_data(settings: dict, corpus, queries) -> dict:
     """``settings`` with ``data`` pointing at a BEIR folder written from ``corpus`` and ``queries``."""
-    from gdr.data import write_beir
-    from gdr.guard import claim_folder
-
     _need_corpus(corpus, hint="(gdr.run(settings, corpus=..., queries=...))")
     if queries is None:
         raise ValueError("gdr.run(corpus=...) needs queries= too: a gdr.QuerySet with a 'test' split to score the "
@@ -377,8 +366,6 @@ def _in_memory_data(settings: dict, corpus, queries) -> dict:
 def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: str = "") -> None:
     """A TypeError naming ``arg`` and the constructor to call, unless ``value`` is a :class:`gdr.Corpus`
     (checked before any model loads)."""
-    from gdr.data import Corpus
-
     if isinstance(value, Corpus) and len(value) == 0:
         raise ValueError(f"{arg}: the gdr.Corpus {value.name!r} holds no document; pass one with at least one")
     if isinstance(value, Corpus) or (optional and value is None):
@@ -408,8 +395,6 @@ def _need_same_documents(corpus: Corpus, run: Any) -> None:
 
 
 def _need_queries(value: Any, arg: str = "queries", optional: bool = False) -> None:
-    from gdr.data import QuerySet
-
     if isinstance(value, QuerySet) and len(value) == 0:
         raise ValueError(f"{arg}: the gdr.QuerySet {value.name!r} holds no query; pass one with at least one query")
     if isinstance(value, QuerySet) or (optional and value is None):
@@ -438,8 +423,6 @@ def _need_path(value: Any, arg: str, what: str) -> None:
 
 
 def _need_lm(value: Any, arg: str = "lm") -> None:
-    from gdr.lm import GenerativeLM
-
     if not isinstance(value, (GenerativeLM, LMSettings, str)):
         raise TypeError(f"{arg}: got {type(value).__name__}; pass gdr.load_lm(name), a gdr.LMSettings or a model "
                         "name ('smollm2-135m', a hub id or a local path)")

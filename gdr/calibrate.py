@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from gdr.models import cache_dir
+from gdr.stages.settings import LMSettings
 from indexing.trie import build_trie
 from training.model import GenerativeRetriever
 from training.search import constrained_beam_search
@@ -110,8 +111,6 @@ def _doc_text(n_words: int) -> str:
 
 def _lm_figures(s: dict) -> dict[str, float]:
     """Load, sampling and scoring of the query generator."""
-    from gdr.stages.settings import LMSettings
-
     spec = LMSettings(name=str(s["model"]), max_doc_tokens=int(s["doc_tokens"]), device="cpu",
                       threads=s.get("threads"))
     t0 = time.perf_counter()

@@ -33,8 +33,8 @@ def conf_dir() -> Path:
 
 def load_config(name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose ``conf/<name>.yaml`` with command-line ``overrides`` (Hydra grammar)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose, initialize_config_dir  # lazy: `gdr --help`, `import gdr` stay light
+    from hydra.core.global_hydra import GlobalHydra  # lazy: `gdr --help`, `import gdr` stay light
 
     cdir = conf_dir()
     if not (cdir / f"{name}.yaml").exists():

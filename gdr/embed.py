@@ -16,7 +16,7 @@ __all__ = ["load_encoder", "embed_texts"]
 
 @lru_cache(maxsize=4)
 def load_encoder(name: str = "minilm-l6", device: str | None = None):
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # optional: gdr[offline]
 
     return SentenceTransformer(resolve_model(name), device=device)
 

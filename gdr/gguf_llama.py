@@ -102,8 +102,8 @@ def _dequantize(mm: np.ndarray, t: GGUFTensor) -> np.ndarray:
     """The float32 values of ``t``, over all its quantisation blocks at once: Q8_0 (``d * q``) and Q4_1
     (``d * q + m``, the low nibbles of a block first) here, other types by :func:`gguf.quants.dequantize`
     (the same arithmetic, grouped by rows)."""
-    from gguf import GGML_QUANT_SIZES
-    from gguf.quants import dequantize
+    from gguf import GGML_QUANT_SIZES  # optional: gdr[offline]
+    from gguf.quants import dequantize  # optional: gdr[offline]
 
     block, nbytes = GGML_QUANT_SIZES[t.qtype]
     n = int(np.prod(t.shape))

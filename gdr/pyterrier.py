@@ -27,6 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
+
+from eval.bm25 import BM25Index
+from gdr.data import corpus_from_config
+from gdr.data.splits import split_queries
+from training.search import Retriever
 
 try:
     import pandas as pd
@@ -51,7 +57,6 @@ class RunFolder:
         if not config.is_file():
             raise FileNotFoundError(f"{self.path}: no run.config.yaml, so not the out folder of `gdr run` (a `gdr "
                                     "train` out_dir is taken by GenerativeRetriever.from_run as it is)")
-        from omegaconf import OmegaConf
 
         self.config: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
 
@@ -82,16 +87,11 @@ class RunFolder:
     @cached_property
     def corpus(self):
         """The run's corpus, loaded from its ``data:`` settings."""
-        from gdr.data import corpus_from_config
-
         return corpus_from_config(self.config["data"])
 
     def queries(self, split: str = "test"):
         """The ``split`` queries the run scores on (those with a relevant document in the corpus), a
         :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split."""
-        from omegaconf import OmegaConf
-
-        from gdr.data.splits import split_queries
         from gdr.pipeline import _queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
 
         section = _queries_section(OmegaConf.create(self.config), split)
@@ -163,8 +163,6 @@ class GenerativeRetriever(pt.Transformer):
         """The retriever of ``indexer`` and ``seed`` in the ``gdr run`` folder ``run_dir`` (or the ``gdr train``
         folder ``run_dir`` itself), searching as the run's ``evaluate:`` section says unless ``k``, ``beam``,
         ``device`` or ``batch_size`` are given."""
-        from training.search import Retriever
-
         path = Path(run_dir)
         if (path / "model").is_dir() and (path / "docids.tsv").is_file():  # a train folder itself
             folder, ev = path, {}
@@ -195,8 +193,6 @@ class BM25(pt.Transformer):
     sharing no term with a query are not listed)."""
 
     def __init__(self, corpus, k: int = 100, name: str = "bm25"):
-        from eval.bm25 import BM25Index
-
         self.doc_ids = np.asarray(corpus.doc_ids, dtype=object)
         self.index = BM25Index(corpus.model_inputs())
         self.k, self.name = int(k), name

@@ -130,7 +130,7 @@ def device(*fixed: str | None) -> Check:
         if v is None and None in fixed or v in fixed:
             return None
         if isinstance(v, str) and re.fullmatch(r"cuda(:\d+)?", v):
-            import torch
+            import torch  # lazy: `gdr --help`, `import gdr` stay light
 
             if not torch.cuda.is_available():
                 return "CUDA is not available on this machine; use cpu" + (" or auto" if "auto" in fixed else "")
@@ -152,7 +152,7 @@ def accelerator(v, sec):
     if not isinstance(v, str) or v not in ACCELERATORS:
         return one_of(*ACCELERATORS)(v, sec)
     if v in ("gpu", "cuda"):
-        import torch
+        import torch  # lazy: `gdr --help`, `import gdr` stay light
 
         if not torch.cuda.is_available():
             return "CUDA is not available on this machine; use cpu or auto"
@@ -184,7 +184,7 @@ def trainer_devices_at(trainer: str) -> Check:
             return "must be auto, -1 (all), a positive integer or a list of device indices"
         acc = get(sec, f"{trainer}.accelerator", "auto")
         if acc in ("gpu", "cuda", "auto") and n > 1 or acc in ("gpu", "cuda"):
-            import torch
+            import torch  # lazy: `gdr --help`, `import gdr` stay light
 
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if have and n > have:

@@ -26,6 +26,7 @@ from typing import Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
+from gdr.guard import OutputError
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -53,6 +54,7 @@ from gdr.rules import (
     show,
     trainer_devices_at,
 )
+from gdr.signals import WorkerDied
 from gdr.stages.settings import (
     CLUSTER_RULES,
     EVALUATE_RULES,
@@ -335,7 +337,7 @@ def _first_line(text: str) -> str:
 
 def _hydra_line(exc: BaseException) -> str:
     """Hydra's multi-line composition / override-parse messages, condensed to one line."""
-    from omegaconf.errors import ConfigKeyError
+    from omegaconf.errors import ConfigKeyError  # lazy: `gdr --help`, `import gdr` stay light
 
     text, cause = str(exc), exc.__cause__
     m = re.match(r"Could not override '([^']+)'", text)
@@ -376,11 +378,8 @@ def _with_override(line: str, argv: Sequence[str]) -> str:
 
 def error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     """The one-line message for an error the user can fix on the command line ``argv``, else None."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from gdr.guard import OutputError
-    from gdr.signals import WorkerDied
+    from hydra.errors import HydraException  # lazy: `gdr --help`, `import gdr` stay light
+    from omegaconf.errors import OmegaConfBaseException  # lazy: `gdr --help`, `import gdr` stay light
 
     if isinstance(exc, HydraException):
         return _with_override(_hydra_line(exc) or type(exc).__name__, argv)

@@ -33,7 +33,16 @@ from scipy.special import logsumexp
 
 from gdr.cluster import distortion_matrix, log_weights
 from gdr.config import RerunCommand, data_overrides, saved_data
-from gdr.io import atomic_write_json, check_manifest_files, refresh_manifest_files, write_manifest
+from gdr.data import Corpus, corpus_from_config
+from gdr.data.beir import corpus_jsonl
+from gdr.io import (
+    atomic_write_json,
+    atomic_write_text,
+    check_manifest_files,
+    read_manifest,
+    refresh_manifest_files,
+    write_manifest,
+)
 from gdr.store import PMatrix, load_run
 from indexing.docids import format_code, read_docids, write_docids
 from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
@@ -227,10 +236,6 @@ def every_document(index_dir: str | os.PathLike) -> Path | None:
     """Write ``<index_dir>/documents.jsonl``: the documents of the index (those it was built on, then those of each
     ``gdr index add``, read from the saved configs of their runs) in ``docids.tsv`` order, the corpus a retriever
     of every code trains on; None (and nothing written) where a corpus cannot be read or the ids disagree."""
-    from gdr.data import Corpus, corpus_from_config
-    from gdr.data.beir import corpus_jsonl
-    from gdr.io import atomic_write_text, read_manifest
-
     index_dir = Path(index_dir)
     adds = sorted(index_dir.glob("manifest.add-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
     sources = [saved_data(index_dir)] + [saved_data((read_manifest(index_dir, p.name) or {}).get("run", ""))

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from gdr.config import RerunCommand
 from gdr.io import atomic_write_text
 
 __all__ = ["format_code", "parse_code", "write_docids", "read_docids", "rebuild_advice"]
@@ -26,8 +27,6 @@ def write_docids(path: str | os.PathLike, doc_ids: Sequence[str], codes: Sequenc
 
 def rebuild_advice(path: str | os.PathLike) -> object:
     """The advice for a bad docids.tsv: the `gdr index` command that built its folder, when it saved one."""
-    from gdr.config import RerunCommand
-
     return RerunCommand("index", Path(path).parent, "rebuild the file with `{}`",
                         fallback="rebuild the file with `gdr index`")
 

@@ -34,14 +34,22 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 from scipy.special import logsumexp
 from tqdm.auto import tqdm
 
-from gdr.cluster import centroid_update, distortion_matrix, fit_generative, log_proposal, log_weights
+from gdr.cluster import (
+    _clip_bounds,
+    auto_alpha,
+    centroid_update,
+    distortion_matrix,
+    fit_generative,
+    log_proposal,
+    log_weights,
+)
 from gdr.store.rows import PMatrix
 from indexing.options import GCOptions
 from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
@@ -101,10 +109,6 @@ def _chunked_proposal(pm: PMatrix, rows: np.ndarray | None, clip_upper: np.ndarr
 
 def _resolve_auto_alpha(pm: PMatrix, options: GCOptions, seed: int, max_rows: int = 20_000) -> GCOptions:
     """``alpha="auto"`` made a number once, on (a seeded sample of) the clipped root P."""
-    from dataclasses import replace
-
-    from gdr.cluster import _clip_bounds, auto_alpha
-
     n = pm.n_rows
     rows = np.arange(n) if n <= max_rows else np.sort(np.random.default_rng(seed).choice(n, max_rows, replace=False))
     x = pm.read_rows(rows).astype(np.float32)

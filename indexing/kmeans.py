@@ -13,8 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+import faiss
 import numpy as np
 
+from gdr.embed import embed_texts
 from gdr.io import read_jsonl
 from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 
@@ -34,8 +36,6 @@ EmbedFn = Callable[[Sequence[str]], np.ndarray]
 
 
 def default_embed_fn(model: str = "minilm-l6", batch_size: int = 64) -> EmbedFn:
-    from gdr.embed import embed_texts
-
     return lambda texts: embed_texts(texts, model=model, batch_size=batch_size)
 
 
@@ -54,8 +54,6 @@ class KMeansSplitter:
     spherical: bool = False
 
     def __call__(self, rows: np.ndarray, path: tuple[int, ...], n_children: int) -> SplitResult:
-        import faiss
-
         x = np.ascontiguousarray(self.embeddings[rows], dtype=np.float32)   # (n, d)
         seed = int(node_seed_sequence(self.seed, path).generate_state(1)[0] & 0x7FFFFFFF)
         km = faiss.Kmeans(x.shape[1], n_children, niter=self.max_iter, nredo=self.n_init, seed=seed,

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gdr.cluster import describe_clusters
 from gdr.io import atomic_write_json
 from indexing.docids import format_code, write_docids
 from indexing.state import save_tree_state, tree_state_from_tree
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 def node_records(tree: IndexTree, query_texts: Sequence[str] | None = None, top_queries: int = 5,
                  centroid_json_depth: int = 0) -> list[dict]:
     """One JSON-able record per node (breadth-first), as stored in ``tree.json``."""
-    from gdr.cluster import describe_clusters
-
     out = []
     for n in tree.nodes:
         rec = {"path": format_code(n.path), "depth": n.depth, "size": n.size, "children": n.n_children}

@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
 from gdr.io import atomic_write_json, atomic_write_text
@@ -102,10 +104,8 @@ def write_summary(out_dir: str | os.PathLike, s: dict, plot: bool = True) -> Non
     atomic_write_text(out_dir / "summary.txt", format_summary(s))
     if not plot:
         return
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     dh = s["depth_hist"]

@@ -24,6 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from indexing.docids import read_docids
+
 __all__ = ["DocidTrie", "build_trie", "load_trie", "pad_codes"]
 
 
@@ -199,8 +201,6 @@ def build_trie(codes: Sequence[Sequence[int]], n_digits: int | None = None) -> D
 
 def load_trie(path: str | os.PathLike, n_digits: int | None = None) -> tuple[list[str], DocidTrie]:
     """Read ``docids.tsv`` and build its trie; returns (doc_ids, trie)."""
-    from indexing.docids import read_docids
-
     doc_ids, codes = read_docids(path)
     if not doc_ids:
         raise ValueError(f"{path}: no docids; build them with `gdr index`")

@@ -34,6 +34,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gdr.config import RerunCommand
+from gdr.io import check_manifest_files, read_jsonl
 from indexing.trie import DocidTrie
 
 log = logging.getLogger(__name__)
@@ -105,9 +107,6 @@ def read_generated_queries(path, doc_ids: Sequence[str]) -> tuple[list[str], np.
 
     Lines for doc ids not in ``doc_ids`` are an error naming the line (a docids/corpus mismatch).
     """
-    from gdr.config import RerunCommand
-    from gdr.io import check_manifest_files, read_jsonl
-
     path = Path(path)
     check_manifest_files(path.parent, only=[path.name], name="doc_queries.manifest.json",
                          fix=RerunCommand("sample", path.parent, f"re-sample: delete {path} and "

@@ -39,10 +39,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer, T5Config, T5EncoderModel
+from transformers.models.t5.modeling_t5 import T5Stack
 
 from gdr.cost import Dims, dims
+from gdr.io import atomic_write_text
 from gdr.lm.hostsync import padding_mask_4d
 from gdr.logs import quiet_loading
+from gdr.models import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +130,6 @@ class RetrieverConfig:
 
 
 def load_tokenizer(name: str):
-    from transformers import AutoTokenizer
-
-    from gdr.models import resolve_model
-
     return AutoTokenizer.from_pretrained(resolve_model(name))
 
 
@@ -146,10 +146,6 @@ def _without_pooler(fn, arg):
 
 def _build_encoder(cfg: RetrieverConfig, vocab_size: int) -> tuple[nn.Module, dict[str, Any]]:
     """The encoder module and its HF config as a dict (saved so loading needs no hub access)."""
-    from transformers import AutoConfig, AutoModel, T5Config, T5EncoderModel
-
-    from gdr.models import resolve_model
-
     if cfg.encoder_hf_config is not None:  # rebuilding a saved model: architecture only
         hf = dict(cfg.encoder_hf_config)
         model_type = hf.pop("model_type")
@@ -197,14 +193,8 @@ def _encoder_hf_config(cfg: RetrieverConfig) -> dict[str, Any]:
     if cfg.encoder_hf_config is not None:
         hf = dict(cfg.encoder_hf_config)
     elif cfg.encoder is None:
-        from transformers import T5Config
-
         hf = T5Config(**(cfg.encoder_config or {})).to_dict()
     else:
-        from transformers import AutoConfig
-
-        from gdr.models import resolve_model
-
         hf = AutoConfig.from_pretrained(resolve_model(cfg.encoder)).to_dict()
     if cfg.encoder_layers is not None:
         key = "num_layers" if hf.get("model_type") in _T5_TYPES else "num_hidden_layers"
@@ -270,8 +260,6 @@ class GenerativeRetriever(nn.Module):
 
     def __init__(self, config: RetrieverConfig, encoder: nn.Module):
         super().__init__()
-        from transformers import T5Config
-        from transformers.models.t5.modeling_t5 import T5Stack
 
         self.config = config
         self.encoder = encoder
@@ -327,8 +315,6 @@ class GenerativeRetriever(nn.Module):
 
     def save(self, out_dir: str | os.PathLike) -> None:
         """Write ``retriever.json`` and ``model.pt`` (the full state dict)."""
-        from gdr.io import atomic_write_text
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "retriever.json", json.dumps(self.config.to_dict(), indent=2, default=str) + "\n")

@@ -32,12 +32,15 @@ from typing import Any, Sequence
 import numpy as np
 import pytorch_lightning as pl
 import torch
+import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
+from gdr.data.titles import split_of
 from gdr.io import atomic_write_text
 from gdr.lm import GENERATOR_FILE
 from gdr.lm.precision import rotary_buffers, set_buffers
 from gdr.logs import on_terminal
+from gdr.models import save_pretrained_atomic
 from training.callbacks import TrainingCSVLogger
 from training.checkpoints import checkpoint_step
 from training.data import ResumeSampler, TokenStore, _pad, resume_point
@@ -108,8 +111,6 @@ def split_pairs(pairs: QGPairs, dev_fraction: float, seed: int = 0,
                 dev_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the train and dev pairs: dev = the pairs of a seeded ``dev_fraction`` of the documents
     (hash of the doc id, so the split does not move when pairs are added), capped at ``dev_max`` pairs."""
-    from gdr.data.titles import split_of
-
     if not 0.0 <= dev_fraction < 1.0:
         raise ValueError(f"dev_fraction={dev_fraction}; use a number in [0, 1)")
     uniq, inv = np.unique(np.asarray(pairs.doc_ids, dtype=object).astype(str), return_inverse=True)
@@ -227,8 +228,6 @@ class QGModule(pl.LightningModule):
 def freeze_below(model, n_layers: int | None) -> dict[str, int]:
     """Train only the last ``n_layers`` transformer blocks (the decoder's, for seq2seq) and the norms outside
     the blocks; ``None`` trains everything. Returns trainable / total parameter counts."""
-    import torch.nn as nn
-
     if n_layers is not None:
         seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
         lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
@@ -375,8 +374,6 @@ def _load_best(module: QGModule, best_ckpt: pl.callbacks.ModelCheckpoint | None,
 
 def export_generator(lm, model_dir: str | os.PathLike) -> Path:
     """``save_pretrained`` the model and tokenizer, plus the prompt it must be used with (atomic)."""
-    from gdr.models import save_pretrained_atomic
-
     meta = {"prompt": asdict(lm.prompt), "max_doc_tokens": lm.max_doc_tokens, "base_model": lm.name,
             "family": "seq2seq" if lm.is_seq2seq else "causal"}
     lm.model.cpu().eval()

@@ -25,8 +25,13 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
 from gdr import cost
+from gdr.config import RerunCommand
+from gdr.io import check_manifest_files
+from gdr.lm.hostsync import upload
 from indexing.trie import DocidTrie, load_trie
 from training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
 
@@ -207,13 +212,10 @@ class Retriever:
                        if p.exists()), None)
         if docids is None:
             raise FileNotFoundError(f"no docids.tsv in {path} or {model_dir}; a `gdr train` run folder has one")
-        from gdr.config import RerunCommand
-        from gdr.io import check_manifest_files
 
         check_manifest_files(model_dir.parent, fix=RerunCommand("train", model_dir.parent, "retrain with `{}`"))
         model = GenerativeRetriever.load(model_dir)
         tok_src = str(model_dir) if (model_dir / "tokenizer_config.json").exists() else model.config.tokenizer_name
-        from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tok_src) if tok_src == str(model_dir) else load_tokenizer(tok_src)
         doc_ids, trie = load_trie(docids, n_digits=model.config.n_digits)
@@ -240,8 +242,6 @@ class Retriever:
     def _batch(self, ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         """A batch of token ids padded to its longest on the tokenizer's padding side, as ``tokenizer(...,
         padding=True)`` pads it, and uploaded without a host sync."""
-        from gdr.lm.hostsync import upload
-
         lens = np.array([len(q) for q in ids])
         width = int(lens.max(initial=0))
         cols = np.arange(width)[None, :]
@@ -254,8 +254,6 @@ class Retriever:
     def search_nodes(self, queries: Sequence[str], k: int = 100, beam: int | None = None,
                      progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Terminal nodes (n_q, k) and scores (n_q, k) for ``queries``, in batches."""
-        from tqdm.auto import tqdm
-
         beam = max(self.beam if beam is None else beam, k)
         nodes, scores = [], []
         bs = self.batch_for(beam)

@@ -12,8 +12,17 @@ from typing import Callable
 
 import numpy as np
 import torch
+import yaml
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 from gdr import cost
+from gdr.config import conf_dir
+from gdr.data import load_corpus
+from gdr.lm import GenerativeLM, PromptConfig
+from gdr.models import resolve_model
+from training.model import RetrieverConfig
 
 __all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
            "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped",
@@ -137,14 +146,8 @@ def profile_skipped(path: str | Path, title: str, left: float, need: float) -> d
 
 
 def build_lm(name: str, doc_tokens: int, device: str, tokenizer: str | None = None):
-    from gdr.lm import GenerativeLM, PromptConfig
-
     if name.endswith("-random"):
         # Random-init architectures (no weights needed): tokenizer from the bundled MiniLM model.
-        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
-
-        from gdr.models import resolve_model
-
         tok = AutoTokenizer.from_pretrained(tokenizer or resolve_model("minilm-l6"))
         tok.eos_token = tok.sep_token
         torch.manual_seed(0)
@@ -169,7 +172,6 @@ def bench_texts(n: int, seed: int, docs_file: str | None = None) -> list[str]:
         with open(docs_file, encoding="utf-8") as f:
             lines = [ln.strip() for ln in f if ln.strip()]
         return (lines * (n // max(len(lines), 1) + 1))[:n]
-    from gdr.data import load_corpus
 
     return load_corpus("r5").sample(n, seed=seed).model_inputs()
 
@@ -184,11 +186,6 @@ def random_codes(n: int, K: int, depth: int, seed: int) -> list[tuple[int, ...]]
 
 def preset_config(name: str, K: int, depth: int):
     """``RetrieverConfig`` of a preset of ``conf/stage/train.yaml`` (read with PyYAML: no Hydra needed)."""
-    import yaml
-
-    from gdr.config import conf_dir
-    from training.model import RetrieverConfig
-
     presets = yaml.safe_load((conf_dir() / "stage" / "train.yaml").read_text())["model_presets"]
     if name not in presets:
         raise SystemExit(f"gdr bench training: unknown preset {name!r}; choose from {', '.join(presets)}")
@@ -215,8 +212,6 @@ def _self_device_us(e) -> float:
 
 def _on_device(e) -> bool:
     """A GPU-side event (kernel, memcpy, memset, or a user annotation's span), not a CPU operator."""
-    from torch.autograd import DeviceType
-
     return getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU
 
 
@@ -259,8 +254,6 @@ def profile_failed(e: BaseException, path: str | Path, title: str = "") -> dict:
 
 def start_profiler(device: torch.device):
     """A ``torch.profiler.profile`` of the CPU and, on CUDA, the GPU (not entered yet)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else []))

@@ -53,6 +53,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -62,6 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from gdr.models import resolve_model
 from gdr.paths import checkout
 
 __all__ = ["Step", "plan", "main", "last_json", "extract", "run_stages", "step_limit", "planned_limits", "RUN_1000",
@@ -263,10 +268,6 @@ def make_tiny_lm(folder: Path) -> Path:
     """A random-init 2-layer Llama with the bundled MiniLM tokenizer, saved as an HF folder (smoke runs)."""
     if (folder / "config.json").exists():
         return folder
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from gdr.models import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model("minilm-l6"))
     tok.eos_token = tok.sep_token
@@ -455,8 +456,6 @@ def execute(step: Step, logs: Path, timeout: int | None = None) -> dict[str, Any
 def _run(argv: list[str], timeout: float) -> tuple[int, str, bool]:
     """(exit status, stdout and stderr, timed out) of ``argv`` run in a process group of its own, which is
     killed whole at ``timeout`` (the output it printed until then is kept)."""
-    import signal
-
     p = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          errors="replace", start_new_session=True)
 
@@ -482,8 +481,6 @@ def _run(argv: list[str], timeout: float) -> tuple[int, str, bool]:
 
 
 def _device_name() -> str | None:
-    import torch
-
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 

@@ -35,6 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from gdr.store.rows import PMatrix
+from indexing.gc import GCOptions, build_gc_index, partition_distortion
+from indexing.output import write_index
+from indexing.synthetic import planted_hierarchy, write_planted_npy
+
 log = logging.getLogger(__name__)
 
 
@@ -81,9 +86,6 @@ class _MemSampler(threading.Thread):
 
 def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
     """The float16 P of ``h`` in ``folder`` (reused if ``cache`` and a file of the right shape is there)."""
-    from gdr.store.rows import PMatrix
-    from indexing.synthetic import write_planted_npy
-
     name = (f"planted-{args.docs}x{args.queries}-top{args.clusters}-sub{args.sub}-seed{args.seed}.f16.npy" if cache
             else "P.npy")
     path = folder / name
@@ -159,12 +161,7 @@ def _print_summary(tree, opts, args, r: dict, mem: dict, before: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
 
-    from sklearn.metrics import adjusted_rand_score
-
-    from gdr.store.rows import PMatrix
-    from indexing.gc import GCOptions, build_gc_index
-    from indexing.output import write_index
-    from indexing.synthetic import planted_hierarchy
+    from sklearn.metrics import adjusted_rand_score  # optional: gdr[eval]
 
     if args.tmp is not None:
         Path(args.tmp).mkdir(parents=True, exist_ok=True)
@@ -201,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         top = np.array([c[0] for c in codes])
         fit_d = planted_d = None
         if not args.skip_distortion:
-            from indexing.gc import partition_distortion
-
             fit_d = partition_distortion(PMatrix(path), tree, top, opts)
             planted_d = partition_distortion(PMatrix(path), tree, h.top, opts)
     second = np.array([c[0] * 10_000 + (c[1] if len(c) > 2 else -1) for c in codes])

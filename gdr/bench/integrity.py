@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from gdr.io import file_digest, verify_files
+from gdr.pipeline import STAGE_FILE, checksummed
+
 
 def _throughput(mb: int, repeats: int) -> float:
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "blob.bin"
         np.random.default_rng(0).integers(0, 255, mb << 20, dtype=np.uint8).tofile(p)
-        from gdr.io import file_digest
 
         file_digest(p)  # page cache warm, as for a re-entered run
         best = float("inf")
@@ -34,9 +36,6 @@ def _throughput(mb: int, repeats: int) -> float:
 
 def _verify_run(root: Path) -> tuple[float, int, int]:
     """Seconds to check every stage of a run folder as ``Pipeline.stage`` does before reuse."""
-    from gdr.io import verify_files
-    from gdr.pipeline import STAGE_FILE, checksummed
-
     t, hashed, total = 0.0, 0, 0
     for marker in sorted(root.glob(f"*/{STAGE_FILE}")):
         rec = json.loads(marker.read_text())

@@ -51,6 +51,11 @@ from gdr.bench.common import (
     write_table,
 )
 from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
+from indexing.trie import build_trie
+from training.concurrent import run_concurrently
+from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
+from training.module import RetrieverModule
+from training.train import _precision, resolve_batch_size, resolve_fused
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +151,6 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
                  seconds: float | None = None, deadline: float | None = None, report=lambda figures: None) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
     ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds."""
-    from indexing.trie import build_trie
-    from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
-    from training.module import RetrieverModule
-    from training.train import _precision, resolve_fused
-
     cfg = preset_config(name, K, depth)
     rng = np.random.default_rng(seed)
     extra = profile_steps if profile else 0
@@ -199,8 +199,6 @@ def _at_once(n: int, alone: dict, bench) -> dict:
     (:func:`training.concurrent.run_concurrently`): the examples of all of them over the wall time from the first
     timed step to the last, and the MFU that is at the FLOPs of one example (against ``alone``, the same preset
     run by itself)."""
-    from training.concurrent import run_concurrently
-
     spawned = time.time()
     runs = run_concurrently([bench] * n, n)
     first = [round(r["first_step_at"] - spawned, 2) for r in runs]  # spawn, imports, device, data, model, 1st batch
@@ -254,7 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     cuda = device.type == "cuda"
     if cuda:
         torch.set_float32_matmul_precision("high")
-    from training.train import _precision, resolve_batch_size
 
     acc = "auto" if cuda else "cpu"
     # auto: per preset, from the free memory (training.train.train_batch_for_memory); an int for all

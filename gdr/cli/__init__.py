@@ -92,13 +92,13 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"gdr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     if any(a in ("-h", "--help") for a in rest) and not _own_help(name, rest):
-        from gdr.cli.help import command_help
+        from gdr.cli.help import command_help  # lazy: `import gdr` and `gdr --help` load no command's dependencies
 
         print(command_help(name, HELP[name], [a for a in rest if a not in ("-h", "--help")]))
         return 0
     setup_logging(verbose=verbose or None)
     module, func = COMMANDS[name]
-    from gdr import guard, signals
+    from gdr import guard, signals  # lazy: `import gdr` and `gdr --help` load no command's dependencies
 
     guard.COMMAND_LINE = " ".join(["gdr", name, *(shlex.quote(a) for a in rest)])
     signals.install()  # SIGTERM / SIGINT: one line and exit 143 / 130, never a success (gdr.signals)
@@ -120,7 +120,7 @@ def _main(argv: list[str] | None = None) -> int:
 
 def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
     """The exit code of a command that raised ``e`` (no signal), after its one line; re-raises what is a bug."""
-    from gdr import guard
+    from gdr import guard  # lazy: `import gdr` and `gdr --help` load no command's dependencies
 
     if isinstance(e, BrokenPipeError):
         raise e  # main(): the reader of stdout left, a quiet exit
@@ -134,13 +134,13 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
             return int(e.code or 0)
         if debug:
             raise e
-        from gdr.validate import exit_line
+        from gdr.validate import exit_line  # lazy: `import gdr` and `gdr --help` load no command's dependencies
 
         print(f"gdr {name}: error: {exit_line(e.code, name)}", file=sys.stderr)
         return 2
     if not isinstance(e, Exception):
         raise e
-    from gdr.validate import error_line
+    from gdr.validate import error_line  # lazy: `import gdr` and `gdr --help` load no command's dependencies
 
     # a full disk or an unwritable file while writing outputs: one line too (the early check missed it)
     line = None if debug else guard.write_error_line(e, sub_command(name, rest)) or error_line(e, rest)

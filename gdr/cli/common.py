@@ -3,12 +3,16 @@ the composed config's sections into the stages' settings."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from gdr.config import command_config, to_container
+from gdr.config import command_config, save_config, to_container
+from gdr.data import corpus_from_config
+from gdr.data.splits import split_queries
 from gdr.guard import claim_out
+from gdr.stages.settings import LMSettings
 from gdr.validate import validate
 
 __all__ = ["compose", "corpus_and_queries", "lm_settings", "section", "override_keys", "in_section",
@@ -36,8 +40,6 @@ def section(cfg, key: str, **overrides) -> dict:
 
 def lm_settings(cfg):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
-    from gdr.stages.settings import LMSettings
-
     return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
                                 threads=cfg.get("threads"))
 
@@ -46,12 +48,6 @@ def corpus_and_queries(cfg, save: bool = True):
     """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it (unless not ``save``), then
     load the corpus and the query split the command names. Returns (config as a dict, out folder, corpus, queries
     or None)."""
-    from pathlib import Path
-
-    from gdr.config import save_config
-    from gdr.data import corpus_from_config
-    from gdr.data.splits import split_queries
-
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from gdr.config import conf_dir, flat_leaves
+from gdr.rules import get, show
 from gdr.stages.settings import GENERATED, generated_help
+from gdr.validate import TABLES
 
 __all__ = ["command_help", "CONFIG_OF"]
 
@@ -138,16 +141,11 @@ def _sources(cdir: Path, name: str, choices: dict[str, str]) -> list[tuple[Path,
 
 def _leaves(node: dict) -> dict:
     """Dotted key -> value of every setting, without the preset tables (``model_presets``) and ``hydra``."""
-    from gdr.config import flat_leaves
-
     return {k: v for k, v in flat_leaves(node).items() if k.split(".")[0] not in _SKIP}
 
 
 def _rules(command: str, cfg: DictConfig) -> dict[str, tuple[str, str]]:
     """dotted key -> (the rule's description, the valid values as the rule states them)."""
-    from gdr.rules import get
-    from gdr.validate import TABLES
-
     out: dict[str, tuple[str, str]] = {}
     for prefix, rules in TABLES.get(command, []):
         sec = get(cfg, prefix) if prefix else cfg
@@ -181,9 +179,9 @@ def _group_choices(cdir: Path, overrides: list[str]) -> list[str]:
 def _compose(cdir: Path, name: str, chosen: list[str]) -> tuple[DictConfig, list[str], str | None]:
     """(``conf/<name>.yaml`` composed with the group choices ``chosen`` and Hydra's own config, the choices it
     took, a line naming a choice that does not exist, after which the defaults are composed instead)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
+    from hydra import compose, initialize_config_dir  # lazy: `gdr --help`, `import gdr` stay light
+    from hydra.core.global_hydra import GlobalHydra  # lazy: `gdr --help`, `import gdr` stay light
+    from hydra.errors import HydraException  # lazy: `gdr --help`, `import gdr` stay light
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(cdir), version_base=None):
@@ -198,13 +196,10 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     """The text of ``gdr <command> --help``; ``summary``: the command's one-line description; ``overrides``: the
     command line's other arguments, whose group choices (``data=trec``) pick the settings listed, with their
     defaults and meanings."""
-    from gdr.config import conf_dir
-    from gdr.rules import show
-
     name = CONFIG_OF.get(command)
     usage = USAGE.get(command, f"gdr {command} [key=value ...]")
     if command == "bench":
-        from gdr.bench import BENCHES
+        from gdr.bench import BENCHES  # lazy: `gdr --help`, `import gdr` stay light
 
         usage = usage.replace("{BENCHES}", "{" + "|".join(BENCHES) + "}")
     lines = [f"usage: {usage}", "", f"gdr {command}: {summary}."]

@@ -520,7 +520,7 @@ class Corpus:
     @cached_property
     def dataset(self):
         """A ``datasets.Dataset`` with string columns doc_id, text, title, label (None where absent)."""
-        import datasets
+        import datasets  # lazy: `gdr --help`, `import gdr` stay light
 
         n = len(self)
         features = datasets.Features({c: datasets.Value("string") for c in ("doc_id", "text", "title", "label")})
@@ -784,7 +784,7 @@ class QuerySet:
     @property
     def dataset(self):
         """A ``datasets.Dataset`` with columns qid, text, relevant (list of str), split."""
-        import datasets
+        import datasets  # lazy: `gdr --help`, `import gdr` stay light
 
         return datasets.Dataset.from_dict(
             {"qid": self.qids, "text": self.texts, "relevant": self.relevant, "split": self.splits}

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, id_value_problem, iter_lines, require_file
 from gdr.data.trec import format_hint, read_trec_topics, sniff
 
@@ -127,8 +128,6 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
     ``qrels`` (a ``<split>.tsv`` file or a folder of them, BEIR or trec_eval qrels; a trec_eval file not named after
     a split is the ``test`` split), checked against ``doc_ids`` (a judgement of another document refused, or with
     ``drop_unknown`` dropped: :func:`gdr.data.beir.read_qrels`); ``split=None`` gives every split."""
-    from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
-
     qfile = require_file(queries, "queries file",
                          "pass data.queries=<a .jsonl or .tsv file of queries, or TREC topics>")
     fmt = "trec-topics" if sniff(qfile) == "trec-topics" else file_format(qfile)

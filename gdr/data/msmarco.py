@@ -101,7 +101,7 @@ def find_docs_tsv(folder: Path, docs_tsv: str | os.PathLike | None) -> Path:
 
 def _scan_docs_tsv(file: Path, wanted: set[str]) -> dict[str, tuple[int, list[str]]]:
     """``{docid: (lineno, [docid, url, title, body])}`` for the wanted ids; one pass, decoding only those lines."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: `gdr --help`, `import gdr` stay light
 
     wanted_b = {w.encode() for w in wanted}
     found: dict[str, tuple[int, list[str]]] = {}

@@ -16,6 +16,12 @@ import functools
 import warnings
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from gdr.lm.compiling import compile_cache_dir
 
 __all__ = ["ATTN_IMPL", "FlexFailed", "compiled_flex", "eager_flex", "flex_attention_fn", "gdr_attention",
            "grouped_sdpa", "register_attention", "set_attention", "use_gdr_attention"]
@@ -32,18 +38,12 @@ def compiled_flex(options: tuple = ()):
     """``torch.compile(flex_attention, dynamic=True, **dict(options))``, built once per process and options: a
     compiled function depends on nothing but the torch build, so every scorer of the process shares it (and its
     compiled graphs). ``options``: sorted (name, value) pairs of further ``torch.compile`` arguments."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from gdr.lm.compiling import compile_cache_dir
-
     compile_cache_dir()
     return torch.compile(flex_attention, dynamic=True, **dict(options))
 
 
 def eager_flex():
     """Eager flex attention (unfused, correct: the tests' path), looked up at call time."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # said once
     return flex_attention
 
@@ -93,8 +93,6 @@ def gdr_attention(module, query, key, value, attention_mask, scaling=None, dropo
     - otherwise: transformers' ``sdpa`` attention.
     Returns (Bq, T, H, D) as transformers' attention functions do.
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     if isinstance(attention_mask, BlockMask):
         kw = dict(block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
         fn, compiled = gdr_flex if gdr_flex is not None else flex_attention_fn()
@@ -114,7 +112,6 @@ def gdr_attention(module, query, key, value, attention_mask, scaling=None, dropo
         return o.view(Bk, H, G, T, D).permute(0, 2, 3, 1, 4).reshape(Bq, T, H, D), None
     if query.shape[1] != key.shape[1] and attention_mask is not None and position_bias is None:
         return grouped_sdpa(query, key, value, attention_mask, scaling, dropout), None
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   position_bias=position_bias, **kwargs)
@@ -122,9 +119,6 @@ def gdr_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
 def register_attention() -> None:
     """Register :func:`gdr_attention` (and SDPA's mask builder) with transformers under :data:`ATTN_IMPL`."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     if ATTN_IMPL not in AttentionInterface._global_mapping:
         AttentionInterface.register(ATTN_IMPL, gdr_attention)
         AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)

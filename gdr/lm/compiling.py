@@ -21,6 +21,10 @@ from pathlib import Path
 
 import torch
 import torch._dynamo
+import torch._dynamo.config as dc
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+from gdr.models import cache_dir
 
 __all__ = ["AUTO_COMPILE_MIN_QUERIES", "MIN_BUCKET", "allow_bucket_recompiles", "batch_bucket", "compile_cache_dir",
            "release_compiled", "want_compile"]
@@ -63,10 +67,6 @@ def batch_bucket(n: int, cap: int | None = None) -> int:
 def compile_cache_dir() -> Path:
     """Point inductor's on-disk caches at ``$GDR_CACHE/torch-compile`` (unless ``TORCHINDUCTOR_CACHE_DIR`` is
     set already) and return the folder. Call before the first ``torch.compile`` of a process."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    from gdr.models import cache_dir
-
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     # inductor writes its default into the variable once it has looked: that one is not a user's choice
     if not path or os.path.abspath(path) == os.path.abspath(default_cache_dir()):
@@ -79,8 +79,6 @@ def compile_cache_dir() -> Path:
 def allow_bucket_recompiles(n: int = 32) -> None:
     """Let dynamo keep ``n`` specialisations of a compiled function (its default, 8, is fewer than the row
     buckets of a 1,024-row batch times the cache lengths of a run; past it dynamo silently runs eagerly)."""
-    import torch._dynamo.config as dc
-
     dc.recompile_limit = max(int(dc.recompile_limit), n)
 
 

@@ -33,11 +33,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from transformers import EncoderDecoderCache, StaticCache
+from transformers.modeling_outputs import BaseModelOutput
 
 from gdr.lm.attention import use_gdr_attention
 from gdr.lm.compat import cache_kwarg
+from gdr.lm.compiling import allow_bucket_recompiles, batch_bucket, compile_cache_dir
 from gdr.lm.hostsync import padding_mask_4d
 from gdr.lm.numerics import decode_dtype, decode_numerics
+from gdr.lm.precision import cast_copy
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +184,6 @@ class Decoder:
         # bf16 on CUDA; ``dtype`` makes that copy on a CPU too (tests run the CUDA configuration there)
         self.dtype = dtype or decode_dtype(self.device, next(lm.model.parameters()).dtype)
         if self.dtype != next(lm.model.parameters()).dtype:
-            from gdr.lm.precision import cast_copy
-
             self.model = cast_copy(lm.model, self.dtype)  # rotary frequencies stay fp32
         use_gdr_attention(self.model)  # grouped-query attention without key/value copies
         self._bucket_setting = bucket
@@ -264,8 +266,6 @@ class Decoder:
 
     # ------------------------------------------------------------------ prefill
     def _prefill_causal(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, max_new: int) -> _Batch:
-        from transformers import StaticCache
-
         model, dev, U, B = self.model, self.device, len(prompts), int(rows.numel())
         # The prefix every prompt shares runs once; each prompt keeps >= 1 own token (its last logits).
         P = min(_lcp(prompts), min(len(p) for p in prompts) - 1) if U > 1 else len(prompts[0]) - 1
@@ -310,9 +310,6 @@ class Decoder:
         return _Batch(logits[rows], cache, mask[rows], first_pos[rows], key=("causal", B, M), length=P + S)
 
     def _prefill_seq2seq(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, max_new: int) -> _Batch:
-        from transformers import EncoderDecoderCache, StaticCache
-        from transformers.modeling_outputs import BaseModelOutput
-
         model, dev, U, B = self.model, self.device, len(prompts), int(rows.numel())
         batch = self.lm._pad(prompts, left=False)
         ids, enc_mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
@@ -375,8 +372,6 @@ class Decoder:
         key = b.key
         if self.compile and key not in self._eager_shapes and (self._new_graphs or key in self._graphs):
             if self._step_fn is None:
-                from gdr.lm.compiling import allow_bucket_recompiles, compile_cache_dir
-
                 compile_cache_dir()  # compiled kernels persist across processes
                 allow_bucket_recompiles()
                 self._step_fn = torch.compile(self._step, dynamic=False, **self.compile_options)
@@ -419,8 +414,6 @@ class Decoder:
         dev = self.device
         n_real = int(rows.numel())
         if self.bucket:  # pad with copies of row 0 (same prompt and stream: they stop with it), dropped below
-            from gdr.lm.compiling import batch_bucket
-
             extra = batch_bucket(n_real, max_rows) - n_real
             rows, qid, attempt = (torch.cat([t, t[:1].expand(extra)]) for t in (rows, qid, attempt))
         rows, qid, attempt = rows.to(dev), qid.to(dev), attempt.to(dev)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 __all__ = ["upload", "padding_mask_4d"]
 
@@ -37,8 +38,6 @@ def padding_mask_4d(mask: torch.Tensor, module: torch.nn.Module, dtype: torch.dt
     Modules whose code does not build masks with ``transformers.masking_utils`` and other attention kernels
     (flash wants 2D, flex a block mask) get the 2D mask back.
     """
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
-
     impl = getattr(module.config, "_attn_implementation", None)
     make = ALL_MASK_ATTENTION_FUNCTIONS[impl] if impl in list(ALL_MASK_ATTENTION_FUNCTIONS) else None
     builds_masks = "create_bidirectional_mask" in vars(sys.modules[type(module).__module__])  # masking_utils

@@ -23,6 +23,7 @@ from dataclasses import asdict
 from typing import Sequence
 
 import torch
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from gdr.lm.hostsync import upload
 from gdr.lm.numerics import resolve_device
@@ -54,8 +55,6 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
 
     def __init__(self, model, tokenizer=None, prompt: PromptConfig | dict | None = None,
                  max_doc_tokens: int = 128, device: str | None = "auto"):
-        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
-
         check_values({"max_doc_tokens": max_doc_tokens}, (MAX_DOC_TOKENS_RULE,),
                      {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
         self.device = resolve_device(device)

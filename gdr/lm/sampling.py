@@ -11,6 +11,8 @@ import torch
 from tqdm.auto import tqdm
 
 from gdr.device import free_memory
+from gdr.lm.compiling import want_compile
+from gdr.lm.decode import Decoder
 from gdr.lm.prompts import clean_query
 from gdr.logs import on_terminal
 
@@ -73,8 +75,6 @@ class SamplingMixin:
         """Our decode loop for this model (:class:`gdr.lm.decode.Decoder`), built once."""
         dec = self._decoder
         if dec is None or dec.device != self.device:
-            from gdr.lm.decode import Decoder
-
             dec = self._decoder = Decoder(self)
         return dec
 
@@ -153,8 +153,6 @@ class SamplingMixin:
         ``stream[j]`` (:func:`gdr.lm.decode.row_keys`); None: ``n`` documents drawn uniformly with ``seed``,
         query j on stream j.
         """
-        from gdr.lm.compiling import want_compile
-
         source, stream = draws if draws is not None else (np.random.default_rng(seed).integers(0, len(docs), size=n),
                                                           np.arange(n))
         texts = list(start.texts) if start is not None else []

@@ -28,7 +28,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from gdr.cost import batch_for_memory, dims, score_memory
 from gdr.device import free_memory
@@ -398,7 +400,6 @@ class ScoringMixin:
             ar = torch.arange(Lp, device=dev)
             attn = ((ar[None, :] <= ar[:, None])[None] & (ar[None, None, :] < plen[:, None, None]))[:, None]
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
         ckw = cache_kwarg(base)
@@ -449,8 +450,6 @@ class ScoringMixin:
         A chunk's queries are packed one after another, so the keys a query token sees in the chunk are the
         contiguous run from its query's first token (``q_idx - off[q_idx]``) to itself: one load per row
         (``off[q_idx]``) where comparing the query ids and offsets of both sides took four."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
         B, T, dev = plen.shape[0], off.shape[0], off.device
         # a tensor, not a Python int: no recompile per prompt length; filled on the device, not uploaded
         n_prompt = torch.full((), Lp, dtype=torch.long, device=dev)

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eval.bm25 import bm25_run
+from eval.retrieval import PER_QUERY_FILE, depths, evaluate_run, write_per_query, write_qrels, write_trec_run
+from gdr.guard import holding
+from gdr.io import atomic_write_json
+
 __all__ = ["bm25_baseline"]
 
 
@@ -13,18 +18,12 @@ def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "
     {recall@1, recall@10, recall@k, mrr@k, ...}}`` (measured at the ``k`` results per query:
     :func:`eval.retrieval.metric_keys`). A relevant id not in ``corpus`` is refused, or dropped
     with ``drop_unknown_qrels`` (:meth:`gdr.data.QuerySet.judged_in`; ``metrics.json`` counts them)."""
-    from gdr.guard import holding
-
     qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out):  # one writer per folder
         return _bm25_baseline(corpus, qs, Path(out), int(k), split, unknown)
 
 
 def _bm25_baseline(corpus, qs, out: Path, k: int, split: str, unknown: int) -> dict:
-    from eval.bm25 import bm25_run
-    from eval.retrieval import PER_QUERY_FILE, depths, evaluate_run, write_per_query, write_qrels, write_trec_run
-    from gdr.io import atomic_write_json
-
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     run = bm25_run(corpus.doc_ids, corpus.model_inputs(), qs.qids, qs.texts, k=int(k))
     metrics, first = evaluate_run(run, qrels, ks=depths(k), mrr_depth=k)

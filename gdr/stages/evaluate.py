@@ -7,7 +7,23 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from eval.bm25 import bm25_run
+from eval.retrieval import (
+    PER_QUERY_FILE,
+    Run,
+    depths,
+    evaluate_run,
+    markdown_table,
+    metric_keys,
+    metric_name,
+    write_per_query,
+    write_qrels,
+    write_trec_run,
+)
+from gdr.guard import holding
+from gdr.io import atomic_write_json, atomic_write_text, write_manifest
 from gdr.stages.settings import EvaluateSettings
+from training.search import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +33,6 @@ __all__ = ["evaluate_model", "evaluate_retriever"]
 def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], qrels: dict[str, list[str]],
                        k: int = 100, beam: int | None = None, progress: bool = True):
     """Search ``queries`` and evaluate; returns (Run, RetrievalMetrics, first-relevant ranks by qid)."""
-    from eval.retrieval import Run, depths, evaluate_run
-
     docs, scores, ranks = retriever.search_ranked(list(queries), k=k, beam=beam, progress=progress)
     run = Run(list(qids), [retriever.doc_ids[d].tolist() for d in docs], [s.astype(float).tolist() for s in scores],
               [r.tolist() for r in ranks])
@@ -39,8 +53,6 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
     ``drop_unknown_qrels`` (``metrics.json`` counts them). ``on_train_split``: ``split`` is one the retriever was
     trained on, allowed by the caller (``--allow-train-split``): ``metrics.json`` and ``metrics.md`` say so. Returns
     (the ``metrics.json`` content, its markdown table)."""
-    from gdr.guard import holding
-
     c = settings.to_dict()
     if queries is None or len(queries) == 0:
         raise ValueError("no queries with relevant documents in this corpus to evaluate on")
@@ -51,21 +63,6 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
 
 def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int, on_train_split: bool
                     ) -> tuple[dict, str]:
-    from eval.bm25 import bm25_run
-    from eval.retrieval import (
-        PER_QUERY_FILE,
-        depths,
-        evaluate_run,
-        markdown_table,
-        metric_keys,
-        metric_name,
-        write_per_query,
-        write_qrels,
-        write_trec_run,
-    )
-    from gdr.io import atomic_write_json, atomic_write_text, write_manifest
-    from training.search import Retriever
-
     t0 = time.time()
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     retriever = Retriever.load(str(run_dir), device=c.get("device"), beam=c["beam"],

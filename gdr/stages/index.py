@@ -12,9 +12,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from gdr.guard import holding
 from gdr.io import read_jsonl, write_manifest
 from gdr.stages.settings import IndexSettings
 from gdr.store import load_run
+from indexing.gc import GCOptions, build_gc_index
+from indexing.kmeans import (
+    build_kmeans_index,
+    default_embed_fn,
+    document_embeddings,
+    query_mean_embeddings,
+    read_doc_queries,
+)
+from indexing.output import write_index
+from indexing.tree import atomic_codes, random_tree
 
 __all__ = ["build_index", "METHODS"]
 
@@ -40,16 +51,12 @@ def _doc_ids(settings: IndexSettings, run, corpus: Callable | None) -> list[str]
     if settings.kmeans.get("docs"):
         return _docs_jsonl(settings.kmeans["docs"])[0]
     if settings.kmeans.get("doc_queries"):
-        from indexing.kmeans import read_doc_queries
-
         return list(read_doc_queries(settings.kmeans["doc_queries"]))
     raise ValueError(f"method={settings.method} needs the documents: pass run=<P-matrix run>, data=<corpus>, "
                      "kmeans.docs=<jsonl> or kmeans.doc_queries=<jsonl>")
 
 
 def _gc_options(g: dict):
-    from indexing.gc import GCOptions
-
     keys = GCOptions.__dataclass_fields__.keys()
     return GCOptions(**{k: v for k, v in dict(g).items() if k in keys})
 
@@ -67,7 +74,6 @@ def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: s
         raise ValueError(f"method={cfg.method!r}: choose one of {', '.join(METHODS)}")
     if not out:
         raise ValueError("pass out=<folder> for the index")
-    from gdr.guard import holding
 
     with holding(out):  # one writer per folder, as with `gdr index`
         return _build_index(cfg, Path(out), load, run)
@@ -80,8 +86,6 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     extra: dict = {}
     query_texts, query_hash = None, ""
     if cfg.method == "gc":
-        from indexing.gc import build_gc_index
-
         if not run:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
         prun = load_run(run, require_manifest=False).first_queries(cfg.gc.get("n_queries"))
@@ -91,14 +95,6 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
         extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
     elif cfg.method in ("hkmi", "bmi"):
-        from indexing.kmeans import (
-            build_kmeans_index,
-            default_embed_fn,
-            document_embeddings,
-            query_mean_embeddings,
-            read_doc_queries,
-        )
-
         km = {"docs": None, "doc_queries": None, **cfg.kmeans}
         embed_fn = default_embed_fn(km["embed_model"], int(km["batch_size"]))
         if cfg.method == "hkmi":
@@ -128,16 +124,11 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                                   workers=int(cfg.workers), progress=bool(cfg.progress), method=cfg.method)
         extra.update(embed_model=km["embed_model"], embedding_dim=int(emb.shape[1]))
     elif cfg.method == "random":
-        from indexing.tree import random_tree
-
         doc_ids = _doc_ids(cfg, run, load)
         tree = random_tree(len(doc_ids), K, c, seed=int(cfg.seed), progress=bool(cfg.progress))
     else:
-        from indexing.tree import atomic_codes
-
         doc_ids = _doc_ids(cfg, run, load)
         tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic["warn_above"]))
-    from indexing.output import write_index
 
     summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts, query_hash=query_hash,
                           top_queries=int(cfg.gc["top_queries"]),

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from gdr.data import corpus_from_config, load_corpus, load_queries
+from gdr.data.titles import drop_titles, title_queries
+from training.qg import QGPairs
+
 log = logging.getLogger(__name__)
 
 
 def _exclude_ids(names) -> set[str]:
-    from gdr.data import load_corpus
-
     ids: set[str] = set()
     for name in names or ():
         ids.update(load_corpus(name).doc_ids)
@@ -21,9 +23,6 @@ def _exclude_ids(names) -> set[str]:
 
 
 def _title_pairs(seed: int, corpus, excluded: set[str]):
-    from gdr.data.titles import drop_titles, title_queries
-    from training.qg import QGPairs
-
     qs = title_queries(corpus, seed=int(seed), fractions=(1.0, 0.0, 0.0))
     texts = dict(zip(corpus.doc_ids, drop_titles(corpus).model_inputs()))
     keep = [i for i, d in enumerate(qs.qids) if d not in excluded]
@@ -31,9 +30,6 @@ def _title_pairs(seed: int, corpus, excluded: set[str]):
 
 
 def _query_pairs(q: dict, data_name: str, corpus):
-    from gdr.data import load_queries
-    from training.qg import QGPairs
-
     qs = load_queries(q.get("name") or data_name, **({"path": q["path"]} if q.get("path") else {}))
     split = q.get("split", "train")
     if split not in qs.split_names:
@@ -52,8 +48,6 @@ def read_pairs_jsonl(path: str, corpus=None, load_corpus=None):
     """Pairs from a jsonl file: ``{"doc": ..., "query": ...}`` or ``{"doc_id": ..., "query": ...}``.
 
     ``doc_id`` lines look the text up in ``corpus``, or in ``load_corpus()``, called at the first such line."""
-    from training.qg import QGPairs
-
     texts = None
     docs, queries, ids = [], [], []
     with open(path, encoding="utf-8") as f:
@@ -92,8 +86,6 @@ def build_pairs(qg: dict, data: dict, queries: dict | None = None, seed: int = 0
     ``qg``: ``pairs`` (titles | queries | a jsonl path), ``exclude``, ``lowercase``, ``max_pairs`` (see
     ``conf/qg.yaml``); ``data``: the corpus's ``data:`` settings; ``queries``: the query set of
     ``pairs=queries`` (``name``, ``path``, ``split``)."""
-    from gdr.data import corpus_from_config
-
     qg = {"exclude": [], "lowercase": False, "max_pairs": None, **qg}
 
     def load_data():

@@ -7,8 +7,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
+from eval.compare import compare_folders, comparison_table, find, verdict
 from eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
 
@@ -137,8 +140,6 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     (None or absent: not predicted, "n/a"), set beside the measured ones; ``query_split``: how the topics were
     split (``{"by": "folds" | "fractions" | "query set", ...}``, :func:`gdr.pipeline.query_split`), said in the
     report."""
-    from eval.compare import compare_folders, find, verdict
-
     cfg = settings
     k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
     comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
@@ -214,8 +215,6 @@ def _split_lines(split: dict) -> list[str]:
 
 def _comparison_lines(comparisons: list[dict]) -> list[str]:
     """The report's paired comparisons: each system against the reference, with how they are computed."""
-    from eval.compare import comparison_table
-
     if not comparisons:
         return []
     return ["## Paired comparisons (test queries, seeds averaged per query)", "",
@@ -283,10 +282,7 @@ def mark_in_progress(root: Path, command: str) -> bool:
 
 
 def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = 100) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     names = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
@@ -324,7 +320,6 @@ def headline(report: dict) -> dict:
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):
         out["bm25_recall_at_1"] = report["bm25"]["recall@1"]
-    from eval.compare import find
 
     c = find(report.get("comparisons") or [], "gc", "hkmi", "recall@1")
     if c is not None:

@@ -17,7 +17,9 @@ uninterrupted run's exactly. With ``torchrun --nproc_per_node N`` (or any launch
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import multiprocessing as mp
 import os
 import shlex
 import signal
@@ -34,9 +36,12 @@ from tqdm.auto import tqdm
 
 from gdr.config import RerunCommand
 from gdr.device import dist_info, local_device
+from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
+from gdr.lm.scoring import auto_score_sizes
 from gdr.logs import setup_logging
+from gdr.stages.sample import check_texts, sample_queries
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import (
     BY_SOURCE,
@@ -67,8 +72,6 @@ def resolve_sizes(lm, settings: ScoreSettings) -> ScoreSettings:
     (:func:`gdr.lm.scoring.auto_score_sizes`, from free memory after emptying the CUDA cache). Called once per
     run: under a launcher (``torchrun``) rank 0's sizes are broadcast, and :func:`score_in_processes` hands the
     parent's to every worker, so that all processes group the shards alike."""
-    from gdr.lm.scoring import auto_score_sizes
-
     bs, mq = settings.doc_batch_size, settings.max_query_tokens
     if "auto" not in (bs, mq):
         return settings
@@ -111,9 +114,6 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
     ``reuse_from``: the folder of an older run of the same model and settings over an overlapping corpus (before
     an edit, or before ``gdr index add``'s new documents): its queries of unchanged documents and its P entries
     of unchanged (document, query) pairs are taken, and only the rest is sampled and scored."""
-    from gdr.guard import holding
-    from gdr.stages.sample import check_texts
-
     check_texts(corpus)
     with holding(out):  # one writer per folder, as with `gdr score` (the scoring processes share it)
         return _score_corpus(corpus, lm, Path(out), sample, score, progress, queries_from,
@@ -123,8 +123,6 @@ def score_corpus(corpus, lm, out: str | os.PathLike, sample: SampleSettings, sco
 def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSettings, progress: bool,
                   queries_from: str | os.PathLike | None, resample: str,
                   reuse_from: str | os.PathLike | None = None) -> Path:
-    from gdr.stages.sample import sample_queries
-
     built, spec = (lm if isinstance(lm, tuple) else (None, lm) if isinstance(lm, LMSettings) else (lm, None))
     lm = built if built is not None else spec.build()
     rank, _ = dist_info()
@@ -165,8 +163,6 @@ def _check_complete(out: Path) -> None:
 
 def _queries_of_run(lm, run, out: Path) -> list[dict]:
     """The queries of ``run`` copied into ``out``; the model must be the one that scored ``run``'s P."""
-    import json
-
     scorer = (read_manifest(score_folder(run), P_MANIFEST) or {}).get("lm")
     mine = json.loads(json.dumps(lm.describe()))
     if scorer is not None and scorer != mine:
@@ -234,8 +230,6 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     when every rank has a GPU of its own, gloo when ranks share one (NCCL refuses two ranks on one
     device; the group only carries barriers). On a CPU, ``dist_info`` sets up gloo as before.
     The worker dies with ``parent`` (the spawning process): kill -9 of ``gdr`` leaves no writer behind."""
-    from gdr.guard import die_with_parent
-
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     signal.signal(signal.SIGTERM, _leave)  # the parent's terminate(), or a scheduler: go at once, quietly
@@ -265,8 +259,6 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
     On a CPU, one single-threaded process per core beats one multi-threaded process (measured: 11.8 vs
     7.4 pairs/s on 2 cores). The processes split the shards as ``torchrun`` ranks do, so the matrix is the
     same as one process's, and a killed run resumes from the finished shards."""
-    import multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_score_worker, args=(r, n_proc, port, corpus, lm.to_dict(), settings.to_dict(),

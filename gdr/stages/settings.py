@@ -380,10 +380,10 @@ class LMSettings(Settings):
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
-        import torch
+        import torch  # lazy: `gdr --help`, `import gdr` stay light
 
-        from gdr.device import local_device
-        from gdr.lm import GenerativeLM, PromptConfig
+        from gdr.device import local_device  # lazy: `gdr --help`, `import gdr` stay light
+        from gdr.lm import GenerativeLM, PromptConfig  # lazy: `gdr --help`, `import gdr` stay light
 
         if self.threads:
             torch.set_num_threads(int(self.threads))

@@ -23,13 +23,40 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 import yaml
 
 from gdr.config import flat_leaves
-from gdr.io import atomic_write_json
+from gdr.cost import device_name
+from gdr.guard import holding
+from gdr.io import (
+    atomic_write_json,
+    check_manifest_files,
+    file_digest,
+    hash_strings,
+    read_manifest,
+    verify_files,
+    write_manifest,
+)
 from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
+from indexing.docids import format_code, read_docids, rebuild_advice
+from training.concurrent import resolve_concurrent, run_concurrently, slot_threads
+from training.data import read_generated_queries
+from training.model import RetrieverConfig
+from training.train import (
+    ExampleOptions,
+    OptimOptions,
+    TrainerOptions,
+    TrainResult,
+    _on_cuda,
+    _precision,
+    _world_size,
+    resolve_fused,
+    resolve_train_batch,
+    train,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +78,6 @@ RESUMABLE = frozenset({
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
     """The preset named ``model['size']`` with every non-null key of ``model`` on top."""
-    from training.model import RetrieverConfig
-
     size = model.get("size")
     if size not in presets:
         raise ValueError(f"model.size={size!r}; choose one of {sorted(presets)}")
@@ -65,9 +90,6 @@ def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
 
 def read_checked_docids(path: str | Path) -> tuple[list[str], list[tuple[int, ...]]]:
     """(doc ids, codes) of a docids.tsv, checked against its folder's manifest and line by line."""
-    from gdr.io import check_manifest_files
-    from indexing.docids import read_docids, rebuild_advice
-
     check_manifest_files(Path(path).parent, only=["docids.tsv"], fix=rebuild_advice(path))
     return read_docids(path)
 
@@ -102,9 +124,6 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
     input, and the settings that change the model (``model.*`` as resolved from its preset, ``examples.*``,
     ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`, and :func:`training_numerics`)."""
-    from gdr.io import file_digest, hash_strings
-    from indexing.docids import format_code
-
     c = settings.to_dict()
     keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
              "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
@@ -139,8 +158,6 @@ def training_numerics(settings: TrainSettings) -> dict:
     """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
     (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
     CPU, the torch threads it trains with (:func:`training_threads`)."""
-    from training.train import _on_cuda, _precision, resolve_fused
-
     accelerator = str(settings.trainer.get("accelerator", "auto"))
     cuda = _on_cuda(accelerator)
     precision = _precision(settings.trainer.get("precision"), accelerator)
@@ -160,8 +177,6 @@ def training_threads() -> int:
 @contextmanager
 def _torch_threads(n: int | None):
     """torch's CPU threads set to ``n`` for the block (None: left as they are), then restored."""
-    import torch
-
     before = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)
@@ -257,9 +272,6 @@ def check_not_trained_on(run_dir: str | Path, split: str, allow: bool = False, k
 
 def _legacy_differences(out: Path, fingerprint: dict) -> list[str]:
     """A training folder of an older gdr, without trained_on.json: its docids.tsv is what it was trained on."""
-    from gdr.io import hash_strings
-    from indexing.docids import format_code, read_docids
-
     path = out / "docids.tsv"
     if not path.exists():
         return []
@@ -284,8 +296,6 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
     command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``). A training
     on the CPU runs at :func:`training_threads`, whatever ran before it in the process."""
-    from gdr.guard import holding
-
     out = Path(out)
     codes = _align_docids(str(docids), corpus.doc_ids)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
@@ -312,9 +322,6 @@ def _finished(out: Path, settings: TrainSettings):
     """The ``TrainResult`` of the finished training in ``out`` (its manifest written, its files intact) when it
     ran with these trainer settings too (the inputs and other settings :func:`check_trained_on` compared), else
     None: a rerun of a finished training is that training, with its dev score, not another fit."""
-    from gdr.io import read_manifest, verify_files
-    from training.train import TrainResult
-
     try:
         man = read_manifest(out)
     except (ValueError, OSError):
@@ -347,10 +354,6 @@ def best_record(monitor: str, score: float | None) -> dict:
 
 
 def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
-    from gdr.io import write_manifest
-    from training.data import read_generated_queries
-    from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
-
     c = settings.to_dict()
     t0 = time.time()
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
@@ -381,9 +384,6 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
     on a retriever's training examples; ``docids``: a ``docids.tsv`` of the run, for the docid length and digits
     the decoder's memory depends on). A retriever trained on several devices (``trainer.devices``) has them to itself:
     1."""
-    from training.concurrent import resolve_concurrent
-    from training.train import _on_cuda, _world_size
-
     c = settings.to_dict()
     t = c["trainer"]
     accelerator = str(t.get("accelerator", "auto"))
@@ -403,9 +403,6 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
 def training_device(settings: TrainSettings) -> str:
     """The device a retriever of ``settings`` trains on, by name (``NVIDIA H200``, ``cpu``): what an ``auto`` size
     resolved for it holds for."""
-    from gdr.cost import device_name
-    from training.train import _on_cuda
-
     return device_name("cuda" if _on_cuda(str(settings.trainer.get("accelerator", "auto"))) else "cpu")
 
 
@@ -413,8 +410,6 @@ def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_t
     """``trainer.batch_size`` for every retriever of a run, resolved once (:func:`training.train.resolve_train_batch`,
     free memory read with the cache emptied): sized for the largest decoder among the runs' ``docids`` files (the
     most digits and the longest docid) and ``n_train`` training examples."""
-    from training.train import TrainerOptions, resolve_train_batch
-
     c = settings.to_dict()
     config = model_config_from(c["model"], c["model_presets"])
     codes = [code for path in docids for code in read_checked_docids(path)[1]]
@@ -431,8 +426,6 @@ def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int,
     Each finished job's own record stands as it finishes, so a run cut short keeps them; ``on_done(i, result)`` runs
     here as job ``i`` finishes, while the others train. ``on_cuda``: the jobs train on CUDA, so each of the
     ``concurrent`` slots takes its share of the CPU cores (:func:`training.concurrent.slot_threads`)."""
-    from training.concurrent import run_concurrently, slot_threads
-
     t0 = time.time()
     log.info("training %d retrievers, %d at once", len(jobs), concurrent)
 

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from gdr.cli.common import compose, corpus_and_queries
+from gdr.stages.evaluate import evaluate_model
+from gdr.stages.settings import EvaluateSettings
+from gdr.stages.train import check_not_trained_on, trained_splits
 
 _SETTINGS = ("k", "beam", "length_penalty", "batch_size", "device", "bm25", "tag")
 
@@ -10,10 +13,6 @@ ALLOW_TRAIN_SPLIT = "--allow-train-split"  # score on a split the retriever was 
 
 
 def evaluate_main(argv: list[str]) -> int:
-    from gdr.stages.evaluate import evaluate_model
-    from gdr.stages.settings import EvaluateSettings
-    from gdr.stages.train import check_not_trained_on, trained_splits
-
     allow = ALLOW_TRAIN_SPLIT in argv
     argv = [a for a in argv if a != ALLOW_TRAIN_SPLIT]
     cfg = compose("evaluate", argv, before_claim=lambda cfg: check_not_trained_on(cfg.run_dir, cfg.queries.split,

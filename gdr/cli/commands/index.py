@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from gdr.config import command_config, save_config, to_container
+from gdr.data import corpus_from_config
 from gdr.guard import claim_out
+from gdr.stages.index import build_index
+from gdr.stages.settings import IndexSettings
 from gdr.validate import validate
+from indexing.add import add_to_index, next_steps
 
 
 def _compose(argv: list[str]):
@@ -17,9 +21,6 @@ def _compose(argv: list[str]):
 
 
 def index_main(argv: list[str]) -> int:
-    from gdr.stages.index import build_index
-    from gdr.stages.settings import IndexSettings
-
     argv = list(argv)
     if argv and argv[0] == "add":
         return add_main(argv[1:])
@@ -32,8 +33,6 @@ def index_main(argv: list[str]) -> int:
     settings = IndexSettings.from_config({k: v for k, v in c.items() if k not in ("run", "out", "index")})
 
     def corpus():
-        from gdr.data import corpus_from_config
-
         return corpus_from_config(data)
 
     build_index(settings, cfg.out, corpus=corpus if data else None, run=cfg.run)
@@ -50,7 +49,6 @@ def add_main(argv: list[str]) -> int:
     if not cfg.run or not cfg.index:
         raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder>")
     claim_out("index add", cfg)  # the index folder is rewritten
-    from indexing.add import add_to_index, next_steps
 
     res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))
     print(f"added {len(res.codes)} documents to {cfg.index} ({res.n_redirected} redirected from full leaves, "

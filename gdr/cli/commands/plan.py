@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gdr.config import command_config
 from gdr.plan import DEVICES, check_run, format_check, format_plan, gpus_problem, plan_run, write_factors
+from gdr.validate import validate
 
 
 def plan_main(argv: list[str]) -> int:
@@ -46,7 +47,6 @@ def plan_main(argv: list[str]) -> int:
     cfg = command_config("run", rest)
     if cfg is None:  # --cfg: printed
         return 0
-    from gdr.validate import validate
 
     validate("run", cfg)
     stages = plan_run(cfg, device, gpus, free=free, calibrate=calibrate)

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from gdr.cli.common import compose, lm_settings
 from gdr.config import save_config, to_container
+from gdr.lm import PromptConfig
+from gdr.stages.qg import build_pairs
+from training.qg import QGOptions, fine_tune_qg
 
 log = logging.getLogger(__name__)
 
 
 def qg_main(argv: list[str]) -> int:
     from gdr.io import atomic_write_json as write_json
-    from gdr.lm import PromptConfig
-    from gdr.stages.qg import build_pairs
-    from training.qg import QGOptions, fine_tune_qg
 
     cfg = compose("qg", argv)
     out = Path(cfg.out)

@@ -6,18 +6,18 @@ import sys
 from pathlib import Path
 
 from gdr.config import command_config
+from gdr.guard import claim_out
+from gdr.pipeline import run_pipeline
+from gdr.stages.report import headline
+from gdr.validate import validate
 
 
 def run_main(argv: list[str]) -> int:
     cfg = command_config("run", argv)
     if cfg is None:  # --cfg: printed
         return 0
-    from gdr.pipeline import run_pipeline
-    from gdr.stages.report import headline
-    from gdr.validate import validate
 
     validate("run", cfg)  # with the rules across its sections (check_run)
-    from gdr.guard import claim_out
 
     claim_out("run", cfg)  # the run folder: writable, and this process's alone; stages lock their folders too
     report = run_pipeline(cfg, argv)

@@ -4,19 +4,23 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from gdr.cli.common import compose, in_section, lm_settings, override_keys, section, without_section
 from gdr.config import save_config, to_container
+from gdr.data import corpus_from_config
+from gdr.device import dist_info
+from gdr.stages import score
+from gdr.stages.doc_queries import sample_doc_queries
+from gdr.stages.sample import sample_queries
+from gdr.stages.settings import SampleSettings, ScoreSettings
+from gdr.store import score_folder
 from gdr.validate import check_corpus
 
 log = logging.getLogger(__name__)
 
 
 def sample_main(argv: list[str]) -> int:
-    from gdr.data import corpus_from_config
-    from gdr.stages.doc_queries import sample_doc_queries
-    from gdr.stages.sample import sample_queries
-    from gdr.stages.settings import SampleSettings
-
     cfg = compose("sample", argv)
     corpus = corpus_from_config(to_container(cfg.data))
     lm = lm_settings(cfg).build()
@@ -35,11 +39,6 @@ def sample_main(argv: list[str]) -> int:
 
 
 def score_main(argv: list[str]) -> int:
-    from gdr.data import corpus_from_config
-    from gdr.device import dist_info
-    from gdr.stages import score
-    from gdr.stages.settings import SampleSettings, ScoreSettings
-
     cfg = compose("score", argv)
     if cfg.get("queries_from") and not any(in_section(k, "model") for k in override_keys(argv)):
         _model_of_run(cfg)
@@ -59,8 +58,6 @@ def score_main(argv: list[str]) -> int:
 def _reuse_from(cfg):
     """The score folder whose unchanged queries and P entries this ``gdr score`` takes: ``reuse_from``, else the
     run of ``queries_from`` (the documents it scored already keep their rows), else None."""
-    from gdr.store import score_folder
-
     run = cfg.get("reuse_from") or cfg.get("queries_from")
     return score_folder(run) if run else None
 
@@ -68,10 +65,6 @@ def _reuse_from(cfg):
 def _model_of_run(cfg) -> None:
     """``gdr score queries_from=<run>`` without ``model.*`` overrides scores with the model settings of that run (from
     the config it saved), since only a P of the same model compares with the run's."""
-    from omegaconf import OmegaConf
-
-    from gdr.store import score_folder
-
     saved = score_folder(cfg.queries_from) / "score.config.yaml"
     model = OmegaConf.load(saved).get("model") if saved.is_file() else None
     if model is not None:

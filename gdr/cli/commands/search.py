@@ -12,11 +12,15 @@ import logging
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from gdr.cli import HELP
 from gdr.cli.common import in_section, override_keys
 from gdr.config import load_config, to_container
+from gdr.data import corpus_from_config
 from gdr.stages.settings import EVALUATE_RULES, EvaluateSettings
 from gdr.validate import validate
+from training.search import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +72,6 @@ def _doc_labels(run_dir: str, overrides: list[str]) -> dict[str, str] | None:
     """Per doc id, its title or first words, from the corpus the retriever was trained on (the ``data``
     ``overrides`` of the command line, else the config ``gdr train`` saved in ``run_dir``); None when that corpus
     cannot be read."""
-    from omegaconf import OmegaConf
-
-    from gdr.data import corpus_from_config
-
     try:
         if overrides:
             data = to_container(load_config("evaluate", overrides).data)
@@ -93,8 +93,6 @@ def _doc_labels(run_dir: str, overrides: list[str]) -> dict[str, str] | None:
 def search_main(argv: list[str]) -> int:
     """``gdr search "query" ["another"] run_dir=... k=10``: prints doc ids, scores and each document's title (or
     first words); JSON lines with --json."""
-    from training.search import Retriever
-
     overrides, queries, as_json = split_args(argv)
     if not queries:
         parser().print_usage(sys.stderr)

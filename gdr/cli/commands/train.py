@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from gdr.cli.common import compose, corpus_and_queries
 from gdr.config import save_config
+from gdr.stages.settings import TrainSettings
+from gdr.stages.train import check_train_inputs, train_retriever
 
 
 def train_main(argv: list[str]) -> int:
-    from gdr.stages.settings import TrainSettings
-    from gdr.stages.train import check_train_inputs, train_retriever
-
     # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
     cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
     c, out, corpus, qs = corpus_and_queries(cfg, save=False)
