@@ -16,6 +16,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from tqdm.auto import tqdm
 
+from gdr import cluster as gcmod
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -198,8 +200,6 @@ def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = 0.
                    phi: str = "power", init: str = "random", max_iter: int = 100, tol: float = 1e-6,
                    device="cpu", dtype=None, ess_target: float = 0.5) -> Callable[[int], Any]:
     """A single-run GC ``fit_fn(seed)`` for ``repeated_best_of``; clip, phi and W are computed once."""
-    from gdr import cluster as gcmod
-
     est = gcmod.GenerativeClustering(n_clusters, alpha=alpha, clip_sigma=clip_sigma, phi=phi, init=init,
                                      n_init=1, max_iter=max_iter, tol=tol, device=device,
                                      dtype=dtype or torch.float32)

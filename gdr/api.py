@@ -19,16 +19,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from gdr import guard
 from gdr.config import conf_dir, load_config
 from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE, Corpus, QuerySet, write_beir
+from gdr.data import splits as query_splits
 from gdr.guard import claim_folder
 from gdr.lm import GenerativeLM
 from gdr.models import DEVICE_RULE
 from gdr.pipeline import run_pipeline
 from gdr.rules import Rule, boolean, check_values
+from gdr.stages import doc_queries as doc_queries_stage
+from gdr.stages import index as index_stage
+from gdr.stages import report as report_stage
+from gdr.stages import sample as sample_stage
+from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
 from gdr.stages.evaluate import evaluate_model
@@ -45,13 +51,8 @@ from gdr.stages.settings import (
     TrainSettings,
 )
 from gdr.stages.train import check_not_trained_on, trained_splits
-from gdr.store import load_run
+from gdr.store import PRun, load_run
 from gdr.validate import validate
-
-if TYPE_CHECKING:  # imported for the annotations only: `import gdr` stays cheap
-    from gdr.data import Corpus, QuerySet
-    from gdr.lm import GenerativeLM
-    from gdr.store import PRun
 
 __all__ = ["load_lm", "sample_queries", "sample_doc_queries", "score", "split_queries", "evaluate_clusters",
            "build_index", "train_retriever", "evaluate", "bm25", "run", "headline"]
@@ -80,8 +81,6 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
     ``sampling``: ``top_k``, ``top_p``, ``temperature``, ``max_new_tokens``, ``batch_size`` (see
     :class:`~gdr.stages.settings.SampleSettings`). The same seed gives the same queries at any batch size.
     Queries for every document (``per_doc``) come from :func:`sample_doc_queries`."""
-    from gdr.stages.sample import sample_queries as stage
-
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
     if sampling.get("per_doc"):
@@ -89,7 +88,7 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
                         f"for {sampling['per_doc']} queries of every document call "
                         f"gdr.sample_doc_queries(lm, corpus, out, per_doc={sampling['per_doc']})")
     settings = SampleSettings(n_queries=n_queries, seed=seed, **sampling)
-    return stage(_built_lm(lm), corpus, out, settings, progress=progress)
+    return sample_stage.sample_queries(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
 def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out: PathLike, *, per_doc: int = 10,
@@ -100,13 +99,11 @@ def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out:
 
     ``sampling``: ``top_k``, ``top_p``, ``temperature``, ``max_new_tokens``, ``batch_size``; the queries of a
     document depend on ``seed`` and its position only."""
-    from gdr.stages.doc_queries import sample_doc_queries as stage
-
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
     check_values({"per_doc": per_doc}, (PER_DOC_RULE,), nest="sample")
     settings = SampleSettings(per_doc=per_doc, seed=seed, **sampling)
-    return stage(_built_lm(lm), corpus, out, settings, progress=progress)
+    return doc_queries_stage.sample_doc_queries(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
 def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *, n_queries: int = 64,
@@ -167,8 +164,6 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     where :func:`gdr.load_corpus` read it (a BEIR folder's own queries and qrels). ``data["drop_unknown_qrels"]``:
     judgements of documents not in that folder's or file's corpus are dropped (counted in ``info["unknown_qrels"]``,
     which :func:`bm25` and :func:`evaluate` report) rather than refused, as ``data.drop_unknown_qrels=true`` does."""
-    from gdr.data.splits import split_queries as load
-
     _need_corpus(corpus)
     check_values({"split": split}, (SPLIT_RULE,))
     fractions = None if fractions is None else list(fractions)
@@ -182,7 +177,7 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     data = _need_mapping(data, "data", '{"name": "bbc"}') or dict(corpus.info.get("data") or {"name": corpus.name})
     q = {"name": name or data["name"], "split": split, "path": str(path) if path else data.get("path"),
          "seed": int(seed), "fractions": fractions, "folds": folds, "fold": fold}
-    return load(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
+    return query_splits.split_queries(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
 
 
 def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, device: str = "auto",
@@ -215,8 +210,6 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
     ``settings``: the fields of :class:`~gdr.stages.settings.IndexSettings` (``n_clusters``, ``leaf_size``,
     ``seed``; ``gc`` and ``kmeans`` dicts are merged onto their defaults). Returns the summary (depth,
     balance, leaves) with ``docids``: the path of ``docids.tsv``."""
-    from gdr.stages.index import build_index as stage
-
     _need_path(out, "out", "the folder to write into")
     _need_corpus(corpus, optional=True)
     run_path = getattr(run, "path", run)
@@ -224,7 +217,8 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
         _need_same_documents(corpus, run)
     settings.setdefault("progress", False)
     index_settings = IndexSettings.merged(settings, method=method)
-    summary = stage(index_settings, out, corpus=corpus, run=str(run_path) if run_path is not None else None)
+    run_arg = str(run_path) if run_path is not None else None
+    summary = index_stage.build_index(index_settings, out, corpus=corpus, run=run_arg)
     return {**summary, "docids": str(Path(out) / "docids.tsv")}
 
 
@@ -239,15 +233,13 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     ``trainer={"max_epochs": 5, "batch_size": 32}``; a progress bar shows by default:
     ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``training.train.TrainResult``
     (``model_dir``, ``best_score`` of the dev metric ``monitor``, ``global_step`` ...)."""
-    from gdr.stages.train import train_retriever as stage
-
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
     _need_queries(queries, optional=True)
     _need_path(docids, "docids", "the docids.tsv of gdr.build_index (its result's ['docids'])")
     sections = {**sections, "model": {**(sections.get("model") or {}), **({"size": size} if size is not None else {})}}
     settings = TrainSettings.merged(sections, seed=seed)
-    return stage(corpus, docids, out, settings, queries=queries, generated=generated)
+    return train_stage.train_retriever(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
 def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
@@ -438,9 +430,7 @@ def _built_lm(lm: Any):
 
 def headline(report: dict) -> dict:
     """The one JSON line ``gdr run`` prints last, from a report of :func:`run`."""
-    from gdr.stages.report import headline as line
-
-    return line(report)
+    return report_stage.headline(report)
 
 
 # Mappings of conf/run.yaml whose keys are names the user chooses: a new key is added there (``+key=``);

@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -242,8 +243,6 @@ def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL, po
     how = "watch"
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0:
                 how = "prctl"

@@ -66,8 +66,10 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from gdr.config import load_config
 from gdr.models import resolve_model
 from gdr.paths import checkout
+from gdr.validate import error_line, validate
 
 __all__ = ["Step", "plan", "main", "last_json", "extract", "run_stages", "step_limit", "planned_limits", "RUN_1000",
            "BUDGET_S", "LIMITS", "STEP_COSTS", "StepCost", "floor_s"]
@@ -383,9 +385,6 @@ def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
 def validate_run_config(overrides: list[str]) -> str | None:
     """None when ``gdr run <overrides>`` composes and passes validation; else the one-line problem."""
     try:
-        from gdr.config import load_config
-        from gdr.validate import error_line, validate
-
         cfg = load_config("run", overrides)
         validate("run", cfg)
     except Exception as e:  # noqa: BLE001 - reported, not raised: the dry run lists every problem

@@ -17,6 +17,7 @@ reads it from there; gdr reads its documents, queries and qrels through it and k
 """
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Any
 
@@ -52,8 +53,6 @@ def irds_problem(dataset_id: Any) -> str | None:
     try:
         ird.load(dataset_id)
     except KeyError:
-        import difflib
-
         close = difflib.get_close_matches(dataset_id, list(ird.registry), n=3)
         return ("is not an ir_datasets id" + (f"; did you mean {', '.join(close)}?" if close else
                                                "; see https://ir-datasets.com for the ids"))

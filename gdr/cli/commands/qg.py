@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gdr.cli.common import compose, lm_settings
 from gdr.config import save_config, to_container
+from gdr.io import atomic_write_json
 from gdr.lm import PromptConfig
 from gdr.stages.qg import build_pairs
 from training.qg import QGOptions, fine_tune_qg
@@ -16,8 +17,6 @@ log = logging.getLogger(__name__)
 
 
 def qg_main(argv: list[str]) -> int:
-    from gdr.io import atomic_write_json as write_json
-
     cfg = compose("qg", argv)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -32,7 +31,7 @@ def qg_main(argv: list[str]) -> int:
         p = lm.prompt
         lm.prompt = PromptConfig(style=p.style, prefix=p.prefix, system=p.system, user=p.user,
                                  shots=[list(s) for s in p.shots[:int(cfg.qg.shots)]])
-    write_json(out / "pairs.manifest.json", {**info, "examples": [
+    atomic_write_json(out / "pairs.manifest.json", {**info, "examples": [
         {"doc": d[:200], "query": q} for d, q in zip(pairs.docs[:5], pairs.queries[:5])]})
     log.info("qg pairs: %s", info)
     res = fine_tune_qg(out, lm, pairs, QGOptions(**to_container(cfg.qg.train)), dev_fraction=cfg.qg.dev_fraction,
@@ -43,7 +42,7 @@ def qg_main(argv: list[str]) -> int:
                 "dev_loss_per_token_before": res.dev_loss_before, "dev_loss_per_token": res.dev_loss,
                 "dev_nll_per_query_before": res.dev_nll_per_query_before, "dev_nll_per_query": res.dev_nll_per_query,
                 "seconds": round(time.time() - t0, 1)}
-    write_json(out / "qg.manifest.json", manifest)
+    atomic_write_json(out / "qg.manifest.json", manifest)
     print(json.dumps({k: manifest[k] for k in ("model_dir", "n_train", "n_dev", "global_step",
                                                "dev_loss_per_token_before", "dev_loss_per_token", "seconds")}))
     return 0
