@@ -1,3 +1,4 @@
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -37,8 +38,37 @@ def t5():
     return tiny_t5()
 
 
+def _first_party_names(obj):
+    """(module, name) of every loaded first-party module's global bound to ``obj``."""
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is not None and mod_name.split(".")[0] in ("gdr", "training", "indexing", "eval"):
+            yield from ((mod, attr) for attr, bound in list(vars(mod).items()) if bound is obj)
+
+
 @pytest.fixture
-def nothing_loads(monkeypatch):
+def patch_where_bound(monkeypatch):
+    """``patch(target, value)``: set the function ``target`` ("package.module.name") to ``value`` in its module and
+    in every loaded first-party module that holds it under a name of its own (``from package.module import name``
+    binds the function when the importing module loads), so that a call by any path reaches ``value``. A module
+    first loaded during the test binds ``value``: it gets the real function back at the end."""
+    swapped = []
+
+    def patch(target: str, value) -> None:
+        module, name = target.rsplit(".", 1)
+        real = getattr(importlib.import_module(module), name)
+        for mod, attr in _first_party_names(real):
+            monkeypatch.setattr(mod, attr, value)
+        monkeypatch.setattr(target, value)
+        swapped.append((value, real))
+
+    yield patch
+    for value, real in swapped:
+        for mod, attr in _first_party_names(value):
+            setattr(mod, attr, real)
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch, patch_where_bound):
     """Make loading a model or a corpus fail the test: refusals (bad config, unusable out folder) must come first."""
     def forbidden(*args, **kwargs):
         raise AssertionError("loaded a model or a corpus before checking the config and the out folder")
@@ -46,8 +76,8 @@ def nothing_loads(monkeypatch):
     monkeypatch.setattr("gdr.lm.GenerativeLM.__init__", forbidden)
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", forbidden)
     monkeypatch.setattr("training.search.Retriever.load", forbidden)
-    monkeypatch.setattr("gdr.data.corpus_from_config", forbidden)
-    monkeypatch.setattr("gdr.data.load_corpus", forbidden)
+    patch_where_bound("gdr.data.corpus_from_config", forbidden)
+    patch_where_bound("gdr.data.load_corpus", forbidden)
 
 
 @pytest.fixture

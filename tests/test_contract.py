@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def no_loading(monkeypatch):
+def no_loading(monkeypatch, patch_where_bound):
     """Loading a model, a retriever or a corpus fails the test: a bad argument must be refused before."""
     def forbidden(*args, **kwargs):
         raise AssertionError("loaded a model or a corpus before checking the arguments")
@@ -41,8 +41,8 @@ def no_loading(monkeypatch):
         monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", forbidden)
     monkeypatch.setattr("training.search.Retriever.load", forbidden)
     for loader in ("load_bbc", "load_reuters", "load_cranfield", "load_beir", "load_msmarco_lite", "load_nq320k"):
-        monkeypatch.setattr(f"gdr.data.{loader}", forbidden)
-    monkeypatch.setattr("gdr.store.load_run", forbidden)
+        patch_where_bound(f"gdr.data.{loader}", forbidden)
+    patch_where_bound("gdr.store.load_run", forbidden)
 
 
 def _queries(n: int = 2):

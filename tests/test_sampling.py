@@ -358,14 +358,14 @@ def test_a_folder_decoded_in_bf16_is_not_resumed_or_reused_in_fp32(tmp_path, mon
         sample_run(fp32, DOCS, DOC_IDS, tmp_path / "a", **kw)
 
 
-def test_the_decode_path_is_chosen_for_the_folder_not_for_the_queries_left(tmp_path, monkeypatch):
+def test_the_decode_path_is_chosen_for_the_folder_not_for_the_queries_left(tmp_path, monkeypatch, patch_where_bound):
     """compile=auto compiles work of at least compile_min_queries queries. A run of 10 (compiled) killed after
     4 resumes with 6 left: still compiled (the folder's path, recorded as its numerics), not eager. ``auto``
     compiles only on CUDA: here the CUDA rule is applied on the CPU, the step traced with the eager backend."""
     from gdr.lm import compiling
 
     real = compiling.want_compile
-    monkeypatch.setattr(compiling, "want_compile", lambda s, d, n, m="auto": real(s, "cuda", n, m))
+    patch_where_bound("gdr.lm.compiling.want_compile", lambda s, d, n, m="auto": real(s, "cuda", n, m))
     lm = tiny_llama()
     lm.decoder().compile_options = dict(backend="eager")
     kw = dict(n_queries=10, seed=4, batch_size=4, progress=False, compile="auto", compile_min_queries=8, **KW)

@@ -9,7 +9,6 @@ import pytest
 from test_pipeline import setup  # noqa: F401 - a fixture
 from tiny_models import DOCS
 
-import gdr.lm.scoring as scoring
 import gdr.stages.score as score_stage
 from gdr.data import Corpus
 from gdr.stages.score import score_run
@@ -32,7 +31,10 @@ def test_workers_score_with_the_sizes_the_parent_resolved(saved, tmp_path, monke
     """The parent resolves doc_batch_size=auto and max_query_tokens=auto once (here to 3 and 7; a worker that
     resolved its own on the CPU would take 1 and 2,048) and every worker scores with them: the manifest
     records them and P equals one process's at those sizes."""
-    monkeypatch.setattr(scoring, "auto_score_sizes", lambda model, device, prompt_tokens=512, free_bytes=None: (3, 7))
+    def auto_score_sizes(model, device, prompt_tokens=512, free_bytes=None):
+        return 3, 7
+
+    monkeypatch.setattr(score_stage, "auto_score_sizes", auto_score_sizes)  # where resolve_sizes calls it
     lm = saved.build()
     two = score_stage.score_corpus(CORPUS, (lm, saved), tmp_path / "two", SAMPLE,
                                    ScoreSettings(shard_size=2, processes=2), progress=False)

@@ -16,7 +16,8 @@ import functools
 import warnings
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+import torch.nn.attention.flex_attention as flex  # flex.flex_attention is read at each call: a test may swap it
+from torch.nn.attention.flex_attention import BlockMask
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -39,13 +40,13 @@ def compiled_flex(options: tuple = ()):
     compiled function depends on nothing but the torch build, so every scorer of the process shares it (and its
     compiled graphs). ``options``: sorted (name, value) pairs of further ``torch.compile`` arguments."""
     compile_cache_dir()
-    return torch.compile(flex_attention, dynamic=True, **dict(options))
+    return torch.compile(flex.flex_attention, dynamic=True, **dict(options))
 
 
 def eager_flex():
     """Eager flex attention (unfused, correct: the tests' path), looked up at call time."""
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # said once
-    return flex_attention
+    return flex.flex_attention
 
 
 def flex_attention_fn() -> tuple[object, bool]:
