@@ -11,8 +11,6 @@ from test_api import _as_settings
 from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 import gdr
-import gdr.cli.commands.index
-import gdr.cli.common
 import gdr.pipeline
 import gdr.validate
 from gdr.cli import main
@@ -20,7 +18,7 @@ from gdr.stages.settings import Settings
 
 
 @pytest.fixture
-def calls(monkeypatch) -> Counter:
+def calls(monkeypatch, patch_where_bound) -> Counter:
     """Counts of every check a command can make of its config, by name (``check_rules:<table prefix>``)."""
     seen: Counter = Counter()
 
@@ -31,9 +29,7 @@ def calls(monkeypatch) -> Counter:
 
         return wrapper
 
-    validate = counting("validate", gdr.validate.validate)
-    for module in (gdr.validate, gdr.cli.common, gdr.cli.commands.index):  # where a door holds the name
-        monkeypatch.setattr(module, "validate", validate)
+    patch_where_bound("gdr.validate.validate", counting("validate", gdr.validate.validate))  # every door's name
     monkeypatch.setattr(gdr.validate, "check_rules",
                         counting("check_rules", gdr.validate.check_rules, key=lambda sec, rules, prefix="": prefix))
     monkeypatch.setattr(gdr.validate, "check_run", counting("check_run", gdr.validate.check_run))
