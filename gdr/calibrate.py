@@ -6,16 +6,17 @@ Each step is timed once warm (a first, untimed call pays the lazy initialisation
 
 - ``lm_load_s``: loading the query generator (``model.name``), as every process that samples or scores does;
 - ``sampling_s_per_query``: one batch of ``sample_batch`` queries (the run's batch, at most the run's J and
-  :data:`SAMPLE_QUERIES`), ``model.max_doc_tokens`` and ``sample.max_new_tokens`` as the run sets them, with the
+  :data:`SAMPLE_QUERIES`) drawn over as many of the run's documents (each row its own prompt, as in the run),
+  ``model.max_doc_tokens`` and ``sample.max_new_tokens`` as the run sets them, with the
   run's threads; ``doc_queries_s_per_query``: one batch of the doc-queries stage, ``doc_query_docs`` documents of
   ``per_doc`` queries each (the stage's ``batch_size // per_doc``), the prompt prefilled once per document;
 - ``scoring_s_per_pair``: one document against ``score_queries`` queries of ``sample.max_new_tokens`` tokens (the
   run's J, at most one packed chunk), with the threads one scoring process has (1 when ``score.processes`` > 1,
   as gdr/stages/score.py gives each worker): a document's prompt and the chunk's attention are paid as the run
   pays them;
-- ``training_s_per_example``: optimiser steps of the retriever preset (random-init encoder: the speed is the
-  architecture's) at the run's CPU batch and the padded width the plan uses, with the threads training takes
-  (:func:`gdr.stages.train.training_threads`);
+- ``training_s_per_example``: the median of a few optimiser steps of the retriever preset (random-init encoder:
+  the speed is the architecture's) at the run's CPU batch and the padded width the plan uses, with the threads
+  training takes (:func:`gdr.stages.train.training_threads`);
 - ``search_s_per_query``: constrained beam search at ``evaluate.beam`` over random docids of the run's shape;
 - ``retriever_setup_s``: building the retriever's architecture (without reading the encoder's weights).
 
@@ -33,6 +34,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -50,7 +52,7 @@ __all__ = ["calibrate_cpu", "calibration_path"]
 
 SAMPLE_QUERIES = 64  # at most this many queries in the timed sampling batch (a CPU run's batch: 64)
 SCORE_QUERIES = 192  # at most this many queries in the timed scoring batch (one document)
-TRAIN_STEPS = 3      # timed optimiser steps
+TRAIN_STEPS = 5      # timed optimiser steps (their median: one step is ~1 s on 2 cores, and noisy)
 SEARCH_QUERIES = 16  # queries in the timed search batch
 # A document of plain news prose: the sampled queries end as real ones do (a made-up text makes the LM end early
 # and redraw)
@@ -71,20 +73,23 @@ def calibration_path(shapes: dict) -> Path:
     return cache_dir() / "plan-calibration" / f"{_shapes_key(shapes)}.json"
 
 
-def calibrate_cpu(shapes: dict, retriever_config, refresh: bool = False) -> tuple[dict[str, float], Path, bool]:
+def calibrate_cpu(shapes: dict, retriever_config, refresh: bool = False, texts: Sequence[str] | None = None
+                  ) -> tuple[dict[str, float], Path, bool]:
     """(figures, their cache file, whether they were read from the cache) of this CPU at ``shapes``: the
     ``model`` name, ``doc_tokens``, ``new_tokens``, ``threads`` (None: torch's default), ``sample_batch``,
     ``per_doc`` and ``doc_query_docs`` (the doc-queries stage's batch), ``score_threads``, ``score_queries``,
     ``train_threads``, ``batch`` (training), ``width`` (training input positions), ``beam``, ``n_docs``,
     ``n_digits``, ``depth``;
-    ``retriever_config``: the run's :class:`training.model.RetrieverConfig` with its docid sizes."""
+    ``retriever_config``: the run's :class:`training.model.RetrieverConfig` with its docid sizes; ``texts``: the
+    run's first documents (the LM's inputs) to sample from and score, else :data:`DOC` (a real corpus decodes
+    slower than the stand-in: 5.4 against 3.7 s for one doc-queries batch of the demo)."""
     path = calibration_path(shapes)
     if path.is_file() and not refresh:
         return json.loads(path.read_text(encoding="utf-8"))["figures"], path, True
     threads_before = torch.get_num_threads()
     load, t0 = os.getloadavg()[0], time.perf_counter()
     try:
-        figures = {**_lm_figures(shapes), **_retriever_figures(shapes, retriever_config)}
+        figures = {**_lm_figures(shapes, texts), **_retriever_figures(shapes, retriever_config)}
     finally:
         torch.set_num_threads(threads_before)
     # what else ran meanwhile: a figure timed on a busy machine predicts a busy machine
@@ -109,18 +114,23 @@ def _doc_text(n_words: int) -> str:
     return " ".join(words[i % len(words)] for i in range(n_words))
 
 
-def _lm_figures(s: dict) -> dict[str, float]:
-    """Load, sampling and scoring of the query generator."""
+def _lm_figures(s: dict, texts: Sequence[str] | None) -> dict[str, float]:
+    """Load, sampling and scoring of the query generator, on ``texts`` (None: :data:`DOC`)."""
     spec = LMSettings(name=str(s["model"]), max_doc_tokens=int(s["doc_tokens"]), device="cpu",
                       threads=s.get("threads"))
     t0 = time.perf_counter()
     lm = spec.build()
     load = time.perf_counter() - t0
-    doc = _doc_text(4 * int(s["doc_tokens"]))
+    n_docs = max(1, int(s["doc_query_docs"]))
+    docs = ([texts[i % len(texts)] for i in range(n_docs)] if texts else
+            [_doc_text(4 * int(s["doc_tokens"]) + i) for i in range(n_docs)])
+    doc = docs[0]
     new = int(s["new_tokens"])
 
+    sources = list(texts[:int(s["sample_batch"])]) if texts else [doc]  # a batch of many prompts, as the run's
+
     def sample(n: int):
-        return lm.sample_queries([doc], n, seed=0, batch_size=n, max_new_tokens=new, progress=False, compile=False)
+        return lm.sample_queries(sources, n, seed=0, batch_size=n, max_new_tokens=new, progress=False, compile=False)
 
     sample(2)  # untimed: lazy initialisation
     n = max(1, min(int(s["sample_batch"]), SAMPLE_QUERIES))
@@ -128,8 +138,6 @@ def _lm_figures(s: dict) -> dict[str, float]:
     per_doc = int(s.get("per_doc") or 0)
     figures = {}
     if per_doc:
-        n_docs = max(1, int(s["doc_query_docs"]))
-        docs = [_doc_text(4 * int(s["doc_tokens"]) + i) for i in range(n_docs)]
         figures["doc_queries_s_per_query"] = _timed(lambda: lm.sample_per_doc(
             docs, per_doc, max_new_tokens=new, max_rows=n_docs * per_doc)) / (n_docs * per_doc)
     words = DOC.split()
@@ -165,7 +173,7 @@ def _retriever_figures(s: dict, config) -> dict[str, float]:
 
     model.train()
     step()  # untimed: lazy initialisation
-    train = _timed(lambda: [step() for _ in range(TRAIN_STEPS)]) / (TRAIN_STEPS * batch)
+    train = float(np.median([_timed(step) for _ in range(TRAIN_STEPS)])) / batch
     model.eval()
     n_docs = max(int(s["n_docs"]), 2)
     flat = rng.choice(K ** depth, size=min(n_docs, K ** depth), replace=False)

@@ -43,6 +43,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from gdr import cost
 from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.config import load_config
+from gdr.data import corpus_from_config
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.lm.compiling import want_compile
 from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
@@ -627,6 +628,17 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     return stages
 
 
+def _first_texts(cfg, n: int) -> list[str] | None:
+    """The LM inputs of the run's first ``n`` documents, or None (with a log line) when the corpus does not load
+    here: the calibration then times a stand-in news text."""
+    try:
+        corpus = corpus_from_config(OmegaConf.to_container(cfg.data, resolve=True))
+    except Exception as e:  # noqa: BLE001  (a plan never fails for want of the corpus: it times a stand-in)
+        log.info("plan: calibrating on a stand-in text, the corpus did not load (%s: %s)", type(e).__name__, e)
+        return None
+    return list(corpus.model_inputs()[:n])
+
+
 def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     """This CPU's calibration at the shapes of ``cfg`` into ``rates``: measured now (``run``, unless cached;
     ``refresh``: even if cached) or read from the cache (``cache``)."""
@@ -651,9 +663,13 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
               "train_threads": training_threads(), "batch": batch,
               "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
               "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
-              "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"}}
+              "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"},
+              "docs": str(cfg.data.name)}  # timed on the run's first documents
     if mode in ("run", "refresh"):
-        figures, path, cached = calibrate_cpu(shapes, rc, refresh=mode == "refresh")
+        path = calibration_path(shapes)
+        need = max(shapes["doc_query_docs"], shapes["sample_batch"])
+        texts = None if path.is_file() and mode == "run" else _first_texts(cfg, need)
+        figures, path, cached = calibrate_cpu(shapes, rc, refresh=mode == "refresh", texts=texts)
     else:
         path = calibration_path(shapes)
         if not path.is_file():
