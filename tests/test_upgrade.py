@@ -1,12 +1,15 @@
-"""A folder of an older gdr is brought to the current format by one upgrade step, keeping its P: the fixture
-``fixtures/run_101d818`` is a tiny ``gdr run`` made by gdr at commit 101d818 (format 0; how:
-``fixtures/make_run_101d818.py``)."""
+"""A folder of an older gdr is brought to the current format by one upgrade step, keeping its P: the old folder is a
+tiny ``gdr run`` made by gdr at commit 101d818 (format 0), built once per module from the repository's history by
+``fixtures/make_run_101d818.py`` (no run folder is committed)."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,18 @@ from gdr.cli import main
 from gdr.formats import FORMAT
 
 FIXTURES = Path(__file__).parent / "fixtures"
-OLD = FIXTURES / "run_101d818"
+ROOT = Path(__file__).resolve().parent.parent
+OLD_COMMIT = "101d818"
+
+
+@dataclass
+class OldRun:
+    """The stage folders of a run made by gdr at :data:`OLD_COMMIT`: ``path`` holds them (and its run.config.yaml),
+    ``score`` and ``index`` name its score and GC index folders."""
+
+    path: Path
+    score: str
+    index: str
 
 
 def _fixture():
@@ -26,13 +40,33 @@ def _fixture():
     return module
 
 
+@pytest.fixture(scope="module")
+def old(tmp_path_factory) -> OldRun:
+    """The score, doc-queries and GC index stages of a tiny run made by gdr at :data:`OLD_COMMIT` (its code taken
+    from the repository's history with ``git archive``, run in a subprocess)."""
+    base = tmp_path_factory.mktemp("old")
+    checkout, where = base / "checkout", base / "made"
+    checkout.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", OLD_COMMIT], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(checkout)], input=tar, check=True)
+    subprocess.run([sys.executable, str(FIXTURES / "make_run_101d818.py"), str(checkout), str(where)], check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(checkout)}, cwd=checkout)
+    kept = base / "run"
+    kept.mkdir()
+    for pattern in ("score-*", "doc-queries-*", "index-gc-*"):
+        for folder in (where / "run").glob(pattern):
+            shutil.copytree(folder, kept / folder.name)
+    shutil.copy(where / "run" / "run.config.yaml", kept)
+    return OldRun(kept, next(kept.glob("score-*")).name, next(kept.glob("index-gc-*")).name)
+
+
 @pytest.fixture
-def old_run(tmp_path, monkeypatch):
+def old_run(old, tmp_path, monkeypatch):
     """A copy of the format-0 run folder beside the same tiny LM and corpus, the working folder set there (the
     fixture names its LM by the relative path ``tiny-llama``)."""
     fx = _fixture()
     fx.write_inputs(tmp_path)
-    shutil.copytree(OLD, tmp_path / "run")
+    shutil.copytree(old.path, tmp_path / "run")
     monkeypatch.chdir(tmp_path)
     return tmp_path, fx
 
@@ -41,14 +75,14 @@ def _stages(run: Path) -> dict[str, dict]:
     return {s["name"]: s for s in json.loads((run / "report.json").read_text())["stages"]}
 
 
-def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old_run, capsys):
+def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old, old_run, capsys):
     root, fx = old_run
     run = root / "run"
-    p_before = (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+    p_before = (old.path / old.score / "P.npy").read_bytes()
     assert main(["upgrade", str(run)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("score-f1504afa55: format 0 -> 1, now score-") for line in lines)
-    assert any("index-gc-9078297d3d: format 0 -> 1, retired (keyed by the corpus's settings and paths" in line
+    assert any(line.startswith(f"{old.score}: format 0 -> 1, now score-") for line in lines)
+    assert any(f"{old.index}: format 0 -> 1, retired (keyed by the corpus's settings and paths" in line
                for line in lines)
     score = next(run.glob("score-*"))
     stage = json.loads((score / "stage.json").read_text())
@@ -68,18 +102,18 @@ def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old_
     assert (score / "P.npy").read_bytes() == p_before
 
 
-def test_gdr_run_upgrades_an_old_folder_when_it_opens_it(old_run):
+def test_gdr_run_upgrades_an_old_folder_when_it_opens_it(old, old_run):
     root, fx = old_run
     assert main(fx.run_args(root)) == 0
     stages = _stages(root / "run")
     assert stages["score"]["reused"] and stages["doc-queries"]["reused"]
     assert (root / "run" / stages["score"]["folder"] / "P.npy").read_bytes() == \
-        (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+        (old.path / old.score / "P.npy").read_bytes()
 
 
-def test_a_newer_format_is_refused_in_one_line_naming_it(old_run, capsys):
+def test_a_newer_format_is_refused_in_one_line_naming_it(old, old_run, capsys):
     root, fx = old_run
-    marker = root / "run" / "score-f1504afa55" / "stage.json"
+    marker = root / "run" / old.score / "stage.json"
     marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": FORMAT + 1}))
     before = {p: p.read_bytes() for p in (root / "run").rglob("*") if p.is_file()}
     for argv in (["upgrade", str(root / "run")], fx.run_args(root)):
@@ -91,11 +125,11 @@ def test_a_newer_format_is_refused_in_one_line_naming_it(old_run, capsys):
     assert after == before  # refused before any stage was changed
 
 
-def test_a_p_folder_whose_model_is_gone_cannot_be_upgraded(tmp_path, capsys):
+def test_a_p_folder_whose_model_is_gone_cannot_be_upgraded(old, tmp_path, capsys):
     """Format 0 named the LM by its path; where nothing is there any more its files cannot key P: refused in one
     line naming the version and the path, the manifest left as it was."""
     score = tmp_path / "score"
-    shutil.copytree(OLD / "score-f1504afa55", score)
+    shutil.copytree(old.path / old.score, score)
     (score / "stage.json").unlink()  # a P folder of `gdr score`, not a stage of a run
     man = json.loads((score / "P.manifest.json").read_text())
     gone = str(tmp_path / "moved" / "tiny-llama")
@@ -108,7 +142,7 @@ def test_a_p_folder_whose_model_is_gone_cannot_be_upgraded(tmp_path, capsys):
     assert (score / "P.manifest.json").read_bytes() == before
 
 
-def test_an_upgrade_cut_short_before_a_rename_is_finished_by_the_next(old_run, monkeypatch):
+def test_an_upgrade_cut_short_before_a_rename_is_finished_by_the_next(old, old_run, monkeypatch):
     """stage.json is rewritten (to a temporary name, then renamed) before its folder takes the new key: an upgrade
     stopped between the two leaves a format-1 stage.json in the old folder, and the next upgrade renames it."""
     import gdr.upgrade as up
@@ -126,11 +160,11 @@ def test_an_upgrade_cut_short_before_a_rename_is_finished_by_the_next(old_run, m
     with pytest.raises(KeyboardInterrupt):
         up.upgrade_run(run)
     monkeypatch.undo()
-    marker = json.loads((run / "score-f1504afa55" / "stage.json").read_text())
-    assert marker["format"] == FORMAT and marker["key"] != "f1504afa55"
+    marker = json.loads((run / old.score / "stage.json").read_text())
+    assert marker["format"] == FORMAT and marker["key"] != old.score.split("-", 1)[1]
     up.upgrade_run(run)
-    assert not (run / "score-f1504afa55").exists()
-    assert (run / f"score-{marker['key']}" / "P.npy").read_bytes() == (OLD / "score-f1504afa55" / "P.npy").read_bytes()
+    assert not (run / old.score).exists()
+    assert (run / f"score-{marker['key']}" / "P.npy").read_bytes() == (old.path / old.score / "P.npy").read_bytes()
 
 
 def test_a_training_s_best_score_of_format_0_is_named_by_the_metric_that_chose_it():
