@@ -24,8 +24,8 @@ from typing import Sequence
 import faiss
 import numpy as np
 
-from eval.clustering import repeated_best_of
 from gdr.embed import embed_texts
+from gdr.eval.clustering import repeated_best_of
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from eval.retrieval import Run
+from gdr.eval.retrieval import Run
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def bm25_search(doc_texts: Sequence[str], queries: Sequence[str], k: int = 100, 
 
 def bm25_run(doc_ids: Sequence[str], doc_texts: Sequence[str], qids: Sequence[str], queries: Sequence[str],
              k: int = 100, **kw) -> Run:
-    """BM25 results as a :class:`~eval.retrieval.Run`."""
+    """BM25 results as a :class:`~gdr.eval.retrieval.Run`."""
     res = bm25_search(doc_texts, queries, k=k, **kw)
     ids = np.asarray(list(doc_ids), dtype=object)
     out_docs, out_scores = [], []

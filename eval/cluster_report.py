@@ -16,9 +16,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy.special import logsumexp
 
-from eval.baselines import run_baselines
-from eval.clustering import clustering_scores, make_gc_fit_fn, repeated_best_of
 from gdr.cluster import GenerativeClustering, describe_clusters
+from gdr.eval.baselines import run_baselines
+from gdr.eval.clustering import clustering_scores, make_gc_fit_fn, repeated_best_of
 
 log = logging.getLogger(__name__)
 

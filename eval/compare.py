@@ -1,7 +1,7 @@
 """Paired comparison of retrieval systems on the same test queries.
 
 Each system (a docid scheme's retrievers, one per seed, or BM25) gives per-query metrics (``recall@1``,
-``recall@10``, ``mrr@k`` at the run's depth k: :func:`paired_metrics`, :func:`eval.retrieval.per_query_metrics`).
+``recall@10``, ``mrr@k`` at the run's depth k: :func:`paired_metrics`, :func:`gdr.eval.retrieval.per_query_metrics`).
 Two systems are compared on the queries both were scored on: a query's value is first **averaged over the
 system's seeds** (the unit of the test is the query; the seeds' spread is reported next to it as mean (std)
 over seeds), then
@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats
 
-from eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_metrics, read_per_query
+from gdr.eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_metrics, read_per_query
 
 __all__ = ["PAIRED_METRICS", "paired_metrics", "Comparison", "paired_test", "mean_interval", "compare_systems",
            "compare_folders", "find", "verdict", "comparison_table", "metric_name"]
@@ -185,7 +185,7 @@ def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = N
                     metrics: Sequence[str] | None = None, n_resamples: int = 9999, seed: int = 0,
                     k: int = 100) -> list[dict]:
     """The paired comparisons of a run: ``eval_dirs`` maps a system to its evaluation folders (one per seed),
-    each holding ``per_query.json`` (:func:`eval.retrieval.write_per_query`) of a run of ``k`` results per query;
+    each holding ``per_query.json`` (:func:`gdr.eval.retrieval.write_per_query`) of a run of ``k`` results per query;
     a seed given as a list of folders (cross-validation: one per fold, each scored on its own topics) has their
     per-query results joined. ``reference`` (default: the first system) is compared with every other on ``metrics``
     (default: :func:`paired_metrics` at ``k``); values in percentage points. Fewer than two systems: []."""

@@ -1,6 +1,6 @@
 """Collect ``metrics*.json`` of ``gdr cluster`` runs into one markdown table and a bar plot.
 
-    python -m eval.report runs/r5/metrics.json runs/r5/metrics.earn-acq.json --out reports/reuters
+    python -m gdr.eval.report runs/r5/metrics.json runs/r5/metrics.earn-acq.json --out reports/reuters
 """
 from __future__ import annotations
 

@@ -17,10 +17,31 @@ See :mod:`gdr.api` for every function, :mod:`gdr.stages` for the stages they cal
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
+import sys
 from typing import Any
 
+from gdr.paths import KERNELS, PACKAGE
+
 __version__ = "0.1.0"
+
+
+class _KernelsBeside(importlib.abc.MetaPathFinder):
+    """Finds gdr.indexing, gdr.training and gdr.eval in a source checkout, where their folders sit beside gdr/ (the
+    design's top level); a wheel installs them inside gdr, where the usual import finds them."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        parent, _, name = fullname.rpartition(".")
+        if parent != __name__ or name not in KERNELS:
+            return None
+        init = PACKAGE.parent / name / "__init__.py"
+        return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+# First on the path, so that a checkout put on PYTHONPATH imports its own kernels, not an editable install's
+if not any((PACKAGE / k).is_dir() for k in KERNELS) and not any(isinstance(f, _KernelsBeside) for f in sys.meta_path):
+    sys.meta_path.insert(0, _KernelsBeside())
 
 _EXPORTS = {
     # data

@@ -231,7 +231,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     ``size``: a preset of ``conf/stage/train.yaml`` (``tiny``, ``mini``, ``small30m`` ...). ``sections``:
     ``examples``, ``model``, ``optim``, ``trainer`` dicts merged onto the defaults (e.g.
     ``trainer={"max_epochs": 5, "batch_size": 32}``; a progress bar shows by default:
-    ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``training.train.TrainResult``
+    ``trainer={"enable_progress_bar": False}`` turns it off). Returns ``gdr.training.train.TrainResult``
     (``model_dir``, ``best_score`` of the dev metric ``monitor``, ``global_step`` ...)."""
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")

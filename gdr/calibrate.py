@@ -40,11 +40,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gdr.indexing.trie import build_trie
 from gdr.models import cache_dir
 from gdr.stages.settings import LMSettings
-from indexing.trie import build_trie
-from training.model import GenerativeRetriever
-from training.search import constrained_beam_search
+from gdr.training.model import GenerativeRetriever
+from gdr.training.search import constrained_beam_search
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def calibrate_cpu(shapes: dict, retriever_config, refresh: bool = False, texts: 
     ``per_doc`` and ``doc_query_docs`` (the doc-queries stage's batch), ``score_threads``, ``score_queries``,
     ``train_threads``, ``batch`` (training), ``width`` (training input positions), ``beam``, ``n_docs``,
     ``n_digits``, ``depth``;
-    ``retriever_config``: the run's :class:`training.model.RetrieverConfig` with its docid sizes; ``texts``: the
+    ``retriever_config``: the run's :class:`gdr.training.model.RetrieverConfig` with its docid sizes; ``texts``: the
     run's first documents (the LM's inputs) to sample from and score, else :data:`DOC` (a real corpus decodes
     slower than the stand-in: 5.4 against 3.7 s for one doc-queries batch of the demo)."""
     path = calibration_path(shapes)

@@ -307,7 +307,8 @@ def sampling_flops(model: torch.nn.Module, stats: dict) -> float:
 
 def _retriever_parts(model: torch.nn.Module) -> tuple[int, int, int, Dims, Dims]:
     """(encoder + projection parameters, decoder parameters less the cross-attention keys/values, those keys/values,
-    encoder dims, decoder dims) of a ``training.model.GenerativeRetriever``; PAWA's layers count with the decoder."""
+    encoder dims, decoder dims) of a ``gdr.training.model.GenerativeRetriever``; PAWA's layers count with the
+    decoder."""
     cfg = model.config
     enc_d, dec_d = dims(model.encoder.config), dims(cfg)
     enc = param_count(model.encoder) + sum(p.numel() for p in model.proj.parameters())
@@ -319,7 +320,7 @@ def _retriever_parts(model: torch.nn.Module) -> tuple[int, int, int, Dims, Dims]
 
 
 def train_flops_per_example(model: torch.nn.Module, seq_len: int) -> float:
-    """Training FLOPs of one example of a ``training.model.GenerativeRetriever``: 3 x forward (the encoder over
+    """Training FLOPs of one example of a ``gdr.training.model.GenerativeRetriever``: 3 x forward (the encoder over
     ``seq_len`` tokens, the decoder over L + 1 docid positions with self- and cross-attention, the slot logits)."""
     S, T = seq_len, model.config.max_code_len + 1
     enc, dec, cross_kv, e, d = _retriever_parts(model)
@@ -341,7 +342,7 @@ def hypotheses_per_step(n_digits: int, max_code_len: int, beam: int) -> list[int
 
 
 def search_flops_per_query(model: torch.nn.Module, query_tokens: float, beam: int) -> float:
-    """Model FLOPs of one query's beam search over a ``training.model.GenerativeRetriever``: the encoder over
+    """Model FLOPs of one query's beam search over a ``gdr.training.model.GenerativeRetriever``: the encoder over
     its S tokens (bidirectional attention over S), the cross-attention keys/values once over S, then at step t
     each of its w_t hypotheses (:func:`hypotheses_per_step`) through the decoder's other weights, self-attention
     over t + 1 positions, cross-attention over S, and the K + 1 slot logits (and PAWA's layers when on)."""
@@ -423,7 +424,7 @@ def training_bytes_per_example(n_params: int, n_matmul_params: int, batch: int, 
 
 def search_bytes_per_query(model: torch.nn.Module, query_tokens: float, beam: int, batch: int,
                            element_size: int) -> float:
-    """Bytes one query's beam search over a ``training.model.GenerativeRetriever`` moves (``element_size``: 2
+    """Bytes one query's beam search over a ``gdr.training.model.GenerativeRetriever`` moves (``element_size``: 2
     under CUDA autocast, 4 in fp32): the encoder's weights once per batch and the decoder's once per step, shared
     by the ``batch`` queries; the query's cross-attention keys/values written once and read once per step (once
     per query, not per hypothesis); at step t each hypothesis reads its t + 1 cached positions and writes one,

@@ -15,7 +15,7 @@
 * :func:`die_with_parent` makes a spawned worker exit when its parent dies (``PR_SET_PDEATHSIG`` on
   Linux, else a thread that watches ``os.getppid()``), so kill -9 of ``gdr`` leaves no writer behind.
   Users: the ``score.processes`` workers, Lightning ``ddp_spawn`` workers (a callback in
-  :mod:`training.train`), and ranks started by ``torchrun`` or Lightning ``ddp`` (:func:`claim_out`). The
+  :mod:`gdr.training.train`), and ranks started by ``torchrun`` or Lightning ``ddp`` (:func:`claim_out`). The
   multiprocessing resource tracker exits by itself once the parent and the workers are gone (its pipe
   closes), and DataLoader workers have torch's own parent watchdog (``os.getppid()``, every 5 s); they
   write no files.

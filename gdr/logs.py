@@ -26,7 +26,7 @@ from typing import Iterator
 
 __all__ = ["setup_logging", "quiet_loading", "warn_once", "log_once", "OWN_LOGGERS", "on_terminal"]
 
-OWN_LOGGERS = ("gdr", "eval", "indexing", "training", "__main__")
+OWN_LOGGERS = ("gdr", "__main__")
 # Libraries that attach their own handler or level (records do not reach the root filter): their level is set.
 _LOUD = ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric", "bm25s",
          "faiss", "faiss.loader", "sentence_transformers", "jax", "torch.distributed")

@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["SHIPPED", "checkout", "shipped_dir", "cache_dir"]
+__all__ = ["KERNELS", "SHIPPED", "checkout", "shipped_dir", "cache_dir"]
 
 PACKAGE = Path(__file__).resolve().parent
+# The kernels' folders at the repository's top (ARCHITECTURE.md): they import as gdr.<name>. A wheel installs them
+# inside the gdr package (pyproject.toml's package-dir); in a checkout gdr/__init__.py finds them beside gdr/.
+KERNELS = ("indexing", "training", "eval")
 # The folder name inside a wheel's gdr package -> (the repository folder it is copied from, the files copied);
 # setup.py reads this. The GPU figures are the folder's JSON files (plan reads those, not the run folders beside).
 SHIPPED = {"conf": ("conf", "**/*.yaml"), "gpu-runs": ("reports/gpu-runs", "*.json")}

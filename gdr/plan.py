@@ -51,11 +51,11 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.train import model_config_from, training_threads
-from training.concurrent import concurrent_for_memory
-from training.data import dev_sizes
-from training.model import meta_retriever
-from training.stopping import effective_min_steps, patience_checks, steps_per_check
-from training.train import CPU_BATCH, cuda_batch_size
+from gdr.training.concurrent import concurrent_for_memory
+from gdr.training.data import dev_sizes
+from gdr.training.model import meta_retriever
+from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
+from gdr.training.train import CPU_BATCH, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
 def _examples(ex, n_docs: int, n_train: int, per_doc: int) -> tuple[int, int]:
     """(training examples an epoch, dev queries) of one retriever: ``n_train`` real queries (one relevant document
     each), ``per_doc`` generated ones per document and the document windows, less what the dev split holds out
-    (:func:`training.data.dev_sizes`); a run without queries validates on held-out windows (not modelled: all
+    (:func:`gdr.training.data.dev_sizes`); a run without queries validates on held-out windows (not modelled: all
     windows are counted as training examples)."""
     n_real = n_train if ex.use_real else 0
     n_gen = n_docs * per_doc if ex.use_generated else 0
@@ -504,7 +504,7 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
 def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float) -> int:
     """``train.concurrent`` for ``n_ret`` retrievers, as :func:`gdr.stages.train.retrievers_at_once` resolves it: 1
     where each retriever trains data-parallel over several ``gpus``; a number is kept (at most ``n_ret``); ``auto``
-    is 1 on the CPU and on a GPU what :func:`training.concurrent.concurrent_for_memory` fits in ``memory``."""
+    is 1 on the CPU and on a GPU what :func:`gdr.training.concurrent.concurrent_for_memory` fits in ``memory``."""
     if gpus > 1:
         return 1
     if str(setting) != "auto":
@@ -517,8 +517,8 @@ def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, m
 def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, int]:
     """(steps at the cap, steps at the earliest stop, what the earliest stop rests on, steps at the central stop)
     of one retriever: the cap is ``max_epochs`` (or ``max_steps``); the earliest stop is the first validation
-    past both the floor (:func:`training.stopping.effective_min_steps`) and the patience (``patience_steps``
-    turned into validations, else ``patience`` validations) after the first validation, as training.train sets
+    past both the floor (:func:`gdr.training.stopping.effective_min_steps`) and the patience (``patience_steps``
+    turned into validations, else ``patience`` validations) after the first validation, as gdr.training.train sets
     up its early stopping: no run of these settings stops sooner. The central stop assumes the dev score is best
     at the floor and the patience runs out after it (the BBC run on the H200 stopped its 9 structured-docid
     retrievers at 400-550 steps, floor 300 + patience 200 = 500)."""
@@ -541,8 +541,8 @@ def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, in
 
 
 def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int, memory: float) -> int:
-    """``trainer.batch_size``; ``auto`` as training.train resolves it: 64 on the CPU, on a GPU what ``memory``
-    bytes hold (:func:`training.train.cuda_batch_size`)."""
+    """``trainer.batch_size``; ``auto`` as gdr.training.train resolves it: 64 on the CPU, on a GPU what ``memory``
+    bytes hold (:func:`gdr.training.train.cuda_batch_size`)."""
     if batch_size != "auto":
         return int(batch_size)
     if rates.device == "cpu":

@@ -11,7 +11,7 @@
 Both take a topics frame (``qid``, ``query``) and give PyTerrier's result frame: the topics' columns plus
 ``docno``, ``score`` and ``rank`` (from 0, as PyTerrier counts), best first, at most ``k`` rows per query. A
 generative retriever's rows are the ones ``gdr evaluate`` writes to ``run.trec`` (the constrained beam search of
-:class:`training.search.Retriever`; documents sharing a docid share its score), BM25's those of ``bm25.trec``
+:class:`gdr.training.search.Retriever`; documents sharing a docid share its score), BM25's those of ``bm25.trec``
 (:mod:`eval.bm25` over the texts the run's models read). ``k`` and the search settings default to the run's
 ``evaluate:`` section. Neither needs Java: PyTerrier 1.x runs without it, and Terrier's own indexes are not used.
 
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from eval.bm25 import BM25Index
 from gdr.data import corpus_from_config
 from gdr.data.splits import split_queries
-from training.search import Retriever
+from gdr.eval.bm25 import BM25Index
+from gdr.training.search import Retriever
 
 try:
     import pandas as pd

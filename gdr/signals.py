@@ -12,7 +12,7 @@ and returns 143 (SIGTERM) or 130 (SIGINT). Every stage resumes on a rerun: P by 
 training from ``checkpoints/last.ckpt``.
 
 Training is the one place where stopping at an arbitrary bytecode would waste work: inside
-:func:`deferred` (``training.train`` wraps the fit in it) a signal is only recorded, and the trainer's
+:func:`deferred` (``gdr.training.train`` wraps the fit in it) a signal is only recorded, and the trainer's
 callback (:func:`pending`) writes ``last.ckpt`` at the end of the current batch and then raises
 :class:`Stopped`. A second signal, or ``grace_s`` seconds without a batch end, stops at once.
 

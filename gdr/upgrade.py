@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, stage_digest, stage_key
+from gdr.indexing.docids import read_docids
 from gdr.io import (
     atomic_write_json,
     check_manifest_files,
@@ -45,7 +46,6 @@ from gdr.io import (
 from gdr.lm.numerics import scoring_numerics
 from gdr.models import model_digest
 from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run
-from indexing.docids import read_docids
 
 log = logging.getLogger(__name__)
 

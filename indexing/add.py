@@ -35,6 +35,9 @@ from gdr.cluster import distortion_matrix, log_weights
 from gdr.config import RerunCommand, data_overrides, saved_data
 from gdr.data import Corpus, corpus_from_config
 from gdr.data.beir import corpus_jsonl
+from gdr.indexing.docids import format_code, read_docids, write_docids
+from gdr.indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
+from gdr.indexing.summary import summarize, write_summary
 from gdr.io import (
     atomic_write_json,
     atomic_write_text,
@@ -44,9 +47,6 @@ from gdr.io import (
     write_manifest,
 )
 from gdr.store import PMatrix, load_run
-from indexing.docids import format_code, read_docids, write_docids
-from indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
-from indexing.summary import summarize, write_summary
 
 __all__ = ["AddResult", "place_documents", "add_to_index", "check_same_queries", "next_steps", "every_document"]
 

@@ -1,4 +1,4 @@
-"""Hierarchical generative clustering (the paper's Algorithm 2) as a splitter of :mod:`indexing.tree`.
+"""Hierarchical generative clustering (the paper's Algorithm 2) as a splitter of :mod:`gdr.indexing.tree`.
 
 At a node with documents D~ (rows of the root log P, of shape (n_docs, J)):
 
@@ -50,9 +50,9 @@ from gdr.cluster import (
     log_proposal,
     log_weights,
 )
+from gdr.indexing.options import GCOptions
+from gdr.indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 from gdr.store.rows import PMatrix
-from indexing.options import GCOptions
-from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 
 __all__ = [
     "GCOptions",
@@ -210,7 +210,7 @@ class _Fit:
 
 
 class GCSplitter:
-    """Splitter of :func:`indexing.tree.build_tree` running Algorithm 2 at each node.
+    """Splitter of :func:`gdr.indexing.tree.build_tree` running Algorithm 2 at each node.
 
     Parameters
     ----------

@@ -17,8 +17,8 @@ import faiss
 import numpy as np
 
 from gdr.embed import embed_texts
+from gdr.indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 from gdr.io import read_jsonl
-from indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 
 __all__ = [
     "EmbedFn",

@@ -1,4 +1,4 @@
-"""The options of hierarchical GC indexing (:mod:`indexing.gc`), without torch: ``gdr index``'s and ``gdr run``'s
+"""The options of hierarchical GC indexing (:mod:`gdr.indexing.gc`), without torch: ``gdr index``'s and ``gdr run``'s
 ``gc`` section is these fields (:class:`gdr.stages.settings.IndexSettings`), their defaults and help written here
 once."""
 from __future__ import annotations

@@ -10,7 +10,7 @@
         {"path": "12-3", "depth": 2, "size": 17, "children": 0},    # a leaf: positions 0..16
      ...]}
 
-Full-precision centroids of every node are in ``tree_state.npz`` (see :mod:`indexing.state`);
+Full-precision centroids of every node are in ``tree_state.npz`` (see :mod:`gdr.indexing.state`);
 ``tree.json`` keeps them (rounded to 4 decimals) only near the root because all of them would
 take about a gigabyte of JSON at the paper's scale.
 """
@@ -24,11 +24,11 @@ from typing import Sequence
 import numpy as np
 
 from gdr.cluster import describe_clusters
+from gdr.indexing.docids import format_code, write_docids
+from gdr.indexing.state import save_tree_state, tree_state_from_tree
+from gdr.indexing.summary import summarize, write_summary
+from gdr.indexing.tree import IndexTree, check_prefix_code
 from gdr.io import atomic_write_json
-from indexing.docids import format_code, write_docids
-from indexing.state import save_tree_state, tree_state_from_tree
-from indexing.summary import summarize, write_summary
-from indexing.tree import IndexTree, check_prefix_code
 
 __all__ = ["node_records", "write_index"]
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from indexing.docids import format_code, parse_code
-from indexing.tree import IndexTree
+from gdr.indexing.docids import format_code, parse_code
+from gdr.indexing.tree import IndexTree
 
 __all__ = ["NodeState", "TreeState", "tree_state_from_tree", "save_tree_state", "load_tree_state"]
 
@@ -65,7 +65,7 @@ def _str_path(s: str) -> tuple[int, ...]:
 
 
 def tree_state_from_tree(tree: IndexTree, query_hash: str = "") -> TreeState:
-    """Collect the per-node GC state of a tree built by :func:`indexing.gc.build_gc_index`."""
+    """Collect the per-node GC state of a tree built by :func:`gdr.indexing.gc.build_gc_index`."""
     meta = tree.meta
     if meta.get("method") != "gc":
         raise ValueError("tree_state is kept for GC trees only (the `add` descent needs GC centroids)")

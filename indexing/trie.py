@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from indexing.docids import read_docids
+from gdr.indexing.docids import read_docids
 
 __all__ = ["DocidTrie", "build_trie", "load_trie", "pad_codes"]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from eval.clustering import ari
+from gdr.eval.clustering import ari
+from gdr.indexing.docids import read_docids
 from gdr.store import load_run
-from indexing.docids import read_docids
 
 
 def _p(folder: str) -> tuple[np.ndarray, dict]:

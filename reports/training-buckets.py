@@ -8,7 +8,7 @@ standing in for the 10 generated queries per article (no LM runs here), 10 rando
 so, as in the BBC run, most examples are short queries beside 64-token windows. Random 3-digit docids (K = 10).
 The trainer holds out 30% of the training titles as its dev split and tops it up to 100 queries with held-out spans
 (one per article, ``train.examples.dev_min``). For each seed, the same retriever is trained
-twice through ``training.train.train`` (``trainer.length_buckets`` false, then true): examples/s over the training
+twice through ``gdr.training.train.train`` (``trainer.length_buckets`` false, then true): examples/s over the training
 batches (validation left out), padded tokens per example (counted on one epoch of the data module's batches), and
 the best dev R@1 and the step it was reached at. The last line printed is one JSON object.
 """
@@ -28,12 +28,12 @@ import torch
 
 from gdr.bench.common import random_codes
 from gdr.data import load_corpus, load_title_queries
+from gdr.indexing.trie import build_trie
 from gdr.stages.settings import TrainSettings
 from gdr.stages.train import model_config_from
-from indexing.trie import build_trie
-from training.data import RetrievalDataModule, build_examples
-from training.model import load_tokenizer
-from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+from gdr.training.data import RetrievalDataModule, build_examples
+from gdr.training.model import load_tokenizer
+from gdr.training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 FRACTIONS = (0.5, 0.05, 0.45)  # conf/experiment/bbc.yaml
 

@@ -41,7 +41,7 @@ def t5():
 def _first_party_names(obj):
     """(module, name) of every loaded first-party module's global bound to ``obj``."""
     for mod_name, mod in list(sys.modules.items()):
-        if mod is not None and mod_name.split(".")[0] in ("gdr", "training", "indexing", "eval"):
+        if mod is not None and mod_name.split(".")[0] == "gdr":
             yield from ((mod, attr) for attr, bound in list(vars(mod).items()) if bound is obj)
 
 
@@ -75,7 +75,7 @@ def nothing_loads(monkeypatch, patch_where_bound):
 
     monkeypatch.setattr("gdr.lm.GenerativeLM.__init__", forbidden)
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", forbidden)
-    monkeypatch.setattr("training.search.Retriever.load", forbidden)
+    monkeypatch.setattr("gdr.training.search.Retriever.load", forbidden)
     patch_where_bound("gdr.data.corpus_from_config", forbidden)
     patch_where_bound("gdr.data.load_corpus", forbidden)
 

@@ -205,7 +205,7 @@ def test_finished_doc_queries_damaged(setup, doc_queries, tmp_path, capsys):  # 
 
 
 def test_doc_queries_without_a_manifest_with_a_doc_twice(doc_queries, tmp_path):
-    from training.data import read_generated_queries
+    from gdr.training.data import read_generated_queries
 
     out = _copy(doc_queries, tmp_path / "dq")
     good = (out / "doc_queries.jsonl").read_bytes()

@@ -43,7 +43,7 @@ def test_the_training_batch_is_resolved_from_memory_with_the_cache_given_back(mo
     trained, its cached blocks count as used and the next retriever of the same run gets a smaller batch (and
     other learning rates)."""
     from gdr.bench.common import preset_config
-    from training.train import TrainerOptions, resolve_train_batch, train_batch_for_memory
+    from gdr.training.train import TrainerOptions, resolve_train_batch, train_batch_for_memory
 
     cfg = preset_config("small30m", 30, 4)
     assert resolve_train_batch(TrainerOptions(batch_size="auto", accelerator="cpu"), cfg, 10**6) == 64
@@ -62,7 +62,7 @@ def test_the_training_batch_is_resolved_from_memory_with_the_cache_given_back(mo
 @pytest.mark.parametrize("devices,n", [(2, 2), ("auto", 1)])
 def test_the_training_batch_caps_by_each_process_share_of_the_examples(monkeypatch, devices, n):
     from gdr.bench.common import preset_config
-    from training.train import MIN_STEPS_PER_EPOCH, TrainerOptions, resolve_train_batch
+    from gdr.training.train import MIN_STEPS_PER_EPOCH, TrainerOptions, resolve_train_batch
 
     _FakeCuda(free=141e9, cached=0).install(monkeypatch)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

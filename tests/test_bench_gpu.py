@@ -440,7 +440,7 @@ def test_bytes_and_flops_per_unit_hand_checked():
 
     from gdr import cost
     from gdr.cost import hypotheses_per_step, search_bytes_per_query, search_flops_per_query
-    from training.model import GenerativeRetriever, RetrieverConfig
+    from gdr.training.model import GenerativeRetriever, RetrieverConfig
 
     lm = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))

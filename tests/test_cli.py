@@ -5,9 +5,9 @@ import pytest
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from eval.cluster_report import cluster_corpus, restrict, results_table
 from gdr.cli import COMMANDS, main
 from gdr.config import load_config, save_config
+from gdr.eval.cluster_report import cluster_corpus, restrict, results_table
 
 
 def test_every_command_resolves():

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from eval.clustering import ari
 from gdr.cluster import (
     GenerativeClustering,
     _kmeanspp_probs,
@@ -22,6 +21,7 @@ from gdr.cluster import (
     log_proposal,
     log_weights,
 )
+from gdr.eval.clustering import ari
 
 F64 = torch.float64
 
@@ -494,8 +494,8 @@ def test_effective_sample_size_bounds_and_auto_alpha_hits_its_target():
 
 
 def test_hierarchical_gc_with_auto_alpha_resolves_it_once(tmp_path):
+    from gdr.indexing.gc import GCOptions, build_gc_index
     from gdr.store.rows import PMatrix
-    from indexing.gc import GCOptions, build_gc_index
 
     logp = np.random.default_rng(1).normal(-50.0, 10.0, size=(120, 48)).astype(np.float32)
     tree = build_gc_index(PMatrix(logp), n_clusters=4, leaf_size=4,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval.compare import compare_folders, compare_systems, find, paired_test, verdict
-from eval.retrieval import metrics_from_ranks, per_query_metrics, write_per_query
+from gdr.eval.compare import compare_folders, compare_systems, find, paired_test, verdict
+from gdr.eval.retrieval import metrics_from_ranks, per_query_metrics, write_per_query
 
 
 def test_a_clear_difference_has_an_interval_excluding_zero_and_a_small_p():
@@ -90,7 +90,7 @@ def test_compare_folders_reads_per_query_files(tmp_path):
 
 
 def test_mean_interval_covers_the_mean():
-    from eval.compare import mean_interval
+    from gdr.eval.compare import mean_interval
 
     x = np.r_[np.ones(30), np.zeros(70)]
     mean, lo, hi = mean_interval(x)

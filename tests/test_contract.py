@@ -39,7 +39,7 @@ def no_loading(monkeypatch, patch_where_bound):
 
     for cls in ("AutoConfig", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoTokenizer"):
         monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", forbidden)
-    monkeypatch.setattr("training.search.Retriever.load", forbidden)
+    monkeypatch.setattr("gdr.training.search.Retriever.load", forbidden)
     for loader in ("load_bbc", "load_reuters", "load_cranfield", "load_beir", "load_msmarco_lite", "load_nq320k"):
         patch_where_bound(f"gdr.data.{loader}", forbidden)
     patch_where_bound("gdr.store.load_run", forbidden)

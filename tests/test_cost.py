@@ -7,7 +7,7 @@ import torch
 from transformers import BertConfig, LlamaConfig, T5Config
 
 from gdr import cost
-from training.model import GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, meta_param_count
+from gdr.training.model import GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, meta_param_count
 
 
 def test_dims_reads_every_config_family_alike():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from eval.baselines import kmeans_fit, run_baselines, tfidf_matrix
-from eval.clustering import (
+from gdr.eval.baselines import kmeans_fit, run_baselines, tfidf_matrix
+from gdr.eval.clustering import (
     ari,
     clustering_accuracy,
     clustering_scores,

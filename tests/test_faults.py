@@ -478,7 +478,7 @@ def test_the_advised_retrain_command_works_as_printed(finished, tmp_path, capsys
 def test_the_advised_resample_command_works_as_printed(finished, tmp_path, capsys):
     """The advice is the command that sampled the file (not `gdr sample sample.per_doc=N out=...`, a literal N
     with the corpus and model left out), and the files to delete are all named."""
-    from training.data import read_generated_queries
+    from gdr.training.data import read_generated_queries
 
     root, folder, ref, _ = finished
     dq = tmp_path / "dq"

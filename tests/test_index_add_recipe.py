@@ -21,10 +21,10 @@ def _split(folder, tmp_path):
 
 
 def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys):
+    from gdr.indexing.add import place_documents
+    from gdr.indexing.docids import read_docids
+    from gdr.indexing.state import load_tree_state
     from gdr.store.rows import PMatrix
-    from indexing.add import place_documents
-    from indexing.docids import read_docids
-    from indexing.state import load_tree_state
 
     root, folder = setup
     old, new, every = _split(folder, tmp_path)

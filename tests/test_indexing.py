@@ -10,9 +10,8 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from gdr.cluster import clip_bounds, clip_logp, log_proposal, log_weights
-from gdr.store.rows import PMatrix
-from indexing.docids import read_docids
-from indexing.gc import (
+from gdr.indexing.docids import read_docids
+from gdr.indexing.gc import (
     GCOptions,
     GCSplitter,
     bootstrap_columns,
@@ -21,9 +20,10 @@ from indexing.gc import (
     root_statistics,
     row_groups,
 )
-from indexing.kmeans import build_kmeans_index, query_mean_embeddings
-from indexing.synthetic import planted_hierarchy, planted_logp, write_planted_npy
-from indexing.tree import atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels, random_tree
+from gdr.indexing.kmeans import build_kmeans_index, query_mean_embeddings
+from gdr.indexing.synthetic import planted_hierarchy, planted_logp, write_planted_npy
+from gdr.indexing.tree import atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels, random_tree
+from gdr.store.rows import PMatrix
 
 FAST = dict(n_init=2, n_init_inner=1, max_iter=30)
 
@@ -75,7 +75,7 @@ def test_check_prefix_code_rejects_prefixes():
 def test_degenerate_splitter_always_terminates():
     """A splitter that puts everything in one cluster triggers the balanced fallback at every node."""
     def lump(rows, path, k):
-        from indexing.tree import SplitResult
+        from gdr.indexing.tree import SplitResult
         return SplitResult(labels=np.full(len(rows), k - 1))
 
     tree = build_tree(1000, lump, n_clusters=4, leaf_size=3, progress=False)
@@ -307,7 +307,7 @@ def test_gc_options_init_and_split_merge():
 def test_default_root_fit_reaches_the_planted_partition():
     """A root where the paper's random init (Algorithm 1) stops in a local optimum with a higher distortion
     than the planted top clusters; the default fit (greedy k-means++, split/merge) reaches the planted one."""
-    from indexing.gc import partition_distortion
+    from gdr.indexing.gc import partition_distortion
 
     h = planted_hierarchy(1500, 128, n_top=10, n_sub=2, top_signal=2.0, seed=0)
     pm = PMatrix(planted_logp(h))
@@ -361,7 +361,7 @@ def test_cli_writes_every_artifact(planted, tmp_path):
 
 def test_tree_state_is_written_node_by_node_as_stacked_arrays(planted, tmp_path):
     """save_tree_state streams the per-node arrays: the .npz holds exactly their concatenation, and loads back."""
-    from indexing.state import load_tree_state, save_tree_state, tree_state_from_tree
+    from gdr.indexing.state import load_tree_state, save_tree_state, tree_state_from_tree
 
     _, x = planted
     tree = gc_tree(x[:200], K=5, c=5)
@@ -402,7 +402,7 @@ def test_add_places_a_copy_next_to_its_original(planted, tmp_path):
 
 
 def test_add_overflowing_a_leaf_keeps_codes_valid(planted, tmp_path):
-    from indexing.add import add_to_index
+    from gdr.indexing.add import add_to_index
 
     _, x = planted
     run, out = _cli_index(tmp_path, x[:200], K=4, c=4)
@@ -417,7 +417,7 @@ def test_add_overflowing_a_leaf_keeps_codes_valid(planted, tmp_path):
 
 
 def test_add_rejects_other_queries(planted, tmp_path):
-    from indexing.add import add_to_index
+    from gdr.indexing.add import add_to_index
 
     _, x = planted
     run, out = _cli_index(tmp_path, x[:100])

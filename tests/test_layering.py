@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gdr.paths import KERNELS
+
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("eval", "indexing", "training", "gdr.stages", "gdr.validate", "gdr.pipeline", "gdr.cli", "gdr.bench")
+STAGES = ("gdr.eval", "gdr.indexing", "gdr.training", "gdr.stages", "gdr.validate", "gdr.pipeline", "gdr.cli",
+          "gdr.bench")
 
 
 def _imports(path: Path) -> list[str]:
@@ -36,8 +39,9 @@ def test_core_sources_import_no_stage():
 def test_importing_core_loads_no_stage_module():
     code = ("import sys, gdr, gdr.data, gdr.lm, gdr.store, gdr.cluster, gdr.io, gdr.config, gdr.models, gdr.embed, "
             "gdr.cost; "
-            "print([m for m in sys.modules if m.split('.')[0] in ('eval', 'indexing', 'training') "
-            "or m.startswith(('gdr.cli', 'gdr.bench', 'gdr.stages', 'gdr.validate', 'gdr.pipeline'))])")
+            "print([m for m in sys.modules if m.split('.')[0] in ('eval', 'indexing', 'training') or m.startswith(("
+            "'gdr.eval', 'gdr.indexing', 'gdr.training', 'gdr.cli', 'gdr.bench', 'gdr.stages', 'gdr.validate', "
+            "'gdr.pipeline'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -49,7 +53,10 @@ CLI_SHARED = {"gdr.cli", "gdr.cli.common", "gdr.cli.__main__", "gdr.cli.commands
 
 
 def _module(path: Path) -> str:
+    """The module a source file imports as: the kernels' top-level folders (indexing/, training/, eval/) are
+    gdr.indexing, gdr.training and gdr.eval."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = ["gdr", *parts] if parts[0] in KERNELS else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -81,7 +88,7 @@ def test_no_stage_function_takes_a_hydra_config():
     assert bad == []
 
 
-PACKAGES = ("gdr", "training", "indexing", "eval")
+PACKAGES = ("gdr", *KERNELS)
 
 
 def _import_graph() -> dict[str, set[str]]:
@@ -128,9 +135,19 @@ def test_cycle_finder_finds_a_loop():
     assert _cycle({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_kernels_import_only_under_gdr():
+    """indexing, training and eval are gdr.indexing, gdr.training and gdr.eval everywhere: a bare ``import
+    training`` would load a second copy of the module (in a checkout its folder is also on sys.path), which a
+    wheel does not even install."""
+    files = [p for pkg in (*PACKAGES, "tests", "examples", "reports") for p in (ROOT / pkg).rglob("*.py")]
+    assert len(files) > 100
+    bad = [f"{p.relative_to(ROOT)}: {m}" for p in files for m in _imports(p) if m.split(".")[0] in KERNELS]
+    assert bad == []
+
+
 def test_no_module_imports_in_a_loop():
     graph = _import_graph()
-    assert {"gdr.data", "gdr.validate", "training.train"} <= set(graph)
+    assert {"gdr.data", "gdr.validate", "gdr.training.train"} <= set(graph)
     assert _cycle(graph) == []
 
 

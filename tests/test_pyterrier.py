@@ -13,8 +13,8 @@ import pytest
 from pyterrier.measures import RR, R, Success  # ir_measures' measures
 from test_pipeline import _args, setup  # noqa: F401  (the 30-document BEIR folder and tiny LM of the pipeline test)
 
-from eval.retrieval import read_trec_run
 from gdr.cli import main
+from gdr.eval.retrieval import read_trec_run
 from gdr.pyterrier import BM25, GenerativeRetriever, RunFolder, topics_and_qrels
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gdr.lm import GENERATOR_FILE, GenerativeLM, PromptConfig
+from gdr.training.qg import QGModule, QGOptions, QGPairs, _collate, fine_tune_qg, freeze_below, split_pairs
 from tests.tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
-from training.qg import QGModule, QGOptions, QGPairs, _collate, fine_tune_qg, freeze_below, split_pairs
 
 FAST = dict(max_epochs=100, batch_size=4, eval_batch_size=4, warmup_steps=0, enable_progress_bar=False,
             accelerator="cpu", devices=1, log_every_n_steps=1, checkpoint_every_n_steps=1)

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from eval.retrieval import Run, depths, evaluate_run, metric_keys, write_per_query
 from gdr.config import load_config, to_container
+from gdr.eval.retrieval import Run, depths, evaluate_run, metric_keys, write_per_query
 from gdr.stages.report import headline, write_report
 
 INDEX = {"depth_max": 2, "depth_mean": 1.5, "largest_child_frac_mean": 0.5}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval.retrieval import (
+from gdr.eval.retrieval import (
     Run,
     evaluate_run,
     first_relevant_rank,
@@ -149,7 +149,7 @@ def test_trec_files_round_trip_and_table(tmp_path):
 
 
 def test_bm25_ranks_the_matching_document_first():
-    from eval.bm25 import bm25_run, bm25_search
+    from gdr.eval.bm25 import bm25_run, bm25_search
 
     docs = ["the cat sat on the mat", "dogs are loyal animals", "a cat and a dog play", "stock markets fell today"]
     res = bm25_search(docs, ["loyal dogs", "cat mat", "quantum zebra"], k=3)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from indexing.docids import write_docids
-from indexing.trie import build_trie, load_trie
-from training.model import GenerativeRetriever, RetrieverConfig
-from training.search import Retriever, constrained_beam_search, expand_nodes
-from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+from gdr.indexing.docids import write_docids
+from gdr.indexing.trie import build_trie, load_trie
+from gdr.training.model import GenerativeRetriever, RetrieverConfig
+from gdr.training.search import Retriever, constrained_beam_search, expand_nodes
+from gdr.training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 WORDS = ("apple river stone cloud tiger piano garden silver winter castle ocean forest candle mirror rocket "
          "desert violin bridge harbor meadow planet thunder lemon falcon marble anchor basket copper dragon "
@@ -259,7 +259,7 @@ def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenize
     """evaluate.batch_size=auto: on CUDA as many queries as fit half the free memory, up to 1,024 (an H100's
     80 GB fits 1,024 queries of the small30m retriever at beam 100); 32 on the CPU; an int stays."""
     from gdr.bench.common import preset_config
-    from training.search import search_batch_for_memory, search_memory_per_query
+    from gdr.training.search import search_batch_for_memory, search_memory_per_query
 
     cfg = preset_config("small30m", 30, 4)
     sizes = [search_batch_for_memory(cfg, free, beam=100) for free in (1e6, 1e9, 8e9, 80e9)]
@@ -281,7 +281,7 @@ def test_search_batch_auto_fits_1024_queries_in_a_gpus_free_memory(word_tokenize
 def test_search_memory_estimate_covers_the_bf16_decoder_state(word_tokenizer, monkeypatch):
     """Under bf16 autocast (as on CUDA) the cross-attention keys/values are bf16, once per query, and what the
     decoder state holds per query stays within search_memory_per_query."""
-    from training.search import search_memory_per_query
+    from gdr.training.search import search_memory_per_query
 
     torch.manual_seed(6)
     rng = np.random.default_rng(6)
@@ -368,7 +368,7 @@ def test_search_under_the_cuda_bf16_autocast_on_the_cpu(word_tokenizer):
     doc_ids, texts, codes = toy_corpus(20)
     trie = build_trie(codes, n_digits=4)
     model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=4, L=3)).eval()
-    from training.model import load_tokenizer
+    from gdr.training.model import load_tokenizer
 
     enc = load_tokenizer(word_tokenizer)(texts, padding=True, return_tensors="pt")
     ref = constrained_beam_search(model, enc["input_ids"], enc["attention_mask"], trie, beam=10, k=5)
@@ -385,7 +385,7 @@ def test_search_under_the_cuda_bf16_autocast_on_the_cpu(word_tokenizer):
 def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
     from transformers import AutoTokenizer
 
-    from training.data import build_examples
+    from gdr.training.data import build_examples
 
     tok = AutoTokenizer.from_pretrained(word_tokenizer)
     doc_ids, texts, _ = toy_corpus(10)
@@ -414,7 +414,7 @@ def test_build_examples_sources_counts_and_dev_split(word_tokenizer):
 def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word_tokenizer):
     from transformers import AutoTokenizer
 
-    from training.data import build_examples, dev_sizes
+    from gdr.training.data import build_examples, dev_sizes
 
     tok = AutoTokenizer.from_pretrained(word_tokenizer)
     queries = [f"{WORDS[i]} {WORDS[i + 10]}" for i in range(10)]
@@ -452,7 +452,7 @@ def test_generated_queries_alone_never_starve_training(word_tokenizer, caplog):
     (dev_min=100 alone would hold out 79 of the 80 generated queries, training on 1)."""
     from transformers import AutoTokenizer
 
-    from training.data import build_examples
+    from gdr.training.data import build_examples
 
     tok = AutoTokenizer.from_pretrained(word_tokenizer)
     gen_q = [f"{WORDS[i % 30]} {WORDS[(i * 7 + k) % 30]}" for i in range(40) for k in range(2)]
@@ -464,14 +464,14 @@ def test_generated_queries_alone_never_starve_training(word_tokenizer, caplog):
     assert c["dev_queries"] == 8 and c["dev_from"] == "generated_queries"
     assert len({int(r[0]) for r in ex.dev_rel}) == 8  # one per document
     # a dev split larger than what is left to train on is named
-    with caplog.at_level("WARNING", logger="training.data"):
+    with caplog.at_level("WARNING", logger="gdr.training.data"):
         build_examples(tok, 40, train_queries=gen_q[:4], train_rel=[[0], [0], [1], [1]], dev_fraction=0.75,
                        doc_first=False, doc_windows=0)
     assert "dev split (3 queries) is larger than what is left to train on (1 queries)" in caplog.text
 
 
 def test_patience_in_steps_becomes_validation_checks():
-    from training.stopping import patience_checks, steps_per_check
+    from gdr.training.stopping import patience_checks, steps_per_check
 
     # 1,000 examples: batch 64 is 16 steps per epoch, batch 512 is 2
     assert steps_per_check(1000, 64, 1, None) == 16 and steps_per_check(1000, 512, 1, None) == 2
@@ -525,7 +525,7 @@ def _train(out, tok, doc_ids, texts, codes, steps, epochs=1000, dropout=0.0, res
 
 
 def test_tiny_model_memorises_20_documents(tmp_path, word_tokenizer):
-    from eval.retrieval import Run, evaluate_run
+    from gdr.eval.retrieval import Run, evaluate_run
 
     doc_ids, texts, codes = toy_corpus(20)
     res = _train(tmp_path / "run", word_tokenizer, doc_ids, texts, codes, steps=60)
@@ -567,7 +567,7 @@ def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tok
 
 def test_a_resumed_auto_batch_run_keeps_the_batch_it_started_with(tmp_path, word_tokenizer, monkeypatch):
     """batch_size=auto follows the free memory; a run resumed when another amount is free keeps its first batch."""
-    import training.train as tt
+    import gdr.training.train as tt
 
     doc_ids, texts, codes = toy_corpus(20)
     full = _train(tmp_path / "full", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1)
@@ -596,7 +596,7 @@ def test_resume_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(tmp_path, w
 
 
 def test_consistency_regulariser_and_pawa_train(word_tokenizer):
-    from training.module import RetrieverModule
+    from gdr.training.module import RetrieverModule
 
     cfg = tiny_config(word_tokenizer, K=4, L=3, pawa=True, dropout=0.3)
     mod = RetrieverModule(cfg.to_dict(), consistency_weight=1.0).train()
@@ -697,7 +697,7 @@ def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, cap
 # ----------------------------------------------------------------------------- GPU-path pieces, checked on the CPU
 
 def test_scaled_optim_keeps_warmup_in_examples_and_scales_learning_rates():
-    from training.train import resolve_batch_size, scaled_optim
+    from gdr.training.train import resolve_batch_size, scaled_optim
 
     base = OptimOptions(lr_encoder=1e-4, lr_decoder=1e-3, warmup_steps=1000, lr_scaling="sqrt")
     big = scaled_optim(base, 512)
@@ -749,7 +749,7 @@ def test_train_batch_auto_grows_with_free_memory_up_to_4096(monkeypatch):
     above 512 only while an epoch keeps 16 steps; 64 on the CPU; a config's 512 stays 512. Pure functions of the
     free bytes and the config, so checked here without a GPU."""
     from gdr.bench.common import preset_config
-    from training.train import resolve_batch_size, scaled_optim, train_batch_for_memory
+    from gdr.training.train import resolve_batch_size, scaled_optim, train_batch_for_memory
 
     for name in ("mini", "small30m"):
         cfg = preset_config(name, 30, 4)
@@ -776,7 +776,7 @@ def test_train_memory_estimate_covers_what_autograd_saves(name):
     """The per-example estimate behind batch auto covers the bytes autograd saves for the backward pass of a
     training forward under bf16 autocast (measured on the CPU, per added example), and is not far above it."""
     from gdr.bench.common import preset_config
-    from training.train import train_memory_per_example
+    from gdr.training.train import train_memory_per_example
 
     cfg = preset_config(name, 30, 4)
     torch.manual_seed(0)
@@ -840,7 +840,7 @@ def test_gdr_train_with_the_cuda_settings_on_the_cpu(tmp_path, word_tokenizer, c
 
 
 def test_fused_adamw_is_refused_under_a_float16_gradient_scaler(tmp_path, word_tokenizer):
-    from training.train import resolve_fused
+    from gdr.training.train import resolve_fused
 
     assert resolve_fused("auto", True, "bf16-mixed") and not resolve_fused("auto", False, "bf16-mixed")
     assert not resolve_fused("auto", True, "16-mixed")  # auto clips through Lightning's scaler: unfused
@@ -853,8 +853,8 @@ def test_fused_adamw_is_refused_under_a_float16_gradient_scaler(tmp_path, word_t
 
 def test_pretokenised_batches_equal_per_example_padding(word_tokenizer):
     """The tensor batch (one gather) is exactly what padding each example one by one gave."""
-    from training.data import RetrievalDataModule, _pad, build_examples
-    from training.model import load_tokenizer
+    from gdr.training.data import RetrievalDataModule, _pad, build_examples
+    from gdr.training.model import load_tokenizer
 
     doc_ids, texts, codes = toy_corpus(20)
     tok = load_tokenizer(word_tokenizer)

@@ -63,7 +63,7 @@ def test_a_retriever_on_a_pretrained_encoder_builds_without_transformers_bars(ll
     """The `mini` preset's encoder (the bundled MiniLM, its first layer) loads as quietly as the LM does."""
     from transformers.utils import logging as tf_logging
 
-    from training.model import GenerativeRetriever, RetrieverConfig
+    from gdr.training.model import GenerativeRetriever, RetrieverConfig
 
     capfd.readouterr()
     GenerativeRetriever.build(RetrieverConfig(encoder="minilm-l6", encoder_layers=1, n_digits=4, max_code_len=2,

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from gdr.config import conf_dir, flat_leaves
+from gdr.indexing.options import GCOptions
 from gdr.stages.settings import (
     GENERATED,
     SECTIONS,
@@ -27,8 +28,7 @@ from gdr.stages.settings import (
     section_classes,
     write_generated,
 )
-from indexing.options import GCOptions
-from training.options import ExampleOptions, OptimOptions, TrainerOptions
+from gdr.training.options import ExampleOptions, OptimOptions, TrainerOptions
 
 
 def _included(cdir: Path, name: str, package: str = "") -> list[tuple[str, str]]:
@@ -94,7 +94,7 @@ def test_a_default_written_twice_is_found(tmp_path):
 
 
 def test_stage_sections_are_the_kernels_fields():
-    """TrainSettings' examples, optim and trainer are training.options' fields and defaults (not a copy), but for
+    """TrainSettings' examples, optim and trainer are gdr.training.options' fields and defaults (not a copy), but for
     the defaults the commands change, each of which differs from the kernel's (else it would be written twice)."""
     s = TrainSettings()
     assert s.trainer == asdict(TrainerOptions())
@@ -119,7 +119,7 @@ def test_every_section_key_is_declared_by_one_dataclass_field():
 
 def test_help_reads_what_a_key_means_from_its_field(monkeypatch):
     """`gdr <command> --help` says what a generated key means from its field's metadata, not from YAML comments:
-    the trainer's monitor from training.options.TrainerOptions; a changed help text shows at once."""
+    the trainer's monitor from gdr.training.options.TrainerOptions; a changed help text shows at once."""
     import gdr.cli.help as help_module
 
     def line_of(text: str, key: str) -> str:

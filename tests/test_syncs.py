@@ -122,7 +122,7 @@ def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer):  # noqa: 
     2D padding mask in the encoder or in the decoder's cross-attention."""
     import pytorch_lightning as pl
 
-    from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+    from gdr.training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
     class Count(pl.Callback):
         def __init__(self):
@@ -151,9 +151,9 @@ def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer):  # noqa: 
 def test_a_beam_search_step_makes_no_host_sync(word_tokenizer):  # noqa: F811 - the fixture
     """Constrained beam search under CUDA's bf16 autocast: no sync in a step, none in the whole search (its
     encoder pass included), so the cross-attention mask is never read on the host."""
-    from indexing.trie import build_trie
-    from training.model import GenerativeRetriever, load_tokenizer
-    from training.search import constrained_beam_search
+    from gdr.indexing.trie import build_trie
+    from gdr.training.model import GenerativeRetriever, load_tokenizer
+    from gdr.training.search import constrained_beam_search
 
     torch.manual_seed(0)
     model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=3, L=4)).eval()

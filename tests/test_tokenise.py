@@ -87,9 +87,9 @@ def test_scoring_tokenises_the_same_whatever_the_shard_size(setup, tmp_path, mon
 def test_search_tokenises_its_queries_in_one_call(word_tokenizer, monkeypatch):  # noqa: F811 - the fixture
     """Search in batches of 2: one tokenizer call for all queries, batches padded as the tokenizer pads them,
     and the same docids and scores as searching each batch alone."""
-    from indexing.trie import build_trie
-    from training.model import GenerativeRetriever, load_tokenizer
-    from training.search import Retriever
+    from gdr.indexing.trie import build_trie
+    from gdr.training.model import GenerativeRetriever, load_tokenizer
+    from gdr.training.search import Retriever
 
     torch.manual_seed(0)
     codes = [(0, 1), (1, 0), (1, 2), (2, 2), (0, 0)]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def toy(tmp_path_factory, word_tokenizer):  # noqa: F811
     """A 40-document BEIR folder with train queries, its docids, and the same docids with the ids rotated."""
     from gdr.data import Corpus, QuerySet, write_beir
-    from indexing.docids import write_docids
+    from gdr.indexing.docids import write_docids
 
     root = tmp_path_factory.mktemp("train-faults")
     ids, texts, codes = toy_corpus(40)
@@ -118,7 +118,7 @@ def test_lightnings_progress_bar_is_not_written_into_a_log_file(toy, tmp_path, c
     `trainer.enable_progress_bar=true`: no Lightning bar redraws in the output, while the log keeps the line of
     each validation."""
     args = [a for a in _args(toy, tmp_path / "run", "trainer.max_steps=10") if "enable_progress_bar" not in a]
-    with caplog.at_level(logging.INFO, logger="training.callbacks"):
+    with caplog.at_level(logging.INFO, logger="gdr.training.callbacks"):
         assert main(args) == 0
     out, err = capfd.readouterr()
     assert "Epoch " not in out + err and "it/s" not in out + err  # Lightning's bar, rich's or tqdm's
@@ -200,7 +200,7 @@ def test_train_retriever_refuses_a_folder_of_another_training(toy, trained, tmp_
 # ----------------------------------------------------------------------------------- stops, damage, a full disk
 def _stop_at(monkeypatch, step: int) -> None:
     """SIGTERM to this process once training reaches ``step`` (a scheduler's preemption)."""
-    from training import callbacks
+    from gdr.training import callbacks
 
     real = callbacks.LossRecorder.on_train_batch_end
 

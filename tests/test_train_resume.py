@@ -13,7 +13,7 @@ from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401
 
 from gdr import signals
 from gdr.io import file_digest
-from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+from gdr.training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 
 class _SignalAt(pl.Callback):
@@ -89,9 +89,9 @@ def test_each_validation_logs_one_line_to_watch_the_run_by(tmp_path, word_tokeni
     import logging
     import re
 
-    with caplog.at_level(logging.INFO, logger="training.callbacks"):
+    with caplog.at_level(logging.INFO, logger="gdr.training.callbacks"):
         res = _fit(tmp_path / "run", word_tokenizer, RUNS["validated each epoch, early stopped"])
-    lines = [r.getMessage() for r in caplog.records if r.name == "training.callbacks"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gdr.training.callbacks"]
     rows = _rows(tmp_path / "run")
     vals = [r for r in rows if "val/mrr" in r]
     loss_at = {r["step"]: float(r["train/loss"]) for r in rows if "train/loss" in r}

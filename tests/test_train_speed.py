@@ -7,7 +7,7 @@ from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
 from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
 
 from gdr.config import load_config, to_container
-from training.train import ExampleOptions, OptimOptions, TrainerOptions, train
+from gdr.training.train import ExampleOptions, OptimOptions, TrainerOptions, train
 
 
 def test_the_bbc_experiment_scores_at_least_800_test_headlines():
@@ -28,7 +28,7 @@ def test_the_bbc_experiment_scores_at_least_800_test_headlines():
 
 
 def test_effective_min_steps_stays_within_half_the_run():
-    from training.stopping import effective_min_steps
+    from gdr.training.stopping import effective_min_steps
 
     # BBC on a GPU: ~29,000 examples at batch 1,024 are 29 steps an epoch, 30 epochs 870 steps
     assert effective_min_steps(1000, 29_000, 1024, 30) == 435
@@ -92,9 +92,9 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     from gdr.cost import TRAIN_BYTES_PER_PARAM
     from gdr.stages.settings import TrainSettings
     from gdr.stages.train import model_config_from
-    from training import concurrent
-    from training.model import meta_param_count
-    from training.train import train_memory_per_example
+    from gdr.training import concurrent
+    from gdr.training.model import meta_param_count
+    from gdr.training.train import train_memory_per_example
 
     s = TrainSettings()
     config = model_config_from({**s.model, "size": "small30m"}, s.model_presets)
@@ -102,7 +102,7 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
     assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15
     monkeypatch.setattr(concurrent, "_on_cuda", lambda accelerator: True)
-    monkeypatch.setattr("training.train._on_cuda", lambda accelerator: True)
+    monkeypatch.setattr("gdr.training.train._on_cuda", lambda accelerator: True)
     free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
     n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
     per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * train_memory_per_example(config)
@@ -136,8 +136,8 @@ def test_a_killed_training_slot_is_one_line_saying_to_rerun():
     from functools import partial
 
     from gdr.signals import WorkerDied
+    from gdr.training.concurrent import run_concurrently
     from gdr.validate import error_line
-    from training.concurrent import run_concurrently
 
     with pytest.raises(WorkerDied) as e:
         run_concurrently([partial(_square, 0), partial(_killed, 1)], 2)
@@ -151,7 +151,7 @@ def test_a_killed_training_slot_is_one_line_saying_to_rerun():
 def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
     from functools import partial
 
-    from training.concurrent import run_concurrently
+    from gdr.training.concurrent import run_concurrently
 
     done = []
     squares = run_concurrently([partial(_square, i) for i in range(3)], 2, on_done=lambda i, r: done.append(i))
@@ -183,7 +183,7 @@ def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys
 def test_bucketed_order_groups_batches_by_length_deterministically():
     import numpy as np
 
-    from training.data import bucket_widths, bucketed_order
+    from gdr.training.data import bucket_widths, bucketed_order
 
     rng = np.random.default_rng(0)
     lens = np.where(rng.random(1000) < 0.78, rng.integers(3, 17, 1000), 64)  # BBC-like: short queries, full windows
@@ -210,7 +210,7 @@ def test_bucketed_order_groups_batches_by_length_deterministically():
 def test_a_resumed_bucketed_epoch_skips_whole_batches():
     import numpy as np
 
-    from training.data import ResumeSampler
+    from gdr.training.data import ResumeSampler
 
     bucket = np.random.default_rng(1).integers(0, 3, 200)
     full = list(ResumeSampler(200, seed=3, bucket=bucket, batch_size=16))
@@ -306,7 +306,7 @@ def test_run_concurrently_spawns_one_worker_per_slot_and_hands_each_result_on_wh
     import os
     from functools import partial
 
-    from training.concurrent import run_concurrently
+    from gdr.training.concurrent import run_concurrently
 
     done = []
     pids = run_concurrently([partial(_pid, i) for i in range(5)], 2, on_done=lambda i, r: done.append(i))

@@ -17,7 +17,7 @@ from tiny_models import tiny_llama
 
 from gdr.config import conf_dir
 from gdr.data import Corpus, QuerySet, write_beir
-from gdr.paths import SHIPPED, checkout, shipped_dir
+from gdr.paths import KERNELS, SHIPPED, checkout, shipped_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 _NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.npy")
@@ -29,9 +29,6 @@ def _not_source(folder: str, names: list[str]) -> set[str]:
     top = Path(folder) == ROOT
     return _NOT_SOURCE(folder, names) | {n for n in names if top and (n.startswith(".") or n in (
         "build", "dist", "runs", "outputs", "lightning_logs"))}
-
-
-PACKAGES = {"gdr", "indexing", "training", "eval"}
 
 
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -95,18 +92,23 @@ def test_the_wheel_carries_the_configs_and_gpu_figures_under_one_namespace_each(
     assert runs == {p.name for p in (ROOT / "reports" / "gpu-runs").glob("*.json")} and runs
     assert "gdr/device_peaks.json" in names
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert top == PACKAGES  # no conf/, reports/ or tests/ as packages of their own in site-packages
+    assert top == {"gdr"}  # one namespace: no indexing/, conf/, reports/ or tests/ of their own in site-packages
+    # every module of the checkout, the kernels' folders as gdr.<name> (pyproject.toml lists the packages by hand)
+    sources = {p.relative_to(ROOT).as_posix() for d in ("gdr", *KERNELS) for p in (ROOT / d).rglob("*.py")}
+    assert {n for n in names if n.endswith(".py")} == {s if s.startswith("gdr/") else f"gdr/{s}" for s in sources}
 
 
 def test_installed_gdr_reads_its_own_copies_and_keeps_data_in_the_user_cache(installed):
     _, bin_, env, work = installed
-    code = ("import json, gdr, indexing, training, eval, gdr.config, gdr.paths, gdr.data, gdr.io; "
-            "print(json.dumps({'modules': [m.__file__ for m in (gdr, indexing, training, eval)], "
+    code = ("import json, gdr, gdr.indexing, gdr.training, gdr.eval, gdr.config, gdr.paths, gdr.data, gdr.io; "
+            "print(json.dumps({'modules': [m.__file__ for m in (gdr, gdr.indexing, gdr.training, gdr.eval)], "
             "'conf': str(gdr.config.conf_dir()), 'gpu_runs': str(gdr.paths.shipped_dir('gpu-runs')), "
             "'data': str(gdr.data.data_dir()), 'commit': gdr.io._git_commit()}))")
     got = json.loads(_run([str(bin_ / "python"), "-c", code], cwd=work, env=env).stdout.strip().splitlines()[-1])
     site = bin_.parent / "lib"
     assert all(Path(f).is_relative_to(site) for f in got["modules"]), got["modules"]
+    assert [Path(f).parent.relative_to(Path(got["modules"][0]).parent).as_posix() for f in got["modules"][1:]] == list(
+        KERNELS)  # inside the installed gdr package
     assert Path(got["conf"]) == Path(got["modules"][0]).parent / "_shipped" / "conf"
     assert Path(got["gpu_runs"]) == Path(got["modules"][0]).parent / "_shipped" / "gpu-runs"
     assert got["data"] == str(Path(env["GDR_CACHE"]) / "data") and got["commit"] is None

@@ -41,7 +41,7 @@ class StopOnSignal(pl.callbacks.Checkpoint):
     signal comes): then it is the end of that validation, so the resumed run neither skips it (Lightning skips a
     validation due right after a batch-end checkpoint) nor repeats it. Lightning runs checkpoint callbacks after
     all others, so this one writes after early stopping and the best checkpoint callback (which writes at the
-    validation's end, never at the epoch's end: see ``training.train``) have seen the batch or the validation;
+    validation's end, never at the epoch's end: see ``gdr.training.train``) have seen the batch or the validation;
     an early stop decided there is kept in the checkpoint, as Lightning keeps no such flag. After a batch-end
     checkpoint the stop is raised at the next batch start or epoch end by :attr:`first` (a callback the Trainer
     runs before the others), once Lightning has logged the batch and before another callback logs the next:
@@ -209,8 +209,8 @@ class TrainingCSVLogger(pl.loggers.CSVLogger):
     ``resume_step``: None for a fresh start (an earlier file is replaced); else the global step of the checkpoint
     the training resumes from: the rows logged before it are kept and the new ones appended, while rows of step
     ``resume_step`` and later (logged after that checkpoint by a run killed before its next one) are dropped, as the
-    resumed run logs those steps again. Given here or set before the first row is logged (:func:`training.train.train`
-    sets it once it knows the checkpoint)."""
+    resumed run logs those steps again. Given here or set before the first row is logged
+    (:func:`gdr.training.train.train` sets it once it knows the checkpoint)."""
 
     def __init__(self, save_dir, name: str = "logs", resume_step: int | None = None) -> None:
         super().__init__(save_dir, name=name, version="")

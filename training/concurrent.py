@@ -32,8 +32,8 @@ import torch
 from gdr import cost, signals
 from gdr.device import free_memory
 from gdr.guard import die_with_parent
-from training.model import RetrieverConfig, meta_param_count
-from training.train import _on_cuda, resolve_batch_size, train_memory_per_example
+from gdr.training.model import RetrieverConfig, meta_param_count
+from gdr.training.train import _on_cuda, resolve_batch_size, train_memory_per_example
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDN
 def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: float, n_jobs: int) -> int:
     """How many retrievers training at ``batch_size`` fit in ``free_bytes`` at once (at least 1, at most ``n_jobs``).
 
-    Each needs its CUDA context and what the batch rule plans for it (:func:`training.train.train_batch_for_memory`):
+    Each needs its CUDA context and what the batch rule plans for it
+    (:func:`gdr.training.train.train_batch_for_memory`):
     :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the
     activations of ``batch_size`` examples, within 60% of the memory left to it. So the last one to start still
     finds the memory its batch was sized for, and a retriever trained beside others gets the batch it would get
@@ -60,7 +61,7 @@ def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = "a
                        n_train: int | None = None, free_bytes: float | None = None) -> int:
     """``train.concurrent``: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the CPU and on CUDA what
     :func:`concurrent_for_memory` fits at the batch each retriever will train at (``config``, ``n_train``: an upper
-    bound on its training examples, as :func:`training.train.resolve_batch_size` takes)."""
+    bound on its training examples, as :func:`gdr.training.train.resolve_batch_size` takes)."""
     if concurrent != "auto":
         return max(1, min(int(concurrent), n_jobs))
     if not _on_cuda(accelerator) or config is None or n_jobs <= 1:

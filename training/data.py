@@ -35,8 +35,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gdr.config import RerunCommand
+from gdr.indexing.trie import DocidTrie
 from gdr.io import check_manifest_files, read_jsonl
-from indexing.trie import DocidTrie
 
 log = logging.getLogger(__name__)
 

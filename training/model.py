@@ -25,7 +25,7 @@ Options, off by default:
   starts at zero, so a PAWA model starts as the plain tied decoder.
 - **Consistency regulariser** (NCI): two forward passes of a batch with different dropout masks;
   the loss adds ``w * (KL(p1 || p2) + KL(p2 || p1)) / 2`` over target positions (see
-  ``training.module``).
+  ``gdr.training.module``).
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from indexing.trie import DocidTrie
-from training.model import GenerativeRetriever, RetrieverConfig
-from training.search import constrained_beam_search
+from gdr.indexing.trie import DocidTrie
+from gdr.training.model import GenerativeRetriever, RetrieverConfig
+from gdr.training.search import constrained_beam_search
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
 
 
 class RetrieverModule(pl.LightningModule):
-    """Trains a :class:`~training.model.GenerativeRetriever`.
+    """Trains a :class:`~gdr.training.model.GenerativeRetriever`.
 
     Parameters
     ----------
@@ -47,7 +47,7 @@ class RetrieverModule(pl.LightningModule):
         clip for an optimizer that unscales its own gradients, although bf16 has nothing to unscale)
     trie : the docid trie (not a hyperparameter; needed for validation)
     batch_size : examples per step, kept in the checkpoint so that a resumed ``batch_size: auto`` run keeps the
-        batch it started with (read by ``training.train``; the data module does the batching)
+        batch it started with (read by ``gdr.training.train``; the data module does the batching)
     """
 
     def __init__(self, model_config: dict[str, Any], lr_encoder: float = 1e-4, lr_decoder: float = 1e-3,

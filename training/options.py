@@ -1,4 +1,4 @@
-"""The settings of :func:`training.train.train`: which examples, the optimiser, the Lightning trainer.
+"""The settings of :func:`gdr.training.train.train`: which examples, the optimiser, the Lightning trainer.
 
 Plain dataclasses without torch, so that :mod:`gdr.stages.settings` (and ``gdr --help``) read their fields,
 defaults and help without importing Lightning: ``TrainSettings``'s ``examples``, ``optim`` and ``trainer``
@@ -16,7 +16,7 @@ __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions"]
 
 @dataclass
 class ExampleOptions:
-    """Which training inputs to use (see ``training.data``)."""
+    """Which training inputs to use (see ``gdr.training.data``)."""
 
     use_real: bool = setting(True)
     use_generated: bool = setting(True)
@@ -42,9 +42,9 @@ class OptimOptions:
 
     At batch size B the learning rates are multiplied by ``sqrt(B / base_batch_size)`` (``lr_scaling:
     sqrt``, the square-root rule for Adam-type optimisers) or ``B / base_batch_size`` (``linear``) or kept
-    (``none``, this class's default, so that code calling :func:`training.train.train` with its own rates keeps
+    (``none``, this class's default, so that code calling :func:`gdr.training.train.train` with its own rates keeps
     them), and the warmup covers the same number of *examples*: ``warmup_steps * base_batch_size / B`` steps. At
-    B = base_batch_size nothing changes (see :func:`training.train.scaled_optim`).
+    B = base_batch_size nothing changes (see :func:`gdr.training.train.scaled_optim`).
     """
 
     lr_encoder: float = setting(1e-4)
@@ -63,10 +63,10 @@ class TrainerOptions:
     """Lightning Trainer settings. ``precision`` None or "auto" = bf16-mixed on GPU, 32 on CPU.
 
     ``batch_size`` "auto" = on CUDA what fits the free memory, up to 4,096, 64 on the CPU
-    (:func:`training.train.resolve_batch_size`; a resumed run keeps its first batch); ``compile`` wraps the model in
+    (:func:`gdr.training.train.resolve_batch_size`; a resumed run keeps its first batch); ``compile`` wraps the model in
     ``torch.compile`` (any device; static shapes: each batch is padded to a fixed width, its length bucket's with
     ``length_buckets``, so that an epoch traces a few graphs once); ``length_buckets`` groups each batch's examples by
-    input length (``training.data.bucketed_order``), so short queries are not padded to the width of document
+    input length (``gdr.training.data.bucketed_order``), so short queries are not padded to the width of document
     windows.
     """
 

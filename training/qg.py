@@ -13,7 +13,7 @@ Run folder layout (``gdr qg``)::
       pairs.manifest.json       where the pairs came from, counts, the train/dev split by document
       model/                    save_pretrained() checkpoint + tokenizer + gdr_generator.json (the prompt)
       checkpoints/last.ckpt     resume point; checkpoints/best-*.ckpt lowest dev loss
-      logs/metrics.csv          one file across resumptions (training.callbacks.TrainingCSVLogger)
+      logs/metrics.csv          one file across resumptions (gdr.training.callbacks.TrainingCSVLogger)
       qg.manifest.json          dev loss before and after, steps, seconds
 
 The dev part is held out **by document** (a seeded hash of the doc id, :func:`gdr.data.titles.split_of`),
@@ -41,11 +41,11 @@ from gdr.lm import GENERATOR_FILE
 from gdr.lm.precision import rotary_buffers, set_buffers
 from gdr.logs import on_terminal
 from gdr.models import save_pretrained_atomic
-from training.callbacks import TrainingCSVLogger
-from training.checkpoints import checkpoint_step
-from training.data import ResumeSampler, TokenStore, _pad, resume_point
-from training.module import linear_warmup_decay
-from training.train import _precision
+from gdr.training.callbacks import TrainingCSVLogger
+from gdr.training.checkpoints import checkpoint_step
+from gdr.training.data import ResumeSampler, TokenStore, _pad, resume_point
+from gdr.training.module import linear_warmup_decay
+from gdr.training.train import _precision
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from transformers import AutoTokenizer
 
 from gdr import cost
 from gdr.config import RerunCommand
+from gdr.indexing.trie import DocidTrie, load_trie
 from gdr.io import check_manifest_files
 from gdr.lm.hostsync import upload
-from indexing.trie import DocidTrie, load_trie
-from training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
+from gdr.training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ import torch
 
 from gdr import cost, signals
 from gdr.device import free_memory
+from gdr.indexing.docids import write_docids
+from gdr.indexing.trie import DocidTrie, build_trie
 from gdr.logs import on_terminal
-from indexing.docids import write_docids
-from indexing.trie import DocidTrie, build_trie
-from training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, TrainingCSVLogger, ValidationLog
-from training.checkpoints import (
+from gdr.training.callbacks import DiesWithParent, LossRecorder, StopOnSignal, TrainingCSVLogger, ValidationLog
+from gdr.training.checkpoints import (
     AtomicCheckpointIO,
     check_last,
     checkpoint_batch,
@@ -38,11 +38,11 @@ from training.checkpoints import (
     intact_best,
     remove_partial_writes,
 )
-from training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
-from training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
-from training.module import RetrieverModule
-from training.options import ExampleOptions, OptimOptions, TrainerOptions
-from training.stopping import effective_min_steps, patience_checks, steps_per_check
+from gdr.training.data import RetrievalDataModule, RetrievalExamples, build_examples, resume_point
+from gdr.training.model import RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer, meta_param_count
+from gdr.training.module import RetrieverModule
+from gdr.training.options import ExampleOptions, OptimOptions, TrainerOptions
+from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def resolve_fused(fused: bool | str, cuda: bool, precision: str) -> bool:
 
     A fused AdamW unscales float16 gradients itself, so it cannot be clipped under ``16-mixed`` (its gradient
     scaler): there ``auto`` gives False and ``true`` is refused. Under ``bf16-mixed`` and ``32-true``
-    :meth:`training.module.RetrieverModule.configure_gradient_clipping` clips it.
+    :meth:`gdr.training.module.RetrieverModule.configure_gradient_clipping` clips it.
     """
     if fused not in ("auto", True, False):
         raise ValueError(f"optim.fused={fused!r}; choose auto, true or false")
@@ -268,7 +268,7 @@ def _build_module(data: _Data, run: _Run, t: TrainerOptions, seed: int) -> Retri
 
 def _min_steps(t: TrainerOptions, run: _Run, n_train: int, has_dev: bool) -> int:
     """``trainer.min_steps``, held to half of the run's steps when early stopping is on, so that the epoch cap
-    does not always win over it (:func:`training.stopping.effective_min_steps`)."""
+    does not always win over it (:func:`gdr.training.stopping.effective_min_steps`)."""
     if not (has_dev and (t.patience_steps or t.patience > 0)):
         return t.min_steps
     min_steps = effective_min_steps(t.min_steps, n_train, run.batch_size, t.max_epochs, t.max_steps,
@@ -357,7 +357,7 @@ def _resume(trainer: pl.Trainer, module: RetrieverModule, dm: RetrievalDataModul
             ckpt_dir: Path, n_train: int, batch_size: int) -> str | None:
     """The checkpoint to resume from (``last.ckpt``; None = a fresh start), with the data module set to skip
     the batches of the stopped epoch already trained on. A damaged ``last.ckpt`` starts from the fallback
-    :func:`training.checkpoints.check_last` picks."""
+    :func:`gdr.training.checkpoints.check_last` picks."""
     remove_partial_writes(ckpt_dir)
     last = ckpt_dir / "last.ckpt"
     if not (t.resume and last.exists()):

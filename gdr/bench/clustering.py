@@ -30,9 +30,9 @@ import time
 import numpy as np
 import torch
 
-from eval.clustering import ari as adjusted_rand_index
 from gdr import cluster as gcmod
 from gdr.cluster import GenerativeClustering
+from gdr.eval.clustering import ari as adjusted_rand_index
 
 log = logging.getLogger(__name__)
 

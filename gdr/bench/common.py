@@ -22,7 +22,7 @@ from gdr.config import conf_dir
 from gdr.data import load_corpus
 from gdr.lm import GenerativeLM, PromptConfig
 from gdr.models import resolve_model
-from training.model import RetrieverConfig
+from gdr.training.model import RetrieverConfig
 
 __all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
            "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped",

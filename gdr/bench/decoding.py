@@ -10,7 +10,7 @@ A retriever (``--model tiny``: a small random-init one; ``small30m``: the preset
 pretrained MiniLM encoder, random decoder) decodes ``--queries`` random queries at beam ``--beam`` over a trie
 of ``--docs`` random docids (K = 30, depth 4), twice on the same model and inputs:
 
-- **ours** (``training.search.constrained_beam_search``): the allowed symbols of every hypothesis
+- **ours** (``gdr.training.search.constrained_beam_search``): the allowed symbols of every hypothesis
   come from one gather on the child table; no Python loop per beam or per query;
 - **reference**: the way NCI and GENRE constrain HF ``generate``: a ``prefix_allowed_tokens_fn``
   walks a nested-dict trie with each beam's token prefix (``sent.tolist()``) and fills that beam's
@@ -44,9 +44,9 @@ import torch
 
 from gdr.bench.common import emit, maybe_profile, parse_bench_args, preset_config, random_codes, roofline, timed_batches
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
-from indexing.trie import DocidTrie, build_trie
-from training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
-from training.search import CPU_SEARCH_BATCH, BeamOutput, constrained_beam_search, search_batch_for_memory
+from gdr.indexing.trie import DocidTrie, build_trie
+from gdr.training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
+from gdr.training.search import CPU_SEARCH_BATCH, BeamOutput, constrained_beam_search, search_batch_for_memory
 
 log = logging.getLogger(__name__)
 

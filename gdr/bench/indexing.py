@@ -35,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gdr.indexing.gc import GCOptions, build_gc_index, partition_distortion
+from gdr.indexing.output import write_index
+from gdr.indexing.synthetic import planted_hierarchy, write_planted_npy
 from gdr.store.rows import PMatrix
-from indexing.gc import GCOptions, build_gc_index, partition_distortion
-from indexing.output import write_index
-from indexing.synthetic import planted_hierarchy, write_planted_npy
 
 log = logging.getLogger(__name__)
 

@@ -51,11 +51,11 @@ from gdr.bench.common import (
     write_table,
 )
 from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
-from indexing.trie import build_trie
-from training.concurrent import run_concurrently
-from training.data import RetrievalDataModule, RetrievalExamples, TokenStore
-from training.module import RetrieverModule
-from training.train import _precision, resolve_batch_size, resolve_fused
+from gdr.indexing.trie import build_trie
+from gdr.training.concurrent import run_concurrently
+from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
+from gdr.training.module import RetrieverModule
+from gdr.training.train import _precision, resolve_batch_size, resolve_fused
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
 
 def _at_once(n: int, alone: dict, bench) -> dict:
     """``n`` copies of ``bench()`` (one preset's :func:`bench_preset`) at once, one process each
-    (:func:`training.concurrent.run_concurrently`): the examples of all of them over the wall time from the first
+    (:func:`gdr.training.concurrent.run_concurrently`): the examples of all of them over the wall time from the first
     timed step to the last, and the MFU that is at the FLOPs of one example (against ``alone``, the same preset
     run by itself)."""
     spawned = time.time()
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_float32_matmul_precision("high")
 
     acc = "auto" if cuda else "cpu"
-    # auto: per preset, from the free memory (training.train.train_batch_for_memory); an int for all
+    # auto: per preset, from the free memory (gdr.training.train.train_batch_for_memory); an int for all
     batches = {p: resolve_batch_size(args.batch, acc, config=replace(preset_config(p, args.K, args.depth),
                                                                      max_query_len=args.seq_len))
                for p in args.presets.split(",") if p}

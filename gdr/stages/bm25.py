@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval.bm25 import bm25_run
-from eval.retrieval import PER_QUERY_FILE, depths, evaluate_run, write_per_query, write_qrels, write_trec_run
+from gdr.eval.bm25 import bm25_run
+from gdr.eval.retrieval import PER_QUERY_FILE, depths, evaluate_run, write_per_query, write_qrels, write_trec_run
 from gdr.guard import holding
 from gdr.io import atomic_write_json
 
@@ -16,7 +16,7 @@ def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (a :class:`gdr.data.QuerySet` over it) into
     ``out``: ``bm25.trec``, ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics":
     {recall@1, recall@10, recall@k, mrr@k, ...}}`` (measured at the ``k`` results per query:
-    :func:`eval.retrieval.metric_keys`). A relevant id not in ``corpus`` is refused, or dropped
+    :func:`gdr.eval.retrieval.metric_keys`). A relevant id not in ``corpus`` is refused, or dropped
     with ``drop_unknown_qrels`` (:meth:`gdr.data.QuerySet.judged_in`; ``metrics.json`` counts them)."""
     qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out):  # one writer per folder

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eval.cluster_report import cluster_corpus, descriptions_md, plot_clusters, restrict, results_table
+from gdr.eval.cluster_report import cluster_corpus, descriptions_md, plot_clusters, restrict, results_table
 from gdr.guard import holding
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
 from gdr.stages.settings import ClusterSettings
@@ -28,7 +28,7 @@ def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device:
 
     ``settings`` passed their checks against ``corpus`` at the caller's door (:meth:`ClusterSettings.check_corpus`:
     ``gdr cluster``, ``gdr run``, :func:`gdr.evaluate_clusters`). Returns (the result of
-    :func:`eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
+    :func:`gdr.eval.cluster_report.cluster_corpus` plus ``labels``, the results table)."""
     with holding(out):  # one writer per folder, as with `gdr cluster`
         return _cluster_run(corpus, run, Path(out), settings, device)
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from eval.bm25 import bm25_run
-from eval.retrieval import (
+from gdr.eval.bm25 import bm25_run
+from gdr.eval.retrieval import (
     PER_QUERY_FILE,
     Run,
     depths,
@@ -23,7 +23,7 @@ from eval.retrieval import (
 from gdr.guard import holding
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
 from gdr.stages.settings import EvaluateSettings
-from training.search import Retriever
+from gdr.training.search import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
     :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
     ``metrics.json`` (Success@1/10/k, R@10/k, RR@k at k = ``settings.k``, the results per query, under
-    ir_measures' names and the keys ``recall@d``, ``R@d``, ``mrr@k``: :func:`eval.retrieval.metric_keys`; BM25 too
+    ir_measures' names and the keys ``recall@d``, ``R@d``, ``mrr@k``: :func:`gdr.eval.retrieval.metric_keys`; BM25 too
     with ``settings.bm25``), ``metrics.md``, ``run.trec``.
 
     Only the ``split`` queries are scored; a relevant id not in ``corpus`` is refused, or dropped with

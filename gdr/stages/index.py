@@ -1,9 +1,9 @@
 """Stage ``index``: prefix-code docids of a corpus by one indexer (gc | hkmi | bmi | random | atomic).
 
-:func:`build_index` loads the inputs the method needs, calls one builder (:func:`indexing.gc.build_gc_index`,
-:func:`indexing.kmeans.build_kmeans_index`, :func:`indexing.tree.random_tree`, :func:`indexing.tree.atomic_codes`)
-and writes the index with :func:`indexing.output.write_index`, plus ``manifest.json``. ``gdr index add`` (grow a GC
-index) is :func:`indexing.add.add_to_index`.
+:func:`build_index` loads the inputs the method needs, calls one builder (:func:`gdr.indexing.gc.build_gc_index`,
+:func:`gdr.indexing.kmeans.build_kmeans_index`, :func:`gdr.indexing.tree.random_tree`,
+:func:`gdr.indexing.tree.atomic_codes`) and writes the index with :func:`gdr.indexing.output.write_index`, plus
+``manifest.json``. ``gdr index add`` (grow a GC index) is :func:`gdr.indexing.add.add_to_index`.
 """
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import Callable
 
 from gdr.guard import holding
-from gdr.io import read_jsonl, write_manifest
-from gdr.stages.settings import IndexSettings
-from gdr.store import load_run
-from indexing.gc import GCOptions, build_gc_index
-from indexing.kmeans import (
+from gdr.indexing.gc import GCOptions, build_gc_index
+from gdr.indexing.kmeans import (
     build_kmeans_index,
     default_embed_fn,
     document_embeddings,
     query_mean_embeddings,
     read_doc_queries,
 )
-from indexing.output import write_index
-from indexing.tree import atomic_codes, random_tree
+from gdr.indexing.output import write_index
+from gdr.indexing.tree import atomic_codes, random_tree
+from gdr.io import read_jsonl, write_manifest
+from gdr.stages.settings import IndexSettings
+from gdr.store import load_run
 
 __all__ = ["build_index", "METHODS"]
 

@@ -1,5 +1,5 @@
 """Stage ``qg`` (``gdr qg``): the (document, query) pairs a query generator is fine-tuned on; the fine-tuning
-itself is :func:`training.qg.fine_tune_qg`."""
+itself is :func:`gdr.training.qg.fine_tune_qg`."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 
 from gdr.data import corpus_from_config, load_corpus, load_queries
 from gdr.data.titles import drop_titles, title_queries
-from training.qg import QGPairs
+from gdr.training.qg import QGPairs
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from eval.compare import compare_folders, comparison_table, find, verdict
-from eval.retrieval import metric_keys, metric_name
+from gdr.eval.compare import compare_folders, comparison_table, find, verdict
+from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
 
 __all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "query_set_name",
            "at_depth"]
 
-# the keys of the evaluation rows at the default 100 results per query (:func:`eval.retrieval.metric_keys` at
+# the keys of the evaluation rows at the default 100 results per query (:func:`gdr.eval.retrieval.metric_keys` at
 # another ``evaluate.k``): ``recall@d`` is Success@d (hit@d), ``R@d`` recall, ``mrr@100`` RR@100
 METRICS = metric_keys(100)
 MEASURES_NOTE = ("Measures under ir_measures' names: Success@k is the share of queries with a relevant document in the "
@@ -67,7 +67,7 @@ def _cell(mean: float, std: float | None) -> str:
 
 
 def at_depth(row: dict, k: int) -> dict:
-    """An evaluation row with its measures under the keys of depth ``k`` (:func:`eval.retrieval.metric_keys`).
+    """An evaluation row with its measures under the keys of depth ``k`` (:func:`gdr.eval.retrieval.metric_keys`).
     A row of an evaluation made before the measures were named at their depth holds those of a run of ``k < 100``
     results under the keys of 100 (``recall@100``, ``R@100``, ``mrr@100``): with nothing ranked below k they are the
     values at k, and are given under those keys."""
@@ -79,7 +79,7 @@ def at_depth(row: dict, k: int) -> dict:
 def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict | None,
                      shown: Sequence[str]) -> tuple[list[str], dict[str, dict], int | None]:
     """(the markdown lines of the retrieval table, its numbers per scheme in %, the number of test queries): one
-    row per scheme, mean (std) over its seeds of the metrics ``shown`` (keys of :func:`eval.retrieval.metric_keys`,
+    row per scheme, mean (std) over its seeds of the metrics ``shown`` (keys of :func:`gdr.eval.retrieval.metric_keys`,
     headed by their ir_measures names), no std for one seed."""
     one_seed = all(len(rows) == 1 for rows in results.values())
     lines = ["## Retrieval (one seed, in %)" if one_seed else "## Retrieval (mean (std) over seeds, in %)", "",
@@ -131,7 +131,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     ``indexes``: per indexer, the facts of its index (depth, balance); ``bm25``, ``cluster``: the facts of
     those stages, or None; ``eval_dirs``: per system (indexer, ``bm25``), its evaluation folders (one per seed,
     each with ``per_query.json``; a list of folders, one per fold, joined) for the paired comparisons against GC
-    (:mod:`eval.compare`); ``corpus_name``:
+    (:mod:`gdr.eval.compare`); ``corpus_name``:
     the corpus as loaded (a BEIR folder's or a file's name; default ``data.name``); ``trained_on``: what the
     retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
     to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report

@@ -1,8 +1,8 @@
 """The settings of each stage as plain dataclasses (no Hydra): the one place their defaults are written.
 
 Every field carries its default and its help (:func:`gdr.rules.setting`; a dict-valued field's keys are the fields
-of its section classes, :data:`SECTIONS`: the training kernel's :mod:`training.options`, the GC indexer's
-:mod:`indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them
+of its section classes, :data:`SECTIONS`: the training kernel's :mod:`gdr.training.options`, the GC indexer's
+:mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them
 (:data:`GENERATED`, ``make conf``); ``--help`` reads the help from the fields (:func:`generated_help`).
 
 :meth:`~Settings.from_dict` takes a section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a
@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 from gdr.config import override_value
+from gdr.indexing.options import GCOptions
 from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
@@ -52,8 +53,7 @@ from gdr.rules import (
     string_list,
     trainer_devices_at,
 )
-from indexing.options import GCOptions
-from training.options import ExampleOptions, OptimOptions, TrainerOptions
+from gdr.training.options import ExampleOptions, OptimOptions, TrainerOptions
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
            "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS", "MAX_P_PER_DOC"]
@@ -78,7 +78,7 @@ def preset(v, sec):
 
 
 def leaf_size(v, sec):
-    """indexing.tree.build_tree: 1 <= c <= K, since a leaf's documents take positions 0..c-1 < K."""
+    """gdr.indexing.tree.build_tree: 1 <= c <= K, since a leaf's documents take positions 0..c-1 < K."""
     k = get(sec, "n_clusters")
     if not is_int(v) or v < 1:
         return "must be a positive integer"
@@ -526,7 +526,7 @@ class ClusterSettings(Settings):
 
 @dataclass
 class IndexGC:
-    """``gc``'s keys beside the kernel's :class:`indexing.options.GCOptions`: which columns of P, and what
+    """``gc``'s keys beside the kernel's :class:`gdr.indexing.options.GCOptions`: which columns of P, and what
     tree.json shows."""
 
     n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)")
@@ -613,7 +613,7 @@ def _preset(encoder, d_model, num_layers, num_heads, d_ff, pawa_rank, **more) ->
             "d_ff": d_ff, "dropout": 0.1, "pawa": False, "pawa_rank": pawa_rank, "max_query_len": 64}
 
 
-# model.size -> the retriever's shape (training.model.RetrieverConfig fields), with what each is for
+# model.size -> the retriever's shape (gdr.training.model.RetrieverConfig fields), with what each is for
 MODEL_PRESETS = {
     "tiny": (_preset(None, 32, 2, 4, 64, 8, encoder_config={"d_model": 32, "num_layers": 2, "num_heads": 4,
                                                                "d_ff": 64}, tokenizer="minilm-l6"),
@@ -625,8 +625,8 @@ MODEL_PRESETS = {
     "t5-small": (_preset("t5-small", 512, 4, 8, 2048, 16), "T5-small encoder from the hub or a local path"),
     "t5-base": (_preset("t5-base", 768, 6, 12, 3072, 32), "NCI's size"),
 }
-# what `gdr train` and `gdr run` change of training.options' defaults (a direct call of training.train.train keeps
-# its learning rates as given and needs no generated dev queries)
+# what `gdr train` and `gdr run` change of gdr.training.options' defaults (a direct call of gdr.training.train.train
+# keeps its learning rates as given and needs no generated dev queries)
 STAGE_EXAMPLES = {"dev_min": 100}
 STAGE_OPTIM = {"lr_scaling": "sqrt"}
 

@@ -9,7 +9,7 @@ trainer settings too is reused from its manifest, dev score included (:func:`_fi
 The real queries of a split come from :func:`gdr.data.splits.split_queries`.
 
 :func:`train_retrievers` trains the retrievers of a run (indexers x seeds) ``train.concurrent`` at a time on one
-device, one process each (:mod:`training.concurrent`), each recorded as it finishes.
+device, one process each (:mod:`gdr.training.concurrent`), each recorded as it finishes.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import yaml
 from gdr.config import flat_leaves
 from gdr.cost import device_name
 from gdr.guard import holding
+from gdr.indexing.docids import format_code, read_docids, rebuild_advice
 from gdr.io import (
     atomic_write_json,
     check_manifest_files,
@@ -41,11 +42,10 @@ from gdr.io import (
 from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
-from indexing.docids import format_code, read_docids, rebuild_advice
-from training.concurrent import resolve_concurrent, run_concurrently, slot_threads
-from training.data import read_generated_queries
-from training.model import RetrieverConfig
-from training.train import (
+from gdr.training.concurrent import resolve_concurrent, run_concurrently, slot_threads
+from gdr.training.data import read_generated_queries
+from gdr.training.model import RetrieverConfig
+from gdr.training.train import (
     ExampleOptions,
     OptimOptions,
     TrainerOptions,
@@ -100,7 +100,7 @@ def check_train_inputs(docids: str | Path, generated: str | Path | None = None) 
     comes later and is no more lenient)."""
     ids, _ = read_checked_docids(docids)
     if generated:
-        from training.data import read_generated_queries  # Lightning's import: only when there is a file to read
+        from gdr.training.data import read_generated_queries  # Lightning's import: only when there is a file to read
 
         read_generated_queries(str(generated), ids)
 
@@ -291,7 +291,7 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
 
     ``queries``: real training queries (a :class:`gdr.data.QuerySet` over the corpus, e.g. from
     :func:`gdr.data.splits.split_queries`; its dev part is held out by the trainer) or None; ``generated``: a
-    ``doc_queries.jsonl`` of generated queries, or None. Returns the ``training.train.TrainResult``; a killed
+    ``doc_queries.jsonl`` of generated queries, or None. Returns the ``gdr.training.train.TrainResult``; a killed
     run resumes from ``out/checkpoints/last.ckpt``, and only a training on the same inputs and settings
     (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
     command's config once the folder is known to be this training's (``gdr train``'s ``config.yaml``). A training
@@ -407,9 +407,10 @@ def training_device(settings: TrainSettings) -> str:
 
 
 def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_train: int) -> int:
-    """``trainer.batch_size`` for every retriever of a run, resolved once (:func:`training.train.resolve_train_batch`,
-    free memory read with the cache emptied): sized for the largest decoder among the runs' ``docids`` files (the
-    most digits and the longest docid) and ``n_train`` training examples."""
+    """``trainer.batch_size`` for every retriever of a run, resolved once
+    (:func:`gdr.training.train.resolve_train_batch`, free memory read with the cache emptied): sized for the largest
+    decoder among the runs' ``docids`` files (the most digits and the longest docid) and ``n_train`` training
+    examples."""
     c = settings.to_dict()
     config = model_config_from(c["model"], c["model_presets"])
     codes = [code for path in docids for code in read_checked_docids(path)[1]]
@@ -425,7 +426,7 @@ def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int,
     retriever, e.g. a ``gdr run`` stage) ``concurrent`` at a time on this device; returns their results in order.
     Each finished job's own record stands as it finishes, so a run cut short keeps them; ``on_done(i, result)`` runs
     here as job ``i`` finishes, while the others train. ``on_cuda``: the jobs train on CUDA, so each of the
-    ``concurrent`` slots takes its share of the CPU cores (:func:`training.concurrent.slot_threads`)."""
+    ``concurrent`` slots takes its share of the CPU cores (:func:`gdr.training.concurrent.slot_threads`)."""
     t0 = time.time()
     log.info("training %d retrievers, %d at once", len(jobs), concurrent)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.bm25 import bm25_run
-from eval.compare import mean_interval, paired_test
-from eval.retrieval import evaluate_run, per_query_metrics
 from gdr.config import load_config, to_container
 from gdr.data import corpus_from_config
+from gdr.eval.bm25 import bm25_run
+from gdr.eval.compare import mean_interval, paired_test
+from gdr.eval.retrieval import evaluate_run, per_query_metrics
 from gdr.io import read_jsonl
 
 cut = sys.argv.index("--")

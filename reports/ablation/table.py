@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.compare import mean_interval, paired_test
-from eval.retrieval import PER_QUERY_FILE, per_query_metrics, read_per_query
+from gdr.eval.compare import mean_interval, paired_test
+from gdr.eval.retrieval import PER_QUERY_FILE, per_query_metrics, read_per_query
 
 out_md, runs = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
 METRICS = ("recall@1", "mrr@100")

@@ -7,10 +7,10 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from eval.baselines import run_baselines
-from eval.clustering import clustering_scores
 from gdr.cluster import GenerativeClustering, effective_sample_size
 from gdr.data import load_corpus
+from gdr.eval.baselines import run_baselines
+from gdr.eval.clustering import clustering_scores
 
 matplotlib.use("Agg")
 run, out = sys.argv[1], sys.argv[2]

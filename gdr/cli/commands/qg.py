@@ -11,7 +11,7 @@ from gdr.config import save_config, to_container
 from gdr.io import atomic_write_json
 from gdr.lm import PromptConfig
 from gdr.stages.qg import build_pairs
-from training.qg import QGOptions, fine_tune_qg
+from gdr.training.qg import QGOptions, fine_tune_qg
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``gdr search``: a trained retriever from the command line (:meth:`training.search.Retriever.search`).
+"""``gdr search``: a trained retriever from the command line (:meth:`gdr.training.search.Retriever.search`).
 
 Its arguments are queries and ``key=value`` settings, not a config of its own: argparse splits them (a word with
 ``=`` is a setting, ``--query TEXT`` and every word after ``--`` a query whatever it holds), and the settings are
@@ -19,8 +19,8 @@ from gdr.cli.common import in_section, override_keys
 from gdr.config import load_config, to_container
 from gdr.data import corpus_from_config
 from gdr.stages.settings import EVALUATE_RULES, EvaluateSettings
+from gdr.training.search import Retriever
 from gdr.validate import validate
-from training.search import Retriever
 
 log = logging.getLogger(__name__)
 
