@@ -24,14 +24,19 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/gdr run +experiment=demo
 
+# The lanes run their tests over one worker per core (pytest-xdist; each test's torch on one thread, tests/conftest.py).
+# A file's tests share a worker in the fast lane (its module fixtures, a built wheel or tiny models, are built once);
+# the slow lane's few long tests are dealt one at a time.
+XDIST := -n auto
+
 # The fast lane: everything but the tests marked `slow` (compiling, concurrent or multi-process training and
 # scoring, subprocesses killed or signalled, the bundled SmolLM2 model) and `gpu`.
 test: install
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q $(XDIST) --dist loadfile
 
 # The slow lane: the tests `make test` leaves out (`.ci/run` runs both, so every test runs in CI).
 test-slow: install
-	$(BIN)/python -m pytest -m "slow and not gpu and not long" -q --durations=10
+	$(BIN)/python -m pytest -m "slow and not gpu and not long" -q --durations=10 $(XDIST) --dist load
 
 # conf/stage/*.yaml are written from the settings dataclasses (gdr/stages/settings.py: GENERATED); after changing a
 # default or a help text there, rewrite them (tests/test_settings_defaults.py fails until they match)
@@ -67,7 +72,7 @@ $(COMPAT_VENV)/.installed: pyproject.toml Makefile
 test-compat: $(COMPAT_VENV)/.installed
 	@$(COMPAT_VENV)/bin/python -c "import torch, transformers, pytorch_lightning as pl; \
 	print(f'test-compat: torch {torch.__version__}, transformers {transformers.__version__}, pytorch-lightning {pl.__version__}')"
-	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q $(COMPAT_TESTS)
+	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q $(XDIST) --dist loadfile $(COMPAT_TESTS)
 
 # GPU benchmarks (gdr/bench/gpu.py): no `make install` needed, so they run on a bare CUDA image with the
 # dependencies on the path. Exit 2 with one line without CUDA.
