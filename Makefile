@@ -30,9 +30,11 @@ demo: install
 XDIST := -n auto
 
 # The fast lane: everything but the tests marked `slow` (compiling, concurrent or multi-process training and
-# scoring, subprocesses killed or signalled, the bundled SmolLM2 model) and `gpu`.
+# scoring, subprocesses killed or signalled, the bundled SmolLM2 model) and `gpu`; those marked `alone` (timings
+# compared with timings taken apart, which a busy neighbour skews) run after the others, in one process.
 test: install
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q $(XDIST) --dist loadfile
+	$(BIN)/python -m pytest -m "not slow and not gpu and not alone" -q $(XDIST) --dist loadfile
+	$(BIN)/python -m pytest -m "alone and not slow and not gpu" -q
 
 # The slow lane: the tests `make test` leaves out (`.ci/run` runs both, so every test runs in CI).
 test-slow: install

@@ -60,7 +60,7 @@ from omegaconf import DictConfig, OmegaConf
 from gdr import signals
 from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
-from gdr.data.splits import check_query_splits, split_queries
+from gdr.data.splits import QuerySplits, check_query_splits
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
 from gdr.guard import LOCK_FILE, claim_folder
@@ -348,6 +348,7 @@ class RunContext:
     lm_spec: Any
     test_q: dict
     t_start: float
+    splits: QuerySplits  # the real queries of each split, read once for every stage
     argv: Sequence[str] = ()
     queries_sig: dict = field(default_factory=dict)  # per split (train, test): queries_signature, what keys them
     _lm: Any = None
@@ -458,20 +459,20 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     ``gdr.run``): its rules are not checked again here."""
     t_start = time.perf_counter()
     corpus = corpus_from_config(to_container(cfg.data))
+    splits = QuerySplits(to_container(cfg.data), corpus.doc_ids, cfg.data.get("docs_tsv"))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
     check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
-                       to_container(cfg.data), corpus.doc_ids, need=cfg.queries.test_split,
-                       docs_tsv=cfg.data.get("docs_tsv"))
+                       splits, need=cfg.queries.test_split)
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
     upgrade_run(pipe.root)  # a folder of an older gdr brought to the current format, or refused in one line
     if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
         log.info("%s: the previous run's report is marked in progress until this run replaces it", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
-    splits = {s: queries_signature(cfg, corpus, _queries_section(cfg, s))
-              for s in (cfg.queries.train_split, cfg.queries.test_split)}
+    signatures = {s: queries_signature(splits(_queries_section(cfg, s)), s)
+                  for s in (cfg.queries.train_split, cfg.queries.test_split)}
     return RunContext(cfg, corpus, pipe, corpus_signature(corpus), lm_settings(cfg),
-                      _queries_section(cfg, cfg.queries.test_split), t_start, tuple(argv), splits)
+                      _queries_section(cfg, cfg.queries.test_split), t_start, splits, tuple(argv), signatures)
 
 
 # ---------------------------------------------------------------------------------------------- stage specs
@@ -604,7 +605,7 @@ def bm25_spec(run: RunContext) -> StageSpec | None:
         return None
 
     def build(folder: Path) -> dict:
-        return bm25_baseline(run.corpus, _test_queries(cfg, run.corpus, test_q), folder, k=int(cfg.evaluate.k),
+        return bm25_baseline(run.corpus, _test_queries(run, test_q), folder, k=int(cfg.evaluate.k),
                              split=test_q["split"])
 
     inputs = {"corpus": run.corpus_sig, "queries": run.queries_sig[test_q["split"]], "k": int(cfg.evaluate.k),
@@ -626,8 +627,8 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": _queries_key(run, train_q), "train": keyed, "seed": seed,
               "device": train_stage.training_numerics(settings)}
-    build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, seed, str(idx.path / "docids.tsv"),
-                        str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
+    build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, run.splits(train_q), seed,
+                        str(idx.path / "docids.tsv"), str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
     return StageSpec(f"train-{method}-{_suffix(seed, fold)}", inputs, build,
                      after=[idx] + ([doc_q] if use_gen else []),
                      outputs=TRAIN_OUTPUTS)
@@ -637,8 +638,7 @@ def _train_examples_bound(run: RunContext) -> int:
     """An upper bound on one retriever's training examples (real training queries, each document's first window,
     its random windows and its generated queries), which sizes ``auto`` batches."""
     cfg = run.cfg
-    qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data),
-                       set(run.corpus.doc_ids), cfg.data.get("docs_tsv"))
+    qs = run.splits(_queries_section(cfg, cfg.queries.train_split))
     per_doc = int(cfg.doc_queries.per_doc) if run.uses_generated else 0
     windows = 1 + int(cfg.train.examples.get("doc_windows") or 0)
     return len(run.corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
@@ -683,7 +683,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
         folder.mkdir(parents=True, exist_ok=True)
         save_config(sub, folder)
         settings = EvaluateSettings.from_config(to_container(cfg.evaluate), bm25=False)
-        m, _ = evaluate_model(train.path, run.corpus, _test_queries(cfg, run.corpus, test_q), folder, settings,
+        m, _ = evaluate_model(train.path, run.corpus, _test_queries(run, test_q), folder, settings,
                               split=test_q["split"])
         return {"metrics": m["systems"][settings.tag]}
 
@@ -701,7 +701,8 @@ class _TrainBuild:
     corpus: Any
     train_cfg: dict
     data: dict
-    queries: dict
+    queries: dict  # the section, saved in the stage's config
+    split: Any  # its real queries (a QuerySet), or None
     seed: int
     docids: str
     generated: str | None
@@ -709,10 +710,9 @@ class _TrainBuild:
     def __call__(self, folder: Path) -> dict:
         sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
                                 "out_dir": str(folder), "queries": self.queries, "generated": self.generated})
-        qs = split_queries(self.queries, self.data, set(self.corpus.doc_ids), self.data.get("docs_tsv"))
         settings = TrainSettings.from_config(self.train_cfg, seed=self.seed)
         # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
-        res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=qs,
+        res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=self.split,
                                           generated=self.generated, stale="restart",
                                           write_config=lambda f: save_config(sub, f))
         return {**train_stage.best_record(res.monitor, res.best_score), "global_step": res.global_step,
@@ -741,14 +741,12 @@ def _train_settings(run: RunContext) -> TrainSettings:
     return TrainSettings.from_config(train_cfg)
 
 
-def trained_on(cfg: DictConfig, corpus, use_generated: bool) -> str:
-    """What the retrievers of a run learnt from, in words, for the report: the real training split when the
-    query set has one, else generated queries (and the documents' own windows) only."""
+def trained_on(cfg: DictConfig, corpus, qs, use_generated: bool) -> str:
+    """What the retrievers of a run learnt from, in words, for the report: the real training split ``qs`` (a
+    QuerySet, or None) when the query set has one, else generated queries (and the documents' own windows) only."""
     if cfg.queries.get("folds") is not None:
         k = int(cfg.queries.folds)
         return f"the topics of the {k - 1} other folds of {k}" + (" and generated queries" if use_generated else "")
-    qs = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), set(corpus.doc_ids),
-                       cfg.data.get("docs_tsv"))
     split = f"`{cfg.queries.train_split}`"
     if qs is not None and len(qs):
         return f"{split} ({len(qs)} queries)" + (" and generated queries" if use_generated else "")
@@ -837,13 +835,14 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     seconds = round(time.perf_counter() - run.t_start, 1)
     predicted = predict_stages(cfg, [r.name for r in run.pipe.records], len(run.corpus))
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
+    train_q = run.splits(_queries_section(cfg, cfg.queries.train_split))
     return write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
                         run.results, {m: r.info for m, r in run.indexes.items()},
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),
-                        trained_on=trained_on(cfg, run.corpus, run.uses_generated), partial=partial,
-                        unknown_qrels=sum((_test_queries(cfg, run.corpus, run.test_q).info.get("unknown_qrels")
+                        trained_on=trained_on(cfg, run.corpus, train_q, run.uses_generated), partial=partial,
+                        unknown_qrels=sum((_test_queries(run, run.test_q).info.get("unknown_qrels")
                                            or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
                         predicted=predicted, query_split=query_split(run))
 
@@ -854,7 +853,7 @@ def query_split(run: RunContext) -> dict:
     ``"by": "titles"``: of the document id) or ``{"by": "query set"}`` (its own splits)."""
     section = run.test_q
     if section.get("folds"):
-        n = len(_test_queries(run.cfg, run.corpus, section))
+        n = len(_test_queries(run, section))
         return {"by": "folds", "folds": section["folds"], "seed": section["seed"], "n_topics": n}
     if section.get("fractions"):
         return {"by": "titles" if section["name"] == "titles" else "fractions", "fractions": section["fractions"],
@@ -878,17 +877,16 @@ def _queries_key(run: RunContext, section: dict) -> dict:
     with ``queries.folds`` the fold's own (the topics a fold trains on or is tested on differ by fold)."""
     if section.get("fold") is None:
         return run.queries_sig[section["split"]]
-    return {**queries_signature(run.cfg, run.corpus, section), "fold": section["fold"]}
+    return {**queries_signature(run.splits(section), section["split"]), "fold": section["fold"]}
 
 
-def queries_signature(cfg: DictConfig, corpus, section: dict) -> dict:
-    """What identifies the real queries of one split (a :func:`_queries_section`) in a key: their ids, texts,
-    relevant documents and grades as read against ``corpus``, never the files they came from."""
-    qs = split_queries(section, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
+def queries_signature(qs, split: str) -> dict:
+    """What identifies the real queries ``qs`` of the split ``split`` (a QuerySet read against the corpus, or None)
+    in a key: their ids, texts, relevant documents and grades, never the files they came from."""
     if qs is None:
-        return {"split": section["split"], "n": 0}
+        return {"split": split, "n": 0}
     judged = [*("\t".join(r) for r in qs.relevant), "\0", *("\t".join(map(str, g)) for g in qs.grades or ())]
-    return {"split": section["split"], "n": len(qs), "queries": hash_strings([*qs.qids, "\0", *qs.texts]),
+    return {"split": split, "n": len(qs), "queries": hash_strings([*qs.qids, "\0", *qs.texts]),
             "judged": hash_strings(judged)}
 
 
@@ -969,10 +967,10 @@ def lm_settings(cfg: DictConfig):
                                 threads=cfg.get("threads"))
 
 
-def _test_queries(cfg: DictConfig, corpus, test_q: dict):
+def _test_queries(run: RunContext, test_q: dict):
     """The test queries of the run (for bm25 and every evaluation); an error when the corpus has none."""
-    qs = split_queries(test_q, to_container(cfg.data), set(corpus.doc_ids), cfg.data.get("docs_tsv"))
+    qs = run.splits(test_q)
     if qs is None or len(qs) == 0:
-        raise ValueError(f"no {test_q['split']!r} queries with a relevant document for {cfg.data.name}: "
+        raise ValueError(f"no {test_q['split']!r} queries with a relevant document for {run.cfg.data.name}: "
                          "set queries.name / queries.test_split")
     return qs

@@ -193,8 +193,9 @@ def test_report_says_when_there_is_no_training_split(setup, tmp_path):
     qs = gdr.split_queries(corpus, "test")
     only_test = write_beir(corpus, qs, tmp_path / "only-test")
     cfg = load_config("run", ["data=beir", f"data.path={only_test}"])
-    assert trained_on(cfg, load_corpus(str(only_test)), True) == "generated queries only: `only-test` has no `train` " \
-                                                                  "queries"
+    only = load_corpus(str(only_test))
+    assert gdr.split_queries(only, "train") is None
+    assert trained_on(cfg, only, None, True) == "generated queries only: `only-test` has no `train` queries"
 
 
 # ------------------------------------------------------------------------------------------- smaller things

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 from gdr.cli import main
@@ -13,6 +14,7 @@ from gdr.plan import plan_run, stage_seconds
 # A loaded shared CI machine moves a stage of a few seconds by several times either way; the check still fails a
 # plan that misses a stage by an order of magnitude (a step left out, a unit miscounted).
 BOUND = 4.0
+pytestmark = pytest.mark.alone  # not beside a parallel worker, whose load would fall on the run or the calibration
 
 
 def test_the_calibrated_cpu_plan_predicts_a_run_at_test_size(setup, tmp_path, monkeypatch):

@@ -12,10 +12,11 @@ import pytest
 from test_pipeline import TOPICS, _args, setup  # noqa: F401  (module fixture: a saved tiny LM)
 
 import gdr
+import gdr.data.splits as splits_module
 from gdr.cli import main
 from gdr.config import rerun_command
 from gdr.data import load_trec
-from gdr.data.splits import check_query_splits, fold_of, split_queries
+from gdr.data.splits import QuerySplits, check_query_splits, fold_of, split_queries
 from gdr.data.titles import split_of
 from gdr.rules import ConfigError
 
@@ -91,7 +92,7 @@ def test_each_fold_tests_its_topics_and_trains_on_the_others(trec):
     assert set(_split(trec, "test", folds=5, fold=None, seed=0).qids) == topics  # the union: BM25's queries
     with pytest.raises(ConfigError, match=r"queries\.folds=16: only 15 topic\(s\) .* lower queries\.folds"):
         check_query_splits([{"name": "trec", "split": "test", "path": trec["path"], "folds": 16, "fold": None}],
-                           trec, load_trec(trec["path"]).doc_ids, need="test")
+                           QuerySplits(trec, load_trec(trec["path"]).doc_ids), need="test")
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -107,15 +108,21 @@ def test_bad_split_settings_stop_the_run_with_one_line(nothing_loads, capsys, ov
     assert len(err) == 1 and message in err[0]
 
 
-def test_the_folds_test_every_topic_and_compare_the_schemes_over_all_of_them(setup, trec, tmp_path, capsys):
+def test_the_folds_test_every_topic_and_compare_the_schemes_over_all_of_them(setup, trec, tmp_path, capsys,
+                                                                             monkeypatch):
     """queries.folds=3 over 15 topics (five a fold, two schemes: six tiny trainings): every topic is one fold's test
-    topic, and the seed's figures and the comparisons pool all 15."""
+    topic, and the seed's figures and the comparisons pool all 15; the query files are read once for all the
+    run's splits (each fold's train and test, BM25's, the keys and the report's)."""
     root, folder = setup
     out = tmp_path / "run"
     args = [a for a in _args(root, folder, out, "indexers=[hkmi,random]", "doc_queries.per_doc=0",
                              "queries.folds=3") if not a.startswith("data.name=")]
     data = [f"data.{k}={v}" for k, v in trec.items() if k != "name"]
+    reads = []
+    read = splits_module.load_file_queries
+    monkeypatch.setattr(splits_module, "load_file_queries", lambda *a, **kw: reads.append(a) or read(*a, **kw))
     assert main(args[:1] + ["data=trec", *data] + args[1:]) == 0
+    assert len(reads) == 1
     capsys.readouterr()
     report = json.loads((out / "report.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}

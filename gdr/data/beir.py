@@ -252,12 +252,7 @@ def _unknown_judgements(unknown: Counter[str], first: str, drop: bool) -> None:
     if not drop:
         raise DataError(f"{said}; add the documents or delete the judgements, or set data.drop_unknown_qrels=true "
                         "(drop_unknown_qrels=True in the API) when the corpus is a subset")
-    if said not in _WARNED:  # a run reads its query files at every stage: said once
-        _WARNED.add(said)
-        log.warning("%s: dropped (data.drop_unknown_qrels=true)", said)
-
-
-_WARNED: set[str] = set()  # the drops of unknown judgements already said in this process
+    log.warning("%s: dropped (data.drop_unknown_qrels=true)", said)
 
 
 def _qrels_form(file: Path, lineno: int, line: str) -> str:

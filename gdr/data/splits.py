@@ -20,6 +20,7 @@ pooled, a topic judged in several joined) that has a relevant document in the co
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,7 +44,7 @@ from gdr.rules import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["split_queries", "check_query_splits", "fold_of", "resplits"]
+__all__ = ["split_queries", "QuerySplits", "check_query_splits", "fold_of", "resplits"]
 
 
 def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], docs_tsv=None):
@@ -53,30 +54,64 @@ def split_queries(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str],
     ``q``: ``name`` (a query set, a BEIR folder, or ``titles``), ``split``, ``path``, and for titles ``seed``
     and ``fractions``; ``fractions`` or ``folds`` and ``fold`` (with ``seed``) split real topics (module
     docstring); ``data``: the corpus's ``data:`` settings (``name``, ``path``; titles reload it)."""
+    return _choose(_query_set(q, data, corpus_ids, docs_tsv), q, corpus_ids)
+
+
+class QuerySplits:
+    """The real queries of a run's splits over one loaded corpus, each query set read once: ``splits(q)`` is
+    :func:`split_queries` of the section ``q``; the sections of one query set (its train and test splits, its
+    folds) share one reading of its files, and every stage after the first gets the split already made."""
+
+    def __init__(self, data: dict[str, Any], corpus_ids: Sequence[str], docs_tsv=None):
+        self.data, self.ids, self.docs_tsv = data, set(corpus_ids), docs_tsv
+        self._sets: dict[str, QuerySet | None] = {}
+        self._splits: dict[str, QuerySet | None] = {}
+
+    def __call__(self, q: dict[str, Any]) -> QuerySet | None:
+        key = json.dumps(q, sort_keys=True)
+        if key not in self._splits:
+            read = json.dumps(_read_by(q), sort_keys=True)
+            if read not in self._sets:
+                self._sets[read] = _query_set(q, self.data, self.ids, self.docs_tsv)
+            self._splits[key] = _choose(self._sets[read], q, self.ids)
+        return self._splits[key]
+
+
+def _read_by(q: dict[str, Any]) -> dict[str, Any]:
+    """What of the section ``q`` decides the query set read (:func:`_query_set`), not the split taken from it."""
+    return {k: q.get(k) for k in ("name", "path", *(("seed", "fractions") if q.get("name") == "titles" else ()))}
+
+
+def _query_set(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], docs_tsv=None) -> QuerySet | None:
+    """The whole query set the section ``q`` names, every split, as its files hold it (None: no queries)."""
     name = q.get("name")
     if not name:
         return None
     if name in ("jsonl", "tsv", "trec"):  # a file of documents: its queries and judgements are files of their own
-        qs = _file_queries(data, corpus_ids)
-        if qs is None:
-            return None
-    elif name == "irds" or name.startswith(IRDS_PREFIX):  # an ir_datasets id: its queries and qrels
-        qs = load_irds_query_sets(data["id"] if name == "irds" else name[len(IRDS_PREFIX):],
-                                  list(data.get("query_ids") or ()), query_field=data.get("query_field"),
-                                  min_relevance=int(data.get("min_relevance") or 1))
-    elif name == "titles":  # each title is the query of its own article (bbc, r2, r5)
-        qs = load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
-                                fractions=tuple(q.get("fractions") or TITLE_FRACTIONS))
-    elif name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
+        return _file_queries(data, corpus_ids)
+    if name == "irds" or name.startswith(IRDS_PREFIX):  # an ir_datasets id: its queries and qrels
+        return load_irds_query_sets(data["id"] if name == "irds" else name[len(IRDS_PREFIX):],
+                                    list(data.get("query_ids") or ()), query_field=data.get("query_field"),
+                                    min_relevance=int(data.get("min_relevance") or 1))
+    if name == "titles":  # each title is the query of its own article (bbc, r2, r5)
+        return load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
+                                  fractions=tuple(q.get("fractions") or TITLE_FRACTIONS))
+    if name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
         log.info("%s has no query set; no real queries", name)
         return None
-    else:
-        kw = {"path": q.get("path")} if q.get("path") else {}
-        if data.get("drop_unknown_qrels"):  # a BEIR folder whose corpus.jsonl is a subset of its judgements'
-            kw["drop_unknown_qrels"] = True
-        if docs_tsv:
-            kw["docs_tsv"] = docs_tsv
-        qs = load_queries(name, **kw)
+    kw = {"path": q.get("path")} if q.get("path") else {}
+    if data.get("drop_unknown_qrels"):  # a BEIR folder whose corpus.jsonl is a subset of its judgements'
+        kw["drop_unknown_qrels"] = True
+    if docs_tsv:
+        kw["docs_tsv"] = docs_tsv
+    return load_queries(name, **kw)
+
+
+def _choose(qs: QuerySet | None, q: dict[str, Any], corpus_ids: set[str]) -> QuerySet | None:
+    """The split of the section ``q`` out of its query set ``qs``, restricted to the corpus (None: no queries)."""
+    if qs is None:
+        return None
+    name = q.get("name")
     if resplits(q):
         qs = _assign_splits(_in_corpus(_pooled(qs), corpus_ids, "topics"), q)
         mine = np.flatnonzero(np.asarray(qs.splits, dtype=object) == q["split"])
@@ -186,16 +221,15 @@ def _file_queries(data: dict[str, Any], corpus_ids: set[str]):
                              drop_unknown=bool(data.get("drop_unknown_qrels")), **topics)
 
 
-def check_query_splits(sections: Sequence[dict], data: dict, corpus_ids: Sequence[str], need: str | None = None,
-                       docs_tsv: str | None = None) -> None:
+def check_query_splits(sections: Sequence[dict], splits: QuerySplits, need: str | None = None) -> None:
     """Read the query set of every ``queries`` section (``{"name", "split", "path", ...}``, one per split a
-    run will use) against the loaded corpus, so that a bad qrels or query line (an unknown document or
-    query id: a :class:`gdr.data.DataError` naming file:line) stops it before its first heavy step rather
-    than hours later; and the split ``need`` must hold a query with a relevant document."""
-
-    ids = set(corpus_ids)
+    run will use) against the loaded corpus (``splits``, which keeps them for the run), so that a bad qrels or
+    query line (an unknown document or query id: a :class:`gdr.data.DataError` naming file:line) stops it before
+    its first heavy step rather than hours later; and the split ``need`` must hold a query with a relevant
+    document."""
+    data = splits.data
     for q in sections:
-        qs = split_queries(q, data, ids, docs_tsv)
+        qs = splits(q)
         n = 0 if qs is None else len(qs)
         if q.get("folds") and q.get("fold") is None and n < int(q["folds"]):
             raise ConfigError(f"queries.folds={q['folds']}: only {n} topic(s) of queries.name={q['name']} have a "
