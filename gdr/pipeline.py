@@ -152,6 +152,11 @@ class Pipeline:
         self.root.mkdir(parents=True, exist_ok=True)
         self.records: list[StageRecord] = []
 
+    def folder(self, name: str, inputs: dict) -> tuple[Path, str]:
+        """(the folder of the stage ``name`` with ``inputs``: ``<root>/<name>-<key>``, that key)."""
+        key = stage_key(json.loads(json.dumps(inputs, default=str)))
+        return self.root / f"{name}-{key}", key
+
     def stage(self, name: str, inputs: dict, build: Callable[[Path], dict | None], after: Sequence[StageRecord] = (),
               resumes: Sequence[str] | None = None, outputs: Sequence[str] = ("*",)) -> StageRecord:
         """Run ``build(folder)`` unless a finished, undamaged stage with the same inputs exists; return its record.
@@ -164,8 +169,7 @@ class Pipeline:
         their checksums count as this stage's content for them (manifests with times, logs and checkpoints differ
         between identical rebuilds)."""
         inputs = json.loads(json.dumps(inputs, default=str))
-        key = stage_key(inputs)
-        folder = self.root / f"{name}-{key}"
+        folder, key = self.folder(name, inputs)
         marker = folder / STAGE_FILE
         upstream = {r.path.name: r.digest for r in after}
         try:
@@ -726,7 +730,7 @@ def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after:
 
 def _finished(pipe: Pipeline, spec: StageSpec) -> bool:
     """Whether ``spec``'s stage folder is marked complete (its checks come when :meth:`Pipeline.stage` reuses it)."""
-    marker = pipe.root / f"{spec.name}-{stage_key(json.loads(json.dumps(spec.inputs, default=str)))}" / STAGE_FILE
+    marker = pipe.folder(spec.name, spec.inputs)[0] / STAGE_FILE
     try:
         return json.loads(marker.read_text()).get("status") == "complete"
     except (OSError, ValueError, AttributeError):  # none yet, or damaged: Pipeline.stage says what and re-runs
