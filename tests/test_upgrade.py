@@ -228,3 +228,24 @@ def test_a_sampling_without_its_numerics_cannot_be_upgraded(old, tmp_path, capsy
             "decoded with") in err and "sample them again into another out= folder" in err
     assert _files(score) == before
 
+
+def test_a_gc_index_that_recorded_only_its_query_ids_is_refused_by_index_add(old, old_run, capsys):
+    """A GC index of format 0 before its queries were recorded by content (tree_state.npz held their ids, q0 ..
+    q{J-1} in every run): `gdr index add` cannot check new documents' P against them and refuses in one line
+    naming the format and `gdr index`, changing nothing."""
+    from gdr.indexing.state import load_tree_state, save_tree_state
+    from gdr.io import refresh_manifest_files
+
+    root, _ = old_run
+    index = root / "run" / old.index
+    state = load_tree_state(index / "tree_state.npz")
+    state.meta.pop("queries")
+    save_tree_state(index / "tree_state.npz", state)
+    refresh_manifest_files(index)  # a whole index of that gdr: its manifest records these files
+    before = _files(index)
+    assert main(["index", "add", f"run={root / 'run' / old.score}", f"index={index}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert (f"{index / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the texts of the queries "
+            "it was built on") in err and "build the index again with `gdr index" in err
+    assert _files(index) == before

@@ -91,11 +91,6 @@ class PRun:
     def query_texts(self) -> list[str]:
         return [str(q.get("text", q.get("qid", ""))) for q in self.queries]
 
-    @property
-    def query_hash(self) -> str:
-        """Hash of the qids of the columns in use (the first J): what indexes of older versions recorded."""
-        return hash_strings(str(q.get("qid", i)) for i, q in enumerate(self.queries[: self.pmatrix.n_cols]))
-
     def first_queries(self, n_queries: int | None) -> PRun:
         """This run with its rows read over the first ``n_queries`` columns of P (all when None): GC's J."""
         if n_queries is None:
