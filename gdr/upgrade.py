@@ -20,7 +20,20 @@ Format 0 (no ``format`` recorded) -> 1:
 * a finished stage without recorded checksums (``artifacts``) has its files checked as far as they can be (they
   parse, .npy sizes match their headers, the manifests' own records hold, P has no zero or non-finite rows,
   docids.tsv reads) and then recorded; one that fails is marked unfinished, so that a run rebuilds it;
-* a sampling manifest that recorded its queries by the hash of their texts records the file's checksum.
+* a sampling manifest that recorded its queries by the hash of their texts records the file's checksum; one
+  without the numerics its queries were decoded with (device, dtype, decode path) is refused: they cannot be
+  found from the folder, and this gdr checks them before it resumes, reuses or scores those queries;
+* P's shard markers that hold no checksum of their rows are dropped, named in one line: a shard's rows are its run
+  of the documents in prompt-length order (the LM's tokenizer over the corpus), which a P folder does not record,
+  so the checksum cannot be computed here; P is kept (a finished one is checked by its own checksum) and a later
+  ``gdr score`` into the folder re-scores those shards.
+
+What a folder alone cannot bring to format 1 and no stage of a run can hold is refused where it is used, in one
+line naming format 0 and the fix: a GC index that recorded only its queries' ids, not their texts (``gdr index
+add``: build it again with ``gdr index``), and a training without ``trained_on.json`` (``gdr train`` resuming it:
+``trainer.resume=false`` or a fresh ``out_dir``; ``gdr evaluate``: train it again). Every such stage of a run
+folder (and every one whose sampling lacks its numerics) was keyed by the corpus's settings and paths, so the
+step above retires it and the run builds it again.
 """
 from __future__ import annotations
 
