@@ -20,7 +20,20 @@ Format 0 (no ``format`` recorded) -> 1:
 * a finished stage without recorded checksums (``artifacts``) has its files checked as far as they can be (they
   parse, .npy sizes match their headers, the manifests' own records hold, P has no zero or non-finite rows,
   docids.tsv reads) and then recorded; one that fails is marked unfinished, so that a run rebuilds it;
-* a sampling manifest that recorded its queries by the hash of their texts records the file's checksum.
+* a sampling manifest that recorded its queries by the hash of their texts records the file's checksum; one
+  without the numerics its queries were decoded with (device, dtype, decode path) is refused: they cannot be
+  found from the folder, and this gdr checks them before it resumes, reuses or scores those queries;
+* P's shard markers that hold no checksum of their rows are dropped, named in one line: a shard's rows are its run
+  of the documents in prompt-length order (the LM's tokenizer over the corpus), which a P folder does not record,
+  so the checksum cannot be computed here; P is kept (a finished one is checked by its own checksum) and a later
+  ``gdr score`` into the folder re-scores those shards.
+
+What a folder alone cannot bring to format 1 and no stage of a run can hold is refused where it is used, in one
+line naming format 0 and the fix: a GC index that recorded only its queries' ids, not their texts (``gdr index
+add``: build it again with ``gdr index``), and a training without ``trained_on.json`` (``gdr train`` resuming it:
+``trainer.resume=false`` or a fresh ``out_dir``; ``gdr evaluate``: train it again). Every such stage of a run
+folder (and every one whose sampling lacks its numerics) was keyed by the corpus's settings and paths, so the
+step above retires it and the run builds it again.
 """
 from __future__ import annotations
 
@@ -45,7 +58,7 @@ from gdr.io import (
 )
 from gdr.lm.numerics import scoring_numerics
 from gdr.models import model_digest
-from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run
+from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, SHARD_DIR, load_run
 
 log = logging.getLogger(__name__)
 
@@ -229,20 +242,52 @@ def upgrade_manifests(folder: str | os.PathLike, device: dict | None, lm: dict |
     """The P run manifests of ``folder`` brought to the current format: the scorer by its files' digest
     (``lm``: the stage's upgraded LM section, else from the manifest's ``lm.model``), the device and compute
     dtype where absent (``device``: the stage's ``{"kind", "compute_dtype"}``, else what ``auto`` resolves to),
-    the queries file's checksum; one line per manifest changed."""
+    the queries file's checksum, P's shard markers without a checksum dropped; one line per change. A sampling
+    manifest without its numerics is refused before any file changes."""
     folder, done = Path(folder), []
+    old = {}
     for name in _MANIFESTS:
         path = folder / name
-        if not path.is_file():
-            continue
-        man = json.loads(path.read_text(encoding="utf-8"))
-        version = format_of(man, path)
-        if version == FORMAT:
-            continue
-        man = _manifest_v0_to_v1(folder, name, man, device, lm)
-        atomic_write_json(path, man)
-        done.append(f"{path}: format {version} -> {FORMAT}")
+        if path.is_file():
+            man = json.loads(path.read_text(encoding="utf-8"))
+            if format_of(man, path) != FORMAT:
+                old[name] = man
+    for name, man in old.items():
+        if name != P_MANIFEST and "numerics" not in man:
+            raise FormatError(
+                f"{folder / name}: format 0 from before gdr recorded the numerics its queries were decoded with "
+                f"(device, dtype, decode path), which this gdr checks before it resumes, reuses or scores them; "
+                f"sample them again into another out= folder")
+    for name, man in old.items():
+        atomic_write_json(folder / name, _manifest_v0_to_v1(folder, name, man, device, lm))
+        done.append(f"{folder / name}: format {format_of(man, folder / name)} -> {FORMAT}")
+        if name == P_MANIFEST:
+            done += _drop_unchecked_markers(folder)
     return done
+
+
+def _drop_unchecked_markers(folder: Path) -> list[str]:
+    """P's shard markers that hold no checksum of their rows (format 0 before markers carried one) removed; one
+    line saying so, or none. The checksum cannot be computed here: a shard's rows are its run of the documents in
+    prompt-length order (the LM's tokenizer over the corpus), which a P folder does not record. P itself is kept: a
+    finished one is checked by its own checksum; a later ``gdr score`` into the folder re-scores those shards."""
+    bare = []
+    for marker in sorted((folder / SHARD_DIR).glob("*.done")):
+        try:
+            rec = json.loads(marker.read_text(encoding="utf-8") or "{}")
+        except ValueError:
+            rec = None
+        if not (isinstance(rec, dict) and "rows_crc32" in rec):
+            bare.append(marker)
+    if not bare:
+        return []
+    for marker in bare:
+        marker.unlink()
+    line = (f"{folder / SHARD_DIR}: {len(bare)} shard marker(s) of format 0 hold no checksum of their rows, which "
+            f"need the documents' prompt-length order (not recorded in the folder): dropped, those shards are "
+            f"re-scored when P is scored again")
+    log.warning("%s", line)
+    return [line]
 
 
 def _manifest_v0_to_v1(folder: Path, name: str, man: dict, device: dict | None, lm: dict | None) -> dict:

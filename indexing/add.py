@@ -35,6 +35,7 @@ from gdr.cluster import distortion_matrix, log_weights
 from gdr.config import RerunCommand, data_overrides, saved_data
 from gdr.data import Corpus, corpus_from_config
 from gdr.data.beir import corpus_jsonl
+from gdr.formats import FormatError
 from gdr.indexing.docids import format_code, read_docids, write_docids
 from gdr.indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
 from gdr.indexing.summary import summarize, write_summary
@@ -188,28 +189,28 @@ def _update_tree_json(path: Path, new_codes: list[tuple[int, ...]]) -> list[dict
 
 def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
     """Refuse a P whose columns are not the queries the index was built on, by content (the texts of the first J
-    queries and the model that scored them), naming both sources. Indexes of older versions recorded only the
-    qids, which every run numbers ``q0 .. q{J-1}``: those are checked as before, with a warning."""
-    want, have = st.meta.get("queries"), run.query_identity()
-    fix = _RescoreAdvice(run.path, want["source"] if want else None)
-    if want:
-        if want["texts_hash"] != have["texts_hash"]:
-            raise ValueError(f"{run.path / 'queries.jsonl'}: the new documents were scored against other queries "
-                             f"({have['n_queries']} queries sampled in {have['source']}) than the index in "
-                             f"{index_dir} was built on ({want['n_queries']} queries sampled in {want['source']}); "
-                             f"{fix}")
-        if want.get("scorer") and have.get("scorer") and want["scorer"] != have["scorer"]:
-            a, b = want["scorer"], have["scorer"]
-            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-            raise ValueError(f"{run.path / 'P.manifest.json'}: the new documents were scored by another model "
-                             f"({', '.join(f'{k}={b.get(k)!r}' for k in diff)}) than the index in {index_dir} "
-                             f"({', '.join(f'{k}={a.get(k)!r}' for k in diff)}); {fix}")
-        return
-    if st.query_hash and run.query_hash != st.query_hash:
-        raise ValueError(f"{run.path / 'queries.jsonl'}: the first {st.n_queries} query ids differ from those the "
-                         f"index in {index_dir} was built on; {fix}")
-    log.warning("%s was built by an older gdr that recorded only the query ids, not the queries: make sure %s was "
-                "scored against the index's queries (`gdr score queries_from=<the index's run>`)", index_dir, run.path)
+    queries and the model that scored them), naming both sources."""
+    want, have = st.meta["queries"], run.query_identity()
+    fix = _RescoreAdvice(run.path, want["source"])
+    if want["texts_hash"] != have["texts_hash"]:
+        raise ValueError(f"{run.path / 'queries.jsonl'}: the new documents were scored against other queries "
+                         f"({have['n_queries']} queries sampled in {have['source']}) than the index in "
+                         f"{index_dir} was built on ({want['n_queries']} queries sampled in {want['source']}); {fix}")
+    if want.get("scorer") and have.get("scorer") and want["scorer"] != have["scorer"]:
+        a, b = want["scorer"], have["scorer"]
+        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        raise ValueError(f"{run.path / 'P.manifest.json'}: the new documents were scored by another model "
+                         f"({', '.join(f'{k}={b.get(k)!r}' for k in diff)}) than the index in {index_dir} "
+                         f"({', '.join(f'{k}={a.get(k)!r}' for k in diff)}); {fix}")
+
+
+def _require_queries(st: TreeState, index_dir: Path) -> None:
+    """Refuse, in one line, a GC index of format 0 from before its queries were recorded by content (only their
+    ids, ``q0 .. q{J-1}`` in every run): new documents' P cannot be checked against them."""
+    if not st.meta.get("queries"):
+        raise FormatError(f"{index_dir / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the "
+                          f"texts of the queries it was built on, so new documents' P cannot be checked against "
+                          f"them; build the index again with `{RerunCommand('index', index_dir)}`")
 
 
 class _RescoreAdvice:
@@ -282,6 +283,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     index_dir = Path(index_dir)
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")
+    _require_queries(st, index_dir)
     run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
     check_same_queries(st, run, index_dir)
     old_ids, old_codes = read_docids(index_dir / "docids.tsv")

@@ -67,7 +67,6 @@ def write_index(
     *,
     method: str,
     query_texts: Sequence[str] | None = None,
-    query_hash: str = "",
     top_queries: int = 5,
     centroid_json_depth: int = 0,
     plot: bool = True,
@@ -85,7 +84,7 @@ def write_index(
         "method": method, "n_docs": len(doc_ids), "n_clusters": tree.n_clusters, "leaf_size": tree.leaf_size,
         "depth": tree.depth, "n_fallback": tree.n_fallback, "nodes": records})
     if tree.meta.get("method") == "gc":
-        save_tree_state(out_dir / "tree_state.npz", tree_state_from_tree(tree, query_hash=query_hash))
+        save_tree_state(out_dir / "tree_state.npz", tree_state_from_tree(tree))
     summary = summarize(tree.codes, records, tree.n_clusters, tree.leaf_size, method=method)
     write_summary(out_dir, summary, plot=plot)
     log.info("wrote %s index of %d documents (depth %d, %d fallbacks) to %s", method, len(doc_ids), tree.depth,

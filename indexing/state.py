@@ -3,8 +3,8 @@
 Per internal node (path ``p``, m children ``p+(0,)..p+(m-1,)``): its localized ``log_phi`` (J,),
 the resampled ``columns`` (J,) into the first J queries, and ``log_centroids`` (m, J) over those
 columns. Per leaf: the number of positions in use. Plus the root's Eq.-clip bounds, the global
-log phi, alpha, K, c, J and a hash of the J query ids (new documents must be scored against
-the same queries).
+log phi, alpha, K, c, J and, in ``meta["queries"]``, what the first J queries are by content (the hash of their
+texts, the model that scored them, where they were sampled): new documents must be scored against the same queries.
 
 Layout (plain arrays, no pickles): ``node_paths`` (M,) str, ``node_log_phi`` (M, J) float32,
 ``node_columns`` (M, J) int32, ``centroid_offsets`` (M+1,) int64 into ``centroids``
@@ -52,7 +52,6 @@ class TreeState:
     log_phi: np.ndarray            # (J,) float64, global
     nodes: dict[tuple[int, ...], NodeState]
     leaves: dict[tuple[int, ...], int]  # path -> positions in use
-    query_hash: str = ""
     meta: dict = field(default_factory=dict)
 
 
@@ -64,7 +63,7 @@ def _str_path(s: str) -> tuple[int, ...]:
     return parse_code(s) if s else ()
 
 
-def tree_state_from_tree(tree: IndexTree, query_hash: str = "") -> TreeState:
+def tree_state_from_tree(tree: IndexTree) -> TreeState:
     """Collect the per-node GC state of a tree built by :func:`gdr.indexing.gc.build_gc_index`."""
     meta = tree.meta
     if meta.get("method") != "gc":
@@ -74,7 +73,7 @@ def tree_state_from_tree(tree: IndexTree, query_hash: str = "") -> TreeState:
     leaves = {n.path: n.size for n in tree.leaves}
     return TreeState(n_clusters=tree.n_clusters, leaf_size=tree.leaf_size, n_queries=int(meta["n_queries"]),
                      alpha=float(meta["options"]["alpha"]), clip_upper=meta["clip_upper"], log_phi=meta["log_phi"],
-                     nodes=nodes, leaves=leaves, query_hash=query_hash,
+                     nodes=nodes, leaves=leaves,
                      meta={"options": meta["options"], "seed": meta.get("seed"),
                            **({"queries": meta["queries"]} if meta.get("queries") else {})})
 
@@ -119,7 +118,7 @@ def save_tree_state(path: str | os.PathLike, st: TreeState) -> Path:
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     leaf_order = sorted(st.leaves, key=lambda p: (len(p), p))
     meta = {"version": STATE_VERSION, "n_clusters": st.n_clusters, "leaf_size": st.leaf_size, "n_queries": J,
-            "alpha": st.alpha, "query_hash": st.query_hash, **st.meta}
+            "alpha": st.alpha, **st.meta}
     small = dict(
         node_paths=np.array([_path_str(p) for p in order], dtype=str),
         centroid_offsets=offsets,
@@ -174,6 +173,6 @@ def load_tree_state(path: str | os.PathLike) -> TreeState:
             n_clusters=int(meta.pop("n_clusters")), leaf_size=int(meta.pop("leaf_size")),
             n_queries=int(meta.pop("n_queries")), alpha=float(meta.pop("alpha")),
             clip_upper=clip if clip.size else None, log_phi=z["log_phi"], nodes=nodes, leaves=leaves,
-            query_hash=str(meta.pop("query_hash", "")), meta=meta)
+            meta=meta)
     meta.pop("version", None)
     return st

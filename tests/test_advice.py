@@ -28,7 +28,8 @@ SITES = {
                               "test_doc_ids_json_damaged"],
     "gdr/store/rows.py": ["test_a_truncated_p_matrix_given_to_gdr_index"],
     "gdr/stages/doc_queries.py": ["test_finished_doc_queries_damaged"],
-    "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_index_add_advice_pastes"],
+    "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_a_gc_index_of_format_0_given_to_index_add",
+                        "test_index_add_advice_pastes"],
     "gdr/cli/commands/index.py": ["test_index_add_advice_pastes"],
     "training/data.py": ["test_the_advised_resample_command_works_as_printed (test_faults)",
                          "test_doc_queries_without_a_manifest_with_a_doc_twice"],
@@ -231,6 +232,26 @@ def test_a_damaged_gc_index_given_to_index_add(scored, tmp_path, capsys):
     assert "rebuild the index with `gdr index " in line, line
     _run_advised(line)
     assert (idx / "docids.tsv").read_text() == good
+
+
+def test_a_gc_index_of_format_0_given_to_index_add(scored, tmp_path, capsys):
+    """A GC index that recorded only its queries' ids (format 0): the `gdr index` it advises builds it again, and
+    the index then records its queries by content."""
+    from gdr.indexing.state import load_tree_state, save_tree_state
+    from gdr.io import refresh_manifest_files
+
+    idx = tmp_path / "idx"
+    assert main(["index", "method=gc", f"run={scored[0]}", "n_clusters=4", "leaf_size=4", "gc.n_init=1",
+                 "plot=false", f"out={idx}"]) == 0
+    state = load_tree_state(idx / "tree_state.npz")
+    state.meta.pop("queries")
+    save_tree_state(idx / "tree_state.npz", state)
+    refresh_manifest_files(idx)
+    capsys.readouterr()
+    line = error_of(capsys, ["index", "add", f"run={scored[0]}", f"index={idx}"])
+    assert "a GC index of format 0" in line and "build the index again with `gdr index " in line, line
+    _run_advised(line)
+    assert load_tree_state(idx / "tree_state.npz").meta["queries"]["n_queries"] == state.n_queries
 
 
 def test_index_add_advice_pastes(setup, tmp_path, capsys):  # noqa: F811

@@ -255,18 +255,19 @@ def test_a_failed_compiled_flex_attention_scores_on_the_dense_path(monkeypatch, 
 
 
 def test_the_compile_record_does_not_make_a_finished_folder_stale(tmp_path, monkeypatch):
-    """compile_last_call is what a call did, not a setting: a folder whose manifest lacks it and the numerics (an older
-    gdr's) is reused as it is, not re-sampled (one that records another decode path is refused:
-    test_sampling.py)."""
+    """compile_last_call is what a call did, not a setting: a folder whose manifest lacks it is reused as it is, not
+    re-sampled (one that records another decode path is refused: test_sampling.py; one of format 0 without the
+    numerics is refused by the upgrade: test_upgrade.py)."""
     lm = tiny_llama()
     rows = sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=False, **KW)
     man = read_manifest(tmp_path, "queries.manifest.json")
     assert man["compile_last_call"]["compiled"] is False and man["compile_last_call"]["graphs"] == []
     path = tmp_path / "queries.manifest.json"
-    path.write_text(json.dumps({k: v for k, v in man.items() if k not in ("compile_last_call", "numerics")}))
+    path.write_text(json.dumps({k: v for k, v in man.items() if k != "compile_last_call"}))
 
     def resample(*a, **k):
         raise AssertionError("re-sampled a finished folder")
 
     monkeypatch.setattr(lm, "sample_queries", resample)
-    assert sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile=True, **KW) == rows
+    # compile=auto: another setting, the same decode path here (eager on the CPU)
+    assert sample_run(lm, DOCS, DOC_IDS, tmp_path, n_queries=6, seed=2, batch_size=4, compile="auto", **KW) == rows

@@ -705,11 +705,15 @@ def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
     with pytest.raises(ConfigError, match=r"^split=train: the retriever in .*train was trained on the 'train' "
                                           r"queries; .*allow_train_split=True"):
         gdr.evaluate(train, _corpus(), _two_splits(), tmp_path / "out", split="train")
-    legacy = tmp_path / "legacy"  # a gdr train folder of an older gdr: its config.yaml names the split
-    legacy.mkdir()
-    (legacy / "config.yaml").write_text("queries:\n  name: toy\n  split: test\n")
-    with pytest.raises(ConfigError, match=r"^split=test: the retriever in .*legacy was trained on the 'test'"):
-        gdr.evaluate(legacy, _corpus(), _two_splits(), tmp_path / "out", split="test")
+    old = tmp_path / "old"  # a retriever of format 0, without trained_on.json: its training splits are not known
+    (old / "model").mkdir(parents=True)
+    (old / "model" / "retriever.json").write_text("{}")
+    (old / "config.yaml").write_text("queries:\n  name: toy\n  split: test\n")
+    for split in ("test", "dev"):
+        with pytest.raises(ConfigError, match=r"^\S*old: a retriever of format 0, from before gdr recorded the query "
+                                              r"splits it was trained on .*; train it again with this gdr") as e:
+            gdr.evaluate(old, _corpus(), _two_splits(), tmp_path / "out", split=split)
+        assert len(str(e.value).splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

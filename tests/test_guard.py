@@ -353,6 +353,7 @@ def test_evaluate_out_dir_is_checked(tmp_path, capsys, nothing_loads):
     train = tmp_path / "train-run"
     (train / "model").mkdir(parents=True)
     (train / "model" / "retriever.json").write_text("{}")
+    (train / "trained_on.json").write_text('{"inputs": {"queries": null}}')  # a retriever trained on no real queries
     (tmp_path / "f").write_text("")
     line = error_of(capsys, ["evaluate", f"run_dir={train}", f"out_dir={tmp_path / 'f'}"])
     assert f"out_dir={tmp_path / 'f'}: is a regular file" in line

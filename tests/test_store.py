@@ -277,21 +277,40 @@ def test_damaged_shard_is_rescored_alone(lm, tmp_path, caplog):
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
 
 
-def test_legacy_shard_markers_are_checked_then_adopted(lm, tmp_path):
-    """Markers of older versions (empty files): zero-filled rows are re-scored, good rows keep their work."""
+def test_shard_markers_of_format_0_without_a_checksum_are_dropped_by_the_upgrade_and_rescored(lm, tmp_path, caplog):
+    """Markers of format 0 before they held a checksum (empty files) cannot be checked without the documents'
+    prompt-length order, which the folder does not record: the upgrade drops them, naming that in one line, and
+    leaves P's bytes and the checked markers alone; scoring again re-scores those shards only. A marker without a
+    checksum in the current format counts as damaged."""
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
     ref = np.load(tmp_path / "P.npy").copy()
-    for m in (tmp_path / "P.shards").glob("*.done"):
-        m.write_text("")
-    P = np.load(tmp_path / "P.npy", mmap_mode="r+")
-    P[-1] = 0.0  # what an older gdr's zero-fill left
-    P.flush()
-    del P
+    path = tmp_path / "P.manifest.json"
+    man = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in man.items() if k != "format"} | {"status": "partial"}))
+    markers = sorted((tmp_path / "P.shards").glob("*.done"))
+    kept = markers[0].read_bytes()
+    for m in markers[1:]:
+        m.write_text("")  # what a format-0 gdr wrote before markers held a checksum
+    p_before = (tmp_path / "P.npy").read_bytes()
+    lines = upgrade(tmp_path)
+    assert lines[0] == f"{path}: format 0 -> {FORMAT}"
+    assert lines[1] == (f"{tmp_path / 'P.shards'}: 2 shard marker(s) of format 0 hold no checksum of their rows, "
+                        "which need the documents' prompt-length order (not recorded in the folder): dropped, those "
+                        "shards are re-scored when P is scored again") and len(lines) == 2
+    assert (tmp_path / "P.npy").read_bytes() == p_before
+    assert [m.name for m in (tmp_path / "P.shards").glob("*.done")] == [markers[0].name]
+    assert markers[0].read_bytes() == kept and json.loads(path.read_text())["format"] == FORMAT
     with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
-    assert calls == [3]
+    assert calls == [3, 1]  # shards 1 and 2: 3 documents and the last one
     np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
     assert all(json.loads(m.read_text())["rows_crc32"] for m in (tmp_path / "P.shards").glob("*.done"))
+
+    markers[1].write_text("{}")  # the current format: a marker without its checksum is a damaged one
+    with _scored_batches(lm) as calls:
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=3, progress=False)
+    assert calls == [3] and "rows of shard 1 differ from the checksum in its marker" in caplog.text
+    np.testing.assert_array_equal(load_run(tmp_path).logp, ref)
 
 
 @pytest.mark.parametrize("damage", ["broken_line", "dropped_line", "duplicated_line"])

@@ -181,6 +181,24 @@ def test_gdr_train_into_a_folder_of_another_training_is_refused(toy, trained, tm
     assert main(_args(toy, out, *extra, docids=docids)) == 0  # and that training resumes
 
 
+def test_gdr_train_into_a_training_of_format_0_is_refused_in_one_line(toy, trained, tmp_path, capsys):
+    """A training of an older gdr without trained_on.json (format 0) does not say what it was trained on: resuming
+    it is refused in one line naming the format and the ways out, before any file changes; trainer.resume=false
+    starts over in the folder."""
+    out = _copy(trained, tmp_path / "run")
+    (out / "trained_on.json").unlink()
+    files = ("docids.tsv", "config.yaml", "manifest.json", "model/model.pt", "checkpoints/last.ckpt")
+    before = {f: file_digest(out / f) for f in files}
+    assert main(_args(toy, out)) == 2
+    line = _one_line(capsys)
+    assert line == (f"gdr train: error: out_dir={out}: holds a training of format 0 (an older gdr's, without "
+                    "trained_on.json), which does not record what it was trained on, so it cannot be resumed. To "
+                    "start over in this folder set trainer.resume=false, or choose a fresh out_dir")
+    assert {f: file_digest(out / f) for f in files} == before and not (out / "trained_on.json").exists()
+    assert main(_args(toy, out, "trainer.resume=false")) == 0  # the way out it names
+    assert (out / "trained_on.json").is_file()
+
+
 def test_train_retriever_refuses_a_folder_of_another_training(toy, trained, tmp_path):
     """The API's train_retriever keeps the same promise."""
     root, folder, tok = toy

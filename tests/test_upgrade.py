@@ -175,3 +175,77 @@ def test_a_training_s_best_score_of_format_0_is_named_by_the_metric_that_chose_i
         {"best_val_recall1": 0.4, "global_step": 9, "best_val_metric": "val/mrr", "best_val_score": 0.4}
     now = {"best_val_metric": "val/recall@1", "best_val_score": 0.5, "best_val_recall1": 0.5}
     assert _best_score(now, {"monitor": "val/mrr"}) == now  # recorded by its metric already
+
+
+def _files(folder: Path) -> dict[Path, bytes]:
+    """Every file of ``folder`` and its bytes, the lock a command takes on it (``.gdr.lock``) left out."""
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".gdr.lock"}
+
+
+def test_p_s_shard_markers_without_a_checksum_are_dropped_and_the_finished_p_reused(old, old_run, capsys):
+    """A score stage of format 0 from before its files or its shard markers carried checksums: the markers (whose
+    rows need the documents' prompt-length order) are dropped in one line, P's bytes stay, the stage's files are
+    checked and recorded, and the run reuses the finished P without scoring it again."""
+    root, fx = old_run
+    run = root / "run"
+    score = run / old.score
+    for marker in (score / "P.shards").glob("*.done"):
+        marker.write_text("")
+    record = json.loads((score / "stage.json").read_text())
+    (score / "stage.json").write_text(json.dumps({k: v for k, v in record.items() if k not in ("artifacts",
+                                                                                               "outputs")}))
+    p_before = (score / "P.npy").read_bytes()
+    assert main(["upgrade", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith(f"{old.score}: format 0 -> 1, now score-") for line in out.splitlines())
+    now = next(run.glob("score-*"))
+    assert not list((now / "P.shards").glob("*.done"))
+    stage = json.loads((now / "stage.json").read_text())
+    assert stage["status"] == "complete" and "P.npy" in stage["artifacts"]
+    assert not any(k.startswith("P.shards/") for k in stage["artifacts"])
+    assert (now / "P.npy").read_bytes() == p_before
+
+    assert main(fx.run_args(root)) == 0
+    stages = _stages(run)
+    assert stages["score"]["reused"] and stages["score"]["folder"] == now.name
+    assert (now / "P.npy").read_bytes() == p_before
+
+
+def test_a_sampling_without_its_numerics_cannot_be_upgraded(old, tmp_path, capsys):
+    """Format 0 before the numerics of the decode (device, dtype, decode path) were recorded: the folder cannot say
+    what they were, so the upgrade refuses it in one line naming the format, before any file changes."""
+    score = tmp_path / "score"
+    shutil.copytree(old.path / old.score, score)
+    (score / "stage.json").unlink()  # a P folder of `gdr score`, not a stage of a run
+    man = json.loads((score / "queries.manifest.json").read_text())
+    del man["numerics"]
+    (score / "queries.manifest.json").write_text(json.dumps(man))
+    before = _files(score)
+    assert main(["upgrade", str(score)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert (f"{score / 'queries.manifest.json'}: format 0 from before gdr recorded the numerics its queries were "
+            "decoded with") in err and "sample them again into another out= folder" in err
+    assert _files(score) == before
+
+
+def test_a_gc_index_that_recorded_only_its_query_ids_is_refused_by_index_add(old, old_run, capsys):
+    """A GC index of format 0 before its queries were recorded by content (tree_state.npz held their ids, q0 ..
+    q{J-1} in every run): `gdr index add` cannot check new documents' P against them and refuses in one line
+    naming the format and `gdr index`, changing nothing."""
+    from gdr.indexing.state import load_tree_state, save_tree_state
+    from gdr.io import refresh_manifest_files
+
+    root, _ = old_run
+    index = root / "run" / old.index
+    state = load_tree_state(index / "tree_state.npz")
+    state.meta.pop("queries")
+    save_tree_state(index / "tree_state.npz", state)
+    refresh_manifest_files(index)  # a whole index of that gdr: its manifest records these files
+    before = _files(index)
+    assert main(["index", "add", f"run={root / 'run' / old.score}", f"index={index}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert (f"{index / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the texts of the queries "
+            "it was built on") in err and "build the index again with `gdr index" in err
+    assert _files(index) == before

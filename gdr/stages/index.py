@@ -84,12 +84,12 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     t0 = time.time()
     K, c = int(cfg.n_clusters), int(cfg.leaf_size)
     extra: dict = {}
-    query_texts, query_hash = None, ""
+    query_texts = None
     if cfg.method == "gc":
         if not run:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
         prun = load_run(run, require_manifest=False).first_queries(cfg.gc.get("n_queries"))
-        doc_ids, query_texts, query_hash = prun.doc_ids, prun.query_texts, prun.query_hash
+        doc_ids, query_texts = prun.doc_ids, prun.query_texts
         tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=_gc_options(cfg.gc),
                               seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))
         tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
@@ -130,7 +130,7 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         doc_ids = _doc_ids(cfg, run, load)
         tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic["warn_above"]))
 
-    summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts, query_hash=query_hash,
+    summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts,
                           top_queries=int(cfg.gc["top_queries"]),
                           centroid_json_depth=int(cfg.gc["centroid_json_depth"]),
                           plot=bool(cfg.plot))

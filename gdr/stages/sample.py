@@ -255,12 +255,12 @@ def decode_numerics(lm, compiled: bool) -> dict:
 
 
 def check_numerics(out: Path, manifest: str, old: dict | None, now: dict, files: str) -> None:
-    """Refuse, in one line, queries decoded under other numerics than this run's (a folder made before they
-    were recorded is taken as it is): resuming would mix the two, reusing would hand out other queries."""
-    was = (old or {}).get("numerics")
-    if was is not None and was != now:
+    """Refuse, in one line, queries decoded under other numerics than this run's (``old``: the folder's manifest,
+    which records them): resuming would mix the two, reusing would hand out other queries."""
+    was = old.get("numerics") if old is not None else now
+    if was != now:
         raise FileExistsError(
-            f"{out / manifest}: these queries were decoded on {describe_numerics(was)}, this run decodes on "
+            f"{out / manifest}: these queries were decoded on {describe_numerics(was or {})}, this run decodes on "
             f"{describe_numerics(now)} (other near-ties, so other queries for the same seed; never mixed in one "
             f"folder); run it where they were decoded (device=, sample.compile=), or to re-sample here delete "
             f"{files} in {out}, or use another out= folder")

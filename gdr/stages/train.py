@@ -24,7 +24,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-import yaml
 
 from gdr.config import flat_leaves
 from gdr.cost import device_name
@@ -212,20 +211,25 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = True, st
 
     A folder holding another training (a checkpoint, a model, ``trained_on.json`` of other inputs) is refused with
     one line naming what differs (``stale="refuse"``: ``gdr train``, the API), or cleared with a warning
-    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. A folder of
-    an older gdr (no ``trained_on.json``) is compared by its ``docids.tsv``."""
+    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. A training
+    without ``trained_on.json`` (format 0, an older gdr's) is refused or cleared alike: what it was trained on is
+    not recorded."""
     out = Path(out)
     if not _holds_training(out):
         return
     record = out / TRAINED_ON
-    if record.exists():
+    if not record.exists():
+        if resume and stale == "refuse":
+            raise ConfigError(f"out_dir={out}: holds a training of format 0 (an older gdr's, without {TRAINED_ON}), "
+                              "which does not record what it was trained on, so it cannot be resumed. To start over "
+                              "in this folder set trainer.resume=false, or choose a fresh out_dir")
+        diff = [f"format 0, without {TRAINED_ON}"]
+    else:
         try:
             old = json.loads(record.read_text(encoding="utf-8"))
             diff = _differences(old, fingerprint)
         except (ValueError, OSError, AttributeError) as e:
             diff = [f"{TRAINED_ON} unreadable ({e})"]
-    else:
-        diff = _legacy_differences(out, fingerprint)
     if resume and not diff:
         return
     if resume and stale == "refuse":
@@ -242,23 +246,23 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = True, st
 
 
 def trained_splits(run_dir: str | Path) -> list[str]:
-    """The query splits the retriever in ``run_dir`` was trained on: ``trained_on.json``'s, else (a folder of an
-    older gdr) ``config.yaml``'s ``queries.split`` when it had queries; [] when unknown or none."""
-    run_dir = Path(run_dir)
-    try:
-        record = json.loads((run_dir / TRAINED_ON).read_text(encoding="utf-8"))
-        queries = (record.get("inputs") or {}).get("queries")
-        if queries is None or "splits" in queries:
-            return list((queries or {}).get("splits") or [])
-    except (OSError, ValueError, AttributeError):
-        pass
-    try:
-        queries = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("queries") or {}
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # no config.yaml, or not one of gdr train
+    """The query splits the retriever in ``run_dir`` was trained on (``trained_on.json``'s); [] when it had no real
+    queries, or ``run_dir`` holds no training (the evaluation then says what is missing). A retriever without
+    them recorded (format 0, an older gdr's) is refused in one line: a score on its training split would measure
+    memory, and which split that was is not known."""
+    run_dir, record = Path(run_dir), Path(run_dir) / TRAINED_ON
+    if not _holds_training(run_dir):
         return []
-    if not isinstance(queries, dict) or not queries.get("name") or not isinstance(queries.get("split"), str):
-        return []
-    return [queries["split"]]
+    try:
+        queries = (json.loads(record.read_text(encoding="utf-8")).get("inputs") or {}).get("queries") \
+            if record.exists() else {}
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{record}: unreadable ({e}); train the retriever again (`gdr train`)") from None
+    if queries is not None and not isinstance(queries.get("splits"), list):
+        raise ConfigError(f"{run_dir}: a retriever of format 0, from before gdr recorded the query splits it was "
+                          f"trained on (in {TRAINED_ON}), so a score on any split may measure memory; train it again "
+                          f"with this gdr (`gdr train out_dir=<new folder>`)")
+    return list((queries or {}).get("splits") or [])
 
 
 def check_not_trained_on(run_dir: str | Path, split: str, allow: bool = False, key: str = "queries.split") -> None:
@@ -268,20 +272,6 @@ def check_not_trained_on(run_dir: str | Path, split: str, allow: bool = False, k
         raise ConfigError(f"{key}={split}: the retriever in {run_dir} was trained on the {split!r} queries; score "
                           f"it on a split it never saw, or add --allow-train-split (allow_train_split=True in "
                           "Python) to measure it on its training queries, as the report will then say")
-
-
-def _legacy_differences(out: Path, fingerprint: dict) -> list[str]:
-    """A training folder of an older gdr, without trained_on.json: its docids.tsv is what it was trained on."""
-    path = out / "docids.tsv"
-    if not path.exists():
-        return []
-    try:
-        ids, codes = read_docids(path)
-    except (ValueError, OSError) as e:
-        return [f"docids ({path} unreadable: {e})"]
-    now = fingerprint["inputs"]["docids"]  # train() wrote docids.tsv in corpus order, as the new codes are
-    same = hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(ids, codes)) == now["hash"]
-    return [] if same else [f"docids ({path} -> {now['what']})"]
 
 
 def train_retriever(corpus, docids: str | Path, out: str | Path, settings: TrainSettings, *, queries=None,

@@ -91,11 +91,6 @@ class PRun:
     def query_texts(self) -> list[str]:
         return [str(q.get("text", q.get("qid", ""))) for q in self.queries]
 
-    @property
-    def query_hash(self) -> str:
-        """Hash of the qids of the columns in use (the first J): what indexes of older versions recorded."""
-        return hash_strings(str(q.get("qid", i)) for i, q in enumerate(self.queries[: self.pmatrix.n_cols]))
-
     def first_queries(self, n_queries: int | None) -> PRun:
         """This run with its rows read over the first ``n_queries`` columns of P (all when None): GC's J."""
         if n_queries is None:
@@ -235,30 +230,18 @@ def _rows_digest(P: np.ndarray, rows: np.ndarray) -> str:
 
 
 def _check_shards(P: np.ndarray, shard_dir: Path, order: np.ndarray, shard_size: int, p_path: Path) -> int:
-    """Drop the markers of shards whose rows no longer match their checksum (they are re-scored).
-
-    Markers of older versions hold no checksum: their rows are accepted when finite and non-zero (a
-    log-probability is < 0; zeros are what a truncated-and-refilled file holds) and their checksum is
-    recorded. Returns the number of markers dropped."""
+    """Drop the markers of shards whose rows do not match the checksum in their marker (they are re-scored); a
+    marker without a readable ``rows_crc32`` counts as damaged. Returns the number of markers dropped."""
     dropped = 0
     for marker in sorted(shard_dir.glob("*.done")):
         s = int(marker.stem)
-        rows = shard_rows(order, shard_size, s)
         try:
             want = json.loads(marker.read_text() or "{}").get("rows_crc32")
         except (json.JSONDecodeError, AttributeError):
-            want = "unreadable marker"
-        if want is None:  # written by an older version: check what can be checked, then record
-            block = np.asarray(P[rows], dtype=np.float32)
-            if len(rows) and np.isfinite(block).all() and (block != 0).all():
-                atomic_write_json(marker, {"rows_crc32": _rows_digest(P, rows)})
-                continue
-            problem = "hold zeros or non-finite values"
-        elif _rows_digest(P, rows) != want:
-            problem = "differ from the checksum in its marker"
-        else:
+            want = None
+        if want is not None and _rows_digest(P, shard_rows(order, shard_size, s)) == want:
             continue
-        log.warning("%s: rows of shard %d %s; re-scoring that shard", p_path, s, problem)
+        log.warning("%s: rows of shard %d differ from the checksum in its marker; re-scoring that shard", p_path, s)
         marker.unlink()
         dropped += 1
     return dropped
