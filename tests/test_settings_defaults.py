@@ -12,11 +12,12 @@ import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gdr.config import conf_dir, flat_leaves
 from gdr.indexing.options import GCOptions
-from gdr.stages.command_keys import QG_TRAIN, QGKeys, QGSection, RunKeys
+from gdr.stages.command_keys import QG_TRAIN, IndexKeys, QGKeys, QGSection, RunKeys, RunQueries
 from gdr.stages.settings import (
     GENERATED,
     SECTIONS,
@@ -24,6 +25,7 @@ from gdr.stages.settings import (
     STAGE_OPTIM,
     ClusterGC,
     ClusterSettings,
+    EvaluateSettings,
     IndexGC,
     IndexSettings,
     TrainSettings,
@@ -150,35 +152,26 @@ def test_every_section_key_is_declared_by_one_dataclass_field():
     assert QGKeys().qg == asdict(QGSection())
 
 
-def test_help_reads_what_a_key_means_from_its_field(monkeypatch):
-    """`gdr <command> --help` says what a generated key means from its field's metadata, not from YAML comments:
-    the trainer's monitor from gdr.training.options.TrainerOptions; a changed help text shows at once."""
+@pytest.mark.parametrize("cls, name, command, key, generated, local", [
+    (TrainerOptions, "monitor", "train", "trainer.monitor", "stage/train.yaml", "trainer.monitor"),
+    (EvaluateSettings, "beam", "evaluate", "beam", "stage/evaluate.yaml", "beam"),
+    (RunKeys, "seeds", "run", "seeds", "stage/run_keys.yaml", "seeds"),
+    (RunQueries, "folds", "run", "queries.folds", "stage/run_keys.yaml", "queries.folds"),
+    (QGOptions, "patience", "qg", "qg.train.patience", "stage/qg_keys.yaml", "qg.train.patience"),
+    (IndexKeys, "index", "index", "index", "stage/index_keys.yaml", "index"),
+])
+def test_help_reads_what_a_key_means_from_its_field(monkeypatch, cls, name, command, key, generated, local):
+    """`gdr <command> --help` says what a key means from its field's metadata, not from YAML comments: a stage
+    setting (the trainer's monitor, the search's beam) and a command's own key (gdr run's seeds, queries.folds,
+    gdr qg's qg.train.patience, gdr index's index) alike; a changed help text shows at once."""
     import gdr.cli.help as help_module
 
     def line_of(text: str, key: str) -> str:
         return next(x for x in text.splitlines() if x.strip().startswith(f"{key} ="))
 
-    monitor = [f for f in fields(TrainerOptions) if f.name == "monitor"][0].metadata["help"]
-    assert " ".join(monitor.split()[:4]) in line_of(help_module.command_help("train", "train"), "trainer.monitor")
+    said = [f for f in fields(cls) if f.name == name][0].metadata["help"]
+    assert " ".join(said.split()[:4]) in line_of(help_module.command_help(command, command), key)
     real = help_module.generated_help
     monkeypatch.setattr(help_module, "generated_help",
-                        lambda name: {**real(name), "beam": "beams, as the field says"} if name == "stage/evaluate.yaml"
-                        else real(name))
-    assert "beams, as the field says" in line_of(help_module.command_help("evaluate", "evaluate"), "beam")
-
-
-def test_help_reads_a_command_key_from_its_field(monkeypatch):
-    """A command's own keys (gdr run's seeds, queries.folds) are explained by gdr.stages.command_keys' fields: the
-    text shown is the field's, and a changed help text shows at once."""
-    import gdr.cli.help as help_module
-
-    def line_of(text: str, key: str) -> str:
-        return next(x for x in text.splitlines() if x.strip().startswith(f"{key} ="))
-
-    seeds = [f for f in fields(RunKeys) if f.name == "seeds"][0].metadata["help"]
-    assert " ".join(seeds.split()[:4]) in line_of(help_module.command_help("run", "run"), "seeds")
-    real = help_module.generated_help
-    monkeypatch.setattr(help_module, "generated_help",
-                        lambda name: {**real(name), "queries.folds": "folds, as the field says"}
-                        if name == "stage/run_keys.yaml" else real(name))
-    assert "folds, as the field says" in line_of(help_module.command_help("run", "run"), "queries.folds")
+                        lambda file: {**real(file), local: "as the field says"} if file == generated else real(file))
+    assert "as the field says" in line_of(help_module.command_help(command, command), key)
