@@ -66,8 +66,10 @@ from gdr.stages.settings import (
     SCORE_RULES,
     TRAIN_RULES,
     ClusterSettings,
+    RunKeys,
     SampleSettings,
     ScoreSettings,
+    field_help,
 )
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
@@ -224,8 +226,9 @@ EVALUATE_COMMAND = (
     Rule("queries.split", SPLIT_RULE.check,
          "the split scored; never the one the model was trained on (unless --allow-train-split)"),
 )
+RUN_HELP = field_help(RunKeys)  # a rule that says what its key means says it in the key's own words
 RUN = (
-    Rule("indexers", indexers, "one docid index per name"),
+    Rule("indexers", indexers, RUN_HELP["indexers"]),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
     Rule("queries.path", optional(existing())),
     Rule("queries.train_split", SPLIT_RULE.check, "the split trained on; its dev part is held out"),

@@ -1,3 +1,4 @@
+import functools
 import importlib
 import os
 import sys
@@ -56,6 +57,9 @@ def patch_where_bound(monkeypatch):
     def patch(target: str, value) -> None:
         module, name = target.rsplit(".", 1)
         real = getattr(importlib.import_module(module), name)
+        # a stand-in of this target's alone, so that the end of the test puts back `real` where it is bound and not
+        # the function of another target patched with the same value
+        value = functools.wraps(value)(lambda *args, _value=value, **kwargs: _value(*args, **kwargs))
         for mod, attr in _first_party_names(real):
             monkeypatch.setattr(mod, attr, value)
         monkeypatch.setattr(target, value)

@@ -1,8 +1,10 @@
-"""Every stage's defaults are written once: in its settings dataclass (gdr/stages/settings.py, training/options.py).
+"""Every default is written once: in its settings dataclass (gdr/stages/settings.py, training/options.py) or, for a
+command's own keys (out, indexers, queries.*, qg.* ...), in gdr/stages/command_keys.py.
 
 The ``conf/stage/*.yaml`` files the commands compose are generated from those dataclasses (``make conf``); a command's
-own YAML (``conf/<command>.yaml``) may not set a key that a generated file it composes holds, and the few defaults
-``gdr train``/``gdr run`` change of the training kernel's are listed once and must differ from the kernel's.
+own YAML (``conf/<command>.yaml``) holds only its ``defaults`` list and may not set a key that a generated file it
+composes holds, and the few defaults ``gdr train``/``gdr run``/``gdr qg`` change of the training kernel's are listed
+once and must differ from the kernel's.
 """
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gdr.config import conf_dir, flat_leaves
 from gdr.indexing.options import GCOptions
+from gdr.stages.command_keys import QG_TRAIN, IndexKeys, QGKeys, QGSection, RunKeys, RunQueries
 from gdr.stages.settings import (
     GENERATED,
     SECTIONS,
@@ -21,6 +25,7 @@ from gdr.stages.settings import (
     STAGE_OPTIM,
     ClusterGC,
     ClusterSettings,
+    EvaluateSettings,
     IndexGC,
     IndexSettings,
     TrainSettings,
@@ -28,7 +33,7 @@ from gdr.stages.settings import (
     section_classes,
     write_generated,
 )
-from gdr.training.options import ExampleOptions, OptimOptions, TrainerOptions
+from gdr.training.options import ExampleOptions, OptimOptions, QGOptions, TrainerOptions
 
 
 def _included(cdir: Path, name: str, package: str = "") -> list[tuple[str, str]]:
@@ -48,14 +53,18 @@ def _included(cdir: Path, name: str, package: str = "") -> list[tuple[str, str]]
     return out
 
 
+def _own_keys(command_file: Path) -> dict:
+    """Dotted key -> value of what a command YAML writes besides its ``defaults`` list."""
+    raw = yaml.safe_load(command_file.read_text(encoding="utf-8")) or {}
+    return {k: v for k, v in flat_leaves(raw).items() if k.split(".")[0] != "defaults"}
+
+
 def duplicates(cdir: Path) -> list[str]:
     """``file: key`` for every value a command's YAML writes at a key a generated settings file it composes already
-    holds (a default written twice); ``???`` (a key placed there, its value filled from the generated file) is not
-    a value."""
+    holds (a default written twice)."""
     found = []
     for command_file in sorted(cdir.glob("*.yaml")):
-        raw = yaml.safe_load(command_file.read_text(encoding="utf-8")) or {}
-        own = {k: v for k, v in flat_leaves(raw).items() if k.split(".")[0] != "defaults" and v != "???"}
+        own = _own_keys(command_file)
         for gen, package in _included(cdir, command_file.stem):
             generated = flat_leaves(yaml.safe_load((cdir / gen).read_text(encoding="utf-8")) or {})
             for key in generated:
@@ -77,6 +86,18 @@ def test_no_command_yaml_repeats_a_default_of_its_settings():
     assert duplicates(conf_dir()) == []
 
 
+def test_command_yamls_hold_only_what_they_compose():
+    """Every key of a command comes from a dataclass (through a generated file) or a config group's option: the
+    command YAMLs write none, and every generated file is composed by some command."""
+    cdir = conf_dir()
+    commands = sorted(cdir.glob("*.yaml"))
+    assert {p.stem for p in commands} >= {"sample", "score", "cluster", "index", "train", "evaluate", "qg", "run"}
+    for command_file in commands:
+        assert _own_keys(command_file) == {}, f"{command_file.name} writes keys: declare them in a dataclass"
+    included = {gen for p in commands for gen, _ in _included(cdir, p.stem)}
+    assert included == set(GENERATED)
+
+
 def test_a_default_written_twice_is_found(tmp_path):
     """The check above finds a copy: a sampling default written into conf/sample.yaml, a trainer default into
     conf/run.yaml's train section and cluster.enabled back into conf/run.yaml."""
@@ -85,22 +106,35 @@ def test_a_default_written_twice_is_found(tmp_path):
     with open(cdir / "sample.yaml", "a", encoding="utf-8") as f:
         f.write("sample:\n  top_k: 50\n")
     with open(cdir / "run.yaml", "a", encoding="utf-8") as f:
-        f.write("train:\n  trainer:\n    max_epochs: 20\ncluster:\n  enabled: true\n")
-    assert duplicates(cdir) == ["run.yaml: cluster.enabled (also stage/cluster_enabled.yaml)",
+        f.write("train:\n  trainer:\n    max_epochs: 20\ncluster:\n  enabled: true\nindexers: [gc]\n"
+                "doc_queries:\n  top_k: 10\n")
+    with open(cdir / "qg.yaml", "a", encoding="utf-8") as f:
+        f.write("qg:\n  train:\n    lr: 1.0e-4\n")
+    with open(cdir / "train.yaml", "a", encoding="utf-8") as f:
+        f.write("docids: ???\n")
+    assert duplicates(cdir) == ["qg.yaml: qg.train.lr (also stage/qg_keys.yaml)",
+                                "run.yaml: cluster.enabled (also stage/cluster_enabled.yaml)",
+                                "run.yaml: doc_queries.top_k (also stage/run_keys.yaml)",
+                                "run.yaml: indexers (also stage/run_keys.yaml)",
                                 "run.yaml: train.trainer.max_epochs (also stage/train.yaml)",
-                                "sample.yaml: sample.top_k (also stage/sample.yaml)"]
+                                "sample.yaml: sample.top_k (also stage/sample.yaml)",
+                                "train.yaml: docids (also stage/train_paths.yaml)"]
     (cdir / "stage" / "score.yaml").write_text("dtype: float32\n", encoding="utf-8")
-    assert write_generated(cdir) == ["stage/score.yaml"]  # `make conf` puts the generated text back
+    (cdir / "stage" / "run_keys.yaml").write_text("seeds: [0]\n", encoding="utf-8")
+    assert write_generated(cdir) == ["stage/score.yaml", "stage/run_keys.yaml"]  # `make conf` puts the text back
 
 
 def test_stage_sections_are_the_kernels_fields():
-    """TrainSettings' examples, optim and trainer are gdr.training.options' fields and defaults (not a copy), but for
-    the defaults the commands change, each of which differs from the kernel's (else it would be written twice)."""
+    """TrainSettings' examples, optim and trainer (and gdr qg's qg.train) are gdr.training.options' fields and defaults
+    (not a copy), but for the defaults the commands change, each of which differs from the kernel's (else it would be
+    written twice)."""
     s = TrainSettings()
     assert s.trainer == asdict(TrainerOptions())
     assert s.examples == {**asdict(ExampleOptions()), **STAGE_EXAMPLES}
     assert s.optim == {**asdict(OptimOptions()), **STAGE_OPTIM}
-    for kernel, changed in ((ExampleOptions(), STAGE_EXAMPLES), (OptimOptions(), STAGE_OPTIM)):
+    assert QGKeys().qg["train"] == {**asdict(QGOptions()), **QG_TRAIN}
+    for kernel, changed in ((ExampleOptions(), STAGE_EXAMPLES), (OptimOptions(), STAGE_OPTIM),
+                            (QGOptions(), QG_TRAIN)):
         for key, value in changed.items():
             assert getattr(kernel, key) != value, f"{type(kernel).__name__}.{key}={value} is written twice"
 
@@ -115,20 +149,29 @@ def test_every_section_key_is_declared_by_one_dataclass_field():
         assert sorted(getattr(cls(), name)) == sorted(declared), (cls.__name__, name)
     assert IndexSettings().gc == {**asdict(IndexGC()), **asdict(GCOptions())}
     assert ClusterSettings().gc == asdict(ClusterGC())
+    assert QGKeys().qg == asdict(QGSection())
 
 
-def test_help_reads_what_a_key_means_from_its_field(monkeypatch):
-    """`gdr <command> --help` says what a generated key means from its field's metadata, not from YAML comments:
-    the trainer's monitor from gdr.training.options.TrainerOptions; a changed help text shows at once."""
+@pytest.mark.parametrize("cls, name, command, key, generated, local", [
+    (TrainerOptions, "monitor", "train", "trainer.monitor", "stage/train.yaml", "trainer.monitor"),
+    (EvaluateSettings, "beam", "evaluate", "beam", "stage/evaluate.yaml", "beam"),
+    (RunKeys, "seeds", "run", "seeds", "stage/run_keys.yaml", "seeds"),
+    (RunQueries, "folds", "run", "queries.folds", "stage/run_keys.yaml", "queries.folds"),
+    (QGOptions, "patience", "qg", "qg.train.patience", "stage/qg_keys.yaml", "qg.train.patience"),
+    (IndexKeys, "index", "index", "index", "stage/index_keys.yaml", "index"),
+])
+def test_help_reads_what_a_key_means_from_its_field(monkeypatch, cls, name, command, key, generated, local):
+    """`gdr <command> --help` says what a key means from its field's metadata, not from YAML comments: a stage
+    setting (the trainer's monitor, the search's beam) and a command's own key (gdr run's seeds, queries.folds,
+    gdr qg's qg.train.patience, gdr index's index) alike; a changed help text shows at once."""
     import gdr.cli.help as help_module
 
     def line_of(text: str, key: str) -> str:
         return next(x for x in text.splitlines() if x.strip().startswith(f"{key} ="))
 
-    monitor = [f for f in fields(TrainerOptions) if f.name == "monitor"][0].metadata["help"]
-    assert " ".join(monitor.split()[:4]) in line_of(help_module.command_help("train", "train"), "trainer.monitor")
+    said = [f for f in fields(cls) if f.name == name][0].metadata["help"]
+    assert " ".join(said.split()[:4]) in line_of(help_module.command_help(command, command), key)
     real = help_module.generated_help
     monkeypatch.setattr(help_module, "generated_help",
-                        lambda name: {**real(name), "beam": "beams, as the field says"} if name == "stage/evaluate.yaml"
-                        else real(name))
-    assert "beams, as the field says" in line_of(help_module.command_help("evaluate", "evaluate"), "beam")
+                        lambda file: {**real(file), local: "as the field says"} if file == generated else real(file))
+    assert "as the field says" in line_of(help_module.command_help(command, command), key)

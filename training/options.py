@@ -2,7 +2,8 @@
 
 Plain dataclasses without torch, so that :mod:`gdr.stages.settings` (and ``gdr --help``) read their fields,
 defaults and help without importing Lightning: ``TrainSettings``'s ``examples``, ``optim`` and ``trainer``
-sections are these fields, with the few defaults ``gdr train`` and ``gdr run`` change named there.
+sections are these fields, with the few defaults ``gdr train`` and ``gdr run`` change named there; ``gdr qg``'s
+``qg.train`` section is :class:`QGOptions` (:func:`gdr.training.qg.fine_tune_qg`).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from gdr.rules import setting
 
-__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions"]
+__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "QGOptions"]
 
 
 @dataclass
@@ -113,3 +114,31 @@ class TrainerOptions:
                                    "fixed width, its length bucket's with length_buckets; a few graphs, traced once)")
     length_buckets: bool = setting(False, "batches grouped by input length (seeded): short queries are not padded to "
                                           "the width of document windows (training/data.py: bucketed_order)")
+
+
+@dataclass
+class QGOptions:
+    """Optimiser and trainer settings of :func:`gdr.training.qg.fine_tune_qg` (``gdr qg``'s ``qg.train``)."""
+
+    # N: the last N blocks (of the decoder) and the final norm, embeddings frozen: backward stops at the first
+    # trained block (about 2x faster on CPU)
+    train_layers: int | None = setting(None, "null = every weight; N = only the last N blocks (+ final norm): faster "
+                                             "on CPU")
+    lr: float = setting(5e-5)
+    weight_decay: float = setting(0.0)
+    warmup_steps: int = setting(20)
+    batch_size: int = setting(16)
+    eval_batch_size: int = setting(32)
+    max_epochs: int = setting(1)
+    max_steps: int = setting(-1, "> 0: stop after this many optimiser steps")
+    val_check_interval: float | int | None = setting(None, "null = once per epoch; an integer = every that many steps")
+    patience: int = setting(0, "> 0: early stop on the dev loss after that many validations without gain")
+    gradient_clip_val: float = setting(1.0)
+    accelerator: str = setting("auto")
+    devices: Any = setting("auto")
+    strategy: str = setting("auto")
+    precision: str | None = setting(None, "null = bf16-mixed on a GPU, 32-true on CPU")
+    log_every_n_steps: int = setting(10)
+    checkpoint_every_n_steps: int | None = setting(50)
+    resume: bool = setting(True)
+    enable_progress_bar: bool = setting(True)

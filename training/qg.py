@@ -27,7 +27,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -45,37 +45,12 @@ from gdr.training.callbacks import TrainingCSVLogger
 from gdr.training.checkpoints import checkpoint_step
 from gdr.training.data import ResumeSampler, TokenStore, _pad, resume_point
 from gdr.training.module import linear_warmup_decay
+from gdr.training.options import QGOptions
 from gdr.training.train import _precision
 
 log = logging.getLogger(__name__)
 
 __all__ = ["QGOptions", "QGResult", "QGPairs", "fine_tune_qg", "split_pairs", "export_generator"]
-
-
-@dataclass
-class QGOptions:
-    """Optimiser and trainer settings of ``gdr qg`` (``conf/qg.yaml``, section ``qg.train``)."""
-
-    train_layers: int | None = None  # None: every weight; N: only the last N blocks (of the decoder) and the
-    # final norm, embeddings frozen: backward stops at the first trained block (about 2x faster on CPU)
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    batch_size: int = 16
-    eval_batch_size: int = 32
-    max_epochs: int = 1
-    max_steps: int = -1
-    val_check_interval: float | int | None = None  # None = once per epoch; an int = every that many steps
-    patience: int = 0  # > 0: stop when the dev loss has not improved for that many validations
-    gradient_clip_val: float = 1.0
-    accelerator: str = "auto"
-    devices: Any = "auto"
-    strategy: str = "auto"
-    precision: str | None = None  # None: bf16-mixed on a GPU, 32-true on CPU
-    log_every_n_steps: int = 10
-    checkpoint_every_n_steps: int | None = 50
-    resume: bool = True
-    enable_progress_bar: bool = True
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""``gdr <command> --help``: generated from the command's YAML config, its comments and its validation rules.
+"""``gdr <command> --help``: generated from the command's composed config, its fields' help and its validation rules.
 
 Nothing here is a second copy of the settings: the defaults come from composing ``conf/<command>.yaml``,
-the meaning of each key from its settings field's metadata (:func:`gdr.stages.settings.generated_help`, for the
-keys of the generated ``conf/stage/*.yaml``) or from the ``# comment`` on its line in the command's own YAML file
-(else the rule's description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a
-value no rule accepts: ``must be a positive integer`` becomes ``a positive integer``). The config groups
-and their options are the folders and files of ``conf/`` the composition chose from.
+the meaning of each key from its field's metadata (:func:`gdr.stages.settings.generated_help`: every key of the
+generated ``conf/stage/*.yaml``, the stage settings and the commands' own keys alike) or, for a key of a config
+group's option (``conf/data/<name>.yaml``, ``conf/model/<name>.yaml``), from the ``# comment`` on its line (else the
+rule's description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a value no
+rule accepts: ``must be a positive integer`` becomes ``a positive integer``). The config groups and their options
+are the folders and files of ``conf/`` the composition chose from; the command YAML's leading comment block is the
+command's description.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import re
 import textwrap
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from gdr.config import conf_dir, flat_leaves
@@ -56,65 +59,57 @@ def _comment(rest: str) -> str:
     return ""
 
 
-_OPEN_END = re.compile(r"([;,(]|\b(?:of|the|a|an|and|or|to|by|with|per))$")
-
-
-def _continues(before: str, text: str) -> bool:
-    """Whether ``text`` (a key's comment) carries on the sentence of the comment before it."""
-    unbalanced = before.count("(") > before.count(")") or before.count("`") % 2 == 1
-    return unbalanced or bool(_OPEN_END.search(before.rstrip())) or text.startswith("(")
-
-
-def yaml_comments(path: Path) -> tuple[str, dict[str, str], list[str]]:
-    """(the file's leading comment block, dotted key -> its comment, the ``defaults`` entries)."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    header: list[str] = []
-    for line in lines:
+def header(path: Path) -> str:
+    """The leading ``#`` comment block of a YAML file (without Hydra's ``# @package`` line)."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             break
         if not line.startswith("# @package"):
-            header.append(line[1:].strip())
+            lines.append(line[1:].strip())
+    return "\n".join(lines).strip()
+
+
+def yaml_comments(path: Path) -> dict[str, str]:
+    """Dotted key -> the ``# comment`` on its line, continued by comment lines indented under it: the help of a
+    config group option's keys (``conf/data/trec.yaml``), which no settings dataclass declares."""
     comments: dict[str, str] = {}
-    defaults: list[str] = []
     stack: list[tuple[int, str]] = []  # (indent, key) of the open sections
     last: str | None = None  # the key of the previous line, for a comment continued on the next line
-    in_defaults = False
-    for line in lines:
+    for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         stripped = line.lstrip()
         indent = len(line) - len(stripped)
         if stripped.startswith("#"):
-            if last and indent > 0 and comments.get(last) is not None and line[:indent].isspace() \
-                    and indent > len(last.split(".")) * 2:
+            if last and indent > len(last.split(".")) * 2:
                 comments[last] += " " + stripped[1:].strip()  # a comment on its own line, under a commented key
-            continue
-        if in_defaults and stripped.startswith("- "):
-            defaults.append(stripped[2:].split("#")[0].strip())
             continue
         m = _KEY_LINE.match(line)
         if not m:
             last = None
             continue
-        in_defaults = indent == 0 and m["key"] == "defaults"
         while stack and stack[-1][0] >= indent:
             stack.pop()
         key = ".".join([k for _, k in stack] + [m["key"]])
         stack.append((indent, m["key"]))
         text = _comment(m["rest"])
-        if text and last and _continues(comments[last], text):
-            comments[last] += " " + text  # a sentence that runs on over the comments of the next keys
-        elif text:
+        if text:
             comments[key] = text
-            last = key
-        else:
-            last = None
-    return "\n".join(header).strip(), comments, defaults
+        last = key if text else None
+    return comments
+
+
+def _included(path: Path) -> list[str]:
+    """The configs a command YAML's ``defaults`` include (``score``, ``stage/train@train``), not its group choices
+    (``data: bbc``) nor ``_self_``."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return [d for d in raw.get("defaults", []) if isinstance(d, str) and d != "_self_"]
 
 
 def _sources(cdir: Path, name: str, choices: dict[str, str]) -> list[tuple[Path, str]]:
-    """The YAML files a composition of ``conf/<name>.yaml`` read, each with the package it lands in; the
-    primary config first (its comments win), then the configs it includes, then the chosen group options."""
+    """The YAML files a composition of ``conf/<name>.yaml`` read, each with the package it lands in: the primary
+    config, the configs it includes (the first to give a key's help wins), then the chosen group options."""
     out: list[tuple[Path, str]] = []
     todo = [(name, "")]
     while todo:
@@ -123,9 +118,7 @@ def _sources(cdir: Path, name: str, choices: dict[str, str]) -> list[tuple[Path,
         if not path.exists() or any(p == path for p, _ in out):
             continue
         out.append((path, package))
-        for d in yaml_comments(path)[2]:  # `- score`, `- stage/train@train`: configs, not group choices
-            if ":" in d or d == "_self_":
-                continue
+        for d in _included(path):  # `- score`, `- stage/train@train`
             sub, _, at = d.partition("@")
             todo.append((sub, package if at in ("", "_here_") else at))
     for group, choice in choices.items():
@@ -206,17 +199,20 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
     if name is None:
         return "\n".join(lines)
     cdir = conf_dir()
-    header, _, _ = yaml_comments(cdir / f"{name}.yaml")
-    if header:
-        lines += ["", *header.splitlines()]
+    described = header(cdir / f"{name}.yaml")
+    if described:
+        lines += ["", *described.splitlines()]
     full, chosen, note = _compose(cdir, name, _group_choices(cdir, list(overrides)))
     lines += ["", note] if note else []
     choices = dict(OmegaConf.to_container(full.hydra.runtime.choices))
     cfg = OmegaConf.masked_copy(full, [k for k in full.keys() if k != "hydra"])
     comments: dict[str, str] = {}
     for path, package in _sources(cdir, name, choices):
-        rel = path.relative_to(cdir).as_posix()  # a generated stage file: its keys' help is its fields' metadata
-        for key, text in (generated_help(rel) if rel in GENERATED else yaml_comments(path)[1]).items():
+        rel = path.relative_to(cdir).as_posix()
+        if path.parent == cdir:
+            continue  # a command YAML: a defaults list, no keys of its own
+        # a generated file: its keys' help is its fields' metadata; a group's option: its comments
+        for key, text in (generated_help(rel) if rel in GENERATED else yaml_comments(path)).items():
             comments.setdefault(f"{package}.{key}" if package else key, text)
     rules = _rules("search" if command == "search" else command, cfg)
 

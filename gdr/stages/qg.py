@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from gdr.data import corpus_from_config, load_corpus, load_queries
 from gdr.data.titles import drop_titles, title_queries
+from gdr.stages.command_keys import QGSection
 from gdr.training.qg import QGPairs
 
 log = logging.getLogger(__name__)
@@ -83,10 +85,10 @@ def read_pairs_jsonl(path: str, corpus=None, load_corpus=None):
 def build_pairs(qg: dict, data: dict, queries: dict | None = None, seed: int = 0):
     """The training pairs of the ``qg:`` settings and a summary of where they came from.
 
-    ``qg``: ``pairs`` (titles | queries | a jsonl path), ``exclude``, ``lowercase``, ``max_pairs`` (see
-    ``conf/qg.yaml``); ``data``: the corpus's ``data:`` settings; ``queries``: the query set of
-    ``pairs=queries`` (``name``, ``path``, ``split``)."""
-    qg = {"exclude": [], "lowercase": False, "max_pairs": None, **qg}
+    ``qg``: ``pairs`` (titles | queries | a jsonl path), ``exclude``, ``lowercase``, ``max_pairs`` (a key left out:
+    its default, :class:`gdr.stages.command_keys.QGSection`); ``data``: the corpus's ``data:`` settings;
+    ``queries``: the query set of ``pairs=queries`` (``name``, ``path``, ``split``)."""
+    qg = {**asdict(QGSection()), **qg}
 
     def load_data():
         return corpus_from_config(data)

@@ -2,8 +2,9 @@
 
 Every field carries its default and its help (:func:`gdr.rules.setting`; a dict-valued field's keys are the fields
 of its section classes, :data:`SECTIONS`: the training kernel's :mod:`gdr.training.options`, the GC indexer's
-:mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them
-(:data:`GENERATED`, ``make conf``); ``--help`` reads the help from the fields (:func:`generated_help`).
+:mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them and from
+the commands' own keys (:mod:`gdr.stages.command_keys`) (:data:`GENERATED`, ``make conf``); ``--help`` reads the help
+from the fields (:func:`generated_help`).
 
 :meth:`~Settings.from_dict` takes a section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a
 script writes by hand) and refuses a key it does not know, naming it. A script builds them directly, e.g.
@@ -53,7 +54,23 @@ from gdr.rules import (
     string_list,
     trainer_devices_at,
 )
-from gdr.training.options import ExampleOptions, OptimOptions, TrainerOptions
+from gdr.stages.command_keys import (
+    INDEXERS,
+    DocQueries,
+    EvaluateKeys,
+    EvaluateQueries,
+    IndexKeys,
+    QGKeys,
+    QGQueries,
+    QGSection,
+    RunKeys,
+    RunQueries,
+    SampleKeys,
+    ScoreKeys,
+    TrainKeys,
+    TrainQueries,
+)
+from gdr.training.options import ExampleOptions, OptimOptions, QGOptions, TrainerOptions
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
            "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS", "MAX_P_PER_DOC"]
@@ -67,8 +84,6 @@ MAX_P_PER_DOC = 1 << 16
 # Each table is keyed as in the composed config of the stand-alone command (``sample.n_queries``); gdr.validate
 # applies it to the commands' configs (``gdr run`` under ``index.``, ``train.``, ``evaluate.``), each class's
 # ``check`` to its fields.
-INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
-
 
 def preset(v, sec):
     """``model.size``: a key of ``model_presets``."""
@@ -676,8 +691,12 @@ class EvaluateSettings(Settings):
 SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC, GCOptions),
             (IndexSettings, "kmeans"): IndexKMeans, (IndexSettings, "atomic"): IndexAtomic,
             (TrainSettings, "examples"): ExampleOptions, (TrainSettings, "model"): TrainModel,
-            (TrainSettings, "optim"): OptimOptions, (TrainSettings, "trainer"): TrainerOptions}
-# conf/<file> -> the settings class it is written from and its fields there, in the order the commands list them
+            (TrainSettings, "optim"): OptimOptions, (TrainSettings, "trainer"): TrainerOptions,
+            (TrainKeys, "queries"): TrainQueries, (EvaluateKeys, "queries"): EvaluateQueries,
+            (QGKeys, "qg"): QGSection, (QGSection, "train"): QGOptions, (QGKeys, "queries"): QGQueries,
+            (RunKeys, "queries"): RunQueries, (RunKeys, "doc_queries"): DocQueries}
+# conf/<file> -> the settings (or command keys) class it is written from and its fields there, in the order the
+# commands list them
 # (a field kept out of a stage file has one of its own where only some commands compose it: `gdr index`'s method,
 # `gdr train`'s seed, `gdr run`'s cluster.enabled)
 GENERATED = {
@@ -692,6 +711,18 @@ GENERATED = {
     "stage/train.yaml": (TrainSettings, ("concurrent", "examples", "model", "model_presets", "optim", "trainer")),
     "stage/train_seed.yaml": (TrainSettings, ("seed",)),
     "stage/evaluate.yaml": (EvaluateSettings, ()),
+    # the commands' own keys (gdr.stages.command_keys); `out` (and train's docids, out_dir) a file of their own where
+    # the command places the query generator's device and threads (train: its seed) after them
+    "stage/sample_out.yaml": (SampleKeys, ("out",)),
+    "stage/sample_keys.yaml": (SampleKeys, ("progress",)),
+    "stage/score_keys.yaml": (ScoreKeys, ()),
+    "stage/index_keys.yaml": (IndexKeys, ()),
+    "stage/train_paths.yaml": (TrainKeys, ("docids", "out_dir")),
+    "stage/train_keys.yaml": (TrainKeys, ("queries", "generated")),
+    "stage/evaluate_keys.yaml": (EvaluateKeys, ()),
+    "stage/qg_out.yaml": (QGKeys, ("out",)),
+    "stage/qg_keys.yaml": (QGKeys, ("progress", "seed", "qg", "queries")),
+    "stage/run_keys.yaml": (RunKeys, ()),
 }
 
 
@@ -742,9 +773,9 @@ def _yaml_lines(values: dict, helps: dict[str, str], indent: str = "", prefix: s
 def generated_yaml(name: str) -> str:
     """The text of ``conf/<name>`` (a key of :data:`GENERATED`), written from its settings class."""
     cls, names = GENERATED[name]
-    defaults = cls().to_dict()
+    defaults = asdict(cls())
     values = {k: defaults[k] for k in (names or defaults)}
-    head = f"# Generated from gdr.stages.settings.{cls.__name__} (`make conf`): change the dataclass, not this file."
+    head = f"# Generated from {cls.__module__}.{cls.__name__} (`make conf`): change the dataclass, not this file."
     return "\n".join([head, *_yaml_lines(values, field_help(cls))]) + "\n"
 
 

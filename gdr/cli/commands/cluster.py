@@ -28,10 +28,10 @@ def cluster_main(argv: list[str]) -> int:
     check_corpus("cluster", cfg, corpus)  # before sampling and scoring, naming the full key
     out.mkdir(parents=True, exist_ok=True)
     lm = lm_settings(cfg).build()
-    # an older run's unchanged queries and P entries (conf/score.yaml's reuse_from, else queries_from's run)
+    # an older run's unchanged queries and P entries (gdr score's reuse_from, else queries_from's run)
     reuse = cfg.get("reuse_from") or cfg.get("queries_from")
     reuse = score_folder(reuse) if reuse else None
-    if cfg.get("queries_from"):  # the queries of another run (conf/score.yaml), not sampled
+    if cfg.get("queries_from"):  # the queries of another run (gdr score's queries_from), not sampled
         queries = _queries_of_run(lm, cfg.queries_from, out)
     else:
         queries = sample_queries(lm, corpus, out, SampleSettings.from_config(section(cfg, "sample")),

@@ -1,0 +1,192 @@
+"""The command-level keys of ``conf/<command>.yaml`` (``out``, ``indexers``, ``queries.*``, ``qg.*`` ...) as plain
+dataclasses: the one place their defaults and help are written.
+
+Like the stage settings of :mod:`gdr.stages.settings`, every field carries its default and its help
+(:func:`gdr.rules.setting`); a dict-valued field's keys are the fields of its section class
+(:data:`gdr.stages.settings.SECTIONS`). ``conf/stage/*_keys.yaml`` (and the few files that keep a key's place in
+the composed config: ``sample_out``, ``qg_out``, ``train_paths``) are generated from them
+(:data:`gdr.stages.settings.GENERATED`), the command YAMLs include them through ``defaults:``, and ``--help`` reads
+the help from the fields. Their rules stay with the commands' tables in :mod:`gdr.validate`. A default that
+refers to another key is an interpolation (``"${data.name}"``); ``"???"`` is a value the command line must give.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from gdr.rules import setting
+from gdr.training.options import QGOptions
+
+__all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "TrainQueries", "EvaluateKeys",
+           "EvaluateQueries", "QGKeys", "QGSection", "QGQueries", "QG_TRAIN", "RunKeys", "RunQueries", "DocQueries"]
+
+INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")  # the docid indexers, in the order `gdr run` builds them
+MISSING = "???"  # OmegaConf's mandatory value: the command refuses to start until it is given
+
+
+@dataclass
+class SampleKeys:
+    """``gdr sample``'s own keys (``gdr score``, ``cluster`` and ``run`` include them)."""
+
+    out: str = setting("runs/${data.name}")
+    progress: bool = setting(True)
+
+
+@dataclass
+class ScoreKeys:
+    """``gdr score``'s own keys: where the queries come from instead of sampling them."""
+
+    queries_from: str | None = setting(None, "a `gdr score` (or `gdr run`) folder: score against ITS queries, with "
+                                             "its model, instead of sampling (the P of new documents for `gdr index "
+                                             "add index=<index built on it>`)")
+    reuse_from: str | None = setting(None, "an older `gdr score` (or `gdr run`) folder of the same model and settings "
+                                           "(the corpus before an edit): its queries and P entries that a full "
+                                           "rescore would give byte for byte are taken, only the rest sampled and "
+                                           "scored (all but an edited document's own with sample.p_per_doc > 0); "
+                                           "null: queries_from's, if any")
+
+
+@dataclass
+class IndexKeys:
+    """``gdr index``'s own keys: its input and output folders."""
+
+    run: str | None = setting(None, "P-matrix run folder (P.npy, queries.jsonl, doc_ids.json): required for gc; "
+                                    "else gives doc ids")
+    out: str | None = setting(None, "output folder (required)")
+    index: str | None = setting(None, "`gdr index add`: the GC index folder to grow")
+
+
+@dataclass
+class TrainQueries:
+    """``gdr train``'s ``queries``: the real training queries."""
+
+    name: str | None = setting("${data.name}", "a corpus without a query set (r2, r5, bbc) simply has none")
+    split: str = setting("train", "the split trained on; the dev split is held out from it")
+    path: str | None = setting("${data.path}")
+
+
+@dataclass
+class TrainKeys:
+    """``gdr train``'s own keys: the docids, the output folder and the training queries."""
+
+    docids: str = setting(MISSING, "docids.tsv from `gdr index` (doc_id<TAB>12-3-27)")
+    out_dir: str = setting("runs/train/${data.name}")
+    queries: dict = setting(help="real training queries (gdr.data.load_queries); null name = none",
+                            factory=lambda: asdict(TrainQueries()))
+    generated: str | None = setting(None, "jsonl {\"doc_id\": ..., \"queries\": [...]} from `gdr sample`")
+
+
+@dataclass
+class EvaluateQueries:
+    """``gdr evaluate``'s ``queries``: the split scored."""
+
+    name: str | None = setting("${data.name}")
+    split: str = setting("test", "never the split the model was trained on (unless --allow-train-split)")
+    path: str | None = setting("${data.path}")
+
+
+@dataclass
+class EvaluateKeys:
+    """``gdr evaluate``'s (and ``gdr search``'s) own keys: the retriever and where its scores go."""
+
+    run_dir: str = setting(MISSING, "a `gdr train` run folder (model/ + docids.tsv)")
+    out_dir: str = setting("${run_dir}/eval/${queries.split}")
+    queries: dict = setting(factory=lambda: asdict(EvaluateQueries()))
+
+
+# what `gdr qg` changes of gdr.training.options.QGOptions' defaults: Lightning's bar follows the command's progress
+QG_TRAIN = {"enable_progress_bar": "${progress}"}
+
+
+@dataclass
+class QGSection:
+    """``gdr qg``'s ``qg``: the (document, query) pairs, their dev split, the prompt and the training."""
+
+    pairs: str = setting("titles")
+    exclude: list = setting(help="corpora whose documents are never trained on, e.g. [r5]: no R5 story or its title",
+                            factory=list)
+    lowercase: bool = setting(False, "lowercase the queries (Reuters headlines are in capitals: twice the tokens per "
+                                     "word)")
+    max_pairs: int | None = setting(None, "a seeded uniform sample of at most this many pairs; null = all")
+    dev_fraction: float = setting(0.05, "documents held out (by a seeded hash of the doc id); their pairs give the "
+                                        "dev loss")
+    dev_max: int = setting(500, "at most this many dev pairs")
+    shots: int = setting(0)
+    train: dict = setting(factory=lambda: {**asdict(QGOptions()), **QG_TRAIN})
+
+
+@dataclass
+class QGQueries:
+    """``gdr qg``'s ``queries``: the query set of ``qg.pairs=queries``."""
+
+    name: str | None = setting(None, "the query set of qg.pairs=queries (default: the corpus's own, data.name)")
+    path: str | None = setting(None)
+    split: str = setting("train")
+
+
+@dataclass
+class QGKeys:
+    """``gdr qg``'s own keys (the query generator's ``device`` and ``threads`` are :class:`LMSettings`')."""
+
+    out: str = setting("runs/qg/${data.name}")
+    progress: bool = setting(True)
+    seed: int = setting(0)
+    qg: dict = setting(help=(
+        "Where the pairs come from (pairs): titles - each document's title is the query, the document without its "
+        "title is the input (bbc, r2, r5, reuters; documents sharing a title or a body are left out); queries - the "
+        "TRAIN split of the query set `queries.name` (cranfield, msmarco-lite, nq320k, a BEIR folder), one pair per "
+        "(query, relevant document of the corpus), dev and test are refused; <file.jsonl> - one pair per line: "
+        "{\"doc\": text, \"query\": text} or {\"doc_id\": id, \"query\": text} (doc_id looked up in `data`). Prompt "
+        "shots kept from the model's prompt (shots): a fine-tuned generator needs no examples, and a prompt without "
+        "them is 3-4x shorter, so sampling and scoring are faster. The prompt used is saved."),
+        factory=lambda: asdict(QGSection()))
+    queries: dict = setting(factory=lambda: asdict(QGQueries()))
+
+
+@dataclass
+class RunQueries:
+    """``gdr run``'s ``queries``: the query set, its train and test splits, or its folds."""
+
+    name: str | None = setting("${data.name}", "a query set (cranfield, msmarco-lite, nq320k, a BEIR folder) or "
+                                               "`titles` (bbc, r2, r5: each title is the query of its own article; a "
+                                               "proxy task)")
+    path: str | None = setting("${data.path}")
+    train_split: str = setting("train", "trained on (its dev part is held out by the trainer)")
+    test_split: str = setting("test", "scored on; never trained on, never used to pick a checkpoint")
+    seed: int = setting(0, "seeds a split by a setting: a hash of the topic (titles: document) id")
+    fractions: list | None = setting(None, "train/dev/test shares of the topics, e.g. [0.6, 0.1, 0.3]; null = the "
+                                           "query set's own splits (titles, which have none: 0.8/0.1/0.1)")
+    folds: int | None = setting(None, "K: cross-validate over K folds of the topics (K retrievers per scheme and "
+                                      "seed, each trained without one fold, scored on it); null = one split")
+
+
+@dataclass
+class DocQueries:
+    """``gdr run``'s ``doc_queries``: generated training queries for every document, with decoding of their own."""
+
+    per_doc: int = setting(10, "0 = none (then bmi cannot run)")
+    seed: int = setting(1)
+    batch_size: int | str = setting("${sample.batch_size}")
+    max_new_tokens: int | str = setting("${sample.max_new_tokens}")
+    top_k: int = setting(10)
+    top_p: float = setting(1.0)
+    temperature: float = setting(0.7)
+
+
+@dataclass
+class RunKeys:
+    """``gdr run``'s own keys: the indexers and seeds compared, the query set, the generated training queries."""
+
+    out: str = setting("runs/run-${data.name}")
+    indexers: list = setting(help="one docid index per name", factory=lambda: list(INDEXERS))
+    seeds: list = setting(help="one retriever per (indexer, seed); the report gives mean (std) over seeds",
+                          factory=lambda: [0, 1, 2])
+    queries: dict = setting(help="what the retrievers learn from and are scored on",
+                            factory=lambda: asdict(RunQueries()))
+    doc_queries: dict = setting(help=(
+        "generated training queries for every document (`gdr sample sample.per_doc=N`). Decoding of their own, for "
+        "teaching a retriever (not the clustering sampler's, whose temperature 1 and top-p 0.99 estimate p(query | "
+        "doc) as the importance weights need, and whose draws from a 135M model are often noise): the 10 most "
+        "likely next tokens at temperature 0.7. Each query keeps its own random stream."),
+        factory=lambda: asdict(DocQueries()))
+    bm25: bool = setting(True, "BM25 (bm25s) on the same test queries, as reference")
+    plot: bool = setting(True, "report.png")
