@@ -41,8 +41,9 @@ test-slow: install
 	$(BIN)/python -m pytest -m "slow and not gpu and not long" -q --durations=10 $(XDIST) --dist load
 
 # conf/stage/*.yaml are written from the settings dataclasses and the commands' own keys (gdr/stages/settings.py:
-# GENERATED; gdr/stages/command_keys.py); after changing a default or a help text there, rewrite them
-# (tests/test_settings_defaults.py fails until they match)
+# GENERATED; gdr/stages/command_keys.py), conf/data/*.yaml and conf/model/*.yaml from the config groups' options
+# (GROUP_OPTIONS: gdr/data/options.py, gdr/models.py); after changing a default, a help text or an option there,
+# rewrite them (tests/test_settings_defaults.py fails until they match)
 conf:
 	$(BIN)/python -c "from gdr.stages.settings import write_generated; print(*write_generated('conf') or ['unchanged'])"
 

@@ -25,6 +25,7 @@ from gdr import guard
 from gdr.config import conf_dir, load_config
 from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE, Corpus, QuerySet, write_beir
 from gdr.data import splits as query_splits
+from gdr.data.options import DataOptions
 from gdr.guard import claim_folder
 from gdr.lm import GenerativeLM
 from gdr.models import DEVICE_RULE
@@ -37,6 +38,7 @@ from gdr.stages import sample as sample_stage
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
+from gdr.stages.command_keys import EvaluateQueries, RunQueries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
@@ -60,8 +62,9 @@ __all__ = ["load_lm", "sample_queries", "sample_doc_queries", "score", "split_qu
 PathLike = str | os.PathLike
 
 
-def load_lm(name: str = "smollm2-135m", *, max_doc_tokens: int = 128, prompt: Mapping[str, Any] | None = None,
-            device: str = "auto", threads: int | None = None) -> GenerativeLM:
+def load_lm(name: str = LMSettings.name, *, max_doc_tokens: int = LMSettings.max_doc_tokens,
+            prompt: Mapping[str, Any] | None = None, device: str = LMSettings.device,
+            threads: int | None = None) -> GenerativeLM:
     """The query generator: a hub id, a local path, or a bundled name (``smollm2-135m``).
 
     ``prompt``: :class:`gdr.lm.PromptConfig` fields (``style``, ``system``, ``user``, ``shots`` ...); None takes
@@ -74,8 +77,8 @@ def _lm_settings(name, max_doc_tokens, prompt, device, threads) -> LMSettings:
     return LMSettings(name=name, max_doc_tokens=max_doc_tokens, prompt=prompt, device=device, threads=threads)
 
 
-def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries: int = 64, seed: int = 0,
-                   progress: bool = False, **sampling: Any) -> list[dict]:
+def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries: int = SampleSettings.n_queries,
+                   seed: int = SampleSettings.seed, progress: bool = False, **sampling: Any) -> list[dict]:
     """Sample ``n_queries`` queries from ``corpus`` with ``lm`` into ``out/queries.jsonl``; returns them.
 
     ``sampling``: ``top_k``, ``top_p``, ``temperature``, ``max_new_tokens``, ``batch_size`` (see
@@ -92,7 +95,7 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
 
 
 def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out: PathLike, *, per_doc: int = 10,
-                       seed: int = 0, progress: bool = False, **sampling: Any) -> Path:
+                       seed: int = SampleSettings.seed, progress: bool = False, **sampling: Any) -> Path:
     """Generate ``per_doc`` queries for every document of ``corpus`` into ``out/doc_queries.jsonl`` (one line
     ``{"doc_id", "queries": [...]}`` per document, as ``gdr sample sample.per_doc=N``): the retriever's generated
     training queries (:func:`train_retriever`'s ``generated=``) and BMI's input. Returns the file's path.
@@ -106,8 +109,9 @@ def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out:
     return doc_queries_stage.sample_doc_queries(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
-def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *, n_queries: int = 64,
-          seed: int = 0, processes: int = 1, sampling: Mapping[str, Any] | None = None,
+def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
+          n_queries: int = SampleSettings.n_queries, seed: int = SampleSettings.seed,
+          processes: int = ScoreSettings.processes, sampling: Mapping[str, Any] | None = None,
           scoring: Mapping[str, Any] | None = None, progress: bool = False,
           queries_from: PRun | PathLike | None = None, reuse_from: PRun | PathLike | None = None) -> PRun:
     """Sample J = ``n_queries`` queries (unless ``out/queries.jsonl`` exists) and score log p(query | doc) for
@@ -148,7 +152,7 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
 
 
 def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: Mapping[str, Any] | None = None,
-                  path: PathLike | None = None, seed: int = 0, fractions: Sequence[float] | None = None,
+                  path: PathLike | None = None, seed: int = RunQueries.seed, fractions: Sequence[float] | None = None,
                   folds: int | None = None, fold: int | None = None) -> QuerySet | None:
     """The real queries of one ``split`` whose relevant documents are in ``corpus`` (others dropped); None when
     there are none.
@@ -200,7 +204,7 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     return result
 
 
-def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | None = None,
+def build_index(out: PathLike, *, method: str = IndexSettings.method, run: PRun | PathLike | None = None,
                 corpus: Corpus | None = None, **settings: Any) -> dict:
     """Prefix-code docids by one indexer into ``out`` (``docids.tsv``, ``tree.json``, ``summary.json``).
 
@@ -223,7 +227,8 @@ def build_index(out: PathLike, *, method: str = "gc", run: PRun | PathLike | Non
 
 
 def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries: QuerySet | None = None,
-                    generated: PathLike | None = None, size: str | None = None, seed: int = 0, **sections: Any):
+                    generated: PathLike | None = None, size: str | None = None, seed: int = TrainSettings.seed,
+                    **sections: Any):
     """Train an NCI-style seq2seq retriever on ``docids`` (from :func:`build_index`) into ``out``.
 
     ``queries``: real training queries over the corpus (:func:`split_queries`; its dev part is held out to
@@ -242,8 +247,9 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     return train_stage.train_retriever(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
-def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *, split: str = "test",
-             drop_unknown_qrels: bool = False, allow_train_split: bool = False, **settings: Any) -> dict:
+def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike, *,
+             split: str = EvaluateQueries.split, drop_unknown_qrels: bool = DataOptions.drop_unknown_qrels,
+             allow_train_split: bool = False, **settings: Any) -> dict:
     """Success@1/10/k, R@10/k and RR@k (k: the results per query, 100 unless ``k``) of the retriever trained in
     ``run_dir`` on the ``split`` queries of ``queries``
     (BM25 beside it unless ``bm25=False``): ``metrics.json``, ``metrics.md``, ``run.trec`` in ``out``; returns
@@ -265,8 +271,8 @@ def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike
     return metrics
 
 
-def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = 100, split: str = "test",
-         drop_unknown_qrels: bool = False) -> dict:
+def bm25(corpus: Corpus, queries: QuerySet, out: PathLike, *, k: int = EvaluateSettings.k,
+         split: str = EvaluateQueries.split, drop_unknown_qrels: bool = DataOptions.drop_unknown_qrels) -> dict:
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (the reference of every retriever):
     ``bm25.trec`` and ``metrics.json`` in ``out``; returns its metrics (``recall@1`` ... ``mrr@k``, fractions).
     ``drop_unknown_qrels``: as in :func:`evaluate`."""

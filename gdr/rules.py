@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 __all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
-           "setting"]
+           "setting", "GroupOption"]
 
 
 class ConfigError(ValueError):
@@ -382,3 +382,15 @@ def setting(default: Any = None, help: str = "", *, factory: Callable[[], Any] |
     if factory is not None:
         return field(default_factory=factory, metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class GroupOption:
+    """One option of a config group (``conf/<group>/<name>.yaml``) written from a dataclass: the leading comment
+    ``about`` it, the ``keys`` it holds (in the dataclass's order), the ``values`` it sets in place of the defaults
+    and the ``help`` it gives a key in place of the field's."""
+
+    about: str
+    keys: tuple[str, ...]
+    values: Mapping[str, Any] = field(default_factory=dict)
+    help: Mapping[str, str] = field(default_factory=dict)

@@ -8,18 +8,29 @@ once and must differ from the kernel's.
 """
 from __future__ import annotations
 
+import ast
+import inspect
 import shutil
-from dataclasses import asdict, fields
+import textwrap
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 import pytest
 import yaml
 
+import gdr.api
+import gdr.data
+import gdr.data.irds
+import gdr.data.trec
 from gdr.config import conf_dir, flat_leaves
+from gdr.data import Corpus
+from gdr.data.options import DataOptions
 from gdr.indexing.options import GCOptions
-from gdr.stages.command_keys import QG_TRAIN, IndexKeys, QGKeys, QGSection, RunKeys, RunQueries
+from gdr.lm import GenerativeLM
+from gdr.stages.command_keys import QG_TRAIN, EvaluateQueries, IndexKeys, QGKeys, QGSection, RunKeys, RunQueries
 from gdr.stages.settings import (
     GENERATED,
+    GROUP_OPTIONS,
     SECTIONS,
     STAGE_EXAMPLES,
     STAGE_OPTIM,
@@ -28,6 +39,9 @@ from gdr.stages.settings import (
     EvaluateSettings,
     IndexGC,
     IndexSettings,
+    LMSettings,
+    SampleSettings,
+    ScoreSettings,
     TrainSettings,
     generated_yaml,
     section_classes,
@@ -175,3 +189,95 @@ def test_help_reads_what_a_key_means_from_its_field(monkeypatch, cls, name, comm
     monkeypatch.setattr(help_module, "generated_help",
                         lambda file: {**real(file), local: "as the field says"} if file == generated else real(file))
     assert "as the field says" in line_of(help_module.command_help(command, command), key)
+
+
+
+# ----------------------------------------------------------------------------- config groups and the Python API
+
+def test_generated_group_options_are_what_the_dataclasses_write():
+    """conf/data/*.yaml and conf/model/*.yaml are written from DataOptions and ModelOptions (and their option tables):
+    a default or help changed by hand in one of them fails here, and each file reads back as the option's values."""
+    cdir = conf_dir()
+    for group in ("data", "model"):
+        on_disk = {f"{group}/{p.name}" for p in (cdir / group).glob("*.yaml")}
+        assert on_disk == {name for name in GROUP_OPTIONS if name.startswith(group + "/")}, "run `make conf`"
+    for name, (cls, option) in GROUP_OPTIONS.items():
+        text = (cdir / name).read_text(encoding="utf-8")
+        assert text == generated_yaml(name), f"conf/{name} differs from {cls.__name__}: run `make conf`"
+        values = {**asdict(cls()), **option.values}
+        assert yaml.safe_load(text) == {k: values[k] for k in option.keys}
+        assert list(yaml.safe_load(text)) == list(option.keys)
+
+
+def literal_copies(func, classes) -> list[str]:
+    """``func(param=...)`` for each parameter of ``func`` named like a field of one of ``classes`` whose default is
+    written as a literal (``seed: int = 0``) equal to that field's default: a default written twice. Writing the
+    field (``seed: int = DataOptions.seed``) is the one copy; None (not given: the callee decides) is not a copy."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    node = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    args = node.args
+    positional = args.posonlyargs + args.args
+    pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults),
+             *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)]
+    defaults = {}
+    for cls in classes:
+        for f in fields(cls):
+            if f.default is not MISSING:
+                defaults.setdefault(f.name, f.default)
+            elif f.default_factory is not MISSING:
+                defaults.setdefault(f.name, f.default_factory())
+    found = []
+    for arg, default in pairs:
+        if arg.arg not in defaults:
+            continue
+        try:
+            value = ast.literal_eval(default)
+        except ValueError:
+            continue  # a name or an attribute: written once elsewhere
+        same = value == defaults[arg.arg] or (isinstance(value, tuple) and list(value) == defaults[arg.arg])
+        if value is not None and same:
+            found.append(f"{func.__qualname__}({arg.arg}={ast.unparse(default)})")
+    return found
+
+
+# every function of the Python API whose parameters are settings, with the settings classes that declare them
+API_SETTINGS = [
+    (gdr.api.load_lm, (LMSettings,)),
+    (GenerativeLM.__init__, (LMSettings,)),
+    (gdr.api.sample_queries, (SampleSettings,)),
+    (gdr.api.sample_doc_queries, (SampleSettings,)),
+    (gdr.api.score, (SampleSettings, ScoreSettings)),
+    (gdr.api.split_queries, (RunQueries,)),
+    (gdr.api.evaluate_clusters, (ClusterSettings,)),
+    (gdr.api.build_index, (IndexSettings,)),
+    (gdr.api.train_retriever, (TrainSettings,)),
+    (gdr.api.evaluate, (EvaluateSettings, EvaluateQueries, DataOptions)),
+    (gdr.api.bm25, (EvaluateSettings, EvaluateQueries, DataOptions)),
+    *((loader, (DataOptions,)) for loader in (
+        gdr.data.load_corpus, gdr.data.load_queries, gdr.data.load_bbc, gdr.data.load_reuters,
+        gdr.data.load_cranfield, gdr.data.load_beir, gdr.data.load_beir_queries, gdr.data.load_msmarco_lite,
+        gdr.data.load_msmarco_lite_queries, gdr.data.load_nq320k, gdr.data.load_nq320k_queries,
+        gdr.data.load_docs_file, gdr.data.load_file_queries, gdr.data.load_trec, gdr.data.trec.read_trec_topics,
+        gdr.data.load_irds, gdr.data.irds.load_irds_query_sets, gdr.data.load_irds_queries, Corpus.sample)),
+]
+
+
+def test_no_api_signature_repeats_a_default_of_its_settings():
+    """A Python API function that sets a setting takes its default from the settings class (``gdr.load_lm``'s
+    ``max_doc_tokens``, ``gdr.data.load_corpus``'s ``seed``, ``load_docs_file``'s field names ...): written there
+    once, so the API and the commands cannot drift apart."""
+    found = [copy for func, classes in API_SETTINGS for copy in literal_copies(func, classes)]
+    assert found == []
+
+
+def test_a_literal_copy_in_a_signature_is_found():
+    """The check above finds a copy, and only a copy: a literal equal to the field's default, not a name, not None,
+    not another value."""
+    def loader(path=None, *, seed: int = 0, n_docs=None, encoding: str = DataOptions.encoding, min_relevance=2,
+               topic_fields=("title",), drop_title: bool = False):
+        return path
+
+    assert literal_copies(loader, (DataOptions,)) == [
+        "test_a_literal_copy_in_a_signature_is_found.<locals>.loader(seed=0)",
+        "test_a_literal_copy_in_a_signature_is_found.<locals>.loader(topic_fields=('title',))",
+        "test_a_literal_copy_in_a_signature_is_found.<locals>.loader(drop_title=False)"]

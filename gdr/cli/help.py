@@ -2,16 +2,15 @@
 
 Nothing here is a second copy of the settings: the defaults come from composing ``conf/<command>.yaml``,
 the meaning of each key from its field's metadata (:func:`gdr.stages.settings.generated_help`: every key of the
-generated ``conf/stage/*.yaml``, the stage settings and the commands' own keys alike) or, for a key of a config
-group's option (``conf/data/<name>.yaml``, ``conf/model/<name>.yaml``), from the ``# comment`` on its line (else the
-rule's description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a value no
+generated ``conf/stage/*.yaml`` and of the config groups' options ``conf/data/<name>.yaml``,
+``conf/model/<name>.yaml``, the stage settings, the commands' own keys and the groups' alike; else the rule's
+description in :mod:`gdr.validate`), and the allowed values from the rule itself (its message for a value no
 rule accepts: ``must be a positive integer`` becomes ``a positive integer``). The config groups and their options
 are the folders and files of ``conf/`` the composition chose from; the command YAML's leading comment block is the
 command's description.
 """
 from __future__ import annotations
 
-import re
 import textwrap
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gdr.config import conf_dir, flat_leaves
 from gdr.rules import get, show
-from gdr.stages.settings import GENERATED, generated_help
+from gdr.stages.settings import generated_help
 from gdr.validate import TABLES
 
 __all__ = ["command_help", "CONFIG_OF"]
@@ -38,7 +37,6 @@ USAGE = {
     "plan": "gdr plan [+experiment=<name>] [key=value ...] device=h200|h100|a100|cpu [gpus=N]",
 }
 _SKIP = ("model_presets", "hydra")  # tables of presets, not settings one sets one key at a time
-_KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*)\s*:(?P<rest>.*)$")
 
 
 class _Invalid:
@@ -46,17 +44,6 @@ class _Invalid:
 
     def __repr__(self) -> str:
         return "?"
-
-
-def _comment(rest: str) -> str:
-    """The ``# comment`` of a YAML line's remainder (``#`` inside quotes is not one)."""
-    quote = None
-    for i, ch in enumerate(rest):
-        if ch in "'\"" and quote in (None, ch):
-            quote = None if quote else ch
-        elif ch == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
-            return rest[i + 1:].strip()
-    return ""
 
 
 def header(path: Path) -> str:
@@ -68,36 +55,6 @@ def header(path: Path) -> str:
         if not line.startswith("# @package"):
             lines.append(line[1:].strip())
     return "\n".join(lines).strip()
-
-
-def yaml_comments(path: Path) -> dict[str, str]:
-    """Dotted key -> the ``# comment`` on its line, continued by comment lines indented under it: the help of a
-    config group option's keys (``conf/data/trec.yaml``), which no settings dataclass declares."""
-    comments: dict[str, str] = {}
-    stack: list[tuple[int, str]] = []  # (indent, key) of the open sections
-    last: str | None = None  # the key of the previous line, for a comment continued on the next line
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        stripped = line.lstrip()
-        indent = len(line) - len(stripped)
-        if stripped.startswith("#"):
-            if last and indent > len(last.split(".")) * 2:
-                comments[last] += " " + stripped[1:].strip()  # a comment on its own line, under a commented key
-            continue
-        m = _KEY_LINE.match(line)
-        if not m:
-            last = None
-            continue
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        key = ".".join([k for _, k in stack] + [m["key"]])
-        stack.append((indent, m["key"]))
-        text = _comment(m["rest"])
-        if text:
-            comments[key] = text
-        last = key if text else None
-    return comments
 
 
 def _included(path: Path) -> list[str]:
@@ -211,8 +168,7 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
         rel = path.relative_to(cdir).as_posix()
         if path.parent == cdir:
             continue  # a command YAML: a defaults list, no keys of its own
-        # a generated file: its keys' help is its fields' metadata; a group's option: its comments
-        for key, text in (generated_help(rel) if rel in GENERATED else yaml_comments(path)).items():
+        for key, text in generated_help(rel).items():  # a generated file: its keys' help is its fields' metadata
             comments.setdefault(f"{package}.{key}" if package else key, text)
     rules = _rules("search" if command == "search" else command, cfg)
 

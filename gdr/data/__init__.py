@@ -37,6 +37,7 @@ from gdr.data.irds import PREFIX as IRDS_PREFIX
 from gdr.data.irds import irds_problem, load_irds, load_irds_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
 from gdr.data.nq320k import _doc_ids, load_nq320k, load_nq320k_queries, nq320k_docs_file
+from gdr.data.options import DataOptions
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import TITLE_FRACTIONS, drop_titles, title_queries
 from gdr.data.trec import format_hint, is_trec_folder, load_trec, sgml_text_fields, sniff
@@ -248,9 +249,9 @@ def load_corpus(
     docs_tsv: str | os.PathLike | None = None,
     split: str | None = None,
     n_docs: int | None = None,
-    seed: int = 0,
+    seed: int = DataOptions.seed,
     on_empty: str | None = None,
-    drop_title: bool = False,
+    drop_title: bool = DataOptions.drop_title,
     id_field: str | None = None,
     text_field: str | None = None,
     title_field: str | None = None,
@@ -347,8 +348,8 @@ def _load_irds_corpus(name: str, *, path, docs_tsv, split, n_docs, seed, on_empt
         what = given[0] if given else "a field setting"
         raise ValueError(f"{what}= does not apply to an ir_datasets id ({name!r}): ir_datasets finds the files "
                          "itself, and a split is named by the id (beir/scifact/train, beir/scifact/test)")
-    corpus = load_irds(name[len(IRDS_PREFIX):], n_docs=n_docs, seed=seed, on_empty=on_empty or "error",
-                       judged_by=query_ids or ())
+    kw = {} if on_empty is None else {"on_empty": on_empty}
+    corpus = load_irds(name[len(IRDS_PREFIX):], n_docs=n_docs, seed=seed, judged_by=query_ids or (), **kw)
     if drop_title:
         corpus = drop_titles(corpus)
     corpus.info["data"] = {"name": name, **({"drop_title": True} if drop_title else {})}
@@ -361,7 +362,7 @@ def load_queries(
     *,
     path: str | os.PathLike | None = None,
     docs_tsv: str | os.PathLike | None = None,
-    drop_unknown_qrels: bool = False,
+    drop_unknown_qrels: bool = DataOptions.drop_unknown_qrels,
 ) -> QuerySet:
     """Load the query set of a corpus; ``split=None`` gives every split that exists.
 

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from gdr.data.options import DataOptions
 from gdr.logs import log_once, warn_once
 from gdr.paths import cache_dir, checkout
 
@@ -490,7 +491,7 @@ class Corpus:
             info=dict(self.info),
         )
 
-    def sample(self, n: int | None, seed: int = 0) -> "Corpus":
+    def sample(self, n: int | None, seed: int = DataOptions.seed) -> "Corpus":
         """``n`` documents uniformly without replacement, kept in corpus order; deterministic in ``seed``.
 
         ``n=None`` or ``n >= len(self)`` returns the whole corpus.

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Sequence
 
 from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, id_value_problem, iter_lines, require_file
+from gdr.data.options import QUERY_TOPIC_FIELDS, DataOptions
 from gdr.data.trec import format_hint, read_trec_topics, sniff
 
 __all__ = ["DOC_FORMATS", "file_format", "load_docs_file", "load_file_queries", "ID_FIELDS", "QUERY_ID_FIELDS"]
@@ -86,8 +87,9 @@ def _text(row: dict, key: str | None, path: Path, lineno: int) -> str | None:
     return v
 
 
-def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field: str = "auto",
-                   text_field: str = "text", title_field: str | None = "title", label_field: str | None = "label",
+def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field: str = DataOptions.id_field,
+                   text_field: str = DataOptions.text_field, title_field: str | None = DataOptions.title_field,
+                   label_field: str | None = DataOptions.label_field,
                    on_empty: str = "error", name: str | None = None) -> Corpus:
     """A Corpus from a ``.jsonl`` or ``.tsv`` file of documents (see the module docstring); the name defaults to
     the file's stem (``docs.jsonl`` -> ``docs``)."""
@@ -122,8 +124,9 @@ def load_docs_file(path: str | os.PathLike, *, fmt: str | None = None, id_field:
 
 
 def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, split: str | None = None,
-                      doc_ids: Iterable[str], name: str = "queries", topic_fields: Sequence[str] = ("title",),
-                      min_relevance: int = 1, encoding: str = "utf-8", drop_unknown: bool = False) -> QuerySet:
+                      doc_ids: Iterable[str], name: str = "queries", topic_fields: Sequence[str] = QUERY_TOPIC_FIELDS,
+                      min_relevance: int = DataOptions.min_relevance, encoding: str = DataOptions.encoding,
+                      drop_unknown: bool = False) -> QuerySet:
     """The queries of ``queries`` (jsonl, tsv or TREC topics, the latter's text the ``topic_fields``) judged in
     ``qrels`` (a ``<split>.tsv`` file or a folder of them, BEIR or trec_eval qrels; a trec_eval file not named after
     a split is the ``test`` split), checked against ``doc_ids`` (a judgement of another document refused, or with

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet
+from gdr.data.options import DataOptions
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,8 @@ def _judged(datasets, min_relevance: int) -> tuple[set[str], set[str]]:
     return relevant, judged
 
 
-def load_irds(dataset_id: str, *, n_docs: int | None = None, seed: int = 0, on_empty: str = "error",
-              min_relevance: int = 1, judged_by: tuple[str, ...] | list[str] = ()) -> Corpus:
+def load_irds(dataset_id: str, *, n_docs: int | None = None, seed: int = DataOptions.seed, on_empty: str = "error",
+              min_relevance: int = DataOptions.min_relevance, judged_by: tuple[str, ...] | list[str] = ()) -> Corpus:
     """The documents of ir_datasets' ``dataset_id`` (all, or ``n_docs`` of them, judged ones first: judged by the
     qrels of ``dataset_id`` and of the ids ``judged_by``)."""
     ds = _load(dataset_id)
@@ -152,7 +153,7 @@ def _subset(docs, n: int, seed: int, relevant: set[str], judged: set[str]) -> tu
 
 
 def load_irds_query_sets(dataset_id: str, query_ids=(), *, query_field: str | None = None,
-                         min_relevance: int = 1) -> QuerySet:
+                         min_relevance: int = DataOptions.min_relevance) -> QuerySet:
     """The queries of ``dataset_id`` and of each of ``query_ids`` (ids of the same documents, e.g.
     ``beir/scifact/train`` beside ``beir/scifact/test``), each in the split its id names, as one set."""
     sets = [load_irds_queries(i, query_field=query_field, min_relevance=min_relevance)
@@ -175,7 +176,8 @@ def load_irds_query_sets(dataset_id: str, query_ids=(), *, query_field: str | No
                           "filtered": {"no_relevant": sum(qs.info["filtered"]["no_relevant"] for qs in sets)}})
 
 
-def load_irds_queries(dataset_id: str, *, query_field: str | None = None, min_relevance: int = 1) -> QuerySet:
+def load_irds_queries(dataset_id: str, *, query_field: str | None = None,
+                      min_relevance: int = DataOptions.min_relevance) -> QuerySet:
     """The queries of ``dataset_id`` that have a relevant judgement, in the split the id names (:func:`irds_split`),
     relevant documents in qrels order with their grades."""
     ds = _load(dataset_id)

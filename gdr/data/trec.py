@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from gdr.data.core import DataError, DocTable, gzip_damage, normalize_space
+from gdr.data.options import QUERY_TOPIC_FIELDS, TEXT_FIELDS, TITLE_FIELDS, DataOptions
 
 __all__ = ["TEXT_FIELDS", "TITLE_FIELDS", "TOPIC_FIELDS", "sniff", "is_trec_folder", "load_trec", "read_trec_topics",
            "qrels_form", "format_hint", "trec_files", "sgml_text_fields"]
 
 log = logging.getLogger(__name__)
 
-TEXT_FIELDS = ("TEXT",)
-TITLE_FIELDS = ("TITLE", "HEADLINE", "HEAD")
 TOPIC_FIELDS = ("title", "desc", "narr")
 
 _DOC_TAG = re.compile(r"<(/?)DOC(?:\s[^>]*)?>", re.I)
@@ -224,8 +223,8 @@ def _body(body: str, title_fields: Sequence[str]) -> str:
 
 
 def load_trec(path: str | os.PathLike | Sequence[str | os.PathLike], *, text_fields: Sequence[str] = TEXT_FIELDS,
-              title_fields: Sequence[str] | None = TITLE_FIELDS, encoding: str = "utf-8", on_empty: str = "error",
-              name: str | None = None):
+              title_fields: Sequence[str] | None = TITLE_FIELDS, encoding: str = DataOptions.encoding,
+              on_empty: str = "error", name: str | None = None):
     """A :class:`gdr.data.Corpus` from TREC SGML documents (see the module docstring); the name defaults to the
     file's or folder's name. A document with none of ``text_fields`` gives its body; an empty one is an empty
     document (``on_empty``)."""
@@ -279,8 +278,8 @@ def _refuse_id_texts(table: DocTable, text_fields: Sequence[str]) -> None:
                         "these fields hold ids, not text; name the fields holding the text")
 
 
-def read_trec_topics(file: str | os.PathLike, fields: Sequence[str] = ("title",), encoding: str = "utf-8"
-                     ) -> list[tuple[int, dict]]:
+def read_trec_topics(file: str | os.PathLike, fields: Sequence[str] = QUERY_TOPIC_FIELDS,
+                     encoding: str = DataOptions.encoding) -> list[tuple[int, dict]]:
     """``(line, {"_id": number, "text": the chosen fields joined})`` of each ``<top>`` of ``file``, in file order:
     the record form :func:`gdr.data.beir.read_query_texts` reads."""
     bad = [f for f in fields if f not in TOPIC_FIELDS]

@@ -31,7 +31,7 @@ from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringKernels, ScoringMixin
 from gdr.logs import quiet_loading
-from gdr.models import MAX_DOC_TOKENS_RULE, model_digest, pretrained_config, resolve_model
+from gdr.models import MAX_DOC_TOKENS_RULE, ModelOptions, model_digest, pretrained_config, resolve_model
 from gdr.rules import check_values
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,11 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
     prompt : PromptConfig or dict, optional. Defaults to :meth:`PromptConfig.for_model`.
     max_doc_tokens : int
         Documents are truncated to this many tokens (of the document text itself) before prompting.
-    device : ``"auto"``, ``"cpu"``, ``"cuda"``...
+    device : None or ``"auto"`` (CUDA when there is one, else the CPU), ``"cpu"``, ``"cuda"``...
     """
 
     def __init__(self, model, tokenizer=None, prompt: PromptConfig | dict | None = None,
-                 max_doc_tokens: int = 128, device: str | None = "auto"):
+                 max_doc_tokens: int = ModelOptions.max_doc_tokens, device: str | None = None):
         check_values({"max_doc_tokens": max_doc_tokens}, (MAX_DOC_TOKENS_RULE,),
                      {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
         self.device = resolve_device(device)

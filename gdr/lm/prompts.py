@@ -3,44 +3,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from gdr.models import PromptConfig
+
 __all__ = ["PromptConfig", "PromptMixin", "TokenCache", "clean_query", "saved_generator", "GENERATOR_FILE"]
 
 # Written by `gdr qg` next to a fine-tuned generator: the prompt (and document length) it was trained with.
 GENERATOR_FILE = "gdr_generator.json"
-
-
-@dataclass
-class PromptConfig:
-    """How a document becomes model input.
-
-    ``style="prefix"``: input is ``prefix + doc`` (T5 doc2query: ``text2query: ``; also usable with a causal
-    base model). ``style="chat"``: a chat-template conversation with an optional system message and
-    few-shot (document, query) examples; the generation prompt opens the assistant turn.
-    """
-
-    style: str = "chat"
-    prefix: str = ""
-    system: str | None = "You write short search queries for documents."
-    user: str = "Document: {doc}\nSearch query:"
-    shots: list[list[str]] = field(default_factory=lambda: [
-        ["Shares of Apple Inc rose 5 pct on Tuesday after the company reported record iPhone sales in the "
-         "holiday quarter, beating analyst estimates.", "apple record iphone sales"],
-        ["The central bank cut its benchmark interest rate by half a point to 4.5 pct, citing slowing "
-         "growth and low inflation.", "central bank interest rate cut"],
-    ])
-
-    @classmethod
-    def for_model(cls, name: str) -> "PromptConfig":
-        """The default prompt for a model name: doc2query prefix for T5 models, chat otherwise."""
-        if "doc2query" in name or "t5" in name.lower():
-            return cls(style="prefix", prefix="text2query: ", system=None, shots=[])
-        return cls()
 
 
 _LEADING = re.compile(r"^(search query|query|q|answer|a)\s*[:\-]\s*", re.IGNORECASE)

@@ -16,6 +16,7 @@ settings with :meth:`~Settings.from_config`, which trusts the values.
 """
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 from contextvars import ContextVar
@@ -27,8 +28,9 @@ import numpy as np
 import yaml
 
 from gdr.config import override_value
+from gdr.data.options import DATA_OPTIONS, DataOptions
 from gdr.indexing.options import GCOptions
-from gdr.models import LM_RULES
+from gdr.models import LM_RULES, MODEL_OPTIONS, ModelOptions
 from gdr.rules import (
     FILE,
     NON_NEGATIVE,
@@ -380,15 +382,13 @@ def _size(n: float) -> str:
 
 
 @dataclass
-class LMSettings(Settings):
-    """The query generator (``model:`` plus ``device`` and ``threads``): :meth:`build` loads it."""
+class LMSettings(Settings, ModelOptions):
+    """The query generator (``model:``, :class:`gdr.models.ModelOptions`, plus ``device`` and ``threads``):
+    :meth:`build` loads it."""
 
     rules: ClassVar = LM_RULES
     keys: ClassVar = {"name": "model.name", "max_doc_tokens": "model.max_doc_tokens", "prompt": "model.prompt"}
 
-    name: str = "smollm2-135m"
-    max_doc_tokens: int = 128
-    prompt: dict | None = None      # PromptConfig fields; None: the model's default prompt
     # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
     device: str = setting("auto", "auto | cpu | cuda")
     threads: int | None = setting(None, "torch CPU threads (null = torch default)")
@@ -725,6 +725,10 @@ GENERATED = {
     "stage/run_keys.yaml": (RunKeys, ()),
 }
 
+# conf/<group>/<option>.yaml -> the dataclass declaring the group's keys, and the option (its keys, values, help)
+GROUP_OPTIONS = {**{f"data/{name}.yaml": (DataOptions, option) for name, option in DATA_OPTIONS.items()},
+                 **{f"model/{name}.yaml": (ModelOptions, option) for name, option in MODEL_OPTIONS.items()}}
+
 
 def section_classes(cls, name: str) -> tuple:
     """The dataclasses whose fields are the keys of the dict-valued field ``name`` of ``cls`` (none: not one)."""
@@ -748,12 +752,18 @@ def field_help(cls) -> dict[str, str]:
 
 def generated_help(name: str) -> dict[str, str]:
     """Dotted key -> its help, of the keys the generated ``conf/<name>`` holds (``--help`` reads this)."""
+    if name in GROUP_OPTIONS:
+        cls, option = GROUP_OPTIONS[name]
+        return {k: v for k, v in {**field_help(cls), **option.help}.items() if k in option.keys}
     cls, names = GENERATED[name]
     keep = names or tuple(f.name for f in fields(cls))
     return {k: v for k, v in field_help(cls).items() if k.split(".")[0] in keep}
 
 
 def _yaml_value(v) -> str:
+    """``v`` as one line of YAML (a text with a line break in JSON's double quotes, which YAML reads as is)."""
+    if isinstance(v, str) and "\n" in v:
+        return json.dumps(v, ensure_ascii=False)
     return yaml.safe_dump(v, default_flow_style=True, width=10**6, sort_keys=False).strip().removesuffix("\n...")
 
 
@@ -765,13 +775,24 @@ def _yaml_lines(values: dict, helps: dict[str, str], indent: str = "", prefix: s
         lines += [f"{indent}# {x}" for x in textwrap.wrap(what, 116 - len(indent))] if what else []
         if isinstance(v, dict) and v:
             lines += [f"{indent}{k}:", *_yaml_lines(v, helps, indent + "  ", f"{prefix}{k}.")]
+        elif isinstance(v, list) and v and all(isinstance(x, (list, dict)) for x in v):  # one item a line
+            lines += [f"{indent}{k}:", *(f"{indent}  - {_yaml_value(x)}" for x in v)]
         else:
             lines.append(f"{indent}{k}: {_yaml_value(v)}")
     return lines
 
 
 def generated_yaml(name: str) -> str:
-    """The text of ``conf/<name>`` (a key of :data:`GENERATED`), written from its settings class."""
+    """The text of ``conf/<name>`` (a key of :data:`GENERATED` or of :data:`GROUP_OPTIONS`), written from its
+    settings class."""
+    if name in GROUP_OPTIONS:
+        cls, option = GROUP_OPTIONS[name]
+        defaults = {**asdict(cls()), **option.values}
+        about = [f"# {line}" for line in option.about.splitlines()]
+        head = (f"# Generated from {cls.__module__}.{cls.__name__} and its option table (`make conf`): change those, "
+                "not this file.")
+        values = {k: defaults[k] for k in option.keys}
+        return "\n".join([*about, head, *_yaml_lines(values, generated_help(name))]) + "\n"
     cls, names = GENERATED[name]
     defaults = asdict(cls())
     values = {k: defaults[k] for k in (names or defaults)}
@@ -780,9 +801,10 @@ def generated_yaml(name: str) -> str:
 
 
 def write_generated(folder) -> list[str]:
-    """Write every :data:`GENERATED` file under the ``conf/`` ``folder``; returns the names that changed."""
+    """Write every :data:`GENERATED` and :data:`GROUP_OPTIONS` file under the ``conf/`` ``folder``; returns the
+    names that changed."""
     changed = []
-    for name in GENERATED:
+    for name in (*GENERATED, *GROUP_OPTIONS):
         path, text = Path(folder) / name, generated_yaml(name)
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
