@@ -26,6 +26,7 @@ import numpy as np
 
 from gdr.embed import embed_texts
 from gdr.eval.clustering import repeated_best_of
+from gdr.models import EMBED_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class BaselineResult:
 
 
 def run_baselines(texts: Sequence[str] | None, logp: np.ndarray | None, k: int, n_init: int = 10,
-                  repeats: int = 1, seed: int = 0, embed_model: str | None = "minilm-l6",
+                  repeats: int = 1, seed: int = 0, embed_model: str | None = EMBED_MODEL,
                   y_true: Sequence | None = None, max_iter: int = 100, init: str = "k-means++",
                   tfidf_max_features: int = 20000, progress: bool = False) -> dict[str, BaselineResult]:
     """k-means on tf-idf, sentence embeddings and log P rows, with the paper's protocol.

@@ -17,8 +17,10 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import GenerativeClustering, describe_clusters
+from gdr.cluster_options import GCFitOptions
 from gdr.eval.baselines import run_baselines
 from gdr.eval.clustering import clustering_scores, make_gc_fit_fn, repeated_best_of
+from gdr.models import EMBED_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,9 @@ def restrict(logp: np.ndarray, labels: Sequence[str], source_index: np.ndarray, 
 
 def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, variants: dict[str, dict],
                    labels: Sequence[str] | None = None, texts: Sequence[str] | None = None,
-                   baselines: Sequence[str] = (), embed_model: str = "minilm-l6", n_init: int = 10,
-                   repeats: int = 1, init: str = "random", max_iter: int = 100, tol: float = 1e-6,
+                   baselines: Sequence[str] = (), embed_model: str = EMBED_MODEL, n_init: int = GCFitOptions.n_init,
+                   repeats: int = 1, init: str = "random", max_iter: int = GCFitOptions.max_iter,
+                   tol: float = GCFitOptions.tol,
                    seed: int = 0, describe_top: int = 5, device: str = "cpu") -> dict:
     """Cluster rows of ``logp`` (n_docs, n_queries) with GC variants; evaluate when ``labels`` are given.
 

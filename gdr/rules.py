@@ -19,14 +19,14 @@ import difflib
 import math
 import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 __all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
-           "setting", "GroupOption"]
+           "setting", "same_setting", "GroupOption"]
 
 
 class ConfigError(ValueError):
@@ -382,6 +382,16 @@ def setting(default: Any = None, help: str = "", *, factory: Callable[[], Any] |
     if factory is not None:
         return field(default_factory=factory, metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
+def same_setting(cls, name: str, help: str | None = None):
+    """A field that is ``cls``'s setting ``name`` in another section (the flat clustering's ``alpha`` is generative
+    clustering's): its default (or default factory) and its help read from there, ``help`` in place of the latter."""
+    f = cls.__dataclass_fields__[name]
+    said = f.metadata.get("help", "") if help is None else help
+    if f.default_factory is not MISSING:
+        return setting(help=said, factory=f.default_factory)
+    return setting(f.default, said)
 
 
 @dataclass(frozen=True)

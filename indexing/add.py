@@ -37,6 +37,7 @@ from gdr.data import Corpus, corpus_from_config
 from gdr.data.beir import corpus_jsonl
 from gdr.formats import FormatError
 from gdr.indexing.docids import format_code, read_docids, write_docids
+from gdr.indexing.options import GCOptions
 from gdr.indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
 from gdr.indexing.summary import summarize, write_summary
 from gdr.io import (
@@ -127,7 +128,8 @@ class _Placer:
             path = child
 
 
-def place_documents(st: TreeState, pmatrix: PMatrix, *, chunk_rows: int = 2048) -> tuple[list[tuple[int, ...]], dict]:
+def place_documents(st: TreeState, pmatrix: PMatrix, *, chunk_rows: int = GCOptions.chunk_rows
+                    ) -> tuple[list[tuple[int, ...]], dict]:
     """Codes for the rows of ``pmatrix`` (new documents x the same J queries); updates ``st`` in place."""
     if pmatrix.n_cols != st.n_queries:
         raise ValueError(f"the index was built on J = {st.n_queries} queries but the new P matrix has "
@@ -273,7 +275,7 @@ def next_steps(index_dir: str | os.PathLike, run_dir: str | os.PathLike) -> str:
     return f"{head} ({docs.name}, written by this command): `{cmd}`"
 
 
-def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = 2048,
+def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = GCOptions.chunk_rows,
                  plot: bool = True) -> AddResult:
     """Add the documents of P-matrix run ``run_dir`` to the GC index in ``index_dir``.
 

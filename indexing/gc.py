@@ -118,8 +118,9 @@ def _resolve_auto_alpha(pm: PMatrix, options: GCOptions, seed: int, max_rows: in
     return replace(options, alpha=alpha)
 
 
-def root_statistics(pm: PMatrix, *, clip_sigma: float | None = 5.0, alpha: float = 0.25, proposal: str = "power",
-                    chunk_rows: int = 2048, progress: bool = True) -> RootStats:
+def root_statistics(pm: PMatrix, *, clip_sigma: float | None = GCOptions.clip_sigma, alpha: float = GCOptions.alpha,
+                    proposal: str = GCOptions.proposal, chunk_rows: int = GCOptions.chunk_rows,
+                    progress: bool = True) -> RootStats:
     """Eq.-clip bounds and the global phi (Eq. vmp on clipped P), streamed over row chunks.
 
     Also validates P: every entry finite (an error names the document row and query column).

@@ -19,6 +19,7 @@ import numpy as np
 from gdr.embed import embed_texts
 from gdr.indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 from gdr.io import read_jsonl
+from gdr.models import EMBED_MODEL
 
 __all__ = [
     "EmbedFn",
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 EmbedFn = Callable[[Sequence[str]], np.ndarray]
 
 
-def default_embed_fn(model: str = "minilm-l6", batch_size: int = 64) -> EmbedFn:
+def default_embed_fn(model: str = EMBED_MODEL, batch_size: int = 64) -> EmbedFn:
     return lambda texts: embed_texts(texts, model=model, batch_size=batch_size)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gdr.rules import setting
+from gdr.cluster_options import GCFitOptions
+from gdr.rules import same_setting, setting
 
 __all__ = ["GCOptions"]
 
@@ -35,18 +36,19 @@ class GCOptions:
         1 is the default because most nodes are small: on a loaded 2-core machine, the kernel's
         (K, J) tensor operations ran 20-40x slower with 2 OpenMP threads than with 1 (measured).
     """
-    alpha: float | str = setting(0.25, "Eq. ris / vmp / resampling; auto = chosen at the root by effective sample "
-                                       "size")
-    ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J")
-    clip_sigma: float | None = setting(5.0, "Eq. clip once on the root P (mu_j + 5 sigma_j); null = no clipping")
-    proposal: str = setting("power", "power (Eq. vmp) | naive (column mean of P)")
+    alpha: float | str = same_setting(GCFitOptions, "alpha", "Eq. ris / vmp / resampling; auto = chosen at the root "
+                                                             "by effective sample size")
+    ess_target: float = same_setting(GCFitOptions, "ess_target")
+    clip_sigma: float | None = same_setting(GCFitOptions, "clip_sigma", "Eq. clip once on the root P (mu_j + 5 "
+                                                                        "sigma_j); null = no clipping")
+    proposal: str = same_setting(GCFitOptions, "phi", "power (Eq. vmp) | naive (column mean of P)")
     localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")")
     bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling")
     bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)")
-    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++")
-    n_init: int = setting(10, "fit_generative runs at the root")
+    init: str = same_setting(GCFitOptions, "init")
+    n_init: int = same_setting(GCFitOptions, "n_init", "fit_generative runs at the root")
     n_init_inner: int = setting(3, "... at every node below the root")
-    max_iter: int = setting(100)
+    max_iter: int = same_setting(GCFitOptions, "max_iter")
     tol: float = setting(1e-5, "relative improvement of the total distortion")
     dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity")
     device: str = setting("cpu")

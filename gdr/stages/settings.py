@@ -27,10 +27,11 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 import yaml
 
+from gdr.cluster_options import GCFitOptions
 from gdr.config import override_value
 from gdr.data.options import DATA_OPTIONS, DataOptions
 from gdr.indexing.options import GCOptions
-from gdr.models import LM_RULES, MODEL_OPTIONS, ModelOptions
+from gdr.models import EMBED_MODEL, LM_RULES, MODEL_OPTIONS, ModelOptions
 from gdr.rules import (
     FILE,
     NON_NEGATIVE,
@@ -51,6 +52,7 @@ from gdr.rules import (
     one_of,
     optional,
     precision,
+    same_setting,
     seed,
     setting,
     string_list,
@@ -480,10 +482,10 @@ class ClusterGC:
     """``cluster.gc``: GC's settings of the flat clustering; each of ``cluster.variants`` overrides some of them
     (the paper's ablations)."""
 
-    alpha: float | str = setting(0.25)  # auto: the largest alpha whose weights keep a mean ESS of ess_target * J
-    clip_sigma: float | None = setting(5.0)
-    phi: str = setting("power")
-    ess_target: float = setting(0.5)
+    alpha: float | str = same_setting(GCFitOptions, "alpha")
+    clip_sigma: float | None = same_setting(GCFitOptions, "clip_sigma")
+    phi: str = same_setting(GCFitOptions, "phi")
+    ess_target: float = same_setting(GCFitOptions, "ess_target")
 
 
 @dataclass
@@ -495,12 +497,12 @@ class ClusterSettings(Settings):
 
     n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)")
     seed: int = setting(0)
-    n_init: int = setting(10, "runs per fit; the lowest distortion wins (no labels used)")
+    n_init: int = same_setting(GCFitOptions, "n_init", "runs per fit; the lowest distortion wins (no labels used)")
     repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)")
-    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves, lowest distortion) | random (Eq. "
-                                            "init, Algorithm 1) | k-means++")
-    max_iter: int = setting(100)
-    tol: float = setting(1.0e-6)
+    init: str = same_setting(GCFitOptions, "init", "greedy-k-means++ (+ split/merge moves, lowest distortion) | "
+                                                   "random (Eq. init, Algorithm 1) | k-means++")
+    max_iter: int = same_setting(GCFitOptions, "max_iter")
+    tol: float = same_setting(GCFitOptions, "tol")
     # the evaluation restricted to documents with these labels (and to the queries sampled from them), e.g. R2 =
     # {earn, acq} inside an R5 run; None: all documents
     restrict_labels: list | None = setting(None)
@@ -509,7 +511,7 @@ class ClusterSettings(Settings):
     variants: dict = setting(factory=lambda: {"gc": {}})
     baselines: list = setting(help="k-means baselines (only when labels exist)",
                               factory=lambda: ["tfidf", "embedding", "logp"])
-    embed_model: str = setting("minilm-l6", "any sentence-transformers name or path")
+    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers name or path")
     describe_top: int = setting(5)
     enabled: bool = setting(True, "flat GC vs k-means on the corpus labels (skipped when there are none)")
 
@@ -568,7 +570,7 @@ class IndexKMeans:
 
     docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)")
     doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}")
-    embed_model: str = setting("minilm-l6", "any sentence-transformers model (bundled minilm-l6 works offline)")
+    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers model (bundled minilm-l6 works offline)")
     batch_size: int = setting(64)
     n_init: int = setting(1, "faiss nredo")
     max_iter: int = setting(25, "faiss niter")
