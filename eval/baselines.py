@@ -27,6 +27,7 @@ import numpy as np
 from gdr.embed import embed_texts
 from gdr.eval.clustering import repeated_best_of
 from gdr.models import EMBED_MODEL
+from gdr.options import GCFitOptions
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,8 @@ def _kmeans_faiss(faiss, x: np.ndarray, k: int, seed: int, max_iter: int, init: 
     return idx[:, 0].astype(np.int64), float(dist[:, 0].astype(np.float64).sum()), km.centroids
 
 
-def kmeans_fit(x: np.ndarray, k: int, n_init: int = 10, seed: int = 0, max_iter: int = 100,
-               init: str = "k-means++") -> KMeansResult:
+def kmeans_fit(x: np.ndarray, k: int, n_init: int = GCFitOptions.n_init, seed: int = 0,
+               max_iter: int = GCFitOptions.max_iter, init: str = "k-means++") -> KMeansResult:
     """k-means with faiss: ``n_init`` runs (seeds from ``SeedSequence(seed)``), lowest objective kept.
 
     Parameters
@@ -145,9 +146,9 @@ class BaselineResult:
     std: dict[str, float] | None = None
 
 
-def run_baselines(texts: Sequence[str] | None, logp: np.ndarray | None, k: int, n_init: int = 10,
+def run_baselines(texts: Sequence[str] | None, logp: np.ndarray | None, k: int, n_init: int = GCFitOptions.n_init,
                   repeats: int = 1, seed: int = 0, embed_model: str | None = EMBED_MODEL,
-                  y_true: Sequence | None = None, max_iter: int = 100, init: str = "k-means++",
+                  y_true: Sequence | None = None, max_iter: int = GCFitOptions.max_iter, init: str = "k-means++",
                   tfidf_max_features: int = 20000, progress: bool = False) -> dict[str, BaselineResult]:
     """k-means on tf-idf, sentence embeddings and log P rows, with the paper's protocol.
 

@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from gdr.eval.retrieval import Run
+from gdr.options import RankingOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class BM25Index:
         self.retriever.index(bm25s.tokenize(list(doc_texts), stopwords=stopwords, show_progress=show_progress),
                              show_progress=show_progress)
 
-    def search(self, queries: Sequence[str], k: int = 100) -> BM25Result:
+    def search(self, queries: Sequence[str], k: int = RankingOptions.k) -> BM25Result:
         """Top-k documents per query."""
         import bm25s  # optional: gdr[eval]
 
@@ -59,14 +60,14 @@ class BM25Index:
         return BM25Result(docs, scores)
 
 
-def bm25_search(doc_texts: Sequence[str], queries: Sequence[str], k: int = 100, k1: float = 1.5,
+def bm25_search(doc_texts: Sequence[str], queries: Sequence[str], k: int = RankingOptions.k, k1: float = 1.5,
                 b: float = 0.75, stopwords: str | None = "en", show_progress: bool = False) -> BM25Result:
     """Top-k BM25 documents per query (:class:`BM25Index` built for this one search)."""
     return BM25Index(doc_texts, k1=k1, b=b, stopwords=stopwords, show_progress=show_progress).search(queries, k=k)
 
 
 def bm25_run(doc_ids: Sequence[str], doc_texts: Sequence[str], qids: Sequence[str], queries: Sequence[str],
-             k: int = 100, **kw) -> Run:
+             k: int = RankingOptions.k, **kw) -> Run:
     """BM25 results as a :class:`~gdr.eval.retrieval.Run`."""
     res = bm25_search(doc_texts, queries, k=k, **kw)
     ids = np.asarray(list(doc_ids), dtype=object)

@@ -17,10 +17,10 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import GenerativeClustering, describe_clusters
-from gdr.cluster_options import GCFitOptions
 from gdr.eval.baselines import run_baselines
 from gdr.eval.clustering import clustering_scores, make_gc_fit_fn, repeated_best_of
 from gdr.models import EMBED_MODEL
+from gdr.options import GCFitOptions
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,12 @@ def restrict(logp: np.ndarray, labels: Sequence[str], source_index: np.ndarray, 
     return rows, cols
 
 
-def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, variants: dict[str, dict],
+def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, variants: dict[str, dict], *,
                    labels: Sequence[str] | None = None, texts: Sequence[str] | None = None,
                    baselines: Sequence[str] = (), embed_model: str = EMBED_MODEL, n_init: int = GCFitOptions.n_init,
                    repeats: int = 1, init: str = "random", max_iter: int = GCFitOptions.max_iter,
                    tol: float = GCFitOptions.tol,
-                   seed: int = 0, describe_top: int = 5, device: str = "cpu") -> dict:
+                   seed: int = 0, describe_top: int, device: str = GCFitOptions.device) -> dict:
     """Cluster rows of ``logp`` (n_docs, n_queries) with GC variants; evaluate when ``labels`` are given.
 
     Returns a dict with, per method, the selected run's labels, distortion, and (with labels) mean/std
@@ -56,7 +56,7 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
                  "n_clusters": n_clusters}
     for name, v in variants.items():
         t0 = time.perf_counter()
-        ess = v.get("ess_target", 0.5)
+        ess = v.get("ess_target", GCFitOptions.ess_target)
         gc = GenerativeClustering(n_clusters, alpha=v["alpha"], clip_sigma=v["clip_sigma"], phi=v["phi"],
                                   init=init, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed,
                                   device=device, ess_target=ess).fit(logp)

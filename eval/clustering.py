@@ -17,7 +17,7 @@ from scipy.optimize import linear_sum_assignment
 from tqdm.auto import tqdm
 
 from gdr import cluster as gcmod
-from gdr.cluster_options import GCFitOptions
+from gdr.options import GCFitOptions
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,8 @@ def repeated_best_of(fit_fn: Callable[[int], Any], y_true: Sequence, n_repeats: 
 def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = GCFitOptions.alpha,
                    clip_sigma: float | None = GCFitOptions.clip_sigma, phi: str = GCFitOptions.phi,
                    init: str = "random", max_iter: int = GCFitOptions.max_iter, tol: float = GCFitOptions.tol,
-                   device="cpu", dtype=None, ess_target: float = GCFitOptions.ess_target) -> Callable[[int], Any]:
+                   device=GCFitOptions.device, dtype=None,
+                   ess_target: float = GCFitOptions.ess_target) -> Callable[[int], Any]:
     """A single-run GC ``fit_fn(seed)`` for ``repeated_best_of``; clip, phi and W are computed once."""
     est = gcmod.GenerativeClustering(n_clusters, alpha=alpha, clip_sigma=clip_sigma, phi=phi, init=init,
                                      n_init=1, max_iter=max_iter, tol=tol, device=device,

@@ -28,13 +28,14 @@ import numpy as np
 from scipy import stats
 
 from gdr.eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_metrics, read_per_query
+from gdr.options import RankingOptions
 
 __all__ = ["PAIRED_METRICS", "paired_metrics", "Comparison", "paired_test", "mean_interval", "compare_systems",
            "compare_folders", "find", "verdict", "comparison_table", "metric_name"]
 
 
 
-def paired_metrics(k: int = 100) -> tuple[str, ...]:
+def paired_metrics(k: int = RankingOptions.k) -> tuple[str, ...]:
     """The per-query metrics compared for runs of ``k`` results per query: Success@1, Success@10 (k >= 10), RR@k."""
     return ("recall@1", *(("recall@10",) if k >= 10 else ()), f"mrr@{int(k)}")
 
@@ -183,7 +184,7 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
 
 def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = None,
                     metrics: Sequence[str] | None = None, n_resamples: int = 9999, seed: int = 0,
-                    k: int = 100) -> list[dict]:
+                    k: int = RankingOptions.k) -> list[dict]:
     """The paired comparisons of a run: ``eval_dirs`` maps a system to its evaluation folders (one per seed),
     each holding ``per_query.json`` (:func:`gdr.eval.retrieval.write_per_query`) of a run of ``k`` results per query;
     a seed given as a list of folders (cross-validation: one per fold, each scored on its own topics) has their

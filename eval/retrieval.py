@@ -32,6 +32,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from gdr.io import atomic_write_json, atomic_write_text
+from gdr.options import RankingOptions
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def evaluate_run(run: Run, qrels: Mapping[str, Iterable[str]], ks: Sequence[int]
     return metrics, dict(zip(eval_q, first.tolist()))
 
 
-def write_trec_run(path: str | os.PathLike, run: Run, tag: str = "gdr", depth: int = 100) -> None:
+def write_trec_run(path: str | os.PathLike, run: Run, tag: str = RankingOptions.tag, depth: int = 100) -> None:
     """TREC run file: ``qid Q0 docid rank score tag``, the top ``depth`` entries of each query.
 
     Ranks are positions (1, 2, ...) as TREC requires; documents sharing a docid carry equal scores.

@@ -38,7 +38,7 @@ from gdr.stages import sample as sample_stage
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
-from gdr.stages.command_keys import EvaluateQueries, RunQueries
+from gdr.stages.command_keys import DocQueries, EvaluateQueries, RunQueries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
@@ -94,8 +94,9 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
     return sample_stage.sample_queries(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
-def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out: PathLike, *, per_doc: int = 10,
-                       seed: int = SampleSettings.seed, progress: bool = False, **sampling: Any) -> Path:
+def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out: PathLike, *,
+                       per_doc: int = DocQueries.per_doc, seed: int = SampleSettings.seed, progress: bool = False,
+                       **sampling: Any) -> Path:
     """Generate ``per_doc`` queries for every document of ``corpus`` into ``out/doc_queries.jsonl`` (one line
     ``{"doc_id", "queries": [...]}`` per document, as ``gdr sample sample.per_doc=N``): the retriever's generated
     training queries (:func:`train_retriever`'s ``generated=``) and BMI's input. Returns the file's path.
@@ -184,7 +185,7 @@ def split_queries(corpus: Corpus, split: str, *, name: str | None = None, data: 
     return query_splits.split_queries(q, data, set(corpus.doc_ids), data.get("docs_tsv"))
 
 
-def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, device: str = "auto",
+def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, device: str = LMSettings.device,
                       **settings: Any) -> dict:
     """Flat generative clustering of a scored corpus, against its labels with the k-means baselines (tf-idf,
     sentence embeddings, log P): ``metrics.json``, ``results.md``, ``clusters.md``, ``labels.tsv`` in ``out``.

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gdr.cluster_options import GCFitOptions
+from gdr.options import GCFitOptions
 
 log = logging.getLogger(__name__)
 
@@ -415,7 +415,7 @@ class _Prepared:
 
 def _prepare(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | None = None,
              upper: np.ndarray | None = None, log_w: np.ndarray | None = None,
-             device="cpu", dtype=torch.float32) -> _Prepared:
+             device=GCFitOptions.device, dtype=torch.float32) -> _Prepared:
     """Stream row blocks: clip (``upper``), log W (given or ``alpha (logp - log_phi)``), V, r, a.
 
     Only V (N x J, kernel dtype) is allocated at full size.
@@ -954,8 +954,8 @@ def _check_split_merge(split_merge) -> None:
 
 def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init: str = GCFitOptions.init,
                    n_init: int = GCFitOptions.n_init, max_iter: int = GCFitOptions.max_iter,
-                   tol: float = GCFitOptions.tol, seed=0, device="cpu", dtype=torch.float32, progress: bool = False,
-                   split_merge: bool | None = None) -> GCResult:
+                   tol: float = GCFitOptions.tol, seed=0, device=GCFitOptions.device, dtype=torch.float32,
+                   progress: bool = False, split_merge: bool | None = None) -> GCResult:
     """The CLUSTERING function of Algorithm 1 on given log P and log W.
 
     Parameters
@@ -1031,9 +1031,9 @@ class GenerativeClustering:
     def __init__(self, n_clusters: int, alpha: float | str = GCFitOptions.alpha,
                  clip_sigma: float | None = GCFitOptions.clip_sigma, phi: str = GCFitOptions.phi,
                  init: str = GCFitOptions.init, n_init: int = GCFitOptions.n_init,
-                 max_iter: int = GCFitOptions.max_iter, tol: float = GCFitOptions.tol, seed=0, device="cpu",
-                 dtype=torch.float32, progress: bool = False, ess_target: float = GCFitOptions.ess_target,
-                 split_merge: bool | None = None):
+                 max_iter: int = GCFitOptions.max_iter, tol: float = GCFitOptions.tol, seed=0,
+                 device=GCFitOptions.device, dtype=torch.float32, progress: bool = False,
+                 ess_target: float = GCFitOptions.ess_target, split_merge: bool | None = None):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.ess_target = ess_target

@@ -25,7 +25,7 @@ def free_memory(device: torch.device | str | None = None) -> int | None:
     return int(free)
 
 
-def local_device(device: str | None = "auto") -> str:
+def local_device(device: str | None) -> str:
     """The device of this process: under a launcher that sets ``LOCAL_RANK`` (``torchrun``), ``auto`` and
     ``cuda`` mean ``cuda:{LOCAL_RANK % n_gpus}``, made the current CUDA device (before NCCL binds to it);
     anything else is returned as given."""

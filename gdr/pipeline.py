@@ -96,6 +96,7 @@ from gdr.stages.settings import (
     TrainSettings,
 )
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
+from gdr.training.options import ExampleOptions
 from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
 
@@ -390,7 +391,8 @@ class RunContext:
     @property
     def uses_generated(self) -> bool:
         """Whether the retrievers learn from the generated queries too."""
-        return self.doc_queries is not None and self.cfg.train.examples.get("use_generated", True)
+        generated = self.cfg.train.examples.get("use_generated", ExampleOptions.use_generated)
+        return self.doc_queries is not None and generated
 
 
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
@@ -934,7 +936,8 @@ def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     out = {"kind": kind}
     if scoring:
-        dtype = score_compute_dtype(str(cfg.score.get("compute_dtype", "auto")), torch.device(kind))
+        dtype = score_compute_dtype(str(cfg.score.get("compute_dtype", ScoreSettings.compute_dtype)),
+                                    torch.device(kind))
         out["compute_dtype"] = str(dtype).removeprefix("torch.")
     return out
 

@@ -50,6 +50,8 @@ from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
+from gdr.stages.command_keys import RunKeys
+from gdr.stages.settings import SampleSettings, ScoreSettings
 from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
@@ -343,7 +345,7 @@ def _sampling(name: str, lm, n_queries: int, new_tokens: int, doc_tokens: int, r
 
 
 def _scoring(lm, n_docs: int, n_queries: int, query_tokens: int, doc_tokens: int, rates: _Rates,
-             gpus: int, processes: int = 1) -> StagePlan:
+             gpus: int, processes: int = ScoreSettings.processes) -> StagePlan:
     """Scoring every (document, query) pair, the documents spread over the GPUs (or ``score.processes`` CPU
     processes, each at the single process's calibrated rate)."""
     prompt = doc_tokens + PROMPT_TOKENS
@@ -599,21 +601,22 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
     kind = "cpu" if device == "cpu" else "cuda"
     s = cfg.sample
+    compiled = want_compile(s.get("compile", SampleSettings.compile), kind, J,
+                            s.get("compile_min_queries", SampleSettings.compile_min_queries))
     stages = [_lm_load(str(cfg.model.name), lm, rates),
-              _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates,
-                        want_compile(s.get("compile", "auto"), kind, J, s.get("compile_min_queries", "auto"))),
+              _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates, compiled),
               _scoring(lm, n_docs, J, int(s.max_new_tokens), doc_tokens, rates, gpus,
-                       int(cfg.score.get("processes") or 1))]
+                       int(cfg.score.get("processes") or ScoreSettings.processes))]
     if cfg.cluster.enabled and _labelled(cfg):
         stages.append(_clustering(cfg, n_docs, J, rates))
     per_doc = int(cfg.doc_queries.per_doc)
     if per_doc:
         n_gen = n_docs * per_doc
         stages.append(_sampling("doc_queries", lm, n_gen, int(cfg.doc_queries.max_new_tokens), doc_tokens, rates,
-                                want_compile(s.get("compile", "auto"), kind, n_gen,
-                                             s.get("compile_min_queries", "auto"))))
+                                want_compile(s.get("compile", SampleSettings.compile), kind, n_gen,
+                                             s.get("compile_min_queries", SampleSettings.compile_min_queries))))
     stages.append(_indexing(cfg, n_docs, J, rates))
-    if cfg.get("bm25", True):
+    if cfg.get("bm25", RunKeys.bm25):
         stages.append(_host("bm25", HOST_S["bm25_doc"] * n_docs, rates, f"{n_docs:,} documents"))
     stages += _train_and_search(cfg, n_docs, n_train, n_test, rates, gpus, free)
     n_ret = len(cfg.indexers) * len(cfg.seeds)
@@ -648,10 +651,10 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     threads = cfg.get("threads")
     processes = int(cfg.score.get("processes") or 1)
     batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
-    sb = cfg.sample.get("batch_size", "auto")
-    db = cfg.doc_queries.get("batch_size", "auto")
+    sb = cfg.sample.get("batch_size", SampleSettings.batch_size)
+    db = cfg.doc_queries.get("batch_size", SampleSettings.batch_size)
     per_doc, new = int(cfg.doc_queries.per_doc), int(cfg.sample.max_new_tokens)
-    qt = cfg.score.get("max_query_tokens", "auto")
+    qt = cfg.score.get("max_query_tokens", ScoreSettings.max_query_tokens)
     shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
               "new_tokens": new, "threads": threads,
               "sample_batch": min(int(cfg.sample.n_queries), CPU_SAMPLE_BATCH if sb == "auto" else int(sb)),

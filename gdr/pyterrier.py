@@ -32,6 +32,8 @@ from omegaconf import OmegaConf
 from gdr.data import corpus_from_config
 from gdr.data.splits import split_queries
 from gdr.eval.bm25 import BM25Index
+from gdr.stages.command_keys import EvaluateQueries, RunQueries
+from gdr.stages.settings import EvaluateSettings
 from gdr.training.search import Retriever
 
 try:
@@ -89,7 +91,7 @@ class RunFolder:
         """The run's corpus, loaded from its ``data:`` settings."""
         return corpus_from_config(self.config["data"])
 
-    def queries(self, split: str = "test"):
+    def queries(self, split: str = EvaluateQueries.split):
         """The ``split`` queries the run scores on (those with a relevant document in the corpus), a
         :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split."""
         from gdr.pipeline import _queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
@@ -125,7 +127,7 @@ def topics_and_qrels(run_dir: PathLike | RunFolder, split: str | None = None) ->
     """The topics and qrels of a run's ``split`` (default: its ``queries.test_split``), as :func:`queries_frames`:
     the queries ``gdr run`` scored its retrievers on."""
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
-    return queries_frames(run.queries(split or run.config["queries"].get("test_split", "test")))
+    return queries_frames(run.queries(split or run.config["queries"].get("test_split", RunQueries.test_split)))
 
 
 def _results(topics: pd.DataFrame, ids: np.ndarray, docs: list[np.ndarray], scores: list[np.ndarray],
@@ -153,7 +155,7 @@ class GenerativeRetriever(pt.Transformer):
     ``pt.Transformer``: topics (``qid``, ``query``) in, results (``qid``, ``query``, ``docno``, ``score``,
     ``rank``) out, the top ``k`` of a constrained beam search of width ``beam`` per query."""
 
-    def __init__(self, retriever, k: int = 100, beam: int | None = None, name: str = "gdr"):
+    def __init__(self, retriever, k: int = EvaluateSettings.k, beam: int | None = None, name: str = "gdr"):
         self.retriever, self.k, self.beam, self.name = retriever, int(k), beam, name
 
     @classmethod
@@ -169,11 +171,12 @@ class GenerativeRetriever(pt.Transformer):
         else:
             run = RunFolder(path)
             folder, ev = run.stage_folder(f"train-{indexer}-s{int(seed)}"), run.evaluate
-        k = int(k if k is not None else ev.get("k", 100))
+        k = int(k if k is not None else ev.get("k", EvaluateSettings.k))
         beam = int(beam if beam is not None else ev.get("beam") or k)
-        retriever = Retriever.load(folder, device=device if device is not None else ev.get("device"),
-                                   beam=beam, length_penalty=float(ev.get("length_penalty", 1.0)),
-                                   batch_size=batch_size if batch_size is not None else ev.get("batch_size", "auto"))
+        penalty = float(ev.get("length_penalty", EvaluateSettings.length_penalty))
+        batch_size = batch_size if batch_size is not None else ev.get("batch_size", EvaluateSettings.batch_size)
+        retriever = Retriever.load(folder, device=device if device is not None else ev.get("device"), beam=beam,
+                                   length_penalty=penalty, batch_size=batch_size)
         return cls(retriever, k=k, beam=beam, name=f"gdr-{indexer}-s{int(seed)}")
 
     def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
@@ -192,7 +195,7 @@ class BM25(pt.Transformer):
     ``pt.Transformer``, the reference of a ``gdr run``: topics in, the top ``k`` documents per query out (documents
     sharing no term with a query are not listed)."""
 
-    def __init__(self, corpus, k: int = 100, name: str = "bm25"):
+    def __init__(self, corpus, k: int = EvaluateSettings.k, name: str = "bm25"):
         self.doc_ids = np.asarray(corpus.doc_ids, dtype=object)
         self.index = BM25Index(corpus.model_inputs())
         self.k, self.name = int(k), name
@@ -203,7 +206,7 @@ class BM25(pt.Transformer):
         it is at hand), at the run's ``evaluate.k`` unless ``k`` is given."""
         run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         return cls(corpus if corpus is not None else run.corpus,
-                   k=int(k if k is not None else run.evaluate.get("k", 100)))
+                   k=int(k if k is not None else run.evaluate.get("k", EvaluateSettings.k)))
 
     def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
         topics = _topics(self, topics)

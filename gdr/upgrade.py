@@ -303,7 +303,7 @@ def _manifest_v0_to_v1(folder: Path, name: str, man: dict, device: dict | None, 
         # format 0 before these were recorded scored with `auto` alone: its run's stage.json says what that was,
         # else what it resolves to on the device recorded, or on this machine's (what re-entering it assumed)
         was = {"device": device.get("kind"), "compute_dtype": device.get("compute_dtype")} if device \
-            else scoring_numerics(man.get("device"))
+            else scoring_numerics(man.get("device"), "auto")
         man = {**was, **man}
     if name == Q_MANIFEST and "file" not in man and (folder / Q_FILE).is_file() and man.get("status") == "complete":
         rows = read_jsonl(folder / Q_FILE)

@@ -50,7 +50,7 @@ from gdr.cluster import (
     log_proposal,
     log_weights,
 )
-from gdr.indexing.options import GCOptions
+from gdr.indexing.options import GCOptions, TreeOptions
 from gdr.indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 from gdr.store.rows import PMatrix
 
@@ -446,11 +446,11 @@ def _is_identity(cols: np.ndarray) -> bool:
 def build_gc_index(
     pmatrix: PMatrix,
     *,
-    n_clusters: int = 30,
-    leaf_size: int = 30,
+    n_clusters: int = TreeOptions.n_clusters,
+    leaf_size: int = TreeOptions.leaf_size,
     options: GCOptions | None = None,
     seed: int = 0,
-    workers: int = 1,
+    workers: int = TreeOptions.workers,
     stats: RootStats | None = None,
     progress: bool = True,
 ) -> IndexTree:

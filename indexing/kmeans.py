@@ -17,6 +17,7 @@ import faiss
 import numpy as np
 
 from gdr.embed import embed_texts
+from gdr.indexing.options import IndexKMeans, TreeOptions
 from gdr.indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 from gdr.io import read_jsonl
 from gdr.models import EMBED_MODEL
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 EmbedFn = Callable[[Sequence[str]], np.ndarray]
 
 
-def default_embed_fn(model: str = EMBED_MODEL, batch_size: int = 64) -> EmbedFn:
+def default_embed_fn(model: str = EMBED_MODEL, batch_size: int = IndexKMeans.batch_size) -> EmbedFn:
     return lambda texts: embed_texts(texts, model=model, batch_size=batch_size)
 
 
@@ -75,9 +76,10 @@ class KMeansSplitter:
         return SplitResult(labels=assign[:, 0].astype(np.int64), finalize=finalize)
 
 
-def build_kmeans_index(embeddings: np.ndarray, *, n_clusters: int = 30, leaf_size: int = 30, seed: int = 0,
-                       n_init: int = 1, max_iter: int = 25, spherical: bool = False, workers: int = 1,
-                       progress: bool = True, method: str = "hkmi") -> IndexTree:
+def build_kmeans_index(embeddings: np.ndarray, *, n_clusters: int = TreeOptions.n_clusters,
+                       leaf_size: int = TreeOptions.leaf_size, seed: int = 0, n_init: int = IndexKMeans.n_init,
+                       max_iter: int = IndexKMeans.max_iter, spherical: bool = IndexKMeans.spherical,
+                       workers: int = TreeOptions.workers, progress: bool = True, method: str = "hkmi") -> IndexTree:
     """Hierarchical k-means codes for the rows of ``embeddings`` (n_docs, d)."""
     embeddings = np.asarray(embeddings)
     if embeddings.ndim != 2 or not len(embeddings):

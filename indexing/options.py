@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gdr.cluster_options import GCFitOptions
+from gdr.models import EMBED_BATCH, EMBED_MODEL
+from gdr.options import GCFitOptions
 from gdr.rules import same_setting, setting
 
-__all__ = ["GCOptions"]
+__all__ = ["GCOptions", "TreeOptions", "IndexGC", "IndexKMeans", "IndexAtomic"]
 
 
 @dataclass
@@ -51,7 +52,7 @@ class GCOptions:
     max_iter: int = same_setting(GCFitOptions, "max_iter")
     tol: float = setting(1e-5, "relative improvement of the total distortion")
     dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity")
-    device: str = setting("cpu")
+    device: str = same_setting(GCFitOptions, "device")
     memory_mb: float = setting(1024, "per-node working-set budget; larger nodes: fit on a row sample + streamed "
                                      "refinement")
     chunk_rows: int = setting(2048, "rows per streamed chunk")
@@ -85,3 +86,43 @@ class GCOptions:
             raise ValueError(f"gc.torch_threads must be >= 1 or null; got {self.torch_threads}")
         if self.refine_max_iter < 0 or self.memory_mb <= 0 or self.tol < 0:
             raise ValueError("gc.refine_max_iter and gc.tol must be >= 0 and gc.memory_mb > 0")
+
+
+@dataclass
+class TreeOptions:
+    """The shape of every docid tree (:func:`gdr.indexing.tree.build_tree`): the paper's K and c."""
+
+    n_clusters: int = setting(30, "K: children per node; every position < K")
+    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)")
+    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)")
+
+
+@dataclass
+class IndexGC:
+    """``gc``'s keys beside the kernel's :class:`gdr.indexing.options.GCOptions`: which columns of P, and what
+    tree.json shows."""
+
+    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)")
+    top_queries: int = setting(5, "typical queries per child in tree.json")
+    centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
+                                          "tree_state.npz)")
+
+
+@dataclass
+class IndexKMeans:
+    """``kmeans``: the k-means of hkmi and bmi."""
+
+    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)")
+    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}")
+    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers model (bundled minilm-l6 works offline)")
+    batch_size: int = setting(EMBED_BATCH, "texts per encoder batch")
+    n_init: int = setting(1, "faiss nredo")
+    max_iter: int = setting(25, "faiss niter")
+    spherical: bool = setting(False)
+
+
+@dataclass
+class IndexAtomic:
+    """``atomic``: one flat position per document."""
+
+    warn_above: int = setting(100000)

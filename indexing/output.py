@@ -25,6 +25,7 @@ import numpy as np
 
 from gdr.cluster import describe_clusters
 from gdr.indexing.docids import format_code, write_docids
+from gdr.indexing.options import IndexGC
 from gdr.indexing.state import save_tree_state, tree_state_from_tree
 from gdr.indexing.summary import summarize, write_summary
 from gdr.indexing.tree import IndexTree, check_prefix_code
@@ -35,8 +36,8 @@ __all__ = ["node_records", "write_index"]
 log = logging.getLogger(__name__)
 
 
-def node_records(tree: IndexTree, query_texts: Sequence[str] | None = None, top_queries: int = 5,
-                 centroid_json_depth: int = 0) -> list[dict]:
+def node_records(tree: IndexTree, query_texts: Sequence[str] | None = None, top_queries: int = IndexGC.top_queries,
+                 centroid_json_depth: int = IndexGC.centroid_json_depth) -> list[dict]:
     """One JSON-able record per node (breadth-first), as stored in ``tree.json``."""
     out = []
     for n in tree.nodes:
@@ -67,8 +68,8 @@ def write_index(
     *,
     method: str,
     query_texts: Sequence[str] | None = None,
-    top_queries: int = 5,
-    centroid_json_depth: int = 0,
+    top_queries: int = IndexGC.top_queries,
+    centroid_json_depth: int = IndexGC.centroid_json_depth,
     plot: bool = True,
 ) -> dict:
     """Write every artifact of an index to ``out_dir``; returns the summary dict."""

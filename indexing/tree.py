@@ -29,6 +29,8 @@ from typing import Callable, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
+from gdr.indexing.options import IndexAtomic, TreeOptions
+
 __all__ = [
     "SplitResult",
     "Splitter",
@@ -154,9 +156,9 @@ def _split_node(splitter: Splitter, rows: np.ndarray, path: tuple[int, ...], n_c
 def build_tree(
     n_docs: int,
     splitter: Splitter,
-    n_clusters: int = 30,
-    leaf_size: int = 30,
-    workers: int = 1,
+    n_clusters: int = TreeOptions.n_clusters,
+    leaf_size: int = TreeOptions.leaf_size,
+    workers: int = TreeOptions.workers,
     progress: bool = True,
     desc: str = "index",
 ) -> IndexTree:
@@ -266,14 +268,14 @@ class RandomSplitter:
         return SplitResult(labels=rng.permutation(n) % m)
 
 
-def random_tree(n_docs: int, n_clusters: int = 30, leaf_size: int = 30, seed: int = 0,
-                progress: bool = True) -> IndexTree:
+def random_tree(n_docs: int, n_clusters: int = TreeOptions.n_clusters, leaf_size: int = TreeOptions.leaf_size,
+                seed: int = 0, progress: bool = True) -> IndexTree:
     """A balanced random tree with the same K and c as the clustered indexes (a baseline)."""
     return build_tree(n_docs, RandomSplitter(leaf_size, seed), n_clusters, leaf_size, progress=progress,
                       desc="random index")
 
 
-def atomic_codes(n_docs: int, warn_above: int = 100_000) -> IndexTree:
+def atomic_codes(n_docs: int, warn_above: int = IndexAtomic.warn_above) -> IndexTree:
     """Atomic ids: document i gets the single position i (a vocabulary of n_docs tokens; small corpora only)."""
     if n_docs < 1:
         raise ValueError("cannot index an empty corpus (0 documents)")

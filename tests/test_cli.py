@@ -52,7 +52,8 @@ def test_cluster_corpus_on_planted_logp():
     logp = profile[y] + rng.normal(0, 2, (k * per, j))
     queries = [f"query {q}" for q in range(j)]
     res = cluster_corpus(logp, queries, k, {"gc": {"alpha": 0.25, "clip_sigma": 5.0, "phi": "power"}},
-                         labels=[f"t{v}" for v in y], baselines=["logp"], n_init=3, repeats=2, seed=0)
+                         labels=[f"t{v}" for v in y], baselines=["logp"], n_init=3, repeats=2, seed=0,
+                         describe_top=5)
     gc = res["methods"]["GC"]
     assert gc["mean"]["acc"] == pytest.approx(100.0)
     assert len(gc["descriptions"]) == k and all(len(d) == 5 for d in gc["descriptions"])

@@ -1,10 +1,13 @@
-"""Every default is written once: in its settings dataclass (gdr/stages/settings.py, training/options.py) or, for a
-command's own keys (out, indexers, queries.*, qg.* ...), in gdr/stages/command_keys.py.
+"""Every default is written once: in its settings or options dataclass (gdr/stages/settings.py, the commands' own
+keys in gdr/stages/command_keys.py, the kernels' training/options.py and indexing/options.py, gdr/options.py for what
+several kernels read, gdr/models.py for the query generator, gdr/data/options.py for the corpus).
 
-The ``conf/stage/*.yaml`` files the commands compose are generated from those dataclasses (``make conf``); a command's
-own YAML (``conf/<command>.yaml``) holds only its ``defaults`` list and may not set a key that a generated file it
-composes holds, and the few defaults ``gdr train``/``gdr run``/``gdr qg`` change of the training kernel's are listed
-once and must differ from the kernel's.
+The ``conf/stage/*.yaml`` files the commands compose and the ``conf/data``, ``conf/model`` group options are generated
+from those dataclasses (``make conf``); a command's own YAML (``conf/<command>.yaml``) holds only its ``defaults`` list
+and may not set a key that a generated file it composes holds; the few defaults ``gdr train``/``gdr run``/``gdr qg``
+change of the training kernel's are listed once and must differ from the kernel's; a second class that holds a
+setting takes it with ``same_setting``; and no function writes a setting's default again, as a parameter's default or
+a ``.get`` fallback (it names the field).
 """
 from __future__ import annotations
 
@@ -12,22 +15,23 @@ import ast
 import inspect
 import shutil
 import textwrap
-from dataclasses import MISSING, asdict, fields
+from dataclasses import MISSING, asdict, fields, is_dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-import gdr.api
-import gdr.data
-import gdr.data.irds
-import gdr.data.trec
+import gdr
+import gdr.data.options
+import gdr.indexing.options
+import gdr.models
+import gdr.options
+import gdr.stages.command_keys
+import gdr.stages.settings
+import gdr.training.options
 from gdr.config import conf_dir, flat_leaves
-from gdr.data import Corpus
-from gdr.data.options import DataOptions
 from gdr.indexing.options import GCOptions
-from gdr.lm import GenerativeLM
-from gdr.stages.command_keys import QG_TRAIN, EvaluateQueries, IndexKeys, QGKeys, QGSection, RunKeys, RunQueries
+from gdr.stages.command_keys import QG_TRAIN, IndexKeys, QGKeys, QGSection, RunKeys, RunQueries
 from gdr.stages.settings import (
     GENERATED,
     GROUP_OPTIONS,
@@ -39,9 +43,6 @@ from gdr.stages.settings import (
     EvaluateSettings,
     IndexGC,
     IndexSettings,
-    LMSettings,
-    SampleSettings,
-    ScoreSettings,
     TrainSettings,
     generated_yaml,
     section_classes,
@@ -209,75 +210,139 @@ def test_generated_group_options_are_what_the_dataclasses_write():
         assert list(yaml.safe_load(text)) == list(option.keys)
 
 
-def literal_copies(func, classes) -> list[str]:
-    """``func(param=...)`` for each parameter of ``func`` named like a field of one of ``classes`` whose default is
-    written as a literal (``seed: int = 0``) equal to that field's default: a default written twice. Writing the
-    field (``seed: int = DataOptions.seed``) is the one copy; None (not given: the callee decides) is not a copy."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    node = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    args = node.args
-    positional = args.posonlyargs + args.args
-    pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults),
-             *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)]
-    defaults = {}
-    for cls in classes:
-        for f in fields(cls):
-            if f.default is not MISSING:
-                defaults.setdefault(f.name, f.default)
-            elif f.default_factory is not MISSING:
-                defaults.setdefault(f.name, f.default_factory())
+# the modules that declare settings: each dataclass in them is a settings or options class
+DECLARING = (gdr.options, gdr.models, gdr.data.options, gdr.training.options, gdr.indexing.options,
+             gdr.stages.settings, gdr.stages.command_keys)
+# a name whose literal default is the convention of every function and section that takes it, not one setting's
+CONVENTIONS = {
+    "seed": "0 unless given, in every seeded function: each stage's seed is a setting of its own",
+    "progress": "a progress bar: each function's own switch (the commands' progress key turns them all on or off)",
+    "plot": "draw the figures unless told not to",
+}
+# (function, parameter) or (file, key of a .get): a setting's name used for another thing
+OTHER_MEANING = {
+    ("record_files", "exclude"): "the files a folder's record leaves out, not qg.exclude's corpora",
+    ("gdr/upgrade.py", "length_buckets"): "what a training of format 0 ran with, a fact of that format",
+    ("gdr/stages/sample.py", "p_per_doc"): "a sampling manifest without p_per_doc drew Algorithm 1's J queries",
+}
+# a setting's name that functions use for another thing throughout
+OTHER_NAMES = {"prefix": "a key's dotted prefix in the config helpers, not the prompt's prefix"}
+# two sections' keys of one name that are two settings
+OTHER_SETTING = {
+    "batch_size": "queries per decode batch (sample) and per beam search (evaluate)",
+    "bm25": "BM25 beside one evaluation (evaluate) and the run's BM25 baseline (gdr run)",
+}
+
+
+def setting_defaults() -> dict[str, list]:
+    """Field name -> the defaults the settings and options classes give it (None and interpolations left out)."""
+    out: dict[str, list] = {}
+    for module in DECLARING:
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and is_dataclass(cls) and cls.__module__ == module.__name__):
+                continue
+            for f in fields(cls):
+                value = (f.default if f.default is not MISSING else
+                         f.default_factory() if f.default_factory is not MISSING else None)
+                if value is not None and not (isinstance(value, str) and value.startswith(("${", "???"))):
+                    out.setdefault(f.name, []).append(value)
+    return out
+
+
+def _same(value, defaults: list) -> bool:
+    return any(value == d or (isinstance(value, tuple) and list(value) == d) for d in defaults)
+
+
+def literal_copies(source: str, where: str, defaults: dict[str, list]) -> list[str]:
+    """``where: f(name=literal)`` for each parameter of a function in ``source`` named like a setting whose default
+    is written as a literal equal to that setting's default, and ``where: .get('name', literal)`` for each such
+    fallback: a default written twice. Writing the field (``seed: int = DataOptions.seed``) is the one copy; None
+    (not given: the callee decides) is not a copy."""
     found = []
-    for arg, default in pairs:
-        if arg.arg not in defaults:
-            continue
+
+    def check(name: str, node: ast.expr, what: str, exempt: tuple) -> None:
+        if name not in defaults or name in CONVENTIONS or name in OTHER_NAMES or exempt in OTHER_MEANING:
+            return
         try:
-            value = ast.literal_eval(default)
+            value = ast.literal_eval(node)
         except ValueError:
-            continue  # a name or an attribute: written once elsewhere
-        same = value == defaults[arg.arg] or (isinstance(value, tuple) and list(value) == defaults[arg.arg])
-        if value is not None and same:
-            found.append(f"{func.__qualname__}({arg.arg}={ast.unparse(default)})")
+            return  # a name or an attribute: written once elsewhere
+        if value is not None and _same(value, defaults[name]):
+            found.append(f"{where}: {what}")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults),
+                     *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)]
+            for arg, default in pairs:
+                check(arg.arg, default, f"{node.name}({arg.arg}={ast.unparse(default)})", (node.name, arg.arg))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "pop", "setdefault") and len(node.args) == 2
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            key = node.args[0].value
+            check(key, node.args[1], f".{node.func.attr}({key!r}, {ast.unparse(node.args[1])})", (where, key))
     return found
 
 
-# every function of the Python API whose parameters are settings, with the settings classes that declare them
-API_SETTINGS = [
-    (gdr.api.load_lm, (LMSettings,)),
-    (GenerativeLM.__init__, (LMSettings,)),
-    (gdr.api.sample_queries, (SampleSettings,)),
-    (gdr.api.sample_doc_queries, (SampleSettings,)),
-    (gdr.api.score, (SampleSettings, ScoreSettings)),
-    (gdr.api.split_queries, (RunQueries,)),
-    (gdr.api.evaluate_clusters, (ClusterSettings,)),
-    (gdr.api.build_index, (IndexSettings,)),
-    (gdr.api.train_retriever, (TrainSettings,)),
-    (gdr.api.evaluate, (EvaluateSettings, EvaluateQueries, DataOptions)),
-    (gdr.api.bm25, (EvaluateSettings, EvaluateQueries, DataOptions)),
-    *((loader, (DataOptions,)) for loader in (
-        gdr.data.load_corpus, gdr.data.load_queries, gdr.data.load_bbc, gdr.data.load_reuters,
-        gdr.data.load_cranfield, gdr.data.load_beir, gdr.data.load_beir_queries, gdr.data.load_msmarco_lite,
-        gdr.data.load_msmarco_lite_queries, gdr.data.load_nq320k, gdr.data.load_nq320k_queries,
-        gdr.data.load_docs_file, gdr.data.load_file_queries, gdr.data.load_trec, gdr.data.trec.read_trec_topics,
-        gdr.data.load_irds, gdr.data.irds.load_irds_query_sets, gdr.data.load_irds_queries, Corpus.sample)),
-]
-
-
-def test_no_api_signature_repeats_a_default_of_its_settings():
-    """A Python API function that sets a setting takes its default from the settings class (``gdr.load_lm``'s
-    ``max_doc_tokens``, ``gdr.data.load_corpus``'s ``seed``, ``load_docs_file``'s field names ...): written there
-    once, so the API and the commands cannot drift apart."""
-    found = [copy for func, classes in API_SETTINGS for copy in literal_copies(func, classes)]
+def test_no_function_repeats_a_default_of_a_setting():
+    """No function of gdr (the kernels, the LM, the stages, the API, the loaders, the benchmarks) writes a setting's
+    default again, as a parameter's default or as a dict lookup's fallback: each takes it from the class that
+    declares it (``max_doc_tokens: int = ModelOptions.max_doc_tokens``, ``alpha=GCFitOptions.alpha``,
+    ``t.get("accelerator", TrainerOptions.accelerator)``), so a changed default changes everywhere at once."""
+    defaults = setting_defaults()
+    assert {"alpha", "max_doc_tokens", "top_p", "seed", "k", "lr_encoder", "n_clusters", "encoding"} <= set(defaults)
+    root = Path(gdr.__file__).resolve().parent.parent
+    files = [p for pkg in ("gdr", "indexing", "training", "eval") for p in sorted((root / pkg).rglob("*.py"))]
+    assert len(files) > 100
+    found = [c for p in files for c in literal_copies(p.read_text(encoding="utf-8"),
+                                                      p.relative_to(root).as_posix(), defaults)]
     assert found == []
 
 
-def test_a_literal_copy_in_a_signature_is_found():
-    """The check above finds a copy, and only a copy: a literal equal to the field's default, not a name, not None,
-    not another value."""
-    def loader(path=None, *, seed: int = 0, n_docs=None, encoding: str = DataOptions.encoding, min_relevance=2,
-               topic_fields=("title",), drop_title: bool = False):
-        return path
+def _literal_settings(source: str) -> list[tuple[str, str, object]]:
+    """(class, field, default) of each field of ``source``'s classes declared as ``setting(<literal>, ...)``."""
+    out = []
+    for node in ast.parse(source).body:
+        for st in node.body if isinstance(node, ast.ClassDef) else ():
+            if (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and isinstance(st.value, ast.Call)
+                    and getattr(st.value.func, "id", None) == "setting" and st.value.args):
+                try:
+                    value = ast.literal_eval(st.value.args[0])
+                except ValueError:
+                    continue
+                if value is not None and not (isinstance(value, str) and value.startswith("${")):
+                    out.append((node.name, st.target.id, value))
+    return out
 
-    assert literal_copies(loader, (DataOptions,)) == [
-        "test_a_literal_copy_in_a_signature_is_found.<locals>.loader(seed=0)",
-        "test_a_literal_copy_in_a_signature_is_found.<locals>.loader(topic_fields=('title',))",
-        "test_a_literal_copy_in_a_signature_is_found.<locals>.loader(drop_title=False)"]
+
+def test_no_two_sections_write_one_default():
+    """A key that two settings classes declare with the same literal default is one setting written twice (the second
+    takes it with same_setting, as the flat clustering's alpha takes generative clustering's), unless it is the
+    convention of a name (CONVENTIONS) or two settings that share a name (OTHER_SETTING)."""
+    written: dict[tuple[str, str], list[str]] = {}
+    for module in DECLARING:
+        for cls, name, value in _literal_settings(inspect.getsource(module)):
+            written.setdefault((name, repr(value)), []).append(cls)
+    assert len(written) > 100
+    twice = {key: classes for key, classes in written.items()
+             if len(classes) > 1 and key[0] not in CONVENTIONS and key[0] not in OTHER_SETTING}
+    assert twice == {}
+
+
+def test_a_literal_copy_is_found():
+    """The checks above find a copy, and only a copy: a literal equal to a setting's default, as a parameter's default
+    or a .get fallback, or a second class writing one; not a name, not None, not another value, not a convention."""
+    source = textwrap.dedent("""
+        def loader(path=None, *, seed: int = 0, n_docs=None, encoding: str = DataOptions.encoding, min_relevance=2,
+                   topic_fields=("title",), drop_title: bool = False):
+            return cfg.get("alpha", 0.25), cfg.get("alpha", GCFitOptions.alpha), cfg.get("k", 10), cfg.get("beam")
+
+        class A:
+            alpha: float = setting(0.25, "a copy")
+            beta: float = same_setting(GCFitOptions, "alpha")
+        """)
+    assert literal_copies(source, "x.py", setting_defaults()) == [
+        "x.py: loader(topic_fields=('title',))", "x.py: loader(drop_title=False)", "x.py: .get('alpha', 0.25)"]
+    assert _literal_settings(source) == [("A", "alpha", 0.25)]

@@ -130,7 +130,7 @@ def test_p_of_another_device_is_refused_and_its_numerics_recorded(lm, tmp_path):
     score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False, max_shards=2)
     man_path = tmp_path / "P.manifest.json"
     man = json.loads(man_path.read_text())
-    assert {k: man[k] for k in ("device", "compute_dtype")} == scoring_numerics("cpu") == \
+    assert {k: man[k] for k in ("device", "compute_dtype")} == scoring_numerics("cpu", "auto") == \
         {"device": "cpu", "compute_dtype": "float32"}
     before = np.load(tmp_path / "P.npy").copy()
     man_path.write_text(json.dumps({**man, "device": "cuda", "compute_dtype": "bfloat16"}))

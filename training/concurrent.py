@@ -33,6 +33,7 @@ from gdr import cost, signals
 from gdr.device import free_memory
 from gdr.guard import die_with_parent
 from gdr.training.model import RetrieverConfig, meta_param_count
+from gdr.training.options import TrainerOptions
 from gdr.training.train import _on_cuda, resolve_batch_size, train_memory_per_example
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,8 @@ def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: 
     return int(max(1, min(n_jobs, free_bytes // need)))
 
 
-def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = "auto",
-                       config: RetrieverConfig | None = None, batch_size: int | str = "auto",
+def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = TrainerOptions.accelerator,
+                       config: RetrieverConfig | None = None, batch_size: int | str = TrainerOptions.batch_size,
                        n_train: int | None = None, free_bytes: float | None = None) -> int:
     """``train.concurrent``: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the CPU and on CUDA what
     :func:`concurrent_for_memory` fits at the batch each retriever will train at (``config``, ``n_train``: an upper

@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from gdr.config import RerunCommand
 from gdr.indexing.trie import DocidTrie
 from gdr.io import check_manifest_files, read_jsonl
+from gdr.training.options import ExampleOptions, TrainerOptions
 
 log = logging.getLogger(__name__)
 
@@ -199,17 +200,17 @@ def build_examples(
     train_rel: Sequence[Sequence[int]] = (),
     gen_queries: Sequence[str] = (),
     gen_docs: np.ndarray | Sequence[int] = (),
-    use_real: bool = True,
-    use_generated: bool = True,
-    doc_first: bool = True,
-    doc_windows: int = 2,
-    window: int = 64,
+    use_real: bool = ExampleOptions.use_real,
+    use_generated: bool = ExampleOptions.use_generated,
+    doc_first: bool = ExampleOptions.doc_first,
+    doc_windows: int = ExampleOptions.doc_windows,
+    window: int = ExampleOptions.window,
     max_query_len: int = 64,
-    max_doc_tokens: int = 2048,
-    dev_fraction: float = 0.1,
-    dev_max: int = 1000,
-    dev_min: int = 0,
-    dev_max_share: float = 0.1,
+    max_doc_tokens: int = ExampleOptions.max_doc_tokens,
+    dev_fraction: float = ExampleOptions.dev_fraction,
+    dev_max: int = ExampleOptions.dev_max,
+    dev_min: int = ExampleOptions.dev_min,
+    dev_max_share: float = ExampleOptions.dev_max_share,
     generated_per_doc: int | None = None,
     seed: int = 0,
 ) -> RetrievalExamples:
@@ -554,9 +555,10 @@ class RetrievalDataModule(pl.LightningDataModule):
     ``rel_nodes`` (B, R) terminal trie nodes of the relevant documents (-1 padding).
     """
 
-    def __init__(self, examples: RetrievalExamples, trie: DocidTrie, pad_token_id: int, batch_size: int = 64,
-                 eval_batch_size: int = 32, num_workers: int = 0, seed: int = 0, pin_memory: bool = False,
-                 length_buckets: bool = False, fixed_shapes: bool = False):
+    def __init__(self, examples: RetrievalExamples, trie: DocidTrie, pad_token_id: int,
+                 batch_size: int = TrainerOptions.batch_size, eval_batch_size: int = TrainerOptions.eval_batch_size,
+                 num_workers: int = TrainerOptions.num_workers, seed: int = 0, pin_memory: bool = False,
+                 length_buckets: bool = TrainerOptions.length_buckets, fixed_shapes: bool = False):
         super().__init__()
         # length_buckets: batches grouped by input length (bucket_widths, bucketed_order); fixed_shapes: each batch
         # padded to its bucket's width (the longest input's without buckets), so a compiled step sees few shapes

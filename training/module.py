@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from gdr.indexing.trie import DocidTrie
 from gdr.training.model import GenerativeRetriever, RetrieverConfig
+from gdr.training.options import OptimOptions, TrainerOptions
 from gdr.training.search import constrained_beam_search
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,11 @@ class RetrieverModule(pl.LightningModule):
         batch it started with (read by ``gdr.training.train``; the data module does the batching)
     """
 
-    def __init__(self, model_config: dict[str, Any], lr_encoder: float = 1e-4, lr_decoder: float = 1e-3,
-                 weight_decay: float = 0.01, warmup_steps: int = 1000, consistency_weight: float = 0.0,
-                 val_beam: int = 10, val_k: int = 10, length_penalty: float = 1.0, seed: int = 0,
+    def __init__(self, model_config: dict[str, Any], lr_encoder: float = OptimOptions.lr_encoder,
+                 lr_decoder: float = OptimOptions.lr_decoder, weight_decay: float = OptimOptions.weight_decay,
+                 warmup_steps: int = OptimOptions.warmup_steps,
+                 consistency_weight: float = OptimOptions.consistency_weight, val_beam: int = TrainerOptions.val_beam,
+                 val_k: int = 10, length_penalty: float = TrainerOptions.length_penalty, seed: int = 0,
                  fused: bool | None = None, trie: DocidTrie | None = None, batch_size: int | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["trie"])

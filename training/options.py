@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gdr.rules import setting
+from gdr.options import RankingOptions
+from gdr.rules import same_setting, setting
 
-__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "QGOptions"]
+__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "QGOptions", "QGDevSplit"]
 
 
 @dataclass
@@ -96,7 +97,7 @@ class TrainerOptions:
     monitor: str = setting("val/recall@1", "picks the exported checkpoint: val/recall@1 (NCI) | val/mrr (MRR@val_beam: "
                                            "a small dev set ties recall@1 at 0, and the first epoch would be kept)")
     val_beam: int = setting(10)
-    length_penalty: float = setting(1.0)
+    length_penalty: float = same_setting(RankingOptions, "length_penalty", "the dev beam search's length penalty")
     num_workers: int = setting(0)
     log_every_n_steps: int = setting(50)
     checkpoint_every_n_steps: int | None = setting(None, "also write last.ckpt every n steps (long epochs)")
@@ -117,6 +118,16 @@ class TrainerOptions:
 
 
 @dataclass
+class QGDevSplit:
+    """The dev part of :func:`gdr.training.qg.fine_tune_qg`'s pairs (``gdr qg``'s ``qg.dev_fraction``,
+    ``qg.dev_max``)."""
+
+    dev_fraction: float = setting(0.05, "documents held out (by a seeded hash of the doc id); their pairs give the "
+                                        "dev loss")
+    dev_max: int = setting(500, "at most this many dev pairs")
+
+
+@dataclass
 class QGOptions:
     """Optimiser and trainer settings of :func:`gdr.training.qg.fine_tune_qg` (``gdr qg``'s ``qg.train``)."""
 
@@ -128,17 +139,17 @@ class QGOptions:
     weight_decay: float = setting(0.0)
     warmup_steps: int = setting(20)
     batch_size: int = setting(16)
-    eval_batch_size: int = setting(32)
+    eval_batch_size: int = same_setting(TrainerOptions, "eval_batch_size")
     max_epochs: int = setting(1)
-    max_steps: int = setting(-1, "> 0: stop after this many optimiser steps")
+    max_steps: int = same_setting(TrainerOptions, "max_steps", "> 0: stop after this many optimiser steps")
     val_check_interval: float | int | None = setting(None, "null = once per epoch; an integer = every that many steps")
     patience: int = setting(0, "> 0: early stop on the dev loss after that many validations without gain")
-    gradient_clip_val: float = setting(1.0)
-    accelerator: str = setting("auto")
-    devices: Any = setting("auto")
-    strategy: str = setting("auto")
+    gradient_clip_val: float = same_setting(TrainerOptions, "gradient_clip_val")
+    accelerator: str = same_setting(TrainerOptions, "accelerator", "")
+    devices: Any = same_setting(TrainerOptions, "devices")
+    strategy: str = same_setting(TrainerOptions, "strategy", "")
     precision: str | None = setting(None, "null = bf16-mixed on a GPU, 32-true on CPU")
     log_every_n_steps: int = setting(10)
     checkpoint_every_n_steps: int | None = setting(50)
-    resume: bool = setting(True)
-    enable_progress_bar: bool = setting(True)
+    resume: bool = same_setting(TrainerOptions, "resume", "restart from out/checkpoints/last.ckpt if it exists")
+    enable_progress_bar: bool = same_setting(TrainerOptions, "enable_progress_bar")

@@ -45,7 +45,7 @@ from gdr.training.callbacks import TrainingCSVLogger
 from gdr.training.checkpoints import checkpoint_step
 from gdr.training.data import ResumeSampler, TokenStore, _pad, resume_point
 from gdr.training.module import linear_warmup_decay
-from gdr.training.options import QGOptions
+from gdr.training.options import QGDevSplit, QGOptions
 from gdr.training.train import _precision
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def _dev_figures(trainer: pl.Trainer) -> tuple[float | None, float | None]:
 
 
 def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOptions = QGOptions(),
-                 dev_fraction: float = 0.05, dev_max: int | None = 1000, seed: int = 0,
+                 dev_fraction: float = QGDevSplit.dev_fraction, dev_max: int | None = QGDevSplit.dev_max, seed: int = 0,
                  callbacks: Sequence[pl.Callback] = ()) -> QGResult:
     """Fine-tune ``lm.model`` (a :class:`gdr.lm.GenerativeLM`) on ``pairs``; export to ``out_dir/model``.
 

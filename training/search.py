@@ -33,6 +33,7 @@ from gdr.config import RerunCommand
 from gdr.indexing.trie import DocidTrie, load_trie
 from gdr.io import check_manifest_files
 from gdr.lm.hostsync import upload
+from gdr.options import RankingOptions
 from gdr.training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def constrained_beam_search(
     trie: DocidTrie,
     beam: int = 10,
     k: int | None = None,
-    length_penalty: float = 1.0,
+    length_penalty: float = RankingOptions.length_penalty,
 ) -> BeamOutput:
     """Batched beam search that can only produce docids of ``trie``.
 
@@ -190,8 +191,8 @@ class Retriever:
     """
 
     def __init__(self, model: GenerativeRetriever, tokenizer, trie: DocidTrie, doc_ids: Sequence[str],
-                 device: str | torch.device | None = None, beam: int = 100, length_penalty: float = 1.0,
-                 batch_size: int | str = 32):
+                 device: str | torch.device | None = None, beam: int = RankingOptions.beam,
+                 length_penalty: float = RankingOptions.length_penalty, batch_size: int | str = 32):
         if trie.n_docs != len(doc_ids):
             raise ValueError(f"trie has {trie.n_docs} documents but {len(doc_ids)} doc ids were given")
         self.device = torch.device(device) if device is not None else _default_device()
@@ -251,7 +252,7 @@ class Retriever:
         return {"input_ids": upload(tok, self.device), "attention_mask": upload(real.astype(np.int64), self.device)}
 
     @torch.no_grad()
-    def search_nodes(self, queries: Sequence[str], k: int = 100, beam: int | None = None,
+    def search_nodes(self, queries: Sequence[str], k: int = RankingOptions.k, beam: int | None = None,
                      progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Terminal nodes (n_q, k) and scores (n_q, k) for ``queries``, in batches."""
         beam = max(self.beam if beam is None else beam, k)
@@ -272,7 +273,8 @@ class Retriever:
             return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
         return np.concatenate(nodes), np.concatenate(scores)
 
-    def search_ranked(self, queries: Sequence[str], k: int = 100, beam: int | None = None, progress: bool = False):
+    def search_ranked(self, queries: Sequence[str], k: int = RankingOptions.k, beam: int | None = None,
+                      progress: bool = False):
         """Per query: (doc indices, scores, docid ranks) arrays; see :func:`expand_nodes`."""
         nodes, scores = self.search_nodes(queries, k=k, beam=beam, progress=progress)
         return expand_nodes(self.trie, nodes, scores)

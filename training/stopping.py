@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from gdr.training.options import TrainerOptions
+
 __all__ = ["steps_per_check", "patience_checks", "effective_min_steps"]
 
 
@@ -38,8 +40,8 @@ def patience_checks(patience_steps: int, per_check: float) -> int:
     return max(1, math.ceil(patience_steps / max(per_check, 1e-9)))
 
 
-def effective_min_steps(min_steps: int, n_train: int, batch_size: int, max_epochs: int, max_steps: int = -1,
-                        world_size: int = 1) -> int:
+def effective_min_steps(min_steps: int, n_train: int, batch_size: int, max_epochs: int,
+                        max_steps: int = TrainerOptions.max_steps, world_size: int = 1) -> int:
     """``min_steps`` capped at half the steps the run may take (``max_epochs`` epochs of ``ceil(n_train / batch)``
     steps, or ``max_steps`` if fewer), so that early stopping can end the run before its cap."""
     per_epoch = max(1, math.ceil(n_train / (batch_size * max(1, world_size))))

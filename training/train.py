@@ -110,8 +110,9 @@ def train_batch_for_memory(config: RetrieverConfig, free_bytes: float, cap: int 
                                  multiple=64)
 
 
-def resolve_batch_size(batch_size: int | str, accelerator: str = "auto", config: RetrieverConfig | None = None,
-                       n_train: int | None = None, free_bytes: float | None = None) -> int:
+def resolve_batch_size(batch_size: int | str, accelerator: str = TrainerOptions.accelerator,
+                       config: RetrieverConfig | None = None, n_train: int | None = None,
+                       free_bytes: float | None = None) -> int:
     """``auto`` -> on CUDA the batch that fits the free memory (:func:`train_batch_for_memory`, up to 4,096;
     ``config`` needed), but above 512 only while an epoch of ``n_train`` examples keeps at least
     :data:`MIN_STEPS_PER_EPOCH` steps (a power of two); 64 on the CPU. An int stays (a config's 512 is 512).

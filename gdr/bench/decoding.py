@@ -45,6 +45,7 @@ import torch
 from gdr.bench.common import emit, maybe_profile, parse_bench_args, preset_config, random_codes, roofline, timed_batches
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from gdr.indexing.trie import DocidTrie, build_trie
+from gdr.options import RankingOptions
 from gdr.training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
 from gdr.training.search import CPU_SEARCH_BATCH, BeamOutput, constrained_beam_search, search_batch_for_memory
 
@@ -77,7 +78,8 @@ def _allowed_tokens(trie: dict, sent: list[int]) -> list[int]:
 
 @torch.no_grad()
 def reference_beam_search(model: GenerativeRetriever, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          dict_trie: dict, max_len: int, beam: int, k: int, length_penalty: float = 1.0) -> BeamOutput:
+                          dict_trie: dict, max_len: int, beam: int, k: int,
+                          length_penalty: float = RankingOptions.length_penalty) -> BeamOutput:
     """Beam search with a per-beam Python trie walk (the reference).
 
     Same arithmetic as ``constrained_beam_search``; without a tensor trie there are no node ids, so

@@ -55,6 +55,7 @@ from gdr.indexing.trie import build_trie
 from gdr.training.concurrent import run_concurrently
 from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
 from gdr.training.module import RetrieverModule
+from gdr.training.options import OptimOptions
 from gdr.training.train import _precision, resolve_batch_size, resolve_fused
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class _Timer(pl.Callback):
 
 
 def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
-                 depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = "auto",
+                 depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = OptimOptions.fused,
                  precision: str | None = None, profile: str | None = None, profile_steps: int = 3,
                  seconds: float | None = None, deadline: float | None = None, report=lambda figures: None) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near

@@ -26,6 +26,7 @@ from gdr.data.core import (
     iter_lines,
     require_file,
 )
+from gdr.data.options import DataOptions
 from gdr.data.trec import format_hint, qrels_form
 from gdr.io import atomic_write_text
 
@@ -175,7 +176,7 @@ def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str,
 
 
 def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, Path], known: set[str], name: str,
-               source: str, min_relevance: int = 1, drop_unknown: bool = False) -> QuerySet:
+               source: str, min_relevance: int = DataOptions.min_relevance, drop_unknown: bool = False) -> QuerySet:
     """The QuerySet of the judgements in ``split_files`` (``{split: qrels file}``: BEIR's three tab-separated columns
     with an optional header, or trec_eval's ``qid iter docno rel``, told apart by the first line) over the queries
     ``query_text`` (read from ``qfile``) and the doc ids ``known``; a judgement of ``min_relevance`` or more is

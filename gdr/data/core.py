@@ -138,7 +138,7 @@ def _require_dir(path: str | os.PathLike, what: str, fix: str = "") -> Path:
 
 # ---------------------------------------------------------------------------- readers
 
-def iter_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
+def iter_lines(path: str | os.PathLike, encoding: str = DataOptions.encoding) -> Iterator[tuple[int, str]]:
     """Yield ``(lineno, line)`` (1-based, line ending stripped); ``.gz`` files are read transparently.
 
     Each line is decoded strictly, so undecodable bytes raise a :class:`DataError`

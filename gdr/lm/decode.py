@@ -42,6 +42,7 @@ from gdr.lm.compiling import allow_bucket_recompiles, batch_bucket, compile_cach
 from gdr.lm.hostsync import padding_mask_4d
 from gdr.lm.numerics import decode_dtype, decode_numerics
 from gdr.lm.precision import cast_copy
+from gdr.models import SamplingOptions
 
 log = logging.getLogger(__name__)
 
@@ -396,9 +397,10 @@ class Decoder:
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
-    def decode(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, qid: torch.Tensor,
-               attempt: torch.Tensor, seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-               temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True,
+    def decode(self, prompts: Sequence[Sequence[int]], rows: torch.Tensor, qid: torch.Tensor, attempt: torch.Tensor,
+               seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens, top_k: int = SamplingOptions.top_k,
+               top_p: float = SamplingOptions.top_p, temperature: float = SamplingOptions.temperature,
+               max_rows: int | None = None, new_graphs: bool = True,
                on_step: Callable[[int], None] | None = None) -> torch.Tensor:
         """Sample one continuation per query.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from gdr.lm.compiling import want_compile
+from gdr.models import SamplingOptions
 
 __all__ = ["COMPUTE_DTYPES", "decode_dtype", "decode_numerics", "describe_numerics", "resolve_device",
            "sampling_numerics", "score_compute_dtype", "scoring_numerics"]
@@ -54,15 +55,16 @@ def decode_numerics(device: torch.device | str, dtype: torch.dtype, compiled: bo
     return {"device": torch.device(device).type, "dtype": _name(dtype), "decode": "compiled" if compiled else "eager"}
 
 
-def sampling_numerics(device: str | torch.device | None, n_queries: int, compile: bool | str = "auto",
-                      compile_min_queries: int | str = "auto", model_dtype: torch.dtype = torch.float32) -> dict:
+def sampling_numerics(device: str | torch.device | None, n_queries: int, compile: bool | str = SamplingOptions.compile,
+                      compile_min_queries: int | str = SamplingOptions.compile_min_queries,
+                      model_dtype: torch.dtype = torch.float32) -> dict:
     """The numerics of sampling ``n_queries`` queries (all of a folder's, not the ones left) under these settings."""
     dev = resolve_device(device)
     return decode_numerics(dev, decode_dtype(dev, model_dtype),
                            want_compile(compile, dev, n_queries, compile_min_queries))
 
 
-def scoring_numerics(device: str | torch.device | None, compute_dtype: str = "auto",
+def scoring_numerics(device: str | torch.device | None, compute_dtype: str,
                      model_dtype: torch.dtype = torch.float32) -> dict:
     """{"device": kind, "compute_dtype": name} of scoring under ``score.compute_dtype``."""
     dev = resolve_device(device)

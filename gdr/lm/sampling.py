@@ -15,6 +15,7 @@ from gdr.lm.compiling import want_compile
 from gdr.lm.decode import Decoder
 from gdr.lm.prompts import clean_query
 from gdr.logs import on_terminal
+from gdr.models import SamplingOptions
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,9 @@ class SamplingMixin:
         return sorted(stop)
 
     @torch.inference_mode()
-    def generate(self, docs: Sequence[str], seed: int, max_new_tokens: int = 32, top_k: int = 50,
-                 top_p: float = 0.99, temperature: float = 1.0, num_return_sequences: int = 1) -> list[str]:
+    def generate(self, docs: Sequence[str], seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
+                 top_k: int = SamplingOptions.top_k, top_p: float = SamplingOptions.top_p,
+                 temperature: float = SamplingOptions.temperature, num_return_sequences: int = 1) -> list[str]:
         """One batched transformers ``generate`` call, seeded per call; returns ``len(docs) *
         num_return_sequences`` cleaned queries. The reference sampler of tests and benchmarks
         (``sample_queries`` uses our own decode loop, :mod:`gdr.lm.decode`)."""
@@ -79,9 +81,10 @@ class SamplingMixin:
         return dec
 
     def decode_queries(self, docs: Sequence[str], rows: np.ndarray, qid: np.ndarray, attempt: np.ndarray | int,
-                       seed: int, max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0, max_rows: int | None = None, new_graphs: bool = True,
-                       on_step=None) -> list[str]:
+                       seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
+                       top_k: int = SamplingOptions.top_k, top_p: float = SamplingOptions.top_p,
+                       temperature: float = SamplingOptions.temperature, max_rows: int | None = None,
+                       new_graphs: bool = True, on_step=None) -> list[str]:
         """One query per row with our decode loop: row r continues ``docs[rows[r]]`` with the random stream
         of query ``qid[r]`` (redraw ``attempt[r]``), so its text does not depend on the other rows.
 
@@ -100,7 +103,7 @@ class SamplingMixin:
                                     on_step=on_step)
         return [clean_query(t) for t in self.tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)]
 
-    def auto_batch_size(self, max_new_tokens: int = 32) -> int:
+    def auto_batch_size(self, max_new_tokens: int = SamplingOptions.max_new_tokens) -> int:
         """``sample.batch_size: auto``: queries per decode batch.
 
         CUDA: the largest batch whose static KV cache, prefill activations and logits fit in 60% of the free
@@ -113,7 +116,8 @@ class SamplingMixin:
             return CPU_BATCH
         return self.batch_for_memory(free_memory(self.device), max_new_tokens)
 
-    def batch_for_memory(self, free_bytes: int, max_new_tokens: int = 32, cap: int = 1024) -> int:
+    def batch_for_memory(self, free_bytes: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
+                         cap: int = 1024) -> int:
         """The largest decode batch whose bf16 KV cache, prefill activations and logits fit in 60% of
         ``free_bytes`` (estimated generously from the model config), at most ``cap``."""
         cfg = self.model.config
@@ -130,11 +134,13 @@ class SamplingMixin:
         logits = cfg.vocab_size * 4 * 6  # fp32 logits, top-k/top-p and noise temporaries
         return int(max(1, min(cap, 0.6 * free_bytes // (kv + act + logits))))
 
-    def sample_queries(self, docs: Sequence[str], n: int, seed: int = 0, batch_size: int | str = "auto",
-                       max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0, max_redraws: int = 10, progress: bool = True,
-                       start: "SampledQueries | None" = None, on_batch=None, compile: bool | str = "auto",
-                       compile_min_queries: int | str = "auto",
+    def sample_queries(self, docs: Sequence[str], n: int, seed: int = 0,
+                       batch_size: int | str = SamplingOptions.batch_size,
+                       max_new_tokens: int = SamplingOptions.max_new_tokens, top_k: int = SamplingOptions.top_k,
+                       top_p: float = SamplingOptions.top_p, temperature: float = SamplingOptions.temperature,
+                       max_redraws: int = 10, progress: bool = True, start: "SampledQueries | None" = None,
+                       on_batch=None, compile: bool | str = SamplingOptions.compile,
+                       compile_min_queries: int | str = SamplingOptions.compile_min_queries,
                        given: "Sequence[str | None] | None" = None,
                        draws: "tuple[np.ndarray, np.ndarray] | None" = None) -> SampledQueries:
         """Algorithm 1 line 1 / Section 4.3: draw ``n`` documents uniformly (with replacement, i.i.d. from
@@ -207,8 +213,9 @@ class SamplingMixin:
         return SampledQueries(texts, source.astype(np.int64), redrawn, self.decoder().compile_record())
 
     def sample_per_doc(self, docs: Sequence[str], n_per_doc: int, first: int = 0, seed: int = 0,
-                       max_new_tokens: int = 32, top_k: int = 50, top_p: float = 0.99,
-                       temperature: float = 1.0, max_rows: int | None = None) -> list[list[str]]:
+                       max_new_tokens: int = SamplingOptions.max_new_tokens, top_k: int = SamplingOptions.top_k,
+                       top_p: float = SamplingOptions.top_p, temperature: float = SamplingOptions.temperature,
+                       max_rows: int | None = None) -> list[list[str]]:
         """``n_per_doc`` queries for each document, each prompt prefilled once and shared by its queries.
 
         ``docs`` are corpus rows ``first, first + 1, ...``: query k of row i uses the random stream

@@ -3,16 +3,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gdr.data.options import DataOptions
 from gdr.eval.bm25 import bm25_run
 from gdr.eval.retrieval import PER_QUERY_FILE, depths, evaluate_run, write_per_query, write_qrels, write_trec_run
 from gdr.guard import holding
 from gdr.io import atomic_write_json
+from gdr.stages.command_keys import EvaluateQueries
+from gdr.stages.settings import EvaluateSettings
 
 __all__ = ["bm25_baseline"]
 
 
-def bm25_baseline(corpus, queries, out: str | Path, k: int = 100, split: str = "test",
-                  drop_unknown_qrels: bool = False) -> dict:
+def bm25_baseline(corpus, queries, out: str | Path, k: int = EvaluateSettings.k, split: str = EvaluateQueries.split,
+                  drop_unknown_qrels: bool = DataOptions.drop_unknown_qrels) -> dict:
     """BM25 over ``corpus`` for the ``split`` queries of ``queries`` (a :class:`gdr.data.QuerySet` over it) into
     ``out``: ``bm25.trec``, ``qrels.txt``, ``metrics.json`` and ``per_query.json``; returns ``{"metrics":
     {recall@1, recall@10, recall@k, mrr@k, ...}}`` (measured at the ``k`` results per query:

@@ -15,14 +15,15 @@ import torch
 from gdr.eval.cluster_report import cluster_corpus, descriptions_md, plot_clusters, restrict, results_table
 from gdr.guard import holding
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
-from gdr.stages.settings import ClusterSettings
+from gdr.stages.settings import ClusterSettings, LMSettings
 
 __all__ = ["cluster_run"]
 
 log = logging.getLogger(__name__)
 
 
-def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device: str = "auto") -> tuple[dict, str]:
+def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device: str = LMSettings.device
+                ) -> tuple[dict, str]:
     """Cluster the P matrix of ``run`` (a :class:`gdr.store.PRun` of ``corpus``, e.g. ``gdr.store.load_run(folder)``)
     with ``settings``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
 
@@ -53,7 +54,7 @@ def _cluster_run(corpus, run, out: Path, settings: ClusterSettings, device: str)
     result = cluster_corpus(logp, qtexts, k, variants, labels=labels, texts=texts,
                             baselines=list(c.baselines) if labels is not None else [], embed_model=c.embed_model,
                             n_init=c.n_init, repeats=c.repeats if labels is not None else 0, init=c.init,
-                            max_iter=c.max_iter, tol=c.tol, seed=c.seed,
+                            max_iter=c.max_iter, tol=c.tol, seed=c.seed, describe_top=c.describe_top,
                             device="cuda" if str(device) in ("auto", "cuda") and _cuda() else "cpu")
     tag = "-".join(c.restrict_labels) if c.restrict_labels else corpus.name
     metrics = {name: {key: r.get(key) for key in ("mean", "std", "single", "distortion", "objective", "n_iter",

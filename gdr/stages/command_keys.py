@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gdr.rules import setting
-from gdr.training.options import QGOptions
+from gdr.rules import same_setting, setting
+from gdr.training.options import QGDevSplit, QGOptions
 
 __all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "TrainQueries", "EvaluateKeys",
            "EvaluateQueries", "QGKeys", "QGSection", "QGQueries", "QG_TRAIN", "RunKeys", "RunQueries", "DocQueries"]
@@ -107,9 +107,8 @@ class QGSection:
     lowercase: bool = setting(False, "lowercase the queries (Reuters headlines are in capitals: twice the tokens per "
                                      "word)")
     max_pairs: int | None = setting(None, "a seeded uniform sample of at most this many pairs; null = all")
-    dev_fraction: float = setting(0.05, "documents held out (by a seeded hash of the doc id); their pairs give the "
-                                        "dev loss")
-    dev_max: int = setting(500, "at most this many dev pairs")
+    dev_fraction: float = same_setting(QGDevSplit, "dev_fraction")
+    dev_max: int = same_setting(QGDevSplit, "dev_max")
     shots: int = setting(0)
     train: dict = setting(factory=lambda: {**asdict(QGOptions()), **QG_TRAIN})
 
@@ -120,7 +119,7 @@ class QGQueries:
 
     name: str | None = setting(None, "the query set of qg.pairs=queries (default: the corpus's own, data.name)")
     path: str | None = setting(None)
-    split: str = setting("train")
+    split: str = same_setting(TrainQueries, "split", "the split whose pairs are trained on")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from gdr.guard import holding
 from gdr.io import check_manifest_files, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
 from gdr.lm import compiling
 from gdr.lm.decode import SAMPLER_VERSION
+from gdr.models import SamplingOptions
 from gdr.stages.sample import check_numerics, check_sampler, check_texts, decode_numerics
 from gdr.stages.settings import SampleSettings
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST
@@ -43,11 +44,12 @@ def sample_doc_queries(lm, corpus, out: str | os.PathLike, settings: SampleSetti
                                   compile=s.compile, compile_min_queries=s.compile_min_queries)
 
 
-def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike,
-                       n_per_doc: int, seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32,
-                       top_k: int = 50, top_p: float = 0.99, temperature: float = 1.0,
-                       progress: bool = True, compile: bool | str = "auto",
-                       compile_min_queries: int | str = "auto") -> Path:
+def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_per_doc: int,
+                       seed: int = 0, batch_size: int | str = SamplingOptions.batch_size,
+                       max_new_tokens: int = SamplingOptions.max_new_tokens, top_k: int = SamplingOptions.top_k,
+                       top_p: float = SamplingOptions.top_p, temperature: float = SamplingOptions.temperature,
+                       progress: bool = True, compile: bool | str = SamplingOptions.compile,
+                       compile_min_queries: int | str = SamplingOptions.compile_min_queries) -> Path:
     """Generate ``n_per_doc`` queries for every document into ``out_dir/doc_queries.jsonl``.
 
     One line ``{"doc_id", "queries": [...]}`` per document, in corpus order: the training data of the

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from gdr.data.options import DataOptions
 from gdr.eval.bm25 import bm25_run
 from gdr.eval.retrieval import (
     PER_QUERY_FILE,
@@ -22,6 +23,7 @@ from gdr.eval.retrieval import (
 )
 from gdr.guard import holding
 from gdr.io import atomic_write_json, atomic_write_text, write_manifest
+from gdr.stages.command_keys import EvaluateQueries
 from gdr.stages.settings import EvaluateSettings
 from gdr.training.search import Retriever
 
@@ -31,7 +33,7 @@ __all__ = ["evaluate_model", "evaluate_retriever"]
 
 
 def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], qrels: dict[str, list[str]],
-                       k: int = 100, beam: int | None = None, progress: bool = True):
+                       k: int = EvaluateSettings.k, beam: int | None = None, progress: bool = True):
     """Search ``queries`` and evaluate; returns (Run, RetrievalMetrics, first-relevant ranks by qid)."""
     docs, scores, ranks = retriever.search_ranked(list(queries), k=k, beam=beam, progress=progress)
     run = Run(list(qids), [retriever.doc_ids[d].tolist() for d in docs], [s.astype(float).tolist() for s in scores],
@@ -41,8 +43,8 @@ def evaluate_retriever(retriever, qids: Sequence[str], queries: Sequence[str], q
 
 
 def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settings: EvaluateSettings,
-                   split: str = "test", drop_unknown_qrels: bool = False, on_train_split: bool = False
-                   ) -> tuple[dict, str]:
+                   split: str = EvaluateQueries.split, drop_unknown_qrels: bool = DataOptions.drop_unknown_qrels,
+                   on_train_split: bool = False) -> tuple[dict, str]:
     """Evaluate the retriever trained in ``run_dir`` (a ``train`` folder) on ``queries`` (a
     :class:`gdr.data.QuerySet` over ``corpus``, e.g. from :func:`gdr.data.splits.split_queries`) into ``out``:
     ``metrics.json`` (Success@1/10/k, R@10/k, RR@k at k = ``settings.k``, the results per query, under

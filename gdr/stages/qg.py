@@ -11,7 +11,7 @@ import numpy as np
 
 from gdr.data import corpus_from_config, load_corpus, load_queries
 from gdr.data.titles import drop_titles, title_queries
-from gdr.stages.command_keys import QGSection
+from gdr.stages.command_keys import QGQueries, QGSection
 from gdr.training.qg import QGPairs
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def _title_pairs(seed: int, corpus, excluded: set[str]):
 
 def _query_pairs(q: dict, data_name: str, corpus):
     qs = load_queries(q.get("name") or data_name, **({"path": q["path"]} if q.get("path") else {}))
-    split = q.get("split", "train")
+    split = q.get("split", QGQueries.split)
     if split not in qs.split_names:
         raise SystemExit(f"queries.split={split}: query set {qs.name} has splits {qs.split_names}")
     qs = qs.filter(split)

@@ -14,6 +14,7 @@ import numpy as np
 from gdr.eval.compare import compare_folders, comparison_table, find, verdict
 from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
+from gdr.stages.settings import EvaluateSettings
 
 __all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "query_set_name",
            "at_depth"]
@@ -281,7 +282,7 @@ def mark_in_progress(root: Path, command: str) -> bool:
     return True
 
 
-def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = 100) -> None:
+def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = EvaluateSettings.k) -> None:
     matplotlib.use("Agg")
 
     names = list(summary)

@@ -28,6 +28,7 @@ from gdr.io import (
 from gdr.lm import SampledQueries, compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.numerics import describe_numerics
+from gdr.models import SamplingOptions
 from gdr.stages.settings import MAX_P_PER_DOC, SampleSettings
 from gdr.store import (
     P_FILE,
@@ -76,10 +77,12 @@ def sample_queries(lm, corpus, out: str | os.PathLike, settings: SampleSettings,
 
 
 def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | os.PathLike, n_queries: int,
-               seed: int = 0, batch_size: int | str = "auto", max_new_tokens: int = 32, top_k: int = 50,
-               top_p: float = 0.99, temperature: float = 1.0, progress: bool = True, compile: bool | str = "auto",
-               compile_min_queries: int | str = "auto", reuse_from: str | os.PathLike | None = None,
-               p_per_doc: int = 0) -> list[dict]:
+               seed: int = 0, batch_size: int | str = SamplingOptions.batch_size,
+               max_new_tokens: int = SamplingOptions.max_new_tokens, top_k: int = SamplingOptions.top_k,
+               top_p: float = SamplingOptions.top_p, temperature: float = SamplingOptions.temperature,
+               progress: bool = True, compile: bool | str = SamplingOptions.compile,
+               compile_min_queries: int | str = SamplingOptions.compile_min_queries,
+               reuse_from: str | os.PathLike | None = None, p_per_doc: int = SampleSettings.p_per_doc) -> list[dict]:
     """Sample ``n_queries`` queries from the corpus into ``out_dir/queries.jsonl`` (resumable).
 
     ``p_per_doc`` > 0: instead, that many queries from every document, in row order (``n_queries`` is then

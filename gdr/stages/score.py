@@ -288,9 +288,9 @@ def score_in_processes(corpus, lm: LMSettings, out: str | os.PathLike, settings:
 
 
 def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequence[str],
-              out_dir: str | os.PathLike, dtype: str = "float32", shard_size: int = 32,
+              out_dir: str | os.PathLike, dtype: str = ScoreSettings.dtype, shard_size: int = ScoreSettings.shard_size,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
-              max_shards: int | None = None, compute_dtype: str = "auto",
+              max_shards: int | None = None, compute_dtype: str = ScoreSettings.compute_dtype,
               reuse_from: str | os.PathLike | None = None, query_groups: np.ndarray | None = None) -> Path:
     """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
 

@@ -27,11 +27,11 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 import yaml
 
-from gdr.cluster_options import GCFitOptions
 from gdr.config import override_value
 from gdr.data.options import DATA_OPTIONS, DataOptions
-from gdr.indexing.options import GCOptions
-from gdr.models import EMBED_MODEL, LM_RULES, MODEL_OPTIONS, ModelOptions
+from gdr.indexing.options import GCOptions, IndexAtomic, IndexGC, IndexKMeans, TreeOptions
+from gdr.models import EMBED_MODEL, LM_RULES, MODEL_OPTIONS, ModelOptions, SamplingOptions
+from gdr.options import GCFitOptions, RankingOptions
 from gdr.rules import (
     FILE,
     NON_NEGATIVE,
@@ -425,18 +425,13 @@ class SampleSettings(Settings):
                                 "re-scores only its own queries, row and columns of P (gdr score reuse_from=, gdr "
                                 "run). 0: n_queries drawn over the corpus (Algorithm 1)")
     seed: int = setting(0)
-    batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
-                                            "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
-                                            "(sampler gdr-decode-1)")
-    max_new_tokens: int = setting(32)
-    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off")
-    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off")
-    temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume")
-    compile: bool | str = setting("auto", "auto | true | false: compile the decode step (CUDA graphs on a GPU; the "
-                                          "same queries either way). auto = on CUDA when at least compile_min_queries "
-                                          "queries are left to decode")
-    compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
-                                                     "(gdr/lm/compiling.py)")
+    batch_size: int | str = same_setting(SamplingOptions, "batch_size")
+    max_new_tokens: int = same_setting(SamplingOptions, "max_new_tokens")
+    top_k: int = same_setting(SamplingOptions, "top_k")
+    top_p: float = same_setting(SamplingOptions, "top_p")
+    temperature: float = same_setting(SamplingOptions, "temperature")
+    compile: bool | str = same_setting(SamplingOptions, "compile")
+    compile_min_queries: int | str = same_setting(SamplingOptions, "compile_min_queries")
 
     def n_total(self, n_docs: int) -> tuple[int, str]:
         """(J, the key that sets it) for a corpus of ``n_docs`` documents: ``p_per_doc`` x ``n_docs`` under the
@@ -541,17 +536,6 @@ class ClusterSettings(Settings):
                               f"{prefix}n_clusters to 2 or more")
 
 
-@dataclass
-class IndexGC:
-    """``gc``'s keys beside the kernel's :class:`gdr.indexing.options.GCOptions`: which columns of P, and what
-    tree.json shows."""
-
-    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)")
-    top_queries: int = setting(5, "typical queries per child in tree.json")
-    centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
-                                          "tree_state.npz)")
-
-
 # the order `gdr index --help` and conf/stage/index.yaml list index.gc's keys in (IndexGC's and GCOptions')
 INDEX_GC_ORDER = ("n_queries", "alpha", "ess_target", "clip_sigma", "proposal", "localized", "bootstrap",
                   "bootstrap_root", "init", "split_merge", "n_init", "n_init_inner", "max_iter", "tol", "dedupe",
@@ -565,26 +549,6 @@ def _index_gc() -> dict:
 
 
 @dataclass
-class IndexKMeans:
-    """``kmeans``: the k-means of hkmi and bmi."""
-
-    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)")
-    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}")
-    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers model (bundled minilm-l6 works offline)")
-    batch_size: int = setting(64)
-    n_init: int = setting(1, "faiss nredo")
-    max_iter: int = setting(25, "faiss niter")
-    spherical: bool = setting(False)
-
-
-@dataclass
-class IndexAtomic:
-    """``atomic``: one flat position per document."""
-
-    warn_above: int = setting(100000)
-
-
-@dataclass
 class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
@@ -592,9 +556,9 @@ class IndexSettings(Settings):
 
     method: str = setting("gc", "gc | hkmi | bmi | random | atomic")
     seed: int = setting(0)
-    n_clusters: int = setting(30, "K: children per node; every position < K")
-    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)")
-    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)")
+    n_clusters: int = same_setting(TreeOptions, "n_clusters")
+    leaf_size: int = same_setting(TreeOptions, "leaf_size")
+    workers: int = same_setting(TreeOptions, "workers")
     progress: bool = setting(True)
     plot: bool = setting(True, "summary.png")
     gc: dict = setting(factory=_index_gc)
@@ -677,15 +641,14 @@ class EvaluateSettings(Settings):
 
     rules: ClassVar = EVALUATE_RULES
 
-    k: int = setting(100, "results per query (run file depth)")
-    beam: int = setting(100, "beams of the constrained beam search over the docid trie")
-    length_penalty: float = setting(1.0, "a docid scores log p / length**length_penalty (matters where codes differ "
-                                         "in length)")
+    k: int = same_setting(RankingOptions, "k")
+    beam: int = same_setting(RankingOptions, "beam")
+    length_penalty: float = same_setting(RankingOptions, "length_penalty")
     batch_size: int | str = setting("auto", "queries per beam search: auto = as many as fit half the free GPU memory "
                                             "(<= 1024), 32 on the CPU")
     device: str | None = setting(None, "null = cuda if available")
     bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries")
-    tag: str = setting("gdr")
+    tag: str = same_setting(RankingOptions, "tag")
 
 
 # ---------------------------------------------------------------------------- conf/stage/*.yaml, generated

@@ -157,11 +157,11 @@ def training_numerics(settings: TrainSettings) -> dict:
     """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
     (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
     CPU, the torch threads it trains with (:func:`training_threads`)."""
-    accelerator = str(settings.trainer.get("accelerator", "auto"))
+    accelerator = str(settings.trainer.get("accelerator", TrainerOptions.accelerator))
     cuda = _on_cuda(accelerator)
     precision = _precision(settings.trainer.get("precision"), accelerator)
     out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
-           "fused": resolve_fused(settings.optim.get("fused", "auto"), cuda, precision)}
+           "fused": resolve_fused(settings.optim.get("fused", OptimOptions.fused), cuda, precision)}
     return out if cuda else {**out, "threads": training_threads()}
 
 
@@ -206,7 +206,8 @@ def _holds_training(out: Path) -> bool:
         (out / "model" / "retriever.json").exists()
 
 
-def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = True, stale: str = "refuse") -> None:
+def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = TrainerOptions.resume,
+                     stale: str = "refuse") -> None:
     """Make ``out`` ready for a training on the inputs ``fingerprint`` (:func:`trained_on`) before a file is written.
 
     A folder holding another training (a checkpoint, a model, ``trained_on.json`` of other inputs) is refused with
@@ -290,7 +291,8 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     codes = _align_docids(str(docids), corpus.doc_ids)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
         fingerprint = trained_on(corpus, docids, codes, settings, queries, generated)
-        check_trained_on(out, fingerprint, resume=bool(settings.trainer.get("resume", True)), stale=stale)
+        resume = bool(settings.trainer.get("resume", TrainerOptions.resume))
+        check_trained_on(out, fingerprint, resume=resume, stale=stale)
         if write_config is not None:
             write_config(out)
         atomic_write_json(out / TRAINED_ON, fingerprint)
@@ -376,8 +378,8 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
     1."""
     c = settings.to_dict()
     t = c["trainer"]
-    accelerator = str(t.get("accelerator", "auto"))
-    if _world_size(t.get("devices", "auto"), _on_cuda(accelerator)) > 1:
+    accelerator = str(t.get("accelerator", TrainerOptions.accelerator))
+    if _world_size(t.get("devices", TrainerOptions.devices), _on_cuda(accelerator)) > 1:
         if settings.concurrent not in ("auto", 1):
             log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent,
                      t.get("devices"))
@@ -387,13 +389,15 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
         _, codes = read_checked_docids(docids)
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
-    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config, t.get("batch_size", "auto"), n_train)
+    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config,
+                              t.get("batch_size", TrainerOptions.batch_size), n_train)
 
 
 def training_device(settings: TrainSettings) -> str:
     """The device a retriever of ``settings`` trains on, by name (``NVIDIA H200``, ``cpu``): what an ``auto`` size
     resolved for it holds for."""
-    return device_name("cuda" if _on_cuda(str(settings.trainer.get("accelerator", "auto"))) else "cpu")
+    accelerator = str(settings.trainer.get("accelerator", TrainerOptions.accelerator))
+    return device_name("cuda" if _on_cuda(accelerator) else "cpu")
 
 
 def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_train: int) -> int:
