@@ -45,8 +45,8 @@ def cluster_corpus(logp: np.ndarray, queries: Sequence[str], n_clusters: int, va
                    labels: Sequence[str] | None = None, texts: Sequence[str] | None = None,
                    baselines: Sequence[str] = (), embed_model: str = EMBED_MODEL, n_init: int = GCFitOptions.n_init,
                    repeats: int = 1, init: str = "random", max_iter: int = GCFitOptions.max_iter,
-                   tol: float = GCFitOptions.tol,
-                   seed: int = 0, describe_top: int, device: str = GCFitOptions.device) -> dict:
+                   tol: float = GCFitOptions.tol, seed: int = 0, describe_top: int,
+                   device: str = GCFitOptions.device) -> dict:
     """Cluster rows of ``logp`` (n_docs, n_queries) with GC variants; evaluate when ``labels`` are given.
 
     Returns a dict with, per method, the selected run's labels, distortion, and (with labels) mean/std

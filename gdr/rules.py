@@ -19,14 +19,15 @@ import difflib
 import math
 import numbers
 import re
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING as NO_FIELD_DEFAULT
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
-           "setting", "same_setting", "GroupOption"]
+           "setting", "same_setting", "GroupOption", "MISSING"]
 
 
 class ConfigError(ValueError):
@@ -389,7 +390,7 @@ def same_setting(cls, name: str, help: str | None = None):
     clustering's): its default (or default factory) and its help read from there, ``help`` in place of the latter."""
     f = cls.__dataclass_fields__[name]
     said = f.metadata.get("help", "") if help is None else help
-    if f.default_factory is not MISSING:
+    if f.default_factory is not NO_FIELD_DEFAULT:
         return setting(help=said, factory=f.default_factory)
     return setting(f.default, said)
 

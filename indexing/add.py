@@ -128,8 +128,8 @@ class _Placer:
             path = child
 
 
-def place_documents(st: TreeState, pmatrix: PMatrix, *, chunk_rows: int = GCOptions.chunk_rows
-                    ) -> tuple[list[tuple[int, ...]], dict]:
+def place_documents(st: TreeState, pmatrix: PMatrix, *,
+                    chunk_rows: int = GCOptions.chunk_rows) -> tuple[list[tuple[int, ...]], dict]:
     """Codes for the rows of ``pmatrix`` (new documents x the same J queries); updates ``st`` in place."""
     if pmatrix.n_cols != st.n_queries:
         raise ValueError(f"the index was built on J = {st.n_queries} queries but the new P matrix has "

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdr.rules import GroupOption, setting
+from gdr.rules import MISSING, GroupOption, setting
 
-__all__ = ["DataOptions", "DATA_OPTIONS", "TEXT_FIELDS", "TITLE_FIELDS", "QUERY_TOPIC_FIELDS", "REQUIRED"]
+__all__ = ["DataOptions", "DATA_OPTIONS", "TEXT_FIELDS", "TITLE_FIELDS", "QUERY_TOPIC_FIELDS"]
 
 TEXT_FIELDS = ("TEXT",)                      # TREC SGML: the fields holding a document's text
 TITLE_FIELDS = ("TITLE", "HEADLINE", "HEAD")  # ... its title, the first present
 QUERY_TOPIC_FIELDS = ("title",)              # TREC topics: the fields that make a query
-REQUIRED = "???"                             # a key an option needs set (OmegaConf's missing value)
 
-_FILE_ORDER = "null = all documents; else a uniform sample of n_docs, kept in corpus order"
+_N_DOCS = "null = all documents; else a uniform sample of n_docs, kept in corpus order"
 _HEADLINES = ("true = no headlines, the model reads the story only (needed when headlines are the queries: "
               "gdr.data.load_title_queries)")
 _SHARED_DATA = "null = the default under $GDR_DATA_DIR or <repo>/../shared/data"
@@ -58,7 +57,7 @@ class DataOptions:
     query_field: str | None = setting(None, "the queries' text field; null = `text`, else ir_datasets' default_text() "
                                             "(a TREC topic's title)")
     min_relevance: int = setting(1, "a judgement of this grade or more is relevant (graded relevance is kept)")
-    n_docs: int | None = setting(None, _FILE_ORDER)
+    n_docs: int | None = setting(None, _N_DOCS)
     seed: int = setting(0, "the seed of the n_docs sample")
     on_empty: str | None = setting(None, "a document with empty text: null = error; or drop, keep, title (use its "
                                          "title as text)")
@@ -71,7 +70,7 @@ class DataOptions:
 
 def _corpus(name: str, about: str, keys: str, required: tuple[str, ...] = (), **help: str) -> GroupOption:
     """The option ``data=<name>``: its ``name`` and the ``required`` keys set, the others at their defaults."""
-    values = {"name": name, **{k: REQUIRED for k in required}}
+    values = {"name": name, **{k: MISSING for k in required}}
     return GroupOption(about, ("name", *keys.split()), values, help)
 
 

@@ -22,8 +22,8 @@ __all__ = ["cluster_run"]
 log = logging.getLogger(__name__)
 
 
-def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings, device: str = LMSettings.device
-                ) -> tuple[dict, str]:
+def cluster_run(corpus, run, out: str | Path, settings: ClusterSettings,
+                device: str = LMSettings.device) -> tuple[dict, str]:
     """Cluster the P matrix of ``run`` (a :class:`gdr.store.PRun` of ``corpus``, e.g. ``gdr.store.load_run(folder)``)
     with ``settings``; write metrics.json, results.md, clusters.md, labels.tsv, clusters.png into ``out``.
 

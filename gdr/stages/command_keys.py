@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gdr.rules import same_setting, setting
+from gdr.rules import MISSING, same_setting, setting
 from gdr.training.options import QGDevSplit, QGOptions
 
 __all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "TrainQueries", "EvaluateKeys",
            "EvaluateQueries", "QGKeys", "QGSection", "QGQueries", "QG_TRAIN", "RunKeys", "RunQueries", "DocQueries"]
 
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")  # the docid indexers, in the order `gdr run` builds them
-MISSING = "???"  # OmegaConf's mandatory value: the command refuses to start until it is given
 
 
 @dataclass
