@@ -60,6 +60,7 @@ _EXPORTS = {
     "split_queries": "gdr.api",
     "evaluate_clusters": "gdr.api", "build_index": "gdr.api", "train_retriever": "gdr.api", "evaluate": "gdr.api",
     "bm25": "gdr.api", "run": "gdr.api", "headline": "gdr.api",
+    "prune": "gdr.api", "pack": "gdr.api", "unpack": "gdr.api",
     "setup_logging": "gdr.logs",
 }
 __all__ = sorted(_EXPORTS)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gdr import guard
+from gdr.carry import MAX_PIECES, PIECE_MIB, pack_run, prune_run, unpack_run
 from gdr.config import conf_dir, load_config
 from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE, Corpus, QuerySet, write_beir
 from gdr.data import splits as query_splits
@@ -57,7 +58,7 @@ from gdr.store import PRun, load_run
 from gdr.validate import validate
 
 __all__ = ["load_lm", "sample_queries", "sample_doc_queries", "score", "split_queries", "evaluate_clusters",
-           "build_index", "train_retriever", "evaluate", "bm25", "run", "headline"]
+           "build_index", "train_retriever", "evaluate", "bm25", "run", "headline", "prune", "pack", "unpack"]
 
 PathLike = str | os.PathLike
 
@@ -336,6 +337,28 @@ def _run(settings: dict, overrides: list[str], corpus, queries) -> dict:
     validate("run", cfg)
     guard.claim_out("run", cfg)
     return run_pipeline(cfg, overrides)
+
+
+def prune(run_dir: PathLike) -> dict:
+    """``gdr prune``: drop the model weights and optimiser states of the evaluated retrievers of the run folder
+    ``run_dir``, keeping every result (:func:`gdr.carry.prune_run`); returns ``{"pruned": [folders], "bytes"}``."""
+    _need_path(run_dir, "run_dir", "a `gdr run` folder")
+    return prune_run(run_dir)
+
+
+def pack(run_dir: PathLike, out: PathLike, *, prune: bool = False, piece_mib: float = PIECE_MIB,
+         max_pieces: int = MAX_PIECES) -> dict:
+    """``gdr pack``: the pruned run folder ``run_dir`` as checksummed pieces in ``out`` (:func:`gdr.carry.pack_run`;
+    ``prune=True`` prunes it first instead of refusing it); returns the pack's manifest."""
+    _need_path(run_dir, "run_dir", "a `gdr run` folder")
+    return pack_run(run_dir, out, prune=prune, piece_mib=piece_mib, max_pieces=max_pieces)
+
+
+def unpack(packed: PathLike, dest: PathLike) -> dict:
+    """``gdr unpack``: the run packed into the folder ``packed``, its pieces checked, rebuilt at ``dest``
+    (:func:`gdr.carry.unpack_run`); ``gdr.run({..., "out": dest})`` carries on with it. Returns the manifest."""
+    _need_path(packed, "packed", "the folder a `gdr pack` wrote")
+    return unpack_run(packed, dest)
 
 
 def _is_group(group: str, name: Any) -> bool:

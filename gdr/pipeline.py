@@ -180,7 +180,8 @@ class Pipeline:
             old, damage = None, (STAGE_FILE, f"unreadable ({e})")
         if old is not None:
             require_format(old, marker, self.root)
-        if old is not None and old.get("key") == key and old.get("status") == "complete":
+        pruned = old is not None and old.get("key") == key and bool(old.get("pruned"))
+        if old is not None and old.get("key") == key and old.get("status") == "complete" and not pruned:
             damage = self._damage(folder, old, upstream, outputs)
             if damage is None:
                 log.info("stage %s: reusing %s (finished in %.1f s)", name, folder, old.get("seconds", 0.0))
@@ -191,7 +192,11 @@ class Pipeline:
                 self.records.append(rec)
                 return rec
         claim_folder(folder, "out")  # one writer: a `gdr score out=<this folder>` elsewhere is refused
-        if damage is not None:
+        if pruned:  # its weights were dropped (gdr prune) and a stage after it needs them again
+            log.info("stage %s: %s was pruned (its weights dropped by gdr prune) and is needed again; retraining it "
+                     "under its key %s", name, folder, key)
+            _clear(folder, STAGE_FILE, None)
+        elif damage is not None:
             rel, what = damage
             log.warning("stage %s: %s: %s; re-running the stage", name, folder / rel, what)
             _clear(folder, rel, resumes)
@@ -225,6 +230,39 @@ class Pipeline:
                           len(attempts) + 1)
         self.records.append(rec)
         return rec
+
+    def pruned(self, name: str, inputs: dict, after: Sequence[StageRecord] = (),
+               outputs: Sequence[str] = ("*",)) -> StageRecord | None:
+        """The record of the finished stage ``name`` of ``inputs`` whose weights ``gdr prune`` dropped
+        (:mod:`gdr.carry`), as it was before (its key, info, seconds and the digest later stages recorded of it),
+        when the files it kept are undamaged and its upstream stages unchanged; else None. Nothing is recorded: a
+        caller that takes it (its evaluation is reused) appends it to :attr:`records`."""
+        folder, key = self.folder(name, inputs)
+        try:
+            old = json.loads((folder / STAGE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(old, dict) and old.get("pruned") and old.get("key") == key
+                and old.get("status") == "complete"):
+            return None
+        upstream = {r.path.name: r.digest for r in after}
+        if self._damage(folder, old, upstream, outputs) is not None:
+            return None
+        seconds = float(old.get("seconds", 0.0))
+        return StageRecord(name, folder, key, seconds, True, old.get("info") or {}, old["pruned"]["digest"],
+                           float(old.get("last_seconds", seconds)), len(old.get("attempts") or [seconds]))
+
+    def reusable(self, name: str, inputs: dict, after: Sequence[StageRecord] = (),
+                 outputs: Sequence[str] = ("*",)) -> bool:
+        """Whether :meth:`stage` would reuse the finished stage ``name`` of ``inputs`` as it is (runs nothing)."""
+        folder, key = self.folder(name, json.loads(json.dumps(inputs, default=str)))
+        try:
+            old = json.loads((folder / STAGE_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return (isinstance(old, dict) and old.get("key") == key and old.get("status") == "complete"
+                and not old.get("pruned")
+                and self._damage(folder, old, {r.path.name: r.digest for r in after}, outputs) is None)
 
     @staticmethod
     def _damage(folder: Path, old: dict, upstream: dict, outputs: Sequence[str]) -> tuple[str, str] | None:
@@ -428,10 +466,11 @@ def train_and_evaluate(run: RunContext) -> None:
     order = retriever_order(run)
     taken: set[tuple] = set()
 
-    def take(ms: tuple, ran_here: bool = False) -> None:
+    def take(ms: tuple, ran_here: bool = False, train: StageRecord | None = None) -> None:
         """Evaluate and report retriever ``ms`` (indexer, seed[, fold]), training it here if it is not yet;
-        ``ran_here``: one of this run's workers trained it, so the parent finds it finished but it ran."""
-        train = run.stage(train_spec(run, *ms))
+        ``ran_here``: one of this run's workers trained it, so the parent finds it finished but it ran; ``train``:
+        its pruned stage, whose evaluation is reused (:func:`_pruned_evaluated`)."""
+        train = train or run.stage(train_spec(run, *ms))
         if ran_here:
             train.reused = False
         ev = run.stage(eval_spec(run, ms[0], ms[1], train, *ms[2:]))
@@ -442,8 +481,9 @@ def train_and_evaluate(run: RunContext) -> None:
     run.train_batch = resolve_train_batch(run, n_train)
     specs = {ms: train_spec(run, *ms) for ms in order}
     for ms in order:
-        if _finished(run.pipe, specs[ms]):
-            take(ms)
+        pruned = _pruned_evaluated(run, ms, specs[ms])
+        if pruned is not None or _finished(run.pipe, specs[ms]):
+            take(ms, train=pruned)
     todo = [ms for ms in order if ms not in taken]
     settings = _train_settings(run)
     docids = str(next(iter(run.indexes.values())).path / "docids.tsv")
@@ -731,12 +771,30 @@ def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after:
 
 
 def _finished(pipe: Pipeline, spec: StageSpec) -> bool:
-    """Whether ``spec``'s stage folder is marked complete (its checks come when :meth:`Pipeline.stage` reuses it)."""
+    """Whether ``spec``'s stage folder is marked complete and holds its files (its checks come when
+    :meth:`Pipeline.stage` reuses it); a pruned one is not (:func:`_pruned_evaluated`)."""
     marker = pipe.folder(spec.name, spec.inputs)[0] / STAGE_FILE
     try:
-        return json.loads(marker.read_text()).get("status") == "complete"
+        record = json.loads(marker.read_text())
+        return record.get("status") == "complete" and not record.get("pruned")
     except (OSError, ValueError, AttributeError):  # none yet, or damaged: Pipeline.stage says what and re-runs
         return False
+
+
+def _pruned_evaluated(run: RunContext, ms: tuple, spec: StageSpec) -> StageRecord | None:
+    """The record of retriever ``ms``'s training stage when ``gdr prune`` dropped its weights and its evaluation is
+    finished and reusable as it is: the retriever is taken in from its evaluation, without its weights. None
+    otherwise; a pruned retriever whose evaluation must run again is retrained under its key
+    (:meth:`Pipeline.stage`)."""
+    train = run.pipe.pruned(spec.name, spec.inputs, spec.after, spec.outputs)
+    if train is None:
+        return None
+    ev = eval_spec(run, ms[0], ms[1], train, *ms[2:])
+    if not run.pipe.reusable(ev.name, ev.inputs, ev.after, ev.outputs):
+        return None
+    log.info("stage %s: reusing %s (pruned: its evaluation stands without its weights)", spec.name, train.path)
+    run.pipe.records.append(train)
+    return train
 
 
 def _train_settings(run: RunContext) -> TrainSettings:

@@ -34,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("gdr.cli.commands.plan", "plan_main"),
     "qg": ("gdr.cli.commands.qg", "qg_main"),
     "upgrade": ("gdr.cli.commands.upgrade", "upgrade_main"),
+    "prune": ("gdr.cli.commands.prune", "prune_main"),
+    "pack": ("gdr.cli.commands.pack", "pack_main"),
+    "unpack": ("gdr.cli.commands.unpack", "unpack_main"),
 }
 HELP = {
     "sample": "sample J queries from a corpus with a generative LM (Algorithm 1, line 1)",
@@ -48,6 +51,9 @@ HELP = {
     "plan": "each stage's predicted seconds of a `gdr run` (device=h200|cpu.. free_gb=GB); --check RUN_DIR",
     "qg": "fine-tune a query generator on (document, query) pairs; model.name=<out>/model uses it",
     "upgrade": "bring a run or score folder of an older gdr to the current format, keeping its P (RUN_DIR)",
+    "prune": "drop the weights of a run's evaluated retrievers, keeping every result (RUN_DIR)",
+    "pack": "a pruned run as checksummed pieces of <= 16 MiB, to carry to another machine (RUN_DIR OUTDIR)",
+    "unpack": "rebuild a run packed by `gdr pack` anywhere, its pieces checked (OUTDIR DEST)",
 }
 
 
@@ -152,8 +158,9 @@ def _failed(name: str, rest: list[str], e: BaseException, debug: bool) -> int:
 
 def _own_help(name: str, rest: list[str]) -> bool:
     """Commands whose arguments are not config overrides parse their own ``--help`` (``gdr bench <name>``,
-    ``gdr search``, ``gdr upgrade``)."""
-    return name in ("search", "upgrade") or name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
+    ``gdr search``, ``gdr upgrade``, ``gdr prune``, ``gdr pack``, ``gdr unpack``)."""
+    own = ("search", "upgrade", "prune", "pack", "unpack")
+    return name in own or name == "bench" and bool(rest) and rest[0] not in ("-h", "--help")
 
 
 def sub_command(name: str, rest: list[str]) -> str:
