@@ -97,6 +97,9 @@ def train_run(v, sec):
     p = Path(v).expanduser()
     if not ((p / "model" / "retriever.json").exists() or (p / "retriever.json").exists()):
         return "has no model/retriever.json: not the out_dir of a finished `gdr train`"
+    if (p / "model" / "retriever.json").exists() and not (p / "model" / "model.pt").exists():
+        return ("has no model/model.pt: its weights were dropped (`gdr prune`); a `gdr run` of its run folder trains "
+                "it again when its evaluation must run again")
     return None
 
 

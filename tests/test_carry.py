@@ -79,6 +79,9 @@ def test_prune_keeps_every_result_and_a_rerun_trains_nothing(setup, seed0, tmp_p
     assert {k: v for k, v in before.items() if not (k.startswith("train-") and k.endswith(STAGE_FILE))} == \
         {k: v for k, v in after.items() if not (k.startswith("train-") and k.endswith(STAGE_FILE))}
     assert prunable(out) == [] and prune_run(out) == {"pruned": [], "bytes": 0}
+    # a pruned retriever cannot be searched: said at the door, naming why
+    assert main(["evaluate", f"run_dir={trains[0]}", f"data.name={setup[1]}", f"out_dir={tmp_path / 'ev'}"]) == 2
+    assert "has no model/model.pt: its weights were dropped (`gdr prune`)" in capsys.readouterr().err
 
     # a pruned run reports, and a rerun reuses every evaluation without retraining
     report = json.loads((out / "report.json").read_text())

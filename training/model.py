@@ -327,6 +327,9 @@ class GenerativeRetriever(nn.Module):
         d = Path(model_dir)
         if not (d / "retriever.json").exists():
             raise FileNotFoundError(f"{d}: no retriever.json; point at the `model/` folder of a `gdr train` run")
+        if not (d / "model.pt").exists():
+            raise FileNotFoundError(f"{d}: no model.pt, the retriever's weights (`gdr prune` drops them from a run's "
+                                    "evaluated retrievers); train it again")
         config = RetrieverConfig.from_dict(json.loads((d / "retriever.json").read_text()))
         model = cls.build(config)
         state = torch.load(d / "model.pt", map_location=map_location, weights_only=True)

@@ -6,7 +6,9 @@
 #   bash examples/lease/bbc.sh WAIT [gdr run overrides ...]
 # after every piece of ../shared/device/prep.sh reached /tmp/gdr-stash. $OUT gets (at most 8 files): report.md,
 # report.png, report.json, retrievers.jsonl, stages.json (each stage's seconds and status), run.log (its last
-# 3,000 lines), plan.txt (`gdr plan` for this machine, before the run) and status.txt.
+# 3,000 lines), status.txt (then `gdr plan` for this machine, before the run) and per-query.tgz (every finished
+# evaluation's per_query.json and metrics.json, BM25's, and retrievers.jsonl: the paired statistics of any two
+# retrievers can be computed from it afterwards). Two leases, one experiment: examples/lease/README.md.
 set -u
 wait_s=${1:?usage: bbc.sh WAIT [overrides ...]}; shift
 source /tmp/gdr-stash/boot.sh || exit 3
@@ -36,7 +38,8 @@ for f in sorted(run.glob("*/stage.json")):
 Path(sys.argv[2]).write_text(json.dumps(rows, indent=1, default=str))
 PY
 for f in report.md report.png report.json retrievers.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$out/"; done
-tail -n 3000 "$runs/run.log" > "$out/run.log"; cp "$runs/plan.txt" "$out/" 2>/dev/null
-{ echo "gdr run: $state after this call's ${SECONDS}s"; grep -c . "$run/retrievers.jsonl" 2>/dev/null; } \
-  > "$out/status.txt"
-cat "$out/status.txt"; tail -n 5 "$runs/run.log"
+bash "$(dirname "$0")/per_query.sh" "$run" "$out/per-query.tgz"
+tail -n 3000 "$runs/run.log" > "$out/run.log"
+{ echo "gdr run: $state after this call's ${SECONDS}s"; grep -c . "$run/retrievers.jsonl" 2>/dev/null
+  cat "$runs/plan.txt" 2>/dev/null; } > "$out/status.txt"
+head -n 2 "$out/status.txt"; tail -n 5 "$runs/run.log"
