@@ -116,14 +116,13 @@ def prune_run(run: str | os.PathLike) -> dict:
             rels = [p.relative_to(t.folder).as_posix() for p in t.weights]
             artifacts = dict(t.record.get("artifacts") or {})
             done = dict((t.record.get("pruned") or {}).get("files") or {})
-            dropped = {r: artifacts.pop(r) for r in rels if r in artifacts}
+            files = {**done, **{r: artifacts.pop(r) for r in rels if r in artifacts}}
             size = t.bytes
             # the record first: weight files on disk but not in artifacts are left over, never missing
             atomic_write_json(t.folder / STAGE_FILE, {
                 **t.record, "artifacts": artifacts,
                 "pruned": {"by": "gdr prune", "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "digest": _digest(t.record),
-                           "files": {**done, **dropped}, "bytes": size + int((t.record.get("pruned") or {})
-                                                                               .get("bytes", 0))}})
+                           "files": files, "bytes": sum(int(v["size"]) for v in files.values())}})
             for p in t.weights:
                 p.unlink()
             for d in sorted({p.parent for p in t.weights}, key=lambda d: len(d.parts), reverse=True):

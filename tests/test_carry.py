@@ -17,7 +17,8 @@ from gdr.formats import STAGE_FILE, matches
 
 def _run(setup, out: Path, seeds: str, *extra: str) -> None:
     root, folder = setup
-    assert main(_args(root, folder, out, "indexers=[gc,random]", f"seeds={seeds}", *extra)) == 0
+    args = [a for a in _args(root, folder, out) if not a.startswith("seeds=")]
+    assert main([*args, "indexers=[gc,random]", f"seeds={seeds}", *extra]) == 0
 
 
 def _records(out: Path) -> dict[str, dict]:
