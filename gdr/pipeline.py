@@ -36,7 +36,9 @@ checksums of the upstream stages it read. Before a finished stage is reused both
 missing or changed file (or an upstream stage rebuilt with different content) re-runs the stage, with one
 log line naming the file and what was wrong, and the stages after it see the change in turn. ``stage.json``
 carries the folder's ``format`` (:mod:`gdr.formats`); a run folder of an older one is upgraded when it is opened
-(:mod:`gdr.upgrade`), so everything here reads the current format only.
+(:mod:`gdr.upgrade`), so everything here reads the current format only. A retriever whose weights ``gdr prune``
+dropped (:mod:`gdr.carry`) is taken in from its finished evaluation without them, and retrained under its key
+only when that evaluation must run again.
 
 The report is rewritten after every retriever, marked partial until the last one, so a run cut short keeps
 what it finished; the report of an earlier run of the folder stays, marked in progress, until then.
@@ -255,7 +257,7 @@ class Pipeline:
     def reusable(self, name: str, inputs: dict, after: Sequence[StageRecord] = (),
                  outputs: Sequence[str] = ("*",)) -> bool:
         """Whether :meth:`stage` would reuse the finished stage ``name`` of ``inputs`` as it is (runs nothing)."""
-        folder, key = self.folder(name, json.loads(json.dumps(inputs, default=str)))
+        folder, key = self.folder(name, inputs)
         try:
             old = json.loads((folder / STAGE_FILE).read_text())
         except (OSError, ValueError):
