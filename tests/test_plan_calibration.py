@@ -1,8 +1,8 @@
 """`gdr plan device=cpu`, calibrated on this CPU (gdr/calibrate.py), against a `gdr run` at test size (the tiny
-random-init LM and retriever of the pipeline tests): the plan counts the work the run does, stage by stage (the
-queries sampled, the pairs scored, the generated queries, the retrievers, their steps and batch), and the
-calibration times the run's own shapes, once per machine and shapes. Both sides are read through the commands
-(`gdr run`'s folder, `gdr plan`'s JSON line), as a user reads them.
+random-init LM and retriever of the pipeline tests: conftest's ``tiny_run``, read only): the plan counts the work the
+run does, stage by stage (the queries sampled, the pairs scored, the generated queries, the retrievers, their steps
+and batch), and the calibration times the run's own shapes, once per machine and shapes. Both sides are read
+through the commands (`gdr run`'s folder, `gdr plan`'s JSON line), as a user reads them.
 
 Counted work, not seconds: a plan that leaves a step out or miscounts a unit fails here on any machine. The seconds
 themselves (predicted against measured, and the calibration's budget) move with the machine's load; the benchmark
@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 from gdr.cli import main
 
@@ -52,14 +51,10 @@ def _run_counts(out: Path) -> dict[str, int | list[int]]:
             "evaluated": sum(n.startswith("eval-") for n in folder)}
 
 
-def test_the_calibrated_cpu_plan_counts_the_work_of_a_run_at_test_size(setup, tmp_path, capsys, monkeypatch):
-    root, folder = setup
-    monkeypatch.setenv("GDR_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "run"
-    args = _args(root, folder, out, "indexers=[gc,random]")
-    assert main(args) == 0
-    capsys.readouterr()
-    ran = _run_counts(out)
+def test_the_calibrated_cpu_plan_counts_the_work_of_a_run_at_test_size(tiny_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GDR_CACHE", str(tmp_path / "cache"))  # a calibration of its own
+    args = tiny_run.args
+    ran = _run_counts(tiny_run.out)
     assert ran == {"queries": J, "pairs": N_DOCS * J, "doc_queries": N_DOCS * PER_DOC, "retrievers": 2,
                    "steps": [MAX_STEPS] * 2, "batches": [BATCH] * 2, "evaluated": 2}
 
