@@ -1,11 +1,16 @@
+import contextlib
 import functools
 import importlib
+import io
 import os
+import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 # tiny_models.py and score_script.py live next to the tests.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,6 +42,54 @@ def t5():
     from tiny_models import tiny_t5
 
     return tiny_t5()
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """A finished `gdr run`: its saved tiny LM's folder ``root``, its BEIR ``folder``, its run folder ``out``, its
+    ``args`` (``gdr run`` first) and the JSON line it printed."""
+
+    root: Path
+    folder: Path
+    out: Path
+    args: list[str]
+    printed: str
+
+    def copy(self, dst: Path) -> tuple[Path, list[str]]:
+        """The run folder copied to ``dst`` (without its writer's lock file) and ``args`` with ``out=dst``: for a
+        test that runs in it again."""
+        from gdr.guard import LOCK_FILE
+
+        shutil.copytree(self.out, dst, ignore=shutil.ignore_patterns(LOCK_FILE))
+        return dst, [a if not a.startswith("out=") else f"out={dst}" for a in self.args]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> TinyRun:
+    """test_pipeline's tiny LM and 30-document corpus run with ``indexers=[gc,random]``, built once per test session
+    (the xdist workers share one build: under their common temporary folder, behind a file lock) for the tests that
+    read a finished run; one that runs in it again works on :meth:`TinyRun.copy`."""
+    from test_pipeline import _args, toy_collection
+    from tiny_models import tiny_llama
+
+    from gdr.cli import main
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny-run"
+    shared.mkdir(exist_ok=True)
+    root, done = shared / "models", shared / "printed.json"
+    args = _args(root, shared / "toy", shared / "run", "indexers=[gc,random]")
+    with FileLock(str(shared / "build.lock")):
+        if not done.exists():
+            lm = tiny_llama()
+            lm.model.save_pretrained(root / "tiny-llama")
+            lm.tokenizer.save_pretrained(root / "tiny-llama")
+            toy_collection(shared / "toy")
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                assert main(args) == 0
+            done.write_text(printed.getvalue().strip().splitlines()[-1])
+    return TinyRun(root, shared / "toy", shared / "run", args, done.read_text())
 
 
 def _first_party_names(obj):

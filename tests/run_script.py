@@ -8,6 +8,11 @@ after the first ``last.ckpt`` and goes on training with every batch slowed to 0.
 in the middle of training; its grace period (:func:`gdr.signals.deferred`) is 10 minutes, so that only the
 batch end can stop it (a stop by the grace timer would outlast the test's wait). Arguments: those of
 ``gdr run``, or of ``gdr $GDR_TEST_COMMAND`` when set.
+
+What a test counts of the stop, in files beside ``GDR_TEST_READY``: ``<ready>.after`` (``train-slow``) one line,
+the global step, per batch end that came after the signal and did not stop (a prompt stop: none, or one when the
+signal landed inside that batch end); ``<ready>.stop`` (the pausing points) how the signal ended the pause: ``at
+once`` (raised where it landed) or ``deferred`` (it waited for a safe point, or the grace timer).
 """
 import os
 import sys
@@ -17,7 +22,14 @@ from pathlib import Path
 
 def pause() -> None:
     Path(os.environ["GDR_TEST_READY"]).touch()
-    time.sleep(600)
+    try:
+        time.sleep(600)
+    except BaseException:
+        import gdr.signals as signals
+
+        how = "deferred" if signals.pending() is not None else "at once"
+        Path(os.environ["GDR_TEST_READY"] + ".stop").write_text(how)
+        raise
 
 
 def install(point: str) -> None:
@@ -57,16 +69,21 @@ def install(point: str) -> None:
     elif point == "train-slow":
         import pytorch_lightning as pl
 
+        import gdr.signals as signals
+
         real_end = pl.callbacks.ModelCheckpoint.on_train_batch_end
 
         def on_train_batch_end(self, trainer, *a, **k):
             real_end(self, trainer, *a, **k)
             if self.filename == "last" and (Path(self.dirpath) / "last.ckpt").exists():
-                Path(os.environ["GDR_TEST_READY"]).touch()
+                ready = os.environ["GDR_TEST_READY"]
+                if signals.received() is not None:  # a batch end after the signal that did not stop training
+                    with open(ready + ".after", "a") as f:
+                        f.write(f"{trainer.global_step}\n")
+                Path(ready).touch()
                 time.sleep(0.2)
 
         pl.callbacks.ModelCheckpoint.on_train_batch_end = on_train_batch_end
-        import gdr.signals as signals
 
         real_deferred = signals.deferred
         signals.deferred = lambda grace_s=10.0: real_deferred(grace_s=600.0)

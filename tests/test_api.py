@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 import gdr
 from gdr.cli import main
@@ -67,14 +67,11 @@ def _as_settings(args: list[str]) -> dict:
     return out
 
 
-def test_run_from_a_dict_is_the_command(setup, tmp_path, capsys):
+def test_run_from_a_dict_is_the_command(tiny_run, tmp_path):
     """gdr.run(dict) keys its stages like `gdr run` with the same overrides: it reuses every stage of the
-    command's run folder and reports the same numbers."""
-    root, folder = setup
-    out = tmp_path / "run"
-    args = _args(root, folder, out, "indexers=[gc,random]")
-    assert main(args) == 0
-    cli = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    command's run folder (conftest's tiny_run, copied) and reports the same numbers."""
+    _, args = tiny_run.copy(tmp_path / "run")
+    cli = json.loads(tiny_run.printed)
     report = gdr.run(_as_settings(args))
     assert all(s["reused"] for s in report["stages"])
     head = gdr.headline(report)

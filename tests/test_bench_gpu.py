@@ -150,19 +150,21 @@ def test_a_step_stopped_at_its_limit_keeps_its_last_json_line_and_loses_its_proc
     code = ("import json, subprocess, sys, time; a = sys.argv; "
             "deadline = float(a[a.index('--deadline') + 1]) if '--deadline' in a else None; "
             f"subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
-            "print(json.dumps({'rate': 7.0, 'deadline_in': deadline and deadline - time.time(), 'partial': True}), "
+            "print(json.dumps({'rate': 7.0, 'deadline': deadline, 'partial': True}), "
             "flush=True); time.sleep(30)")
     step = _step("cold", code, {"x_rate": "rate", "x_warm": "warmup_s"}, timeout=1)
     step.bounded = True
     t0 = time.time()
     rec = gpu.execute(step, tmp_path)
+    t1 = time.time()
     assert rec["rc"] == 124 and not rec["ok"] and rec["figures"] == {"x_rate": 7.0, "x_warm": None}
     time.sleep(max(0.0, t0 + 3.5 - time.time()))
     assert not marker.exists(), "the step's grandchild outlived it"
     assert rec["partial"] and "timed out after 1s" in rec["error"]
     assert "from its last JSON line: x_rate" in rec["error"]
     line = gpu.last_json((tmp_path / "cold.log").read_text())
-    assert 1 - gpu.DEADLINE_MARGIN_S - 2 <= line["deadline_in"] <= 1 - gpu.DEADLINE_MARGIN_S + 1
+    # the Unix time it was started at (between t0 and t1, whole seconds) plus its limit, 1 s, less the margin
+    assert t0 - 0.5 <= line["deadline"] - (1 - gpu.DEADLINE_MARGIN_S) <= t1 + 0.5, (t0, t1, line)
 
 
 def test_the_budget_is_spread_over_the_steps_left():

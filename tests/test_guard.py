@@ -188,16 +188,13 @@ def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, t
     while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints
     a traceback or outlives it, and the rerun resumes from the finished shards."""
     out = tmp_path / "stopped"
-    started = time.time()
     proc = _slow_scoring(toy, out, stderr=subprocess.PIPE, text=True)
     try:
         parent = psutil.Process(proc.pid)
         children = _after_first_shard(proc, parent, out)
+        done_at_signal = len(list((out / "P.shards").glob("*.done")))
         os.killpg(proc.pid, sig)
-        t0 = time.time()
-        started = t0 - started  # the job's start up to its first shard: what a stop is measured against
-        _, err = proc.communicate(timeout=60)
-        seconds = time.time() - t0
+        _, err = proc.communicate(timeout=300)  # a hang's bound: how promptly it stopped is counted below
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert alive == [], [(c.pid, c.cmdline()) for c in alive]
     finally:
@@ -210,8 +207,11 @@ def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, t
     # the last line gdr writes (multiprocessing's resource tracker may warn after it, about a worker's semaphore)
     gdr_lines = [ln for ln in err.strip().splitlines() if ln.startswith("gdr ")]
     assert gdr_lines[-1:] == [f"gdr score: stopped by {name}; rerun the same command to resume"], err
-    # under 10 s on a quiet machine; on a loaded one, under the time the job took to start and score a shard
-    assert "Traceback" not in err and seconds < max(10.0, started), (seconds, started, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    # stopped where it was: no shard begun after the signal is finished (at most each worker's shard in flight,
+    # of the 15 the corpus has; each score call is slowed by 0.4 s, so going on would finish them all)
+    done = len(list((out / "P.shards").glob("*.done")))
+    assert done - done_at_signal <= 2 and done < 15, (done_at_signal, done)
     assert main(_score_args(toy, out)) == 0  # resumes the finished shards
     assert (out / "P.npy").is_file()
 
