@@ -316,7 +316,9 @@ def headline(report: dict) -> dict:
     if "gc" in ret:
         out["recall_at_1"] = ret["gc"]["recall@1"]
         k = report.get("results_per_query") or EvaluateSettings.k  # a report of before it was recorded: the default
-        out[f"rr_at_{k}"] = ret["gc"].get(f"mrr@{k}")
+        # an evaluation of before the depth naming, deeper than 100, has RR@100 alone: named so
+        rr = f"mrr@{k}" if f"mrr@{k}" in ret["gc"] else "mrr@100"
+        out[f"rr_at_{rr.split('@')[1]}"] = ret["gc"].get(rr)
     for method, m in ret.items():
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):
