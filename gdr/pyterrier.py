@@ -8,6 +8,12 @@
 >>> topics, qrels = topics_and_qrels("runs/bbc")                                # the run's test split  # doctest: +SKIP
 >>> pt.Experiment([bm25, gc, hkmi], topics, qrels, eval_metrics=["RR@10", "R@10"], baseline=0)  # doctest: +SKIP
 
+A cross-validated run (``queries.folds=K``) has K retrievers per indexer and seed, ``train-gc-s0-f0`` ..
+``-f<K-1>``, each trained without the topics of its fold. ``GenerativeRetriever.from_run(run, indexer="gc", seed=0)``
+then searches each topic with the retriever of the fold that held it out (the topic's fold as the run split its
+topics), so ``pt.Experiment`` over ``topics_and_qrels(run)`` (every topic of the run) gives the report's figures;
+``fold=f`` takes the one retriever of fold ``f`` for every topic.
+
 Both take a topics frame (``qid``, ``query``) and give PyTerrier's result frame: the topics' columns plus
 ``docno``, ``score`` and ``rank`` (from 0, as PyTerrier counts), best first, at most ``k`` rows per query. A
 generative retriever's rows are the ones ``gdr evaluate`` writes to ``run.trec`` (the constrained beam search of
@@ -24,13 +30,13 @@ import logging
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 from omegaconf import OmegaConf
 
 from gdr.data import corpus_from_config
-from gdr.data.splits import split_queries
+from gdr.data.splits import QuerySplits
 from gdr.eval.bm25 import BM25Index
 from gdr.stages.command_keys import EvaluateQueries, RunQueries
 from gdr.stages.settings import EvaluateSettings
@@ -91,17 +97,39 @@ class RunFolder:
         """The run's corpus, loaded from its ``data:`` settings."""
         return corpus_from_config(self.config["data"])
 
-    def queries(self, split: str = EvaluateQueries.split):
+    @cached_property
+    def _splits(self) -> QuerySplits:
+        """The run's query splits over its corpus, the query files read once for all of them."""
+        return QuerySplits(self.config["data"], self.corpus.doc_ids, self.config["data"].get("docs_tsv"))
+
+    @property
+    def folds(self) -> int | None:
+        """K of a run cross-validated over K folds of its topics (``queries.folds``), else None."""
+        k = (self.config.get("queries") or {}).get("folds")
+        return None if k is None else int(k)
+
+    def queries(self, split: str = EvaluateQueries.split, fold: int | None = None):
         """The ``split`` queries the run scores on (those with a relevant document in the corpus), a
-        :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split."""
+        :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split. In a cross-validated run, those of
+        the retrievers that hold out ``fold`` (None: every topic)."""
         from gdr.pipeline import _queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
 
-        section = _queries_section(OmegaConf.create(self.config), split)
-        qs = split_queries(section, self.config["data"], set(self.corpus.doc_ids), self.config["data"].get("docs_tsv"))
+        section = _queries_section(OmegaConf.create(self.config), split, fold)
+        qs = self._splits(section)
         if qs is None or len(qs) == 0:
             raise ValueError(f"{self.path}: the run's query set {section['name']!r} has no {split!r} query with a "
-                             "relevant document in its corpus")
+                             "relevant document in its corpus" + ("" if fold is None else f" in fold {fold}"))
         return qs
+
+    def topic_folds(self) -> dict[str, int]:
+        """Each topic id of a cross-validated run -> the fold whose retrievers were trained without it and scored on
+        it: the test split of each fold as the run made it (:func:`gdr.data.splits.split_queries` of the sections
+        ``gdr run`` read), so the routing is the run's split, never one made anew."""
+        if self.folds is None:
+            raise ValueError(f"{self.path}: the run is not cross-validated (queries.folds is null), so its topics "
+                             "have no folds")
+        test = self.config["queries"].get("test_split", RunQueries.test_split)
+        return {qid: fold for fold in range(self.folds) for qid in self.queries(test, fold).qids}
 
 
 def _complete(folder: Path) -> bool:
@@ -153,41 +181,91 @@ def _topics(transformer: pt.Transformer, topics: pd.DataFrame) -> pd.DataFrame:
 class GenerativeRetriever(pt.Transformer):
     """A trained gdr retriever (``gdr train`` / a ``train-<indexer>-s<seed>`` stage of ``gdr run``) as a
     ``pt.Transformer``: topics (``qid``, ``query``) in, results (``qid``, ``query``, ``docno``, ``score``,
-    ``rank``) out, the top ``k`` of a constrained beam search of width ``beam`` per query."""
+    ``rank``) out, the top ``k`` of a constrained beam search of width ``beam`` per query.
 
-    def __init__(self, retriever, k: int = EvaluateSettings.k, beam: int | None = None, name: str = "gdr"):
-        self.retriever, self.k, self.beam, self.name = retriever, int(k), beam, name
+    With ``fold_of`` (topic id -> fold), the retrievers of a cross-validated run, one per fold in fold order
+    (``retriever`` a sequence): each topic is searched by the retriever of its fold, the one trained without it."""
+
+    def __init__(self, retriever, k: int = EvaluateSettings.k, beam: int | None = None, name: str = "gdr",
+                 fold_of: Mapping[str, int] | None = None):
+        self.retrievers: list[Retriever] = [retriever] if fold_of is None else list(retriever)
+        self.fold_of = None if fold_of is None else {str(q): int(f) for q, f in fold_of.items()}
+        self.k, self.beam, self.name = int(k), beam, name
 
     @classmethod
-    def from_run(cls, run_dir: PathLike, indexer: str = "gc", seed: int = 0, *, k: int | None = None,
-                 beam: int | None = None, device: str | None = None, batch_size: int | str | None = None,
-                 ) -> "GenerativeRetriever":
+    def from_run(cls, run_dir: PathLike, indexer: str = "gc", seed: int = 0, *, fold: int | None = None,
+                 k: int | None = None, beam: int | None = None, device: str | None = None,
+                 batch_size: int | str | None = None) -> "GenerativeRetriever":
         """The retriever of ``indexer`` and ``seed`` in the ``gdr run`` folder ``run_dir`` (or the ``gdr train``
         folder ``run_dir`` itself), searching as the run's ``evaluate:`` section says unless ``k``, ``beam``,
-        ``device`` or ``batch_size`` are given."""
+        ``device`` or ``batch_size`` are given. Of a cross-validated run (``queries.folds=K``): the K retrievers
+        ``train-<indexer>-s<seed>-f<fold>``, each topic routed to that of the fold which held it out
+        (:meth:`RunFolder.topic_folds`; a topic the run does not have is refused), or with ``fold`` the one
+        retriever of that fold for every topic."""
         path = Path(run_dir)
+        name, fold_of = f"gdr-{indexer}-s{int(seed)}", None
         if (path / "model").is_dir() and (path / "docids.tsv").is_file():  # a train folder itself
-            folder, ev = path, {}
+            if fold is not None:
+                raise ValueError(f"{path}: fold={fold} picks a retriever of a cross-validated `gdr run` folder; this "
+                                 "is one retriever's folder: leave fold out")
+            folders, ev = [path], {}
         else:
             run = RunFolder(path)
-            folder, ev = run.stage_folder(f"train-{indexer}-s{int(seed)}"), run.evaluate
+            stage, ev, n_folds = f"train-{indexer}-s{int(seed)}", run.evaluate, run.folds
+            if n_folds is None:
+                if fold is not None:
+                    raise ValueError(f"{path}: fold={fold}, but the run is not cross-validated (its queries.folds is "
+                                     "null): leave fold out")
+                folders = [run.stage_folder(stage)]
+            elif fold is not None:
+                if not 0 <= int(fold) < n_folds:
+                    raise ValueError(f"fold={fold}: must be one of the run's folds 0 .. {n_folds - 1} "
+                                     f"(queries.folds={n_folds})")
+                folders, name = [run.stage_folder(f"{stage}-f{int(fold)}")], f"{name}-f{int(fold)}"
+            else:
+                folders, fold_of = [run.stage_folder(f"{stage}-f{f}") for f in range(n_folds)], run.topic_folds()
         k = int(k if k is not None else ev.get("k", EvaluateSettings.k))
         beam = int(beam if beam is not None else ev.get("beam") or k)
         penalty = float(ev.get("length_penalty", EvaluateSettings.length_penalty))
         batch_size = batch_size if batch_size is not None else ev.get("batch_size", EvaluateSettings.batch_size)
-        retriever = Retriever.load(folder, device=device if device is not None else ev.get("device"), beam=beam,
-                                   length_penalty=penalty, batch_size=batch_size)
-        return cls(retriever, k=k, beam=beam, name=f"gdr-{indexer}-s{int(seed)}")
+        retrievers = [Retriever.load(f, device=device if device is not None else ev.get("device"), beam=beam,
+                                     length_penalty=penalty, batch_size=batch_size) for f in folders]
+        return cls(retrievers if fold_of is not None else retrievers[0], k=k, beam=beam, name=name, fold_of=fold_of)
 
     def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
         topics = _topics(self, topics)
         if len(topics) == 0:
-            return _results(topics, self.retriever.doc_ids, [], [], self.k)
-        docs, scores, _ = self.retriever.search_ranked(topics["query"].tolist(), k=self.k, beam=self.beam)
-        return _results(topics, self.retriever.doc_ids, docs, scores, self.k)
+            return _results(topics, self.retrievers[0].doc_ids, [], [], self.k)
+        folds = self._folds(topics["qid"])  # (n_topics,) the retriever of each topic
+        parts = []
+        for f in np.unique(folds):  # one search per fold, over all of its topics at once
+            rows = np.flatnonzero(folds == f)
+            part = topics.iloc[rows].assign(_topic=rows)
+            retriever = self.retrievers[f]
+            docs, scores, _ = retriever.search_ranked(part["query"].tolist(), k=self.k, beam=self.beam)
+            parts.append(_results(part, retriever.doc_ids, docs, scores, self.k))
+        out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        # the topics in the order given, each topic's rows best first
+        return out.iloc[np.argsort(out["_topic"].to_numpy(), kind="stable")].drop(columns="_topic") \
+            .reset_index(drop=True)
+
+    def _folds(self, qids: pd.Series) -> np.ndarray:
+        """The index into ``retrievers`` of each topic: 0 for one retriever, else the topic's fold; a topic that is
+        not one of the cross-validated run's is refused (every fold's retriever may have trained on it)."""
+        if self.fold_of is None:
+            return np.zeros(len(qids), dtype=np.int64)
+        folds = qids.map(self.fold_of)
+        unknown = qids[folds.isna()]
+        if len(unknown):
+            raise ValueError(f"{self.name}: topic(s) {', '.join(unknown.iloc[:5])}{' ...' if len(unknown) > 5 else ''}"
+                             f" are not among the {len(self.fold_of)} topics of the cross-validated run, so no fold "
+                             "held them out; pass fold= to GenerativeRetriever.from_run to search with one fold's "
+                             "retriever")
+        return folds.to_numpy(dtype=np.int64)
 
     def __repr__(self) -> str:
-        return f"GenerativeRetriever({self.name!r}, k={self.k}, beam={self.beam})"
+        folds = "" if self.fold_of is None else f", folds={len(self.retrievers)}"
+        return f"GenerativeRetriever({self.name!r}, k={self.k}, beam={self.beam}{folds})"
 
 
 class BM25(pt.Transformer):

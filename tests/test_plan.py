@@ -294,9 +294,9 @@ def test_free_gb_resolves_the_batch_and_the_retrievers_at_once_as_the_run_did(ca
 
 def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_its_fold(tmp_path):
     runs = _runs(tmp_path, 0.2)
-    one = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]"]), "h200", 1, runs)}
-    five = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]", "queries.folds=5"]),
-                                        "h200", 1, runs)}
+    one = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]", "queries.folds=null"]),
+                                       "h200", 1, runs)}
+    five = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]"]), "h200", 1, runs)}
     n = len(load_config("run", ["+experiment=cranfield"]).indexers)
     assert f"{n} retrievers" in one["training"].basis and f"{5 * n} retrievers" in five["training"].basis
     n_ret, tested = re.search(r"(\d+) x \(?[^(]*?([\d,]+) test queries", five["evaluation"].basis).groups()

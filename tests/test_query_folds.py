@@ -1,6 +1,8 @@
 """Real topics split by a setting (queries.fractions) or cross-validated (queries.folds=K), on a TREC-like
-collection built in tmp_path: 30 documents, 15 topics of two relevant documents each, qrels in train/test files.
-Offline, CPU, tiny models."""
+collection built in tmp_path: 30 documents, 15 topics of two relevant documents each, qrels in train/test files;
+and the Cranfield protocol (`gdr run +experiment=cranfield`: 5 folds of its 225 real queries, four docid schemes)
+as composed, its split over the real collection and a rehearsal of the run on a slice of it. Offline, CPU, tiny
+models."""
 from __future__ import annotations
 
 import json
@@ -14,11 +16,13 @@ from test_pipeline import TOPICS, _args, setup  # noqa: F401  (module fixture: a
 import gdr
 import gdr.data.splits as splits_module
 from gdr.cli import main
-from gdr.config import rerun_command
-from gdr.data import load_trec
+from gdr.config import load_config, rerun_command
+from gdr.data import load_corpus, load_queries, load_trec
 from gdr.data.splits import QuerySplits, check_query_splits, fold_of, split_queries
 from gdr.data.titles import split_of
+from gdr.pipeline import _queries_section
 from gdr.rules import ConfigError
+from gdr.validate import validate
 
 N_TOPICS = 15
 
@@ -193,3 +197,79 @@ def test_the_api_takes_the_folds_too(trec):
     assert test.qids == _split(trec, "test", folds=5, fold=2, seed=0).qids and len(test) == 3
     with pytest.raises(ValueError, match=r"^fold=5: must be one of the folds 0 \.\. folds-1 \(folds=5\)$"):
         gdr.split_queries(corpus, "test", data=trec, folds=5, fold=5)
+
+
+def _cranfield(*overrides: str):
+    """``gdr run +experiment=cranfield`` as Hydra composes it (conf/experiment/cranfield.yaml), validated."""
+    cfg = load_config("run", ["+experiment=cranfield", *overrides])
+    validate("run", cfg)
+    return cfg
+
+
+def test_the_cranfield_protocol_tests_each_of_its_225_queries_once_with_the_bbc_schemes():
+    """The experiment as composed: 5 folds of Cranfield's 225 queries (graded judgements, every query a test query
+    of one fold and a training query of the four others) and the four docid schemes of the BBC protocol."""
+    cfg = _cranfield()
+    assert cfg.data.name == "cranfield" and cfg.queries.name == "cranfield" and cfg.queries.folds == 5
+    assert list(cfg.indexers) == list(load_config("run", ["+experiment=bbc"]).indexers) == [
+        "gc", "hkmi", "bmi", "random"]
+    corpus = load_corpus("cranfield")
+    splits = QuerySplits(dict(cfg.data), corpus.doc_ids)
+    everyone = splits(_queries_section(cfg, cfg.queries.test_split))  # fold None: BM25's test queries, every topic
+    assert everyone.qids == [str(i) for i in range(1, 226)]
+    assert {g for grades in everyone.grades for g in grades} == {1, 2, 3, 4}  # cranqrel's codes, 1 = most relevant
+    tested = []
+    for f in range(5):
+        test = splits(_queries_section(cfg, cfg.queries.test_split, f))
+        train = splits(_queries_section(cfg, cfg.queries.train_split, f))
+        assert len(test) == 45 and len(train) == 180 and not set(test.qids) & set(train.qids)
+        assert test.grades == [everyone.grades[everyone.qids.index(q)] for q in test.qids]
+        tested += test.qids
+    assert sorted(tested, key=int) == everyone.qids  # every query a test query exactly once
+    assert dict(zip(everyone.qids, fold_of(everyone.qids, 5, cfg.queries.seed).tolist())) == {
+        q: f for f in range(5) for q in splits(_queries_section(cfg, "test", f)).qids}
+    # the single split stays one override away: the query set's own 68 test queries
+    one = _cranfield("queries.folds=null")
+    assert len(QuerySplits(dict(one.data), corpus.doc_ids)(_queries_section(one, "test"))) == 68
+
+
+def test_a_slice_of_the_corpus_keeps_the_grade_of_each_judgement_it_keeps():
+    """Judgements of documents outside a sampled corpus go with their grades (Cranfield, 200 of 1,400 documents)."""
+    corpus = load_corpus("cranfield", n_docs=200)
+    qs = split_queries({"name": "cranfield", "split": "test", "path": None, "folds": 5, "fold": None, "seed": 0},
+                       {"name": "cranfield"}, set(corpus.doc_ids))
+    full = load_queries("cranfield")
+    grade = {(q, d): g for q, rel, gs in zip(full.qids, full.relevant, full.grades) for d, g in zip(rel, gs)}
+    assert 5 <= len(qs) < 225 and sum(map(len, qs.relevant)) < sum(map(len, full.relevant))
+    assert all(set(rel) <= set(corpus.doc_ids) for rel in qs.relevant)
+    assert qs.grades == [[grade[(q, d)] for d in rel] for q, rel in zip(qs.qids, qs.relevant)]
+
+
+@pytest.mark.slow
+def test_the_cranfield_protocol_rehearsed_on_a_slice(setup, tmp_path, capsys):  # noqa: F811
+    """`gdr run +experiment=cranfield` at test size (80 of the 1,400 documents, the topics judged on them, tiny
+    models, one seed): 5 folds x the four schemes = 20 retrievers, each topic scored by the fold that held it out,
+    the schemes compared over every topic, the report and the JSON line as for the full run."""
+    root, folder = setup
+    out = tmp_path / "run"
+    tiny = [a for a in _args(root, folder, out, "seeds=[0]") if not a.startswith("data.name=")][1:]
+    args = ["run", "+experiment=cranfield", *tiny, "data.n_docs=80", "train.trainer.min_steps=0",
+            "train.trainer.val_check_interval=null", "train.trainer.patience_steps=null"]
+    validate("run", load_config("run", args[1:]))
+    assert main(args) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads((out / "report.json").read_text())
+    stages = {s["name"]: s for s in report["stages"]}
+    n = report["query_split"]["n_topics"]
+    assert report["query_split"] == {"by": "folds", "folds": 5, "seed": 0, "n_topics": n} and n >= 5
+    assert report["n_test_queries"] == n and report["partial"] is None
+    assert list(report["retrieval"]) == ["gc", "hkmi", "bmi", "random"]
+    bm25 = set(json.loads((out / stages["bm25"]["folder"] / "per_query.json").read_text())["qids"])
+    for m in report["retrieval"]:
+        qids = [q for f in range(5) for q in
+                json.loads((out / stages[f"eval-{m}-s0-f{f}"]["folder"] / "per_query.json").read_text())["qids"]]
+        assert len(qids) == n and set(qids) == bm25  # each topic in exactly one fold's test
+    assert {c["b"]: c["n_queries"] for c in report["comparisons"]} == {"hkmi": n, "bmi": n, "random": n, "bm25": n}
+    assert len((out / "retrievers.jsonl").read_text().splitlines()) == 20
+    assert f"Cross-validated over 5 folds of the {n} topics" in (out / "report.md").read_text()
+    assert line["rr_at_10"] == report["retrieval"]["gc"]["mrr@10"]

@@ -189,15 +189,18 @@ def _assign_splits(qs: QuerySet, q: dict[str, Any]) -> QuerySet:
 
 
 def _in_corpus(qs: QuerySet, corpus_ids: set[str], what: str) -> QuerySet:
-    """The queries of ``qs`` with their relevant documents restricted to ``corpus_ids``; a query left with none
-    is dropped (said in the log)."""
-    keep_rel = [[d for d in rel if d in corpus_ids] for rel in qs.relevant]
+    """The queries of ``qs`` with their relevant documents (and those documents' grades) restricted to
+    ``corpus_ids``; a query left with none is dropped (said in the log)."""
+    inside = [[d in corpus_ids for d in rel] for rel in qs.relevant]
+    keep_rel = [[d for d, k in zip(rel, m) if k] for rel, m in zip(qs.relevant, inside)]
     keep = np.array([len(r) > 0 for r in keep_rel], dtype=bool)
     if not keep.all():
         log.info("%d of %d %s queries have no relevant document in this corpus; dropped",
                  int((~keep).sum()), len(keep), what)
     out = qs.select(np.flatnonzero(keep))
     out.relevant = [r for r, k in zip(keep_rel, keep) if k]
+    if qs.grades is not None:
+        out.grades = [[g for g, k in zip(gs, m) if k] for gs, m, q in zip(qs.grades, inside, keep) if q]
     return out
 
 

@@ -305,8 +305,8 @@ def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = Eva
 
 def headline(report: dict) -> dict:
     """The one JSON line printed last: time, GC vs k-means clustering, Recall@1 (Success@1) per indexer and of BM25,
-    GC's RR at the run's depth k (under the demo's key ``mrr_at_100``: RR@100, the default k; at another k the RR of
-    a run cut there, RR@k) and the paired permutation p-value of GC vs HKmI on Recall@1."""
+    GC's RR at the run's depth k under a key that names it (``rr_at_<k>``: ``rr_at_100`` at the default k,
+    ``rr_at_20`` at ``evaluate.k=20``) and the paired permutation p-value of GC vs HKmI on Recall@1."""
     out: dict = {"seconds": report["seconds"]}
     c = report.get("cluster") or {}
     for k in ("gc_ari", "logp_kmeans_ari", "gc_largest_cluster_share"):
@@ -315,8 +315,10 @@ def headline(report: dict) -> dict:
     ret = report["retrieval"]
     if "gc" in ret:
         out["recall_at_1"] = ret["gc"]["recall@1"]
-        gc = ret["gc"]  # an evaluation of before the depth naming, deeper than 100, has RR@100 alone
-        out["mrr_at_100"] = gc.get(f"mrr@{report.get('results_per_query') or 100}", gc.get("mrr@100"))
+        k = report.get("results_per_query") or EvaluateSettings.k  # a report of before it was recorded: the default
+        # an evaluation of before the depth naming, deeper than 100, has RR@100 alone: named so
+        rr = f"mrr@{k}" if f"mrr@{k}" in ret["gc"] else "mrr@100"
+        out[f"rr_at_{rr.split('@')[1]}"] = ret["gc"].get(rr)
     for method, m in ret.items():
         out[f"{method}_recall_at_1"] = m["recall@1"]
     if report.get("bm25"):
