@@ -783,7 +783,8 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
     run.retrievers[ms] = {
         "indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}), "train": train.path.name,
         "eval": ev.path.name, "train_seconds": train.seconds, "eval_seconds": ev.seconds,
-        **train_stage.best_record(monitor, score), "metrics": ev.info["metrics"]}
+        **train_stage.best_record(monitor, score), "curve": train_stage.read_curve(train.path),
+        "metrics": ev.info["metrics"]}
     _write_retrievers(run)
     done = sum(map(len, run.folds_done.values())) if fold is not None else sum(map(len, run.results.values()))
     total = len(run.indexes) * len(run.cfg.seeds) * len(_folds(run.cfg))
@@ -850,7 +851,8 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         trained_on=trained_on(cfg, run.corpus, train_q, run.uses_generated), partial=partial,
                         unknown_qrels=sum((_test_queries(run, run.test_q).info.get("unknown_qrels")
                                            or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
-                        predicted=predicted, query_split=query_split(run))
+                        predicted=predicted, query_split=query_split(run),
+                        retrievers=[run.retrievers[ms] for ms in retriever_order(run) if ms in run.retrievers])
 
 
 def query_split(run: RunContext) -> dict:
