@@ -255,12 +255,13 @@ class _ResumedWriter(ExperimentWriter):
 
 def learning_curve(out_dir: str | os.PathLike, metric: str) -> list[list[float]]:
     """``[[step, value], ...]`` of ``metric`` (e.g. ``val/recall@1``) from a training's ``out_dir/logs/metrics.csv``,
-    one point per validation in step order (a step validated twice, e.g. the end-of-run validation, keeps its last
-    value); [] when the file or the column is missing (a training without a dev split)."""
+    one point per validation in step order, ``step`` the optimiser steps taken before it (Lightning logs a
+    validation under the index of the step it follows, one less); a step validated twice (the end-of-run
+    validation) keeps its last value; [] when the file or the column is missing (a training without a dev split)."""
     path = Path(out_dir) / "logs" / "metrics.csv"
     if not path.is_file():
         return []
     with path.open(newline="", encoding="utf-8") as f:
-        points = {int(r["step"]): float(r[metric]) for r in csv.DictReader(f)
+            points = {int(r["step"]) + 1: float(r[metric]) for r in csv.DictReader(f)
                   if r.get(metric) not in (None, "") and str(r.get("step", "")).isdigit()}
     return [[step, points[step]] for step in sorted(points)]
