@@ -482,8 +482,8 @@ def test_cli_random_and_atomic(planted, tmp_path):
         assert len(ids) == 50 and len(set(codes)) == 50
 
 
-TOPIC_WORDS = [w.split() for w in ("match goal league striker coach season", "shares market profit bank investors rate",
-                                   "film actor award director cinema festival", "election minister party vote labour poll")]
+TOPIC_WORDS = [w.split() for w in ("match goal league striker coach season", "shares market profit bank investors",
+                                   "film actor award director cinema festival", "election minister party vote poll")]
 
 
 def topic_texts(n: int) -> list[str]:
