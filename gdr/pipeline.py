@@ -7,11 +7,12 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     doc-queries-<key>/       gdr sample sample.per_doc=N   generated training queries per document
     index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer
     bm25-<key>/              BM25 on the test queries (reference)
-    train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
+    train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed); curve.json: its learning
+                                            curve (dev metric against step), also in its retrievers.jsonl line
     eval-<method>-s<seed>-<key>/            gdr evaluate  Success@1/10/k, R@10/k, RR@k (k = evaluate.k), TREC run
                                             (queries.folds=K: -s<seed>-f<fold>, K of each, one per held-out fold)
     retrievers.jsonl         a line of test figures per retriever of this run finished so far (rewritten)
-    report.md  report.png  report.json  run.config.yaml
+    report.md  report.png  report.json  run.config.yaml  curves.png (the retrievers' learning curves)
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
 the run folder and the records so far); each stage is a :class:`StageSpec` built by its own function below it
