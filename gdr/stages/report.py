@@ -275,23 +275,26 @@ def _curve_lines(retrievers: Sequence[dict]) -> list[str]:
 
 
 def plot_learning_curves(retrievers: Sequence[dict], path: Path, title: str) -> None:
-    """``curves.png``: each retriever's dev metric against the optimiser step, one colour per docid scheme, one line
-    per seed (and fold)."""
+    """``curves.png``: each retriever's dev metric against the optimiser step, one colour per docid scheme, a thin
+    line per seed (and fold) and a thick one for the scheme's mean where its curves share their steps."""
     matplotlib.use("Agg")
 
     schemes = list(dict.fromkeys(r["indexer"] for r in retrievers))
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(schemes)}
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for r in retrievers:
-        steps, values = np.array(r["curve"], dtype=float).T
-        first = r is next(x for x in retrievers if x["indexer"] == r["indexer"])
-        ax.plot(steps, 100 * values, color=colours[r["indexer"]], lw=1.2, alpha=0.8,
-                label=SCHEME_NAMES.get(r["indexer"], r["indexer"]) if first else None)
+    for m in schemes:
+        curves = [np.array(r["curve"], dtype=float) for r in retrievers if r["indexer"] == m]  # each (points, 2)
+        for c in curves:
+            ax.plot(c[:, 0], 100 * c[:, 1], color=colours[m], lw=0.8, alpha=0.35)
+        same = all(c.shape == curves[0].shape and (c[:, 0] == curves[0][:, 0]).all() for c in curves)
+        mean = np.mean(np.stack([c[:, 1] for c in curves]), axis=0) if same else curves[0][:, 1]
+        ax.plot(curves[0][:, 0], 100 * mean, color=colours[m], lw=2.0,
+                label=SCHEME_NAMES.get(m, m) + (f" (mean of {len(curves)})" if same and len(curves) > 1 else ""))
     metric = next((r.get("best_val_metric") for r in retrievers if r.get("best_val_metric")), "dev metric")
     ax.set_xlabel("optimiser step")
     ax.set_ylabel(f"dev {metric} (%)")
     ax.legend(fontsize=8)
-    ax.set_title(title + " (one line per seed)")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
