@@ -7,11 +7,12 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     doc-queries-<key>/       gdr sample sample.per_doc=N   generated training queries per document
     index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer
     bm25-<key>/              BM25 on the test queries (reference)
-    train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed)
+    train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed); curve.json: its learning
+                                            curve (dev metric against step), also in its retrievers.jsonl line
     eval-<method>-s<seed>-<key>/            gdr evaluate  Success@1/10/k, R@10/k, RR@k (k = evaluate.k), TREC run
                                             (queries.folds=K: -s<seed>-f<fold>, K of each, one per held-out fold)
     retrievers.jsonl         a line of test figures per retriever of this run finished so far (rewritten)
-    report.md  report.png  report.json  run.config.yaml
+    report.md  report.png  report.json  run.config.yaml  curves.png (the retrievers' learning curves)
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
 the run folder and the records so far); each stage is a :class:`StageSpec` built by its own function below it
@@ -843,7 +844,8 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
     run.retrievers[ms] = {
         "indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}), "train": train.path.name,
         "eval": ev.path.name, "train_seconds": train.seconds, "eval_seconds": ev.seconds,
-        **train_stage.best_record(monitor, score), "metrics": ev.info["metrics"]}
+        **train_stage.best_record(monitor, score), "curve": train_stage.read_curve(train.path),
+        "metrics": ev.info["metrics"]}
     _write_retrievers(run)
     done = sum(map(len, run.folds_done.values())) if fold is not None else sum(map(len, run.results.values()))
     total = len(run.indexes) * len(run.cfg.seeds) * len(_folds(run.cfg))
@@ -910,7 +912,8 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         trained_on=trained_on(cfg, run.corpus, train_q, run.uses_generated), partial=partial,
                         unknown_qrels=sum((_test_queries(run, run.test_q).info.get("unknown_qrels")
                                            or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
-                        predicted=predicted, query_split=query_split(run))
+                        predicted=predicted, query_split=query_split(run),
+                        retrievers=[run.retrievers[ms] for ms in retriever_order(run) if ms in run.retrievers])
 
 
 def query_split(run: RunContext) -> dict:

@@ -1,6 +1,7 @@
 """Baseline indexers by hierarchical k-means (faiss) on embeddings, same K, c and driver as GC.
 
-* HKmI (DSI, NCI): embeddings of the documents themselves.
+* HKmI (DSI, NCI): embeddings of the documents themselves, by a sentence encoder or by tf-idf reduced with a
+  truncated SVD (:func:`tfidf_svd_embeddings`: no neural model, so not the retriever's own encoder).
 * BMI (Du et al. 2024): each document is the mean embedding of its generated queries.
 
 Embeddings come from any ``embed_fn(texts) -> (n, d) float32`` (default
@@ -28,6 +29,7 @@ __all__ = [
     "KMeansSplitter",
     "build_kmeans_index",
     "document_embeddings",
+    "tfidf_svd_embeddings",
     "query_mean_embeddings",
     "read_doc_queries",
 ]
@@ -98,6 +100,26 @@ def build_kmeans_index(embeddings: np.ndarray, *, n_clusters: int = TreeOptions.
 def document_embeddings(texts: Sequence[str], embed_fn: EmbedFn) -> np.ndarray:
     """HKmI input: one embedding per document text, float32 of shape (n_docs, d)."""
     return np.ascontiguousarray(embed_fn(list(texts)), dtype=np.float32)
+
+
+def tfidf_svd_embeddings(texts: Sequence[str], dim: int = IndexKMeans.svd_dim, seed: int = 0) -> np.ndarray:
+    """HKmI input without a neural model: sublinear tf-idf of the texts, reduced to ``dim`` components by a
+    truncated SVD (latent semantic analysis), L2-normalised rows; float32 of shape (n_docs, d), the same for the
+    same texts, ``dim`` and ``seed`` (the SVD's random projections are seeded). ``d`` is ``dim`` capped at one
+    less than the documents and than the vocabulary (TruncatedSVD's limit); a corpus of one document or one term
+    gets its tf-idf rows as they are."""
+    # optional: gdr[eval] (scikit-learn); only this embedding needs it
+    from sklearn.decomposition import TruncatedSVD
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    x = TfidfVectorizer(sublinear_tf=True, dtype=np.float32).fit_transform(list(texts))    # (n_docs, vocab) sparse
+    d = min(int(dim), x.shape[0] - 1, x.shape[1] - 1)
+    if d < 1:
+        emb = x.toarray()
+    else:
+        emb = TruncatedSVD(n_components=d, algorithm="randomized", n_iter=7, random_state=seed).fit_transform(x)
+    emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    return np.ascontiguousarray(emb, dtype=np.float32)
 
 
 def query_mean_embeddings(doc_ids: Sequence[str], doc_queries: Mapping[str, Sequence[str]], embed_fn: EmbedFn,

@@ -114,7 +114,12 @@ class IndexKMeans:
 
     docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)")
     doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}")
-    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers model (bundled minilm-l6 works offline)")
+    embed_model: str = setting(EMBED_MODEL, "hkmi (embedding=model) and bmi: any sentence-transformers model "
+                                          "(bundled minilm-l6 works offline)")
+    embedding: str = setting("model", "hkmi's document vectors: model = embed_model | tfidf-svd = tf-idf of the "
+                                      "texts reduced by TruncatedSVD (no neural model, so not the retriever's "
+                                      "encoder); bmi always embeds its queries with embed_model")
+    svd_dim: int = setting(256, "embedding=tfidf-svd: SVD components (at most n_docs - 1 and the vocabulary - 1)")
     batch_size: int = setting(EMBED_BATCH, "texts per encoder batch")
     n_init: int = setting(1, "faiss nredo")
     max_iter: int = setting(25, "faiss niter")

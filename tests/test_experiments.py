@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gdr.cli.help import CONFIG_OF
-from gdr.config import conf_dir, load_config
+from gdr.config import conf_dir, load_config, to_container
 from gdr.validate import ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,3 +94,32 @@ def test_stand_ins_are_checked(tmp_path):
     cfg = compose("run", "msmarco-lite", tmp_path, f"data.docs_tsv={tmp_path / 'absent.tsv'}")
     with pytest.raises(ConfigError, match=r"^data\.docs_tsv=.*absent\.tsv: no such file"):
         validate("run", cfg)
+
+
+def test_bbc_protocol_follows_nci_and_bmi(tmp_path):
+    """conf/experiment/bbc.yaml as reports/retriever-recipe.md says: the retriever as NCI sets it, a fixed budget
+    kept whole with its final weights, K = 30 and leaf 30, HKmI on tf-idf + SVD vectors; the named variants change
+    only what they name."""
+    cfg = compose("run", "bbc", tmp_path)
+    validate("run", cfg)
+    assert cfg.train.model.size == "small30m" and cfg.train.model.pawa is True
+    assert cfg.train.optim.consistency_weight == 0.15 and cfg.doc_queries.per_doc == 15
+    t = cfg.train.trainer
+    assert t.max_epochs == 40 and t.max_steps == -1 and t.weights == "final"
+    assert t.patience == 0 and t.patience_steps is None and t.min_steps == 0
+    assert cfg.index.n_clusters == 30 and cfg.index.leaf_size == 30
+    assert cfg.index.kmeans.embedding == "tfidf-svd"
+    base = to_container(cfg)
+    for name, changed in (("bbc-k10", {("index", "n_clusters"): 10, ("index", "leaf_size"): 10}),
+                          ("bbc-minilm", {("index", "kmeans", "embedding"): "model"})):
+        variant = compose("run", name, tmp_path)
+        validate("run", variant)
+        flat_v, flat_b = _flat(to_container(variant)), _flat(base)
+        assert {k: v for k, v in flat_v.items() if flat_b.get(k) != v} == {**changed, ("out",): f"runs/{name}"}
+
+
+def _flat(d: dict, prefix: tuple = ()) -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, (*prefix, k)) if isinstance(v, dict) else {(*prefix, k): v})
+    return out

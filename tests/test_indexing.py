@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from gdr.indexing.gc import (
     root_statistics,
     row_groups,
 )
-from gdr.indexing.kmeans import build_kmeans_index, query_mean_embeddings
+from gdr.indexing.kmeans import build_kmeans_index, query_mean_embeddings, tfidf_svd_embeddings
 from gdr.indexing.synthetic import planted_hierarchy, planted_logp, write_planted_npy
 from gdr.indexing.tree import atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels, random_tree
 from gdr.store.rows import PMatrix
@@ -479,3 +480,52 @@ def test_cli_random_and_atomic(planted, tmp_path):
         assert index_main([f"method={method}", f"run={run}", f"out={out}", "progress=false", "plot=false"]) == 0
         ids, codes = read_docids(out / "docids.tsv")
         assert len(ids) == 50 and len(set(codes)) == 50
+
+
+TOPIC_WORDS = [w.split() for w in ("match goal league striker coach season", "shares market profit bank investors",
+                                   "film actor award director cinema festival", "election minister party vote poll")]
+
+
+def topic_texts(n: int) -> list[str]:
+    """n documents, document i of topic i % 4: four of its topic's words and two words every topic shares."""
+    rng = np.random.default_rng(1)
+    return [" ".join([*rng.choice(TOPIC_WORDS[i % 4], 4, replace=False), "the", "news", f"w{i}"]) for i in range(n)]
+
+
+def test_tfidf_svd_embeddings_separate_topics_and_repeat_under_a_seed():
+    texts = topic_texts(80)
+    emb = tfidf_svd_embeddings(texts, dim=8, seed=3)
+    assert emb.shape == (80, 8) and emb.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(emb, tfidf_svd_embeddings(texts, dim=8, seed=3))
+    t = build_kmeans_index(emb, n_clusters=4, leaf_size=4, seed=0, n_init=5, progress=False)
+    check_prefix_code(t.codes, 4)
+    assert adjusted_rand_score([i % 4 for i in range(80)], [c[0] for c in t.codes]) == 1.0
+    assert tfidf_svd_embeddings(texts[:5], dim=256).shape == (5, 4)  # at most n_docs - 1 components
+    assert tfidf_svd_embeddings(["same"], dim=8).shape == (1, 1)     # one document: its tf-idf row
+
+
+def test_hkmi_on_tfidf_svd_gives_prefix_codes_the_same_under_a_seed(tmp_path):
+    """``gdr index method=hkmi kmeans.embedding=tfidf-svd``: valid prefix-code docids, byte-identical when rebuilt
+    with the same seed, and the manifest names the embedding and its dimension."""
+    from gdr.cli.commands.index import index_main
+
+    texts = topic_texts(60)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"doc_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+
+    def build(name: str, seed: int) -> Path:
+        out = tmp_path / name
+        assert index_main(["method=hkmi", f"kmeans.docs={docs}", "kmeans.embedding=tfidf-svd", "kmeans.svd_dim=6",
+                           "n_clusters=4", "leaf_size=4", f"seed={seed}", f"out={out}", "progress=false",
+                           "plot=false"]) == 0
+        return out
+
+    a, b, c = build("a", 0), build("b", 0), build("c", 1)
+    ids, codes = read_docids(a / "docids.tsv")
+    check_prefix_code(codes, 4)
+    assert len(ids) == 60 and len(set(codes)) == 60
+    assert (a / "docids.tsv").read_bytes() == (b / "docids.tsv").read_bytes()
+    check_prefix_code(read_docids(c / "docids.tsv")[1], 4)
+    man = json.loads((a / "manifest.json").read_text())
+    assert man["embed_model"] == "tfidf-svd" and man["embedding_dim"] == 6

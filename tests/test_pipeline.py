@@ -178,6 +178,31 @@ def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path
     assert "gc_vs_hkmi_recall_at_1_p" not in head and report["verdict"] == ""
 
 
+def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(setup, tmp_path, capsys):
+    """The protocol's training (no early stop, the final weights kept) validated every 2 steps: each train stage
+    folder holds curve.json, a point per validation, the same in the retriever's retrievers.jsonl line; the report
+    draws them (curves.png) and says where each peaked; HKmI's docids come from tf-idf + SVD vectors."""
+    root, folder = setup
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out, "indexers=[hkmi,random]", "bm25=false", "index.kmeans.embedding=tfidf-svd",
+                      "index.kmeans.svd_dim=8", "train.trainer.check_val_every_n_epoch=null",
+                      "train.trainer.val_check_interval=2", "train.trainer.patience=0",
+                      "train.trainer.weights=final")) == 0
+    capsys.readouterr()
+    stages = _stages(out)
+    index = json.loads((out / stages["index-hkmi"]["folder"] / "manifest.json").read_text())
+    assert index["embed_model"] == "tfidf-svd" and index["embedding_dim"] == 8
+    lines = [json.loads(x) for x in (out / "retrievers.jsonl").read_text().splitlines()]
+    assert [x["indexer"] for x in lines] == ["hkmi", "random"]
+    for line in lines:
+        curve = json.loads((out / line["train"] / "curve.json").read_text())
+        assert [s for s, _ in curve] == [2, 4, 6] and all(0.0 <= v <= 1.0 for _, v in curve)
+        assert line["curve"] == curve
+    assert (out / "curves.png").is_file()
+    md = (out / "report.md").read_text()
+    assert "Learning curves" in md and "HKmI seed 0: val/recall@1 peaked at" in md
+
+
 @pytest.mark.slow
 def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     root, folder = setup

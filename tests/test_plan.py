@@ -14,6 +14,8 @@ from gdr.training.concurrent import concurrent_for_memory
 
 STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexing", "bm25", "training", "evaluation",
           "reports"]
+# the protocol of the committed H200 run (reports/gpu-runs/2026-11-27-bbc-compare/): early stopping, K = 10
+BBC_1127 = "bbc-2026-11-27"
 
 
 def _runs(tmp_path, scoring_fraction: float, warmup: float = 10.0):
@@ -112,12 +114,12 @@ def test_format_plan_lists_the_stages_and_both_totals():
 
 
 def _training(tmp_path, *overrides: str, device: str = "h200") -> StagePlan:
-    cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024", *overrides])
+    cfg = load_config("run", [f"+experiment={BBC_1127}", "train.trainer.batch_size=1024", *overrides])
     return {s.name: s for s in plan_run(cfg, device, 1, _runs(tmp_path, 0.2))}["training"]
 
 
 def test_the_bbc_plan_trains_the_four_schemes_three_seeds_each(tmp_path):
-    cfg = load_config("run", ["+experiment=bbc"])
+    cfg = load_config("run", [f"+experiment={BBC_1127}"])
     assert list(cfg.indexers) == ["gc", "hkmi", "bmi", "random"]
     assert _training(tmp_path).basis.startswith("12 retrievers x 500 steps (assumed: the dev score best at the floor, "
                                                 "then the patience) from 300 ")
@@ -138,7 +140,7 @@ def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_
     assert "2 worker spawns" in two.basis and "spawn" not in one.basis
     assert "100.0% of the limit" in all_.basis and "assumed: concurrent runs overlap" in two.basis
     assert "assumed: concurrent" not in one.basis
-    cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024", "train.concurrent=12"])
+    cfg = load_config("run", [f"+experiment={BBC_1127}", "train.trainer.batch_size=1024", "train.concurrent=12"])
     eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}["training"]
     assert " 1 at once" in eight.basis  # each retriever data-parallel over the 8 GPUs, as the run resolves it
     assert eight.seconds - 12 == pytest.approx((one.seconds - 12) / 8)
@@ -221,7 +223,7 @@ def test_the_bundled_gguf_lm_loads_by_the_fast_conversion(tmp_path):
 def test_the_plan_prints_both_totals(capsys):
     from gdr.cli import main
 
-    assert main(["plan", "+experiment=bbc", "device=h100"]) == 0
+    assert main(["plan", f"+experiment={BBC_1127}", "device=h100"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
     assert out[-4].startswith("total ") and out[-3].startswith("total, early stop")
@@ -247,7 +249,7 @@ def test_check_sets_a_finished_run_beside_its_plan_and_its_factors_reproduce_it(
     assert rows["total"][3] == 751.1 and rows["train, all 12"][3] == pytest.approx(388.7, abs=0.1)
     assert rows["score"][1] == rows["score"][2]  # no factors in that folder yet
     assert "batch 576 (auto for 20.6 GB free)" in {s.name: s for s in plan_run(
-        load_config("run", ["+experiment=bbc"]), "h200", 1, runs, free=20.6e9)}["training"].basis
+        load_config("run", [f"+experiment={BBC_1127}"]), "h200", 1, runs, free=20.6e9)}["training"].basis
     write_factors(before, runs)
     after = check_run(BBC_RUN, folder=runs)
     rows = {r[0]: r for r in after.rows}
@@ -282,10 +284,10 @@ def test_free_gb_resolves_the_batch_and_the_retrievers_at_once_as_the_run_did(ca
     once; with the whole memory free the same rules give batch 1,024 and several at once."""
     from gdr.cli import main
 
-    assert main(["plan", "+experiment=bbc", "device=h200", "free_gb=20.6"]) == 0
+    assert main(["plan", f"+experiment={BBC_1127}", "device=h200", "free_gb=20.6"]) == 0
     basis = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]["training"]["basis"]
     assert "batch 576 (auto for 20.6 GB free)" in basis and "1 at once (auto: what the memory holds for 20.6" in basis
-    assert main(["plan", "+experiment=bbc", "device=h200"]) == 0
+    assert main(["plan", f"+experiment={BBC_1127}", "device=h200"]) == 0
     basis = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stages"]["training"]["basis"]
     assert "batch 1024 (auto)" in basis and "1 at once" not in basis
     assert main(["plan", "+experiment=bbc", "free_gb=lots"]) == 2

@@ -920,3 +920,48 @@ def test_batch_512_with_scaled_lr_reaches_the_batch_64_recall(tmp_path, word_tok
     large = [recall_at_1(512, 120, s) for s in range(3)]
     print(f"Recall@1 batch 64 x 40 epochs: {small}; batch 512 x 120 epochs: {large}")
     assert np.mean(large) >= np.mean(small) - (max(small) - min(small))
+
+
+def test_fixed_budget_decays_the_learning_rate_to_zero_and_keeps_the_final_weights(tmp_path, word_tokenizer):
+    """The protocol's training (conf/experiment/bbc.yaml): no early stop, every step of ``max_epochs`` taken, the
+    learning rates warmed up, then decayed linearly to 0 after the last step (NCI's and BMI's schedule), the final
+    weights exported (``trainer.weights=final``), and the dev metric of every validation in the learning curve."""
+    import pytorch_lightning as pl
+
+    from gdr.training.callbacks import learning_curve
+
+    class Rates(pl.Callback):
+        def __init__(self):
+            self.used, self.after, self.final = [], None, None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.used.append([g["lr"] for g in trainer.optimizers[0].param_groups])
+
+        def on_train_end(self, trainer, pl_module):
+            self.after = [g["lr"] for g in trainer.optimizers[0].param_groups]
+            self.final = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+
+    doc_ids, texts, codes = toy_corpus(20)
+    rates = Rates()
+    # 40 training queries, 10 of them dev: 30 a run, batch 8 = 4 steps an epoch, 6 epochs = 24 steps
+    res = train(tmp_path / "run", tiny_config(word_tokenizer, dropout=0.1), doc_ids, codes,
+                train_queries=texts * 2, train_rel=[[i] for i in range(20)] * 2,
+                examples=ExampleOptions(dev_fraction=0.25, doc_first=False, doc_windows=0),
+                optim=OptimOptions(lr_encoder=1e-3, lr_decoder=2e-3, warmup_steps=4, weight_decay=0.0,
+                                   consistency_weight=0.15),
+                trainer_opts=TrainerOptions(max_epochs=6, batch_size=8, enable_progress_bar=False, tensorboard=False,
+                                            resume=False, val_beam=4, num_sanity_val_steps=0, patience=0,
+                                            check_val_every_n_epoch=None, val_check_interval=5, weights="final"),
+                seed=0, callbacks=[rates])
+    assert res.global_step == len(rates.used) == 24
+    used = np.array(rates.used)                                              # (steps, param groups)
+    peak = used.max(0)
+    assert sorted(set(np.round(peak, 9))) == [1e-3, 2e-3]                   # each group reaches its rate ...
+    decay = np.broadcast_to((24 - np.arange(4, 24))[:, None] / 20, used[4:].shape)
+    np.testing.assert_allclose(used[4:] / peak, decay, rtol=1e-6)           # ... then linearly down ...
+    assert rates.after == [0.0] * len(rates.after)                          # ... to 0 after the last step
+    exported = GenerativeRetriever.load(tmp_path / "run" / "model").state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in rates.final.items())  # the final weights, not the best
+    curve = learning_curve(tmp_path / "run", "val/recall@1")
+    assert [s for s, _ in curve] == [5, 10, 15, 20]                         # every 5 steps
+    assert all(0.0 <= v <= 1.0 for _, v in curve)

@@ -18,7 +18,8 @@ from gdr.guard import die_with_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "ValidationLog", "validates_next", "TrainingCSVLogger"]
+__all__ = ["DiesWithParent", "StopOnSignal", "LossRecorder", "ValidationLog", "validates_next", "TrainingCSVLogger",
+           "learning_curve"]
 
 
 class DiesWithParent(pl.Callback):
@@ -250,3 +251,17 @@ class _ResumedWriter(ExperimentWriter):
                 writer.writeheader()
                 writer.writerows(kept)
             os.replace(tmp, path)
+
+
+def learning_curve(out_dir: str | os.PathLike, metric: str) -> list[list[float]]:
+    """``[[step, value], ...]`` of ``metric`` (e.g. ``val/recall@1``) from a training's ``out_dir/logs/metrics.csv``,
+    one point per validation in step order, ``step`` the optimiser steps taken before it (Lightning logs a
+    validation under the index of the step it follows, one less); a step validated twice (the end-of-run
+    validation) keeps its last value; [] when the file or the column is missing (a training without a dev split)."""
+    path = Path(out_dir) / "logs" / "metrics.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as f:
+            points = {int(r["step"]) + 1: float(r[metric]) for r in csv.DictReader(f)
+                  if r.get(metric) not in (None, "") and str(r.get("step", "")).isdigit()}
+    return [[step, points[step]] for step in sorted(points)]

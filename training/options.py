@@ -96,6 +96,9 @@ class TrainerOptions:
     min_steps: int = setting(0, "no early stop before this many steps (batch 512 and 64 train comparable amounts)")
     monitor: str = setting("val/recall@1", "picks the exported checkpoint: val/recall@1 (NCI) | val/mrr (MRR@val_beam: "
                                            "a small dev set ties recall@1 at 0, and the first epoch would be kept)")
+    weights: str = setting("best", "the exported weights: best = the checkpoint of the best `monitor` on the dev split "
+                                   "(NCI's ckpt_monitor) | final = the weights of the last step (a fixed budget, the "
+                                   "learning rate decayed to 0 there; the dev split only draws the learning curve)")
     val_beam: int = setting(10)
     length_penalty: float = same_setting(RankingOptions, "length_penalty", "the dev beam search's length penalty")
     num_workers: int = setting(0)

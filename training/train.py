@@ -7,7 +7,8 @@ Run folder layout::
       model/                   retriever.json, model.pt, tokenizer files (Retriever.load reads this)
       checkpoints/last.ckpt    resume point (a killed run restarts from here)
       checkpoints/best-*.ckpt  best ``trainer.monitor`` (a run that ends before its first validation validates once at
-                               its end); every checkpoint is written to a temporary name and renamed, so a full
+                               its end), exported unless ``trainer.weights=final`` (then the last step's weights are);
+                               every checkpoint is written to a temporary name and renamed, so a full
                                disk or a kill never leaves a truncated one
       logs/metrics.csv         every logged row, one file across resumptions (tensorboard/ when installed)
 """
@@ -482,8 +483,9 @@ def train(
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
-    if trainer.is_global_zero:
-        score, global_step = _export(out, module, data.tokenizer, best, score, global_step)
+    if trainer.is_global_zero:  # trainer.weights=final: the weights fit() ended with, whatever the dev preferred
+        score, global_step = _export(out, module, data.tokenizer, best if t.weights == "best" else None, score,
+                                     global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
                        global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu",
                        t.monitor)

@@ -20,7 +20,9 @@ from gdr.indexing.kmeans import (
     document_embeddings,
     query_mean_embeddings,
     read_doc_queries,
+    tfidf_svd_embeddings,
 )
+from gdr.indexing.options import IndexKMeans
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
 from gdr.io import read_jsonl, write_manifest
@@ -112,7 +114,10 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                 if missing:
                     raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")
                 doc_ids, texts = run_ids, [texts[pos[d]] for d in run_ids]
-            emb = document_embeddings(texts, embed_fn)
+            if km.get("embedding", IndexKMeans.embedding) == "tfidf-svd":
+                emb = tfidf_svd_embeddings(texts, int(km.get("svd_dim", IndexKMeans.svd_dim)), seed=int(cfg.seed))
+            else:
+                emb = document_embeddings(texts, embed_fn)
         else:
             if not km["doc_queries"]:
                 raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
@@ -122,7 +127,8 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km["n_init"]),
                                   max_iter=int(km["max_iter"]), spherical=bool(km["spherical"]),
                                   workers=int(cfg.workers), progress=bool(cfg.progress), method=cfg.method)
-        extra.update(embed_model=km["embed_model"], embedding_dim=int(emb.shape[1]))
+        tfidf = cfg.method == "hkmi" and km.get("embedding", IndexKMeans.embedding) == "tfidf-svd"
+        extra.update(embed_model="tfidf-svd" if tfidf else km["embed_model"], embedding_dim=int(emb.shape[1]))
     elif cfg.method == "random":
         doc_ids = _doc_ids(cfg, run, load)
         tree = random_tree(len(doc_ids), K, c, seed=int(cfg.seed), progress=bool(cfg.progress))

@@ -123,7 +123,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
-                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None) -> dict:
+                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
+                 retrievers: Sequence[dict] = ()) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -140,7 +141,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
     (None or absent: not predicted, "n/a"), set beside the measured ones; ``query_split``: how the topics were
     split (``{"by": "folds" | "fractions" | "query set", ...}``, :func:`gdr.pipeline.query_split`), said in the
-    report."""
+    report; ``retrievers``: the run's ``retrievers.jsonl`` lines, whose learning curves (``curve``) are drawn in
+    ``curves.png`` (:func:`plot_learning_curves`)."""
     cfg = settings
     k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
     comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
@@ -178,6 +180,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     lines += _comparison_lines(comparisons)
     if cluster is not None:
         lines += _cluster_lines(cfg["cluster"], cluster)
+    curves = [r for r in retrievers if r.get("curve")]
+    lines += _curve_lines(curves)
     stages = _stage_rows(records, predicted or {})
     lines += [*_stage_lines(stages), "", f"Wall time of this invocation: {seconds:.1f} s.", ""]
     report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
@@ -194,6 +198,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     if cfg['plot'] and summary:
         files[root / "report.png"] = lambda p: _plot(summary, report["bm25"], p, f"{corpus_name}: {n_docs} docs",
                                                       k)
+    if cfg['plot'] and curves:
+        files[root / "curves.png"] = lambda p: plot_learning_curves(curves, p, f"{corpus_name}: learning curves")
     files[root / "report.json"] = lambda p: p.write_text(
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
@@ -251,6 +257,47 @@ def _cluster_lines(settings: dict, c: dict) -> list[str]:
         if f"{key}_ari" in c:
             lines.append(f"| {name} | {c[f'{key}_acc']} | {c[f'{key}_nmi']} | {c[f'{key}_ari']} |")
     return lines + [""]
+
+
+def _curve_lines(retrievers: Sequence[dict]) -> list[str]:
+    """Per retriever, where its dev metric peaked and where it ended (the learning curves of ``curves.png``)."""
+    if not retrievers:
+        return []
+    lines = ["Learning curves (the dev metric at each validation against the optimiser step; curves.png):", ""]
+    for r in retrievers:
+        steps, values = np.array(r["curve"], dtype=float).T
+        top = int(np.argmax(values))
+        fold = "" if r.get("fold") is None else f" fold {r['fold']}"
+        lines.append(f"- {SCHEME_NAMES.get(r['indexer'], r['indexer'])} seed {r['seed']}{fold}: "
+                     f"{r.get('best_val_metric') or 'dev'} peaked at {100 * values[top]:.1f} (step {int(steps[top])}), "
+                     f"{100 * values[-1]:.1f} at the last validation (step {int(steps[-1])})")
+    return [*lines, ""]
+
+
+def plot_learning_curves(retrievers: Sequence[dict], path: Path, title: str) -> None:
+    """``curves.png``: each retriever's dev metric against the optimiser step, one colour per docid scheme, a thin
+    line per seed (and fold) and a thick one for the scheme's mean where its curves share their steps."""
+    matplotlib.use("Agg")
+
+    schemes = list(dict.fromkeys(r["indexer"] for r in retrievers))
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(schemes)}
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for m in schemes:
+        curves = [np.array(r["curve"], dtype=float) for r in retrievers if r["indexer"] == m]  # each (points, 2)
+        for c in curves:
+            ax.plot(c[:, 0], 100 * c[:, 1], color=colours[m], lw=0.8, alpha=0.35)
+        same = all(c.shape == curves[0].shape and (c[:, 0] == curves[0][:, 0]).all() for c in curves)
+        mean = np.mean(np.stack([c[:, 1] for c in curves]), axis=0) if same else curves[0][:, 1]
+        ax.plot(curves[0][:, 0], 100 * mean, color=colours[m], lw=2.0,
+                label=SCHEME_NAMES.get(m, m) + (f" (mean of {len(curves)})" if same and len(curves) > 1 else ""))
+    metric = next((r.get("best_val_metric") for r in retrievers if r.get("best_val_metric")), "dev metric")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel(f"dev {metric} (%)")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _stage_rows(records: Sequence, predicted: dict[str, float | None]) -> list[dict]:

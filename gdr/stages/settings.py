@@ -220,6 +220,8 @@ INDEX_RULES = (
     Rule("kmeans.n_init", POSITIVE),
     Rule("kmeans.max_iter", POSITIVE),
     Rule("kmeans.spherical", boolean),
+    Rule("kmeans.embedding", one_of("model", "tfidf-svd"), "hkmi's document vectors"),
+    Rule("kmeans.svd_dim", POSITIVE, "SVD components of embedding=tfidf-svd"),
     Rule("atomic.warn_above", NON_NEGATIVE),
 )
 # Retriever settings: `gdr train` at the root, `gdr run` under `train.` (conf/stage/train.yaml).
@@ -262,6 +264,8 @@ TRAIN_RULES = (
     Rule("trainer.patience_steps", OPT_POSITIVE, "steps without improvement before stopping; null = `patience`"),
     Rule("trainer.min_steps", min_steps, "steps before any early stop"),
     Rule("trainer.monitor", one_of("val/recall@1", "val/mrr"), "the dev metric that picks the checkpoint"),
+    Rule("trainer.weights", one_of("best", "final"), "the exported weights: the best dev checkpoint or the last "
+         "step's"),
     Rule("trainer.val_beam", POSITIVE),
     Rule("trainer.length_penalty", number(), "the dev beam search's length penalty"),
     Rule("trainer.num_workers", NON_NEGATIVE),

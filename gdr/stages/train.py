@@ -41,6 +41,7 @@ from gdr.io import (
 from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
+from gdr.training.callbacks import learning_curve
 from gdr.training.concurrent import resolve_concurrent, run_concurrently, slot_threads
 from gdr.training.data import read_generated_queries
 from gdr.training.model import RetrieverConfig
@@ -63,9 +64,10 @@ __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve
            "training_numerics", "training_threads", "keyed_model",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON", "trained_splits",
-           "check_not_trained_on"]
+           "check_not_trained_on", "CURVE", "read_curve"]
 
 TRAINED_ON = "trained_on.json"
+CURVE = "curve.json"  # the learning curve: [[step, dev value of trainer.monitor], ...] (one point per validation)
 # Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
 # not what the model learns. Every other setting (a new one too) must match to resume.
 RESUMABLE = frozenset({
@@ -360,13 +362,24 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
         examples=ExampleOptions(**c["examples"]), optim=OptimOptions(**c["optim"]),
         trainer_opts=TrainerOptions(**c["trainer"]), seed=c["seed"],
     )
+    atomic_write_json(out / CURVE, learning_curve(out, res.monitor))
     write_manifest(out, command="train", corpus=corpus.name, n_docs=len(corpus), docids=str(docids),
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, **best_record(res.monitor, res.best_score),
                    global_step=res.global_step, batch_size=res.batch_size, precision=res.precision,
                    device=res.device, trainer=_trainer_record(settings),
-                   seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*"))
+                   seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*", CURVE))
     return res
+
+
+def read_curve(folder: str | Path) -> list[list[float]]:
+    """The learning curve of the training in ``folder`` (:data:`CURVE`); [] when it has none (a training by an
+    earlier gdr)."""
+    path = Path(folder) / CURVE
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    except ValueError as e:
+        raise ConfigError(f"{path}: unreadable ({e}); delete the training folder to train it again") from None
 
 
 def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None = None,
