@@ -31,7 +31,8 @@ from gdr.eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_me
 from gdr.options import RankingOptions
 
 __all__ = ["PAIRED_METRICS", "paired_metrics", "Comparison", "paired_test", "mean_interval", "compare_systems",
-           "compare_folders", "find", "verdict", "comparison_table", "metric_name"]
+           "compare_folders", "read_systems", "find", "verdict", "comparison_table", "metric_name",
+           "SeedQueryTest", "seed_query_test", "primary_verdict", "Z_POWER"]
 
 
 
@@ -182,17 +183,11 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
     return lines
 
 
-def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = None,
-                    metrics: Sequence[str] | None = None, n_resamples: int = 9999, seed: int = 0,
-                    k: int = RankingOptions.k) -> list[dict]:
-    """The paired comparisons of a run: ``eval_dirs`` maps a system to its evaluation folders (one per seed),
-    each holding ``per_query.json`` (:func:`gdr.eval.retrieval.write_per_query`) of a run of ``k`` results per query;
-    a seed given as a list of folders (cross-validation: one per fold, each scored on its own topics) has their
-    per-query results joined. ``reference`` (default: the first system) is compared with every other on ``metrics``
-    (default: :func:`paired_metrics` at ``k``); values in percentage points. Fewer than two systems: []."""
-    metrics = tuple(metrics or paired_metrics(k))
-    if len(eval_dirs) < 2:
-        return []
+def read_systems(eval_dirs: Mapping[str, Sequence], metrics: Sequence[str], k: int = RankingOptions.k
+                 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, list[str]]]:
+    """(system -> metric -> per-seed per-query values of shape (n_seeds, n_queries), system -> its query ids) from
+    ``eval_dirs`` (system -> its evaluation folders, one per seed, each with ``per_query.json`` of a run of ``k``
+    results per query; a seed given as a list of folders, one per fold, has their per-query results joined)."""
     systems: dict[str, dict[str, np.ndarray]] = {}
     qids: dict[str, list[str]] = {}
     for name, dirs in eval_dirs.items():
@@ -212,6 +207,152 @@ def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = N
             qids.setdefault(name, q)
             rows.append(per_query_metrics(first, depths(k), mrr_depth=k))
         systems[name] = {m: np.stack([r[m] for r in rows]) for m in metrics}
+    return systems, qids
+
+
+def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = None,
+                    metrics: Sequence[str] | None = None, n_resamples: int = 9999, seed: int = 0,
+                    k: int = RankingOptions.k) -> list[dict]:
+    """The paired comparisons of a run: ``eval_dirs`` maps a system to its evaluation folders (as
+    :func:`read_systems`); ``reference`` (default: the first system) is compared with every other on ``metrics``
+    (default: :func:`paired_metrics` at ``k``); values in percentage points. Fewer than two systems: []."""
+    metrics = tuple(metrics or paired_metrics(k))
+    if len(eval_dirs) < 2:
+        return []
+    systems, qids = read_systems(eval_dirs, metrics, k)
     ref = reference if reference in systems else next(iter(systems))
     return [c.to_dict() for c in compare_systems(systems, qids, ref, metrics, scale=100.0,
                                                  n_resamples=n_resamples, seed=seed)]
+
+
+# ---------------------------------------------------------------------------------------------- seeds and queries
+Z_POWER = 0.8416212335729143  # the standard normal's 0.8 quantile: power 0.8 in the detectable difference
+
+
+@dataclass
+class SeedQueryTest:
+    """``a - b`` on ``metric`` with both noises counted: which queries were drawn and which seeds trained the
+    retrievers (:func:`seed_query_test`). Values in the units given (the report: percentage points)."""
+
+    a: str
+    b: str
+    metric: str
+    n_queries: int
+    n_seeds_a: int
+    n_seeds_b: int
+    diff: float
+    ci95: list[float]           # two-level bootstrap over queries and seeds (percentile)
+    se: float                   # analytic standard error: sqrt(var_query / n + var_seed_a / s_a + var_seed_b / s_b)
+    var_query: float            # variance over queries of the seed-averaged per-query difference
+    var_seed_a: float           # variance over a's seeds of its per-seed means (0 with one seed: not estimable)
+    var_seed_b: float
+    mean_a: float
+    sd_a: float | None          # SD over seeds of the per-seed means (None with one seed)
+    mean_b: float
+    sd_b: float | None
+    detectable: float           # (z_{0.975} + z_{0.8}) x se: the smallest difference found 80% of the time
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _two_level_bootstrap(a: np.ndarray, b: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_resamples`` bootstrap means of ``a - b`` (arrays of shape (s_a, n) and (s_b, n) on the same n queries):
+    each resample draws the n queries with replacement (the same draw for both schemes, so pairs stay paired) and
+    each scheme's seeds with replacement, independently. As counts: the resampled mean is
+    sum_q c_q (w_a @ a - w_b @ b)_q / n, with c the queries' multinomial counts and w the seeds' count shares."""
+    (sa, n), sb = a.shape, b.shape[0]
+    out = np.empty(n_resamples)
+    step = max(1, _MAX_ELEMENTS // max(n, 1))
+    for lo in range(0, n_resamples, step):  # chunks bound the (resamples x queries) working set
+        r = min(step, n_resamples - lo)
+        wa = rng.multinomial(sa, np.full(sa, 1.0 / sa), size=r) / sa            # (r, s_a)
+        wb = rng.multinomial(sb, np.full(sb, 1.0 / sb), size=r) / sb            # (r, s_b)
+        cq = rng.multinomial(n, np.full(n, 1.0 / n), size=r)                     # (r, n)
+        out[lo:lo + r] = np.einsum("rq,rq->r", cq, wa @ a - wb @ b) / n
+    return out
+
+
+def seed_query_test(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("a", "b"), metric: str = "",
+                    n_resamples: int = 9999, seed: int = 0, confidence: float = 0.95) -> SeedQueryTest:
+    """``a - b`` for per-seed per-query values ``a`` of shape (s_a, n) and ``b`` of shape (s_b, n) on the same n
+    queries (column j of both is query j), counting the noise of the queries drawn and of the seeds trained.
+
+    The interval is a two-level percentile bootstrap (:func:`_two_level_bootstrap`): queries resampled jointly,
+    each scheme's seeds independently. Seeds and queries are crossed, not nested, so resampling both counts the
+    seed-by-query interaction at both levels: the interval is slightly conservative (wider), never narrower.
+    The analytic standard error beside it adds the same two parts,
+    se^2 = var_q(mean_s a - mean_s b) / n + var_s(mean_q a) / s_a + var_s(mean_q b) / s_b,
+    and the detectable difference is (z_{1-alpha/2} + z_{0.8}) x se (alpha = 1 - confidence, power 0.8). A scheme
+    with one seed gives no seed variance: its part is 0 and the interval is the query-only one for it."""
+    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a and b must hold the same queries (columns), got {a.shape} and {b.shape}")
+    (sa, n), sb = a.shape, b.shape[0]
+    if n == 0:
+        raise ValueError("no common queries to compare")
+    d_q = a.mean(axis=0) - b.mean(axis=0)
+    ma, mb = a.mean(axis=1), b.mean(axis=1)  # per-seed means
+    var_q = float(d_q.var(ddof=1)) if n > 1 else 0.0
+    var_a = float(ma.var(ddof=1)) if sa > 1 else 0.0
+    var_b = float(mb.var(ddof=1)) if sb > 1 else 0.0
+    se = float(np.sqrt(var_q / n + var_a / sa + var_b / sb))
+    diff = float(d_q.mean())
+    if se == 0.0:
+        lo = hi = diff
+    else:
+        boot = _two_level_bootstrap(a, b, n_resamples, np.random.default_rng(seed))
+        lo, hi = (float(x) for x in np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
+    return SeedQueryTest(names[0], names[1], metric, n, sa, sb, round(diff, 4), [round(lo, 4), round(hi, 4)],
+                         round(se, 4), round(var_q, 6), round(var_a, 6), round(var_b, 6), round(float(ma.mean()), 4),
+                         round(float(ma.std(ddof=1)), 4) if sa > 1 else None, round(float(mb.mean()), 4),
+                         round(float(mb.std(ddof=1)), 4) if sb > 1 else None, round((z + Z_POWER) * se, 4))
+
+
+def _needed(t: SeedQueryTest, target_se: float) -> dict:
+    """How many seeds (per scheme, queries as they are) or test queries (seeds as they are) bring the analytic
+    standard error down to ``target_se``, each part shrinking as 1/count; None where that level alone cannot."""
+    seed_part = t.var_seed_a / t.n_seeds_a + t.var_seed_b / t.n_seeds_b
+    query_part = t.var_query / t.n_queries
+    out: dict = {"seeds": None, "queries": None}
+    room = target_se ** 2 - query_part  # what the seeds may leave, queries fixed
+    if room > 0:
+        # both schemes at s seeds: (var_a + var_b) / s <= room
+        out["seeds"] = max(int(np.ceil((t.var_seed_a + t.var_seed_b) / room)), max(t.n_seeds_a, t.n_seeds_b))
+    room = target_se ** 2 - seed_part  # what the queries may leave, seeds fixed
+    if room > 0 and t.var_query > 0:
+        out["queries"] = max(int(np.ceil(t.var_query / room)), t.n_queries)
+    return out
+
+
+def primary_verdict(t: SeedQueryTest, margin: float, names: Mapping[str, str] | None = None,
+                    confidence: float = 0.95) -> dict:
+    """The run's verdict on its primary test ``t``, by rules fixed before the run: ``decided`` when the two-noise
+    interval excludes 0; ``equivalent`` (within +-``margin``) when it lies inside [-margin, margin]; else
+    ``undecided``, with the seeds or test queries that would decide it, had the difference stayed as measured:
+    the standard error that would put the interval off 0 (|diff| / z) or inside the margin ((margin - |diff|) / z),
+    the easier of the two. Returns ``{"status", "line", "needed"}``."""
+    names = names or {}
+    a, b = names.get(t.a, t.a), names.get(t.b, t.b)
+    lo, hi = t.ci95
+    what = (f"{metric_name(t.metric)} {a} - {b} {t.diff:+.1f} points, 95% interval over seeds and queries "
+            f"[{lo:+.1f}, {hi:+.1f}] ({t.n_seeds_a} / {t.n_seeds_b} seeds, {t.n_queries} queries; detectable "
+            f"difference {t.detectable:.1f})")
+    if lo > 0 or hi < 0:
+        word = "beats" if t.diff > 0 else "is beaten by"
+        return {"status": "decided", "needed": None, "line": f"Decided: {a} {word} {b} ({what})."}
+    if -margin <= lo and hi <= margin:
+        return {"status": "equivalent", "needed": None,
+                "line": f"Equivalent within +-{margin:g} points: {a} and {b} ({what})."}
+    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
+    off_zero, inside = abs(t.diff), margin - abs(t.diff)
+    goal = max(off_zero, inside) / z  # the larger target SE is the cheaper goal
+    needed = _needed(t, goal)
+    aim = "show the difference" if off_zero >= inside else f"show equivalence within +-{margin:g}"
+    ways = [f"{needed['seeds']} seeds a scheme" if needed["seeds"] else "",
+            f"{needed['queries']} test queries" if needed["queries"] else ""]
+    ways = [w for w in ways if w]
+    hint = (" or ".join(ways) + f" would {aim} if the difference stayed as measured" if ways else
+            f"neither more seeds alone nor more queries alone would {aim} at this difference; both together would")
+    return {"status": "undecided", "needed": needed, "line": f"Undecided: {a} vs {b} ({what}); {hint}."}

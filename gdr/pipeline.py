@@ -12,6 +12,7 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     eval-<method>-s<seed>-<key>/            gdr evaluate  Success@1/10/k, R@10/k, RR@k (k = evaluate.k), TREC run
                                             (queries.folds=K: -s<seed>-f<fold>, K of each, one per held-out fold)
     retrievers.jsonl         a line of test figures per retriever of this run finished so far (rewritten)
+    per_query.jsonl          a line per retriever of those: its test queries' ids and first-relevant ranks
     report.md  report.png  report.json  run.config.yaml  curves.png (the retrievers' learning curves)
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
@@ -65,6 +66,7 @@ from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.data.splits import QuerySplits, check_query_splits
 from gdr.data.titles import TITLE_FRACTIONS
+from gdr.eval.retrieval import PER_QUERY_FILE, read_per_query
 from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
 from gdr.guard import LOCK_FILE, claim_folder
 from gdr.io import (
@@ -113,6 +115,9 @@ __all__ = ["run_pipeline", "open_run", "Pipeline", "RunContext", "StageRecord", 
 # again, the training checkpoints (resume points of an unfinished stage), which would otherwise dominate.
 CHECKSUM_MAX_OTHER = 4 << 20
 RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per retriever of this run finished so far
+# one line per retriever finished so far: its test queries' ids and first-relevant ranks (0: none in the top k),
+# the run's per-query results in one small file that comes back from a lease whole (eval/compare.py reads ranks)
+PER_QUERY_RUN_FILE = "per_query.jsonl"
 # Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
 INDEX_KEYS = {
     "gc": ("seed", "n_clusters", "leaf_size", "gc"),
@@ -410,6 +415,7 @@ class RunContext:
     # per (indexer, seed), each finished fold's test metrics and evaluation folder
     train_batch: int | None = None  # trainer.batch_size=auto resolved once for every retriever of the run
     retrievers: dict[tuple, dict] = field(default_factory=dict)  # (indexer, seed[, fold]): its retrievers.jsonl line
+    per_query: dict[tuple, str] = field(default_factory=dict)  # (indexer, seed[, fold]): its per_query.jsonl line
 
     def lm(self):
         if self._lm is None:
@@ -846,6 +852,9 @@ def finish_retriever(run: RunContext, method: str, seed: int, train: StageRecord
         "eval": ev.path.name, "train_seconds": train.seconds, "eval_seconds": ev.seconds,
         **train_stage.best_record(monitor, score), "curve": train_stage.read_curve(train.path),
         "metrics": ev.info["metrics"]}
+    qids, first = read_per_query(ev.path / PER_QUERY_FILE)
+    run.per_query[ms] = json.dumps({"indexer": method, "seed": seed, **({} if fold is None else {"fold": fold}),
+                                    "eval": ev.path.name, "qids": qids, "first_rank": first.tolist()}) + "\n"
     _write_retrievers(run)
     done = sum(map(len, run.folds_done.values())) if fold is not None else sum(map(len, run.results.values()))
     total = len(run.indexes) * len(run.cfg.seeds) * len(_folds(run.cfg))
@@ -887,9 +896,12 @@ def _pooled_metrics(rows: Sequence[dict]) -> dict:
 def _write_retrievers(run: RunContext) -> None:
     """``retrievers.jsonl``: exactly the retrievers of this run finished so far, one line each keyed by (indexer,
     seed[, fold]), in the run's order; replaced whole (a temporary file renamed), so a retriever superseded since an
-    earlier run of the folder (e.g. by a changed ``index.gc.alpha``) or not part of this run leaves no line."""
+    earlier run of the folder (e.g. by a changed ``index.gc.alpha``) or not part of this run leaves no line; and
+    ``per_query.jsonl``, the same retrievers' per-query results (:data:`PER_QUERY_RUN_FILE`)."""
     lines = [json.dumps(run.retrievers[ms], default=str) + "\n" for ms in retriever_order(run) if ms in run.retrievers]
     atomic_write_text(run.pipe.root / RETRIEVERS_FILE, "".join(lines))
+    order = [ms for ms in retriever_order(run) if ms in run.per_query]
+    atomic_write_text(run.pipe.root / PER_QUERY_RUN_FILE, "".join(run.per_query[ms] for ms in order))
 
 
 def _command(argv: Sequence[str]) -> str:

@@ -131,6 +131,14 @@ def indexers(v, sec):
     return f"{dup!r} is listed twice" if dup is not None else None
 
 
+def verdict_pair(v, sec):
+    """``verdict.pair``: two different indexers, a and b of the primary test a - b."""
+    if not isinstance(v, (list, ListConfig)) or len(v) != 2 or v[0] == v[1]:
+        return "must be two different indexers, e.g. [gc, hkmi]"
+    bad = next((n for n in v if n not in INDEXERS), None)
+    return f"unknown indexer {bad!r}; choose from {' | '.join(INDEXERS)}" if bad is not None else None
+
+
 def seeds(v, sec):
     ok = isinstance(v, (list, ListConfig)) and len(v) > 0 and all(seed(s, sec) is None for s in v)
     if ok and len(set(v)) < len(v):
@@ -248,6 +256,9 @@ RUN = (
     Rule("cluster.enabled", boolean),
     Rule("bm25", boolean),
     Rule("plot", boolean),
+    Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
+    Rule("verdict.metric", one_of("recall@1", "recall@10", "mrr")),
+    Rule("verdict.margin", number(0, lo_open=False)),
 )
 
 DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES  # short names

@@ -125,3 +125,67 @@ def test_compare_folders_joins_the_folds_of_a_seed(tmp_path):
     # per topic: gc (9/12 + 6/12 averaged over seeds) - hkmi 3/12 = 7.5/12 - 3/12
     assert c["n_queries"] == 12 and c["diff"] == pytest.approx(100 * 4.5 / 12)
     assert (c["n_seeds_a"], c["n_seeds_b"]) == (2, 2)
+
+
+# ---------------------------------------------------------------------------------------------- seeds and queries
+def _schemes(shift: float, seed_sd: float, n_seeds: int = 5, n: int = 400, seed: int = 0):
+    """Per-seed per-query values (points) of two schemes on the same queries: a query effect shared by both, a
+    seed effect per retriever of size ``seed_sd``, a small residual, and a - b = ``shift`` on average."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(50, 20, n)
+    a = q + shift + rng.normal(0, seed_sd, (n_seeds, 1)) + rng.normal(0, 2, (n_seeds, n))
+    b = q + rng.normal(0, seed_sd, (n_seeds, 1)) + rng.normal(0, 2, (n_seeds, n))
+    return a, b
+
+
+def test_a_shift_without_seed_noise_is_decided():
+    from gdr.eval.compare import primary_verdict, seed_query_test
+    a, b = _schemes(5.0, 0.0)
+    t = seed_query_test(a, b, ("gc", "hkmi"), "recall@1")
+    assert t.ci95[0] > 0 and t.ci95[0] <= t.diff <= t.ci95[1]
+    assert t.diff == pytest.approx(5.0, abs=0.5)
+    v = primary_verdict(t, margin=2.0, names={"gc": "GC", "hkmi": "HKmI"})
+    assert v["status"] == "decided" and v["line"].startswith("Decided: GC beats HKmI")
+    assert seed_query_test(a, b, ("gc", "hkmi"), "recall@1") == t  # fixed resampling seed
+
+
+def test_identical_schemes_with_little_noise_are_equivalent_within_the_margin():
+    from gdr.eval.compare import primary_verdict, seed_query_test
+    a, b = _schemes(0.0, 0.1)
+    v = primary_verdict(seed_query_test(a, b, ("gc", "hkmi"), "recall@1"), margin=2.0)
+    assert v["status"] == "equivalent" and "+-2 points" in v["line"]
+
+
+def test_seed_noise_widens_the_interval_and_asks_for_more_seeds():
+    from gdr.eval.compare import primary_verdict, seed_query_test
+    a, b = _schemes(3.0, 6.0, n_seeds=3, n=2000)
+    t = seed_query_test(a, b, ("gc", "hkmi"), "recall@1")
+    # the query-only interval (seeds averaged) is far narrower than the one counting the seeds
+    _, lo, hi, _ = paired_test(a.mean(0), b.mean(0))
+    assert (hi - lo) * 3 < t.ci95[1] - t.ci95[0]
+    assert t.var_seed_a > 5 and t.var_seed_b > 5  # the seeds' variance is seen (true 36 + residual / n)
+    assert t.detectable > 3.0
+    v = primary_verdict(t, margin=1.0)
+    assert v["status"] == "undecided"
+    assert v["needed"]["seeds"] is not None and v["needed"]["seeds"] > 3 and "seeds a scheme" in v["line"]
+
+
+def test_the_standard_error_adds_the_query_and_the_seed_parts():
+    from gdr.eval.compare import Z_POWER, seed_query_test
+    a = np.array([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    b = np.array([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    t = seed_query_test(a, b)
+    d_q = a.mean(0) - b.mean(0)
+    var_q, var_a, var_b = d_q.var(ddof=1), a.mean(1).var(ddof=1), b.mean(1).var(ddof=1)
+    assert t.se == pytest.approx(np.sqrt(var_q / 4 + var_a / 2 + var_b / 3), abs=1e-4)
+    assert t.detectable == pytest.approx((1.959964 + Z_POWER) * t.se, abs=1e-3)
+    assert (t.mean_a, t.n_seeds_a, t.n_seeds_b) == (0.75, 2, 3)
+
+
+def test_one_seed_counts_no_seed_noise():
+    from gdr.eval.compare import seed_query_test
+    a, b = _schemes(2.0, 5.0, n_seeds=1)
+    t = seed_query_test(a, b)
+    assert (t.var_seed_a, t.var_seed_b, t.sd_a) == (0.0, 0.0, None)
+    _, lo, hi, _ = paired_test(a[0], b[0])
+    assert t.ci95 == pytest.approx([lo, hi], abs=0.25)  # the query bootstrap alone

@@ -112,6 +112,17 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     md = (out / "report.md").read_text()
     assert "## Paired comparisons" in md and report["verdict"] in md
     assert "GC" in report["verdict"] and "HKmI" in report["verdict"]
+    # the primary test (verdict.pair gc - hkmi, Success@1): its line is the verdict, over seeds and queries
+    prim = report["primary"]
+    assert prim["line"] == report["verdict"] and prim["status"] in ("decided", "equivalent", "undecided")
+    assert "## Primary test" in md and "one seed: the seed noise is not estimated" in report["verdict"]
+    assert prim["test"]["n_queries"] == 10 and prim["test"]["ci95"][0] <= prim["test"]["diff"] <= prim["test"]["ci95"][1]
+    assert prim["query_only"] == next(c for c in comps if c["b"] == "hkmi" and c["metric"] == "recall@1")
+    per_query = [json.loads(x) for x in (out / "per_query.jsonl").read_text().splitlines()]
+    assert [(x["indexer"], x["seed"]) for x in per_query] == [(m, 0) for m in INDEXERS]
+    assert all(len(x["qids"]) == len(x["first_rank"]) == 10 for x in per_query)
+    assert set(prim["schemes"]) == set(INDEXERS) and prim["schemes"]["gc"]["mean"] == pytest.approx(
+        report["retrieval"]["gc"]["recall@1"], abs=0.01)
 
     # a second run reuses every stage and reports the same numbers
     assert main(_args(root, folder, out)) == 0

@@ -171,6 +171,15 @@ class DocQueries:
 
 
 @dataclass
+class Verdict:
+    """``gdr run``'s ``verdict``: the primary test, fixed before the run (eval/compare.py primary_verdict)."""
+
+    pair: list = setting(help="the two schemes compared, a - b", factory=lambda: ["gc", "hkmi"])
+    metric: str = setting("recall@1", "recall@1 | recall@10 | mrr (RR at evaluate.k)")
+    margin: float = setting(2.0, "points: an interval over seeds and queries inside +-margin says 'equivalent'")
+
+
+@dataclass
 class RunKeys:
     """``gdr run``'s own keys: the indexers and seeds compared, the query set, the generated training queries."""
 
@@ -188,3 +197,6 @@ class RunKeys:
         factory=lambda: asdict(DocQueries()))
     bm25: bool = setting(True, "BM25 (bm25s) on the same test queries, as reference")
     plot: bool = setting(True, "report.png")
+    verdict: dict = setting(help=("the primary test: decided when its interval over seeds and queries excludes 0, "
+                                  "equivalent when it lies inside +-margin, else undecided"),
+                            factory=lambda: asdict(Verdict()))

@@ -11,7 +11,15 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from gdr.eval.compare import compare_folders, comparison_table, find, verdict
+from gdr.eval.compare import (
+    compare_folders,
+    comparison_table,
+    find,
+    primary_verdict,
+    read_systems,
+    seed_query_test,
+    verdict,
+)
 from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
 from gdr.stages.settings import EvaluateSettings
@@ -146,7 +154,9 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     cfg = settings
     k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
     comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
-    said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
+    query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
+    primary = primary_section(cfg.get("verdict") or {}, eval_dirs or {}, k, comparisons)
+    said = primary["line"] if primary else query_only
     corpus_name = corpus_name or cfg['data']['name']
     trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
     shown = metric_keys(k)
@@ -177,6 +187,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     if unknown_qrels:
         lines += [f"{unknown_qrels} relevant judgement(s) of `{queries_name}` name documents not in the corpus and "
                   "were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
+    lines += primary_lines(primary)
     lines += _comparison_lines(comparisons)
     if cluster is not None:
         lines += _cluster_lines(cfg["cluster"], cluster)
@@ -191,6 +202,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               "bm25": {m: round(100 * bm25[m], 2) for m in shown if m in bm25} if bm25 else None,
               "queries": queries_name, "query_split": query_split, "unknown_qrels": unknown_qrels,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
+              "primary": primary, "query_only_verdict": query_only,
               "stages": stages}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
     # unwritable) leaves the old report whole, and the three never disagree
@@ -218,6 +230,60 @@ def _split_lines(split: dict) -> list[str]:
         return [f"Topics split train/dev/test {shares} by a seeded hash of their ids (queries.fractions, "
                 f"queries.seed={split['seed']}).", ""]
     return []
+
+
+def primary_section(v: dict, eval_dirs: dict, k: int, comparisons: Sequence[dict] = ()) -> dict | None:
+    """The run's primary test (``verdict:`` settings: ``pair`` a - b, ``metric``, ``margin`` in points) over seeds
+    and queries (:func:`gdr.eval.compare.seed_query_test`, :func:`~gdr.eval.compare.primary_verdict`), with every
+    scheme's mean and SD over seeds on that metric, and the query-only test of the pair (from ``comparisons``
+    where the run compared it already); None until both schemes of the pair have a retriever."""
+    pair = list(v.get("pair") or ())
+    if len(pair) != 2 or any(not eval_dirs.get(s) for s in pair):
+        return None
+    metric = v.get("metric") or "recall@1"
+    metric = f"mrr@{k}" if metric == "mrr" else metric
+    margin = float(v.get("margin") or 0.0)
+    systems, qids = read_systems({s: d for s, d in eval_dirs.items() if s != "bm25"}, (metric,), k)
+    a, b = pair
+    pos_b = {q: i for i, q in enumerate(qids[b])}
+    common = [i for i, q in enumerate(qids[a]) if q in pos_b]
+    va = systems[a][metric][:, common] * 100.0
+    vb = systems[b][metric][:, [pos_b[qids[a][i]] for i in common]] * 100.0
+    test = seed_query_test(va, vb, (a, b), metric)
+    said = primary_verdict(test, margin, names=SCHEME_NAMES)
+    if min(test.n_seeds_a, test.n_seeds_b) < 2:
+        said["line"] = said["line"][:-1] + "; one seed: the seed noise is not estimated, so it is not counted."
+    per_seed = {s: (vals[metric].mean(axis=1) * 100.0) for s, vals in systems.items()}
+    schemes = {s: {"mean": round(float(x.mean()), 2), "sd": round(float(x.std(ddof=1)), 2) if len(x) > 1 else None,
+                   "seeds": len(x)} for s, x in per_seed.items()}
+    query_only = find(comparisons, a, b, metric) or find(
+        compare_folders({a: eval_dirs[a], b: eval_dirs[b]}, reference=a, metrics=(metric,), k=k), a, b, metric)
+    return {**said, "test": test.to_dict(), "margin": margin, "schemes": schemes, "query_only": query_only}
+
+
+def primary_lines(primary: dict | None) -> list[str]:
+    """The report's section on the primary test: the verdict line, per scheme mean and SD over seeds, the interval
+    over seeds and queries beside the query-only one, and the smallest difference the run could have detected."""
+    if not primary:
+        return []
+    t, q = primary["test"], primary.get("query_only") or {}
+    name = metric_name(t["metric"])
+    lines = ["## Primary test (fixed before the run: `verdict.*`)", "", f"**{primary['line']}**", "",
+             f"Per scheme, {name} mean (SD) over seeds:", "", "| scheme | seeds | mean | SD over seeds |",
+             "|---|---|---|---|"]
+    for s, r in primary["schemes"].items():
+        sd = "n/a" if r["sd"] is None else f"{r['sd']:.1f}"
+        lines.append(f"| {SCHEME_NAMES.get(s, s)} | {r['seeds']} | {r['mean']:.1f} | {sd} |")
+    lo, hi = t["ci95"]
+    lines += ["", f"{SCHEME_NAMES.get(t['a'], t['a'])} - {SCHEME_NAMES.get(t['b'], t['b'])}: {t['diff']:+.1f} points; "
+              f"95% interval over seeds and queries (two-level bootstrap) [{lo:+.1f}, {hi:+.1f}]"
+              + (f", over queries alone (seeds averaged, as the table below) [{q['ci95'][0]:+.1f}, {q['ci95'][1]:+.1f}]"
+                 if q else "")
+              + f"; standard error {t['se']:.2f} (queries {np.sqrt(t['var_query'] / t['n_queries']):.2f}, seeds "
+              f"{np.sqrt(t['var_seed_a'] / t['n_seeds_a'] + t['var_seed_b'] / t['n_seeds_b']):.2f}); the smallest "
+              f"difference this run detects 80% of the time at the 5% level: {t['detectable']:.1f} points. "
+              f"Equivalence margin +-{primary['margin']:g} points.", ""]
+    return lines
 
 
 def _comparison_lines(comparisons: list[dict]) -> list[str]:
