@@ -265,11 +265,11 @@ def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, wor
 def test_train_concurrent_stays_out_of_stage_keys_and_length_buckets_keys_them():
     """train.concurrent never enters a stage key (only the speed changes); trainer.length_buckets does, on or off
     (a stage keyed before it existed is given ``false`` by the upgrade, gdr.upgrade)."""
-    from gdr.pipeline import _keyed
+    from gdr.stages.settings import TrainSettings, keyed_values
 
-    assert _keyed({"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
+    assert keyed_values(TrainSettings, {"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
         {"trainer": {"length_buckets": False, "max_epochs": 3}}
-    assert _keyed({"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
+    assert keyed_values(TrainSettings, {"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
 
 
 def test_train_concurrent_is_checked_by_its_rule():

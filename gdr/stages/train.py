@@ -40,7 +40,7 @@ from gdr.io import (
 )
 from gdr.models import model_digest
 from gdr.rules import ConfigError
-from gdr.stages.settings import TrainSettings
+from gdr.stages.settings import TrainSettings, resumable
 from gdr.training.concurrent import resolve_concurrent, run_concurrently, slot_threads
 from gdr.training.data import read_generated_queries
 from gdr.training.model import RetrieverConfig
@@ -66,13 +66,9 @@ __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve
            "check_not_trained_on"]
 
 TRAINED_ON = "trained_on.json"
-# Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
-# not what the model learns. Every other setting (a new one too) must match to resume.
-RESUMABLE = frozenset({
-    "max_epochs", "max_steps", "patience", "patience_steps", "min_steps", "accelerator", "devices", "strategy",
-    "num_workers", "log_every_n_steps", "checkpoint_every_n_steps", "checkpoint_every_n_epochs",
-    "num_sanity_val_steps", "tensorboard", "resume", "resume_damaged", "enable_progress_bar", "compile",
-    "eval_batch_size", "limit_val_batches", "check_val_every_n_epoch", "val_check_interval"})
+# Trainer settings a resumed run may change (their fields say effect="speed" or "resume"): how long and on what it
+# runs, how often it validates and saves, not what the model learns. Every other setting must match to resume.
+RESUMABLE = resumable(TrainerOptions)
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
