@@ -53,3 +53,14 @@ def test_each_indexer_is_keyed_by_the_settings_its_ids_depend_on():
                             "bmi": ("seed", "n_clusters", "leaf_size", "kmeans"),
                             "random": ("seed", "n_clusters", "leaf_size"),
                             "atomic": ("atomic",)}
+
+
+def test_a_dict_section_becomes_its_dataclass_at_the_door():
+    """A script may give a section as a dict: it is converted to the section's dataclass (the rest at the class's
+    defaults; merged keeps the stage's), and an unknown key is refused by name."""
+    s = TrainSettings(trainer={"max_epochs": 3})
+    assert isinstance(s.trainer, TrainerOptions) and s.trainer.max_epochs == 3
+    assert s.trainer.patience_steps is TrainerOptions.patience_steps
+    assert TrainSettings.merged(optim={"warmup_steps": 2}).optim.lr_scaling == TrainSettings().optim.lr_scaling
+    with pytest.raises(TypeError, match=r"TrainSettings.trainer: unknown setting\(s\) max_epoch;"):
+        TrainSettings(trainer={"max_epoch": 3})

@@ -2,6 +2,8 @@
 retrievers trained at once, the compiled step and length-bucketed batches."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
 from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
@@ -97,7 +99,7 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     from gdr.training.train import train_memory_per_example
 
     s = TrainSettings()
-    config = model_config_from({**s.model, "size": "small30m"}, s.model_presets)
+    config = model_config_from({**asdict(s.model), "size": "small30m"}, s.model_presets)
     config.n_digits, config.max_code_len = 11, 5
     assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
     assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15

@@ -304,15 +304,21 @@ class Settings:
     rules: ClassVar[tuple[Rule, ...]] = ()
     section: ClassVar[str] = ""             # the config section holding the fields ("sample": sample.n_queries)
     keys: ClassVar[dict[str, str]] = {}     # fields kept at another key of the config
+    typed: ClassVar[dict[str, type]] = {}   # sections held as these dataclasses (a dict given for one converted)
 
     def __post_init__(self) -> None:
+        for name, cls in self.typed.items():  # the door of a section given as a dict (a script, a config)
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                setattr(self, name, section_from(cls, value, f"{type(self).__name__}.{name}"))
         if not _AT_DOOR_CHECKED.get():  # built by a script: this is its door
             self.check()
 
     def check(self, shown: str = ""):
         """Refuse a value its rules refuse, naming the field (``shown`` before it, e.g. ``sampling.``); returns
         self."""
-        check_values({f.name: getattr(self, f.name) for f in fields(self)},  # type: ignore[arg-type]
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        check_values({k: asdict(v) if k in self.typed else v for k, v in values.items()},
                      self.rules, self.keys, self.section, shown)
         return self
 
@@ -348,6 +354,8 @@ class Settings:
             default = getattr(defaults, key)
             if isinstance(default, dict) and isinstance(value, Mapping):
                 setattr(base, key, {**default, **value})
+            elif key in cls.typed and isinstance(value, Mapping):
+                setattr(base, key, replace(default, **value))
         return base.check()
 
     def to_dict(self) -> dict:
@@ -364,6 +372,16 @@ class Settings:
             return replace(self, **changes)  # type: ignore[type-var]
         finally:
             _AT_DOOR_CHECKED.reset(token)
+
+
+def section_from(cls, values: Mapping[str, Any], where: str):
+    """The section dataclass ``cls`` from a dict of its keys (the rest at their defaults); an unknown key is refused
+    by name (``where``: how the section is named, ``TrainSettings.trainer``)."""
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(str(k) for k in values if k not in names)
+    if unknown:
+        raise TypeError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(names)}")
+    return cls(**values)
 
 
 def available_memory() -> int:
@@ -628,17 +646,21 @@ class TrainSettings(Settings):
     """``conf/stage/train.yaml``: the retriever (a ``model.size`` preset), its examples, optimiser and trainer."""
 
     rules: ClassVar = TRAIN_RULES + (Rule("seed", seed),)
+    typed: ClassVar = {"examples": ExampleOptions, "model": TrainModel, "optim": OptimOptions,
+                       "trainer": TrainerOptions}
 
-    examples: dict = setting(help="training inputs (training/data.py), each switchable",
-                             factory=lambda: {**asdict(ExampleOptions()), **STAGE_EXAMPLES}, effect="result")
-    model: dict = setting(factory=lambda: asdict(TrainModel()), effect="result")
-    model_presets: dict = setting(factory=lambda: {k: dict(v) for k, (v, _) in MODEL_PRESETS.items()}, effect="result")
-    optim: dict = setting(help=("learning rates and warmup are stated at `base_batch_size` examples per step; at "
-                                "batch B they are scaled by sqrt(B / base_batch_size) (`lr_scaling: sqrt`; `linear`: "
-                                "B / base; `none`: as given) and the warmup covers the same number of examples "
-                                "(warmup_steps * base / B steps). Batch 512: lr x 2.83, warmup 125 steps."),
-                          factory=lambda: {**asdict(OptimOptions()), **STAGE_OPTIM}, effect="result")
-    trainer: dict = setting(factory=lambda: asdict(TrainerOptions()), effect="result")
+    examples: ExampleOptions = setting(help="training inputs (training/data.py), each switchable",
+                                       factory=lambda: ExampleOptions(**STAGE_EXAMPLES), effect="result")
+    model: TrainModel = setting(factory=TrainModel, effect="result")
+    model_presets: dict = setting(factory=lambda: {k: dict(v) for k, (v, _) in MODEL_PRESETS.items()},
+                                  effect="result")
+    optim: OptimOptions = setting(help=("learning rates and warmup are stated at `base_batch_size` examples per step; "
+                                        "at batch B they are scaled by sqrt(B / base_batch_size) (`lr_scaling: sqrt`; "
+                                        "`linear`: B / base; `none`: as given) and the warmup covers the same number "
+                                        "of examples (warmup_steps * base / B steps). Batch 512: lr x 2.83, warmup 125 "
+                                        "steps."),
+                                  factory=lambda: OptimOptions(**STAGE_OPTIM), effect="result")
+    trainer: TrainerOptions = setting(factory=TrainerOptions, effect="result")
     seed: int = setting(0, effect="result")
     concurrent: int | str = setting("auto", "`gdr run`: retrievers (indexers x seeds) trained at once on one device, "
                                             "one process each (training/concurrent.py); auto = on CUDA as many as the "
