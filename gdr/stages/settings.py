@@ -581,6 +581,7 @@ class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
     rules: ClassVar = INDEX_RULES + (Rule("method", one_of(*INDEXERS), "the indexer"),)
+    typed: ClassVar = {"kmeans": IndexKMeans, "atomic": IndexAtomic}  # gc: a dict of IndexGC's and GCOptions' keys
 
     method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result")
     seed: int = setting(0, effect="result", indexers=TREE_INDEXERS)
@@ -590,9 +591,8 @@ class IndexSettings(Settings):
     progress: bool = setting(True, effect="speed")
     plot: bool = setting(True, "summary.png", effect="speed")
     gc: dict = setting(factory=_index_gc, effect="result", indexers=("gc",))
-    kmeans: dict = setting(help="hkmi and bmi", factory=lambda: asdict(IndexKMeans()), effect="result",
-                           indexers=("hkmi", "bmi"))
-    atomic: dict = setting(factory=lambda: asdict(IndexAtomic()), effect="result", indexers=("atomic",))
+    kmeans: IndexKMeans = setting(help="hkmi and bmi", factory=IndexKMeans, effect="result", indexers=("hkmi", "bmi"))
+    atomic: IndexAtomic = setting(factory=IndexAtomic, effect="result", indexers=("atomic",))
 
 
 @dataclass
