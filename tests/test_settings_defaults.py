@@ -164,7 +164,7 @@ def test_every_section_key_is_declared_by_one_dataclass_field():
         value = getattr(cls(), name)  # a typed section (TrainSettings') or a dict of its keys
         assert sorted(asdict(value) if is_dataclass(value) else value) == sorted(declared), (cls.__name__, name)
     assert IndexSettings().gc == {**asdict(IndexGC()), **asdict(GCOptions())}
-    assert ClusterSettings().gc == asdict(ClusterGC())
+    assert ClusterSettings().gc == ClusterGC()
     assert QGKeys().qg == asdict(QGSection())
 
 

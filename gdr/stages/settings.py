@@ -511,6 +511,7 @@ class ClusterSettings(Settings):
 
     rules: ClassVar = CLUSTER_RULES
     section: ClassVar = "cluster"
+    typed: ClassVar = {"gc": ClusterGC}  # variants: free-form overrides of some of gc's keys, a dict per variant
 
     n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)",
                                      effect="result")
@@ -524,8 +525,8 @@ class ClusterSettings(Settings):
     # the evaluation restricted to documents with these labels (and to the queries sampled from them), e.g. R2 =
     # {earn, acq} inside an R5 run; None: all documents
     restrict_labels: list | None = setting(None, effect="result")
-    gc: dict = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
-                       factory=lambda: asdict(ClusterGC()), effect="result")
+    gc: ClusterGC = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
+                            factory=ClusterGC, effect="result")
     variants: dict = setting(factory=lambda: {"gc": {}}, effect="result")
     baselines: list = setting(help="k-means baselines (only when labels exist)",
                               factory=lambda: ["tfidf", "embedding", "logp"], effect="result")
