@@ -106,10 +106,11 @@ class PromptConfig:
 class ModelOptions:
     """``model:``: the query generator, how many of a document's tokens it reads, and its prompt."""
 
-    name: str = setting("smollm2-135m", "the query generator: a bundled name, a hub id (org/name) or a local folder")
-    max_doc_tokens: int = setting(128, "document tokens in the prompt")
+    name: str = setting("smollm2-135m", "the query generator: a bundled name, a hub id (org/name) or a local folder",
+                        effect="result")
+    max_doc_tokens: int = setting(128, "document tokens in the prompt", effect="result")
     prompt: dict | None = setting(None, "PromptConfig fields (style, prefix, system, user, shots); null = the model's "
-                                        "default prompt")
+                                        "default prompt", effect="result")
 
 
 @dataclass
@@ -118,16 +119,17 @@ class SamplingOptions:
 
     batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
                                             "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
-                                            "(sampler gdr-decode-1)")
-    max_new_tokens: int = setting(32)
-    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off")
-    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off")
-    temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume")
+                                            "(sampler gdr-decode-1)", effect="speed")
+    max_new_tokens: int = setting(32, effect="result")
+    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off", effect="result")
+    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off", effect="result")
+    temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume",
+                                 effect="result")
     compile: bool | str = setting("auto", "auto | true | false: compile the decode step (CUDA graphs on a GPU; the "
                                           "same queries either way). auto = on CUDA when at least compile_min_queries "
-                                          "queries are left to decode")
+                                          "queries are left to decode", effect="speed")
     compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
-                                                     "(gdr/lm/compiling.py)")
+                                                     "(gdr/lm/compiling.py)", effect="speed")
 
 
 DOC2QUERY = "doc2query/all-with_prefix-t5-base-v1"  # the paper's query generator

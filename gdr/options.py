@@ -24,24 +24,27 @@ class GCFitOptions:
 
     alpha: float | str = setting(0.25, "the weights' regularisation (Eq. ris / vmp; the paper uses 0.25); auto = the "
                                        "largest alpha whose weights keep a mean effective sample size of "
-                                       "ess_target * J")
-    ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J")
+                                       "ess_target * J", effect="result")
+    ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J",
+                                effect="result")
     clip_sigma: float | None = setting(5.0, "Eq. clip: per column, values above mu_j + clip_sigma sigma_j are set "
-                                            "to that bound; null = no clipping")
-    phi: str = setting("power", "the proposal: power (Eq. vmp) | naive (column mean of P)")
-    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++")
-    n_init: int = setting(10, "runs per fit; the lowest total distortion wins (no labels used)")
-    max_iter: int = setting(100, "iterations of the two-step loop at most")
-    tol: float = setting(1e-6, "relative improvement of the total distortion below which the loop stops")
-    device: str = setting("cpu", "the torch device of the kernel")
+                                            "to that bound; null = no clipping", effect="result")
+    phi: str = setting("power", "the proposal: power (Eq. vmp) | naive (column mean of P)", effect="result")
+    init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++",
+                        effect="result")
+    n_init: int = setting(10, "runs per fit; the lowest total distortion wins (no labels used)", effect="result")
+    max_iter: int = setting(100, "iterations of the two-step loop at most", effect="result")
+    tol: float = setting(1e-6, "relative improvement of the total distortion below which the loop stops",
+                         effect="result")
+    device: str = setting("cpu", "the torch device of the kernel", effect="result")
 
 
 @dataclass
 class RankingOptions:
     """A ranked run: how deep, how it is searched and how a run file names it."""
 
-    k: int = setting(100, "results per query (run file depth)")
-    beam: int = setting(100, "beams of the constrained beam search over the docid trie")
+    k: int = setting(100, "results per query (run file depth)", effect="result")
+    beam: int = setting(100, "beams of the constrained beam search over the docid trie", effect="result")
     length_penalty: float = setting(1.0, "a docid scores log p / length**length_penalty (matters where codes differ "
-                                         "in length)")
-    tag: str = setting("gdr", "the run's name in its TREC run file")
+                                         "in length)", effect="result")
+    tag: str = setting("gdr", "the run's name in its TREC run file", effect="result")

@@ -86,6 +86,7 @@ from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
+from gdr.stages.command_keys import DocQueries
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index
@@ -99,6 +100,8 @@ from gdr.stages.settings import (
     SampleSettings,
     ScoreSettings,
     TrainSettings,
+    index_keys,
+    keyed_values,
 )
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
 from gdr.training.options import ExampleOptions
@@ -118,23 +121,6 @@ RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per retriever o
 # one line per retriever finished so far: its test queries' ids and first-relevant ranks (0: none in the top k),
 # the run's per-query results in one small file that comes back from a lease whole (eval/compare.py reads ranks)
 PER_QUERY_RUN_FILE = "per_query.jsonl"
-# Which settings of conf/stage/index.yaml each indexer's ids depend on (workers/progress/plot do not).
-INDEX_KEYS = {
-    "gc": ("seed", "n_clusters", "leaf_size", "gc"),
-    "hkmi": ("seed", "n_clusters", "leaf_size", "kmeans"),
-    "bmi": ("seed", "n_clusters", "leaf_size", "kmeans"),
-    "random": ("seed", "n_clusters", "leaf_size"),
-    "atomic": ("atomic",),
-}
-# Settings that change how fast a stage runs, not what it computes: left out of its key.
-_NOT_KEYED = {"progress", "workers", "plot", "enable_progress_bar", "tensorboard", "num_workers",
-              "log_every_n_steps", "torch_threads", "device", "processes", "resume_damaged", "concurrent"}
-
-
-def _keyed(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _keyed(v) for k, v in d.items() if k not in _NOT_KEYED}
-    return d
 
 
 @dataclass
@@ -636,7 +622,7 @@ def index_spec(run: RunContext, method: str) -> StageSpec:
     index_cfg = to_container(cfg.index)
     upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
     inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
-              "index": {k: _embed_by_digest(index_cfg[k]) for k in INDEX_KEYS[method]}}
+              "index": {k: _embed_by_digest(index_cfg[k]) for k in index_keys()[method]}}
 
     def build(folder: Path) -> dict:
         sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
@@ -677,7 +663,7 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
         train_cfg["trainer"]["batch_size"] = run.train_batch
     train_q = _queries_section(cfg, cfg.queries.train_split, fold)
     settings = TrainSettings.from_config(train_cfg, seed=seed)
-    keyed = {k: v for k, v in _keyed(train_cfg).items() if k != "model_presets"}
+    keyed = {k: v for k, v in keyed_values(TrainSettings, train_cfg).items() if k != "model_presets"}
     keyed["model"] = train_stage.keyed_model(settings)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": _queries_key(run, train_q), "train": keyed, "seed": seed,
@@ -730,7 +716,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
     cfg = run.cfg
     test_q = run.test_q if fold is None else _queries_section(cfg, cfg.queries.test_split, fold)
     inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1,
-              "evaluate": _keyed(to_container(cfg.evaluate))}
+              "evaluate": keyed_values(EvaluateSettings, to_container(cfg.evaluate))}
 
     def build(folder: Path) -> dict:
         sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
@@ -982,7 +968,8 @@ def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
     :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings and
     the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings."""
-    return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model), "sample": _unbatched(cfg.sample),
+    return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model),
+            "sample": keyed_values(SampleSettings, to_container(cfg.sample)),
             "sampler": _sampler(), "score": _score_key(cfg.score), "device": device_key(cfg, scoring=True)}
 
 
@@ -1000,7 +987,7 @@ def _documents(corpus_sig: dict) -> dict:
 
 def _score_key(section: DictConfig) -> dict:
     """The score section as it keys the stage; the compute dtype keys it as resolved (:func:`device_key`)."""
-    return {k: v for k, v in _keyed(to_container(section)).items() if k != "compute_dtype"}
+    return {k: v for k, v in keyed_values(ScoreSettings, to_container(section)).items() if k != "compute_dtype"}
 
 
 def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
@@ -1021,20 +1008,13 @@ def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
     """The inputs that key the doc-queries stage (generated training queries, with their own decoding): as
     :func:`score_inputs`, the documents, the LM, the decoding settings and the device kind."""
     return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model),
-            "doc_queries": _unbatched(cfg.doc_queries), "sampler": _sampler(), "device": device_key(cfg)}
+            "doc_queries": keyed_values(DocQueries, to_container(cfg.doc_queries)), "sampler": _sampler(),
+            "device": device_key(cfg)}
 
 
 def _sampler() -> str:
     """The sampler version (gdr.lm.decode): another version draws other queries, so it keys the stages."""
     return SAMPLER_VERSION
-
-
-def _unbatched(section: DictConfig) -> dict:
-    """A sampling section without its batch size and compile switch, which change the speed, not the queries."""
-    return {k: v for k, v in _keyed(to_container(section)).items() if k not in _SPEED_ONLY}
-
-
-_SPEED_ONLY = ("batch_size", "compile", "compile_min_queries")
 
 
 def _with(cfg: DictConfig, **overrides) -> DictConfig:

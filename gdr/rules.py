@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
-           "setting", "same_setting", "GroupOption", "MISSING"]
+           "setting", "same_setting", "GroupOption", "MISSING",
+           "EFFECTS", "effect_of"]
 
 
 class ConfigError(ValueError):
@@ -377,22 +378,46 @@ def check_values(values: Mapping[str, Any], rules: Sequence[Rule], keys: Mapping
 
 # ---------------------------------------------------------------------------- settings fields
 
-def setting(default: Any = None, help: str = "", *, factory: Callable[[], Any] | None = None):
-    """A settings dataclass field: its default (``factory`` for a mutable one) and ``help``, what the key means,
-    in its metadata, the one place ``--help`` and the generated ``conf/stage/*.yaml`` read it from."""
+# What a setting does to its stage's result, in its field's metadata (``effect``): the stage keys
+# (gdr.pipeline's stage inputs, gdr.stages.train's trained_on.json) are derived from it.
+EFFECTS = {
+    "result": "changes what the stage computes: keys the stage",
+    "speed": "changes only speed, I/O or progress output, never the result: no part of the stage's key",
+    "resume": "keys the stage, but a resumed `gdr train` may change it (how long and on what it runs, how often it "
+              "validates and saves)",
+}
+
+
+def setting(default: Any = None, help: str = "", *, factory: Callable[[], Any] | None = None,
+            effect: str | None = None, indexers: tuple[str, ...] = ()):
+    """A settings dataclass field: its default (``factory`` for a mutable one), ``help``, what the key means, and
+    ``effect``, what it does to the stage's result (one of :data:`EFFECTS`), in its metadata, the one place
+    ``--help``, the generated ``conf/stage/*.yaml`` and the stage keys read them from. ``indexers``: the docid
+    indexers whose ids a setting of ``gdr index`` decides."""
+    if effect is not None and effect not in EFFECTS:
+        raise ValueError(f"effect={effect!r}: must be one of {', '.join(EFFECTS)}")
+    metadata = {"help": help, "effect": effect, "indexers": tuple(indexers)}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-def same_setting(cls, name: str, help: str | None = None):
+def same_setting(cls, name: str, help: str | None = None, *, effect: str | None = None,
+                 indexers: tuple[str, ...] = ()):
     """A field that is ``cls``'s setting ``name`` in another section (the flat clustering's ``alpha`` is generative
-    clustering's): its default (or default factory) and its help read from there, ``help`` in place of the latter."""
+    clustering's): its default (or default factory), help and effect read from there, ``help`` and ``effect`` in
+    place of theirs."""
     f = cls.__dataclass_fields__[name]
     said = f.metadata.get("help", "") if help is None else help
+    effect = f.metadata.get("effect") if effect is None else effect
     if f.default_factory is not NO_FIELD_DEFAULT:
-        return setting(help=said, factory=f.default_factory)
-    return setting(f.default, said)
+        return setting(help=said, factory=f.default_factory, effect=effect, indexers=indexers)
+    return setting(f.default, said, effect=effect, indexers=indexers)
+
+
+def effect_of(f) -> str | None:
+    """The :data:`EFFECTS` entry a settings field declares (None: it declares none)."""
+    return f.metadata.get("effect")
 
 
 @dataclass(frozen=True)

@@ -43,24 +43,25 @@ class GCOptions:
     clip_sigma: float | None = same_setting(GCFitOptions, "clip_sigma", "Eq. clip once on the root P (mu_j + 5 "
                                                                         "sigma_j); null = no clipping")
     proposal: str = same_setting(GCFitOptions, "phi", "power (Eq. vmp) | naive (column mean of P)")
-    localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")")
-    bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling")
-    bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)")
+    localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")",
+                              effect="result")
+    bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling", effect="result")
+    bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)", effect="result")
     init: str = same_setting(GCFitOptions, "init")
     n_init: int = same_setting(GCFitOptions, "n_init", "fit_generative runs at the root")
-    n_init_inner: int = setting(3, "... at every node below the root")
+    n_init_inner: int = setting(3, "... at every node below the root", effect="result")
     max_iter: int = same_setting(GCFitOptions, "max_iter")
-    tol: float = setting(1e-5, "relative improvement of the total distortion")
-    dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity")
+    tol: float = setting(1e-5, "relative improvement of the total distortion", effect="result")
+    dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity", effect="result")
     device: str = same_setting(GCFitOptions, "device")
     memory_mb: float = setting(1024, "per-node working-set budget; larger nodes: fit on a row sample + streamed "
-                                     "refinement")
-    chunk_rows: int = setting(2048, "rows per streamed chunk")
-    refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget")
+                                     "refinement", effect="result")
+    chunk_rows: int = setting(2048, "rows per streamed chunk", effect="result")
+    refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget", effect="result")
     torch_threads: int | None = setting(1, "torch threads while indexing (1: fastest on a shared 2-core machine); "
-                                           "null = default")
+                                           "null = default", effect="result")
     split_merge: bool | None = setting(None, "split/merge moves after each node's fit; null = on for greedy-k-means++ "
-                                             "only")
+                                             "only", effect="result")
 
     def validate(self) -> None:
         from gdr.cluster import _INITS  # gdr.cluster imports torch; these options are read without it
@@ -92,9 +93,9 @@ class GCOptions:
 class TreeOptions:
     """The shape of every docid tree (:func:`gdr.indexing.tree.build_tree`): the paper's K and c."""
 
-    n_clusters: int = setting(30, "K: children per node; every position < K")
-    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)")
-    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)")
+    n_clusters: int = setting(30, "K: children per node; every position < K", effect="result")
+    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)", effect="result")
+    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)", effect="speed")
 
 
 @dataclass
@@ -102,32 +103,33 @@ class IndexGC:
     """``gc``'s keys beside the kernel's :class:`gdr.indexing.options.GCOptions`: which columns of P, and what
     tree.json shows."""
 
-    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)")
-    top_queries: int = setting(5, "typical queries per child in tree.json")
+    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)", effect="result")
+    top_queries: int = setting(5, "typical queries per child in tree.json", effect="result")
     centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
-                                          "tree_state.npz)")
+                                          "tree_state.npz)", effect="result")
 
 
 @dataclass
 class IndexKMeans:
     """``kmeans``: the k-means of hkmi and bmi."""
 
-    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)")
-    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}")
+    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)", effect="result")
+    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}", effect="result")
     embed_model: str = setting(EMBED_MODEL, "hkmi (embedding=model) and bmi: any sentence-transformers model "
-                                          "(bundled minilm-l6 works offline)")
+                                          "(bundled minilm-l6 works offline)", effect="result")
     embedding: str = setting("model", "hkmi's document vectors: model = embed_model | tfidf-svd = tf-idf of the "
                                       "texts reduced by TruncatedSVD (no neural model, so not the retriever's "
-                                      "encoder); bmi always embeds its queries with embed_model")
-    svd_dim: int = setting(256, "embedding=tfidf-svd: SVD components (at most n_docs - 1 and the vocabulary - 1)")
-    batch_size: int = setting(EMBED_BATCH, "texts per encoder batch")
-    n_init: int = setting(1, "faiss nredo")
-    max_iter: int = setting(25, "faiss niter")
-    spherical: bool = setting(False)
+                                      "encoder); bmi always embeds its queries with embed_model", effect="result")
+    svd_dim: int = setting(256, "embedding=tfidf-svd: SVD components (at most n_docs - 1 and the vocabulary - 1)",
+                           effect="result")
+    batch_size: int = setting(EMBED_BATCH, "texts per encoder batch", effect="result")
+    n_init: int = setting(1, "faiss nredo", effect="result")
+    max_iter: int = setting(25, "faiss niter", effect="result")
+    spherical: bool = setting(False, effect="result")
 
 
 @dataclass
 class IndexAtomic:
     """``atomic``: one flat position per document."""
 
-    warn_above: int = setting(100000)
+    warn_above: int = setting(100000, effect="result")

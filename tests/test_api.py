@@ -32,9 +32,9 @@ def test_settings_refuse_unknown_keys_and_merge_dicts():
     with pytest.raises(TypeError, match="SampleSettings: unknown setting.*nqueries"):
         gdr.SampleSettings.from_dict({"nqueries": 3})
     s = gdr.ClusterSettings.merged(gc={"alpha": "auto"})
-    assert s.gc == {"alpha": "auto", "clip_sigma": 5.0, "phi": "power", "ess_target": 0.5}
+    assert s.gc == gdr.stages.settings.ClusterGC(alpha="auto", clip_sigma=5.0, phi="power", ess_target=0.5)
     t = gdr.TrainSettings.merged(trainer={"max_epochs": 2})
-    assert t.trainer["max_epochs"] == 2 and t.trainer["batch_size"] == 64 and t.model["size"] == "small30m"
+    assert t.trainer.max_epochs == 2 and t.trainer.batch_size == 64 and t.model.size == "small30m"
 
 
 def test_run_refuses_bad_settings_before_anything_loads(nothing_loads, tmp_path):

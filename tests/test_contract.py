@@ -94,6 +94,7 @@ def _settings_leaves(cls) -> list[str]:
     out, defaults = [], cls()
     for f in dataclasses.fields(cls):
         v = getattr(defaults, f.name)
+        v = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v  # a typed section: its keys
         if isinstance(v, dict) and f.name != "model_presets":
             out += [f"{f.name}.{k}" for k, x in v.items() if _numeric(x)]
         elif _numeric(v) or f.type in ("int | None", "float | None"):

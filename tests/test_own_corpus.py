@@ -144,7 +144,7 @@ def test_train_retriever_shows_its_progress_bar_by_default(monkeypatch, tmp_path
     seen = {}
     monkeypatch.setattr(stage, "train_retriever", lambda corpus, docids, out, settings, **kw: seen.update(s=settings))
     gdr.train_retriever(Corpus("two", ["a", "b"], ["a text", "b text"]), tmp_path / "docids.tsv", tmp_path)
-    assert seen["s"].trainer["enable_progress_bar"] is True
+    assert seen["s"].trainer.enable_progress_bar is True
 
 
 # ------------------------------------------------------------------------------------------- gdr.run

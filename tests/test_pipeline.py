@@ -116,7 +116,8 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     prim = report["primary"]
     assert prim["line"] == report["verdict"] and prim["status"] in ("decided", "equivalent", "undecided")
     assert "## Primary test" in md and "one seed: the seed noise is not estimated" in report["verdict"]
-    assert prim["test"]["n_queries"] == 10 and prim["test"]["ci95"][0] <= prim["test"]["diff"] <= prim["test"]["ci95"][1]
+    test = prim["test"]
+    assert test["n_queries"] == 10 and test["ci95"][0] <= test["diff"] <= test["ci95"][1]
     assert prim["query_only"] == next(c for c in comps if c["b"] == "hkmi" and c["metric"] == "recall@1")
     per_query = [json.loads(x) for x in (out / "per_query.jsonl").read_text().splitlines()]
     assert [(x["indexer"], x["seed"]) for x in per_query] == [(m, 0) for m in INDEXERS]

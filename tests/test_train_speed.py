@@ -2,6 +2,8 @@
 retrievers trained at once, the compiled step and length-bucketed batches."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
 from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
@@ -97,7 +99,7 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     from gdr.training.train import train_memory_per_example
 
     s = TrainSettings()
-    config = model_config_from({**s.model, "size": "small30m"}, s.model_presets)
+    config = model_config_from({**asdict(s.model), "size": "small30m"}, s.model_presets)
     config.n_digits, config.max_code_len = 11, 5
     assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
     assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15
@@ -266,11 +268,11 @@ def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, wor
 def test_train_concurrent_stays_out_of_stage_keys_and_length_buckets_keys_them():
     """train.concurrent never enters a stage key (only the speed changes); trainer.length_buckets does, on or off
     (a stage keyed before it existed is given ``false`` by the upgrade, gdr.upgrade)."""
-    from gdr.pipeline import _keyed
+    from gdr.stages.settings import TrainSettings, keyed_values
 
-    assert _keyed({"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
+    assert keyed_values(TrainSettings, {"concurrent": 4, "trainer": {"length_buckets": False, "max_epochs": 3}}) == \
         {"trainer": {"length_buckets": False, "max_epochs": 3}}
-    assert _keyed({"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
+    assert keyed_values(TrainSettings, {"trainer": {"length_buckets": True}}) == {"trainer": {"length_buckets": True}}
 
 
 def test_train_concurrent_is_checked_by_its_rule():

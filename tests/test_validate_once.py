@@ -76,5 +76,5 @@ def test_a_script_building_settings_is_checked_at_its_own_door(calls):
     with pytest.raises(TypeError, match="unknown setting"):  # an unknown key is still refused by name
         gdr.SampleSettings.from_config({"nqueries": 3})
     calls.clear()
-    assert gdr.TrainSettings.merged(trainer={"max_epochs": 2}).trainer["max_epochs"] == 2  # the API's door
+    assert gdr.TrainSettings.merged(trainer={"max_epochs": 2}).trainer.max_epochs == 2  # the API's door
     assert calls["Settings.check"] == 1

@@ -7,6 +7,7 @@ writes ``metrics.json``, ``results.md``, ``clusters.md``, ``labels.tsv`` and ``c
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ def _cluster_run(corpus, run, out: Path, settings: ClusterSettings, device: str)
         qtexts = [qtexts[j] for j in cols]
         labels, texts = [labels[i] for i in rows], [texts[i] for i in rows]
     k = c.n_clusters or len(set(labels))
-    base = dict(c.gc)
+    base = asdict(c.gc)
     variants = {name: {**base, **(dict(v) if v else {})} for name, v in c.variants.items()}
     result = cluster_corpus(logp, qtexts, k, variants, labels=labels, texts=texts,
                             baselines=list(c.baselines) if labels is not None else [], embed_model=c.embed_model,

@@ -161,13 +161,13 @@ class RunQueries:
 class DocQueries:
     """``gdr run``'s ``doc_queries``: generated training queries for every document, with decoding of their own."""
 
-    per_doc: int = setting(10, "0 = none (then bmi cannot run)")
-    seed: int = setting(1)
-    batch_size: int | str = setting("${sample.batch_size}")
-    max_new_tokens: int | str = setting("${sample.max_new_tokens}")
-    top_k: int = setting(10)
-    top_p: float = setting(1.0)
-    temperature: float = setting(0.7)
+    per_doc: int = setting(10, "0 = none (then bmi cannot run)", effect="result")
+    seed: int = setting(1, effect="result")
+    batch_size: int | str = setting("${sample.batch_size}", effect="speed")
+    max_new_tokens: int | str = setting("${sample.max_new_tokens}", effect="result")
+    top_k: int = setting(10, effect="result")
+    top_p: float = setting(1.0, effect="result")
+    temperature: float = setting(0.7, effect="result")
 
 
 @dataclass

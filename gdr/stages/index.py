@@ -22,7 +22,6 @@ from gdr.indexing.kmeans import (
     read_doc_queries,
     tfidf_svd_embeddings,
 )
-from gdr.indexing.options import IndexKMeans
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
 from gdr.io import read_jsonl, write_manifest
@@ -50,10 +49,10 @@ def _doc_ids(settings: IndexSettings, run, corpus: Callable | None) -> list[str]
         return load_run(run, require_manifest=False).doc_ids
     if corpus is not None:
         return corpus().doc_ids
-    if settings.kmeans.get("docs"):
-        return _docs_jsonl(settings.kmeans["docs"])[0]
-    if settings.kmeans.get("doc_queries"):
-        return list(read_doc_queries(settings.kmeans["doc_queries"]))
+    if settings.kmeans.docs:
+        return _docs_jsonl(settings.kmeans.docs)[0]
+    if settings.kmeans.doc_queries:
+        return list(read_doc_queries(settings.kmeans.doc_queries))
     raise ValueError(f"method={settings.method} needs the documents: pass run=<P-matrix run>, data=<corpus>, "
                      "kmeans.docs=<jsonl> or kmeans.doc_queries=<jsonl>")
 
@@ -97,14 +96,14 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
         extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
     elif cfg.method in ("hkmi", "bmi"):
-        km = {"docs": None, "doc_queries": None, **cfg.kmeans}
-        embed_fn = default_embed_fn(km["embed_model"], int(km["batch_size"]))
+        km = cfg.kmeans
+        embed_fn = default_embed_fn(km.embed_model, int(km.batch_size))
         if cfg.method == "hkmi":
             if load is not None:
                 corpus = load()
                 doc_ids, texts = corpus.doc_ids, corpus.model_inputs()
-            elif km["docs"]:
-                doc_ids, texts = _docs_jsonl(km["docs"])
+            elif km.docs:
+                doc_ids, texts = _docs_jsonl(km.docs)
             else:
                 raise ValueError("method=hkmi needs document texts: data=<corpus> or kmeans.docs=<jsonl>")
             if run:  # index exactly the documents of the P-matrix run (comparable with gc)
@@ -114,27 +113,27 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                 if missing:
                     raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")
                 doc_ids, texts = run_ids, [texts[pos[d]] for d in run_ids]
-            if km.get("embedding", IndexKMeans.embedding) == "tfidf-svd":
-                emb = tfidf_svd_embeddings(texts, int(km.get("svd_dim", IndexKMeans.svd_dim)), seed=int(cfg.seed))
+            if km.embedding == "tfidf-svd":
+                emb = tfidf_svd_embeddings(texts, int(km.svd_dim), seed=int(cfg.seed))
             else:
                 emb = document_embeddings(texts, embed_fn)
         else:
-            if not km["doc_queries"]:
+            if not km.doc_queries:
                 raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
-            doc_queries = read_doc_queries(km["doc_queries"])
-            doc_ids = _doc_ids(cfg, run, load) if (run or load is not None or km["docs"]) else list(doc_queries)
+            doc_queries = read_doc_queries(km.doc_queries)
+            doc_ids = _doc_ids(cfg, run, load) if (run or load is not None or km.docs) else list(doc_queries)
             emb = query_mean_embeddings(doc_ids, doc_queries, embed_fn)
-        tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km["n_init"]),
-                                  max_iter=int(km["max_iter"]), spherical=bool(km["spherical"]),
+        tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km.n_init),
+                                  max_iter=int(km.max_iter), spherical=bool(km.spherical),
                                   workers=int(cfg.workers), progress=bool(cfg.progress), method=cfg.method)
-        tfidf = cfg.method == "hkmi" and km.get("embedding", IndexKMeans.embedding) == "tfidf-svd"
-        extra.update(embed_model="tfidf-svd" if tfidf else km["embed_model"], embedding_dim=int(emb.shape[1]))
+        tfidf = cfg.method == "hkmi" and km.embedding == "tfidf-svd"
+        extra.update(embed_model="tfidf-svd" if tfidf else km.embed_model, embedding_dim=int(emb.shape[1]))
     elif cfg.method == "random":
         doc_ids = _doc_ids(cfg, run, load)
         tree = random_tree(len(doc_ids), K, c, seed=int(cfg.seed), progress=bool(cfg.progress))
     else:
         doc_ids = _doc_ids(cfg, run, load)
-        tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic["warn_above"]))
+        tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic.warn_above))
 
     summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts,
                           top_queries=int(cfg.gc["top_queries"]),

@@ -44,6 +44,7 @@ from gdr.rules import (
     boolean,
     check_values,
     device,
+    effect_of,
     get,
     int_at_least,
     is_int,
@@ -78,7 +79,8 @@ from gdr.stages.command_keys import (
 from gdr.training.options import ExampleOptions, OptimOptions, QGOptions, TrainerOptions
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
-           "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS", "MAX_P_PER_DOC"]
+           "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS", "MAX_P_PER_DOC",
+           "keyed_values", "resumable", "index_keys", "settings_classes"]
 
 # sample.p_per_doc's bound: query k of a document is on random stream (44 bits of its text's digest) *
 # MAX_P_PER_DOC + k (gdr.stages.sample.per_doc_draws), so no two queries of a document share a stream
@@ -307,15 +309,21 @@ class Settings:
     rules: ClassVar[tuple[Rule, ...]] = ()
     section: ClassVar[str] = ""             # the config section holding the fields ("sample": sample.n_queries)
     keys: ClassVar[dict[str, str]] = {}     # fields kept at another key of the config
+    typed: ClassVar[dict[str, type]] = {}   # sections held as these dataclasses (a dict given for one converted)
 
     def __post_init__(self) -> None:
+        for name, cls in self.typed.items():  # the door of a section given as a dict (a script, a config)
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                setattr(self, name, section_from(cls, value, f"{type(self).__name__}.{name}"))
         if not _AT_DOOR_CHECKED.get():  # built by a script: this is its door
             self.check()
 
     def check(self, shown: str = ""):
         """Refuse a value its rules refuse, naming the field (``shown`` before it, e.g. ``sampling.``); returns
         self."""
-        check_values({f.name: getattr(self, f.name) for f in fields(self)},  # type: ignore[arg-type]
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        check_values({k: asdict(v) if k in self.typed else v for k, v in values.items()},
                      self.rules, self.keys, self.section, shown)
         return self
 
@@ -351,6 +359,8 @@ class Settings:
             default = getattr(defaults, key)
             if isinstance(default, dict) and isinstance(value, Mapping):
                 setattr(base, key, {**default, **value})
+            elif key in cls.typed and isinstance(value, Mapping):
+                setattr(base, key, replace(default, **value))
         return base.check()
 
     def to_dict(self) -> dict:
@@ -367,6 +377,16 @@ class Settings:
             return replace(self, **changes)  # type: ignore[type-var]
         finally:
             _AT_DOOR_CHECKED.reset(token)
+
+
+def section_from(cls, values: Mapping[str, Any], where: str):
+    """The section dataclass ``cls`` from a dict of its keys (the rest at their defaults); an unknown key is refused
+    by name (``where``: how the section is named, ``TrainSettings.trainer``)."""
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(str(k) for k in values if k not in names)
+    if unknown:
+        raise TypeError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(names)}")
+    return cls(**values)
 
 
 def available_memory() -> int:
@@ -397,8 +417,8 @@ class LMSettings(Settings, ModelOptions):
     keys: ClassVar = {"name": "model.name", "max_doc_tokens": "model.max_doc_tokens", "prompt": "model.prompt"}
 
     # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
-    device: str = setting("auto", "auto | cpu | cuda")
-    threads: int | None = setting(None, "torch CPU threads (null = torch default)")
+    device: str = setting("auto", "auto | cpu | cuda", effect="result")
+    threads: int | None = setting(None, "torch CPU threads (null = torch default)", effect="speed")
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
@@ -421,15 +441,15 @@ class SampleSettings(Settings):
     rules: ClassVar = SAMPLE_RULES
     section: ClassVar = "sample"
 
-    n_queries: int = setting(64, "J")
+    n_queries: int = setting(64, "J", effect="result")
     per_doc: int = setting(0, "> 0: instead, generate this many queries for EVERY document (doc_queries.jsonl; "
-                              "training data of the retriever and input of the BMI indexer)")
+                              "training data of the retriever and input of the BMI indexer)", effect="result")
     p_per_doc: int = setting(0, "> 0: P's queries are this many from EVERY document (J = p_per_doc x documents), "
                                 "each document's on random streams keyed by its text and scored apart from the "
                                 "others' (by source), so an edited, added or removed document re-samples and "
                                 "re-scores only its own queries, row and columns of P (gdr score reuse_from=, gdr "
-                                "run). 0: n_queries drawn over the corpus (Algorithm 1)")
-    seed: int = setting(0)
+                                "run). 0: n_queries drawn over the corpus (Algorithm 1)", effect="result")
+    seed: int = setting(0, effect="result")
     batch_size: int | str = same_setting(SamplingOptions, "batch_size")
     max_new_tokens: int = same_setting(SamplingOptions, "max_new_tokens")
     top_k: int = same_setting(SamplingOptions, "top_k")
@@ -453,19 +473,21 @@ class ScoreSettings(Settings):
     rules: ClassVar = SCORE_RULES
     section: ClassVar = "score"
 
-    dtype: str = setting("float32", "float32 | float16: storage of P.npy")
+    dtype: str = setting("float32", "float32 | float16: storage of P.npy", effect="result")
     compute_dtype: str = setting("auto", "auto | bfloat16 | float32: the dtype the scoring passes run in (auto: bf16 "
                                          "on CUDA, the model's fp32 on a CPU); bf16 vs fp32 on the demo: "
-                                         "reports/bf16-scoring.md")
+                                         "reports/bf16-scoring.md", effect="result")
     shard_size: int = setting(32, "documents per resumable shard (scored in groups that fill a doc batch: the shard "
-                                  "size changes neither the batches nor how often anything is tokenised)")
+                                  "size changes neither the batches nor how often anything is tokenised)",
+                                  effect="result")
     doc_batch_size: int | str = setting("auto", "documents per forward pass (auto: 1 on CPU; on CUDA as many as fit in "
-                                                "half the free GPU memory, at most 64)")
-    max_query_tokens: int | str = setting("auto", "query tokens per packed chunk (auto: 2048 on CPU, 4096 on CUDA)")
+                                                "half the free GPU memory, at most 64)", effect="result")
+    max_query_tokens: int | str = setting("auto", "query tokens per packed chunk (auto: 2048 on CPU, 4096 on CUDA)",
+                                          effect="result")
     processes: int = setting(1, "> 1: that many scoring processes on this machine (CPU: one single-thread process per "
                                 "core is fastest); the same P as one process. Started by spawn, which imports the "
                                 "calling script again: a script calls gdr.score(processes=N) under "
-                                "`if __name__ == \"__main__\":`")
+                                "`if __name__ == \"__main__\":`", effect="speed")
 
     def check_size(self, n_docs: int, n_queries: int, key: str = "sample.n_queries") -> None:
         """Refuse a P of ``n_docs`` x ``n_queries`` that does not fit this machine's available memory (the index
@@ -494,26 +516,29 @@ class ClusterSettings(Settings):
 
     rules: ClassVar = CLUSTER_RULES
     section: ClassVar = "cluster"
+    typed: ClassVar = {"gc": ClusterGC}  # variants: free-form overrides of some of gc's keys, a dict per variant
 
-    n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)")
-    seed: int = setting(0)
+    n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)",
+                                     effect="result")
+    seed: int = setting(0, effect="result")
     n_init: int = same_setting(GCFitOptions, "n_init", "runs per fit; the lowest distortion wins (no labels used)")
-    repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)")
+    repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)", effect="result")
     init: str = same_setting(GCFitOptions, "init", "greedy-k-means++ (+ split/merge moves, lowest distortion) | "
                                                    "random (Eq. init, Algorithm 1) | k-means++")
     max_iter: int = same_setting(GCFitOptions, "max_iter")
     tol: float = same_setting(GCFitOptions, "tol")
     # the evaluation restricted to documents with these labels (and to the queries sampled from them), e.g. R2 =
     # {earn, acq} inside an R5 run; None: all documents
-    restrict_labels: list | None = setting(None)
-    gc: dict = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
-                       factory=lambda: asdict(ClusterGC()))
-    variants: dict = setting(factory=lambda: {"gc": {}})
+    restrict_labels: list | None = setting(None, effect="result")
+    gc: ClusterGC = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
+                            factory=ClusterGC, effect="result")
+    variants: dict = setting(factory=lambda: {"gc": {}}, effect="result")
     baselines: list = setting(help="k-means baselines (only when labels exist)",
-                              factory=lambda: ["tfidf", "embedding", "logp"])
-    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers name or path")
-    describe_top: int = setting(5)
-    enabled: bool = setting(True, "flat GC vs k-means on the corpus labels (skipped when there are none)")
+                              factory=lambda: ["tfidf", "embedding", "logp"], effect="result")
+    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers name or path", effect="result")
+    describe_top: int = setting(5, effect="result")
+    enabled: bool = setting(True, "flat GC vs k-means on the corpus labels (skipped when there are none)",
+                            effect="result")
 
     def check_corpus(self, corpus, prefix: str = "") -> None:
         """The rules that depend on the corpus, checked once it is loaded and before any work: ``restrict_labels``
@@ -553,44 +578,49 @@ def _index_gc() -> dict:
     return {k: both[k] for k in INDEX_GC_ORDER}
 
 
+# the indexers that build a tree of K children and leaves of c documents (atomic gives each document its own id)
+TREE_INDEXERS = ("gc", "hkmi", "bmi", "random")
+
+
 @dataclass
 class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
     rules: ClassVar = INDEX_RULES + (Rule("method", one_of(*INDEXERS), "the indexer"),)
+    typed: ClassVar = {"kmeans": IndexKMeans, "atomic": IndexAtomic}  # gc: a dict of IndexGC's and GCOptions' keys
 
-    method: str = setting("gc", "gc | hkmi | bmi | random | atomic")
-    seed: int = setting(0)
-    n_clusters: int = same_setting(TreeOptions, "n_clusters")
-    leaf_size: int = same_setting(TreeOptions, "leaf_size")
+    method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result")
+    seed: int = setting(0, effect="result", indexers=TREE_INDEXERS)
+    n_clusters: int = same_setting(TreeOptions, "n_clusters", indexers=TREE_INDEXERS)
+    leaf_size: int = same_setting(TreeOptions, "leaf_size", indexers=TREE_INDEXERS)
     workers: int = same_setting(TreeOptions, "workers")
-    progress: bool = setting(True)
-    plot: bool = setting(True, "summary.png")
-    gc: dict = setting(factory=_index_gc)
-    kmeans: dict = setting(help="hkmi and bmi", factory=lambda: asdict(IndexKMeans()))
-    atomic: dict = setting(factory=lambda: asdict(IndexAtomic()))
+    progress: bool = setting(True, effect="speed")
+    plot: bool = setting(True, "summary.png", effect="speed")
+    gc: dict = setting(factory=_index_gc, effect="result", indexers=("gc",))
+    kmeans: IndexKMeans = setting(help="hkmi and bmi", factory=IndexKMeans, effect="result", indexers=("hkmi", "bmi"))
+    atomic: IndexAtomic = setting(factory=IndexAtomic, effect="result", indexers=("atomic",))
 
 
 @dataclass
 class TrainModel:
     """``model``: the retriever; a ``size`` preset of :data:`MODEL_PRESETS`, any non-null key overriding it."""
 
-    size: str = setting("small30m", "a preset below; any non-null key here overrides it")
-    encoder: str | None = setting(None)
-    encoder_config: dict | None = setting(None)
-    encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)")
-    tokenizer: str | None = setting(None)
-    n_digits: int | None = setting(None, "null = from the docids (max digit + 1)")
-    max_code_len: int | None = setting(None, "null = from the docids (longest code)")
-    d_model: int | None = setting(None)
-    num_layers: int | None = setting(None)
-    num_heads: int | None = setting(None)
-    d_ff: int | None = setting(None)
-    d_kv: int | None = setting(None)
-    dropout: float | None = setting(None)
-    pawa: bool | None = setting(None, "NCI's prefix-aware weight-adaptive output layer")
-    pawa_rank: int | None = setting(None)
-    max_query_len: int | None = setting(None)
+    size: str = setting("small30m", "a preset below; any non-null key here overrides it", effect="result")
+    encoder: str | None = setting(None, effect="result")
+    encoder_config: dict | None = setting(None, effect="result")
+    encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)", effect="result")
+    tokenizer: str | None = setting(None, effect="result")
+    n_digits: int | None = setting(None, "null = from the docids (max digit + 1)", effect="result")
+    max_code_len: int | None = setting(None, "null = from the docids (longest code)", effect="result")
+    d_model: int | None = setting(None, effect="result")
+    num_layers: int | None = setting(None, effect="result")
+    num_heads: int | None = setting(None, effect="result")
+    d_ff: int | None = setting(None, effect="result")
+    d_kv: int | None = setting(None, effect="result")
+    dropout: float | None = setting(None, effect="result")
+    pawa: bool | None = setting(None, "NCI's prefix-aware weight-adaptive output layer", effect="result")
+    pawa_rank: int | None = setting(None, effect="result")
+    max_query_len: int | None = setting(None, effect="result")
 
 
 def _preset(encoder, d_model, num_layers, num_heads, d_ff, pawa_rank, **more) -> dict:
@@ -622,22 +652,26 @@ class TrainSettings(Settings):
     """``conf/stage/train.yaml``: the retriever (a ``model.size`` preset), its examples, optimiser and trainer."""
 
     rules: ClassVar = TRAIN_RULES + (Rule("seed", seed),)
+    typed: ClassVar = {"examples": ExampleOptions, "model": TrainModel, "optim": OptimOptions,
+                       "trainer": TrainerOptions}
 
-    examples: dict = setting(help="training inputs (training/data.py), each switchable",
-                             factory=lambda: {**asdict(ExampleOptions()), **STAGE_EXAMPLES})
-    model: dict = setting(factory=lambda: asdict(TrainModel()))
-    model_presets: dict = setting(factory=lambda: {k: dict(v) for k, (v, _) in MODEL_PRESETS.items()})
-    optim: dict = setting(help=("learning rates and warmup are stated at `base_batch_size` examples per step; at "
-                                "batch B they are scaled by sqrt(B / base_batch_size) (`lr_scaling: sqrt`; `linear`: "
-                                "B / base; `none`: as given) and the warmup covers the same number of examples "
-                                "(warmup_steps * base / B steps). Batch 512: lr x 2.83, warmup 125 steps."),
-                          factory=lambda: {**asdict(OptimOptions()), **STAGE_OPTIM})
-    trainer: dict = setting(factory=lambda: asdict(TrainerOptions()))
-    seed: int = setting(0)
+    examples: ExampleOptions = setting(help="training inputs (training/data.py), each switchable",
+                                       factory=lambda: ExampleOptions(**STAGE_EXAMPLES), effect="result")
+    model: TrainModel = setting(factory=TrainModel, effect="result")
+    model_presets: dict = setting(factory=lambda: {k: dict(v) for k, (v, _) in MODEL_PRESETS.items()},
+                                  effect="result")
+    optim: OptimOptions = setting(help=("learning rates and warmup are stated at `base_batch_size` examples per step; "
+                                        "at batch B they are scaled by sqrt(B / base_batch_size) (`lr_scaling: sqrt`; "
+                                        "`linear`: B / base; `none`: as given) and the warmup covers the same number "
+                                        "of examples (warmup_steps * base / B steps). Batch 512: lr x 2.83, warmup 125 "
+                                        "steps."),
+                                  factory=lambda: OptimOptions(**STAGE_OPTIM), effect="result")
+    trainer: TrainerOptions = setting(factory=TrainerOptions, effect="result")
+    seed: int = setting(0, effect="result")
     concurrent: int | str = setting("auto", "`gdr run`: retrievers (indexers x seeds) trained at once on one device, "
                                             "one process each (training/concurrent.py); auto = on CUDA as many as the "
                                             "free memory holds at their batch, 1 on the CPU; a number asks for that "
-                                            "many on any device")
+                                            "many on any device", effect="speed")
 
 
 @dataclass
@@ -650,9 +684,9 @@ class EvaluateSettings(Settings):
     beam: int = same_setting(RankingOptions, "beam")
     length_penalty: float = same_setting(RankingOptions, "length_penalty")
     batch_size: int | str = setting("auto", "queries per beam search: auto = as many as fit half the free GPU memory "
-                                            "(<= 1024), 32 on the CPU")
-    device: str | None = setting(None, "null = cuda if available")
-    bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries")
+                                            "(<= 1024), 32 on the CPU", effect="result")
+    device: str | None = setting(None, "null = cuda if available", effect="speed")
+    bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries", effect="result")
     tag: str = same_setting(RankingOptions, "tag")
 
 
@@ -705,6 +739,47 @@ def section_classes(cls, name: str) -> tuple:
     """The dataclasses whose fields are the keys of the dict-valued field ``name`` of ``cls`` (none: not one)."""
     found = SECTIONS.get((cls, name), ())
     return found if isinstance(found, tuple) else (found,)
+
+
+def keyed_values(cls, values: Mapping[str, Any]) -> dict:
+    """The part of a config section of ``cls`` (a settings or section dataclass, or a tuple of them) that keys its
+    stage: every key but those whose field changes only the speed (``effect="speed"``), the same within its dict-valued
+    sections; a key no field declares is kept."""
+    classes = cls if isinstance(cls, tuple) else (cls,)
+    by_name = {f.name: (c, f) for c in classes for f in fields(c)}
+    out = {}
+    for key, value in values.items():
+        owner, f = by_name.get(key, (None, None))
+        if f is not None and effect_of(f) == "speed":
+            continue
+        sections = section_classes(owner, key) if owner is not None else ()
+        out[key] = keyed_values(sections, value) if sections and isinstance(value, Mapping) else value
+    return out
+
+
+def resumable(cls) -> frozenset[str]:
+    """The settings of ``cls`` a resumed run may change: those that key nothing (speed) or say ``effect="resume"``."""
+    return frozenset(f.name for f in fields(cls) if effect_of(f) in ("speed", "resume"))
+
+
+def index_keys() -> dict[str, tuple[str, ...]]:
+    """Indexer -> the settings of ``gdr index`` (:class:`IndexSettings`) its ids depend on, from their fields'
+    ``indexers``."""
+    return {m: tuple(f.name for f in fields(IndexSettings) if m in f.metadata.get("indexers", ())) for m in INDEXERS}
+
+
+def settings_classes() -> list[type]:
+    """Every stage settings class and every section class under them (the fields whose ``effect`` keys the
+    stages), parents before their sections."""
+    found: list[type] = []
+    todo = [LMSettings, SampleSettings, ScoreSettings, ClusterSettings, IndexSettings, TrainSettings,
+            EvaluateSettings, DocQueries, GCFitOptions, TreeOptions, RankingOptions, SamplingOptions]
+    while todo:
+        cls = todo.pop(0)
+        if cls not in found:
+            found.append(cls)
+            todo += [s for f in fields(cls) for s in section_classes(cls, f.name)]
+    return found
 
 
 def field_help(cls) -> dict[str, str]:

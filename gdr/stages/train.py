@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,14 +41,12 @@ from gdr.io import (
 )
 from gdr.models import model_digest
 from gdr.rules import ConfigError
-from gdr.stages.settings import TrainSettings
+from gdr.stages.settings import TrainSettings, resumable
 from gdr.training.callbacks import learning_curve
 from gdr.training.concurrent import resolve_concurrent, run_concurrently, slot_threads
 from gdr.training.data import read_generated_queries
 from gdr.training.model import RetrieverConfig
 from gdr.training.train import (
-    ExampleOptions,
-    OptimOptions,
     TrainerOptions,
     TrainResult,
     _on_cuda,
@@ -68,13 +67,9 @@ __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve
 
 TRAINED_ON = "trained_on.json"
 CURVE = "curve.json"  # the learning curve: [[step, dev value of trainer.monitor], ...] (one point per validation)
-# Trainer settings a resumed run may change: how long and on what it runs, how often it validates and saves,
-# not what the model learns. Every other setting (a new one too) must match to resume.
-RESUMABLE = frozenset({
-    "max_epochs", "max_steps", "patience", "patience_steps", "min_steps", "accelerator", "devices", "strategy",
-    "num_workers", "log_every_n_steps", "checkpoint_every_n_steps", "checkpoint_every_n_epochs",
-    "num_sanity_val_steps", "tensorboard", "resume", "resume_damaged", "enable_progress_bar", "compile",
-    "eval_batch_size", "limit_val_batches", "check_val_every_n_epoch", "val_check_interval"})
+# Trainer settings a resumed run may change (their fields say effect="speed" or "resume"): how long and on what it
+# runs, how often it validates and saves, not what the model learns. Every other setting must match to resume.
+RESUMABLE = resumable(TrainerOptions)
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):
@@ -150,8 +145,8 @@ def keyed_model(settings: TrainSettings) -> dict:
     """The retriever's ``model.*`` as resolved from its preset, with the encoder and tokenizer each keyed by the
     digest of its files (:func:`gdr.models.model_digest`): a model changed in place is another input, a moved
     one the same."""
-    model = dict(settings.model_presets.get(settings.model.get("size"), {}))
-    model.update({k: v for k, v in settings.model.items() if v is not None})
+    model = dict(settings.model_presets.get(settings.model.size, {}))
+    model.update({k: v for k, v in asdict(settings.model).items() if v is not None})
     return {k: model_digest(v) if k in _MODEL_REFS and isinstance(v, str) else v for k, v in model.items()}
 
 
@@ -159,11 +154,11 @@ def training_numerics(settings: TrainSettings) -> dict:
     """What of the machine decides a retriever's bytes, as resolved here: the device kind, the precision
     (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
     CPU, the torch threads it trains with (:func:`training_threads`)."""
-    accelerator = str(settings.trainer.get("accelerator", TrainerOptions.accelerator))
+    accelerator = str(settings.trainer.accelerator)
     cuda = _on_cuda(accelerator)
-    precision = _precision(settings.trainer.get("precision"), accelerator)
+    precision = _precision(settings.trainer.precision, accelerator)
     out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
-           "fused": resolve_fused(settings.optim.get("fused", OptimOptions.fused), cuda, precision)}
+           "fused": resolve_fused(settings.optim.fused, cuda, precision)}
     return out if cuda else {**out, "threads": training_threads()}
 
 
@@ -293,7 +288,7 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     codes = _align_docids(str(docids), corpus.doc_ids)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
         fingerprint = trained_on(corpus, docids, codes, settings, queries, generated)
-        resume = bool(settings.trainer.get("resume", TrainerOptions.resume))
+        resume = bool(settings.trainer.resume)
         check_trained_on(out, fingerprint, resume=resume, stale=stale)
         if write_config is not None:
             write_config(out)
@@ -359,8 +354,7 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
         out, model_config_from(c["model"], c["model_presets"]), corpus.doc_ids, codes,
         doc_texts=corpus.model_inputs(), train_queries=train_q, train_rel=train_rel,
         gen_queries=gen_q, gen_docs=gen_d,
-        examples=ExampleOptions(**c["examples"]), optim=OptimOptions(**c["optim"]),
-        trainer_opts=TrainerOptions(**c["trainer"]), seed=c["seed"],
+        examples=settings.examples, optim=settings.optim, trainer_opts=settings.trainer, seed=settings.seed,
     )
     atomic_write_json(out / CURVE, learning_curve(out, res.monitor))
     write_manifest(out, command="train", corpus=corpus.name, n_docs=len(corpus), docids=str(docids),
@@ -389,13 +383,11 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
     on a retriever's training examples; ``docids``: a ``docids.tsv`` of the run, for the docid length and digits
     the decoder's memory depends on). A retriever trained on several devices (``trainer.devices``) has them to itself:
     1."""
-    c = settings.to_dict()
-    t = c["trainer"]
-    accelerator = str(t.get("accelerator", TrainerOptions.accelerator))
-    if _world_size(t.get("devices", TrainerOptions.devices), _on_cuda(accelerator)) > 1:
+    c, t = settings.to_dict(), settings.trainer
+    accelerator = str(t.accelerator)
+    if _world_size(t.devices, _on_cuda(accelerator)) > 1:
         if settings.concurrent not in ("auto", 1):
-            log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent,
-                     t.get("devices"))
+            log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent, t.devices)
         return 1
     config = model_config_from(c["model"], c["model_presets"])
     if docids is not None and settings.concurrent == "auto":
@@ -403,13 +395,13 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
     return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config,
-                              t.get("batch_size", TrainerOptions.batch_size), n_train)
+                              t.batch_size, n_train)
 
 
 def training_device(settings: TrainSettings) -> str:
     """The device a retriever of ``settings`` trains on, by name (``NVIDIA H200``, ``cpu``): what an ``auto`` size
     resolved for it holds for."""
-    accelerator = str(settings.trainer.get("accelerator", TrainerOptions.accelerator))
+    accelerator = str(settings.trainer.accelerator)
     return device_name("cuda" if _on_cuda(accelerator) else "cpu")
 
 
@@ -424,7 +416,7 @@ def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_t
     if codes:
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
-    return resolve_train_batch(TrainerOptions(**c["trainer"]), config, n_train)
+    return resolve_train_batch(settings.trainer, config, n_train)
 
 
 def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int,
