@@ -67,6 +67,7 @@ from gdr.stages.settings import (
     TRAIN_RULES,
     ClusterSettings,
     RunKeys,
+    RunQG,
     SampleSettings,
     ScoreSettings,
     field_help,
@@ -229,7 +230,8 @@ EVALUATE_COMMAND = (
     Rule("queries.split", SPLIT_RULE.check,
          "the split scored; never the one the model was trained on (unless --allow-train-split)"),
 )
-RUN_HELP = field_help(RunKeys)  # a rule that says what its key means says it in the key's own words
+RUN_HELP = field_help(RunKeys)
+RUN_QG_HELP = field_help(RunQG)  # a rule that says what its key means says it in the key's own words
 RUN = (
     Rule("indexers", indexers, RUN_HELP["indexers"]),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
@@ -248,6 +250,10 @@ RUN = (
     Rule("cluster.enabled", boolean),
     Rule("bm25", boolean),
     Rule("plot", boolean),
+    Rule("qg.enabled", boolean, RUN_QG_HELP["enabled"]),
+    Rule("qg.compare_two_shot", boolean, RUN_QG_HELP["compare_two_shot"]),
+    Rule("qg.seed", seed),
+    *(r for r in QG if r.key.startswith(("qg.train.", "qg.max_pairs", "qg.dev_", "qg.lowercase"))),
 )
 
 DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES  # short names

@@ -68,6 +68,7 @@ from gdr.stages.command_keys import (
     QGQueries,
     QGSection,
     RunKeys,
+    RunQG,
     RunQueries,
     SampleKeys,
     ScoreKeys,
@@ -659,7 +660,8 @@ SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC,
             (TrainSettings, "optim"): OptimOptions, (TrainSettings, "trainer"): TrainerOptions,
             (TrainKeys, "queries"): TrainQueries, (EvaluateKeys, "queries"): EvaluateQueries,
             (QGKeys, "qg"): QGSection, (QGSection, "train"): QGOptions, (QGKeys, "queries"): QGQueries,
-            (RunKeys, "queries"): RunQueries, (RunKeys, "doc_queries"): DocQueries}
+            (RunKeys, "queries"): RunQueries, (RunKeys, "doc_queries"): DocQueries,
+            (RunKeys, "qg"): RunQG, (RunQG, "train"): QGOptions}
 # conf/<file> -> the settings (or command keys) class it is written from and its fields there, in the order the
 # commands list them
 # (a field kept out of a stage file has one of its own where only some commands compose it: `gdr index`'s method,
