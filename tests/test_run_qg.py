@@ -39,10 +39,10 @@ def test_a_planted_dev_or_test_title_never_reaches_the_generators_pairs(split_la
     qs = title_queries(corpus, seed=0, fractions=(0.5, 0.2, 0.3))
     train, dev, test = (qs.filter(s) for s in ("train", "dev", "test"))
     assert len(train) and len(dev) and len(test)
-    clean = run_pairs(corpus, train, [dev, test])
+    clean = run_pairs(corpus, train, [dev, test], "train")
     assert len(clean) == len(train) and set(clean.doc_ids) == {r[0] for r in train.relevant}
     planted = _planted(_planted(train, test, 0, split_label), dev, 0, split_label)
-    pairs = run_pairs(corpus, planted, [dev, test])
+    pairs = run_pairs(corpus, planted, [dev, test], "train")
     assert test.texts[0] not in pairs.queries and dev.texts[0] not in pairs.queries
     assert test.relevant[0][0] not in pairs.doc_ids and dev.relevant[0][0] not in pairs.doc_ids
     assert (pairs.queries, pairs.doc_ids) == (clean.queries, clean.doc_ids)
@@ -56,7 +56,7 @@ def test_the_guard_refuses_pairs_holding_a_held_out_query_or_a_document_outside_
     qs = title_queries(corpus, seed=0, fractions=(0.5, 0.2, 0.3))
     train, dev, test = (qs.filter(s) for s in ("train", "dev", "test"))
     texts = dict(zip(corpus.doc_ids, corpus.model_inputs()))
-    good = run_pairs(corpus, train, [dev, test])
+    good = run_pairs(corpus, train, [dev, test], "train")
     check_run_pairs(good, train, [dev, test])  # the builder's own pairs pass
     for held in (test, dev):
         d = held.relevant[0][0]

@@ -124,7 +124,7 @@ def build_pairs(qg: dict, data: dict, queries: dict | None = None, seed: int = 0
     return pairs, info
 
 
-def run_pairs(corpus, train, held_out: Sequence, split: str = "train") -> QGPairs:
+def run_pairs(corpus, train, held_out: Sequence, split: str) -> QGPairs:
     """The query generator's training pairs of a ``gdr run``: one per (query of ``train`` in the split ``split``,
     relevant document of ``corpus``), the document as the LM reads it (``corpus.model_inputs()``).
 
