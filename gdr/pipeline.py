@@ -2,6 +2,8 @@
 
 Stages, in order (each keeps the folder layout of its own command, so any of them can be run by hand)::
 
+    qg-<key>/                gdr qg        qg.enabled: the query generator fine-tuned on the training split's pairs;
+                                           the LM stages after it use it and are keyed by its key
     score-<key>/             gdr score     sampled queries + P matrix (queries.jsonl, P.npy, manifests)
     cluster-<key>/           gdr cluster   flat GC vs k-means against the corpus labels (when it has labels)
     doc-queries-<key>/       gdr sample sample.per_doc=N   generated training queries per document
@@ -520,7 +522,6 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        splits, need=cfg.queries.test_split)
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
-    check_run_qg(cfg)
     pipe = Pipeline(cfg.out)
     upgrade_run(pipe.root)  # a folder of an older gdr brought to the current format, or refused in one line
     if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
@@ -634,14 +635,6 @@ def doc_queries_spec(run: RunContext) -> StageSpec | None:
 
 
 # ---------------------------------------------------------------------------------------------- the generator
-def check_run_qg(cfg: DictConfig) -> None:
-    """Refuse ``qg.enabled`` where the run has no single training split to fine-tune on (``queries.folds``: each
-    fold trains on other topics, so one generator would have seen every fold's test topics)."""
-    if cfg.get("qg") is not None and cfg.qg.enabled and cfg.queries.get("folds") is not None:
-        raise ValueError("qg.enabled=true with queries.folds: one generator would be fine-tuned on every fold's test "
-                         "topics; set qg.enabled=false (the base generator) or queries.folds=null")
-
-
 def generator_key(run: RunContext) -> dict | None:
     """What keys the LM stages (score, doc-queries) when the run fine-tuned its generator: the qg stage's KEY (the
     content that made it), not the digest of its weights, so a run whose generator weights ``gdr prune`` dropped

@@ -314,6 +314,9 @@ def check_run(cfg: DictConfig) -> None:
     if folds is not None and (cfg.queries.train_split, cfg.queries.test_split) != ("train", "test"):
         raise ConfigError(f"queries.folds={folds}: each fold's topics are its test split and the others' its train "
                           f"split, so queries.train_split must be train and queries.test_split test")
+    if folds is not None and cfg.get("qg") is not None and cfg.qg.enabled:
+        raise ConfigError(f"queries.folds={folds} with qg.enabled=true: one generator would be fine-tuned on every "
+                          "fold's test topics; set qg.enabled=false (the base generator) or queries.folds=null")
     if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")

@@ -179,3 +179,12 @@ def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_
     assert off_score == two_name
     off_dq, dq_off = _one(off_marks, "doc-queries")
     assert "weights" in dq_off["inputs"]["lm"] and off_dq not in marks
+
+
+def test_a_generator_is_refused_with_folds(setup, tmp_path, capsys):
+    root, folder, _ = setup
+    assert main(_args(root, folder, tmp_path / "o", *QG_ON, "queries.folds=3")) == 2
+    err = capsys.readouterr().err
+    assert "qg.enabled=true" in err and "queries.folds=null" in err
+    assert main(_args(root, folder, tmp_path / "o", "qg.enabled=maybe")) == 2
+    assert "qg.enabled" in capsys.readouterr().err
