@@ -162,7 +162,9 @@ def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_
 
     # gdr prune drops the generator's weights (its readers are complete); a rerun still reuses P and the queries
     assert any(t.folder.name == qg_name for t in prunable(out))
+    capsys.readouterr()
     assert main(["prune", str(out)]) == 0
+    assert "pruned 1 evaluated retrievers and 1 query generator" in capsys.readouterr().out
     assert not list((out / qg_name / "model").glob("*.safetensors"))
     assert json.loads((out / qg_name / "stage.json").read_text())["pruned"]
     assert main(_args(root, folder, out, *QG_ON, "qg.compare_two_shot=true")) == 0
