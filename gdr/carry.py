@@ -9,6 +9,8 @@ A lease ends and the next starts bare, so an experiment that carries on takes it
   files' records from ``artifacts`` to ``pruned.files`` and keeps in ``pruned.digest`` the digest later stages
   recorded of it, so :mod:`gdr.pipeline` reuses its evaluation without the weights, and retrains it under the same
   key (one log line) only when the evaluation must run again.
+  A run's fine-tuned query generator (``qg-*``, ``qg.enabled``) is pruned the same way once every stage that
+  read it (score, doc-queries: keyed by its key, not its weights) is complete.
 * :func:`pack_run` writes a pruned run as a gzip'd tar cut into pieces of at most ``piece_mib`` MiB (at most
   ``max_pieces``), each with its SHA-256 in a small manifest (:data:`MANIFEST`); a run that does not fit is refused
   with its size, and an unpruned one is refused (or pruned first, ``prune=True``).
@@ -84,9 +86,23 @@ def _run_root(run: str | os.PathLike) -> Path:
     return root
 
 
+def _generators_done(root: Path) -> set[str]:
+    """The keys of the fine-tuned query generators (``qg-*`` stages) of ``root`` that every stage reading them (the
+    LM stages keyed by ``{"qg": key}``: score, doc-queries) finished with; a generator one of them still needs (a
+    stage running or stopped) is not among them."""
+    status: dict[str, set[str]] = {}
+    for marker in root.glob(f"*/{STAGE_FILE}"):
+        rec = _record(marker.parent)
+        lm = ((rec or {}).get("inputs") or {}).get("lm")
+        if isinstance(lm, dict) and isinstance(lm.get("qg"), str):
+            status.setdefault(lm["qg"], set()).add(str(rec.get("status")))
+    return {key for key, seen in status.items() if seen == {"complete"}}
+
+
 def prunable(run: str | os.PathLike) -> list[_Train]:
     """The evaluated retrievers of ``run`` that still hold weight files: each ``train-*`` stage that is complete and
-    whose weights an ``eval-*`` stage of the folder finished with (it recorded this stage's key and digest)."""
+    whose weights an ``eval-*`` stage of the folder finished with (it recorded this stage's key and digest); and
+    each fine-tuned query generator (``qg-*``) whose every reader finished (:func:`_generators_done`)."""
     root = _run_root(run)
     evaluated: set[tuple[str, str]] = set()  # (train folder, its digest) as complete evaluations recorded them
     for marker in root.glob(f"eval-*/{STAGE_FILE}"):
@@ -94,9 +110,12 @@ def prunable(run: str | os.PathLike) -> list[_Train]:
         if rec and rec.get("status") == "complete":
             evaluated |= {(name, d) for name, d in (rec.get("upstream") or {}).items() if name.startswith("train-")}
     out = []
-    for marker in sorted(root.glob(f"train-*/{STAGE_FILE}")):
+    done = _generators_done(root)
+    for marker in sorted([*root.glob(f"train-*/{STAGE_FILE}"), *root.glob(f"qg-*/{STAGE_FILE}")]):
         folder, rec = marker.parent, _record(marker.parent)
-        if not rec or rec.get("status") != "complete" or (folder.name, _digest(rec)) not in evaluated:
+        if not rec or rec.get("status") != "complete":
+            continue
+        if (folder.name, _digest(rec)) not in evaluated and rec.get("key") not in done:
             continue
         require_format(rec, marker, root)
         weights = _weight_files(folder)

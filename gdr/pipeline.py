@@ -2,6 +2,8 @@
 
 Stages, in order (each keeps the folder layout of its own command, so any of them can be run by hand)::
 
+    qg-<key>/                gdr qg        qg.enabled: the query generator fine-tuned on the training split's pairs;
+                                           the LM stages after it use it and are keyed by its key
     score-<key>/             gdr score     sampled queries + P matrix (queries.jsonl, P.npy, manifests)
     cluster-<key>/           gdr cluster   flat GC vs k-means against the corpus labels (when it has labels)
     doc-queries-<key>/       gdr sample sample.per_doc=N   generated training queries per document
@@ -52,7 +54,7 @@ import logging
 import shlex
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -78,6 +80,7 @@ from gdr.io import (
     record_files,
     verify_files,
 )
+from gdr.lm import PromptConfig
 from gdr.lm.compiling import release_compiled
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.scoring import score_compute_dtype
@@ -86,10 +89,12 @@ from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
-from gdr.stages.command_keys import DocQueries
+from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index
+from gdr.stages.qg import run_pairs
+from gdr.stages.qg_report import add_generator_section, generator_summary
 from gdr.stages.report import cluster_headline, mark_in_progress, write_report
 from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
@@ -104,7 +109,8 @@ from gdr.stages.settings import (
     keyed_values,
 )
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
-from gdr.training.options import ExampleOptions
+from gdr.training.options import ExampleOptions, QGOptions
+from gdr.training.qg import fine_tune_qg, pairs_loss
 from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
 
@@ -402,6 +408,8 @@ class RunContext:
     train_batch: int | None = None  # trainer.batch_size=auto resolved once for every retriever of the run
     retrievers: dict[tuple, dict] = field(default_factory=dict)  # (indexer, seed[, fold]): its retrievers.jsonl line
     per_query: dict[tuple, str] = field(default_factory=dict)  # (indexer, seed[, fold]): its per_query.jsonl line
+    qg: StageRecord | None = None  # the fine-tuned query generator (qg.enabled), None: the base model's
+    two_shot: dict[str, StageRecord] = field(default_factory=dict)  # qg.compare_two_shot: its score and cluster
 
     def lm(self):
         if self._lm is None:
@@ -432,9 +440,11 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     run = open_run(cfg, argv)
+    run_generator(run)
     run.score = run.stage(score_spec(run))
     run.cluster = run.stage(cluster_spec(run))
     run.doc_queries = run.stage(doc_queries_spec(run))
+    compare_two_shot(run)
     run.drop_lm()  # the generator is not needed from here on
     run.indexes = {method: run.stage(index_spec(run, method)) for method in cfg.indexers}
     run.bm25 = run.stage(bm25_spec(run))
@@ -548,8 +558,8 @@ def score_spec(run: RunContext) -> StageSpec | None:
                                 reuse_from=older)
         return {"p_matrix": str(path)}
 
-    return StageSpec("score", score_inputs(cfg, run.corpus_sig), build, resumes=("P.npy", "P.manifest.json"),
-                     outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
+    return StageSpec("score", score_inputs(cfg, run.corpus_sig, generator_key(run)), build,
+                     resumes=("P.npy", "P.manifest.json"), outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
 
 def _embed_by_digest(settings: Any) -> Any:
@@ -613,7 +623,125 @@ def doc_queries_spec(run: RunContext) -> StageSpec | None:
         _drop_damaged_doc_queries(folder)
         return {"doc_queries": str(sample_doc_queries(run.lm(), run.corpus, folder, settings, progress=cfg.progress))}
 
-    return StageSpec("doc-queries", doc_queries_inputs(cfg, run.corpus_sig), build, outputs=("doc_queries.jsonl",))
+    return StageSpec("doc-queries", doc_queries_inputs(cfg, run.corpus_sig, generator_key(run)), build,
+                     outputs=("doc_queries.jsonl",))
+
+
+# ---------------------------------------------------------------------------------------------- the generator
+def generator_key(run: RunContext) -> dict | None:
+    """What keys the LM stages (score, doc-queries) when the run fine-tuned its generator: the qg stage's KEY (the
+    content that made it), not the digest of its weights, so a run whose generator weights ``gdr prune`` dropped
+    still reuses them; None: the base model's :func:`lm_key`."""
+    return None if run.qg is None else {"qg": run.qg.key}
+
+
+def _qg_pairs(run: RunContext):
+    """(the generator's training pairs: the run's training split only, :func:`gdr.stages.qg.run_pairs`; the dev
+    split's pairs, on which the report's held-out losses are measured)."""
+    cfg = run.cfg
+    train = run.splits(_queries_section(cfg, cfg.queries.train_split))
+    held = {s: run.splits(_queries_section(cfg, s)) for s in ("dev", cfg.queries.test_split)
+            if s != cfg.queries.train_split}
+    pairs = run_pairs(run.corpus, train, list(held.values()), split=cfg.queries.train_split)
+    q = cfg.qg
+    if q.lowercase:
+        pairs.queries = [t.lower() for t in pairs.queries]
+    if q.max_pairs and len(pairs) > int(q.max_pairs):
+        rng = np.random.default_rng(int(q.seed))
+        pairs = pairs.take(np.sort(rng.choice(len(pairs), int(q.max_pairs), replace=False)))
+    dev = run_pairs(run.corpus, held.get("dev"), [], split="dev")
+    return pairs, dev
+
+
+def qg_spec(run: RunContext) -> StageSpec | None:
+    """0. The query generator fine-tuned on the run's training split's (document, query) pairs (``qg.enabled``),
+    keyed by the base LM, the pairs' content, the qg settings and the device kind. Its info holds the held-out loss
+    on the dev split's pairs of the fine-tuned generator and of the base model with its (two-shot) prompt."""
+    cfg = run.cfg
+    if cfg.get("qg") is None or not cfg.qg.enabled:
+        return None
+    pairs, dev = _qg_pairs(run)
+    if len(pairs) == 0:
+        raise ValueError(f"qg.enabled=true: the {cfg.queries.train_split!r} split of queries.name={cfg.queries.name} "
+                         "has no (query, document) pair in the corpus to fine-tune the generator on; set "
+                         "qg.enabled=false")
+    settings = {k: v for k, v in keyed_values(RunQG, to_container(cfg.qg)).items()
+                if k not in ("enabled", "compare_two_shot")}
+    inputs = {"lm": lm_key(cfg.model), "pairs": hash_strings([*pairs.doc_ids, "\0", *pairs.queries, "\0",
+                                                              *pairs.docs]),
+              "n_pairs": len(pairs), "dev_pairs": hash_strings([*dev.doc_ids, "\0", *dev.queries]), "qg": settings,
+              "device": device_key(cfg)}
+
+    def build(folder: Path) -> dict:
+        q = cfg.qg
+        lm = run.lm_spec.build()  # the base model, loaded for this stage alone: fine-tuning changes its weights
+        batch = int(q.train.eval_batch_size)
+        two_shot = pairs_loss(lm, dev, batch)  # the base model with its configured (few-shot) prompt
+        p = lm.prompt
+        if not lm.is_seq2seq and p.shots:  # a fine-tuned generator needs no examples (as `gdr qg qg.shots=0`)
+            lm.prompt = PromptConfig(style=p.style, prefix=p.prefix, system=p.system, user=p.user, shots=[])
+        res = fine_tune_qg(folder, lm, pairs, QGOptions(**to_container(q.train)), dev_fraction=float(q.dev_fraction),
+                           dev_max=q.dev_max, seed=int(q.seed))
+        del lm
+        tuned = pairs_loss(replace(run.lm_spec, name=str(res.model_dir)).build(), dev, batch)
+        info = {"pairs": {"pairs": len(pairs), "documents": len(set(pairs.doc_ids)),
+                          "split": cfg.queries.train_split},
+                "n_train": res.n_train, "n_checkpoint_dev": res.n_dev, "global_step": res.global_step,
+                "held_out": {"split": "dev", "n_pairs": len(dev), "two_shot": two_shot, "fine_tuned": tuned}}
+        atomic_write_json(folder / "qg.manifest.json", {"command": "gdr run (qg stage)", "base_model": cfg.model.name,
+                                                         "model_dir": "model", **info})
+        return info
+
+    return StageSpec("qg", inputs, build, outputs=("model/*",))
+
+
+def run_generator(run: RunContext) -> None:
+    """The qg stage (``qg.enabled``): fine-tune the generator, or reuse it, and make it the run's query generator
+    for every LM stage after it. A generator whose weights ``gdr prune`` dropped is taken as it was when the LM
+    stages it made are all reusable, and retrained under its key only when one of them must run again."""
+    spec = qg_spec(run)
+    if spec is None:
+        return
+    base = run.lm_spec
+    pruned = run.pipe.pruned(spec.name, spec.inputs, spec.after, spec.outputs)
+    if pruned is not None:
+        run.qg = pruned
+        later = [s for s in (score_spec(run), doc_queries_spec(run)) if s is not None]
+        if all(run.pipe.reusable(s.name, s.inputs, s.after, s.outputs) for s in later):
+            log.info("stage qg: reusing %s (pruned: the stages it made stand without its weights)", pruned.path)
+            run.pipe.records.append(pruned)
+        else:
+            run.qg = None
+    if run.qg is None:
+        run.qg = run.stage(spec)
+    run.lm_spec, run._lm = replace(base, name=str(run.qg.path / "model")), None
+
+
+def compare_two_shot(run: RunContext) -> None:
+    """``qg.compare_two_shot``: the P of the base model with its two-shot prompt and its flat clustering, for the
+    report's clustering with each generator; the same stages (and keys) as a run with ``qg.enabled=false``."""
+    cfg = run.cfg
+    if run.qg is None or not cfg.qg.compare_two_shot or not _clustering(run):
+        return
+    saved = (run.qg, run.lm_spec, run._lm, run.score)
+    run.drop_lm()
+    run.qg, run.lm_spec = None, lm_settings(cfg)
+    try:
+        run.score = run.two_shot["score"] = run.stage(score_spec(run))
+        run.two_shot["cluster"] = run.stage(cluster_spec(run))
+    finally:
+        run.drop_lm()
+        run.qg, run.lm_spec, run._lm, run.score = saved
+
+
+def _generator_report(run: RunContext, report: dict) -> dict:
+    """The report with its query generator section (:mod:`gdr.stages.qg_report`) when the run fine-tuned one."""
+    if run.qg is None:
+        return report
+    two = run.two_shot.get("cluster")
+    summary = generator_summary(run.qg.info, run.cluster.info if run.cluster is not None else None,
+                                two.info if two is not None else None)
+    return add_generator_section(run.pipe.root, report, summary)
 
 
 def index_spec(run: RunContext, method: str) -> StageSpec:
@@ -902,7 +1030,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     predicted = predict_stages(cfg, [r.name for r in run.pipe.records], len(run.corpus))
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
     train_q = run.splits(_queries_section(cfg, cfg.queries.train_split))
-    return write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
+    report = write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
                         run.results, {m: r.info for m, r in run.indexes.items()},
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
@@ -912,6 +1040,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                                            or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
                         predicted=predicted, query_split=query_split(run),
                         retrievers=[run.retrievers[ms] for ms in retriever_order(run) if ms in run.retrievers])
+    return _generator_report(run, report)
 
 
 def query_split(run: RunContext) -> dict:
@@ -964,11 +1093,12 @@ def documents_signature(corpus) -> dict:
             "n_docs": len(corpus)}
 
 
-def score_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
+def score_inputs(cfg: DictConfig, corpus_sig: dict, lm: dict | None = None) -> dict:
     """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
     :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings and
-    the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings."""
-    return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model),
+    the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings.
+    ``lm``: the generator's key in place of :func:`lm_key` (a fine-tuned one: :func:`generator_key`)."""
+    return {"documents": _documents(corpus_sig), "lm": lm or lm_key(cfg.model),
             "sample": keyed_values(SampleSettings, to_container(cfg.sample)),
             "sampler": _sampler(), "score": _score_key(cfg.score), "device": device_key(cfg, scoring=True)}
 
@@ -1004,10 +1134,10 @@ def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
     return out
 
 
-def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict) -> dict:
+def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict, lm: dict | None = None) -> dict:
     """The inputs that key the doc-queries stage (generated training queries, with their own decoding): as
-    :func:`score_inputs`, the documents, the LM, the decoding settings and the device kind."""
-    return {"documents": _documents(corpus_sig), "lm": lm_key(cfg.model),
+    :func:`score_inputs`, the documents, the LM (``lm``, as there), the decoding settings and the device kind."""
+    return {"documents": _documents(corpus_sig), "lm": lm or lm_key(cfg.model),
             "doc_queries": keyed_values(DocQueries, to_container(cfg.doc_queries)), "sampler": _sampler(),
             "device": device_key(cfg)}
 

@@ -67,6 +67,7 @@ from gdr.stages.settings import (
     TRAIN_RULES,
     ClusterSettings,
     RunKeys,
+    RunQG,
     SampleSettings,
     ScoreSettings,
     field_help,
@@ -237,7 +238,8 @@ EVALUATE_COMMAND = (
     Rule("queries.split", SPLIT_RULE.check,
          "the split scored; never the one the model was trained on (unless --allow-train-split)"),
 )
-RUN_HELP = field_help(RunKeys)  # a rule that says what its key means says it in the key's own words
+RUN_HELP = field_help(RunKeys)
+RUN_QG_HELP = field_help(RunQG)  # a rule that says what its key means says it in the key's own words
 RUN = (
     Rule("indexers", indexers, RUN_HELP["indexers"]),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
@@ -259,6 +261,10 @@ RUN = (
     Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
     Rule("verdict.metric", one_of("recall@1", "recall@10", "mrr")),
     Rule("verdict.margin", number(0, lo_open=False)),
+    Rule("qg.enabled", boolean, RUN_QG_HELP["enabled"]),
+    Rule("qg.compare_two_shot", boolean, RUN_QG_HELP["compare_two_shot"]),
+    Rule("qg.seed", seed),
+    *(r for r in QG if r.key.startswith(("qg.train.", "qg.max_pairs", "qg.dev_", "qg.lowercase"))),
 )
 
 DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES  # short names
@@ -319,6 +325,9 @@ def check_run(cfg: DictConfig) -> None:
     if folds is not None and (cfg.queries.train_split, cfg.queries.test_split) != ("train", "test"):
         raise ConfigError(f"queries.folds={folds}: each fold's topics are its test split and the others' its train "
                           f"split, so queries.train_split must be train and queries.test_split test")
+    if folds is not None and cfg.get("qg") is not None and cfg.qg.enabled:
+        raise ConfigError(f"queries.folds={folds} with qg.enabled=true: one generator would be fine-tuned on every "
+                          "fold's test topics; set qg.enabled=false (the base generator) or queries.folds=null")
     if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")

@@ -163,7 +163,7 @@ class QGOptions:
     devices: Any = same_setting(TrainerOptions, "devices")
     strategy: str = same_setting(TrainerOptions, "strategy", "")
     precision: str | None = setting(None, "null = bf16-mixed on a GPU, 32-true on CPU")
-    log_every_n_steps: int = setting(10)
+    log_every_n_steps: int = setting(10, effect="speed")
     checkpoint_every_n_steps: int | None = setting(50)
     resume: bool = same_setting(TrainerOptions, "resume", "restart from out/checkpoints/last.ckpt if it exists")
     enable_progress_bar: bool = same_setting(TrainerOptions, "enable_progress_bar")

@@ -50,7 +50,7 @@ from gdr.training.train import _precision
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QGOptions", "QGResult", "QGPairs", "fine_tune_qg", "split_pairs", "export_generator"]
+__all__ = ["QGOptions", "QGResult", "QGPairs", "fine_tune_qg", "split_pairs", "export_generator", "pairs_loss"]
 
 
 @dataclass
@@ -353,3 +353,24 @@ def export_generator(lm, model_dir: str | os.PathLike) -> Path:
             "family": "seq2seq" if lm.is_seq2seq else "causal"}
     lm.model.cpu().eval()
     return save_pretrained_atomic(Path(model_dir), lm.model, lm.tokenizer, {GENERATOR_FILE: json.dumps(meta, indent=2)})
+
+
+@torch.no_grad()
+def pairs_loss(lm, pairs: QGPairs, batch_size: int = 32) -> dict[str, float | int]:
+    """The held-out figures of ``lm`` (a :class:`gdr.lm.GenerativeLM`, with its own prompt) on ``pairs``, as
+    :func:`fine_tune_qg` measures its dev part: ``loss_per_token`` (mean NLL per query token) and
+    ``nll_per_query`` (-mean log p(query | doc), the P scale), with ``n_pairs``."""
+    if len(pairs) == 0:
+        return {"n_pairs": 0, "loss_per_token": float("nan"), "nll_per_query": float("nan")}
+    module = QGModule(lm.model, 0.0, 0.0, 0, lm.is_seq2seq)
+    module.eval()
+    prompts, queries = _stores(lm, pairs)
+    loader = DataLoader(_PairData(prompts, queries), batch_size=batch_size, shuffle=False,
+                        collate_fn=_collate(lm.pad_id, lm.is_seq2seq))
+    device = next(lm.model.parameters()).device
+    sums = torch.zeros(2, dtype=torch.float64)
+    for batch in loader:
+        nll, n = module._token_nll({k: v.to(device) for k, v in batch.items()})
+        sums += torch.stack([nll.sum().double().cpu(), n.sum().double().cpu()])
+    return {"n_pairs": len(pairs), "loss_per_token": float(sums[0] / sums[1].clamp_min(1)),
+            "nll_per_query": float(sums[0] / len(pairs))}

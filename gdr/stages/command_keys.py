@@ -17,7 +17,8 @@ from gdr.rules import MISSING, same_setting, setting
 from gdr.training.options import QGDevSplit, QGOptions
 
 __all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "TrainQueries", "EvaluateKeys",
-           "EvaluateQueries", "QGKeys", "QGSection", "QGQueries", "QG_TRAIN", "RunKeys", "RunQueries", "DocQueries"]
+           "EvaluateQueries", "QGKeys", "QGSection", "QGQueries", "QG_TRAIN", "RunKeys", "RunQueries", "DocQueries",
+           "RunQG"]
 
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")  # the docid indexers, in the order `gdr run` builds them
 
@@ -180,6 +181,27 @@ class Verdict:
 
 
 @dataclass
+class RunQG:
+    """``gdr run``'s ``qg``: the query generator fine-tuned inside the run on its training split's pairs."""
+
+    enabled: bool = setting(False, "fine-tune the query generator (model.name, the base LM) on the run's TRAINING "
+                                   "split's (document, query) pairs (titles: the train titles; a query set: its "
+                                   "train split; never a dev or test query) and sample P's queries, score P and "
+                                   "generate the retrievers' training queries with it; false = the base model and "
+                                   "its prompt (the two-shot generator)")
+    compare_two_shot: bool = setting(False, "also score a P with the two-shot generator and cluster it, for the "
+                                            "report's flat clustering with each generator (qg.enabled only)")
+    lowercase: bool = same_setting(QGSection, "lowercase")
+    max_pairs: int | None = same_setting(QGSection, "max_pairs")
+    dev_fraction: float = same_setting(QGDevSplit, "dev_fraction", "training documents held out (by a seeded hash "
+                                                                   "of the doc id) to pick the checkpoint; the "
+                                                                   "report's held-out loss is on the run's dev split")
+    dev_max: int = same_setting(QGDevSplit, "dev_max")
+    seed: int = setting(0)
+    train: dict = setting(factory=lambda: {**asdict(QGOptions()), **QG_TRAIN})
+
+
+@dataclass
 class RunKeys:
     """``gdr run``'s own keys: the indexers and seeds compared, the query set, the generated training queries."""
 
@@ -195,6 +217,8 @@ class RunKeys:
         "doc) as the importance weights need, and whose draws from a 135M model are often noise): the 10 most "
         "likely next tokens at temperature 0.7. Each query keeps its own random stream."),
         factory=lambda: asdict(DocQueries()))
+    qg: dict = setting(help="the query generator fine-tuned on the run's training split (gdr.stages.qg)",
+                       factory=lambda: asdict(RunQG()))
     bm25: bool = setting(True, "BM25 (bm25s) on the same test queries, as reference")
     plot: bool = setting(True, "report.png")
     verdict: dict = setting(help=("the primary test: decided when its interval over seeds and queries excludes 0, "

@@ -6,6 +6,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -121,3 +122,53 @@ def build_pairs(qg: dict, data: dict, queries: dict | None = None, seed: int = 0
         if leak:
             raise RuntimeError(f"{leak} pairs of excluded documents survived; this is a bug")
     return pairs, info
+
+
+def run_pairs(corpus, train, held_out: Sequence, split: str) -> QGPairs:
+    """The query generator's training pairs of a ``gdr run``: one per (query of ``train`` in the split ``split``,
+    relevant document of ``corpus``), the document as the LM reads it (``corpus.model_inputs()``).
+
+    ``train``: the run's training split (a :class:`gdr.data.QuerySet`, or None: no pairs); ``held_out``: the run's
+    other splits (dev, test; None for one it lacks). A query of another split, a query id or text of a held-out
+    split, or a held-out (query, document) pairing is dropped, so no dev or test query nor its document's pairing
+    ever reaches the pairs; :func:`check_run_pairs` then checks what is left."""
+    if train is None or len(train) == 0:
+        return QGPairs([], [], [])
+    held = [h for h in held_out if h is not None]
+    bad_ids = {q for h in held for q in h.qids}
+    bad_texts = {t.strip().lower() for h in held for t in h.texts}
+    in_split = np.asarray(train.splits, dtype=object) == split
+    keep = in_split & ~np.isin(np.asarray(train.qids, dtype=object), list(bad_ids))
+    keep &= ~np.isin(np.asarray([t.strip().lower() for t in train.texts], dtype=object), list(bad_texts))
+    texts = dict(zip(corpus.doc_ids, corpus.model_inputs()))
+    docs, queries, ids = [], [], []
+    for i in np.flatnonzero(keep):  # pair assembly, once per (query, relevant document)
+        for d in train.relevant[i]:
+            if d in texts:
+                docs.append(texts[d]), queries.append(train.texts[i]), ids.append(d)
+    pairs = QGPairs(docs, queries, ids)
+    dropped = int(in_split.sum() - keep.sum())
+    if dropped:
+        log.warning("qg: %d queries of the training input are dev or test queries (by id or text) and were left "
+                    "out of the generator's pairs", dropped)
+    check_run_pairs(pairs, train.select(in_split & keep), held)
+    return pairs
+
+
+def check_run_pairs(pairs: QGPairs, train, held_out: Sequence) -> None:
+    """Raise ``ValueError`` unless every pair is a (query, document) judged in the training split ``train`` and no
+    pair's query or (query, document) pairing is one of a held-out split (``held_out``: QuerySets of dev, test)."""
+    allowed = {(t, d) for t, rel in zip(train.texts, train.relevant) for d in rel} if train is not None else set()
+    outside = [(q, d) for q, d in zip(pairs.queries, pairs.doc_ids) if (q, d) not in allowed]
+    if outside:
+        q, d = outside[0]
+        raise ValueError(f"qg: {len(outside)} generator training pairs are not (query, document) pairs of the "
+                         f"training split, e.g. {q!r} -> {d}; the generator trains on the training split only")
+    held_texts = {t.strip().lower() for h in held_out if h is not None for t in h.texts}
+    held_pairs = {(t, d) for h in held_out if h is not None for t, rel in zip(h.texts, h.relevant) for d in rel}
+    leaked = [(q, d) for q, d in zip(pairs.queries, pairs.doc_ids)
+              if q.strip().lower() in held_texts or (q, d) in held_pairs]
+    if leaked:
+        q, d = leaked[0]
+        raise ValueError(f"qg: {len(leaked)} generator training pairs hold a dev or test query or its pairing, e.g. "
+                         f"{q!r} -> {d}; this is a leak of held-out queries into the generator")

@@ -69,6 +69,7 @@ from gdr.stages.command_keys import (
     QGQueries,
     QGSection,
     RunKeys,
+    RunQG,
     RunQueries,
     SampleKeys,
     ScoreKeys,
@@ -699,7 +700,7 @@ SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC,
             (TrainKeys, "queries"): TrainQueries, (EvaluateKeys, "queries"): EvaluateQueries,
             (QGKeys, "qg"): QGSection, (QGSection, "train"): QGOptions, (QGKeys, "queries"): QGQueries,
             (RunKeys, "queries"): RunQueries, (RunKeys, "doc_queries"): DocQueries,
-            (RunKeys, "verdict"): Verdict}
+            (RunKeys, "verdict"): Verdict, (RunKeys, "qg"): RunQG, (RunQG, "train"): QGOptions}
 # conf/<file> -> the settings (or command keys) class it is written from and its fields there, in the order the
 # commands list them
 # (a field kept out of a stage file has one of its own where only some commands compose it: `gdr index`'s method,
