@@ -51,6 +51,8 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys
+from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
+from gdr.stages.plan_file import stage_seconds as _stage_seconds
 from gdr.stages.settings import SampleSettings, ScoreSettings
 from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
@@ -62,10 +64,10 @@ from gdr.training.train import CPU_BATCH, cuda_batch_size
 log = logging.getLogger(__name__)
 
 __all__ = ["StagePlan", "plan_run", "predict", "predict_stages", "run_device", "measured_figures", "format_plan",
-           "DEVICES", "MAX_GPUS", "gpus_problem"]
+           "DEVICES", "MAX_GPUS", "gpus_problem", "sized_config",
+           "write_run_plan"]
 
 GPU_RUNS = shipped_dir("gpu-runs")  # the committed GPU figures: reports/gpu-runs/, or the wheel's copy
-DEVICES = {"h200": "H200", "h100": "H100", "a100": "A100", "cpu": "cpu"}
 MAX_GPUS = 16  # gdr run trains and scores on the GPUs of one machine (no multi-node), and none holds more
 
 
@@ -631,6 +633,22 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     return stages
 
 
+def sized_config(cfg):
+    """``cfg``, with ``data.n_docs`` the corpus's document count when it is null and the corpus is none whose size
+    the plan knows (:data:`CORPUS_DOCS`: a local folder or file, counted by loading it); as it is otherwise, or
+    when the corpus does not load here."""
+    if cfg.data.get("n_docs") or str(cfg.data.name) in CORPUS_DOCS:
+        return cfg
+    try:
+        n_docs = len(corpus_from_config(OmegaConf.to_container(cfg.data, resolve=True)))
+    except Exception as e:  # noqa: BLE001  (the plan then asks for data.n_docs in its own words)
+        log.info("plan: the corpus did not load to count its documents (%s: %s)", type(e).__name__, e)
+        return cfg
+    sized = copy.deepcopy(cfg)
+    sized.data.n_docs = n_docs
+    return sized
+
+
 def _first_texts(cfg, n: int) -> list[str] | None:
     """The LM inputs of the run's first ``n`` documents, or None (with a log line) when the corpus does not load
     here: the calibration then times a stand-in news text."""
@@ -736,40 +754,21 @@ def predict(cfg, device: str = "h200", gpus: int = 1) -> dict[str, float]:
     return {s.name: round(s.seconds, 1) for s in plan_run(cfg, device, gpus)}
 
 
-def run_device(cfg) -> tuple[str | None, int]:
-    """(the plan's device kind a run of ``cfg`` runs on here: ``cpu``, or the GPU's model among :data:`DEVICES`,
-    None for a GPU without figures; the number of GPUs)."""
-    device = str(cfg.get("device") or "auto")
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        return "cpu", 1
-    name = torch.cuda.get_device_name(0).lower()
-    return next((k for k in DEVICES if k != "cpu" and k in name), None), torch.cuda.device_count()
-
-
-# The run's stage names (gdr/pipeline.py) -> the plan's stages that make them
-RUN_GROUPS = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
-              "doc-queries": ("doc_queries",), "bm25": ("bm25",)}
-
-
 def stage_seconds(stages: list[StagePlan], names: list[str], n_ret: int) -> dict[str, float | None]:
-    """The plan's seconds of each run stage in ``names`` (``score``, ``cluster``, ``doc-queries``,
-    ``index-<indexer>``, ``bm25``, ``train-<indexer>-s<seed>``, ``eval-<indexer>-s<seed>``); training and
-    evaluation are shared evenly by the ``n_ret`` retrievers. None for a stage the plan does not have."""
-    by = {s.name: s for s in stages}
-    out: dict[str, float | None] = {}
-    for name in names:
-        kind = name.split("-", 1)[0]
-        if name in RUN_GROUPS:
-            parts = [by[p].seconds for p in RUN_GROUPS[name] if p in by]
-            out[name] = sum(parts) if parts else None
-        elif kind == "index" and "indexing" in by:
-            out[name] = getattr(by["indexing"], "parts", {}).get(name.split("-", 1)[1])
-        elif kind in ("train", "eval"):
-            st = by.get("training" if kind == "train" else "evaluation")
-            out[name] = None if st is None else st.seconds / n_ret
-        else:
-            out[name] = None
-    return out
+    """The plan's seconds of each run stage in ``names`` (:func:`gdr.stages.plan_file.stage_seconds`)."""
+    return _stage_seconds({s.name: s.seconds for s in stages}, _index_parts(stages), names, n_ret)
+
+
+def _index_parts(stages: list[StagePlan]) -> dict[str, float]:
+    return next((dict(s.parts or {}) for s in stages if s.name == "indexing"), {})
+
+
+def write_run_plan(cfg, run_dir: Path, device: str, gpus: int, stages: list[StagePlan]) -> Path:
+    """``<run_dir>/plan.json`` (:func:`gdr.stages.plan_file.write_plan`) of ``stages``, the plan of the composed
+    run config ``cfg`` on ``device``: what the run's report sets beside the measured seconds."""
+    identity = plan_identity(OmegaConf.to_container(cfg, resolve=True), device)
+    return write_plan(run_dir, identity, gpus, {s.name: s.seconds for s in stages}, _index_parts(stages),
+                      len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg))
 
 
 def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None]:
@@ -822,6 +821,8 @@ class RunCheck:
     rows: list[tuple[str, float | None, float | None, float]]
     factors: dict[str, float]
     notes: list[str]
+    cfg: Any = None  # the run's composed config
+    plan: list[StagePlan] | None = None  # the plan of that config, with the device's factors
 
 
 def _run_report(run_dir: Path) -> tuple[Path, dict]:
@@ -858,11 +859,7 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
     log_text = (run_dir / "run.log").read_text(encoding="utf-8", errors="replace") if (
         run_dir / "run.log").is_file() else ""
     if device is None:
-        first = log_text.splitlines()[0].lower() if log_text else ""
-        device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in first), None)
-        if device is None:
-            raise ValueError(f"{run_dir}: name the device the run ran on (device=h200|h100|a100|cpu): its run.log "
-                             f"does not say")
+        device = _recorded_device(run_dir, log_text)
     m = _RESOLVED.search(log_text)
     free = float(m.group(3)) * 1e9 if m else None
     if m:
@@ -894,7 +891,28 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
                  by_cal["reports"].seconds if "reports" in by_cal else None, outside))
     rows.append(("total", sum(s.seconds for s in raw), sum(s.seconds for s in cal), float(rep["seconds"])))
     factors = _factors(run_dir, raw, measured, names, outside, n_ret, notes)
-    return RunCheck(run_dir, device, rows, factors, notes)
+    return RunCheck(run_dir, device, rows, factors, notes, cfg, cal)
+
+
+def _recorded_device(run_dir: Path, log_text: str) -> str:
+    """The device kind the run in ``run_dir`` ran on: its ``run.json``'s machine (the GPU's model, the CPU without
+    one), else the first line of its ``run.log``."""
+    path = run_dir / "run.json"
+    machine = json.loads(path.read_text(encoding="utf-8")).get("machine") if path.is_file() else None
+    if machine is not None:
+        if not machine.get("gpu"):
+            return "cpu"
+        device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in machine["gpu"].lower()), None)
+        if device is None:
+            raise ValueError(f"{path}: the run ran on a {machine['gpu']}, which gdr plan has no figures for: name "
+                             f"the device to plan it as (device=h200|h100|a100)")
+        return device
+    first = log_text.splitlines()[0].lower() if log_text else ""
+    device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in first), None)
+    if device is None:
+        raise ValueError(f"{run_dir}: name the device the run ran on (device=h200|h100|a100|cpu): it has no run.json "
+                         f"and its run.log does not say")
+    return device
 
 
 def _factors(run_dir: Path, raw: list[StagePlan], measured: dict[str, float], names: list[str], outside: float,

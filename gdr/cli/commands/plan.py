@@ -4,8 +4,12 @@ seconds and peak memory (:func:`gdr.plan.plan_run`), printed before anything loa
 ``auto`` (default: all of it). On the CPU the plan first calibrates this machine (:mod:`gdr.calibrate`), once per
 machine and shapes (``--recalibrate``: again).
 
+With ``out=`` known (the composed config's), the plan is written to ``<out>/plan.json``, which the run's report
+sets beside its measured seconds (:mod:`gdr.stages.plan_file`; ``gdr run`` makes no plan itself).
+
 ``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
-its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); ``--write-factors`` saves the
+its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); the device is read from the run's
+``run.json`` unless named; the plan is written to ``RUN_DIR/plan.json`` too; ``--write-factors`` saves the
 run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json`` (``$GDR_GPU_RUNS/`` when set, the wheel's
 copy when installed), which the plan of that device reads."""
 from __future__ import annotations
@@ -14,7 +18,17 @@ import json
 from pathlib import Path
 
 from gdr.config import command_config
-from gdr.plan import DEVICES, check_run, format_check, format_plan, gpus_problem, plan_run, write_factors
+from gdr.plan import (
+    DEVICES,
+    check_run,
+    format_check,
+    format_plan,
+    gpus_problem,
+    plan_run,
+    sized_config,
+    write_factors,
+    write_run_plan,
+)
 from gdr.validate import validate
 
 
@@ -49,12 +63,14 @@ def plan_main(argv: list[str]) -> int:
         return 0
 
     validate("run", cfg)
-    stages = plan_run(cfg, device, gpus, free=free, calibrate=calibrate)
+    stages = plan_run(sized_config(cfg), device, gpus, free=free, calibrate=calibrate)
     print(format_plan(stages, device, gpus))
     print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
+    if cfg.get("out"):
+        print(f"wrote {write_run_plan(cfg, Path(cfg.out), device, gpus, stages)} (the run's report reads it)")
     return 0
 
 
@@ -80,6 +96,8 @@ def _check(argv: list[str]) -> int:
     except ValueError as e:
         raise SystemExit(str(e)) from None
     print(format_check(check))
+    print(f"wrote {write_run_plan(check.cfg, check.run, check.device, gpus, check.plan)} (the predicted seconds of "
+          f"the run's report from its next gdr run)")
     if write:
         print(f"wrote {write_factors(check)}")
     return 0
