@@ -65,12 +65,12 @@ def plan_main(argv: list[str]) -> int:
     validate("run", cfg)
     stages = plan_run(sized_config(cfg), device, gpus, free=free, calibrate=calibrate)
     print(format_plan(stages, device, gpus))
+    if cfg.get("out"):
+        print(f"wrote {write_run_plan(cfg, Path(cfg.out), device, gpus, stages)} (the run's report reads it)")
     print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
-    if cfg.get("out"):
-        print(f"wrote {write_run_plan(cfg, Path(cfg.out), device, gpus, stages)} (the run's report reads it)")
     return 0
 
 
