@@ -58,6 +58,7 @@ from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
+from gdr.training.options import TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 from gdr.training.train import CPU_BATCH, cuda_batch_size
 
@@ -471,7 +472,8 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
         rate, agg = 1 / per, 0.0
         check = steps_per_check(per_epoch, batch, t.trainer.get("check_val_every_n_epoch"),
                                 t.trainer.get("val_check_interval"))
-        val_s = dev * rates.per_unit("search_s_per_query") * int(t.trainer.get("val_beam") or 10) / rates.beam
+        beam = int(t.trainer.get("val_beam", TrainerOptions.val_beam))
+        val_s = dev * rates.per_unit("search_s_per_query") * beam / rates.beam
         warm, src = n_ret * rates.per_unit("retriever_setup_s"), rates.cpu_note()
 
     def at(n_steps: int) -> float:
