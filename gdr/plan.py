@@ -94,35 +94,24 @@ LM_CONFIGS = {
                                                         num_decoder_layers=12, num_heads=12, vocab_size=32128)),
 }
 PROMPT_TOKENS = 32  # the prompt template's tokens around a document (chat template and instruction)
-# A 2-core CPU shared with other jobs: the peaks gdr.bench.common.cpu_peaks measured (timed matmul and copy), and
-# the fraction of the limit scoring reached there (reports/benchmarks.md: SmolLM2 4.82 pairs/s at 64-token documents,
-# J = 64: 0.28-0.52 of the limit for 8-16-token queries); the other steps are taken to reach the same
-CPU_PEAKS = cost.DevicePeaks("cpu", 4.4e10, 3.9e9)
-CPU_FRACTIONS = {"sampling": 0.3, "scoring": 0.3, "training": 0.3, "search": 0.3}
-CPU_COLD_S = {"lm_load": 5.0, "sampling": 1.0, "scoring": 1.0, "training": 2.0, "search": 1.0}
-# Input positions (real tokens plus pad) per training example under trainer.length_buckets, as a share of
-# max_query_len, by batch size: `reports/training-buckets.py --docs 300 --widths 64,576,1024` on the BBC-like mix
-# of 77% short queries (26.1, 27.7 and 39.0 of 64 positions; 64 of 64 without buckets). A count of tokens, not a
-# speed: larger batches mix more lengths into each bucket.
-BUCKETED_WIDTH = {64: 26.1 / 64, 576: 27.68 / 64, 1024: 39.01 / 64}
-# Test queries the titles loader keeps, as a share of fractions[2] x documents (titles shared by several articles
-# are left out): 821 of 1,001 on BBC in reports/gpu-runs/2026-11-27-bbc-compare
-TITLES_TEST_KEPT = {"bbc": 821 / (0.45 * 2225)}
-# The 2026-11-27 BBC run's host stages on the H200 machine (reports/gpu-runs/2026-11-27-bbc-compare/run.log), the
-# base of the host model; a device's *-factors.json corrects them per stage. Clustering: 10 repeats of GC 8.3 s,
-# of k-means on tf-idf 57.5 s, on MiniLM embeddings 2.6 s, on log P 1.6 s (2,225 documents, J = 1,024); indexing
-# per docid scheme; BM25; a report rewrite after each retriever (the run's 85 s outside its stages, over 12).
-HOST_S = {"gc_entry_repeat": 8.3 / (2225 * 1024 * 10), "tfidf_doc_repeat": 57.5 / (2225 * 10),
-          "embedding_doc_repeat": 2.6 / (2225 * 10), "logp_entry_repeat": 1.6 / (2225 * 1024 * 10),
-          "index_gc_entry": 5.22 / (2225 * 1024), "index_hkmi_doc": 1.85 / 2225, "index_bmi_doc": 3.74 / 2225,
-          "index_random_doc": 0.29 / 2225, "index_atomic_doc": 0.29 / 2225, "bm25_doc": 7.11 / 2225,
-          "report_write": 85.3 / 12}
-# A worker process that trains retrievers (train.concurrent > 1): imports, device context, tokenising its
-# examples, loading the encoder. Not measured on any device yet: assumed.
-SPAWN_S = 15.0
-# The fast GGUF conversion's cold start (reports/lm-cold-start.md: 8.0 CPU s, 4.0 of them imports, measured on the
-# 2-core development CPU; the GPU machine's CPU is not measured)
-LM_LOAD_S = 8.0
+# The measured constants, as data: reports/plan-constants.json (each with the file it was measured in or read
+# from; the wheel's copy when installed, $GDR_PLAN_CONSTANTS to name another folder)
+CONSTANTS_FILE = shipped_dir("plan-constants") / "plan-constants.json"
+_C = {k: v["value"] for k, v in json.loads(CONSTANTS_FILE.read_text(encoding="utf-8"))["constants"].items()}
+# A 2-core CPU's limit and the fraction of it each step reaches, without a calibration of this CPU
+CPU_PEAKS = cost.DevicePeaks("cpu", float(_C["CPU_PEAKS"]["flops"]), float(_C["CPU_PEAKS"]["bytes_per_s"]))
+CPU_FRACTIONS: dict[str, float] = _C["CPU_FRACTIONS"]
+CPU_COLD_S: dict[str, float] = _C["CPU_COLD_S"]
+# Input positions per training example under trainer.length_buckets, as a share of max_query_len, by batch size
+BUCKETED_WIDTH = {int(b): w / _C["BUCKETED_WIDTH"]["max_query_len"]
+                  for b, w in _C["BUCKETED_WIDTH"]["positions_by_batch"].items()}
+# Test queries the titles loader keeps, as a share of fractions[2] x documents
+TITLES_TEST_KEPT = {name: k["kept"] / (k["test_fraction"] * k["documents"])
+                    for name, k in _C["TITLES_TEST_KEPT"].items()}
+# Host stages' seconds per unit (clustering, indexing, BM25, report rewrites) on the BBC run's machine
+HOST_S = {name: h["seconds"] / h["units"] for name, h in _C["HOST_S"].items()}
+SPAWN_S = float(_C["SPAWN_S"])  # a worker process that trains retrievers (train.concurrent > 1): assumed
+LM_LOAD_S = float(_C["LM_LOAD_S"])  # the fast GGUF conversion's cold start
 
 
 def _rate(x: float) -> str:
