@@ -937,7 +937,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
 def _predicted(run: RunContext) -> tuple[dict[str, float | None] | None, str]:
     """(the seconds of the run's ``plan.json`` per stage, or None; the report's line on them): the run reads the
     plan written into its folder (``gdr plan``) and never makes one (:mod:`gdr.stages.plan_file`)."""
-    rec, note = read_plan(run.pipe.root, plan_identity(to_container(run.cfg), run_device(run.cfg)[0]))
+    rec, note = read_plan(run.pipe.root, plan_identity(to_container(run.cfg), run_device(run.cfg.get("device"))[0]))
     return (None if rec is None else predicted_from_plan(rec, [r.name for r in run.pipe.records])), note
 
 

@@ -767,7 +767,7 @@ def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None
     documents on this machine (:func:`run_device`), from :func:`plan_run` (configs only, no model loaded). None
     for every stage where the plan cannot be made (a model without a local config, a GPU without figures), said
     in the log: a report never fails for want of a prediction."""
-    device, gpus = run_device(cfg)
+    device, gpus = run_device(cfg.get("device"))
     try:
         if device is None:
             raise ValueError(f"no figures for {torch.cuda.get_device_name(0)}")

@@ -52,7 +52,9 @@ def test_the_report_reads_the_plan_written_for_its_settings_only(tiny_run, tmp_p
     assert "gdr plan" in md.split("## Stages", 1)[1]
 
     assert main(["plan", *args[1:], "device=cpu"]) == 0  # out= known: the plan goes into the run folder
-    assert f"wrote {out / PLAN_FILE}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"wrote {out / PLAN_FILE}" in printed.err
+    assert json.loads(printed.out.strip().splitlines()[-1])["plan_file"] == str(out / PLAN_FILE)
     plan = json.loads((out / PLAN_FILE).read_text())
     assert plan["made_for"]["device"] == "cpu" and plan["n_retrievers"] == 2
     assert main(args) == 0

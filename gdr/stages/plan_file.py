@@ -28,20 +28,20 @@ RUN_GROUPS = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clusteri
 _NOT_PLANNED = ("out",)
 
 
-def run_device(cfg) -> tuple[str | None, int]:
-    """(the plan's device kind a run of ``cfg`` runs on here: ``cpu``, or the GPU's model among :data:`DEVICES`,
-    None for a GPU without figures; the number of GPUs)."""
-    device = str(cfg.get("device") or "auto")
+def run_device(setting: str | None) -> tuple[str | None, int]:
+    """(the plan's device kind a run with ``device=<setting>`` runs on here: ``cpu``, or the GPU's model among
+    :data:`DEVICES`, None for a GPU without figures; the number of GPUs)."""
+    device = str(setting or "auto")
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return "cpu", 1
     name = torch.cuda.get_device_name(0).lower()
     return next((k for k in DEVICES if k != "cpu" and k in name), None), torch.cuda.device_count()
 
 
-def plan_identity(cfg: dict, device: str | None) -> dict:
-    """What a plan was made for: the sha256 of the composed config (a resolved container, ``out`` left out) and the
-    device kind."""
-    made = {k: v for k, v in cfg.items() if k not in _NOT_PLANNED}
+def plan_identity(settings: dict, device: str | None) -> dict:
+    """What a plan was made for: the sha256 of the composed run config ``settings`` (a resolved container, ``out``
+    left out) and the device kind."""
+    made = {k: v for k, v in settings.items() if k not in _NOT_PLANNED}
     text = json.dumps(made, sort_keys=True, default=str)
     return {"config_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "device": device}
 

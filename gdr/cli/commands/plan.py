@@ -15,6 +15,7 @@ copy when installed), which the plan of that device reads."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from gdr.config import command_config
@@ -65,9 +66,12 @@ def plan_main(argv: list[str]) -> int:
     validate("run", cfg)
     stages = plan_run(sized_config(cfg), device, gpus, free=free, calibrate=calibrate)
     print(format_plan(stages, device, gpus))
-    if cfg.get("out"):
-        print(f"wrote {write_run_plan(cfg, Path(cfg.out), device, gpus, stages)} (the run's report reads it)")
-    print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
+    # the plan into the run folder, where the run's report reads it (said on stderr: stdout ends in the JSON line)
+    written = write_run_plan(cfg, Path(cfg.out), device, gpus, stages) if cfg.get("out") else None
+    if written is not None:
+        print(f"wrote {written} (the run's report reads it)", file=sys.stderr)
+    print(json.dumps({"device": device, "gpus": gpus, "plan_file": None if written is None else str(written),
+                      "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
