@@ -1,12 +1,19 @@
-"""What a device has free, read the same way by every automatic size; the process's device and rank."""
+"""What a device has free, read the same way by every automatic size; the process's device and rank; what machine
+this is (:func:`machine_record`), recorded beside a run's and a P's results."""
 from __future__ import annotations
 
 import os
+import platform
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["free_memory", "local_device", "dist_info"]
+__all__ = ["free_memory", "local_device", "dist_info", "machine_record", "machine_differences"]
+
+# What of a machine record decides the last bits of CPU and GPU kernels' results (the instruction set the CPU
+# kernels dispatch to, the GPU model, the torch build); the rest (memory, CPU model name) is information
+_NUMERIC_FIELDS = ("cpu_capability", "gpu", "torch", "cuda")
 
 
 def free_memory(device: torch.device | str | None = None) -> int | None:
@@ -51,3 +58,37 @@ def dist_info() -> tuple[int, int]:
             local_device("cuda")
         dist.init_process_group("nccl" if nccl else "gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), else what :func:`platform.processor` says, else None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def machine_record() -> dict:
+    """What machine this process runs on, as information beside results (never part of a key, no host name): the
+    CPU model and torch's CPU capability (the instruction set its CPU kernels dispatch to: ``AVX2``, ``AVX512``,
+    ...), the first GPU's name and memory in bytes when CUDA is there (else None), the GPU count, and the torch,
+    CUDA and Python versions."""
+    cuda = torch.cuda.is_available()
+    props = torch.cuda.get_device_properties(0) if cuda else None
+    return {"cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "gpu": props.name if props is not None else None,
+            "gpu_memory_bytes": int(props.total_memory) if props is not None else None,
+            "gpus": torch.cuda.device_count() if cuda else 0,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+def machine_differences(recorded: dict | None, now: dict) -> list[str]:
+    """How the machine ``recorded`` (a :func:`machine_record` read back; None or {}: not recorded) differs from
+    ``now`` in what decides the last bits of results: ``["cpu_capability AVX2 there, AVX512 here", ...]``."""
+    if not recorded:
+        return []
+    return [f"{k} {recorded.get(k)} there, {now.get(k)} here" for k in _NUMERIC_FIELDS
+            if k in recorded and recorded.get(k) != now.get(k)]

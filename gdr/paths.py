@@ -1,11 +1,12 @@
 """Where gdr finds the files it ships and keeps its own: one answer for a source checkout and for a wheel.
 
-gdr reads two folders of the repository at run time: ``conf/`` (the Hydra configs) and ``reports/gpu-runs/``
-(the committed GPU figures ``gdr plan`` predicts from). A wheel carries both inside the package, as
-``gdr/_shipped/conf`` and ``gdr/_shipped/gpu-runs`` (``setup.py`` copies them there at build time, so the
-repository keeps one copy); a checkout (``pip install -e .``, or ``PYTHONPATH``) reads them where they are.
-Settings override both: ``$GDR_CONF_DIR`` and ``$GDR_GPU_RUNS``. What gdr keeps (converted models, compiled
-kernels, the plan's CPU calibration) goes under :func:`cache_dir`.
+gdr reads these files of the repository at run time: ``conf/`` (the Hydra configs), ``reports/gpu-runs/`` (the
+committed GPU figures ``gdr plan`` predicts from) and ``reports/plan-constants.json`` (the plan's other measured
+constants). A wheel carries them inside the package, as ``gdr/_shipped/conf``, ``gdr/_shipped/gpu-runs`` and
+``gdr/_shipped/plan-constants`` (``setup.py`` copies them there at build time, so the repository keeps one copy);
+a checkout (``pip install -e .``, or ``PYTHONPATH``) reads them where they are. Settings override them:
+``$GDR_CONF_DIR``, ``$GDR_GPU_RUNS`` and ``$GDR_PLAN_CONSTANTS`` (a folder holding ``plan-constants.json``).
+What gdr keeps (converted models, compiled kernels, the plan's CPU calibration) goes under :func:`cache_dir`.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ PACKAGE = Path(__file__).resolve().parent
 KERNELS = ("indexing", "training", "eval")
 # The folder name inside a wheel's gdr package -> (the repository folder it is copied from, the files copied);
 # setup.py reads this. The GPU figures are the folder's JSON files (plan reads those, not the run folders beside).
-SHIPPED = {"conf": ("conf", "**/*.yaml"), "gpu-runs": ("reports/gpu-runs", "*.json")}
-_SETTING = {"conf": "GDR_CONF_DIR", "gpu-runs": "GDR_GPU_RUNS"}
+SHIPPED = {"conf": ("conf", "**/*.yaml"), "gpu-runs": ("reports/gpu-runs", "*.json"),
+           "plan-constants": ("reports", "plan-constants.json")}
+_SETTING = {"conf": "GDR_CONF_DIR", "gpu-runs": "GDR_GPU_RUNS", "plan-constants": "GDR_PLAN_CONSTANTS"}
 
 
 def checkout() -> Path | None:

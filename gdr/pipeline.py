@@ -68,6 +68,7 @@ from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.data.splits import QuerySplits, check_query_splits
 from gdr.data.titles import TITLE_FRACTIONS
+from gdr.device import machine_differences, machine_record
 from gdr.eval.retrieval import PER_QUERY_FILE, read_per_query
 from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
 from gdr.guard import LOCK_FILE, claim_folder
@@ -85,7 +86,6 @@ from gdr.lm.compiling import release_compiled
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.scoring import score_compute_dtype
 from gdr.models import model_digest
-from gdr.plan import predict_stages
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
@@ -93,6 +93,7 @@ from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index
+from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
 from gdr.stages.report import cluster_headline, mark_in_progress, write_report
@@ -127,6 +128,7 @@ RETRIEVERS_FILE = "retrievers.jsonl"  # one line of test figures per retriever o
 # one line per retriever finished so far: its test queries' ids and first-relevant ranks (0: none in the top k),
 # the run's per-query results in one small file that comes back from a lease whole (eval/compare.py reads ranks)
 PER_QUERY_RUN_FILE = "per_query.jsonl"
+RUN_FILE = "run.json"  # the machine that ran the run (gdr.device.machine_record), rewritten by each gdr run
 
 
 @dataclass
@@ -442,6 +444,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     run = open_run(cfg, argv)
     run_generator(run)
     run.score = run.stage(score_spec(run))
+    _note_other_machine(run.score)
     run.cluster = run.stage(cluster_spec(run))
     run.doc_queries = run.stage(doc_queries_spec(run))
     compare_two_shot(run)
@@ -520,6 +523,8 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
         log.info("%s: the previous run's report is marked in progress until this run replaces it", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
+    # what ran it, as information (`gdr plan --check` reads the device from it); no stage key reads it
+    atomic_write_text(pipe.root / RUN_FILE, json.dumps({"machine": machine_record()}, indent=2) + "\n")
     signatures = {s: queries_signature(splits(_queries_section(cfg, s)), s)
                   for s in (cfg.queries.train_split, cfg.queries.test_split)}
     return RunContext(cfg, corpus, pipe, corpus_signature(corpus), lm_settings(cfg),
@@ -568,6 +573,19 @@ def _embed_by_digest(settings: Any) -> Any:
     if isinstance(settings, dict) and isinstance(settings.get("embed_model"), str):
         return {**settings, "embed_model": model_digest(settings["embed_model"])}
     return settings
+
+
+def _note_other_machine(score: StageRecord | None) -> None:
+    """One log line when the P reused made on a machine whose kernels round differently (another CPU instruction
+    set, GPU or torch build; its manifest's ``machine``): reused, not refused, as its key says it may be."""
+    if score is None or not score.reused:
+        return
+    made = (read_manifest(score.path, P_MANIFEST) or {}).get("machine")
+    differ = machine_differences(made, machine_record())
+    if differ:
+        log.info("stage score: reusing %s made on another machine (%s): its last bits may differ from a P made "
+                 "here (reused, not refused: the device kind and dtype key P, the machine does not)",
+                 score.path / P_MANIFEST, "; ".join(differ))
 
 
 def _older_score(folder: Path, lm: dict) -> Path | None:
@@ -1027,7 +1045,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     ``partial``: how many of the run's retrievers those are, while some are still to come."""
     cfg = run.cfg
     seconds = round(time.perf_counter() - run.t_start, 1)
-    predicted = predict_stages(cfg, [r.name for r in run.pipe.records], len(run.corpus))
+    predicted, plan_note = _predicted(run)
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
     train_q = run.splits(_queries_section(cfg, cfg.queries.train_split))
     report = write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
@@ -1038,9 +1056,16 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         trained_on=trained_on(cfg, run.corpus, train_q, run.uses_generated), partial=partial,
                         unknown_qrels=sum((_test_queries(run, run.test_q).info.get("unknown_qrels")
                                            or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
-                        predicted=predicted, query_split=query_split(run),
+                        predicted=predicted, plan_note=plan_note, query_split=query_split(run),
                         retrievers=[run.retrievers[ms] for ms in retriever_order(run) if ms in run.retrievers])
     return _generator_report(run, report)
+
+
+def _predicted(run: RunContext) -> tuple[dict[str, float | None] | None, str]:
+    """(the seconds of the run's ``plan.json`` per stage, or None; the report's line on them): the run reads the
+    plan written into its folder (``gdr plan``) and never makes one (:mod:`gdr.stages.plan_file`)."""
+    rec, note = read_plan(run.pipe.root, plan_identity(to_container(run.cfg), run_device(run.cfg.get("device"))[0]))
+    return (None if rec is None else predicted_from_plan(rec, [r.name for r in run.pipe.records])), note
 
 
 def query_split(run: RunContext) -> dict:

@@ -51,21 +51,24 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys
+from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
+from gdr.stages.plan_file import stage_seconds as _stage_seconds
 from gdr.stages.settings import SampleSettings, ScoreSettings
 from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
+from gdr.training.options import TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 from gdr.training.train import CPU_BATCH, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
 __all__ = ["StagePlan", "plan_run", "predict", "predict_stages", "run_device", "measured_figures", "format_plan",
-           "DEVICES", "MAX_GPUS", "gpus_problem"]
+           "DEVICES", "MAX_GPUS", "gpus_problem", "sized_config",
+           "write_run_plan"]
 
 GPU_RUNS = shipped_dir("gpu-runs")  # the committed GPU figures: reports/gpu-runs/, or the wheel's copy
-DEVICES = {"h200": "H200", "h100": "H100", "a100": "A100", "cpu": "cpu"}
 MAX_GPUS = 16  # gdr run trains and scores on the GPUs of one machine (no multi-node), and none holds more
 
 
@@ -91,35 +94,24 @@ LM_CONFIGS = {
                                                         num_decoder_layers=12, num_heads=12, vocab_size=32128)),
 }
 PROMPT_TOKENS = 32  # the prompt template's tokens around a document (chat template and instruction)
-# A 2-core CPU shared with other jobs: the peaks gdr.bench.common.cpu_peaks measured (timed matmul and copy), and
-# the fraction of the limit scoring reached there (reports/benchmarks.md: SmolLM2 4.82 pairs/s at 64-token documents,
-# J = 64: 0.28-0.52 of the limit for 8-16-token queries); the other steps are taken to reach the same
-CPU_PEAKS = cost.DevicePeaks("cpu", 4.4e10, 3.9e9)
-CPU_FRACTIONS = {"sampling": 0.3, "scoring": 0.3, "training": 0.3, "search": 0.3}
-CPU_COLD_S = {"lm_load": 5.0, "sampling": 1.0, "scoring": 1.0, "training": 2.0, "search": 1.0}
-# Input positions (real tokens plus pad) per training example under trainer.length_buckets, as a share of
-# max_query_len, by batch size: `reports/training-buckets.py --docs 300 --widths 64,576,1024` on the BBC-like mix
-# of 77% short queries (26.1, 27.7 and 39.0 of 64 positions; 64 of 64 without buckets). A count of tokens, not a
-# speed: larger batches mix more lengths into each bucket.
-BUCKETED_WIDTH = {64: 26.1 / 64, 576: 27.68 / 64, 1024: 39.01 / 64}
-# Test queries the titles loader keeps, as a share of fractions[2] x documents (titles shared by several articles
-# are left out): 821 of 1,001 on BBC in reports/gpu-runs/2026-11-27-bbc-compare
-TITLES_TEST_KEPT = {"bbc": 821 / (0.45 * 2225)}
-# The 2026-11-27 BBC run's host stages on the H200 machine (reports/gpu-runs/2026-11-27-bbc-compare/run.log), the
-# base of the host model; a device's *-factors.json corrects them per stage. Clustering: 10 repeats of GC 8.3 s,
-# of k-means on tf-idf 57.5 s, on MiniLM embeddings 2.6 s, on log P 1.6 s (2,225 documents, J = 1,024); indexing
-# per docid scheme; BM25; a report rewrite after each retriever (the run's 85 s outside its stages, over 12).
-HOST_S = {"gc_entry_repeat": 8.3 / (2225 * 1024 * 10), "tfidf_doc_repeat": 57.5 / (2225 * 10),
-          "embedding_doc_repeat": 2.6 / (2225 * 10), "logp_entry_repeat": 1.6 / (2225 * 1024 * 10),
-          "index_gc_entry": 5.22 / (2225 * 1024), "index_hkmi_doc": 1.85 / 2225, "index_bmi_doc": 3.74 / 2225,
-          "index_random_doc": 0.29 / 2225, "index_atomic_doc": 0.29 / 2225, "bm25_doc": 7.11 / 2225,
-          "report_write": 85.3 / 12}
-# A worker process that trains retrievers (train.concurrent > 1): imports, device context, tokenising its
-# examples, loading the encoder. Not measured on any device yet: assumed.
-SPAWN_S = 15.0
-# The fast GGUF conversion's cold start (reports/lm-cold-start.md: 8.0 CPU s, 4.0 of them imports, measured on the
-# 2-core development CPU; the GPU machine's CPU is not measured)
-LM_LOAD_S = 8.0
+# The measured constants, as data: reports/plan-constants.json (each with the file it was measured in or read
+# from; the wheel's copy when installed, $GDR_PLAN_CONSTANTS to name another folder)
+CONSTANTS_FILE = shipped_dir("plan-constants") / "plan-constants.json"
+_C = {k: v["value"] for k, v in json.loads(CONSTANTS_FILE.read_text(encoding="utf-8"))["constants"].items()}
+# A 2-core CPU's limit and the fraction of it each step reaches, without a calibration of this CPU
+CPU_PEAKS = cost.DevicePeaks("cpu", float(_C["CPU_PEAKS"]["flops"]), float(_C["CPU_PEAKS"]["bytes_per_s"]))
+CPU_FRACTIONS: dict[str, float] = _C["CPU_FRACTIONS"]
+CPU_COLD_S: dict[str, float] = _C["CPU_COLD_S"]
+# Input positions per training example under trainer.length_buckets, as a share of max_query_len, by batch size
+BUCKETED_WIDTH = {int(b): w / _C["BUCKETED_WIDTH"]["max_query_len"]
+                  for b, w in _C["BUCKETED_WIDTH"]["positions_by_batch"].items()}
+# Test queries the titles loader keeps, as a share of fractions[2] x documents
+TITLES_TEST_KEPT = {name: k["kept"] / (k["test_fraction"] * k["documents"])
+                    for name, k in _C["TITLES_TEST_KEPT"].items()}
+# Host stages' seconds per unit (clustering, indexing, BM25, report rewrites) on the BBC run's machine
+HOST_S = {name: h["seconds"] / h["units"] for name, h in _C["HOST_S"].items()}
+SPAWN_S = float(_C["SPAWN_S"])  # a worker process that trains retrievers (train.concurrent > 1): assumed
+LM_LOAD_S = float(_C["LM_LOAD_S"])  # the fast GGUF conversion's cold start
 
 
 def _rate(x: float) -> str:
@@ -469,7 +461,8 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
         rate, agg = 1 / per, 0.0
         check = steps_per_check(per_epoch, batch, t.trainer.get("check_val_every_n_epoch"),
                                 t.trainer.get("val_check_interval"))
-        val_s = dev * rates.per_unit("search_s_per_query") * int(t.trainer.get("val_beam") or 10) / rates.beam
+        beam = int(t.trainer.get("val_beam", TrainerOptions.val_beam))
+        val_s = dev * rates.per_unit("search_s_per_query") * beam / rates.beam
         warm, src = n_ret * rates.per_unit("retriever_setup_s"), rates.cpu_note()
 
     def at(n_steps: int) -> float:
@@ -631,6 +624,22 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     return stages
 
 
+def sized_config(cfg):
+    """``cfg``, with ``data.n_docs`` the corpus's document count when it is null and the corpus is none whose size
+    the plan knows (:data:`CORPUS_DOCS`: a local folder or file, counted by loading it); as it is otherwise, or
+    when the corpus does not load here."""
+    if cfg.data.get("n_docs") or str(cfg.data.name) in CORPUS_DOCS:
+        return cfg
+    try:
+        n_docs = len(corpus_from_config(OmegaConf.to_container(cfg.data, resolve=True)))
+    except Exception as e:  # noqa: BLE001  (the plan then asks for data.n_docs in its own words)
+        log.info("plan: the corpus did not load to count its documents (%s: %s)", type(e).__name__, e)
+        return cfg
+    sized = copy.deepcopy(cfg)
+    sized.data.n_docs = n_docs
+    return sized
+
+
 def _first_texts(cfg, n: int) -> list[str] | None:
     """The LM inputs of the run's first ``n`` documents, or None (with a log line) when the corpus does not load
     here: the calibration then times a stand-in news text."""
@@ -736,40 +745,21 @@ def predict(cfg, device: str = "h200", gpus: int = 1) -> dict[str, float]:
     return {s.name: round(s.seconds, 1) for s in plan_run(cfg, device, gpus)}
 
 
-def run_device(cfg) -> tuple[str | None, int]:
-    """(the plan's device kind a run of ``cfg`` runs on here: ``cpu``, or the GPU's model among :data:`DEVICES`,
-    None for a GPU without figures; the number of GPUs)."""
-    device = str(cfg.get("device") or "auto")
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        return "cpu", 1
-    name = torch.cuda.get_device_name(0).lower()
-    return next((k for k in DEVICES if k != "cpu" and k in name), None), torch.cuda.device_count()
-
-
-# The run's stage names (gdr/pipeline.py) -> the plan's stages that make them
-RUN_GROUPS = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
-              "doc-queries": ("doc_queries",), "bm25": ("bm25",)}
-
-
 def stage_seconds(stages: list[StagePlan], names: list[str], n_ret: int) -> dict[str, float | None]:
-    """The plan's seconds of each run stage in ``names`` (``score``, ``cluster``, ``doc-queries``,
-    ``index-<indexer>``, ``bm25``, ``train-<indexer>-s<seed>``, ``eval-<indexer>-s<seed>``); training and
-    evaluation are shared evenly by the ``n_ret`` retrievers. None for a stage the plan does not have."""
-    by = {s.name: s for s in stages}
-    out: dict[str, float | None] = {}
-    for name in names:
-        kind = name.split("-", 1)[0]
-        if name in RUN_GROUPS:
-            parts = [by[p].seconds for p in RUN_GROUPS[name] if p in by]
-            out[name] = sum(parts) if parts else None
-        elif kind == "index" and "indexing" in by:
-            out[name] = getattr(by["indexing"], "parts", {}).get(name.split("-", 1)[1])
-        elif kind in ("train", "eval"):
-            st = by.get("training" if kind == "train" else "evaluation")
-            out[name] = None if st is None else st.seconds / n_ret
-        else:
-            out[name] = None
-    return out
+    """The plan's seconds of each run stage in ``names`` (:func:`gdr.stages.plan_file.stage_seconds`)."""
+    return _stage_seconds({s.name: s.seconds for s in stages}, _index_parts(stages), names, n_ret)
+
+
+def _index_parts(stages: list[StagePlan]) -> dict[str, float]:
+    return next((dict(s.parts or {}) for s in stages if s.name == "indexing"), {})
+
+
+def write_run_plan(cfg, run_dir: Path, device: str, gpus: int, stages: list[StagePlan]) -> Path:
+    """``<run_dir>/plan.json`` (:func:`gdr.stages.plan_file.write_plan`) of ``stages``, the plan of the composed
+    run config ``cfg`` on ``device``: what the run's report sets beside the measured seconds."""
+    identity = plan_identity(OmegaConf.to_container(cfg, resolve=True), device)
+    return write_plan(run_dir, identity, gpus, {s.name: s.seconds for s in stages}, _index_parts(stages),
+                      len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg))
 
 
 def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None]:
@@ -777,7 +767,7 @@ def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None
     documents on this machine (:func:`run_device`), from :func:`plan_run` (configs only, no model loaded). None
     for every stage where the plan cannot be made (a model without a local config, a GPU without figures), said
     in the log: a report never fails for want of a prediction."""
-    device, gpus = run_device(cfg)
+    device, gpus = run_device(cfg.get("device"))
     try:
         if device is None:
             raise ValueError(f"no figures for {torch.cuda.get_device_name(0)}")
@@ -822,6 +812,8 @@ class RunCheck:
     rows: list[tuple[str, float | None, float | None, float]]
     factors: dict[str, float]
     notes: list[str]
+    cfg: Any = None  # the run's composed config
+    plan: list[StagePlan] | None = None  # the plan of that config, with the device's factors
 
 
 def _run_report(run_dir: Path) -> tuple[Path, dict]:
@@ -858,11 +850,7 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
     log_text = (run_dir / "run.log").read_text(encoding="utf-8", errors="replace") if (
         run_dir / "run.log").is_file() else ""
     if device is None:
-        first = log_text.splitlines()[0].lower() if log_text else ""
-        device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in first), None)
-        if device is None:
-            raise ValueError(f"{run_dir}: name the device the run ran on (device=h200|h100|a100|cpu): its run.log "
-                             f"does not say")
+        device = _recorded_device(run_dir, log_text)
     m = _RESOLVED.search(log_text)
     free = float(m.group(3)) * 1e9 if m else None
     if m:
@@ -894,7 +882,28 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
                  by_cal["reports"].seconds if "reports" in by_cal else None, outside))
     rows.append(("total", sum(s.seconds for s in raw), sum(s.seconds for s in cal), float(rep["seconds"])))
     factors = _factors(run_dir, raw, measured, names, outside, n_ret, notes)
-    return RunCheck(run_dir, device, rows, factors, notes)
+    return RunCheck(run_dir, device, rows, factors, notes, cfg, cal)
+
+
+def _recorded_device(run_dir: Path, log_text: str) -> str:
+    """The device kind the run in ``run_dir`` ran on: its ``run.json``'s machine (the GPU's model, the CPU without
+    one), else the first line of its ``run.log``."""
+    path = run_dir / "run.json"
+    machine = json.loads(path.read_text(encoding="utf-8")).get("machine") if path.is_file() else None
+    if machine is not None:
+        if not machine.get("gpu"):
+            return "cpu"
+        device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in machine["gpu"].lower()), None)
+        if device is None:
+            raise ValueError(f"{path}: the run ran on a {machine['gpu']}, which gdr plan has no figures for: name "
+                             f"the device to plan it as (device=h200|h100|a100)")
+        return device
+    first = log_text.splitlines()[0].lower() if log_text else ""
+    device = next((k for k, v in DEVICES.items() if k != "cpu" and v.lower() in first), None)
+    if device is None:
+        raise ValueError(f"{run_dir}: name the device the run ran on (device=h200|h100|a100|cpu): it has no run.json "
+                         f"and its run.log does not say")
+    return device
 
 
 def _factors(run_dir: Path, raw: list[StagePlan], measured: dict[str, float], names: list[str], outside: float,

@@ -18,6 +18,12 @@ STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexi
 BBC_1127 = "bbc-2026-11-27"
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """`gdr plan` writes the plan into the config's out folder (relative: under the working folder): a test's own."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _runs(tmp_path, scoring_fraction: float, warmup: float = 10.0):
     """A gpu-runs folder with one chain JSON and one scoring JSON of known figures."""
     chain = {"device": "NVIDIA H200", "sampling_fraction_of_limit": 0.05, "sampling_load_s": 30.0,

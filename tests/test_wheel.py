@@ -90,6 +90,7 @@ def test_the_wheel_carries_the_configs_and_gpu_figures_under_one_namespace_each(
     assert "experiment/demo.yaml" in conf and "stage/train.yaml" in conf
     runs = {n.removeprefix("gdr/_shipped/gpu-runs/") for n in names if n.startswith("gdr/_shipped/gpu-runs/")}
     assert runs == {p.name for p in (ROOT / "reports" / "gpu-runs").glob("*.json")} and runs
+    assert "gdr/_shipped/plan-constants/plan-constants.json" in names  # the plan's measured constants, as data
     assert "gdr/device_peaks.json" in names
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"gdr"}  # one namespace: no indexing/, conf/, reports/ or tests/ of their own in site-packages
@@ -153,9 +154,11 @@ def test_installed_tiny_run_outside_the_checkout(installed):
 
 def test_in_the_checkout_the_repository_folders_are_read_and_settings_override_them(tmp_path, monkeypatch):
     for name in SHIPPED:
-        monkeypatch.delenv({"conf": "GDR_CONF_DIR", "gpu-runs": "GDR_GPU_RUNS"}[name], raising=False)
+        monkeypatch.delenv({"conf": "GDR_CONF_DIR", "gpu-runs": "GDR_GPU_RUNS",
+                            "plan-constants": "GDR_PLAN_CONSTANTS"}[name], raising=False)
     assert checkout() == ROOT
     assert shipped_dir("conf") == ROOT / "conf" and shipped_dir("gpu-runs") == ROOT / "reports" / "gpu-runs"
+    assert (shipped_dir("plan-constants") / "plan-constants.json").is_file()
     monkeypatch.setenv("GDR_GPU_RUNS", str(tmp_path))
     monkeypatch.setenv("GDR_CONF_DIR", str(tmp_path / "conf"))
     assert shipped_dir("gpu-runs") == tmp_path and conf_dir() == tmp_path / "conf"

@@ -132,7 +132,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
                  predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
-                 retrievers: Sequence[dict] = ()) -> dict:
+                 retrievers: Sequence[dict] = (), plan_note: str | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -146,11 +146,12 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     retrievers learnt from, in words (default: the ``queries.train_split``); ``partial``: while retrievers are still
     to come, ``{"retrievers_done": n, "retrievers": total}``: the figures are over the finished ones and the report
     says so; ``unknown_qrels``: the relevant judgements of the test split dropped for naming documents not in the
-    corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
-    (None or absent: not predicted, "n/a"), set beside the measured ones; ``query_split``: how the topics were
-    split (``{"by": "folds" | "fractions" | "query set", ...}``, :func:`gdr.pipeline.query_split`), said in the
-    report; ``retrievers``: the run's ``retrievers.jsonl`` lines, whose learning curves (``curve``) are drawn in
-    ``curves.png`` (:func:`plot_learning_curves`)."""
+    corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds of the run's ``plan.json`` per stage name
+    (:mod:`gdr.stages.plan_file`; a name absent: not modelled, "n/a"), set beside the measured ones; None: no plan,
+    the column left out; ``plan_note``: the line said on them (where they come from, or what fills them);
+    ``query_split``: how the topics were split (``{"by": "folds" | "fractions" | "query set", ...}``,
+    :func:`gdr.pipeline.query_split`), said in the report; ``retrievers``: the run's ``retrievers.jsonl`` lines,
+    whose learning curves (``curve``) are drawn in ``curves.png`` (:func:`plot_learning_curves`)."""
     cfg = settings
     k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
     comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
@@ -194,7 +195,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     curves = [r for r in retrievers if r.get("curve")]
     lines += _curve_lines(curves)
     stages = _stage_rows(records, predicted or {})
-    lines += [*_stage_lines(stages), "", f"Wall time of this invocation: {seconds:.1f} s.", ""]
+    lines += [*_stage_lines(stages, predicted is not None, plan_note), "",
+              f"Wall time of this invocation: {seconds:.1f} s.", ""]
     report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
@@ -298,13 +300,19 @@ def _comparison_lines(comparisons: list[dict]) -> list[str]:
             *comparison_table(comparisons), ""]
 
 
-def _stage_lines(stages: list[dict]) -> list[str]:
-    """The report's stage table: seconds over every attempt, the last attempt, and what ``gdr plan`` predicted."""
+def _stage_lines(stages: list[dict], planned: bool = True, plan_note: str | None = None) -> list[str]:
+    """The report's stage table: seconds over every attempt, the last attempt, and what ``gdr plan`` predicted
+    (``planned``: the run folder has a plan for these settings; else that column is left out, ``plan_note`` says
+    what fills it)."""
+    note = plan_note or "Predicted: what `gdr plan` predicted for the stage (n/a: not modelled)."
     lines = ["## Stages", "", "Seconds: every attempt of a stage resumed after a stop, summed; the last attempt "
-             "apart. Predicted: what `gdr plan` predicts for the stage from the settings on this machine (n/a: not "
-             "modelled).", "", "| stage | folder | seconds | predicted | last attempt | attempts | |",
-             "|---|---|---|---|---|---|---|"]
-    return lines + [
+             "apart. " + note, ""]
+    if not planned:
+        return lines + ["| stage | folder | seconds | last attempt | attempts | |", "|---|---|---|---|---|---|"] + [
+            f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | {s['last_seconds']:.1f} | {s['attempts']} | "
+            f"{'reused' if s['reused'] else 'ran'} |" for s in stages]
+    return lines + ["| stage | folder | seconds | predicted | last attempt | attempts | |",
+                    "|---|---|---|---|---|---|---|"] + [
         f"| {s['name']} | `{s['folder']}` | {s['seconds']:.1f} | "
         f"{'n/a' if s['predicted_seconds'] is None else format(s['predicted_seconds'], '.1f')} | "
         f"{s['last_seconds']:.1f} | {s['attempts']} | {'reused' if s['reused'] else 'ran'} |" for s in stages]

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gdr.device import machine_record
 from gdr.formats import FORMAT, require_format
 from gdr.guard import holding
 from gdr.io import (
@@ -151,7 +152,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
                    queries_hash=hash_strings(sq.texts),
                    n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
                    seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile,
-                   doc_texts_hash=hash_strings(digests), **reused)
+                   doc_texts_hash=hash_strings(digests), machine=machine_record(), **reused)
     partial.unlink(missing_ok=True)
     return rows
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from gdr.config import RerunCommand
-from gdr.device import dist_info, local_device
+from gdr.device import dist_info, local_device, machine_record
 from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
@@ -359,7 +359,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     if rank == 0:
         extra = {"reused_from": str(reuse.path)} if reuse is not None else {}
         finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2),
-                 pairs_scored_last_call=pairs, doc_texts_hash=hash_strings(digests), **extra)
+                 pairs_scored_last_call=pairs, doc_texts_hash=hash_strings(digests), machine=machine_record(),
+                 **extra)
     return p_path
 
 

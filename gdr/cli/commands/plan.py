@@ -4,17 +4,32 @@ seconds and peak memory (:func:`gdr.plan.plan_run`), printed before anything loa
 ``auto`` (default: all of it). On the CPU the plan first calibrates this machine (:mod:`gdr.calibrate`), once per
 machine and shapes (``--recalibrate``: again).
 
+With ``out=`` known (the composed config's), the plan is written to ``<out>/plan.json``, which the run's report
+sets beside its measured seconds (:mod:`gdr.stages.plan_file`; ``gdr run`` makes no plan itself).
+
 ``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
-its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); ``--write-factors`` saves the
+its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); the device is read from the run's
+``run.json`` unless named; the plan is written to ``RUN_DIR/plan.json`` too; ``--write-factors`` saves the
 run's measured / predicted ratios as ``reports/gpu-runs/<run>-factors.json`` (``$GDR_GPU_RUNS/`` when set, the wheel's
 copy when installed), which the plan of that device reads."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from gdr.config import command_config
-from gdr.plan import DEVICES, check_run, format_check, format_plan, gpus_problem, plan_run, write_factors
+from gdr.plan import (
+    DEVICES,
+    check_run,
+    format_check,
+    format_plan,
+    gpus_problem,
+    plan_run,
+    sized_config,
+    write_factors,
+    write_run_plan,
+)
 from gdr.validate import validate
 
 
@@ -49,9 +64,14 @@ def plan_main(argv: list[str]) -> int:
         return 0
 
     validate("run", cfg)
-    stages = plan_run(cfg, device, gpus, free=free, calibrate=calibrate)
+    stages = plan_run(sized_config(cfg), device, gpus, free=free, calibrate=calibrate)
     print(format_plan(stages, device, gpus))
-    print(json.dumps({"device": device, "gpus": gpus, "seconds": round(sum(s.seconds for s in stages), 1),
+    # the plan into the run folder, where the run's report reads it (said on stderr: stdout ends in the JSON line)
+    written = write_run_plan(cfg, Path(cfg.out), device, gpus, stages) if cfg.get("out") else None
+    if written is not None:
+        print(f"wrote {written} (the run's report reads it)", file=sys.stderr)
+    print(json.dumps({"device": device, "gpus": gpus, "plan_file": None if written is None else str(written),
+                      "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
@@ -80,6 +100,11 @@ def _check(argv: list[str]) -> int:
     except ValueError as e:
         raise SystemExit(str(e)) from None
     print(format_check(check))
+    try:
+        print(f"wrote {write_run_plan(check.cfg, check.run, check.device, gpus, check.plan)} (the predicted seconds "
+              f"of the run's report from its next gdr run)")
+    except OSError as e:  # a folder only read (a copy brought back, a committed report): the check stands
+        print(f"plan.json not written into {check.run} ({type(e).__name__}: {e})")
     if write:
         print(f"wrote {write_factors(check)}")
     return 0
