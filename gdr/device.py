@@ -1,4 +1,5 @@
-"""What a device has free, read the same way by every automatic size; the process's device and rank."""
+"""What a device has free, read the same way by every automatic size (GPU memory, the machine's available memory);
+the process's device and rank."""
 from __future__ import annotations
 
 import os
@@ -6,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["free_memory", "local_device", "dist_info"]
+__all__ = ["free_memory", "available_memory", "local_device", "dist_info"]
 
 
 def free_memory(device: torch.device | str | None = None) -> int | None:
@@ -23,6 +24,16 @@ def free_memory(device: torch.device | str | None = None) -> int | None:
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(dev)
     return int(free)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux: MemAvailable; else the free physical pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            line = next(x for x in f if x.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def local_device(device: str | None) -> str:
