@@ -32,7 +32,6 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import distortion_matrix, log_weights
-from gdr.config import RerunCommand, data_overrides, saved_data
 from gdr.data import Corpus, corpus_from_config
 from gdr.data.beir import corpus_jsonl
 from gdr.formats import FormatError
@@ -48,6 +47,7 @@ from gdr.io import (
     refresh_manifest_files,
     write_manifest,
 )
+from gdr.rerun import RerunCommand, data_overrides, saved_data
 from gdr.store import PMatrix, load_run
 
 __all__ = ["AddResult", "place_documents", "add_to_index", "check_same_queries", "next_steps", "every_document"]

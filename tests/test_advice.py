@@ -1,7 +1,7 @@
 """Every advised command works as printed: each place in the code that builds a `gdr ...` command
 into a message (found by grep, below) is run here: the message is provoked, the command taken from it verbatim,
 run, and the folder then reads. The commands are rebuilt from the folder's own saved config
-(:func:`gdr.config.rerun_command`), with the corpus's ``data=`` group and every key the command needs."""
+(:func:`gdr.rerun.rerun_command`), with the corpus's ``data=`` group and every key the command needs."""
 from __future__ import annotations
 
 import json
@@ -49,7 +49,7 @@ def test_every_advice_site_is_run_by_a_test():
             rel = path.relative_to(ROOT).as_posix()
             for line in path.read_text(encoding="utf-8").splitlines():
                 if ADVICE.search(line) and not re.match(r"\s*(def|class) ", line) and not line.lstrip().startswith(
-                        ("#", "from ", "import ", '"""')) and rel != "gdr/config.py":
+                        ("#", "from ", "import ", '"""')) and rel != "gdr/rerun.py":
                     found[rel] += len(ADVICE.findall(line))
     assert found == Counter({k: len(v) for k, v in SITES.items()}), found
     tests = {name for names in SITES.values() for name in names if " (" not in name}

@@ -34,9 +34,9 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gdr.config import RerunCommand
 from gdr.indexing.trie import DocidTrie
 from gdr.io import check_manifest_files, read_jsonl
+from gdr.rerun import RerunCommand
 from gdr.training.options import ExampleOptions, TrainerOptions
 
 log = logging.getLogger(__name__)

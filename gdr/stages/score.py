@@ -34,13 +34,13 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from gdr.config import RerunCommand
 from gdr.device import dist_info, local_device
 from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
 from gdr.lm.scoring import auto_score_sizes
 from gdr.logs import setup_logging
+from gdr.rerun import RerunCommand
 from gdr.stages.sample import check_texts, sample_queries
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import (
