@@ -92,14 +92,14 @@ __all__ = [
 ]
 
 _CHUNK_ELEMS = 1 << 21  # elements per row block in the streamed passes (16 MB of float64)
-_INITS = ("random", "k-means++", "greedy-k-means++")
+INITS = ("random", "k-means++", "greedy-k-means++")
 _PHIS = ("power", "naive")
 
 
 # ----------------------------------------------------------------------------------------------
 # validation (public edge only; kernels assume valid input)
 
-def _as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
+def as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
     """``x`` as a float32/float64 ndarray of shape (n, J); clear errors otherwise."""
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
@@ -134,7 +134,7 @@ def _check_finite(x: np.ndarray, name: str) -> None:
                 "np.maximum(logp, -1e4).")
 
 
-def _check_n_clusters(n_clusters: int, n_docs: int) -> None:
+def check_n_clusters(n_clusters: int, n_docs: int) -> None:
     if not isinstance(n_clusters, (int, np.integer)) or n_clusters < 1:
         raise ValueError(f"n_clusters must be a positive integer; got {n_clusters!r}")
     if n_clusters > n_docs:
@@ -147,7 +147,7 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"alpha must be a finite number >= 0 (the paper uses 0.25); got {alpha!r}")
 
 
-def _torch_dtype(dtype) -> torch.dtype:
+def torch_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         out = dtype
     else:
@@ -172,11 +172,11 @@ def clip_bounds(logp: np.ndarray, n_sigma: float = GCFitOptions.clip_sigma) -> n
 
     Streams over row blocks in float64, so no N x J temporary is made.
     """
-    logp = _as_2d_float(logp, "logp")
-    return _clip_bounds(logp, float(n_sigma))
+    logp = as_2d_float(logp, "logp")
+    return clip_bounds_unchecked(logp, float(n_sigma))
 
 
-def _clip_bounds(logp: np.ndarray, n_sigma: float) -> np.ndarray:
+def clip_bounds_unchecked(logp: np.ndarray, n_sigma: float) -> np.ndarray:
     n, j = logp.shape
     total = np.zeros(j)
     for s, e in _row_blocks(n, j):
@@ -201,8 +201,8 @@ def clip_logp(logp: np.ndarray, n_sigma: float = GCFitOptions.clip_sigma) -> np.
     -------
     array of shape (n_docs, n_queries), same dtype as ``logp`` (a new array).
     """
-    logp = _as_2d_float(logp, "logp")
-    upper = _clip_bounds(logp, float(n_sigma))
+    logp = as_2d_float(logp, "logp")
+    upper = clip_bounds_unchecked(logp, float(n_sigma))
     return np.minimum(logp, upper.astype(logp.dtype))
 
 
@@ -214,14 +214,14 @@ def log_proposal(logp: np.ndarray, alpha: float = GCFitOptions.alpha, method: st
     ``method="naive"``: ``logsumexp_i(logp_ij) - log N``, the log of the column mean of P.
     Pass the clipped ``logp`` (Algorithm 1 clips first). Streams over row blocks in float64.
     """
-    logp = _as_2d_float(logp, "logp")
+    logp = as_2d_float(logp, "logp")
     _check_alpha(alpha)
     if method not in _PHIS:
         raise ValueError(f"method must be one of {_PHIS}; got {method!r}")
-    return _log_proposal(logp, float(alpha), method, None)
+    return log_proposal_unchecked(logp, float(alpha), method, None)
 
 
-def _log_proposal(logp: np.ndarray, alpha: float, method: str, upper: np.ndarray | None) -> np.ndarray:
+def log_proposal_unchecked(logp: np.ndarray, alpha: float, method: str, upper: np.ndarray | None) -> np.ndarray:
     """Column power means in log space; ``upper`` clips on the fly (no clipped copy of logp)."""
     n, j = logp.shape
     p = 1.0 if method == "naive" else 2.0 * alpha
@@ -253,9 +253,9 @@ def effective_sample_size(logp: np.ndarray, alpha: float, phi: str = GCFitOption
     clipped P when ``upper`` is given): how many of the J queries effectively carry document i's
     estimate of Eq. ris. It runs from 1 (one query holds all the weight) to J (uniform weights).
     """
-    logp = _as_2d_float(logp, "logp")
+    logp = as_2d_float(logp, "logp")
     _check_alpha(alpha)
-    log_phi = _log_proposal(logp, float(alpha), phi, upper)
+    log_phi = log_proposal_unchecked(logp, float(alpha), phi, upper)
     ess = np.empty(logp.shape[0])
     for s, e in _row_blocks(*logp.shape):
         blk = logp[s:e].astype(np.float64)
@@ -281,7 +281,7 @@ def auto_alpha(logp: np.ndarray, target: float = GCFitOptions.ess_target, phi: s
     sequential Monte Carlo chooses its temperatures (ESS = J/2 is the usual target), is label-free.
     Bisection on log alpha (ESS falls as alpha grows); at most ``max_rows`` rows (a seeded sample).
     """
-    logp = _as_2d_float(logp, "logp")
+    logp = as_2d_float(logp, "logp")
     if not 0.0 < target < 1.0:
         raise ValueError(f"ESS target must be in (0, 1) (a fraction of J); got {target!r}")
     if logp.shape[0] > max_rows:
@@ -317,7 +317,7 @@ def resolve_alpha(alpha: float | str, logp: np.ndarray, *, ess_target: float = G
 
 def log_weights(logp: np.ndarray, log_phi: np.ndarray, alpha: float = GCFitOptions.alpha) -> np.ndarray:
     """log W_ij = alpha (logp_ij - log phi_j), of shape (n_docs, n_queries), dtype of ``logp``."""
-    logp = _as_2d_float(logp, "logp")
+    logp = as_2d_float(logp, "logp")
     log_phi = np.asarray(log_phi, dtype=np.float64)
     if log_phi.shape != (logp.shape[1],):
         raise ValueError(f"log_phi must have shape ({logp.shape[1]},) to match logp {logp.shape}; "
@@ -351,8 +351,8 @@ def distortion_matrix(logp: np.ndarray, log_w: np.ndarray, log_c: np.ndarray) ->
     log_w : (n_docs, n_queries) log W.
     log_c : (n_clusters, n_queries) log centroids (normalised or not; unnormalised shifts d).
     """
-    logp = _as_2d_float(logp, "logp")
-    log_w = _as_2d_float(log_w, "log_w")
+    logp = as_2d_float(logp, "logp")
+    log_w = as_2d_float(log_w, "log_w")
     log_c = np.asarray(log_c, dtype=np.float64)
     if log_w.shape != logp.shape or log_c.ndim != 2 or log_c.shape[1] != logp.shape[1]:
         raise ValueError(f"shapes do not match: logp {logp.shape}, log_w {log_w.shape}, log_c {log_c.shape} "
@@ -372,7 +372,7 @@ def centroid_update(log_w: np.ndarray, labels: np.ndarray, n_clusters: int) -> n
 
     An empty cluster gets a row of NaN (the fitting loop never produces one; see module doc).
     """
-    log_w = _as_2d_float(log_w, "log_w")
+    log_w = as_2d_float(log_w, "log_w")
     labels = np.asarray(labels)
     if labels.shape != (log_w.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"labels must be integers of shape ({log_w.shape[0]},); got {labels.dtype} {labels.shape}")
@@ -413,7 +413,7 @@ class _Prepared:
         return self.v.shape[1]
 
 
-def _prepare(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | None = None,
+def prepare_fit(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | None = None,
              upper: np.ndarray | None = None, log_w: np.ndarray | None = None,
              device=GCFitOptions.device, dtype=torch.float32) -> _Prepared:
     """Stream row blocks: clip (``upper``), log W (given or ``alpha (logp - log_phi)``), V, r, a.
@@ -444,7 +444,7 @@ def _prepare(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | None
                      r_max=r_max, a_total=a_total, s_self=torch.from_numpy(s_self).to(device))
 
 
-def _log_normalise(w: torch.Tensor) -> torch.Tensor:
+def log_normalise(w: torch.Tensor) -> torch.Tensor:
     """log(w / w.sum(1)) with a floor at log(tiny) for zero entries; w of shape (K, J), >= 0."""
     tiny = torch.finfo(w.dtype).tiny
     return torch.log(w.clamp_min(tiny)) - torch.log(w.sum(dim=1, keepdim=True))
@@ -455,7 +455,7 @@ def _doc_distortion(p: _Prepared, s_best: torch.Tensor) -> torch.Tensor:
     return torch.exp(p.r - p.r_max) * (p.a - s_best.double())
 
 
-def _cluster_sums(p: _Prepared, labels: torch.Tensor, k: int):
+def cluster_sums(p: _Prepared, labels: torch.Tensor, k: int):
     """Per-cluster W-row sums up to exp(R_k): (wk (K, J) kernel dtype, R (K,) float64).
 
     A sparse (K, N) one-hot with weights exp(r_i - R_k) times V: N x J multiply-adds, no N x J
@@ -470,7 +470,7 @@ def _cluster_sums(p: _Prepared, labels: torch.Tensor, k: int):
     return torch.sparse.mm(onehot, p.v), rk
 
 
-def _total_distortion(p: _Prepared, wk64: torch.Tensor, rk: torch.Tensor, log_c64: torch.Tensor) -> float:
+def total_distortion(p: _Prepared, wk64: torch.Tensor, rk: torch.Tensor, log_c64: torch.Tensor) -> float:
     """sum_i d(x_i, f(x_i)) = (1/J)[sum_i W_i.logp_i - sum_k (sum_{i in k} W_i) . log c_k], float64."""
     scale = torch.exp(rk - p.r_max)
     scale = torch.where(torch.isfinite(rk), scale, torch.zeros_like(scale))     # empty clusters
@@ -509,7 +509,7 @@ def _init_kmeanspp(p: _Prepared, k: int, rng: np.random.Generator) -> np.ndarray
     dmin = None
     for step in range(1, k + 1):
         row = p.v[int(chosen[step - 1])]
-        log_c = _log_normalise(row[None, :])[0]                       # (J,)
+        log_c = log_normalise(row[None, :])[0]                       # (J,)
         d = _doc_distortion(p, p.v @ log_c).cpu().numpy()             # (N,) up to exp(r_max)/J
         dmin = d if dmin is None else np.minimum(dmin, d)
         if step == k:
@@ -523,7 +523,7 @@ def _seed_distortions(p: _Prepared, idx, scale: torch.Tensor) -> torch.Tensor:
 
     ``scale`` = exp(r - r_max), shape (N,).
     """
-    log_c = _log_normalise(p.v[torch.as_tensor(idx, device=p.v.device)].double()).to(p.v.dtype)   # (L, J)
+    log_c = log_normalise(p.v[torch.as_tensor(idx, device=p.v.device)].double()).to(p.v.dtype)   # (L, J)
     s = p.v @ log_c.T                                                                            # (N, L)
     return scale[:, None] * (p.a[:, None] - s.double())
 
@@ -595,7 +595,7 @@ class _Run:
 def _lloyd(p: _Prepared, init_idx: np.ndarray, max_iter: int, tol: float) -> _Run:
     """Algorithm 1, lines 9-14, from centroids = normalised W rows ``init_idx`` (Eq. init)."""
     idx = torch.as_tensor(init_idx, device=p.v.device)
-    return _lloyd_from(p, _log_normalise(p.v[idx].double()), max_iter, tol)
+    return _lloyd_from(p, log_normalise(p.v[idx].double()), max_iter, tol)
 
 
 def _lloyd_from(p: _Prepared, log_c64: torch.Tensor, max_iter: int, tol: float) -> _Run:
@@ -614,10 +614,10 @@ def _lloyd_from(p: _Prepared, log_c64: torch.Tensor, max_iter: int, tol: float) 
             new = _reseed_empty(p, new, s_best, counts)
         unchanged = labels is not None and torch.equal(new, labels)
         labels = new
-        wk, rk = _cluster_sums(p, labels, k)                              # Eq. optim-centroid
+        wk, rk = cluster_sums(p, labels, k)                              # Eq. optim-centroid
         wk64 = wk.double()
-        log_c64 = _log_normalise(wk64)
-        dist = _total_distortion(p, wk64, rk, log_c64)
+        log_c64 = log_normalise(wk64)
+        dist = total_distortion(p, wk64, rk, log_c64)
         hist.append(dist)
         if unchanged or prev - dist < tol * abs(prev):
             converged = True
@@ -727,7 +727,7 @@ def _split_gains(p: _Prepared, labels: torch.Tensor, k: int, max_iter: int, tol:
     counts = np.bincount(lab, minlength=k)
     first = _pick_per_group(lab, np.ones(n), k, rng)
     seed_rows = torch.as_tensor(np.maximum(first, 0), device=dev)
-    lc1 = _log_normalise(p.v[seed_rows].double())                            # (K, J)
+    lc1 = log_normalise(p.v[seed_rows].double())                            # (K, J)
     d1 = scale * (p.a - _rowdot(p, lc1, labels))                               # (N,) d(x, first seed)
     excess = (d1 - scale * (p.a - p.s_self)).cpu().numpy()                    # minus d(x, own row), >= 0
     w = np.square(np.maximum(excess, 0.0))
@@ -741,13 +741,13 @@ def _split_gains(p: _Prepared, labels: torch.Tensor, k: int, max_iter: int, tol:
     for _ in range(n_local):
         cand = _pick_per_group(lab, w, k, rng)
         ok = cand >= 0
-        lc2 = _log_normalise(p.v[torch.as_tensor(np.where(ok, cand, 0), device=dev)].double())
+        lc2 = log_normalise(p.v[torch.as_tensor(np.where(ok, cand, 0), device=dev)].double())
         d2 = scale * (p.a - _rowdot(p, lc2, labels))
         pot = np.bincount(lab, weights=torch.minimum(d1, d2).cpu().numpy(), minlength=k)
         better = ok & (pot < best_pot)
         second = np.where(better, cand, second)
         best_pot = np.where(better, pot, best_pot)
-    log_h = _log_normalise(p.v[torch.as_tensor(np.concatenate([np.maximum(first, 0), second]), device=dev)]
+    log_h = log_normalise(p.v[torch.as_tensor(np.concatenate([np.maximum(first, 0), second]), device=dev)]
                            .double())                                        # (2K, J)
     half = None
     prev = math.inf
@@ -756,15 +756,15 @@ def _split_gains(p: _Prepared, labels: torch.Tensor, k: int, max_iter: int, tol:
         new = (_rowdot(p, log_h, labels + k) > _rowdot(p, log_h, labels)).long()
         unchanged = half is not None and torch.equal(new, half)
         half = new
-        wk, rk = _cluster_sums(p, labels + k * half, 2 * k)
+        wk, rk = cluster_sums(p, labels + k * half, 2 * k)
         wk64 = wk.double()
-        log_h = torch.where(torch.isfinite(rk)[:, None], _log_normalise(wk64), log_h)   # keep an emptied half
-        dist = _total_distortion(p, wk64, rk, log_h)
+        log_h = torch.where(torch.isfinite(rk)[:, None], log_normalise(wk64), log_h)   # keep an emptied half
+        dist = total_distortion(p, wk64, rk, log_h)
         if unchanged or prev - dist < tol * abs(prev):
             break
         prev = dist
     e_half = _cluster_terms(wk64, rk, p.r_max)                                 # (2K,)
-    wk1, rk1 = _cluster_sums(p, labels, k)
+    wk1, rk1 = cluster_sums(p, labels, k)
     e_one = _cluster_terms(wk1.double(), rk1, p.r_max)                        # (K,)
     gains = (math.exp(p.r_max) / p.j * (e_half[:k] + e_half[k:] - e_one)).cpu().numpy()
     both = torch.isfinite(rk[:k]) & torch.isfinite(rk[k:])
@@ -798,7 +798,7 @@ def _split_merge(p: _Prepared, run: _Run, max_moves: int, max_iter: int, tol: fl
     while moves < max_moves:
         labels = run.labels
         with _cpu_threads(p.v.device, 0):   # many small ops: one CPU thread (measured 5-7x faster under load)
-            wk, rk = _cluster_sums(p, labels, k)
+            wk, rk = cluster_sums(p, labels, k)
             cost = _merge_costs(p, wk.double(), rk).cpu().numpy()            # (K, K), +inf on the diagonal
             gains, half = _split_gains(p, labels, k, max_iter, tol, rng)      # (K,), (N,)
             for _ in range(_SPLIT_INITS - 1):                                  # best of a few 2-way splits
@@ -822,8 +822,8 @@ def _split_merge(p: _Prepared, run: _Run, max_moves: int, max_iter: int, tol: fl
             new = labels.clone()
             new[labels == b] = a
             new[(labels == c) & (half == 1)] = b
-            wk, _ = _cluster_sums(p, new, k)
-            after = _lloyd_from(p, _log_normalise(wk.double()), max_iter, tol)
+            wk, _ = cluster_sums(p, new, k)
+            after = _lloyd_from(p, log_normalise(wk.double()), max_iter, tol)
             if run.distortion - after.distortion > tol * abs(run.distortion):
                 kept = after
                 log.debug("gc split/merge: merged %d+%d, split %d (net %.4g): distortion %.6g -> %.6g", a, b, c,
@@ -890,16 +890,16 @@ def _cpu_threads(device, work: int):
         torch.set_num_threads(n)
 
 
-def _use_split_merge(init: str, split_merge: bool | None) -> bool:
+def use_split_merge(init: str, split_merge: bool | None) -> bool:
     """``split_merge=None``: on for the default ``"greedy-k-means++"``, off for the paper's inits."""
     return init == "greedy-k-means++" if split_merge is None else bool(split_merge)
 
 
-def _fit_prepared(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter: int, tol: float,
+def fit_prepared(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter: int, tol: float,
                   seed, progress: bool = False, split_merge: bool | None = None) -> GCResult:
     with _cpu_threads(p.v.device, p.n * p.j * n_clusters):
         return _fit_runs(p, n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol, seed=seed,
-                         progress=progress, split_merge=_use_split_merge(init, split_merge))
+                         progress=progress, split_merge=use_split_merge(init, split_merge))
 
 
 def _fit_runs(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter: int, tol: float,
@@ -936,8 +936,8 @@ def _fit_runs(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter
 
 
 def _check_fit_params(init: str, n_init: int, max_iter: int, tol: float) -> None:
-    if init not in _INITS:
-        raise ValueError(f"init must be one of {_INITS}; got {init!r}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}; got {init!r}")
     if not (isinstance(n_init, (int, np.integer)) and n_init >= 1):
         raise ValueError(f"n_init must be a positive integer; got {n_init!r}")
     if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
@@ -976,15 +976,15 @@ def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init
     device : torch device of the kernel (``"cpu"``, ``"cuda"``).
     dtype : kernel dtype, float32 (default; safe thanks to the per-row factorisation) or float64.
     """
-    logp = _as_2d_float(logp, "logp", min_rows=2)
-    log_w = _as_2d_float(log_w, "log_w", min_rows=2)
+    logp = as_2d_float(logp, "logp", min_rows=2)
+    log_w = as_2d_float(log_w, "log_w", min_rows=2)
     if log_w.shape != logp.shape:
         raise ValueError(f"log_w has shape {log_w.shape} but logp has {logp.shape}; they must match")
-    _check_n_clusters(n_clusters, logp.shape[0])
+    check_n_clusters(n_clusters, logp.shape[0])
     _check_fit_params(init, n_init, max_iter, tol)
     _check_split_merge(split_merge)
-    p = _prepare(logp, log_w=log_w, device=device, dtype=_torch_dtype(dtype))
-    return _fit_prepared(p, int(n_clusters), init=init, n_init=int(n_init), max_iter=int(max_iter),
+    p = prepare_fit(logp, log_w=log_w, device=device, dtype=torch_dtype(dtype))
+    return fit_prepared(p, int(n_clusters), init=init, n_init=int(n_init), max_iter=int(max_iter),
                          tol=float(tol), seed=seed, progress=progress, split_merge=split_merge)
 
 
@@ -994,14 +994,14 @@ def init_centroids(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init
 
     Returns ``(log_c, indices)``: (K, J) float64 normalised log W rows and the (K,) chosen rows.
     """
-    logp = _as_2d_float(logp, "logp", min_rows=2)
-    log_w = _as_2d_float(log_w, "log_w", min_rows=2)
-    _check_n_clusters(n_clusters, logp.shape[0])
+    logp = as_2d_float(logp, "logp", min_rows=2)
+    log_w = as_2d_float(log_w, "log_w", min_rows=2)
+    check_n_clusters(n_clusters, logp.shape[0])
     _check_fit_params(init, 1, 1, 0.0)
-    p = _prepare(logp, log_w=log_w, dtype=_torch_dtype(dtype))
+    p = prepare_fit(logp, log_w=log_w, dtype=torch_dtype(dtype))
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     idx = _INIT_FNS[init](p, int(n_clusters), rng)
-    return _log_normalise(p.v[torch.as_tensor(idx)].double()).numpy(), np.asarray(idx, dtype=np.int64)
+    return log_normalise(p.v[torch.as_tensor(idx)].double()).numpy(), np.asarray(idx, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1072,15 +1072,15 @@ class GenerativeClustering:
         (V, kernel dtype) is held.
         """
         self._check_params()
-        logp = _as_2d_float(logp, "logp", min_rows=2)
-        _check_n_clusters(self.n_clusters, logp.shape[0])
-        self.clip_upper_ = None if self.clip_sigma is None else _clip_bounds(logp, float(self.clip_sigma))
+        logp = as_2d_float(logp, "logp", min_rows=2)
+        check_n_clusters(self.n_clusters, logp.shape[0])
+        self.clip_upper_ = None if self.clip_sigma is None else clip_bounds_unchecked(logp, float(self.clip_sigma))
         self.alpha_ = alpha = resolve_alpha(self.alpha, logp, ess_target=self.ess_target, phi=self.phi,
                                             upper=self.clip_upper_)
-        self.log_phi_ = _log_proposal(logp, alpha, self.phi, self.clip_upper_)
-        p = _prepare(logp, alpha=alpha, log_phi=self.log_phi_, upper=self.clip_upper_,
-                     device=self.device, dtype=_torch_dtype(self.dtype))
-        res = _fit_prepared(p, int(self.n_clusters), init=self.init, n_init=int(self.n_init),
+        self.log_phi_ = log_proposal_unchecked(logp, alpha, self.phi, self.clip_upper_)
+        p = prepare_fit(logp, alpha=alpha, log_phi=self.log_phi_, upper=self.clip_upper_,
+                     device=self.device, dtype=torch_dtype(self.dtype))
+        res = fit_prepared(p, int(self.n_clusters), init=self.init, n_init=int(self.n_init),
                             max_iter=int(self.max_iter), tol=float(self.tol), seed=self.seed,
                             progress=self.progress, split_merge=self.split_merge)
         del p
@@ -1097,7 +1097,7 @@ class GenerativeClustering:
     def _check_fitted(self, x, name: str) -> np.ndarray:
         if not hasattr(self, "log_centroids_"):
             raise RuntimeError("GenerativeClustering is not fitted yet; call fit(logp) first")
-        x = _as_2d_float(x, name)
+        x = as_2d_float(x, name)
         if x.shape[1] != self.n_features_in_:
             raise ValueError(f"{name} has {x.shape[1]} columns but the model was fitted on "
                              f"{self.n_features_in_} queries; score the same sampled queries")

@@ -344,7 +344,7 @@ def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- stages
-def _queries_section(cfg: DictConfig, split: str, fold: int | None = None) -> dict:
+def queries_section(cfg: DictConfig, split: str, fold: int | None = None) -> dict:
     """The ``queries`` section of one split (:func:`gdr.data.splits.split_queries`); with ``queries.folds``, of the
     retrievers that hold out ``fold`` (None: every topic)."""
     q = cfg.queries
@@ -510,7 +510,7 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     corpus = corpus_from_config(to_container(cfg.data))
     splits = QuerySplits(to_container(cfg.data), corpus.doc_ids, cfg.data.get("docs_tsv"))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
-    check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
+    check_query_splits([queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        splits, need=cfg.queries.test_split)
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
@@ -518,10 +518,10 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     if mark_in_progress(pipe.root, _command(argv)):  # kept until this run's own replaces it, but marked
         log.info("%s: the previous run's report is marked in progress until this run replaces it", pipe.root)
     save_config(cfg, pipe.root, "run.config.yaml")
-    signatures = {s: queries_signature(splits(_queries_section(cfg, s)), s)
+    signatures = {s: queries_signature(splits(queries_section(cfg, s)), s)
                   for s in (cfg.queries.train_split, cfg.queries.test_split)}
     return RunContext(cfg, corpus, pipe, corpus_signature(corpus), lm_settings(cfg),
-                      _queries_section(cfg, cfg.queries.test_split), t_start, splits, tuple(argv), signatures)
+                      queries_section(cfg, cfg.queries.test_split), t_start, splits, tuple(argv), signatures)
 
 
 # ---------------------------------------------------------------------------------------------- stage specs
@@ -669,7 +669,7 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     train_cfg = to_container(cfg.train)
     if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
         train_cfg["trainer"]["batch_size"] = run.train_batch
-    train_q = _queries_section(cfg, cfg.queries.train_split, fold)
+    train_q = queries_section(cfg, cfg.queries.train_split, fold)
     settings = TrainSettings.from_config(train_cfg, seed=seed)
     keyed = {k: v for k, v in _keyed(train_cfg).items() if k != "model_presets"}
     keyed["model"] = train_stage.keyed_model(settings)
@@ -687,7 +687,7 @@ def _train_examples_bound(run: RunContext) -> int:
     """An upper bound on one retriever's training examples (real training queries, each document's first window,
     its random windows and its generated queries), which sizes ``auto`` batches."""
     cfg = run.cfg
-    qs = run.splits(_queries_section(cfg, cfg.queries.train_split))
+    qs = run.splits(queries_section(cfg, cfg.queries.train_split))
     per_doc = int(cfg.doc_queries.per_doc) if run.uses_generated else 0
     windows = 1 + int(cfg.train.examples.get("doc_windows") or 0)
     return len(run.corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
@@ -722,7 +722,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
     """7. A retriever on the test split (search, metrics, per-query figures, TREC run): with ``queries.folds``, on
     the topics of the fold it was trained without."""
     cfg = run.cfg
-    test_q = run.test_q if fold is None else _queries_section(cfg, cfg.queries.test_split, fold)
+    test_q = run.test_q if fold is None else queries_section(cfg, cfg.queries.test_split, fold)
     inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1,
               "evaluate": _keyed(to_container(cfg.evaluate))}
 
@@ -903,7 +903,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     seconds = round(time.perf_counter() - run.t_start, 1)
     predicted = predict_stages(cfg, [r.name for r in run.pipe.records], len(run.corpus))
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
-    train_q = run.splits(_queries_section(cfg, cfg.queries.train_split))
+    train_q = run.splits(queries_section(cfg, cfg.queries.train_split))
     return write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
                         run.results, {m: r.info for m, r in run.indexes.items()},
                         run.bm25.info["metrics"] if run.bm25 is not None else None,

@@ -128,7 +128,7 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     rank, _ = dist_info()
     qfile = out / "queries.jsonl"
     if queries_from is not None and rank == 0:
-        queries = _queries_of_run(lm, queries_from, out)
+        queries = queries_of_run(lm, queries_from, out)
     elif rank == 0 or qfile.exists():
         queries = sample_queries(lm, corpus, out, sample, progress=progress, reuse_from=reuse_from)
     else:
@@ -161,7 +161,7 @@ def _check_complete(out: Path) -> None:
                        f"finished; rerun `{RerunCommand('score', out)}` to score them (the finished shards are kept)")
 
 
-def _queries_of_run(lm, run, out: Path) -> list[dict]:
+def queries_of_run(lm, run, out: Path) -> list[dict]:
     """The queries of ``run`` copied into ``out``; the model must be the one that scored ``run``'s P."""
     scorer = (read_manifest(score_folder(run), P_MANIFEST) or {}).get("lm")
     mine = json.loads(json.dumps(lm.describe()))

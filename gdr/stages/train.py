@@ -50,12 +50,12 @@ from gdr.training.train import (
     OptimOptions,
     TrainerOptions,
     TrainResult,
-    _on_cuda,
-    _precision,
-    _world_size,
     resolve_fused,
     resolve_train_batch,
     train,
+    trainer_precision,
+    trainer_world_size,
+    uses_cuda,
 )
 
 log = logging.getLogger(__name__)
@@ -160,8 +160,8 @@ def training_numerics(settings: TrainSettings) -> dict:
     (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
     CPU, the torch threads it trains with (:func:`training_threads`)."""
     accelerator = str(settings.trainer.get("accelerator", TrainerOptions.accelerator))
-    cuda = _on_cuda(accelerator)
-    precision = _precision(settings.trainer.get("precision"), accelerator)
+    cuda = uses_cuda(accelerator)
+    precision = trainer_precision(settings.trainer.get("precision"), accelerator)
     out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
            "fused": resolve_fused(settings.optim.get("fused", OptimOptions.fused), cuda, precision)}
     return out if cuda else {**out, "threads": training_threads()}
@@ -392,7 +392,7 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
     c = settings.to_dict()
     t = c["trainer"]
     accelerator = str(t.get("accelerator", TrainerOptions.accelerator))
-    if _world_size(t.get("devices", TrainerOptions.devices), _on_cuda(accelerator)) > 1:
+    if trainer_world_size(t.get("devices", TrainerOptions.devices), uses_cuda(accelerator)) > 1:
         if settings.concurrent not in ("auto", 1):
             log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent,
                      t.get("devices"))
@@ -410,7 +410,7 @@ def training_device(settings: TrainSettings) -> str:
     """The device a retriever of ``settings`` trains on, by name (``NVIDIA H200``, ``cpu``): what an ``auto`` size
     resolved for it holds for."""
     accelerator = str(settings.trainer.get("accelerator", TrainerOptions.accelerator))
-    return device_name("cuda" if _on_cuda(accelerator) else "cpu")
+    return device_name("cuda" if uses_cuda(accelerator) else "cpu")
 
 
 def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_train: int) -> int:
