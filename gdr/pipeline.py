@@ -995,7 +995,7 @@ def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
     """What of the machine decides sampled queries and P: the device kind the LM runs on (CUDA decodes a bf16
     copy, the CPU fp32) and, for scoring, the dtype its passes compute in (``score.compute_dtype`` resolved
     for that device, :func:`gdr.lm.scoring.score_compute_dtype`)."""
-    device = str(cfg.get("device") or "auto")
+    device = str(cfg.get("device") or LMSettings.device)
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     out = {"kind": kind}
     if scoring:
@@ -1033,7 +1033,7 @@ def _with(cfg: DictConfig, **overrides) -> DictConfig:
 
 def lm_settings(cfg: DictConfig):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
-    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or LMSettings.device),
                                 threads=cfg.get("threads"))
 
 

@@ -144,7 +144,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     report; ``retrievers``: the run's ``retrievers.jsonl`` lines, whose learning curves (``curve``) are drawn in
     ``curves.png`` (:func:`plot_learning_curves`)."""
     cfg = settings
-    k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
+    # the results per query: every measure is named at its depth
+    k = int(cfg.get("evaluate", {}).get("k") or EvaluateSettings.k)
     comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
     said = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     corpus_name = corpus_name or cfg['data']['name']

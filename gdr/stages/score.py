@@ -133,7 +133,7 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
         queries = sample_queries(lm, corpus, out, sample, progress=progress, reuse_from=reuse_from)
     else:
         raise SystemExit(f"{qfile} missing: run `{resample}` before a multi-process `gdr score`")
-    n_proc = int(score.processes or 1)
+    n_proc = int(score.processes or ScoreSettings.processes)
     score = resolve_sizes(lm, score)  # once, here: every process groups the shards alike
     if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(out):
         if spec is None:
@@ -240,7 +240,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     spec = LMSettings.from_config(lm_settings)  # the parent's settings, checked at its door
     if not spec.threads:
         spec.threads = 1
-    if torch.cuda.is_available() and str(spec.device or "auto") in ("auto", "cuda"):
+    if torch.cuda.is_available() and str(spec.device or LMSettings.device) in ("auto", "cuda"):
         spec.device = local_device(spec.device)  # before the process group: NCCL binds each rank to the current device
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
         log.info("scoring process %d of %d on %s", rank, world, spec.device)
