@@ -1,5 +1,5 @@
 """``gdr index`` (build prefix-code docids: :func:`gdr.stages.index.build_index`) and ``gdr index add``
-(grow a GC index: :func:`gdr.indexing.add.add_to_index`)."""
+(grow a GC index: :func:`gdr.stages.index_add.add_to_index`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 from gdr.config import command_config, save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.guard import claim_out
-from gdr.indexing.add import add_to_index, next_steps
 from gdr.stages.index import build_index
+from gdr.stages.index_add import add_to_index, next_steps
 from gdr.stages.settings import IndexSettings
 from gdr.validate import validate
 
