@@ -203,7 +203,8 @@ def _differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def _holds_training(out: Path) -> bool:
+def holds_training(out: Path) -> bool:
+    """Whether ``out`` holds a training: its record, a checkpoint or a model."""
     return (out / TRAINED_ON).exists() or (out / "checkpoints" / "last.ckpt").exists() or \
         (out / "model" / "retriever.json").exists()
 
@@ -214,25 +215,17 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = TrainerO
 
     A folder holding another training (a checkpoint, a model, ``trained_on.json`` of other inputs) is refused with
     one line naming what differs (``stale="refuse"``: ``gdr train``, the API), or cleared with a warning
-    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. A training
-    without ``trained_on.json`` (format 0, an older gdr's) is refused or cleared alike: what it was trained on is
-    not recorded."""
+    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. (A training
+    of format 0, without ``trained_on.json``, is refused before the stage by
+    :func:`gdr.upgrade.refuse_format_0_training`.)"""
     out = Path(out)
-    if not _holds_training(out):
+    if not holds_training(out):
         return
-    record = out / TRAINED_ON
-    if not record.exists():
-        if resume and stale == "refuse":
-            raise ConfigError(f"out_dir={out}: holds a training of format 0 (an older gdr's, without {TRAINED_ON}), "
-                              "which does not record what it was trained on, so it cannot be resumed. To start over "
-                              "in this folder set trainer.resume=false, or choose a fresh out_dir")
-        diff = [f"format 0, without {TRAINED_ON}"]
-    else:
-        try:
-            old = json.loads(record.read_text(encoding="utf-8"))
-            diff = _differences(old, fingerprint)
-        except (ValueError, OSError, AttributeError) as e:
-            diff = [f"{TRAINED_ON} unreadable ({e})"]
+    try:
+        old = json.loads((out / TRAINED_ON).read_text(encoding="utf-8"))
+        diff = _differences(old, fingerprint)
+    except (ValueError, OSError, AttributeError) as e:
+        diff = [f"{TRAINED_ON} unreadable ({e})"]
     if resume and not diff:
         return
     if resume and stale == "refuse":
@@ -250,21 +243,15 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = TrainerO
 
 def trained_splits(run_dir: str | Path) -> list[str]:
     """The query splits the retriever in ``run_dir`` was trained on (``trained_on.json``'s); [] when it had no real
-    queries, or ``run_dir`` holds no training (the evaluation then says what is missing). A retriever without
-    them recorded (format 0, an older gdr's) is refused in one line: a score on its training split would measure
-    memory, and which split that was is not known."""
+    queries, or ``run_dir`` holds no training (the evaluation then says what is missing). (A retriever of format 0,
+    without them recorded, is refused before the stage by :func:`gdr.upgrade.refuse_format_0_retriever`.)"""
     run_dir, record = Path(run_dir), Path(run_dir) / TRAINED_ON
-    if not _holds_training(run_dir):
+    if not holds_training(run_dir):
         return []
     try:
-        queries = (json.loads(record.read_text(encoding="utf-8")).get("inputs") or {}).get("queries") \
-            if record.exists() else {}
+        queries = (json.loads(record.read_text(encoding="utf-8")).get("inputs") or {}).get("queries")
     except (OSError, ValueError, AttributeError) as e:
         raise ConfigError(f"{record}: unreadable ({e}); train the retriever again (`gdr train`)") from None
-    if queries is not None and not isinstance(queries.get("splits"), list):
-        raise ConfigError(f"{run_dir}: a retriever of format 0, from before gdr recorded the query splits it was "
-                          f"trained on (in {TRAINED_ON}), so a score on any split may measure memory; train it again "
-                          f"with this gdr (`gdr train out_dir=<new folder>`)")
     return list((queries or {}).get("splits") or [])
 
 
