@@ -30,9 +30,10 @@ Format 0 (no ``format`` recorded) -> 1:
 
 What a folder alone cannot bring to format 1 and no stage of a run can hold is refused before the stage that would
 use it, in one line naming format 0 and the fix: a GC index that recorded only its queries' ids, not their texts
-(``gdr index add``: build it again with ``gdr index``), and a training without ``trained_on.json`` (``gdr train``
-resuming it: ``trainer.resume=false`` or a fresh ``out_dir``, :func:`refuse_format_0_training`; ``gdr evaluate``:
-train it again, :func:`refuse_format_0_retriever`); the commands and the API call these checks at their door.
+(``gdr index add``: build it again with ``gdr index``, :func:`refuse_format_0_gc_index`), and a training without
+``trained_on.json`` (``gdr train`` resuming it: ``trainer.resume=false`` or a fresh ``out_dir``,
+:func:`refuse_format_0_training`; ``gdr evaluate``: train it again, :func:`refuse_format_0_retriever`); the
+commands and the API call these checks at their door.
 Every such stage of a run folder (and every one whose sampling lacks its numerics) was keyed by the corpus's
 settings and paths, so the step above retires it and the run builds it again.
 """
@@ -48,6 +49,7 @@ import numpy as np
 
 from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, stage_digest, stage_key
 from gdr.indexing.docids import read_docids
+from gdr.indexing.state import load_tree_state
 from gdr.io import (
     atomic_write_json,
     check_manifest_files,
@@ -59,6 +61,7 @@ from gdr.io import (
 )
 from gdr.lm.numerics import scoring_numerics
 from gdr.models import model_digest
+from gdr.rerun import RerunCommand
 from gdr.rules import ConfigError
 from gdr.stages.train import TRAINED_ON, holds_training
 from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, SHARD_DIR, load_run
@@ -66,7 +69,7 @@ from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, SHA
 log = logging.getLogger(__name__)
 
 __all__ = ["STEPS", "upgrade", "upgrade_run", "upgrade_manifests", "refuse_format_0_training",
-           "refuse_format_0_retriever"]
+           "refuse_format_0_retriever", "refuse_format_0_gc_index"]
 
 # The order stages are upgraded in: each after the stages it reads, so their new keys are known.
 _ORDER = ("score", "doc-queries", "cluster", "index", "bm25", "train", "eval")
@@ -415,3 +418,18 @@ def refuse_format_0_retriever(run_dir: str | os.PathLike) -> None:
         raise ConfigError(f"{run_dir}: a retriever of format 0, from before gdr recorded the query splits it was "
                           f"trained on (in {TRAINED_ON}), so a score on any split may measure memory; train it again "
                           f"with this gdr (`gdr train out_dir=<new folder>`)")
+
+
+def refuse_format_0_gc_index(index_dir: str | os.PathLike) -> None:
+    """Refuse, in one line, a GC index of format 0 from before its queries were recorded by content (only their
+    ids, ``q0 .. q{J-1}`` in every run): new documents' P cannot be checked against them. ``gdr index add`` calls
+    it before the stage."""
+    index_dir = Path(index_dir)
+    try:
+        state = load_tree_state(index_dir / "tree_state.npz")
+    except Exception:  # a damaged or missing state: the stage's check of the index's files names it
+        return
+    if not state.meta.get("queries"):
+        raise FormatError(f"{index_dir / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the "
+                          f"texts of the queries it was built on, so new documents' P cannot be checked against "
+                          f"them; build the index again with `{RerunCommand('index', index_dir)}`")

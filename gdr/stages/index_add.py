@@ -16,7 +16,6 @@ from pathlib import Path
 
 from gdr.data import Corpus, corpus_from_config
 from gdr.data.beir import corpus_jsonl
-from gdr.formats import FormatError
 from gdr.indexing.add import AddResult, place_documents
 from gdr.indexing.docids import format_code, read_docids, write_docids
 from gdr.indexing.options import GCOptions
@@ -75,15 +74,6 @@ def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
         raise ValueError(f"{run.path / 'P.manifest.json'}: the new documents were scored by another model "
                          f"({', '.join(f'{k}={b.get(k)!r}' for k in diff)}) than the index in {index_dir} "
                          f"({', '.join(f'{k}={a.get(k)!r}' for k in diff)}); {fix}")
-
-
-def _require_queries(st: TreeState, index_dir: Path) -> None:
-    """Refuse, in one line, a GC index of format 0 from before its queries were recorded by content (only their
-    ids, ``q0 .. q{J-1}`` in every run): new documents' P cannot be checked against them."""
-    if not st.meta.get("queries"):
-        raise FormatError(f"{index_dir / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the "
-                          f"texts of the queries it was built on, so new documents' P cannot be checked against "
-                          f"them; build the index again with `{RerunCommand('index', index_dir)}`")
 
 
 class _RescoreAdvice:
@@ -155,8 +145,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     """
     index_dir = Path(index_dir)
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
-    st = load_tree_state(index_dir / "tree_state.npz")
-    _require_queries(st, index_dir)
+    st = load_tree_state(index_dir / "tree_state.npz")  # of the current format (gdr.upgrade.refuse_format_0_gc_index)
     run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
     check_same_queries(st, run, index_dir)
     old_ids, old_codes = read_docids(index_dir / "docids.tsv")
