@@ -208,16 +208,16 @@ def make_gc_fit_fn(logp: np.ndarray, n_clusters: int, *, alpha: float | str = GC
                                      n_init=1, max_iter=max_iter, tol=tol, device=device,
                                      dtype=dtype or torch.float32)
     est._check_params()
-    logp = gcmod._as_2d_float(logp, "logp", min_rows=2)
-    gcmod._check_n_clusters(n_clusters, logp.shape[0])
-    upper = None if clip_sigma is None else gcmod._clip_bounds(logp, float(clip_sigma))
+    logp = gcmod.as_2d_float(logp, "logp", min_rows=2)
+    gcmod.check_n_clusters(n_clusters, logp.shape[0])
+    upper = None if clip_sigma is None else gcmod.clip_bounds_unchecked(logp, float(clip_sigma))
     alpha = gcmod.resolve_alpha(alpha, logp, ess_target=ess_target, phi=phi, upper=upper)
-    log_phi = gcmod._log_proposal(logp, float(alpha), phi, upper)
-    prepared = gcmod._prepare(logp, alpha=float(alpha), log_phi=log_phi, upper=upper, device=device,
-                              dtype=gcmod._torch_dtype(est.dtype))
+    log_phi = gcmod.log_proposal_unchecked(logp, float(alpha), phi, upper)
+    prepared = gcmod.prepare_fit(logp, alpha=float(alpha), log_phi=log_phi, upper=upper, device=device,
+                              dtype=gcmod.torch_dtype(est.dtype))
 
     def fit_fn(seed: int):
-        return gcmod._fit_prepared(prepared, int(n_clusters), init=init, n_init=1, max_iter=max_iter,
+        return gcmod.fit_prepared(prepared, int(n_clusters), init=init, n_init=1, max_iter=max_iter,
                                    tol=tol, seed=seed)
 
     return fit_fn

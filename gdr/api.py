@@ -55,6 +55,8 @@ from gdr.stages.settings import (
 )
 from gdr.stages.train import check_not_trained_on, trained_splits
 from gdr.store import PRun, load_run
+from gdr.training.options import TrainerOptions
+from gdr.upgrade import refuse_format_0_retriever, refuse_format_0_training
 from gdr.validate import validate
 
 __all__ = ["load_lm", "sample_queries", "sample_doc_queries", "score", "split_queries", "evaluate_clusters",
@@ -246,6 +248,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     _need_path(docids, "docids", "the docids.tsv of gdr.build_index (its result's ['docids'])")
     sections = {**sections, "model": {**(sections.get("model") or {}), **({"size": size} if size is not None else {})}}
     settings = TrainSettings.merged(sections, seed=seed)
+    refuse_format_0_training(out, bool(settings.trainer.get("resume", TrainerOptions.resume)))
     return train_stage.train_retriever(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
@@ -266,6 +269,7 @@ def evaluate(run_dir: PathLike, corpus: Corpus, queries: QuerySet, out: PathLike
     _need_queries(queries)
     _check_split(split, drop_unknown_qrels)
     check_values({"allow_train_split": allow_train_split}, (Rule("allow_train_split", boolean),))
+    refuse_format_0_retriever(run_dir)
     check_not_trained_on(run_dir, split, allow_train_split, key="split")
     metrics, _ = evaluate_model(run_dir, corpus, queries, out, EvaluateSettings.from_dict(settings), split=split,
                                 drop_unknown_qrels=drop_unknown_qrels,

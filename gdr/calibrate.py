@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from gdr.indexing.trie import build_trie
 from gdr.models import cache_dir
-from gdr.stages.settings import LMSettings
+from gdr.stages.settings import LMSettings, SampleSettings
 from gdr.training.model import GenerativeRetriever
 from gdr.training.search import constrained_beam_search
 
@@ -135,7 +135,7 @@ def _lm_figures(s: dict, texts: Sequence[str] | None) -> dict[str, float]:
     sample(2)  # untimed: lazy initialisation
     n = max(1, min(int(s["sample_batch"]), SAMPLE_QUERIES))
     sampling = _timed(lambda: sample(n)) / n
-    per_doc = int(s.get("per_doc") or 0)
+    per_doc = int(s.get("per_doc") or SampleSettings.per_doc)
     figures = {}
     if per_doc:
         figures["doc_queries_s_per_query"] = _timed(lambda: lm.sample_per_doc(

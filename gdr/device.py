@@ -1,5 +1,6 @@
-"""What a device has free, read the same way by every automatic size; the process's device and rank; what machine
-this is (:func:`machine_record`), recorded beside a run's and a P's results."""
+"""What a device has free, read the same way by every automatic size (GPU memory, the machine's available memory);
+the process's device and rank; what machine this is (:func:`machine_record`), recorded beside a run's and a P's
+results."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["free_memory", "local_device", "dist_info", "machine_record", "machine_differences"]
+__all__ = ["free_memory", "local_device", "dist_info", "available_memory", "machine_record", "machine_differences"]
 
 # What of a machine record decides the last bits of CPU and GPU kernels' results (the instruction set the CPU
 # kernels dispatch to, the GPU model, the torch build); the rest (memory, CPU model name) is information
@@ -30,6 +31,16 @@ def free_memory(device: torch.device | str | None = None) -> int | None:
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(dev)
     return int(free)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux: MemAvailable; else the free physical pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            line = next(x for x in f if x.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def local_device(device: str | None) -> str:

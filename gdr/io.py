@@ -254,7 +254,7 @@ def check_manifest_files(folder: str | os.PathLike, only: Iterable[str] | None =
                          fix: object = "") -> None:
     """Verify the files recorded in ``folder/name`` (by ``write_manifest(files=...)``), or those of ``only``
     among them; a damaged one raises an error naming it, what is wrong and ``fix`` (a string, or an object
-    whose ``str`` is worked out only then, such as :class:`gdr.config.RerunCommand`). Folders without such a
+    whose ``str`` is worked out only then, such as :class:`gdr.rerun.RerunCommand`). Folders without such a
     record (other tools, older versions) pass."""
     try:
         man = read_manifest(folder, name)

@@ -343,7 +343,7 @@ def _clear(folder: Path, damaged: str, resumes: Sequence[str] | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- stages
-def _queries_section(cfg: DictConfig, split: str, fold: int | None = None) -> dict:
+def queries_section(cfg: DictConfig, split: str, fold: int | None = None) -> dict:
     """The ``queries`` section of one split (:func:`gdr.data.splits.split_queries`); with ``queries.folds``, of the
     retrievers that hold out ``fold`` (None: every topic)."""
     q = cfg.queries
@@ -515,7 +515,7 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     corpus = corpus_from_config(to_container(cfg.data))
     splits = QuerySplits(to_container(cfg.data), corpus.doc_ids, cfg.data.get("docs_tsv"))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
-    check_query_splits([_queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
+    check_query_splits([queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        splits, need=cfg.queries.test_split)
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
@@ -525,10 +525,10 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     save_config(cfg, pipe.root, "run.config.yaml")
     # what ran it, as information (`gdr plan --check` reads the device from it); no stage key reads it
     atomic_write_text(pipe.root / RUN_FILE, json.dumps({"machine": machine_record()}, indent=2) + "\n")
-    signatures = {s: queries_signature(splits(_queries_section(cfg, s)), s)
+    signatures = {s: queries_signature(splits(queries_section(cfg, s)), s)
                   for s in (cfg.queries.train_split, cfg.queries.test_split)}
     return RunContext(cfg, corpus, pipe, corpus_signature(corpus), lm_settings(cfg),
-                      _queries_section(cfg, cfg.queries.test_split), t_start, splits, tuple(argv), signatures)
+                      queries_section(cfg, cfg.queries.test_split), t_start, splits, tuple(argv), signatures)
 
 
 # ---------------------------------------------------------------------------------------------- stage specs
@@ -657,8 +657,8 @@ def _qg_pairs(run: RunContext):
     """(the generator's training pairs: the run's training split only, :func:`gdr.stages.qg.run_pairs`; the dev
     split's pairs, on which the report's held-out losses are measured)."""
     cfg = run.cfg
-    train = run.splits(_queries_section(cfg, cfg.queries.train_split))
-    held = {s: run.splits(_queries_section(cfg, s)) for s in ("dev", cfg.queries.test_split)
+    train = run.splits(queries_section(cfg, cfg.queries.train_split))
+    held = {s: run.splits(queries_section(cfg, s)) for s in ("dev", cfg.queries.test_split)
             if s != cfg.queries.train_split}
     pairs = run_pairs(run.corpus, train, list(held.values()), split=cfg.queries.train_split)
     q = cfg.qg
@@ -807,7 +807,7 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     train_cfg = to_container(cfg.train)
     if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
         train_cfg["trainer"]["batch_size"] = run.train_batch
-    train_q = _queries_section(cfg, cfg.queries.train_split, fold)
+    train_q = queries_section(cfg, cfg.queries.train_split, fold)
     settings = TrainSettings.from_config(train_cfg, seed=seed)
     keyed = {k: v for k, v in keyed_values(TrainSettings, train_cfg).items() if k != "model_presets"}
     keyed["model"] = train_stage.keyed_model(settings)
@@ -825,7 +825,7 @@ def _train_examples_bound(run: RunContext) -> int:
     """An upper bound on one retriever's training examples (real training queries, each document's first window,
     its random windows and its generated queries), which sizes ``auto`` batches."""
     cfg = run.cfg
-    qs = run.splits(_queries_section(cfg, cfg.queries.train_split))
+    qs = run.splits(queries_section(cfg, cfg.queries.train_split))
     per_doc = int(cfg.doc_queries.per_doc) if run.uses_generated else 0
     windows = 1 + int(cfg.train.examples.get("doc_windows") or 0)
     return len(run.corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
@@ -860,7 +860,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
     """7. A retriever on the test split (search, metrics, per-query figures, TREC run): with ``queries.folds``, on
     the topics of the fold it was trained without."""
     cfg = run.cfg
-    test_q = run.test_q if fold is None else _queries_section(cfg, cfg.queries.test_split, fold)
+    test_q = run.test_q if fold is None else queries_section(cfg, cfg.queries.test_split, fold)
     inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1,
               "evaluate": keyed_values(EvaluateSettings, to_container(cfg.evaluate))}
 
@@ -1047,7 +1047,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     seconds = round(time.perf_counter() - run.t_start, 1)
     predicted, plan_note = _predicted(run)
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
-    train_q = run.splits(_queries_section(cfg, cfg.queries.train_split))
+    train_q = run.splits(queries_section(cfg, cfg.queries.train_split))
     report = write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
                         run.results, {m: r.info for m, r in run.indexes.items()},
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
@@ -1149,7 +1149,7 @@ def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
     """What of the machine decides sampled queries and P: the device kind the LM runs on (CUDA decodes a bf16
     copy, the CPU fp32) and, for scoring, the dtype its passes compute in (``score.compute_dtype`` resolved
     for that device, :func:`gdr.lm.scoring.score_compute_dtype`)."""
-    device = str(cfg.get("device") or "auto")
+    device = str(cfg.get("device") or LMSettings.device)
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     out = {"kind": kind}
     if scoring:
@@ -1180,7 +1180,7 @@ def _with(cfg: DictConfig, **overrides) -> DictConfig:
 
 def lm_settings(cfg: DictConfig):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
-    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or LMSettings.device),
                                 threads=cfg.get("threads"))
 
 

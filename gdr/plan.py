@@ -58,7 +58,7 @@ from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
-from gdr.training.options import TrainerOptions
+from gdr.training.options import OptimOptions, TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 from gdr.training.train import CPU_BATCH, cuda_batch_size
 
@@ -439,7 +439,8 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
     memory = free if free is not None else (rates.peaks.memory or 16e9)
     batch = _train_batch(t.trainer.batch_size, rc, rates, per_epoch, memory)
     params = sum(p.numel() for p in model.parameters())
-    passes = 2 if float(t.optim.get("consistency_weight") or 0) > 0 else 1  # R-drop: two forward passes
+    rdrop = float(t.optim.get("consistency_weight") or OptimOptions.consistency_weight) > 0
+    passes = 2 if rdrop else 1  # R-drop: two forward passes
     buckets = bool(t.trainer.get("length_buckets"))
     width = _padded_width(rc.max_query_len, batch, buckets)
     flops = passes * cost.train_flops_per_example(model, width)
@@ -518,7 +519,7 @@ def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, in
     at the floor and the patience runs out after it (the BBC run on the H200 stopped its 9 structured-docid
     retrievers at 400-550 steps, floor 300 + patience 200 = 500)."""
     epoch_steps = math.ceil(per_epoch / batch)
-    max_steps = int(trainer.get("max_steps") or -1)
+    max_steps = int(trainer.get("max_steps") or TrainerOptions.max_steps)
     cap = epoch_steps * int(trainer.max_epochs)
     cap = min(cap, max_steps) if max_steps > 0 else cap
     check = steps_per_check(per_epoch, batch, trainer.get("check_val_every_n_epoch"),
@@ -527,8 +528,8 @@ def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, in
     checks = patience_checks(int(patience), check) if patience else int(trainer.get("patience") or 0)
     if checks <= 0:
         return cap, cap, "no early stopping: the cap", cap
-    floor = effective_min_steps(int(trainer.get("min_steps") or 0), per_epoch, batch, int(trainer.max_epochs),
-                                max_steps)
+    floor = effective_min_steps(int(trainer.get("min_steps") or TrainerOptions.min_steps), per_epoch, batch,
+                                int(trainer.max_epochs), max_steps)
     first = max(1 + checks, math.ceil(floor / check))
     mid = math.ceil((math.ceil(max(floor, check) / check) + checks) * check)
     return cap, min(cap, math.ceil(first * check)), (f"earliest stop: min_steps {floor}, patience {checks} "
@@ -658,7 +659,7 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     model = _retriever(cfg, n_docs)
     rc = model.config
     threads = cfg.get("threads")
-    processes = int(cfg.score.get("processes") or 1)
+    processes = int(cfg.score.get("processes") or ScoreSettings.processes)
     batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
     sb = cfg.sample.get("batch_size", SampleSettings.batch_size)
     db = cfg.doc_queries.get("batch_size", SampleSettings.batch_size)

@@ -112,9 +112,9 @@ class RunFolder:
         """The ``split`` queries the run scores on (those with a relevant document in the corpus), a
         :class:`gdr.data.QuerySet`; ``split`` defaults to the run's test split. In a cross-validated run, those of
         the retrievers that hold out ``fold`` (None: every topic)."""
-        from gdr.pipeline import _queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
+        from gdr.pipeline import queries_section  # the split as `gdr run` reads it (titles, files, ids ...)
 
-        section = _queries_section(OmegaConf.create(self.config), split, fold)
+        section = queries_section(OmegaConf.create(self.config), split, fold)
         qs = self._splits(section)
         if qs is None or len(qs) == 0:
             raise ValueError(f"{self.path}: the run's query set {section['name']!r} has no {split!r} query with a "

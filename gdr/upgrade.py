@@ -28,12 +28,14 @@ Format 0 (no ``format`` recorded) -> 1:
   so the checksum cannot be computed here; P is kept (a finished one is checked by its own checksum) and a later
   ``gdr score`` into the folder re-scores those shards.
 
-What a folder alone cannot bring to format 1 and no stage of a run can hold is refused where it is used, in one
-line naming format 0 and the fix: a GC index that recorded only its queries' ids, not their texts (``gdr index
-add``: build it again with ``gdr index``), and a training without ``trained_on.json`` (``gdr train`` resuming it:
-``trainer.resume=false`` or a fresh ``out_dir``; ``gdr evaluate``: train it again). Every such stage of a run
-folder (and every one whose sampling lacks its numerics) was keyed by the corpus's settings and paths, so the
-step above retires it and the run builds it again.
+What a folder alone cannot bring to format 1 and no stage of a run can hold is refused before the stage that would
+use it, in one line naming format 0 and the fix: a GC index that recorded only its queries' ids, not their texts
+(``gdr index add``: build it again with ``gdr index``, :func:`refuse_format_0_gc_index`), and a training without
+``trained_on.json`` (``gdr train`` resuming it: ``trainer.resume=false`` or a fresh ``out_dir``,
+:func:`refuse_format_0_training`; ``gdr evaluate``: train it again, :func:`refuse_format_0_retriever`); the
+commands and the API call these checks at their door.
+Every such stage of a run folder (and every one whose sampling lacks its numerics) was keyed by the corpus's
+settings and paths, so the step above retires it and the run builds it again.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ import numpy as np
 
 from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, stage_digest, stage_key
 from gdr.indexing.docids import read_docids
+from gdr.indexing.state import load_tree_state
 from gdr.io import (
     atomic_write_json,
     check_manifest_files,
@@ -58,11 +61,15 @@ from gdr.io import (
 )
 from gdr.lm.numerics import scoring_numerics
 from gdr.models import model_digest
+from gdr.rerun import RerunCommand
+from gdr.rules import ConfigError
+from gdr.stages.train import TRAINED_ON, holds_training
 from gdr.store import DOCQ_MANIFEST, P_FILE, P_MANIFEST, Q_FILE, Q_MANIFEST, SHARD_DIR, load_run
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STEPS", "upgrade", "upgrade_run", "upgrade_manifests"]
+__all__ = ["STEPS", "upgrade", "upgrade_run", "upgrade_manifests", "refuse_format_0_training",
+           "refuse_format_0_retriever", "refuse_format_0_gc_index"]
 
 # The order stages are upgraded in: each after the stages it reads, so their new keys are known.
 _ORDER = ("score", "doc-queries", "cluster", "index", "bm25", "train", "eval")
@@ -381,3 +388,48 @@ _CHECKS: dict[str, Callable[[Path], str | None]] = {"score": _check_score, "inde
 
 # format -> the step that brings a stage folder of that format to the next: (folder, stage.json, keys) -> stage.json
 STEPS: dict[int, Callable[[Path, dict, dict], dict]] = {0: _v0_to_v1}
+
+
+# ------------------------------------------------------------------------------------- refused at the door
+def refuse_format_0_training(out: str | os.PathLike, resume: bool) -> None:
+    """Refuse, in one line, to resume a training of format 0 in ``out`` (a checkpoint or a model without
+    ``trained_on.json``): it does not record what it was trained on. ``gdr train`` and ``gdr.train_retriever`` call
+    it before the stage; with ``resume=False`` the stage starts over in the folder."""
+    out = Path(out)
+    if resume and holds_training(out) and not (out / TRAINED_ON).exists():
+        raise ConfigError(f"out_dir={out}: holds a training of format 0 (an older gdr's, without {TRAINED_ON}), "
+                          "which does not record what it was trained on, so it cannot be resumed. To start over "
+                          "in this folder set trainer.resume=false, or choose a fresh out_dir")
+
+
+def refuse_format_0_retriever(run_dir: str | os.PathLike) -> None:
+    """Refuse, in one line, a retriever of format 0 in ``run_dir`` (no ``trained_on.json``, or one without the
+    query splits it was trained on): a score on any split may measure memory. ``gdr evaluate`` and
+    ``gdr.evaluate`` call it before the stage (an unreadable record is the stage's to name)."""
+    run_dir, record = Path(run_dir), Path(run_dir) / TRAINED_ON
+    if not holds_training(run_dir):
+        return
+    try:
+        queries = (json.loads(record.read_text(encoding="utf-8")).get("inputs") or {}).get("queries") \
+            if record.exists() else {}
+    except (OSError, ValueError, AttributeError):
+        return
+    if queries is not None and not isinstance(queries.get("splits"), list):
+        raise ConfigError(f"{run_dir}: a retriever of format 0, from before gdr recorded the query splits it was "
+                          f"trained on (in {TRAINED_ON}), so a score on any split may measure memory; train it again "
+                          f"with this gdr (`gdr train out_dir=<new folder>`)")
+
+
+def refuse_format_0_gc_index(index_dir: str | os.PathLike) -> None:
+    """Refuse, in one line, a GC index of format 0 from before its queries were recorded by content (only their
+    ids, ``q0 .. q{J-1}`` in every run): new documents' P cannot be checked against them. ``gdr index add`` calls
+    it before the stage."""
+    index_dir = Path(index_dir)
+    try:
+        state = load_tree_state(index_dir / "tree_state.npz")
+    except Exception:  # a damaged or missing state: the stage's check of the index's files names it
+        return
+    if not state.meta.get("queries"):
+        raise FormatError(f"{index_dir / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the "
+                          f"texts of the queries it was built on, so new documents' P cannot be checked against "
+                          f"them; build the index again with `{RerunCommand('index', index_dir)}`")

@@ -1,4 +1,5 @@
-"""`gdr index add`: place new documents into an existing GC tree without re-clustering.
+"""`gdr index add`'s kernel: place new documents into an existing GC tree without re-clustering (the stage that
+reads the index and the P folder and writes the grown index is :mod:`gdr.stages.index_add`).
 
 A new document (its row of log P over the *same* J queries) is clipped with the root's Eq.-clip
 bounds and descends the tree: at each internal node it goes to the child whose stored
@@ -20,41 +21,19 @@ only overflowing ones take the per-document capacity-aware path.
 """
 from __future__ import annotations
 
-import json
-import logging
-import os
-import shlex
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from scipy.special import logsumexp
 
 from gdr.cluster import distortion_matrix, log_weights
-from gdr.config import RerunCommand, data_overrides, saved_data
-from gdr.data import Corpus, corpus_from_config
-from gdr.data.beir import corpus_jsonl
-from gdr.formats import FormatError
-from gdr.indexing.docids import format_code, read_docids, write_docids
+from gdr.indexing.docids import format_code
 from gdr.indexing.options import GCOptions
-from gdr.indexing.state import NodeState, TreeState, load_tree_state, save_tree_state
-from gdr.indexing.summary import summarize, write_summary
-from gdr.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_manifest_files,
-    read_manifest,
-    refresh_manifest_files,
-    write_manifest,
-)
-from gdr.store import PMatrix, load_run
+from gdr.indexing.state import NodeState, TreeState
+from gdr.store import PMatrix
 
-__all__ = ["AddResult", "place_documents", "add_to_index", "check_same_queries", "next_steps", "every_document"]
-
-log = logging.getLogger(__name__)
-
-DOCUMENTS_FILE = "documents.jsonl"  # every document of a grown index, for training a retriever on every code
+__all__ = ["AddResult", "place_documents"]
 
 
 @dataclass
@@ -167,144 +146,3 @@ def place_documents(st: TreeState, pmatrix: PMatrix, *,
         n_redirected += len(overflow)
         codes.extend(chunk_codes)  # type: ignore[arg-type]
     return codes, {"n_new_leaves": placer.n_new_leaves, "n_redirected": n_redirected}
-
-
-def _update_tree_json(path: Path, new_codes: list[tuple[int, ...]]) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        tree = json.load(f)
-    by_path = {n["path"]: n for n in tree["nodes"]}
-    for code in new_codes:
-        leaf = code[:-1]
-        for d in range(len(leaf) + 1):
-            p = format_code(leaf[:d])
-            if p not in by_path:  # a leaf opened by this add
-                rec = {"path": p, "depth": d, "size": 0, "children": 0, "added": True}
-                tree["nodes"].append(rec)
-                by_path[p] = rec
-                by_path[format_code(leaf[:d - 1])]["children"] += 1
-            by_path[p]["size"] += 1
-    tree["n_docs"] += len(new_codes)
-    tree["depth"] = max(tree["depth"], max((len(c) for c in new_codes), default=0))
-    atomic_write_json(path, tree)
-    return tree["nodes"]
-
-
-def check_same_queries(st: TreeState, run, index_dir: Path) -> None:
-    """Refuse a P whose columns are not the queries the index was built on, by content (the texts of the first J
-    queries and the model that scored them), naming both sources."""
-    want, have = st.meta["queries"], run.query_identity()
-    fix = _RescoreAdvice(run.path, want["source"])
-    if want["texts_hash"] != have["texts_hash"]:
-        raise ValueError(f"{run.path / 'queries.jsonl'}: the new documents were scored against other queries "
-                         f"({have['n_queries']} queries sampled in {have['source']}) than the index in "
-                         f"{index_dir} was built on ({want['n_queries']} queries sampled in {want['source']}); {fix}")
-    if want.get("scorer") and have.get("scorer") and want["scorer"] != have["scorer"]:
-        a, b = want["scorer"], have["scorer"]
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        raise ValueError(f"{run.path / 'P.manifest.json'}: the new documents were scored by another model "
-                         f"({', '.join(f'{k}={b.get(k)!r}' for k in diff)}) than the index in {index_dir} "
-                         f"({', '.join(f'{k}={a.get(k)!r}' for k in diff)}); {fix}")
-
-
-def _require_queries(st: TreeState, index_dir: Path) -> None:
-    """Refuse, in one line, a GC index of format 0 from before its queries were recorded by content (only their
-    ids, ``q0 .. q{J-1}`` in every run): new documents' P cannot be checked against them."""
-    if not st.meta.get("queries"):
-        raise FormatError(f"{index_dir / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the "
-                          f"texts of the queries it was built on, so new documents' P cannot be checked against "
-                          f"them; build the index again with `{RerunCommand('index', index_dir)}`")
-
-
-class _RescoreAdvice:
-    """The ``gdr score`` command that scores the new documents of ``run_dir`` (their corpus read from its saved
-    config) against the queries of ``source`` into a new folder; worked out only when a refusal is formatted."""
-
-    def __init__(self, run_dir: Path, source: str | None):
-        self.run_dir, self.source = Path(run_dir), source
-
-    def __str__(self) -> str:
-        data = saved_data(self.run_dir)
-        if data is None or self.source is None:
-            return ("score the new documents against the index's queries with `gdr score queries_from=<the index's "
-                    "run>` and their data= settings (it takes the run's model settings)")
-        args = ["gdr score", f"queries_from={shlex.quote(str(self.source))}", *data_overrides("score", data),
-                f"out={shlex.quote(str(self.run_dir) + '-rescored')}"]
-        return f"score the new documents against the same queries: `{' '.join(args)}` (it takes the run's model " \
-               "settings)"
-
-    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
-
-
-def every_document(index_dir: str | os.PathLike) -> Path | None:
-    """Write ``<index_dir>/documents.jsonl``: the documents of the index (those it was built on, then those of each
-    ``gdr index add``, read from the saved configs of their runs) in ``docids.tsv`` order, the corpus a retriever
-    of every code trains on; None (and nothing written) where a corpus cannot be read or the ids disagree."""
-    index_dir = Path(index_dir)
-    adds = sorted(index_dir.glob("manifest.add-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
-    sources = [saved_data(index_dir)] + [saved_data((read_manifest(index_dir, p.name) or {}).get("run", ""))
-                                         for p in adds]
-    if any(d is None for d in sources):
-        return None
-    try:
-        parts = [corpus_from_config(d) for d in sources]
-        titles = [t for c in parts for t in (c.titles or [None] * len(c))]
-        labels = [x for c in parts for x in (c.labels or [None] * len(c))]
-        union = Corpus("documents", [d for c in parts for d in c.doc_ids], [x for c in parts for x in c.texts],
-                       titles=titles if any(titles) else None, labels=labels if all(labels) else None)
-    except (OSError, ValueError) as e:
-        log.warning("%s: the documents of the index could not be read again (%s)", index_dir, e)
-        return None
-    if union.doc_ids != read_docids(index_dir / "docids.tsv")[0]:
-        log.warning("%s: the documents of the saved configs are not those of docids.tsv", index_dir)
-        return None
-    atomic_write_text(index_dir / DOCUMENTS_FILE, corpus_jsonl(union))
-    return index_dir / DOCUMENTS_FILE
-
-
-def next_steps(index_dir: str | os.PathLike, run_dir: str | os.PathLike) -> str:
-    """What to do after ``gdr index add`` of the run ``run_dir``: the retriever has to learn the new codes, trained
-    on every document (:func:`every_document`) into ``<run_dir>-train``."""
-    head = ("next: a retriever finds the new documents only once it is trained on them (the old documents keep "
-            "their codes); train one on every document, old and new")
-    docs = every_document(index_dir)
-    docids = Path(index_dir) / "docids.tsv"
-    if docs is None:
-        return f"{head}, with gdr train docids={docids} and data= a corpus of them all (README: Your own corpus)"
-    cmd = " ".join(["gdr train data=jsonl", f"data.path={shlex.quote(str(docs))}",
-                    f"docids={shlex.quote(str(docids))}", f"out_dir={shlex.quote(str(run_dir) + '-train')}"])
-    return f"{head} ({docs.name}, written by this command): `{cmd}`"
-
-
-def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = GCOptions.chunk_rows,
-                 plot: bool = True) -> AddResult:
-    """Add the documents of P-matrix run ``run_dir`` to the GC index in ``index_dir``.
-
-    Rewrites ``docids.tsv`` (old lines, then the new ones), ``tree_state.npz``, ``tree.json`` and the
-    summary, each atomically, and writes ``manifest.add-<n>.json``.
-    """
-    index_dir = Path(index_dir)
-    check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
-    st = load_tree_state(index_dir / "tree_state.npz")
-    _require_queries(st, index_dir)
-    run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
-    check_same_queries(st, run, index_dir)
-    old_ids, old_codes = read_docids(index_dir / "docids.tsv")
-    known = set(old_ids)
-    dup = next((d for d in run.doc_ids if d in known), None)
-    if dup is not None:
-        raise ValueError(f"doc id {dup!r} of {run.path / 'doc_ids.json'} is already in {index_dir / 'docids.tsv'}; "
-                         "drop already indexed documents from the new run")
-    codes, stats = place_documents(st, run.pmatrix, chunk_rows=chunk_rows)
-    # state first: if we die before docids.tsv is rewritten, a retry uses fresh positions (gaps, no clashes)
-    save_tree_state(index_dir / "tree_state.npz", st)
-    write_docids(index_dir / "docids.tsv", old_ids + run.doc_ids, old_codes + codes)
-    nodes = _update_tree_json(index_dir / "tree.json", codes)
-    summary = summarize(old_codes + codes, nodes, st.n_clusters, st.leaf_size, method="gc")
-    write_summary(index_dir, summary, plot=plot)
-    refresh_manifest_files(index_dir)  # the files changed on purpose: record their new sizes and checksums
-    n_prev = len(list(index_dir.glob("manifest.add-*.json")))
-    write_manifest(index_dir, name=f"manifest.add-{n_prev + 1}.json", command="index add", run=str(run.path),
-                   n_added=len(codes), n_total=len(old_codes) + len(codes), **stats)
-    log.info("added %d documents to %s (%d redirected from a full leaf, %d new leaves)", len(codes), index_dir,
-             stats["n_redirected"], stats["n_new_leaves"])
-    return AddResult(doc_ids=list(run.doc_ids), codes=codes, **stats)

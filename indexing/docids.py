@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from gdr.config import RerunCommand
 from gdr.io import atomic_write_text
+from gdr.rerun import RerunCommand
 
 __all__ = ["format_code", "parse_code", "write_docids", "read_docids", "rebuild_advice"]
 

@@ -42,9 +42,9 @@ from scipy.special import logsumexp
 from tqdm.auto import tqdm
 
 from gdr.cluster import (
-    _clip_bounds,
     auto_alpha,
     centroid_update,
+    clip_bounds_unchecked,
     distortion_matrix,
     fit_generative,
     log_proposal,
@@ -112,7 +112,7 @@ def _resolve_auto_alpha(pm: PMatrix, options: GCOptions, seed: int, max_rows: in
     n = pm.n_rows
     rows = np.arange(n) if n <= max_rows else np.sort(np.random.default_rng(seed).choice(n, max_rows, replace=False))
     x = pm.read_rows(rows).astype(np.float32)
-    upper = None if options.clip_sigma is None else _clip_bounds(x, float(options.clip_sigma))
+    upper = None if options.clip_sigma is None else clip_bounds_unchecked(x, float(options.clip_sigma))
     alpha = auto_alpha(x, options.ess_target, options.proposal, upper)
     log.info("gc.alpha=auto: %.4g (mean ESS %.0f%% of J at the root)", alpha, 100 * options.ess_target)
     return replace(options, alpha=alpha)

@@ -64,7 +64,7 @@ class GCOptions:
                                              "only", effect="result")
 
     def validate(self) -> None:
-        from gdr.cluster import _INITS  # gdr.cluster imports torch; these options are read without it
+        from gdr.cluster import INITS  # gdr.cluster imports torch; these options are read without it
 
         if self.alpha != "auto" and not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
                                          and self.alpha > 0):
@@ -75,8 +75,8 @@ class GCOptions:
             raise ValueError(f"gc.clip_sigma must be > 0 or null (no clipping); got {self.clip_sigma}")
         if self.proposal not in ("power", "naive"):
             raise ValueError(f"gc.proposal must be 'power' or 'naive'; got {self.proposal!r}")
-        if self.init not in _INITS:
-            raise ValueError(f"gc.init must be one of {', '.join(_INITS)}; got {self.init!r}")
+        if self.init not in INITS:
+            raise ValueError(f"gc.init must be one of {', '.join(INITS)}; got {self.init!r}")
         if self.split_merge is not None and not isinstance(self.split_merge, bool):
             raise ValueError(f"gc.split_merge must be true, false or null (on for greedy-k-means++); "
                              f"got {self.split_merge!r}")

@@ -1,7 +1,7 @@
 """Every advised command works as printed: each place in the code that builds a `gdr ...` command
 into a message (found by grep, below) is run here: the message is provoked, the command taken from it verbatim,
 run, and the folder then reads. The commands are rebuilt from the folder's own saved config
-(:func:`gdr.config.rerun_command`), with the corpus's ``data=`` group and every key the command needs."""
+(:func:`gdr.rerun.rerun_command`), with the corpus's ``data=`` group and every key the command needs."""
 from __future__ import annotations
 
 import json
@@ -28,8 +28,8 @@ SITES = {
                               "test_doc_ids_json_damaged"],
     "gdr/store/rows.py": ["test_a_truncated_p_matrix_given_to_gdr_index"],
     "gdr/stages/doc_queries.py": ["test_finished_doc_queries_damaged"],
-    "indexing/add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_a_gc_index_of_format_0_given_to_index_add",
-                        "test_index_add_advice_pastes"],
+    "gdr/stages/index_add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_index_add_advice_pastes"],
+    "gdr/upgrade.py": ["test_a_gc_index_of_format_0_given_to_index_add"],
     "gdr/cli/commands/index.py": ["test_index_add_advice_pastes"],
     "training/data.py": ["test_the_advised_resample_command_works_as_printed (test_faults)",
                          "test_doc_queries_without_a_manifest_with_a_doc_twice"],
@@ -49,7 +49,7 @@ def test_every_advice_site_is_run_by_a_test():
             rel = path.relative_to(ROOT).as_posix()
             for line in path.read_text(encoding="utf-8").splitlines():
                 if ADVICE.search(line) and not re.match(r"\s*(def|class) ", line) and not line.lstrip().startswith(
-                        ("#", "from ", "import ", '"""')) and rel != "gdr/config.py":
+                        ("#", "from ", "import ", '"""')) and rel != "gdr/rerun.py":
                     found[rel] += len(ADVICE.findall(line))
     assert found == Counter({k: len(v) for k, v in SITES.items()}), found
     tests = {name for names in SITES.values() for name in names if " (" not in name}

@@ -294,10 +294,10 @@ def one_thread():
 
 
 def _prepared(lp, alpha=0.25, dtype=F64):
-    from gdr.cluster import _prepare
+    from gdr.cluster import prepare_fit
 
     c, lw = pipeline(lp, alpha)
-    return c, lw, _prepare(c, log_w=lw, dtype=dtype)
+    return c, lw, prepare_fit(c, log_w=lw, dtype=dtype)
 
 
 def _total(c, lw, labels, k):
@@ -335,12 +335,12 @@ def test_greedy_kmeanspp_keeps_the_candidate_that_lowers_the_total_most():
 
 def test_merge_costs_and_split_gains_are_exact():
     from gdr.bench.clustering import planted_logp
-    from gdr.cluster import _cluster_sums, _merge_costs, _split_gains
+    from gdr.cluster import _merge_costs, _split_gains, cluster_sums
 
     lp, y = planted_logp(300, 40, 6, seed=1, dtype=np.float64)
     c, lw, p = _prepared(lp)
     lab = torch.as_tensor(y)
-    wk, rk = _cluster_sums(p, lab, 6)
+    wk, rk = cluster_sums(p, lab, 6)
     cost = _merge_costs(p, wk.double(), rk).numpy()
     base = _total(c, lw, y, 6)
     for a in range(6):
@@ -357,7 +357,7 @@ def test_merge_costs_and_split_gains_are_exact():
 
 
 def test_split_merge_escapes_a_local_optimum():
-    from gdr.cluster import _cluster_sums, _lloyd_from, _log_normalise, _split_merge
+    from gdr.cluster import _lloyd_from, _split_merge, cluster_sums, log_normalise
 
     lp, y = planted(n=200, j=24, k=4, sep=4.0, noise=1.0, seed=11)
     c, lw, p = _prepared(lp)
@@ -365,8 +365,8 @@ def test_split_merge_escapes_a_local_optimum():
     bad = np.where(y == 1, 0, y)
     g2 = np.flatnonzero(y == 2)
     bad[g2[: len(g2) // 2]] = 1
-    wk, _ = _cluster_sums(p, torch.as_tensor(bad), 4)
-    run = _lloyd_from(p, _log_normalise(wk.double()), 100, 1e-9)
+    wk, _ = cluster_sums(p, torch.as_tensor(bad), 4)
+    run = _lloyd_from(p, log_normalise(wk.double()), 100, 1e-9)
     assert ari(y, run.labels.numpy()) < 0.9                    # the loop alone stays there
     out, moves = _split_merge(p, run, 4, 100, 1e-9, np.random.default_rng(0))
     assert moves >= 1 and out.distortion < run.distortion

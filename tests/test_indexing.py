@@ -403,7 +403,7 @@ def test_add_places_a_copy_next_to_its_original(planted, tmp_path):
 
 
 def test_add_overflowing_a_leaf_keeps_codes_valid(planted, tmp_path):
-    from gdr.indexing.add import add_to_index
+    from gdr.stages.index_add import add_to_index
 
     _, x = planted
     run, out = _cli_index(tmp_path, x[:200], K=4, c=4)
@@ -418,7 +418,7 @@ def test_add_overflowing_a_leaf_keeps_codes_valid(planted, tmp_path):
 
 
 def test_add_rejects_other_queries(planted, tmp_path):
-    from gdr.indexing.add import add_to_index
+    from gdr.stages.index_add import add_to_index
 
     _, x = planted
     run, out = _cli_index(tmp_path, x[:100])

@@ -168,3 +168,55 @@ def test_rules_import_nothing_of_gdr_and_lm_nothing_above_it():
                                                or d in ("gdr.models", *GROUND)))
              for m, deps in lm.items()}
     assert {m: d for m, d in above.items() if d} == {}
+
+
+# a package that is one room split along its seams: its modules share their private names
+ONE_ROOM = ("gdr.cluster",)
+
+
+def _room(module: str) -> str:
+    return next((r for r in ONE_ROOM if module == r or module.startswith(r + ".")), module)
+
+
+def _private_imports(path: Path, own: str, modules: set[str]) -> list[str]:
+    """Where ``path`` (module ``own``) reads a private name (``_x``, not a dunder) of another first-party module
+    (another room: :data:`ONE_ROOM`'s packages are one): ``from m import _x`` or ``m._x`` with ``m`` bound by
+    ``import m`` / ``from pkg import m``."""
+    def first_party(m: str) -> str:
+        return f"gdr.{m}" if m.split(".")[0] in KERNELS else m
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    where = path.relative_to(ROOT) if ROOT in path.parents else path.name
+    bound, bad = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            src = first_party(node.module)
+            for a in node.names:
+                if (src in modules and _room(src) != _room(own) and a.name.startswith("_")
+                        and not a.name.startswith("__")):
+                    bad.append(f"{where}:{node.lineno} from {src} import {a.name}")
+                if f"{src}.{a.name}" in modules:
+                    bound[a.asname or a.name] = f"{src}.{a.name}"
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname or a.name: first_party(a.name) for a in node.names if first_party(a.name) in modules}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and _room(bound.get(ast.unparse(node.value), own)) != _room(own)):
+            bad.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+    return bad
+
+
+def test_private_scan_finds_both_forms(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("from gdr.cluster import _x, y\nimport gdr.io as io\nfrom gdr import store\n"
+                   "io._a(store._b, y.__doc__)\n", encoding="utf-8")
+    found = _private_imports(src, "probe", {"gdr.cluster", "gdr.io", "gdr.store"})
+    assert sorted(f.split(" ", 1)[1] for f in found) == ["from gdr.cluster import _x", "io._a", "store._b"]
+
+
+def test_no_private_name_crosses_modules():
+    """A name another module of gdr, training, indexing or eval reads is public (no leading underscore): a private
+    name is its module's own, free to change. Tests may read privates: they test one module's insides."""
+    files = {_module(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    bad = [b for mod, path in files.items() for b in _private_imports(path, mod, set(files))]
+    assert bad == []

@@ -20,7 +20,7 @@ from gdr.config import load_config, rerun_command
 from gdr.data import load_corpus, load_queries, load_trec
 from gdr.data.splits import QuerySplits, check_query_splits, fold_of, split_queries
 from gdr.data.titles import split_of
-from gdr.pipeline import _queries_section
+from gdr.pipeline import queries_section
 from gdr.rules import ConfigError
 from gdr.validate import validate
 
@@ -215,22 +215,22 @@ def test_the_cranfield_protocol_tests_each_of_its_225_queries_once_with_the_bbc_
         "gc", "hkmi", "bmi", "random"]
     corpus = load_corpus("cranfield")
     splits = QuerySplits(dict(cfg.data), corpus.doc_ids)
-    everyone = splits(_queries_section(cfg, cfg.queries.test_split))  # fold None: BM25's test queries, every topic
+    everyone = splits(queries_section(cfg, cfg.queries.test_split))  # fold None: BM25's test queries, every topic
     assert everyone.qids == [str(i) for i in range(1, 226)]
     assert {g for grades in everyone.grades for g in grades} == {1, 2, 3, 4}  # cranqrel's codes, 1 = most relevant
     tested = []
     for f in range(5):
-        test = splits(_queries_section(cfg, cfg.queries.test_split, f))
-        train = splits(_queries_section(cfg, cfg.queries.train_split, f))
+        test = splits(queries_section(cfg, cfg.queries.test_split, f))
+        train = splits(queries_section(cfg, cfg.queries.train_split, f))
         assert len(test) == 45 and len(train) == 180 and not set(test.qids) & set(train.qids)
         assert test.grades == [everyone.grades[everyone.qids.index(q)] for q in test.qids]
         tested += test.qids
     assert sorted(tested, key=int) == everyone.qids  # every query a test query exactly once
     assert dict(zip(everyone.qids, fold_of(everyone.qids, 5, cfg.queries.seed).tolist())) == {
-        q: f for f in range(5) for q in splits(_queries_section(cfg, "test", f)).qids}
+        q: f for f in range(5) for q in splits(queries_section(cfg, "test", f)).qids}
     # the single split stays one override away: the query set's own 68 test queries
     one = _cranfield("queries.folds=null")
-    assert len(QuerySplits(dict(one.data), corpus.doc_ids)(_queries_section(one, "test"))) == 68
+    assert len(QuerySplits(dict(one.data), corpus.doc_ids)(queries_section(one, "test"))) == 68
 
 
 def test_a_slice_of_the_corpus_keeps_the_grade_of_each_judgement_it_keeps():

@@ -853,7 +853,7 @@ def test_fused_adamw_is_refused_under_a_float16_gradient_scaler(tmp_path, word_t
 
 def test_pretokenised_batches_equal_per_example_padding(word_tokenizer):
     """The tensor batch (one gather) is exactly what padding each example one by one gave."""
-    from gdr.training.data import RetrievalDataModule, _pad, build_examples
+    from gdr.training.data import RetrievalDataModule, build_examples, pad_batch
     from gdr.training.model import load_tokenizer
 
     doc_ids, texts, codes = toy_corpus(20)
@@ -865,7 +865,7 @@ def test_pretokenised_batches_equal_per_example_padding(word_tokenizer):
     seen = []
     for batch in dm.train_dataloader():
         idx = [int(np.flatnonzero((dm.labels[ex.train_doc] == row).all(1))[0]) for row in batch["labels"]]
-        ids, mask = _pad([ex.train[i] for i in idx], 0)
+        ids, mask = pad_batch([ex.train[i] for i in idx], 0)
         assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["attention_mask"], mask)
         assert batch["input_ids"].dtype == torch.long and batch["labels"].shape == (len(idx), 4)
         seen += idx

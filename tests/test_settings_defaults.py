@@ -7,7 +7,7 @@ from those dataclasses (``make conf``); a command's own YAML (``conf/<command>.y
 and may not set a key that a generated file it composes holds; the few defaults ``gdr train``/``gdr run``/``gdr qg``
 change of the training kernel's are listed once and must differ from the kernel's; a second class that holds a
 setting takes it with ``same_setting``; and no function writes a setting's default again, as a parameter's default or
-a ``.get`` fallback (it names the field).
+a ``.get`` fallback or the literal of ``x or <literal>`` (it names the field).
 """
 from __future__ import annotations
 
@@ -225,6 +225,8 @@ OTHER_MEANING = {
     ("record_files", "exclude"): "the files a folder's record leaves out, not qg.exclude's corpora",
     ("gdr/upgrade.py", "length_buckets"): "what a training of format 0 ran with, a fact of that format",
     ("gdr/stages/sample.py", "p_per_doc"): "a sampling manifest without p_per_doc drew Algorithm 1's J queries",
+    ("gdr/upgrade.py", "monitor"): "what a training of format 0 chose its checkpoint by, a fact of that format",
+    ("gdr/plan.py", "patience"): "train.trainer.patience null: no early stopping (qg's patience is another setting)",
 }
 # a setting's name that functions use for another thing throughout
 OTHER_NAMES = {"prefix": "a key's dotted prefix in the config helpers, not the prompt's prefix"}
@@ -256,9 +258,10 @@ def _same(value, defaults: list) -> bool:
 
 def literal_copies(source: str, where: str, defaults: dict[str, list]) -> list[str]:
     """``where: f(name=literal)`` for each parameter of a function in ``source`` named like a setting whose default
-    is written as a literal equal to that setting's default, and ``where: .get('name', literal)`` for each such
-    fallback: a default written twice. Writing the field (``seed: int = DataOptions.seed``) is the one copy; None
-    (not given: the callee decides) is not a copy."""
+    is written as a literal equal to that setting's default, ``where: .get('name', literal)`` for each such
+    fallback, and ``where: name or literal`` (``name``, ``obj.name``, ``d["name"]``, ``d.get("name")``) for each such
+    stand-in for a null: a default written twice. Writing the field (``seed: int = DataOptions.seed``) is the one
+    copy; None (not given: the callee decides) is not a copy."""
     found = []
 
     def check(name: str, node: ast.expr, what: str, exempt: tuple) -> None:
@@ -284,7 +287,26 @@ def literal_copies(source: str, where: str, defaults: dict[str, list]) -> list[s
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             key = node.args[0].value
             check(key, node.args[1], f".{node.func.attr}({key!r}, {ast.unparse(node.args[1])})", (where, key))
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and len(node.values) == 2:
+            key = _read_setting(node.values[0])
+            empty = ast.unparse(node.values[1]) in ("[]", "()", "{}")  # `x or []`: None read as nothing
+            if key is not None and not empty:
+                check(key, node.values[1], ast.unparse(node), (where, key))
     return found
+
+
+def _read_setting(node: ast.expr) -> str | None:
+    """The setting name an expression reads: ``x``, ``obj.x``, ``d["x"]``, ``d.get("x")`` (None: none)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
 
 
 def test_no_function_repeats_a_default_of_a_setting():
@@ -340,10 +362,15 @@ def test_a_literal_copy_is_found():
                    topic_fields=("title",), drop_title: bool = False):
             return cfg.get("alpha", 0.25), cfg.get("alpha", GCFitOptions.alpha), cfg.get("k", 10), cfg.get("beam")
 
+        def reader(t, cfg, exclude):
+            return (t.trainer.get("val_beam") or 10, cfg["k"] or 100, t.alpha or 0.25, cfg.get("k") or 10,
+                    t.val_beam or TrainerOptions.val_beam, exclude or [])
+
         class A:
             alpha: float = setting(0.25, "a copy")
             beta: float = same_setting(GCFitOptions, "alpha")
         """)
     assert literal_copies(source, "x.py", setting_defaults()) == [
-        "x.py: loader(topic_fields=('title',))", "x.py: loader(drop_title=False)", "x.py: .get('alpha', 0.25)"]
+        "x.py: loader(topic_fields=('title',))", "x.py: loader(drop_title=False)", "x.py: .get('alpha', 0.25)",
+        "x.py: t.trainer.get('val_beam') or 10", "x.py: cfg['k'] or 100", "x.py: t.alpha or 0.25"]
     assert _literal_settings(source) == [("A", "alpha", 0.25)]

@@ -17,14 +17,14 @@ def test_the_bbc_experiment_scores_at_least_800_test_headlines():
     the run uses: >= 800 test queries, and the training titles disjoint from them."""
     from gdr.data import corpus_from_config
     from gdr.data.splits import split_queries
-    from gdr.pipeline import _queries_section
+    from gdr.pipeline import queries_section
 
     cfg = load_config("run", ["+experiment=bbc"])
     corpus = corpus_from_config(cfg.data)
     assert len(corpus) == 2225
     ids = set(corpus.doc_ids)
-    test = split_queries(_queries_section(cfg, cfg.queries.test_split), to_container(cfg.data), ids)
-    trained = split_queries(_queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), ids)
+    test = split_queries(queries_section(cfg, cfg.queries.test_split), to_container(cfg.data), ids)
+    trained = split_queries(queries_section(cfg, cfg.queries.train_split), to_container(cfg.data), ids)
     assert len(test) >= 800
     assert len(trained) >= 800 and not set(test.qids) & set(trained.qids)
 
@@ -103,8 +103,8 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     config.n_digits, config.max_code_len = 11, 5
     assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
     assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15
-    monkeypatch.setattr(concurrent, "_on_cuda", lambda accelerator: True)
-    monkeypatch.setattr("gdr.training.train._on_cuda", lambda accelerator: True)
+    monkeypatch.setattr(concurrent, "uses_cuda", lambda accelerator: True)
+    monkeypatch.setattr("gdr.training.train.uses_cuda", lambda accelerator: True)
     free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
     n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
     per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * train_memory_per_example(config)

@@ -34,7 +34,7 @@ from gdr.device import free_memory
 from gdr.guard import die_with_parent
 from gdr.training.model import RetrieverConfig, meta_param_count
 from gdr.training.options import TrainerOptions
-from gdr.training.train import _on_cuda, resolve_batch_size, train_memory_per_example
+from gdr.training.train import resolve_batch_size, train_memory_per_example, uses_cuda
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = Tr
     bound on its training examples, as :func:`gdr.training.train.resolve_batch_size` takes)."""
     if concurrent != "auto":
         return max(1, min(int(concurrent), n_jobs))
-    if not _on_cuda(accelerator) or config is None or n_jobs <= 1:
+    if not uses_cuda(accelerator) or config is None or n_jobs <= 1:
         return 1
     if free_bytes is None:
         free_bytes = free_memory()

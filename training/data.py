@@ -34,9 +34,9 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gdr.config import RerunCommand
 from gdr.indexing.trie import DocidTrie
 from gdr.io import check_manifest_files, read_jsonl
+from gdr.rerun import RerunCommand
 from gdr.training.options import ExampleOptions, TrainerOptions
 
 log = logging.getLogger(__name__)
@@ -537,7 +537,7 @@ def _first(batch):
     return batch
 
 
-def _pad(seqs: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(seqs: Sequence[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), n), dtype=torch.long)
@@ -576,7 +576,7 @@ class RetrievalDataModule(pl.LightningDataModule):
 
     def _collate_dev(self, batch):
         seqs, rels = zip(*batch)
-        ids, mask = _pad(seqs, self.pad_token_id)
+        ids, mask = pad_batch(seqs, self.pad_token_id)
         R = max(len(r) for r in rels)
         rel = torch.full((len(rels), R), -1, dtype=torch.long)
         for i, r in enumerate(rels):

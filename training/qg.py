@@ -43,10 +43,10 @@ from gdr.logs import on_terminal
 from gdr.models import save_pretrained_atomic
 from gdr.training.callbacks import TrainingCSVLogger
 from gdr.training.checkpoints import checkpoint_step
-from gdr.training.data import ResumeSampler, TokenStore, _pad, resume_point
+from gdr.training.data import ResumeSampler, TokenStore, pad_batch, resume_point
 from gdr.training.module import linear_warmup_decay
 from gdr.training.options import QGDevSplit, QGOptions
-from gdr.training.train import _precision
+from gdr.training.train import trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,9 @@ def _collate(pad_id: int, seq2seq: bool):
         else:
             src = [np.concatenate([p, q]) for p, q in zip(prompts, queries)]
             tgt = None
-        ids, mask = _pad(src, pad_id)
+        ids, mask = pad_batch(src, pad_id)
         if seq2seq:
-            labels = _pad(tgt, -100)[0]
+            labels = pad_batch(tgt, -100)[0]
         else:  # loss on the query tokens (and their end-of-sequence token) only
             labels = ids.masked_fill(mask == 0, -100)
             plen = torch.tensor([len(p) for p in prompts])
@@ -263,7 +263,7 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
     best_ckpt, cbs = _checkpoints(out / "checkpoints", o, dev_dl is not None, callbacks)
     trainer = pl.Trainer(
         default_root_dir=out, max_epochs=o.max_epochs, max_steps=o.max_steps, accelerator=o.accelerator,
-        devices=o.devices, strategy=o.strategy, precision=_precision(o.precision, o.accelerator),
+        devices=o.devices, strategy=o.strategy, precision=trainer_precision(o.precision, o.accelerator),
         gradient_clip_val=o.gradient_clip_val, val_check_interval=o.val_check_interval,
         limit_val_batches=1.0 if dev_dl else 0, num_sanity_val_steps=0, log_every_n_steps=o.log_every_n_steps,
         callbacks=cbs, logger=[TrainingCSVLogger(out, resume_step=checkpoint_step(last) if resume else None)],
@@ -279,7 +279,7 @@ def fine_tune_qg(out_dir: str | os.PathLike, lm, pairs: QGPairs, options: QGOpti
     dev_loss = dev_per_q = None
     if dev_dl:  # the exported state's dev figures, measured (not read from a callback)
         trainer_eval = pl.Trainer(accelerator=o.accelerator, devices=1, logger=False, enable_progress_bar=False,
-                                  precision=_precision(o.precision, o.accelerator), enable_model_summary=False)
+                                  precision=trainer_precision(o.precision, o.accelerator), enable_model_summary=False)
         trainer_eval.validate(module, dataloaders=dev_dl, verbose=False)
         dev_loss, dev_per_q = _dev_figures(trainer_eval)
     model_dir = out / "model"

@@ -29,11 +29,11 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from gdr import cost
-from gdr.config import RerunCommand
 from gdr.indexing.trie import DocidTrie, load_trie
 from gdr.io import check_manifest_files
 from gdr.lm.hostsync import upload
 from gdr.options import RankingOptions
+from gdr.rerun import RerunCommand
 from gdr.training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
 
 log = logging.getLogger(__name__)

@@ -90,7 +90,8 @@ GPU_BATCH, CPU_BATCH, GPU_BATCH_CAP = 512, 64, 4096
 MIN_STEPS_PER_EPOCH = 16  # batch auto grows past GPU_BATCH only while an epoch keeps at least this many steps
 
 
-def _on_cuda(accelerator: str) -> bool:
+def uses_cuda(accelerator: str) -> bool:
+    """Whether a training with ``accelerator`` runs on CUDA (``auto``, ``gpu``, ``cuda`` on a machine with one)."""
     return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
 
 
@@ -122,7 +123,7 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = TrainerOptions.
     """
     if batch_size != "auto":
         return int(batch_size)
-    if not _on_cuda(accelerator):
+    if not uses_cuda(accelerator):
         return CPU_BATCH
     if config is None:
         return GPU_BATCH
@@ -147,9 +148,9 @@ def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n
     training examples shared by the processes that train. ``config``: the architecture with its docid sizes
     (``n_digits``, ``max_code_len``); a caller training several retrievers resolves it for the largest and passes
     the number to each, so they all train at one batch whatever ran before."""
-    cuda = _on_cuda(trainer_opts.accelerator)
+    cuda = uses_cuda(trainer_opts.accelerator)
     return resolve_batch_size(trainer_opts.batch_size, trainer_opts.accelerator, config=config,
-                              n_train=n_train // _world_size(trainer_opts.devices, cuda))
+                              n_train=n_train // trainer_world_size(trainer_opts.devices, cuda))
 
 
 @dataclass
@@ -199,7 +200,7 @@ class _Run:
     world_size: int
 
 
-def _world_size(devices: Any, cuda: bool) -> int:
+def trainer_world_size(devices: Any, cuda: bool) -> int:
     """Processes Lightning will train with (an epoch's batches are split among them)."""
     if isinstance(devices, int) or str(devices).isdigit():
         n = int(devices)
@@ -209,10 +210,11 @@ def _world_size(devices: Any, cuda: bool) -> int:
     return max(1, torch.cuda.device_count()) if cuda and str(devices) in ("auto", "-1") else 1
 
 
-def _precision(p: str | None, accelerator: str) -> str:
+def trainer_precision(p: str | None, accelerator: str) -> str:
+    """Lightning's precision for ``p``: as given, or for ``auto`` bf16-mixed on a CUDA that has bf16, else 32-true."""
     if p is not None and p != "auto":
         return str(p)
-    return "bf16-mixed" if _on_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if uses_cuda(accelerator) and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def _prepare_data(out: Path, model_config: RetrieverConfig, doc_ids: Sequence[str], codes: Sequence[Sequence[int]],
@@ -240,8 +242,8 @@ def _prepare_data(out: Path, model_config: RetrieverConfig, doc_ids: Sequence[st
 def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -> _Run:
     """The batch size (a resumed ``auto`` run keeps the batch it started with, whatever is free now), the
     optimiser scaled to it, the precision and the AdamW kind."""
-    cuda = _on_cuda(t.accelerator)
-    world = _world_size(t.devices, cuda)
+    cuda = uses_cuda(t.accelerator)
+    world = trainer_world_size(t.devices, cuda)
     if t.batch_size == "auto" and t.resume and last.exists():
         batch_size = checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
     else:
@@ -249,7 +251,7 @@ def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
-    precision = _precision(t.precision, t.accelerator)
+    precision = trainer_precision(t.precision, t.accelerator)
     fused = resolve_fused(optim.fused, cuda, precision)
     log.info("precision %s, %s AdamW", precision, "fused" if fused else "unfused")
     return _Run(batch_size, optim, precision, fused, cuda, world)

@@ -75,14 +75,14 @@ def planted_logp(n_docs: int, n_queries: int, n_clusters: int, seed: int = 0,
 def _parse_strategy(s: str) -> tuple[str, bool | None]:
     """``"random"`` -> ("random", None); ``"random:sm"`` -> ("random", True); ``":nosm"`` -> False."""
     name, _, flag = s.strip().partition(":")
-    if name not in gcmod._INITS or flag not in ("", "sm", "nosm"):
-        raise argparse.ArgumentTypeError(f"bad strategy {s!r}: an init of {gcmod._INITS}, optionally "
+    if name not in gcmod.INITS or flag not in ("", "sm", "nosm"):
+        raise argparse.ArgumentTypeError(f"bad strategy {s!r}: an init of {gcmod.INITS}, optionally "
                                          "followed by :sm or :nosm")
     return name, {"": None, "sm": True, "nosm": False}[flag]
 
 
 def _strategy_name(init: str, split_merge: bool | None) -> str:
-    sm = gcmod._use_split_merge(init, split_merge)
+    sm = gcmod.use_split_merge(init, split_merge)
     return init + ("" if split_merge is None else (":sm" if sm else ":nosm"))
 
 
@@ -92,12 +92,12 @@ def planted_distortion(gc: GenerativeClustering, logp: np.ndarray, labels: np.nd
     Same clip bounds, phi, alpha and kernel as the fitted ``gc`` (W factorised per row), so the
     number is directly comparable with ``gc.distortion_``.
     """
-    p = gcmod._prepare(logp, alpha=gc.alpha_, log_phi=gc.log_phi_, upper=gc.clip_upper_, device=gc.device,
-                       dtype=gcmod._torch_dtype(gc.dtype))
+    p = gcmod.prepare_fit(logp, alpha=gc.alpha_, log_phi=gc.log_phi_, upper=gc.clip_upper_, device=gc.device,
+                       dtype=gcmod.torch_dtype(gc.dtype))
     k = int(labels.max()) + 1
-    wk, rk = gcmod._cluster_sums(p, torch.as_tensor(labels, dtype=torch.long, device=p.v.device), k)
+    wk, rk = gcmod.cluster_sums(p, torch.as_tensor(labels, dtype=torch.long, device=p.v.device), k)
     wk64 = wk.double()
-    return gcmod._total_distortion(p, wk64, rk, gcmod._log_normalise(wk64))
+    return gcmod.total_distortion(p, wk64, rk, gcmod.log_normalise(wk64))
 
 
 def _timed_fit(args, logp: np.ndarray, init: str, split_merge: bool | None) -> tuple[GenerativeClustering, float]:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-iter", type=int, default=100)
     ap.add_argument("--alpha", type=float, default=0.25)
     ap.add_argument("--init", type=_parse_strategy, default=("greedy-k-means++", None),
-                    help=f"strategy of the main fit: an init of {gcmod._INITS}, optionally :sm or :nosm (default: the "
+                    help=f"strategy of the main fit: an init of {gcmod.INITS}, optionally :sm or :nosm (default: the "
                          "library default, greedy-k-means++ with split/merge moves)")
     ap.add_argument("--compare", default="random",
                     help="comma-separated strategies fitted after the main one for a side-by-side table "
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ari = float(adjusted_rand_index(planted, gc.labels_))
     res = gc.result_
-    sm = gcmod._use_split_merge(init, split_merge)
+    sm = gcmod.use_split_merge(init, split_merge)
     print(f"fit ({name}{', split/merge' if sm else ''}): {seconds:.2f} s, {iters} iterations over "
           f"{args.n_init} runs ({1000 * seconds / max(iters, 1):.1f} ms per iteration incl. setup), "
           f"selected run {res.best_run} with {gc.n_iter_} iterations")

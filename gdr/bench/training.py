@@ -56,7 +56,7 @@ from gdr.training.concurrent import run_concurrently
 from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
 from gdr.training.module import RetrieverModule
 from gdr.training.options import OptimOptions
-from gdr.training.train import _precision, resolve_batch_size, resolve_fused
+from gdr.training.train import resolve_batch_size, resolve_fused, trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     trie = build_trie(random_codes(n_docs, K, depth, seed), n_digits=K)
     cuda = device.type == "cuda"
     dm = RetrievalDataModule(ex, trie, pad_token_id=0, batch_size=batch, pin_memory=cuda, seed=seed)
-    prec = _precision(precision, "auto" if cuda else "cpu")
+    prec = trainer_precision(precision, "auto" if cuda else "cpu")
     module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed, fused=resolve_fused(fused, cuda, prec))
     if compile and cuda:
         module.model.compile()
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps if args.steps is not None else (50 if cuda else 5)
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
-                 "precision": _precision(args.precision, "auto" if cuda else "cpu"),
+                 "precision": trainer_precision(args.precision, "auto" if cuda else "cpu"),
                  "compile": bool(args.compile and cuda)}
     fused = {"auto": "auto", "true": True, "false": False}[args.fused]
     presets = [p for p in args.presets.split(",") if p]

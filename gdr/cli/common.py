@@ -40,7 +40,7 @@ def section(cfg, key: str, **overrides) -> dict:
 
 def lm_settings(cfg):
     """The query generator of a composed config (``model:``, ``device``, ``threads``)."""
-    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or "auto"),
+    return LMSettings.from_config(to_container(cfg.model), device=str(cfg.get("device") or LMSettings.device),
                                 threads=cfg.get("threads"))
 
 

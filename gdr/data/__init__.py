@@ -36,7 +36,7 @@ from gdr.data.files import DOC_FORMATS, file_format, load_docs_file, load_file_q
 from gdr.data.irds import PREFIX as IRDS_PREFIX
 from gdr.data.irds import irds_problem, load_irds, load_irds_queries
 from gdr.data.msmarco import load_msmarco_lite, load_msmarco_lite_queries
-from gdr.data.nq320k import _doc_ids, load_nq320k, load_nq320k_queries, nq320k_docs_file
+from gdr.data.nq320k import file_doc_ids, load_nq320k, load_nq320k_queries, nq320k_docs_file
 from gdr.data.options import DataOptions
 from gdr.data.reuters import R2_TOPICS, R5_TOPICS, load_reuters
 from gdr.data.titles import TITLE_FRACTIONS, drop_titles, title_queries
@@ -385,7 +385,7 @@ def load_queries(
     if name == "msmarco-lite":
         return load_msmarco_lite_queries(path, split=split)
     if name == "nq320k":
-        doc_ids = _doc_ids(nq320k_docs_file(path, docs_tsv)) if docs_tsv is not None else None
+        doc_ids = file_doc_ids(nq320k_docs_file(path, docs_tsv)) if docs_tsv is not None else None
         return load_nq320k_queries(path, split=split, doc_ids=doc_ids)
     return load_beir_queries(path, split=split, drop_unknown=drop_unknown_qrels)
 

@@ -48,7 +48,7 @@ def _folder(path: str | os.PathLike | None) -> Path:
     return p
 
 
-def _jsonl(path: Path) -> Iterable[tuple[int, dict]]:
+def jsonl_records(path: Path) -> Iterable[tuple[int, dict]]:
     for lineno, line in iter_lines(path):
         if not line.strip():
             continue
@@ -93,7 +93,7 @@ def load_beir(path: str | os.PathLike | None, on_empty: str = "error", name: str
     folder = _folder(path)
     file = require_file(folder / "corpus.jsonl", "BEIR corpus", "a BEIR folder holds corpus.jsonl")
     table = DocTable(on_empty=on_empty)
-    for lineno, row in _jsonl(file):
+    for lineno, row in jsonl_records(file):
         doc_id = _id(row, file, lineno)
         if "text" not in row:
             raise DataError(f"{file}:{lineno}: document {doc_id!r} has no 'text' field; add it")
@@ -111,10 +111,10 @@ def load_beir(path: str | os.PathLike | None, on_empty: str = "error", name: str
 def beir_doc_ids(path: str | os.PathLike) -> list[str]:
     """The ``_id`` of every record in ``<path>/corpus.jsonl`` (for checking qrels without building a Corpus)."""
     file = require_file(_folder(path) / "corpus.jsonl", "BEIR corpus", "a BEIR folder holds corpus.jsonl")
-    return [_id(row, file, lineno) for lineno, row in _jsonl(file)]
+    return [_id(row, file, lineno) for lineno, row in jsonl_records(file)]
 
 
-def _available_splits(qdir: Path) -> list[str]:
+def available_splits(qdir: Path) -> list[str]:
     found = sorted(p.stem for p in qdir.glob("*.tsv"))
     return [s for s in SPLIT_ORDER if s in found] + [s for s in found if s not in SPLIT_ORDER]
 
@@ -144,15 +144,15 @@ def load_beir_queries(
     qdir = folder / "qrels"
     if not qdir.is_dir():
         raise FileNotFoundError(f"{qdir}: BEIR qrels folder does not exist; add qrels/<split>.tsv files")
-    splits = _available_splits(qdir) if split is None else [split]
+    splits = available_splits(qdir) if split is None else [split]
     if not splits:
         raise FileNotFoundError(f"{qdir}: no <split>.tsv files; add e.g. qrels/test.tsv")
     for s in splits:
         if not (qdir / f"{s}.tsv").is_file():
             raise FileNotFoundError(f"{qdir / (s + '.tsv')}: no qrels for split {s!r}; available splits: "
-                                    f"{_available_splits(qdir)}")
+                                    f"{available_splits(qdir)}")
     known = set(doc_ids) if doc_ids is not None else set(beir_doc_ids(folder))
-    query_text = read_query_texts(qfile, _jsonl(qfile), "_id")
+    query_text = read_query_texts(qfile, jsonl_records(qfile), "_id")
     return read_qrels(query_text, qfile, {s: qdir / f"{s}.tsv" for s in splits}, known,
                       name or folder.resolve().name, str(folder), drop_unknown=drop_unknown)
 

@@ -128,7 +128,7 @@ def require_file(path: str | os.PathLike, what: str, fix: str = "") -> Path:
     return p
 
 
-def _require_dir(path: str | os.PathLike, what: str, fix: str = "") -> Path:
+def require_dir(path: str | os.PathLike, what: str, fix: str = "") -> Path:
     p = Path(path)
     if not p.is_dir():
         hint = f"; {fix}" if fix else ""

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from gdr.data.beir import SPLIT_ORDER, _available_splits, read_qrels, read_query_texts
+from gdr.data.beir import SPLIT_ORDER, available_splits, read_qrels, read_query_texts
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, id_value_problem, iter_lines, require_file
 from gdr.data.options import QUERY_TOPIC_FIELDS, DataOptions
 from gdr.data.trec import format_hint, read_trec_topics, sniff
@@ -44,9 +44,9 @@ def file_format(path: str | os.PathLike) -> str | None:
 def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
     """``(lineno, record)`` of a jsonl file, or of a tsv file by its header line."""
     if fmt == "jsonl":
-        from gdr.data.beir import _jsonl  # BEIR's reader: one record a line, errors naming the line
+        from gdr.data.beir import jsonl_records  # BEIR's reader: one record a line, errors naming the line
 
-        yield from _jsonl(path)
+        yield from jsonl_records(path)
         return
     header: list[str] | None = None
     for lineno, line in iter_lines(path):
@@ -139,7 +139,7 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
                         f"</top>){format_hint(qfile)}; name it so or pass that form")
     q = Path(qrels)
     if q.is_dir():
-        files = {s: q / f"{s}.tsv" for s in _available_splits(q)}
+        files = {s: q / f"{s}.tsv" for s in available_splits(q)}
         if not files:
             raise FileNotFoundError(f"{q}: no <split>.tsv files; add e.g. {q / 'test.tsv'}")
     else:

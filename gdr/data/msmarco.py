@@ -188,10 +188,10 @@ def load_msmarco_lite_queries(path: str | os.PathLike | None = None, split: str 
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no MS MARCO Lite queries for split {s!r}; available: {available}")
         parts.append(read_query2docid(file, s, known, known_what="docids.tsv"))
-    return _concat("msmarco-lite", parts, str(folder))
+    return concat_query_sets("msmarco-lite", parts, str(folder))
 
 
-def _concat(name: str, parts: list[QuerySet], source: str) -> QuerySet:
+def concat_query_sets(name: str, parts: list[QuerySet], source: str) -> QuerySet:
     return QuerySet(
         name=name,
         qids=[q for p in parts for q in p.qids],

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Collection
 
 from gdr.data.core import Corpus, DataError, DocTable, QuerySet, data_dir, iter_lines, require_file
-from gdr.data.msmarco import _concat, read_query2docid
+from gdr.data.msmarco import concat_query_sets, read_query2docid
 
 __all__ = ["load_nq320k", "load_nq320k_queries", "nq320k_docs_file", "SPLITS"]
 
@@ -116,7 +116,7 @@ def load_nq320k(path: str | os.PathLike | None = None, docs_tsv: str | os.PathLi
     return table.build("nq320k", str(file), info)
 
 
-def _doc_ids(file: Path) -> set[str]:
+def file_doc_ids(file: Path) -> set[str]:
     """The doc ids of a documents file, without building the corpus (for checking queries)."""
     layout = _docs_layout(file)
     col = 2 if layout == "title_abs" else 0
@@ -175,7 +175,7 @@ def load_nq320k_queries(path: str | os.PathLike | None = None, split: str | None
     if not splits:
         raise FileNotFoundError(f"{folder}: no NQ320K query files; {_FIX}")
     if doc_ids is None:
-        doc_ids = _doc_ids(nq320k_docs_file(folder))
+        doc_ids = file_doc_ids(nq320k_docs_file(folder))
     known = set(doc_ids)
     parts = []
     for s in splits:
@@ -187,4 +187,4 @@ def load_nq320k_queries(path: str | os.PathLike | None = None, split: str | None
             parts.append(_nci_queries(file, s, known))
         else:
             parts.append(read_query2docid(file, s, known, known_what="the NQ320K documents file"))
-    return _concat("nq320k", parts, str(folder))
+    return concat_query_sets("nq320k", parts, str(folder))

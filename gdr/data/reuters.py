@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from gdr.data.core import Corpus, DataError, DocTable, _require_dir, data_dir, normalize_space
+from gdr.data.core import Corpus, DataError, DocTable, data_dir, normalize_space, require_dir
 
 __all__ = ["R2_TOPICS", "R5_TOPICS", "load_reuters"]
 
@@ -117,7 +117,7 @@ def load_reuters(
 
 def _sgm_files(path: str | os.PathLike | None) -> tuple[Path, list[Path]]:
     """The Reuters folder and its 22 ``reut2-*.sgm`` files in order; an incomplete copy is refused."""
-    folder = _require_dir(path or data_dir() / "reuters21578", "Reuters-21578",
+    folder = require_dir(path or data_dir() / "reuters21578", "Reuters-21578",
                           "pass path= the folder holding reut2-000.sgm .. reut2-021.sgm, or set GDR_DATA_DIR")
     files = sorted(folder.glob("reut2-*.sgm"))
     if len(files) != N_FILES:

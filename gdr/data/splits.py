@@ -39,6 +39,7 @@ from gdr.data import (
 from gdr.data.core import QuerySet
 from gdr.data.irds import PREFIX as IRDS_PREFIX
 from gdr.data.irds import load_irds_query_sets
+from gdr.data.options import DataOptions
 from gdr.data.titles import TITLE_FRACTIONS, split_of, unit_hash
 from gdr.rules import ConfigError
 
@@ -92,7 +93,7 @@ def _query_set(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], do
     if name == "irds" or name.startswith(IRDS_PREFIX):  # an ir_datasets id: its queries and qrels
         return load_irds_query_sets(data["id"] if name == "irds" else name[len(IRDS_PREFIX):],
                                     list(data.get("query_ids") or ()), query_field=data.get("query_field"),
-                                    min_relevance=int(data.get("min_relevance") or 1))
+                                    min_relevance=int(data.get("min_relevance") or DataOptions.min_relevance))
     if name == "titles":  # each title is the query of its own article (bbc, r2, r5)
         return load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
                                   fractions=tuple(q.get("fractions") or TITLE_FRACTIONS))

@@ -14,13 +14,13 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from gdr.config import RerunCommand
 from gdr.formats import FORMAT, require_format
 from gdr.guard import holding
 from gdr.io import check_manifest_files, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
 from gdr.lm import compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.models import SamplingOptions
+from gdr.rerun import RerunCommand
 from gdr.stages.sample import check_numerics, check_sampler, check_texts, decode_numerics
 from gdr.stages.settings import SampleSettings
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST

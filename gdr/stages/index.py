@@ -3,7 +3,7 @@
 :func:`build_index` loads the inputs the method needs, calls one builder (:func:`gdr.indexing.gc.build_gc_index`,
 :func:`gdr.indexing.kmeans.build_kmeans_index`, :func:`gdr.indexing.tree.random_tree`,
 :func:`gdr.indexing.tree.atomic_codes`) and writes the index with :func:`gdr.indexing.output.write_index`, plus
-``manifest.json``. ``gdr index add`` (grow a GC index) is :func:`gdr.indexing.add.add_to_index`.
+``manifest.json``. ``gdr index add`` (grow a GC index) is :func:`gdr.stages.index_add.add_to_index`.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -22,10 +23,11 @@ from gdr.eval.compare import (
 )
 from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
+from gdr.stages.command_keys import Verdict
 from gdr.stages.settings import EvaluateSettings
 
-__all__ = ["write_report", "mark_in_progress", "headline", "cluster_headline", "METRICS", "query_set_name",
-           "at_depth"]
+__all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
+           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth"]
 
 # the keys of the evaluation rows at the default 100 results per query (:func:`gdr.eval.retrieval.metric_keys` at
 # another ``evaluate.k``): ``recall@d`` is Success@d (hit@d), ``R@d`` recall, ``mrr@100`` RR@100
@@ -127,14 +129,116 @@ def _sampled(sample: dict) -> str:
     return f"{per_doc} sampled queries per document" if per_doc else f"J = {sample['n_queries']} sampled queries"
 
 
+@dataclass
+class Report:
+    """A run's report: ``data``, what ``report.json`` holds, and what ``report.md`` says beside it: the run's
+    ``settings``, the retrieval ``table``'s markdown lines and the retrievers with a learning curve (``curves``)."""
+
+    data: dict
+    settings: dict
+    table: list[str]
+    curves: list[dict]
+    planned: bool = True           # the run has a plan: the stage table gives its predicted seconds
+    plan_note: str | None = None   # the line said on the predicted seconds (where they come from, what fills them)
+
+
+def build_report(settings: dict, command: str, records: Sequence, n_docs: int, results: dict[str, list[dict]],
+                 indexes: dict, bm25: dict | None, cluster: dict | None, seconds: float,
+                 eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
+                 trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
+                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
+                 retrievers: Sequence[dict] = (), plan_note: str | None = None) -> Report:
+    """The report of a pipeline run (:func:`write_report` says what each argument is): its figures, the paired
+    comparisons against GC and the stages' seconds, written by :func:`write_report_files`."""
+    cfg = settings
+    # the results per query: every measure is named at its depth
+    k = int(cfg.get("evaluate", {}).get("k") or EvaluateSettings.k)
+    comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
+    query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
+    primary = primary_section(cfg.get("verdict") or {}, eval_dirs or {}, k, comparisons)
+    said = primary["line"] if primary else query_only
+    corpus_name = corpus_name or cfg['data']['name']
+    trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
+    shown = metric_keys(k)
+    labels = {m: metric_name(m) for m in shown}
+    results = {method: [at_depth(r, k) for r in rows] for method, rows in results.items()}
+    bm25 = at_depth(bm25, k) if bm25 is not None else None
+    table, summary, n_test = _retrieval_table(results, indexes, bm25, shown)
+    data = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
+            "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
+            "columns": labels,
+            "retrieval": summary,
+            "bm25": {m: round(100 * bm25[m], 2) for m in shown if m in bm25} if bm25 else None,
+            "queries": query_set_name(cfg, corpus_name), "query_split": query_split, "unknown_qrels": unknown_qrels,
+            "cluster": cluster, "comparisons": comparisons, "verdict": said,
+            "primary": primary, "query_only_verdict": query_only,
+            "stages": _stage_rows(records, predicted or {})}
+    return Report(data, cfg, table, [r for r in retrievers if r.get("curve")], predicted is not None, plan_note)
+
+
+def render_markdown(report: Report) -> str:
+    """``report.md``: the run in a sentence, the retrieval table, the comparisons, the clustering, the learning
+    curves and the stages' seconds."""
+    r, cfg = report.data, report.settings
+    queries_name, k = r["queries"], r["results_per_query"]
+    lines = [f"# gdr run: {r['corpus']}, {r['n_docs']} documents", "",
+             f"Command: `{r['command']}`", ""]
+    if r["partial"]:
+        lines += [f"**Partial: {r['partial']['retrievers_done']} of {r['partial']['retrievers']} retrievers "
+                  "finished; every figure below (means, intervals, tests) is over those. The run goes on, or resumes "
+                  "with the same command.**", ""]
+    lines += [f"Query generator `{cfg['model']['name']}`, {_sampled(cfg['sample'])}, "
+              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
+              f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
+              f"(trained on {r['trained_on']}, scored on `{cfg['queries']['test_split']}`).", ""]
+    lines += _split_lines(r["query_split"] or {})
+    if r["verdict"]:
+        lines += [f"**{r['verdict']}**", ""]
+    if cfg['queries']['name'] == "titles":
+        lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
+                  "not a benchmark of the field.", ""]
+    lines += [*report.table, "", f"{r['n_test_queries']} test queries of `{queries_name}`, {k} results each. "
+              f"{MEASURES_NOTE} The largest child share is the mean, over internal nodes, of the fraction of a "
+              "node's documents in its largest child (1/K is perfectly balanced).", ""]
+    if r["unknown_qrels"]:
+        lines += [f"{r['unknown_qrels']} relevant judgement(s) of `{queries_name}` name documents not in the corpus "
+                  "and were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
+    lines += primary_lines(r["primary"])
+    lines += _comparison_lines(r["comparisons"])
+    if r["cluster"] is not None:
+        lines += _cluster_lines(cfg["cluster"], r["cluster"])
+    lines += _curve_lines(report.curves)
+    lines += [*_stage_lines(r["stages"], report.planned, report.plan_note), "",
+              f"Wall time of this invocation: {r['seconds']:.1f} s.", ""]
+    return "\n".join(lines)
+
+
+def write_report_files(report: Report, root: Path) -> None:
+    """``report.md``, ``report.png`` (with ``plot``, when a scheme has figures), ``curves.png`` (with ``plot``, when
+    a retriever has a learning curve) and ``report.json`` into ``root``, replaced together."""
+    r, title = report.data, f"{report.data['corpus']}: {report.data['n_docs']} docs"
+    # all written to temp names first, then renamed, report.json last: a failed write (disk full,
+    # unwritable) leaves the old report whole, and the files never disagree
+    files = {root / "report.md": lambda p: p.write_text(render_markdown(report), encoding="utf-8")}
+    if report.settings['plot'] and r["retrieval"]:
+        files[root / "report.png"] = lambda p: _plot(r["retrieval"], r["bm25"], p, title, r["results_per_query"])
+    if report.settings['plot'] and report.curves:
+        files[root / "curves.png"] = lambda p: plot_learning_curves(report.curves, p,
+                                                                    f"{r['corpus']}: learning curves")
+    files[root / "report.json"] = lambda p: p.write_text(
+        json.dumps(r, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    replace_together(files)
+
+
 def write_report(settings: dict, command: str, root: Path, records: Sequence, n_docs: int,
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
                  predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
                  retrievers: Sequence[dict] = (), plan_note: str | None = None) -> dict:
-    """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
-    returns the report (``report.json``'s content).
+    """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together
+    (:func:`build_report`, :func:`render_markdown`, :func:`write_report_files`); returns the report
+    (``report.json``'s content).
 
     ``settings``: the run's settings as a plain dict (``conf/run.yaml``); ``records``: the stages
     (:class:`gdr.pipeline.StageRecord`); ``results``: per indexer, one row of test metrics per seed;
@@ -152,72 +256,12 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     ``query_split``: how the topics were split (``{"by": "folds" | "fractions" | "query set", ...}``,
     :func:`gdr.pipeline.query_split`), said in the report; ``retrievers``: the run's ``retrievers.jsonl`` lines,
     whose learning curves (``curve``) are drawn in ``curves.png`` (:func:`plot_learning_curves`)."""
-    cfg = settings
-    k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
-    comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
-    query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
-    primary = primary_section(cfg.get("verdict") or {}, eval_dirs or {}, k, comparisons)
-    said = primary["line"] if primary else query_only
-    corpus_name = corpus_name or cfg['data']['name']
-    trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
-    shown = metric_keys(k)
-    labels = {m: metric_name(m) for m in shown}
-    results = {method: [at_depth(r, k) for r in rows] for method, rows in results.items()}
-    bm25 = at_depth(bm25, k) if bm25 is not None else None
-    queries_name = query_set_name(cfg, corpus_name)
-    lines = [f"# gdr run: {corpus_name}, {n_docs} documents", "",
-             f"Command: `{command}`", ""]
-    if partial:
-        lines += [f"**Partial: {partial['retrievers_done']} of {partial['retrievers']} retrievers finished; every "
-                  "figure below (means, intervals, tests) is over those. The run goes on, or resumes with the same "
-                  "command.**", ""]
-    lines += [f"Query generator `{cfg['model']['name']}`, {_sampled(cfg['sample'])}, "
-              f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
-              f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
-              f"(trained on {trained_on}, scored on `{cfg['queries']['test_split']}`).", ""]
-    lines += _split_lines(query_split or {})
-    if said:
-        lines += [f"**{said}**", ""]
-    if cfg['queries']['name'] == "titles":
-        lines += ["Titles as queries is a proxy task (known-item search for the article of a headline), "
-                  "not a benchmark of the field.", ""]
-    table, summary, n_test = _retrieval_table(results, indexes, bm25, shown)
-    lines += [*table, "", f"{n_test} test queries of `{queries_name}`, {k} results each. {MEASURES_NOTE} The "
-              "largest child share is the mean, over internal nodes, of the fraction of a node's documents in its "
-              "largest child (1/K is perfectly balanced).", ""]
-    if unknown_qrels:
-        lines += [f"{unknown_qrels} relevant judgement(s) of `{queries_name}` name documents not in the corpus and "
-                  "were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
-    lines += primary_lines(primary)
-    lines += _comparison_lines(comparisons)
-    if cluster is not None:
-        lines += _cluster_lines(cfg["cluster"], cluster)
-    curves = [r for r in retrievers if r.get("curve")]
-    lines += _curve_lines(curves)
-    stages = _stage_rows(records, predicted or {})
-    lines += [*_stage_lines(stages, predicted is not None, plan_note), "",
-              f"Wall time of this invocation: {seconds:.1f} s.", ""]
-    report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
-              "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
-              "columns": labels,
-              "retrieval": summary,
-              "bm25": {m: round(100 * bm25[m], 2) for m in shown if m in bm25} if bm25 else None,
-              "queries": queries_name, "query_split": query_split, "unknown_qrels": unknown_qrels,
-              "cluster": cluster, "comparisons": comparisons, "verdict": said,
-              "primary": primary, "query_only_verdict": query_only,
-              "stages": stages}
-    # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
-    # unwritable) leaves the old report whole, and the three never disagree
-    files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
-    if cfg['plot'] and summary:
-        files[root / "report.png"] = lambda p: _plot(summary, report["bm25"], p, f"{corpus_name}: {n_docs} docs",
-                                                      k)
-    if cfg['plot'] and curves:
-        files[root / "curves.png"] = lambda p: plot_learning_curves(curves, p, f"{corpus_name}: learning curves")
-    files[root / "report.json"] = lambda p: p.write_text(
-        json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    replace_together(files)
-    return report
+    report = build_report(settings, command, records, n_docs, results, indexes, bm25, cluster, seconds,
+                          eval_dirs=eval_dirs, corpus_name=corpus_name, trained_on=trained_on, partial=partial,
+                          unknown_qrels=unknown_qrels, predicted=predicted, query_split=query_split,
+                          retrievers=retrievers, plan_note=plan_note)
+    write_report_files(report, root)
+    return report.data
 
 
 def _split_lines(split: dict) -> list[str]:
@@ -242,9 +286,9 @@ def primary_section(v: dict, eval_dirs: dict, k: int, comparisons: Sequence[dict
     pair = list(v.get("pair") or ())
     if len(pair) != 2 or any(not eval_dirs.get(s) for s in pair):
         return None
-    metric = v.get("metric") or "recall@1"
+    metric = v.get("metric") or Verdict.metric
     metric = f"mrr@{k}" if metric == "mrr" else metric
-    margin = float(v.get("margin") or 0.0)
+    margin = float(v.get("margin", Verdict.margin))
     systems, qids = read_systems({s: d for s, d in eval_dirs.items() if s != "bm25"}, (metric,), k)
     a, b = pair
     pos_b = {q: i for i, q in enumerate(qids[b])}

@@ -34,13 +34,13 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from gdr.config import RerunCommand
 from gdr.device import dist_info, local_device, machine_record
 from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
 from gdr.lm.scoring import auto_score_sizes
 from gdr.logs import setup_logging
+from gdr.rerun import RerunCommand
 from gdr.stages.sample import check_texts, sample_queries
 from gdr.stages.settings import LMSettings, SampleSettings, ScoreSettings
 from gdr.store import (
@@ -128,12 +128,12 @@ def _score_corpus(corpus, lm, out: Path, sample: SampleSettings, score: ScoreSet
     rank, _ = dist_info()
     qfile = out / "queries.jsonl"
     if queries_from is not None and rank == 0:
-        queries = _queries_of_run(lm, queries_from, out)
+        queries = queries_of_run(lm, queries_from, out)
     elif rank == 0 or qfile.exists():
         queries = sample_queries(lm, corpus, out, sample, progress=progress, reuse_from=reuse_from)
     else:
         raise SystemExit(f"{qfile} missing: run `{resample}` before a multi-process `gdr score`")
-    n_proc = int(score.processes or 1)
+    n_proc = int(score.processes or ScoreSettings.processes)
     score = resolve_sizes(lm, score)  # once, here: every process groups the shards alike
     if n_proc > 1 and "WORLD_SIZE" not in os.environ and not _finished(out):
         if spec is None:
@@ -161,7 +161,7 @@ def _check_complete(out: Path) -> None:
                        f"finished; rerun `{RerunCommand('score', out)}` to score them (the finished shards are kept)")
 
 
-def _queries_of_run(lm, run, out: Path) -> list[dict]:
+def queries_of_run(lm, run, out: Path) -> list[dict]:
     """The queries of ``run`` copied into ``out``; the model must be the one that scored ``run``'s P."""
     scorer = (read_manifest(score_folder(run), P_MANIFEST) or {}).get("lm")
     mine = json.loads(json.dumps(lm.describe()))
@@ -240,7 +240,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
     spec = LMSettings.from_config(lm_settings)  # the parent's settings, checked at its door
     if not spec.threads:
         spec.threads = 1
-    if torch.cuda.is_available() and str(spec.device or "auto") in ("auto", "cuda"):
+    if torch.cuda.is_available() and str(spec.device or LMSettings.device) in ("auto", "cuda"):
         spec.device = local_device(spec.device)  # before the process group: NCCL binds each rank to the current device
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
         log.info("scoring process %d of %d on %s", rank, world, spec.device)

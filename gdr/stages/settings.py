@@ -17,7 +17,6 @@ settings with :meth:`~Settings.from_config`, which trusts the values.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields, replace
@@ -390,16 +389,6 @@ def section_from(cls, values: Mapping[str, Any], where: str):
     return cls(**values)
 
 
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation (Linux: MemAvailable; else the free physical pages)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            line = next(x for x in f if x.startswith("MemAvailable:"))
-        return int(line.split()[1]) * 1024
-    except (OSError, StopIteration, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def _size(n: float) -> str:
     """``n`` bytes as B, KiB ... PiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -493,6 +482,9 @@ class ScoreSettings(Settings):
     def check_size(self, n_docs: int, n_queries: int, key: str = "sample.n_queries") -> None:
         """Refuse a P of ``n_docs`` x ``n_queries`` that does not fit this machine's available memory (the index
         and cluster stages hold it whole), naming its size, before any model loads. ``key``: how J is named."""
+        # lazy: gdr.device loads torch, and this module stays torch-free for `gdr <command> --help`
+        from gdr.device import available_memory
+
         need = int(n_docs) * int(n_queries) * {"float16": 2}.get(self.dtype, 4)
         have = available_memory()
         if need > have:

@@ -49,12 +49,12 @@ from gdr.training.model import RetrieverConfig
 from gdr.training.train import (
     TrainerOptions,
     TrainResult,
-    _on_cuda,
-    _precision,
-    _world_size,
     resolve_fused,
     resolve_train_batch,
     train,
+    trainer_precision,
+    trainer_world_size,
+    uses_cuda,
 )
 
 log = logging.getLogger(__name__)
@@ -155,8 +155,8 @@ def training_numerics(settings: TrainSettings) -> dict:
     (``trainer.precision: null`` is bf16-mixed on CUDA, 32-true on the CPU), whether AdamW is fused and, on the
     CPU, the torch threads it trains with (:func:`training_threads`)."""
     accelerator = str(settings.trainer.accelerator)
-    cuda = _on_cuda(accelerator)
-    precision = _precision(settings.trainer.precision, accelerator)
+    cuda = uses_cuda(accelerator)
+    precision = trainer_precision(settings.trainer.precision, accelerator)
     out = {"kind": "cuda" if cuda else "cpu", "precision": precision,
            "fused": resolve_fused(settings.optim.fused, cuda, precision)}
     return out if cuda else {**out, "threads": training_threads()}
@@ -198,7 +198,8 @@ def _differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def _holds_training(out: Path) -> bool:
+def holds_training(out: Path) -> bool:
+    """Whether ``out`` holds a training: its record, a checkpoint or a model."""
     return (out / TRAINED_ON).exists() or (out / "checkpoints" / "last.ckpt").exists() or \
         (out / "model" / "retriever.json").exists()
 
@@ -209,25 +210,17 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = TrainerO
 
     A folder holding another training (a checkpoint, a model, ``trained_on.json`` of other inputs) is refused with
     one line naming what differs (``stale="refuse"``: ``gdr train``, the API), or cleared with a warning
-    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. A training
-    without ``trained_on.json`` (format 0, an older gdr's) is refused or cleared alike: what it was trained on is
-    not recorded."""
+    (``stale="restart"``: ``gdr run``, whose stage folder is its own); ``resume=False`` clears it too. (A training
+    of format 0, without ``trained_on.json``, is refused before the stage by
+    :func:`gdr.upgrade.refuse_format_0_training`.)"""
     out = Path(out)
-    if not _holds_training(out):
+    if not holds_training(out):
         return
-    record = out / TRAINED_ON
-    if not record.exists():
-        if resume and stale == "refuse":
-            raise ConfigError(f"out_dir={out}: holds a training of format 0 (an older gdr's, without {TRAINED_ON}), "
-                              "which does not record what it was trained on, so it cannot be resumed. To start over "
-                              "in this folder set trainer.resume=false, or choose a fresh out_dir")
-        diff = [f"format 0, without {TRAINED_ON}"]
-    else:
-        try:
-            old = json.loads(record.read_text(encoding="utf-8"))
-            diff = _differences(old, fingerprint)
-        except (ValueError, OSError, AttributeError) as e:
-            diff = [f"{TRAINED_ON} unreadable ({e})"]
+    try:
+        old = json.loads((out / TRAINED_ON).read_text(encoding="utf-8"))
+        diff = _differences(old, fingerprint)
+    except (ValueError, OSError, AttributeError) as e:
+        diff = [f"{TRAINED_ON} unreadable ({e})"]
     if resume and not diff:
         return
     if resume and stale == "refuse":
@@ -245,21 +238,15 @@ def check_trained_on(out: str | Path, fingerprint: dict, resume: bool = TrainerO
 
 def trained_splits(run_dir: str | Path) -> list[str]:
     """The query splits the retriever in ``run_dir`` was trained on (``trained_on.json``'s); [] when it had no real
-    queries, or ``run_dir`` holds no training (the evaluation then says what is missing). A retriever without
-    them recorded (format 0, an older gdr's) is refused in one line: a score on its training split would measure
-    memory, and which split that was is not known."""
+    queries, or ``run_dir`` holds no training (the evaluation then says what is missing). (A retriever of format 0,
+    without them recorded, is refused before the stage by :func:`gdr.upgrade.refuse_format_0_retriever`.)"""
     run_dir, record = Path(run_dir), Path(run_dir) / TRAINED_ON
-    if not _holds_training(run_dir):
+    if not holds_training(run_dir):
         return []
     try:
-        queries = (json.loads(record.read_text(encoding="utf-8")).get("inputs") or {}).get("queries") \
-            if record.exists() else {}
+        queries = (json.loads(record.read_text(encoding="utf-8")).get("inputs") or {}).get("queries")
     except (OSError, ValueError, AttributeError) as e:
         raise ConfigError(f"{record}: unreadable ({e}); train the retriever again (`gdr train`)") from None
-    if queries is not None and not isinstance(queries.get("splits"), list):
-        raise ConfigError(f"{run_dir}: a retriever of format 0, from before gdr recorded the query splits it was "
-                          f"trained on (in {TRAINED_ON}), so a score on any split may measure memory; train it again "
-                          f"with this gdr (`gdr train out_dir=<new folder>`)")
     return list((queries or {}).get("splits") or [])
 
 
@@ -385,7 +372,7 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
     1."""
     c, t = settings.to_dict(), settings.trainer
     accelerator = str(t.accelerator)
-    if _world_size(t.devices, _on_cuda(accelerator)) > 1:
+    if trainer_world_size(t.devices, uses_cuda(accelerator)) > 1:
         if settings.concurrent not in ("auto", 1):
             log.info("train.concurrent=%s: 1, as each retriever trains on %s devices", settings.concurrent, t.devices)
         return 1
@@ -402,7 +389,7 @@ def training_device(settings: TrainSettings) -> str:
     """The device a retriever of ``settings`` trains on, by name (``NVIDIA H200``, ``cpu``): what an ``auto`` size
     resolved for it holds for."""
     accelerator = str(settings.trainer.accelerator)
-    return device_name("cuda" if _on_cuda(accelerator) else "cpu")
+    return device_name("cuda" if uses_cuda(accelerator) else "cpu")
 
 
 def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_train: int) -> int:

@@ -38,7 +38,6 @@ from typing import Sequence
 
 import numpy as np
 
-from gdr.config import RerunCommand
 from gdr.formats import FORMAT, require_format
 from gdr.io import (
     atomic_write_json,
@@ -51,6 +50,7 @@ from gdr.io import (
     write_jsonl,
     write_manifest,
 )
+from gdr.rerun import RerunCommand
 from gdr.store.rows import PMatrix
 
 log = logging.getLogger(__name__)

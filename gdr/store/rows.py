@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from gdr.config import RerunCommand
+from gdr.rerun import RerunCommand
 
 __all__ = ["PMatrix"]
 

@@ -12,7 +12,7 @@ from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.stages.cluster import cluster_run
 from gdr.stages.sample import sample_queries
-from gdr.stages.score import _queries_of_run, score_queries
+from gdr.stages.score import queries_of_run, score_queries
 from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings
 from gdr.store import load_run, score_folder
 from gdr.validate import check_corpus
@@ -32,7 +32,7 @@ def cluster_main(argv: list[str]) -> int:
     reuse = cfg.get("reuse_from") or cfg.get("queries_from")
     reuse = score_folder(reuse) if reuse else None
     if cfg.get("queries_from"):  # the queries of another run (gdr score's queries_from), not sampled
-        queries = _queries_of_run(lm, cfg.queries_from, out)
+        queries = queries_of_run(lm, cfg.queries_from, out)
     else:
         queries = sample_queries(lm, corpus, out, SampleSettings.from_config(section(cfg, "sample")),
                                  progress=cfg.progress, reuse_from=reuse)

@@ -5,6 +5,7 @@ from gdr.cli.common import compose, corpus_and_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.settings import EvaluateSettings
 from gdr.stages.train import check_not_trained_on, trained_splits
+from gdr.upgrade import refuse_format_0_retriever
 
 _SETTINGS = ("k", "beam", "length_penalty", "batch_size", "device", "bm25", "tag")
 
@@ -15,8 +16,9 @@ ALLOW_TRAIN_SPLIT = "--allow-train-split"  # score on a split the retriever was 
 def evaluate_main(argv: list[str]) -> int:
     allow = ALLOW_TRAIN_SPLIT in argv
     argv = [a for a in argv if a != ALLOW_TRAIN_SPLIT]
-    cfg = compose("evaluate", argv, before_claim=lambda cfg: check_not_trained_on(cfg.run_dir, cfg.queries.split,
-                                                                                  allow))
+    cfg = compose("evaluate", argv, before_claim=lambda cfg: (refuse_format_0_retriever(cfg.run_dir),
+                                                              check_not_trained_on(cfg.run_dir, cfg.queries.split,
+                                                                                   allow)))
     c, out, corpus, qs = corpus_and_queries(cfg)
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "

@@ -1,5 +1,5 @@
 """``gdr index`` (build prefix-code docids: :func:`gdr.stages.index.build_index`) and ``gdr index add``
-(grow a GC index: :func:`gdr.indexing.add.add_to_index`)."""
+(grow a GC index: :func:`gdr.stages.index_add.add_to_index`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +7,10 @@ from pathlib import Path
 from gdr.config import command_config, save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.guard import claim_out
-from gdr.indexing.add import add_to_index, next_steps
 from gdr.stages.index import build_index
+from gdr.stages.index_add import add_to_index, next_steps
 from gdr.stages.settings import IndexSettings
+from gdr.upgrade import refuse_format_0_gc_index
 from gdr.validate import validate
 
 
@@ -49,6 +50,7 @@ def add_main(argv: list[str]) -> int:
     if not cfg.run or not cfg.index:
         raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder>")
     claim_out("index add", cfg)  # the index folder is rewritten
+    refuse_format_0_gc_index(cfg.index)
 
     res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))
     print(f"added {len(res.codes)} documents to {cfg.index} ({res.n_redirected} redirected from full leaves, "

@@ -24,6 +24,9 @@ from gdr.validate import validate
 
 log = logging.getLogger(__name__)
 
+# results per query shown unless k= is given (evaluate's k, which search's config shares, is a measure's depth)
+SHOWN_K = 10
+
 DESCRIPTION = (f"gdr search: {HELP['search']} (the out_dir of `gdr train`, or a train-* folder of `gdr run`): for "
                "each query, the top k doc ids with their scores and each document's title or first words.")
 EXAMPLES = """examples:
@@ -37,7 +40,7 @@ def settings_help() -> str:
     defaults = EvaluateSettings().to_dict()
     what = {r.key: r.what for r in EVALUATE_RULES}
     rows = [("run_dir=<folder>", "the retriever: a `gdr train` out_dir or a train-* folder of `gdr run` (required)"),
-            ("k=10", what["k"])]
+            (f"k={SHOWN_K}", what["k"])]
     rows += [(f"{key}={'null' if defaults[key] is None else defaults[key]}", what[key])
              for key in ("beam", "length_penalty", "batch_size", "device")]
     rows.append(("data=<corpus>", ("the corpus whose titles are shown (default: the one the retriever was trained "
@@ -104,7 +107,7 @@ def search_main(argv: list[str]) -> int:
     c = to_container(cfg)
     retriever = Retriever.load(c["run_dir"], device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
-    k = int(c["k"]) if "k" in keys else 10
+    k = int(c["k"]) if "k" in keys else SHOWN_K
     results = retriever.search(queries, k=k)
     label = _doc_labels(c["run_dir"], data) or {}
     for q, res in zip(queries, results):
