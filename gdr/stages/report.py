@@ -123,7 +123,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                  results: dict[str, list[dict]], indexes: dict, bm25: dict | None, cluster: dict | None,
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
-                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None) -> dict:
+                 predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
+                 timing: dict | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together;
     returns the report (``report.json``'s content).
 
@@ -140,7 +141,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     corpus (``data.drop_unknown_qrels=true``); ``predicted``: the seconds :mod:`gdr.plan` predicts per stage name
     (None or absent: not predicted, "n/a"), set beside the measured ones; ``query_split``: how the topics were
     split (``{"by": "folds" | "fractions" | "query set", ...}``, :func:`gdr.pipeline.query_split`), said in the
-    report."""
+    report; ``timing``: this invocation's ``training`` phase and its seconds ``outside_stages``
+    (:func:`gdr.pipeline.run_timing`), said under the stages and kept in report.json."""
     cfg = settings
     k = int(cfg.get("evaluate", {}).get("k") or 100)  # the results per query: every measure is named at its depth
     comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
@@ -180,6 +182,7 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         lines += _cluster_lines(cfg["cluster"], cluster)
     stages = _stage_rows(records, predicted or {})
     lines += [*_stage_lines(stages), "", f"Wall time of this invocation: {seconds:.1f} s.", ""]
+    lines += _timing_lines(timing or {})
     report = {"command": command, "seconds": seconds, "partial": partial, "corpus": corpus_name, "n_docs": n_docs,
               "n_test_queries": n_test, "results_per_query": k, "trained_on": trained_on,
               "columns": labels,
@@ -187,7 +190,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
               "bm25": {m: round(100 * bm25[m], 2) for m in shown if m in bm25} if bm25 else None,
               "queries": queries_name, "query_split": query_split, "unknown_qrels": unknown_qrels,
               "cluster": cluster, "comparisons": comparisons, "verdict": said,
-              "stages": stages}
+              "stages": stages, "training": (timing or {}).get("training"),
+              "outside_stages": (timing or {}).get("outside_stages")}
     # all three written to temp names first, then renamed, report.json last: a failed write (disk full,
     # unwritable) leaves the old report whole, and the three never disagree
     files = {root / "report.md": lambda p: p.write_text("\n".join(lines), encoding="utf-8")}
@@ -198,6 +202,23 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
         json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     replace_together(files)
     return report
+
+
+def _timing_lines(timing: dict) -> list[str]:
+    """The report's sentences on this invocation's training phase and its seconds outside any stage."""
+    lines = []
+    t = timing.get("training")
+    if t:
+        free = "n/a (CPU)" if t["free_gb"] is None else f"{t['free_gb']:.1f} GB"
+        rate = "n/a" if t["examples_per_s"] is None else f"{t['examples_per_s']:,.0f}"
+        lines += [f"Training here: {t['retrievers']} retriever(s), {t['examples']:,} examples (steps x batch "
+                  f"{t['batch']}) in {t['seconds']:.1f} s, validations included: {rate} examples/s; "
+                  f"{t['retrievers_at_once']} at once, {free} free when it started.", ""]
+    o = timing.get("outside_stages")
+    if o:
+        lines += [f"Outside any stage: {o['seconds']:.1f} s (LM load {o['lm_load']:.1f} s, report rewrites "
+                  f"{o['report_rewrites']:.1f} s, the rest {o['other']:.1f} s: corpus, bookkeeping).", ""]
+    return lines
 
 
 def _split_lines(split: dict) -> list[str]:
