@@ -86,6 +86,12 @@ def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_pa
         for rel in ("model/model.pt", "logs/metrics.csv", "docids.tsv"):
             assert (both / name / rel).read_bytes() == (alone / name / rel).read_bytes(), (name, rel)
     assert _last_json(capsys)["hkmi_recall_at_1"] is not None
+    # the report's training phase: both at once, their examples over the phase's wall time (counted once)
+    import json
+
+    one, two = (json.loads((d / "report.json").read_text())["training"] for d in (alone, both))
+    assert (one["retrievers_at_once"], two["retrievers_at_once"]) == (1, 2)
+    assert one["retrievers"] == two["retrievers"] == 2 and one["examples"] == two["examples"] > 0
 
 
 def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypatch):
