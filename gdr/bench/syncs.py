@@ -105,9 +105,9 @@ class SyncCounter(TorchDispatchMode):
 
     supports_higher_order_operators = True  # flex attention runs through the mode too
 
-    def __init__(self, device: str | torch.device = "cpu"):
+    def __init__(self, device: str | torch.device | None = None):
         super().__init__()
-        self.device = torch.device(device)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
         self.simulated = self.device.type == "cpu"
         self.events: list[SyncEvent] = []
         self._host: dict[int, weakref.ref] = {}
