@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: conf install demo test test-slow test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke bench-plan
+.PHONY: conf install demo test test-slow test-all test-compat lint clean bench-gpu bench-gpu-dry bench-gpu-smoke bench-plan bench-report
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -97,6 +97,9 @@ bench-gpu-smoke:
 # the work it counts): prints each stage's predicted and measured seconds and their ratio, and the calibration's.
 bench-plan: install
 	$(BIN)/python tests/bench_plan.py $(BENCH_ARGS)
+
+bench-report: install
+	$(BIN)/python tests/bench_report.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) runs

@@ -7,12 +7,16 @@ system's seeds** (the unit of the test is the query; the seeds' spread is report
 over seeds), then
 
 - ``diff``: the mean over queries of ``a - b``;
-- ``ci95``: a 95% paired bootstrap interval of that mean (``scipy.stats.bootstrap``, ``paired=True``, the
-  percentile method: on a few discordant binary differences BCa's acceleration estimate swings, e.g. one
+- ``ci95``: a 95% paired bootstrap interval of that mean (the percentile method, as ``scipy.stats.bootstrap``
+  with ``paired=True``: on a few discordant binary differences BCa's acceleration estimate swings, e.g. one
   query of ten different gave [-50, 0] where the resampled means lie in [-30, 0]);
-- ``p_value``: a two-sided paired permutation (randomization) test of ``diff = 0``
-  (``scipy.stats.permutation_test``, ``permutation_type='samples'``: each query's pair of values is swapped
-  or not; exact where ``2 ** n_queries`` is at most ``n_resamples``).
+- ``p_value``: a two-sided paired permutation (randomization) test of ``diff = 0`` (as
+  ``scipy.stats.permutation_test`` with ``permutation_type='samples'``: each query's pair of values is swapped
+  or not; scipy's exact test where ``2 ** n_queries`` is at most ``n_resamples``).
+
+Beyond a few queries the resamples are drawn once per number of queries and shared by every comparison, each
+resample's mean a matrix-vector product (:func:`paired_test`): a report's 12 comparisons of 821 queries cost
+a fraction of a second, where scipy's took 21 s (tests/bench_report.py).
 
 Resampling uses a fixed seed: the same inputs give the same interval and p-value. Values are in the units
 they are given in (the report gives them in percentage points). The p-values are per comparison, not
@@ -20,6 +24,7 @@ corrected for multiple comparisons.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -44,6 +49,8 @@ def paired_metrics(k: int = RankingOptions.k) -> tuple[str, ...]:
 PAIRED_METRICS = paired_metrics(100)
 # resampled elements held at once (batch x n_queries): bounds the memory of a large test set
 _MAX_ELEMENTS = 1 << 23
+# resamples kept between comparisons (two float64 matrices of n_resamples x n_queries: 16 bytes an element)
+_KEPT_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -70,26 +77,74 @@ def _mean_diff(x, y, axis=-1):
 
 def paired_test(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int = 0,
                 confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """(mean of ``a - b``, interval low, interval high, two-sided p-value) for paired samples of shape (n,)."""
+    """(mean of ``a - b``, interval low, interval high, two-sided p-value) for paired samples of shape (n,).
+
+    Few queries (``2 ** n <= n_resamples``): scipy's exact permutation test. More: ``n_resamples`` random sign
+    flips and bootstrap draws (:func:`_draws`, shared by every comparison of as many queries), each resample's mean
+    one matrix-vector product, the p-value and the percentile interval as scipy computes them
+    (``permutation_test``: counts within ``100 eps`` of the observed mean, plus one, over ``n_resamples + 1``)."""
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired samples must be two 1-d arrays of the same length, got {a.shape} and {b.shape}")
-    if len(a) == 0:
+    n = len(a)
+    if n == 0:
         return float("nan"), float("nan"), float("nan"), float("nan")
     d = a - b
     diff = float(d.mean())
+    if n < 64 and 2 ** n <= n_resamples:
+        return _exact_paired_test(a, b, d, diff, n_resamples, seed, confidence)
+    null, boot = zip(*((signs @ d / n, counts @ d / n) for signs, counts in _draws(n, n_resamples, seed)))
+    null, boot = np.concatenate(null), np.concatenate(boot)
+    gamma = abs(np.finfo(float).eps * 100 * diff)
+    less = (np.count_nonzero(null <= diff + gamma) + 1) / (n_resamples + 1)
+    greater = (np.count_nonzero(null >= diff - gamma) + 1) / (n_resamples + 1)
+    p = float(min(1.0, 2 * min(less, greater)))
+    if np.all(d == d[0]):  # no spread: every bootstrap resample has the same mean
+        return diff, diff, diff, p
+    alpha = (1 - confidence) / 2
+    lo, hi = np.percentile(boot, [100 * alpha, 100 * (1 - alpha)])
+    return diff, float(lo), float(hi), p
+
+
+def _exact_paired_test(a, b, d, diff, n_resamples, seed, confidence) -> tuple[float, float, float, float]:
+    """:func:`paired_test` of a few queries: scipy's exact permutation test and its percentile bootstrap."""
     batch = max(1, _MAX_ELEMENTS // len(a))
     p = stats.permutation_test((a, b), _mean_diff, permutation_type="samples", vectorized=True,
                                n_resamples=n_resamples, alternative="two-sided", batch=batch,
                                rng=np.random.default_rng(seed)).pvalue
-    if np.all(d == d[0]):  # no spread: every bootstrap resample has the same mean
+    if np.all(d == d[0]):
         return diff, diff, diff, float(p)
     ci = stats.bootstrap((a, b), _mean_diff, paired=True, vectorized=True, n_resamples=n_resamples,
                          confidence_level=confidence, method="percentile", batch=batch,
                          rng=np.random.default_rng(seed)).confidence_interval
-    lo, hi = float(ci.low), float(ci.high)
-    return diff, lo, hi, float(p)
+    return diff, float(ci.low), float(ci.high), float(p)
+
+
+def _draws(n: int, n_resamples: int, seed: int):
+    """The resamples of :func:`paired_test` for ``n`` queries, in batches of at most :data:`_MAX_ELEMENTS`
+    elements: (signs, counts), each (rows, n) float64: per resample, +1 or -1 for each query's pair kept or
+    swapped, and how often the bootstrap drew each query. The same for the same (n, n_resamples, seed); kept for
+    the next comparison when they are at most :data:`_KEPT_ELEMENTS` elements (a report compares every system on
+    the same queries, at every rewrite)."""
+    if n * n_resamples <= _KEPT_ELEMENTS:
+        return _kept_draws(n, n_resamples, seed)
+    return _make_draws(n, n_resamples, seed)
+
+
+def _make_draws(n: int, n_resamples: int, seed: int):
+    rng = np.random.default_rng(seed)
+    rows = max(1, _MAX_ELEMENTS // n)
+    for start in range(0, n_resamples, rows):
+        m = min(rows, n_resamples - start)
+        signs = np.where(rng.random((m, n)) < 0.5, -1.0, 1.0)
+        drawn = rng.integers(0, n, size=(m, n)) + np.arange(m)[:, None] * n
+        yield signs, np.bincount(drawn.ravel(), minlength=m * n).reshape(m, n).astype(float)
+
+
+@functools.lru_cache(maxsize=1)
+def _kept_draws(n: int, n_resamples: int, seed: int) -> tuple:
+    return tuple(_make_draws(n, n_resamples, seed))
 
 
 def mean_interval(x: np.ndarray, n_resamples: int = 9999, seed: int = 0,

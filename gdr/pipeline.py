@@ -49,6 +49,7 @@ what it finished; the report of an earlier run of the folder stays, marked in pr
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shlex
@@ -68,7 +69,7 @@ from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.data.splits import QuerySplits, check_query_splits
 from gdr.data.titles import TITLE_FRACTIONS
-from gdr.device import machine_differences, machine_record
+from gdr.device import free_memory, machine_differences, machine_record
 from gdr.eval.retrieval import PER_QUERY_FILE, read_per_query
 from gdr.formats import FORMAT, STAGE_FILE, matches, require_format, stage_digest, stage_key
 from gdr.guard import LOCK_FILE, claim_folder
@@ -412,10 +413,13 @@ class RunContext:
     per_query: dict[tuple, str] = field(default_factory=dict)  # (indexer, seed[, fold]): its per_query.jsonl line
     qg: StageRecord | None = None  # the fine-tuned query generator (qg.enabled), None: the base model's
     two_shot: dict[str, StageRecord] = field(default_factory=dict)  # qg.compare_two_shot: its score and cluster
+    clock: RunClock = field(default_factory=lambda: RunClock())  # this invocation's wall time, in and outside stages
+    training: dict = field(default_factory=dict)  # this invocation's training phase (:func:`_training_started`)
 
     def lm(self):
         if self._lm is None:
-            self._lm = self.lm_spec.build()
+            with self.clock.part("lm_load"):
+                self._lm = self.lm_spec.build()
         return self._lm
 
     def drop_lm(self) -> None:
@@ -428,8 +432,9 @@ class RunContext:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
         if spec is None:
             return None
-        return self.pipe.stage(spec.name, spec.inputs, spec.build, after=spec.after, resumes=spec.resumes,
-                               outputs=spec.outputs)
+        with self.clock.part("stages"):
+            return self.pipe.stage(spec.name, spec.inputs, spec.build, after=spec.after, resumes=spec.resumes,
+                                   outputs=spec.outputs)
 
     @property
     def uses_generated(self) -> bool:
@@ -481,6 +486,7 @@ def train_and_evaluate(run: RunContext) -> None:
         train = train or run.stage(train_spec(run, *ms))
         if ran_here:
             train.reused = False
+        _trained(run, train, alone=not ran_here)
         ev = run.stage(eval_spec(run, ms[0], ms[1], train, *ms[2:]))
         finish_retriever(run, ms[0], ms[1], train, ev, *ms[2:])
         taken.add(ms)
@@ -496,11 +502,15 @@ def train_and_evaluate(run: RunContext) -> None:
     settings = _train_settings(run)
     docids = str(next(iter(run.indexes.values())).path / "docids.tsv")
     at_once = train_stage.retrievers_at_once(settings, len(todo), n_train, docids) if len(todo) > 1 else 1
+    _training_started(run, settings, at_once, len(todo))
     if at_once > 1:
         jobs = [partial(_train_stage, run.pipe.root, s.name, s.inputs, s.build, list(s.after))
                 for s in (specs[ms] for ms in todo)]
-        train_stage.train_retrievers(jobs, at_once, on_done=lambda i, _: take(todo[i], ran_here=True),
-                                     on_cuda=train_stage.training_device(settings) != "cpu")
+        t0 = time.perf_counter()
+        with run.clock.part("stages"):
+            train_stage.train_retrievers(jobs, at_once, on_done=lambda i, _: take(todo[i], ran_here=True),
+                                         on_cuda=train_stage.training_device(settings) != "cpu")
+        run.training["seconds"] += time.perf_counter() - t0
     for ms in order:
         if ms not in taken:
             take(ms)
@@ -1042,7 +1052,13 @@ def _command(argv: Sequence[str]) -> str:
 
 def _report(run: RunContext, partial: dict | None = None) -> dict:
     """The run's report (report.md, report.png, report.json) over the stages and retrievers finished so far;
-    ``partial``: how many of the run's retrievers those are, while some are still to come."""
+    ``partial``: how many of the run's retrievers those are, while some are still to come. Its seconds count as
+    ``report_rewrites`` in the report's ``outside_stages``."""
+    with run.clock.part("report_rewrites"):
+        return _write_report(run, partial)
+
+
+def _write_report(run: RunContext, partial: dict | None = None) -> dict:
     cfg = run.cfg
     seconds = round(time.perf_counter() - run.t_start, 1)
     predicted, plan_note = _predicted(run)
@@ -1057,7 +1073,8 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
                         unknown_qrels=sum((_test_queries(run, run.test_q).info.get("unknown_qrels")
                                            or {}).get(s, 0) for s in (run.test_q["split"], "pooled")),
                         predicted=predicted, plan_note=plan_note, query_split=query_split(run),
-                        retrievers=[run.retrievers[ms] for ms in retriever_order(run) if ms in run.retrievers])
+                        retrievers=[run.retrievers[ms] for ms in retriever_order(run) if ms in run.retrievers],
+                        timing=run_timing(run, seconds))
     return _generator_report(run, report)
 
 
@@ -1066,6 +1083,77 @@ def _predicted(run: RunContext) -> tuple[dict[str, float | None] | None, str]:
     plan written into its folder (``gdr plan``) and never makes one (:mod:`gdr.stages.plan_file`)."""
     rec, note = read_plan(run.pipe.root, plan_identity(to_container(run.cfg), run_device(run.cfg.get("device"))[0]))
     return (None if rec is None else predicted_from_plan(rec, [r.name for r in run.pipe.records])), note
+
+
+class RunClock:
+    """Wall time of one invocation by part (``stages``, ``lm_load``, ``report_rewrites``), each second counted once:
+    a part entered inside another pauses the outer one (the LM loaded inside the score stage counts as ``lm_load``,
+    a report rewritten while retrievers train concurrently as ``report_rewrites``)."""
+
+    def __init__(self):
+        self.parts: dict[str, float] = {}
+        self._open: list[list] = []  # [part, since] from the outermost to the innermost
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        now = time.perf_counter()
+        if self._open:
+            self._add(*self._open[-1], now)
+        self._open.append([name, now])
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            self._add(*self._open.pop(), now)
+            if self._open:
+                self._open[-1][1] = now
+
+    def _add(self, name: str, since: float, now: float) -> None:
+        self.parts[name] = self.parts.get(name, 0.0) + now - since
+
+
+def _training_started(run: RunContext, settings, at_once: int, n_todo: int) -> None:
+    """The training phase begins: the free device memory (GB; None on the CPU), the retrievers at once and the batch
+    logged and kept for the report (:func:`run_timing`)."""
+    on_cuda = train_stage.training_device(settings) != "cpu"
+    free = free_memory() if on_cuda and n_todo else None
+    batch = run.train_batch or run.cfg.train.trainer.batch_size
+    run.training = {"free_gb": None if free is None else round(free / 1e9, 1), "retrievers_at_once": at_once,
+                    "batch": batch, "retrievers": 0, "examples": 0, "seconds": 0.0}
+    if n_todo:
+        log.info("training %d retrievers: %s free, %d at once, batch %s", n_todo,
+                 "n/a (CPU)" if free is None else f"{free / 1e9:.1f} GB", at_once, batch)
+
+
+def _trained(run: RunContext, train: StageRecord, alone: bool) -> None:
+    """Count a retriever trained by this invocation in its training phase: its examples (steps x batch) and, when
+    it trained alone, its seconds (a concurrent phase counts its wall time once)."""
+    if train.reused or not run.training:
+        return
+    run.training["retrievers"] += 1
+    run.training["examples"] += int(train.info.get("global_step") or 0) * int(run.training["batch"])
+    if alone:
+        run.training["seconds"] += float(train.last_seconds or train.seconds)
+
+
+def run_timing(run: RunContext, seconds: float) -> dict:
+    """The report's accounts of this invocation: ``training`` (free GB at its start, retrievers at once, batch,
+    retrievers trained here, their examples, the phase's seconds with validations, ``examples_per_s``; None when
+    none trained here) and ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
+    corpus load, process starts outside a stage, bookkeeping)."""
+    t = dict(run.training)
+    training = None
+    if t.get("retrievers"):
+        t["seconds"] = round(t["seconds"], 1)
+        t["examples_per_s"] = round(t["examples"] / t["seconds"], 1) if t["seconds"] else None
+        training = t
+    parts = run.clock.parts
+    outside = max(0.0, seconds - parts.get("stages", 0.0))
+    lm, reports = parts.get("lm_load", 0.0), parts.get("report_rewrites", 0.0)
+    return {"training": training,
+            "outside_stages": {"seconds": round(outside, 1), "lm_load": round(lm, 1),
+                               "report_rewrites": round(reports, 1),
+                               "other": round(max(0.0, outside - lm - reports), 1)}}
 
 
 def query_split(run: RunContext) -> dict:

@@ -26,9 +26,11 @@ def _records(out: Path) -> dict[str, dict]:
 
 
 def _without_seconds(x):
-    """A report without what differs between identical runs: its seconds and whether a stage was reused."""
+    """A report without what differs between identical runs: its seconds, whether a stage was reused, and the
+    invocation's own accounts (``training``: what it trained and how fast; ``outside_stages``)."""
     if isinstance(x, dict):
-        return {k: _without_seconds(v) for k, v in x.items() if "seconds" not in k and k != "reused"}
+        return {k: _without_seconds(v) for k, v in x.items()
+                if "seconds" not in k and k not in ("reused", "training", "outside_stages")}
     if isinstance(x, list):
         return [_without_seconds(v) for v in x]
     return x

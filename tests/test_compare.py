@@ -189,3 +189,27 @@ def test_one_seed_counts_no_seed_noise():
     assert (t.var_seed_a, t.var_seed_b, t.sd_a) == (0.0, 0.0, None)
     _, lo, hi, _ = paired_test(a[0], b[0])
     assert t.ci95 == pytest.approx([lo, hi], abs=0.25)  # the query bootstrap alone
+
+
+def test_the_shared_resamples_agree_with_scipys_tests():
+    """Beyond a few queries paired_test draws its sign flips and bootstrap counts once per number of queries
+    (shared by every comparison): its p-value and interval agree with scipy's permutation_test and bootstrap within
+    the Monte Carlo error of 9,999 resamples."""
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    a = (rng.random(300) < 0.55).astype(float)
+    b = (rng.random(300) < 0.48).astype(float)
+    diff, lo, hi, p = paired_test(a, b)
+
+    def mean_diff(x, y, axis=-1):
+        return np.mean(x - y, axis=axis)
+
+    ref_p = stats.permutation_test((a, b), mean_diff, permutation_type="samples", vectorized=True,
+                                   rng=np.random.default_rng(0)).pvalue
+    ref = stats.bootstrap((a, b), mean_diff, paired=True, vectorized=True, method="percentile",
+                          rng=np.random.default_rng(0)).confidence_interval
+    assert diff == pytest.approx(np.mean(a - b))
+    assert p == pytest.approx(ref_p, abs=0.02) and 0 < p < 1
+    assert lo == pytest.approx(ref.low, abs=0.01) and hi == pytest.approx(ref.high, abs=0.01)
+    assert paired_test(a, b) == (diff, lo, hi, p)  # drawn again or kept: the same figures

@@ -124,12 +124,25 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     assert all(len(x["qids"]) == len(x["first_rank"]) == 10 for x in per_query)
     assert set(prim["schemes"]) == set(INDEXERS) and prim["schemes"]["gc"]["mean"] == pytest.approx(
         report["retrieval"]["gc"]["recall@1"], abs=0.01)
+    # the training phase of this invocation: every retriever's steps x batch over the phase's seconds
+    train = report["training"]
+    steps = [json.loads((out / stages[f"train-{m}-s0"]["folder"] / "stage.json").read_text())["info"]["global_step"]
+             for m in INDEXERS]
+    assert train["retrievers"] == len(INDEXERS) and train["examples"] == sum(steps) * train["batch"] > 0
+    assert train["examples_per_s"] == pytest.approx(train["examples"] / train["seconds"], rel=0.01)
+    assert train["free_gb"] is None and train["retrievers_at_once"] == 1  # the CPU
+    assert "examples/s; 1 at once, n/a (CPU) free" in md
+    outside = report["outside_stages"]  # every second of the invocation outside a stage, by part
+    assert outside["seconds"] == pytest.approx(outside["lm_load"] + outside["report_rewrites"] + outside["other"],
+                                               abs=0.2)
+    assert outside["lm_load"] > 0 and outside["report_rewrites"] > 0 and "Outside any stage:" in md
 
     # a second run reuses every stage and reports the same numbers
     assert main(_args(root, folder, out)) == 0
     again = _last_json(capsys)
     assert all(s["reused"] for s in _stages(out).values())
     assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in head.items() if k != "seconds"}
+    assert json.loads((out / "report.json").read_text())["training"] is None  # nothing trained by this invocation
 
     # a changed alpha re-runs GC indexing and what depends on it, nothing else
     assert main(_args(root, folder, out, "index.gc.alpha=0.5")) == 0

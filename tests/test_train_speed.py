@@ -88,6 +88,12 @@ def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_pa
         for rel in ("model/model.pt", "logs/metrics.csv", "docids.tsv"):
             assert (both / name / rel).read_bytes() == (alone / name / rel).read_bytes(), (name, rel)
     assert _last_json(capsys)["hkmi_recall_at_1"] is not None
+    # the report's training phase: both at once, their examples over the phase's wall time (counted once)
+    import json
+
+    one, two = (json.loads((d / "report.json").read_text())["training"] for d in (alone, both))
+    assert (one["retrievers_at_once"], two["retrievers_at_once"]) == (1, 2)
+    assert one["retrievers"] == two["retrievers"] == 2 and one["examples"] == two["examples"] > 0
 
 
 def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypatch):
@@ -181,6 +187,27 @@ def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys
     # from the spawn to each process's first training step (imports, device, data and model), measured for each; how
     # long it is the benchmark prints, a test does not bound (a busy machine stretches it)
     assert len(both["spawn_to_first_step_s"]) == 2 and all(s > 0 for s in both["spawn_to_first_step_s"])
+    assert both["starts"] == 2 and "2 process starts" in out
+    # what decides the GPU rate, counted in a step on the CPU: the bench's CPU configuration (fp32, AdamW unfused)
+    # reads the device where CUDA's (bf16, fused: tests/test_syncs.py) does not; the batch's 3 tensors are copied
+    alone = last["tiny"]
+    assert alone["syncs_per_step"] > 0 and len(alone["sync_events"]) == min(5, alone["syncs_per_step"])
+    assert alone["h2d_copies_per_step"] == 3 and alone["compiles"] == 0
+    assert both["syncs_per_step"] == [alone["syncs_per_step"]] * 2 and both["compiles"] == 0
+
+
+def test_bench_training_counts_no_host_sync_in_cudas_configuration(capsys):
+    """`gdr bench training` on the CPU in the configuration CUDA trains in (bf16-mixed, fused AdamW): its counted
+    step makes no host sync and copies the batch's three tensors."""
+    import json
+
+    from gdr.bench.training import main as bench
+
+    assert bench(["--presets", "tiny", "--steps", "2", "--warmup", "1", "--batch", "4", "--seq-len", "8",
+                  "--device", "cpu", "--precision", "bf16-mixed", "--fused", "true", "--threads", "1"]) == 0
+    tiny = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tiny"]
+    assert tiny["syncs_per_step"] == 0, tiny["sync_events"]
+    assert tiny["h2d_copies_per_step"] == 3 and tiny["compiles"] == 0
 
 
 def test_bucketed_order_groups_batches_by_length_deterministically():

@@ -22,7 +22,12 @@ traffic, shared by the batch (activations not counted); with the FLOPs they give
 The LAST line printed is one JSON object: ``device``, ``batch`` (the first preset's), ``seq_len``, and per preset
 ``batch``, ``examples_per_s``, ``tokens_per_s`` (input tokens), ``mfu``, ``params``, ``seconds``, ``steps``, and the
 roofline of one example: ``flops_per_unit``, ``bytes_per_unit``, ``limit_per_s``, ``fraction_of_limit``,
-``h200_limit_per_s`` (see :func:`gdr.cost.roofline`); the same line, with ``"partial": true``, follows each
+``h200_limit_per_s`` (see :func:`gdr.cost.roofline`); what decides the GPU rate, counted on any device in the step
+after the timed ones: ``syncs_per_step`` (host syncs it would make on a GPU, :class:`gdr.bench.syncs.SyncCounter`;
+``sync_events`` names the first five), ``h2d_copies_per_step`` (the batch's tensors and any upload inside the step)
+and ``compiles`` (graphs torch.compile built). With ``--concurrent N``, ``concurrent`` holds per preset the
+aggregate ``examples_per_s`` of the N slots, ``starts`` (processes spawned), ``spawn_to_first_step_s`` per slot and
+each slot's counts; the same line, with ``"partial": true``, follows each
 preset's warm-up (its ``warmup_s``) and every preset but the last.
 """
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from torch.utils._pytree import tree_leaves
 
 from gdr.bench.common import (
     add_time_args,
@@ -50,6 +56,7 @@ from gdr.bench.common import (
     start_profiler,
     write_table,
 )
+from gdr.bench.syncs import SyncCounter
 from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
 from gdr.indexing.trie import build_trie
 from gdr.training.concurrent import run_concurrently
@@ -81,6 +88,8 @@ class _Timer(pl.Callback):
         self.t_start = self.t0 = self.t1 = self.first_step = None
         self.steps = 0
         self.prof = self.prof_t0 = self.prof_stop = self.summary = None
+        self.counter: SyncCounter | None = None  # the step after the timed ones, counted (see on_train_batch_end)
+        self.counted: dict | None = None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -121,9 +130,23 @@ class _Timer(pl.Callback):
             elif self.profile:
 
                 self.summary = profile_skipped(self.profile, self.title, self._left(), need)
+            if self.prof is None:  # this untimed step is counted (a profiler beside the counter would count itself)
+                self.counter = SyncCounter(self.device).__enter__()
+                self.counted = {"batch_tensors": sum(isinstance(t, torch.Tensor) for t in tree_leaves(batch))}
         if self.t1 is not None and (self.prof_stop is None or step >= self.prof_stop):
             trainer.should_stop = True  # after this batch (a callback cannot skip it)
         return None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        """The counted step's host syncs (:class:`gdr.bench.syncs.SyncCounter`: on the CPU, those it would make on a
+        GPU) and host-to-device copies: the batch's tensors (the accelerator's batch transfer) and the uploads inside
+        the step."""
+        if self.counter is None:
+            return
+        c, self.counter = self.counter, None
+        c.__exit__(None, None, None)
+        self.counted = {"syncs_per_step": c.count, "h2d_copies_per_step": self.counted["batch_tensors"] + c.uploads,
+                        "sync_events": [str(e) for e in c.events[:5]]}
 
     def _stop(self, trainer) -> None:
         self._sync()
@@ -154,7 +177,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds."""
     cfg = preset_config(name, K, depth)
     rng = np.random.default_rng(seed)
-    extra = profile_steps if profile else 0
+    extra = (profile_steps if profile else 0) + 1  # and the step after the timed ones, counted (_Timer)
     n = batch * (steps + warmup + extra)  # one epoch: no epoch boundary inside the timed steps
     ids = rng.integers(1000, 20000, size=(n, seq_len), dtype=np.int32)
     store = TokenStore(ids.ravel(), np.arange(n + 1, dtype=np.int64) * seq_len)
@@ -175,7 +198,9 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
         log_every_n_steps=50,
     )
+    graphs = _compiled_graphs()
     trainer.fit(module, datamodule=dm)
+    compiles = _compiled_graphs() - graphs
     seconds = timer.t1 - timer.t0
     examples = timer.steps * batch
     fpe = train_flops_per_example(module.model, seq_len)
@@ -192,7 +217,15 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
             "tflops_per_s": round(flops / seconds / 1e12, 3), "seconds": round(seconds, 3), "steps": timer.steps,
             "warmup_s": round(timer.t0 - timer.t_start, 3), "precision": prec,
             "fused": bool(trainer.optimizers[0].defaults.get("fused")),
-            "launches_per_example": timer.summary and timer.summary["launches_per_unit"], **roof}
+            "launches_per_example": timer.summary and timer.summary["launches_per_unit"],
+            "syncs_per_step": (timer.counted or {}).get("syncs_per_step"),
+            "h2d_copies_per_step": (timer.counted or {}).get("h2d_copies_per_step"),
+            "sync_events": (timer.counted or {}).get("sync_events"), "compiles": compiles, **roof}
+
+
+def _compiled_graphs() -> int:
+    """The graphs torch.compile has compiled in this process so far (each a compile: seconds of the first steps)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def _at_once(n: int, alone: dict, bench) -> dict:
@@ -200,8 +233,9 @@ def _at_once(n: int, alone: dict, bench) -> dict:
     (:func:`gdr.training.concurrent.run_concurrently`): the examples of all of them over the wall time from the first
     timed step to the last, and the MFU that is at the FLOPs of one example (against ``alone``, the same preset
     run by itself)."""
-    spawned = time.time()
+    spawned, t0 = time.time(), time.perf_counter()
     runs = run_concurrently([bench] * n, n)
+    starts = min(n, len(runs))  # one spawned process per slot (gdr.training.concurrent)
     first = [round(r["first_step_at"] - spawned, 2) for r in runs]  # spawn, imports, device, data, model, 1st batch
     examples = sum(r["examples_per_s"] * r["seconds"] for r in runs)
     wall = max(r["timed_to"] for r in runs) - min(r["timed_from"] for r in runs)
@@ -210,9 +244,13 @@ def _at_once(n: int, alone: dict, bench) -> dict:
     mfu = None if alone["mfu"] is None else round(alone["mfu"] * ratio, 4)
     each = ", ".join(f"{r['examples_per_s']:,.0f}" for r in runs)
     print(f"  {n} at once: {rate:,.0f} examples/s in all ({ratio:.2f}x one alone), MFU {mfu}; each {each} examples/s; "
-          f"spawn to first step {', '.join(f'{s:.1f}' for s in first)} s", flush=True)
+          f"spawn to first step {', '.join(f'{s:.1f}' for s in first)} s; {starts} process starts, "
+          f"{time.perf_counter() - t0:.1f} s from the first spawn to the last slot's end", flush=True)
     return {"examples_per_s": round(rate, 1), "vs_one": round(ratio, 3), "mfu": mfu, "wall_s": round(wall, 3),
-            "spawn_to_first_step_s": first,
+            "starts": starts, "spawn_to_first_step_s": first,
+            "syncs_per_step": [r["syncs_per_step"] for r in runs],
+            "h2d_copies_per_step": [r["h2d_copies_per_step"] for r in runs],
+            "compiles": sum(r["compiles"] for r in runs),
             "per_process_examples_per_s": [r["examples_per_s"] for r in runs]}
 
 

@@ -147,7 +147,8 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
                  eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
                  predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
-                 retrievers: Sequence[dict] = (), plan_note: str | None = None) -> Report:
+                 retrievers: Sequence[dict] = (), plan_note: str | None = None,
+                 timing: dict | None = None) -> Report:
     """The report of a pipeline run (:func:`write_report` says what each argument is): its figures, the paired
     comparisons against GC and the stages' seconds, written by :func:`write_report_files`."""
     cfg = settings
@@ -172,7 +173,8 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
             "queries": query_set_name(cfg, corpus_name), "query_split": query_split, "unknown_qrels": unknown_qrels,
             "cluster": cluster, "comparisons": comparisons, "verdict": said,
             "primary": primary, "query_only_verdict": query_only,
-            "stages": _stage_rows(records, predicted or {})}
+            "stages": _stage_rows(records, predicted or {}), "training": (timing or {}).get("training"),
+            "outside_stages": (timing or {}).get("outside_stages")}
     return Report(data, cfg, table, [r for r in retrievers if r.get("curve")], predicted is not None, plan_note)
 
 
@@ -210,6 +212,7 @@ def render_markdown(report: Report) -> str:
     lines += _curve_lines(report.curves)
     lines += [*_stage_lines(r["stages"], report.planned, report.plan_note), "",
               f"Wall time of this invocation: {r['seconds']:.1f} s.", ""]
+    lines += _timing_lines({"training": r["training"], "outside_stages": r["outside_stages"]})
     return "\n".join(lines)
 
 
@@ -235,7 +238,8 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
                  seconds: float, eval_dirs: dict[str, list] | None = None, corpus_name: str | None = None,
                  trained_on: str | None = None, partial: dict | None = None, unknown_qrels: int = 0,
                  predicted: dict[str, float | None] | None = None, query_split: dict | None = None,
-                 retrievers: Sequence[dict] = (), plan_note: str | None = None) -> dict:
+                 retrievers: Sequence[dict] = (), plan_note: str | None = None,
+                 timing: dict | None = None) -> dict:
     """``report.md``, ``report.png`` and ``report.json`` of a pipeline run into ``root``, replaced together
     (:func:`build_report`, :func:`render_markdown`, :func:`write_report_files`); returns the report
     (``report.json``'s content).
@@ -255,13 +259,32 @@ def write_report(settings: dict, command: str, root: Path, records: Sequence, n_
     the column left out; ``plan_note``: the line said on them (where they come from, or what fills them);
     ``query_split``: how the topics were split (``{"by": "folds" | "fractions" | "query set", ...}``,
     :func:`gdr.pipeline.query_split`), said in the report; ``retrievers``: the run's ``retrievers.jsonl`` lines,
-    whose learning curves (``curve``) are drawn in ``curves.png`` (:func:`plot_learning_curves`)."""
+    whose learning curves (``curve``) are drawn in ``curves.png`` (:func:`plot_learning_curves`); ``timing``: this
+    invocation's ``training`` phase and its seconds ``outside_stages`` (:func:`gdr.pipeline.run_timing`), said under
+    the stages and kept in report.json."""
     report = build_report(settings, command, records, n_docs, results, indexes, bm25, cluster, seconds,
                           eval_dirs=eval_dirs, corpus_name=corpus_name, trained_on=trained_on, partial=partial,
                           unknown_qrels=unknown_qrels, predicted=predicted, query_split=query_split,
-                          retrievers=retrievers, plan_note=plan_note)
+                          retrievers=retrievers, plan_note=plan_note, timing=timing)
     write_report_files(report, root)
     return report.data
+
+
+def _timing_lines(timing: dict) -> list[str]:
+    """The report's sentences on this invocation's training phase and its seconds outside any stage."""
+    lines = []
+    t = timing.get("training")
+    if t:
+        free = "n/a (CPU)" if t["free_gb"] is None else f"{t['free_gb']:.1f} GB"
+        rate = "n/a" if t["examples_per_s"] is None else f"{t['examples_per_s']:,.0f}"
+        lines += [f"Training here: {t['retrievers']} retriever(s), {t['examples']:,} examples (steps x batch "
+                  f"{t['batch']}) in {t['seconds']:.1f} s, validations included: {rate} examples/s; "
+                  f"{t['retrievers_at_once']} at once, {free} free when it started.", ""]
+    o = timing.get("outside_stages")
+    if o:
+        lines += [f"Outside any stage: {o['seconds']:.1f} s (LM load {o['lm_load']:.1f} s, report rewrites "
+                  f"{o['report_rewrites']:.1f} s, the rest {o['other']:.1f} s: corpus, bookkeeping).", ""]
+    return lines
 
 
 def _split_lines(split: dict) -> list[str]:

@@ -1,0 +1,100 @@
+"""Benchmark: the seconds of one report rewrite of a `gdr run` at BBC size (gdr/stages/report.py `write_report`, what
+gdr/pipeline.py `_report` calls after each retriever), on this machine.
+
+    make bench-report          (or: PYTHONPATH=$PWD python tests/bench_report.py [--rewrites 3] [--profile])
+
+The inputs of the 2026-11-27 BBC comparison, made up: 821 test queries, 4 docid schemes x 3 seeds (12 retrievers)
+and BM25, each with its per-query file (the rank of each query's first relevant result), 30 stages, the paired
+tests against GC and the plot. Each rewrite is timed whole (the paired tests reading the per-query files, the
+bootstrap and permutation tests, report.md, report.png, report.json). The issue's bound is 1 s a rewrite at 12
+retrievers; `--profile` prints the 25 costliest calls of one rewrite. The LAST line is one JSON object: `seconds`
+(each rewrite), `best_s`, `within_1s`. Exits 0 whatever the seconds: it measures, it does not judge.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gdr.config import load_config, to_container
+from gdr.eval.retrieval import write_per_query
+from gdr.pipeline import StageRecord
+from gdr.stages.report import write_report
+
+SCHEMES = ("gc", "hkmi", "random", "bmi")
+SEEDS = (0, 1, 2)
+N_QUERIES = 821
+K = 100
+INDEX = {"depth_max": 3, "depth_mean": 2.6, "largest_child_frac_mean": 0.31}
+
+
+def _metrics(first: np.ndarray) -> dict:
+    """A row of test figures from first-relevant ranks (0: none), as an evaluation stage records it."""
+    found = first > 0
+    return {**{f"recall@{d}": float(np.mean(found & (first <= d))) for d in (1, 10, K)},
+            "R@10": float(np.mean(found & (first <= 10))), f"R@{K}": float(np.mean(found)),
+            f"mrr@{K}": float(np.mean(np.where(found, 1.0 / np.maximum(first, 1), 0.0))), "n_queries": len(first)}
+
+
+def bbc_inputs(root: Path) -> dict:
+    """write_report's arguments for a BBC-size run in ``root``: per scheme and seed an evaluation folder with its
+    per-query file, BM25's, the stage records."""
+    rng = np.random.default_rng(0)
+    qids = [f"q{i}" for i in range(N_QUERIES)]
+    results, eval_dirs, records = {}, {}, []
+    for scheme in (*SCHEMES, "bm25"):
+        for seed in (SEEDS if scheme != "bm25" else (0,)):
+            folder = root / (f"eval-{scheme}-s{seed}" if scheme != "bm25" else "bm25")
+            folder.mkdir(parents=True)
+            first = np.where(rng.random(N_QUERIES) < 0.8, rng.integers(1, K + 1, N_QUERIES), 0)
+            write_per_query(folder / "per_query.json", dict(zip(qids, first.tolist())))
+            eval_dirs.setdefault(scheme, []).append(folder)
+            if scheme != "bm25":
+                results.setdefault(scheme, []).append({"seed": seed, **_metrics(first)})
+                records += [StageRecord(f"train-{scheme}-s{seed}", root / f"train-{scheme}-s{seed}", "k", 30.0, False),
+                            StageRecord(f"eval-{scheme}-s{seed}", folder, "k", 3.0, False)]
+    records = [StageRecord(n, root / n, "k", 10.0, False) for n in ("score", "cluster", "doc-queries", "bm25",
+                                                                    *(f"index-{s}" for s in SCHEMES))] + records
+    cfg = load_config("run", ["data=r5", f"out={root}", "plot=true", f"evaluate.k={K}"])
+    bm25 = _metrics(np.where(rng.random(N_QUERIES) < 0.7, rng.integers(1, K + 1, N_QUERIES), 0))
+    return {"settings": to_container(cfg), "command": "gdr run +experiment=bbc", "root": root, "records": records,
+            "n_docs": 2225, "results": results, "indexes": {s: INDEX for s in SCHEMES}, "bm25": bm25,
+            "cluster": None, "seconds": 751.0, "eval_dirs": eval_dirs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rewrites", type=int, default=3, help="rewrites timed (default 3)")
+    ap.add_argument("--profile", action="store_true", help="print the 25 costliest calls of one more rewrite")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = bbc_inputs(Path(tmp))
+        seconds = []
+        for _ in range(args.rewrites):
+            t0 = time.perf_counter()
+            write_report(**inputs)
+            seconds.append(round(time.perf_counter() - t0, 3))
+            print(f"report rewrite: {seconds[-1]:.3f} s", flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.runcall(write_report, **inputs)
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(25)
+            print(out.getvalue())
+        report = json.loads((Path(tmp) / "report.json").read_text())
+    best = min(seconds)
+    print(json.dumps({"retrievers": len(SCHEMES) * len(SEEDS), "queries": N_QUERIES,
+                      "comparisons": len(report["comparisons"]), "seconds": seconds, "best_s": best,
+                      "within_1s": best <= 1.0}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
