@@ -17,6 +17,7 @@ line's configuration system; nothing here needs it except :func:`run`, which rea
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -55,7 +56,6 @@ from gdr.stages.settings import (
 )
 from gdr.stages.train import check_not_trained_on, trained_splits
 from gdr.store import PRun, load_run
-from gdr.training.options import TrainerOptions
 from gdr.upgrade import refuse_format_0_retriever, refuse_format_0_training
 from gdr.validate import validate
 
@@ -248,7 +248,7 @@ def train_retriever(corpus: Corpus, docids: PathLike, out: PathLike, *, queries:
     _need_path(docids, "docids", "the docids.tsv of gdr.build_index (its result's ['docids'])")
     sections = {**sections, "model": {**(sections.get("model") or {}), **({"size": size} if size is not None else {})}}
     settings = TrainSettings.merged(sections, seed=seed)
-    refuse_format_0_training(out, bool(settings.trainer.get("resume", TrainerOptions.resume)))
+    refuse_format_0_training(out, bool(settings.trainer.resume))
     return train_stage.train_retriever(corpus, docids, out, settings, queries=queries, generated=generated)
 
 
@@ -354,6 +354,10 @@ def pack(run_dir: PathLike, out: PathLike, *, prune: bool = False, piece_mib: fl
          max_pieces: int = MAX_PIECES) -> dict:
     """``gdr pack``: the pruned run folder ``run_dir`` as checksummed pieces in ``out`` (:func:`gdr.carry.pack_run`;
     ``prune=True`` prunes it first instead of refusing it); returns the pack's manifest."""
+    for name, value, integer in (("piece_mib", piece_mib, False), ("max_pieces", max_pieces, True)):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0 and (not integer or float(value).is_integer())):
+            raise ValueError(f"{name}={value!r}: must be a positive {'integer' if integer else 'number'}")
     _need_path(run_dir, "run_dir", "a `gdr run` folder")
     return pack_run(run_dir, out, prune=prune, piece_mib=piece_mib, max_pieces=max_pieces)
 

@@ -37,7 +37,8 @@ from gdr.io import atomic_write_json, verify_files
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WEIGHTS", "MANIFEST", "PIECE_MIB", "MAX_PIECES", "prune_run", "prunable", "pack_run", "unpack_run"]
+__all__ = ["WEIGHTS", "MANIFEST", "PIECE_MIB", "MAX_PIECES", "prune_run", "prunable", "pack_run", "unpack_run",
+           "was_pruned"]
 
 # A retriever's weights and optimiser states: what pruning drops (the tokenizer and retriever.json are small and stay)
 WEIGHTS = ("model/*.pt", "model/*.safetensors", "model/*.bin", "checkpoints/*")
@@ -66,6 +67,11 @@ def _record(folder: Path) -> dict | None:
         return json.loads((folder / STAGE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def was_pruned(folder: str | os.PathLike) -> bool:
+    """Whether the stage folder ``folder`` had files dropped by :func:`prune_run` (its ``stage.json`` says so)."""
+    return bool((_record(Path(folder)) or {}).get("pruned"))
 
 
 def _digest(record: dict) -> str:

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from gdr.carry import was_pruned
 from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.guard import OutputError
 from gdr.models import LM_RULES
@@ -98,7 +99,7 @@ def train_run(v, sec):
     p = Path(v).expanduser()
     if not ((p / "model" / "retriever.json").exists() or (p / "retriever.json").exists()):
         return "has no model/retriever.json: not the out_dir of a finished `gdr train`"
-    if (p / "model" / "retriever.json").exists() and not (p / "model" / "model.pt").exists():
+    if not (p / "model" / "model.pt").exists() and was_pruned(p):
         return ("has no model/model.pt: its weights were dropped (`gdr prune`); a `gdr run` of its run folder trains "
                 "it again when its evaluation must run again")
     return None

@@ -76,7 +76,7 @@ def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_
     capsys.readouterr()
     assert main(_args(lm_path, copy)) == 0
     stages = _stages(copy)
-    finished_first = {"score", "cluster", "doc-queries", "index-gc", "index-hkmi", "index-random", "bm25",
+    finished_first = {"qg", "score", "cluster", "doc-queries", "index-gc", "index-hkmi", "index-random", "bm25",
                       "train-gc-s0", "eval-gc-s0", "train-hkmi-s0", "eval-hkmi-s0", "train-random-s0", "eval-random-s0"}
     assert {n for n, s in stages.items() if s["reused"]} == finished_first
     assert stages["train-gc-s1"]["attempts"] == 2  # the stopped attempt counts in its seconds

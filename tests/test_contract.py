@@ -168,6 +168,7 @@ def _call(name: str, where: str, value, tmp_path: Path):
         "train_retriever": lambda: fn(corpus, tmp_path / "docids.tsv", out, **kw),
         "evaluate": lambda: fn(tmp_path / "train", corpus, _queries(), out, **kw),
         "bm25": lambda: fn(corpus, _queries(), out, **kw),
+        "pack": lambda: fn(tmp_path / "run", out, **kw),
         "load_corpus": lambda: fn("bbc", **kw),
         "load_title_queries": lambda: fn("bbc", **kw),
         "GenerativeLM": lambda: fn("smollm2-135m", **kw),

@@ -5,7 +5,6 @@ from gdr.cli.common import compose, corpus_and_queries
 from gdr.config import save_config
 from gdr.stages.settings import TrainSettings
 from gdr.stages.train import check_train_inputs, train_retriever
-from gdr.training.options import TrainerOptions
 from gdr.upgrade import refuse_format_0_training
 
 
@@ -15,7 +14,7 @@ def train_main(argv: list[str]) -> int:
     c, out, corpus, qs = corpus_and_queries(cfg, save=False)
     settings = TrainSettings.from_config({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
                                                           "seed")})
-    refuse_format_0_training(out, bool(settings.trainer.get("resume", TrainerOptions.resume)))
+    refuse_format_0_training(out, bool(settings.trainer.resume))
     # config.yaml is written once out_dir is known to hold no other training (trained_on.json)
     res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"),
                           write_config=lambda folder: save_config(cfg, folder))
