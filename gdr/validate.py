@@ -28,7 +28,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from gdr.carry import was_pruned
 from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.guard import OutputError
-from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
     NON_NEGATIVE,
@@ -61,7 +60,7 @@ from gdr.stages.settings import (
     EVALUATE_RULES,
     INDEX_RULES,
     INDEXERS,
-    LR_LIMIT,
+    LM_RULES,
     RESULTS_RULE,
     SAMPLE_RULES,
     SCORE_RULES,
@@ -73,6 +72,7 @@ from gdr.stages.settings import (
     ScoreSettings,
     field_help,
 )
+from gdr.training.options import LR_LIMIT
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
 
