@@ -53,7 +53,7 @@ from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys
 from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
-from gdr.stages.settings import SampleSettings, ScoreSettings, TrainSettings
+from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings
 from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
@@ -395,9 +395,15 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     return [train, search]
 
 
+def _typed(cls, section):
+    """The settings class ``cls`` from a section of the run's config (checked at ``gdr run``'s door): its values
+    read as attributes, a key the section lacks at the field's default."""
+    return cls.from_config(OmegaConf.to_container(section, resolve=True))
+
+
 def _train_settings(cfg) -> TrainSettings:
-    """The run's retriever settings (its ``train:`` section, checked at ``gdr run``'s door)."""
-    return TrainSettings.from_config(OmegaConf.to_container(cfg.train, resolve=True))
+    """The run's retriever settings (its ``train:`` section)."""
+    return _typed(TrainSettings, cfg.train)
 
 
 def _examples(ex: ExampleOptions, n_docs: int, n_train: int, per_doc: int) -> tuple[int, int]:
@@ -596,21 +602,19 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     lm = _meta_lm(str(cfg.model.name))
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
     kind = "cpu" if device == "cpu" else "cuda"
-    s = cfg.sample
-    compiled = want_compile(s.get("compile", SampleSettings.compile), kind, J,
-                            s.get("compile_min_queries", SampleSettings.compile_min_queries))
+    s, score = _typed(SampleSettings, cfg.sample), _typed(ScoreSettings, cfg.score)
+    compiled = want_compile(s.compile, kind, J, s.compile_min_queries)
     stages = [_lm_load(str(cfg.model.name), lm, rates),
               _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates, compiled),
               _scoring(lm, n_docs, J, int(s.max_new_tokens), doc_tokens, rates, gpus,
-                       int(cfg.score.get("processes") or ScoreSettings.processes))]
+                       score.processes)]
     if cfg.cluster.enabled and _labelled(cfg):
         stages.append(_clustering(cfg, n_docs, J, rates))
     per_doc = int(cfg.doc_queries.per_doc)
     if per_doc:
         n_gen = n_docs * per_doc
         stages.append(_sampling("doc_queries", lm, n_gen, int(cfg.doc_queries.max_new_tokens), doc_tokens, rates,
-                                want_compile(s.get("compile", SampleSettings.compile), kind, n_gen,
-                                             s.get("compile_min_queries", SampleSettings.compile_min_queries))))
+                                want_compile(s.compile, kind, n_gen, s.compile_min_queries)))
     stages.append(_indexing(cfg, n_docs, J, rates))
     if cfg.get("bm25", RunKeys.bm25):
         stages.append(_host("bm25", HOST_S["bm25_doc"] * n_docs, rates, f"{n_docs:,} documents"))
@@ -661,12 +665,12 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     model = _retriever(cfg, t, n_docs)
     rc = model.config
     threads = cfg.get("threads")
-    processes = int(cfg.score.get("processes") or ScoreSettings.processes)
+    score = _typed(ScoreSettings, cfg.score)
+    processes = score.processes
     batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
-    sb = cfg.sample.get("batch_size", SampleSettings.batch_size)
-    db = cfg.doc_queries.get("batch_size", SampleSettings.batch_size)
+    sb, db = _typed(SampleSettings, cfg.sample).batch_size, cfg.doc_queries.batch_size
     per_doc, new = int(cfg.doc_queries.per_doc), int(cfg.sample.max_new_tokens)
-    qt = cfg.score.get("max_query_tokens", ScoreSettings.max_query_tokens)
+    qt = score.max_query_tokens
     shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
               "new_tokens": new, "threads": threads,
               "sample_batch": min(int(cfg.sample.n_queries), CPU_SAMPLE_BATCH if sb == "auto" else int(sb)),
@@ -706,9 +710,8 @@ def _host(name: str, seconds: float, rates: _Rates, what: str) -> StagePlan:
 
 def _clustering(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     """The flat clustering stage: GC (each variant) and the k-means baselines, ``cluster.repeats`` times each."""
-    repeats = int(cfg.cluster.get("repeats", 1))
-    variants = max(1, len(cfg.cluster.get("variants") or {}))
-    baselines = list(cfg.cluster.get("baselines") or [])
+    c = _typed(ClusterSettings, cfg.cluster)
+    repeats, variants, baselines = c.repeats, max(1, len(c.variants)), c.baselines
     per = {"tfidf": HOST_S["tfidf_doc_repeat"] * n_docs, "embedding": HOST_S["embedding_doc_repeat"] * n_docs,
            "logp": HOST_S["logp_entry_repeat"] * n_docs * J}
     seconds = repeats * (variants * HOST_S["gc_entry_repeat"] * n_docs * J + sum(per.get(b, 0.0) for b in baselines))
