@@ -101,10 +101,12 @@ def preset(v, sec):
 
 
 def k_within_beam(v, sec):
+    """``k``: no more than a valid ``beam`` (an invalid beam is refused by its own rule)."""
     beam = get(sec, "beam")
     if not is_int(v) or v < 1:
         return "must be a positive integer"
-    return f"must be <= beam={beam}: beam search returns at most beam docids" if is_int(beam) and v > beam else None
+    fits = not (is_int(beam) and beam >= 1) or v <= beam
+    return None if fits else f"must be <= beam={beam}: beam search returns at most beam docids"
 
 
 def p_per_doc(v, sec):
