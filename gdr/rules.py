@@ -3,9 +3,9 @@
 The ground floor of gdr's checking (it imports nothing of gdr, in the spirit of scikit-learn's
 ``utils/_param_validation.py``): a :class:`Rule` pairs a dotted config key with a :data:`Check`, a function of
 the value and the config section the rule is applied to that returns what is wrong (``"must be a positive
-integer"``) or None. The owners of settings declare their rules beside them (each settings dataclass of
-:mod:`gdr.stages.settings` in its ``rules``, the data loaders in :mod:`gdr.data`, the query generator in
-:mod:`gdr.models`); :mod:`gdr.validate` assembles them into the commands' tables. Every refusal is a
+integer"``) or None. The owners of settings declare their rules beside them: a settings dataclass's field in its
+metadata (:func:`setting` ``rule=``; :func:`fields_rules` derives a class's table), the data loaders in
+:mod:`gdr.data`; :mod:`gdr.validate` assembles them into the commands' tables. Every refusal is a
 :class:`ConfigError` of one line, ``<key>=<value>: <problem> (<what the key means>)``:
 ``sample.n_queries=-3: must be a positive integer (the number J of sampled queries)``.
 

@@ -1,17 +1,17 @@
 """The settings of each stage as plain dataclasses (no Hydra): the one place their defaults are written.
 
-Every field carries its default and its help (:func:`gdr.rules.setting`; a dict-valued field's keys are the fields
-of its section classes, :data:`SECTIONS`: the training kernel's :mod:`gdr.training.options`, the GC indexer's
-:mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them and from
-the commands' own keys (:mod:`gdr.stages.command_keys`) (:data:`GENERATED`, ``make conf``); ``--help`` reads the help
-from the fields (:func:`generated_help`).
+Every field carries its default, its help, its rule and its effect (:func:`gdr.rules.setting`; a section's keys are
+the fields of its section classes, :data:`SECTIONS`: the training kernel's :mod:`gdr.training.options`, the GC
+indexer's :mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them
+and from the commands' own keys (:mod:`gdr.stages.command_keys`) (:data:`GENERATED`, ``make conf``); ``--help`` reads
+the help from the fields (:func:`generated_help`), :func:`rules_of` the rule tables.
 
 :meth:`~Settings.from_dict` takes a section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a
 script writes by hand) and refuses a key it does not know, naming it. A script builds them directly, e.g.
 ``SampleSettings(n_queries=32)``: that is its door, where the instance checks its fields with its rules (``rules``:
-:class:`gdr.rules.Rule` keyed as in the command's composed config; ``section``: where its fields sit there;
-``keys``: fields kept at another key), a :class:`gdr.rules.ConfigError` naming the field before any model or data
-loads. A command checks its whole config once with the same tables (:func:`gdr.validate.validate`) and builds its
+the fields' rules, :func:`rules_of`, keyed as in the command's composed config; ``section``: where its fields sit
+there; ``keys``: fields kept at another key), a :class:`gdr.rules.ConfigError` naming the field before any model or
+data loads. A command checks its whole config once with the same tables (:func:`gdr.validate.validate`) and builds its
 settings with :meth:`~Settings.from_config`, which trusts the values.
 """
 from __future__ import annotations
