@@ -123,23 +123,27 @@ class SamplingOptions:
     batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
                                             "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
                                             "(sampler gdr-decode-1)", effect="speed",
-            rule=auto_or(POSITIVE), rule_help="queries per decode batch (changes speed, not the queries); auto = "
-                                                    "fits the GPU / fastest on a CPU")
+                                    rule=auto_or(POSITIVE),
+                                    rule_help="queries per decode batch (changes speed, not the queries); auto = "
+                                              "fits the GPU / fastest on a CPU")
     max_new_tokens: int = setting(32, effect="result", rule=POSITIVE, rule_help="tokens per sampled query")
     top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off", effect="result",
-            rule=NON_NEGATIVE, rule_help="top-k sampling; 0 = off")
+                         rule=NON_NEGATIVE, rule_help="top-k sampling; 0 = off")
     top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off", effect="result",
-            rule=number(0, 1), rule_help="nucleus sampling mass; 1 = off")
+                           rule=number(0, 1), rule_help="nucleus sampling mass; 1 = off")
     temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume",
                                  effect="result",
-            rule=number(0), rule_help="sampling temperature; below 1e-30 the greedy output, its limit")
+                                 rule=number(0),
+                                 rule_help="sampling temperature; below 1e-30 the greedy output, its limit")
     compile: bool | str = setting("auto", "auto | true | false: compile the decode step (CUDA graphs on a GPU; the "
                                           "same queries either way). auto = on CUDA when at least compile_min_queries "
                                           "queries are left to decode", effect="speed",
-            rule=auto_or(boolean), rule_help="compile the decode step; auto = on CUDA for large work")
+                                  rule=auto_or(boolean),
+                                  rule_help="compile the decode step; auto = on CUDA for large work")
     compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
                                                      "(gdr/lm/compiling.py)", effect="speed",
-            rule=auto_or(POSITIVE), rule_help="sample.compile=auto compiles from this many queries")
+                                             rule=auto_or(POSITIVE),
+                                             rule_help="sample.compile=auto compiles from this many queries")
 
 
 DOC2QUERY = "doc2query/all-with_prefix-t5-base-v1"  # the paper's query generator

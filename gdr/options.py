@@ -32,9 +32,9 @@ class GCFitOptions:
                                 rule_help="alpha=auto's mean ESS as a fraction of J")
     clip_sigma: float | None = setting(5.0, "Eq. clip: per column, values above mu_j + clip_sigma sigma_j are set "
                                             "to that bound; null = no clipping", effect="result",
-                                      rule=optional(number(0)), rule_help="clipping at mu + n sigma; null = none")
+                                       rule=optional(number(0)), rule_help="clipping at mu + n sigma; null = none")
     phi: str = setting("power", "the proposal: power (Eq. vmp) | naive (column mean of P)", effect="result",
-                   rule=one_of("power", "naive"), rule_help="the proposal phi")
+                       rule=one_of("power", "naive"), rule_help="the proposal phi")
     init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++",
                         effect="result", rule=one_of("greedy-k-means++", "random", "k-means++"))
     n_init: int = setting(10, "runs per fit; the lowest total distortion wins (no labels used)", effect="result",
@@ -51,8 +51,8 @@ class RankingOptions:
 
     k: int = setting(100, "results per query (run file depth)", effect="result", rule=POSITIVE)
     beam: int = setting(100, "beams of the constrained beam search over the docid trie", effect="result", rule=POSITIVE,
-                     rule_help="beam width")
+                        rule_help="beam width")
     length_penalty: float = setting(1.0, "a docid scores log p / length**length_penalty (matters where codes differ "
                                          "in length)", effect="result",
-                                  rule=number(), rule_help="a docid scores log p / length**length_penalty")
+                                    rule=number(), rule_help="a docid scores log p / length**length_penalty")
     tag: str = setting("gdr", "the run's name in its TREC run file", effect="result", rule=any_value)

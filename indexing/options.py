@@ -54,12 +54,12 @@ class GCOptions:
     """
     alpha: float | str = same_setting(GCFitOptions, "alpha", "Eq. ris / vmp / resampling; auto = chosen at the root "
                                                              "by effective sample size",
-                                       rule_help="GC's regularisation; the paper uses 0.25; auto = by effective sample "
-                                                 "size")
+                                      rule_help="GC's regularisation; the paper uses 0.25; auto = by effective sample "
+                                                "size")
     ess_target: float = same_setting(GCFitOptions, "ess_target")
     clip_sigma: float | None = same_setting(GCFitOptions, "clip_sigma", "Eq. clip once on the root P (mu_j + 5 "
                                                                         "sigma_j); null = no clipping",
-                                       rule_help="clipping at mu + n sigma; null = none")
+                                            rule_help="clipping at mu + n sigma; null = none")
     proposal: str = same_setting(GCFitOptions, "phi", "power (Eq. vmp) | naive (column mean of P)")
     localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")",
                               effect="result", rule=boolean)
@@ -69,18 +69,18 @@ class GCOptions:
     init: str = same_setting(GCFitOptions, "init")
     n_init: int = same_setting(GCFitOptions, "n_init", "fit_generative runs at the root")
     n_init_inner: int = setting(3, "... at every node below the root", effect="result", rule=POSITIVE,
-                               rule_help="fits at every other node")
+                                rule_help="fits at every other node")
     max_iter: int = same_setting(GCFitOptions, "max_iter")
     tol: float = setting(1e-5, "relative improvement of the total distortion", effect="result",
-                       rule=number(0, lo_open=False))
+                         rule=number(0, lo_open=False))
     dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity", effect="result", rule=boolean)
     device: str = same_setting(GCFitOptions, "device")
     memory_mb: float = setting(1024, "per-node working-set budget; larger nodes: fit on a row sample + streamed "
                                      "refinement", effect="result", rule=number(0),
-                              rule_help="working-set budget of one node")
+                               rule_help="working-set budget of one node")
     chunk_rows: int = setting(2048, "rows per streamed chunk", effect="result", rule=POSITIVE)
     refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget", effect="result",
-                                 rule=NON_NEGATIVE)
+                                   rule=NON_NEGATIVE)
     torch_threads: int | None = setting(1, "torch threads while indexing (1: fastest on a shared 2-core machine); "
                                            "null = default", effect="result", rule=OPT_POSITIVE)
     split_merge: bool | None = setting(None, "split/merge moves after each node's fit; null = on for greedy-k-means++ "
@@ -127,11 +127,11 @@ class TreeOptions:
     """The shape of every docid tree (:func:`gdr.indexing.tree.build_tree`): the paper's K and c."""
 
     n_clusters: int = setting(30, "K: children per node; every position < K", effect="result", rule=int_at_least(2),
-                          rule_help="K, children per node")
+                              rule_help="K, children per node")
     leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)", effect="result", rule=leaf_size,
-                         rule_help="c, the most documents in a leaf")
+                             rule_help="c, the most documents in a leaf")
     workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)", effect="speed",
-                       rule=POSITIVE, rule_help="threads over the nodes of a level")
+                           rule=POSITIVE, rule_help="threads over the nodes of a level")
 
 
 @dataclass
@@ -142,10 +142,10 @@ class IndexGC:
     n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)", effect="result",
                                     rule=OPT_POSITIVE, rule_help="the first J columns of P; null = all")
     top_queries: int = setting(5, "typical queries per child in tree.json", effect="result",
-                           rule=NON_NEGATIVE)
+                               rule=NON_NEGATIVE)
     centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
                                           "tree_state.npz)", effect="result",
-                                    rule=int_at_least(-1), rule_help="-1 = no centroids in tree.json")
+                                       rule=int_at_least(-1), rule_help="-1 = no centroids in tree.json")
 
 
 @dataclass
@@ -158,7 +158,7 @@ class IndexKMeans:
                                       rule_help="jsonl of {doc_id, queries} from `gdr sample sample.per_doc=N`")
     embed_model: str = setting(EMBED_MODEL, "hkmi (embedding=model) and bmi: any sentence-transformers model "
                                           "(bundled minilm-l6 works offline)", effect="result",
-                           rule=any_value)
+                               rule=any_value)
     embedding: str = setting("model", "hkmi's document vectors: model = embed_model | tfidf-svd = tf-idf of the "
                                       "texts reduced by TruncatedSVD (no neural model, so not the retriever's "
                                       "encoder); bmi always embeds its queries with embed_model", effect="result",

@@ -172,17 +172,19 @@ class DocQueries:
     """``gdr run``'s ``doc_queries``: generated training queries for every document, with decoding of their own."""
 
     per_doc: int = setting(10, "0 = none (then bmi cannot run)", effect="result",
-            rule=per_doc_for_bmi, rule_help="generated training queries per document")
+                           rule=per_doc_for_bmi, rule_help="generated training queries per document")
     seed: int = setting(1, effect="result", rule=seed)
     batch_size: int | str = setting("${sample.batch_size}", effect="speed",
-            rule=auto_or(POSITIVE), rule_help="queries per decode batch; auto = as sample.batch_size")
+                                    rule=auto_or(POSITIVE),
+                                    rule_help="queries per decode batch; auto = as sample.batch_size")
     max_new_tokens: int | str = setting("${sample.max_new_tokens}", effect="result", rule=POSITIVE)
     top_k: int = setting(10, effect="result",
-            rule=NON_NEGATIVE, rule_help="top-k sampling of the training queries; 0 = off")
+                         rule=NON_NEGATIVE, rule_help="top-k sampling of the training queries; 0 = off")
     top_p: float = setting(1.0, effect="result",
-            rule=number(0, 1), rule_help="nucleus mass of the training queries; 1 = off")
+                           rule=number(0, 1), rule_help="nucleus mass of the training queries; 1 = off")
     temperature: float = setting(0.7, effect="result",
-            rule=number(0), rule_help="sampling temperature of the training queries; below 1e-30 greedy")
+                                 rule=number(0),
+                                 rule_help="sampling temperature of the training queries; below 1e-30 greedy")
 
 
 @dataclass

@@ -228,7 +228,7 @@ class LMSettings(Settings, ModelOptions):
     # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
     device: str = setting("auto", "auto | cpu | cuda", effect="result", rule=DEVICE_RULE.check)
     threads: int | None = setting(None, "torch CPU threads (null = torch default)", effect="speed",
-            rule=OPT_POSITIVE, rule_help="torch CPU threads; null = torch's default")
+                                  rule=OPT_POSITIVE, rule_help="torch CPU threads; null = torch's default")
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
@@ -253,14 +253,15 @@ class SampleSettings(Settings):
     n_queries: int = setting(64, "J", effect="result", rule=POSITIVE, rule_help="the number J of sampled queries")
     per_doc: int = setting(0, "> 0: instead, generate this many queries for EVERY document (doc_queries.jsonl; "
                               "training data of the retriever and input of the BMI indexer)", effect="result",
-            rule=NON_NEGATIVE, rule_help="queries generated for every document; 0 = off")
+                           rule=NON_NEGATIVE, rule_help="queries generated for every document; 0 = off")
     p_per_doc: int = setting(0, "> 0: P's queries are this many from EVERY document (J = p_per_doc x documents), "
                                 "each document's on random streams keyed by its text and scored apart from the "
                                 "others' (by source), so an edited, added or removed document re-samples and "
                                 "re-scores only its own queries, row and columns of P (gdr score reuse_from=, gdr "
                                 "run). 0: n_queries drawn over the corpus (Algorithm 1)", effect="result",
-            rule=p_per_doc, rule_help="P's queries: this many from every document, each document's own (an edit "
-                                      "re-scores only what changed); 0 = sample.n_queries drawn over the corpus")
+                             rule=p_per_doc,
+                             rule_help="P's queries: this many from every document, each document's own (an edit "
+                                       "re-scores only what changed); 0 = sample.n_queries drawn over the corpus")
     seed: int = setting(0, effect="result", rule=seed)
     batch_size: int | str = same_setting(SamplingOptions, "batch_size")
     max_new_tokens: int = same_setting(SamplingOptions, "max_new_tokens")
@@ -285,26 +286,26 @@ class ScoreSettings(Settings):
     section: ClassVar = "score"
 
     dtype: str = setting("float32", "float32 | float16: storage of P.npy", effect="result",
-            rule=one_of("float32", "float16"), rule_help="storage of P.npy")
+                         rule=one_of("float32", "float16"), rule_help="storage of P.npy")
     compute_dtype: str = setting("auto", "auto | bfloat16 | float32: the dtype the scoring passes run in (auto: bf16 "
                                          "on CUDA, the model's fp32 on a CPU); bf16 vs fp32 on the demo: "
                                          "reports/bf16-scoring.md", effect="result",
-            rule=one_of("auto", "bfloat16", "float32"),
-            rule_help="the dtype scoring runs in; auto = bf16 on CUDA, the model's fp32 on a CPU")
+                                 rule=one_of("auto", "bfloat16", "float32"),
+                                 rule_help="the dtype scoring runs in; auto = bf16 on CUDA, the model's fp32 on a CPU")
     shard_size: int = setting(32, "documents per resumable shard (scored in groups that fill a doc batch: the shard "
                                   "size changes neither the batches nor how often anything is tokenised)",
                                   effect="result", rule=POSITIVE, rule_help="documents per resumable shard")
     doc_batch_size: int | str = setting("auto", "documents per forward pass (auto: 1 on CPU; on CUDA as many as fit in "
                                                 "half the free GPU memory, at most 64)", effect="result",
-            rule=auto_or(POSITIVE), rule_help="documents per forward pass")
+                                        rule=auto_or(POSITIVE), rule_help="documents per forward pass")
     max_query_tokens: int | str = setting("auto", "query tokens per packed chunk (auto: 2048 on CPU, 4096 on CUDA)",
                                           effect="result",
-            rule=auto_or(POSITIVE), rule_help="query tokens per packed chunk")
+                                          rule=auto_or(POSITIVE), rule_help="query tokens per packed chunk")
     processes: int = setting(1, "> 1: that many scoring processes on this machine (CPU: one single-thread process per "
                                 "core is fastest); the same P as one process. Started by spawn, which imports the "
                                 "calling script again: a script calls gdr.score(processes=N) under "
                                 "`if __name__ == \"__main__\":`", effect="speed",
-            rule=POSITIVE, rule_help="scoring processes on this machine")
+                             rule=POSITIVE, rule_help="scoring processes on this machine")
 
     def check_size(self, n_docs: int, n_queries: int, key: str = "sample.n_queries") -> None:
         """Refuse a P of ``n_docs`` x ``n_queries`` that does not fit this machine's available memory (the index
@@ -339,12 +340,13 @@ class ClusterSettings(Settings):
 
     n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)",
                                      effect="result",
-            rule=optional(int_at_least(2)), rule_help="the number K of clusters; null = the corpus's labels")
+                                     rule=optional(int_at_least(2)),
+                                     rule_help="the number K of clusters; null = the corpus's labels")
     seed: int = setting(0, effect="result", rule=seed)
     n_init: int = same_setting(GCFitOptions, "n_init", "runs per fit; the lowest distortion wins (no labels used)",
-            rule_help="runs per fit")
+                               rule_help="runs per fit")
     repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)", effect="result",
-            rule=NON_NEGATIVE, rule_help="repeats of best-of-n_init")
+                           rule=NON_NEGATIVE, rule_help="repeats of best-of-n_init")
     init: str = same_setting(GCFitOptions, "init", "greedy-k-means++ (+ split/merge moves, lowest distortion) | "
                                                    "random (Eq. init, Algorithm 1) | k-means++")
     max_iter: int = same_setting(GCFitOptions, "max_iter")
@@ -352,13 +354,13 @@ class ClusterSettings(Settings):
     # the evaluation restricted to documents with these labels (and to the queries sampled from them), e.g. R2 =
     # {earn, acq} inside an R5 run; None: all documents
     restrict_labels: list | None = setting(None, effect="result",
-            rule=optional(non_empty_list), rule_help="the labels evaluated; null = all")
+                                           rule=optional(non_empty_list), rule_help="the labels evaluated; null = all")
     gc: ClusterGC = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
                             factory=ClusterGC, effect="result")
     variants: dict = setting(factory=lambda: {"gc": {}}, effect="result", rule=Each(ClusterGC))
     baselines: list = setting(help="k-means baselines (only when labels exist)",
                               factory=lambda: ["tfidf", "embedding", "logp"], effect="result",
-            rule=string_list("tfidf", "embedding", "logp"))
+                              rule=string_list("tfidf", "embedding", "logp"))
     embed_model: str = setting(EMBED_MODEL, "any sentence-transformers name or path", effect="result", rule=any_value)
     describe_top: int = setting(5, effect="result", rule=NON_NEGATIVE)
     enabled: bool = setting(True, "flat GC vs k-means on the corpus labels (skipped when there are none)",
@@ -413,7 +415,7 @@ class IndexSettings(Settings):
     typed: ClassVar = {"kmeans": IndexKMeans, "atomic": IndexAtomic}  # gc: a dict of IndexGC's and GCOptions' keys
 
     method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result",
-            rule=one_of(*INDEXERS), rule_help="the indexer")
+                          rule=one_of(*INDEXERS), rule_help="the indexer")
     seed: int = setting(0, effect="result", indexers=TREE_INDEXERS, rule=seed)
     n_clusters: int = same_setting(TreeOptions, "n_clusters", indexers=TREE_INDEXERS)
     leaf_size: int = same_setting(TreeOptions, "leaf_size", indexers=TREE_INDEXERS)
@@ -430,15 +432,15 @@ class TrainModel:
     """``model``: the retriever; a ``size`` preset of :data:`MODEL_PRESETS`, any non-null key overriding it."""
 
     size: str = setting("small30m", "a preset below; any non-null key here overrides it", effect="result",
-            rule=preset, rule_help="the retriever preset")
+                        rule=preset, rule_help="the retriever preset")
     encoder: str | None = setting(None, effect="result", rule=any_value)
     encoder_config: dict | None = setting(None, effect="result", rule=any_value)
     encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)", effect="result",
-            rule=OPT_POSITIVE)
+                                         rule=OPT_POSITIVE)
     tokenizer: str | None = setting(None, effect="result", rule=any_value)
     n_digits: int | None = setting(None, "null = from the docids (max digit + 1)", effect="result", rule=OPT_POSITIVE)
     max_code_len: int | None = setting(None, "null = from the docids (longest code)", effect="result",
-            rule=OPT_POSITIVE)
+                                       rule=OPT_POSITIVE)
     d_model: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
     num_layers: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
     num_heads: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
@@ -446,7 +448,7 @@ class TrainModel:
     d_kv: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
     dropout: float | None = setting(None, effect="result", rule=optional(number(0, 1, lo_open=False, hi_open=True)))
     pawa: bool | None = setting(None, "NCI's prefix-aware weight-adaptive output layer", effect="result",
-            rule=optional(boolean))
+                                rule=optional(boolean))
     pawa_rank: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
     max_query_len: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
 
@@ -499,24 +501,23 @@ class TrainSettings(Settings):
                                             "one process each (training/concurrent.py); auto = on CUDA as many as the "
                                             "free memory holds at their batch, 1 on the CPU; a number asks for that "
                                             "many on any device", effect="speed",
-            rule=auto_or(POSITIVE),
-            rule_help="retrievers trained at once on one device; auto = what fits, 1 on the CPU")
+                                    rule=auto_or(POSITIVE), rule_help="retrievers trained at once on one device; auto "
+                                                                      "= what fits, 1 on the CPU")
 
 
 @dataclass
 class EvaluateSettings(Settings):
     """``conf/stage/evaluate.yaml``: how a trained retriever is searched and scored."""
 
-
     k: int = same_setting(RankingOptions, "k", rule=k_within_beam, rule_help="results per query")
     beam: int = same_setting(RankingOptions, "beam")
     length_penalty: float = same_setting(RankingOptions, "length_penalty")
     batch_size: int | str = setting("auto", "queries per beam search: auto = as many as fit half the free GPU memory "
                                             "(<= 1024), 32 on the CPU", effect="result",
-            rule=auto_or(POSITIVE),
-            rule_help="queries per beam search; auto = what fits on CUDA (<= 1024), 32 on the CPU")
+                                    rule=auto_or(POSITIVE), rule_help="queries per beam search; auto = what fits on "
+                                                                      "CUDA (<= 1024), 32 on the CPU")
     device: str | None = setting(None, "null = cuda if available", effect="speed",
-            rule=device(None, "cpu"), rule_help="null = cuda when available")
+                                 rule=device(None, "cpu"), rule_help="null = cuda when available")
     bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries", effect="result", rule=boolean)
     tag: str = same_setting(RankingOptions, "tag")
 
