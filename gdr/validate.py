@@ -242,7 +242,6 @@ RUN = (
     FRACTIONS_RULE,
     FOLDS_RULE,
     *fields_rules(DocQueries, "doc_queries."),
-    Rule("cluster.enabled", boolean),
     Rule("bm25", boolean),
     Rule("plot", boolean),
     Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
