@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import pytest
 from omegaconf import OmegaConf
 
-from gdr.rules import POSITIVE, ConfigError, any_value, check_rules, fields_rules, setting
+from gdr.rules import POSITIVE, ConfigError, any_value, check_rules, fields_rules, same_setting, setting
 from gdr.stages.settings import (
     CLUSTER_RULES,
     EVALUATE_RULES,
@@ -50,6 +50,20 @@ def test_a_rule_without_help_says_the_fields_help():
     assert [(r.key, r.what) for r in fields_rules(Section, "s.")] == [("s.n", "how many"), ("s.m", "")]
     with pytest.raises(ConfigError, match=r"^s\.n=0: must be a positive integer \(how many\)$"):
         check_rules(OmegaConf.create({"s": {"n": 0}}), fields_rules(Section, "s."))
+
+
+def test_a_same_setting_carries_its_rule_and_a_new_help_says_it():
+    @dataclass
+    class Origin:
+        n: int = setting(1, "a long help", rule=POSITIVE, rule_help="how many")
+
+    @dataclass
+    class Same:
+        kept: int = same_setting(Origin, "n")
+        told: int = same_setting(Origin, "n", "how many here")
+
+    assert [(r.key, r.check, r.what) for r in fields_rules(Same)] == [("kept", POSITIVE, "how many"),
+                                                                     ("told", POSITIVE, "how many here")]
 
 
 def test_cross_field_rules_see_their_section():
