@@ -90,10 +90,11 @@ from gdr.models import model_digest
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
-from gdr.stages.command_keys import DocQueries, RunQG
+from gdr.stages.command_keys import DocQueries, RunKeys, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index
+from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
@@ -415,6 +416,7 @@ class RunContext:
     two_shot: dict[str, StageRecord] = field(default_factory=dict)  # qg.compare_two_shot: its score and cluster
     clock: RunClock = field(default_factory=lambda: RunClock())  # this invocation's wall time, in and outside stages
     training: dict = field(default_factory=dict)  # this invocation's training phase (:func:`_training_started`)
+    host: HostStages | None = None  # the host stages run beside the device stages (:func:`start_host_stages`)
 
     def lm(self):
         if self._lm is None:
@@ -432,6 +434,8 @@ class RunContext:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
         if spec is None:
             return None
+        if self.host is not None:
+            self.host.check()  # a host stage that failed in the background stops the run before this one
         with self.clock.part("stages"):
             return self.pipe.stage(spec.name, spec.inputs, spec.build, after=spec.after, resumes=spec.resumes,
                                    outputs=spec.outputs)
@@ -447,17 +451,50 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     run = open_run(cfg, argv)
-    run_generator(run)
-    run.score = run.stage(score_spec(run))
-    _note_other_machine(run.score)
-    run.cluster = run.stage(cluster_spec(run))
-    run.doc_queries = run.stage(doc_queries_spec(run))
-    compare_two_shot(run)
-    run.drop_lm()  # the generator is not needed from here on
-    run.indexes = {method: run.stage(index_spec(run, method)) for method in cfg.indexers}
-    run.bm25 = run.stage(bm25_spec(run))
-    train_and_evaluate(run)
-    return _report(run)
+    run.host = HostStages(run.pipe.records, overlap_on(cfg.get("overlap", RunKeys.overlap), device_key(cfg)["kind"]),
+                          part=lambda: run.clock.part("stages"))
+    with run.host.running():  # the host stages beside the device stages (gdr.stages.overlap)
+        run_generator(run)
+        run.score = run.stage(score_spec(run))
+        _note_other_machine(run.score)
+        start_host_stages(run, generated=False)  # the indexes on P or the corpus, the clustering, BM25
+        run.doc_queries = run.stage(doc_queries_spec(run))
+        start_host_stages(run, generated=True)  # BMI's index, on the generated queries
+        compare_two_shot(run)
+        run.drop_lm()  # the generator is not needed from here on
+        run.indexes = {method: run.host.take(f"index-{method}") for method in cfg.indexers}
+        train_and_evaluate(run)
+        return _report(run)
+
+
+def start_host_stages(run: RunContext, generated: bool) -> None:
+    """Start the host stages whose inputs are made and that no device stage waits on (:mod:`gdr.stages.overlap`):
+    after the score stage (``generated=False``), every index but BMI's, the flat clustering and BM25; once the
+    generated queries are made (``generated=True``), BMI's index. Each runs beside the device stages (``overlap``)
+    or here at once, and is taken where it is needed: the indexes before the retrievers train, the clustering and
+    BM25 by the first report (:func:`_report`)."""
+    for method in run.cfg.indexers:
+        if (method == "bmi") == generated:
+            _start(run, index_spec(run, method), Priority.INDEX)
+    if not generated:
+        _start(run, cluster_spec(run), Priority.CLUSTER)
+        _start(run, bm25_spec(run), Priority.BM25)
+
+
+def _start(run: RunContext, spec: StageSpec | None, priority: Priority) -> None:
+    """One host stage started (None: the run leaves it out), kept by a :class:`Pipeline` of its own (its record is
+    placed in the run's by :class:`gdr.stages.overlap.HostStages`)."""
+    if spec is not None:
+        run.host.start(spec.name, partial(Pipeline(run.pipe.root).stage, spec.name, spec.inputs, spec.build,
+                                          after=spec.after, resumes=spec.resumes, outputs=spec.outputs), priority)
+
+
+def _take_host_stages(run: RunContext) -> None:
+    """Every host stage started, finished and taken (waited for if need be): the clustering and BM25 for the
+    report."""
+    if run.host is not None:
+        run.host.take_all()
+        run.cluster, run.bm25 = run.host.take("cluster"), run.host.take("bm25")
 
 
 def retriever_order(run: RunContext) -> list[tuple]:
@@ -1054,6 +1091,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     """The run's report (report.md, report.png, report.json) over the stages and retrievers finished so far;
     ``partial``: how many of the run's retrievers those are, while some are still to come. Its seconds count as
     ``report_rewrites`` in the report's ``outside_stages``."""
+    _take_host_stages(run)
     with run.clock.part("report_rewrites"):
         return _write_report(run, partial)
 
@@ -1139,8 +1177,10 @@ def _trained(run: RunContext, train: StageRecord, alone: bool) -> None:
 def run_timing(run: RunContext, seconds: float) -> dict:
     """The report's accounts of this invocation: ``training`` (free GB at its start, retrievers at once, batch,
     retrievers trained here, their examples, the phase's seconds with validations, ``examples_per_s``; None when
-    none trained here) and ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
-    corpus load, process starts outside a stage, bookkeeping)."""
+    none trained here), ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
+    corpus load, process starts outside a stage, bookkeeping) and ``overlapped`` (the host stages that ran beside
+    the device stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the main thread's waits for
+    them, which alone count in ``stages``; None: none did)."""
     t = dict(run.training)
     training = None
     if t.get("retrievers"):
@@ -1153,7 +1193,8 @@ def run_timing(run: RunContext, seconds: float) -> dict:
     return {"training": training,
             "outside_stages": {"seconds": round(outside, 1), "lm_load": round(lm, 1),
                                "report_rewrites": round(reports, 1),
-                               "other": round(max(0.0, outside - lm - reports), 1)}}
+                               "other": round(max(0.0, outside - lm - reports), 1)},
+            "overlapped": run.host.accounts() if run.host is not None else None}
 
 
 def query_split(run: RunContext) -> dict:

@@ -258,6 +258,7 @@ RUN = (
     Rule("doc_queries.temperature", number(0), "sampling temperature of the training queries; below 1e-30 greedy"),
     Rule("cluster.enabled", boolean),
     Rule("bm25", boolean),
+    Rule("overlap", auto_or(boolean), RUN_HELP["overlap"]),
     Rule("plot", boolean),
     Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
     Rule("verdict.metric", one_of("recall@1", "recall@10", "mrr")),
