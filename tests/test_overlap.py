@@ -20,6 +20,9 @@ from gdr.stages.overlap import HostStages, Priority
 INDEXERS = "indexers=[gc,hkmi,bmi,random]"
 # the flat clustering too (the toy corpus is labelled), its tf-idf and log P baselines (no embedding model here)
 CLUSTER = ("cluster.baselines=[tfidf,logp]", "cluster.repeats=1", "cluster.n_init=1")
+# the files that hold seconds, rates, times or the run folder's path (their figures are compared through the stages'
+# info); every other file of every stage is compared by its checksum
+TIMED = {"metrics.json", "results.md", "trained_on.json", "tree_state.npz"}
 VOLATILE = {"seconds", "last_seconds", "attempts", "training", "outside_stages", "overlapped", "command",
             "train_seconds", "eval_seconds"}
 
@@ -60,12 +63,11 @@ def _stage_folders(out: Path) -> dict[str, dict]:
     for marker in sorted(out.glob("*/stage.json")):
         s = json.loads(marker.read_text())
         assert s["status"] == "complete", marker
-        files = {k: v["crc32"] for k, v in s["artifacts"].items()
-                 if not k.endswith((".yaml", ".log", "manifest.json", ".ckpt")) and "checkpoints/" not in k
-                 and "lightning_logs" not in k}
+        files = {k: v["crc32"] for k, v in s["artifacts"].items() if Path(k).name not in TIMED
+                 and not k.endswith((".yaml", "manifest.json")) and not k.startswith(("checkpoints/", "logs/"))}
         found[marker.parent.name] = {"key": s["key"], "inputs": s["inputs"], "info": _without_seconds(s["info"]),
                                      "files": files}
-    return found
+    return json.loads(json.dumps(found).replace(str(out), "<run>"))  # paths in an info name the run folder
 
 
 def test_overlap_leaves_every_stage_and_figure_as_without_it(labelled, tmp_path):
