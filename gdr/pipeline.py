@@ -54,6 +54,7 @@ import json
 import logging
 import shlex
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -1126,14 +1127,21 @@ def _predicted(run: RunContext) -> tuple[dict[str, float | None] | None, str]:
 class RunClock:
     """Wall time of one invocation by part (``stages``, ``lm_load``, ``report_rewrites``), each second counted once:
     a part entered inside another pauses the outer one (the LM loaded inside the score stage counts as ``lm_load``,
-    a report rewritten while retrievers train concurrently as ``report_rewrites``)."""
+    a report rewritten while retrievers train concurrently as ``report_rewrites``). It is the critical path's clock:
+    a part entered from another thread (a host stage run beside, :mod:`gdr.stages.overlap`, which accounts its own
+    seconds) counts nothing here, so no second is counted twice and the stack of open parts stays the main
+    thread's."""
 
     def __init__(self):
         self.parts: dict[str, float] = {}
         self._open: list[list] = []  # [part, since] from the outermost to the innermost
+        self._thread = threading.current_thread()
 
     @contextlib.contextmanager
     def part(self, name: str):
+        if threading.current_thread() is not self._thread:
+            yield
+            return
         now = time.perf_counter()
         if self._open:
             self._add(*self._open[-1], now)
