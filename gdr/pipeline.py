@@ -19,7 +19,11 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
 the run folder and the records so far); each stage is a :class:`StageSpec` built by its own function below it
-(``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
+(``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves. The host
+stages that no device stage waits on (the indexes on P or the corpus, the clustering, BM25; BMI's index once its
+generated queries exist) are started as soon as their inputs are made and taken where they are needed
+(:func:`start_host_stages`): with ``overlap`` (``auto``: on CUDA) they run in a background thread beside the LM
+stages and training (:mod:`gdr.stages.overlap`), with the same keys, files and figures.
 
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
 the stages it reads, each input by its content, never by a path. Sampling and scoring read only the documents, so
