@@ -12,6 +12,7 @@ from test_pipeline import TOPICS, _args
 from tiny_models import tiny_llama
 
 import gdr.pipeline
+from gdr import signals
 from gdr.cli import main
 from gdr.data import Corpus, QuerySet
 from gdr.data.beir import write_beir
@@ -174,3 +175,35 @@ def test_host_stages_run_at_once_without_overlap_and_raise_as_they_are():
 
     with pytest.raises(ValueError, match="^plain$"), HostStages([], enabled=False).running() as h:
         h.start("bm25", fail, Priority.BM25)
+
+
+def test_a_stop_does_not_wait_for_the_host_stage_and_an_error_waits_and_drops_the_queued():
+    """A signal (Stopped) in the main thread leaves the running host stage to the process's end, as a kill would
+    (its stage resumes on the rerun); another error waits for it, so no thread writes into the run folder after
+    the run returned, and drops the stages queued behind it."""
+    def job(name, gate, ran, began=None):
+        def run():
+            if began is not None:
+                began.set()
+            gate.wait(timeout=60)
+            ran.append(name)
+            return name
+        return run
+
+    gate, ran, records = threading.Event(), [], []
+    with pytest.raises(signals.Stopped), HostStages(records, enabled=True).running() as host:
+        host.start("cluster", job("cluster", gate, ran), Priority.CLUSTER)
+        raise signals.Stopped(15)
+    assert ran == [] and records == []  # not waited for; its placeholder gone
+    gate.set()
+
+    gate, ran, records = threading.Event(), [], []
+    with pytest.raises(RuntimeError, match="device stage failed"), \
+            HostStages(records, enabled=True).running() as host:
+        began = threading.Event()
+        host.start("index-gc", job("index-gc", gate, ran, began), Priority.INDEX)
+        host.start("bm25", job("bm25", gate, ran), Priority.BM25)
+        began.wait(timeout=60)  # index-gc runs, bm25 waits behind it
+        threading.Timer(0.2, gate.set).start()
+        raise RuntimeError("device stage failed")
+    assert ran == ["index-gc"] and records == ["index-gc"]  # waited for, kept; bm25 never started

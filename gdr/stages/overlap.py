@@ -84,7 +84,8 @@ class _Task:
     waited: float = 0.0  # the main thread's wait for it
     inline: bool = False
     taken: bool = False
-    cancelled: bool = False
+    started: bool = False  # the worker has taken it up
+    cancelled: bool = False  # dropped before it started
 
 
 class HostStages:
@@ -222,6 +223,7 @@ class HostStages:
                 return
             with self._lock:
                 cancelled = task.cancelled
+                task.started = not cancelled
             if cancelled:
                 task.done.set()
                 continue
@@ -252,15 +254,19 @@ class HostStages:
         self._closed = True
         with self._lock:
             for t in self._tasks.values():
-                if not t.done.is_set():
+                if not t.started and not t.inline:
                     t.cancelled = True  # queued ones are dropped; the running one ends on its own
+                    t.done.set()
         if self._worker is None:
             return
         self._queue.put((-1, -1, None))  # ahead of everything queued: the worker ends after its current stage
         if wait:
             self._worker.join()
-        for t in self._tasks.values():
-            if t.cancelled and not t.taken:
+        for t in self._tasks.values():  # the records hold what finished, and no placeholder
+            if not t.taken and t.done.is_set() and t.error is None and not t.cancelled:
+                self._place(t, t.result)
+                t.taken = True
+            elif not t.taken and (t.cancelled or t.error is not None or not wait):
                 self._place(t, None)
 
     def _place(self, task: _Task, record: Any) -> None:
