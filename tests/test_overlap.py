@@ -4,10 +4,12 @@ stage that fails is raised with its name, and what finished is reused by the rer
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from pathlib import Path
 
 import pytest
+from test_faults import _signalled_at
 from test_pipeline import TOPICS, _args
 from tiny_models import tiny_llama
 
@@ -48,12 +50,13 @@ def labelled(tmp_path_factory):
     return root, folder
 
 
-def _without_seconds(x):
-    """A report (or a stage's info) without what differs between two identical runs: seconds, the command line."""
+def _without_seconds(x, also: frozenset = frozenset()):
+    """A report (or a stage's info) without what differs between two identical runs: seconds, the command line
+    (and the keys ``also``)."""
     if isinstance(x, dict):
-        return {k: _without_seconds(v) for k, v in x.items() if k not in VOLATILE}
+        return {k: _without_seconds(v, also) for k, v in x.items() if k not in VOLATILE | also}
     if isinstance(x, list):
-        return [_without_seconds(v) for v in x]
+        return [_without_seconds(v, also) for v in x]
     return x
 
 
@@ -71,32 +74,62 @@ def _stage_folders(out: Path) -> dict[str, dict]:
     return json.loads(json.dumps(found).replace(str(out), "<run>"))  # paths in an info name the run folder
 
 
-def test_overlap_leaves_every_stage_and_figure_as_without_it(labelled, tmp_path):
-    """The same tiny run with overlap off and forced on (on the CPU, in the production code path): the same stage
-    folders with the same keys, inputs, info and file checksums (P, docids, models, runs), and report.json equal
-    but for seconds; the overlapped run's report says which stages ran in the background."""
+@pytest.fixture(scope="module")
+def without_overlap(labelled, tmp_path_factory) -> Path:
+    """The tiny labelled run with overlap off: the reference."""
     root, folder = labelled
-    runs = {}
-    for mode in ("false", "true"):
-        out = tmp_path / f"overlap-{mode}"
-        assert main(_args(root, folder, out, INDEXERS, *CLUSTER, f"overlap={mode}")) == 0
-        runs[mode] = out
-    off, on = (_stage_folders(runs[m]) for m in ("false", "true"))
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert main(_args(root, folder, out, INDEXERS, *CLUSTER, "overlap=false")) == 0
+    return out
+
+
+def _same_run(out: Path, ref: Path, resumed: bool = False) -> None:
+    """``out`` holds the same stage folders as ``ref`` (keys, inputs, info, file checksums: P, docids, models, runs),
+    P and the docids byte for byte, the same retrievers.jsonl, and report.json equal but for seconds (``resumed``:
+    and for which stages this invocation reused)."""
+    off, on = _stage_folders(ref), _stage_folders(out)
     assert {"score-", "cluster-", "doc-queries-", "index-gc-", "index-hkmi-", "index-bmi-", "index-random-", "bm25-",
             "train-gc-s0-", "eval-bmi-s0-"} <= {name.rsplit("-", 1)[0] + "-" for name in off}
     assert on == off
-    for name in ("score", "index-gc", "index-bmi"):  # P and the docids byte for byte
-        d = next(n for n in off if n.startswith(name + "-") and n[len(name) + 1:].isalnum())
+    for name in off:
         for f in ("P.npy", "docids.tsv"):
-            if (runs["false"] / d / f).exists():
-                assert (runs["false"] / d / f).read_bytes() == (runs["true"] / d / f).read_bytes()
-    reports = {m: json.loads((runs[m] / "report.json").read_text()) for m in runs}
-    assert _without_seconds(reports["true"]) == _without_seconds(reports["false"])
-    assert reports["false"]["overlapped"] is None
-    assert {"cluster", "index-gc", "index-hkmi", "index-bmi", "index-random", "bm25"} == \
-        set(reports["true"]["overlapped"]["stages"])
-    assert "In the background, beside the device stages" in (runs["true"] / "report.md").read_text()
-    assert (runs["true"] / "retrievers.jsonl").read_text() == (runs["false"] / "retrievers.jsonl").read_text()
+            if (ref / name / f).exists():
+                assert (ref / name / f).read_bytes() == (out / name / f).read_bytes(), name
+    lines = [[json.loads(x) for x in (d / "retrievers.jsonl").read_text().splitlines()] for d in (out, ref)]
+    assert _without_seconds(lines[0]) == _without_seconds(lines[1])
+    assert (out / "per_query.jsonl").read_text() == (ref / "per_query.jsonl").read_text()
+    reports = [json.loads((d / "report.json").read_text()) for d in (out, ref)]
+    also = frozenset({"reused"} if resumed else ())
+    assert _without_seconds(reports[0], also) == _without_seconds(reports[1], also)
+
+
+def test_overlap_leaves_every_stage_and_figure_as_without_it(labelled, without_overlap, tmp_path):
+    """The same tiny run with overlap forced on (on the CPU, in the production code path) as with it off; its
+    report says which stages ran in the background."""
+    root, folder = labelled
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out, INDEXERS, *CLUSTER, "overlap=true")) == 0
+    _same_run(out, without_overlap)
+    report = json.loads((out / "report.json").read_text())
+    assert json.loads((without_overlap / "report.json").read_text())["overlapped"] is None
+    assert set(report["overlapped"]["stages"]) == {"cluster", "index-gc", "index-hkmi", "index-bmi", "index-random",
+                                                   "bm25"}
+    assert "In the background, beside the device stages" in (out / "report.md").read_text()
+
+
+def test_a_sigterm_beside_host_stages_stops_with_one_line_and_resumes_to_the_same_run(labelled, without_overlap,
+                                                                                       tmp_path):
+    """SIGTERM once the generated queries are made, while host stages run or have run in the background: the
+    one stop line and 143, as without overlap; the rerun finishes the same run as one without a stop."""
+    root, folder = labelled
+    out = tmp_path / "run"
+    args = _args(root, folder, out, INDEXERS, *CLUSTER, "overlap=true")
+    rc, err = _signalled_at("stage:doc-queries", signal.SIGTERM, args[1:], tmp_path)
+    assert rc == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("gdr run: stopped by SIGTERM"), err[-2000:]
+    assert "Traceback" not in err
+    assert main(args) == 0
+    _same_run(out, without_overlap, resumed=True)
 
 
 def test_a_failing_host_stage_is_raised_with_its_name_and_the_rerun_reuses_what_finished(labelled, tmp_path,
