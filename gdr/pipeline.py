@@ -472,6 +472,9 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         return _report(run)
 
 
+TWO_SHOT_CLUSTER = "cluster (two-shot)"  # the host stage of qg.compare_two_shot's clustering (:func:`compare_two_shot`)
+
+
 def start_host_stages(run: RunContext, generated: bool) -> None:
     """Start the host stages whose inputs are made and that no device stage waits on (:mod:`gdr.stages.overlap`):
     after the score stage (``generated=False``), every index but BMI's, the flat clustering and BM25; once the
@@ -486,11 +489,11 @@ def start_host_stages(run: RunContext, generated: bool) -> None:
         _start(run, bm25_spec(run), Priority.BM25)
 
 
-def _start(run: RunContext, spec: StageSpec | None, priority: Priority) -> None:
-    """One host stage started (None: the run leaves it out), kept by a :class:`Pipeline` of its own (its record is
-    placed in the run's by :class:`gdr.stages.overlap.HostStages`)."""
+def _start(run: RunContext, spec: StageSpec | None, priority: Priority, name: str | None = None) -> None:
+    """One host stage started (None: the run leaves it out) under ``name`` (default: the stage's), kept by a
+    :class:`Pipeline` of its own (its record is placed in the run's by :class:`gdr.stages.overlap.HostStages`)."""
     if spec is not None:
-        run.host.start(spec.name, partial(Pipeline(run.pipe.root).stage, spec.name, spec.inputs, spec.build,
+        run.host.start(name or spec.name, partial(Pipeline(run.pipe.root).stage, spec.name, spec.inputs, spec.build,
                                           after=spec.after, resumes=spec.resumes, outputs=spec.outputs), priority)
 
 
@@ -500,6 +503,9 @@ def _take_host_stages(run: RunContext) -> None:
     if run.host is not None:
         run.host.take_all()
         run.cluster, run.bm25 = run.host.take("cluster"), run.host.take("bm25")
+        two = run.host.take(TWO_SHOT_CLUSTER)
+        if two is not None:
+            run.two_shot["cluster"] = two
 
 
 def retriever_order(run: RunContext) -> list[tuple]:
@@ -798,7 +804,7 @@ def compare_two_shot(run: RunContext) -> None:
     run.qg, run.lm_spec = None, lm_settings(cfg)
     try:
         run.score = run.two_shot["score"] = run.stage(score_spec(run))
-        run.two_shot["cluster"] = run.stage(cluster_spec(run))
+        _start(run, cluster_spec(run), Priority.CLUSTER, TWO_SHOT_CLUSTER)  # a host stage, taken by the report
     finally:
         run.drop_lm()
         run.qg, run.lm_spec, run._lm, run.score = saved
