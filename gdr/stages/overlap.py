@@ -169,7 +169,8 @@ class HostStages:
         background and finished; None when none did (overlap off)."""
         with self._lock:
             ran = {t.name: {"seconds": round(t.seconds, 1), "waited": round(t.waited, 1)}
-                   for t in self._tasks.values() if not t.inline and t.done.is_set() and t.error is None}
+                   for t in self._tasks.values()
+                   if not t.inline and not t.cancelled and t.done.is_set() and t.error is None}
         if not ran:
             return None
         return {"stages": ran, "seconds": round(sum(r["seconds"] for r in ran.values()), 1),
