@@ -117,6 +117,7 @@ def test_overlap_leaves_every_stage_and_figure_as_without_it(labelled, without_o
     assert "In the background, beside the device stages" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow  # a subprocess stopped by a signal and a rerun, as test_faults' signal tests
 def test_a_sigterm_beside_host_stages_stops_with_one_line_and_resumes_to_the_same_run(labelled, without_overlap,
                                                                                        tmp_path):
     """SIGTERM once the generated queries are made, while host stages run or have run in the background: the
