@@ -243,6 +243,7 @@ RUN = (
     FOLDS_RULE,
     *fields_rules(DocQueries, "doc_queries."),
     Rule("bm25", boolean),
+    Rule("overlap", auto_or(boolean), RUN_HELP["overlap"]),
     Rule("plot", boolean),
     Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
     Rule("verdict.metric", one_of("recall@1", "recall@10", "mrr")),

@@ -123,7 +123,8 @@ def _one(markers: dict, prefix: str, pred=lambda m: True) -> tuple[str, dict]:
 def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_by_it(setup, tmp_path, capsys):
     root, folder, qs = setup
     out = tmp_path / "run"
-    assert main(_args(root, folder, out, *QG_ON, "qg.compare_two_shot=true")) == 0
+    # overlap forced on: both clusterings run in the background (the runs below, with it off, reuse every stage)
+    assert main(_args(root, folder, out, *QG_ON, "qg.compare_two_shot=true", "overlap=true")) == 0
     marks = _markers(out)
     qg_name, qg = _one(marks, "qg")
     assert qg["status"] == "complete"
@@ -151,6 +152,7 @@ def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_
     report = json.loads((out / "report.json").read_text())
     gen = report["generator"]
     assert gen["cluster"]["fine_tuned"] and gen["cluster"]["two_shot"]
+    assert {"cluster", "cluster (two-shot)"} <= set(report["overlapped"]["stages"])
     assert set(gen["cluster"]["fine_tuned"]) >= {"gc_acc", "gc_nmi", "gc_ari"}
     md = (out / "report.md").read_text()
     assert "## Query generator" in md and "Held-out loss on the run's dev split" in md

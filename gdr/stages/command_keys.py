@@ -236,6 +236,10 @@ class RunKeys:
     qg: dict = setting(help="the query generator fine-tuned on the run's training split (gdr.stages.qg)",
                        factory=lambda: asdict(RunQG()))
     bm25: bool = setting(True, "BM25 (bm25s) on the same test queries, as reference")
+    overlap: bool | str = setting("auto", "run the host stages (flat clustering and its baselines, the indexes, "
+                                          "BM25) in a background thread beside the device stages, each taken where "
+                                          "it is needed (gdr.stages.overlap); auto = on when the device is CUDA, "
+                                          "off on the CPU (the same cores); the results are the same either way")
     plot: bool = setting(True, "report.png")
     verdict: dict = setting(help=("the primary test: decided when its interval over seeds and queries excludes 0, "
                                   "equivalent when it lies inside +-margin, else undecided"),
