@@ -37,6 +37,7 @@ from gdr.rules import (
     ConfigError,
     Rule,
     accelerator,
+    auto_or,
     boolean,
     check_rules,
     existing,
