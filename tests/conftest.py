@@ -8,9 +8,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-import torch
-from filelock import FileLock
+# Idle OpenMP threads sleep rather than spin. A retriever trains on one torch thread per core (gdr.stages.train:
+# training_threads); on a 2-core machine where another test worker or job holds a core, spinning threads wait for
+# one that is not running and a training step takes ~30x longer. Only the waiting changes: the thread count, and
+# so every sum, stays as the code under test sets it. libgomp reads this once, when torch loads it (the imports
+# below); subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402 (after OMP_WAIT_POLICY)
+import torch  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 # tiny_models.py and score_script.py live next to the tests.
 sys.path.insert(0, str(Path(__file__).parent))
