@@ -77,7 +77,7 @@ def tiny_run(tmp_path_factory) -> TinyRun:
     (the xdist workers share one build: under their common temporary folder, behind a file lock) for the tests that
     read a finished run; one that runs in it again works on :meth:`TinyRun.copy`."""
     from test_pipeline import _args, toy_collection
-    from tiny_models import tiny_llama
+    from tiny_models import saved_tiny_llama
 
     from gdr.cli import main
 
@@ -88,9 +88,7 @@ def tiny_run(tmp_path_factory) -> TinyRun:
     args = _args(root, shared / "toy", shared / "run", "indexers=[gc,random]")
     with FileLock(str(shared / "build.lock")):
         if not done.exists():
-            lm = tiny_llama()
-            lm.model.save_pretrained(root / "tiny-llama")
-            lm.tokenizer.save_pretrained(root / "tiny-llama")
+            saved_tiny_llama(root / "tiny-llama")
             toy_collection(shared / "toy")
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
