@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 from gdr.carry import prunable
 from gdr.cli import main
@@ -73,9 +73,7 @@ def test_the_guard_refuses_pairs_holding_a_held_out_query_or_a_document_outside_
 def setup(tmp_path_factory):
     """A saved tiny causal LM and a 30-document labelled BEIR folder with train, dev and test queries."""
     root = tmp_path_factory.mktemp("run-qg")
-    lm = tiny_llama()
-    lm.model.save_pretrained(root / "tiny-llama")
-    lm.tokenizer.save_pretrained(root / "tiny-llama")
+    saved_tiny_llama(root / "tiny-llama")
     ids, texts, qtexts, labels = [], [], [], []
     for i in range(30):
         t = TOPICS[i % 5].split()
