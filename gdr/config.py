@@ -39,7 +39,7 @@ def command_config(name: str, argv: Sequence[str]) -> DictConfig | None:
     return cfg
 
 
-def save_config(cfg: DictConfig, out_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
+def save_config(cfg: DictConfig | dict, out_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
     """Write the fully resolved config next to a run's outputs."""
     path = Path(out_dir) / name
     atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))

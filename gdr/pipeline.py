@@ -60,14 +60,14 @@ import shlex
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gdr import signals
 from gdr.config import save_config, to_container
@@ -91,11 +91,11 @@ from gdr.lm import PromptConfig
 from gdr.lm.compiling import release_compiled
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.scoring import score_compute_dtype
-from gdr.models import model_digest
+from gdr.models import ModelOptions, model_digest
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
-from gdr.stages.command_keys import DocQueries, RunKeys, RunQG
+from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index
@@ -113,19 +113,21 @@ from gdr.stages.settings import (
     SampleSettings,
     ScoreSettings,
     TrainSettings,
+    config_dict,
     index_keys,
     keyed_values,
+    section_from,
 )
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
-from gdr.training.options import ExampleOptions, QGOptions
+from gdr.training.options import QGOptions
 from gdr.training.qg import fine_tune_qg, pairs_loss
 from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_pipeline", "open_run", "Pipeline", "RunContext", "StageRecord", "StageSpec", "lm_settings",
-           "STAGE_FILE", "stage_key"]
+__all__ = ["run_pipeline", "open_run", "Pipeline", "RunContext", "RunSettings", "run_settings", "StageRecord",
+           "StageSpec", "lm_settings", "STAGE_FILE", "stage_key"]
 
 # Before a finished stage is reused, every file's size is checked, and the checksum of every file a later
 # stage reads (its ``outputs``) or of at most this size: that leaves out only large files nothing reads
@@ -388,6 +390,36 @@ class StageSpec:
 
 
 @dataclass
+class RunSettings:
+    """The settings of one ``gdr run``, one typed object per section, built once from its composed config at the door
+    (:func:`run_settings`); each stage reads its own and writes its saved config from it."""
+
+    lm: LMSettings  # the base query generator (``model:``, ``device``, ``threads``)
+    sample: SampleSettings
+    score: ScoreSettings
+    cluster: ClusterSettings
+    index: IndexSettings  # method: each indexer's is ``index.resolved(method=...)``
+    train: TrainSettings  # seed: each retriever's is ``train.resolved(seed=...)``
+    evaluate: EvaluateSettings
+    doc_queries: DocQueries
+    qg: RunQG | None  # None: a config without the section
+    data: dict  # the corpus's section as composed: how it loads, and what a stage's saved config names
+
+
+def run_settings(cfg: DictConfig) -> RunSettings:
+    """The typed settings of a composed ``gdr run`` config that passed :func:`gdr.validate.validate`."""
+    return RunSettings(lm=lm_settings(cfg), sample=SampleSettings.from_config(to_container(cfg.sample)),
+                       score=ScoreSettings.from_config(to_container(cfg.score)),
+                       cluster=ClusterSettings.from_config(to_container(cfg.cluster)),
+                       index=IndexSettings.from_config(to_container(cfg.index)),
+                       train=TrainSettings.from_config(to_container(cfg.train)),
+                       evaluate=EvaluateSettings.from_config(to_container(cfg.evaluate)),
+                       doc_queries=section_from(DocQueries, to_container(cfg.doc_queries), "doc_queries"),
+                       qg=None if cfg.get("qg") is None else section_from(RunQG, to_container(cfg.qg), "qg"),
+                       data=to_container(cfg.data))
+
+
+@dataclass
 class RunContext:
     """What every stage of one ``gdr run`` shares: the config, the loaded corpus, its signature in stage keys,
     the run folder, the query generator (loaded on first use, dropped once no stage needs it) and the records
@@ -401,6 +433,7 @@ class RunContext:
     test_q: dict
     t_start: float
     splits: QuerySplits  # the real queries of each split, read once for every stage
+    settings: RunSettings  # the config's sections, typed once at the door
     argv: Sequence[str] = ()
     queries_sig: dict = field(default_factory=dict)  # per split (train, test): queries_signature, what keys them
     _lm: Any = None
@@ -448,15 +481,14 @@ class RunContext:
     @property
     def uses_generated(self) -> bool:
         """Whether the retrievers learn from the generated queries too."""
-        generated = self.cfg.train.examples.get("use_generated", ExampleOptions.use_generated)
-        return self.doc_queries is not None and generated
+        return self.doc_queries is not None and self.settings.train.examples.use_generated
 
 
 def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     run = open_run(cfg, argv)
-    run.host = HostStages(run.pipe.records, overlap_on(cfg.get("overlap", RunKeys.overlap), device_key(cfg)["kind"]),
+    run.host = HostStages(run.pipe.records, overlap_on(cfg.overlap, device_key(run.settings)["kind"]),
                           part=lambda: run.clock.part("stages"))
     with run.host.running():  # the host stages beside the device stages (gdr.stages.overlap)
         run_generator(run)
@@ -570,8 +602,9 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     progress and save the config. ``cfg`` passed :func:`gdr.validate.validate` at the door (``gdr run``,
     ``gdr.run``): its rules are not checked again here."""
     t_start = time.perf_counter()
-    corpus = corpus_from_config(to_container(cfg.data))
-    splits = QuerySplits(to_container(cfg.data), corpus.doc_ids, cfg.data.get("docs_tsv"))
+    settings = run_settings(cfg)
+    corpus = corpus_from_config(settings.data)
+    splits = QuerySplits(settings.data, corpus.doc_ids, cfg.data.get("docs_tsv"))
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
     check_query_splits([queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        splits, need=cfg.queries.test_split)
@@ -585,8 +618,8 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     atomic_write_text(pipe.root / RUN_FILE, json.dumps({"machine": machine_record()}, indent=2) + "\n")
     signatures = {s: queries_signature(splits(queries_section(cfg, s)), s)
                   for s in (cfg.queries.train_split, cfg.queries.test_split)}
-    return RunContext(cfg, corpus, pipe, corpus_signature(corpus), lm_settings(cfg),
-                      queries_section(cfg, cfg.queries.test_split), t_start, splits, tuple(argv), signatures)
+    return RunContext(cfg, corpus, pipe, corpus_signature(corpus), settings.lm,
+                      queries_section(cfg, cfg.queries.test_split), t_start, splits, settings, tuple(argv), signatures)
 
 
 # ---------------------------------------------------------------------------------------------- stage specs
@@ -601,11 +634,11 @@ def score_spec(run: RunContext) -> StageSpec | None:
     if "gc" not in cfg.indexers and not _clustering(run):
         return None
 
+    sample, score = run.settings.sample, run.settings.score
+
     def build(folder: Path) -> dict:
-        save_config(_with(cfg, out=str(folder)), folder, "score.config.yaml")
+        save_config(_saved_run_config(run, out=str(folder)), folder, "score.config.yaml")
         _drop_damaged_queries(folder)
-        sample = SampleSettings.from_config(to_container(cfg.sample))
-        score = ScoreSettings.from_config(to_container(cfg.score))
         older = _older_score(folder, run.lm().describe())  # an edited corpus: its unchanged part is taken from there
         try:
             path = score_corpus(corpus, (run.lm(), run.lm_spec), folder, sample, score, progress=cfg.progress,
@@ -621,7 +654,7 @@ def score_spec(run: RunContext) -> StageSpec | None:
                                 reuse_from=older)
         return {"p_matrix": str(path)}
 
-    return StageSpec("score", score_inputs(cfg, run.corpus_sig, generator_key(run)), build,
+    return StageSpec("score", score_inputs(run.settings, run.corpus_sig, generator_key(run)), build,
                      resumes=("P.npy", "P.manifest.json"), outputs=("P.npy", "queries.jsonl", "doc_ids.json"))
 
 
@@ -668,15 +701,14 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
     """2. Flat clustering against the corpus labels (the data scientist's view; the demo's headline)."""
     if not _clustering(run):
         return None
-    cfg, score = run.cfg, run.score
+    cfg, score, cluster = run.cfg, run.score, run.settings.cluster
 
     def build(folder: Path) -> dict:
-        result, _ = cluster_run(run.corpus, load_run(score.path), folder,
-                                ClusterSettings.from_config(to_container(cfg.cluster)), device=cfg.device)
-        save_config(cfg, folder, "cluster.config.yaml")
+        result, _ = cluster_run(run.corpus, load_run(score.path), folder, cluster, device=cfg.device)
+        save_config(_saved_run_config(run), folder, "cluster.config.yaml")
         return cluster_headline(result)
 
-    settings = _embed_by_digest({k: v for k, v in to_container(cfg.cluster).items() if k != "enabled"})
+    settings = _embed_by_digest({k: v for k, v in config_dict(cluster).items() if k != "enabled"})
     # P is keyed by the documents alone: the labels it is scored against key this stage
     inputs = {"score": score.key, "labels": hash_strings(run.corpus.labels), "cluster": settings}
     return StageSpec("cluster", inputs, build, after=[score])
@@ -685,21 +717,20 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
 def doc_queries_spec(run: RunContext) -> StageSpec | None:
     """3. Generated training queries per document, with their own decoding (doc_queries.top_k/top_p/temperature),
     not the clustering's."""
-    cfg, dq = run.cfg, run.cfg.doc_queries
+    cfg, dq = run.cfg, run.settings.doc_queries
     if int(dq.per_doc) <= 0:
         return None
+    # the sampler of `gdr sample sample.per_doc=N` with the decoding of doc_queries
+    settings = run.settings.sample.resolved(per_doc=int(dq.per_doc), seed=int(dq.seed), batch_size=dq.batch_size,
+                                            max_new_tokens=int(dq.max_new_tokens), top_k=int(dq.top_k),
+                                            top_p=float(dq.top_p), temperature=float(dq.temperature))
 
     def build(folder: Path) -> dict:
-        sample = {"per_doc": int(dq.per_doc), "seed": int(dq.seed), "batch_size": dq.batch_size,
-                  "max_new_tokens": int(dq.max_new_tokens), "top_k": int(dq.top_k), "top_p": float(dq.top_p),
-                  "temperature": float(dq.temperature)}
-        sub = _with(cfg, out=str(folder), sample=sample)
-        save_config(sub, folder, "sample.config.yaml")
-        settings = SampleSettings.from_config(to_container(sub.sample))
+        save_config(_saved_run_config(run, out=str(folder), sample=settings), folder, "sample.config.yaml")
         _drop_damaged_doc_queries(folder)
         return {"doc_queries": str(sample_doc_queries(run.lm(), run.corpus, folder, settings, progress=cfg.progress))}
 
-    return StageSpec("doc-queries", doc_queries_inputs(cfg, run.corpus_sig, generator_key(run)), build,
+    return StageSpec("doc-queries", doc_queries_inputs(run.settings, run.corpus_sig, generator_key(run)), build,
                      outputs=("doc_queries.jsonl",))
 
 
@@ -719,7 +750,7 @@ def _qg_pairs(run: RunContext):
     held = {s: run.splits(queries_section(cfg, s)) for s in ("dev", cfg.queries.test_split)
             if s != cfg.queries.train_split}
     pairs = run_pairs(run.corpus, train, list(held.values()), split=cfg.queries.train_split)
-    q = cfg.qg
+    q = run.settings.qg
     if q.lowercase:
         pairs.queries = [t.lower() for t in pairs.queries]
     if q.max_pairs and len(pairs) > int(q.max_pairs):
@@ -734,29 +765,29 @@ def qg_spec(run: RunContext) -> StageSpec | None:
     keyed by the base LM, the pairs' content, the qg settings and the device kind. Its info holds the held-out loss
     on the dev split's pairs of the fine-tuned generator and of the base model with its (two-shot) prompt."""
     cfg = run.cfg
-    if cfg.get("qg") is None or not cfg.qg.enabled:
+    if run.settings.qg is None or not run.settings.qg.enabled:
         return None
     pairs, dev = _qg_pairs(run)
     if len(pairs) == 0:
         raise ValueError(f"qg.enabled=true: the {cfg.queries.train_split!r} split of queries.name={cfg.queries.name} "
                          "has no (query, document) pair in the corpus to fine-tune the generator on; set "
                          "qg.enabled=false")
-    settings = {k: v for k, v in keyed_values(RunQG, to_container(cfg.qg)).items()
+    q = run.settings.qg
+    settings = {k: v for k, v in keyed_values(RunQG, config_dict(q)).items()
                 if k not in ("enabled", "compare_two_shot")}
-    inputs = {"lm": lm_key(cfg.model), "pairs": hash_strings([*pairs.doc_ids, "\0", *pairs.queries, "\0",
+    inputs = {"lm": lm_key(run.settings.lm), "pairs": hash_strings([*pairs.doc_ids, "\0", *pairs.queries, "\0",
                                                               *pairs.docs]),
               "n_pairs": len(pairs), "dev_pairs": hash_strings([*dev.doc_ids, "\0", *dev.queries]), "qg": settings,
-              "device": device_key(cfg)}
+              "device": device_key(run.settings)}
 
     def build(folder: Path) -> dict:
-        q = cfg.qg
         lm = run.lm_spec.build()  # the base model, loaded for this stage alone: fine-tuning changes its weights
-        batch = int(q.train.eval_batch_size)
+        batch = int(q.train["eval_batch_size"])
         two_shot = pairs_loss(lm, dev, batch)  # the base model with its configured (few-shot) prompt
         p = lm.prompt
         if not lm.is_seq2seq and p.shots:  # a fine-tuned generator needs no examples (as `gdr qg qg.shots=0`)
             lm.prompt = PromptConfig(style=p.style, prefix=p.prefix, system=p.system, user=p.user, shots=[])
-        res = fine_tune_qg(folder, lm, pairs, QGOptions(**to_container(q.train)), dev_fraction=float(q.dev_fraction),
+        res = fine_tune_qg(folder, lm, pairs, QGOptions(**q.train), dev_fraction=float(q.dev_fraction),
                            dev_max=q.dev_max, seed=int(q.seed))
         del lm
         tuned = pairs_loss(replace(run.lm_spec, name=str(res.model_dir)).build(), dev, batch)
@@ -796,12 +827,11 @@ def run_generator(run: RunContext) -> None:
 def compare_two_shot(run: RunContext) -> None:
     """``qg.compare_two_shot``: the P of the base model with its two-shot prompt and its flat clustering, for the
     report's clustering with each generator; the same stages (and keys) as a run with ``qg.enabled=false``."""
-    cfg = run.cfg
-    if run.qg is None or not cfg.qg.compare_two_shot or not _clustering(run):
+    if run.qg is None or not run.settings.qg.compare_two_shot or not _clustering(run):
         return
     saved = (run.qg, run.lm_spec, run._lm, run.score)
     run.drop_lm()
-    run.qg, run.lm_spec = None, lm_settings(cfg)
+    run.qg, run.lm_spec = None, run.settings.lm
     try:
         run.score = run.two_shot["score"] = run.stage(score_spec(run))
         _start(run, cluster_spec(run), Priority.CLUSTER, TWO_SHOT_CLUSTER)  # a host stage, taken by the report
@@ -822,20 +852,23 @@ def _generator_report(run: RunContext, report: dict) -> dict:
 
 def index_spec(run: RunContext, method: str) -> StageSpec:
     """4. The docids of one indexer: GC reads P, BMI the generated queries, the others the corpus alone."""
-    cfg, score, doc_q = run.cfg, run.score, run.doc_queries
-    index_cfg = to_container(cfg.index)
+    score, doc_q = run.score, run.doc_queries
+    settings = run.settings.index.resolved(method=method)
+    values = config_dict(settings)
     upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
     inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
-              "index": {k: _embed_by_digest(index_cfg[k]) for k in index_keys()[method]}}
+              "index": {k: _embed_by_digest(values[k]) for k in index_keys()[method]}}
 
     def build(folder: Path) -> dict:
-        sub = OmegaConf.create({**index_cfg, "method": method, "out": str(folder), "index": None,
-                                "data": to_container(cfg.data), "run": str(score.path) if method == "gc" else None})
-        if method == "bmi":
-            sub.kmeans.doc_queries = str(doc_q.path / "doc_queries.jsonl")
-        settings = IndexSettings.from_config({**index_cfg, "method": method, "kmeans": to_container(sub.kmeans)})
-        summary = build_index(settings, folder, corpus=run.corpus, run=sub.run)
-        save_config(sub, folder)
+        index = settings
+        if method == "bmi":  # its input: the generated queries of this run
+            index = index.resolved(kmeans=replace(index.kmeans, doc_queries=str(doc_q.path / "doc_queries.jsonl")))
+        p_run = str(score.path) if method == "gc" else None
+        summary = build_index(index, folder, corpus=run.corpus, run=p_run)
+        # `gdr index`'s config: its settings with the method after them, as the command composes it
+        saved = {k: v for k, v in config_dict(index).items() if k != "method"}
+        save_config({**saved, "method": method, "out": str(folder), "index": None, "data": run.settings.data,
+                     "run": p_run}, folder)
         return {k: summary[k] for k in ("depth_max", "depth_mean", "balance_mean", "largest_child_frac_mean",
                                         "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
@@ -862,17 +895,15 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     """6. One retriever per (indexer, seed) on that indexer's docids; with ``queries.folds``, per (indexer, seed,
     fold), trained without the topics of ``fold``."""
     cfg, idx, doc_q, use_gen = run.cfg, run.indexes[method], run.doc_queries, run.uses_generated
-    train_cfg = to_container(cfg.train)
-    if run.train_batch is not None:  # the resolved size keys the stage: `auto` never hides another batch
-        train_cfg["trainer"]["batch_size"] = run.train_batch
     train_q = queries_section(cfg, cfg.queries.train_split, fold)
-    settings = TrainSettings.from_config(train_cfg, seed=seed)
-    keyed = {k: v for k, v in keyed_values(TrainSettings, train_cfg).items() if k != "model_presets"}
+    settings = _train_settings(run).resolved(seed=seed)  # the resolved batch keys the stage: `auto` hides none
+    keyed = {k: v for k, v in keyed_values(TrainSettings, config_dict(settings)).items()
+             if k not in ("model_presets", "seed")}  # the seed keys the stage beside them
     keyed["model"] = train_stage.keyed_model(settings)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": _queries_key(run, train_q), "train": keyed, "seed": seed,
               "device": train_stage.training_numerics(settings)}
-    build = _TrainBuild(run.corpus, train_cfg, to_container(cfg.data), train_q, run.splits(train_q), seed,
+    build = _TrainBuild(run.corpus, settings, run.settings.data, train_q, run.splits(train_q),
                         str(idx.path / "docids.tsv"), str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
     return StageSpec(f"train-{method}-{_suffix(seed, fold)}", inputs, build,
                      after=[idx] + ([doc_q] if use_gen else []),
@@ -884,8 +915,8 @@ def _train_examples_bound(run: RunContext) -> int:
     its random windows and its generated queries), which sizes ``auto`` batches."""
     cfg = run.cfg
     qs = run.splits(queries_section(cfg, cfg.queries.train_split))
-    per_doc = int(cfg.doc_queries.per_doc) if run.uses_generated else 0
-    windows = 1 + int(cfg.train.examples.get("doc_windows") or 0)
+    per_doc = int(run.settings.doc_queries.per_doc) if run.uses_generated else 0
+    windows = 1 + int(run.settings.train.examples.doc_windows)
     return len(run.corpus) * (windows + per_doc) + (sum(len(r) for r in qs.relevant) if qs is not None else 0)
 
 
@@ -896,9 +927,9 @@ def resolve_train_batch(run: RunContext, n_train: int) -> int | None:
     """``trainer.batch_size=auto`` resolved once per run and recorded in ``<run>/auto_sizes.json``: every retriever
     of the run, and the run resumed on the same kind of device, trains at that batch whatever else holds the
     device's memory by then; another device resolves (and keys) its own. None for a batch size given as a number."""
-    if run.cfg.train.trainer.batch_size != "auto":
+    settings = run.settings.train
+    if settings.trainer.batch_size != "auto":
         return None
-    settings = TrainSettings.from_config(to_container(run.cfg.train))
     path = run.pipe.root / AUTO_SIZES_FILE
     device = train_stage.training_device(settings)
     try:
@@ -920,14 +951,13 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
     cfg = run.cfg
     test_q = run.test_q if fold is None else queries_section(cfg, cfg.queries.test_split, fold)
     inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1,
-              "evaluate": keyed_values(EvaluateSettings, to_container(cfg.evaluate))}
+              "evaluate": keyed_values(EvaluateSettings, config_dict(run.settings.evaluate))}
+    settings = run.settings.evaluate.resolved(bm25=False)  # BM25 is the run's own stage
 
     def build(folder: Path) -> dict:
-        sub = OmegaConf.create({**to_container(cfg.evaluate), "data": to_container(cfg.data),
-                                "run_dir": str(train.path), "out_dir": str(folder), "bm25": False, "queries": test_q})
         folder.mkdir(parents=True, exist_ok=True)
-        save_config(sub, folder)
-        settings = EvaluateSettings.from_config(to_container(cfg.evaluate), bm25=False)
+        save_config({**config_dict(settings), "data": run.settings.data, "run_dir": str(train.path),
+                     "out_dir": str(folder), "queries": test_q}, folder)
         m, _ = evaluate_model(train.path, run.corpus, _test_queries(run, test_q), folder, settings,
                               split=test_q["split"])
         return {"metrics": m["systems"][settings.tag]}
@@ -944,18 +974,19 @@ class _TrainBuild:
     :func:`gdr.stages.train.train_retrievers` can run it in a process of its own."""
 
     corpus: Any
-    train_cfg: dict
+    settings: TrainSettings  # with its seed
     data: dict
     queries: dict  # the section, saved in the stage's config
     split: Any  # its real queries (a QuerySet), or None
-    seed: int
     docids: str
     generated: str | None
 
     def __call__(self, folder: Path) -> dict:
-        sub = OmegaConf.create({**self.train_cfg, "data": self.data, "seed": self.seed, "docids": self.docids,
-                                "out_dir": str(folder), "queries": self.queries, "generated": self.generated})
-        settings = TrainSettings.from_config(self.train_cfg, seed=self.seed)
+        settings = self.settings
+        # `gdr train`'s config: the train section of `gdr run` (its seed after it) and the command's own keys
+        saved = {k: v for k, v in config_dict(settings).items() if k != "seed"}
+        sub = {**saved, "data": self.data, "seed": settings.seed, "docids": self.docids, "out_dir": str(folder),
+               "queries": self.queries, "generated": self.generated}
         # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
         res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=self.split,
                                           generated=self.generated, stale="restart",
@@ -998,10 +1029,10 @@ def _pruned_evaluated(run: RunContext, ms: tuple, spec: StageSpec) -> StageRecor
 
 def _train_settings(run: RunContext) -> TrainSettings:
     """The run's training settings, with ``trainer.batch_size=auto`` as resolved for the run."""
-    train_cfg = to_container(run.cfg.train)
-    if run.train_batch is not None:
-        train_cfg["trainer"]["batch_size"] = run.train_batch
-    return TrainSettings.from_config(train_cfg)
+    settings = run.settings.train
+    if run.train_batch is None:
+        return settings
+    return settings.resolved(trainer=replace(settings.trainer, batch_size=run.train_batch))
 
 
 def trained_on(cfg: DictConfig, corpus, qs, use_generated: bool) -> str:
@@ -1173,7 +1204,7 @@ def _training_started(run: RunContext, settings, at_once: int, n_todo: int) -> N
     logged and kept for the report (:func:`run_timing`)."""
     on_cuda = train_stage.training_device(settings) != "cpu"
     free = free_memory() if on_cuda and n_todo else None
-    batch = run.train_batch or run.cfg.train.trainer.batch_size
+    batch = run.train_batch or run.settings.train.trainer.batch_size
     run.training = {"free_gb": None if free is None else round(free / 1e9, 1), "retrievers_at_once": at_once,
                     "batch": batch, "retrievers": 0, "examples": 0, "seconds": 0.0}
     if n_todo:
@@ -1265,53 +1296,52 @@ def documents_signature(corpus) -> dict:
             "n_docs": len(corpus)}
 
 
-def score_inputs(cfg: DictConfig, corpus_sig: dict, lm: dict | None = None) -> dict:
+def score_inputs(settings: RunSettings, corpus_sig: dict, lm: dict | None = None) -> dict:
     """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
     :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings and
     the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings.
     ``lm``: the generator's key in place of :func:`lm_key` (a fine-tuned one: :func:`generator_key`)."""
-    return {"documents": _documents(corpus_sig), "lm": lm or lm_key(cfg.model),
-            "sample": keyed_values(SampleSettings, to_container(cfg.sample)),
-            "sampler": _sampler(), "score": _score_key(cfg.score), "device": device_key(cfg, scoring=True)}
+    return {"documents": _documents(corpus_sig), "lm": lm or lm_key(settings.lm),
+            "sample": keyed_values(SampleSettings, config_dict(settings.sample)),
+            "sampler": _sampler(), "score": _score_key(settings.score), "device": device_key(settings, scoring=True)}
 
 
-def lm_key(model: DictConfig) -> dict:
+def lm_key(lm: LMSettings) -> dict:
     """The query generator as it keys a stage: its ``model:`` settings with the name replaced by the digest of the
     model's files (:func:`gdr.models.model_digest`), so a model changed in place re-runs what it made and a moved
     one re-runs nothing."""
-    settings = to_container(model)
-    return {**{k: v for k, v in settings.items() if k != "name"}, "weights": model_digest(settings["name"])}
+    model = {f.name: config_dict(getattr(lm, f.name)) for f in fields(ModelOptions)}
+    return {**{k: v for k, v in model.items() if k != "name"}, "weights": model_digest(lm.name)}
 
 
 def _documents(corpus_sig: dict) -> dict:
     return {k: corpus_sig[k] for k in ("doc_ids", "texts", "n_docs") if k in corpus_sig}
 
 
-def _score_key(section: DictConfig) -> dict:
+def _score_key(score: ScoreSettings) -> dict:
     """The score section as it keys the stage; the compute dtype keys it as resolved (:func:`device_key`)."""
-    return {k: v for k, v in keyed_values(ScoreSettings, to_container(section)).items() if k != "compute_dtype"}
+    return {k: v for k, v in keyed_values(ScoreSettings, config_dict(score)).items() if k != "compute_dtype"}
 
 
-def device_key(cfg: DictConfig, scoring: bool = False) -> dict:
+def device_key(settings: RunSettings, scoring: bool = False) -> dict:
     """What of the machine decides sampled queries and P: the device kind the LM runs on (CUDA decodes a bf16
     copy, the CPU fp32) and, for scoring, the dtype its passes compute in (``score.compute_dtype`` resolved
     for that device, :func:`gdr.lm.scoring.score_compute_dtype`)."""
-    device = str(cfg.get("device") or LMSettings.device)
+    device = settings.lm.device
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     out = {"kind": kind}
     if scoring:
-        dtype = score_compute_dtype(str(cfg.score.get("compute_dtype", ScoreSettings.compute_dtype)),
-                                    torch.device(kind))
+        dtype = score_compute_dtype(settings.score.compute_dtype, torch.device(kind))
         out["compute_dtype"] = str(dtype).removeprefix("torch.")
     return out
 
 
-def doc_queries_inputs(cfg: DictConfig, corpus_sig: dict, lm: dict | None = None) -> dict:
+def doc_queries_inputs(settings: RunSettings, corpus_sig: dict, lm: dict | None = None) -> dict:
     """The inputs that key the doc-queries stage (generated training queries, with their own decoding): as
     :func:`score_inputs`, the documents, the LM (``lm``, as there), the decoding settings and the device kind."""
-    return {"documents": _documents(corpus_sig), "lm": lm or lm_key(cfg.model),
-            "doc_queries": keyed_values(DocQueries, to_container(cfg.doc_queries)), "sampler": _sampler(),
-            "device": device_key(cfg)}
+    return {"documents": _documents(corpus_sig), "lm": lm or lm_key(settings.lm),
+            "doc_queries": keyed_values(DocQueries, config_dict(settings.doc_queries)), "sampler": _sampler(),
+            "device": device_key(settings)}
 
 
 def _sampler() -> str:
@@ -1319,10 +1349,18 @@ def _sampler() -> str:
     return SAMPLER_VERSION
 
 
-def _with(cfg: DictConfig, **overrides) -> DictConfig:
-    """A copy of ``cfg`` with some keys replaced (nested dicts merged)."""
-    sub = OmegaConf.merge(cfg, OmegaConf.create(overrides))
-    return sub
+def _saved_run_config(run: RunContext, out: str | None = None, **sections) -> dict:
+    """The run's config as a stage saves it (``gdr score``'s, ``gdr sample``'s, ``gdr cluster``'s view of the run):
+    every section from the run's settings, ``sections`` (settings objects) in place of the run's, each with the keys
+    the config gives it, in its order (a field the run sets per stage, ``index.method``, ``train.seed``, is not one);
+    ``out``: the stage's folder."""
+    saved = to_container(run.cfg)
+    typed = {**{f.name: getattr(run.settings, f.name) for f in fields(RunSettings) if f.name != "lm"}, **sections}
+    for name, settings in typed.items():
+        if settings is not None and name in saved:
+            values = config_dict(settings)
+            saved[name] = {k: values[k] for k in saved[name]}
+    return saved if out is None else {**saved, "out": out}
 
 
 def lm_settings(cfg: DictConfig):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -491,6 +491,8 @@ def build_gc_index(
                           desc="gc index")
     finally:
         torch.set_num_threads(prev_threads)
-    tree.meta.update(method="gc", clip_upper=stats.clip_upper, log_phi=stats.log_phi, options=asdict(options),
+    # the kernel's own options: a settings section that is a GCOptions (index.gc) holds more keys
+    kernel = {f.name: getattr(options, f.name) for f in fields(GCOptions)}
+    tree.meta.update(method="gc", clip_upper=stats.clip_upper, log_phi=stats.log_phi, options=kernel,
                      seed=seed, n_queries=pmatrix.n_cols)
     return tree

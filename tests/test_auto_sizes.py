@@ -91,7 +91,7 @@ def test_a_run_resolves_its_training_batch_once_and_records_it_with_its_device(m
     (index / "docids.tsv").write_text("".join(f"d{i}\t{i // 10}-{i % 10}\n" for i in range(100)))
     cfg = load_config("run", ["train.model.size=small30m", "train.trainer.batch_size=auto",
                               "train.trainer.accelerator=gpu", f"out={tmp_path / 'run'}"])
-    run = SimpleNamespace(cfg=cfg, pipe=SimpleNamespace(root=tmp_path / "run"),
+    run = SimpleNamespace(cfg=cfg, settings=pipeline.run_settings(cfg), pipe=SimpleNamespace(root=tmp_path / "run"),
                           indexes={"gc": SimpleNamespace(path=index)})
     run.pipe.root.mkdir()
     first = pipeline.resolve_train_batch(run, 10**6)
@@ -102,4 +102,5 @@ def test_a_run_resolves_its_training_batch_once_and_records_it_with_its_device(m
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     assert pipeline.resolve_train_batch(run, 10**6) < first  # another device: resolved (and keyed) anew
     cfg.train.trainer.batch_size = 96
+    run.settings = pipeline.run_settings(cfg)
     assert pipeline.resolve_train_batch(run, 10**6) is None  # a number is the number: nothing to resolve

@@ -303,15 +303,15 @@ def test_auto_batch_size(family, llama, t5):
 
 def test_gdr_run_keys_the_score_stage_by_sampler_not_batch_size():
     """`gdr run` re-samples into a new stage folder when the sampler changes; a batch size alone does not."""
-    from omegaconf import OmegaConf
+    from dataclasses import replace
 
-    from gdr.pipeline import score_inputs
+    from gdr.config import load_config
+    from gdr.pipeline import run_settings, score_inputs
 
-    cfg = OmegaConf.create({"model": {"name": "m"}, "sample": {"n_queries": 4, "seed": 0, "batch_size": 8},
-                            "score": {"dtype": "float32"}})
-    a = score_inputs(cfg, {"n_docs": 3})
-    cfg.sample.batch_size = "auto"
-    assert score_inputs(cfg, {"n_docs": 3}) == a
+    settings = run_settings(load_config("run", ["sample.n_queries=4", "sample.seed=0", "sample.batch_size=8"]))
+    settings = replace(settings, lm=settings.lm.resolved(name="m"))
+    a = score_inputs(settings, {"n_docs": 3})
+    assert score_inputs(replace(settings, sample=settings.sample.resolved(batch_size="auto")), {"n_docs": 3}) == a
     assert a["sampler"] == SAMPLER_VERSION and "batch_size" not in a["sample"]
 
 

@@ -163,7 +163,7 @@ def test_every_section_key_is_declared_by_one_dataclass_field():
         assert len(declared) == len(set(declared)), f"{cls.__name__}.{name}: a key declared twice"
         value = getattr(cls(), name)  # a typed section (TrainSettings') or a dict of its keys
         assert sorted(asdict(value) if is_dataclass(value) else value) == sorted(declared), (cls.__name__, name)
-    assert IndexSettings().gc == {**asdict(IndexGC()), **asdict(GCOptions())}
+    assert asdict(IndexSettings().gc) == {**asdict(IndexGC()), **asdict(GCOptions())}
     assert ClusterSettings().gc == ClusterGC()
     assert QGKeys().qg == asdict(QGSection())
 

@@ -16,7 +16,7 @@ from gdr.cli import main
 from gdr.config import load_config
 from gdr.data import DataError, load_corpus
 from gdr.data.files import load_file_queries
-from gdr.pipeline import corpus_signature, score_inputs
+from gdr.pipeline import corpus_signature, run_settings, score_inputs
 from gdr.validate import ConfigError, validate
 
 DROPPED = ("d1", "d2", "d4")  # documents judged in test.tsv but left out of the subset
@@ -64,7 +64,8 @@ def test_the_setting_is_checked_and_keys_no_document_stage(tmp_path):
     corpus = gdr.Corpus(name="c", doc_ids=["a", "b"], texts=["x", "y"])
     on = load_config("run", ["data=jsonl", "data.path=x.jsonl", "data.drop_unknown_qrels=true"])
     off = load_config("run", ["data=jsonl", "data.path=x.jsonl"])
-    assert score_inputs(on, corpus_signature(corpus)) == score_inputs(off, corpus_signature(corpus))
+    assert (score_inputs(run_settings(on), corpus_signature(corpus))
+            == score_inputs(run_settings(off), corpus_signature(corpus)))
 
 
 def test_gdr_run_and_evaluate_on_a_subset_drop_unknown_qrels_as_the_api_does(setup, tmp_path, capsys):

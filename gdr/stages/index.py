@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from gdr.guard import holding
-from gdr.indexing.gc import GCOptions, build_gc_index
+from gdr.indexing.gc import build_gc_index
 from gdr.indexing.kmeans import (
     build_kmeans_index,
     default_embed_fn,
@@ -57,11 +57,6 @@ def _doc_ids(settings: IndexSettings, run, corpus: Callable | None) -> list[str]
                      "kmeans.docs=<jsonl> or kmeans.doc_queries=<jsonl>")
 
 
-def _gc_options(g: dict):
-    keys = GCOptions.__dataclass_fields__.keys()
-    return GCOptions(**{k: v for k, v in dict(g).items() if k in keys})
-
-
 def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: str | Path | None = None) -> dict:
     """Build one index (``settings.method``) into ``out``; returns its summary (depth, balance, leaves ...).
 
@@ -89,9 +84,9 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     if cfg.method == "gc":
         if not run:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
-        prun = load_run(run, require_manifest=False).first_queries(cfg.gc.get("n_queries"))
+        prun = load_run(run, require_manifest=False).first_queries(cfg.gc.n_queries)
         doc_ids, query_texts = prun.doc_ids, prun.query_texts
-        tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=_gc_options(cfg.gc),
+        tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=cfg.gc,
                               seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))
         tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
         extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
@@ -136,8 +131,8 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic.warn_above))
 
     summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts,
-                          top_queries=int(cfg.gc["top_queries"]),
-                          centroid_json_depth=int(cfg.gc["centroid_json_depth"]),
+                          top_queries=int(cfg.gc.top_queries),
+                          centroid_json_depth=int(cfg.gc.centroid_json_depth),
                           plot=bool(cfg.plot))
     write_manifest(out, command="index", method=cfg.method, n_docs=len(doc_ids), seconds=round(time.time() - t0, 2),
                    depth=summary["depth_max"], n_fallback=summary["n_fallback"],

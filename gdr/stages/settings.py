@@ -16,10 +16,11 @@ settings with :meth:`~Settings.from_config`, which trusts the values.
 """
 from __future__ import annotations
 
+import copy
 import json
 import textwrap
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
@@ -80,7 +81,7 @@ from gdr.training.options import ExampleOptions, OptimOptions, QGOptions, Traine
 
 __all__ = ["Settings", "LMSettings", "SampleSettings", "ScoreSettings", "ClusterSettings", "IndexSettings",
            "TrainSettings", "EvaluateSettings", "INDEXERS", "MODEL_PRESETS", "MAX_P_PER_DOC",
-           "keyed_values", "resumable", "index_keys", "settings_classes"]
+           "IndexGCSettings", "keyed_values", "resumable", "index_keys", "settings_classes", "config_dict"]
 
 # sample.p_per_doc's bound: query k of a document is on random stream (44 bits of its text's digest) *
 # MAX_P_PER_DOC + k (gdr.stages.sample.per_doc_draws), so no two queries of a document share a stream
@@ -184,7 +185,8 @@ class Settings:
         return base.check()
 
     def to_dict(self) -> dict:
-        return asdict(self)  # type: ignore[call-overload]
+        """The settings as their config section (:func:`config_dict`): what a stage saves as its config."""
+        return config_dict(self)
 
     def replace(self, **changes: Any):
         """A copy with some settings changed (checked: a script's door)."""
@@ -197,6 +199,20 @@ class Settings:
             return replace(self, **changes)  # type: ignore[type-var]
         finally:
             _AT_DOOR_CHECKED.reset(token)
+
+
+def config_dict(value: Any) -> Any:
+    """A settings object (or section) as the config it is read from: :func:`dataclasses.asdict`, a section whose
+    class lists its keys in another order (``key_order``) in that order."""
+    if is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: config_dict(getattr(value, f.name)) for f in fields(value)}
+        order = getattr(value, "key_order", None)
+        return {**{k: out[k] for k in order}, **out} if order else out  # a field it does not list: after them
+    if isinstance(value, Mapping):
+        return {k: config_dict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(config_dict(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def section_from(cls, values: Mapping[str, Any], where: str):
@@ -392,16 +408,17 @@ class ClusterSettings(Settings):
                               f"{prefix}n_clusters to 2 or more")
 
 
-# the order `gdr index --help` and conf/stage/index.yaml list index.gc's keys in (IndexGC's and GCOptions')
-INDEX_GC_ORDER = ("n_queries", "alpha", "ess_target", "clip_sigma", "proposal", "localized", "bootstrap",
-                  "bootstrap_root", "init", "split_merge", "n_init", "n_init_inner", "max_iter", "tol", "dedupe",
-                  "device", "memory_mb", "chunk_rows", "refine_max_iter", "torch_threads", "top_queries",
-                  "centroid_json_depth")
+@dataclass
+class IndexGCSettings(IndexGC, GCOptions):
+    """``index.gc``: the GC kernel's :class:`~gdr.indexing.options.GCOptions` (this section is one, handed to
+    :func:`gdr.indexing.gc.build_gc_index` as it is) and the stage's own :class:`~gdr.indexing.options.IndexGC`
+    keys beside them."""
 
-
-def _index_gc() -> dict:
-    both = {**asdict(IndexGC()), **asdict(GCOptions())}
-    return {k: both[k] for k in INDEX_GC_ORDER}
+    # the order `gdr index --help`, conf/stage/index.yaml and the saved configs list the keys in (config_dict)
+    key_order: ClassVar = ("n_queries", "alpha", "ess_target", "clip_sigma", "proposal", "localized", "bootstrap",
+                           "bootstrap_root", "init", "split_merge", "n_init", "n_init_inner", "max_iter", "tol",
+                           "dedupe", "device", "memory_mb", "chunk_rows", "refine_max_iter", "torch_threads",
+                           "top_queries", "centroid_json_depth")
 
 
 # the indexers that build a tree of K children and leaves of c documents (atomic gives each document its own id)
@@ -412,7 +429,7 @@ TREE_INDEXERS = ("gc", "hkmi", "bmi", "random")
 class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
-    typed: ClassVar = {"kmeans": IndexKMeans, "atomic": IndexAtomic}  # gc: a dict of IndexGC's and GCOptions' keys
+    typed: ClassVar = {"gc": IndexGCSettings, "kmeans": IndexKMeans, "atomic": IndexAtomic}
 
     method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result",
                           rule=one_of(*INDEXERS), rule_help="the indexer")
@@ -422,7 +439,7 @@ class IndexSettings(Settings):
     workers: int = same_setting(TreeOptions, "workers")
     progress: bool = setting(True, effect="speed", rule=boolean)
     plot: bool = setting(True, "summary.png", effect="speed", rule=boolean)
-    gc: dict = setting(factory=_index_gc, effect="result", indexers=("gc",))
+    gc: IndexGCSettings = setting(factory=IndexGCSettings, effect="result", indexers=("gc",))
     kmeans: IndexKMeans = setting(help="hkmi and bmi", factory=IndexKMeans, effect="result", indexers=("hkmi", "bmi"))
     atomic: IndexAtomic = setting(factory=IndexAtomic, effect="result", indexers=("atomic",))
 
@@ -483,6 +500,8 @@ class TrainSettings(Settings):
 
     typed: ClassVar = {"examples": ExampleOptions, "model": TrainModel, "optim": OptimOptions,
                        "trainer": TrainerOptions}
+    # the order conf/stage/train.yaml and a saved config list the keys in (config_dict)
+    key_order: ClassVar = ("concurrent", "examples", "model", "model_presets", "optim", "trainer", "seed")
 
     examples: ExampleOptions = setting(help="training inputs (training/data.py), each switchable",
                                        factory=lambda: ExampleOptions(**STAGE_EXAMPLES), effect="result")
@@ -690,7 +709,7 @@ def generated_yaml(name: str) -> str:
         values = {k: defaults[k] for k in option.keys}
         return "\n".join([*about, head, *_yaml_lines(values, generated_help(name))]) + "\n"
     cls, names = GENERATED[name]
-    defaults = asdict(cls())
+    defaults = config_dict(cls())
     values = {k: defaults[k] for k in (names or defaults)}
     head = f"# Generated from {cls.__module__}.{cls.__name__} (`make conf`): change the dataclass, not this file."
     return "\n".join([head, *_yaml_lines(values, field_help(cls))]) + "\n"
