@@ -51,6 +51,7 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys
+from gdr.stages.index import index_seeds
 from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
 from gdr.stages.settings import SampleSettings, ScoreSettings
@@ -715,10 +716,14 @@ def _clustering(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
 
 
 def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
-    """Every docid scheme's index: GC's over P, the others over the documents."""
+    """Every docid scheme's index: GC's over P, the others over the documents; with ``index_seed=retriever`` one per
+    retriever seed (:func:`gdr.stages.index.index_seeds`). ``parts``: the seconds of one index of each scheme."""
     per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
            for i in cfg.indexers}
-    st = _host("indexing", sum(per.values()), rates, ", ".join(f"{i} {v:.1f} s" for i, v in per.items()))
+    mode = str(cfg.get("index_seed") or RunKeys.index_seed)
+    count = {i: len(index_seeds(mode, i, cfg.seeds)) for i in cfg.indexers}
+    st = _host("indexing", sum(v * count[i] for i, v in per.items()), rates,
+               ", ".join(f"{i} {v:.1f} s" + (f" x {count[i]} seeds" if count[i] > 1 else "") for i, v in per.items()))
     st.parts = per
     return st
 
