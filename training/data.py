@@ -294,7 +294,6 @@ def _add_given_dev(got: _Gathered, tokenizer, dev_q: list[str], dev_rel: Sequenc
     got.dev_rel = _relevant(dev_q, dev_rel, n_docs, "dev")
     got.dev = _tokenize(tokenizer, dev_q, max_query_len)
     got.counts["dev_from"] = "dev_queries"
-    got.counts["dev_queries"] = len(dev_q)
 
 
 def _add_real_queries(got: _Gathered, tokenizer, real_q: list[str], train_rel: Sequence[Sequence[int]], n_docs: int,
