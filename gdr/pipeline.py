@@ -99,7 +99,7 @@ from gdr.stages.index import build_index, index_seeds, index_stage_name
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
-from gdr.stages.report import cluster_headline, mark_in_progress, write_report
+from gdr.stages.report import cluster_headline, mark_in_progress, pooled_index_facts, write_report
 from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
     ClusterSettings,
@@ -818,6 +818,15 @@ def index_of(run: RunContext, method: str, seed: int) -> StageRecord:
     return run.seed_indexes.get((method, int(seed))) or run.indexes[method]
 
 
+def index_facts(run: RunContext) -> dict[str, dict]:
+    """Per indexer, the facts of its index the report gives (depth, balance); with an index per retriever seed, over
+    its indexes (:func:`gdr.stages.report.pooled_index_facts`)."""
+    per_seed: dict[str, list[dict]] = {}
+    for (method, _), rec in run.seed_indexes.items():
+        per_seed.setdefault(method, []).append(rec.info)
+    return {m: pooled_index_facts(per_seed[m]) if m in per_seed else r.info for m, r in run.indexes.items()}
+
+
 def index_spec(run: RunContext, method: str, seed: int | None = None) -> StageSpec:
     """4. The docids of one indexer: GC reads P, BMI the generated queries, the others the corpus alone; ``seed``:
     built with ``index.seed`` = ``seed`` (``index_seed=retriever``), in a stage of its own."""
@@ -1120,7 +1129,7 @@ def _write_report(run: RunContext, partial: dict | None = None) -> dict:
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
     train_q = run.splits(queries_section(cfg, cfg.queries.train_split))
     report = write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
-                        run.results, {m: r.info for m, r in run.indexes.items()},
+                        run.results, index_facts(run),
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),

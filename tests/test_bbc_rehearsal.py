@@ -117,3 +117,4 @@ def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_
     assert report["verdict"] == report["primary"]["line"]
     assert f"**{report['verdict']}**" in (copy / "report.md").read_text()
     assert {s: r["seeds"] for s, r in report["primary"]["schemes"].items()} == {"gc": 5, "hkmi": 5}
+    assert "| gc (5 indexes, one a seed) |" in (copy / "report.md").read_text()

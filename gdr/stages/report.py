@@ -28,7 +28,7 @@ from gdr.stages.command_keys import Verdict
 from gdr.stages.settings import EvaluateSettings
 
 __all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
-           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth"]
+           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth", "pooled_index_facts"]
 
 # the keys of the evaluation rows at the default 100 results per query (:func:`gdr.eval.retrieval.metric_keys` at
 # another ``evaluate.k``): ``recall@d`` is Success@d (hit@d), ``R@d`` recall, ``mrr@100`` RR@100
@@ -106,7 +106,9 @@ def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict |
         summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items() if v[0] == v[0]}
         summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()
                                 if v[0] == v[0] and v[1] is not None})
-        lines.append(f"| {method} | " + " | ".join(_cell(*stats[m]) for m in shown)
+        n_idx = info.get("n_indexes", 1)  # index_seed=retriever: the index facts over its seeds' indexes
+        name = method if n_idx == 1 else f"{method} ({n_idx} indexes, one a seed)"
+        lines.append(f"| {name} | " + " | ".join(_cell(*stats[m]) for m in shown)
                      + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
                      + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
     if bm25 is not None:
@@ -114,6 +116,17 @@ def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict |
                      + " | | | |")
         n_test = bm25.get("n_queries", n_test)
     return lines, summary, n_test
+
+
+def pooled_index_facts(infos: Sequence[dict]) -> dict:
+    """One scheme's index facts over its indexes (one per retriever seed, ``index_seed=retriever``): the deepest
+    ``depth_max`` and ``leaf_size_max``, the mean of every other figure, ``n_indexes`` how many."""
+    out: dict = {"n_indexes": len(infos)}
+    for key in dict.fromkeys(k for info in infos for k in info):
+        values = [info[key] for info in infos if isinstance(info.get(key), (int, float))]
+        if values:
+            out[key] = max(values) if key in ("depth_max", "leaf_size_max") else float(np.mean(values))
+    return out
 
 
 def query_set_name(settings: dict, corpus_name: str) -> str:
