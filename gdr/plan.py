@@ -373,7 +373,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     model = _retriever(cfg, n_docs)
     rc = model.config  # with the encoder's HF config filled in
     n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
-    per_epoch, dev = _examples(t.examples, n_docs, n_train, int(cfg.doc_queries.per_doc))
+    per_epoch, dev = _examples(t.examples, n_docs, n_train, int(cfg.doc_queries.per_doc), _dev_split_size(cfg))
     train = _training(t, model, n_ret, per_epoch, rates, gpus, free, dev)
     beam = int(cfg.evaluate.beam)
     if rates.per_unit("search_s_per_query"):
@@ -396,19 +396,24 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     return [train, search]
 
 
-def _examples(ex, n_docs: int, n_train: int, per_doc: int) -> tuple[int, int]:
+def _examples(ex, n_docs: int, n_train: int, per_doc: int, dev_given: int | None = None) -> tuple[int, int]:
     """(training examples an epoch, dev queries) of one retriever: ``n_train`` real queries (one relevant document
     each), ``per_doc`` generated ones per document and the document windows, less what the dev split holds out
-    (:func:`gdr.training.data.dev_sizes`); a run without queries validates on held-out windows (not modelled: all
-    windows are counted as training examples)."""
+    (:func:`gdr.training.data.dev_sizes`); ``dev_given``: the dev split is the query set's own of that many queries
+    (``queries.dev_split``): no training query is held out, generated ones only fill it up to ``dev_min``. A run
+    without queries validates on held-out windows (not modelled: all windows are counted as training examples)."""
     n_real = n_train if ex.use_real else 0
     n_gen = n_docs * per_doc if ex.use_generated else 0
     if ex.get("generated_per_doc") is not None:
         n_gen = n_docs * min(per_doc, int(ex.generated_per_doc))
-    dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, float(ex.dev_fraction), int(ex.dev_max),
-                                  int(ex.dev_min), float(ex.dev_max_share))
+    if dev_given is None:
+        dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, float(ex.dev_fraction),
+                                      int(ex.dev_max), int(ex.dev_min), float(ex.dev_max_share))
+    else:
+        dev_real, dev_gen = 0, dev_sizes(0, n_gen, n_docs if n_gen else 0, 0.0, int(ex.dev_max),
+                                         max(int(ex.dev_min) - dev_given, 0), float(ex.dev_max_share))[1]
     windows = n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0))
-    return n_real - dev_real + n_gen - dev_gen + windows, dev_real + dev_gen
+    return n_real - dev_real + n_gen - dev_gen + windows, (dev_given or 0) + dev_real + dev_gen
 
 
 def _retriever(cfg, n_docs: int):
@@ -545,6 +550,18 @@ def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int, memory: float) -
     if rates.device == "cpu":
         return CPU_BATCH
     return cuda_batch_size(rc, memory, per_epoch)
+
+
+def _dev_split_size(cfg) -> int | None:
+    """The queries of the retrievers' dev split when it is the query set's own (``queries.dev_split``), else None:
+    titles by the split's share; a query set's dev split, whose size the plan does not know, as 0."""
+    if cfg.queries.get("dev_split") is None:
+        return None
+    if str(cfg.queries.name) != "titles":
+        return 0
+    fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
+    name = str(cfg.data.name)
+    return round(fr[1] * int(cfg.data.get("n_docs") or CORPUS_DOCS.get(name, 0)) * TITLES_TEST_KEPT.get(name, 1.0))
 
 
 def _n_folds(cfg) -> int:

@@ -150,6 +150,23 @@ def test_an_index_per_retriever_seed_is_planned_and_each_index_stage_predicted(t
     assert got == {"index-gc-s2": one["gc"], "index-atomic": one["atomic"], "index-hkmi": one["hkmi"]}
 
 
+def test_a_dev_split_of_the_query_set_holds_no_training_title_out_in_the_plan():
+    """queries.dev_split=dev (bbc.yaml's): every train title is a training example an epoch, and the dev titles are
+    what validates; null: the trainer's held-out share of the train titles."""
+    from gdr.plan import _dev_split_size, _examples, _sizes
+
+    def sizes(*overrides):
+        cfg = load_config("run", ["+experiment=bbc", *overrides])
+        n_docs, n_train, _ = _sizes(cfg)
+        return n_train, _dev_split_size(cfg), _examples(cfg.train.examples, n_docs, n_train, 15, _dev_split_size(cfg))
+
+    n_train, given, (per_epoch, dev) = sizes()
+    _, none, (held_epoch, held_dev) = sizes("queries.dev_split=null")
+    assert none is None and 80 <= given <= 100 and dev == given
+    assert per_epoch - held_epoch == held_dev == round(0.1 * n_train)  # the train titles held out otherwise
+    assert sizes("train.examples.dev_min=100")[2][1] == 100  # dev_min tops the dev titles up with generated queries
+
+
 def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_is_assumed(tmp_path):
     """The fixture's single retriever reaches 10% of the limit with a 1 s warm-up: 2 at once halve the compute
     part and the warm-ups and add 2 worker spawns; 12 at once reach 120%, capped at the limit: a tenth of the
