@@ -118,3 +118,9 @@ def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_
     assert f"**{report['verdict']}**" in (copy / "report.md").read_text()
     assert {s: r["seeds"] for s, r in report["primary"]["schemes"].items()} == {"gc": 5, "hkmi": 5}
     assert "| gc (5 indexes, one a seed) |" in (copy / "report.md").read_text()
+
+    # what a lease carries back: the weights pruned, every retriever taken in from its evaluation, nothing retrained
+    assert main(["prune", str(copy)]) == 0
+    assert main([*_args(lm_path, copy), "seeds=[0,1,2,3,4]", "indexers=[gc,hkmi]"]) == 0
+    assert all(s["reused"] for s in _stages(copy).values())
+    assert json.loads((copy / "report.json").read_text())["primary"] == report["primary"]
