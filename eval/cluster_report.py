@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from scipy.special import logsumexp
 
 from gdr.cluster import GenerativeClustering, describe_clusters
@@ -120,13 +119,15 @@ def descriptions_md(result: dict, labels: Sequence[str] | None) -> str:
 
 
 def plot_clusters(result: dict, labels: Sequence[str] | None, path: Path) -> None:
-    matplotlib.use("Agg")
+    # Figures of its own, not pyplot's: pyplot's figures are process-wide state, and the clustering may run in a
+    # thread beside others that plot (gdr.stages.overlap)
 
     gc = result["methods"]["GC"]
     pred = np.asarray(gc["labels"])
     k = result["n_clusters"]
     if labels is None:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig = Figure(figsize=(6, 3.5))
+        ax = fig.subplots()
         ax.bar(np.arange(k), np.bincount(pred, minlength=k))
         ax.set_xlabel("cluster")
         ax.set_ylabel("documents")
@@ -136,7 +137,8 @@ def plot_clusters(result: dict, labels: Sequence[str] | None, path: Path) -> Non
         lab = np.searchsorted(names, np.asarray(labels))
         cm = np.zeros((len(names), k), dtype=int)
         np.add.at(cm, (lab, pred), 1)
-        fig, ax = plt.subplots(figsize=(1.2 + 0.6 * k, 1.0 + 0.5 * len(names)))
+        fig = Figure(figsize=(1.2 + 0.6 * k, 1.0 + 0.5 * len(names)))
+        ax = fig.subplots()
         ax.imshow(cm, cmap="Blues", aspect="auto")
         for (i, j), v in np.ndenumerate(cm):
             ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
@@ -147,4 +149,3 @@ def plot_clusters(result: dict, labels: Sequence[str] | None, path: Path) -> Non
         ax.set_title("labels x GC clusters")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

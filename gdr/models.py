@@ -26,11 +26,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gdr.paths import cache_dir
-from gdr.rules import OPT_POSITIVE, POSITIVE, GroupOption, Rule, boolean, device, setting
+from gdr.rules import (
+    NON_NEGATIVE,
+    POSITIVE,
+    GroupOption,
+    Rule,
+    any_value,
+    auto_or,
+    boolean,
+    device,
+    number,
+    rule_of,
+    setting,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "LM_RULES",
+__all__ = ["cache_dir", "resolve_model", "save_pretrained_atomic", "BUNDLED", "pretrained_config", "DEVICE_RULE",
            "model_digest", "EMBED_MODEL", "EMBED_BATCH", "PromptConfig", "ModelOptions", "SamplingOptions",
            "MODEL_OPTIONS", "DOC2QUERY"]
 
@@ -58,17 +70,8 @@ def model_name(v, sec):
             + (f"; did you mean {close[0]}?" if close else ""))
 
 
-# The query generator's settings (``model:`` plus ``device``, ``threads``, ``progress``): gdr.lm.GenerativeLM's
-# arguments and gdr.stages.settings.LMSettings's fields.
-MAX_DOC_TOKENS_RULE = Rule("model.max_doc_tokens", POSITIVE, "document tokens in the prompt")
+# The query generator's device (gdr.lm.GenerativeLM's argument, gdr.stages.settings.LMSettings's field)
 DEVICE_RULE = Rule("device", device("auto", "cpu"))
-LM_RULES = (
-    Rule("model.name", model_name, "the query generator"),
-    MAX_DOC_TOKENS_RULE,
-    DEVICE_RULE,
-    Rule("threads", OPT_POSITIVE, "torch CPU threads; null = torch's default"),
-    Rule("progress", boolean),
-)
 
 
 @dataclass
@@ -107,10 +110,10 @@ class ModelOptions:
     """``model:``: the query generator, how many of a document's tokens it reads, and its prompt."""
 
     name: str = setting("smollm2-135m", "the query generator: a bundled name, a hub id (org/name) or a local folder",
-                        effect="result")
-    max_doc_tokens: int = setting(128, "document tokens in the prompt", effect="result")
+                        effect="result", rule=model_name, rule_help="the query generator")
+    max_doc_tokens: int = setting(128, "document tokens in the prompt", effect="result", rule=POSITIVE)
     prompt: dict | None = setting(None, "PromptConfig fields (style, prefix, system, user, shots); null = the model's "
-                                        "default prompt", effect="result")
+                                        "default prompt", effect="result", rule=any_value)
 
 
 @dataclass
@@ -119,21 +122,34 @@ class SamplingOptions:
 
     batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
                                             "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
-                                            "(sampler gdr-decode-1)", effect="speed")
-    max_new_tokens: int = setting(32, effect="result")
-    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off", effect="result")
-    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off", effect="result")
+                                            "(sampler gdr-decode-1)", effect="speed",
+                                    rule=auto_or(POSITIVE),
+                                    rule_help="queries per decode batch (changes speed, not the queries); auto = "
+                                              "fits the GPU / fastest on a CPU")
+    max_new_tokens: int = setting(32, effect="result", rule=POSITIVE, rule_help="tokens per sampled query")
+    top_k: int = setting(50, "only the 50 most likely next tokens; 0 = off", effect="result",
+                         rule=NON_NEGATIVE, rule_help="top-k sampling; 0 = off")
+    top_p: float = setting(0.99, "nucleus mass; lower = safer, less diverse queries; 1 = off", effect="result",
+                           rule=number(0, 1), rule_help="nucleus sampling mass; 1 = off")
     temperature: float = setting(1.0, "1 samples the model's own p(query | doc), as the importance weights assume",
-                                 effect="result")
+                                 effect="result",
+                                 rule=number(0),
+                                 rule_help="sampling temperature; below 1e-30 the greedy output, its limit")
     compile: bool | str = setting("auto", "auto | true | false: compile the decode step (CUDA graphs on a GPU; the "
                                           "same queries either way). auto = on CUDA when at least compile_min_queries "
-                                          "queries are left to decode", effect="speed")
+                                          "queries are left to decode", effect="speed",
+                                  rule=auto_or(boolean),
+                                  rule_help="compile the decode step; auto = on CUDA for large work")
     compile_min_queries: int | str = setting("auto", "auto = 8,192: below it compiling costs more than it saves "
-                                                     "(gdr/lm/compiling.py)", effect="speed")
+                                                     "(gdr/lm/compiling.py)", effect="speed",
+                                             rule=auto_or(POSITIVE),
+                                             rule_help="sample.compile=auto compiles from this many queries")
 
 
 DOC2QUERY = "doc2query/all-with_prefix-t5-base-v1"  # the paper's query generator
 # conf/model/<name>.yaml, each with its model's default prompt written out (to be read and changed key by key)
+# gdr.lm.GenerativeLM's max_doc_tokens argument, checked as the config's key
+MAX_DOC_TOKENS_RULE = rule_of(ModelOptions.__dataclass_fields__["max_doc_tokens"], "model.max_doc_tokens")
 MODEL_OPTIONS = {
     "doc2query-t5": GroupOption("The paper's model (needs the Hugging Face hub or a local copy).",
                                 ("name", "max_doc_tokens", "prompt"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdr.rules import setting
+from gdr.rules import POSITIVE, any_value, auto_or, device, number, one_of, optional, setting
 
 __all__ = ["GCFitOptions", "RankingOptions"]
 
@@ -24,27 +24,35 @@ class GCFitOptions:
 
     alpha: float | str = setting(0.25, "the weights' regularisation (Eq. ris / vmp; the paper uses 0.25); auto = the "
                                        "largest alpha whose weights keep a mean effective sample size of "
-                                       "ess_target * J", effect="result")
+                                       "ess_target * J", effect="result",
+                                 rule=auto_or(number(0)),
+                                 rule_help="GC's regularisation; the paper uses 0.25; auto = by effective sample size")
     ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J",
-                                effect="result")
+                                effect="result", rule=number(0, 1, hi_open=True),
+                                rule_help="alpha=auto's mean ESS as a fraction of J")
     clip_sigma: float | None = setting(5.0, "Eq. clip: per column, values above mu_j + clip_sigma sigma_j are set "
-                                            "to that bound; null = no clipping", effect="result")
-    phi: str = setting("power", "the proposal: power (Eq. vmp) | naive (column mean of P)", effect="result")
+                                            "to that bound; null = no clipping", effect="result",
+                                       rule=optional(number(0)), rule_help="clipping at mu + n sigma; null = none")
+    phi: str = setting("power", "the proposal: power (Eq. vmp) | naive (column mean of P)", effect="result",
+                       rule=one_of("power", "naive"), rule_help="the proposal phi")
     init: str = setting("greedy-k-means++", "greedy-k-means++ (+ split/merge moves) | random (Eq. init) | k-means++",
-                        effect="result")
-    n_init: int = setting(10, "runs per fit; the lowest total distortion wins (no labels used)", effect="result")
-    max_iter: int = setting(100, "iterations of the two-step loop at most", effect="result")
+                        effect="result", rule=one_of("greedy-k-means++", "random", "k-means++"))
+    n_init: int = setting(10, "runs per fit; the lowest total distortion wins (no labels used)", effect="result",
+                          rule=POSITIVE, rule_help="runs per fit")
+    max_iter: int = setting(100, "iterations of the two-step loop at most", effect="result", rule=POSITIVE)
     tol: float = setting(1e-6, "relative improvement of the total distortion below which the loop stops",
-                         effect="result")
-    device: str = setting("cpu", "the torch device of the kernel", effect="result")
+                         effect="result", rule=number(0, lo_open=False))
+    device: str = setting("cpu", "the torch device of the kernel", effect="result", rule=device("cpu"))
 
 
 @dataclass
 class RankingOptions:
     """A ranked run: how deep, how it is searched and how a run file names it."""
 
-    k: int = setting(100, "results per query (run file depth)", effect="result")
-    beam: int = setting(100, "beams of the constrained beam search over the docid trie", effect="result")
+    k: int = setting(100, "results per query (run file depth)", effect="result", rule=POSITIVE)
+    beam: int = setting(100, "beams of the constrained beam search over the docid trie", effect="result", rule=POSITIVE,
+                        rule_help="beam width")
     length_penalty: float = setting(1.0, "a docid scores log p / length**length_penalty (matters where codes differ "
-                                         "in length)", effect="result")
-    tag: str = setting("gdr", "the run's name in its TREC run file", effect="result")
+                                         "in length)", effect="result",
+                                    rule=number(), rule_help="a docid scores log p / length**length_penalty")
+    tag: str = setting("gdr", "the run's name in its TREC run file", effect="result", rule=any_value)

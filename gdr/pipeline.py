@@ -20,7 +20,11 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
 
 :func:`run_pipeline` is the list of these stages, in order, over a :class:`RunContext` (the config, the corpus,
 the run folder and the records so far); each stage is a :class:`StageSpec` built by its own function below it
-(``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves.
+(``score_spec`` ... ``eval_spec``): the inputs that key it, how it is built, what it reads and leaves. The host
+stages that no device stage waits on (the indexes on P or the corpus, the clustering, BM25; BMI's index once its
+generated queries exist) are started as soon as their inputs are made and taken where they are needed
+(:func:`start_host_stages`): with ``overlap`` (``auto``: on CUDA) they run in a background thread beside the LM
+stages and training (:mod:`gdr.stages.overlap`), with the same keys, files and figures.
 
 A stage's ``<key>`` is a hash of everything that determines its output: its own settings and the keys of
 the stages it reads, each input by its content, never by a path. Sampling and scoring read only the documents, so
@@ -55,6 +59,7 @@ import json
 import logging
 import shlex
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -96,6 +101,7 @@ from gdr.stages.command_keys import DocQueries, RunKeys, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index, index_seeds, index_stage_name
+from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
@@ -443,6 +449,7 @@ class RunContext:
     two_shot: dict[str, StageRecord] = field(default_factory=dict)  # qg.compare_two_shot: its score and cluster
     clock: RunClock = field(default_factory=lambda: RunClock())  # this invocation's wall time, in and outside stages
     training: dict = field(default_factory=dict)  # this invocation's training phase (:func:`_training_started`)
+    host: HostStages | None = None  # the host stages run beside the device stages (:func:`start_host_stages`)
 
     def lm(self):
         if self._lm is None:
@@ -460,6 +467,8 @@ class RunContext:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
         if spec is None:
             return None
+        if self.host is not None:
+            self.host.check()  # a host stage that failed in the background stops the run before this one
         with self.clock.part("stages"):
             return self.pipe.stage(spec.name, spec.inputs, spec.build, after=spec.after, resumes=spec.resumes,
                                    outputs=spec.outputs)
@@ -475,17 +484,58 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     """Run every stage of ``conf/run.yaml`` (a composed config) into ``cfg.out``; returns the report (also in
     report.json). :func:`gdr.api.run` takes the same settings as a plain dict."""
     run = open_run(cfg, argv)
-    run_generator(run)
-    run.score = run.stage(score_spec(run))
-    _note_other_machine(run.score)
-    run.cluster = run.stage(cluster_spec(run))
-    run.doc_queries = run.stage(doc_queries_spec(run))
-    compare_two_shot(run)
-    run.drop_lm()  # the generator is not needed from here on
-    build_indexes(run)
-    run.bm25 = run.stage(bm25_spec(run))
-    train_and_evaluate(run)
-    return _report(run)
+    run.host = HostStages(run.pipe.records, overlap_on(cfg.get("overlap", RunKeys.overlap), device_key(cfg)["kind"]),
+                          part=lambda: run.clock.part("stages"))
+    with run.host.running():  # the host stages beside the device stages (gdr.stages.overlap)
+        run_generator(run)
+        run.score = run.stage(score_spec(run))
+        _note_other_machine(run.score)
+        start_host_stages(run, generated=False)  # the indexes on P or the corpus, the clustering, BM25
+        run.doc_queries = run.stage(doc_queries_spec(run))
+        start_host_stages(run, generated=True)  # BMI's index, on the generated queries
+        compare_two_shot(run)
+        run.drop_lm()  # the generator is not needed from here on
+        take_indexes(run)
+        train_and_evaluate(run)
+        return _report(run)
+
+
+TWO_SHOT_CLUSTER = "cluster (two-shot)"  # the host stage of qg.compare_two_shot's clustering (:func:`compare_two_shot`)
+
+
+def start_host_stages(run: RunContext, generated: bool) -> None:
+    """Start the host stages whose inputs are made and that no device stage waits on (:mod:`gdr.stages.overlap`):
+    after the score stage (``generated=False``), every index but BMI's, the flat clustering and BM25; once the
+    generated queries are made (``generated=True``), BMI's index. Each runs beside the device stages (``overlap``)
+    or here at once, and is taken where it is needed: the indexes before the retrievers train, the clustering and
+    BM25 by the first report (:func:`_report`)."""
+    mode = str(run.cfg.get("index_seed") or RunKeys.index_seed)
+    for method in run.cfg.indexers:
+        if (method == "bmi") == generated:
+            for seed in index_seeds(mode, method, run.cfg.seeds):  # index_seed=retriever: one per retriever seed
+                _start(run, index_spec(run, method, seed), Priority.INDEX)
+    if not generated:
+        _start(run, cluster_spec(run), Priority.CLUSTER)
+        _start(run, bm25_spec(run), Priority.BM25)
+
+
+def _start(run: RunContext, spec: StageSpec | None, priority: Priority, name: str | None = None) -> None:
+    """One host stage started (None: the run leaves it out) under ``name`` (default: the stage's), kept by a
+    :class:`Pipeline` of its own (its record is placed in the run's by :class:`gdr.stages.overlap.HostStages`)."""
+    if spec is not None:
+        run.host.start(name or spec.name, partial(Pipeline(run.pipe.root).stage, spec.name, spec.inputs, spec.build,
+                                          after=spec.after, resumes=spec.resumes, outputs=spec.outputs), priority)
+
+
+def _take_host_stages(run: RunContext) -> None:
+    """Every host stage started, finished and taken (waited for if need be): the clustering and BM25 for the
+    report."""
+    if run.host is not None:
+        run.host.take_all()
+        run.cluster, run.bm25 = run.host.take("cluster"), run.host.take("bm25")
+        two = run.host.take(TWO_SHOT_CLUSTER)
+        if two is not None:
+            run.two_shot["cluster"] = two
 
 
 def retriever_order(run: RunContext) -> list[tuple]:
@@ -785,7 +835,7 @@ def compare_two_shot(run: RunContext) -> None:
     run.qg, run.lm_spec = None, lm_settings(cfg)
     try:
         run.score = run.two_shot["score"] = run.stage(score_spec(run))
-        run.two_shot["cluster"] = run.stage(cluster_spec(run))
+        _start(run, cluster_spec(run), Priority.CLUSTER, TWO_SHOT_CLUSTER)  # a host stage, taken by the report
     finally:
         run.drop_lm()
         run.qg, run.lm_spec, run._lm, run.score = saved
@@ -801,20 +851,21 @@ def _generator_report(run: RunContext, report: dict) -> dict:
     return add_generator_section(run.pipe.root, report, summary)
 
 
-def build_indexes(run: RunContext) -> None:
-    """4. Every indexer's docids, in the order of ``indexers``: one index each, or with ``index_seed=retriever`` one
-    per retriever seed for an indexer whose ids depend on a seed (:func:`gdr.stages.index.index_seeds`)."""
+def take_indexes(run: RunContext) -> None:
+    """4. Every indexer's docids, in the order of ``indexers`` (started by :func:`start_host_stages`, waited for if
+    need be): one index each, or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend
+    on a seed (:func:`gdr.stages.index.index_seeds`)."""
     mode = str(run.cfg.get("index_seed") or RunKeys.index_seed)
     for method in run.cfg.indexers:
         for seed in index_seeds(mode, method, run.cfg.seeds):
-            rec = run.stage(index_spec(run, method, seed))
+            rec = run.host.take(index_stage_name(method, seed))
             if seed is not None:
                 run.seed_indexes[(method, seed)] = rec
             run.indexes.setdefault(method, rec)
 
 
 def index_of(run: RunContext, method: str, seed: int) -> StageRecord:
-    """The index whose docids the retriever of ``method`` and ``seed`` trains on (:func:`build_indexes`)."""
+    """The index whose docids the retriever of ``method`` and ``seed`` trains on (:func:`take_indexes`)."""
     return run.seed_indexes.get((method, int(seed))) or run.indexes[method]
 
 
@@ -1118,6 +1169,7 @@ def _report(run: RunContext, partial: dict | None = None) -> dict:
     """The run's report (report.md, report.png, report.json) over the stages and retrievers finished so far;
     ``partial``: how many of the run's retrievers those are, while some are still to come. Its seconds count as
     ``report_rewrites`` in the report's ``outside_stages``."""
+    _take_host_stages(run)
     with run.clock.part("report_rewrites"):
         return _write_report(run, partial)
 
@@ -1152,14 +1204,21 @@ def _predicted(run: RunContext) -> tuple[dict[str, float | None] | None, str]:
 class RunClock:
     """Wall time of one invocation by part (``stages``, ``lm_load``, ``report_rewrites``), each second counted once:
     a part entered inside another pauses the outer one (the LM loaded inside the score stage counts as ``lm_load``,
-    a report rewritten while retrievers train concurrently as ``report_rewrites``)."""
+    a report rewritten while retrievers train concurrently as ``report_rewrites``). It is the critical path's clock:
+    a part entered from another thread (a host stage run beside, :mod:`gdr.stages.overlap`, which accounts its own
+    seconds) counts nothing here, so no second is counted twice and the stack of open parts stays the main
+    thread's."""
 
     def __init__(self):
         self.parts: dict[str, float] = {}
         self._open: list[list] = []  # [part, since] from the outermost to the innermost
+        self._thread = threading.current_thread()
 
     @contextlib.contextmanager
     def part(self, name: str):
+        if threading.current_thread() is not self._thread:
+            yield
+            return
         now = time.perf_counter()
         if self._open:
             self._add(*self._open[-1], now)
@@ -1203,8 +1262,10 @@ def _trained(run: RunContext, train: StageRecord, alone: bool) -> None:
 def run_timing(run: RunContext, seconds: float) -> dict:
     """The report's accounts of this invocation: ``training`` (free GB at its start, retrievers at once, batch,
     retrievers trained here, their examples, the phase's seconds with validations, ``examples_per_s``; None when
-    none trained here) and ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
-    corpus load, process starts outside a stage, bookkeeping)."""
+    none trained here), ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
+    corpus load, process starts outside a stage, bookkeeping) and ``overlapped`` (the host stages that ran beside
+    the device stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the main thread's waits for
+    them, which alone count in ``stages``; None: none did)."""
     t = dict(run.training)
     training = None
     if t.get("retrievers"):
@@ -1217,7 +1278,8 @@ def run_timing(run: RunContext, seconds: float) -> dict:
     return {"training": training,
             "outside_stages": {"seconds": round(outside, 1), "lm_load": round(lm, 1),
                                "report_rewrites": round(reports, 1),
-                               "other": round(max(0.0, outside - lm - reports), 1)}}
+                               "other": round(max(0.0, outside - lm - reports), 1)},
+            "overlapped": run.host.accounts() if run.host is not None else None}
 
 
 def query_split(run: RunContext) -> dict:

@@ -31,7 +31,7 @@ import logging
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,12 @@ from gdr.stages.command_keys import RunKeys
 from gdr.stages.index import index_seeds
 from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
-from gdr.stages.settings import SampleSettings, ScoreSettings
+from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings
 from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
-from gdr.training.options import OptimOptions, TrainerOptions
+from gdr.training.options import ExampleOptions, TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 from gdr.training.train import CPU_BATCH, cuda_batch_size
 
@@ -369,8 +369,8 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
                       free: float | None) -> list[StagePlan]:
     """Training of every (indexer, seed) retriever (spread over the GPUs) and their search of the test split (one
     process)."""
-    t = cfg.train
-    model = _retriever(cfg, n_docs)
+    t = _train_settings(cfg)
+    model = _retriever(cfg, t, n_docs)
     rc = model.config  # with the encoder's HF config filled in
     n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
     per_epoch, dev = _examples(t.examples, n_docs, n_train, int(cfg.doc_queries.per_doc), _dev_split_size(cfg))
@@ -396,7 +396,19 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     return [train, search]
 
 
-def _examples(ex, n_docs: int, n_train: int, per_doc: int, dev_given: int | None = None) -> tuple[int, int]:
+def _typed(cls, section):
+    """The settings class ``cls`` from a section of the run's config (checked at ``gdr run``'s door): its values
+    read as attributes, a key the section lacks at the field's default."""
+    return cls.from_config(OmegaConf.to_container(section, resolve=True))
+
+
+def _train_settings(cfg) -> TrainSettings:
+    """The run's retriever settings (its ``train:`` section)."""
+    return _typed(TrainSettings, cfg.train)
+
+
+def _examples(ex: ExampleOptions, n_docs: int, n_train: int, per_doc: int,
+              dev_given: int | None = None) -> tuple[int, int]:
     """(training examples an epoch, dev queries) of one retriever: ``n_train`` real queries (one relevant document
     each), ``per_doc`` generated ones per document and the document windows, less what the dev split holds out
     (:func:`gdr.training.data.dev_sizes`); ``dev_given``: the dev split is the query set's own of that many queries
@@ -404,25 +416,25 @@ def _examples(ex, n_docs: int, n_train: int, per_doc: int, dev_given: int | None
     without queries validates on held-out windows (not modelled: all windows are counted as training examples)."""
     n_real = n_train if ex.use_real else 0
     n_gen = n_docs * per_doc if ex.use_generated else 0
-    if ex.get("generated_per_doc") is not None:
-        n_gen = n_docs * min(per_doc, int(ex.generated_per_doc))
+    if ex.generated_per_doc is not None:
+        n_gen = n_docs * min(per_doc, ex.generated_per_doc)
     if dev_given is None:
-        dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, float(ex.dev_fraction),
-                                      int(ex.dev_max), int(ex.dev_min), float(ex.dev_max_share))
+        dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, ex.dev_fraction, ex.dev_max,
+                                      ex.dev_min, ex.dev_max_share)
     else:
-        dev_real, dev_gen = 0, dev_sizes(0, n_gen, n_docs if n_gen else 0, 0.0, int(ex.dev_max),
-                                         max(int(ex.dev_min) - dev_given, 0), float(ex.dev_max_share))[1]
-    windows = n_docs * (bool(ex.doc_first) + int(ex.doc_windows or 0))
+        dev_real, dev_gen = 0, dev_sizes(0, n_gen, n_docs if n_gen else 0, 0.0, ex.dev_max,
+                                         max(ex.dev_min - dev_given, 0), ex.dev_max_share)[1]
+    windows = n_docs * (ex.doc_first + ex.doc_windows)
     return n_real - dev_real + n_gen - dev_gen + windows, (dev_given or 0) + dev_real + dev_gen
 
 
-def _retriever(cfg, n_docs: int):
-    """The run's retriever on the meta device, its docids sized for ``n_docs`` documents (``index.n_clusters``
-    digits, the depth a tree of ``index.leaf_size`` leaves needs)."""
-    t = cfg.train
+def _retriever(cfg, t: TrainSettings, n_docs: int):
+    """The run's retriever (``t``) on the meta device, its docids sized for ``n_docs`` documents
+    (``index.n_clusters`` digits, the depth a tree of ``index.leaf_size`` leaves needs)."""
     K = int(cfg.index.n_clusters)
     depth = 1 + max(1, math.ceil(math.log(max(n_docs / max(int(cfg.index.leaf_size), 1), 1.0)) / math.log(K)))
-    return meta_retriever(model_config_from({**t.model, "n_digits": K, "max_code_len": depth}, dict(t.model_presets)))
+    return meta_retriever(model_config_from({**asdict(t.model), "n_digits": K, "max_code_len": depth},
+                                            t.model_presets))
 
 
 def _padded_width(max_query_len: int, batch: int, buckets: bool) -> float:
@@ -435,7 +447,7 @@ def _padded_width(max_query_len: int, batch: int, buckets: bool) -> float:
     return share * max_query_len
 
 
-def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, free: float | None,
+def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, free: float | None,
               dev: int) -> StagePlan:
     """Training ``n_ret`` retrievers of ``per_epoch`` examples an epoch: batch and ``train.concurrent`` as the run
     resolves them for ``free`` bytes of device memory at training time (None: the device's memory), each example
@@ -445,14 +457,14 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
     memory = free if free is not None else (rates.peaks.memory or 16e9)
     batch = _train_batch(t.trainer.batch_size, rc, rates, per_epoch, memory)
     params = sum(p.numel() for p in model.parameters())
-    rdrop = float(t.optim.get("consistency_weight") or OptimOptions.consistency_weight) > 0
+    rdrop = t.optim.consistency_weight > 0
     passes = 2 if rdrop else 1  # R-drop: two forward passes
-    buckets = bool(t.trainer.get("length_buckets"))
+    buckets = t.trainer.length_buckets
     width = _padded_width(rc.max_query_len, batch, buckets)
     flops = passes * cost.train_flops_per_example(model, width)
     nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
     frac, src = rates.training_fraction(batch)
-    concurrent = _concurrent(t.get("concurrent") or 1, rc, batch, rates, n_ret, gpus, memory)
+    concurrent = _concurrent(t.concurrent, rc, batch, rates, n_ret, gpus, memory)
     agg = min(concurrent * frac, 1.0)
     limit = rates.limit(flops, nbytes)
     rate = agg * limit
@@ -466,9 +478,8 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
     per = rates.per_unit("training_s_per_example")
     if per:  # this CPU's calibration: its rate at this batch and width, plus each retriever's set-up and validations
         rate, agg = 1 / per, 0.0
-        check = steps_per_check(per_epoch, batch, t.trainer.get("check_val_every_n_epoch"),
-                                t.trainer.get("val_check_interval"))
-        beam = int(t.trainer.get("val_beam", TrainerOptions.val_beam))
+        check = steps_per_check(per_epoch, batch, t.trainer.check_val_every_n_epoch, t.trainer.val_check_interval)
+        beam = t.trainer.val_beam
         val_s = dev * rates.per_unit("search_s_per_query") * beam / rates.beam
         warm, src = n_ret * rates.per_unit("retriever_setup_s"), rates.cpu_note()
 
@@ -483,7 +494,7 @@ def _training(t, model, n_ret: int, per_epoch: int, rates: _Rates, gpus: int, fr
                   f"the measured fraction of the limit holds at that width" if buckets
                   else f"padded to {rc.max_query_len} tokens")
     resolved = "" if free is None or rates.device == "cpu" else f" for {memory / 1e9:.1f} GB free"
-    auto_c = f" (auto: what the memory holds{resolved})" if str(t.get("concurrent")) == "auto" else ""
+    auto_c = f" (auto: what the memory holds{resolved})" if str(t.concurrent) == "auto" else ""
     together = (f"{concurrent} at once{auto_c}"
                 + (f", {concurrent} x the single rate up to the limit: assumed: concurrent runs overlap their "
                    f"host-bound steps; not measured yet; {concurrent} worker spawns at {SPAWN_S:.0f} s each "
@@ -516,7 +527,7 @@ def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, m
     return concurrent_for_memory(rc, batch, memory, n_ret)
 
 
-def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, int]:
+def _train_steps(trainer: TrainerOptions, per_epoch: int, batch: int) -> tuple[int, int, str, int]:
     """(steps at the cap, steps at the earliest stop, what the earliest stop rests on, steps at the central stop)
     of one retriever: the cap is ``max_epochs`` (or ``max_steps``); the earliest stop is the first validation
     past both the floor (:func:`gdr.training.stopping.effective_min_steps`) and the patience (``patience_steps``
@@ -525,17 +536,15 @@ def _train_steps(trainer, per_epoch: int, batch: int) -> tuple[int, int, str, in
     at the floor and the patience runs out after it (the BBC run on the H200 stopped its 9 structured-docid
     retrievers at 400-550 steps, floor 300 + patience 200 = 500)."""
     epoch_steps = math.ceil(per_epoch / batch)
-    max_steps = int(trainer.get("max_steps") or TrainerOptions.max_steps)
-    cap = epoch_steps * int(trainer.max_epochs)
+    max_steps = trainer.max_steps
+    cap = epoch_steps * trainer.max_epochs
     cap = min(cap, max_steps) if max_steps > 0 else cap
-    check = steps_per_check(per_epoch, batch, trainer.get("check_val_every_n_epoch"),
-                            trainer.get("val_check_interval"))
-    patience = trainer.get("patience_steps")
-    checks = patience_checks(int(patience), check) if patience else int(trainer.get("patience") or 0)
+    check = steps_per_check(per_epoch, batch, trainer.check_val_every_n_epoch, trainer.val_check_interval)
+    patience = trainer.patience_steps
+    checks = patience_checks(patience, check) if patience else trainer.patience
     if checks <= 0:
         return cap, cap, "no early stopping: the cap", cap
-    floor = effective_min_steps(int(trainer.get("min_steps") or TrainerOptions.min_steps), per_epoch, batch,
-                                int(trainer.max_epochs), max_steps)
+    floor = effective_min_steps(trainer.min_steps, per_epoch, batch, trainer.max_epochs, max_steps)
     first = max(1 + checks, math.ceil(floor / check))
     mid = math.ceil((math.ceil(max(floor, check) / check) + checks) * check)
     return cap, min(cap, math.ceil(first * check)), (f"earliest stop: min_steps {floor}, patience {checks} "
@@ -612,21 +621,19 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     lm = _meta_lm(str(cfg.model.name))
     doc_tokens, J = int(cfg.model.max_doc_tokens), int(cfg.sample.n_queries)
     kind = "cpu" if device == "cpu" else "cuda"
-    s = cfg.sample
-    compiled = want_compile(s.get("compile", SampleSettings.compile), kind, J,
-                            s.get("compile_min_queries", SampleSettings.compile_min_queries))
+    s, score = _typed(SampleSettings, cfg.sample), _typed(ScoreSettings, cfg.score)
+    compiled = want_compile(s.compile, kind, J, s.compile_min_queries)
     stages = [_lm_load(str(cfg.model.name), lm, rates),
               _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates, compiled),
               _scoring(lm, n_docs, J, int(s.max_new_tokens), doc_tokens, rates, gpus,
-                       int(cfg.score.get("processes") or ScoreSettings.processes))]
+                       score.processes)]
     if cfg.cluster.enabled and _labelled(cfg):
         stages.append(_clustering(cfg, n_docs, J, rates))
     per_doc = int(cfg.doc_queries.per_doc)
     if per_doc:
         n_gen = n_docs * per_doc
         stages.append(_sampling("doc_queries", lm, n_gen, int(cfg.doc_queries.max_new_tokens), doc_tokens, rates,
-                                want_compile(s.get("compile", SampleSettings.compile), kind, n_gen,
-                                             s.get("compile_min_queries", SampleSettings.compile_min_queries))))
+                                want_compile(s.compile, kind, n_gen, s.compile_min_queries)))
     stages.append(_indexing(cfg, n_docs, J, rates))
     if cfg.get("bm25", RunKeys.bm25):
         stages.append(_host("bm25", HOST_S["bm25_doc"] * n_docs, rates, f"{n_docs:,} documents"))
@@ -673,16 +680,16 @@ def _first_texts(cfg, n: int) -> list[str] | None:
 def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
     """This CPU's calibration at the shapes of ``cfg`` into ``rates``: measured now (``run``, unless cached;
     ``refresh``: even if cached) or read from the cache (``cache``)."""
-    t = cfg.train
-    model = _retriever(cfg, n_docs)
+    t = _train_settings(cfg)
+    model = _retriever(cfg, t, n_docs)
     rc = model.config
     threads = cfg.get("threads")
-    processes = int(cfg.score.get("processes") or ScoreSettings.processes)
+    score = _typed(ScoreSettings, cfg.score)
+    processes = score.processes
     batch = CPU_BATCH if t.trainer.batch_size == "auto" else int(t.trainer.batch_size)
-    sb = cfg.sample.get("batch_size", SampleSettings.batch_size)
-    db = cfg.doc_queries.get("batch_size", SampleSettings.batch_size)
+    sb, db = _typed(SampleSettings, cfg.sample).batch_size, cfg.doc_queries.batch_size
     per_doc, new = int(cfg.doc_queries.per_doc), int(cfg.sample.max_new_tokens)
-    qt = cfg.score.get("max_query_tokens", ScoreSettings.max_query_tokens)
+    qt = score.max_query_tokens
     shapes = {"model": str(cfg.model.name), "doc_tokens": int(cfg.model.max_doc_tokens),
               "new_tokens": new, "threads": threads,
               "sample_batch": min(int(cfg.sample.n_queries), CPU_SAMPLE_BATCH if sb == "auto" else int(sb)),
@@ -692,7 +699,7 @@ def _calibrate(rates: _Rates, cfg, n_docs: int, mode: str) -> None:
               "score_queries": min(int(cfg.sample.n_queries),
                                    (CPU_MAX_QUERY_TOKENS if qt == "auto" else int(qt)) // max(new, 1)),
               "train_threads": training_threads(), "batch": batch,
-              "width": round(_padded_width(rc.max_query_len, batch, bool(t.trainer.get("length_buckets"))), 1),
+              "width": round(_padded_width(rc.max_query_len, batch, t.trainer.length_buckets), 1),
               "beam": int(cfg.evaluate.beam), "n_docs": n_docs, "n_digits": rc.n_digits, "depth": rc.max_code_len,
               "retriever": {k: v for k, v in rc.to_dict().items() if k != "encoder_hf_config"},
               "docs": str(cfg.data.name)}  # timed on the run's first documents
@@ -722,9 +729,8 @@ def _host(name: str, seconds: float, rates: _Rates, what: str) -> StagePlan:
 
 def _clustering(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     """The flat clustering stage: GC (each variant) and the k-means baselines, ``cluster.repeats`` times each."""
-    repeats = int(cfg.cluster.get("repeats", 1))
-    variants = max(1, len(cfg.cluster.get("variants") or {}))
-    baselines = list(cfg.cluster.get("baselines") or [])
+    c = _typed(ClusterSettings, cfg.cluster)
+    repeats, variants, baselines = c.repeats, max(1, len(c.variants)), c.baselines
     per = {"tfidf": HOST_S["tfidf_doc_repeat"] * n_docs, "embedding": HOST_S["embedding_doc_repeat"] * n_docs,
            "logp": HOST_S["logp_entry_repeat"] * n_docs * J}
     seconds = repeats * (variants * HOST_S["gc_entry_repeat"] * n_docs * J + sum(per.get(b, 0.0) for b in baselines))

@@ -3,9 +3,9 @@
 The ground floor of gdr's checking (it imports nothing of gdr, in the spirit of scikit-learn's
 ``utils/_param_validation.py``): a :class:`Rule` pairs a dotted config key with a :data:`Check`, a function of
 the value and the config section the rule is applied to that returns what is wrong (``"must be a positive
-integer"``) or None. The owners of settings declare their rules beside them (each settings dataclass of
-:mod:`gdr.stages.settings` in its ``rules``, the data loaders in :mod:`gdr.data`, the query generator in
-:mod:`gdr.models`); :mod:`gdr.validate` assembles them into the commands' tables. Every refusal is a
+integer"``) or None. The owners of settings declare their rules beside them: a settings dataclass's field in its
+metadata (:func:`setting` ``rule=``; :func:`fields_rules` derives a class's table), the data loaders in
+:mod:`gdr.data`; :mod:`gdr.validate` assembles them into the commands' tables. Every refusal is a
 :class:`ConfigError` of one line, ``<key>=<value>: <problem> (<what the key means>)``:
 ``sample.n_queries=-3: must be a positive integer (the number J of sampled queries)``.
 
@@ -20,7 +20,7 @@ import math
 import numbers
 import re
 from dataclasses import MISSING as NO_FIELD_DEFAULT
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -28,7 +28,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
            "setting", "same_setting", "GroupOption", "MISSING",
-           "EFFECTS", "effect_of"]
+           "EFFECTS", "effect_of", "rule_of", "fields_rules", "any_value", "Each"]
 
 
 class ConfigError(ValueError):
@@ -388,36 +388,88 @@ EFFECTS = {
 }
 
 
+def any_value(v, sec):
+    """The rule of a setting nothing can be checked of before it is used (a free-form name, a section of a model's
+    own keys): every value passes."""
+    return None
+
+
+@dataclass(frozen=True)
+class Each:
+    """The rule of a mapping setting whose every value is a section of ``cls``'s keys (``cluster.variants``: each
+    variant overrides some of ``cluster.gc``): the rules of ``cls``'s fields, under ``<key>.*``."""
+
+    cls: type
+
+
 def setting(default: Any = None, help: str = "", *, factory: Callable[[], Any] | None = None,
-            effect: str | None = None, indexers: tuple[str, ...] = ()):
+            effect: str | None = None, indexers: tuple[str, ...] = (), rule: "Check | Each | None" = None,
+            rule_help: str | None = None):
     """A settings dataclass field: its default (``factory`` for a mutable one), ``help``, what the key means, and
     ``effect``, what it does to the stage's result (one of :data:`EFFECTS`), in its metadata, the one place
     ``--help``, the generated ``conf/stage/*.yaml`` and the stage keys read them from. ``indexers``: the docid
-    indexers whose ids a setting of ``gdr index`` decides."""
+    indexers whose ids a setting of ``gdr index`` decides. ``rule``: the :data:`Check` its value must pass (its
+    section's other keys at hand, :func:`rule_of`; :func:`any_value` where nothing can be checked, an :class:`Each`
+    for a mapping of sections); ``rule_help``: what the key means at the end of a refusal, in place of ``help``
+    (``""``: nothing)."""
     if effect is not None and effect not in EFFECTS:
         raise ValueError(f"effect={effect!r}: must be one of {', '.join(EFFECTS)}")
-    metadata = {"help": help, "effect": effect, "indexers": tuple(indexers)}
+    metadata = {"help": help, "effect": effect, "indexers": tuple(indexers), "rule": rule, "rule_help": rule_help}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
 def same_setting(cls, name: str, help: str | None = None, *, effect: str | None = None,
-                 indexers: tuple[str, ...] = ()):
+                 indexers: tuple[str, ...] = (), rule: "Check | Each | None" = None, rule_help: str | None = None):
     """A field that is ``cls``'s setting ``name`` in another section (the flat clustering's ``alpha`` is generative
-    clustering's): its default (or default factory), help and effect read from there, ``help`` and ``effect`` in
-    place of theirs."""
+    clustering's): its default (or default factory), help, effect and rule read from there, ``help``, ``effect``,
+    ``rule`` and ``rule_help`` in place of theirs (a new ``help`` is the refusal's too, unless ``rule_help`` is
+    given)."""
     f = cls.__dataclass_fields__[name]
     said = f.metadata.get("help", "") if help is None else help
     effect = f.metadata.get("effect") if effect is None else effect
+    if rule_help is None and help is None:  # a new help is the refusal's too
+        rule_help = f.metadata.get("rule_help")
+    rule = f.metadata.get("rule") if rule is None else rule
+    same = dict(effect=effect, indexers=indexers, rule=rule, rule_help=rule_help)
     if f.default_factory is not NO_FIELD_DEFAULT:
-        return setting(help=said, factory=f.default_factory, effect=effect, indexers=indexers)
-    return setting(f.default, said, effect=effect, indexers=indexers)
+        return setting(help=said, factory=f.default_factory, **same)
+    return setting(f.default, said, **same)
 
 
 def effect_of(f) -> str | None:
     """The :data:`EFFECTS` entry a settings field declares (None: it declares none)."""
     return f.metadata.get("effect")
+
+
+def fields_rules(cls, prefix: str = "", keys: Mapping[str, str] | None = None,
+                 sections: Callable[[type, str], tuple] = lambda cls, name: ()) -> tuple[Rule, ...]:
+    """The rules the fields of the settings dataclass ``cls`` declare, keyed ``<prefix><name>`` (or ``keys[name]``),
+    those of a field's ``sections`` (the dataclasses whose fields are its keys) and of an :class:`Each` under it;
+    :func:`any_value` checks nothing and is left out."""
+    out: list[Rule] = []
+    for f in fields(cls):
+        key = (keys or {}).get(f.name) or prefix + f.name
+        check, inner = f.metadata.get("rule"), sections(cls, f.name)
+        if isinstance(check, Each):
+            inner, key = (check.cls,), key + ".*"
+        for section in inner:
+            out += fields_rules(section, key + ".", sections=sections)
+        rule = rule_of(f, key)
+        if rule is not None and rule.check is not any_value:
+            out.append(rule)
+    return tuple(out)
+
+
+def rule_of(f, key: str) -> Rule | None:
+    """The :class:`Rule` a settings field declares (``rule=``), at the dotted config ``key``; what it says is the
+    field's ``rule_help``, else its help. None: it declares none, or an :class:`Each` (see :func:`fields_rules`)."""
+    check = f.metadata.get("rule")
+    if check is None or isinstance(check, Each):
+        return None
+    said = f.metadata.get("rule_help")
+    return Rule(key, check, f.metadata.get("help", "") if said is None else said)
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,11 @@ def deferred(grace_s: float = 10.0) -> Iterator[None]:
 
 
 def set_where(where: str | None) -> None:
-    """What the stop line names as running (``stage train-gc-s0``); None = nothing in particular."""
-    _state["where"] = where
+    """What the stop line names as running (``stage train-gc-s0``); None = nothing in particular. Only the main
+    thread's say counts: the signal stops the main thread, and a stage run beside it in another thread
+    (:mod:`gdr.stages.overlap`) would otherwise name itself, or clear the main thread's stage when it ends."""
+    if threading.current_thread() is threading.main_thread():
+        _state["where"] = where
 
 
 def name(signum: int) -> str:

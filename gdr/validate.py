@@ -28,7 +28,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from gdr.carry import was_pruned
 from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.guard import OutputError
-from gdr.models import LM_RULES
 from gdr.rules import (
     FILE,
     NON_NEGATIVE,
@@ -42,10 +41,10 @@ from gdr.rules import (
     boolean,
     check_rules,
     existing,
+    fields_rules,
     folder_with,
     get,
     int_at_least,
-    is_int,
     missing,
     number,
     one_of,
@@ -61,18 +60,20 @@ from gdr.stages.settings import (
     EVALUATE_RULES,
     INDEX_RULES,
     INDEXERS,
-    LR_LIMIT,
+    LM_RULES,
     RESULTS_RULE,
     SAMPLE_RULES,
     SCORE_RULES,
     TRAIN_RULES,
     ClusterSettings,
+    DocQueries,
     RunKeys,
     RunQG,
     SampleSettings,
     ScoreSettings,
     field_help,
 )
+from gdr.training.options import LR_LIMIT
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
 
@@ -146,14 +147,6 @@ def seeds(v, sec):
     if ok and len(set(v)) < len(v):
         return "lists a seed twice"
     return None if ok else "must be a non-empty list of integers in [0, 2^32), e.g. [0, 1, 2]"
-
-
-def per_doc_for_bmi(v, sec):
-    if not is_int(v) or v < 0:
-        return "must be an integer >= 0"
-    if v == 0 and "bmi" in list(get(sec, "indexers") or []):
-        return "the bmi indexer needs generated queries: set doc_queries.per_doc >= 1 or drop bmi from indexers"
-    return None
 
 
 def other_than(key: str) -> Check:
@@ -251,15 +244,9 @@ RUN = (
     FRACTIONS_RULE,
     FOLDS_RULE,
     Rule("index_seed", one_of("shared", "retriever"), RUN_HELP["index_seed"]),
-    Rule("doc_queries.per_doc", per_doc_for_bmi, "generated training queries per document"),
-    Rule("doc_queries.seed", seed),
-    Rule("doc_queries.batch_size", auto_or(POSITIVE), "queries per decode batch; auto = as sample.batch_size"),
-    Rule("doc_queries.max_new_tokens", POSITIVE),
-    Rule("doc_queries.top_k", NON_NEGATIVE, "top-k sampling of the training queries; 0 = off"),
-    Rule("doc_queries.top_p", number(0, 1), "nucleus mass of the training queries; 1 = off"),
-    Rule("doc_queries.temperature", number(0), "sampling temperature of the training queries; below 1e-30 greedy"),
-    Rule("cluster.enabled", boolean),
+    *fields_rules(DocQueries, "doc_queries."),
     Rule("bm25", boolean),
+    Rule("overlap", auto_or(boolean), RUN_HELP["overlap"]),
     Rule("plot", boolean),
     Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
     Rule("verdict.metric", one_of("recall@1", "recall@10", "mrr")),

@@ -8,7 +8,22 @@ from dataclasses import dataclass
 
 from gdr.models import EMBED_BATCH, EMBED_MODEL
 from gdr.options import GCFitOptions
-from gdr.rules import same_setting, setting
+from gdr.rules import (
+    FILE,
+    NON_NEGATIVE,
+    OPT_POSITIVE,
+    POSITIVE,
+    any_value,
+    boolean,
+    get,
+    int_at_least,
+    is_int,
+    number,
+    one_of,
+    optional,
+    same_setting,
+    setting,
+)
 
 __all__ = ["GCOptions", "TreeOptions", "IndexGC", "IndexKMeans", "IndexAtomic"]
 
@@ -38,30 +53,38 @@ class GCOptions:
         (K, J) tensor operations ran 20-40x slower with 2 OpenMP threads than with 1 (measured).
     """
     alpha: float | str = same_setting(GCFitOptions, "alpha", "Eq. ris / vmp / resampling; auto = chosen at the root "
-                                                             "by effective sample size")
+                                                             "by effective sample size",
+                                      rule_help="GC's regularisation; the paper uses 0.25; auto = by effective sample "
+                                                "size")
     ess_target: float = same_setting(GCFitOptions, "ess_target")
     clip_sigma: float | None = same_setting(GCFitOptions, "clip_sigma", "Eq. clip once on the root P (mu_j + 5 "
-                                                                        "sigma_j); null = no clipping")
+                                                                        "sigma_j); null = no clipping",
+                                            rule_help="clipping at mu + n sigma; null = none")
     proposal: str = same_setting(GCFitOptions, "phi", "power (Eq. vmp) | naive (column mean of P)")
     localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")",
-                              effect="result")
-    bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling", effect="result")
-    bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)", effect="result")
+                              effect="result", rule=boolean)
+    bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling", effect="result", rule=boolean)
+    bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)", effect="result",
+                                   rule=boolean)
     init: str = same_setting(GCFitOptions, "init")
     n_init: int = same_setting(GCFitOptions, "n_init", "fit_generative runs at the root")
-    n_init_inner: int = setting(3, "... at every node below the root", effect="result")
+    n_init_inner: int = setting(3, "... at every node below the root", effect="result", rule=POSITIVE,
+                                rule_help="fits at every other node")
     max_iter: int = same_setting(GCFitOptions, "max_iter")
-    tol: float = setting(1e-5, "relative improvement of the total distortion", effect="result")
-    dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity", effect="result")
+    tol: float = setting(1e-5, "relative improvement of the total distortion", effect="result",
+                         rule=number(0, lo_open=False))
+    dedupe: bool = setting(True, "cluster identical rows once, weighted by multiplicity", effect="result", rule=boolean)
     device: str = same_setting(GCFitOptions, "device")
     memory_mb: float = setting(1024, "per-node working-set budget; larger nodes: fit on a row sample + streamed "
-                                     "refinement", effect="result")
-    chunk_rows: int = setting(2048, "rows per streamed chunk", effect="result")
-    refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget", effect="result")
+                                     "refinement", effect="result", rule=number(0),
+                               rule_help="working-set budget of one node")
+    chunk_rows: int = setting(2048, "rows per streamed chunk", effect="result", rule=POSITIVE)
+    refine_max_iter: int = setting(30, "streamed full-data passes of a node over budget", effect="result",
+                                   rule=NON_NEGATIVE)
     torch_threads: int | None = setting(1, "torch threads while indexing (1: fastest on a shared 2-core machine); "
-                                           "null = default", effect="result")
+                                           "null = default", effect="result", rule=OPT_POSITIVE)
     split_merge: bool | None = setting(None, "split/merge moves after each node's fit; null = on for greedy-k-means++ "
-                                             "only", effect="result")
+                                             "only", effect="result", rule=optional(boolean))
 
     def validate(self) -> None:
         from gdr.cluster import INITS  # gdr.cluster imports torch; these options are read without it
@@ -89,13 +112,26 @@ class GCOptions:
             raise ValueError("gc.refine_max_iter and gc.tol must be >= 0 and gc.memory_mb > 0")
 
 
+def leaf_size(v, sec):
+    """gdr.indexing.tree.build_tree: 1 <= c <= K, since a leaf's documents take positions 0..c-1 < K."""
+    k = get(sec, "n_clusters")
+    if not is_int(v) or v < 1:
+        return "must be a positive integer"
+    if is_int(k) and v > k:
+        return f"must be <= n_clusters={k}: a leaf's documents take positions 0..c-1, which must be < K"
+    return None
+
+
 @dataclass
 class TreeOptions:
     """The shape of every docid tree (:func:`gdr.indexing.tree.build_tree`): the paper's K and c."""
 
-    n_clusters: int = setting(30, "K: children per node; every position < K", effect="result")
-    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)", effect="result")
-    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)", effect="speed")
+    n_clusters: int = setting(30, "K: children per node; every position < K", effect="result", rule=int_at_least(2),
+                              rule_help="K, children per node")
+    leaf_size: int = setting(30, "c: nodes of at most c documents are leaves (c <= K)", effect="result", rule=leaf_size,
+                             rule_help="c, the most documents in a leaf")
+    workers: int = setting(1, "threads over the nodes of one level (ids do not depend on it)", effect="speed",
+                           rule=POSITIVE, rule_help="threads over the nodes of a level")
 
 
 @dataclass
@@ -103,33 +139,40 @@ class IndexGC:
     """``gc``'s keys beside the kernel's :class:`gdr.indexing.options.GCOptions`: which columns of P, and what
     tree.json shows."""
 
-    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)", effect="result")
-    top_queries: int = setting(5, "typical queries per child in tree.json", effect="result")
+    n_queries: int | None = setting(None, "J: use only the first J columns of P (null = all)", effect="result",
+                                    rule=OPT_POSITIVE, rule_help="the first J columns of P; null = all")
+    top_queries: int = setting(5, "typical queries per child in tree.json", effect="result",
+                               rule=NON_NEGATIVE)
     centroid_json_depth: int = setting(0, "tree.json keeps rounded log-centroids of nodes up to this depth (all: "
-                                          "tree_state.npz)", effect="result")
+                                          "tree_state.npz)", effect="result",
+                                       rule=int_at_least(-1), rule_help="-1 = no centroids in tree.json")
 
 
 @dataclass
 class IndexKMeans:
     """``kmeans``: the k-means of hkmi and bmi."""
 
-    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)", effect="result")
-    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}", effect="result")
+    docs: str | None = setting(None, "jsonl {\"doc_id\", \"text\"} (instead of data=)", effect="result", rule=FILE,
+                               rule_help="jsonl of {doc_id, text}")
+    doc_queries: str | None = setting(None, "bmi: jsonl {\"doc_id\", \"queries\": [...]}", effect="result", rule=FILE,
+                                      rule_help="jsonl of {doc_id, queries} from `gdr sample sample.per_doc=N`")
     embed_model: str = setting(EMBED_MODEL, "hkmi (embedding=model) and bmi: any sentence-transformers model "
-                                          "(bundled minilm-l6 works offline)", effect="result")
+                                          "(bundled minilm-l6 works offline)", effect="result",
+                               rule=any_value)
     embedding: str = setting("model", "hkmi's document vectors: model = embed_model | tfidf-svd = tf-idf of the "
                                       "texts reduced by TruncatedSVD (no neural model, so not the retriever's "
-                                      "encoder); bmi always embeds its queries with embed_model", effect="result")
+                                      "encoder); bmi always embeds its queries with embed_model", effect="result",
+                             rule=one_of("model", "tfidf-svd"), rule_help="hkmi's document vectors")
     svd_dim: int = setting(256, "embedding=tfidf-svd: SVD components (at most n_docs - 1 and the vocabulary - 1)",
-                           effect="result")
-    batch_size: int = setting(EMBED_BATCH, "texts per encoder batch", effect="result")
-    n_init: int = setting(1, "faiss nredo", effect="result")
-    max_iter: int = setting(25, "faiss niter", effect="result")
-    spherical: bool = setting(False, effect="result")
+                           effect="result", rule=POSITIVE, rule_help="SVD components of embedding=tfidf-svd")
+    batch_size: int = setting(EMBED_BATCH, "texts per encoder batch", effect="result", rule=POSITIVE)
+    n_init: int = setting(1, "faiss nredo", effect="result", rule=POSITIVE)
+    max_iter: int = setting(25, "faiss niter", effect="result", rule=POSITIVE)
+    spherical: bool = setting(False, effect="result", rule=boolean)
 
 
 @dataclass
 class IndexAtomic:
     """``atomic``: one flat position per document."""
 
-    warn_above: int = setting(100000, effect="result")
+    warn_above: int = setting(100000, effect="result", rule=NON_NEGATIVE)

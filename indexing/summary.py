@@ -7,9 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from gdr.io import atomic_write_json, atomic_write_text
 
@@ -105,9 +104,10 @@ def write_summary(out_dir: str | os.PathLike, s: dict, plot: bool = True) -> Non
     if not plot:
         return
 
-    matplotlib.use("Agg")
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    # a Figure of its own, not pyplot's: pyplot's figures are process-wide state, and an index may be built in a
+    # thread beside others that plot (gdr.stages.overlap)
+    fig = Figure(figsize=(10, 3.6))
+    a, b = fig.subplots(1, 2)
     dh = s["depth_hist"]
     a.bar(list(map(int, dh)), list(dh.values()), color="C0")
     a.set_xlabel("code length (positions)")
@@ -123,5 +123,4 @@ def write_summary(out_dir: str | os.PathLike, s: dict, plot: bool = True) -> Non
     fig.tight_layout()
     tmp = out_dir / ".summary.png.tmp.png"
     fig.savefig(tmp, dpi=110)
-    plt.close(fig)
     os.replace(tmp, out_dir / "summary.png")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 from test_pipeline import _args, toy_collection
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 from gdr.cli import main as gdr
 from gdr.plan import check_run, format_check
@@ -54,9 +54,7 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ["GDR_CACHE"] = str(out / "cache")  # a calibration of its own, not one cached earlier
     torch.set_num_threads(1)  # as the tests' runs (threads=1)
-    lm = tiny_llama()
-    lm.model.save_pretrained(out / "tiny-llama")
-    lm.tokenizer.save_pretrained(out / "tiny-llama")
+    saved_tiny_llama(out / "tiny-llama")
     args = _args(out, toy_collection(out / "toy"), out / "run", "indexers=[gc,random]")
     _captured(args)
     _captured(["plan", *args[1:], "device=cpu", "data.n_docs=30", "--recalibrate"])

@@ -8,9 +8,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-import torch
-from filelock import FileLock
+# Idle OpenMP threads sleep rather than spin. A retriever trains on one torch thread per core (gdr.stages.train:
+# training_threads); on a 2-core machine where another test worker or job holds a core, spinning threads wait for
+# one that is not running and a training step takes ~30x longer. Only the waiting changes: the thread count, and
+# so every sum, stays as the code under test sets it. libgomp reads this once, when torch loads it (the imports
+# below); subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402 (after OMP_WAIT_POLICY)
+import torch  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 # tiny_models.py and score_script.py live next to the tests.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -70,7 +77,7 @@ def tiny_run(tmp_path_factory) -> TinyRun:
     (the xdist workers share one build: under their common temporary folder, behind a file lock) for the tests that
     read a finished run; one that runs in it again works on :meth:`TinyRun.copy`."""
     from test_pipeline import _args, toy_collection
-    from tiny_models import tiny_llama
+    from tiny_models import saved_tiny_llama
 
     from gdr.cli import main
 
@@ -81,9 +88,7 @@ def tiny_run(tmp_path_factory) -> TinyRun:
     args = _args(root, shared / "toy", shared / "run", "indexers=[gc,random]")
     with FileLock(str(shared / "build.lock")):
         if not done.exists():
-            lm = tiny_llama()
-            lm.model.save_pretrained(root / "tiny-llama")
-            lm.tokenizer.save_pretrained(root / "tiny-llama")
+            saved_tiny_llama(root / "tiny-llama")
             toy_collection(shared / "toy")
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 import gdr.pipeline
 from gdr.cli import main
@@ -28,11 +28,7 @@ SCALED = ["data.n_docs=40", "sample.n_queries=16", "sample.batch_size=16", "samp
 
 @pytest.fixture(scope="module")
 def lm_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bbc-lm") / "tiny-llama"
-    lm = tiny_llama()
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return path
+    return saved_tiny_llama(tmp_path_factory.mktemp("bbc-lm") / "tiny-llama")
 
 
 def _args(lm_path: Path, out: Path) -> list[str]:

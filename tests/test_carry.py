@@ -8,17 +8,18 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_pipeline import _args, setup  # noqa: F401 - setup: the tiny LM and 30-document corpus, a fixture
+from test_pipeline import _args
 
 from gdr.carry import MANIFEST, PIECE_MIB, WEIGHTS, pack_run, prunable, prune_run
 from gdr.cli import main
 from gdr.formats import STAGE_FILE, matches
 
 
-def _run(setup, out: Path, seeds: str, *extra: str) -> None:
-    root, folder = setup
-    args = [a for a in _args(root, folder, out) if not a.startswith("seeds=")]
-    assert main([*args, "indexers=[gc,random]", f"seeds={seeds}", *extra]) == 0
+def _run(tiny_run, out: Path, seeds: str) -> None:
+    """`gdr run` of the session's ``tiny_run`` (its LM, corpus and arguments, in their order) into ``out``, with
+    ``seeds``."""
+    args = _args(tiny_run.root, tiny_run.folder, out, "indexers=[gc,random]")
+    assert main([a if not a.startswith("seeds=") else f"seeds={seeds}" for a in args]) == 0
 
 
 def _records(out: Path) -> dict[str, dict]:
@@ -41,12 +42,11 @@ def _weights(folder: Path) -> list[str]:
             if p.is_file() and matches(p.relative_to(folder).as_posix(), WEIGHTS)]
 
 
-@pytest.fixture(scope="module")
-def seed0(setup, tmp_path_factory):
-    """A finished run of seed 0 (gc and random), made once and copied by each test."""
-    out = tmp_path_factory.mktemp("carry") / "run"
-    _run(setup, out, "[0]")
-    return out
+@pytest.fixture
+def seed0(tiny_run):
+    """A finished run of seed 0 (gc and random): the session's ``tiny_run``, copied by each test."""
+    assert _args(tiny_run.root, tiny_run.folder, tiny_run.out, "indexers=[gc,random]") == tiny_run.args
+    return tiny_run.out
 
 
 def _copy(seed0: Path, tmp_path: Path) -> Path:
@@ -55,7 +55,7 @@ def _copy(seed0: Path, tmp_path: Path) -> Path:
     return out
 
 
-def test_prune_keeps_every_result_and_a_rerun_trains_nothing(setup, seed0, tmp_path, capsys):
+def test_prune_keeps_every_result_and_a_rerun_trains_nothing(tiny_run, seed0, tmp_path, capsys):
     out = _copy(seed0, tmp_path)
     capsys.readouterr()
     trains = sorted(out.glob("train-*"))
@@ -83,12 +83,12 @@ def test_prune_keeps_every_result_and_a_rerun_trains_nothing(setup, seed0, tmp_p
         {k: v for k, v in after.items() if not (k.startswith("train-") and k.endswith(STAGE_FILE))}
     assert prunable(out) == [] and prune_run(out) == {"pruned": [], "bytes": 0}
     # a pruned retriever cannot be searched: said at the door, naming why
-    assert main(["evaluate", f"run_dir={trains[0]}", f"data.name={setup[1]}", f"out_dir={tmp_path / 'ev'}"]) == 2
+    assert main(["evaluate", f"run_dir={trains[0]}", f"data.name={tiny_run.folder}", f"out_dir={tmp_path / 'ev'}"]) == 2
     assert "has no model/model.pt: its weights were dropped (`gdr prune`)" in capsys.readouterr().err
 
     # a pruned run reports, and a rerun reuses every evaluation without retraining
     report = json.loads((out / "report.json").read_text())
-    _run(setup, out, "[0]")
+    _run(tiny_run, out, "[0]")
     stages = _records(out)
     assert all(s["reused"] for s in stages.values()), [n for n, s in stages.items() if not s["reused"]]
     again = json.loads((out / "report.json").read_text())
@@ -102,13 +102,13 @@ def _weights_file(root: Path, p: Path) -> bool:
     return rel[0].startswith("train-") and matches("/".join(rel[1:]), WEIGHTS)
 
 
-def test_a_pruned_retriever_needed_again_is_retrained_under_its_key(setup, seed0, tmp_path, caplog):
+def test_a_pruned_retriever_needed_again_is_retrained_under_its_key(tiny_run, seed0, tmp_path, caplog):
     out = _copy(seed0, tmp_path)
     prune_run(out)
     train = next(out.glob("train-gc-s0-*"))
     shutil.rmtree(next(out.glob("eval-gc-s0-*")))  # its evaluation is gone: the weights are needed again
     with caplog.at_level(logging.INFO, logger="gdr.pipeline"):
-        _run(setup, out, "[0]")
+        _run(tiny_run, out, "[0]")
     stages = _records(out)
     ran = {n for n, s in stages.items() if not s["reused"]}
     assert ran == {"train-gc-s0", "eval-gc-s0"}
@@ -119,7 +119,7 @@ def test_a_pruned_retriever_needed_again_is_retrained_under_its_key(setup, seed0
     assert "pruned" not in rec and _weights(train)
 
 
-def test_pack_refuses_an_unpruned_run_and_one_too_large(setup, seed0, tmp_path, capsys):
+def test_pack_refuses_an_unpruned_run_and_one_too_large(tiny_run, seed0, tmp_path, capsys):
     out = _copy(seed0, tmp_path)
     capsys.readouterr()
     assert main(["pack", str(out), str(tmp_path / "p")]) == 2
@@ -143,7 +143,7 @@ def test_pack_refuses_an_unpruned_run_and_one_too_large(setup, seed0, tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_run_carried_to_another_folder_trains_only_its_new_seeds(setup, seed0, tmp_path, capsys, monkeypatch):
+def test_a_run_carried_to_another_folder_trains_only_its_new_seeds(tiny_run, seed0, tmp_path, capsys, monkeypatch):
     """Done when (issue 47): seeds [0], prune, pack (every piece <= 16 MiB), unpack elsewhere, seeds [0, 1]: only
     seed 1 trains, and report.json equals that of one run of [0, 1] but for seconds."""
     lease1 = _copy(seed0, tmp_path / "lease1")
@@ -160,14 +160,14 @@ def test_a_run_carried_to_another_folder_trains_only_its_new_seeds(setup, seed0,
     assert main(["pack", "--unpack", str(carried), str(tmp_path / "lease2" / "work")]) == 0
     # the same relative out= in both runs, so their commands (in the report) are the same
     monkeypatch.chdir(tmp_path / "lease2")
-    _run(setup, Path("work"), "[0,1]")
+    _run(tiny_run, Path("work"), "[0,1]")
     stages = _records(tmp_path / "lease2" / "work")
     ran = sorted(n for n, s in stages.items() if not s["reused"])
     assert ran == ["eval-gc-s1", "eval-random-s1", "train-gc-s1", "train-random-s1"]
     one = tmp_path / "one"
     one.mkdir()
     monkeypatch.chdir(one)
-    _run(setup, Path("work"), "[0,1]")
+    _run(tiny_run, Path("work"), "[0,1]")
     assert not any(s["reused"] for s in _records(one / "work").values())
     carried_report = json.loads((tmp_path / "lease2" / "work" / "report.json").read_text())
     one_report = json.loads((one / "work" / "report.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_pipeline import _args as pipeline_args
 from test_pipeline import toy_collection
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 import gdr.models
 from gdr.cli import main
@@ -37,17 +37,10 @@ def _rewrite(path: Path, data: bytes) -> None:
     os.utime(path, ns=(before + 10**9, before + 10**9))
 
 
-def _save_lm(folder: Path, seed: int) -> Path:
-    lm = tiny_llama(seed)
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("GDR_CACHE", str(tmp_path / "cache"))  # this test's own digest cache
-    return _save_lm(tmp_path / "lm", seed=0), toy_collection(tmp_path / "toy")
+    return saved_tiny_llama(tmp_path / "lm", seed=0), toy_collection(tmp_path / "toy")
 
 
 def _args(model: Path, folder: Path, out: Path, *extra: str) -> list[str]:
@@ -75,7 +68,7 @@ def test_a_model_changed_in_place_reruns_what_it_made_and_a_moved_one_reruns_not
     first = _only(out, "score-*")
     p_before, q_before = np.load(first / "P.npy"), (first / "queries.jsonl").read_text()
 
-    _save_lm(model, seed=1)  # new weights in the same folder, as a fine-tuning does
+    saved_tiny_llama(model, seed=1)  # new weights in the same folder, as a fine-tuning does
     assert main(_args(model, folder, out)) == 0
     assert {"score", "doc-queries", "index-gc", "train-gc-s0", "train-random-s0"} <= _ran(out, capsys)
     second = [p for p in out.glob("score-*") if p != first]
@@ -103,7 +96,7 @@ def test_gdr_score_refuses_the_queries_of_a_model_changed_in_place(setup, tmp_pa
     assert main([*common, f"model.name={moved}"]) == 0  # the same model elsewhere: P reused, not written again
     assert (tmp_path / "p" / "P.npy").stat().st_mtime_ns == written
     capsys.readouterr()
-    _save_lm(moved, seed=1)
+    saved_tiny_llama(moved, seed=1)
     assert main([*common, f"model.name={moved}"]) != 0
     err = capsys.readouterr().err
     assert "queries.manifest.json was written with different settings (lm)" in err

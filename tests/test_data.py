@@ -106,9 +106,9 @@ def test_cranfield_queries_follow_qrel_numbering(cranfield):
     assert qs.info["file_numbers"][:4] == ["001", "002", "004", "008"]
     assert qs.texts[2].startswith("what problems of heat conduction in composite slabs")
     i = qs.relevant[2].index("5")  # "3 5 3" in cranqrel: a double-layer slab paper
-    assert qs.grades[2][i] == 3
+    assert qs.grades[2][i] == 2  # code 3 as a gain (5 - code): higher = more relevant, as TREC grades
     assert "485" not in qs.relevant[2]  # "3 485 -1": judged not relevant
-    assert qs.relevant[0][0] == "184" and qs.grades[0][0] == 2
+    assert qs.relevant[0][0] == "184" and qs.grades[0][0] == 3  # "1 184 2"
     assert sum(map(len, qs.relevant)) == 1837 - 225 and qs.info["nonrelevant_judgements"] == 225
     qs.check_against(cranfield)
     assert len(load_queries("cranfield", split="test")) == 68
@@ -446,7 +446,7 @@ def test_cranfield_mini_and_data_dir_override(tmp_path, monkeypatch):
     c = load_corpus("cranfield")
     assert c.doc_ids == ["1", "2"] and c.titles == ["first title .", "second ."]
     q = load_queries("cranfield")
-    assert q.qids == ["1", "2"] and q.relevant == [["1"], ["2"]] and q.grades == [[2], [1]]
+    assert q.qids == ["1", "2"] and q.relevant == [["1"], ["2"]] and q.grades == [[3], [4]]  # codes 2, 1
     assert q.info["file_numbers"] == ["001", "004"] and q.texts[1] == "what is second ."
 
 

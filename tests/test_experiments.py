@@ -107,6 +107,7 @@ def test_bbc_protocol_follows_nci_and_bmi(tmp_path):
     t = cfg.train.trainer
     assert t.max_epochs == 40 and t.max_steps == -1 and t.weights == "final"
     assert t.patience == 0 and t.patience_steps is None and t.min_steps == 0
+    assert t.check_val_every_n_epoch == 1 and t.val_check_interval is None  # 40 points of the curve, at any batch
     assert cfg.index.n_clusters == 30 and cfg.index.leaf_size == 30
     assert cfg.index.kmeans.embedding == "tfidf-svd"
     base = to_container(cfg)

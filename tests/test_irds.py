@@ -119,13 +119,11 @@ def test_an_unknown_id_is_refused_with_the_closest(toy):
 def test_gdr_run_on_an_ir_datasets_id(toy, tmp_path, capsys):
     """`gdr run data=irds data.id=...` end to end with tiny models: the test split of the id is scored, the train
     split (another id) is not read, and the report names the collection."""
-    from tiny_models import tiny_llama
+    from tiny_models import saved_tiny_llama
 
     from gdr.cli import main
 
-    lm = tiny_llama()
-    lm.model.save_pretrained(tmp_path / "lm")
-    lm.tokenizer.save_pretrained(tmp_path / "lm")
+    saved_tiny_llama(tmp_path / "lm")
     out = tmp_path / "run"
     argv = ["run", "data=irds", f"data.id={toy}", "data.n_docs=10", f"model.name={tmp_path / 'lm'}",
             "model.max_doc_tokens=16", "sample.n_queries=8", "sample.batch_size=8", "sample.max_new_tokens=4",

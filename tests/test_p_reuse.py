@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 import gdr
 from gdr.cli import main
@@ -24,9 +24,7 @@ def files(tmp_path_factory):
     """A saved tiny causal LM and 20 documents with 20 judged queries as files (jsonl documents and queries, a
     test.tsv of judgements)."""
     root = tmp_path_factory.mktemp("reuse")
-    lm = tiny_llama()
-    lm.model.save_pretrained(root / "tiny-llama")
-    lm.tokenizer.save_pretrained(root / "tiny-llama")
+    saved_tiny_llama(root / "tiny-llama")
     a = root / "a"
     a.mkdir()
     docs, queries, qrels = [], [], ["query-id\tcorpus-id\tscore"]

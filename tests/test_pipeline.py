@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 from gdr.cli import main
 from gdr.data import Corpus, QuerySet, write_beir
@@ -19,9 +19,7 @@ INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
 def setup(tmp_path_factory):
     """A saved tiny causal LM (loadable by path, like any checkpoint) and a 30-document BEIR folder."""
     root = tmp_path_factory.mktemp("pipeline")
-    lm = tiny_llama()
-    lm.model.save_pretrained(root / "tiny-llama")
-    lm.tokenizer.save_pretrained(root / "tiny-llama")
+    saved_tiny_llama(root / "tiny-llama")
     return root, toy_collection(root / "toy")
 
 

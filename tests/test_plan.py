@@ -233,19 +233,19 @@ def test_the_padded_width_is_interpolated_between_the_measured_batches():
 
 
 def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
-    from omegaconf import OmegaConf
-
     from gdr.plan import _train_steps
+    from gdr.training.options import TrainerOptions
 
     bbc = dict(max_epochs=30, min_steps=300, patience_steps=200, val_check_interval=50,
                check_val_every_n_epoch=None)
-    assert _train_steps(OmegaConf.create(bbc), 30037, 1024)[:2] == (900, 300)
-    assert _train_steps(OmegaConf.create(bbc), 30037, 1024)[3] == 500  # best at the floor 300, patience 200
-    assert _train_steps(OmegaConf.create({**bbc, "min_steps": 0}), 30037, 1024)[:2] == (900, 250)  # 50 + 4 checks
-    assert _train_steps(OmegaConf.create({**bbc, "patience_steps": None}), 30037, 1024)[:2] == (900, 900)
+    assert _train_steps(TrainerOptions(**bbc), 30037, 1024)[:2] == (900, 300)
+    assert _train_steps(TrainerOptions(**bbc), 30037, 1024)[3] == 500  # best at the floor 300, patience 200
+    assert _train_steps(TrainerOptions(**{**bbc, "min_steps": 0}), 30037, 1024)[:2] == (900, 250)  # 50 + 4 checks
+    no_stop = {**bbc, "patience_steps": None, "patience": 0}  # no early stopping: the epoch cap
+    assert _train_steps(TrainerOptions(**no_stop), 30037, 1024)[:2] == (900, 900)
     checks = dict(max_epochs=30, min_steps=0, patience=5, check_val_every_n_epoch=1, val_check_interval=None)
-    assert _train_steps(OmegaConf.create(checks), 30037, 1024)[:2] == (900, 180)  # 30-step epochs: 1 + 5 checks
-    assert _train_steps(OmegaConf.create({**bbc, "max_steps": 200}), 30037, 1024)[:2] == (200, 200)
+    assert _train_steps(TrainerOptions(**checks), 30037, 1024)[:2] == (900, 180)  # 30-step epochs: 1 + 5 checks
+    assert _train_steps(TrainerOptions(**{**bbc, "max_steps": 200}), 30037, 1024)[:2] == (200, 200)
     st = _training(tmp_path, "train.concurrent=1")
     assert st.low - 12 == pytest.approx((st.high - 12) / 3)
     assert st.seconds - 12 == pytest.approx((st.high - 12) * 5 / 9)

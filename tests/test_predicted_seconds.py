@@ -8,7 +8,7 @@ import json
 
 import pytest
 import transformers
-from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
+from test_pipeline import setup  # noqa: F401  (module fixture: a saved tiny LM and a 30-document corpus)
 
 from gdr import plan
 from gdr.cli import main
@@ -24,10 +24,11 @@ def _table(md: str) -> dict[str, list[str]]:
     return {c[0]: c for c in cells}
 
 
-def test_the_report_sets_predicted_seconds_beside_the_measured_ones(setup, tmp_path, capsys):
-    root, folder = setup
-    out = tmp_path / "run"
-    args = _args(root, folder, out, "indexers=[gc,random]")
+def test_the_report_sets_predicted_seconds_beside_the_measured_ones(tiny_run, tmp_path, capsys):
+    # the session's finished gc + random run, copied: its report is written again, from the stages' records and
+    # the plan.json in the run folder, whether its stages ran in this invocation or were reused
+    out, args = tiny_run.copy(tmp_path / "run")
+    (out / "plan.json").unlink(missing_ok=True)
     assert main(["plan", *args[1:], "device=cpu"]) == 0  # the plan into the run folder, before the run
     assert main(args) == 0
     report = json.loads((out / "report.json").read_text())

@@ -1,4 +1,5 @@
-"""gdr in PyTerrier (gdr.pyterrier): a tiny `gdr run` (GC and HKmI, one seed, random-init models) compared in
+"""gdr in PyTerrier (gdr.pyterrier): a tiny `gdr run` (GC and random docids, one seed, random-init models; the
+session's `tiny_run`, read only) compared in
 pt.Experiment with its BM25, and a tiny cross-validated one (3 folds) searched topic by topic with the fold that
 held each out, offline and without Java."""
 from __future__ import annotations
@@ -21,12 +22,10 @@ from gdr.eval.retrieval import read_per_query, read_trec_run
 from gdr.pyterrier import BM25, GenerativeRetriever, RunFolder, topics_and_qrels
 
 
-@pytest.fixture(scope="module")
-def run_dir(setup, tmp_path_factory) -> Path:  # noqa: F811
-    root, folder = setup
-    out = tmp_path_factory.mktemp("pt") / "run"
-    assert main(_args(root, folder, out, "indexers=[gc,hkmi]", "doc_queries.per_doc=1")) == 0
-    return out
+@pytest.fixture
+def run_dir(tiny_run) -> Path:
+    """A finished run of GC and random docids, one seed (read only: PyTerrier searches it, nothing writes there)."""
+    return tiny_run.out
 
 
 @pytest.fixture(scope="module")
@@ -69,25 +68,25 @@ def test_experiment_runs_with_pyterriers_significance_tests(run_dir):
     assert len(topics) == 10 and len(qrels) == 10  # every third of the 30 queries is a test query, one doc each
     bm25 = BM25.from_run(run_dir)
     gc = GenerativeRetriever.from_run(run_dir, indexer="gc", seed=0)
-    hkmi = GenerativeRetriever.from_run(run_dir, indexer="hkmi", seed=0)
-    table = pt.Experiment([bm25, gc, hkmi], topics, qrels, eval_metrics=[RR @ 10, R @ 10, Success @ 1], baseline=0,
-                          names=["bm25", "gc", "hkmi"], correction="holm")
-    assert list(table["name"]) == ["bm25", "gc", "hkmi"]
+    rand = GenerativeRetriever.from_run(run_dir, indexer="random", seed=0)
+    table = pt.Experiment([bm25, gc, rand], topics, qrels, eval_metrics=[RR @ 10, R @ 10, Success @ 1], baseline=0,
+                          names=["bm25", "gc", "random"], correction="holm")
+    assert list(table["name"]) == ["bm25", "gc", "random"]
     assert {"RR@10 p-value", "R@10 p-value", "RR@10 reject", "RR@10 +", "RR@10 -"} <= set(table.columns)
     assert table["RR@10 p-value"].iloc[1:].between(0, 1).all() and pd.isna(table["RR@10 p-value"].iloc[0])
     assert not pt.java.started()
 
     # PyTerrier's figures are the report's (gdr's metrics.json: recall@1 is Success@1, at the run's depth k = 10)
-    means = pt.Experiment([bm25, gc, hkmi], topics, qrels, eval_metrics=[Success @ 1, RR @ 10], names=["bm25", "gc",
-                          "hkmi"]).set_index("name")
-    for name, stage in (("gc", "eval-gc-s0"), ("hkmi", "eval-hkmi-s0"), ("bm25", "bm25")):
+    means = pt.Experiment([bm25, gc, rand], topics, qrels, eval_metrics=[Success @ 1, RR @ 10], names=["bm25", "gc",
+                          "random"]).set_index("name")
+    for name, stage in (("gc", "eval-gc-s0"), ("random", "eval-random-s0"), ("bm25", "bm25")):
         m = json.loads((_stage(run_dir, stage) / "metrics.json").read_text())["systems"]
         m = m["bm25" if name == "bm25" else "gdr"]
         assert means.loc[name, "Success@1"] == pytest.approx(m["recall@1"], abs=1e-9), name
         assert means.loc[name, "RR@10"] == pytest.approx(m["mrr@10"], abs=1e-9), name
 
     # the same rows as the run's own evaluation: gdr's run.trec and bm25.trec on its test queries
-    for system, stage, file in ((gc, "eval-gc-s0", "run.trec"), (hkmi, "eval-hkmi-s0", "run.trec"),
+    for system, stage, file in ((gc, "eval-gc-s0", "run.trec"), (rand, "eval-random-s0", "run.trec"),
                                 (bm25, "bm25", "bm25.trec")):
         _assert_rows_of(system.transform(topics), read_trec_run(_stage(run_dir, stage) / file))
 
@@ -107,7 +106,7 @@ def test_a_result_frame_is_pyterriers(run_dir):
 
 
 def test_a_missing_retriever_names_those_the_run_has(run_dir):
-    with pytest.raises(FileNotFoundError, match=r"no finished stage train-bmi-s0.*train-gc-s0, train-hkmi-s0"):
+    with pytest.raises(FileNotFoundError, match=r"no finished stage train-bmi-s0.*train-gc-s0, train-random-s0"):
         GenerativeRetriever.from_run(run_dir, indexer="bmi", seed=0)
     with pytest.raises(FileNotFoundError, match="not the out folder of `gdr run`"):
         BM25.from_run(run_dir / "nothing")

@@ -9,7 +9,7 @@ import torch
 
 from gdr.lm import GENERATOR_FILE, GenerativeLM, PromptConfig
 from gdr.training.qg import QGModule, QGOptions, QGPairs, _collate, fine_tune_qg, freeze_below, split_pairs
-from tests.tiny_models import DOCS, QUERIES, tiny_llama, tiny_t5
+from tests.tiny_models import DOCS, QUERIES, saved_tiny_llama, tiny_llama, tiny_t5
 
 FAST = dict(max_epochs=100, batch_size=4, eval_batch_size=4, warmup_steps=0, enable_progress_bar=False,
             accelerator="cpu", devices=1, log_every_n_steps=1, checkpoint_every_n_steps=1)
@@ -159,17 +159,10 @@ def test_pairs_jsonl_errors_name_the_line(tmp_path):
         read_pairs_jsonl(str(f), load_corpus=load)
 
 
-def _save_tiny(path):
-    lm = tiny_llama(seed=2)
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return path
-
-
 def test_gdr_qg_command_end_to_end(tmp_path, capsys):
     from gdr.cli import main
 
-    base = _save_tiny(tmp_path / "base")
+    base = saved_tiny_llama(tmp_path / "base", seed=2)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"doc": d, "query": q, "doc_id": f"d{c}-{i}"}) + "\n"
                              for c in range(3) for i, (d, q) in enumerate(zip(DOCS, QUERIES))))

@@ -221,7 +221,7 @@ def test_the_cranfield_protocol_tests_each_of_its_225_queries_once_with_the_bbc_
     splits = QuerySplits(dict(cfg.data), corpus.doc_ids)
     everyone = splits(queries_section(cfg, cfg.queries.test_split))  # fold None: BM25's test queries, every topic
     assert everyone.qids == [str(i) for i in range(1, 226)]
-    assert {g for grades in everyone.grades for g in grades} == {1, 2, 3, 4}  # cranqrel's codes, 1 = most relevant
+    assert {g for grades in everyone.grades for g in grades} == {1, 2, 3, 4}  # 5 - cranqrel's code
     tested = []
     for f in range(5):
         test = splits(queries_section(cfg, cfg.queries.test_split, f))

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 from gdr.carry import prunable
 from gdr.cli import main
@@ -73,9 +73,7 @@ def test_the_guard_refuses_pairs_holding_a_held_out_query_or_a_document_outside_
 def setup(tmp_path_factory):
     """A saved tiny causal LM and a 30-document labelled BEIR folder with train, dev and test queries."""
     root = tmp_path_factory.mktemp("run-qg")
-    lm = tiny_llama()
-    lm.model.save_pretrained(root / "tiny-llama")
-    lm.tokenizer.save_pretrained(root / "tiny-llama")
+    saved_tiny_llama(root / "tiny-llama")
     ids, texts, qtexts, labels = [], [], [], []
     for i in range(30):
         t = TOPICS[i % 5].split()
@@ -123,7 +121,8 @@ def _one(markers: dict, prefix: str, pred=lambda m: True) -> tuple[str, dict]:
 def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_by_it(setup, tmp_path, capsys):
     root, folder, qs = setup
     out = tmp_path / "run"
-    assert main(_args(root, folder, out, *QG_ON, "qg.compare_two_shot=true")) == 0
+    # overlap forced on: both clusterings run in the background (the runs below, with it off, reuse every stage)
+    assert main(_args(root, folder, out, *QG_ON, "qg.compare_two_shot=true", "overlap=true")) == 0
     marks = _markers(out)
     qg_name, qg = _one(marks, "qg")
     assert qg["status"] == "complete"
@@ -151,6 +150,7 @@ def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_
     report = json.loads((out / "report.json").read_text())
     gen = report["generator"]
     assert gen["cluster"]["fine_tuned"] and gen["cluster"]["two_shot"]
+    assert {"cluster", "cluster (two-shot)"} <= set(report["overlapped"]["stages"])
     assert set(gen["cluster"]["fine_tuned"]) >= {"gc_acc", "gc_nmi", "gc_ari"}
     md = (out / "report.md").read_text()
     assert "## Query generator" in md and "Held-out loss on the run's dev split" in md

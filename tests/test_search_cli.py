@@ -45,14 +45,12 @@ def test_the_api_loads_a_model_without_transformers_bars(llama_path, capfd):
 
 @pytest.fixture
 def llama_path(tmp_path, monkeypatch):
-    from tiny_models import tiny_llama
+    from tiny_models import saved_tiny_llama
     from transformers.utils import logging as tf_logging
 
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
     monkeypatch.delenv("GDR_VERBOSE", raising=False)
-    lm = tiny_llama()
-    lm.model.save_pretrained(tmp_path / "tl")
-    lm.tokenizer.save_pretrained(tmp_path / "tl")
+    saved_tiny_llama(tmp_path / "tl")
     was = tf_logging.is_progress_bar_enabled()
     tf_logging.enable_progress_bar()  # as in a fresh Python session (a command run earlier in this one turns it off)
     yield tmp_path / "tl"

@@ -299,8 +299,7 @@ def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) 
     """A slice of Cranfield written as TREC distributes a collection: the judged documents of its first
     ``n_queries`` queries (and others up to ``n_docs``) in two SGML files, one gzipped, the first with <TEXT> fields
     and the second, as older collections are, with the text directly in <DOC> (title in <HEAD>); topics with
-    ``Number:`` and titles over two lines; qrels with Cranfield's codes (1 = most relevant) turned into grades
-    4 .. 1."""
+    ``Number:`` and titles over two lines; qrels with Cranfield's grades (4 = most relevant, as TREC's)."""
     corpus, qs = load_cranfield(), load_cranfield_queries()
     qs = qs.select(range(n_queries))
     judged = list(dict.fromkeys(d for rel in qs.relevant for d in rel))
@@ -318,7 +317,7 @@ def _cranfield_in_trec_form(folder: Path, n_queries: int = 6, n_docs: int = 80) 
     topics.write_text("".join(f"<top>\n<num> Number: {q}\n<title> {t[: len(t) // 2]}\n{t[len(t) // 2:]}\n\n"
                               f"<desc> Description:\n{t}\n</top>\n\n" for q, t in zip(qs.qids, qs.texts)))
     qrels = folder / "qrels.cran.txt"
-    qrels.write_text("".join(f"{q} 0 {d} {5 - g}\n" for q, rel, gr in zip(qs.qids, qs.relevant, qs.grades)
+    qrels.write_text("".join(f"{q} 0 {d} {g}\n" for q, rel, gr in zip(qs.qids, qs.relevant, qs.grades)
                              for d, g in zip(rel, gr)))
     return folder / "docs", topics, qrels
 

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from tiny_models import tiny_llama
+from tiny_models import saved_tiny_llama
 
 from gdr.config import conf_dir
 from gdr.data import Corpus, QuerySet, write_beir
@@ -130,9 +130,7 @@ def test_installed_help_and_plan_run_outside_the_checkout(installed):
 
 def test_installed_tiny_run_outside_the_checkout(installed):
     _, bin_, env, work = installed
-    lm = tiny_llama()
-    lm.model.save_pretrained(work / "tiny-llama")
-    lm.tokenizer.save_pretrained(work / "tiny-llama")
+    saved_tiny_llama(work / "tiny-llama")
     ids = [f"d{i}" for i in range(20)]
     texts = [f"story {i} about topic{i % 4} and item{i}" for i in range(20)]
     qs = QuerySet(name="toy", qids=[f"q{i}" for i in range(20)], texts=[f"topic{i % 4} item{i}" for i in range(20)],

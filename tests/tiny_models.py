@@ -5,6 +5,9 @@ offline; the causal one gets a minimal chat template so the chat prompt path is 
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
@@ -31,6 +34,15 @@ def tiny_llama(seed: int = 0) -> GenerativeLM:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       pad_token_id=tok.pad_token_id, eos_token_id=tok.sep_token_id)
     return GenerativeLM(LlamaForCausalLM(cfg), tok, prompt=PromptConfig(), max_doc_tokens=24, device="cpu")
+
+
+def saved_tiny_llama(path: str | os.PathLike, seed: int = 0) -> Path:
+    """``tiny_llama(seed)`` saved to ``path`` (its weights and tokenizer), loadable by path like any checkpoint;
+    returns ``path``."""
+    lm = tiny_llama(seed)
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return Path(path)
 
 
 def tiny_t5(seed: int = 0) -> GenerativeLM:

@@ -11,31 +11,88 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdr.options import RankingOptions
-from gdr.rules import same_setting, setting
+from gdr.rules import (
+    NON_NEGATIVE,
+    OPT_POSITIVE,
+    POSITIVE,
+    accelerator,
+    any_value,
+    auto_or,
+    boolean,
+    get,
+    int_at_least,
+    is_int,
+    number,
+    one_of,
+    optional,
+    precision,
+    same_setting,
+    setting,
+    trainer_devices_at,
+)
 
-__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "QGOptions", "QGDevSplit"]
+__all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "QGOptions", "QGDevSplit", "LR_LIMIT"]
+
+# AdamW moves each weight by about lr a step: above 1 every step overshoots, and the batch scaling of lr_scaling
+# can take a huge value to inf, which fails only in training, after sampling, scoring and indexing
+LR_LIMIT = "AdamW moves each weight by about lr a step: at most 1"
+
+
+# The cross-field rules of the training settings: their section is ``gdr train``'s config (``trainer.*``, ``optim.*``)
+
+def fused(v, sec):
+    """``optim.fused``: auto, true or false; true cannot be clipped under 16-mixed's gradient scaler."""
+    if v != "auto" and not isinstance(v, bool):
+        return "must be auto, true or false"
+    scaled = str(get(sec, "trainer.precision")) in ("16-mixed", "16")
+    if v is True and scaled and get(sec, "trainer.gradient_clip_val"):
+        return ("cannot be true with trainer.precision=16-mixed and gradient clipping (a fused AdamW unscales "
+                "float16 gradients itself); use false, bf16-mixed or trainer.gradient_clip_val=null")
+    return None
+
+
+def min_steps(v, sec):
+    """``trainer.min_steps``: no more than ``trainer.max_steps`` (Lightning would stop at max_steps, silently)."""
+    problem = NON_NEGATIVE(v, sec)
+    most = get(sec, "trainer.max_steps")
+    if problem is None and is_int(most) and most > 0 and v > most:
+        return f"must be <= trainer.max_steps={most}: training stops there; lower it or raise trainer.max_steps"
+    return problem
+
+
+def steps_limit(v, sec):
+    """``trainer.max_steps``: -1 (no limit) or a positive count."""
+    return None if v == -1 or (is_int(v) and v > 0) else "must be -1 (no limit) or a positive integer"
 
 
 @dataclass
 class ExampleOptions:
     """Which training inputs to use (see ``gdr.training.data``)."""
 
-    use_real: bool = setting(True, effect="result")
-    use_generated: bool = setting(True, effect="result")
-    doc_first: bool = setting(True, "the first `window` tokens of each document", effect="result")
-    doc_windows: int = setting(2, "random `window`-token windows per document (seeded)", effect="result")
-    window: int = setting(64, effect="result")
-    max_doc_tokens: int = setting(2048, effect="result")
-    dev_fraction: float = setting(0.1, "held out from the training queries (never the test split)", effect="result")
-    dev_max: int = setting(1000, effect="result")
+    use_real: bool = setting(True, effect="result", rule=boolean)
+    use_generated: bool = setting(True, effect="result", rule=boolean)
+    doc_first: bool = setting(True, "the first `window` tokens of each document", effect="result", rule=boolean)
+    doc_windows: int = setting(2, "random `window`-token windows per document (seeded)", effect="result",
+                               rule=NON_NEGATIVE, rule_help="random windows per document")
+    window: int = setting(64, effect="result", rule=POSITIVE, rule_help="tokens per document window")
+    max_doc_tokens: int = setting(2048, effect="result", rule=POSITIVE)
+    dev_fraction: float = setting(0.1, "held out from the training queries (never the test split)", effect="result",
+                                  rule=number(0, 1, lo_open=False, hi_open=True),
+                                  rule_help="queries held out for validation")
+    dev_max: int = setting(1000, effect="result", rule=NON_NEGATIVE)
     dev_min: int = setting(0, "fewer real dev queries than this: held-out generated queries of training documents "
                               "(one per document, removed from training) fill the dev split up to it, so that the "
-                              "checkpoint is not picked by a handful of queries (training/data.py)", effect="result")
+                              "checkpoint is not picked by a handful of queries (training/data.py)", effect="result",
+                           rule=NON_NEGATIVE, rule_help="dev queries filled up with held-out generated queries")
     dev_max_share: float = setting(0.1, "... but never more than this share of the generated queries: a corpus "
                                         "without training queries (test qrels only) still trains on 90% of its "
-                                        "generated ones", effect="result")
+                                        "generated ones", effect="result",
+                                   rule=number(0, 1, lo_open=False),
+                                   rule_help="the most generated queries held out for dev")
     generated_per_doc: int | None = setting(None, "use only the first N generated queries of each document "
-                                                  "(null = all)", effect="result")
+                                                  "(null = all)", effect="result",
+                                            rule=OPT_POSITIVE,
+                                            rule_help="generated queries used per document; null = all")
 
 
 @dataclass
@@ -49,17 +106,21 @@ class OptimOptions:
     B = base_batch_size nothing changes (see :func:`gdr.training.train.scaled_optim`).
     """
 
-    lr_encoder: float = setting(1e-4, effect="result")
-    lr_decoder: float = setting(1e-3, effect="result")
-    weight_decay: float = setting(0.01, effect="result")
-    warmup_steps: int = setting(1000, effect="result")
+    lr_encoder: float = setting(1e-4, effect="result",
+                                rule=number(0, 1, lo_open=False), rule_help=f"0 freezes the encoder; {LR_LIMIT}")
+    lr_decoder: float = setting(1e-3, effect="result", rule=number(0, 1), rule_help=LR_LIMIT)
+    weight_decay: float = setting(0.01, effect="result", rule=number(0, lo_open=False))
+    warmup_steps: int = setting(1000, effect="result", rule=NON_NEGATIVE)
     consistency_weight: float = setting(0.0, "NCI's consistency regulariser (two dropout views), 0 = off",
-                                        effect="result")
-    base_batch_size: int = setting(64, effect="result")
-    lr_scaling: str = setting("none", effect="result")
+                                        effect="result", rule=number(0, lo_open=False), rule_help="0 = off")
+    base_batch_size: int = setting(64, effect="result",
+                                   rule=POSITIVE, rule_help="the batch size the learning rates are stated at")
+    lr_scaling: str = setting("none", effect="result",
+                              rule=one_of("sqrt", "linear", "none"),
+                              rule_help="how learning rates follow the batch size")
     fused: bool | str = setting("auto", "fused AdamW: auto = on CUDA | true | false (true also runs on the CPU; "
                                         "clipped under bf16-mixed by the module; refused with 16-mixed + clipping)",
-                                        effect="result")
+                                        effect="result", rule=fused, rule_help="fused AdamW; auto = on CUDA")
 
 
 @dataclass
@@ -74,61 +135,75 @@ class TrainerOptions:
     windows.
     """
 
-    max_epochs: int = setting(20, effect="resume")
-    max_steps: int = setting(-1, effect="resume")
+    max_epochs: int = setting(20, effect="resume", rule=POSITIVE)
+    max_steps: int = setting(-1, effect="resume", rule=steps_limit)
     batch_size: int | str = setting(64, "auto = on CUDA what fits the free memory (<= 4096; > 512 only with >= 16 "
                                         "steps an epoch), 64 on the CPU (with the learning rates scaled, above)",
-                                        effect="result")
-    eval_batch_size: int = setting(32, effect="resume")
+                                        effect="result",
+                                    rule=auto_or(POSITIVE),
+                                    rule_help="auto = what fits on CUDA (<= 4096), 64 on the CPU")
+    eval_batch_size: int = setting(32, effect="resume", rule=POSITIVE)
     accelerator: str = setting("auto", "auto | cpu | gpu (= cuda; refused before anything loads where CUDA is "
-                                       "missing)", effect="resume")
-    devices: Any = setting("auto", effect="resume")
-    strategy: str = setting("auto", "multi-GPU: ddp (Lightning strategies only)", effect="resume")
+                                       "missing)", effect="resume",
+                               rule=accelerator, rule_help="Lightning's accelerator; auto = cuda when available")
+    devices: Any = setting("auto", effect="resume", rule=trainer_devices_at("trainer"), rule_help="Lightning's devices")
+    strategy: str = setting("auto", "multi-GPU: ddp (Lightning strategies only)", effect="resume", rule=any_value)
     precision: str | None = setting(None, "null (= auto) = bf16-mixed on GPU, 32-true on CPU; bf16-mixed also runs "
-                                          "on the CPU", effect="result")
-    gradient_clip_val: float = setting(1.0, effect="result")
+                                          "on the CPU", effect="result",
+                                    rule=precision, rule_help="Lightning's precision; null/auto = bf16-mixed on CUDA, "
+                                                              "32-true on the CPU")
+    gradient_clip_val: float = setting(1.0, effect="result", rule=optional(number(0, lo_open=False)))
     check_val_every_n_epoch: int = setting(1, "null with an integer val_check_interval: validate every N steps "
                                               "instead (long epochs: e.g. check_val_every_n_epoch=null "
-                                              "val_check_interval=2000)", effect="resume")
-    val_check_interval: float | int | None = setting(None, effect="resume")
-    limit_val_batches: float | int = setting(1.0, effect="resume")
-    patience: int = setting(5, "EarlyStopping on `monitor`: validation checks without improvement", effect="resume")
+                                              "val_check_interval=2000)", effect="resume", rule=OPT_POSITIVE)
+    val_check_interval: float | int | None = setting(None, effect="resume", rule=optional(number(0)))
+    limit_val_batches: float | int = setting(1.0, effect="resume", rule=number(0))
+    patience: int = setting(5, "EarlyStopping on `monitor`: validation checks without improvement", effect="resume",
+                            rule=NON_NEGATIVE, rule_help="validations without improvement before stopping")
     patience_steps: int | None = setting(None, "instead, optimiser steps without improvement (turned into checks for "
                                                "the batch size and validation interval in use, training/stopping.py); "
-                                               "null = `patience` checks", effect="resume")
+                                               "null = `patience` checks", effect="resume",
+                                         rule=OPT_POSITIVE,
+                                         rule_help="steps without improvement before stopping; null = `patience`")
     min_steps: int = setting(0, "no early stop before this many steps (batch 512 and 64 train comparable amounts)",
-                             effect="resume")
+                             effect="resume", rule=min_steps, rule_help="steps before any early stop")
     monitor: str = setting("val/recall@1", "picks the exported checkpoint: val/recall@1 (NCI) | val/mrr (MRR@val_beam: "
                                            "a small dev set ties recall@1 at 0, and the first epoch would be kept)",
-                                           effect="result")
+                                           effect="result",
+                           rule=one_of("val/recall@1", "val/mrr"), rule_help="the dev metric that picks the checkpoint")
     weights: str = setting("best", "the exported weights: best = the checkpoint of the best `monitor` on the dev split "
                                    "(NCI's ckpt_monitor) | final = the weights of the last step (a fixed budget, the "
                                    "learning rate decayed to 0 there; the dev split only draws the learning curve)",
-                           effect="result")
-    val_beam: int = setting(10, effect="result")
+                           effect="result",
+                           rule=one_of("best", "final"),
+                           rule_help="the exported weights: the best dev checkpoint or the last step's")
+    val_beam: int = setting(10, effect="result", rule=POSITIVE)
     length_penalty: float = same_setting(RankingOptions, "length_penalty", "the dev beam search's length penalty")
-    num_workers: int = setting(0, effect="speed")
-    log_every_n_steps: int = setting(50, effect="speed")
+    num_workers: int = setting(0, effect="speed", rule=NON_NEGATIVE)
+    log_every_n_steps: int = setting(50, effect="speed", rule=POSITIVE)
     checkpoint_every_n_steps: int | None = setting(None, "also write last.ckpt every n steps (long epochs)",
-                                                   effect="resume")
+                                                   effect="resume", rule=OPT_POSITIVE)
     checkpoint_every_n_epochs: int = setting(1, "last.ckpt (the resume point, with optimiser state) every n epochs",
-                                             effect="resume")
-    num_sanity_val_steps: int = setting(2, effect="resume")
-    tensorboard: bool = setting(True, "when tensorboard is installed", effect="speed")
+                                             effect="resume", rule=POSITIVE, rule_help="epochs between resume points")
+    num_sanity_val_steps: int = setting(2, effect="resume", rule=int_at_least(-1))
+    tensorboard: bool = setting(True, "when tensorboard is installed", effect="speed", rule=boolean)
     resume: bool = setting(True, "restart from out_dir/checkpoints/last.ckpt if it exists (and it trained on the same "
                                  "inputs and settings; another training in out_dir is refused: resume=false starts "
-                                 "over)", effect="resume")
+                                 "over)", effect="resume", rule=boolean)
     resume_damaged: str = setting("best", "a damaged last.ckpt (moved aside, with a line): best = start from the best "
                                           "checkpoint's weights (fresh optimiser and step count) | fresh = start over",
-                                          effect="speed")
+                                          effect="speed",
+                                  rule=one_of("best", "fresh"),
+                                  rule_help="a damaged last.ckpt: start from the best weights or over")
     enable_progress_bar: bool = setting(True, "Lightning's bar, on a terminal only (never into a log file); on CUDA it "
-                                              "refreshes every log_every_n_steps (each refresh syncs)", effect="speed")
+                                              "refreshes every log_every_n_steps (each refresh syncs)", effect="speed",
+                                        rule=boolean)
     compile: bool = setting(False, "torch.compile the retriever's training step (static shapes: each batch padded to a "
                                    "fixed width, its length bucket's with length_buckets; a few graphs, traced once)",
-                                   effect="resume")
+                                   effect="resume", rule=boolean)
     length_buckets: bool = setting(False, "batches grouped by input length (seeded): short queries are not padded to "
                                           "the width of document windows (training/data.py: bucketed_order)",
-                                          effect="result")
+                                          effect="result", rule=boolean, rule_help="batches grouped by input length")
 
 
 @dataclass

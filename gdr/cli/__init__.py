@@ -68,6 +68,10 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Idle OpenMP threads sleep rather than spin (before torch loads, which reads it once): a CPU retriever trains on
+    # one thread per core, and spinning threads cost a step ~30x as soon as anything else runs on a core (a second
+    # retriever, the run's background host stages, another job). It changes how threads wait, never a result.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         return _main(argv)
     except BrokenPipeError:  # `gdr run ... --cfg | head`: the reader left; no traceback

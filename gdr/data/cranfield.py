@@ -5,8 +5,10 @@ Quirks handled here (see ``shared/data/README.md``):
 - ``cran.qry`` numbers its 225 queries 001..365 with gaps, while ``cranqrel`` numbers them
   1..225 in file order: the i-th query in the file is qrel query ``i``. Query ids are
   therefore ``"1"`` .. ``"225"``; the file's own numbers are in ``info["file_numbers"]``.
-- Relevance codes are -1, 1, 2, 3, 4 with 1 = most relevant: codes 1-4 are relevant (kept in
-  ``grades``), -1 is not relevant (counted in ``info["nonrelevant_judgements"]``).
+- Relevance codes are -1, 1, 2, 3, 4 with 1 = most relevant: codes 1-4 are relevant, -1 is not relevant
+  (counted in ``info["nonrelevant_judgements"]``). ``grades`` hold them as gains, higher = more relevant as in
+  TREC qrels, ir_datasets and PyTerrier (gain ``5 - code``: code 1 is grade 4, code 4 grade 1), so nDCG and a
+  ``min_relevance`` threshold read them the way they read every other collection's.
 - Documents 471 and 995 have neither title nor abstract; they are kept (document 995 is
   judged relevant for query 125) and listed in ``corpus.info["empty_text"]``.
 - A few records are scrambled in the distribution (a stray ``.A``/``.B``/``.W`` marker line
@@ -38,6 +40,7 @@ RELEVANT_CODES = (1, 2, 3, 4)
 SPLIT_NAMES = ("train", "dev", "test")
 SPLIT_FRACTIONS = (0.6, 0.1, 0.3)
 NONRELEVANT_CODE = -1
+GAIN_OF_CODE = 5  # a relevant code's grade is GAIN_OF_CODE - code: higher = more relevant, as TREC grades
 _ID_LINE = re.compile(r"^\.I\s+(\d+)\s*$")
 _FIELD = re.compile(r"^\.([TABW])\s*$")
 _FIX = "pass path= the folder holding cran.all.1400, cran.qry and cranqrel, or set GDR_DATA_DIR"
@@ -130,7 +133,7 @@ def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None, 
     Returns
     -------
     QuerySet with qids ``"1"`` .. ``"225"`` (the qrel numbering, in file order), ``relevant`` =
-    documents with codes 1-4 in ``cranqrel`` order, ``grades`` = those codes (1 = most relevant),
+    documents with codes 1-4 in ``cranqrel`` order, ``grades`` = their gains ``5 - code`` (4 = most relevant),
     and ``splits`` from :func:`query_splits` (``info["split"]`` records seed and fractions).
     """
     folder = _folder(path)
@@ -156,7 +159,7 @@ def load_cranfield_queries(path: str | os.PathLike | None = None, doc_ids=None, 
         splits=query_splits(n, seed, fractions),
         grades=grades,
         info={"source": str(folder), "file_numbers": file_numbers, "nonrelevant_judgements": nonrel,
-              "filtered": {}, "grade_meaning": "1 = most relevant .. 4 = least relevant",
+              "filtered": {}, "grade_meaning": "5 - cranqrel code: 4 = most relevant .. 1 = least",
               "split": {"seed": int(seed), "fractions": [float(x) for x in fractions],
                         "method": "seeded permutation"}},
     )
@@ -177,7 +180,7 @@ def _query_texts(qry: Path) -> tuple[list[str], list[str], list[int]]:
 
 
 def _judgements(qrel: Path, qry_name: str, n: int, known: set[str]) -> tuple[list[list[str]], list[list[int]], int]:
-    """Read ``cranqrel`` for ``n`` queries: per query the relevant doc ids and their codes in file order, and the
+    """Read ``cranqrel`` for ``n`` queries: per query the relevant doc ids and their gains in file order, and the
     number of non-relevant judgements; a malformed, unknown or repeated judgement names its line."""
     relevant: list[list[str]] = [[] for _ in range(n)]
     grades: list[list[int]] = [[] for _ in range(n)]
@@ -210,5 +213,5 @@ def _judgements(qrel: Path, qry_name: str, n: int, known: set[str]) -> tuple[lis
             nonrel += 1
             continue
         relevant[q - 1].append(d)
-        grades[q - 1].append(code)
+        grades[q - 1].append(GAIN_OF_CODE - code)
     return relevant, grades, nonrel

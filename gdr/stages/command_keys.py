@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gdr.rules import MISSING, same_setting, setting
+from gdr.rules import MISSING, NON_NEGATIVE, POSITIVE, auto_or, get, is_int, number, same_setting, seed, setting
 from gdr.training.options import QGDevSplit, QGOptions
 
 __all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "TrainQueries", "EvaluateKeys",
@@ -163,17 +163,33 @@ class RunQueries:
                                       "seed, each trained without one fold, scored on it); null = one split")
 
 
+def per_doc_for_bmi(v, sec):
+    """``doc_queries.per_doc`` of ``gdr run``: the bmi indexer needs at least one generated query per document."""
+    if not is_int(v) or v < 0:
+        return "must be an integer >= 0"
+    if v == 0 and "bmi" in list(get(sec, "indexers") or []):
+        return "the bmi indexer needs generated queries: set doc_queries.per_doc >= 1 or drop bmi from indexers"
+    return None
+
+
 @dataclass
 class DocQueries:
     """``gdr run``'s ``doc_queries``: generated training queries for every document, with decoding of their own."""
 
-    per_doc: int = setting(10, "0 = none (then bmi cannot run)", effect="result")
-    seed: int = setting(1, effect="result")
-    batch_size: int | str = setting("${sample.batch_size}", effect="speed")
-    max_new_tokens: int | str = setting("${sample.max_new_tokens}", effect="result")
-    top_k: int = setting(10, effect="result")
-    top_p: float = setting(1.0, effect="result")
-    temperature: float = setting(0.7, effect="result")
+    per_doc: int = setting(10, "0 = none (then bmi cannot run)", effect="result",
+                           rule=per_doc_for_bmi, rule_help="generated training queries per document")
+    seed: int = setting(1, effect="result", rule=seed)
+    batch_size: int | str = setting("${sample.batch_size}", effect="speed",
+                                    rule=auto_or(POSITIVE),
+                                    rule_help="queries per decode batch; auto = as sample.batch_size")
+    max_new_tokens: int | str = setting("${sample.max_new_tokens}", effect="result", rule=POSITIVE)
+    top_k: int = setting(10, effect="result",
+                         rule=NON_NEGATIVE, rule_help="top-k sampling of the training queries; 0 = off")
+    top_p: float = setting(1.0, effect="result",
+                           rule=number(0, 1), rule_help="nucleus mass of the training queries; 1 = off")
+    temperature: float = setting(0.7, effect="result",
+                                 rule=number(0),
+                                 rule_help="sampling temperature of the training queries; below 1e-30 greedy")
 
 
 @dataclass
@@ -229,6 +245,10 @@ class RunKeys:
     qg: dict = setting(help="the query generator fine-tuned on the run's training split (gdr.stages.qg)",
                        factory=lambda: asdict(RunQG()))
     bm25: bool = setting(True, "BM25 (bm25s) on the same test queries, as reference")
+    overlap: bool | str = setting("auto", "run the host stages (flat clustering and its baselines, the indexes, "
+                                          "BM25) in a background thread beside the device stages, each taken where "
+                                          "it is needed (gdr.stages.overlap); auto = on when the device is CUDA, "
+                                          "off on the CPU (the same cores); the results are the same either way")
     plot: bool = setting(True, "report.png")
     verdict: dict = setting(help=("the primary test: decided when its interval over seeds and queries excludes 0, "
                                   "equivalent when it lies inside +-margin, else undecided"),

@@ -192,7 +192,7 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
             "cluster": cluster, "comparisons": comparisons, "verdict": said,
             "primary": primary, "query_only_verdict": query_only,
             "stages": _stage_rows(records, predicted or {}), "training": (timing or {}).get("training"),
-            "outside_stages": (timing or {}).get("outside_stages")}
+            "outside_stages": (timing or {}).get("outside_stages"), "overlapped": (timing or {}).get("overlapped")}
     return Report(data, cfg, table, [r for r in retrievers if r.get("curve")], predicted is not None, plan_note)
 
 
@@ -230,7 +230,8 @@ def render_markdown(report: Report) -> str:
     lines += _curve_lines(report.curves)
     lines += [*_stage_lines(r["stages"], report.planned, report.plan_note), "",
               f"Wall time of this invocation: {r['seconds']:.1f} s.", ""]
-    lines += _timing_lines({"training": r["training"], "outside_stages": r["outside_stages"]})
+    lines += _timing_lines({"training": r["training"], "outside_stages": r["outside_stages"],
+                            "overlapped": r.get("overlapped")})
     return "\n".join(lines)
 
 
@@ -302,6 +303,12 @@ def _timing_lines(timing: dict) -> list[str]:
     if o:
         lines += [f"Outside any stage: {o['seconds']:.1f} s (LM load {o['lm_load']:.1f} s, report rewrites "
                   f"{o['report_rewrites']:.1f} s, the rest {o['other']:.1f} s: corpus, bookkeeping).", ""]
+    v = timing.get("overlapped")
+    if v:
+        each = ", ".join(f"{name} {s['seconds']:.1f} s" for name, s in v["stages"].items())
+        lines += [f"In the background, beside the device stages (`overlap`): {each}; {v['seconds']:.1f} s in all, "
+                  f"of which the run waited {v['waited']:.1f} s. Their seconds in the stage table ran beside the "
+                  "others; only the waits count in the time inside stages.", ""]
     return lines
 
 

@@ -1,17 +1,17 @@
 """The settings of each stage as plain dataclasses (no Hydra): the one place their defaults are written.
 
-Every field carries its default and its help (:func:`gdr.rules.setting`; a dict-valued field's keys are the fields
-of its section classes, :data:`SECTIONS`: the training kernel's :mod:`gdr.training.options`, the GC indexer's
-:mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them and from
-the commands' own keys (:mod:`gdr.stages.command_keys`) (:data:`GENERATED`, ``make conf``); ``--help`` reads the help
-from the fields (:func:`generated_help`).
+Every field carries its default, its help, its rule and its effect (:func:`gdr.rules.setting`; a section's keys are
+the fields of its section classes, :data:`SECTIONS`: the training kernel's :mod:`gdr.training.options`, the GC
+indexer's :mod:`gdr.indexing.options`). ``conf/stage/*.yaml``, which the commands compose, are generated from them
+and from the commands' own keys (:mod:`gdr.stages.command_keys`) (:data:`GENERATED`, ``make conf``); ``--help`` reads
+the help from the fields (:func:`generated_help`), :func:`rules_of` the rule tables.
 
 :meth:`~Settings.from_dict` takes a section as a dict (``OmegaConf.to_container(cfg.sample)``, or a dict a
 script writes by hand) and refuses a key it does not know, naming it. A script builds them directly, e.g.
 ``SampleSettings(n_queries=32)``: that is its door, where the instance checks its fields with its rules (``rules``:
-:class:`gdr.rules.Rule` keyed as in the command's composed config; ``section``: where its fields sit there;
-``keys``: fields kept at another key), a :class:`gdr.rules.ConfigError` naming the field before any model or data
-loads. A command checks its whole config once with the same tables (:func:`gdr.validate.validate`) and builds its
+the fields' rules, :func:`rules_of`, keyed as in the command's composed config; ``section``: where its fields sit
+there; ``keys``: fields kept at another key), a :class:`gdr.rules.ConfigError` naming the field before any model or
+data loads. A command checks its whole config once with the same tables (:func:`gdr.validate.validate`) and builds its
 settings with :meth:`~Settings.from_config`, which trusts the values.
 """
 from __future__ import annotations
@@ -29,21 +29,22 @@ import yaml
 from gdr.config import override_value
 from gdr.data.options import DATA_OPTIONS, DataOptions
 from gdr.indexing.options import GCOptions, IndexAtomic, IndexGC, IndexKMeans, TreeOptions
-from gdr.models import EMBED_MODEL, LM_RULES, MODEL_OPTIONS, ModelOptions, SamplingOptions
+from gdr.models import DEVICE_RULE, EMBED_MODEL, MODEL_OPTIONS, ModelOptions, SamplingOptions
 from gdr.options import GCFitOptions, RankingOptions
 from gdr.rules import (
-    FILE,
     NON_NEGATIVE,
     OPT_POSITIVE,
     POSITIVE,
     ConfigError,
+    Each,
     Rule,
-    accelerator,
+    any_value,
     auto_or,
     boolean,
     check_values,
     device,
     effect_of,
+    fields_rules,
     get,
     int_at_least,
     is_int,
@@ -51,12 +52,11 @@ from gdr.rules import (
     number,
     one_of,
     optional,
-    precision,
+    rule_of,
     same_setting,
     seed,
     setting,
     string_list,
-    trainer_devices_at,
 )
 from gdr.stages.command_keys import (
     INDEXERS,
@@ -88,9 +88,10 @@ MAX_P_PER_DOC = 1 << 16
 
 
 # ---------------------------------------------------------------------------- the settings' rules
-# Each table is keyed as in the composed config of the stand-alone command (``sample.n_queries``); gdr.validate
-# applies it to the commands' configs (``gdr run`` under ``index.``, ``train.``, ``evaluate.``), each class's
-# ``check`` to its fields.
+# Each field declares its rule (``setting(..., rule=...)``); the tables below the classes are derived from them,
+# keyed as in the composed config of the stand-alone command (``sample.n_queries``): gdr.validate applies them to the
+# commands' configs (``gdr run`` under ``index.``, ``train.``, ``evaluate.``), each class's ``check`` to its fields.
+# The rules that compare keys read the other keys from the section their table is applied to.
 
 def preset(v, sec):
     """``model.size``: a key of ``model_presets``."""
@@ -99,203 +100,22 @@ def preset(v, sec):
     return None if isinstance(v, str) and v in names else f"must be a preset: one of {' | '.join(names)}"
 
 
-def leaf_size(v, sec):
-    """gdr.indexing.tree.build_tree: 1 <= c <= K, since a leaf's documents take positions 0..c-1 < K."""
-    k = get(sec, "n_clusters")
-    if not is_int(v) or v < 1:
-        return "must be a positive integer"
-    if is_int(k) and v > k:
-        return f"must be <= n_clusters={k}: a leaf's documents take positions 0..c-1, which must be < K"
-    return None
-
-
 def k_within_beam(v, sec):
+    """``k``: no more than a valid ``beam`` (an invalid beam is refused by its own rule)."""
     beam = get(sec, "beam")
     if not is_int(v) or v < 1:
         return "must be a positive integer"
-    return f"must be <= beam={beam}: beam search returns at most beam docids" if is_int(beam) and v > beam else None
+    fits = not (is_int(beam) and beam >= 1) or v <= beam
+    return None if fits else f"must be <= beam={beam}: beam search returns at most beam docids"
 
 
-def fused(v, sec):
-    """``optim.fused``: auto, true or false; true cannot be clipped under 16-mixed's gradient scaler."""
-    if v != "auto" and not isinstance(v, bool):
-        return "must be auto, true or false"
-    scaled = str(get(sec, "trainer.precision")) in ("16-mixed", "16")
-    if v is True and scaled and get(sec, "trainer.gradient_clip_val"):
-        return ("cannot be true with trainer.precision=16-mixed and gradient clipping (a fused AdamW unscales "
-                "float16 gradients itself); use false, bf16-mixed or trainer.gradient_clip_val=null")
-    return None
+def p_per_doc(v, sec):
+    """``sample.p_per_doc``: below :data:`MAX_P_PER_DOC`, so that no two queries of a document share a stream."""
+    return None if is_int(v) and 0 <= v < MAX_P_PER_DOC else f"must be an integer from 0 to {MAX_P_PER_DOC - 1}"
 
 
-def min_steps(v, sec):
-    """``trainer.min_steps``: no more than ``trainer.max_steps`` (Lightning would stop at max_steps, silently)."""
-    problem = NON_NEGATIVE(v, sec)
-    most = get(sec, "trainer.max_steps")
-    if problem is None and is_int(most) and most > 0 and v > most:
-        return f"must be <= trainer.max_steps={most}: training stops there; lower it or raise trainer.max_steps"
-    return problem
-
-
-# AdamW moves each weight by about lr a step: above 1 every step overshoots, and the batch scaling of lr_scaling
-# can take a huge value to inf, which fails only in training, after sampling, scoring and indexing
-LR_LIMIT = "AdamW moves each weight by about lr a step: at most 1"
-SAMPLE_RULES = (
-    Rule("sample.n_queries", POSITIVE, "the number J of sampled queries"),
-    Rule("sample.per_doc", NON_NEGATIVE, "queries generated for every document; 0 = off"),
-    Rule("sample.p_per_doc", lambda v, sec: None if is_int(v) and 0 <= v < MAX_P_PER_DOC
-         else f"must be an integer from 0 to {MAX_P_PER_DOC - 1}",
-         "P's queries: this many from every document, each document's own (an edit re-scores only what changed); "
-         "0 = sample.n_queries drawn over the corpus"),
-    Rule("sample.seed", seed),
-    Rule("sample.batch_size", auto_or(POSITIVE),
-         "queries per decode batch (changes speed, not the queries); auto = fits the GPU / fastest on a CPU"),
-    Rule("sample.max_new_tokens", POSITIVE, "tokens per sampled query"),
-    Rule("sample.compile", auto_or(boolean), "compile the decode step; auto = on CUDA for large work"),
-    Rule("sample.compile_min_queries", auto_or(POSITIVE), "sample.compile=auto compiles from this many queries"),
-    Rule("sample.top_k", NON_NEGATIVE, "top-k sampling; 0 = off"),
-    Rule("sample.top_p", number(0, 1), "nucleus sampling mass; 1 = off"),
-    Rule("sample.temperature", number(0), "sampling temperature; below 1e-30 the greedy output, its limit"),
-)
 # queries for every document (gdr.sample_doc_queries, `gdr sample sample.per_doc=N`): at least one
 PER_DOC_RULE = Rule("sample.per_doc", POSITIVE, "queries per document")
-SCORE_RULES = (
-    Rule("score.dtype", one_of("float32", "float16"), "storage of P.npy"),
-    Rule("score.compute_dtype", one_of("auto", "bfloat16", "float32"),
-         "the dtype scoring runs in; auto = bf16 on CUDA, the model's fp32 on a CPU"),
-    Rule("score.shard_size", POSITIVE, "documents per resumable shard"),
-    Rule("score.doc_batch_size", auto_or(POSITIVE), "documents per forward pass"),
-    Rule("score.max_query_tokens", auto_or(POSITIVE), "query tokens per packed chunk"),
-    Rule("score.processes", POSITIVE, "scoring processes on this machine"),
-)
-GC_VARIANT = (  # cluster.gc and every cluster.variants.<name> (keys set on top of cluster.gc)
-    Rule("alpha", auto_or(number(0)), "GC's regularisation; the paper uses 0.25; auto = by effective sample size"),
-    Rule("ess_target", number(0, 1, hi_open=True), "alpha=auto's mean ESS as a fraction of J"),
-    Rule("clip_sigma", optional(number(0)), "clipping at mu + n sigma; null = none"),
-    Rule("phi", one_of("power", "naive"), "the proposal phi"),
-)
-CLUSTER_RULES = (
-    Rule("cluster.n_clusters", optional(int_at_least(2)), "the number K of clusters; null = the corpus's labels"),
-    Rule("cluster.seed", seed),
-    Rule("cluster.n_init", POSITIVE, "runs per fit"),
-    Rule("cluster.repeats", NON_NEGATIVE, "repeats of best-of-n_init"),
-    Rule("cluster.init", one_of("greedy-k-means++", "random", "k-means++")),
-    Rule("cluster.max_iter", POSITIVE),
-    Rule("cluster.tol", number(0, lo_open=False)),
-    Rule("cluster.restrict_labels", optional(non_empty_list), "the labels evaluated; null = all"),
-    *(Rule(f"cluster.{sec}.{r.key}", r.check, r.what) for sec in ("gc", "variants.*") for r in GC_VARIANT),
-    Rule("cluster.baselines", string_list("tfidf", "embedding", "logp"), "k-means baselines"),
-    Rule("cluster.describe_top", NON_NEGATIVE),
-)
-# Indexer settings: `gdr index` at the root, `gdr run` under `index.` (conf/stage/index.yaml).
-INDEX_RULES = (
-    Rule("seed", seed),
-    Rule("n_clusters", int_at_least(2), "K, children per node"),
-    Rule("leaf_size", leaf_size, "c, the most documents in a leaf"),
-    Rule("workers", POSITIVE, "threads over the nodes of a level"),
-    Rule("progress", boolean),
-    Rule("plot", boolean),
-    Rule("gc.n_queries", OPT_POSITIVE, "the first J columns of P; null = all"),
-    Rule("gc.alpha", auto_or(number(0)), "GC's regularisation; the paper uses 0.25; auto = by effective sample size"),
-    Rule("gc.ess_target", number(0, 1, hi_open=True), "alpha=auto's mean ESS as a fraction of J"),
-    Rule("gc.clip_sigma", optional(number(0)), "clipping at mu + n sigma; null = none"),
-    Rule("gc.proposal", one_of("power", "naive")),
-    Rule("gc.localized", boolean),
-    Rule("gc.bootstrap", boolean),
-    Rule("gc.bootstrap_root", boolean),
-    Rule("gc.init", one_of("greedy-k-means++", "random", "k-means++")),
-    Rule("gc.split_merge", optional(boolean),
-         "split/merge moves after each node's fit; null = on for greedy-k-means++"),
-    Rule("gc.n_init", POSITIVE, "fits at the root"),
-    Rule("gc.n_init_inner", POSITIVE, "fits at every other node"),
-    Rule("gc.max_iter", POSITIVE),
-    Rule("gc.tol", number(0, lo_open=False)),
-    Rule("gc.dedupe", boolean),
-    Rule("gc.device", device("cpu")),
-    Rule("gc.memory_mb", number(0), "working-set budget of one node"),
-    Rule("gc.chunk_rows", POSITIVE),
-    Rule("gc.refine_max_iter", NON_NEGATIVE),
-    Rule("gc.torch_threads", OPT_POSITIVE),
-    Rule("gc.top_queries", NON_NEGATIVE),
-    Rule("gc.centroid_json_depth", int_at_least(-1), "-1 = no centroids in tree.json"),
-    Rule("kmeans.docs", FILE, "jsonl of {doc_id, text}"),
-    Rule("kmeans.doc_queries", FILE, "jsonl of {doc_id, queries} from `gdr sample sample.per_doc=N`"),
-    Rule("kmeans.batch_size", POSITIVE),
-    Rule("kmeans.n_init", POSITIVE),
-    Rule("kmeans.max_iter", POSITIVE),
-    Rule("kmeans.spherical", boolean),
-    Rule("kmeans.embedding", one_of("model", "tfidf-svd"), "hkmi's document vectors"),
-    Rule("kmeans.svd_dim", POSITIVE, "SVD components of embedding=tfidf-svd"),
-    Rule("atomic.warn_above", NON_NEGATIVE),
-)
-# Retriever settings: `gdr train` at the root, `gdr run` under `train.` (conf/stage/train.yaml).
-TRAIN_RULES = (
-    Rule("examples.use_real", boolean),
-    Rule("examples.use_generated", boolean),
-    Rule("examples.doc_first", boolean),
-    Rule("examples.doc_windows", NON_NEGATIVE, "random windows per document"),
-    Rule("examples.window", POSITIVE, "tokens per document window"),
-    Rule("examples.max_doc_tokens", POSITIVE),
-    Rule("examples.dev_fraction", number(0, 1, lo_open=False, hi_open=True), "queries held out for validation"),
-    Rule("examples.dev_max", NON_NEGATIVE),
-    Rule("examples.dev_min", NON_NEGATIVE, "dev queries filled up with held-out generated queries"),
-    Rule("examples.dev_max_share", number(0, 1, lo_open=False), "the most generated queries held out for dev"),
-    Rule("examples.generated_per_doc", OPT_POSITIVE, "generated queries used per document; null = all"),
-    Rule("model.size", preset, "the retriever preset"),
-    *(Rule(f"model.{k}", OPT_POSITIVE) for k in ("n_digits", "max_code_len", "d_model", "num_layers", "num_heads",
-                                                 "d_ff", "d_kv", "pawa_rank", "max_query_len", "encoder_layers")),
-    Rule("model.dropout", optional(number(0, 1, lo_open=False, hi_open=True))),
-    Rule("model.pawa", optional(boolean)),
-    Rule("optim.lr_encoder", number(0, 1, lo_open=False), f"0 freezes the encoder; {LR_LIMIT}"),
-    Rule("optim.lr_decoder", number(0, 1), LR_LIMIT),
-    Rule("optim.weight_decay", number(0, lo_open=False)),
-    Rule("optim.warmup_steps", NON_NEGATIVE),
-    Rule("optim.consistency_weight", number(0, lo_open=False), "0 = off"),
-    Rule("optim.base_batch_size", POSITIVE, "the batch size the learning rates are stated at"),
-    Rule("optim.lr_scaling", one_of("sqrt", "linear", "none"), "how learning rates follow the batch size"),
-    Rule("optim.fused", fused, "fused AdamW; auto = on CUDA"),
-    Rule("trainer.precision", precision, "Lightning's precision; null/auto = bf16-mixed on CUDA, 32-true on the CPU"),
-    Rule("trainer.max_epochs", POSITIVE),
-    Rule("trainer.max_steps", lambda v, sec: None if v == -1 or (is_int(v) and v > 0)
-         else "must be -1 (no limit) or a positive integer"),
-    Rule("trainer.batch_size", auto_or(POSITIVE), "auto = what fits on CUDA (<= 4096), 64 on the CPU"),
-    Rule("trainer.eval_batch_size", POSITIVE),
-    Rule("trainer.gradient_clip_val", optional(number(0, lo_open=False))),
-    Rule("trainer.check_val_every_n_epoch", OPT_POSITIVE),
-    Rule("trainer.val_check_interval", optional(number(0))),
-    Rule("trainer.limit_val_batches", number(0)),
-    Rule("trainer.patience", NON_NEGATIVE, "validations without improvement before stopping"),
-    Rule("trainer.patience_steps", OPT_POSITIVE, "steps without improvement before stopping; null = `patience`"),
-    Rule("trainer.min_steps", min_steps, "steps before any early stop"),
-    Rule("trainer.monitor", one_of("val/recall@1", "val/mrr"), "the dev metric that picks the checkpoint"),
-    Rule("trainer.weights", one_of("best", "final"), "the exported weights: the best dev checkpoint or the last "
-         "step's"),
-    Rule("trainer.val_beam", POSITIVE),
-    Rule("trainer.length_penalty", number(), "the dev beam search's length penalty"),
-    Rule("trainer.num_workers", NON_NEGATIVE),
-    Rule("trainer.log_every_n_steps", POSITIVE),
-    Rule("trainer.checkpoint_every_n_steps", OPT_POSITIVE),
-    Rule("trainer.checkpoint_every_n_epochs", POSITIVE, "epochs between resume points"),
-    Rule("trainer.num_sanity_val_steps", int_at_least(-1)),
-    Rule("trainer.tensorboard", boolean),
-    Rule("trainer.resume", boolean),
-    Rule("trainer.resume_damaged", one_of("best", "fresh"), "a damaged last.ckpt: start from the best weights or over"),
-    Rule("trainer.enable_progress_bar", boolean),
-    Rule("trainer.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
-    Rule("trainer.devices", trainer_devices_at("trainer"), "Lightning's devices"),
-    Rule("trainer.compile", boolean),
-    Rule("trainer.length_buckets", boolean, "batches grouped by input length"),
-    Rule("concurrent", auto_or(POSITIVE), "retrievers trained at once on one device; auto = what fits, 1 on the CPU"),
-)
-# Search settings: `gdr evaluate`/`gdr search` at the root, `gdr run` under `evaluate.` (conf/stage/evaluate.yaml).
-RESULTS_RULE = Rule("k", POSITIVE)  # the results of a search that names its own k (gdr search, gdr.bm25)
-EVALUATE_RULES = (
-    Rule("beam", POSITIVE, "beam width"),
-    Rule("k", k_within_beam, "results per query"),
-    Rule("batch_size", auto_or(POSITIVE), "queries per beam search; auto = what fits on CUDA (<= 1024), 32 on the CPU"),
-    Rule("length_penalty", number(), "a docid scores log p / length**length_penalty"),
-    Rule("device", device(None, "cpu"), "null = cuda when available"),
-    Rule("bm25", boolean),
-)
 
 
 # True while settings are built from a config the command's door already checked (Settings.from_config): their
@@ -403,12 +223,12 @@ class LMSettings(Settings, ModelOptions):
     """The query generator (``model:``, :class:`gdr.models.ModelOptions`, plus ``device`` and ``threads``):
     :meth:`build` loads it."""
 
-    rules: ClassVar = LM_RULES
     keys: ClassVar = {"name": "model.name", "max_doc_tokens": "model.max_doc_tokens", "prompt": "model.prompt"}
 
     # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
-    device: str = setting("auto", "auto | cpu | cuda", effect="result")
-    threads: int | None = setting(None, "torch CPU threads (null = torch default)", effect="speed")
+    device: str = setting("auto", "auto | cpu | cuda", effect="result", rule=DEVICE_RULE.check)
+    threads: int | None = setting(None, "torch CPU threads (null = torch default)", effect="speed",
+                                  rule=OPT_POSITIVE, rule_help="torch CPU threads; null = torch's default")
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
@@ -428,18 +248,21 @@ class LMSettings(Settings, ModelOptions):
 class SampleSettings(Settings):
     """``sample:``: how the J queries (or ``per_doc`` queries of every document) are drawn."""
 
-    rules: ClassVar = SAMPLE_RULES
     section: ClassVar = "sample"
 
-    n_queries: int = setting(64, "J", effect="result")
+    n_queries: int = setting(64, "J", effect="result", rule=POSITIVE, rule_help="the number J of sampled queries")
     per_doc: int = setting(0, "> 0: instead, generate this many queries for EVERY document (doc_queries.jsonl; "
-                              "training data of the retriever and input of the BMI indexer)", effect="result")
+                              "training data of the retriever and input of the BMI indexer)", effect="result",
+                           rule=NON_NEGATIVE, rule_help="queries generated for every document; 0 = off")
     p_per_doc: int = setting(0, "> 0: P's queries are this many from EVERY document (J = p_per_doc x documents), "
                                 "each document's on random streams keyed by its text and scored apart from the "
                                 "others' (by source), so an edited, added or removed document re-samples and "
                                 "re-scores only its own queries, row and columns of P (gdr score reuse_from=, gdr "
-                                "run). 0: n_queries drawn over the corpus (Algorithm 1)", effect="result")
-    seed: int = setting(0, effect="result")
+                                "run). 0: n_queries drawn over the corpus (Algorithm 1)", effect="result",
+                             rule=p_per_doc,
+                             rule_help="P's queries: this many from every document, each document's own (an edit "
+                                       "re-scores only what changed); 0 = sample.n_queries drawn over the corpus")
+    seed: int = setting(0, effect="result", rule=seed)
     batch_size: int | str = same_setting(SamplingOptions, "batch_size")
     max_new_tokens: int = same_setting(SamplingOptions, "max_new_tokens")
     top_k: int = same_setting(SamplingOptions, "top_k")
@@ -460,24 +283,29 @@ class SampleSettings(Settings):
 class ScoreSettings(Settings):
     """``score:``: how P = log p(query | doc) is computed and stored."""
 
-    rules: ClassVar = SCORE_RULES
     section: ClassVar = "score"
 
-    dtype: str = setting("float32", "float32 | float16: storage of P.npy", effect="result")
+    dtype: str = setting("float32", "float32 | float16: storage of P.npy", effect="result",
+                         rule=one_of("float32", "float16"), rule_help="storage of P.npy")
     compute_dtype: str = setting("auto", "auto | bfloat16 | float32: the dtype the scoring passes run in (auto: bf16 "
                                          "on CUDA, the model's fp32 on a CPU); bf16 vs fp32 on the demo: "
-                                         "reports/bf16-scoring.md", effect="result")
+                                         "reports/bf16-scoring.md", effect="result",
+                                 rule=one_of("auto", "bfloat16", "float32"),
+                                 rule_help="the dtype scoring runs in; auto = bf16 on CUDA, the model's fp32 on a CPU")
     shard_size: int = setting(32, "documents per resumable shard (scored in groups that fill a doc batch: the shard "
                                   "size changes neither the batches nor how often anything is tokenised)",
-                                  effect="result")
+                                  effect="result", rule=POSITIVE, rule_help="documents per resumable shard")
     doc_batch_size: int | str = setting("auto", "documents per forward pass (auto: 1 on CPU; on CUDA as many as fit in "
-                                                "half the free GPU memory, at most 64)", effect="result")
+                                                "half the free GPU memory, at most 64)", effect="result",
+                                        rule=auto_or(POSITIVE), rule_help="documents per forward pass")
     max_query_tokens: int | str = setting("auto", "query tokens per packed chunk (auto: 2048 on CPU, 4096 on CUDA)",
-                                          effect="result")
+                                          effect="result",
+                                          rule=auto_or(POSITIVE), rule_help="query tokens per packed chunk")
     processes: int = setting(1, "> 1: that many scoring processes on this machine (CPU: one single-thread process per "
                                 "core is fastest); the same P as one process. Started by spawn, which imports the "
                                 "calling script again: a script calls gdr.score(processes=N) under "
-                                "`if __name__ == \"__main__\":`", effect="speed")
+                                "`if __name__ == \"__main__\":`", effect="speed",
+                             rule=POSITIVE, rule_help="scoring processes on this machine")
 
     def check_size(self, n_docs: int, n_queries: int, key: str = "sample.n_queries") -> None:
         """Refuse a P of ``n_docs`` x ``n_queries`` that does not fit this machine's available memory (the index
@@ -507,31 +335,36 @@ class ClusterGC:
 class ClusterSettings(Settings):
     """``cluster:``: flat generative clustering and its evaluation against labels."""
 
-    rules: ClassVar = CLUSTER_RULES
     section: ClassVar = "cluster"
     typed: ClassVar = {"gc": ClusterGC}  # variants: free-form overrides of some of gc's keys, a dict per variant
 
     n_clusters: int | None = setting(None, "null: the number of labels in the corpus (required when it has none)",
-                                     effect="result")
-    seed: int = setting(0, effect="result")
-    n_init: int = same_setting(GCFitOptions, "n_init", "runs per fit; the lowest distortion wins (no labels used)")
-    repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)", effect="result")
+                                     effect="result",
+                                     rule=optional(int_at_least(2)),
+                                     rule_help="the number K of clusters; null = the corpus's labels")
+    seed: int = setting(0, effect="result", rule=seed)
+    n_init: int = same_setting(GCFitOptions, "n_init", "runs per fit; the lowest distortion wins (no labels used)",
+                               rule_help="runs per fit")
+    repeats: int = setting(10, "the paper's protocol repeats best-of-n_init R times (it uses 100)", effect="result",
+                           rule=NON_NEGATIVE, rule_help="repeats of best-of-n_init")
     init: str = same_setting(GCFitOptions, "init", "greedy-k-means++ (+ split/merge moves, lowest distortion) | "
                                                    "random (Eq. init, Algorithm 1) | k-means++")
     max_iter: int = same_setting(GCFitOptions, "max_iter")
     tol: float = same_setting(GCFitOptions, "tol")
     # the evaluation restricted to documents with these labels (and to the queries sampled from them), e.g. R2 =
     # {earn, acq} inside an R5 run; None: all documents
-    restrict_labels: list | None = setting(None, effect="result")
+    restrict_labels: list | None = setting(None, effect="result",
+                                           rule=optional(non_empty_list), rule_help="the labels evaluated; null = all")
     gc: ClusterGC = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
                             factory=ClusterGC, effect="result")
-    variants: dict = setting(factory=lambda: {"gc": {}}, effect="result")
+    variants: dict = setting(factory=lambda: {"gc": {}}, effect="result", rule=Each(ClusterGC))
     baselines: list = setting(help="k-means baselines (only when labels exist)",
-                              factory=lambda: ["tfidf", "embedding", "logp"], effect="result")
-    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers name or path", effect="result")
-    describe_top: int = setting(5, effect="result")
+                              factory=lambda: ["tfidf", "embedding", "logp"], effect="result",
+                              rule=string_list("tfidf", "embedding", "logp"))
+    embed_model: str = setting(EMBED_MODEL, "any sentence-transformers name or path", effect="result", rule=any_value)
+    describe_top: int = setting(5, effect="result", rule=NON_NEGATIVE)
     enabled: bool = setting(True, "flat GC vs k-means on the corpus labels (skipped when there are none)",
-                            effect="result")
+                            effect="result", rule=boolean)
 
     def check_corpus(self, corpus, prefix: str = "") -> None:
         """The rules that depend on the corpus, checked once it is loaded and before any work: ``restrict_labels``
@@ -579,16 +412,16 @@ TREE_INDEXERS = ("gc", "hkmi", "bmi", "random")
 class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
-    rules: ClassVar = INDEX_RULES + (Rule("method", one_of(*INDEXERS), "the indexer"),)
     typed: ClassVar = {"kmeans": IndexKMeans, "atomic": IndexAtomic}  # gc: a dict of IndexGC's and GCOptions' keys
 
-    method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result")
-    seed: int = setting(0, effect="result", indexers=TREE_INDEXERS)
+    method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result",
+                          rule=one_of(*INDEXERS), rule_help="the indexer")
+    seed: int = setting(0, effect="result", indexers=TREE_INDEXERS, rule=seed)
     n_clusters: int = same_setting(TreeOptions, "n_clusters", indexers=TREE_INDEXERS)
     leaf_size: int = same_setting(TreeOptions, "leaf_size", indexers=TREE_INDEXERS)
     workers: int = same_setting(TreeOptions, "workers")
-    progress: bool = setting(True, effect="speed")
-    plot: bool = setting(True, "summary.png", effect="speed")
+    progress: bool = setting(True, effect="speed", rule=boolean)
+    plot: bool = setting(True, "summary.png", effect="speed", rule=boolean)
     gc: dict = setting(factory=_index_gc, effect="result", indexers=("gc",))
     kmeans: IndexKMeans = setting(help="hkmi and bmi", factory=IndexKMeans, effect="result", indexers=("hkmi", "bmi"))
     atomic: IndexAtomic = setting(factory=IndexAtomic, effect="result", indexers=("atomic",))
@@ -598,22 +431,26 @@ class IndexSettings(Settings):
 class TrainModel:
     """``model``: the retriever; a ``size`` preset of :data:`MODEL_PRESETS`, any non-null key overriding it."""
 
-    size: str = setting("small30m", "a preset below; any non-null key here overrides it", effect="result")
-    encoder: str | None = setting(None, effect="result")
-    encoder_config: dict | None = setting(None, effect="result")
-    encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)", effect="result")
-    tokenizer: str | None = setting(None, effect="result")
-    n_digits: int | None = setting(None, "null = from the docids (max digit + 1)", effect="result")
-    max_code_len: int | None = setting(None, "null = from the docids (longest code)", effect="result")
-    d_model: int | None = setting(None, effect="result")
-    num_layers: int | None = setting(None, effect="result")
-    num_heads: int | None = setting(None, effect="result")
-    d_ff: int | None = setting(None, effect="result")
-    d_kv: int | None = setting(None, effect="result")
-    dropout: float | None = setting(None, effect="result")
-    pawa: bool | None = setting(None, "NCI's prefix-aware weight-adaptive output layer", effect="result")
-    pawa_rank: int | None = setting(None, effect="result")
-    max_query_len: int | None = setting(None, effect="result")
+    size: str = setting("small30m", "a preset below; any non-null key here overrides it", effect="result",
+                        rule=preset, rule_help="the retriever preset")
+    encoder: str | None = setting(None, effect="result", rule=any_value)
+    encoder_config: dict | None = setting(None, effect="result", rule=any_value)
+    encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)", effect="result",
+                                         rule=OPT_POSITIVE)
+    tokenizer: str | None = setting(None, effect="result", rule=any_value)
+    n_digits: int | None = setting(None, "null = from the docids (max digit + 1)", effect="result", rule=OPT_POSITIVE)
+    max_code_len: int | None = setting(None, "null = from the docids (longest code)", effect="result",
+                                       rule=OPT_POSITIVE)
+    d_model: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
+    num_layers: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
+    num_heads: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
+    d_ff: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
+    d_kv: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
+    dropout: float | None = setting(None, effect="result", rule=optional(number(0, 1, lo_open=False, hi_open=True)))
+    pawa: bool | None = setting(None, "NCI's prefix-aware weight-adaptive output layer", effect="result",
+                                rule=optional(boolean))
+    pawa_rank: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
+    max_query_len: int | None = setting(None, effect="result", rule=OPT_POSITIVE)
 
 
 def _preset(encoder, d_model, num_layers, num_heads, d_ff, pawa_rank, **more) -> dict:
@@ -644,7 +481,6 @@ STAGE_OPTIM = {"lr_scaling": "sqrt"}
 class TrainSettings(Settings):
     """``conf/stage/train.yaml``: the retriever (a ``model.size`` preset), its examples, optimiser and trainer."""
 
-    rules: ClassVar = TRAIN_RULES + (Rule("seed", seed),)
     typed: ClassVar = {"examples": ExampleOptions, "model": TrainModel, "optim": OptimOptions,
                        "trainer": TrainerOptions}
 
@@ -652,7 +488,7 @@ class TrainSettings(Settings):
                                        factory=lambda: ExampleOptions(**STAGE_EXAMPLES), effect="result")
     model: TrainModel = setting(factory=TrainModel, effect="result")
     model_presets: dict = setting(factory=lambda: {k: dict(v) for k, (v, _) in MODEL_PRESETS.items()},
-                                  effect="result")
+                                  effect="result", rule=any_value)
     optim: OptimOptions = setting(help=("learning rates and warmup are stated at `base_batch_size` examples per step; "
                                         "at batch B they are scaled by sqrt(B / base_batch_size) (`lr_scaling: sqrt`; "
                                         "`linear`: B / base; `none`: as given) and the warmup covers the same number "
@@ -660,26 +496,29 @@ class TrainSettings(Settings):
                                         "steps."),
                                   factory=lambda: OptimOptions(**STAGE_OPTIM), effect="result")
     trainer: TrainerOptions = setting(factory=TrainerOptions, effect="result")
-    seed: int = setting(0, effect="result")
+    seed: int = setting(0, effect="result", rule=seed)
     concurrent: int | str = setting("auto", "`gdr run`: retrievers (indexers x seeds) trained at once on one device, "
                                             "one process each (training/concurrent.py); auto = on CUDA as many as the "
                                             "free memory holds at their batch, 1 on the CPU; a number asks for that "
-                                            "many on any device", effect="speed")
+                                            "many on any device", effect="speed",
+                                    rule=auto_or(POSITIVE), rule_help="retrievers trained at once on one device; auto "
+                                                                      "= what fits, 1 on the CPU")
 
 
 @dataclass
 class EvaluateSettings(Settings):
     """``conf/stage/evaluate.yaml``: how a trained retriever is searched and scored."""
 
-    rules: ClassVar = EVALUATE_RULES
-
-    k: int = same_setting(RankingOptions, "k")
+    k: int = same_setting(RankingOptions, "k", rule=k_within_beam, rule_help="results per query")
     beam: int = same_setting(RankingOptions, "beam")
     length_penalty: float = same_setting(RankingOptions, "length_penalty")
     batch_size: int | str = setting("auto", "queries per beam search: auto = as many as fit half the free GPU memory "
-                                            "(<= 1024), 32 on the CPU", effect="result")
-    device: str | None = setting(None, "null = cuda if available", effect="speed")
-    bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries", effect="result")
+                                            "(<= 1024), 32 on the CPU", effect="result",
+                                    rule=auto_or(POSITIVE), rule_help="queries per beam search; auto = what fits on "
+                                                                      "CUDA (<= 1024), 32 on the CPU")
+    device: str | None = setting(None, "null = cuda if available", effect="speed",
+                                 rule=device(None, "cpu"), rule_help="null = cuda when available")
+    bm25: bool = setting(True, "BM25 (bm25s) on the same corpus and queries", effect="result", rule=boolean)
     tag: str = same_setting(RankingOptions, "tag")
 
 
@@ -732,6 +571,24 @@ def section_classes(cls, name: str) -> tuple:
     """The dataclasses whose fields are the keys of the dict-valued field ``name`` of ``cls`` (none: not one)."""
     found = SECTIONS.get((cls, name), ())
     return found if isinstance(found, tuple) else (found,)
+
+
+def rules_of(cls) -> tuple[Rule, ...]:
+    """The rules the fields of the settings class ``cls`` and of its sections declare, keyed as in the composed
+    config of its stand-alone command (``sample.n_queries``, ``trainer.patience_steps``)."""
+    return fields_rules(cls, f"{cls.section}." if cls.section else "", cls.keys, section_classes)
+
+
+# The settings' rule tables, derived from their fields. `gdr index`, `gdr train`, `gdr evaluate` (`gdr search`) keep
+# their settings at the root, `gdr run` under `index.`, `train.`, `evaluate.`; `progress` is `gdr sample`'s own key.
+LM_RULES = LMSettings.rules = rules_of(LMSettings) + (Rule("progress", boolean),)
+SAMPLE_RULES = SampleSettings.rules = rules_of(SampleSettings)
+SCORE_RULES = ScoreSettings.rules = rules_of(ScoreSettings)
+CLUSTER_RULES = ClusterSettings.rules = rules_of(ClusterSettings)
+INDEX_RULES = IndexSettings.rules = rules_of(IndexSettings)
+TRAIN_RULES = TrainSettings.rules = rules_of(TrainSettings)
+EVALUATE_RULES = EvaluateSettings.rules = rules_of(EvaluateSettings)
+RESULTS_RULE = rule_of(RankingOptions.__dataclass_fields__["k"], "k")
 
 
 def keyed_values(cls, values: Mapping[str, Any]) -> dict:
