@@ -36,7 +36,7 @@ from gdr.eval.retrieval import PER_QUERY_FILE, depths, metric_name, per_query_me
 from gdr.options import RankingOptions
 
 __all__ = ["PAIRED_METRICS", "paired_metrics", "Comparison", "paired_test", "mean_interval", "compare_systems",
-           "compare_folders", "read_systems", "find", "verdict", "comparison_table", "metric_name",
+           "compare_folders", "compare_read", "read_systems", "find", "verdict", "comparison_table", "metric_name",
            "SeedQueryTest", "seed_query_test", "primary_verdict", "Z_POWER"]
 
 
@@ -275,8 +275,18 @@ def compare_folders(eval_dirs: Mapping[str, Sequence], reference: str | None = N
     if len(eval_dirs) < 2:
         return []
     systems, qids = read_systems(eval_dirs, metrics, k)
+    return compare_read(systems, qids, reference, metrics, n_resamples, seed)
+
+
+def compare_read(systems: Mapping[str, Mapping[str, np.ndarray]], qids: Mapping[str, Sequence[str]],
+                 reference: str | None = None, metrics: Sequence[str] = PAIRED_METRICS, n_resamples: int = 9999,
+                 seed: int = 0) -> list[dict]:
+    """:func:`compare_folders` over per-query values already read (:func:`read_systems`, each of ``metrics``
+    among them), so that a report that reads them for another test too reads them once."""
+    if len(systems) < 2:
+        return []
     ref = reference if reference in systems else next(iter(systems))
-    return [c.to_dict() for c in compare_systems(systems, qids, ref, metrics, scale=100.0,
+    return [c.to_dict() for c in compare_systems(systems, qids, ref, tuple(metrics), scale=100.0,
                                                  n_resamples=n_resamples, seed=seed)]
 
 

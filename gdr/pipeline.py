@@ -7,7 +7,8 @@ Stages, in order (each keeps the folder layout of its own command, so any of the
     score-<key>/             gdr score     sampled queries + P matrix (queries.jsonl, P.npy, manifests)
     cluster-<key>/           gdr cluster   flat GC vs k-means against the corpus labels (when it has labels)
     doc-queries-<key>/       gdr sample sample.per_doc=N   generated training queries per document
-    index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer
+    index-<method>-<key>/    gdr index     docids.tsv, tree.json, summary.json per indexer (index_seed=retriever:
+                                           index-<method>-s<seed>-<key>/, one per retriever seed)
     bm25-<key>/              BM25 on the test queries (reference)
     train-<method>-s<seed>-<key>/           gdr train     one retriever per (indexer, seed); curve.json: its learning
                                             curve (dev metric against step), also in its retrievers.jsonl line
@@ -92,18 +93,19 @@ from gdr.lm.compiling import release_compiled
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.scoring import score_compute_dtype
 from gdr.models import ModelOptions, model_digest
+from gdr.rules import ConfigError
 from gdr.stages import train as train_stage
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
 from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
-from gdr.stages.index import build_index
+from gdr.stages.index import build_index, index_seeds, index_stage_name
 from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
-from gdr.stages.report import cluster_headline, mark_in_progress, write_report
+from gdr.stages.report import cluster_headline, mark_in_progress, pooled_index_facts, write_report
 from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
     ClusterSettings,
@@ -366,6 +368,29 @@ def queries_section(cfg: DictConfig, split: str, fold: int | None = None) -> dic
     return out
 
 
+def dev_section(cfg: DictConfig) -> dict | None:
+    """The ``queries`` section of the retrievers' dev split (``queries.dev_split``), or None: the trainer holds its
+    dev split out of the training queries."""
+    split = cfg.queries.dev_split
+    return None if split is None else queries_section(cfg, str(split))
+
+
+def check_dev_split(cfg: DictConfig, splits: QuerySplits) -> None:
+    """``queries.dev_split``, read before the first stage: it holds a query with a relevant document in the corpus,
+    and none of its queries is a training query (:func:`gdr.stages.train.check_dev_apart`)."""
+    section = dev_section(cfg)
+    if section is None:
+        return
+    dev = splits(section)
+    if dev is None or len(dev) == 0:
+        raise ConfigError(f"queries.dev_split={section['split']}: no {section['split']!r} query of "
+                          f"queries.name={section['name']} has a relevant document in this corpus; choose another "
+                          "split, or set queries.dev_split=null (the trainer holds its dev split out of the training "
+                          "queries)")
+    train_stage.check_dev_apart(splits(queries_section(cfg, cfg.queries.train_split)), dev)
+    log.info("queries.dev_split=%s: the retrievers' dev split is its %d queries", section["split"], len(dev))
+
+
 def _folds(cfg: DictConfig) -> list[int | None]:
     """The held-out folds of a run: 0 .. K-1 with ``queries.folds=K``, else one split ([None])."""
     k = cfg.queries.get("folds")
@@ -440,7 +465,10 @@ class RunContext:
     score: StageRecord | None = None
     cluster: StageRecord | None = None
     doc_queries: StageRecord | None = None
-    indexes: dict[str, StageRecord] = field(default_factory=dict)
+    indexes: dict[str, StageRecord] = field(default_factory=dict)  # per indexer (index_seed=retriever: the first
+    # seed's, whose facts the report gives)
+    seed_indexes: dict[tuple[str, int], StageRecord] = field(default_factory=dict)  # index_seed=retriever: per
+    # (indexer, seed) the index its retriever of that seed trains on (:func:`index_of`)
     bm25: StageRecord | None = None
     results: dict[str, list[dict]] = field(default_factory=dict)  # per indexer, one row of test metrics per seed
     eval_dirs: dict[str, list] = field(default_factory=dict)  # per-query metrics for the paired tests (per seed:
@@ -499,7 +527,7 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
         start_host_stages(run, generated=True)  # BMI's index, on the generated queries
         compare_two_shot(run)
         run.drop_lm()  # the generator is not needed from here on
-        run.indexes = {method: run.host.take(f"index-{method}") for method in cfg.indexers}
+        take_indexes(run)
         train_and_evaluate(run)
         return _report(run)
 
@@ -515,7 +543,8 @@ def start_host_stages(run: RunContext, generated: bool) -> None:
     BM25 by the first report (:func:`_report`)."""
     for method in run.cfg.indexers:
         if (method == "bmi") == generated:
-            _start(run, index_spec(run, method), Priority.INDEX)
+            for seed in index_seeds(str(run.cfg.index_seed), method, run.cfg.seeds):  # retriever: one a seed
+                _start(run, index_spec(run, method, seed), Priority.INDEX)
     if not generated:
         _start(run, cluster_spec(run), Priority.CLUSTER)
         _start(run, bm25_spec(run), Priority.BM25)
@@ -608,6 +637,7 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     # the query set (qrels against the corpus and the queries) before the first stage, not at bm25 hours later
     check_query_splits([queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        splits, need=cfg.queries.test_split)
+    check_dev_split(cfg, splits)
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
     upgrade_run(pipe.root)  # a folder of an older gdr brought to the current format, or refused in one line
@@ -850,10 +880,37 @@ def _generator_report(run: RunContext, report: dict) -> dict:
     return add_generator_section(run.pipe.root, report, summary)
 
 
-def index_spec(run: RunContext, method: str) -> StageSpec:
-    """4. The docids of one indexer: GC reads P, BMI the generated queries, the others the corpus alone."""
+def take_indexes(run: RunContext) -> None:
+    """4. Every indexer's docids, in the order of ``indexers`` (started by :func:`start_host_stages`, waited for if
+    need be): one index each, or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend
+    on a seed (:func:`gdr.stages.index.index_seeds`)."""
+    for method in run.cfg.indexers:
+        for seed in index_seeds(str(run.cfg.index_seed), method, run.cfg.seeds):
+            rec = run.host.take(index_stage_name(method, seed))
+            if seed is not None:
+                run.seed_indexes[(method, seed)] = rec
+            run.indexes.setdefault(method, rec)
+
+
+def index_of(run: RunContext, method: str, seed: int) -> StageRecord:
+    """The index whose docids the retriever of ``method`` and ``seed`` trains on (:func:`take_indexes`)."""
+    return run.seed_indexes.get((method, int(seed))) or run.indexes[method]
+
+
+def index_facts(run: RunContext) -> dict[str, dict]:
+    """Per indexer, the facts of its index the report gives (depth, balance); with an index per retriever seed, over
+    its indexes (:func:`gdr.stages.report.pooled_index_facts`)."""
+    per_seed: dict[str, list[dict]] = {}
+    for (method, _), rec in run.seed_indexes.items():
+        per_seed.setdefault(method, []).append(rec.info)
+    return {m: pooled_index_facts(per_seed[m]) if m in per_seed else r.info for m, r in run.indexes.items()}
+
+
+def index_spec(run: RunContext, method: str, seed: int | None = None) -> StageSpec:
+    """4. The docids of one indexer: GC reads P, BMI the generated queries, the others the corpus alone; ``seed``:
+    built with ``index.seed`` = ``seed`` (``index_seed=retriever``), in a stage of its own."""
     score, doc_q = run.score, run.doc_queries
-    settings = run.settings.index.resolved(method=method)
+    settings = run.settings.index.resolved(method=method, **({} if seed is None else {"seed": int(seed)}))
     values = config_dict(settings)
     upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
     inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
@@ -873,7 +930,7 @@ def index_spec(run: RunContext, method: str) -> StageSpec:
                                         "leaf_size_max", "n_leaves", "n_fallback") if k in summary}
 
     after = {"gc": [score], "bmi": [doc_q] if doc_q else []}.get(method, [])
-    return StageSpec(f"index-{method}", inputs, build, after=after, outputs=("docids.tsv",))
+    return StageSpec(index_stage_name(method, seed), inputs, build, after=after, outputs=("docids.tsv",))
 
 
 def bm25_spec(run: RunContext) -> StageSpec | None:
@@ -894,7 +951,7 @@ def bm25_spec(run: RunContext) -> StageSpec | None:
 def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None) -> StageSpec:
     """6. One retriever per (indexer, seed) on that indexer's docids; with ``queries.folds``, per (indexer, seed,
     fold), trained without the topics of ``fold``."""
-    cfg, idx, doc_q, use_gen = run.cfg, run.indexes[method], run.doc_queries, run.uses_generated
+    cfg, idx, doc_q, use_gen = run.cfg, index_of(run, method, seed), run.doc_queries, run.uses_generated
     train_q = queries_section(cfg, cfg.queries.train_split, fold)
     settings = _train_settings(run).resolved(seed=seed)  # the resolved batch keys the stage: `auto` hides none
     keyed = {k: v for k, v in keyed_values(TrainSettings, config_dict(settings)).items()
@@ -903,8 +960,12 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": _queries_key(run, train_q), "train": keyed, "seed": seed,
               "device": train_stage.training_numerics(settings)}
+    dev_q = dev_section(cfg)
+    if dev_q is not None:  # only then: the keys of a run without queries.dev_split stay as they were
+        inputs["dev"] = queries_signature(run.splits(dev_q), dev_q["split"])
     build = _TrainBuild(run.corpus, settings, run.settings.data, train_q, run.splits(train_q),
-                        str(idx.path / "docids.tsv"), str(doc_q.path / "doc_queries.jsonl") if use_gen else None)
+                        str(idx.path / "docids.tsv"), str(doc_q.path / "doc_queries.jsonl") if use_gen else None,
+                        None if dev_q is None else run.splits(dev_q))
     return StageSpec(f"train-{method}-{_suffix(seed, fold)}", inputs, build,
                      after=[idx] + ([doc_q] if use_gen else []),
                      outputs=TRAIN_OUTPUTS)
@@ -938,7 +999,8 @@ def resolve_train_batch(run: RunContext, n_train: int) -> int | None:
         saved = {}
     if saved.get("device") == device and isinstance(saved.get("train_batch"), int):
         return saved["train_batch"]
-    docids = [str(r.path / "docids.tsv") for r in run.indexes.values()]
+    docids = list(dict.fromkeys(str(r.path / "docids.tsv") for r in [*run.indexes.values(),
+                                                                      *run.seed_indexes.values()]))
     batch = train_stage.resolve_run_batch(settings, docids, n_train)
     atomic_write_json(path, {"device": device, "train_batch": batch})
     log.info("trainer.batch_size=auto: %d on %s for every retriever of this run (%s)", batch, device, path.name)
@@ -980,6 +1042,7 @@ class _TrainBuild:
     split: Any  # its real queries (a QuerySet), or None
     docids: str
     generated: str | None
+    dev: Any = None  # the dev split given whole (queries.dev_split, a QuerySet), or None: held out by the trainer
 
     def __call__(self, folder: Path) -> dict:
         settings = self.settings
@@ -989,7 +1052,7 @@ class _TrainBuild:
                "queries": self.queries, "generated": self.generated}
         # the folder is this stage's own: a checkpoint of other inputs in it is cleared, not refused
         res = train_stage.train_retriever(self.corpus, self.docids, folder, settings, queries=self.split,
-                                          generated=self.generated, stale="restart",
+                                          generated=self.generated, stale="restart", dev=self.dev,
                                           write_config=lambda f: save_config(sub, f))
         return {**train_stage.best_record(res.monitor, res.best_score), "global_step": res.global_step,
                 "n_params": res.n_params}
@@ -1145,7 +1208,7 @@ def _write_report(run: RunContext, partial: dict | None = None) -> dict:
     eval_dirs = {**run.eval_dirs, **({"bm25": [run.bm25.path]} if run.bm25 is not None else {})}
     train_q = run.splits(queries_section(cfg, cfg.queries.train_split))
     report = write_report(to_container(cfg), _command(run.argv), run.pipe.root, run.pipe.records, len(run.corpus),
-                        run.results, {m: r.info for m, r in run.indexes.items()},
+                        run.results, index_facts(run),
                         run.bm25.info["metrics"] if run.bm25 is not None else None,
                         run.cluster.info if run.cluster is not None else None, seconds, eval_dirs,
                         corpus_name=getattr(run.corpus, "name", None),

@@ -51,6 +51,7 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys
+from gdr.stages.index import index_seeds
 from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
 from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings
@@ -372,7 +373,7 @@ def _train_and_search(cfg, n_docs: int, n_train: int, n_test: int, rates: _Rates
     model = _retriever(cfg, t, n_docs)
     rc = model.config  # with the encoder's HF config filled in
     n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
-    per_epoch, dev = _examples(t.examples, n_docs, n_train, int(cfg.doc_queries.per_doc))
+    per_epoch, dev = _examples(t.examples, n_docs, n_train, int(cfg.doc_queries.per_doc), _dev_split_size(cfg))
     train = _training(t, model, n_ret, per_epoch, rates, gpus, free, dev)
     beam = int(cfg.evaluate.beam)
     if rates.per_unit("search_s_per_query"):
@@ -406,19 +407,25 @@ def _train_settings(cfg) -> TrainSettings:
     return _typed(TrainSettings, cfg.train)
 
 
-def _examples(ex: ExampleOptions, n_docs: int, n_train: int, per_doc: int) -> tuple[int, int]:
+def _examples(ex: ExampleOptions, n_docs: int, n_train: int, per_doc: int,
+              dev_given: int | None = None) -> tuple[int, int]:
     """(training examples an epoch, dev queries) of one retriever: ``n_train`` real queries (one relevant document
     each), ``per_doc`` generated ones per document and the document windows, less what the dev split holds out
-    (:func:`gdr.training.data.dev_sizes`); a run without queries validates on held-out windows (not modelled: all
-    windows are counted as training examples)."""
+    (:func:`gdr.training.data.dev_sizes`); ``dev_given``: the dev split is the query set's own of that many queries
+    (``queries.dev_split``): no training query is held out, generated ones only fill it up to ``dev_min``. A run
+    without queries validates on held-out windows (not modelled: all windows are counted as training examples)."""
     n_real = n_train if ex.use_real else 0
     n_gen = n_docs * per_doc if ex.use_generated else 0
     if ex.generated_per_doc is not None:
         n_gen = n_docs * min(per_doc, ex.generated_per_doc)
-    dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, ex.dev_fraction, ex.dev_max, ex.dev_min,
-                                  ex.dev_max_share)
+    if dev_given is None:
+        dev_real, dev_gen = dev_sizes(n_real, n_gen, n_docs if n_gen else 0, ex.dev_fraction, ex.dev_max,
+                                      ex.dev_min, ex.dev_max_share)
+    else:
+        dev_real, dev_gen = 0, dev_sizes(0, n_gen, n_docs if n_gen else 0, 0.0, ex.dev_max,
+                                         max(ex.dev_min - dev_given, 0), ex.dev_max_share)[1]
     windows = n_docs * (ex.doc_first + ex.doc_windows)
-    return n_real - dev_real + n_gen - dev_gen + windows, dev_real + dev_gen
+    return n_real - dev_real + n_gen - dev_gen + windows, (dev_given or 0) + dev_real + dev_gen
 
 
 def _retriever(cfg, t: TrainSettings, n_docs: int):
@@ -552,6 +559,18 @@ def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int, memory: float) -
     if rates.device == "cpu":
         return CPU_BATCH
     return cuda_batch_size(rc, memory, per_epoch)
+
+
+def _dev_split_size(cfg) -> int | None:
+    """The queries of the retrievers' dev split when it is the query set's own (``queries.dev_split``), else None:
+    titles by the split's share; a query set's dev split, whose size the plan does not know, as 0."""
+    if cfg.queries.get("dev_split") is None:
+        return None
+    if str(cfg.queries.name) != "titles":
+        return 0
+    fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
+    name = str(cfg.data.name)
+    return round(fr[1] * int(cfg.data.get("n_docs") or CORPUS_DOCS.get(name, 0)) * TITLES_TEST_KEPT.get(name, 1.0))
 
 
 def _n_folds(cfg) -> int:
@@ -720,10 +739,14 @@ def _clustering(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
 
 
 def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
-    """Every docid scheme's index: GC's over P, the others over the documents."""
+    """Every docid scheme's index: GC's over P, the others over the documents; with ``index_seed=retriever`` one per
+    retriever seed (:func:`gdr.stages.index.index_seeds`). ``parts``: the seconds of one index of each scheme."""
     per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
            for i in cfg.indexers}
-    st = _host("indexing", sum(per.values()), rates, ", ".join(f"{i} {v:.1f} s" for i, v in per.items()))
+    mode = str(cfg.get("index_seed") or RunKeys.index_seed)
+    count = {i: len(index_seeds(mode, i, cfg.seeds)) for i in cfg.indexers}
+    st = _host("indexing", sum(v * count[i] for i, v in per.items()), rates,
+               ", ".join(f"{i} {v:.1f} s" + (f" x {count[i]} seeds" if count[i] > 1 else "") for i, v in per.items()))
     st.parts = per
     return st
 

@@ -240,8 +240,10 @@ RUN = (
     Rule("queries.path", optional(existing())),
     Rule("queries.train_split", SPLIT_RULE.check, "the split trained on; its dev part is held out"),
     Rule("queries.test_split", other_than("queries.train_split")),
+    Rule("queries.dev_split", optional(SPLIT_RULE.check), RUN_HELP["queries.dev_split"]),
     FRACTIONS_RULE,
     FOLDS_RULE,
+    Rule("index_seed", one_of("shared", "retriever"), RUN_HELP["index_seed"]),
     *fields_rules(DocQueries, "doc_queries."),
     Rule("bm25", boolean),
     Rule("overlap", auto_or(boolean), RUN_HELP["overlap"]),
@@ -313,6 +315,15 @@ def check_run(cfg: DictConfig) -> None:
     if folds is not None and (cfg.queries.train_split, cfg.queries.test_split) != ("train", "test"):
         raise ConfigError(f"queries.folds={folds}: each fold's topics are its test split and the others' its train "
                           f"split, so queries.train_split must be train and queries.test_split test")
+    dev = cfg.queries.get("dev_split")
+    if dev is not None and folds is not None:
+        raise ConfigError(f"queries.dev_split={dev} with queries.folds={folds}: the folds split every topic into a "
+                          "train and a test part, with no dev split; set queries.dev_split=null (each retriever's "
+                          "trainer holds its dev split out of its training topics)")
+    if dev is not None and dev in (cfg.queries.train_split, cfg.queries.test_split):
+        raise ConfigError(f"queries.dev_split={dev}: the retrievers' dev split must be apart from the split they "
+                          f"train on (queries.train_split={cfg.queries.train_split}) and the one they are scored on "
+                          f"(queries.test_split={cfg.queries.test_split}); choose another split, or null")
     if folds is not None and cfg.get("qg") is not None and cfg.qg.enabled:
         raise ConfigError(f"queries.folds={folds} with qg.enabled=true: one generator would be fine-tuned on every "
                           "fold's test topics; set qg.enabled=false (the base generator) or queries.folds=null")

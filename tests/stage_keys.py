@@ -24,6 +24,7 @@ from gdr import pipeline
 from gdr.config import conf_dir, load_config
 from gdr.formats import stage_key
 from gdr.stages import train as train_stage
+from gdr.stages.index import index_seeds
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "stage_keys.json"
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
@@ -97,8 +98,12 @@ def stage_keys(cfg) -> dict[str, str]:
     note(pipeline.cluster_spec(run))
     run.doc_queries = _record("doc-queries", "D0") if note(pipeline.doc_queries_spec(run)) else None
     for method in cfg.indexers:
-        note(pipeline.index_spec(run, method))
-        run.indexes[method] = _record(f"index-{method}", f"I{method}")
+        for seed in index_seeds(str(cfg.index_seed), method, cfg.seeds):  # index_seed=retriever: one a seed
+            name = note(pipeline.index_spec(run, method, seed)).name
+            rec = _record(name, f"I{method}" if seed is None else f"I{method}-s{seed}")
+            if seed is not None:
+                run.seed_indexes[(method, seed)] = rec
+            run.indexes.setdefault(method, rec)
     note(pipeline.bm25_spec(run))
     batches = [None] + ([256] if cfg.train.trainer.batch_size == "auto" else [])
     for batch in batches:  # the batch as given, and `auto` as a run resolves it

@@ -1,7 +1,8 @@
 """The BBC comparison (`+experiment=bbc`) rehearsed on the CPU, scaled down by overrides alone, through the code a
 GPU run takes: a run cut after its third retriever keeps a partial report (means and paired intervals over what
 finished) and one figures line per finished retriever; the run folder copied elsewhere resumes there without
-recomputing anything that finished."""
+recomputing anything that finished; each retriever seed trains on an index of its own seed and validates on the
+split's dev titles; more seeds later (5) add only their own stages, and the primary test's verdict counts them."""
 from __future__ import annotations
 
 import json
@@ -19,8 +20,7 @@ SCALED = ["data.n_docs=40", "sample.n_queries=16", "sample.batch_size=16", "samp
           "indexers=[gc,hkmi,random]", "seeds=[0,1]", "index.n_clusters=4", "index.leaf_size=4",
           "index.gc.n_init=1", "index.gc.n_init_inner=1", "cluster.repeats=1", "cluster.n_init=1",
           "cluster.embed_model=null", "train.model.size=tiny", "train.trainer.max_steps=2",
-          "train.trainer.min_steps=0", "train.trainer.batch_size=32", "train.trainer.val_check_interval=null",
-          "train.trainer.check_val_every_n_epoch=50",
+          "train.trainer.min_steps=0", "train.trainer.batch_size=32", "train.trainer.val_check_interval=1",
           "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false", "train.trainer.val_beam=4",
           "train.trainer.num_sanity_val_steps=0", "train.optim.warmup_steps=1", "evaluate.k=10", "evaluate.beam=10",
           "progress=false", "threads=1", "plot=false", "device=cpu"]
@@ -39,6 +39,7 @@ def _stages(out: Path) -> dict[str, dict]:
     return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
 
 
+@pytest.mark.slow  # the protocol's rehearsal: 12 retrievers, 12 indexes (the slow lane's)
 def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_path, monkeypatch, capsys):
     out = tmp_path / "lease1"
     real = gdr.pipeline.train_spec
@@ -72,7 +73,9 @@ def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_
     capsys.readouterr()
     assert main(_args(lm_path, copy)) == 0
     stages = _stages(copy)
-    finished_first = {"qg", "score", "cluster", "doc-queries", "index-gc", "index-hkmi", "index-random", "bm25",
+    # index_seed=retriever (bbc.yaml): every index of both seeds was built before the first retriever trained
+    indexes = {f"index-{m}-s{s}" for m in ("gc", "hkmi", "random") for s in (0, 1)}
+    finished_first = {"qg", "score", "cluster", "doc-queries", *indexes, "bm25",
                       "train-gc-s0", "eval-gc-s0", "train-hkmi-s0", "eval-hkmi-s0", "train-random-s0", "eval-random-s0"}
     assert {n for n, s in stages.items() if s["reused"]} == finished_first
     assert stages["train-gc-s1"]["attempts"] == 2  # the stopped attempt counts in its seconds
@@ -84,3 +87,36 @@ def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_
 
     assert main(_args(lm_path, copy)) == 0  # and once more: nothing left to compute
     assert all(s["reused"] for s in _stages(copy).values())
+
+    # the retriever of seed s trained on the docids of the index of seed s, and validated on the 2 dev titles
+    marks = {p.parent.name.rsplit("-", 1)[0]: json.loads(p.read_text()) for p in copy.glob("*/stage.json")}
+    assert marks["index-gc-s0"]["key"] != marks["index-gc-s1"]["key"]
+    assert marks["index-gc-s1"]["inputs"]["index"]["seed"] == 1
+    assert marks["train-gc-s1"]["inputs"]["index"] == marks["index-gc-s1"]["key"]
+    assert marks["train-gc-s1"]["inputs"]["dev"]["split"] == "dev"
+    trained = json.loads((copy / stages["train-gc-s1"]["folder"] / "manifest.json").read_text())["examples"]
+    assert trained["dev_from"] == "dev_queries" and trained["dev_queries"] == marks["train-gc-s1"]["inputs"]["dev"]["n"]
+
+    # later, 5 seeds of the pair the primary test compares: only the new seeds' indexes and retrievers are made
+    capsys.readouterr()
+    assert main([*_args(lm_path, copy), "seeds=[0,1,2,3,4]", "indexers=[gc,hkmi]"]) == 0
+    stages = _stages(copy)
+    new = {f"{k}-{m}-s{s}" for k in ("index", "train", "eval") for m in ("gc", "hkmi") for s in (2, 3, 4)}
+    assert {n for n, st in stages.items() if not st["reused"]} == new
+    lines = [json.loads(x) for x in (copy / "retrievers.jsonl").read_text().splitlines()]
+    assert [(x["indexer"], x["seed"]) for x in lines] == [(m, s) for s in range(5) for m in ("gc", "hkmi")]
+    assert all([step for step, _ in x["curve"]] == [1, 2] for x in lines)  # a learning curve on the dev titles
+    report = json.loads((copy / "report.json").read_text())
+    test = report["primary"]["test"]
+    assert (test["a"], test["b"], test["n_seeds_a"], test["n_seeds_b"]) == ("gc", "hkmi", 5, 5)
+    assert report["primary"]["status"] in ("decided", "equivalent", "undecided")
+    assert report["verdict"] == report["primary"]["line"]
+    assert f"**{report['verdict']}**" in (copy / "report.md").read_text()
+    assert {s: r["seeds"] for s, r in report["primary"]["schemes"].items()} == {"gc": 5, "hkmi": 5}
+    assert "| gc (5 indexes, one a seed) |" in (copy / "report.md").read_text()
+
+    # what a lease carries back: the weights pruned, every retriever taken in from its evaluation, nothing retrained
+    assert main(["prune", str(copy)]) == 0
+    assert main([*_args(lm_path, copy), "seeds=[0,1,2,3,4]", "indexers=[gc,hkmi]"]) == 0
+    assert all(s["reused"] for s in _stages(copy).values())
+    assert json.loads((copy / "report.json").read_text())["primary"] == report["primary"]

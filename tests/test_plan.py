@@ -132,6 +132,41 @@ def test_the_bbc_plan_trains_the_four_schemes_three_seeds_each(tmp_path):
     assert "to 900 (30 epochs, the cap)" in _training(tmp_path).basis
 
 
+def test_an_index_per_retriever_seed_is_planned_and_each_index_stage_predicted(tmp_path):
+    """index_seed=retriever (bbc.yaml's): the indexing plans one index per seed of each seeded scheme, and each
+    ``index-<scheme>-s<seed>`` stage of the run is predicted the seconds of one index (gdr.stages.plan_file)."""
+    from gdr.stages.plan_file import stage_seconds
+
+    def indexing(*overrides):
+        cfg = load_config("run", ["+experiment=bbc", "indexers=[gc,hkmi,atomic]", *overrides])
+        return {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}["indexing"]
+
+    shared, each = indexing("index_seed=shared"), indexing("index_seed=retriever")
+    one = shared.parts
+    assert each.parts == one
+    assert each.seconds == pytest.approx(3 * (one["gc"] + one["hkmi"]) + one["atomic"])
+    assert "gc" in each.basis and "x 3 seeds" in each.basis and "x 3 seeds" not in shared.basis
+    got = stage_seconds({"indexing": each.seconds}, each.parts, ["index-gc-s2", "index-atomic", "index-hkmi"], 1)
+    assert got == {"index-gc-s2": one["gc"], "index-atomic": one["atomic"], "index-hkmi": one["hkmi"]}
+
+
+def test_a_dev_split_of_the_query_set_holds_no_training_title_out_in_the_plan():
+    """queries.dev_split=dev (bbc.yaml's): every train title is a training example an epoch, and the dev titles are
+    what validates; null: the trainer's held-out share of the train titles."""
+    from gdr.plan import _dev_split_size, _examples, _sizes
+
+    def sizes(*overrides):
+        cfg = load_config("run", ["+experiment=bbc", *overrides])
+        n_docs, n_train, _ = _sizes(cfg)
+        return n_train, _dev_split_size(cfg), _examples(cfg.train.examples, n_docs, n_train, 15, _dev_split_size(cfg))
+
+    n_train, given, (per_epoch, dev) = sizes()
+    _, none, (held_epoch, held_dev) = sizes("queries.dev_split=null")
+    assert none is None and 80 <= given <= 100 and dev == given
+    assert per_epoch - held_epoch == held_dev == round(0.1 * n_train)  # the train titles held out otherwise
+    assert sizes("train.examples.dev_min=100")[2][1] == 100  # dev_min tops the dev titles up with generated queries
+
+
 def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_is_assumed(tmp_path):
     """The fixture's single retriever reaches 10% of the limit with a 1 s warm-up: 2 at once halve the compute
     part and the warm-ups and add 2 worker spawns; 12 at once reach 120%, capped at the limit: a tenth of the

@@ -105,6 +105,10 @@ def test_each_fold_tests_its_topics_and_trains_on_the_others(trec):
                                                              "queries.fractions must be null"),
     (["queries.folds=5", "queries.test_split=dev"], "queries.folds=5: each fold's topics are its test split"),
     (["queries.fractions=[0.6,0.2]"], "queries.fractions=[0.6, 0.2]: must be null or three numbers"),
+    (["queries.folds=5", "queries.dev_split=dev"], "queries.dev_split=dev with queries.folds=5: the folds split every "
+                                                  "topic into a train and a test part, with no dev split"),
+    (["queries.dev_split=test"], "queries.dev_split=test: the retrievers' dev split must be apart"),
+    (["index_seed=each"], "index_seed=each"),
 ])
 def test_bad_split_settings_stop_the_run_with_one_line(nothing_loads, capsys, overrides, message):
     assert main(["run", "data=bbc", *overrides]) == 2

@@ -69,6 +69,19 @@ def test_rows_of_an_earlier_evaluation_at_k_20_are_read_at_their_depth(tmp_path)
     assert "| gc | 25.0 | 50.0 | 75.0 | 50.0 | 70.0 | 40.0 |" in (tmp_path / "report.md").read_text()
 
 
+def test_an_index_per_seed_gives_the_table_its_facts_over_the_seeds_indexes():
+    """index_seed=retriever: a scheme's depth and balance in the table are over its indexes (one a retriever seed):
+    the deepest depth, the mean of the rest, and the row says how many."""
+    from gdr.stages.report import _retrieval_table, pooled_index_facts
+
+    facts = pooled_index_facts([INDEX, {**INDEX, "depth_max": 4, "depth_mean": 2.5, "largest_child_frac_mean": 0.7}])
+    assert facts == {"n_indexes": 2, "depth_max": 4, "depth_mean": 2.0, "largest_child_frac_mean": pytest.approx(0.6)}
+    row = {"seed": 0, "recall@1": 0.25, "n_queries": 12}
+    lines, _, _ = _retrieval_table({"gc": [row], "hkmi": [row]}, {"gc": facts, "hkmi": INDEX}, None, ["recall@1"])
+    assert "| gc (2 indexes, one a seed) | 25.0 | 4 / 2.00 | 0.60 | 1 |" in lines
+    assert "| hkmi | 25.0 | 2 / 1.50 | 0.50 | 1 |" in lines
+
+
 def test_the_demo_line_keeps_its_keys_and_values_at_the_default_depth(tmp_path):
     """At the default k = 100 the report's keys are those the demo's last JSON line has always read."""
     rows = {m: {"seed": 0, "recall@1": 0.25, "recall@10": 0.5, "recall@100": 0.75, "R@10": 0.5, "R@100": 0.7,

@@ -446,6 +446,47 @@ def test_few_real_dev_queries_are_filled_up_with_held_out_generated_queries(word
     assert {tuple(capped.train[i]) for i in range(8, 28)} == firsts
 
 
+def test_a_dev_split_given_whole_is_the_dev_split_and_holds_no_training_query_out(word_tokenizer):
+    """queries.dev_split: the query set's own dev queries are the dev split, every one of them; every training query
+    is trained on; dev_min tops it up with held-out generated queries as it tops up a held-out one."""
+    from transformers import AutoTokenizer
+
+    from gdr.training.data import build_examples
+
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    queries = [f"{WORDS[i]} {WORDS[i + 10]}" for i in range(10)]
+    dev_q = [f"{WORDS[i + 20]} {WORDS[i]}" for i in range(3)]
+    gen_q = [f"{WORDS[(3 * i + k) % 30]} {WORDS[k]}" for i in range(10) for k in range(2)]
+    kw = dict(train_queries=queries, train_rel=[[i] for i in range(10)], gen_queries=gen_q,
+              gen_docs=np.repeat(np.arange(10), 2), doc_first=False, doc_windows=0, dev_fraction=0.2,
+              dev_max_share=1.0, seed=1, dev_queries=dev_q, dev_rel=[[4], [5], [6, 7]])
+    ex = build_examples(tok, 10, **kw)
+    c = ex.counts
+    assert (c["real_queries"], c["generated_queries"], c["dev_queries"], c["dev_from"]) == (10, 20, 3, "dev_queries")
+    assert [tuple(ex.dev[i]) for i in range(3)] == [tuple(tok(q)["input_ids"]) for q in dev_q]
+    assert [r.tolist() for r in ex.dev_rel] == [[4], [5], [6, 7]]
+    topped = build_examples(tok, 10, **{**kw, "dev_min": 5}).counts
+    assert (topped["dev_queries"], topped["dev_generated"], topped["generated_queries"]) == (5, 2, 18)
+    assert topped["dev_from"] == "dev_queries+generated_queries"
+    with pytest.raises(ValueError, match="dev query #0"):
+        build_examples(tok, 10, **{**kw, "dev_rel": [[10], [5], [6]]})
+
+
+def test_a_dev_split_sharing_a_query_with_the_training_split_is_refused():
+    from gdr.data import QuerySet
+    from gdr.rules import ConfigError
+    from gdr.stages.train import check_dev_apart
+
+    train = QuerySet(name="t", qids=["q1", "q2"], texts=["oil prices", "bank rates"], relevant=[["d1"], ["d2"]],
+                     splits=["train", "train"])
+    dev = QuerySet(name="t", qids=["q3"], texts=["football club"], relevant=[["d3"]], splits=["dev"])
+    check_dev_apart(train, dev)  # apart: nothing said
+    for planted in (QuerySet(name="t", qids=["q2"], texts=["other text"], relevant=[["d3"]], splits=["dev"]),
+                    QuerySet(name="t", qids=["q9"], texts=["oil prices"], relevant=[["d1"]], splits=["dev"])):
+        with pytest.raises(ConfigError, match="also a training query.*queries.dev_split=null"):
+            check_dev_apart(train, planted)
+
+
 def test_generated_queries_alone_never_starve_training(word_tokenizer, caplog):
     """The 40-document corpus with test judgements only: 2 generated queries per document and no real training
     queries. The dev split takes at most one query per document and 10% of them, so training keeps at least 90%

@@ -9,11 +9,12 @@ Sources, each switchable (NCI/BMI use all three):
   ``window``-token windows per document (positions drawn from ``seed``).
 
 A **dev split** for model selection is held out from the *training* queries (a seeded random
-``dev_fraction``, at most ``dev_max`` queries). When that leaves fewer than ``dev_min`` dev queries (a few
-held-out titles or queries cannot rank checkpoints: one query moves Recall@1 by several points), generated
-queries are held out too, at most one per document, from a seeded random choice of documents, until the dev
-split holds ``dev_min`` queries; they are removed from training (their documents keep their other examples).
-Without real queries the dev split is held out from the generated ones, in the same way. Either way the
+``dev_fraction``, at most ``dev_max`` queries), or given whole (``dev_queries``: a query set's own dev split, kept
+apart from the training queries by the caller; then no training query is held out). When that leaves fewer than
+``dev_min`` dev queries (a few held-out titles or queries cannot rank checkpoints: one query moves Recall@1 by several
+points), generated queries are held out too, at most one per document, from a seeded random choice of documents,
+until the dev split holds ``dev_min`` queries; they are removed from training (their documents keep their other
+examples). Without real queries the dev split is held out from the generated ones, in the same way. Either way the
 generated queries held out never exceed ``dev_max_share`` of them (10%), so a small corpus whose only
 queries are generated (a query set with test judgements only) still trains on 90% of them. A warning names
 a dev split larger than what is left to train on. The test split is never seen here.
@@ -213,6 +214,8 @@ def build_examples(
     dev_max_share: float = ExampleOptions.dev_max_share,
     generated_per_doc: int | None = None,
     seed: int = 0,
+    dev_queries: Sequence[str] | None = None,
+    dev_rel: Sequence[Sequence[int]] = (),
 ) -> RetrievalExamples:
     """Tokenise every source and hold out the dev split (see the module docstring).
 
@@ -229,6 +232,8 @@ def build_examples(
     dev_max_share : the generated queries held out for the dev split are at most this share of them (and at
         most one per document)
     generated_per_doc : use only the first N generated queries of each document (None = all)
+    dev_queries, dev_rel : the dev split given whole (a query set's dev split) and its relevant document indices;
+        None: held out from the training queries as above
     """
     rng = np.random.default_rng(seed)
     if len(train_queries) != len(train_rel):
@@ -238,10 +243,15 @@ def build_examples(
     got = _Gathered()
     real_q = list(train_queries) if use_real else []
     gen_q, gen_d = _generated_subset(gen_queries, gen_docs, use_generated, generated_per_doc)
-    if len(real_q):
-        _add_real_queries(got, tokenizer, real_q, train_rel, n_docs, max_query_len, dev_fraction, dev_max, rng)
+    given = dev_queries is not None
+    if given:
+        _add_given_dev(got, tokenizer, list(dev_queries), dev_rel, n_docs, max_query_len)
+    if len(real_q):  # with a given dev split no training query is held out
+        _add_real_queries(got, tokenizer, real_q, train_rel, n_docs, max_query_len, 0.0 if given else dev_fraction,
+                          dev_max, rng, dev_from=not given)
     if len(gen_q):
-        want = _generated_dev_wanted(len(gen_q), bool(real_q), len(got.dev_rel), dev_fraction, dev_max, dev_min)
+        want = _generated_dev_wanted(len(gen_q), bool(real_q) or given, len(got.dev_rel), dev_fraction, dev_max,
+                                     dev_min)
         held = _add_generated_queries(got, tokenizer, gen_q, gen_d, n_docs, max_query_len, want, dev_max_share, rng)
         if 0 < held < want:
             log.info("dev split: %d held-out generated queries, not the %d asked for (train.examples.dev_min=%d): "
@@ -267,25 +277,45 @@ def _generated_subset(gen_queries: Sequence[str], gen_docs, use_generated: bool,
     return gen_q, gen_d
 
 
-def _add_real_queries(got: _Gathered, tokenizer, real_q: list[str], train_rel: Sequence[Sequence[int]], n_docs: int,
-                      max_query_len: int, dev_fraction: float, dev_max: int, rng: np.random.Generator) -> None:
-    """Hold out a seeded ``dev_fraction`` of the real queries; the rest give one example per relevant document."""
-    rel = [np.asarray(r, dtype=np.int64) for r in train_rel]
-    bad = [i for i, r in enumerate(rel) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
+def _relevant(texts: list[str], rel: Sequence[Sequence[int]], n_docs: int, what: str) -> list[np.ndarray]:
+    """The relevant document indices of each query as arrays; an error naming the first without a valid one."""
+    out = [np.asarray(r, dtype=np.int64) for r in rel]
+    bad = [i for i, r in enumerate(out) if len(r) == 0 or r.min() < 0 or r.max() >= n_docs]
     if bad:
-        raise ValueError(f"training query #{bad[0]} ({real_q[bad[0]][:60]!r}) has no valid relevant document")
+        raise ValueError(f"{what} query #{bad[0]} ({texts[bad[0]][:60]!r}) has no valid relevant document")
+    return out
+
+
+def _add_given_dev(got: _Gathered, tokenizer, dev_q: list[str], dev_rel: Sequence[Sequence[int]], n_docs: int,
+                   max_query_len: int) -> None:
+    """The dev split given whole (``dev_queries``): every one of its queries, none of them trained on."""
+    if len(dev_q) != len(dev_rel):
+        raise ValueError(f"{len(dev_q)} dev queries but {len(dev_rel)} relevance lists")
+    got.dev_rel = _relevant(dev_q, dev_rel, n_docs, "dev")
+    got.dev = _tokenize(tokenizer, dev_q, max_query_len)
+    got.counts["dev_from"] = "dev_queries"
+
+
+def _add_real_queries(got: _Gathered, tokenizer, real_q: list[str], train_rel: Sequence[Sequence[int]], n_docs: int,
+                      max_query_len: int, dev_fraction: float, dev_max: int, rng: np.random.Generator,
+                      dev_from: bool = True) -> None:
+    """Hold out a seeded ``dev_fraction`` of the real queries; the rest give one example per relevant document.
+    ``dev_from``: the dev split is the held-out queries (False: it was given whole, and ``dev_fraction`` is 0)."""
+    rel = _relevant(real_q, train_rel, n_docs, "training")
     n_dev = _real_dev_size(len(real_q), dev_fraction, dev_max)
     perm = rng.permutation(len(real_q))
     dev_idx, tr_idx = np.sort(perm[:n_dev]), np.sort(perm[n_dev:])
     store = _tokenize(tokenizer, real_q, max_query_len)
-    got.dev = store.take(dev_idx)
-    got.dev_rel = [rel[i] for i in dev_idx]
+    if dev_from:
+        got.dev = store.take(dev_idx)
+        got.dev_rel = [rel[i] for i in dev_idx]
     # one training example per (query, relevant document) pair
     n_rel = np.array([len(rel[i]) for i in tr_idx], dtype=np.int64)
     got.parts.append(store.take(np.repeat(tr_idx, n_rel)))
     got.targets.append(np.concatenate([rel[i] for i in tr_idx]) if len(tr_idx) else np.zeros(0, np.int64))
     got.counts["real_queries"] = int(n_rel.sum())
-    got.counts["dev_from"] = "real_queries"
+    if dev_from:
+        got.counts["dev_from"] = "real_queries"
 
 
 def dev_sizes(n_real: int, n_gen: int, n_gen_docs: int, dev_fraction: float, dev_max: int, dev_min: int,

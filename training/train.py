@@ -439,6 +439,8 @@ def train(
     train_rel: Sequence[Sequence[int]] = (),
     gen_queries: Sequence[str] = (),
     gen_docs: Sequence[int] | np.ndarray = (),
+    dev_queries: Sequence[str] | None = None,
+    dev_rel: Sequence[Sequence[int]] = (),
     examples: ExampleOptions = ExampleOptions(),
     optim: OptimOptions = OptimOptions(),
     trainer_opts: TrainerOptions = TrainerOptions(),
@@ -456,6 +458,8 @@ def train(
     doc_ids, codes : one docid per document (``read_docids``), aligned with ``doc_texts``
     train_queries, train_rel : real training queries and their relevant document indices
     gen_queries, gen_docs : generated queries and their source document indices
+    dev_queries, dev_rel : the dev split given whole (a query set's own) and its relevant document indices; None:
+        held out from the training queries (:func:`gdr.training.data.build_examples`)
     optim : learning rates and warmup at ``optim.base_batch_size``; scaled to the batch size used
         (:func:`scaled_optim`)
     callbacks : extra Lightning callbacks
@@ -466,7 +470,8 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(seed, workers=True)
     data = _prepare_data(out, model_config, doc_ids, codes, examples, seed, doc_texts=doc_texts,
-                         train_queries=train_queries, train_rel=train_rel, gen_queries=gen_queries, gen_docs=gen_docs)
+                         train_queries=train_queries, train_rel=train_rel, gen_queries=gen_queries, gen_docs=gen_docs,
+                         dev_queries=dev_queries, dev_rel=dev_rel)
     ckpt_dir = out / "checkpoints"
     run = _plan_run(t, optim, data, ckpt_dir / "last.ckpt")
     if run.cuda:

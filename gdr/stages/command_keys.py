@@ -151,6 +151,11 @@ class RunQueries:
     path: str | None = setting("${data.path}")
     train_split: str = setting("train", "trained on (its dev part is held out by the trainer)")
     test_split: str = setting("test", "scored on; never trained on, never used to pick a checkpoint")
+    dev_split: str | None = setting(None, "the retrievers' dev split (their learning curves; the checkpoint where "
+                                          "train.trainer.weights=best): this split of the query set, every query of "
+                                          "it, none trained on; null = held out from the train split by the trainer "
+                                          "(train.examples.dev_fraction). Not with queries.folds: the folds have no "
+                                          "dev split")
     seed: int = setting(0, "seeds a split by a setting: a hash of the topic (titles: document) id")
     fractions: list | None = setting(None, "train/dev/test shares of the topics, e.g. [0.6, 0.1, 0.3]; null = the "
                                            "query set's own splits (titles, which have none: 0.8/0.1/0.1)")
@@ -225,6 +230,10 @@ class RunKeys:
     indexers: list = setting(help="one docid index per name", factory=lambda: list(INDEXERS))
     seeds: list = setting(help="one retriever per (indexer, seed); the report gives mean (std) over seeds",
                           factory=lambda: [0, 1, 2])
+    index_seed: str = setting("shared", "shared: one index per docid scheme (index.seed) under every retriever seed; "
+                                        "retriever: the retriever of seed s trains on the docids of an index built "
+                                        "with index.seed=s (index-<scheme>-s<s>), so the seeds sample the index's "
+                                        "construction too (a scheme whose ids depend on no seed, atomic, keeps one)")
     queries: dict = setting(help="what the retrievers learn from and are scored on",
                             factory=lambda: asdict(RunQueries()))
     doc_queries: dict = setting(help=(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from gdr.guard import holding
 from gdr.indexing.gc import build_gc_index
@@ -25,14 +25,30 @@ from gdr.indexing.kmeans import (
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
 from gdr.io import read_jsonl, write_manifest
-from gdr.stages.settings import IndexSettings
+from gdr.stages.settings import IndexSettings, index_keys
 from gdr.store import load_run
 
-__all__ = ["build_index", "METHODS"]
+__all__ = ["build_index", "METHODS", "index_seeds", "index_stage_name"]
 
 log = logging.getLogger(__name__)
 
 METHODS = ("gc", "hkmi", "bmi", "random", "atomic")
+
+
+def index_seeds(mode: str, method: str, seeds: Sequence[int]) -> list[int | None]:
+    """The index seeds of ``method`` in a ``gdr run`` whose retrievers train with ``seeds``, by ``index_seed``:
+    ``shared``, one index of ``index.seed`` for them all ([None]); ``retriever``, one per retriever seed (the index
+    of seed s under the retriever of seed s), for an indexer whose ids depend on a seed (``index.seed`` keys it:
+    :func:`gdr.stages.settings.index_keys`); an indexer whose ids do not (atomic) keeps one index ([None])."""
+    if mode == "retriever" and "seed" in index_keys()[method]:
+        return [int(s) for s in dict.fromkeys(seeds)]
+    return [None]
+
+
+def index_stage_name(method: str, seed: int | None) -> str:
+    """A ``gdr run`` index stage's name: ``index-<method>``, or ``index-<method>-s<seed>`` for an index built with
+    its retriever's seed (:func:`index_seeds`)."""
+    return f"index-{method}" if seed is None else f"index-{method}-s{int(seed)}"
 
 
 def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:

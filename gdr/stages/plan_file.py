@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -49,17 +50,18 @@ def plan_identity(settings: dict, device: str | None) -> dict:
 def stage_seconds(stages: dict[str, float], parts: dict[str, float], names: list[str],
                   n_ret: int) -> dict[str, float | None]:
     """The plan's seconds of each run stage in ``names`` (``score``, ``cluster``, ``doc-queries``,
-    ``index-<indexer>``, ``bm25``, ``train-<indexer>-s<seed>``, ``eval-<indexer>-s<seed>``) from the plan's
-    ``stages`` (plan stage -> seconds) and indexing ``parts`` (indexer -> seconds); training and evaluation are
-    shared evenly by the ``n_ret`` retrievers. None for a stage the plan does not have."""
+    ``index-<indexer>`` or ``index-<indexer>-s<seed>``, ``bm25``, ``train-<indexer>-s<seed>``,
+    ``eval-<indexer>-s<seed>``) from the plan's ``stages`` (plan stage -> seconds) and indexing ``parts``
+    (indexer -> seconds of one index); training and evaluation are shared evenly by the ``n_ret`` retrievers.
+    None for a stage the plan does not have."""
     out: dict[str, float | None] = {}
     for name in names:
         kind = name.split("-", 1)[0]
         if name in RUN_GROUPS:
             got = [stages[p] for p in RUN_GROUPS[name] if p in stages]
             out[name] = sum(got) if got else None
-        elif kind == "index" and "indexing" in stages:
-            out[name] = parts.get(name.split("-", 1)[1])
+        elif kind == "index" and "indexing" in stages:  # index-<indexer>, or index-<indexer>-s<seed>: one index
+            out[name] = parts.get(re.sub(r"-s\d+$", "", name.split("-", 1)[1]))
         elif kind in ("train", "eval"):
             total = stages.get("training" if kind == "train" else "evaluation")
             out[name] = None if total is None else total / n_ret

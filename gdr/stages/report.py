@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from gdr.eval.compare import (
-    compare_folders,
+    compare_read,
     comparison_table,
     find,
+    paired_metrics,
     primary_verdict,
     read_systems,
     seed_query_test,
@@ -27,7 +28,7 @@ from gdr.stages.command_keys import Verdict
 from gdr.stages.settings import EvaluateSettings
 
 __all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
-           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth"]
+           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth", "pooled_index_facts"]
 
 # the keys of the evaluation rows at the default 100 results per query (:func:`gdr.eval.retrieval.metric_keys` at
 # another ``evaluate.k``): ``recall@d`` is Success@d (hit@d), ``R@d`` recall, ``mrr@100`` RR@100
@@ -105,7 +106,9 @@ def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict |
         summary[method] = {m: round(100 * v[0], 2) for m, v in stats.items() if v[0] == v[0]}
         summary[method].update({f"{m}_std": round(100 * v[1], 2) for m, v in stats.items()
                                 if v[0] == v[0] and v[1] is not None})
-        lines.append(f"| {method} | " + " | ".join(_cell(*stats[m]) for m in shown)
+        n_idx = info.get("n_indexes", 1)  # index_seed=retriever: the index facts over its seeds' indexes
+        name = method if n_idx == 1 else f"{method} ({n_idx} indexes, one a seed)"
+        lines.append(f"| {name} | " + " | ".join(_cell(*stats[m]) for m in shown)
                      + f" | {info.get('depth_max', '')} / {info.get('depth_mean', 0):.2f}"
                      + f" | {info.get('largest_child_frac_mean', float('nan')):.2f} | {len(rows)} |")
     if bm25 is not None:
@@ -113,6 +116,17 @@ def _retrieval_table(results: dict[str, list[dict]], indexes: dict, bm25: dict |
                      + " | | | |")
         n_test = bm25.get("n_queries", n_test)
     return lines, summary, n_test
+
+
+def pooled_index_facts(infos: Sequence[dict]) -> dict:
+    """One scheme's index facts over its indexes (one per retriever seed, ``index_seed=retriever``): the deepest
+    ``depth_max`` and ``leaf_size_max``, the mean of every other figure, ``n_indexes`` how many."""
+    out: dict = {"n_indexes": len(infos)}
+    for key in dict.fromkeys(k for info in infos for k in info):
+        values = [info[key] for info in infos if isinstance(info.get(key), (int, float))]
+        if values:
+            out[key] = max(values) if key in ("depth_max", "leaf_size_max") else float(np.mean(values))
+    return out
 
 
 def query_set_name(settings: dict, corpus_name: str) -> str:
@@ -154,9 +168,13 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
     cfg = settings
     # the results per query: every measure is named at its depth
     k = int(cfg.get("evaluate", {}).get("k") or EvaluateSettings.k)
-    comparisons = compare_folders(eval_dirs or {}, reference="gc", k=k)
+    # every per-query file read once, for the paired comparisons and the primary test alike
+    paired = paired_metrics(k)
+    metrics = tuple(dict.fromkeys([*paired, _primary_metric(cfg.get("verdict") or {}, k)]))
+    systems, qids = read_systems(eval_dirs, metrics, k) if eval_dirs and len(eval_dirs) > 1 else ({}, {})
+    comparisons = compare_read(systems, qids, "gc", paired)
     query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
-    primary = primary_section(cfg.get("verdict") or {}, eval_dirs or {}, k, comparisons)
+    primary = primary_section(cfg.get("verdict") or {}, systems, qids, k, comparisons)
     said = primary["line"] if primary else query_only
     corpus_name = corpus_name or cfg['data']['name']
     trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
@@ -308,18 +326,24 @@ def _split_lines(split: dict) -> list[str]:
     return []
 
 
-def primary_section(v: dict, eval_dirs: dict, k: int, comparisons: Sequence[dict] = ()) -> dict | None:
+def _primary_metric(v: dict, k: int) -> str:
+    """The primary test's metric (``verdict.metric``) as the per-query values name it (``mrr``: ``mrr@k``)."""
+    metric = v.get("metric") or Verdict.metric
+    return f"mrr@{k}" if metric == "mrr" else metric
+
+
+def primary_section(v: dict, systems: dict, qids: dict, k: int, comparisons: Sequence[dict] = ()) -> dict | None:
     """The run's primary test (``verdict:`` settings: ``pair`` a - b, ``metric``, ``margin`` in points) over seeds
     and queries (:func:`gdr.eval.compare.seed_query_test`, :func:`~gdr.eval.compare.primary_verdict`), with every
     scheme's mean and SD over seeds on that metric, and the query-only test of the pair (from ``comparisons``
-    where the run compared it already); None until both schemes of the pair have a retriever."""
+    where the run compared it already); None until both schemes of the pair have a retriever. ``systems``,
+    ``qids``: the run's per-query values (:func:`gdr.eval.compare.read_systems`, the metric among them)."""
     pair = list(v.get("pair") or ())
-    if len(pair) != 2 or any(not eval_dirs.get(s) for s in pair):
+    if len(pair) != 2 or any(s not in systems for s in pair):
         return None
-    metric = v.get("metric") or Verdict.metric
-    metric = f"mrr@{k}" if metric == "mrr" else metric
+    metric = _primary_metric(v, k)
     margin = float(v.get("margin", Verdict.margin))
-    systems, qids = read_systems({s: d for s, d in eval_dirs.items() if s != "bm25"}, (metric,), k)
+    systems = {s: vals for s, vals in systems.items() if s != "bm25"}
     a, b = pair
     pos_b = {q: i for i, q in enumerate(qids[b])}
     common = [i for i, q in enumerate(qids[a]) if q in pos_b]
@@ -333,7 +357,7 @@ def primary_section(v: dict, eval_dirs: dict, k: int, comparisons: Sequence[dict
     schemes = {s: {"mean": round(float(x.mean()), 2), "sd": round(float(x.std(ddof=1)), 2) if len(x) > 1 else None,
                    "seeds": len(x)} for s, x in per_seed.items()}
     query_only = find(comparisons, a, b, metric) or find(
-        compare_folders({a: eval_dirs[a], b: eval_dirs[b]}, reference=a, metrics=(metric,), k=k), a, b, metric)
+        compare_read({a: systems[a], b: systems[b]}, qids, a, (metric,)), a, b, metric)
     return {**said, "test": test.to_dict(), "margin": margin, "schemes": schemes, "query_only": query_only}
 
 

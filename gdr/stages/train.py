@@ -63,7 +63,7 @@ __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve
            "training_numerics", "training_threads", "keyed_model",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON", "trained_splits",
-           "check_not_trained_on", "CURVE", "read_curve"]
+           "check_not_trained_on", "CURVE", "read_curve", "check_dev_apart"]
 
 TRAINED_ON = "trained_on.json"
 CURVE = "curve.json"  # the learning curve: [[step, dev value of trainer.monitor], ...] (one point per validation)
@@ -116,10 +116,11 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
 
 
 def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], settings: TrainSettings, queries=None,
-               generated: str | Path | None = None) -> dict:
+               generated: str | Path | None = None, dev=None) -> dict:
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
-    input, and the settings that change the model (``model.*`` as resolved from its preset, ``examples.*``,
-    ``optim.*``, ``seed``, the trainer's other than :data:`RESUMABLE`, and :func:`training_numerics`)."""
+    input (``dev``: the dev split given whole, recorded only when given), and the settings that change the model
+    (``model.*`` as resolved from its preset, ``examples.*``, ``optim.*``, ``seed``, the trainer's other than
+    :data:`RESUMABLE`, and :func:`training_numerics`)."""
     c = settings.to_dict()
     keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
              "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
@@ -130,11 +131,34 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
         "corpus": {"hash": hash_strings([*corpus.doc_ids, "\0", *corpus.model_inputs()]),
                    "what": f"{corpus.name}, {len(corpus)} documents"},
         "queries": None if queries is None else {
-            "hash": hash_strings([*queries.texts, "\0", *("\t".join(r) for r in queries.relevant)]),
+            "hash": _queries_hash(queries),
             "what": f"{len(queries)} real queries", "splits": list(dict.fromkeys(queries.splits))},
         "generated": None if not generated else {"hash": file_digest(generated)["crc32"], "what": str(generated)},
     }
+    if dev is not None:  # its checkpoint choice (or curve) reads it; absent, the dev split is held out as before
+        inputs["dev"] = {"hash": _queries_hash(dev), "what": f"{len(dev)} dev queries",
+                         "splits": list(dict.fromkeys(dev.splits))}
     return {"inputs": inputs, "settings": json.loads(json.dumps(flat_leaves(keyed), default=str))}
+
+
+def _queries_hash(qs) -> str:
+    return hash_strings([*qs.texts, "\0", *("\t".join(r) for r in qs.relevant)])
+
+
+def check_dev_apart(train, dev, key: str = "queries.dev_split") -> None:
+    """Refuse a dev split (a QuerySet) that shares a query with the training queries ``train`` (a QuerySet or None):
+    by id, or by the same text judged relevant to the same document. A dev query trained on would draw the learning
+    curve (or pick the checkpoint) on what the retriever memorised."""
+    if train is None or dev is None:
+        return
+    ids = set(train.qids)
+    pairs = {(t, d) for t, rel in zip(train.texts, train.relevant) for d in rel}
+    for qid, text, rel in zip(dev.qids, dev.texts, dev.relevant):
+        if qid in ids or any((text, d) in pairs for d in rel):
+            raise ConfigError(f"{key}: dev query {qid!r} ({text[:60]!r}) is also a training query (split "
+                              f"{train.splits[0] if train.splits else '?'!r}); the dev split must be apart from what "
+                              "the retrievers train on: fix the query set's splits, or set queries.dev_split=null (the "
+                              "trainer then holds its dev split out of the training queries)")
 
 
 # The retriever's settings that name a model: keyed by the digest of its files, not by the name or path.
@@ -261,11 +285,12 @@ def check_not_trained_on(run_dir: str | Path, split: str, allow: bool = False, k
 
 def train_retriever(corpus, docids: str | Path, out: str | Path, settings: TrainSettings, *, queries=None,
                     generated: str | Path | None = None, write_config: Callable[[Path], Any] | None = None,
-                    stale: str = "refuse"):
+                    stale: str = "refuse", dev=None):
     """Train one retriever on ``docids`` (a ``docids.tsv`` of ``gdr index``) for ``corpus`` into ``out``.
 
     ``queries``: real training queries (a :class:`gdr.data.QuerySet` over the corpus, e.g. from
-    :func:`gdr.data.splits.split_queries`; its dev part is held out by the trainer) or None; ``generated``: a
+    :func:`gdr.data.splits.split_queries`; its dev part is held out by the trainer, unless ``dev``, a QuerySet
+    apart from them (:func:`check_dev_apart`: a query set's own dev split), is the dev split) or None; ``generated``: a
     ``doc_queries.jsonl`` of generated queries, or None. Returns the ``gdr.training.train.TrainResult``; a killed
     run resumes from ``out/checkpoints/last.ckpt``, and only a training on the same inputs and settings
     (:func:`check_trained_on`; ``stale``: ``refuse`` or ``restart`` another one). ``write_config(out)``: writes the
@@ -274,7 +299,7 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
     out = Path(out)
     codes = _align_docids(str(docids), corpus.doc_ids)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr train`
-        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated)
+        fingerprint = trained_on(corpus, docids, codes, settings, queries, generated, dev)
         resume = bool(settings.trainer.resume)
         check_trained_on(out, fingerprint, resume=resume, stale=stale)
         if write_config is not None:
@@ -286,7 +311,7 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
                      out, done.global_step, done.monitor, done.best_score)
             return done
         with _torch_threads(fingerprint["settings"].get("device.threads")):
-            return _train(corpus, docids, codes, out, settings, queries, generated)
+            return _train(corpus, docids, codes, out, settings, queries, generated, dev)
 
 
 def _trainer_record(settings: TrainSettings) -> dict:
@@ -329,7 +354,7 @@ def best_record(monitor: str, score: float | None) -> dict:
             **({"best_val_recall1": score} if monitor == "val/recall@1" else {})}
 
 
-def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated):
+def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, generated, dev=None):
     c = settings.to_dict()
     t0 = time.time()
     pos = {d: i for i, d in enumerate(corpus.doc_ids)}
@@ -340,7 +365,8 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
     res = train(
         out, model_config_from(c["model"], c["model_presets"]), corpus.doc_ids, codes,
         doc_texts=corpus.model_inputs(), train_queries=train_q, train_rel=train_rel,
-        gen_queries=gen_q, gen_docs=gen_d,
+        gen_queries=gen_q, gen_docs=gen_d, dev_queries=None if dev is None else dev.texts,
+        dev_rel=[] if dev is None else [[pos[d] for d in rel] for rel in dev.relevant],
         examples=settings.examples, optim=settings.optim, trainer_opts=settings.trainer, seed=settings.seed,
     )
     atomic_write_json(out / CURVE, learning_curve(out, res.monitor))
