@@ -27,10 +27,18 @@ import threading
 from typing import Iterator
 
 __all__ = ["Stopped", "WorkerDied", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred",
-           "stop_line", "exit_code", "set_where", "name", "SIGNALS"]
+           "stop_line", "exit_code", "set_where", "name", "SIGNALS", "BACKGROUND_THREAD", "background_busy"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+BACKGROUND_THREAD = "gdr-host-stages"  # the thread of gdr run's host stages (gdr.stages.overlap)
 _state: dict = {"signum": None, "defer": 0, "where": None, "timer": None, "previous": {}}
+
+
+def background_busy() -> bool:
+    """A host stage still runs in :data:`BACKGROUND_THREAD` (a stop does not wait for it): the interpreter must not
+    finalise under it (a daemon thread inside torch or faiss then aborts the process, ``std::terminate``), so the
+    command ends with ``os._exit``, as a kill would, its files as resumable as after one."""
+    return any(t.name == BACKGROUND_THREAD and t.is_alive() for t in threading.enumerate())
 
 
 class Stopped(BaseException):

@@ -15,6 +15,7 @@ re-raises them with the full traceback.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import shlex
 import sys
@@ -120,7 +121,14 @@ def _main(argv: list[str] | None = None) -> int:
         signum = signals.received()
         if signum is None or debug and not isinstance(e, signals.Stopped):
             return _failed(name, rest, e, debug)
-        print(signals.stop_line(sub_command(name, rest), signum), file=sys.stderr)
+        busy = signals.background_busy()  # a host stage mid-computation, its progress bar maybe mid-line
+        print(("\n" if busy else "") + signals.stop_line(sub_command(name, rest), signum), file=sys.stderr)
+        if busy:  # end as a kill would: the interpreter must not finalise under that thread (gdr.signals)
+            guard.release_all()
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(signals.exit_code(signum))
         return signals.exit_code(signum)
     finally:
         signals.uninstall()

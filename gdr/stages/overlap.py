@@ -126,7 +126,7 @@ class HostStages:
             task.taken = True
             return
         if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="gdr-host-stages", daemon=True)
+            self._worker = threading.Thread(target=self._work, name=signals.BACKGROUND_THREAD, daemon=True)
             self._worker.start()
         log.info("stage %s: started in the background, beside the device stages", name)
         self._queue.put((int(priority), next(self._order), task))
