@@ -92,7 +92,7 @@ def test_a_run_resolves_its_training_batch_once_and_records_it_with_its_device(m
     cfg = load_config("run", ["train.model.size=small30m", "train.trainer.batch_size=auto",
                               "train.trainer.accelerator=gpu", f"out={tmp_path / 'run'}"])
     run = SimpleNamespace(cfg=cfg, settings=pipeline.run_settings(cfg), pipe=SimpleNamespace(root=tmp_path / "run"),
-                          indexes={"gc": SimpleNamespace(path=index)})
+                          indexes={"gc": SimpleNamespace(path=index)}, seed_indexes={})
     run.pipe.root.mkdir()
     first = pipeline.resolve_train_batch(run, 10**6)
     assert first > 64 and json.loads((run.pipe.root / "auto_sizes.json").read_text()) == {
