@@ -496,6 +496,13 @@ class RunContext:
         self._lm = None
         release_compiled()
 
+    def add_index(self, method: str, seed: int | None, rec: StageRecord) -> None:
+        """Index ``rec`` of ``method`` built with ``seed`` (None: the run's one index of it): the one its retrievers of
+        that seed train on (:func:`index_of`); an indexer's first is the one whose facts the report gives."""
+        if seed is not None:
+            self.seed_indexes[(method, seed)] = rec
+        self.indexes.setdefault(method, rec)
+
     def stage(self, spec: StageSpec | None) -> StageRecord | None:
         """Run (or reuse) the stage of ``spec``; None for a stage this run leaves out."""
         if spec is None:
@@ -541,10 +548,9 @@ def start_host_stages(run: RunContext, generated: bool) -> None:
     generated queries are made (``generated=True``), BMI's index. Each runs beside the device stages (``overlap``)
     or here at once, and is taken where it is needed: the indexes before the retrievers train, the clustering and
     BM25 by the first report (:func:`_report`)."""
-    for method in run.cfg.indexers:
+    for method, seed in run_indexes(run.cfg):
         if (method == "bmi") == generated:
-            for seed in index_seeds(str(run.cfg.index_seed), method, run.cfg.seeds):  # retriever: one a seed
-                _start(run, index_spec(run, method, seed), Priority.INDEX)
+            _start(run, index_spec(run, method, seed), Priority.INDEX)
     if not generated:
         _start(run, cluster_spec(run), Priority.CLUSTER)
         _start(run, bm25_spec(run), Priority.BM25)
@@ -884,12 +890,15 @@ def take_indexes(run: RunContext) -> None:
     """4. Every indexer's docids, in the order of ``indexers`` (started by :func:`start_host_stages`, waited for if
     need be): one index each, or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend
     on a seed (:func:`gdr.stages.index.index_seeds`)."""
-    for method in run.cfg.indexers:
-        for seed in index_seeds(str(run.cfg.index_seed), method, run.cfg.seeds):
-            rec = run.host.take(index_stage_name(method, seed))
-            if seed is not None:
-                run.seed_indexes[(method, seed)] = rec
-            run.indexes.setdefault(method, rec)
+    for method, seed in run_indexes(run.cfg):
+        run.add_index(method, seed, run.host.take(index_stage_name(method, seed)))
+
+
+def run_indexes(cfg: DictConfig) -> list[tuple[str, int | None]]:
+    """(indexer, index seed) of every index stage of a run, in the order of ``indexers``: one an indexer (seed None),
+    or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend on a seed
+    (:func:`gdr.stages.index.index_seeds`)."""
+    return [(m, s) for m in cfg.indexers for s in index_seeds(str(cfg.index_seed), m, cfg.seeds)]
 
 
 def index_of(run: RunContext, method: str, seed: int) -> StageRecord:
