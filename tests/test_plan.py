@@ -14,6 +14,10 @@ from gdr.training.concurrent import concurrent_for_memory
 
 STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexing", "bm25", "training", "evaluation",
           "reports"]
+# +experiment=bbc (qg.enabled, qg.compare_two_shot): the generator fine-tuned first, the base model's P scored and
+# clustered a second time after the generated queries
+TWO_SHOT = ["lm_load (two-shot)", "sampling (two-shot)", "scoring (two-shot)", "clustering (two-shot)"]
+BBC_STAGES = ["qg", *STAGES[:5], *TWO_SHOT, *STAGES[5:]]
 # the protocol of the committed H200 run (reports/gpu-runs/2026-11-27-bbc-compare/): early stopping, K = 10
 BBC_1127 = "bbc-2026-11-27"
 
@@ -49,7 +53,7 @@ def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_
     divide it by 8, the warm-up stays."""
     cfg = load_config("run", ["+experiment=bbc", "data.n_docs=1000", "sample.n_queries=512"])
     one = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}
-    assert list(one) == STAGES
+    assert list(one) == BBC_STAGES
     lm = _meta_lm("smollm2-135m")
     prompt, n = 128 + 32, 16
     per_doc, tile = cost.score_memory(cost.dims(lm.config), prompt, 4096)
@@ -63,7 +67,8 @@ def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_
     eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}
     assert eight["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 8)
     assert " 1 at once" in eight["training"].basis  # each retriever data-parallel over the 8 GPUs
-    assert one["lm_load"].seconds == LM_LOAD_S and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
+    assert one["lm_load (two-shot)"].seconds == LM_LOAD_S and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
+    assert one["lm_load"].seconds == 30.0  # the fine-tuned generator: from its folder, at the cold load measured
 
 
 def test_a_device_without_figures_takes_the_h200_fractions_and_says_so(tmp_path):
@@ -77,7 +82,7 @@ def test_a_device_without_figures_takes_the_h200_fractions_and_says_so(tmp_path)
 def test_predict_gives_seconds_per_stage_for_the_report():
     cfg = load_config("run", ["+experiment=bbc"])
     pred = predict(cfg, "h200")
-    assert list(pred) == STAGES and all(v > 0 for v in pred.values())
+    assert list(pred) == BBC_STAGES and all(v > 0 for v in pred.values())
 
 
 def test_the_committed_figures_plan_the_bbc_run_and_name_their_files(capsys):
@@ -86,11 +91,14 @@ def test_the_committed_figures_plan_the_bbc_run_and_name_their_files(capsys):
     assert main(["plan", "+experiment=bbc", "device=h200"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
-    assert list(summary["stages"]) == STAGES and summary["device"] == "h200"
+    assert list(summary["stages"]) == BBC_STAGES and summary["device"] == "h200"
     for name in ("sampling", "scoring", "training", "evaluation"):
         assert "2026-11-27-h200" in summary["stages"][name]["basis"], name
     assert summary["seconds"] == pytest.approx(sum(s["seconds"] for s in summary["stages"].values()), abs=0.5)
-    assert out[0] == "gdr plan on 1 x H200:" and out[-2].startswith("total")
+    assert out[0] == "gdr plan on 1 x H200:" and out[-3].startswith("total, epoch cap")
+    assert out[-2].split()[:2] == ["wall", f"{summary['seconds_wall']:.1f}"] and summary["overlap"]["on"]
+    written = json.loads(Path(summary["plan_file"]).read_text())
+    assert written["seconds_wall"] == summary["seconds_wall"] and written["overlap"] == summary["overlap"]
 
 
 def test_plan_refuses_what_it_cannot_plan(capsys):
@@ -253,7 +261,7 @@ def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
 
 
 def test_the_bundled_gguf_lm_loads_by_the_fast_conversion(tmp_path):
-    cfg = load_config("run", ["+experiment=bbc"])
+    cfg = load_config("run", ["+experiment=bbc", "qg.enabled=false"])
     st = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}
     assert st["lm_load"].seconds == LM_LOAD_S and "reports/lm-cold-start.md" in st["lm_load"].basis
     assert "30.0 s (2026-01-01-h200-chain.json)" in st["lm_load"].basis
@@ -267,10 +275,10 @@ def test_the_plan_prints_both_totals(capsys):
     assert main(["plan", f"+experiment={BBC_1127}", "device=h100"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
-    assert out[-4].startswith("total ") and out[-3].startswith("total, early stop")
-    assert out[-2].startswith("total, epoch cap")
+    assert out[-5].startswith("total ") and out[-4].startswith("total, early stop")
+    assert out[-3].startswith("total, epoch cap") and out[-2].startswith("wall ")
     assert summary["seconds_early_stop"] < summary["seconds"]
-    assert f"{summary['seconds_early_stop']:.1f}" in out[-3]
+    assert f"{summary['seconds_early_stop']:.1f}" in out[-4]
 
 
 BBC_RUN = Path(__file__).resolve().parents[1] / "reports" / "gpu-runs" / "2026-11-27-bbc-compare"
