@@ -843,8 +843,9 @@ def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
     return StagePlan("qg", seconds, peak,
                      f"fine-tuning {cfg.model.name} on {n_pairs:,} training pairs less {held} held out for the "
                      f"checkpoint (qg.dev_fraction {float(q.dev_fraction):g}) x {o.max_epochs} epochs: {steps:,} "
-                     f"steps at batch {o.batch_size}, {tokens} tokens a pair (max_doc_tokens {cfg.model.max_doc_tokens} "
-                     f"+ prompt {PROMPT_TOKENS} + a query of {query_tokens}: assumed), 6 x {matmul / 1e6:.0f} M "
+                     f"steps at batch {o.batch_size}, {tokens} tokens a pair (max_doc_tokens "
+                     f"{cfg.model.max_doc_tokens} + prompt {PROMPT_TOKENS} + a query of {query_tokens}: assumed), 6 x "
+                     f"{matmul / 1e6:.0f} M "
                      f"parameters x tokens at {_rate(rate)} pairs/s ({frac:.1%} of the limit, {src}); forward only "
                      f"(2 x parameters x tokens) at {_rate(fwd_rate)} pairs/s: the {held} held-out pairs x "
                      f"{validations} validations and the run's {dev} dev pairs under both generators; + loads: the "
@@ -1167,9 +1168,9 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
         outside = float(rep["seconds"]) - sum(measured.values())
     ran_beside = rep.get("overlapped")
     if ran_beside:
-        notes.append(f"overlap: {', '.join(ran_beside['stages'])} ran in the background ({ran_beside['seconds']:.1f} s, "
-                     f"the run waited {ran_beside['waited']:.1f} s of it): each beside its own plan row; the total "
-                     f"is the plan's wall clock with them overlapped")
+        notes.append(f"overlap: {', '.join(ran_beside['stages'])} ran in the background "
+                     f"({ran_beside['seconds']:.1f} s, the run waited {ran_beside['waited']:.1f} s of it): each "
+                     f"beside its own plan row; the total is the plan's wall clock with them overlapped")
     wall_raw = plan_wall(cfg, raw, device, overlap=bool(ran_beside))
     wall_cal = plan_wall(cfg, cal, device, overlap=bool(ran_beside))
     for label, kind in (("train, all", "train-"), ("eval, all", "eval-")):
