@@ -798,8 +798,9 @@ def _qg_settings(cfg) -> RunQG | None:
 
 
 def _qg_train(q: RunQG) -> QGOptions:
-    """The fine-tune's optimiser and trainer settings of ``qg.train``: the plan's one read of that section."""
-    return QGOptions(**q.train)
+    """The fine-tune's optimiser and trainer settings of ``qg.train``: the plan's one read of that section (a dict
+    of its keys, or already the typed section)."""
+    return q.train if isinstance(q.train, QGOptions) else QGOptions(**q.train)
 
 
 def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
@@ -1166,6 +1167,7 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
                      f"rows)")
     else:
         outside = float(rep["seconds"]) - sum(measured.values())
+        notes.append("outside stages: the run's seconds less its stages' (the report has no outside_stages accounts)")
     ran_beside = rep.get("overlapped")
     if ran_beside:
         notes.append(f"overlap: {', '.join(ran_beside['stages'])} ran in the background "
