@@ -1093,6 +1093,7 @@ class RunCheck:
     notes: list[str]
     cfg: Any = None  # the run's composed config
     plan: list[StagePlan] | None = None  # the plan of that config, with the device's factors
+    wall: WallPlan | None = None  # that plan's wall clock, the host stages overlapped as they were in the run
 
 
 def _run_report(run_dir: Path) -> tuple[Path, dict]:
@@ -1187,7 +1188,7 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
                          float(accounts[part])))
     rows.append(("total", wall_raw.seconds, wall_cal.seconds, float(rep["seconds"])))
     factors = _factors(run_dir, raw, measured, names, outside, n_ret, notes)
-    return RunCheck(run_dir, device, rows, factors, notes, cfg, cal)
+    return RunCheck(run_dir, device, rows, factors, notes, cfg, cal, wall_cal)
 
 
 def _recorded_device(run_dir: Path, log_text: str) -> str:

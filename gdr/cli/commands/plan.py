@@ -103,8 +103,8 @@ def _check(argv: list[str]) -> int:
         raise SystemExit(str(e)) from None
     print(format_check(check))
     try:
-        print(f"wrote {write_run_plan(check.cfg, check.run, check.device, gpus, check.plan)} (the predicted seconds "
-              f"of the run's report from its next gdr run)")
+        written = write_run_plan(check.cfg, check.run, check.device, gpus, check.plan, check.wall)
+        print(f"wrote {written} (the predicted seconds of the run's report from its next gdr run)")
     except OSError as e:  # a folder only read (a copy brought back, a committed report): the check stands
         print(f"plan.json not written into {check.run} ({type(e).__name__}: {e})")
     if write:
