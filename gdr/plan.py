@@ -16,8 +16,15 @@ On the CPU the plan first times this machine (:mod:`gdr.calibrate`: a few batche
 and thread counts, cached per machine); without a calibration (``calibrate="off"``, or ``"cache"`` with none
 cached, as the run's report uses) it falls back to :data:`CPU_FRACTIONS` of :data:`CPU_PEAKS`, and says so.
 
-Host stages (flat clustering and its k-means baselines, every docid scheme's indexing, BM25, the report rewritten
-after each retriever) are per-unit seconds of the BBC run's machine (:data:`HOST_S`). Training is planned as the run
+Host stages (flat clustering and its k-means baselines, every docid scheme's indexing, BM25) are per-unit seconds of
+the BBC run's machine (:data:`HOST_S`); the report rewritten after each retriever is ``tests/bench_report.py``'s
+rewrite after as many retrievers (:data:`REPORT_REWRITE_S`), and the rest outside stages the 2026-11-27 run's
+remainder (:data:`OUTSIDE_1127`). With ``qg.enabled`` the run first fine-tunes its query generator (``qg``: 6 x
+parameters x tokens at an assumed fraction of the limit, :data:`QG_FRACTION`), loads it from that folder, and with
+``qg.compare_two_shot`` samples, scores and clusters a second P with the base model (the ``(two-shot)`` rows). The
+stages' sum is the run's seconds one after another; with ``overlap`` on (``auto``: on a GPU) the host stages run in a
+background thread beside the device stages, and :func:`plan_wall` simulates that thread for the run's wall clock
+(``wall``). Training is planned as the run
 trains: batch and ``train.concurrent`` ``auto`` resolved for the memory free at training (``free``), each example
 at the padded width measured with and without length buckets (:data:`BUCKETED_WIDTH`), from the earliest stop
 early stopping allows (``low``) through a central stop (``seconds``) to the epoch cap (``high``). Every figure
@@ -50,24 +57,25 @@ from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
-from gdr.stages.command_keys import RunKeys
-from gdr.stages.index import index_seeds
-from gdr.stages.plan_file import DEVICES, plan_identity, run_device, write_plan
+from gdr.stages.command_keys import RunKeys, RunQG
+from gdr.stages.index import index_seeds, index_stage_name
+from gdr.stages.overlap import Priority, overlap_on
+from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, planned_names, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
-from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings
+from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings, section_from
 from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
-from gdr.training.options import ExampleOptions, TrainerOptions
+from gdr.training.options import ExampleOptions, QGOptions, TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 from gdr.training.train import CPU_BATCH, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StagePlan", "plan_run", "predict", "predict_stages", "run_device", "measured_figures", "format_plan",
-           "DEVICES", "MAX_GPUS", "gpus_problem", "sized_config",
-           "write_run_plan"]
+__all__ = ["StagePlan", "HostTask", "WallPlan", "plan_run", "plan_wall", "simulate_overlap", "predict",
+           "predict_stages", "run_device", "measured_figures", "format_plan", "DEVICES", "MAX_GPUS", "gpus_problem",
+           "sized_config", "write_run_plan"]
 
 GPU_RUNS = shipped_dir("gpu-runs")  # the committed GPU figures: reports/gpu-runs/, or the wheel's copy
 MAX_GPUS = 16  # gdr run trains and scores on the GPUs of one machine (no multi-node), and none holds more
@@ -109,8 +117,13 @@ BUCKETED_WIDTH = {int(b): w / _C["BUCKETED_WIDTH"]["max_query_len"]
 # Test queries the titles loader keeps, as a share of fractions[2] x documents
 TITLES_TEST_KEPT = {name: k["kept"] / (k["test_fraction"] * k["documents"])
                     for name, k in _C["TITLES_TEST_KEPT"].items()}
-# Host stages' seconds per unit (clustering, indexing, BM25, report rewrites) on the BBC run's machine
+# Host stages' seconds per unit (clustering, indexing, BM25) on the BBC run's machine
 HOST_S = {name: h["seconds"] / h["units"] for name, h in _C["HOST_S"].items()}
+# One report rewrite after n retrievers (tests/bench_report.py --retrievers, the development CPU): n -> best seconds
+REPORT_REWRITE_S = {int(n): float(v) for n, v in _C["REPORT_REWRITE_S"]["best_s_by_retrievers"].items()}
+# The 2026-11-27 run's seconds outside stages: all, its report rewrites (from run.log), the rest ("other")
+OUTSIDE_1127: dict[str, float] = _C["OUTSIDE_1127"]
+QG_FRACTION = float(_C["QG_FRACTION"])  # the qg stage's fraction of a GPU's limit: assumed (no GPU figure)
 SPAWN_S = float(_C["SPAWN_S"])  # a worker process that trains retrievers (train.concurrent > 1): assumed
 LM_LOAD_S = float(_C["LM_LOAD_S"])  # the fast GGUF conversion's cold start
 
@@ -130,8 +143,10 @@ class StagePlan:
     basis: str
     low: float | None = None
     high: float | None = None
-    parts: dict[str, float] | None = None  # seconds of each part a run times as a stage of its own (indexing)
+    parts: dict[str, float] | None = None  # seconds of each part a run times as a stage of its own (indexing), or
+    # accounts apart (reports: report_rewrites, other)
     steps: tuple[int, int] | None = None  # training: (steps at low, steps at seconds) of each retriever
+    at_once: int | None = None  # training: the retrievers trained at once
 
     def at_steps(self, n: float) -> float:
         """Training: the seconds if each retriever took ``n`` steps (linear between ``low`` and ``seconds``)."""
@@ -238,8 +253,9 @@ class _Rates:
         self.points = _training_points(kind, folder)
 
     def apply_factor(self, st: StagePlan) -> None:
-        """``st`` times the measured / predicted ratio of its stage in the device's newest finished run."""
-        f = self.factors.get(st.name)
+        """``st`` times the measured / predicted ratio of its stage in the device's newest finished run (a
+        two-shot row without a ratio of its own: its first pass's, the same work)."""
+        f = self.factors.get(st.name, self.factors.get(st.name.removesuffix(TWO_SHOT)))
         if f is not None:
             st.scale(f)
             st.basis += f"; x {f:.2f}: measured / predicted in {self.factor_file}"
@@ -511,7 +527,7 @@ def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates
                      f"{_rate(rate)} examples/s ("
                      + (f"{agg:.1%} of the limit; one: {frac:.1%}, " if not per else "") + f"{src}) + "
                      + ("set-up" if per else "warm-up") + f" {warm:.0f} s", low=at(low_steps), high=at(steps),
-                     steps=(low_steps, mid_steps))
+                     steps=(low_steps, mid_steps), at_once=concurrent)
 
 
 def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float) -> int:
@@ -566,11 +582,7 @@ def _dev_split_size(cfg) -> int | None:
     titles by the split's share; a query set's dev split, whose size the plan does not know, as 0."""
     if cfg.queries.get("dev_split") is None:
         return None
-    if str(cfg.queries.name) != "titles":
-        return 0
-    fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
-    name = str(cfg.data.name)
-    return round(fr[1] * int(cfg.data.get("n_docs") or CORPUS_DOCS.get(name, 0)) * TITLES_TEST_KEPT.get(name, 1.0))
+    return _titles_dev(cfg)
 
 
 def _n_folds(cfg) -> int:
@@ -623,27 +635,36 @@ def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,
     kind = "cpu" if device == "cpu" else "cuda"
     s, score = _typed(SampleSettings, cfg.sample), _typed(ScoreSettings, cfg.score)
     compiled = want_compile(s.compile, kind, J, s.compile_min_queries)
-    stages = [_lm_load(str(cfg.model.name), lm, rates),
-              _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates, compiled),
-              _scoring(lm, n_docs, J, int(s.max_new_tokens), doc_tokens, rates, gpus,
-                       score.processes)]
-    if cfg.cluster.enabled and _labelled(cfg):
-        stages.append(_clustering(cfg, n_docs, J, rates))
+    qg = _qg_settings(cfg)
+    clustering = bool(cfg.cluster.enabled and _labelled(cfg))
+
+    def lm_stages(fine_tuned: bool) -> list[StagePlan]:
+        """The score stage's plan stages (the LM's load, P's queries sampled, P scored) and the flat clustering."""
+        out = [_lm_load(str(cfg.model.name), lm, rates, fine_tuned),
+               _sampling("sampling", lm, J, int(s.max_new_tokens), doc_tokens, rates, compiled),
+               _scoring(lm, n_docs, J, int(s.max_new_tokens), doc_tokens, rates, gpus, score.processes)]
+        return out + ([_clustering(cfg, n_docs, J, rates)] if clustering else [])
+
+    stages = [] if qg is None else [_qg(cfg, qg, lm, rates)]
+    stages += lm_stages(fine_tuned=qg is not None)
     per_doc = int(cfg.doc_queries.per_doc)
     if per_doc:
         n_gen = n_docs * per_doc
         stages.append(_sampling("doc_queries", lm, n_gen, int(cfg.doc_queries.max_new_tokens), doc_tokens, rates,
                                 want_compile(s.compile, kind, n_gen, s.compile_min_queries)))
+    if qg is not None and qg.compare_two_shot and clustering:  # gdr/pipeline.py compare_two_shot
+        for st in lm_stages(fine_tuned=False):
+            st.name += TWO_SHOT
+            st.basis = "the base model with its two-shot prompt (qg.compare_two_shot), as the first: " + st.basis
+            stages.append(st)
     stages.append(_indexing(cfg, n_docs, J, rates))
     if cfg.get("bm25", RunKeys.bm25):
         stages.append(_host("bm25", HOST_S["bm25_doc"] * n_docs, rates, f"{n_docs:,} documents"))
     stages += _train_and_search(cfg, n_docs, n_train, n_test, rates, gpus, free)
-    n_ret = len(cfg.indexers) * len(cfg.seeds)
-    stages.append(_host("reports", HOST_S["report_write"] * n_ret, rates,
-                        f"the report rewritten after each of {n_ret} retrievers"))
+    stages.append(_reports(len(cfg.indexers) * len(cfg.seeds), rates))
     if lm.config.is_encoder_decoder and device != "cpu":  # the committed LM figures are SmolLM2's
         for st in stages:
-            if st.name in ("lm_load", "sampling", "scoring", "doc_queries"):
+            if st.name.removesuffix(TWO_SHOT) in ("lm_load", "sampling", "scoring", "doc_queries"):
                 st.basis += "; measured on SmolLM2 (no seq2seq LM figure committed)"
     for st in stages:
         rates.apply_factor(st)
@@ -751,17 +772,241 @@ def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     return st
 
 
-def _lm_load(name: str, lm, rates: _Rates) -> StagePlan:
+def _lm_load(name: str, lm, rates: _Rates, fine_tuned: bool = False) -> StagePlan:
     """The LM's cold load: a bundled GGUF LM by the fast conversion (:data:`LM_LOAD_S`), another by the cold load
-    the committed runs measured."""
+    the committed runs measured; ``fine_tuned``: the generator the qg stage fine-tuned, from its local folder."""
     measured = rates.per_unit("lm_load_s") or rates.cold("lm_load", "sampling_load_s")
     src = rates.cpu_note() if rates.device == "cpu" else rates.figures.get("sampling_load_s", (0, "none"))[1]
+    if fine_tuned:
+        return StagePlan("lm_load", measured, cost.weight_bytes(lm, 4),
+                         f"the generator fine-tuned by the qg stage, loaded from its folder (no GGUF conversion): "
+                         f"the cold load measured ({src})")
     if rates.device == "cpu" or name not in BUNDLED:
         return StagePlan("lm_load", measured, cost.weight_bytes(lm, 4), f"the cold load measured ({src})")
     return StagePlan("lm_load", LM_LOAD_S, cost.weight_bytes(lm, 4),
                      f"the fast GGUF conversion: {LM_LOAD_S:.0f} CPU s measured on the 2-core development CPU "
                      f"(reports/lm-cold-start.md), not on the GPU machine's; its cold load before it: "
                      f"{measured:.1f} s ({src})")
+
+
+def _qg_settings(cfg) -> RunQG | None:
+    """The run's ``qg`` section, typed as the run types it (``gdr.pipeline.run_settings``); None when the run
+    fine-tunes no generator (``qg.enabled`` false, or a config from before the section)."""
+    if cfg.get("qg") is None or not cfg.qg.get("enabled"):
+        return None
+    return section_from(RunQG, OmegaConf.to_container(cfg.qg, resolve=True), "qg")
+
+
+def _qg_train(q: RunQG) -> QGOptions:
+    """The fine-tune's optimiser and trainer settings of ``qg.train``: the plan's one read of that section (a dict
+    of its keys, or already the typed section)."""
+    return q.train if isinstance(q.train, QGOptions) else QGOptions(**q.train)
+
+
+def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
+    """The qg stage (gdr/pipeline.py ``qg_spec``): the base LM loaded, its held-out loss on the run's dev pairs, the
+    fine-tune on the training split's (document, query) pairs (one pair a training query, :func:`_split_sizes`;
+    ``qg.dev_fraction`` of them held out to pick the checkpoint, validated before, once an epoch and once more at
+    the end), the fine-tuned generator loaded from its folder for its held-out loss. Training FLOPs 6 x parameters x
+    tokens, forward passes 2 x; each pair max_doc_tokens + the prompt + a query of ``sample.max_new_tokens`` tokens
+    (assumed: the queries the generator learns are as long as those it samples)."""
+    o = _qg_train(q)
+    n_docs, n_pairs, _ = _split_sizes(cfg)
+    if q.max_pairs:
+        n_pairs = min(n_pairs, int(q.max_pairs))
+    held = min(round(n_pairs * float(q.dev_fraction)), int(q.dev_max))  # titles: one pair a document
+    n_fit = n_pairs - held
+    dev = _titles_dev(cfg)
+    query_tokens = int(cfg.sample.max_new_tokens)
+    tokens = int(cfg.model.max_doc_tokens) + PROMPT_TOKENS + query_tokens
+    epoch_steps = math.ceil(n_fit / max(o.batch_size, 1))
+    steps = epoch_steps * o.max_epochs
+    steps = min(steps, o.max_steps) if o.max_steps > 0 else steps
+    fitted = min(n_fit * o.max_epochs, steps * o.batch_size)  # pairs trained on, every epoch
+    matmul, params = cost.param_count(lm), sum(p.numel() for p in lm.parameters())
+    on_gpu = rates.device != "cpu"
+    train_flops = 3 * cost.linear_flops_per_token(matmul) * tokens  # 6 x parameters x tokens
+    train_bytes = cost.training_bytes_per_example(params, matmul, o.batch_size, on_gpu)
+    fwd_flops = cost.linear_flops_per_token(matmul) * tokens
+    fwd_bytes = cost.weight_bytes(lm, 2 if on_gpu else 4) / max(int(o.eval_batch_size), 1)
+    if on_gpu:
+        frac, src = QG_FRACTION, "assumed: no GPU run has fine-tuned the generator (plan-constants.json QG_FRACTION)"
+    else:
+        frac, src = rates.fraction("training")
+    rate, fwd_rate = frac * rates.limit(train_flops, train_bytes), frac * rates.limit(fwd_flops, fwd_bytes)
+    validations = o.max_epochs + 2 if held else 0  # before the fit, each epoch, the kept state's measure
+    forward = held * validations + 2 * dev  # + the run's dev pairs under the base and the fine-tuned generator
+    base = _lm_load(str(cfg.model.name), lm, rates)
+    tuned = _lm_load(str(cfg.model.name), lm, rates, fine_tuned=True)
+    warm = rates.cold("training", "training_small30m_warmup_s")
+    seconds = base.seconds + tuned.seconds + warm + fitted / rate + forward / fwd_rate
+    peak = cost.TRAIN_BYTES_PER_PARAM * params
+    return StagePlan("qg", seconds, peak,
+                     f"fine-tuning {cfg.model.name} on {n_pairs:,} training pairs less {held} held out for the "
+                     f"checkpoint (qg.dev_fraction {float(q.dev_fraction):g}) x {o.max_epochs} epochs: {steps:,} "
+                     f"steps at batch {o.batch_size}, {tokens} tokens a pair (max_doc_tokens "
+                     f"{cfg.model.max_doc_tokens} + prompt {PROMPT_TOKENS} + a query of {query_tokens}: assumed), 6 x "
+                     f"{matmul / 1e6:.0f} M "
+                     f"parameters x tokens at {_rate(rate)} pairs/s ({frac:.1%} of the limit, {src}); forward only "
+                     f"(2 x parameters x tokens) at {_rate(fwd_rate)} pairs/s: the {held} held-out pairs x "
+                     f"{validations} validations and the run's {dev} dev pairs under both generators; + loads: the "
+                     f"base model {base.seconds:.1f} s, the fine-tuned one {tuned.seconds:.1f} s; + warm-up "
+                     f"{warm:.0f} s (the retriever's, assumed); peak: weights, gradients and AdamW state "
+                     f"(activations not counted)")
+
+
+def _titles_dev(cfg) -> int:
+    """The run's dev split's queries: titles by the split's share (:data:`TITLES_TEST_KEPT`); 0 for a query set,
+    whose dev split's size the plan does not know."""
+    if str(cfg.queries.name) != "titles":
+        return 0
+    fr = list(cfg.queries.get("fractions") or TITLE_FRACTIONS)
+    name = str(cfg.data.name)
+    return round(fr[1] * int(cfg.data.get("n_docs") or CORPUS_DOCS.get(name, 0)) * TITLES_TEST_KEPT.get(name, 1.0))
+
+
+def _rewrite_s(n: int) -> float:
+    """One report rewrite after ``n`` retrievers (:data:`REPORT_REWRITE_S`, linear between the measured counts, held
+    past the last)."""
+    pts = sorted(REPORT_REWRITE_S.items())
+    return float(np.interp(n, [k for k, _ in pts], [v for _, v in pts]))
+
+
+def _reports(n_ret: int, rates: _Rates) -> StagePlan:
+    """The time outside any stage but the LM's load: the report rewritten after each of ``n_ret`` retrievers (each
+    at tests/bench_report.py's seconds after as many retrievers) and the rest (process start, corpus load,
+    bookkeeping: the 2026-11-27 run's outside seconds less its report rewrites, :data:`OUTSIDE_1127`)."""
+    rewrites = sum(_rewrite_s(k) for k in range(1, n_ret + 1))
+    other = OUTSIDE_1127["other"]
+    st = StagePlan("reports", rewrites + other, None,
+                   f"{n_ret} report rewrites, one after each retriever, {_rewrite_s(1):.2f}-{_rewrite_s(n_ret):.2f} s "
+                   f"each by the retrievers done (tests/bench_report.py --retrievers on the 2-core development CPU, "
+                   f"plan-constants.json REPORT_REWRITE_S; assumed: the run's CPU as fast): {rewrites:.1f} s; other "
+                   f"outside stages {other:.1f} s (process start, corpus load, bookkeeping: the 2026-11-27 run's "
+                   f"{OUTSIDE_1127['seconds']:.1f} s outside stages less its {OUTSIDE_1127['report_rewrites']:.1f} s "
+                   f"of report rewrites (run.log), assumed for any run)")
+    st.parts = {"report_rewrites": rewrites, "other": other}
+    return st
+
+
+# --- the wall clock: host stages in a background thread beside the device stages (gdr.stages.overlap) ---------------
+
+@dataclass
+class HostTask:
+    """A host stage the run starts in the background (:class:`gdr.stages.overlap.HostStages`): its ``seconds``, its
+    :class:`gdr.stages.overlap.Priority` and the main thread's step after which the run starts it (``after``)."""
+
+    name: str
+    seconds: float
+    priority: int
+    after: str
+
+
+@dataclass
+class WallPlan:
+    """The run's predicted wall clock (``seconds``), with ``overlap`` on or off: the main thread's ``waits`` (step ->
+    seconds it waited before that step), each host stage's ``finish`` (seconds from the start; overlap on), the host
+    stages' seconds (``host``) and what it rests on (``basis``)."""
+
+    seconds: float
+    overlap: bool
+    waits: dict[str, float]
+    finish: dict[str, float]
+    host: float
+    basis: str
+
+    def record(self) -> dict:
+        """The wall as plan.json and the JSON line hold it."""
+        return {"seconds_wall": round(self.seconds, 1),
+                "overlap": {"on": self.overlap, "host_seconds": round(self.host, 1),
+                            "waits": {k: round(v, 1) for k, v in self.waits.items()}}}
+
+
+def simulate_overlap(main: list[tuple[str, float]], host: list[HostTask], indexes_by: str,
+                     all_by: str) -> WallPlan:
+    """The wall clock of a run whose main thread runs the steps ``main`` (name, seconds) in order while one
+    background worker runs the ``host`` stages one at a time: each becomes available once its ``after`` step has
+    ended, and the worker, when free, takes the lowest priority of those available (then the first started), as
+    :class:`gdr.stages.overlap.HostStages` does. The main thread waits before step ``indexes_by`` for every index
+    (priority :attr:`Priority.INDEX`, :func:`gdr.pipeline.take_indexes`) and before step ``all_by`` for every host
+    stage (the first report). Every ``after`` step comes before both waits, as in the run (all host stages start
+    before the retrievers train), so the worker's schedule is fixed before the main thread waits."""
+    names = [n for n, _ in main]
+    first_wait = min(names.index(indexes_by), names.index(all_by))
+    ends, t = {}, 0.0
+    for name, sec in main[:first_wait]:
+        t += sec
+        ends[name] = t
+    late = [h.name for h in host if h.after not in ends]
+    if late:
+        raise ValueError(f"host stages {late} start after the main thread first waits ({names[first_wait]})")
+    queue = sorted(range(len(host)), key=lambda i: (ends[host[i].after], i))  # by release, then as started
+    finish, free, ready, k = {}, 0.0, [], 0
+    while k < len(queue) or ready:
+        if not ready:
+            free = max(free, ends[host[queue[k]].after])
+        while k < len(queue) and ends[host[queue[k]].after] <= free:
+            ready.append(queue[k])
+            k += 1
+        i = min(ready, key=lambda j: (host[j].priority, j))
+        ready.remove(i)
+        free += host[i].seconds
+        finish[host[i].name] = free
+    waits, t = {}, 0.0
+    for name, sec in main:
+        need = [finish[h.name] for h in host if name == all_by or (name == indexes_by and h.priority == Priority.INDEX)]
+        if need and max(need) > t:
+            waits[name] = max(need) - t
+            t = max(need)
+        t += sec
+    return WallPlan(t, True, waits, finish, sum(h.seconds for h in host), "")
+
+
+def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = None) -> WallPlan:
+    """The wall clock of the run of ``cfg`` planned as ``stages`` on ``device``: with ``overlap`` (None: the run's
+    setting, :func:`gdr.stages.overlap.overlap_on`) the host stages (the flat clustering(s), every index, BM25) in
+    one background thread beside the main thread (:func:`simulate_overlap`), else the stages one after another."""
+    if overlap is None:
+        overlap = overlap_on(cfg.get("overlap", RunKeys.overlap), "cpu" if device == "cpu" else "cuda")
+    by = {s.name: s for s in stages}
+    total = sum(s.seconds for s in stages)
+    if not overlap:
+        return WallPlan(total, False, {}, {}, 0.0, "overlap off (on the CPU by default: the host stages would compete "
+                        "for its cores): the stages one after another, the total")
+
+    def sec(*names: str) -> float:
+        return sum(by[n].seconds for n in names if n in by)
+
+    tasks = []
+    parts = (by["indexing"].parts or {}) if "indexing" in by else {}
+    mode = str(cfg.get("index_seed") or RunKeys.index_seed)
+    for method in cfg.indexers:
+        for seed in index_seeds(mode, method, cfg.seeds):
+            tasks.append(HostTask(index_stage_name(method, seed), parts.get(method, 0.0), Priority.INDEX,
+                                  "doc_queries" if method == "bmi" else "score"))
+    tasks += [HostTask("cluster", sec("clustering"), Priority.CLUSTER, "score"),
+              HostTask("bm25", sec("bm25"), Priority.BM25, "score"),
+              HostTask("cluster" + TWO_SHOT, sec("clustering" + TWO_SHOT), Priority.CLUSTER, "score" + TWO_SHOT)]
+    tasks = [t for t in tasks if t.seconds > 0 or t.name.startswith("index-")]
+    train = by.get("training")
+    n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
+    at_once = min(train.at_once or 1, n_ret) if train is not None else 1
+    first = (sec("training") * at_once + sec("evaluation")) / max(n_ret, 1)  # the first retriever trained and scored
+    main = [("qg", sec("qg")), ("score", sec(*RUN_GROUPS["score"])), ("doc_queries", sec("doc_queries")),
+            ("score" + TWO_SHOT, sec(*RUN_GROUPS["score" + TWO_SHOT])), ("first retriever", first),
+            ("the rest", sec("training", "evaluation", "reports") - first)]
+    wall = simulate_overlap(main, tasks, "first retriever", "the rest")
+    host = sum(t.seconds for t in tasks)
+    waited = ", ".join(f"{v:.1f} s before {'training' if k == 'first retriever' else 'the first report'}"
+                       for k, v in wall.waits.items()) or "no wait"
+    wall.basis = (f"overlap on: the host stages ({host:.1f} s: the flat clustering(s), every index, "
+                  f"BM25) in one background thread beside the device stages, taken in Priority order as the run "
+                  f"starts them (indexes, clustering and BM25 after the score stage, BMI's indexes after doc_queries, "
+                  f"the two-shot clustering after its scoring); the main thread waits for every index before "
+                  f"training and for the rest by the first report (after the first retriever: training x {at_once} at "
+                  f"once / {n_ret} + evaluation / {n_ret}, assumed even): {waited}; assumed: the host thread does "
+                  f"not slow the device stages")
+    return wall
 
 
 def _labelled(cfg) -> bool:
@@ -783,12 +1028,15 @@ def _index_parts(stages: list[StagePlan]) -> dict[str, float]:
     return next((dict(s.parts or {}) for s in stages if s.name == "indexing"), {})
 
 
-def write_run_plan(cfg, run_dir: Path, device: str, gpus: int, stages: list[StagePlan]) -> Path:
+def write_run_plan(cfg, run_dir: Path, device: str, gpus: int, stages: list[StagePlan],
+                   wall: WallPlan | None = None) -> Path:
     """``<run_dir>/plan.json`` (:func:`gdr.stages.plan_file.write_plan`) of ``stages``, the plan of the composed
-    run config ``cfg`` on ``device``: what the run's report sets beside the measured seconds."""
+    run config ``cfg`` on ``device``, with its wall clock (``wall``; None: :func:`plan_wall` of the run's
+    ``overlap``): what the run's report sets beside the measured seconds."""
     identity = plan_identity(OmegaConf.to_container(cfg, resolve=True), device)
+    wall = wall or plan_wall(cfg, stages, device)
     return write_plan(run_dir, identity, gpus, {s.name: s.seconds for s in stages}, _index_parts(stages),
-                      len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg))
+                      len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg), wall.record())
 
 
 def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None]:
@@ -810,9 +1058,9 @@ def predict_stages(cfg, names: list[str], n_docs: int) -> dict[str, float | None
     return {k: None if v is None else round(v, 1) for k, v in got.items()}
 
 
-def format_plan(stages: list[StagePlan], device: str, gpus: int) -> str:
+def format_plan(stages: list[StagePlan], device: str, gpus: int, wall: WallPlan | None = None) -> str:
     """The plan as a table: stage, seconds, peak memory, basis; the total at the central stops, then at the
-    earliest early stops, then at the epoch caps."""
+    earliest early stops, then at the epoch caps; then the wall clock (``wall``, when given)."""
     lines = [f"gdr plan on {gpus} x {DEVICES[device]}:", f"{'stage':<20} {'seconds':>9} {'peak GB':>8}  basis"]
     for s in stages:
         mem = "-" if s.peak_bytes is None else f"{s.peak_bytes / 1e9:.1f}"
@@ -823,6 +1071,8 @@ def format_plan(stages: list[StagePlan], device: str, gpus: int) -> str:
                  f"the earliest its early stopping allows")
     lines.append(f"{'total, epoch cap':<20} {sum(s.seconds_high for s in stages):>9.1f}  every retriever to its "
                  f"epoch cap")
+    if wall is not None:
+        lines.append(f"{'wall':<20} {wall.seconds:>9.1f}  {wall.basis}")
     return "\n".join(lines)
 
 
@@ -843,6 +1093,7 @@ class RunCheck:
     notes: list[str]
     cfg: Any = None  # the run's composed config
     plan: list[StagePlan] | None = None  # the plan of that config, with the device's factors
+    wall: WallPlan | None = None  # that plan's wall clock, the host stages overlapped as they were in the run
 
 
 def _run_report(run_dir: Path) -> tuple[Path, dict]:
@@ -871,8 +1122,12 @@ def _run_config(run_dir: Path, rep: dict):
 
 def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: Path = GPU_RUNS) -> RunCheck:
     """The plan of the run in ``run_dir`` (its config; the memory free at training as its log says, when it does)
-    beside the seconds its report measured, stage by stage (:func:`stage_seconds`), with the retrievers' training,
-    their evaluation, the time outside any stage (report writes, loads) and the total as rows of their own."""
+    beside the seconds its report measured, stage by stage (:func:`stage_seconds`; a stage the run ran twice, the
+    second score and cluster of ``qg.compare_two_shot``, as :func:`gdr.stages.plan_file.planned_names` names it;
+    a host stage run in the background beside its own plan row), with the retrievers' training, their evaluation,
+    the time outside any stage but the LM loads (the report's ``outside_stages`` accounts when it has them: report
+    rewrites and the rest; else the run's seconds less its stages') and the total (the plan's wall clock, with the
+    host stages overlapped as they were in the run) as rows of their own."""
     run_dir, rep = _run_report(Path(run_dir))
     cfg = _run_config(run_dir, rep)
     notes = []
@@ -896,22 +1151,44 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
         notes.append(f"plan: with the factors of {ffile}" + (
             " (measured on this run: in-sample; 'plan, no factors' is the out-of-sample prediction)"
             if ffile.startswith(run_dir.resolve().name) else ""))
-    names = [st["name"] for st in rep["stages"]]
-    measured = {st["name"]: float(st["seconds"]) for st in rep["stages"]}
+    names = planned_names([st["name"] for st in rep["stages"]])
+    measured: dict[str, float] = {}
+    for name, st in zip(names, rep["stages"]):  # a name repeated past the two-shot pass: summed
+        measured[name] = measured.get(name, 0.0) + float(st["seconds"])
+    names = list(measured)
     n_ret = sum(n.startswith("train-") for n in names) or len(cfg.indexers) * len(cfg.seeds)
     p_raw, p_cal = stage_seconds(raw, names, n_ret), stage_seconds(cal, names, n_ret)
     rows = [(n, p_raw[n], p_cal[n], measured[n]) for n in names]
     by_raw, by_cal = {s.name: s for s in raw}, {s.name: s for s in cal}
-    outside = float(rep["seconds"]) - sum(measured.values())
+    accounts = rep.get("outside_stages")
+    if accounts:  # the run's own clock (gdr.pipeline.run_timing); its LM loads are inside the score rows here
+        outside = float(accounts["report_rewrites"]) + float(accounts["other"])
+        notes.append(f"outside stages: the report's accounts, report rewrites {accounts['report_rewrites']:.1f} s + "
+                     f"other {accounts['other']:.1f} s (its LM loads, {accounts['lm_load']:.1f} s, are in the score "
+                     f"rows)")
+    else:
+        outside = float(rep["seconds"]) - sum(measured.values())
+        notes.append("outside stages: the run's seconds less its stages' (the report has no outside_stages accounts)")
+    ran_beside = rep.get("overlapped")
+    if ran_beside:
+        notes.append(f"overlap: {', '.join(ran_beside['stages'])} ran in the background "
+                     f"({ran_beside['seconds']:.1f} s, the run waited {ran_beside['waited']:.1f} s of it): each "
+                     f"beside its own plan row; the total is the plan's wall clock with them overlapped")
+    wall_raw = plan_wall(cfg, raw, device, overlap=bool(ran_beside))
+    wall_cal = plan_wall(cfg, cal, device, overlap=bool(ran_beside))
     for label, kind in (("train, all", "train-"), ("eval, all", "eval-")):
         sel = [n for n in names if n.startswith(kind)]
         rows.append((f"{label} {len(sel)}", sum(p_raw[n] or 0 for n in sel), sum(p_cal[n] or 0 for n in sel),
                      sum(measured[n] for n in sel)))
     rows.append(("outside stages", by_raw["reports"].seconds if "reports" in by_raw else None,
                  by_cal["reports"].seconds if "reports" in by_cal else None, outside))
-    rows.append(("total", sum(s.seconds for s in raw), sum(s.seconds for s in cal), float(rep["seconds"])))
+    if accounts and "reports" in by_raw:
+        for part, label in (("report_rewrites", "  report rewrites"), ("other", "  other outside")):
+            rows.append((label, (by_raw["reports"].parts or {}).get(part), (by_cal["reports"].parts or {}).get(part),
+                         float(accounts[part])))
+    rows.append(("total", wall_raw.seconds, wall_cal.seconds, float(rep["seconds"])))
     factors = _factors(run_dir, raw, measured, names, outside, n_ret, notes)
-    return RunCheck(run_dir, device, rows, factors, notes, cfg, cal)
+    return RunCheck(run_dir, device, rows, factors, notes, cfg, cal, wall_cal)
 
 
 def _recorded_device(run_dir: Path, log_text: str) -> str:
@@ -944,10 +1221,8 @@ def _factors(run_dir: Path, raw: list[StagePlan], measured: dict[str, float], na
     def ratio(meas: float, pred: float | None) -> float | None:
         return None if not pred else meas / pred
 
-    group = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
-             "doc-queries": ("doc_queries",), "bm25": ("bm25",)}
     out: dict[str, float | None] = {}
-    for run_name, plan_names in group.items():
+    for run_name, plan_names in RUN_GROUPS.items():
         if run_name in measured:
             f = ratio(measured[run_name], sum(by[p].seconds for p in plan_names if p in by))
             out.update({p: f for p in plan_names if p in by})

@@ -14,6 +14,10 @@ from gdr.training.concurrent import concurrent_for_memory
 
 STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexing", "bm25", "training", "evaluation",
           "reports"]
+# +experiment=bbc (qg.enabled, qg.compare_two_shot): the generator fine-tuned first, the base model's P scored and
+# clustered a second time after the generated queries
+TWO_SHOT = ["lm_load (two-shot)", "sampling (two-shot)", "scoring (two-shot)", "clustering (two-shot)"]
+BBC_STAGES = ["qg", *STAGES[:5], *TWO_SHOT, *STAGES[5:]]
 # the protocol of the committed H200 run (reports/gpu-runs/2026-11-27-bbc-compare/): early stopping, K = 10
 BBC_1127 = "bbc-2026-11-27"
 
@@ -49,7 +53,7 @@ def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_
     divide it by 8, the warm-up stays."""
     cfg = load_config("run", ["+experiment=bbc", "data.n_docs=1000", "sample.n_queries=512"])
     one = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}
-    assert list(one) == STAGES
+    assert list(one) == BBC_STAGES
     lm = _meta_lm("smollm2-135m")
     prompt, n = 128 + 32, 16
     per_doc, tile = cost.score_memory(cost.dims(lm.config), prompt, 4096)
@@ -63,7 +67,8 @@ def test_scoring_seconds_are_pairs_over_the_measured_fraction_of_the_limit_plus_
     eight = {s.name: s for s in plan_run(cfg, "h200", 8, _runs(tmp_path, 0.2))}
     assert eight["scoring"].seconds - 10.0 == pytest.approx((one["scoring"].seconds - 10.0) / 8)
     assert " 1 at once" in eight["training"].basis  # each retriever data-parallel over the 8 GPUs
-    assert one["lm_load"].seconds == LM_LOAD_S and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
+    assert one["lm_load (two-shot)"].seconds == LM_LOAD_S and one["scoring"].peak_bytes > one["sampling"].peak_bytes > 0
+    assert one["lm_load"].seconds == 30.0  # the fine-tuned generator: from its folder, at the cold load measured
 
 
 def test_a_device_without_figures_takes_the_h200_fractions_and_says_so(tmp_path):
@@ -77,7 +82,7 @@ def test_a_device_without_figures_takes_the_h200_fractions_and_says_so(tmp_path)
 def test_predict_gives_seconds_per_stage_for_the_report():
     cfg = load_config("run", ["+experiment=bbc"])
     pred = predict(cfg, "h200")
-    assert list(pred) == STAGES and all(v > 0 for v in pred.values())
+    assert list(pred) == BBC_STAGES and all(v > 0 for v in pred.values())
 
 
 def test_the_committed_figures_plan_the_bbc_run_and_name_their_files(capsys):
@@ -86,11 +91,14 @@ def test_the_committed_figures_plan_the_bbc_run_and_name_their_files(capsys):
     assert main(["plan", "+experiment=bbc", "device=h200"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
-    assert list(summary["stages"]) == STAGES and summary["device"] == "h200"
+    assert list(summary["stages"]) == BBC_STAGES and summary["device"] == "h200"
     for name in ("sampling", "scoring", "training", "evaluation"):
         assert "2026-11-27-h200" in summary["stages"][name]["basis"], name
     assert summary["seconds"] == pytest.approx(sum(s["seconds"] for s in summary["stages"].values()), abs=0.5)
-    assert out[0] == "gdr plan on 1 x H200:" and out[-2].startswith("total")
+    assert out[0] == "gdr plan on 1 x H200:" and out[-3].startswith("total, epoch cap")
+    assert out[-2].split()[:2] == ["wall", f"{summary['seconds_wall']:.1f}"] and summary["overlap"]["on"]
+    written = json.loads(Path(summary["plan_file"]).read_text())
+    assert written["seconds_wall"] == summary["seconds_wall"] and written["overlap"] == summary["overlap"]
 
 
 def test_plan_refuses_what_it_cannot_plan(capsys):
@@ -253,7 +261,7 @@ def test_training_runs_from_the_earliest_early_stop_to_the_epoch_cap(tmp_path):
 
 
 def test_the_bundled_gguf_lm_loads_by_the_fast_conversion(tmp_path):
-    cfg = load_config("run", ["+experiment=bbc"])
+    cfg = load_config("run", ["+experiment=bbc", "qg.enabled=false"])
     st = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}
     assert st["lm_load"].seconds == LM_LOAD_S and "reports/lm-cold-start.md" in st["lm_load"].basis
     assert "30.0 s (2026-01-01-h200-chain.json)" in st["lm_load"].basis
@@ -267,10 +275,10 @@ def test_the_plan_prints_both_totals(capsys):
     assert main(["plan", f"+experiment={BBC_1127}", "device=h100"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
-    assert out[-4].startswith("total ") and out[-3].startswith("total, early stop")
-    assert out[-2].startswith("total, epoch cap")
+    assert out[-5].startswith("total ") and out[-4].startswith("total, early stop")
+    assert out[-3].startswith("total, epoch cap") and out[-2].startswith("wall ")
     assert summary["seconds_early_stop"] < summary["seconds"]
-    assert f"{summary['seconds_early_stop']:.1f}" in out[-3]
+    assert f"{summary['seconds_early_stop']:.1f}" in out[-4]
 
 
 BBC_RUN = Path(__file__).resolve().parents[1] / "reports" / "gpu-runs" / "2026-11-27-bbc-compare"
@@ -346,3 +354,184 @@ def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_
     assert int(n_ret) == 5 * n and int(tested.replace(",", "")) * 5 == 225  # each fold's share of Cranfield's 225
     # topics: every topic once per scheme
     assert five["scoring"].seconds == one["scoring"].seconds  # P does not depend on the split
+
+
+# --- the BBC protocol's run: the qg stage, the two-shot pass, the host stages overlapped (issues 46/47) -----------
+
+def _names(*overrides: str, device: str = "h200", runs=None) -> dict[str, StagePlan]:
+    cfg = load_config("run", ["+experiment=bbc", *overrides])
+    return {s.name: s for s in plan_run(cfg, device, 1, runs, calibrate="off")} if runs else \
+        {s.name: s for s in plan_run(cfg, device, 1, calibrate="off")}
+
+
+def test_the_qg_and_two_shot_rows_appear_exactly_when_the_run_makes_those_stages(tmp_path):
+    """qg.enabled: a qg row first and the generator loaded cold from its folder; qg.compare_two_shot (with the
+    clustering on): the base model's load, sampling, scoring and clustering again; neither: today's rows."""
+    runs = _runs(tmp_path, 0.2)
+    assert list(_names(runs=runs)) == BBC_STAGES
+    off = _names("qg.enabled=false", runs=runs)
+    assert list(off) == STAGES and off["lm_load"].seconds == LM_LOAD_S
+    tuned = _names("qg.compare_two_shot=false", runs=runs)
+    assert list(tuned) == ["qg", *STAGES]
+    assert tuned["lm_load"].seconds == 30.0 and "fine-tuned by the qg stage" in tuned["lm_load"].basis
+    no_cluster = _names("cluster.enabled=false", runs=runs)  # compare_two_shot clusters the two-shot P: no run
+    assert list(no_cluster) == ["qg", *(n for n in STAGES if n != "clustering")]
+    both = _names(runs=runs)
+    for name in ("sampling", "scoring", "clustering"):
+        assert both[name + " (two-shot)"].seconds == pytest.approx(both[name].seconds), name
+        assert both[name + " (two-shot)"].basis.startswith("the base model with its two-shot prompt")
+    assert both["lm_load (two-shot)"].seconds == LM_LOAD_S  # the bundled base model: the GGUF conversion
+
+
+def test_the_qg_stage_is_six_flops_a_parameter_and_token_at_an_assumed_fraction(tmp_path):
+    """The fine-tune's compute part grows with its epochs and pairs; its basis names the pairs (the training titles
+    less the held-out share), the tokens a pair, and says its fraction is assumed (GPU) or the CPU default."""
+    from gdr.plan import PROMPT_TOKENS, QG_FRACTION, _sizes
+
+    runs = _runs(tmp_path, 0.2)
+    three, six = _names(runs=runs)["qg"], _names("qg.train.max_epochs=6", runs=runs)["qg"]
+    fixed = 30.0 + LM_LOAD_S + 1.0  # the fixture's cold load (fine-tuned), the GGUF load (base), the warm-up
+    assert 1.6 < (six.seconds - fixed) / (three.seconds - fixed) < 2.0  # the forward passes do not double
+    n_pairs = _sizes(load_config("run", ["+experiment=bbc"]))[1]
+    held = round(0.05 * n_pairs)
+    assert f"on {n_pairs:,} training pairs less {held} held out" in three.basis
+    assert f"{128 + PROMPT_TOKENS + 16} tokens a pair" in three.basis and "x 3 epochs" in three.basis
+    assert f"{QG_FRACTION:.1%} of the limit, assumed" in three.basis
+    lm = _meta_lm("smollm2-135m")
+    P = cost.param_count(lm)
+    rate = float(re.search(r"tokens at ([\d,.]+) pairs/s", three.basis).group(1).replace(",", ""))
+    limit = min(989e12 / (6 * P * 176), 4.8e12 / cost.training_bytes_per_example(
+        sum(p.numel() for p in lm.parameters()), P, 16, True))
+    assert rate == pytest.approx(QG_FRACTION * limit, rel=0.01)
+    cpu = _names(device="cpu", runs=runs)["qg"]
+    assert "CPU default" in cpu.basis and cpu.seconds > three.seconds
+
+
+def _device_sum(stages) -> float:
+    host = ("clustering", "clustering (two-shot)", "indexing", "bm25")
+    return sum(s.seconds for s in stages if s.name not in host)
+
+
+def test_the_wall_is_the_sum_without_overlap_and_less_with_it_on_a_gpu(tmp_path):
+    """overlap auto: off on the CPU (the wall is the stages' sum), on on a GPU, where the host stages run beside the
+    device stages: the wall is less than the sum and at least the main thread's stages."""
+    from gdr.plan import plan_wall
+
+    runs = _runs(tmp_path, 0.2)
+    cfg = load_config("run", ["+experiment=bbc"])
+    gpu = plan_run(cfg, "h200", 1, runs)
+    on = plan_wall(cfg, gpu, "h200")
+    total = sum(s.seconds for s in gpu)
+    assert on.overlap and _device_sum(gpu) <= on.seconds < total
+    assert on.host == pytest.approx(total - _device_sum(gpu))
+    assert "assumed: the host thread does not slow the device stages" in on.basis
+    off = plan_wall(load_config("run", ["+experiment=bbc", "overlap=false"]), gpu, "h200")
+    assert not off.overlap and off.seconds == pytest.approx(total)
+    cpu = plan_run(cfg, "cpu", 1, runs, calibrate="off")
+    wall = plan_wall(cfg, cpu, "cpu")
+    assert not wall.overlap and wall.seconds == pytest.approx(sum(s.seconds for s in cpu))
+
+
+def test_the_overlap_simulation_waits_before_training_for_indexes_longer_than_the_device_stages():
+    """One worker, the lowest priority first among what has started, never pre-empted: GC's index (100 s) from the
+    end of scoring (10 s) and BMI's (10 s) from the end of doc_queries (15 s) finish at 120 s, so the main thread
+    waits 105 s before training; the clustering (50 s) and BM25 (5 s) after them, by the first report."""
+    from gdr.plan import HostTask, simulate_overlap
+    from gdr.stages.overlap import Priority
+
+    main = [("qg", 0.0), ("score", 10.0), ("doc_queries", 5.0), ("score (two-shot)", 0.0), ("first retriever", 20.0),
+            ("the rest", 30.0)]
+    host = [HostTask("index-gc", 100.0, Priority.INDEX, "score"), HostTask("cluster", 50.0, Priority.CLUSTER, "score"),
+            HostTask("bm25", 5.0, Priority.BM25, "score"), HostTask("index-bmi", 10.0, Priority.INDEX, "doc_queries")]
+    wall = simulate_overlap(main, host, "first retriever", "the rest")
+    assert wall.finish == {"index-gc": 110.0, "index-bmi": 120.0, "cluster": 170.0, "bm25": 175.0}
+    assert wall.waits == {"first retriever": 105.0, "the rest": 35.0} and wall.seconds == 205.0
+    quick = [HostTask(h.name, 1.0, h.priority, h.after) for h in host]  # host work of 1 s each: BMI's index, from
+    fast = simulate_overlap(main, quick, "first retriever", "the rest")  # the end of doc_queries, alone is waited for
+    assert fast.waits == {"first retriever": 1.0} and fast.seconds == sum(s for _, s in main) + 1.0
+    two_shot = [*main[:3], ("score (two-shot)", 8.0), *main[4:]]  # the two-shot pass covers it
+    assert simulate_overlap(two_shot, quick, "first retriever", "the rest").seconds == sum(s for _, s in two_shot)
+    with pytest.raises(ValueError, match="start after the main thread first waits"):
+        simulate_overlap(main, [HostTask("late", 1.0, Priority.BM25, "the rest")], "first retriever", "the rest")
+
+
+def test_the_planned_wall_waits_for_long_indexes_before_training(tmp_path):
+    """The plan's own wall: indexes of 500 s each against a few minutes of LM stages make the main thread wait
+    before the retrievers train, and the wait is said."""
+    from gdr.plan import plan_wall
+
+    cfg = load_config("run", ["+experiment=bbc"])
+    stages = plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))
+    short = plan_wall(cfg, stages, "h200")
+    by = {s.name: s for s in stages}
+    by["indexing"].parts = {m: 500.0 for m in by["indexing"].parts}
+    long = plan_wall(cfg, stages, "h200")
+    before = sum(s.seconds for s in stages if s.name in ("qg", "lm_load", "sampling", "scoring", "doc_queries",
+                                                            "lm_load (two-shot)", "sampling (two-shot)",
+                                                            "scoring (two-shot)"))
+    assert "first retriever" not in short.waits
+    assert long.waits["first retriever"] > 12 * 500.0 - before - 1  # 12 indexes one after another
+    assert "s before training" in long.basis
+
+
+def test_a_second_score_and_cluster_are_the_two_shot_generators_in_the_plan_and_the_report():
+    from gdr.pipeline import StageRecord
+    from gdr.stages.plan_file import planned_names, stage_seconds
+    from gdr.stages.report import _stage_rows
+
+    names = ["qg", "score", "cluster", "doc-queries", "score", "cluster", "train-gc-s0"]
+    assert planned_names(names) == ["qg", "score", "cluster", "doc-queries", "score (two-shot)", "cluster (two-shot)",
+                                    "train-gc-s0"]
+    plan = {"qg": 9.0, "lm_load": 1.0, "sampling": 2.0, "scoring": 3.0, "clustering": 4.0, "doc_queries": 5.0,
+            "lm_load (two-shot)": 10.0, "sampling (two-shot)": 20.0, "scoring (two-shot)": 30.0,
+            "clustering (two-shot)": 40.0, "training": 7.0}
+    got = stage_seconds(plan, {}, names, 1)
+    assert got == {"qg": 9.0, "score": 6.0, "cluster": 4.0, "doc-queries": 5.0, "score (two-shot)": 60.0,
+                   "cluster (two-shot)": 40.0, "train-gc-s0": 7.0}
+    rows = _stage_rows([StageRecord(n, Path(n), "k", 1.0, False) for n in names], got)
+    assert [r["predicted_seconds"] for r in rows] == [9.0, 6.0, 4.0, 5.0, 60.0, 40.0, 7.0]
+
+
+def test_check_sums_repeated_stages_in_order_and_reads_the_overlapped_accounts(tmp_path):
+    """A synthetic run of +experiment=bbc on the H200 with overlap: the first score took 2x its plan, the second
+    (two-shot) 3x, the two-shot clustering half; the report's outside accounts (LM loads apart) and the total against
+    the plan's wall with the host stages overlapped."""
+    from omegaconf import OmegaConf
+
+    from gdr.plan import check_run, plan_wall
+    from gdr.stages.plan_file import planned_names, stage_seconds
+
+    (tmp_path / "runs").mkdir()
+    runs = _runs(tmp_path / "runs", 0.2)
+    cfg = load_config("run", ["+experiment=bbc", "seeds=[0]"])
+    raw = plan_run(cfg, "h200", 1, runs, factors=False)
+    names = ["qg", "score", "cluster", "index-gc-s0", "index-hkmi-s0", "index-random-s0", "bm25", "doc-queries",
+             "index-bmi-s0", "score", "cluster", *(f"{k}-{m}-s0" for m in cfg.indexers for k in ("train", "eval"))]
+    pred = stage_seconds({s.name: s.seconds for s in raw}, next(s.parts for s in raw if s.name == "indexing"), names, 4)
+    times = {"score": 2.0, "score (two-shot)": 3.0, "cluster (two-shot)": 0.5}
+    stages = [{"name": n, "seconds": round(pred[k] * times.get(k, 1.0), 2)}
+              for n, k in zip(names, planned_names(names))]
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(cfg, run / "run.config.yaml")
+    (run / "report.json").write_text(json.dumps({
+        "command": "gdr run +experiment=bbc seeds=[0]", "seconds": 999.0, "n_docs": 2225, "stages": stages,
+        "outside_stages": {"seconds": 40.0, "lm_load": 30.0, "report_rewrites": 4.0, "other": 6.0},
+        "overlapped": {"stages": {"cluster": {"seconds": 70.0, "waited": 0.0}}, "seconds": 70.0, "waited": 0.0}}))
+    check = check_run(run, "h200", folder=runs)
+    rows = {r[0]: r for r in check.rows}
+    assert rows["score"][3] == pytest.approx(2 * pred["score"], abs=0.01)
+    assert rows["score (two-shot)"][3] == pytest.approx(3 * pred["score (two-shot)"], abs=0.01)
+    assert rows["score (two-shot)"][1] == pytest.approx(pred["score (two-shot)"])
+    f = check.factors
+    assert f["scoring"] == pytest.approx(2.0, abs=0.01) and f["lm_load"] == f["sampling"] == f["scoring"]
+    assert f["scoring (two-shot)"] == pytest.approx(3.0, abs=0.01)
+    assert f["clustering (two-shot)"] == pytest.approx(0.5, abs=0.01) and f["clustering"] == pytest.approx(1.0, 0.01)
+    assert f["qg"] == pytest.approx(1.0, abs=0.01)
+    reports = next(s for s in raw if s.name == "reports")
+    assert rows["outside stages"][3] == 10.0 and f["reports"] == pytest.approx(10.0 / reports.seconds, abs=0.001)
+    assert rows["  report rewrites"][3] == 4.0 and rows["  other outside"][3] == 6.0
+    wall = plan_wall(cfg, raw, "h200", overlap=True)
+    assert rows["total"][1] == pytest.approx(wall.seconds) and rows["total"][3] == 999.0
+    assert wall.seconds < sum(s.seconds for s in raw)
+    assert any(n.startswith("overlap: cluster ran in the background") for n in check.notes)

@@ -17,14 +17,20 @@ import torch
 
 from gdr.io import atomic_write_text
 
-__all__ = ["DEVICES", "PLAN_FILE", "RUN_GROUPS", "plan_identity", "predicted_from_plan", "read_plan", "run_device",
-           "stage_seconds", "write_plan"]
+__all__ = ["DEVICES", "PLAN_FILE", "RUN_GROUPS", "TWO_SHOT", "plan_identity", "planned_names", "predicted_from_plan",
+           "read_plan", "run_device", "stage_seconds", "write_plan"]
 
 PLAN_FILE = "plan.json"
 DEVICES = {"h200": "H200", "h100": "H100", "a100": "A100", "cpu": "cpu"}
-# The run's stage names (gdr/pipeline.py) -> the plan's stages that make them
-RUN_GROUPS = {"score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
-              "doc-queries": ("doc_queries",), "bm25": ("bm25",)}
+# qg.compare_two_shot: the run's second score and cluster stages (the base model's two-shot P and its clustering) are
+# named as the first; the plan's stages of that second pass carry this suffix (``scoring (two-shot)``)
+TWO_SHOT = " (two-shot)"
+# The run's stage names (gdr/pipeline.py; a second score or cluster stage as :func:`planned_names` names it) -> the
+# plan's stages that make them
+RUN_GROUPS = {"qg": ("qg",), "score": ("lm_load", "sampling", "scoring"), "cluster": ("clustering",),
+              "doc-queries": ("doc_queries",), "bm25": ("bm25",),
+              "score" + TWO_SHOT: tuple(p + TWO_SHOT for p in ("lm_load", "sampling", "scoring")),
+              "cluster" + TWO_SHOT: ("clustering" + TWO_SHOT,)}
 # Settings that name where a run writes, not what it computes: not part of the config a plan was made for
 _NOT_PLANNED = ("out",)
 
@@ -47,15 +53,27 @@ def plan_identity(settings: dict, device: str | None) -> dict:
     return {"config_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "device": device}
 
 
+def planned_names(names: list[str]) -> list[str]:
+    """The run's stage names in order (a report's, with repeats) as the plan names them: the second ``score`` and
+    ``cluster`` of a run with ``qg.compare_two_shot`` (the generator's come first, gdr/pipeline.py
+    ``compare_two_shot``) are ``score (two-shot)`` and ``cluster (two-shot)``; every other name as it is."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        out.append(name + TWO_SHOT if name in ("score", "cluster") and name in seen else name)
+        seen.add(name)
+    return out
+
+
 def stage_seconds(stages: dict[str, float], parts: dict[str, float], names: list[str],
                   n_ret: int) -> dict[str, float | None]:
-    """The plan's seconds of each run stage in ``names`` (``score``, ``cluster``, ``doc-queries``,
+    """The plan's seconds of each run stage in ``names`` (``qg``, ``score``, ``cluster``, ``doc-queries``,
     ``index-<indexer>`` or ``index-<indexer>-s<seed>``, ``bm25``, ``train-<indexer>-s<seed>``,
-    ``eval-<indexer>-s<seed>``) from the plan's ``stages`` (plan stage -> seconds) and indexing ``parts``
-    (indexer -> seconds of one index); training and evaluation are shared evenly by the ``n_ret`` retrievers.
-    None for a stage the plan does not have."""
+    ``eval-<indexer>-s<seed>``; a repeat as :func:`planned_names` names it, and so keyed) from the plan's ``stages``
+    (plan stage -> seconds) and indexing ``parts`` (indexer -> seconds of one index); training and evaluation are
+    shared evenly by the ``n_ret`` retrievers. None for a stage the plan does not have."""
     out: dict[str, float | None] = {}
-    for name in names:
+    for name in planned_names(names):
         kind = name.split("-", 1)[0]
         if name in RUN_GROUPS:
             got = [stages[p] for p in RUN_GROUPS[name] if p in stages]
@@ -71,14 +89,15 @@ def stage_seconds(stages: dict[str, float], parts: dict[str, float], names: list
 
 
 def write_plan(run_dir: str | Path, identity: dict, gpus: int, stages: dict[str, float], parts: dict[str, float],
-               n_ret: int) -> Path:
+               n_ret: int, wall: dict | None = None) -> Path:
     """``<run_dir>/plan.json``: the plan's seconds per plan stage and per docid scheme's indexing, the retrievers
-    training and evaluation are shared by, and what the plan was made for (:func:`plan_identity`)."""
+    training and evaluation are shared by, what the plan was made for (:func:`plan_identity`) and ``wall``: the
+    run's predicted wall clock with the host stages beside the device stages (``seconds_wall``, ``overlap``)."""
     path = Path(run_dir) / PLAN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     rec = {"made_for": identity, "gpus": gpus, "n_retrievers": n_ret,
            "stages": {k: round(v, 1) for k, v in stages.items()},
-           "index_parts": {k: round(v, 1) for k, v in parts.items()}}
+           "index_parts": {k: round(v, 1) for k, v in parts.items()}, **(wall or {})}
     atomic_write_text(path, json.dumps(rec, indent=2) + "\n")
     return path
 

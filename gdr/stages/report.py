@@ -25,6 +25,7 @@ from gdr.eval.compare import (
 from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
 from gdr.stages.command_keys import Verdict
+from gdr.stages.plan_file import planned_names
 from gdr.stages.settings import EvaluateSettings
 
 __all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
@@ -475,9 +476,10 @@ def plot_learning_curves(retrievers: Sequence[dict], path: Path, title: str) -> 
 def _stage_rows(records: Sequence, predicted: dict[str, float | None]) -> list[dict]:
     """One row per stage: seconds over every attempt, the predicted seconds (None: not predicted), the last attempt
     apart, and whether it was reused."""
-    return [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "predicted_seconds": predicted.get(r.name),
+    keys = planned_names([r.name for r in records])  # a second score or cluster: the two-shot generator's
+    return [{"name": r.name, "folder": r.path.name, "seconds": r.seconds, "predicted_seconds": predicted.get(key),
              "last_seconds": r.seconds if r.last_seconds is None else r.last_seconds, "attempts": r.attempts,
-             "reused": r.reused} for r in records]
+             "reused": r.reused} for r, key in zip(records, keys)]
 
 
 def mark_in_progress(root: Path, command: str) -> bool:

@@ -26,6 +26,7 @@ from gdr.plan import (
     format_plan,
     gpus_problem,
     plan_run,
+    plan_wall,
     sized_config,
     write_factors,
     write_run_plan,
@@ -65,14 +66,15 @@ def plan_main(argv: list[str]) -> int:
 
     validate("run", cfg)
     stages = plan_run(sized_config(cfg), device, gpus, free=free, calibrate=calibrate)
-    print(format_plan(stages, device, gpus))
+    wall = plan_wall(cfg, stages, device)
+    print(format_plan(stages, device, gpus, wall))
     # the plan into the run folder, where the run's report reads it (said on stderr: stdout ends in the JSON line)
-    written = write_run_plan(cfg, Path(cfg.out), device, gpus, stages) if cfg.get("out") else None
+    written = write_run_plan(cfg, Path(cfg.out), device, gpus, stages, wall) if cfg.get("out") else None
     if written is not None:
         print(f"wrote {written} (the run's report reads it)", file=sys.stderr)
     print(json.dumps({"device": device, "gpus": gpus, "plan_file": None if written is None else str(written),
                       "seconds": round(sum(s.seconds for s in stages), 1),
-                      "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1),
+                      "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1), **wall.record(),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
     return 0
@@ -101,8 +103,8 @@ def _check(argv: list[str]) -> int:
         raise SystemExit(str(e)) from None
     print(format_check(check))
     try:
-        print(f"wrote {write_run_plan(check.cfg, check.run, check.device, gpus, check.plan)} (the predicted seconds "
-              f"of the run's report from its next gdr run)")
+        written = write_run_plan(check.cfg, check.run, check.device, gpus, check.plan, check.wall)
+        print(f"wrote {written} (the predicted seconds of the run's report from its next gdr run)")
     except OSError as e:  # a folder only read (a copy brought back, a committed report): the check stands
         print(f"plan.json not written into {check.run} ({type(e).__name__}: {e})")
     if write:
