@@ -14,10 +14,9 @@ their dataclass once read (:func:`gdr.stages.settings.section_from`), as a setti
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import ClassVar
-
-from omegaconf import ListConfig
 
 from gdr.data import CORPORA
 from gdr.rules import (
@@ -131,7 +130,7 @@ def qg_pairs(v, sec):
 
 def corpus_list(v, sec):
     """``qg.exclude``: a list of corpus names of :data:`gdr.data.CORPORA`."""
-    vals = list(v) if isinstance(v, (list, ListConfig)) else None
+    vals = list(v) if isinstance(v, Sequence) and not isinstance(v, str) else None  # a list, or a config's
     if vals is None or any(x not in CORPORA for x in vals):
         return f"must be a list of corpus names ({', '.join(CORPORA)}), e.g. [r5]"
     return None
