@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from gdr.indexing.trie import build_trie
 from gdr.models import cache_dir
-from gdr.stages.settings import LMSettings, SampleSettings
+from gdr.stages.settings import LMSettings
 from gdr.training.model import GenerativeRetriever
 from gdr.training.search import constrained_beam_search
 
@@ -117,7 +117,7 @@ def _doc_text(n_words: int) -> str:
 def _lm_figures(s: dict, texts: Sequence[str] | None) -> dict[str, float]:
     """Load, sampling and scoring of the query generator, on ``texts`` (None: :data:`DOC`)."""
     spec = LMSettings(name=str(s["model"]), max_doc_tokens=int(s["doc_tokens"]), device="cpu",
-                      threads=s.get("threads"))
+                      threads=s["threads"])
     t0 = time.perf_counter()
     lm = spec.build()
     load = time.perf_counter() - t0
@@ -135,7 +135,7 @@ def _lm_figures(s: dict, texts: Sequence[str] | None) -> dict[str, float]:
     sample(2)  # untimed: lazy initialisation
     n = max(1, min(int(s["sample_batch"]), SAMPLE_QUERIES))
     sampling = _timed(lambda: sample(n)) / n
-    per_doc = int(s.get("per_doc") or SampleSettings.per_doc)
+    per_doc = int(s["per_doc"])
     figures = {}
     if per_doc:
         figures["doc_queries_s_per_query"] = _timed(lambda: lm.sample_per_doc(

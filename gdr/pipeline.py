@@ -121,7 +121,6 @@ from gdr.stages.settings import (
     section_from,
 )
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
-from gdr.training.options import QGOptions
 from gdr.training.qg import fine_tune_qg, pairs_loss
 from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
@@ -818,12 +817,12 @@ def qg_spec(run: RunContext) -> StageSpec | None:
 
     def build(folder: Path) -> dict:
         lm = run.lm_spec.build()  # the base model, loaded for this stage alone: fine-tuning changes its weights
-        batch = int(q.train["eval_batch_size"])
+        batch = q.train.eval_batch_size
         two_shot = pairs_loss(lm, dev, batch)  # the base model with its configured (few-shot) prompt
         p = lm.prompt
         if not lm.is_seq2seq and p.shots:  # a fine-tuned generator needs no examples (as `gdr qg qg.shots=0`)
             lm.prompt = PromptConfig(style=p.style, prefix=p.prefix, system=p.system, user=p.user, shots=[])
-        res = fine_tune_qg(folder, lm, pairs, QGOptions(**q.train), dev_fraction=float(q.dev_fraction),
+        res = fine_tune_qg(folder, lm, pairs, q.train, dev_fraction=float(q.dev_fraction),
                            dev_max=q.dev_max, seed=int(q.seed))
         del lm
         tuned = pairs_loss(replace(run.lm_spec, name=str(res.model_dir)).build(), dev, batch)

@@ -67,7 +67,7 @@ from gdr.stages.train import model_config_from, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
-from gdr.training.options import ExampleOptions, QGOptions, TrainerOptions
+from gdr.training.options import ExampleOptions, TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
 from gdr.training.train import CPU_BATCH, cuda_batch_size
 
@@ -797,12 +797,6 @@ def _qg_settings(cfg) -> RunQG | None:
     return section_from(RunQG, OmegaConf.to_container(cfg.qg, resolve=True), "qg")
 
 
-def _qg_train(q: RunQG) -> QGOptions:
-    """The fine-tune's optimiser and trainer settings of ``qg.train``: the plan's one read of that section (a dict
-    of its keys, or already the typed section)."""
-    return q.train if isinstance(q.train, QGOptions) else QGOptions(**q.train)
-
-
 def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
     """The qg stage (gdr/pipeline.py ``qg_spec``): the base LM loaded, its held-out loss on the run's dev pairs, the
     fine-tune on the training split's (document, query) pairs (one pair a training query, :func:`_split_sizes`;
@@ -810,7 +804,7 @@ def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
     the end), the fine-tuned generator loaded from its folder for its held-out loss. Training FLOPs 6 x parameters x
     tokens, forward passes 2 x; each pair max_doc_tokens + the prompt + a query of ``sample.max_new_tokens`` tokens
     (assumed: the queries the generator learns are as long as those it samples)."""
-    o = _qg_train(q)
+    o = q.train
     n_docs, n_pairs, _ = _split_sizes(cfg)
     if q.max_pairs:
         n_pairs = min(n_pairs, int(q.max_pairs))

@@ -39,7 +39,7 @@ from gdr.data import corpus_from_config
 from gdr.data.splits import QuerySplits
 from gdr.eval.bm25 import BM25Index
 from gdr.stages.command_keys import EvaluateQueries, RunQueries
-from gdr.stages.settings import EvaluateSettings
+from gdr.stages.settings import EvaluateSettings, section_from
 from gdr.training.search import Retriever
 
 try:
@@ -69,9 +69,16 @@ class RunFolder:
         self.config: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
 
     @property
-    def evaluate(self) -> dict[str, Any]:
-        """The run's search settings (``evaluate:``: k, beam, length_penalty, batch_size, device)."""
-        return dict(self.config.get("evaluate") or {})
+    def evaluate(self) -> EvaluateSettings:
+        """The run's search settings (``evaluate:``: k, beam, length_penalty, batch_size, device), typed: a key the
+        run.config.yaml of an older gdr lacks (``batch_size``, before it was a setting) at its default."""
+        return EvaluateSettings.from_config(self.config["evaluate"])
+
+    @property
+    def query_settings(self) -> RunQueries:
+        """The run's ``queries:`` section, typed: a key the run.config.yaml of an older gdr lacks (``folds`` and
+        ``dev_split``, before they were settings) at its default."""
+        return section_from(RunQueries, self.config["queries"], "queries")
 
     def stage_folder(self, name: str) -> Path:
         """The folder of stage ``name`` (``train-gc-s0``) this run's report names, else the one finished folder
@@ -100,12 +107,13 @@ class RunFolder:
     @cached_property
     def _splits(self) -> QuerySplits:
         """The run's query splits over its corpus, the query files read once for all of them."""
+        # docs_tsv: a key of the msmarco-lite and nq320k data options alone (conf/data/nq320k.yaml)
         return QuerySplits(self.config["data"], self.corpus.doc_ids, self.config["data"].get("docs_tsv"))
 
     @property
     def folds(self) -> int | None:
         """K of a run cross-validated over K folds of its topics (``queries.folds``), else None."""
-        k = (self.config.get("queries") or {}).get("folds")
+        k = self.query_settings.folds
         return None if k is None else int(k)
 
     def queries(self, split: str = EvaluateQueries.split, fold: int | None = None):
@@ -128,7 +136,7 @@ class RunFolder:
         if self.folds is None:
             raise ValueError(f"{self.path}: the run is not cross-validated (queries.folds is null), so its topics "
                              "have no folds")
-        test = self.config["queries"].get("test_split", RunQueries.test_split)
+        test = self.query_settings.test_split
         return {qid: fold for fold in range(self.folds) for qid in self.queries(test, fold).qids}
 
 
@@ -155,7 +163,7 @@ def topics_and_qrels(run_dir: PathLike | RunFolder, split: str | None = None) ->
     """The topics and qrels of a run's ``split`` (default: its ``queries.test_split``), as :func:`queries_frames`:
     the queries ``gdr run`` scored its retrievers on."""
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
-    return queries_frames(run.queries(split or run.config["queries"].get("test_split", RunQueries.test_split)))
+    return queries_frames(run.queries(split or run.query_settings.test_split))
 
 
 def _results(topics: pd.DataFrame, ids: np.ndarray, docs: list[np.ndarray], scores: list[np.ndarray],
@@ -208,7 +216,7 @@ class GenerativeRetriever(pt.Transformer):
             if fold is not None:
                 raise ValueError(f"{path}: fold={fold} picks a retriever of a cross-validated `gdr run` folder; this "
                                  "is one retriever's folder: leave fold out")
-            folders, ev = [path], {}
+            folders, ev = [path], None
         else:
             run = RunFolder(path)
             stage, ev, n_folds = f"train-{indexer}-s{int(seed)}", run.evaluate, run.folds
@@ -224,12 +232,14 @@ class GenerativeRetriever(pt.Transformer):
                 folders, name = [run.stage_folder(f"{stage}-f{int(fold)}")], f"{name}-f{int(fold)}"
             else:
                 folders, fold_of = [run.stage_folder(f"{stage}-f{f}") for f in range(n_folds)], run.topic_folds()
-        k = int(k if k is not None else ev.get("k", EvaluateSettings.k))
-        beam = int(beam if beam is not None else ev.get("beam") or k)
-        penalty = float(ev.get("length_penalty", EvaluateSettings.length_penalty))
-        batch_size = batch_size if batch_size is not None else ev.get("batch_size", EvaluateSettings.batch_size)
-        retrievers = [Retriever.load(f, device=device if device is not None else ev.get("device"), beam=beam,
-                                     length_penalty=penalty, batch_size=batch_size) for f in folders]
+        search = ev if ev is not None else EvaluateSettings.from_config()  # a train folder: gdr evaluate's defaults
+        k = int(k if k is not None else search.k)
+        # a train folder searches as deep as the results asked for, a run as its evaluate.beam
+        beam = int(beam if beam is not None else k if ev is None else search.beam)
+        batch_size = batch_size if batch_size is not None else search.batch_size
+        retrievers = [Retriever.load(f, device=device if device is not None else search.device, beam=beam,
+                                     length_penalty=float(search.length_penalty), batch_size=batch_size)
+                      for f in folders]
         return cls(retrievers if fold_of is not None else retrievers[0], k=k, beam=beam, name=name, fold_of=fold_of)
 
     def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
@@ -284,7 +294,7 @@ class BM25(pt.Transformer):
         it is at hand), at the run's ``evaluate.k`` unless ``k`` is given."""
         run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         return cls(corpus if corpus is not None else run.corpus,
-                   k=int(k if k is not None else run.evaluate.get("k", EvaluateSettings.k)))
+                   k=int(k if k is not None else run.evaluate.k))
 
     def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
         topics = _topics(self, topics)

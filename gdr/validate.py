@@ -26,17 +26,13 @@ from typing import Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gdr.carry import was_pruned
-from gdr.data import CORPORA, DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
+from gdr.data import DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
 from gdr.guard import OutputError
 from gdr.rules import (
     FILE,
-    NON_NEGATIVE,
-    OPT_POSITIVE,
-    POSITIVE,
     Check,
     ConfigError,
     Rule,
-    accelerator,
     auto_or,
     boolean,
     check_rules,
@@ -44,7 +40,6 @@ from gdr.rules import (
     fields_rules,
     folder_with,
     get,
-    int_at_least,
     missing,
     number,
     one_of,
@@ -52,7 +47,6 @@ from gdr.rules import (
     path_problem,
     seed,
     show,
-    trainer_devices_at,
 )
 from gdr.signals import WorkerDied
 from gdr.stages.settings import (
@@ -67,13 +61,14 @@ from gdr.stages.settings import (
     TRAIN_RULES,
     ClusterSettings,
     DocQueries,
+    QGKeys,
     RunKeys,
     RunQG,
     SampleSettings,
     ScoreSettings,
     field_help,
+    section_classes,
 )
-from gdr.training.options import LR_LIMIT
 
 __all__ = ["ConfigError", "validate", "check_run", "check_corpus", "error_line", "exit_line", "TABLES"]
 
@@ -161,45 +156,9 @@ def other_than(key: str) -> Check:
     return check
 
 
-def qg_pairs(v, sec):
-    if v in ("titles", "queries"):
-        return None
-    if isinstance(v, str) and v.endswith(".jsonl"):
-        return path_problem(v, "file")
-    return "must be titles | queries | the path of a .jsonl of {doc or doc_id, query} pairs"
-
-
-def corpus_list(v, sec):
-    vals = list(v) if isinstance(v, (list, ListConfig)) else None
-    if vals is None or any(x not in CORPORA for x in vals):
-        return f"must be a list of corpus names ({', '.join(CORPORA)}), e.g. [r5]"
-    return None
-
-
 # ---------------------------------------------------------------------------- tables
-QG = (
-    Rule("seed", seed),
-    Rule("qg.pairs", qg_pairs, "where the training pairs come from"),
-    Rule("qg.exclude", corpus_list, "corpora never trained on"),
-    Rule("qg.max_pairs", OPT_POSITIVE, "pairs kept; null = all"),
-    Rule("qg.dev_fraction", number(0, 1, lo_open=False, hi_open=True), "documents held out for the dev loss"),
-    Rule("qg.dev_max", OPT_POSITIVE, "dev pairs at most"),
-    Rule("qg.shots", NON_NEGATIVE, "prompt examples kept"),
-    Rule("qg.lowercase", boolean),
-    Rule("qg.train.train_layers", OPT_POSITIVE, "blocks trained; null = all"),
-    Rule("qg.train.lr", number(0, 1), f"AdamW learning rate; {LR_LIMIT}"),
-    Rule("qg.train.weight_decay", number(0, lo_open=False)),
-    Rule("qg.train.warmup_steps", NON_NEGATIVE),
-    Rule("qg.train.batch_size", POSITIVE, "pairs per step"),
-    Rule("qg.train.eval_batch_size", POSITIVE),
-    Rule("qg.train.max_epochs", POSITIVE),
-    Rule("qg.train.max_steps", int_at_least(-1), "-1 = by max_epochs"),
-    Rule("qg.train.patience", NON_NEGATIVE),
-    Rule("qg.train.resume", boolean),
-    Rule("qg.train.accelerator", accelerator, "Lightning's accelerator; auto = cuda when available"),
-    Rule("qg.train.devices", trainer_devices_at("qg.train"), "Lightning's devices"),
-    Rule("queries.split", one_of("train"), "gdr qg trains on the train split only"),
-)
+# `gdr qg`'s own keys (seed, qg.*, queries.*), from their fields; `progress` is LM's
+QG = tuple(r for r in fields_rules(QGKeys, sections=section_classes) if r.key != "progress")
 SCORE_COMMAND = (
     Rule("queries_from", optional(folder_with_queries),
          "a run whose queries are scored instead of sampled; null = sample"),
@@ -233,7 +192,6 @@ EVALUATE_COMMAND = (
          "the split scored; never the one the model was trained on (unless --allow-train-split)"),
 )
 RUN_HELP = field_help(RunKeys)
-RUN_QG_HELP = field_help(RunQG)  # a rule that says what its key means says it in the key's own words
 RUN = (
     Rule("indexers", indexers, RUN_HELP["indexers"]),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
@@ -251,10 +209,7 @@ RUN = (
     Rule("verdict.pair", verdict_pair, RUN_HELP["verdict"]),
     Rule("verdict.metric", one_of("recall@1", "recall@10", "mrr")),
     Rule("verdict.margin", number(0, lo_open=False)),
-    Rule("qg.enabled", boolean, RUN_QG_HELP["enabled"]),
-    Rule("qg.compare_two_shot", boolean, RUN_QG_HELP["compare_two_shot"]),
-    Rule("qg.seed", seed),
-    *(r for r in QG if r.key.startswith(("qg.train.", "qg.max_pairs", "qg.dev_", "qg.lowercase"))),
+    *fields_rules(RunQG, "qg.", sections=section_classes),
 )
 
 DATA, LM, SAMPLE, SCORE, CLUSTER = DATA_RULES, LM_RULES, SAMPLE_RULES, SCORE_RULES, CLUSTER_RULES  # short names

@@ -20,6 +20,7 @@ from test_pipeline import _args, setup  # noqa: F401  (the 30-document BEIR fold
 from gdr.cli import main
 from gdr.eval.retrieval import read_per_query, read_trec_run
 from gdr.pyterrier import BM25, GenerativeRetriever, RunFolder, topics_and_qrels
+from gdr.stages.settings import EvaluateSettings
 
 
 @pytest.fixture
@@ -159,6 +160,16 @@ def test_fold_is_refused_where_the_run_has_no_folds(run_dir):
         GenerativeRetriever.from_run(run_dir, indexer="gc", seed=0, fold=0)
     with pytest.raises(ValueError, match="not cross-validated"):
         RunFolder(run_dir).topic_folds()
+
+
+def test_a_run_folder_reads_its_sections_typed_an_older_configs_missing_keys_at_their_defaults(tmp_path):
+    """A run.config.yaml from before evaluate.batch_size and queries.folds / dev_split were settings."""
+    (tmp_path / "run.config.yaml").write_text("evaluate: {k: 20, beam: 40, length_penalty: 1.0, device: null}\n"
+                                              "queries: {name: titles, path: null, train_split: train, "
+                                              "test_split: test, seed: 0, fractions: null}\n", encoding="utf-8")
+    run = RunFolder(tmp_path)
+    assert (run.evaluate.k, run.evaluate.beam, run.evaluate.batch_size) == (20, 40, EvaluateSettings.batch_size)
+    assert run.folds is None and run.query_settings.dev_split is None and run.query_settings.test_split == "test"
 
 
 def test_without_pyterrier_the_error_names_the_extra(monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gdr.lm import GENERATOR_FILE, GenerativeLM, PromptConfig
+from gdr.stages.settings import QGQueries, QGSection, section_from
 from gdr.training.qg import QGModule, QGOptions, QGPairs, _collate, fine_tune_qg, freeze_below, split_pairs
 from tests.tiny_models import DOCS, QUERIES, saved_tiny_llama, tiny_llama, tiny_t5
 
@@ -196,7 +197,8 @@ def test_title_pairs_exclude_r2_from_r5():
     from gdr.stages.qg import build_pairs
 
     cfg = to_container(load_config("qg", ["data=r5", "qg.exclude=[r2]"]))
-    pairs, info = build_pairs(cfg["qg"], cfg["data"], cfg["queries"], cfg["seed"])
+    pairs, info = build_pairs(section_from(QGSection, cfg["qg"], "qg"), cfg["data"],
+                              section_from(QGQueries, cfg["queries"], "queries"), cfg["seed"])
     r2 = set(load_corpus("r2").doc_ids)
     assert len(pairs) > 500 and not r2 & set(pairs.doc_ids)
     r5 = load_corpus("r5")
@@ -213,7 +215,8 @@ def test_query_pairs_use_the_train_split_only():
     from gdr.stages.qg import build_pairs
 
     cfg = to_container(load_config("qg", ["data=cranfield", "qg.pairs=queries"]))
-    pairs, info = build_pairs(cfg["qg"], cfg["data"], cfg["queries"], cfg["seed"])
+    pairs, info = build_pairs(section_from(QGSection, cfg["qg"], "qg"), cfg["data"],
+                              section_from(QGQueries, cfg["queries"], "queries"), cfg["seed"])
     qs = load_queries("cranfield")
     train, held = qs.filter("train"), [qs.filter(s) for s in qs.split_names if s != "train"]
     assert len(pairs) == sum(len(r) for r in train.relevant) and set(pairs.queries) <= set(train.texts)

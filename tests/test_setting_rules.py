@@ -3,11 +3,15 @@ the settings' rule tables that gdr.validate composes per command are derived fro
 none is refused here."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 
 import pytest
 from omegaconf import OmegaConf
 
+from gdr.cli import main
+from gdr.config import load_config
+from gdr.pipeline import run_settings
 from gdr.rules import POSITIVE, ConfigError, any_value, check_rules, fields_rules, same_setting, setting
 from gdr.stages.settings import (
     CLUSTER_RULES,
@@ -15,17 +19,64 @@ from gdr.stages.settings import (
     INDEX_RULES,
     TRAIN_RULES,
     EvaluateSettings,
+    QGKeys,
+    RunQG,
     TrainSettings,
     section_classes,
+    section_from,
     settings_classes,
 )
-from gdr.training.options import TrainerOptions
+from gdr.training.options import QGOptions, TrainerOptions
+from gdr.validate import TABLES
+
+# the classes of `gdr qg`'s own keys and of `gdr run`'s qg section, parents before their sections
+QG_CLASSES = [QGKeys, *section_classes(QGKeys, "qg"), *section_classes(QGKeys, "queries"), RunQG, QGOptions]
 
 
 def test_every_setting_declares_its_rule():
     silent = [f"{cls.__name__}.{f.name}" for cls in settings_classes() for f in fields(cls)
               if f.metadata.get("rule") is None and not section_classes(cls, f.name)]
     assert silent == [], f"declare rule= (gdr.rules.any_value where nothing can be checked) on: {', '.join(silent)}"
+
+
+def test_every_qg_setting_declares_its_rule():
+    """The query generator's keys (qg.train: QGOptions; qg.*, queries.* of `gdr qg`; `gdr run`'s qg) too."""
+    silent = [f"{cls.__name__}.{f.name}" for cls in QG_CLASSES for f in fields(cls)
+              if f.metadata.get("rule") is None and not section_classes(cls, f.name)]
+    assert silent == [], f"declare rule= (gdr.rules.any_value where nothing can be checked) on: {', '.join(silent)}"
+
+
+@pytest.mark.parametrize("command", ["qg", "run"])
+def test_the_qg_train_rules_are_its_fields_in_both_commands(command):
+    table = {r.key: r for _, rules in TABLES[command] for r in rules}
+    for f in fields(QGOptions):
+        rule = table.get(f"qg.train.{f.name}")
+        if f.metadata["rule"] is any_value:
+            assert rule is None, f.name
+        else:
+            assert rule is not None and rule.check is f.metadata["rule"], f.name
+
+
+@pytest.mark.parametrize("command", ["qg", "run"])
+@pytest.mark.parametrize("name, value, problem", [
+    ("lr", "2", r"must be a number in \(0, 1\] \(AdamW learning rate"),
+    ("max_steps", "-2", r"must be an integer >= -1 \(-1 = by max_epochs\)"),
+    ("precision", "fp8", r"must be null, auto or one of bf16-mixed"),
+    ("gradient_clip_val", "-1", r"must be null or a number >= 0"),
+])
+def test_a_bad_qg_train_value_is_refused_at_the_door(command, name, value, problem, tmp_path, capsys, nothing_loads):
+    """`gdr qg` and `gdr run` refuse it naming the key, before any model, corpus or out folder."""
+    assert main([command, f"out={tmp_path / 'out'}", f"qg.train.{name}={value}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.match(rf"gdr {command}: error: qg\.train\.{name}={value}: {problem}", err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_qg_train_is_typed_once_at_the_door():
+    q = run_settings(load_config("run", ["qg.enabled=true", "qg.train.lr=0.001", "progress=false"])).qg
+    assert isinstance(q.train, QGOptions) and q.train.lr == 0.001 and q.train.enable_progress_bar is False
+    with pytest.raises(TypeError, match=r"^qg\.train: unknown setting\(s\) lrr; known: train_layers, lr,"):
+        section_from(RunQG, {"train": {"lrr": 1}}, "qg")
 
 
 def test_the_tables_are_the_fields_rules_keyed_as_in_the_config():

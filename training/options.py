@@ -212,33 +212,41 @@ class QGDevSplit:
     ``qg.dev_max``)."""
 
     dev_fraction: float = setting(0.05, "documents held out (by a seeded hash of the doc id); their pairs give the "
-                                        "dev loss")
-    dev_max: int = setting(500, "at most this many dev pairs")
+                                        "dev loss", rule=number(0, 1, lo_open=False, hi_open=True),
+                                  rule_help="documents held out for the dev loss")
+    dev_max: int = setting(500, "at most this many dev pairs", rule=OPT_POSITIVE, rule_help="dev pairs at most")
 
 
 @dataclass
 class QGOptions:
-    """Optimiser and trainer settings of :func:`gdr.training.qg.fine_tune_qg` (``gdr qg``'s ``qg.train``)."""
+    """Optimiser and trainer settings of :func:`gdr.training.qg.fine_tune_qg` (``gdr qg``'s ``qg.train``, ``gdr
+    run``'s too): its rules are keyed ``qg.train.<name>``, the section's place in both commands' configs."""
 
     # N: the last N blocks (of the decoder) and the final norm, embeddings frozen: backward stops at the first
     # trained block (about 2x faster on CPU)
     train_layers: int | None = setting(None, "null = every weight; N = only the last N blocks (+ final norm): faster "
-                                             "on CPU")
-    lr: float = setting(5e-5)
-    weight_decay: float = setting(0.0)
-    warmup_steps: int = setting(20)
-    batch_size: int = setting(16)
+                                             "on CPU", rule=OPT_POSITIVE, rule_help="blocks trained; null = all")
+    lr: float = setting(5e-5, rule=number(0, 1), rule_help=f"AdamW learning rate; {LR_LIMIT}")
+    weight_decay: float = setting(0.0, rule=number(0, lo_open=False))
+    warmup_steps: int = setting(20, rule=NON_NEGATIVE)
+    batch_size: int = setting(16, rule=POSITIVE, rule_help="pairs per step")
     eval_batch_size: int = same_setting(TrainerOptions, "eval_batch_size")
-    max_epochs: int = setting(1)
-    max_steps: int = same_setting(TrainerOptions, "max_steps", "> 0: stop after this many optimiser steps")
-    val_check_interval: float | int | None = setting(None, "null = once per epoch; an integer = every that many steps")
-    patience: int = setting(0, "> 0: early stop on the dev loss after that many validations without gain")
+    max_epochs: int = setting(1, rule=POSITIVE)
+    # 0 passes too (as it did before the rule sat here): Lightning then trains no step
+    max_steps: int = same_setting(TrainerOptions, "max_steps", "> 0: stop after this many optimiser steps",
+                                  rule=int_at_least(-1), rule_help="-1 = by max_epochs")
+    val_check_interval: float | int | None = setting(None, "null = once per epoch; an integer = every that many steps",
+                                                     rule=optional(number(0)))
+    patience: int = setting(0, "> 0: early stop on the dev loss after that many validations without gain",
+                            rule=NON_NEGATIVE)
     gradient_clip_val: float = same_setting(TrainerOptions, "gradient_clip_val")
-    accelerator: str = same_setting(TrainerOptions, "accelerator", "")
-    devices: Any = same_setting(TrainerOptions, "devices")
+    accelerator: str = same_setting(TrainerOptions, "accelerator")
+    devices: Any = same_setting(TrainerOptions, "devices", rule=trainer_devices_at("qg.train"))
     strategy: str = same_setting(TrainerOptions, "strategy", "")
-    precision: str | None = setting(None, "null = bf16-mixed on a GPU, 32-true on CPU")
-    log_every_n_steps: int = setting(10, effect="speed")
-    checkpoint_every_n_steps: int | None = setting(50)
+    precision: str | None = same_setting(TrainerOptions, "precision", "null = bf16-mixed on a GPU, 32-true on CPU")
+    log_every_n_steps: int = setting(10, effect="speed", rule=NON_NEGATIVE)  # 0: Lightning logs nothing
+    checkpoint_every_n_steps: int | None = setting(50, rule=optional(NON_NEGATIVE),
+                                                   rule_help="steps between resume points (last.ckpt); null = once "
+                                                             "an epoch")
     resume: bool = same_setting(TrainerOptions, "resume", "restart from out/checkpoints/last.ckpt if it exists")
     enable_progress_bar: bool = same_setting(TrainerOptions, "enable_progress_bar")

@@ -6,14 +6,36 @@ Like the stage settings of :mod:`gdr.stages.settings`, every field carries its d
 (:data:`gdr.stages.settings.SECTIONS`). ``conf/stage/*_keys.yaml`` (and the few files that keep a key's place in
 the composed config: ``sample_out``, ``qg_out``, ``train_paths``) are generated from them
 (:data:`gdr.stages.settings.GENERATED`), the command YAMLs include them through ``defaults:``, and ``--help`` reads
-the help from the fields. Their rules stay with the commands' tables in :mod:`gdr.validate`. A default that
-refers to another key is an interpolation (``"${data.name}"``); ``"???"`` is a value the command line must give.
+the help from the fields. The sections whose keys are all said here carry their rules on their fields
+(``doc_queries``, ``qg``: :data:`gdr.validate.TABLES` derives them, :func:`gdr.rules.fields_rules`); the others'
+rules stay with the commands' tables in :mod:`gdr.validate`. A default that refers to another key is an
+interpolation (``"${data.name}"``); ``"???"`` is a value the command line must give. ``typed``: the sections held as
+their dataclass once read (:func:`gdr.stages.settings.section_from`), as a settings class's.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
-from gdr.rules import MISSING, NON_NEGATIVE, POSITIVE, auto_or, get, is_int, number, same_setting, seed, setting
+from gdr.data import CORPORA
+from gdr.rules import (
+    MISSING,
+    NON_NEGATIVE,
+    OPT_POSITIVE,
+    POSITIVE,
+    any_value,
+    auto_or,
+    boolean,
+    get,
+    is_int,
+    number,
+    one_of,
+    path_problem,
+    same_setting,
+    seed,
+    setting,
+)
 from gdr.training.options import QGDevSplit, QGOptions
 
 __all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "TrainQueries", "EvaluateKeys",
@@ -97,38 +119,61 @@ class EvaluateKeys:
 QG_TRAIN = {"enable_progress_bar": "${progress}"}
 
 
+def qg_pairs(v, sec):
+    """``qg.pairs``: titles, queries or an existing ``.jsonl`` of pairs."""
+    if v in ("titles", "queries"):
+        return None
+    if isinstance(v, str) and v.endswith(".jsonl"):
+        return path_problem(v, "file")
+    return "must be titles | queries | the path of a .jsonl of {doc or doc_id, query} pairs"
+
+
+def corpus_list(v, sec):
+    """``qg.exclude``: a list of corpus names of :data:`gdr.data.CORPORA`."""
+    vals = list(v) if isinstance(v, Sequence) and not isinstance(v, str) else None  # a list, or a config's
+    if vals is None or any(x not in CORPORA for x in vals):
+        return f"must be a list of corpus names ({', '.join(CORPORA)}), e.g. [r5]"
+    return None
+
+
 @dataclass
 class QGSection:
     """``gdr qg``'s ``qg``: the (document, query) pairs, their dev split, the prompt and the training."""
 
-    pairs: str = setting("titles")
+    typed: ClassVar = {"train": QGOptions}
+
+    pairs: str = setting("titles", rule=qg_pairs, rule_help="where the training pairs come from")
     exclude: list = setting(help="corpora whose documents are never trained on, e.g. [r5]: no R5 story or its title",
-                            factory=list)
+                            factory=list, rule=corpus_list, rule_help="corpora never trained on")
     lowercase: bool = setting(False, "lowercase the queries (Reuters headlines are in capitals: twice the tokens per "
-                                     "word)")
-    max_pairs: int | None = setting(None, "a seeded uniform sample of at most this many pairs; null = all")
+                                     "word)", rule=boolean)
+    max_pairs: int | None = setting(None, "a seeded uniform sample of at most this many pairs; null = all",
+                                    rule=OPT_POSITIVE, rule_help="pairs kept; null = all")
     dev_fraction: float = same_setting(QGDevSplit, "dev_fraction")
     dev_max: int = same_setting(QGDevSplit, "dev_max")
-    shots: int = setting(0)
-    train: dict = setting(factory=lambda: {**asdict(QGOptions()), **QG_TRAIN})
+    shots: int = setting(0, rule=NON_NEGATIVE, rule_help="prompt examples kept")
+    train: QGOptions = setting(factory=lambda: QGOptions(**QG_TRAIN))
 
 
 @dataclass
 class QGQueries:
     """``gdr qg``'s ``queries``: the query set of ``qg.pairs=queries``."""
 
-    name: str | None = setting(None, "the query set of qg.pairs=queries (default: the corpus's own, data.name)")
-    path: str | None = setting(None)
-    split: str = same_setting(TrainQueries, "split", "the split whose pairs are trained on")
+    # a query set's name or folder: gdr.data.load_queries refuses one it cannot read when the pairs are built
+    name: str | None = setting(None, "the query set of qg.pairs=queries (default: the corpus's own, data.name)",
+                               rule=any_value)
+    path: str | None = setting(None, rule=any_value)
+    split: str = same_setting(TrainQueries, "split", "the split whose pairs are trained on", rule=one_of("train"),
+                              rule_help="gdr qg trains on the train split only")
 
 
 @dataclass
 class QGKeys:
     """``gdr qg``'s own keys (the query generator's ``device`` and ``threads`` are :class:`LMSettings`')."""
 
-    out: str = setting("runs/qg/${data.name}")
-    progress: bool = setting(True)
-    seed: int = setting(0)
+    out: str = setting("runs/qg/${data.name}", rule=any_value)  # the out folder: gdr.guard claims it
+    progress: bool = setting(True, rule=boolean)
+    seed: int = setting(0, rule=seed)
     qg: dict = setting(help=(
         "Where the pairs come from (pairs): titles - each document's title is the query, the document without its "
         "title is the input (bbc, r2, r5, reuters; documents sharing a title or a body are left out); queries - the "
@@ -205,21 +250,24 @@ class Verdict:
 class RunQG:
     """``gdr run``'s ``qg``: the query generator fine-tuned inside the run on its training split's pairs."""
 
+    typed: ClassVar = {"train": QGOptions}
+
     enabled: bool = setting(False, "fine-tune the query generator (model.name, the base LM) on the run's TRAINING "
                                    "split's (document, query) pairs (titles: the train titles; a query set: its "
                                    "train split; never a dev or test query) and sample P's queries, score P and "
                                    "generate the retrievers' training queries with it; false = the base model and "
-                                   "its prompt (the two-shot generator)")
+                                   "its prompt (the two-shot generator)", rule=boolean)
     compare_two_shot: bool = setting(False, "also score a P with the two-shot generator and cluster it, for the "
-                                            "report's flat clustering with each generator (qg.enabled only)")
+                                            "report's flat clustering with each generator (qg.enabled only)",
+                                     rule=boolean)
     lowercase: bool = same_setting(QGSection, "lowercase")
     max_pairs: int | None = same_setting(QGSection, "max_pairs")
     dev_fraction: float = same_setting(QGDevSplit, "dev_fraction", "training documents held out (by a seeded hash "
                                                                    "of the doc id) to pick the checkpoint; the "
                                                                    "report's held-out loss is on the run's dev split")
     dev_max: int = same_setting(QGDevSplit, "dev_max")
-    seed: int = setting(0)
-    train: dict = setting(factory=lambda: {**asdict(QGOptions()), **QG_TRAIN})
+    seed: int = setting(0, rule=seed)
+    train: QGOptions = setting(factory=lambda: QGOptions(**QG_TRAIN))
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
@@ -32,9 +31,9 @@ def _title_pairs(seed: int, corpus, excluded: set[str]):
     return QGPairs([texts[qs.qids[i]] for i in keep], [qs.texts[i] for i in keep], [qs.qids[i] for i in keep])
 
 
-def _query_pairs(q: dict, data_name: str, corpus):
-    qs = load_queries(q.get("name") or data_name, **({"path": q["path"]} if q.get("path") else {}))
-    split = q.get("split", QGQueries.split)
+def _query_pairs(q: QGQueries, data_name: str, corpus):
+    qs = load_queries(q.name or data_name, **({"path": q.path} if q.path else {}))  # name null: the corpus's own
+    split = q.split
     if split not in qs.split_names:
         raise SystemExit(f"queries.split={split}: query set {qs.name} has splits {qs.split_names}")
     qs = qs.filter(split)
@@ -83,37 +82,35 @@ def read_pairs_jsonl(path: str, corpus=None, load_corpus=None):
     return QGPairs(docs, queries, ids)
 
 
-def build_pairs(qg: dict, data: dict, queries: dict | None = None, seed: int = 0):
+def build_pairs(qg: QGSection, data: dict, queries: QGQueries | None = None, seed: int = 0):
     """The training pairs of the ``qg:`` settings and a summary of where they came from.
 
-    ``qg``: ``pairs`` (titles | queries | a jsonl path), ``exclude``, ``lowercase``, ``max_pairs`` (a key left out:
-    its default, :class:`gdr.stages.command_keys.QGSection`); ``data``: the corpus's ``data:`` settings;
-    ``queries``: the query set of ``pairs=queries`` (``name``, ``path``, ``split``)."""
-    qg = {**asdict(QGSection()), **qg}
-
+    ``qg``: ``pairs`` (titles | queries | a jsonl path), ``exclude``, ``lowercase``, ``max_pairs``; ``data``: the
+    corpus's ``data:`` settings; ``queries``: the query set of ``pairs=queries`` (None: the corpus's own train
+    split)."""
     def load_data():
         return corpus_from_config(data)
 
-    src = str(qg["pairs"])
-    excluded = _exclude_ids(qg["exclude"])
+    src = str(qg.pairs)
+    excluded = _exclude_ids(qg.exclude)
     if src == "titles":
-        if data.get("drop_title"):
+        if data.get("drop_title"):  # absent from the data options of corpora without titles (conf/data/beir.yaml)
             raise SystemExit("data.drop_title=true: qg.pairs=titles needs the titles; leave data.drop_title false")
         pairs = _title_pairs(seed, load_data(), excluded)
     elif src == "queries":
-        pairs = _query_pairs(queries or {}, data["name"], load_data())
+        pairs = _query_pairs(queries or QGQueries(), data["name"], load_data())
     else:
         pairs = read_pairs_jsonl(src, load_corpus=load_data)
     n_all = len(pairs)
     if excluded and src != "titles":
         keep = np.flatnonzero([d not in excluded for d in pairs.doc_ids])
         pairs = pairs.take(keep)
-    if qg["lowercase"]:
+    if qg.lowercase:
         pairs.queries = [q.lower() for q in pairs.queries]
-    if qg["max_pairs"] and len(pairs) > qg["max_pairs"]:
+    if qg.max_pairs and len(pairs) > qg.max_pairs:
         rng = np.random.default_rng(int(seed))
-        pairs = pairs.take(np.sort(rng.choice(len(pairs), int(qg["max_pairs"]), replace=False)))
-    info = {"source": src, "data": data["name"], "excluded_corpora": list(qg["exclude"] or []),
+        pairs = pairs.take(np.sort(rng.choice(len(pairs), int(qg.max_pairs), replace=False)))
+    info = {"source": src, "data": data["name"], "excluded_corpora": list(qg.exclude),
             "excluded_docs": len(excluded), "pairs_before_sampling": n_all, "pairs": len(pairs),
             "documents": len(set(pairs.doc_ids)),
             "mean_query_words": float(np.mean([len(q.split()) for q in pairs.queries])) if len(pairs) else 0.0}

@@ -26,7 +26,7 @@ from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
 from gdr.stages.command_keys import Verdict
 from gdr.stages.plan_file import planned_names
-from gdr.stages.settings import EvaluateSettings
+from gdr.stages.settings import EvaluateSettings, section_from
 
 __all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
            "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth", "pooled_index_facts"]
@@ -133,14 +133,14 @@ def pooled_index_facts(infos: Sequence[dict]) -> dict:
 def query_set_name(settings: dict, corpus_name: str) -> str:
     """The query set in words: its file (``data.queries``), else ``queries.name``, else the corpus's own."""
     data, queries = settings["data"], settings["queries"]
-    if data.get("queries"):
+    if data.get("queries"):  # a key of the data options of files of documents alone (conf/data/jsonl.yaml)
         return Path(data["queries"]).name
     return corpus_name if queries["name"] == data["name"] else str(queries["name"])
 
 
 def _sampled(sample: dict) -> str:
     """How many queries P's columns are: J of them, or ``p_per_doc`` from every document."""
-    per_doc = sample.get("p_per_doc")
+    per_doc = sample["p_per_doc"]
     return f"{per_doc} sampled queries per document" if per_doc else f"J = {sample['n_queries']} sampled queries"
 
 
@@ -168,14 +168,15 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
     comparisons against GC and the stages' seconds, written by :func:`write_report_files`."""
     cfg = settings
     # the results per query: every measure is named at its depth
-    k = int(cfg.get("evaluate", {}).get("k") or EvaluateSettings.k)
+    k = int(cfg["evaluate"]["k"])
+    v = section_from(Verdict, cfg["verdict"], "verdict")
     # every per-query file read once, for the paired comparisons and the primary test alike
     paired = paired_metrics(k)
-    metrics = tuple(dict.fromkeys([*paired, _primary_metric(cfg.get("verdict") or {}, k)]))
+    metrics = tuple(dict.fromkeys([*paired, _primary_metric(v, k)]))
     systems, qids = read_systems(eval_dirs, metrics, k) if eval_dirs and len(eval_dirs) > 1 else ({}, {})
     comparisons = compare_read(systems, qids, "gc", paired)
     query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
-    primary = primary_section(cfg.get("verdict") or {}, systems, qids, k, comparisons)
+    primary = primary_section(v, systems, qids, k, comparisons)
     said = primary["line"] if primary else query_only
     corpus_name = corpus_name or cfg['data']['name']
     trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
@@ -327,23 +328,22 @@ def _split_lines(split: dict) -> list[str]:
     return []
 
 
-def _primary_metric(v: dict, k: int) -> str:
+def _primary_metric(v: Verdict, k: int) -> str:
     """The primary test's metric (``verdict.metric``) as the per-query values name it (``mrr``: ``mrr@k``)."""
-    metric = v.get("metric") or Verdict.metric
-    return f"mrr@{k}" if metric == "mrr" else metric
+    return f"mrr@{k}" if v.metric == "mrr" else v.metric
 
 
-def primary_section(v: dict, systems: dict, qids: dict, k: int, comparisons: Sequence[dict] = ()) -> dict | None:
+def primary_section(v: Verdict, systems: dict, qids: dict, k: int, comparisons: Sequence[dict] = ()) -> dict | None:
     """The run's primary test (``verdict:`` settings: ``pair`` a - b, ``metric``, ``margin`` in points) over seeds
     and queries (:func:`gdr.eval.compare.seed_query_test`, :func:`~gdr.eval.compare.primary_verdict`), with every
     scheme's mean and SD over seeds on that metric, and the query-only test of the pair (from ``comparisons``
     where the run compared it already); None until both schemes of the pair have a retriever. ``systems``,
     ``qids``: the run's per-query values (:func:`gdr.eval.compare.read_systems`, the metric among them)."""
-    pair = list(v.get("pair") or ())
+    pair = list(v.pair)
     if len(pair) != 2 or any(s not in systems for s in pair):
         return None
     metric = _primary_metric(v, k)
-    margin = float(v.get("margin", Verdict.margin))
+    margin = float(v.margin)
     systems = {s: vals for s, vals in systems.items() if s != "bm25"}
     a, b = pair
     pos_b = {q: i for i, q in enumerate(qids[b])}

@@ -216,13 +216,16 @@ def config_dict(value: Any) -> Any:
 
 
 def section_from(cls, values: Mapping[str, Any], where: str):
-    """The section dataclass ``cls`` from a dict of its keys (the rest at their defaults); an unknown key is refused
-    by name (``where``: how the section is named, ``TrainSettings.trainer``)."""
+    """The section dataclass ``cls`` from a dict of its keys (the rest at their defaults), its own sections
+    (``typed``: ``qg.train``) as their dataclasses too; an unknown key is refused by name (``where``: how the section
+    is named, ``TrainSettings.trainer``)."""
     names = [f.name for f in fields(cls)]
     unknown = sorted(str(k) for k in values if k not in names)
     if unknown:
         raise TypeError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(names)}")
-    return cls(**values)
+    typed = getattr(cls, "typed", {})
+    return cls(**{k: section_from(typed[k], v, f"{where}.{k}") if k in typed and isinstance(v, Mapping) else v
+                  for k, v in values.items()})
 
 
 def _size(n: float) -> str:

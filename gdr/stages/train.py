@@ -169,7 +169,7 @@ def keyed_model(settings: TrainSettings) -> dict:
     """The retriever's ``model.*`` as resolved from its preset, with the encoder and tokenizer each keyed by the
     digest of its files (:func:`gdr.models.model_digest`): a model changed in place is another input, a moved
     one the same."""
-    model = dict(settings.model_presets.get(settings.model.size, {}))
+    model = dict(settings.model_presets[settings.model.size])  # model.size names a preset: its rule, at the door
     model.update({k: v for k, v in asdict(settings.model).items() if v is not None})
     return {k: model_digest(v) if k in _MODEL_REFS and isinstance(v, str) else v for k, v in model.items()}
 

@@ -11,7 +11,8 @@ from gdr.config import save_config, to_container
 from gdr.io import atomic_write_json
 from gdr.lm import PromptConfig
 from gdr.stages.qg import build_pairs
-from gdr.training.qg import QGOptions, fine_tune_qg
+from gdr.stages.settings import QGQueries, QGSection, section_from
+from gdr.training.qg import fine_tune_qg
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +23,21 @@ def qg_main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out, "qg.config.yaml")
     t0 = time.time()
-    pairs, info = build_pairs(to_container(cfg.qg), to_container(cfg.data), to_container(cfg.queries),
+    qg = section_from(QGSection, to_container(cfg.qg), "qg")  # checked at the door (compose), typed once
+    pairs, info = build_pairs(qg, to_container(cfg.data), section_from(QGQueries, to_container(cfg.queries), "queries"),
                               seed=int(cfg.seed))
     if len(pairs) == 0:
-        raise SystemExit(f"qg.pairs={cfg.qg.pairs}: no training pairs left (after qg.exclude / the split filter)")
+        raise SystemExit(f"qg.pairs={qg.pairs}: no training pairs left (after qg.exclude / the split filter)")
     lm = lm_settings(cfg).build()
     if not lm.is_seq2seq and lm.prompt.shots:
         p = lm.prompt
         lm.prompt = PromptConfig(style=p.style, prefix=p.prefix, system=p.system, user=p.user,
-                                 shots=[list(s) for s in p.shots[:int(cfg.qg.shots)]])
+                                 shots=[list(s) for s in p.shots[:qg.shots]])
     atomic_write_json(out / "pairs.manifest.json", {**info, "examples": [
         {"doc": d[:200], "query": q} for d, q in zip(pairs.docs[:5], pairs.queries[:5])]})
     log.info("qg pairs: %s", info)
-    res = fine_tune_qg(out, lm, pairs, QGOptions(**to_container(cfg.qg.train)), dev_fraction=cfg.qg.dev_fraction,
-                       dev_max=cfg.qg.dev_max, seed=int(cfg.seed))
+    res = fine_tune_qg(out, lm, pairs, qg.train, dev_fraction=qg.dev_fraction, dev_max=qg.dev_max,
+                       seed=int(cfg.seed))
     manifest = {"command": "qg", "base_model": cfg.model.name, "model_dir": str(res.model_dir),
                 "prompt": lm.describe()["prompt"], "max_doc_tokens": lm.max_doc_tokens, "pairs": info,
                 "n_train": res.n_train, "n_dev": res.n_dev, "n_params": res.n_params, "global_step": res.global_step,
