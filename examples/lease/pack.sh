@@ -7,22 +7,28 @@
 # the next lease carries them in beside the working tree), report.json, per-query.tgz, run.log and status.txt.
 #   bash examples/lease/pack.sh
 set -u
-source /tmp/gdr-stash/boot.sh || exit 3
-here=$(dirname "$0"); runs=/tmp/gdr-runs; run=$runs/bbc; out=${OUT:-$runs/out}
+here=$(dirname "$0"); source "$here/env.sh" || exit 3  # boot.sh; $runs, $run, $out, $py; alive
 mkdir -p "$out"
 pid=$(cat "$runs/pid" 2>/dev/null || true)
-if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+if [ -n "$pid" ] && alive "$pid"; then
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"   # its session: the training workers stop with it
-  while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+  end=$((SECONDS + 30)); while alive "$pid" && [ $SECONDS -lt $end ]; do sleep 1; done
+  if alive "$pid"; then  # the pack must leave in this call: a run that does not stop in 30 s is killed
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; sleep 1
+  fi
   echo "pack.sh: stopped gdr run (pid $pid); what it finished is kept"
 fi
-python3 -m gdr.cli prune "$run"
-for d in "$run"/train-*/; do
-  if [ -n "$(find "$d" \( -name '*.pt' -o -name '*.ckpt' -o -name '*.safetensors' \) -print -quit)" ]; then
-    echo "pack.sh: ${d%/}: holds weights no finished evaluation used; left behind, it trains again"; rm -rf "$d"
+"$py" -m gdr.cli prune "$run"
+# what gdr prune kept: a retriever not evaluated, or the fine-tuned generator (qg-*, ~270 MB) while a stage it
+# feeds (score, doc-queries) is unfinished; either would overflow the pack, and trains again next lease
+for d in "$run"/train-*/ "$run"/qg-*/; do
+  [ -d "$d" ] || continue
+  if [ -n "$(find "$d" \( -name '*.pt' -o -name '*.ckpt' -o -name '*.safetensors' -o -name '*.bin' \) -print -quit)" ]; then
+    echo "pack.sh: ${d%/}: holds weights no finished stage stands on without them; left behind, it trains again"
+    rm -rf "$d"
   fi
 done
-python3 -m gdr.cli pack "$run" "$out" --max-pieces 3 > "$out/status.txt" 2>&1; rc=$?
+"$py" -m gdr.cli pack "$run" "$out" --max-pieces 3 > "$out/status.txt" 2>&1; rc=$?
 cp "$run/report.json" "$out/" 2>/dev/null
 bash "$here/per_query.sh" "$run" "$out/per-query.tgz"
 tail -n 3000 "$runs/run.log" > "$out/run.log" 2>/dev/null

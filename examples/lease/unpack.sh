@@ -6,9 +6,8 @@
 #   bash examples/lease/unpack.sh PACK_DIR WAIT [gdr run overrides ...]
 set -u
 pack=${1:?usage: unpack.sh PACK_DIR WAIT [overrides ...]}; shift
-source /tmp/gdr-stash/boot.sh || exit 3
-run=/tmp/gdr-runs/bbc
+source "$(dirname "$0")/env.sh" || exit 3  # boot.sh; $runs, $run, $py
 if [ ! -d "$run" ]; then
-  mkdir -p /tmp/gdr-runs && python3 -m gdr.cli unpack "$pack" "$run" || exit 3
+  mkdir -p "$runs" && "$py" -m gdr.cli unpack "$pack" "$run" || exit 3
 fi
 exec bash "$(dirname "$0")/bbc.sh" "$@"
