@@ -28,6 +28,7 @@ LEASE = ROOT / "examples" / "lease"
 MIB = 1 << 20
 # test_bbc_rehearsal's scaled-down run at two schemes; seeds are given per call (the recipe's)
 TINY = [a for a in SCALED if not a.startswith(("indexers=", "seeds="))] + ["indexers=[gc,random]"]
+PIECE_MIB = 0.2  # the test run packs to ~0.8 MiB: 4 or 5 pieces, over two calls
 CALL_S = 400  # the most one scripted call may take here (its WAIT is 300 s) before the test stops it
 
 
@@ -120,19 +121,32 @@ def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_see
     evaluated = _evaluated(run1)
     assert len(evaluated) == 3 and evaluated <= _archived(out["per-query.tgz"])  # gc, random, BM25
 
-    # the lease's last call: prune and pack
-    out = _call("pack.sh", env=_env(tmp_path, runs1, tmp_path / "out3"))
-    assert set(out) == {"gdr-pack.json", "gdr-pack.00", "report.json", "per-query.tgz", "run.log", "status.txt"}
+    # the lease's last calls: prune and pack, the pieces small enough that they come back in two calls
+    env = {**_env(tmp_path, runs1, tmp_path / "out3"), "GDR_LEASE_PIECE_MIB": str(PIECE_MIB)}
+    out = _call("pack.sh", env=env)
+    assert set(out) == {"gdr-pack.json", "gdr-pack.00", "gdr-pack.01", "gdr-pack.02", "report.json", "per-query.tgz",
+                        "run.log", "status.txt"}
     assert evaluated <= _archived(out["per-query.tgz"])
     assert not any(run1.glob("train-*/model/*.pt")) and not any(run1.glob("qg-*/model/*.safetensors"))
-    pack = tmp_path / "repo" / ".lease-pack"  # here: the pieces copied into the checkout, carried in by lease 2
-    pack.mkdir(parents=True)
-    for p in out.values():
-        if p.name.startswith("gdr-pack."):
-            shutil.copy(p, pack)
+    n = len(json.loads(out["gdr-pack.json"].read_text())["pieces"])
+    assert 3 < n <= 6 and "left: bash examples/lease/pack.sh 3 " in out["status.txt"].read_text()
+    carried = tmp_path / "repo" / ".lease-pack"  # here: each call's pieces copied into the checkout, a folder a call
+    calls = [out, _call("pack.sh", "3", env={**env, "OUT": str(tmp_path / "out4")})]
+    assert set(calls[1]) == {f"gdr-pack.{i:02d}" for i in range(3, n)} | {"status.txt"}
+    assert "left" not in calls[1]["status.txt"].read_text()
+    for k, files in enumerate(calls, 1):
+        (carried / str(k)).mkdir(parents=True)
+        for p in files.values():
+            if p.name.startswith("gdr-pack."):
+                shutil.copy(p, carried / str(k))
 
     # lease 2, a bare machine: unpack, then seeds [0, 1]
-    out = _call("unpack.sh", str(pack), "300", "seeds=[0,1]", *tiny, env=_env(tmp_path, runs2, tmp_path / "out4"))
+    stash = tmp_path / "lease2" / "gdr-pack"  # a call a folder carried in: cp .lease-pack/K/* /tmp/gdr-pack/
+    stash.mkdir(parents=True)
+    for k in (1, 2):
+        for p in (carried / str(k)).iterdir():
+            shutil.copy(p, stash)
+    out = _call("unpack.sh", str(stash), "300", "seeds=[0,1]", *tiny, env=_env(tmp_path, runs2, tmp_path / "out5"))
     assert out["status.txt"].read_text().startswith("gdr run: ended")
     report = json.loads(out["report.json"].read_text())
     new = {f"{k}-{m}-s1" for k in ("index", "train", "eval") for m in ("gc", "random")}
