@@ -9,9 +9,11 @@ prunes and packs it. Lease 2, in a fresh runs folder: unpack.sh with the pieces,
 must fit what a device call brings back (8 files, 16 MiB each, 64 MiB in all)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -32,14 +34,17 @@ PIECE_MIB = 0.2  # the test run packs to ~0.8 MiB: 4 or 5 pieces, over two calls
 CALL_S = 400  # the most one scripted call may take here (its WAIT is 300 s) before the test stops it
 
 
-def _env(tmp: Path, runs: Path, out: Path) -> dict[str, str]:
-    boot = tmp / "boot.sh"  # what ../shared/device/boot.sh exports, the kit already in place
+def _env(machine: Path, out: Path) -> dict[str, str]:
+    """The environment of a call on the lease whose machine's /tmp is ``machine``: its runs folder, its cache, a
+    stand-in for the kit's boot.sh (what it exports, the kit in place), and $OUT."""
+    boot = machine / "boot.sh"
     if not boot.exists():
+        machine.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        boot.write_text(f"export PYTHONPATH={path} GDR_CACHE={tmp / 'cache'} GDR_DATA_DIR={data_dir()} "
+        boot.write_text(f"export PYTHONPATH={path} GDR_CACHE={machine / 'gdr-cache'} GDR_DATA_DIR={data_dir()} "
                         "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1\n")
     out.mkdir(parents=True)
-    return {**os.environ, "GDR_LEASE_BOOT": str(boot), "GDR_LEASE_RUNS": str(runs),
+    return {**os.environ, "GDR_LEASE_BOOT": str(boot), "GDR_LEASE_RUNS": str(machine / "gdr-runs"),
             "GDR_LEASE_PY": sys.executable, "OUT": str(out)}
 
 
@@ -95,11 +100,12 @@ def lm_path(tmp_path_factory):
 @pytest.mark.slow  # two leases of +experiment=bbc at test size through bash: ~40 s on 2 cores
 def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_seed(lm_path, tmp_path):
     tiny = [f"model.name={lm_path}", *TINY]
-    runs1, runs2 = tmp_path / "lease1" / "gdr-runs", tmp_path / "lease2" / "gdr-runs"
-    run1, run2 = runs1 / "bbc", runs2 / "bbc"
+    lease1, lease2 = tmp_path / "lease1", tmp_path / "lease2"  # each machine's /tmp
+    runs1 = lease1 / "gdr-runs"
+    run1, run2 = runs1 / "bbc", lease2 / "gdr-runs" / "bbc"
 
     # lease 1, call 1: plan, start, back at once; the call's process stays and reaps nothing
-    first = _first_call_that_reaps_nothing(["0", "seeds=[0]", *tiny], _env(tmp_path, runs1, tmp_path / "out1"))
+    first = _first_call_that_reaps_nothing(["0", "seeds=[0]", *tiny], _env(lease1, tmp_path / "out1"))
     try:
         assert first.stdout.readline().split() == ["call", "done", "0"]
         out = _brought_back(tmp_path / "out1")
@@ -107,10 +113,12 @@ def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_see
         assert "gdr plan on 1 x cpu" in status and '"plan_file"' in status  # bbc.sh's `gdr plan` line
 
         # call 2: waits on the run (no child of this call) to its end, and copies it
-        out = _call("bbc.sh", "300", "seeds=[0]", *tiny, env=_env(tmp_path, runs1, tmp_path / "out2"))
+        out = _call("bbc.sh", "300", "seeds=[0]", *tiny, env=_env(lease1, tmp_path / "out2"))
         stat = Path(f"/proc/{(runs1 / 'pid').read_text().strip()}/stat").read_text()
         assert stat.rsplit(") ", 1)[1].startswith("Z")  # the run ended, and nothing reaped it
-    finally:
+    finally:  # the run's session stopped if a failure left it running, then the call that holds it as a zombie
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int((runs1 / "pid").read_text()), signal.SIGKILL)
         first.kill()
         first.wait()
     status = out["status.txt"].read_text().splitlines()
@@ -122,7 +130,7 @@ def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_see
     assert len(evaluated) == 3 and evaluated <= _archived(out["per-query.tgz"])  # gc, random, BM25
 
     # the lease's last calls: prune and pack, the pieces small enough that they come back in two calls
-    env = {**_env(tmp_path, runs1, tmp_path / "out3"), "GDR_LEASE_PIECE_MIB": str(PIECE_MIB)}
+    env = {**_env(lease1, tmp_path / "out3"), "GDR_LEASE_PIECE_MIB": str(PIECE_MIB)}
     out = _call("pack.sh", env=env)
     assert set(out) == {"gdr-pack.json", "gdr-pack.00", "gdr-pack.01", "gdr-pack.02", "report.json", "per-query.tgz",
                         "run.log", "status.txt"}
@@ -141,12 +149,12 @@ def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_see
                 shutil.copy(p, carried / str(k))
 
     # lease 2, a bare machine: unpack, then seeds [0, 1]
-    stash = tmp_path / "lease2" / "gdr-pack"  # a call a folder carried in: cp .lease-pack/K/* /tmp/gdr-pack/
+    stash = lease2 / "gdr-pack"  # a call a folder carried in: cp .lease-pack/K/* /tmp/gdr-pack/
     stash.mkdir(parents=True)
     for k in (1, 2):
         for p in (carried / str(k)).iterdir():
             shutil.copy(p, stash)
-    out = _call("unpack.sh", str(stash), "300", "seeds=[0,1]", *tiny, env=_env(tmp_path, runs2, tmp_path / "out5"))
+    out = _call("unpack.sh", str(stash), "300", "seeds=[0,1]", *tiny, env=_env(lease2, tmp_path / "out5"))
     assert out["status.txt"].read_text().startswith("gdr run: ended")
     report = json.loads(out["report.json"].read_text())
     new = {f"{k}-{m}-s1" for k in ("index", "train", "eval") for m in ("gc", "random")}
