@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The first work call of lease 2 (examples/lease/README.md), after the kit's calls: the pieces carried in (the
-# folder named in the call's `carry`, holding gdr-pack.json and gdr-pack.NN) checked and unpacked to the run
-# folder bbc.sh uses, then bbc.sh goes on with the overrides given (more seeds): every finished stage is reused, P
+# The first work call of lease 2 (examples/lease/README.md), after the kit's calls: the pieces carried in (PACK_DIR,
+# where the pack's calls copied gdr-pack.json and every gdr-pack.NN: /tmp/gdr-pack) checked and unpacked to the run
+# folder bbc.sh uses (once: a later call finds it there), then bbc.sh goes on with the overrides given (more seeds): every finished stage is reused, P
 # and the generated queries too, and only the new retrievers train.
 #   bash examples/lease/unpack.sh PACK_DIR WAIT [gdr run overrides ...]
 set -u
