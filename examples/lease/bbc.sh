@@ -11,21 +11,22 @@
 # retrievers can be computed from it afterwards). Two leases, one experiment: examples/lease/README.md.
 set -u
 wait_s=${1:?usage: bbc.sh WAIT [overrides ...]}; shift
-source /tmp/gdr-stash/boot.sh || exit 3
-runs=/tmp/gdr-runs; run=$runs/bbc; out=${OUT:-$runs/out}
+source "$(dirname "$0")/env.sh" || exit 3  # boot.sh; $runs, $run, $out, $py; alive
 mkdir -p "$runs" "$out"
 pid=$(cat "$runs/pid" 2>/dev/null || true)
-if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
-  [ -f "$runs/plan.txt" ] || python3 -m gdr.cli plan +experiment=bbc out=$run "$@" > "$runs/plan.txt" 2>&1
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$runs/run.log" 2>&1
-  setsid python3 -m gdr.cli run +experiment=bbc out=$run "$@" >> "$runs/run.log" 2>&1 < /dev/null &
+if [ -z "$pid" ] || ! alive "$pid"; then
+  [ -f "$runs/plan.txt" ] || "$py" -m gdr.cli plan +experiment=bbc out=$run "$@" > "$runs/plan.txt" 2>&1
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$runs/run.log" 2>&1
+  fi
+  setsid "$py" -m gdr.cli run +experiment=bbc out=$run "$@" >> "$runs/run.log" 2>&1 < /dev/null &
   pid=$!; echo "$pid" > "$runs/pid"
   echo "bbc.sh: started gdr run (pid $pid)"
 fi
 end=$((SECONDS + wait_s))
-while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 3; done
-if kill -0 "$pid" 2>/dev/null; then state="running"; else state="ended"; fi
-python3 - "$run" "$out/stages.json" <<'PY'
+while alive "$pid" && [ $SECONDS -lt $end ]; do sleep 1; done
+if alive "$pid"; then state="running"; else state="ended"; fi
+"$py" - "$run" "$out/stages.json" <<'PY'
 import json, sys
 from pathlib import Path
 run, rows = Path(sys.argv[1]), []
@@ -40,6 +41,7 @@ PY
 for f in report.md report.png report.json retrievers.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$out/"; done
 bash "$(dirname "$0")/per_query.sh" "$run" "$out/per-query.tgz"
 tail -n 3000 "$runs/run.log" > "$out/run.log"
-{ echo "gdr run: $state after this call's ${SECONDS}s"; grep -c . "$run/retrievers.jsonl" 2>/dev/null
+{ echo "gdr run: $state after this call's ${SECONDS}s"
+  echo "retrievers evaluated: $(cat "$run/retrievers.jsonl" 2>/dev/null | grep -c .)"
   cat "$runs/plan.txt" 2>/dev/null; } > "$out/status.txt"
 head -n 2 "$out/status.txt"; tail -n 5 "$runs/run.log"
