@@ -391,13 +391,8 @@ def check_dev_split(cfg: DictConfig, splits: QuerySplits) -> None:
 
 
 def _folds(cfg: DictConfig) -> list[int | None]:
-    """The held-out folds of a run: 0 .. K-1 with ``queries.folds=K``, else one split ([None])."""
-    k = cfg.queries.get("folds")
-    return [None] if k is None else list(range(int(k)))
-
-
-def _suffix(seed: int, fold: int | None) -> str:
-    return f"s{seed}" if fold is None else f"s{seed}-f{fold}"
+    """The held-out folds of a run (:func:`gdr.stages.train.retriever_folds`)."""
+    return train_stage.retriever_folds(cfg.queries.get("folds"))
 
 
 @dataclass
@@ -974,7 +969,7 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     build = _TrainBuild(run.corpus, settings, run.settings.data, train_q, run.splits(train_q),
                         str(idx.path / "docids.tsv"), str(doc_q.path / "doc_queries.jsonl") if use_gen else None,
                         None if dev_q is None else run.splits(dev_q))
-    return StageSpec(f"train-{method}-{_suffix(seed, fold)}", inputs, build,
+    return StageSpec(f"train-{train_stage.retriever_name(method, seed, fold)}", inputs, build,
                      after=[idx] + ([doc_q] if use_gen else []),
                      outputs=TRAIN_OUTPUTS)
 
@@ -1032,7 +1027,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
                               split=test_q["split"])
         return {"metrics": m["systems"][settings.tag]}
 
-    return StageSpec(f"eval-{method}-{_suffix(seed, fold)}", inputs, build, after=[train])
+    return StageSpec(f"eval-{train_stage.retriever_name(method, seed, fold)}", inputs, build, after=[train])
 
 
 TRAIN_OUTPUTS = ("model/*", "docids.tsv")

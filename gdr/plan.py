@@ -52,6 +52,7 @@ from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.config import load_config
 from gdr.data import corpus_from_config
 from gdr.data.titles import TITLE_FRACTIONS
+from gdr.formats import STAGE_FILE
 from gdr.lm.compiling import want_compile
 from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
@@ -63,7 +64,7 @@ from gdr.stages.overlap import Priority, overlap_on
 from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, planned_names, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
 from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings, section_from
-from gdr.stages.train import model_config_from, training_threads
+from gdr.stages.train import model_config_from, retriever_folds, retriever_name, training_threads
 from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
@@ -73,7 +74,8 @@ from gdr.training.train import CPU_BATCH, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StagePlan", "HostTask", "WallPlan", "plan_run", "plan_wall", "simulate_overlap", "predict",
+__all__ = ["StagePlan", "HostTask", "WallPlan", "Remaining", "plan_run", "plan_wall", "simulate_overlap", "remaining",
+           "finished_stages", "format_remaining", "predict",
            "predict_stages", "run_device", "measured_figures", "format_plan", "DEVICES", "MAX_GPUS", "gpus_problem",
            "sized_config", "write_run_plan"]
 
@@ -956,10 +958,12 @@ def simulate_overlap(main: list[tuple[str, float]], host: list[HostTask], indexe
     return WallPlan(t, True, waits, finish, sum(h.seconds for h in host), "")
 
 
-def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = None) -> WallPlan:
+def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = None,
+              left: Remaining | None = None) -> WallPlan:
     """The wall clock of the run of ``cfg`` planned as ``stages`` on ``device``: with ``overlap`` (None: the run's
     setting, :func:`gdr.stages.overlap.overlap_on`) the host stages (the flat clustering(s), every index, BM25) in
-    one background thread beside the main thread (:func:`simulate_overlap`), else the stages one after another."""
+    one background thread beside the main thread (:func:`simulate_overlap`), else the stages one after another;
+    ``left``: what a run folder still lacks (:func:`remaining`), ``stages`` being its remaining plan."""
     if overlap is None:
         overlap = overlap_on(cfg.get("overlap", RunKeys.overlap), "cpu" if device == "cpu" else "cuda")
     by = {s.name: s for s in stages}
@@ -976,14 +980,16 @@ def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = 
     mode = str(cfg.get("index_seed") or RunKeys.index_seed)
     for method in cfg.indexers:
         for seed in index_seeds(mode, method, cfg.seeds):
-            tasks.append(HostTask(index_stage_name(method, seed), parts.get(method, 0.0), Priority.INDEX,
+            name = index_stage_name(method, seed)
+            done = left is not None and name in left.finished
+            tasks.append(HostTask(name, 0.0 if done else parts.get(method, 0.0), Priority.INDEX,
                                   "doc_queries" if method == "bmi" else "score"))
     tasks += [HostTask("cluster", sec("clustering"), Priority.CLUSTER, "score"),
               HostTask("bm25", sec("bm25"), Priority.BM25, "score"),
               HostTask("cluster" + TWO_SHOT, sec("clustering" + TWO_SHOT), Priority.CLUSTER, "score" + TWO_SHOT)]
     tasks = [t for t in tasks if t.seconds > 0 or t.name.startswith("index-")]
     train = by.get("training")
-    n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg)
+    n_ret = len(cfg.indexers) * len(cfg.seeds) * _n_folds(cfg) if left is None else left.retrievers
     at_once = min(train.at_once or 1, n_ret) if train is not None else 1
     first = (sec("training") * at_once + sec("evaluation")) / max(n_ret, 1)  # the first retriever trained and scored
     main = [("qg", sec("qg")), ("score", sec(*RUN_GROUPS["score"])), ("doc_queries", sec("doc_queries")),
@@ -1001,6 +1007,92 @@ def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = 
                   f"once / {n_ret} + evaluation / {n_ret}, assumed even): {waited}; assumed: the host thread does "
                   f"not slow the device stages")
     return wall
+
+
+# --- what a run folder still lacks: the plan of the stages left (a later lease of one experiment) -----------------
+
+@dataclass
+class Remaining:
+    """The stages a run folder holds finished (``finished``: run stage name -> count, :func:`finished_stages`) and
+    what is left of the run of ``cfg``: the retrievers whose evaluation is not there (``retrievers``, of ``total``)."""
+
+    finished: dict[str, int]
+    retrievers: int
+    total: int
+
+    def record(self, stages: list[StagePlan], wall: WallPlan) -> dict:
+        """What is left as the JSON line holds it."""
+        return {"finished": dict(sorted(self.finished.items())), "retrievers_left": self.retrievers,
+                "retrievers": self.total, "seconds": round(sum(s.seconds for s in stages), 1),
+                "seconds_wall": round(wall.seconds, 1)}
+
+
+def finished_stages(out: Path) -> dict[str, int]:
+    """The stages complete in the run folder ``out`` (``<name>-<key>/stage.json`` with status complete, pruned ones
+    too: their results stand), counted by name (a run's second ``score`` and ``cluster``: the two-shot ones)."""
+    counts: dict[str, int] = {}
+    for path in sorted(Path(out).glob(f"*/{STAGE_FILE}")):
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # a stage being written, or damaged: gdr run redoes it, so it is left
+            continue
+        if isinstance(rec, dict) and rec.get("status") == "complete" and rec.get("stage"):
+            counts[str(rec["stage"])] = counts.get(str(rec["stage"]), 0) + 1
+    return counts
+
+
+def remaining(cfg, stages: list[StagePlan], finished: dict[str, int]) -> tuple[list[StagePlan], Remaining]:
+    """The plan ``stages`` of the run of ``cfg`` less what its folder holds finished (``finished``, by stage name:
+    :func:`finished_stages`), as ``gdr run`` with the same settings reuses it: the qg stage; P (its LM load only
+    once the generated queries are made too); the clustering; the generated queries; each index by its stage name;
+    BM25; each retriever trained (``train-*``) and evaluated (``eval-*``), its share of training and evaluation;
+    the report rewrites after the retrievers done. A second ``score`` or ``cluster`` is the two-shot one
+    (``qg.compare_two_shot``). Names only: a stage made with other settings is counted as finished here, where
+    ``gdr run`` would make it again."""
+    n = finished.get
+    names = [retriever_name(m, int(s), f) for s in cfg.seeds for f in retriever_folds(cfg.queries.get("folds"))
+             for m in cfg.indexers]
+    trained = sum(n(f"train-{r}", 0) > 0 for r in names)
+    evaluated = sum(n(f"eval-{r}", 0) > 0 for r in names)
+    total = len(names)
+    index_names = [index_stage_name(m, seed) for m in cfg.indexers
+                   for seed in index_seeds(str(cfg.get("index_seed") or RunKeys.index_seed), m, cfg.seeds)]
+    done = {"qg": n("qg", 0) >= 1, "sampling": n("score", 0) >= 1, "scoring": n("score", 0) >= 1,
+            "lm_load": n("score", 0) >= 1 and (n("doc-queries", 0) >= 1 or not int(cfg.doc_queries.per_doc)),
+            "clustering": n("cluster", 0) >= 1, "doc_queries": n("doc-queries", 0) >= 1, "bm25": n("bm25", 0) >= 1,
+            "lm_load" + TWO_SHOT: n("score", 0) >= 2, "sampling" + TWO_SHOT: n("score", 0) >= 2,
+            "scoring" + TWO_SHOT: n("score", 0) >= 2, "clustering" + TWO_SHOT: n("cluster", 0) >= 2}
+    left = []
+    for st in stages:
+        st = copy.copy(st)
+        if done.get(st.name):
+            st.scale(0.0)
+        elif st.name == "indexing":
+            parts = st.parts or {}
+            st.seconds = sum(parts.get(name.split("-")[1], 0.0) for name in index_names if not n(name, 0))
+        elif st.name == "training":
+            st.scale((total - trained) / max(total, 1))
+        elif st.name == "evaluation":
+            st.scale((total - evaluated) / max(total, 1))
+        elif st.name == "reports":
+            parts = st.parts or {}
+            rewrites = sum(_rewrite_s(k) for k in range(evaluated + 1, total + 1))
+            st.seconds = rewrites + parts.get("other", 0.0)
+        left.append(st)
+    return left, Remaining(finished, total - evaluated, total)
+
+
+def format_remaining(stages: list[StagePlan], left: Remaining, wall: WallPlan, out: Path) -> str:
+    """What is left of the run in ``out``: the stages with seconds left, then its sum and wall clock."""
+    said = ", ".join(f"{k}" + (f" x{v}" if v > 1 else "") for k, v in sorted(left.finished.items()))
+    lines = [f"remaining: {out} holds {sum(left.finished.values())} finished stages ({said}); "
+             f"{left.total - left.retrievers} of {left.total} retrievers evaluated; matched by stage name (a stage "
+             f"made with other settings counts here, where gdr run makes it again):"]
+    lines += [f"  {s.name:<22} {s.seconds:>9.1f}" for s in stages if s.seconds > 0]
+    lines.append(f"{'remaining':<20} {sum(s.seconds for s in stages):>9.1f}  the stages left one after another")
+    lines.append(f"{'remaining wall':<20} {wall.seconds:>9.1f}  "
+                 + ("overlap on, as the wall above" if wall.overlap else "overlap off"))
+    return "\n".join(lines)
 
 
 def _labelled(cfg) -> bool:

@@ -173,7 +173,11 @@ def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_see
         for p in (carried / str(k)).iterdir():
             shutil.copy(p, stash)
     out = _call("unpack.sh", str(stash), "300", "seeds=[0,1]", *tiny, env=_env(lease2, tmp_path / "out6"))
-    assert out["status.txt"].read_text().startswith("gdr run: ended")
+    status = out["status.txt"].read_text()
+    assert status.startswith("gdr run: ended")
+    left = json.loads(status.strip().splitlines()[-1])["remaining"]  # planned after the unpack: what is left
+    assert left["retrievers"] == 4 and left["retrievers_left"] == 4 - left["finished"].get("eval-gc-s0", 0) \
+        - left["finished"].get("eval-random-s0", 0) and left["finished"]["score"] >= 1
     report = json.loads(out["report.json"].read_text())
     made = {s["name"] for s in report["stages"] if not s["reused"]}  # seed 1's indexes may have been built in lease 1
     assert {f"{k}-{m}-s1" for k in ("train", "eval") for m in ("gc", "random")} <= made

@@ -535,3 +535,67 @@ def test_check_sums_repeated_stages_in_order_and_reads_the_overlapped_accounts(t
     assert rows["total"][1] == pytest.approx(wall.seconds) and rows["total"][3] == 999.0
     assert wall.seconds < sum(s.seconds for s in raw)
     assert any(n.startswith("overlap: cluster ran in the background") for n in check.notes)
+
+
+def _finished(folder: Path, *names: str, status: str = "complete") -> Path:
+    """A run folder holding a ``stage.json`` of each stage ``names`` (``<name>-<key>/``) with ``status``."""
+    for i, name in enumerate(names):
+        d = folder / f"{name}-{i:010x}"
+        d.mkdir(parents=True)
+        (d / "stage.json").write_text(json.dumps({"stage": name, "key": f"{i:010x}", "status": status}))
+    return folder
+
+
+def test_what_is_left_of_a_run_folder_is_planned_by_its_finished_stages(tmp_path):
+    """A later lease of the BBC protocol: the qg stage, the generator's P and clustering, both seeds' GC and HKmI
+    indexes and seed 0's four retrievers are finished. Left: the LM's load (the generated queries are not made), the
+    generated queries, the two-shot pass, the other indexes, BM25, 8 of 12 retrievers and the rewrites after them."""
+    from gdr.plan import finished_stages, plan_wall, remaining
+
+    cfg = load_config("run", ["+experiment=bbc"])
+    stages = plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))
+    done = ["qg", "score", "cluster", *(f"index-{m}-s{s}" for m in ("gc", "hkmi") for s in (0, 1))]
+    done += [f"{k}-{m}-s0" for k in ("train", "eval") for m in ("gc", "hkmi", "bmi", "random")]
+    folder = _finished(tmp_path / "run", *done)
+    _finished(folder / "x", "bm25", status="running")  # not a stage of the run's folder: one level deeper
+    _finished(tmp_path / "run2", "bm25", status="running")
+    assert finished_stages(tmp_path / "run2") == {}
+    finished = finished_stages(folder)
+    assert finished == {name: 1 for name in done}
+    left, facts = remaining(cfg, stages, finished)
+    by, was = {s.name: s.seconds for s in left}, {s.name: s for s in stages}
+    assert (facts.retrievers, facts.total) == (8, 12)
+    assert by["qg"] == by["sampling"] == by["scoring"] == by["clustering"] == 0.0
+    assert by["lm_load"] == was["lm_load"].seconds > 0  # loaded again for the generated queries
+    for name in ("doc_queries", "bm25", "scoring (two-shot)", "clustering (two-shot)"):
+        assert by[name] == was[name].seconds > 0, name
+    parts = was["indexing"].parts
+    assert by["indexing"] == pytest.approx(3 * (parts["bmi"] + parts["random"]) + parts["gc"] + parts["hkmi"])
+    assert by["training"] == pytest.approx(was["training"].seconds * 8 / 12)
+    assert by["evaluation"] == pytest.approx(was["evaluation"].seconds * 8 / 12)
+    assert 0 < by["reports"] < was["reports"].seconds
+    wall, full = plan_wall(cfg, left, "h200", left=facts), plan_wall(cfg, stages, "h200")
+    assert wall.seconds < full.seconds and wall.seconds <= sum(by.values())
+
+    # the two-shot pass and the generated queries made too: the LM is never loaded again
+    _finished(tmp_path / "more", *done, "score", "cluster", "doc-queries")
+    left, _ = remaining(cfg, stages, finished_stages(tmp_path / "more"))
+    by = {s.name: s.seconds for s in left}
+    assert by["lm_load"] == by["lm_load (two-shot)"] == by["scoring (two-shot)"] == by["doc_queries"] == 0.0
+
+
+def test_gdr_plan_on_a_run_folder_prints_what_is_left_and_a_fresh_one_prints_none(tmp_path, capsys):
+    from gdr.cli import main
+
+    fresh = tmp_path / "fresh"
+    assert main(["plan", "+experiment=bbc", "device=h200", f"out={fresh}"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1])["remaining"] is None and "remaining:" not in out
+    folder = _finished(tmp_path / "lease2", "qg", "score", "cluster", "doc-queries", "eval-gc-s0", "train-gc-s0")
+    assert main(["plan", "+experiment=bbc", "device=h200", f"out={folder}"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    left = json.loads(lines[-1])["remaining"]
+    assert left["finished"]["eval-gc-s0"] == 1 and (left["retrievers_left"], left["retrievers"]) == (11, 12)
+    assert 0 < left["seconds_wall"] < json.loads(lines[-1])["seconds_wall"]
+    assert any(x.startswith("remaining wall") and f"{left['seconds_wall']:.1f}" in x for x in lines)
+    assert any("1 of 12 retrievers evaluated" in x for x in lines)

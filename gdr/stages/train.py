@@ -63,13 +63,24 @@ __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve
            "training_numerics", "training_threads", "keyed_model",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON", "trained_splits",
-           "check_not_trained_on", "CURVE", "read_curve", "check_dev_apart"]
+           "check_not_trained_on", "CURVE", "read_curve", "check_dev_apart", "retriever_folds", "retriever_name"]
 
 TRAINED_ON = "trained_on.json"
 CURVE = "curve.json"  # the learning curve: [[step, dev value of trainer.monitor], ...] (one point per validation)
 # Trainer settings a resumed run may change (their fields say effect="speed" or "resume"): how long and on what it
 # runs, how often it validates and saves, not what the model learns. Every other setting must match to resume.
 RESUMABLE = resumable(TrainerOptions)
+
+
+def retriever_folds(folds: int | None) -> list[int | None]:
+    """The held-out folds of a run's retrievers: 0 .. K-1 with ``queries.folds=K``, else one split ([None])."""
+    return [None] if folds is None else list(range(int(folds)))
+
+
+def retriever_name(method: str, seed: int, fold: int | None = None) -> str:
+    """A retriever's part of its stage names (``train-<it>``, ``eval-<it>``): ``<indexer>-s<seed>``, with folds
+    ``<indexer>-s<seed>-f<fold>``."""
+    return f"{method}-s{seed}" if fold is None else f"{method}-s{seed}-f{fold}"
 
 
 def model_config_from(model: dict[str, Any], presets: dict[str, Any]):

@@ -5,7 +5,9 @@ seconds and peak memory (:func:`gdr.plan.plan_run`), printed before anything loa
 machine and shapes (``--recalibrate``: again).
 
 With ``out=`` known (the composed config's), the plan is written to ``<out>/plan.json``, which the run's report
-sets beside its measured seconds (:mod:`gdr.stages.plan_file`; ``gdr run`` makes no plan itself).
+sets beside its measured seconds (:mod:`gdr.stages.plan_file`; ``gdr run`` makes no plan itself). Where ``out``
+already holds finished stages (a later lease of one experiment, a run cut short), the plan also prints what is left
+of the run (:func:`gdr.plan.remaining`) and its wall clock, ``remaining`` in the JSON line.
 
 ``gdr plan --check RUN_DIR [device=...] [--write-factors]``: a finished run's measured seconds beside the plan of
 its config, stage by stage, with their ratios (:func:`gdr.plan.check_run`); the device is read from the run's
@@ -22,11 +24,14 @@ from gdr.config import command_config
 from gdr.plan import (
     DEVICES,
     check_run,
+    finished_stages,
     format_check,
     format_plan,
+    format_remaining,
     gpus_problem,
     plan_run,
     plan_wall,
+    remaining,
     sized_config,
     write_factors,
     write_run_plan,
@@ -68,6 +73,12 @@ def plan_main(argv: list[str]) -> int:
     stages = plan_run(sized_config(cfg), device, gpus, free=free, calibrate=calibrate)
     wall = plan_wall(cfg, stages, device)
     print(format_plan(stages, device, gpus, wall))
+    left = None  # a run folder that holds finished stages (a later lease of one experiment): what is left of it
+    finished = finished_stages(Path(cfg.out)) if cfg.get("out") else {}
+    if finished:
+        left_stages, left = remaining(cfg, stages, finished)
+        left_wall = plan_wall(cfg, left_stages, device, left=left)
+        print(format_remaining(left_stages, left, left_wall, Path(cfg.out)))
     # the plan into the run folder, where the run's report reads it (said on stderr: stdout ends in the JSON line)
     written = write_run_plan(cfg, Path(cfg.out), device, gpus, stages, wall) if cfg.get("out") else None
     if written is not None:
@@ -75,6 +86,7 @@ def plan_main(argv: list[str]) -> int:
     print(json.dumps({"device": device, "gpus": gpus, "plan_file": None if written is None else str(written),
                       "seconds": round(sum(s.seconds for s in stages), 1),
                       "seconds_early_stop": round(sum(s.seconds_low for s in stages), 1), **wall.record(),
+                      "remaining": None if left is None else left.record(left_stages, left_wall),
                       "stages": {s.name: {"seconds": round(s.seconds, 1), "peak_bytes": s.peak_bytes,
                                           "basis": s.basis} for s in stages}}))
     return 0
