@@ -294,7 +294,7 @@ def check_run(cfg: DictConfig) -> None:
 def check_qg_pairs(cfg: DictConfig) -> None:
     """``gdr run``'s ``qg.pairs`` against the query set and the corpus (``qg.enabled``): no pair may hold a test
     query, and title pairs need a document the LM reads without its title."""
-    pairs, folds = cfg.qg.get("pairs", "queries"), cfg.queries.get("folds")
+    pairs, folds = cfg.qg.pairs, cfg.queries.get("folds")
     if pairs == "queries" and folds is not None:
         raise ConfigError(f"queries.folds={folds} with qg.enabled=true and qg.pairs=queries: one generator would be "
                           "fine-tuned on every fold's test topics; set qg.pairs=titles (the corpus's (document, "

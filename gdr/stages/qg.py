@@ -24,7 +24,7 @@ def _exclude_ids(names) -> set[str]:
     return ids
 
 
-def _title_pairs(seed: int, corpus, excluded: set[str], fractions=(1.0, 0.0, 0.0), split: str = "train"):
+def _title_pairs(seed: int, corpus, excluded: set[str], fractions: tuple, split: str):
     """(document without its title, its title) pairs of the documents of ``corpus`` (loaded with its titles) with
     a title of their own (:func:`gdr.data.titles.title_queries`) in the ``split`` of a seeded split by document
     id, none of ``excluded``."""
@@ -99,7 +99,7 @@ def build_pairs(qg: QGSection, data: dict, queries: QGQueries | None = None, see
     if src == "titles":
         if data.get("drop_title"):  # absent from the data options of corpora without titles (conf/data/beir.yaml)
             raise SystemExit("data.drop_title=true: qg.pairs=titles needs the titles; leave data.drop_title false")
-        pairs = _title_pairs(seed, load_data(), excluded)
+        pairs = _title_pairs(seed, load_data(), excluded, (1.0, 0.0, 0.0), "train")  # every title
     elif src == "queries":
         pairs = _query_pairs(queries or QGQueries(), data["name"], load_data())
     else:
