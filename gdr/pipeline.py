@@ -804,7 +804,8 @@ def _qg_pairs(run: RunContext):
 def qg_spec(run: RunContext) -> StageSpec | None:
     """0. The query generator fine-tuned on the run's training split's (document, query) pairs (``qg.enabled``),
     keyed by the base LM, the pairs' content, the qg settings and the device kind. Its info holds the held-out loss
-    on the dev split's pairs of the fine-tuned generator and of the base model with its (two-shot) prompt."""
+    on the dev split's pairs (``qg.pairs=titles``: on the held-out documents' titles) of the fine-tuned generator
+    and of the base model with its (two-shot) prompt."""
     cfg = run.cfg
     if run.settings.qg is None or not run.settings.qg.enabled:
         return None
