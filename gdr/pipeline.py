@@ -103,7 +103,7 @@ from gdr.stages.evaluate import evaluate_model
 from gdr.stages.index import build_index, index_seeds, index_stage_name
 from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
-from gdr.stages.qg import run_pairs
+from gdr.stages.qg import run_pairs, run_title_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
 from gdr.stages.report import cluster_headline, mark_in_progress, pooled_index_facts, write_report
 from gdr.stages.score import score_corpus
@@ -773,38 +773,57 @@ def generator_key(run: RunContext) -> dict | None:
 
 
 def _qg_pairs(run: RunContext):
-    """(the generator's training pairs: the run's training split only, :func:`gdr.stages.qg.run_pairs`; the dev
-    split's pairs, on which the report's held-out losses are measured)."""
+    """(the generator's training pairs, the held-out pairs on which the report's held-out losses are measured).
+    ``qg.pairs=queries``: the run's training split only (:func:`gdr.stages.qg.run_pairs`), held out: the dev split's
+    pairs. ``qg.pairs=titles``: (document, its own title) pairs of the corpus, read again with its titles, the
+    document as the run's LM reads it; held out: the titles of a seeded ``qg.dev_fraction`` of the documents
+    (:func:`gdr.stages.qg.run_title_pairs`); no query of the run in either."""
     cfg = run.cfg
+    q = run.settings.qg
     train = run.splits(queries_section(cfg, cfg.queries.train_split))
     held = {s: run.splits(queries_section(cfg, s)) for s in ("dev", cfg.queries.test_split)
             if s != cfg.queries.train_split}
-    pairs = run_pairs(run.corpus, train, list(held.values()), split=cfg.queries.train_split)
-    q = run.settings.qg
+    if q.pairs == "titles":
+        titled = corpus_from_config({**run.settings.data, "drop_title": False})
+        pairs, dev = run_title_pairs(titled, float(q.dev_fraction), int(q.seed) + 1, [train, *held.values()])
+        if q.dev_max is not None and len(dev) > int(q.dev_max):
+            dev = dev.take(np.arange(int(q.dev_max)))
+    else:
+        pairs = run_pairs(run.corpus, train, list(held.values()), split=cfg.queries.train_split)
+        dev = run_pairs(run.corpus, held.get("dev"), [], split="dev")
     if q.lowercase:
         pairs.queries = [t.lower() for t in pairs.queries]
     if q.max_pairs and len(pairs) > int(q.max_pairs):
         rng = np.random.default_rng(int(q.seed))
         pairs = pairs.take(np.sort(rng.choice(len(pairs), int(q.max_pairs), replace=False)))
-    dev = run_pairs(run.corpus, held.get("dev"), [], split="dev")
+    if q.lowercase and q.pairs == "titles":  # the held-out titles as the trained ones
+        dev.queries = [t.lower() for t in dev.queries]
     return pairs, dev
 
 
 def qg_spec(run: RunContext) -> StageSpec | None:
     """0. The query generator fine-tuned on the run's training split's (document, query) pairs (``qg.enabled``),
     keyed by the base LM, the pairs' content, the qg settings and the device kind. Its info holds the held-out loss
-    on the dev split's pairs of the fine-tuned generator and of the base model with its (two-shot) prompt."""
+    on the dev split's pairs (``qg.pairs=titles``: on the held-out documents' titles) of the fine-tuned generator
+    and of the base model with its (two-shot) prompt."""
     cfg = run.cfg
     if run.settings.qg is None or not run.settings.qg.enabled:
         return None
     pairs, dev = _qg_pairs(run)
+    if len(pairs) == 0 and run.settings.qg.pairs == "titles":
+        raise ValueError(f"qg.enabled=true, qg.pairs=titles: no document of data={cfg.data.name} outside the "
+                         "held-out share has a title of its own to fine-tune the generator on; set "
+                         "qg.pairs=queries or qg.enabled=false")
     if len(pairs) == 0:
         raise ValueError(f"qg.enabled=true: the {cfg.queries.train_split!r} split of queries.name={cfg.queries.name} "
                          "has no (query, document) pair in the corpus to fine-tune the generator on; set "
                          "qg.enabled=false")
     q = run.settings.qg
+    # qg.pairs keys the stage only where it is not `queries`, so the keys of the runs before it stay; the pairs'
+    # content (below) tells the two kinds apart anyway: title pairs hold no query, and a run whose queries are the
+    # titles may not take them (gdr.validate.check_qg_pairs)
     settings = {k: v for k, v in keyed_values(RunQG, config_dict(q)).items()
-                if k not in ("enabled", "compare_two_shot")}
+                if k not in ("enabled", "compare_two_shot") and (k, v) != ("pairs", "queries")}
     inputs = {"lm": lm_key(run.settings.lm), "pairs": hash_strings([*pairs.doc_ids, "\0", *pairs.queries, "\0",
                                                               *pairs.docs]),
               "n_pairs": len(pairs), "dev_pairs": hash_strings([*dev.doc_ids, "\0", *dev.queries]), "qg": settings,
@@ -821,10 +840,12 @@ def qg_spec(run: RunContext) -> StageSpec | None:
                            dev_max=q.dev_max, seed=int(q.seed))
         del lm
         tuned = pairs_loss(replace(run.lm_spec, name=str(res.model_dir)).build(), dev, batch)
-        info = {"pairs": {"pairs": len(pairs), "documents": len(set(pairs.doc_ids)),
-                          "split": cfg.queries.train_split},
+        titles = q.pairs == "titles"
+        info = {"pairs": {"pairs": len(pairs), "documents": len(set(pairs.doc_ids)), "source": q.pairs,
+                          "split": "documents with a title" if titles else cfg.queries.train_split},
                 "n_train": res.n_train, "n_checkpoint_dev": res.n_dev, "global_step": res.global_step,
-                "held_out": {"split": "dev", "n_pairs": len(dev), "two_shot": two_shot, "fine_tuned": tuned}}
+                "held_out": {"split": "titles of held-out documents" if titles else "dev", "n_pairs": len(dev),
+                             "two_shot": two_shot, "fine_tuned": tuned}}
         atomic_write_json(folder / "qg.manifest.json", {"command": "gdr run (qg stage)", "base_model": cfg.model.name,
                                                          "model_dir": "model", **info})
         return info

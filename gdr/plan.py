@@ -799,6 +799,11 @@ def _qg_settings(cfg) -> RunQG | None:
     return section_from(RunQG, OmegaConf.to_container(cfg.qg, resolve=True), "qg")
 
 
+# The share of a corpus's documents with a title of their own (qg.pairs=titles: one pair each), measured with
+# gdr.data.titles.title_queries: Cranfield 1,350 of 1,400 (2 without a title, 48 sharing one); others: all, assumed
+TITLED_SHARE = {"cranfield": 1350 / 1400}
+
+
 def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
     """The qg stage (gdr/pipeline.py ``qg_spec``): the base LM loaded, its held-out loss on the run's dev pairs, the
     fine-tune on the training split's (document, query) pairs (one pair a training query, :func:`_split_sizes`;
@@ -808,11 +813,17 @@ def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
     (assumed: the queries the generator learns are as long as those it samples)."""
     o = q.train
     n_docs, n_pairs, _ = _split_sizes(cfg)
+    dev = _titles_dev(cfg)
+    titles = q.pairs == "titles"
+    if titles:  # one pair a document with a title of its own, less the held-out documents' (qg.dev_fraction, at
+        # most qg.dev_max: the report's held-out loss)
+        titled = round(n_docs * TITLED_SHARE.get(str(cfg.data.name), 1.0))
+        dev = min(round(titled * float(q.dev_fraction)), int(q.dev_max or titled))
+        n_pairs = titled - dev
     if q.max_pairs:
         n_pairs = min(n_pairs, int(q.max_pairs))
     held = min(round(n_pairs * float(q.dev_fraction)), int(q.dev_max))  # titles: one pair a document
     n_fit = n_pairs - held
-    dev = _titles_dev(cfg)
     query_tokens = int(cfg.sample.max_new_tokens)
     tokens = int(cfg.model.max_doc_tokens) + PROMPT_TOKENS + query_tokens
     epoch_steps = math.ceil(n_fit / max(o.batch_size, 1))
@@ -837,15 +848,17 @@ def _qg(cfg, q: RunQG, lm, rates: _Rates) -> StagePlan:
     warm = rates.cold("training", "training_small30m_warmup_s")
     seconds = base.seconds + tuned.seconds + warm + fitted / rate + forward / fwd_rate
     peak = cost.TRAIN_BYTES_PER_PARAM * params
+    held_what = "held-out documents' titles" if titles else "run's dev pairs"
     return StagePlan("qg", seconds, peak,
-                     f"fine-tuning {cfg.model.name} on {n_pairs:,} training pairs less {held} held out for the "
-                     f"checkpoint (qg.dev_fraction {float(q.dev_fraction):g}) x {o.max_epochs} epochs: {steps:,} "
+                     f"fine-tuning {cfg.model.name} on {n_pairs:,} training pairs"
+                     f"{' (document, title)' if titles else ''} less {held} held out for the checkpoint "
+                     f"(qg.dev_fraction {float(q.dev_fraction):g}) x {o.max_epochs} epochs: {steps:,} "
                      f"steps at batch {o.batch_size}, {tokens} tokens a pair (max_doc_tokens "
                      f"{cfg.model.max_doc_tokens} + prompt {PROMPT_TOKENS} + a query of {query_tokens}: assumed), 6 x "
                      f"{matmul / 1e6:.0f} M "
                      f"parameters x tokens at {_rate(rate)} pairs/s ({frac:.1%} of the limit, {src}); forward only "
                      f"(2 x parameters x tokens) at {_rate(fwd_rate)} pairs/s: the {held} held-out pairs x "
-                     f"{validations} validations and the run's {dev} dev pairs under both generators; + loads: the "
+                     f"{validations} validations and the {dev} {held_what} under both generators; + loads: the "
                      f"base model {base.seconds:.1f} s, the fine-tuned one {tuned.seconds:.1f} s; + warm-up "
                      f"{warm:.0f} s (the retriever's, assumed); peak: weights, gradients and AdamW state "
                      f"(activations not counted)")

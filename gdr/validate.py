@@ -279,9 +279,8 @@ def check_run(cfg: DictConfig) -> None:
         raise ConfigError(f"queries.dev_split={dev}: the retrievers' dev split must be apart from the split they "
                           f"train on (queries.train_split={cfg.queries.train_split}) and the one they are scored on "
                           f"(queries.test_split={cfg.queries.test_split}); choose another split, or null")
-    if folds is not None and cfg.get("qg") is not None and cfg.qg.enabled:
-        raise ConfigError(f"queries.folds={folds} with qg.enabled=true: one generator would be fine-tuned on every "
-                          "fold's test topics; set qg.enabled=false (the base generator) or queries.folds=null")
+    if cfg.get("qg") is not None and cfg.qg.enabled:
+        check_qg_pairs(cfg)
     if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")
@@ -290,6 +289,30 @@ def check_run(cfg: DictConfig) -> None:
     if "gc" in cfg.indexers and n_cols is not None and int(n_cols) > J and not per_doc:
         raise ConfigError(f"index.gc.n_queries={n_cols}: must be <= sample.n_queries={J}, the J columns of P it takes "
                           "the first of; lower index.gc.n_queries (null = all) or raise sample.n_queries")
+
+
+def check_qg_pairs(cfg: DictConfig) -> None:
+    """``gdr run``'s ``qg.pairs`` against the query set and the corpus (``qg.enabled``): no pair may hold a test
+    query, and title pairs need a document the LM reads without its title."""
+    pairs, folds = cfg.qg.pairs, cfg.queries.get("folds")
+    if pairs == "queries" and folds is not None:
+        raise ConfigError(f"queries.folds={folds} with qg.enabled=true and qg.pairs=queries: one generator would be "
+                          "fine-tuned on every fold's test topics; set qg.pairs=titles (the corpus's (document, "
+                          "title) pairs, no query; with data.drop_title=true), qg.enabled=false (the base "
+                          "generator) or queries.folds=null")
+    if pairs != "titles":
+        return
+    if cfg.queries.name == "titles":
+        raise ConfigError("qg.pairs=titles with queries.name=titles: the titles are the run's queries, so the "
+                          "generator would be fine-tuned on the test titles; set qg.pairs=queries (the train "
+                          "titles only)")
+    if "drop_title" not in cfg.data:
+        raise ConfigError(f"qg.pairs=titles: data={cfg.data.name} has no titles to read apart from its documents "
+                          "(no data.drop_title); set qg.pairs=queries, or use a corpus with titles (bbc, cranfield, "
+                          "r2, r5, reuters, trec, a jsonl/tsv file with a title field)")
+    if not cfg.data.drop_title:
+        raise ConfigError("qg.pairs=titles needs data.drop_title=true: the LM reads documents with their titles, so "
+                          "the generator would learn to copy its input's opening words; set data.drop_title=true")
 
 
 def check_corpus(command: str, cfg: DictConfig, corpus) -> None:

@@ -502,7 +502,8 @@ def test_load_corpus_argument_errors():
 
 
 @pytest.mark.parametrize("name, extra", [("bbc", {"drop_title": False}), ("r2", {"drop_title": False}),
-                                         ("r5", {"drop_title": False}), ("cranfield", {"on_empty": None})])
+                                         ("r5", {"drop_title": False}),
+                                         ("cranfield", {"on_empty": None, "drop_title": False})])
 def test_conf_data_files(name, extra):
     cfg = OmegaConf.load(CONF / f"{name}.yaml")
     assert dict(cfg) == {"name": name, "path": None, "n_docs": None, "seed": 0, **extra}

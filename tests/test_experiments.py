@@ -119,6 +119,23 @@ def test_bbc_protocol_follows_nci_and_bmi(tmp_path):
         assert {k: v for k, v in flat_v.items() if flat_b.get(k) != v} == {**changed, ("out",): f"runs/{name}"}
 
 
+def test_cranfield_runs_the_bbc_protocol_with_a_generator_that_sees_no_query(tmp_path):
+    """conf/experiment/cranfield.yaml: bbc.yaml's retriever, budget, docids and index seeds, validated once an
+    epoch; its generator fine-tuned on the abstracts' titles (no query: allowed with the folds), each abstract read
+    without its title; the other differences are the corpus, the folds, the dev split and the generator's."""
+    cran, bbc = compose("run", "cranfield", tmp_path), compose("run", "bbc", tmp_path)
+    validate("run", cran)
+    assert cran.queries.folds == 5 and cran.data.drop_title is True
+    assert cran.qg.enabled is True and cran.qg.pairs == "titles" and cran.qg.compare_two_shot is False
+    flat_c, flat_b = _flat(to_container(cran)), _flat(to_container(bbc))
+    same = [k for k in flat_b if k[0] in ("train", "index", "doc_queries", "model", "sample", "indexers", "seeds",
+                                          "index_seed")]
+    # the one difference: BBC's dev is its 96 dev titles alone, Cranfield's trainer tops its ~18 held-out topics up
+    # with held-out generated queries to a curve of 100 points
+    assert {k: (flat_c.get(k), flat_b[k]) for k in same if flat_c.get(k) != flat_b[k]} == {
+        ("train", "examples", "dev_min"): (100, 0)}
+
+
 def _flat(d: dict, prefix: tuple = ()) -> dict:
     out = {}
     for k, v in d.items():

@@ -356,6 +356,23 @@ def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_
     assert five["scoring"].seconds == one["scoring"].seconds  # P does not depend on the split
 
 
+def test_cranfield_plans_its_generator_on_the_corpus_title_pairs(tmp_path):
+    """+experiment=cranfield fine-tunes its generator on (abstract, title) pairs (qg.pairs=titles): one a document
+    with a title of its own (1,350 of 1,400), less the held-out documents' (qg.dev_fraction 5%: 68), with or
+    without folds; no two-shot pass (Cranfield has no labels to cluster against)."""
+    from gdr.plan import TITLED_SHARE
+
+    runs = _runs(tmp_path, 0.2)
+    for extra in ([], ["queries.folds=null"]):
+        rows = {s.name: s for s in plan_run(load_config("run", ["+experiment=cranfield", "seeds=[0]", *extra]),
+                                            "h200", 1, runs, calibrate="off")}
+        assert list(rows) == ["qg", *(n for n in STAGES if n != "clustering")]
+        titled = round(1400 * TITLED_SHARE["cranfield"])
+        held = round(0.05 * titled)
+        assert titled == 1350 and f"on {titled - held:,} training pairs (document, title)" in rows["qg"].basis
+        assert f"the {held} held-out documents' titles under both generators" in rows["qg"].basis
+
+
 # --- the BBC protocol's run: the qg stage, the two-shot pass, the host stages overlapped (issues 46/47) -----------
 
 def _names(*overrides: str, device: str = "h200", runs=None) -> dict[str, StagePlan]:

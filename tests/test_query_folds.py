@@ -252,8 +252,9 @@ def test_a_slice_of_the_corpus_keeps_the_grade_of_each_judgement_it_keeps():
 @pytest.mark.slow
 def test_the_cranfield_protocol_rehearsed_on_a_slice(setup, tmp_path, capsys):  # noqa: F811
     """`gdr run +experiment=cranfield` at test size (80 of the 1,400 documents, the topics judged on them, tiny
-    models, one seed): 5 folds x the four schemes = 20 retrievers, each topic scored by the fold that held it out,
-    the schemes compared over every topic, the report and the JSON line as for the full run."""
+    models, one seed): the generator fine-tuned on the abstracts' titles (qg.pairs=titles, no query), 5 folds x the
+    four schemes = 20 retrievers, each topic scored by the fold that held it out, the schemes compared over every
+    topic, the report and the JSON line as for the full run."""
     root, folder = setup
     out = tmp_path / "run"
     tiny = [a for a in _args(root, folder, out, "seeds=[0]") if not a.startswith("data.name=")][1:]
@@ -277,3 +278,13 @@ def test_the_cranfield_protocol_rehearsed_on_a_slice(setup, tmp_path, capsys):  
     assert len((out / "retrievers.jsonl").read_text().splitlines()) == 20
     assert f"Cross-validated over 5 folds of the {n} topics" in (out / "report.md").read_text()
     assert line["rr_at_10"] == report["retrieval"]["gc"]["mrr@10"]
+    # the generator: one qg stage for every fold, on (abstract without its title, title) pairs, its held-out loss on
+    # the titles of held-out abstracts; P and the generated queries come from it
+    marker = json.loads((out / stages["qg"]["folder"] / "stage.json").read_text())
+    qg = marker["info"]
+    assert qg["pairs"]["source"] == "titles" and 60 <= qg["pairs"]["pairs"] <= 80
+    assert qg["held_out"]["split"] == "titles of held-out documents" and qg["held_out"]["n_pairs"] >= 1
+    assert report["generator"]["held_out"]["fine_tuned"]["loss_per_token"] > 0
+    assert "held-out documents (never trained on" in (out / "report.md").read_text()
+    dq = json.loads((out / stages["doc-queries"]["folder"] / "stage.json").read_text())
+    assert dq["inputs"]["lm"] == {"qg": marker["key"]}

@@ -11,11 +11,14 @@ from tiny_models import saved_tiny_llama
 
 from gdr.carry import prunable
 from gdr.cli import main
+from gdr.config import load_config
 from gdr.data import Corpus, QuerySet, write_beir
-from gdr.data.titles import title_queries
+from gdr.data.titles import drop_titles, title_queries
 from gdr.models import model_digest
-from gdr.stages.qg import check_run_pairs, run_pairs
+from gdr.rules import ConfigError
+from gdr.stages.qg import check_run_pairs, check_title_pairs, run_pairs, run_title_pairs
 from gdr.training.qg import QGPairs
+from gdr.validate import check_run
 
 TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
 
@@ -187,6 +190,67 @@ def test_a_generator_is_refused_with_folds(setup, tmp_path, capsys):
     root, folder, _ = setup
     assert main(_args(root, folder, tmp_path / "o", *QG_ON, "queries.folds=3")) == 2
     err = capsys.readouterr().err
-    assert "qg.enabled=true" in err and "queries.folds=null" in err
+    assert "qg.enabled=true" in err and "queries.folds=null" in err and "qg.pairs=titles" in err
     assert main(_args(root, folder, tmp_path / "o", "qg.enabled=maybe")) == 2
     assert "qg.enabled" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- qg.pairs=titles (a cross-validated run)
+def test_title_pairs_hold_no_query_and_no_held_out_documents_title():
+    """qg.pairs=titles: (document without its title, its title) pairs; the held-out documents' titles are never
+    trained on, a title that reads as a query of the run is left out, and the guard refuses a planted one."""
+    corpus = _titled()
+    everything, held = run_title_pairs(corpus, 0.3, 1, [])
+    assert len(held) and len(everything) + len(held) == len(corpus)
+    planted = everything.doc_ids[3]  # a trained document whose title is planted as a test query of the run
+    queries = QuerySet(name="q", qids=["q0", "q1"],
+                       texts=["stock market earnings", corpus.titles[corpus.doc_ids.index(planted)].upper()],
+                       relevant=[["d1"], [planted]], splits=["train", "test"])
+    pairs, held_again = run_title_pairs(corpus, 0.3, 1, [queries, None])
+    assert held_again.doc_ids == held.doc_ids and len(pairs) == len(everything) - 1
+    assert planted not in pairs.doc_ids and not set(pairs.doc_ids) & set(held.doc_ids)
+    assert not {q.lower() for q in pairs.queries} & {t.lower() for t in queries.texts}
+    titles, bodies = dict(zip(corpus.doc_ids, corpus.titles)), dict(zip(corpus.doc_ids, corpus.texts))
+    assert all(q == titles[d] and doc == bodies[d] and q not in doc
+               for doc, q, d in zip(pairs.docs, pairs.queries, pairs.doc_ids))
+    d = held.doc_ids[0]
+    with pytest.raises(ValueError, match="held-out documents"):
+        check_title_pairs(QGPairs([*pairs.docs, held.docs[0]], [*pairs.queries, held.queries[0]],
+                                  [*pairs.doc_ids, d]), held, [queries])
+    with pytest.raises(ValueError, match="text of a query of the run"):
+        check_title_pairs(QGPairs([*pairs.docs, "x"], [*pairs.queries, queries.texts[0]], [*pairs.doc_ids, "d1"]),
+                          held, [queries])
+    with pytest.raises(ValueError, match="qg.pairs=titles: corpus 'bare' has no titles.*qg.pairs=queries"):
+        run_title_pairs(Corpus(name="bare", doc_ids=["a", "b"], texts=["one", "two"]), 0.3, 1, [queries])
+
+
+def test_drop_title_strips_the_copy_of_the_title_that_opens_a_body():
+    """Cranfield's abstracts open with their title: without it the title pairs would teach the generator to copy
+    the input's opening. A copy differing in spacing or punctuation goes too, a body that is only its title stays."""
+    corpus = Corpus(name="c", doc_ids=["1", "2", "3", "4"],
+                    texts=["mach 3 .5 flow . the flow was measured", "a wing. tests of a wing", "a wings study",
+                           "only the title"],
+                    titles=["mach 3. 5 flow .", "a wing", "a wing", "only the title"])
+    dropped = drop_titles(corpus)
+    assert dropped.texts == ["the flow was measured", "tests of a wing", "a wings study", "only the title"]
+    assert dropped.titles is None and dropped.info["repeated_titles_stripped"] == 2
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["+experiment=cranfield", "qg.pairs=queries"], ["queries.folds=5", "qg.pairs=queries", "qg.pairs=titles"]),
+    (["+experiment=bbc", "qg.pairs=titles"], ["qg.pairs=titles", "queries.name=titles", "qg.pairs=queries"]),
+    (["+experiment=cranfield", "data.drop_title=false"], ["qg.pairs=titles", "data.drop_title=true"]),
+    (["data=beir", "data.path=/nowhere", "qg.enabled=true", "qg.pairs=titles"], ["qg.pairs=titles", "data=beir",
+                                                                                 "qg.pairs=queries"]),
+], ids=["queries-with-folds", "titles-are-the-queries", "titles-kept", "no-titles"])
+def test_the_generators_pairs_are_refused_at_the_door_where_they_would_leak(overrides, says):
+    with pytest.raises(ConfigError) as e:
+        check_run(load_config("run", overrides))
+    assert all(s in str(e.value) for s in says), str(e.value)
+
+
+def test_title_pairs_pass_the_door_with_folds_and_with_one_split():
+    for extra in ([], ["queries.folds=null"]):
+        cfg = load_config("run", ["+experiment=cranfield", *extra])
+        check_run(cfg)
+        assert cfg.qg.enabled and cfg.qg.pairs == "titles" and cfg.data.drop_title

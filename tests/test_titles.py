@@ -239,7 +239,7 @@ def test_conf_data_composes(name):
     query_side = set(QUERY_KEYS) if files else {"drop_unknown_qrels"} if name == "beir" else set()
     query_side |= {"id"} if name == "irds" else set()  # data.id: corpus_from_config makes it the name irds:<id>
     assert set(data) - {"name"} <= set(inspect.signature(load_corpus).parameters) | query_side
-    assert ("drop_title" in data) == (name in ("bbc", "r2", "r5", "reuters") or files)
+    assert ("drop_title" in data) == (name in ("bbc", "cranfield", "r2", "r5", "reuters") or files)
     assert ("docs_tsv" in data) == (name in ("msmarco-lite", "nq320k"))
 
 

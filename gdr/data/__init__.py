@@ -273,8 +273,8 @@ def load_corpus(
     n_docs, seed : keep ``n_docs`` documents drawn uniformly with ``seed`` (:meth:`Corpus.sample`); None = all.
     on_empty : what an empty document does (``"error"``, ``"drop"``, ``"keep"``, ``"title"``); default per corpus.
     drop_title : remove every title (``titles=None``), so ``model_inputs()`` is the article only: the corpus
-        side of title queries (:func:`load_title_queries`). Texts are not edited; BBC and Reuters bodies
-        never start with their title, Cranfield abstracts do and keep it.
+        side of title queries (:func:`load_title_queries`). A body that opens with a copy of its title loses
+        that copy (:func:`gdr.data.titles.drop_titles`: 1,397 Cranfield abstracts; no BBC or Reuters body).
     id_field, text_field, title_field, label_field : ``jsonl`` / ``tsv`` only: the names of the fields
         (default ``auto`` = ``_id``, ``id`` or ``doc_id``; ``text``; ``title``; ``label``), see :mod:`gdr.data.files`.
     text_fields, title_fields, encoding : ``trec`` only: the SGML fields holding the text (default ``TEXT``), the

@@ -89,10 +89,14 @@ DATA_OPTIONS = {
                     "path n_docs seed on_empty drop_unknown_qrels", ("path",),
                     path="required: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv); no default "
                          "exists"),
-    "cranfield": _corpus("cranfield", f"Corpus for `data=cranfield`: {_LOAD}, on_empty=on_empty)",
-                         "path n_docs seed on_empty",
+    "cranfield": _corpus("cranfield", f"Corpus for `data=cranfield`: {_LOAD}, on_empty=on_empty, "
+                                      "drop_title=drop_title)",
+                         "path n_docs seed on_empty drop_title",
                          on_empty="documents 471 and 995 are empty: null = keep them (listed in info[\"empty_text\"]); "
-                                  "or drop, error"),
+                                  "or drop, error",
+                         drop_title="true = no titles: the model reads the abstract only, with the copy of its title "
+                                    "that opens 1,397 of the 1,398 titled abstracts removed (gdr.data.titles."
+                                    "drop_titles); `gdr run qg.pairs=titles` needs it"),
     "irds": _corpus("irds", "Corpus for `data=irds`: a collection by its ir_datasets id (gdr.data.irds), read through "
                             "ir_datasets and its cache\n($IR_DATASETS_HOME, default ~/.ir_datasets): documents, "
                             "queries and qrels; needs `pip install 'gdr[irds]'`\n"

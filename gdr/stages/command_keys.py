@@ -254,17 +254,28 @@ class RunQG:
 
     enabled: bool = setting(False, "fine-tune the query generator (model.name, the base LM) on the run's TRAINING "
                                    "split's (document, query) pairs (titles: the train titles; a query set: its "
-                                   "train split; never a dev or test query) and sample P's queries, score P and "
-                                   "generate the retrievers' training queries with it; false = the base model and "
-                                   "its prompt (the two-shot generator)", rule=boolean)
+                                   "train split; never a dev or test query), or on the corpus's titles "
+                                   "(qg.pairs), and sample P's queries, score P and generate the retrievers' training "
+                                   "queries with it; false = the base model and its prompt (the two-shot generator)",
+                            rule=boolean)
     compare_two_shot: bool = setting(False, "also score a P with the two-shot generator and cluster it, for the "
                                             "report's flat clustering with each generator (qg.enabled only)",
                                      rule=boolean)
+    pairs: str = setting("queries", "what the generator is fine-tuned on. queries: the training split's (query, "
+                                    "relevant document) pairs (not with queries.folds: one generator would see "
+                                    "every fold's test topics); titles: (document, its own title) pairs of the "
+                                    "corpus, the document read without its title (data.drop_title=true; not with "
+                                    "queries.name=titles, whose test queries are those titles): no query at all, so "
+                                    "it is allowed with queries.folds; the titles of a seeded qg.dev_fraction of "
+                                    "the documents (hash with qg.seed + 1) are held out for the report's held-out "
+                                    "loss", rule=one_of("queries", "titles"),
+                         rule_help="the generator's training pairs")
     lowercase: bool = same_setting(QGSection, "lowercase")
     max_pairs: int | None = same_setting(QGSection, "max_pairs")
     dev_fraction: float = same_setting(QGDevSplit, "dev_fraction", "training documents held out (by a seeded hash "
                                                                    "of the doc id) to pick the checkpoint; the "
-                                                                   "report's held-out loss is on the run's dev split")
+                                                                   "report's held-out loss is on the run's dev split "
+                                                                   "(qg.pairs=titles: on held-out documents' titles)")
     dev_max: int = same_setting(QGDevSplit, "dev_max")
     seed: int = setting(0, rule=seed)
     train: QGOptions = setting(factory=lambda: QGOptions(**QG_TRAIN))

@@ -24,10 +24,13 @@ def _exclude_ids(names) -> set[str]:
     return ids
 
 
-def _title_pairs(seed: int, corpus, excluded: set[str]):
-    qs = title_queries(corpus, seed=int(seed), fractions=(1.0, 0.0, 0.0))
+def _title_pairs(seed: int, corpus, excluded: set[str], fractions: tuple, split: str):
+    """(document without its title, its title) pairs of the documents of ``corpus`` (loaded with its titles) with
+    a title of their own (:func:`gdr.data.titles.title_queries`) in the ``split`` of a seeded split by document
+    id, none of ``excluded``."""
+    qs = title_queries(corpus, seed=int(seed), fractions=fractions)
     texts = dict(zip(corpus.doc_ids, drop_titles(corpus).model_inputs()))
-    keep = [i for i, d in enumerate(qs.qids) if d not in excluded]
+    keep = [i for i, (d, s) in enumerate(zip(qs.qids, qs.splits)) if d not in excluded and s == split]
     return QGPairs([texts[qs.qids[i]] for i in keep], [qs.texts[i] for i in keep], [qs.qids[i] for i in keep])
 
 
@@ -96,7 +99,7 @@ def build_pairs(qg: QGSection, data: dict, queries: QGQueries | None = None, see
     if src == "titles":
         if data.get("drop_title"):  # absent from the data options of corpora without titles (conf/data/beir.yaml)
             raise SystemExit("data.drop_title=true: qg.pairs=titles needs the titles; leave data.drop_title false")
-        pairs = _title_pairs(seed, load_data(), excluded)
+        pairs = _title_pairs(seed, load_data(), excluded, (1.0, 0.0, 0.0), "train")  # every title
     elif src == "queries":
         pairs = _query_pairs(queries or QGQueries(), data["name"], load_data())
     else:
@@ -150,6 +153,45 @@ def run_pairs(corpus, train, held_out: Sequence, split: str) -> QGPairs:
                     "out of the generator's pairs", dropped)
     check_run_pairs(pairs, train.select(in_split & keep), held)
     return pairs
+
+
+def run_title_pairs(corpus, held_fraction: float, seed: int, queries: Sequence) -> tuple[QGPairs, QGPairs]:
+    """The query generator's pairs of a ``gdr run`` with ``qg.pairs=titles``: (training pairs, held-out pairs), each
+    a (document, its own title) pair, the document as the run's LM reads it (without its title,
+    :func:`gdr.data.titles.drop_titles`). ``corpus``: the run's corpus loaded WITH its titles; the titles of a
+    seeded ``held_fraction`` of its documents (a hash of the doc id with ``seed``) are held out, for the report's
+    held-out loss; ``queries``: the run's query sets (QuerySets or None), whose texts no pair may hold
+    (:func:`check_title_pairs`)."""
+    if corpus.titles is None:
+        raise ValueError(f"qg.pairs=titles: corpus {corpus.name!r} has no titles to fine-tune the generator on; set "
+                         "qg.pairs=queries, or give the documents a title (data.title_field of a jsonl/tsv file)")
+    fractions = (1.0 - float(held_fraction), float(held_fraction), 0.0)
+    train = _title_pairs(seed, corpus, set(), fractions, "train")
+    held = _title_pairs(seed, corpus, set(), fractions, "dev")
+    texts = list({t.strip().lower() for q in queries if q is not None for t in q.texts})
+    same = np.isin(np.asarray([t.strip().lower() for t in train.queries], dtype=object), texts)
+    if same.any():  # a title that reads exactly as a query of the run: left out, as run_pairs leaves out queries
+        log.warning("qg: %d titles read exactly as a query of the run and were left out of the generator's pairs",
+                    int(same.sum()))
+        train = train.take(np.flatnonzero(~same))
+    check_title_pairs(train, held, queries)
+    return train, held
+
+
+def check_title_pairs(pairs: QGPairs, held: QGPairs, queries: Sequence) -> None:
+    """Raise ``ValueError`` when a training pair is a held-out document's, or its query text (a title) is the text of
+    a query of the run (``queries``: QuerySets or None), compared as :func:`run_pairs` compares them."""
+    held_docs = set(held.doc_ids)
+    leaked = [d for d in pairs.doc_ids if d in held_docs]
+    if leaked:
+        raise ValueError(f"qg: {len(leaked)} generator training pairs are of held-out documents, e.g. {leaked[0]}; the "
+                         "report's held-out loss would be measured on titles trained on")
+    texts = {t.strip().lower() for q in queries if q is not None for t in q.texts}
+    hit = [(q, d) for q, d in zip(pairs.queries, pairs.doc_ids) if q.strip().lower() in texts]
+    if hit:
+        q, d = hit[0]
+        raise ValueError(f"qg: {len(hit)} generator training pairs hold the text of a query of the run, e.g. {q!r} -> "
+                         f"{d}; qg.pairs=titles trains on no query of the run")
 
 
 def check_run_pairs(pairs: QGPairs, train, held_out: Sequence) -> None:

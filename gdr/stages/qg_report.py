@@ -1,5 +1,6 @@
 """The report's section on the query generator of a ``gdr run`` with ``qg.enabled``: the fine-tuned generator's
-held-out loss on the run's dev split against the two-shot prompt's on the same pairs, and the flat clustering's
+held-out loss on the run's dev split (``qg.pairs=titles``: on held-out documents' titles) against the two-shot
+prompt's on the same pairs, and the flat clustering's
 ACC/NMI/ARI with each generator (``qg.compare_two_shot``). Kept apart from :func:`gdr.stages.report.write_report`:
 it adds its section to the files that function wrote."""
 from __future__ import annotations
@@ -28,14 +29,20 @@ def generator_summary(qg: dict, cluster_tuned: dict | None, cluster_two_shot: di
 def generator_lines(summary: dict) -> list[str]:
     """The section's markdown lines."""
     pairs = summary.get("pairs") or {}
+    titles = pairs.get("source") == "titles"
+    what = (f"(document, its own title) pairs of the corpus ({pairs.get('documents', '?')} documents, each read "
+            "without its title; no query of the run)" if titles else
+            f"(document, query) pairs of the training split only ({pairs.get('documents', '?')} documents; no dev or "
+            "test query, nor its pairing)")
     lines = ["## Query generator", "",
-             f"Fine-tuned in the run on {pairs.get('pairs', '?')} (document, query) pairs of the training split only "
-             f"({pairs.get('documents', '?')} documents; no dev or test query, nor its pairing), "
+             f"Fine-tuned in the run on {pairs.get('pairs', '?')} {what}, "
              f"{summary.get('global_step', '?')} steps. P's queries, P and the retrievers' generated training "
              "queries come from it.", ""]
     held = summary.get("held_out") or {}
     if held.get("n_pairs"):
-        lines += [f"Held-out loss on the run's dev split ({held['n_pairs']} pairs):", "",
+        where = (f"the titles of {held['n_pairs']} held-out documents (never trained on, nor used to pick the "
+                 "checkpoint)" if titles else f"the run's dev split ({held['n_pairs']} pairs)")
+        lines += [f"Held-out loss on {where}:", "",
                   "| generator | loss per query token | NLL per query |", "|---|---|---|"]
         for name, key in (("two-shot prompt (base model)", "two_shot"), ("fine-tuned", "fine_tuned")):
             r = held.get(key) or {}
@@ -43,7 +50,7 @@ def generator_lines(summary: dict) -> list[str]:
                          f"{r.get('nll_per_query', float('nan')):.3f} |")
         lines.append("")
     else:
-        lines += ["No dev split pairs: no held-out loss.", ""]
+        lines += ["No held-out pairs: no held-out loss.", ""]
     cl = summary.get("cluster") or {}
     if cl.get("fine_tuned") or cl.get("two_shot"):
         lines += ["Flat clustering against the labels with each generator (mean over repeats):", "",
