@@ -37,6 +37,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -385,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", action="store_true", help="a synthetic corpus instead of BBC (no data needed)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny sizes: 40 synthetic documents, 32 queries, one repeat, short windows")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for the run: how long a thread may hold the GIL while another waits "
+                         "(Python's default: 0.005 s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp", default=None, help="folder for the inputs and stage folders (default: a temporary one)")
     args = ap.parse_args(argv)
@@ -395,12 +399,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizers' own threads, before the first encode
     threads = one_thread()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     wanted = [s for s in args.stages.split(",") if s]
     unknown = sorted(set(wanted) - set(STAGES + CONTROLS))
     if unknown:
         raise SystemExit(f"gdr bench overlap: unknown --stages {', '.join(unknown)}; "
                          f"choose from {', '.join(STAGES + CONTROLS)}")
-    out: dict = {"machine": machine(), "threads": threads, "docs": args.docs, "queries": args.queries,
+    out: dict = {"machine": machine(), "threads": threads, "switch_interval": sys.getswitchinterval(),
+                  "docs": args.docs, "queries": args.queries,
                  "K": args.K, "repeats": args.repeats, "synthetic": args.synthetic,
                  "proxy": "tiny model training step (4 x [linear 32, GELU, LayerNorm], linear 8, AdamW, batch 8)"}
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
