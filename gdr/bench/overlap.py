@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"gdr bench overlap: unknown --stages {', '.join(unknown)}; "
                          f"choose from {', '.join(STAGES + CONTROLS)}")
     out: dict = {"machine": machine(), "threads": threads, "switch_interval": sys.getswitchinterval(),
-                  "docs": args.docs, "queries": args.queries,
+                 "docs": args.docs, "queries": args.queries,
                  "K": args.K, "repeats": args.repeats, "synthetic": args.synthetic,
                  "proxy": "tiny model training step (4 x [linear 32, GELU, LayerNorm], linear 8, AdamW, batch 8)"}
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
