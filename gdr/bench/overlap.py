@@ -1,6 +1,7 @@
 """Benchmark: the GIL cost of a host stage in the background thread (``gdr run`` with ``overlap``).
 
     gdr bench overlap                      # 300 BBC articles, 3 repeats of every host stage
+    gdr bench overlap --docs 2225 --queries 1024 --K 30 --stages index-gc,index-hkmi,index-random,bm25  # BBC's shape
     gdr bench overlap --smoke              # tiny sizes, one repeat (the test's run)
 
 With ``overlap`` (``auto``: on CUDA) ``gdr run`` runs its host stages (the flat clustering and its k-means baselines,
@@ -18,16 +19,25 @@ it) does not. ``gdr plan`` assumes the latter. This benchmark measures it on the
   (titles dropped; their titles are BM25's queries), P of random numbers with the labels' structure planted (the
   shape of the score stage's), and 15 generated queries a document drawn from its own words (BMI's input);
 - for each stage, interleaved ``alone, beside, alone, beside, ..., alone`` so that a change in the machine's load
-  moves both: the proxy's rate beside the stage over its rate alone in the windows on either side (the ratio), and
-  the share of the stage's time the main loop lost (1 - ratio) with the seconds that is. Two controls bracket the
-  scale: a numpy matmul loop (releases the GIL: the ratio the machine's cores allow) and a pure-Python loop (holds
-  it: the worst case).
+  moves both: the proxy's rate beside the stage over its rate alone in the windows on either side (``ratio``). The
+  scheduler's account of the main thread (``/proc/self/task/<tid>/schedstat``) splits each window into seconds on a
+  CPU, runnable in the queue and asleep, which for the proxy (no I/O) is waiting for the GIL: ``free`` is the ratio
+  without the run queue and the shared core (the proxy's CPU seconds a step alone over those plus its extra GIL
+  wait a step beside), ``lost s`` the main loop's seconds lost over the stage at that ratio. Two controls bracket
+  the scale: a numpy matmul loop (releases the GIL: ``free`` ~1) and a pure-Python loop (holds it: the worst case).
+
+Run it on a quiet machine (the load average is printed and kept in the JSON; a warning says when it is high): a
+background thread that the OS deschedules for other jobs holds the GIL less often, so a busy machine makes every
+stage look cheaper (on the 2-core box, the GC index came out at 0.92 free under a load of 3 and 0.53 quiet). A
+thread that holds the GIL costs the main thread more than its share of the time: the proxy releases the GIL at
+every operator call and the Python thread takes it each time, for up to the switch interval (``sys.getswitchinterval``,
+5 ms; ``--switch-interval`` sets it), so a pure-Python stage nearly stops the proxy (the "convoy effect").
 
 Threads: torch, numpy's BLAS (threadpoolctl), faiss and the tokenizers run at one thread, so on a 2-core machine the
 proxy and the stage each have a core; on the GPU machine's 16 cores the competition for cores is gone and what is
 left is the GIL share this measures. The clustering runs on the CPU here (on CUDA ``gdr run`` runs its kernels on the
-GPU from the background thread). Each stage runs once untimed first (imports, the embedding model's load: once per
-process in a run). The last line is one JSON object; no figure here is asserted by a test.
+GPU from the background thread: not measured here). Each stage runs once untimed first (imports, the embedding
+model's load: once per process in a run). The last line is one JSON object; no figure here is asserted by a test.
 """
 from __future__ import annotations
 
@@ -291,7 +301,7 @@ def _per_step(ws: list[Window], what: str) -> float | None:
 def compare(alone: tuple[Window, Window], beside: Window) -> dict:
     """One repeat: the rate beside over the mean of the alone windows on either side (``ratio``); the share of the
     beside window the main thread waited for the GIL, less that alone (``gil_wait_share``); and ``free_ratio``, the
-    ratio on a machine whose cores are free (no run queue, no other thread on the core): the proxy's CPU seconds a
+    ratio without the run queue and the shared core (on a quiet machine, see the module): the proxy's CPU seconds a
     step alone over those plus its extra GIL wait a step beside."""
     ratio = beside.rate / ((alone[0].rate + alone[1].rate) / 2)
     cpu, wait_alone = _per_step(list(alone), "cpu"), _per_step(list(alone), "waited")
@@ -428,10 +438,16 @@ def main(argv: list[str] | None = None) -> int:
     slow = sorted(n for n, r in out["stages"].items()
                   if n not in CONTROLS and (r["free_ratio"] if r["free_ratio"] is not None else r["ratio"]) < SLOW)
     out["slow"] = slow
+    out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    busy = max(out["machine"]["load_avg"][0], out["load_avg_end"][0])
+    if busy > max((os.cpu_count() or 1) - 1, 1):
+        print(f"warning: the machine was busy (load average {busy:.1f} on {os.cpu_count()} cores): a busy machine "
+              "makes a stage's GIL cost look smaller; rerun on a quiet one", flush=True)
     print("ratio: the proxy's steps/s beside the stage over alone, here (median of the repeats; spread: min-max). "
           "GIL wait: the share of the stage's time the main thread slept waiting for the GIL (less that alone). "
-          "free: the ratio on free cores (the proxy's CPU time a step alone over it plus its GIL wait a step "
-          f"beside); lost s: the main loop's seconds lost over the stage at that ratio. Below {SLOW} on free cores: "
+          "free: the ratio without the run queue and the shared core (the proxy's CPU time a step alone over it plus "
+          "its GIL wait a step beside); lost s: the main loop's seconds lost over the stage at that ratio. "
+          f"Below {SLOW} free: "
           f"{', '.join(slow) or 'none'}.", flush=True)
     emit(out)
     return 0
