@@ -69,8 +69,6 @@ from gdr.stages.overlap import HostStages, Priority
 from gdr.stages.settings import ClusterSettings, IndexSettings
 from gdr.store import load_run
 
-log = logging.getLogger(__name__)
-
 STAGES = ("cluster", "index-gc", "index-hkmi", "index-bmi", "index-random", "bm25")
 CONTROLS = ("control-numpy", "control-python")  # releases the GIL / holds it
 PER_DOC = 15  # generated queries a document (BBC's doc_queries.per_doc)
@@ -241,13 +239,13 @@ def stage_jobs(root: Path, corpus: Corpus, queries: QuerySet, score: Path, doc_q
         return build
 
     def bm25_build(folder: Path) -> dict:
-        return bm25_baseline(corpus, queries, folder, k=100, split="test")
+        return bm25_baseline(corpus, queries, folder, split="test")
 
     builds = {"cluster": (cluster_build, Priority.CLUSTER), "bm25": (bm25_build, Priority.BM25)}
     for method in ("gc", "hkmi", "bmi", "random"):
         builds[f"index-{method}"] = (index_build(method), Priority.INDEX)
-    pipe = Pipeline(root / "run")
-    return {name: (lambda tag, name=name, build=build: pipe.stage(name, {"tag": tag}, build), int(priority))
+    run = root / "run"  # a Pipeline of its own for each stage, as gdr.pipeline._start gives it
+    return {name: (lambda tag, name=name, build=build: Pipeline(run).stage(name, {"tag": tag}, build), int(priority))
             for name, (build, priority) in builds.items()}
 
 
