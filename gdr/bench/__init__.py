@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("scoring", "clustering", "indexing", "decoding", "training", "sampling", "integrity", "gpu")
+BENCHES = ("scoring", "clustering", "indexing", "decoding", "training", "sampling", "integrity", "gpu", "overlap")
 
 
 def bench_main(argv: list[str]) -> int:
