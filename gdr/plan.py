@@ -1017,9 +1017,10 @@ def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = 
                   f"starts them (indexes, clustering and BM25 after the score stage, BMI's indexes after doc_queries, "
                   f"the two-shot clustering after its scoring); the main thread waits for every index before "
                   f"training and for the rest by the first report (after the first retriever: training x {at_once} at "
-                  f"once / {n_ret} + evaluation / {n_ret}, assumed even): {waited}; assumed: the host thread does "
-                  f"not slow the device stages (measured on a CPU: a dispatch-bound main loop keeps 0.96x its rate "
-                  f"beside the clustering, 0.2-0.5x beside BM25 and the indexes but BMI's; reports/benchmarks.md)")
+                  f"once / {n_ret} + evaluation / {n_ret}, assumed even): {waited}; not modelled: the host thread's "
+                  f"hold on the GIL slowing the device stages' dispatch (gdr bench overlap on a CPU: a dispatch-bound "
+                  f"main loop keeps 0.96x its rate beside the clustering, 0.2-0.5x beside BM25 and the indexes but "
+                  f"BMI's: at most ~10 s of a BBC run, reports/benchmarks.md)")
     return wall
 
 
