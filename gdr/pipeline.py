@@ -100,7 +100,7 @@ from gdr.stages.cluster import cluster_run
 from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
-from gdr.stages.index import build_index, index_seeds, index_stage_name
+from gdr.stages.index import build_index, index_stage_name, index_stages
 from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs, run_title_pairs
@@ -913,7 +913,7 @@ def run_indexes(cfg: DictConfig) -> list[tuple[str, int | None]]:
     """(indexer, index seed) of every index stage of a run, in the order of ``indexers``: one an indexer (seed None),
     or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend on a seed
     (:func:`gdr.stages.index.index_seeds`)."""
-    return [(m, s) for m in cfg.indexers for s in index_seeds(str(cfg.index_seed), m, cfg.seeds)]
+    return index_stages(cfg.indexers, str(cfg.index_seed), cfg.seeds)
 
 
 def index_of(run: RunContext, method: str, seed: int) -> StageRecord:

@@ -59,7 +59,7 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys, RunQG
-from gdr.stages.index import index_seeds, index_stage_name
+from gdr.stages.index import index_stage_name, index_stages
 from gdr.stages.overlap import Priority, overlap_on
 from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, planned_names, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
@@ -766,8 +766,7 @@ def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     retriever seed (:func:`gdr.stages.index.index_seeds`). ``parts``: the seconds of one index of each scheme."""
     per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
            for i in cfg.indexers}
-    mode = str(cfg.get("index_seed") or RunKeys.index_seed)
-    count = {i: len(index_seeds(mode, i, cfg.seeds)) for i in cfg.indexers}
+    count = {i: sum(m == i for m, _ in _index_stages(cfg)) for i in cfg.indexers}
     st = _host("indexing", sum(v * count[i] for i, v in per.items()), rates,
                ", ".join(f"{i} {v:.1f} s" + (f" x {count[i]} seeds" if count[i] > 1 else "") for i, v in per.items()))
     st.parts = per
@@ -881,11 +880,21 @@ def _rewrite_s(n: int) -> float:
     return float(np.interp(n, [k for k, _ in pts], [v for _, v in pts]))
 
 
+def _rewrites_s(first: int, last: int) -> float:
+    """The report rewrites after retrievers ``first`` .. ``last`` (:func:`_rewrite_s` each)."""
+    return sum(_rewrite_s(k) for k in range(first, last + 1))
+
+
+def _index_stages(cfg) -> list[tuple[str, int | None]]:
+    """(indexer, index seed) of every index stage of the run of ``cfg`` (:func:`gdr.stages.index.index_stages`)."""
+    return index_stages(cfg.indexers, str(cfg.get("index_seed") or RunKeys.index_seed), cfg.seeds)
+
+
 def _reports(n_ret: int, rates: _Rates) -> StagePlan:
     """The time outside any stage but the LM's load: the report rewritten after each of ``n_ret`` retrievers (each
     at tests/bench_report.py's seconds after as many retrievers) and the rest (process start, corpus load,
     bookkeeping: the 2026-11-27 run's outside seconds less its report rewrites, :data:`OUTSIDE_1127`)."""
-    rewrites = sum(_rewrite_s(k) for k in range(1, n_ret + 1))
+    rewrites = _rewrites_s(1, n_ret)
     other = OUTSIDE_1127["other"]
     st = StagePlan("reports", rewrites + other, None,
                    f"{n_ret} report rewrites, one after each retriever, {_rewrite_s(1):.2f}-{_rewrite_s(n_ret):.2f} s "
@@ -990,13 +999,11 @@ def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = 
 
     tasks = []
     parts = (by["indexing"].parts or {}) if "indexing" in by else {}
-    mode = str(cfg.get("index_seed") or RunKeys.index_seed)
-    for method in cfg.indexers:
-        for seed in index_seeds(mode, method, cfg.seeds):
-            name = index_stage_name(method, seed)
-            done = left is not None and name in left.finished
-            tasks.append(HostTask(name, 0.0 if done else parts.get(method, 0.0), Priority.INDEX,
-                                  "doc_queries" if method == "bmi" else "score"))
+    for method, seed in _index_stages(cfg):
+        name = index_stage_name(method, seed)
+        done = left is not None and name in left.finished
+        tasks.append(HostTask(name, 0.0 if done else parts.get(method, 0.0), Priority.INDEX,
+                              "doc_queries" if method == "bmi" else "score"))
     tasks += [HostTask("cluster", sec("clustering"), Priority.CLUSTER, "score"),
               HostTask("bm25", sec("bm25"), Priority.BM25, "score"),
               HostTask("cluster" + TWO_SHOT, sec("clustering" + TWO_SHOT), Priority.CLUSTER, "score" + TWO_SHOT)]
@@ -1070,8 +1077,6 @@ def remaining(cfg, stages: list[StagePlan], finished: dict[str, int]) -> tuple[l
     trained = sum(n(f"train-{r}", 0) > 0 for r in names)
     evaluated = sum(n(f"eval-{r}", 0) > 0 for r in names)
     total = len(names)
-    index_names = [index_stage_name(m, seed) for m in cfg.indexers
-                   for seed in index_seeds(str(cfg.get("index_seed") or RunKeys.index_seed), m, cfg.seeds)]
     done = {"qg": n("qg", 0) >= 1, "sampling": n("score", 0) >= 1, "scoring": n("score", 0) >= 1,
             "lm_load": n("score", 0) >= 1 and (n("doc-queries", 0) >= 1 or not int(cfg.doc_queries.per_doc)),
             "clustering": n("cluster", 0) >= 1, "doc_queries": n("doc-queries", 0) >= 1, "bm25": n("bm25", 0) >= 1,
@@ -1084,15 +1089,14 @@ def remaining(cfg, stages: list[StagePlan], finished: dict[str, int]) -> tuple[l
             st.scale(0.0)
         elif st.name == "indexing":
             parts = st.parts or {}
-            st.seconds = sum(parts.get(name.split("-")[1], 0.0) for name in index_names if not n(name, 0))
+            st.seconds = sum(parts.get(m, 0.0) for m, seed in _index_stages(cfg) if not n(index_stage_name(m, seed), 0))
         elif st.name == "training":
             st.scale((total - trained) / max(total, 1))
         elif st.name == "evaluation":
             st.scale((total - evaluated) / max(total, 1))
         elif st.name == "reports":
-            parts = st.parts or {}
-            rewrites = sum(_rewrite_s(k) for k in range(evaluated + 1, total + 1))
-            st.seconds = rewrites + parts.get("other", 0.0)
+            st.parts = {**(st.parts or {}), "report_rewrites": _rewrites_s(evaluated + 1, total)}
+            st.seconds = sum(st.parts.values())
         left.append(st)
     return left, Remaining(finished, total - evaluated, total)
 

@@ -28,7 +28,7 @@ from gdr.io import read_jsonl, write_manifest
 from gdr.stages.settings import IndexSettings, index_keys
 from gdr.store import load_run
 
-__all__ = ["build_index", "METHODS", "index_seeds", "index_stage_name"]
+__all__ = ["build_index", "METHODS", "index_seeds", "index_stage_name", "index_stages"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,13 @@ def index_seeds(mode: str, method: str, seeds: Sequence[int]) -> list[int | None
     if mode == "retriever" and "seed" in index_keys()[method]:
         return [int(s) for s in dict.fromkeys(seeds)]
     return [None]
+
+
+def index_stages(indexers: Sequence[str], mode: str, seeds: Sequence[int]) -> list[tuple[str, int | None]]:
+    """(indexer, index seed) of every index stage of a ``gdr run`` of ``indexers`` and retriever ``seeds``, in the
+    order of ``indexers``: one an indexer (seed None), or with ``index_seed=retriever`` (``mode``) one per retriever
+    seed for an indexer whose ids depend on a seed (:func:`index_seeds`)."""
+    return [(m, s) for m in indexers for s in index_seeds(mode, m, seeds)]
 
 
 def index_stage_name(method: str, seed: int | None) -> str:
