@@ -446,17 +446,19 @@ def search_bytes_per_query(model: torch.nn.Module, query_tokens: float, beam: in
 TRAIN_BYTES_PER_PARAM = 20  # fp32 weight, gradient and two AdamW moments, and a bf16 copy of the weight
 
 
-def train_memory_per_example(enc: Dims, dec: Dims, query_len: int, code_len: int, n_digits: int) -> int:
+def train_memory_per_example(enc: Dims, dec: Dims, query_len: int, code_len: int, n_digits: int,
+                             passes: int = 1) -> int:
     """Device memory one retriever training example holds until its backward pass (estimated generously): what
     autograd saves in every encoder layer over ``query_len`` tokens and every decoder layer over the L + 1 docid
     positions (bf16 activations, fp32 layer-norm inputs, attention probabilities as the math attention kernel
-    keeps them, the cross-attention keys/values), and the fp32 slot logits. Checked against the bytes autograd
-    saves on the CPU under bf16 autocast (tests/test_retriever.py)."""
+    keeps them, the cross-attention keys/values), and the fp32 slot logits; ``passes`` times (R-drop's two dropout
+    views are two forward passes, both held until the one backward). Checked against the bytes autograd saves in a
+    training step on the CPU under bf16 autocast (tests/test_retriever.py)."""
     S, T, K1 = query_len, code_len + 1, n_digits + 1
     e = enc.layers * (S * (32 * enc.d_model + 8 * enc.attn + 10 * enc.d_ff) + 20 * enc.heads * S * S)
     d = dec.layers * (T * (32 * dec.d_model + 8 * dec.attn + 10 * dec.d_ff) + 2 * S * dec.attn * 4
                       + 20 * dec.heads * T * (T + S))
-    return e + d + S * enc.d_model * 8 + T * K1 * 16
+    return passes * (e + d + S * enc.d_model * 8 + T * K1 * 16)
 
 
 def search_memory_per_query(enc: Dims, dec: Dims, query_len: int, code_len: int, n_digits: int, beam: int) -> int:

@@ -1079,7 +1079,7 @@ class _TrainBuild:
                                           generated=self.generated, stale="restart", dev=self.dev,
                                           write_config=lambda f: save_config(sub, f))
         return {**train_stage.best_record(res.monitor, res.best_score), "global_step": res.global_step,
-                "n_params": res.n_params}
+                "n_params": res.n_params, "memory": res.memory}
 
 
 def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after: list) -> StageRecord:
@@ -1293,27 +1293,34 @@ def _training_started(run: RunContext, settings, at_once: int, n_todo: int) -> N
     free = free_memory() if on_cuda and n_todo else None
     batch = run.train_batch or run.settings.train.trainer.batch_size
     run.training = {"free_gb": None if free is None else round(free / 1e9, 1), "retrievers_at_once": at_once,
-                    "batch": batch, "retrievers": 0, "examples": 0, "seconds": 0.0}
+                    "batch": batch, "retrievers": 0, "examples": 0, "seconds": 0.0, "peak_gb": None,
+                    "estimate_gb": None}
     if n_todo:
         log.info("training %d retrievers: %s free, %d at once, batch %s", n_todo,
                  "n/a (CPU)" if free is None else f"{free / 1e9:.1f} GB", at_once, batch)
 
 
 def _trained(run: RunContext, train: StageRecord, alone: bool) -> None:
-    """Count a retriever trained by this invocation in its training phase: its examples (steps x batch) and, when
-    it trained alone, its seconds (a concurrent phase counts its wall time once)."""
+    """Count a retriever trained by this invocation in its training phase: its examples (steps x batch), the most
+    device memory one held (CUDA's allocator peak) and the batch rule planned for one, and, when it trained alone,
+    its seconds (a concurrent phase counts its wall time once)."""
     if train.reused or not run.training:
         return
     run.training["retrievers"] += 1
     run.training["examples"] += int(train.info.get("global_step") or 0) * int(run.training["batch"])
+    memory = train.info.get("memory") or {}
+    for key, part in (("peak_gb", "peak_bytes"), ("estimate_gb", "estimate_bytes")):
+        if memory.get(part) is not None:
+            run.training[key] = max(run.training[key] or 0.0, round(memory[part] / 1e9, 2))
     if alone:
         run.training["seconds"] += float(train.last_seconds or train.seconds)
 
 
 def run_timing(run: RunContext, seconds: float) -> dict:
     """The report's accounts of this invocation: ``training`` (free GB at its start, retrievers at once, batch,
-    retrievers trained here, their examples, the phase's seconds with validations, ``examples_per_s``; None when
-    none trained here), ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
+    retrievers trained here, their examples, the phase's seconds with validations, ``examples_per_s``, the most
+    device memory one of them held, ``peak_gb`` (CUDA; None on the CPU), beside what the batch rule planned for
+    one, ``estimate_gb``; None when none trained here), ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest:
     corpus load, process starts outside a stage, bookkeeping) and ``overlapped`` (the host stages that ran beside
     the device stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the main thread's waits for
     them, which alone count in ``stages``; None: none did)."""

@@ -473,16 +473,15 @@ def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates
     then the patience), ``low`` at the earliest stop, ``high`` at the epoch cap."""
     rc = model.config
     memory = free if free is not None else (rates.peaks.memory or 16e9)
-    batch = _train_batch(t.trainer.batch_size, rc, rates, per_epoch, memory)
+    passes = t.optim.forward_passes  # R-drop: two forward passes, both held until the backward
+    batch = _train_batch(t.trainer.batch_size, rc, rates, per_epoch, memory, passes)
     params = sum(p.numel() for p in model.parameters())
-    rdrop = t.optim.consistency_weight > 0
-    passes = 2 if rdrop else 1  # R-drop: two forward passes
     buckets = t.trainer.length_buckets
     width = _padded_width(rc.max_query_len, batch, buckets)
     flops = passes * cost.train_flops_per_example(model, width)
     nbytes = cost.training_bytes_per_example(params, cost.param_count(model), batch, rates.device != "cpu")
     frac, src = rates.training_fraction(batch)
-    concurrent = _concurrent(t.concurrent, rc, batch, rates, n_ret, gpus, memory)
+    concurrent = _concurrent(t.concurrent, rc, batch, rates, n_ret, gpus, memory, passes)
     agg = min(concurrent * frac, 1.0)
     limit = rates.limit(flops, nbytes)
     rate = agg * limit
@@ -490,7 +489,7 @@ def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates
     warm = rates.cold("training", "training_small30m_warmup_s") * math.ceil(n_ret / concurrent)
     spawns = concurrent * SPAWN_S if concurrent > 1 else 0.0
     mem = concurrent * (batch * cost.train_memory_per_example(
-        cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits)
+        cost.dims(rc.encoder_hf_config), cost.dims(rc), rc.max_query_len, rc.max_code_len, rc.n_digits, passes)
         + cost.TRAIN_BYTES_PER_PARAM * params)
 
     per = rates.per_unit("training_s_per_example")
@@ -532,7 +531,7 @@ def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates
                      steps=(low_steps, mid_steps), at_once=concurrent)
 
 
-def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float) -> int:
+def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float, passes: int) -> int:
     """``train.concurrent`` for ``n_ret`` retrievers, as :func:`gdr.stages.train.retrievers_at_once` resolves it: 1
     where each retriever trains data-parallel over several ``gpus``; a number is kept (at most ``n_ret``); ``auto``
     is 1 on the CPU and on a GPU what :func:`gdr.training.concurrent.concurrent_for_memory` fits in ``memory``."""
@@ -542,7 +541,7 @@ def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, m
         return max(1, min(int(setting), n_ret))
     if rates.device == "cpu":
         return 1
-    return concurrent_for_memory(rc, batch, memory, n_ret)
+    return concurrent_for_memory(rc, batch, memory, n_ret, passes)
 
 
 def _train_steps(trainer: TrainerOptions, per_epoch: int, batch: int) -> tuple[int, int, str, int]:
@@ -569,14 +568,14 @@ def _train_steps(trainer: TrainerOptions, per_epoch: int, batch: int) -> tuple[i
                                                      f"validations, one every {check:g} steps"), min(cap, mid)
 
 
-def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int, memory: float) -> int:
+def _train_batch(batch_size, rc, rates: _Rates, per_epoch: int, memory: float, passes: int) -> int:
     """``trainer.batch_size``; ``auto`` as gdr.training.train resolves it: 64 on the CPU, on a GPU what ``memory``
-    bytes hold (:func:`gdr.training.train.cuda_batch_size`)."""
+    bytes hold at ``passes`` forward passes a step (:func:`gdr.training.train.cuda_batch_size`)."""
     if batch_size != "auto":
         return int(batch_size)
     if rates.device == "cpu":
         return CPU_BATCH
-    return cuda_batch_size(rc, memory, per_epoch)
+    return cuda_batch_size(rc, memory, per_epoch, passes)
 
 
 def _dev_split_size(cfg) -> int | None:

@@ -197,23 +197,28 @@ def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_
 
 def test_auto_concurrency_is_what_the_device_memory_holds(tmp_path, monkeypatch):
     """``train.concurrent: auto`` (bbc.yaml's) takes the run's rule, gdr.training.concurrent.concurrent_for_memory, at
-    the device's memory: more retrievers at once on an H200 than on an H100, each with its own memory."""
+    the device's memory and R-drop's two forward passes: more retrievers at once on an H200 than on an H100, each
+    with its own memory."""
     import gdr.plan
 
     asked = []
 
-    def rule(config, batch, free, n_jobs):
-        asked.append((batch, free, n_jobs))
-        return concurrent_for_memory(config, batch, free, n_jobs)
+    def rule(config, batch, free, n_jobs, passes):
+        asked.append((batch, free, n_jobs, passes))
+        return concurrent_for_memory(config, batch, free, n_jobs, passes)
 
     monkeypatch.setattr(gdr.plan, "concurrent_for_memory", rule)
     assert load_config("run", ["+experiment=bbc"]).train.concurrent == "auto"
     h200, h100 = _training(tmp_path, device="h200"), _training(tmp_path, device="h100")
-    assert [(b, n) for b, _, n in asked] == [(1024, 12), (1024, 12)]
+    assert [(b, n, p) for b, _, n, p in asked] == [(1024, 12, 1), (1024, 12, 1)]  # that run: no R-drop
     assert asked[0][1] == cost.device_peaks("H200").memory and asked[1][1] == cost.device_peaks("H100").memory
     n200, n100 = (int(re.search(r"(\d+) at once \(auto", s.basis).group(1)) for s in (h200, h100))
     assert n200 > n100 >= 1
     assert h200.peak_bytes / n200 == pytest.approx(h100.peak_bytes / n100)
+    # R-drop (bbc.yaml's consistency_weight 0.15): two forward passes held until the backward, fewer at once
+    rdrop = _training(tmp_path, "train.optim.consistency_weight=0.15", device="h200")
+    assert asked[-1][3] == 2 and "two passes each" in rdrop.basis
+    assert int(re.search(r"(\d+) at once \(auto", rdrop.basis).group(1)) < n200
 
 
 def test_length_buckets_move_training_time_only_as_far_as_the_limit_moves(tmp_path, monkeypatch):

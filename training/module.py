@@ -76,11 +76,14 @@ class RetrieverModule(pl.LightningModule):
         if w > 0 and stage == "train":
             logits2 = self.model(ids, mask, labels)  # a second dropout view
             ce = (ce + self._slot_ce(logits2, labels)) / 2
-            valid = labels >= 0  # (B, T)
-            lp1 = F.log_softmax(logits.float(), -1).clamp_min(-1e4)[valid]  # (n_valid, K+1)
-            lp2 = F.log_softmax(logits2.float(), -1).clamp_min(-1e4)[valid]
-            kl = 0.5 * (F.kl_div(lp2, lp1, log_target=True, reduction="batchmean")
-                        + F.kl_div(lp1, lp2, log_target=True, reduction="batchmean"))
+            # the symmetric KL of the two views' slot distributions, (KL(p1||p2) + KL(p2||p1)) / 2 = sum over slots of
+            # (p1 - p2)(log p1 - log p2) / 2, averaged over the docid positions that have a label: a mask, not a
+            # boolean index (x[mask] reads the count on the host: a sync each step on CUDA, and its gradient another)
+            valid = (labels >= 0).unsqueeze(-1)  # (B, T, 1)
+            lp1 = F.log_softmax(logits.float(), -1).clamp_min(-1e4)  # (B, T, K+1)
+            lp2 = F.log_softmax(logits2.float(), -1).clamp_min(-1e4)
+            per_position = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(-1, keepdim=True)
+            kl = 0.5 * (per_position * valid).sum() / valid.sum().clamp_min(1)
             loss = ce + w * kl
             self.log(f"{stage}/kl", kl, batch_size=len(ids))
         self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=len(ids))

@@ -122,6 +122,12 @@ class OptimOptions:
                                         "clipped under bf16-mixed by the module; refused with 16-mixed + clipping)",
                                         effect="result", rule=fused, rule_help="fused AdamW; auto = on CUDA")
 
+    @property
+    def forward_passes(self) -> int:
+        """Forward passes a training step makes: 2 with the consistency regulariser (R-drop's two dropout views,
+        both held until the backward), else 1."""
+        return 2 if self.consistency_weight > 0 else 1
+
 
 @dataclass
 class TrainerOptions:

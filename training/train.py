@@ -95,31 +95,34 @@ def uses_cuda(accelerator: str) -> bool:
     return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
 
 
-def train_memory_per_example(config: RetrieverConfig) -> int:
-    """Device memory one training example of ``config`` holds until its backward pass
-    (:func:`gdr.cost.train_memory_per_example`)."""
+def train_memory_per_example(config: RetrieverConfig, passes: int = 1) -> int:
+    """Device memory one training example of ``config`` holds until its backward pass, over ``passes`` forward
+    passes a step (:attr:`OptimOptions.forward_passes`; :func:`gdr.cost.train_memory_per_example`)."""
     return cost.train_memory_per_example(encoder_dims(config), decoder_dims(config), config.max_query_len,
-                                         config.max_code_len, config.n_digits)
+                                         config.max_code_len, config.n_digits, passes)
 
 
-def train_batch_for_memory(config: RetrieverConfig, free_bytes: float, cap: int = GPU_BATCH_CAP) -> int:
-    """The most examples per step whose activations (:func:`train_memory_per_example`) fit in 60% of
+def train_batch_for_memory(config: RetrieverConfig, free_bytes: float, cap: int = GPU_BATCH_CAP,
+                           passes: int = 1) -> int:
+    """The most examples per step whose activations over ``passes`` forward passes (:func:`train_memory_per_example`)
+    fit in 60% of
     ``free_bytes`` after the weights, gradients, AdamW states and bf16 weight copies
     (:data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter, counted on a build on the meta device), at most
     ``cap``; a multiple of 64 from 64 up."""
     fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
-    return cost.batch_for_memory(free_bytes, train_memory_per_example(config), share=0.6, fixed=fixed, cap=cap,
+    return cost.batch_for_memory(free_bytes, train_memory_per_example(config, passes), share=0.6, fixed=fixed, cap=cap,
                                  multiple=64)
 
 
 def resolve_batch_size(batch_size: int | str, accelerator: str = TrainerOptions.accelerator,
                        config: RetrieverConfig | None = None, n_train: int | None = None,
-                       free_bytes: float | None = None) -> int:
+                       free_bytes: float | None = None, passes: int = 1) -> int:
     """``auto`` -> on CUDA the batch that fits the free memory (:func:`train_batch_for_memory`, up to 4,096;
     ``config`` needed), but above 512 only while an epoch of ``n_train`` examples keeps at least
     :data:`MIN_STEPS_PER_EPOCH` steps (a power of two); 64 on the CPU. An int stays (a config's 512 is 512).
 
     ``free_bytes`` : the free device memory (default: :func:`gdr.device.free_memory`, the cache emptied first).
+    ``passes``: forward passes a step (:attr:`OptimOptions.forward_passes`).
     """
     if batch_size != "auto":
         return int(batch_size)
@@ -129,28 +132,29 @@ def resolve_batch_size(batch_size: int | str, accelerator: str = TrainerOptions.
         return GPU_BATCH
     if free_bytes is None:
         free_bytes = free_memory()
-    return cuda_batch_size(config, free_bytes, n_train)
+    return cuda_batch_size(config, free_bytes, n_train, passes)
 
 
-def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | None = None) -> int:
-    """``auto`` on a GPU with ``free_bytes`` free (:func:`resolve_batch_size`): what fits, above 512 only while an
-    epoch of ``n_train`` examples keeps :data:`MIN_STEPS_PER_EPOCH` steps."""
-    bs = train_batch_for_memory(config, free_bytes)
+def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | None = None, passes: int = 1) -> int:
+    """``auto`` on a GPU with ``free_bytes`` free (:func:`resolve_batch_size`): what fits at ``passes`` forward
+    passes a step, above 512 only while an epoch of ``n_train`` examples keeps :data:`MIN_STEPS_PER_EPOCH` steps."""
+    bs = train_batch_for_memory(config, free_bytes, passes=passes)
     if n_train is not None:
         by_data = 2 ** int(np.log2(max(n_train // MIN_STEPS_PER_EPOCH, 1)))
         bs = min(bs, max(GPU_BATCH, by_data))
     return bs
 
 
-def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n_train: int) -> int:
+def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n_train: int, passes: int = 1) -> int:
     """The examples per optimiser step of a run, resolved once: ``trainer.batch_size`` as given, or for ``auto``
     what :func:`resolve_batch_size` gives for the free memory now (the CUDA cache emptied first) and ``n_train``
     training examples shared by the processes that train. ``config``: the architecture with its docid sizes
     (``n_digits``, ``max_code_len``); a caller training several retrievers resolves it for the largest and passes
-    the number to each, so they all train at one batch whatever ran before."""
+    the number to each, so they all train at one batch whatever ran before. ``passes``: forward passes a step
+    (:attr:`OptimOptions.forward_passes`)."""
     cuda = uses_cuda(trainer_opts.accelerator)
     return resolve_batch_size(trainer_opts.batch_size, trainer_opts.accelerator, config=config,
-                              n_train=n_train // trainer_world_size(trainer_opts.devices, cuda))
+                              n_train=n_train // trainer_world_size(trainer_opts.devices, cuda), passes=passes)
 
 
 @dataclass
@@ -170,6 +174,10 @@ class TrainResult:
     precision: str | None = None  # as resolved (``trainer.precision: null``): bf16-mixed on a GPU, 32-true on the CPU
     device: str | None = None  # cuda or cpu
     monitor: str = "val/recall@1"  # the dev metric ``best_score`` is a value of
+    # the device memory the batch rule planned for this training (``estimate_bytes``: weights, gradients, AdamW states,
+    # bf16 copies and the activations of a batch, :func:`train_batch_for_memory`'s sum) and, on CUDA, the allocator's
+    # peak over the fit, validations included (``peak_bytes``; None on the CPU)
+    memory: dict[str, int | None] | None = None
 
     @property
     def best_val_recall1(self) -> float | None:
@@ -247,7 +255,7 @@ def _plan_run(t: TrainerOptions, optim: OptimOptions, data: _Data, last: Path) -
     if t.batch_size == "auto" and t.resume and last.exists():
         batch_size = checkpoint_batch(last, GPU_BATCH if cuda else CPU_BATCH)
     else:
-        batch_size = resolve_train_batch(t, data.cfg, len(data.examples.train))
+        batch_size = resolve_train_batch(t, data.cfg, len(data.examples.train), optim.forward_passes)
     optim = scaled_optim(optim, batch_size)
     log.info("batch size %d: lr_encoder %.3g, lr_decoder %.3g, warmup %d steps", batch_size, optim.lr_encoder,
              optim.lr_decoder, optim.warmup_steps)
@@ -486,8 +494,13 @@ def train(
     for logger in trainer.loggers:
         if isinstance(logger, TrainingCSVLogger):  # rows up to the resume point kept, later ones logged again
             logger.resume_step = checkpoint_step(Path(ckpt_path)) if ckpt_path else None
+    if run.cuda:
+        torch.cuda.reset_peak_memory_stats()
     with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    memory = {"estimate_bytes": int(cost.TRAIN_BYTES_PER_PARAM * meta_param_count(data.cfg) + run.batch_size
+                                    * train_memory_per_example(data.cfg, optim.forward_passes)),
+              "peak_bytes": int(torch.cuda.max_memory_allocated()) if run.cuda else None}
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:  # trainer.weights=final: the weights fit() ended with, whatever the dev preferred
@@ -495,4 +508,4 @@ def train(
                                      global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
                        global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu",
-                       t.monitor)
+                       t.monitor, memory)

@@ -26,11 +26,41 @@ from gdr.training.model import RetrieverConfig
 
 __all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
            "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped",
-           "cpu_peaks", "roofline", "parse_bench_args", "timed_batches", "maybe_profile"]
+           "cpu_peaks", "roofline", "parse_bench_args", "timed_batches", "maybe_profile", "SavedBytes"]
 
 
 T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12,
                vocab_size=32128, feed_forward_proj="relu", tie_word_embeddings=True)
+
+
+# ---------------------------------------------------------------------------- memory
+class SavedBytes:
+    """The bytes autograd saves for the backward pass inside the ``with`` block (each storage once, the module's
+    parameters left out): the activations a training step holds at its peak, countable on any device, against which
+    the batch rule's estimate (:func:`gdr.cost.train_memory_per_example`) is checked. Under autocast it includes the
+    low-precision copies of the weights (2 bytes a parameter a step, not per example)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self._seen: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self._params:  # a saved tensor stays alive until the backward: no pointer is reused
+            self._seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self) -> "SavedBytes":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def total(self) -> int:
+        return sum(self._seen.values())
 
 
 # ---------------------------------------------------------------------------- peaks and the roofline

@@ -45,6 +45,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from gdr.bench.common import (
+    SavedBytes,
     add_time_args,
     emit,
     preset_config,
@@ -57,13 +58,15 @@ from gdr.bench.common import (
     write_table,
 )
 from gdr.bench.syncs import SyncCounter
-from gdr.cost import device_name, mfu, param_count, train_flops_per_example, training_bytes_per_example
+from gdr.cost import TRAIN_BYTES_PER_PARAM, device_name, mfu, param_count, train_flops_per_example, \
+    training_bytes_per_example
 from gdr.indexing.trie import build_trie
 from gdr.training.concurrent import run_concurrently
 from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
 from gdr.training.module import RetrieverModule
+from gdr.training.model import meta_param_count
 from gdr.training.options import OptimOptions
-from gdr.training.train import resolve_batch_size, resolve_fused, trainer_precision
+from gdr.training.train import resolve_batch_size, resolve_fused, train_memory_per_example, trainer_precision
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class _Timer(pl.Callback):
         self.steps = 0
         self.prof = self.prof_t0 = self.prof_stop = self.summary = None
         self.counter: SyncCounter | None = None  # the step after the timed ones, counted (see on_train_batch_end)
+        self.saved: SavedBytes | None = None  # and the bytes its forward saved for the backward
         self.counted: dict | None = None
 
     def _sync(self) -> None:
@@ -132,6 +136,7 @@ class _Timer(pl.Callback):
                 self.summary = profile_skipped(self.profile, self.title, self._left(), need)
             if self.prof is None:  # this untimed step is counted (a profiler beside the counter would count itself)
                 self.counter = SyncCounter(self.device).__enter__()
+                self.saved = SavedBytes(pl_module).__enter__()
                 self.counted = {"batch_tensors": sum(isinstance(t, torch.Tensor) for t in tree_leaves(batch))}
         if self.t1 is not None and (self.prof_stop is None or step >= self.prof_stop):
             trainer.should_stop = True  # after this batch (a callback cannot skip it)
@@ -145,8 +150,9 @@ class _Timer(pl.Callback):
             return
         c, self.counter = self.counter, None
         c.__exit__(None, None, None)
+        self.saved.__exit__(None, None, None)
         self.counted = {"syncs_per_step": c.count, "h2d_copies_per_step": self.counted["batch_tensors"] + c.uploads,
-                        "sync_events": [str(e) for e in c.events[:5]]}
+                        "sync_events": [str(e) for e in c.events[:5]], "saved_bytes_per_step": self.saved.total}
 
     def _stop(self, trainer) -> None:
         self._sync()
@@ -172,10 +178,13 @@ class _Timer(pl.Callback):
 def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup: int, seq_len: int, K: int,
                  depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = OptimOptions.fused,
                  precision: str | None = None, profile: str | None = None, profile_steps: int = 3,
-                 seconds: float | None = None, deadline: float | None = None, report=lambda figures: None) -> dict:
+                 seconds: float | None = None, deadline: float | None = None, report=lambda figures: None,
+                 pawa: bool = False, consistency_weight: float = OptimOptions.consistency_weight) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
-    ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds."""
-    cfg = preset_config(name, K, depth)
+    ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds.
+    ``pawa`` and ``consistency_weight``: the retriever the BBC protocol trains (NCI's PAWA decoder, R-drop)."""
+    cfg = replace(preset_config(name, K, depth), pawa=pawa)
+    passes = OptimOptions(consistency_weight=consistency_weight).forward_passes
     rng = np.random.default_rng(seed)
     extra = (profile_steps if profile else 0) + 1  # and the step after the timed ones, counted (_Timer)
     n = batch * (steps + warmup + extra)  # one epoch: no epoch boundary inside the timed steps
@@ -186,7 +195,8 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     cuda = device.type == "cuda"
     dm = RetrievalDataModule(ex, trie, pad_token_id=0, batch_size=batch, pin_memory=cuda, seed=seed)
     prec = trainer_precision(precision, "auto" if cuda else "cpu")
-    module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed, fused=resolve_fused(fused, cuda, prec))
+    module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed, fused=resolve_fused(fused, cuda, prec),
+                             consistency_weight=consistency_weight)
     if compile and cuda:
         module.model.compile()
     timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}", seconds=seconds,
@@ -199,11 +209,13 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
         log_every_n_steps=50,
     )
     graphs = _compiled_graphs()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     trainer.fit(module, datamodule=dm)
     compiles = _compiled_graphs() - graphs
     seconds = timer.t1 - timer.t0
     examples = timer.steps * batch
-    fpe = train_flops_per_example(module.model, seq_len)
+    fpe = passes * train_flops_per_example(module.model, seq_len)
     flops = fpe * examples
     util = mfu(flops, seconds, device)
     n_params = module.model.n_params()["total"]
@@ -220,7 +232,23 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
             "launches_per_example": timer.summary and timer.summary["launches_per_unit"],
             "syncs_per_step": (timer.counted or {}).get("syncs_per_step"),
             "h2d_copies_per_step": (timer.counted or {}).get("h2d_copies_per_step"),
-            "sync_events": (timer.counted or {}).get("sync_events"), "compiles": compiles, **roof}
+            "sync_events": (timer.counted or {}).get("sync_events"), "compiles": compiles,
+            "pawa": pawa, "forward_passes": passes, **_memory(cfg, batch, passes, device, timer.counted), **roof}
+
+
+def _memory(cfg, batch: int, passes: int, device: torch.device, counted: dict | None) -> dict:
+    """The memory the batch rule plans for one retriever at ``batch`` (``memory_estimate_bytes``: weights, gradients,
+    AdamW states and bf16 copies plus the activations of ``batch`` examples, :func:`gdr.training.train.
+    train_batch_for_memory`'s sum), beside what the counted step's forward saved for the backward
+    (``saved_bytes_per_step``, any device) and, on CUDA, the allocator's peak over the whole training
+    (``peak_bytes``); ``activations_estimate_vs_saved``: the estimate's activations over the saved bytes (the rule
+    is safe while it is >= 1)."""
+    activations = batch * train_memory_per_example(cfg, passes)
+    saved = (counted or {}).get("saved_bytes_per_step")
+    return {"memory_estimate_bytes": int(TRAIN_BYTES_PER_PARAM * meta_param_count(cfg) + activations),
+            "saved_bytes_per_step": saved,
+            "activations_estimate_vs_saved": round(activations / saved, 3) if saved else None,
+            "peak_bytes": int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None}
 
 
 def _compiled_graphs() -> int:
@@ -278,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="Lightning precision (default: bf16-mixed on CUDA, 32-true on CPU)")
     ap.add_argument("--profile", default=None,
                     help="write a torch.profiler table of 3 more steps here (per preset), if time is left")
+    ap.add_argument("--pawa", action="store_true", help="NCI's PAWA decoder (train.model.pawa; +experiment=bbc's)")
+    ap.add_argument("--consistency-weight", type=float, default=OptimOptions.consistency_weight,
+                    help="R-drop's weight (train.optim.consistency_weight; 0.15 in +experiment=bbc): > 0 makes two "
+                         "forward passes a step")
     add_time_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -294,15 +326,18 @@ def main(argv: list[str] | None = None) -> int:
 
     acc = "auto" if cuda else "cpu"
     # auto: per preset, from the free memory (gdr.training.train.train_batch_for_memory); an int for all
+    passes = OptimOptions(consistency_weight=args.consistency_weight).forward_passes
     batches = {p: resolve_batch_size(args.batch, acc, config=replace(preset_config(p, args.K, args.depth),
-                                                                     max_query_len=args.seq_len))
+                                                                     max_query_len=args.seq_len, pawa=args.pawa),
+                                     passes=passes)
                for p in args.presets.split(",") if p}
     batch = next(iter(batches.values()), None)
     steps = args.steps if args.steps is not None else (50 if cuda else 5)
     warmup = args.warmup if args.warmup is not None else (10 if cuda else 2)
     out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
                  "precision": trainer_precision(args.precision, "auto" if cuda else "cpu"),
-                 "compile": bool(args.compile and cuda)}
+                 "compile": bool(args.compile and cuda), "pawa": args.pawa,
+                 "consistency_weight": args.consistency_weight}
     fused = {"auto": "auto", "true": True, "false": False}[args.fused]
     presets = [p for p in args.presets.split(",") if p]
     for name in presets:
@@ -314,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = bench_preset(name, device, batches[name], steps, warmup, args.seq_len, args.K, args.depth, args.docs,
                          args.compile, args.seed, fused=fused, precision=args.precision, profile=prof,
-                         seconds=args.seconds, deadline=args.deadline,
+                         seconds=args.seconds, deadline=args.deadline, pawa=args.pawa,
+                         consistency_weight=args.consistency_weight,
                          report=lambda r, name=name: emit({**out, name: r, "partial": True}))
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
@@ -323,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             out.setdefault("concurrent", {"n": args.concurrent})[name] = _at_once(
                 args.concurrent, r, partial(bench_preset, name, device, batches[name], steps, warmup, args.seq_len,
                                             args.K, args.depth, args.docs, args.compile, args.seed, fused=fused,
-                                            precision=args.precision, seconds=args.seconds, deadline=args.deadline))
+                                            precision=args.precision, seconds=args.seconds, deadline=args.deadline,
+                                            pawa=args.pawa, consistency_weight=args.consistency_weight))
         if name != presets[-1]:
             emit({**out, "partial": True})  # a step stopped at its limit keeps the presets it finished
     emit({**out, "partial": False})

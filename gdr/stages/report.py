@@ -298,9 +298,13 @@ def _timing_lines(timing: dict) -> list[str]:
     if t:
         free = "n/a (CPU)" if t["free_gb"] is None else f"{t['free_gb']:.1f} GB"
         rate = "n/a" if t["examples_per_s"] is None else f"{t['examples_per_s']:,.0f}"
+        memory = ""
+        if t.get("peak_gb") is not None:
+            memory = (f" Device memory of one retriever: {t['peak_gb']:.1f} GB at its peak (validations included), "
+                      f"{t['estimate_gb']:.1f} GB planned by the batch rule.")
         lines += [f"Training here: {t['retrievers']} retriever(s), {t['examples']:,} examples (steps x batch "
                   f"{t['batch']}) in {t['seconds']:.1f} s, validations included: {rate} examples/s; "
-                  f"{t['retrievers_at_once']} at once, {free} free when it started.", ""]
+                  f"{t['retrievers_at_once']} at once, {free} free when it started.{memory}", ""]
     o = timing.get("outside_stages")
     if o:
         lines += [f"Outside any stage: {o['seconds']:.1f} s (LM load {o['lm_load']:.1f} s, report rewrites "

@@ -346,7 +346,7 @@ def _finished(out: Path, settings: TrainSettings):
     return TrainResult(out, out / "model", man.get("best_checkpoint"), score,
                        man.get("examples") or {}, man.get("n_params") or {}, int(man.get("global_step") or 0),
                        batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"),
-                       monitor=monitor)
+                       monitor=monitor, memory=man.get("memory"))
 
 
 def best_of_manifest(man: dict) -> tuple[str, float | None]:
@@ -385,7 +385,7 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, **best_record(res.monitor, res.best_score),
                    global_step=res.global_step, batch_size=res.batch_size, precision=res.precision,
-                   device=res.device, trainer=_trainer_record(settings),
+                   device=res.device, memory=res.memory, trainer=_trainer_record(settings),
                    seconds=round(time.time() - t0, 1), files=("docids.tsv", "model/*", CURVE))
     return res
 
@@ -418,8 +418,8 @@ def retrievers_at_once(settings: TrainSettings, n_jobs: int, n_train: int | None
         _, codes = read_checked_docids(docids)
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
-    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config,
-                              t.batch_size, n_train)
+    return resolve_concurrent(settings.concurrent, n_jobs, accelerator, config, t.batch_size, n_train,
+                              passes=settings.optim.forward_passes)
 
 
 def training_device(settings: TrainSettings) -> str:
@@ -440,7 +440,7 @@ def resolve_run_batch(settings: TrainSettings, docids: Sequence[str | Path], n_t
     if codes:
         config.n_digits = config.n_digits or max(max(x) for x in codes) + 1
         config.max_code_len = config.max_code_len or max(len(x) for x in codes)
-    return resolve_train_batch(settings.trainer, config, n_train)
+    return resolve_train_batch(settings.trainer, config, n_train, settings.optim.forward_passes)
 
 
 def train_retrievers(jobs: Sequence[Callable[[], Any]], concurrent: int,
