@@ -120,3 +120,49 @@ def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_
     assert main([*_args(lm_path, copy), "seeds=[0,1,2,3,4]", "indexers=[gc,hkmi]"]) == 0
     assert all(s["reused"] for s in _stages(copy).values())
     assert json.loads((copy / "report.json").read_text())["primary"] == report["primary"]
+
+
+# What a CUDA run of the protocol chooses, each asked for on the CPU where torch allows (reports/cuda-branches.md):
+# bf16 scoring, bf16-mixed autocast for the generator's fine-tuning and the retrievers (fused AdamW, clipped), two
+# retrievers at once in processes of their own, the host stages in the background thread. Not askable on a CPU: the
+# bf16 decode copy (tests/test_sampling.py runs it apart), TF32, pinned memory, CUDA graphs.
+CUDA_CHOICES = ["score.compute_dtype=bfloat16", "qg.train.precision=bf16-mixed", "train.trainer.precision=bf16-mixed",
+                "train.optim.fused=true", "train.concurrent=2", "overlap=true"]
+
+
+@pytest.mark.slow  # one seed, two schemes, the retrievers in two spawned processes
+def test_the_protocol_in_cudas_configuration_runs_on_the_cpu(lm_path, tmp_path):
+    """`+experiment=bbc` (the fine-tuned generator, PAWA and R-drop retrievers) through `gdr run` with every choice
+    CUDA makes that the CPU can run: it finishes, each choice took effect where the run records it, and each
+    retriever's memory estimate counts R-drop's two forward passes."""
+    from gdr.cost import TRAIN_BYTES_PER_PARAM
+    from gdr.training.model import RetrieverConfig, meta_param_count
+    from gdr.training.train import train_memory_per_example
+
+    out = tmp_path / "run"
+    args = [a for a in _args(lm_path, out) if not a.startswith(("indexers=", "seeds="))]
+    assert main([*args, "indexers=[gc,random]", "seeds=[0]", *CUDA_CHOICES]) == 0
+    marks = {p.parent.name.rsplit("-", 1)[0]: json.loads(p.read_text()) for p in out.glob("*/stage.json")}
+    assert marks["qg"]["inputs"]["qg"]["train"]["precision"] == "bf16-mixed"
+    p_files = list(out.glob("score-*/P.manifest.json"))  # the fine-tuned generator's P and the two-shot one
+    assert len(p_files) == 2 and all(json.loads(p.read_text())["compute_dtype"] == "bfloat16" for p in p_files)
+    report = json.loads((out / "report.json").read_text())
+    training = report["training"]
+    assert training["retrievers_at_once"] == 2 and training["retrievers"] == 2
+    assert set(report["overlapped"]["stages"]) >= {"index-gc-s0", "index-random-s0", "cluster", "bm25"}
+    for scheme in ("gc", "random"):
+        mark = marks[f"train-{scheme}-s0"]
+        assert mark["inputs"]["device"] == {"kind": "cpu", "precision": "bf16-mixed", "fused": True,
+                                            "threads": mark["inputs"]["device"]["threads"]}
+        folder = out / mark["folder"] if "folder" in mark else next(out.glob(f"train-{scheme}-s0-*"))
+        man = json.loads((folder / "manifest.json").read_text())
+        cfg = RetrieverConfig.from_dict(json.loads((folder / "model" / "retriever.json").read_text()))
+        assert man["precision"] == "bf16-mixed" and cfg.pawa
+        memory = man["memory"]
+        assert mark["info"]["memory"] == memory and memory["peak_bytes"] is None  # no CUDA allocator on the CPU
+        # R-drop 0.15: the batch's activations of two forward passes, plus the weights' share (the batch rule counts
+        # the parameters on a meta build of the run's config, before the build fills in the encoder's own config:
+        # ~5% more than the saved model's for this tiny encoder)
+        weights = memory["estimate_bytes"] - man["batch_size"] * train_memory_per_example(cfg, 2)
+        assert 0.9 < weights / (TRAIN_BYTES_PER_PARAM * meta_param_count(cfg)) < 1.1
+    assert training["peak_gb"] is None and training["estimate_gb"] > 0

@@ -210,6 +210,37 @@ def test_bench_training_counts_no_host_sync_in_cudas_configuration(capsys):
     assert tiny["h2d_copies_per_step"] == 3 and tiny["compiles"] == 0
 
 
+def test_bench_training_benches_the_protocols_retriever(capsys):
+    """`gdr bench training --pawa --consistency-weight 0.15` (the retriever +experiment=bbc trains) in CUDA's
+    configuration on the CPU: no host sync in its step (R-drop's KL is masked, not boolean-indexed), twice the FLOPs
+    and twice the planned activations of one forward pass, more bytes saved for the backward; the memory figures
+    are there (the CUDA peak null on the CPU)."""
+    import json
+    from dataclasses import replace
+
+    from gdr.bench.common import preset_config
+    from gdr.bench.training import main as bench
+    from gdr.cost import TRAIN_BYTES_PER_PARAM
+    from gdr.training.model import meta_param_count
+
+    base = ["--presets", "tiny", "--steps", "2", "--warmup", "1", "--batch", "8", "--seq-len", "8", "--device", "cpu",
+            "--precision", "bf16-mixed", "--fused", "true", "--threads", "1", "--pawa"]
+    runs = {}
+    for w in ("0", "0.15"):
+        assert bench([*base, "--consistency-weight", w]) == 0
+        runs[w] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tiny"]
+    one, two = runs["0"], runs["0.15"]
+    assert (one["forward_passes"], two["forward_passes"]) == (1, 2) and one["pawa"] and two["pawa"]
+    assert one["syncs_per_step"] == two["syncs_per_step"] == 0, two["sync_events"]
+    assert two["flops_per_unit"] == pytest.approx(2 * one["flops_per_unit"], rel=1e-3)
+    # the estimate is the weights' share plus the batch's activations, those twice with R-drop
+    cfg = replace(preset_config("tiny", 30, 4), pawa=True, max_query_len=8)
+    fixed = TRAIN_BYTES_PER_PARAM * meta_param_count(cfg)
+    assert two["memory_estimate_bytes"] - fixed == 2 * (one["memory_estimate_bytes"] - fixed) > 0
+    assert two["saved_bytes_per_step"] > one["saved_bytes_per_step"] > 0
+    assert one["peak_bytes"] is None and two["activations_estimate_vs_saved"] > 0
+
+
 def test_bucketed_order_groups_batches_by_length_deterministically():
     import numpy as np
 

@@ -10,7 +10,10 @@ docids (K = ``--K`` digits, depth ``--depth``). ``--warmup`` steps are run first
 ``--seconds`` of them, or when ``--deadline`` comes near); ``--profile`` then profiles 3 more steps if the
 deadline leaves time for them. A preset does not start within :data:`MIN_PRESET_S` of the deadline.
 
-FLOPs (``gdr.cost``): training = 3 x the forward pass; the forward pass counts the encoder's
+``--pawa --consistency-weight 0.15`` trains the retriever ``+experiment=bbc`` trains (NCI's PAWA decoder, R-drop: two
+forward passes a step).
+
+FLOPs (``gdr.cost``): training = 3 x the forward pass, per forward pass a step; the forward pass counts the encoder's
 matmuls over the ``seq_len`` input tokens, the decoder's over its L + 1 docid positions (cross-attention
 keys/values over the input tokens), attention scores, and the K + 1 slot logits. MFU is reported where
 the chip's peak is known (not on a CPU).
@@ -25,7 +28,10 @@ roofline of one example: ``flops_per_unit``, ``bytes_per_unit``, ``limit_per_s``
 ``h200_limit_per_s`` (see :func:`gdr.cost.roofline`); what decides the GPU rate, counted on any device in the step
 after the timed ones: ``syncs_per_step`` (host syncs it would make on a GPU, :class:`gdr.bench.syncs.SyncCounter`;
 ``sync_events`` names the first five), ``h2d_copies_per_step`` (the batch's tensors and any upload inside the step)
-and ``compiles`` (graphs torch.compile built). With ``--concurrent N``, ``concurrent`` holds per preset the
+and ``compiles`` (graphs torch.compile built); the memory of one retriever: ``memory_estimate_bytes`` (what the
+batch rule plans), ``saved_bytes_per_step`` (what the counted step saved for its backward; None with ``--compile``),
+``activations_estimate_vs_saved`` and, on CUDA, ``peak_bytes`` (the allocator's peak); ``pawa`` and
+``forward_passes``. With ``--concurrent N``, ``concurrent`` holds per preset the
 aggregate ``examples_per_s`` of the N slots, ``starts`` (processes spawned), ``spawn_to_first_step_s`` per slot and
 each slot's counts; the same line, with ``"partial": true``, follows each
 preset's warm-up (its ``warmup_s``) and every preset but the last.
@@ -83,8 +89,8 @@ class _Timer(pl.Callback):
 
     def __init__(self, warmup: int, steps: int, device: torch.device, batch: int = 1, profile: str | None = None,
                  title: str = "", seconds: float | None = None, deadline: float | None = None,
-                 profile_steps: int = 3, report=lambda figures: None):
-        self.report = report
+                 profile_steps: int = 3, report=lambda figures: None, count_saved: bool = True):
+        self.report, self.count_saved = report, count_saved
         self.warmup, self.n, self.device, self.batch = warmup, steps, device, batch
         self.profile, self.title = profile, title
         self.seconds, self.deadline, self.profile_steps = seconds, deadline, profile_steps
@@ -136,7 +142,7 @@ class _Timer(pl.Callback):
                 self.summary = profile_skipped(self.profile, self.title, self._left(), need)
             if self.prof is None:  # this untimed step is counted (a profiler beside the counter would count itself)
                 self.counter = SyncCounter(self.device).__enter__()
-                self.saved = SavedBytes(pl_module).__enter__()
+                self.saved = SavedBytes(pl_module).__enter__() if self.count_saved else None
                 self.counted = {"batch_tensors": sum(isinstance(t, torch.Tensor) for t in tree_leaves(batch))}
         if self.t1 is not None and (self.prof_stop is None or step >= self.prof_stop):
             trainer.should_stop = True  # after this batch (a callback cannot skip it)
@@ -150,9 +156,12 @@ class _Timer(pl.Callback):
             return
         c, self.counter = self.counter, None
         c.__exit__(None, None, None)
-        self.saved.__exit__(None, None, None)
+        saved, self.saved = self.saved, None
+        if saved is not None:
+            saved.__exit__(None, None, None)
         self.counted = {"syncs_per_step": c.count, "h2d_copies_per_step": self.counted["batch_tensors"] + c.uploads,
-                        "sync_events": [str(e) for e in c.events[:5]], "saved_bytes_per_step": self.saved.total}
+                        "sync_events": [str(e) for e in c.events[:5]],
+                        "saved_bytes_per_step": None if saved is None else saved.total}
 
     def _stop(self, trainer) -> None:
         self._sync()
@@ -200,7 +209,8 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     if compile and cuda:
         module.model.compile()
     timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}", seconds=seconds,
-                   deadline=deadline, profile_steps=profile_steps, report=report)
+                   deadline=deadline, profile_steps=profile_steps, report=report,
+                   count_saved=not (compile and cuda))  # saved-tensor hooks inside a compiled graph: not counted
     trainer = pl.Trainer(
         accelerator="gpu" if cuda else "cpu", devices=[device.index or 0] if cuda else 1,
         precision=prec, max_steps=warmup + steps + extra, max_epochs=-1,
@@ -233,7 +243,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
             "syncs_per_step": (timer.counted or {}).get("syncs_per_step"),
             "h2d_copies_per_step": (timer.counted or {}).get("h2d_copies_per_step"),
             "sync_events": (timer.counted or {}).get("sync_events"), "compiles": compiles,
-            "pawa": pawa, "forward_passes": passes, **_memory(cfg, batch, passes, device, timer.counted), **roof}
+            "pawa": pawa, "forward_passes": passes, **_memory(replace(cfg, max_query_len=seq_len), batch, passes, device, timer.counted), **roof}
 
 
 def _memory(cfg, batch: int, passes: int, device: torch.device, counted: dict | None) -> dict:
