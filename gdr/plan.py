@@ -1246,6 +1246,11 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
                      f"{m.group(3)} GB free at training")
     else:
         notes.append("assumed: the device's whole memory free at training (run.log does not say)")
+    trained = rep.get("training") or {}
+    if trained.get("peak_gb") is not None and trained.get("estimate_gb"):
+        notes.append(f"training memory: one retriever's measured peak {trained['peak_gb']:.1f} GB against the batch "
+                     f"rule's {trained['estimate_gb']:.1f} GB ({trained['peak_gb'] / trained['estimate_gb']:.2f}x; "
+                     f"the rule fills 60% of the free memory with its estimate)")
     sized = copy.deepcopy(cfg)
     sized.data.n_docs = int(rep.get("n_docs") or _sizes(cfg)[0])
     raw = plan_run(sized, device, gpus, folder, free=free, factors=False)

@@ -539,8 +539,11 @@ def test_check_sums_repeated_stages_in_order_and_reads_the_overlapped_accounts(t
     (run / "report.json").write_text(json.dumps({
         "command": "gdr run +experiment=bbc seeds=[0]", "seconds": 999.0, "n_docs": 2225, "stages": stages,
         "outside_stages": {"seconds": 40.0, "lm_load": 30.0, "report_rewrites": 4.0, "other": 6.0},
-        "overlapped": {"stages": {"cluster": {"seconds": 70.0, "waited": 0.0}}, "seconds": 70.0, "waited": 0.0}}))
+        "overlapped": {"stages": {"cluster": {"seconds": 70.0, "waited": 0.0}}, "seconds": 70.0, "waited": 0.0},
+        "training": {"peak_gb": 40.0, "estimate_gb": 80.0}}))
     check = check_run(run, "h200", folder=runs)
+    assert ("training memory: one retriever's measured peak 40.0 GB against the batch rule's 80.0 GB (0.50x; the rule "
+            "fills 60% of the free memory with its estimate)") in check.notes
     rows = {r[0]: r for r in check.rows}
     assert rows["score"][3] == pytest.approx(2 * pred["score"], abs=0.01)
     assert rows["score (two-shot)"][3] == pytest.approx(3 * pred["score (two-shot)"], abs=0.01)

@@ -175,8 +175,8 @@ class TrainResult:
     device: str | None = None  # cuda or cpu
     monitor: str = "val/recall@1"  # the dev metric ``best_score`` is a value of
     # the device memory the batch rule planned for this training (``estimate_bytes``: weights, gradients, AdamW states,
-    # bf16 copies and the activations of a batch, :func:`train_batch_for_memory`'s sum) and, on CUDA, the allocator's
-    # peak over the fit, validations included (``peak_bytes``; None on the CPU)
+    # bf16 copies and the activations of a batch, :func:`train_batch_for_memory`'s sum) and, on one CUDA device, the
+    # allocator's peak over the fit, validations included (``peak_bytes``; None on the CPU and over several devices)
     memory: dict[str, int | None] | None = None
 
     @property
@@ -494,13 +494,14 @@ def train(
     for logger in trainer.loggers:
         if isinstance(logger, TrainingCSVLogger):  # rows up to the resume point kept, later ones logged again
             logger.resume_step = checkpoint_step(Path(ckpt_path)) if ckpt_path else None
-    if run.cuda:
+    peak = run.cuda and run.world_size == 1  # one device: this process's allocator holds the whole training
+    if peak:
         torch.cuda.reset_peak_memory_stats()
     with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     memory = {"estimate_bytes": int(cost.TRAIN_BYTES_PER_PARAM * meta_param_count(data.cfg) + run.batch_size
                                     * train_memory_per_example(data.cfg, optim.forward_passes)),
-              "peak_bytes": int(torch.cuda.max_memory_allocated()) if run.cuda else None}
+              "peak_bytes": int(torch.cuda.max_memory_allocated()) if peak else None}
     best, score = _best_of_run(trainer, module, dm, best_ckpt, ckpt_dir, t.monitor)
     global_step = int(trainer.global_step)
     if trainer.is_global_zero:  # trainer.weights=final: the weights fit() ended with, whatever the dev preferred
