@@ -64,13 +64,19 @@ from gdr.bench.common import (
     write_table,
 )
 from gdr.bench.syncs import SyncCounter
-from gdr.cost import TRAIN_BYTES_PER_PARAM, device_name, mfu, param_count, train_flops_per_example, \
-    training_bytes_per_example
+from gdr.cost import (
+    TRAIN_BYTES_PER_PARAM,
+    device_name,
+    mfu,
+    param_count,
+    train_flops_per_example,
+    training_bytes_per_example,
+)
 from gdr.indexing.trie import build_trie
 from gdr.training.concurrent import run_concurrently
 from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
-from gdr.training.module import RetrieverModule
 from gdr.training.model import meta_param_count
+from gdr.training.module import RetrieverModule
 from gdr.training.options import OptimOptions
 from gdr.training.train import resolve_batch_size, resolve_fused, train_memory_per_example, trainer_precision
 
@@ -243,7 +249,8 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
             "syncs_per_step": (timer.counted or {}).get("syncs_per_step"),
             "h2d_copies_per_step": (timer.counted or {}).get("h2d_copies_per_step"),
             "sync_events": (timer.counted or {}).get("sync_events"), "compiles": compiles,
-            "pawa": pawa, "forward_passes": passes, **_memory(replace(cfg, max_query_len=seq_len), batch, passes, device, timer.counted), **roof}
+            "pawa": pawa, "forward_passes": passes,
+            **_memory(replace(cfg, max_query_len=seq_len), batch, passes, device, timer.counted), **roof}
 
 
 def _memory(cfg, batch: int, passes: int, device: torch.device, counted: dict | None) -> dict:
