@@ -1322,9 +1322,8 @@ def run_timing(run: RunContext, seconds: float) -> dict:
     device memory one of them held, ``peak_gb`` (CUDA; None on the CPU), beside what the batch rule planned for
     one, ``estimate_gb``; None when none trained here), ``outside_stages`` (the seconds not inside a stage: LM load,
     report rewrites, the rest: corpus load, process starts outside a stage, bookkeeping) and ``overlapped`` (the host
-    stages that ran beside
-    the device stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the main thread's waits for
-    them, which alone count in ``stages``; None: none did)."""
+    stages that ran beside the device stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the
+    main thread's waits for them, which alone count in ``stages``; None: none did)."""
     t = dict(run.training)
     training = None
     if t.get("retrievers"):
