@@ -150,15 +150,17 @@ def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer, protocol):
     assert len(steady) == 3 and all(c.count == 0 for c in steady), [str(c) for c in steady]
 
 
-def test_a_beam_search_step_makes_no_host_sync(word_tokenizer):  # noqa: F811 - the fixture
+@pytest.mark.parametrize("pawa", [False, True], ids=["default", "pawa"])
+def test_a_beam_search_step_makes_no_host_sync(word_tokenizer, pawa):  # noqa: F811 - the fixture
     """Constrained beam search under CUDA's bf16 autocast: no sync in a step, none in the whole search (its
-    encoder pass included), so the cross-attention mask is never read on the host."""
+    encoder pass included), so the cross-attention mask is never read on the host; also with the PAWA decoder the
+    BBC protocol's retrievers search with (its GRU state carried and reordered with the beams)."""
     from gdr.indexing.trie import build_trie
     from gdr.training.model import GenerativeRetriever, load_tokenizer
     from gdr.training.search import constrained_beam_search
 
     torch.manual_seed(0)
-    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=3, L=4)).eval()
+    model = GenerativeRetriever.build(tiny_config(word_tokenizer, K=3, L=4, pawa=pawa)).eval()
     enc = load_tokenizer(word_tokenizer)(["apple river stone", "cloud", "tiger piano"], padding=True,
                                          return_tensors="pt")
     rng = np.random.default_rng(0)
