@@ -1293,8 +1293,8 @@ def _training_started(run: RunContext, settings, at_once: int, n_todo: int) -> N
     free = free_memory() if on_cuda and n_todo else None
     batch = run.train_batch or run.settings.train.trainer.batch_size
     run.training = {"free_gb": None if free is None else round(free / 1e9, 1), "retrievers_at_once": at_once,
-                    "batch": batch, "retrievers": 0, "examples": 0, "seconds": 0.0, "peak_gb": None,
-                    "estimate_gb": None}
+                    "batch": batch, "forward_passes": settings.optim.forward_passes, "retrievers": 0, "examples": 0,
+                    "seconds": 0.0, "peak_gb": None, "estimate_gb": None}
     if n_todo:
         log.info("training %d retrievers: %s free, %d at once, batch %s", n_todo,
                  "n/a (CPU)" if free is None else f"{free / 1e9:.1f} GB", at_once, batch)
@@ -1318,12 +1318,13 @@ def _trained(run: RunContext, train: StageRecord, alone: bool) -> None:
 
 def run_timing(run: RunContext, seconds: float) -> dict:
     """The report's accounts of this invocation: ``training`` (free GB at its start, retrievers at once, batch,
-    retrievers trained here, their examples, the phase's seconds with validations, ``examples_per_s``, the most
-    device memory one of them held, ``peak_gb`` (CUDA; None on the CPU), beside what the batch rule planned for
-    one, ``estimate_gb``; None when none trained here), ``outside_stages`` (the seconds not inside a stage: LM load,
-    report rewrites, the rest: corpus load, process starts outside a stage, bookkeeping) and ``overlapped`` (the host
-    stages that ran beside the device stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the
-    main thread's waits for them, which alone count in ``stages``; None: none did)."""
+    forward passes an example (2 with R-drop), retrievers trained here, their examples, the phase's seconds with
+    validations, ``examples_per_s`` (each example once, whatever its passes), the most device memory one of them
+    held, ``peak_gb`` (CUDA; None on the CPU), beside what the batch rule planned for one, ``estimate_gb``; None when
+    none trained here), ``outside_stages`` (the seconds not inside a stage: LM load, report rewrites, the rest: corpus
+    load, process starts outside a stage, bookkeeping) and ``overlapped`` (the host stages that ran beside the device
+    stages, :meth:`gdr.stages.overlap.HostStages.accounts`: their seconds, and the main thread's waits for them,
+    which alone count in ``stages``; None: none did)."""
     t = dict(run.training)
     training = None
     if t.get("retrievers"):

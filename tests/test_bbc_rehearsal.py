@@ -148,7 +148,8 @@ def test_the_protocol_in_cudas_configuration_runs_on_the_cpu(lm_path, tmp_path):
     assert len(p_files) == 2 and all(json.loads(p.read_text())["compute_dtype"] == "bfloat16" for p in p_files)
     report = json.loads((out / "report.json").read_text())
     training = report["training"]
-    assert training["retrievers_at_once"] == 2 and training["retrievers"] == 2
+    assert training["retrievers_at_once"] == 2 and training["retrievers"] == 2 and training["forward_passes"] == 2
+    assert "32, 2 forward passes each (R-drop)) in" in (out / "report.md").read_text()  # batch 32 (SCALED)
     assert set(report["overlapped"]["stages"]) >= {"index-gc-s0", "index-random-s0", "cluster", "bm25"}
     for scheme in ("gc", "random"):
         mark = marks[f"train-{scheme}-s0"]

@@ -302,8 +302,9 @@ def _timing_lines(timing: dict) -> list[str]:
         if t.get("peak_gb") is not None:
             memory = (f" Device memory of one retriever: {t['peak_gb']:.1f} GB at its peak (validations included), "
                       f"{t['estimate_gb']:.1f} GB planned by the batch rule.")
+        passes = f", {t['forward_passes']} forward passes each (R-drop)" if t.get("forward_passes", 1) > 1 else ""
         lines += [f"Training here: {t['retrievers']} retriever(s), {t['examples']:,} examples (steps x batch "
-                  f"{t['batch']}) in {t['seconds']:.1f} s, validations included: {rate} examples/s; "
+                  f"{t['batch']}{passes}) in {t['seconds']:.1f} s, validations included: {rate} examples/s; "
                   f"{t['retrievers_at_once']} at once, {free} free when it started.{memory}", ""]
     o = timing.get("outside_stages")
     if o:
