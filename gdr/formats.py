@@ -15,11 +15,21 @@ from typing import Sequence
 
 from gdr.io import bytes_digest, hash_strings
 
-__all__ = ["FORMAT", "STAGE_FILE", "FormatError", "format_of", "require_format", "stage_key", "stage_digest",
-           "matches"]
+__all__ = ["FORMAT", "STAGE_FILE", "FormatError", "format_of", "read_stage_record", "require_format", "stage_key",
+           "stage_digest", "matches"]
 
 FORMAT = 1  # the format this gdr writes and reads
 STAGE_FILE = "stage.json"  # a stage folder's record: key, inputs, status, attempts, files and their checksums
+
+
+def read_stage_record(folder: str | Path) -> dict | None:
+    """The record (``stage.json``) of the stage folder ``folder``; None where it is missing, being written, damaged
+    or not a JSON object."""
+    try:
+        rec = json.loads((Path(folder) / STAGE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 class FormatError(ValueError):

@@ -52,14 +52,14 @@ from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.config import load_config
 from gdr.data import corpus_from_config
 from gdr.data.titles import TITLE_FRACTIONS
-from gdr.formats import STAGE_FILE
+from gdr.formats import STAGE_FILE, read_stage_record
 from gdr.lm.compiling import want_compile
 from gdr.lm.sampling import CPU_BATCH as CPU_SAMPLE_BATCH
 from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys, RunQG
-from gdr.stages.index import index_stage_name, index_stages
+from gdr.stages.index import index_stage_name, run_index_stages
 from gdr.stages.overlap import Priority, overlap_on
 from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, planned_names, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
@@ -765,7 +765,7 @@ def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     retriever seed (:func:`gdr.stages.index.index_seeds`). ``parts``: the seconds of one index of each scheme."""
     per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
            for i in cfg.indexers}
-    count = {i: sum(m == i for m, _ in _index_stages(cfg)) for i in cfg.indexers}
+    count = {i: sum(m == i for m, _ in run_index_stages(cfg)) for i in cfg.indexers}
     st = _host("indexing", sum(v * count[i] for i, v in per.items()), rates,
                ", ".join(f"{i} {v:.1f} s" + (f" x {count[i]} seeds" if count[i] > 1 else "") for i, v in per.items()))
     st.parts = per
@@ -884,11 +884,6 @@ def _rewrites_s(first: int, last: int) -> float:
     return sum(_rewrite_s(k) for k in range(first, last + 1))
 
 
-def _index_stages(cfg) -> list[tuple[str, int | None]]:
-    """(indexer, index seed) of every index stage of the run of ``cfg`` (:func:`gdr.stages.index.index_stages`)."""
-    return index_stages(cfg.indexers, str(cfg.get("index_seed") or RunKeys.index_seed), cfg.seeds)
-
-
 def _reports(n_ret: int, rates: _Rates) -> StagePlan:
     """The time outside any stage but the LM's load: the report rewritten after each of ``n_ret`` retrievers (each
     at tests/bench_report.py's seconds after as many retrievers) and the rest (process start, corpus load,
@@ -998,7 +993,7 @@ def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = 
 
     tasks = []
     parts = (by["indexing"].parts or {}) if "indexing" in by else {}
-    for method, seed in _index_stages(cfg):
+    for method, seed in run_index_stages(cfg):
         name = index_stage_name(method, seed)
         done = left is not None and name in left.finished
         tasks.append(HostTask(name, 0.0 if done else parts.get(method, 0.0), Priority.INDEX,
@@ -1053,11 +1048,8 @@ def finished_stages(out: Path) -> dict[str, int]:
     too: their results stand), counted by name (a run's second ``score`` and ``cluster``: the two-shot ones)."""
     counts: dict[str, int] = {}
     for path in sorted(Path(out).glob(f"*/{STAGE_FILE}")):
-        try:
-            rec = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # a stage being written, or damaged: gdr run redoes it, so it is left
-            continue
-        if isinstance(rec, dict) and rec.get("status") == "complete" and rec.get("stage"):
+        rec = read_stage_record(path.parent)  # None: being written, or damaged: gdr run redoes it, so it is left
+        if rec is not None and rec.get("status") == "complete" and rec.get("stage"):
             counts[str(rec["stage"])] = counts.get(str(rec["stage"]), 0) + 1
     return counts
 
@@ -1088,7 +1080,8 @@ def remaining(cfg, stages: list[StagePlan], finished: dict[str, int]) -> tuple[l
             st.scale(0.0)
         elif st.name == "indexing":
             parts = st.parts or {}
-            st.seconds = sum(parts.get(m, 0.0) for m, seed in _index_stages(cfg) if not n(index_stage_name(m, seed), 0))
+            st.seconds = sum(parts.get(m, 0.0) for m, seed in run_index_stages(cfg)
+                             if not n(index_stage_name(m, seed), 0))
         elif st.name == "training":
             st.scale((total - trained) / max(total, 1))
         elif st.name == "evaluation":

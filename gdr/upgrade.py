@@ -47,7 +47,7 @@ from typing import Callable
 
 import numpy as np
 
-from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, stage_digest, stage_key
+from gdr.formats import FORMAT, STAGE_FILE, FormatError, format_of, read_stage_record, stage_digest, stage_key
 from gdr.indexing.docids import read_docids
 from gdr.indexing.state import load_tree_state
 from gdr.io import (
@@ -100,7 +100,7 @@ def upgrade_run(root: str | os.PathLike) -> list[str]:
     stage is changed."""
     root = Path(root)
     folders = _stage_folders(root)
-    records = {f: _read_stage(f) for f in folders}
+    records = {f: read_stage_record(f) for f in folders}
     versions = {f: format_of(r, f / STAGE_FILE) for f, r in records.items() if r is not None}
     keys: dict[str, str | None] = {}  # old key -> new key (None: retired)
     names: dict[str, str] = {}  # old folder name -> new one
@@ -159,14 +159,6 @@ def _stage_folders(root: Path) -> list[Path]:
         return kind, d.name
 
     return sorted(found, key=rank)
-
-
-def _read_stage(folder: Path) -> dict | None:
-    try:
-        rec = json.loads((folder / STAGE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------- format 0 -> 1

@@ -45,7 +45,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -60,6 +59,7 @@ import torch.nn.functional as F
 
 from gdr.bench.common import emit
 from gdr.data import Corpus, QuerySet, load_corpus
+from gdr.device import machine_record
 from gdr.indexing.options import IndexKMeans
 from gdr.pipeline import Pipeline
 from gdr.stages.bm25 import bm25_baseline
@@ -369,14 +369,8 @@ def _row(name: str, r: dict) -> str:
 
 
 def machine() -> dict:
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "load_avg": [round(x, 2) for x in os.getloadavg()]}
+    """What ran the benchmark (:func:`gdr.device.machine_record`), its cores and the load average at the start."""
+    return {**machine_record(), "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main(argv: list[str] | None = None) -> int:
