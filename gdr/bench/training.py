@@ -329,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                          "forward passes a step")
     add_time_args(ap)
     args = ap.parse_args(argv)
+    if args.consistency_weight < 0:  # the setting's rule (train.optim.consistency_weight >= 0)
+        ap.error(f"--consistency-weight {args.consistency_weight}: must be >= 0 (0 = no R-drop)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
