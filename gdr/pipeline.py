@@ -100,7 +100,7 @@ from gdr.stages.cluster import cluster_run
 from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
-from gdr.stages.index import build_index, index_stage_name, run_index_stages
+from gdr.stages.index import build_index, index_stage_name, index_stages
 from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs, run_title_pairs
@@ -542,7 +542,7 @@ def start_host_stages(run: RunContext, generated: bool) -> None:
     generated queries are made (``generated=True``), BMI's index. Each runs beside the device stages (``overlap``)
     or here at once, and is taken where it is needed: the indexes before the retrievers train, the clustering and
     BM25 by the first report (:func:`_report`)."""
-    for method, seed in run_index_stages(run.cfg):
+    for method, seed in run_indexes(run.cfg):
         if (method == "bmi") == generated:
             _start(run, index_spec(run, method, seed), Priority.INDEX)
     if not generated:
@@ -905,8 +905,15 @@ def take_indexes(run: RunContext) -> None:
     """4. Every indexer's docids, in the order of ``indexers`` (started by :func:`start_host_stages`, waited for if
     need be): one index each, or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend
     on a seed (:func:`gdr.stages.index.index_seeds`)."""
-    for method, seed in run_index_stages(run.cfg):
+    for method, seed in run_indexes(run.cfg):
         run.add_index(method, seed, run.host.take(index_stage_name(method, seed)))
+
+
+def run_indexes(cfg: DictConfig) -> list[tuple[str, int | None]]:
+    """(indexer, index seed) of every index stage of a run, in the order of ``indexers``: one an indexer (seed None),
+    or with ``index_seed=retriever`` one per retriever seed for an indexer whose ids depend on a seed
+    (:func:`gdr.stages.index.index_seeds`)."""
+    return index_stages(cfg.indexers, str(cfg.index_seed), cfg.seeds)
 
 
 def index_of(run: RunContext, method: str, seed: int) -> StageRecord:

@@ -59,7 +59,7 @@ from gdr.lm.scoring import CPU_MAX_QUERY_TOKENS
 from gdr.models import BUNDLED
 from gdr.paths import shipped_dir
 from gdr.stages.command_keys import RunKeys, RunQG
-from gdr.stages.index import index_stage_name, run_index_stages
+from gdr.stages.index import index_stage_name, index_stages
 from gdr.stages.overlap import Priority, overlap_on
 from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, planned_names, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
@@ -765,7 +765,7 @@ def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     retriever seed (:func:`gdr.stages.index.index_seeds`). ``parts``: the seconds of one index of each scheme."""
     per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
            for i in cfg.indexers}
-    count = {i: sum(m == i for m, _ in run_index_stages(cfg)) for i in cfg.indexers}
+    count = {i: sum(m == i for m, _ in _index_stages(cfg)) for i in cfg.indexers}
     st = _host("indexing", sum(v * count[i] for i, v in per.items()), rates,
                ", ".join(f"{i} {v:.1f} s" + (f" x {count[i]} seeds" if count[i] > 1 else "") for i, v in per.items()))
     st.parts = per
@@ -884,6 +884,11 @@ def _rewrites_s(first: int, last: int) -> float:
     return sum(_rewrite_s(k) for k in range(first, last + 1))
 
 
+def _index_stages(cfg) -> list[tuple[str, int | None]]:
+    """(indexer, index seed) of every index stage of the run of ``cfg`` (:func:`gdr.stages.index.index_stages`)."""
+    return index_stages(cfg.indexers, str(cfg.get("index_seed") or RunKeys.index_seed), cfg.seeds)
+
+
 def _reports(n_ret: int, rates: _Rates) -> StagePlan:
     """The time outside any stage but the LM's load: the report rewritten after each of ``n_ret`` retrievers (each
     at tests/bench_report.py's seconds after as many retrievers) and the rest (process start, corpus load,
@@ -993,7 +998,7 @@ def plan_wall(cfg, stages: list[StagePlan], device: str, overlap: bool | None = 
 
     tasks = []
     parts = (by["indexing"].parts or {}) if "indexing" in by else {}
-    for method, seed in run_index_stages(cfg):
+    for method, seed in _index_stages(cfg):
         name = index_stage_name(method, seed)
         done = left is not None and name in left.finished
         tasks.append(HostTask(name, 0.0 if done else parts.get(method, 0.0), Priority.INDEX,
@@ -1080,8 +1085,7 @@ def remaining(cfg, stages: list[StagePlan], finished: dict[str, int]) -> tuple[l
             st.scale(0.0)
         elif st.name == "indexing":
             parts = st.parts or {}
-            st.seconds = sum(parts.get(m, 0.0) for m, seed in run_index_stages(cfg)
-                             if not n(index_stage_name(m, seed), 0))
+            st.seconds = sum(parts.get(m, 0.0) for m, seed in _index_stages(cfg) if not n(index_stage_name(m, seed), 0))
         elif st.name == "training":
             st.scale((total - trained) / max(total, 1))
         elif st.name == "evaluation":

@@ -24,7 +24,6 @@ from gdr import pipeline
 from gdr.config import conf_dir, load_config
 from gdr.formats import stage_key
 from gdr.stages import train as train_stage
-from gdr.stages.index import run_index_stages
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "stage_keys.json"
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
@@ -97,7 +96,7 @@ def stage_keys(cfg) -> dict[str, str]:
         run.score = _record("score", "S1") if note(pipeline.score_spec(run)) else None
     note(pipeline.cluster_spec(run))
     run.doc_queries = _record("doc-queries", "D0") if note(pipeline.doc_queries_spec(run)) else None
-    for method, seed in run_index_stages(cfg):  # index_seed=retriever: one a seed
+    for method, seed in pipeline.run_indexes(cfg):  # index_seed=retriever: one a seed
         name = note(pipeline.index_spec(run, method, seed)).name
         run.add_index(method, seed, _record(name, f"I{method}" if seed is None else f"I{method}-s{seed}"))
     note(pipeline.bm25_spec(run))

@@ -25,11 +25,10 @@ from gdr.indexing.kmeans import (
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
 from gdr.io import read_jsonl, write_manifest
-from gdr.stages.command_keys import RunKeys
 from gdr.stages.settings import IndexSettings, index_keys
 from gdr.store import load_run
 
-__all__ = ["build_index", "METHODS", "index_seeds", "index_stage_name", "index_stages", "run_index_stages"]
+__all__ = ["build_index", "METHODS", "index_seeds", "index_stage_name", "index_stages"]
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +50,6 @@ def index_stages(indexers: Sequence[str], mode: str, seeds: Sequence[int]) -> li
     order of ``indexers``: one an indexer (seed None), or with ``index_seed=retriever`` (``mode``) one per retriever
     seed for an indexer whose ids depend on a seed (:func:`index_seeds`)."""
     return [(m, s) for m in indexers for s in index_seeds(mode, m, seeds)]
-
-
-def run_index_stages(cfg) -> list[tuple[str, int | None]]:
-    """:func:`index_stages` of the composed ``gdr run`` config ``cfg`` (a config without ``index_seed``, from before
-    the key: its default)."""
-    return index_stages(cfg.indexers, str(cfg.get("index_seed") or RunKeys.index_seed), cfg.seeds)
 
 
 def index_stage_name(method: str, seed: int | None) -> str:
