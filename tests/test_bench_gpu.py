@@ -519,3 +519,22 @@ def test_every_benchmark_json_has_the_roofline(tmp_path, capsys):
     figures = {k for s in gpu.plan("gpu", tmp_path) for k in s.figures}
     for prefix in ("sampling", "scoring", "sampling_t5", "scoring_t5", "training_mini", "training_small30m", "search"):
         assert {f"{prefix}_{k}" for k in ROOF_KEYS} <= figures, prefix
+
+
+@pytest.mark.parametrize("bench", ["training", "decoding"])
+@pytest.mark.parametrize("argv,message", [
+    (["--K", "4", "--depth", "3", "--docs", "65"],
+     "--docs 65: more than the 64 distinct docids of --K 4 --depth 3; lower --docs or raise --K or --depth"),
+    (["--K", "4", "--depth", "3", "--docs", "0"], "--docs 0: must be a positive integer"),
+    (["--K", "0"], "--K 0: must be a positive integer"),
+])
+def test_the_benchmarks_that_draw_random_docids_refuse_more_than_k_to_the_depth(bench, argv, message, capsys):
+    """The training and search benchmarks draw --docs distinct codes of --depth digits in [0, K): more than K ** depth
+    is refused at the door, by name, not as numpy's error after the model is built."""
+    import importlib
+
+    main = importlib.import_module(f"gdr.bench.{bench}").main
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and message in err, err

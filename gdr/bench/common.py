@@ -24,9 +24,10 @@ from gdr.lm import GenerativeLM, PromptConfig
 from gdr.models import resolve_model
 from gdr.training.model import RetrieverConfig
 
-__all__ = ["build_lm", "bench_texts", "random_codes", "preset_config", "T5_BASE", "profile_table", "profile_failed",
-           "start_profiler", "write_table", "add_time_args", "seconds_left", "emit", "profile_skipped",
-           "cpu_peaks", "roofline", "parse_bench_args", "timed_batches", "maybe_profile", "SavedBytes"]
+__all__ = ["build_lm", "bench_texts", "check_docid_space", "random_codes", "preset_config", "T5_BASE",
+           "profile_table", "profile_failed", "start_profiler", "write_table", "add_time_args", "seconds_left",
+           "emit", "profile_skipped", "cpu_peaks", "roofline", "parse_bench_args", "timed_batches", "maybe_profile",
+           "SavedBytes"]
 
 
 T5_BASE = dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12,
@@ -204,6 +205,17 @@ def bench_texts(n: int, seed: int, docs_file: str | None = None) -> list[str]:
         return (lines * (n // max(len(lines), 1) + 1))[:n]
 
     return load_corpus("r5").sample(n, seed=seed).model_inputs()
+
+
+def check_docid_space(ap, args) -> None:
+    """Refuse ``--docs`` (and ``--K``/``--depth`` below 1) at the door: ``random_codes`` draws distinct codes, at most
+    K ** depth of them."""
+    for flag in ("docs", "K", "depth"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag} {getattr(args, flag)}: must be a positive integer")
+    if args.docs > args.K ** args.depth:
+        ap.error(f"--docs {args.docs}: more than the {args.K ** args.depth:,} distinct docids of --K {args.K} "
+                 f"--depth {args.depth}; lower --docs or raise --K or --depth")
 
 
 def random_codes(n: int, K: int, depth: int, seed: int) -> list[tuple[int, ...]]:

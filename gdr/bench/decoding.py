@@ -42,7 +42,16 @@ from dataclasses import replace
 
 import torch
 
-from gdr.bench.common import emit, maybe_profile, parse_bench_args, preset_config, random_codes, roofline, timed_batches
+from gdr.bench.common import (
+    check_docid_space,
+    emit,
+    maybe_profile,
+    parse_bench_args,
+    preset_config,
+    random_codes,
+    roofline,
+    timed_batches,
+)
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from gdr.indexing.trie import DocidTrie, build_trie
 from gdr.options import RankingOptions
@@ -167,7 +176,9 @@ def _args(argv: list[str] | None):
                     help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the per-beam Python reference (slow at large sizes)")
-    return parse_bench_args(ap, argv, "write a torch.profiler table of one more batch here, if time is left")
+    args = parse_bench_args(ap, argv, "write a torch.profiler table of one more batch here, if time is left")
+    check_docid_space(ap, args)
+    return args
 
 
 def _model(args, device: torch.device) -> GenerativeRetriever:

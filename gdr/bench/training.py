@@ -53,6 +53,7 @@ from torch.utils._pytree import tree_leaves
 from gdr.bench.common import (
     SavedBytes,
     add_time_args,
+    check_docid_space,
     emit,
     preset_config,
     profile_failed,
@@ -329,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                          "forward passes a step")
     add_time_args(ap)
     args = ap.parse_args(argv)
+    check_docid_space(ap, args)
     if args.consistency_weight < 0:  # the setting's rule (train.optim.consistency_weight >= 0)
         ap.error(f"--consistency-weight {args.consistency_weight}: must be >= 0 (0 = no R-drop)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
