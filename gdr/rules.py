@@ -10,11 +10,14 @@ metadata (:func:`setting` ``rule=``; :func:`fields_rules` derives a class's tabl
 ``sample.n_queries=-3: must be a positive integer (the number J of sampled queries)``.
 
 :func:`check_rules` applies rules to a composed config section; :func:`check_values` applies them to the
-keyword arguments of a Python function (naming the argument instead of the config key).
+keyword arguments of a Python function (naming the argument instead of the config key); :func:`option_type` makes a
+check the ``type=`` of a command-line option (the benchmarks'), so a flag is refused in the words of the setting.
 """
 from __future__ import annotations
 
+import argparse
 import codecs
+import contextlib
 import difflib
 import math
 import numbers
@@ -28,7 +31,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["ConfigError", "Rule", "Check", "check_rules", "check_values", "get", "show", "missing",
            "setting", "same_setting", "GroupOption", "MISSING",
-           "EFFECTS", "effect_of", "rule_of", "fields_rules", "any_value", "Each"]
+           "EFFECTS", "effect_of", "rule_of", "fields_rules", "any_value", "Each", "option_type"]
 
 
 class ConfigError(ValueError):
@@ -116,6 +119,23 @@ def boolean(v, sec):
 
 def seed(v, sec):
     return None if is_int(v) and 0 <= v < 2**32 else "must be an integer in [0, 2^32)"
+
+
+def option_type(check: Check, parse: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse ``type=`` that parses an option's text with ``parse`` (``auto`` stays text, for the checks of
+    :func:`auto_or`) and refuses what ``check`` refuses, in its words: ``argument --steps: 0: must be a positive
+    integer``, at the door, not as a traceback once a model is built."""
+    def convert(text: str):
+        value = text
+        if text != "auto":
+            with contextlib.suppress(ValueError):  # text that does not parse stays text: the check refuses it
+                value = parse(text)
+        problem = check(value, None)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text}: {problem}")
+        return value
+
+    return convert
 
 
 def auto_or(check: Check) -> Check:

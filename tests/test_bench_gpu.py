@@ -521,20 +521,35 @@ def test_every_benchmark_json_has_the_roofline(tmp_path, capsys):
         assert {f"{prefix}_{k}" for k in ROOF_KEYS} <= figures, prefix
 
 
-@pytest.mark.parametrize("bench", ["training", "decoding"])
-@pytest.mark.parametrize("argv,message", [
-    (["--K", "4", "--depth", "3", "--docs", "65"],
+@pytest.mark.parametrize("bench,argv,message", [
+    ("training", ["--K", "4", "--depth", "3", "--docs", "65"],
      "--docs 65: more than the 64 distinct docids of --K 4 --depth 3; lower --docs or raise --K or --depth"),
-    (["--K", "4", "--depth", "3", "--docs", "0"], "--docs 0: must be a positive integer"),
-    (["--K", "0"], "--K 0: must be a positive integer"),
+    ("decoding", ["--K", "4", "--depth", "3", "--docs", "65"], "--docs 65: more than the 64 distinct docids"),
+    ("training", ["--steps", "0"], "argument --steps: 0: must be a positive integer"),
+    ("training", ["--seq-len", "0"], "argument --seq-len: 0: must be a positive integer"),
+    ("training", ["--warmup", "-1"], "argument --warmup: -1: must be an integer >= 0"),
+    ("training", ["--batch", "abc"], "argument --batch: abc: must be auto or a positive integer"),
+    ("training", ["--seed", "-1"], "argument --seed: -1: must be an integer in [0, 2^32)"),
+    ("training", ["--seconds", "inf"], "argument --seconds: inf: must be a number >= 0"),
+    ("decoding", ["--K", "0"], "argument --K: 0: must be a positive integer"),
+    ("decoding", ["--batch", "0"], "argument --batch: 0: must be auto or a positive integer"),
+    ("sampling", ["--top-p", "1.5"], "argument --top-p: 1.5: must be a number in (0, 1]"),
+    ("sampling", ["--top-k", "-1"], "argument --top-k: -1: must be an integer >= 0"),
+    ("scoring", ["--naive-pairs", "-1"], "argument --naive-pairs: -1: must be an integer >= 0"),
+    ("scoring", ["--doc-batch-size", "0"], "argument --doc-batch-size: 0: must be auto or a positive integer"),
+    ("indexing", ["--memory-mb", "0"], "argument --memory-mb: 0: must be a number > 0"),
+    ("overlap", ["--alone-s", "nan"], "argument --alone-s: nan: must be a number > 0"),
+    ("clustering", ["--alpha", "-0.25"], "argument --alpha: -0.25: must be a number > 0"),
+    ("integrity", ["--mb", "0"], "argument --mb: 0: must be a positive integer"),
+    ("gpu", ["--budget", "0"], "argument --budget: 0: must be a positive integer"),
 ])
-def test_the_benchmarks_that_draw_random_docids_refuse_more_than_k_to_the_depth(bench, argv, message, capsys):
-    """The training and search benchmarks draw --docs distinct codes of --depth digits in [0, K): more than K ** depth
-    is refused at the door, by name, not as numpy's error after the model is built."""
+def test_every_benchmark_refuses_a_number_out_of_range_at_the_door(bench, argv, message, capsys):
+    """A benchmark's numbers are checked as it parses them, in the words of gdr's settings (gdr.rules.option_type):
+    exit 2 and one line naming the option, not a traceback (or a figure of 0 timed steps) once a model is built."""
     import importlib
 
     main = importlib.import_module(f"gdr.bench.{bench}").main
     with pytest.raises(SystemExit) as refused:
-        main([*argv, "--device", "cpu"])
-    err = capsys.readouterr().err
-    assert refused.value.code == 2 and message in err, err
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and message in err[-1], err

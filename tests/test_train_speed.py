@@ -241,7 +241,7 @@ def test_bench_training_benches_the_protocols_retriever(capsys):
     assert one["peak_bytes"] is None and two["activations_estimate_vs_saved"] > 0
     with pytest.raises(SystemExit) as refused:  # a negative weight, which would silently train without R-drop
         bench([*base, "--consistency-weight", "-0.1"])
-    assert refused.value.code == 2 and "--consistency-weight -0.1: must be >= 0" in capsys.readouterr().err
+    assert refused.value.code == 2 and "--consistency-weight: -0.1: must be a number >= 0" in capsys.readouterr().err
 
 
 def test_bucketed_order_groups_batches_by_length_deterministically():

@@ -33,6 +33,7 @@ import torch
 from gdr import cluster as gcmod
 from gdr.cluster import GenerativeClustering
 from gdr.eval.clustering import ari as adjusted_rand_index
+from gdr.rules import POSITIVE, number, option_type, seed
 
 log = logging.getLogger(__name__)
 
@@ -118,19 +119,19 @@ def _rss_mb() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.clustering", description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=20_000)
-    ap.add_argument("--queries", type=int, default=1024)
-    ap.add_argument("--clusters", type=int, default=30)
-    ap.add_argument("--n-init", type=int, default=10)
-    ap.add_argument("--max-iter", type=int, default=100)
-    ap.add_argument("--alpha", type=float, default=0.25)
+    ap.add_argument("--docs", type=option_type(POSITIVE), default=20_000)
+    ap.add_argument("--queries", type=option_type(POSITIVE), default=1024)
+    ap.add_argument("--clusters", type=option_type(POSITIVE), default=30)
+    ap.add_argument("--n-init", type=option_type(POSITIVE), default=10)
+    ap.add_argument("--max-iter", type=option_type(POSITIVE), default=100)
+    ap.add_argument("--alpha", type=option_type(number(0), float), default=0.25)
     ap.add_argument("--init", type=_parse_strategy, default=("greedy-k-means++", None),
                     help=f"strategy of the main fit: an init of {gcmod.INITS}, optionally :sm or :nosm (default: the "
                          "library default, greedy-k-means++ with split/merge moves)")
     ap.add_argument("--compare", default="random",
                     help="comma-separated strategies fitted after the main one for a side-by-side table "
                          "(default: random, the old default; 'none': no comparison)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=option_type(seed), default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     args = ap.parse_args(argv)

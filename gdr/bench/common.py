@@ -22,6 +22,7 @@ from gdr.config import conf_dir
 from gdr.data import load_corpus
 from gdr.lm import GenerativeLM, PromptConfig
 from gdr.models import resolve_model
+from gdr.rules import number, option_type
 from gdr.training.model import RetrieverConfig
 
 __all__ = ["build_lm", "bench_texts", "check_docid_space", "random_codes", "preset_config", "T5_BASE",
@@ -110,9 +111,9 @@ def add_time_args(ap) -> None:
     ``--deadline`` (a Unix time: nothing optional, such as a profile or a reference, starts that would end
     after it, and the timed phase stops early enough to print its figures; `make bench-gpu` passes its step's
     time limit less a margin)."""
-    ap.add_argument("--seconds", type=float, default=None,
+    ap.add_argument("--seconds", type=option_type(number(0, lo_open=False), float), default=None,
                     help="stop the timed phase after this many seconds (at least one round; default: no limit)")
-    ap.add_argument("--deadline", type=float, default=None,
+    ap.add_argument("--deadline", type=option_type(number(0), float), default=None,
                     help="Unix time by which the benchmark prints its figures (make bench-gpu sets it)")
 
 
@@ -208,11 +209,8 @@ def bench_texts(n: int, seed: int, docs_file: str | None = None) -> list[str]:
 
 
 def check_docid_space(ap, args) -> None:
-    """Refuse ``--docs`` (and ``--K``/``--depth`` below 1) at the door: ``random_codes`` draws distinct codes, at most
+    """Refuse ``--docs`` at the door when ``random_codes`` cannot draw that many distinct codes: at most
     K ** depth of them."""
-    for flag in ("docs", "K", "depth"):
-        if getattr(args, flag) < 1:
-            ap.error(f"--{flag} {getattr(args, flag)}: must be a positive integer")
     if args.docs > args.K ** args.depth:
         ap.error(f"--docs {args.docs}: more than the {args.K ** args.depth:,} distinct docids of --K {args.K} "
                  f"--depth {args.depth}; lower --docs or raise --K or --depth")

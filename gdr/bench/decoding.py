@@ -55,6 +55,7 @@ from gdr.bench.common import (
 from gdr.cost import device_name, mfu, search_bytes_per_query, search_flops_per_query
 from gdr.indexing.trie import DocidTrie, build_trie
 from gdr.options import RankingOptions
+from gdr.rules import POSITIVE, auto_or, option_type, seed
 from gdr.training.model import EOS, PAD, GenerativeRetriever, RetrieverConfig
 from gdr.training.search import CPU_SEARCH_BATCH, BeamOutput, constrained_beam_search, search_batch_for_memory
 
@@ -162,16 +163,19 @@ def _codes_from_nodes(trie: DocidTrie, nodes: torch.Tensor) -> list[list[tuple[i
 
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="gdr bench decoding", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--queries", type=int, default=32, help="number of queries (default 32)")
-    ap.add_argument("--beam", type=int, default=100, help="beam width (default 100)")
-    ap.add_argument("--docs", type=int, default=100_000, help="random docids in the trie (default 100,000)")
-    ap.add_argument("--K", type=int, default=30)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--batch", default="16", help="queries per beam-search batch, or auto (gdr evaluate's)")
-    ap.add_argument("--query-len", type=int, default=16)
+    ap.add_argument("--queries", type=option_type(POSITIVE), default=32, help="number of queries (default 32)")
+    ap.add_argument("--beam", type=option_type(POSITIVE), default=100, help="beam width (default 100)")
+    ap.add_argument("--docs", type=option_type(POSITIVE),
+                    default=100_000, help="random docids in the trie (default 100,000)")
+    ap.add_argument("--K", type=option_type(POSITIVE), default=30)
+    ap.add_argument("--depth", type=option_type(POSITIVE), default=4)
+    ap.add_argument("--batch", type=option_type(auto_or(POSITIVE)),
+                    default="16", help="queries per beam-search batch, or auto (gdr evaluate's)")
+    ap.add_argument("--query-len", type=option_type(POSITIVE), default=16)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--seed", type=option_type(seed), default=0)
+    ap.add_argument("--threads", type=option_type(POSITIVE),
+                    default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--model", default="tiny", choices=["tiny", "small30m", "mini"],
                     help="tiny (random-init, default) or a preset of conf/stage/train.yaml")
     ap.add_argument("--no-reference", dest="reference", action="store_false",

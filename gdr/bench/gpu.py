@@ -495,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=None,
                     help=f"seconds for the whole chain (default {BUDGET_S} on a GPU, {SMOKE_BUDGET_S} with --smoke)")
     args = ap.parse_args(argv)
+    if args.budget is not None and args.budget < 1:  # gdr.rules' words; it is not imported here (OmegaConf)
+        ap.error(f"argument --budget: {args.budget}: must be a positive integer")
     mode = "smoke" if args.smoke else "gpu"
     out = Path(args.out or os.environ.get("OUT") or (REPO or Path.cwd()) / "runs" / "bench-gpu")
     if args.work:

@@ -38,6 +38,7 @@ import numpy as np
 from gdr.indexing.gc import GCOptions, build_gc_index, partition_distortion
 from gdr.indexing.output import write_index
 from gdr.indexing.synthetic import planted_hierarchy, write_planted_npy
+from gdr.rules import NON_NEGATIVE, POSITIVE, number, option_type, seed
 from gdr.store.rows import PMatrix
 
 log = logging.getLogger(__name__)
@@ -107,24 +108,28 @@ def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
 
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.indexing", description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=138_457, help="N documents (default: MS MARCO Lite size)")
-    ap.add_argument("--queries", type=int, default=4096, help="J sampled queries (default 4096)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--clusters", type=int, default=30, help="K (also the number of planted top clusters)")
-    ap.add_argument("--leaf-size", type=int, default=30, help="c")
-    ap.add_argument("--sub", type=int, default=30, help="planted sub clusters per top cluster")
-    ap.add_argument("--n-init", type=int, default=5, help="fit_generative runs at the root")
-    ap.add_argument("--n-init-inner", type=int, default=1, help="fit_generative runs below the root")
+    ap.add_argument("--docs", type=option_type(POSITIVE),
+                    default=138_457, help="N documents (default: MS MARCO Lite size)")
+    ap.add_argument("--queries", type=option_type(POSITIVE), default=4096, help="J sampled queries (default 4096)")
+    ap.add_argument("--seed", type=option_type(seed), default=0)
+    ap.add_argument("--clusters", type=option_type(POSITIVE),
+                    default=30, help="K (also the number of planted top clusters)")
+    ap.add_argument("--leaf-size", type=option_type(POSITIVE), default=30, help="c")
+    ap.add_argument("--sub", type=option_type(POSITIVE), default=30, help="planted sub clusters per top cluster")
+    ap.add_argument("--n-init", type=option_type(POSITIVE), default=5, help="fit_generative runs at the root")
+    ap.add_argument("--n-init-inner", type=option_type(POSITIVE), default=1, help="fit_generative runs below the root")
     ap.add_argument("--init", default="greedy-k-means++", choices=["random", "k-means++", "greedy-k-means++"],
                     help="fit_generative init at every node (default greedy-k-means++)")
     ap.add_argument("--split-merge", default="auto", choices=["auto", "on", "off"],
                     help="split/merge moves after each node's fit (auto: on for greedy-k-means++ only)")
     ap.add_argument("--skip-distortion", action="store_true",
                     help="do not compute the root distortions of the fitted and planted partitions")
-    ap.add_argument("--memory-mb", type=float, default=1024.0, help="per-node working-set budget (gc.memory_mb)")
-    ap.add_argument("--chunk-rows", type=int, default=2048)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--torch-threads", type=int, default=1, help="gc.torch_threads (0 = torch's default)")
+    ap.add_argument("--memory-mb", type=option_type(number(0), float),
+                    default=1024.0, help="per-node working-set budget (gc.memory_mb)")
+    ap.add_argument("--chunk-rows", type=option_type(POSITIVE), default=2048)
+    ap.add_argument("--workers", type=option_type(POSITIVE), default=1)
+    ap.add_argument("--torch-threads", type=option_type(NON_NEGATIVE),
+                    default=1, help="gc.torch_threads (0 = torch's default)")
     ap.add_argument("--no-write", action="store_true", help="skip writing the index files")
     ap.add_argument("--tmp", default=None, help="folder for the temporary P.npy (default: the system temp dir)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -18,6 +18,7 @@ import numpy as np
 
 from gdr.io import file_digest, verify_files
 from gdr.pipeline import STAGE_FILE, checksummed
+from gdr.rules import POSITIVE, option_type
 
 
 def _throughput(mb: int, repeats: int) -> float:
@@ -55,8 +56,9 @@ def _verify_run(root: Path) -> tuple[float, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=256, help="size of the hashed test file in MiB (default 256)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mb", type=option_type(POSITIVE),
+                    default=256, help="size of the hashed test file in MiB (default 256)")
+    ap.add_argument("--repeats", type=option_type(POSITIVE), default=3)
     ap.add_argument("--run", type=Path, default=None, help="a finished `gdr run` folder to verify")
     args = ap.parse_args(argv)
     gib_s = _throughput(args.mb, args.repeats)

@@ -62,6 +62,7 @@ from gdr.data import Corpus, QuerySet, load_corpus
 from gdr.device import machine_record
 from gdr.indexing.options import IndexKMeans
 from gdr.pipeline import Pipeline
+from gdr.rules import POSITIVE, number, option_type, seed
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
 from gdr.stages.index import build_index
@@ -375,23 +376,27 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gdr bench overlap", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=int, default=300, help="BBC articles (default 300)")
-    ap.add_argument("--queries", type=int, default=256, help="columns of the synthetic P (default 256)")
-    ap.add_argument("--K", type=int, default=10, help="index n_clusters = leaf_size (default 10: depth 2 at 300 "
+    ap.add_argument("--docs", type=option_type(POSITIVE), default=300, help="BBC articles (default 300)")
+    ap.add_argument("--queries", type=option_type(POSITIVE),
+                    default=256, help="columns of the synthetic P (default 256)")
+    ap.add_argument("--K", type=option_type(POSITIVE),
+                    default=10, help="index n_clusters = leaf_size (default 10: depth 2 at 300 "
                                                       "articles, as K = 30 at BBC's 2,225)")
-    ap.add_argument("--cluster-repeats", type=int, default=2, help="cluster.repeats (default 2)")
-    ap.add_argument("--cluster-n-init", type=int, default=10, help="cluster.n_init (default 10)")
-    ap.add_argument("--repeats", type=int, default=3, help="beside runs of each stage (default 3)")
-    ap.add_argument("--alone-s", type=float, default=3.0, help="the longest alone window, seconds (default 3)")
-    ap.add_argument("--control-s", type=float, default=2.0, help="seconds of each control (default 2)")
+    ap.add_argument("--cluster-repeats", type=option_type(POSITIVE), default=2, help="cluster.repeats (default 2)")
+    ap.add_argument("--cluster-n-init", type=option_type(POSITIVE), default=10, help="cluster.n_init (default 10)")
+    ap.add_argument("--repeats", type=option_type(POSITIVE), default=3, help="beside runs of each stage (default 3)")
+    ap.add_argument("--alone-s", type=option_type(number(0), float),
+                    default=3.0, help="the longest alone window, seconds (default 3)")
+    ap.add_argument("--control-s", type=option_type(number(0), float),
+                    default=2.0, help="seconds of each control (default 2)")
     ap.add_argument("--stages", default=",".join(STAGES + CONTROLS), help="comma-separated stages and controls")
     ap.add_argument("--synthetic", action="store_true", help="a synthetic corpus instead of BBC (no data needed)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny sizes: 40 synthetic documents, 32 queries, one repeat, short windows")
-    ap.add_argument("--switch-interval", type=float, default=None,
+    ap.add_argument("--switch-interval", type=option_type(number(0), float), default=None,
                     help="sys.setswitchinterval for the run: how long a thread may hold the GIL while another waits "
                          "(Python's default: 0.005 s)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=option_type(seed), default=0)
     ap.add_argument("--tmp", default=None, help="folder for the inputs and stage folders (default: a temporary one)")
     args = ap.parse_args(argv)
     if args.smoke:

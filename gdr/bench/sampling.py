@@ -38,6 +38,7 @@ import torch
 from gdr.bench.common import bench_texts, build_lm, emit, maybe_profile, parse_bench_args, roofline, timed_batches
 from gdr.cost import device_name, mfu, sampling_bytes, sampling_flops
 from gdr.lm.decode import Decoder
+from gdr.rules import NON_NEGATIVE, POSITIVE, auto_or, number, option_type, seed
 
 log = logging.getLogger(__name__)
 
@@ -214,28 +215,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.sampling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,t5-base-random",
                     help="comma-separated: bundled name, hub id/path, t5-base-random or smollm2-135m-random")
-    ap.add_argument("--doc-tokens", type=int, default=128, help="documents cut to this many tokens")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--batch-size", default="auto", help="queries per batch, or auto (sample.batch_size=auto)")
-    ap.add_argument("--hf-batch-size", default=None,
+    ap.add_argument("--doc-tokens", type=option_type(POSITIVE), default=128, help="documents cut to this many tokens")
+    ap.add_argument("--max-new-tokens", type=option_type(POSITIVE), default=32)
+    ap.add_argument("--batch-size", type=option_type(auto_or(POSITIVE)),
+                    default="auto", help="queries per batch, or auto (sample.batch_size=auto)")
+    ap.add_argument("--hf-batch-size", type=option_type(auto_or(POSITIVE)), default=None,
                     help="batch of HF generate (default: --batch-size; 16 was the old sample.batch_size)")
-    ap.add_argument("--queries", type=int, default=None,
+    ap.add_argument("--queries", type=option_type(POSITIVE), default=None,
                     help="queries sampled by ours (default 8192 on CUDA, 48 on CPU)")
-    ap.add_argument("--hf-queries", type=int, default=None,
+    ap.add_argument("--hf-queries", type=option_type(POSITIVE), default=None,
                     help="queries sampled by HF generate (default 1024 on CUDA, 32 on CPU)")
-    ap.add_argument("--docs", type=int, default=5000,
+    ap.add_argument("--docs", type=option_type(POSITIVE), default=5000,
                     help="documents the queries are drawn from (few repeats at the default; the demo has 80)")
-    ap.add_argument("--top-k", type=int, default=50)
-    ap.add_argument("--top-p", type=float, default=0.99)
+    ap.add_argument("--top-k", type=option_type(NON_NEGATIVE), default=50)
+    ap.add_argument("--top-p", type=option_type(number(0, 1), float), default=0.99)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="capture the decode step with torch.compile(mode='reduce-overhead'); auto = on CUDA")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=option_type(seed), default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
     args = parse_bench_args(ap, argv, "write a torch.profiler table of one more (compiled) batch here, if time is left")
-    if args.batch_size != "auto":
-        args.batch_size = int(args.batch_size)
 
     results: list[dict] = []
 

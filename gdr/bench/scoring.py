@@ -50,31 +50,32 @@ from gdr.bench.common import (
 )
 from gdr.cost import device_name, mfu, peak_flops, scoring_bytes_per_pair, scoring_flops_per_pair
 from gdr.lm.scoring import auto_score_sizes, score_compute_dtype
+from gdr.rules import NON_NEGATIVE, POSITIVE, auto_or, option_type, seed
 
 log = logging.getLogger(__name__)
-
-def _int_or_auto(v: str):
-    return v if v == "auto" else int(v)
-
 
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m",
                     help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
-    ap.add_argument("--pairs", type=int, default=512, help="pairs scored by the engine (n_docs x n_queries)")
-    ap.add_argument("--queries", type=int, default=64, help="queries per document (J)")
-    ap.add_argument("--naive-pairs", type=int, default=48, help="pairs scored by the naive reference (0: skip it)")
-    ap.add_argument("--doc-tokens", type=int, default=64)
-    ap.add_argument("--query-tokens", type=int, default=32, help="max new tokens of a sampled query")
-    ap.add_argument("--doc-batch-size", type=_int_or_auto, default=4, help="documents per pass, or auto")
-    ap.add_argument("--max-query-tokens", type=_int_or_auto, default=2048, help="query tokens per chunk, or auto")
+    ap.add_argument("--pairs", type=option_type(POSITIVE),
+                    default=512, help="pairs scored by the engine (n_docs x n_queries)")
+    ap.add_argument("--queries", type=option_type(POSITIVE), default=64, help="queries per document (J)")
+    ap.add_argument("--naive-pairs", type=option_type(NON_NEGATIVE),
+                    default=48, help="pairs scored by the naive reference (0: skip it)")
+    ap.add_argument("--doc-tokens", type=option_type(POSITIVE), default=64)
+    ap.add_argument("--query-tokens", type=option_type(POSITIVE), default=32, help="max new tokens of a sampled query")
+    ap.add_argument("--doc-batch-size", type=option_type(auto_or(POSITIVE)),
+                    default=4, help="documents per pass, or auto")
+    ap.add_argument("--max-query-tokens", type=option_type(auto_or(POSITIVE)),
+                    default=2048, help="query tokens per chunk, or auto")
     ap.add_argument("--attention", default="auto", choices=["auto", "flex", "dense"], help="causal query packing")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                     help="compute dtype of the engine (auto: bf16 on CUDA, the model's on a CPU)")
-    ap.add_argument("--sample-batch-size", type=int, default=None,
+    ap.add_argument("--sample-batch-size", type=option_type(POSITIVE), default=None,
                     help="queries sampled per batch (default 16, 256 on CUDA)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=option_type(seed), default=0)
     ap.add_argument("--tokenizer", default=None, help="tokenizer path for *-random models (default: bundled MiniLM)")
     ap.add_argument("--docs-file", default=None, help="one document per line instead of Reuters R5")
     return parse_bench_args(ap, argv, "write a torch.profiler table of one more batch here, if time is left")

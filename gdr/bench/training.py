@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -74,6 +74,7 @@ from gdr.cost import (
     training_bytes_per_example,
 )
 from gdr.indexing.trie import build_trie
+from gdr.rules import NON_NEGATIVE, POSITIVE, auto_or, option_type, seed
 from gdr.training.concurrent import run_concurrently
 from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
 from gdr.training.model import meta_param_count
@@ -303,21 +304,24 @@ def _at_once(n: int, alone: dict, bench) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gdr bench training", description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="mini,small30m", help="comma-separated presets (default mini,small30m)")
-    ap.add_argument("--batch", default="auto",
+    ap.add_argument("--batch", type=option_type(auto_or(POSITIVE)), default="auto",
                     help="examples per step; auto = what fits on CUDA (<= 4096), 64 on the CPU")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 50 on CUDA, 5 on the CPU)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10 on CUDA, 2 on the CPU)")
-    ap.add_argument("--seq-len", type=int, default=64, help="input tokens per example (default 64)")
-    ap.add_argument("--K", type=int, default=30)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--docs", type=int, default=10_000, help="random docids the targets are drawn from")
+    ap.add_argument("--steps", type=option_type(POSITIVE),
+                    default=None, help="timed steps (default 50 on CUDA, 5 on the CPU)")
+    ap.add_argument("--warmup", type=option_type(NON_NEGATIVE),
+                    default=None, help="untimed steps first (default 10 on CUDA, 2 on the CPU)")
+    ap.add_argument("--seq-len", type=option_type(POSITIVE), default=64, help="input tokens per example (default 64)")
+    ap.add_argument("--K", type=option_type(POSITIVE), default=30)
+    ap.add_argument("--depth", type=option_type(POSITIVE), default=4)
+    ap.add_argument("--docs", type=option_type(POSITIVE),
+                    default=10_000, help="random docids the targets are drawn from")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the retriever (CUDA only)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--concurrent", type=int, default=1,
+    ap.add_argument("--threads", type=option_type(POSITIVE), default=None, help="torch CPU threads")
+    ap.add_argument("--concurrent", type=option_type(POSITIVE), default=1,
                     help="N > 1: then train N copies of each preset at once, one process each (train.concurrent), "
                          "and print their aggregate examples/s and MFU against the one alone")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=option_type(seed), default=0)
     ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"],
                     help="fused AdamW (optim.fused); auto = on CUDA")
     ap.add_argument("--precision", default=None,
@@ -325,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None,
                     help="write a torch.profiler table of 3 more steps here (per preset), if time is left")
     ap.add_argument("--pawa", action="store_true", help="NCI's PAWA decoder (train.model.pawa; +experiment=bbc's)")
-    ap.add_argument("--consistency-weight", type=float, default=OptimOptions.consistency_weight,
+    weight_rule = next(f for f in fields(OptimOptions) if f.name == "consistency_weight").metadata["rule"]
+    ap.add_argument("--consistency-weight", type=option_type(weight_rule, float),  # the setting's rule: >= 0
+                    default=OptimOptions.consistency_weight,
                     help="R-drop's weight (train.optim.consistency_weight; 0.15 in +experiment=bbc): > 0 makes two "
                          "forward passes a step")
     add_time_args(ap)
     args = ap.parse_args(argv)
     check_docid_space(ap, args)
-    if args.consistency_weight < 0:  # the setting's rule (train.optim.consistency_weight >= 0)
-        ap.error(f"--consistency-weight {args.consistency_weight}: must be >= 0 (0 = no R-drop)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
