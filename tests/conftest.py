@@ -176,4 +176,3 @@ def pytest_runtest_setup(item):
         gc.collect()
         gc.freeze()
         _frozen_before[0] = item.module
-

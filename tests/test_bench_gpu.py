@@ -535,6 +535,7 @@ def test_every_benchmark_json_has_the_roofline(tmp_path, capsys):
     ("decoding", ["--batch", "0"], "argument --batch: 0: must be auto or a positive integer"),
     ("sampling", ["--top-p", "1.5"], "argument --top-p: 1.5: must be a number in (0, 1]"),
     ("sampling", ["--top-k", "-1"], "argument --top-k: -1: must be an integer >= 0"),
+    ("sampling", ["--hf-batch-size", "auto"], "argument --hf-batch-size: auto: must be a positive integer"),
     ("scoring", ["--naive-pairs", "-1"], "argument --naive-pairs: -1: must be an integer >= 0"),
     ("scoring", ["--doc-batch-size", "0"], "argument --doc-batch-size: 0: must be auto or a positive integer"),
     ("indexing", ["--memory-mb", "0"], "argument --memory-mb: 0: must be a number > 0"),

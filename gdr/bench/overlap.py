@@ -379,9 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=option_type(POSITIVE), default=300, help="BBC articles (default 300)")
     ap.add_argument("--queries", type=option_type(POSITIVE),
                     default=256, help="columns of the synthetic P (default 256)")
-    ap.add_argument("--K", type=option_type(POSITIVE),
-                    default=10, help="index n_clusters = leaf_size (default 10: depth 2 at 300 "
-                                                      "articles, as K = 30 at BBC's 2,225)")
+    ap.add_argument("--K", type=option_type(POSITIVE), default=10,
+                    help="index n_clusters = leaf_size (default 10: depth 2 at 300 articles, as K = 30 at BBC's 2,225)")
     ap.add_argument("--cluster-repeats", type=option_type(POSITIVE), default=2, help="cluster.repeats (default 2)")
     ap.add_argument("--cluster-n-init", type=option_type(POSITIVE), default=10, help="cluster.n_init (default 10)")
     ap.add_argument("--repeats", type=option_type(POSITIVE), default=3, help="beside runs of each stage (default 3)")

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=option_type(POSITIVE), default=32)
     ap.add_argument("--batch-size", type=option_type(auto_or(POSITIVE)),
                     default="auto", help="queries per batch, or auto (sample.batch_size=auto)")
-    ap.add_argument("--hf-batch-size", type=option_type(auto_or(POSITIVE)), default=None,
+    ap.add_argument("--hf-batch-size", type=option_type(POSITIVE), default=None,
                     help="batch of HF generate (default: --batch-size; 16 was the old sample.batch_size)")
     ap.add_argument("--queries", type=option_type(POSITIVE), default=None,
                     help="queries sampled by ours (default 8192 on CUDA, 48 on CPU)")

@@ -54,6 +54,7 @@ from gdr.rules import NON_NEGATIVE, POSITIVE, auto_or, option_type, seed
 
 log = logging.getLogger(__name__)
 
+
 def _args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m",
