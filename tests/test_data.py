@@ -22,6 +22,7 @@ from gdr.data import (
     load_queries,
     write_beir,
 )
+from gdr.data.reuters import _body_text
 
 FIX = Path(__file__).parent / "fixtures" / "data"
 SHARED = data_dir()
@@ -71,7 +72,10 @@ def test_reuters_text_is_clean_body(r5):
     assert doc["label"] == "acq"
     assert "to <Woodco Inc> of Houston" in doc["text"]  # &lt; unescaped, hard line breaks joined
     assert doc["text"].endswith("tags and ticket printers and terminals.")  # " Reuter\n&#3;" dropped
-    assert not any(re.search(r"\breuter\W*$", t, re.I) for t in r5.texts)
+    assert not any(re.search(r"\breuter\W*(?:\b[a-z]\W*)?$", t, re.I) for t in r5.texts)
+    # the trailer after a desk letter ("... August 3 to 10.\n REUTER N") and at a table row's end ("0 REUTER")
+    assert r5.texts[r5.doc_ids.index("10280")].endswith("books close August 3 to 10.")
+    assert _body_text("   SALT....--....22......0 REUTER\n&#3;") == "SALT....--....22......0"
     assert not any("&lt;" in t or "&#" in t or "\x03" in t for t in r5.texts)
     assert all(t.strip() for t in r5.texts)
 
@@ -475,7 +479,8 @@ def test_cranfield_duplicate_doc_and_missing_file(tmp_path):
                        match=r"cran\.all\.1400:18: duplicate doc_id '2' \(first seen at .*cran\.all\.1400:11\)"):
         load_corpus("cranfield", path=folder)
     (folder / "cran.all.1400").unlink()
-    with pytest.raises(FileNotFoundError, match=r"cran\.all\.1400: Cranfield documents does not exist; pass path="):
+    with pytest.raises(FileNotFoundError,
+                       match=r"cran\.all\.1400: Cranfield documents does not exist; pass data\.path="):
         load_corpus("cranfield", path=folder)
 
 
@@ -490,6 +495,30 @@ def test_reuters_missing_folder(tmp_path):
     (tmp_path / "reut2-000.sgm").write_text("")
     with pytest.raises(FileNotFoundError, match=r"found 1 reut2-\*\.sgm files, expected 22"):
         load_corpus("r2", path=tmp_path)
+
+
+@pytest.mark.parametrize("damage, where", [
+    ("cut", r"reut2-003\.sgm:\d+: <REUTERS> without </REUTERS>: the file is truncated"),
+    ("</REUTERS>", r"reut2-003\.sgm:\d+: the story of NEWID \d+ holds the start of another story"),
+    ("</BODY>", r"reut2-003\.sgm:\d+: the story of NEWID \d+ opens <BODY> without closing it"),
+    ("whole stories", r"20,578 stories in its reut2-\*\.sgm files, expected 21,578"),
+])
+def test_a_damaged_reuters_file_is_refused_by_name(tmp_path, damage, where):
+    _need(SHARED / "reuters21578")
+    for f in (SHARED / "reuters21578").glob("reut2-*.sgm"):
+        (tmp_path / f.name).symlink_to(f)
+    name = "reut2-003.sgm"
+    text = (tmp_path / name).read_bytes()
+    (tmp_path / name).unlink()
+    if damage == "cut":
+        text = text[: len(text) // 2]
+    elif damage == "whole stories":  # cut at a story's end: every tag closes, 1,000 stories fewer
+        text = text[: text.index(b"<REUTERS")]
+    else:
+        text = text.replace(damage.encode(), b"", 1)
+    (tmp_path / name).write_bytes(text)
+    with pytest.raises(DataError, match=where):
+        load_corpus("r5", path=tmp_path)
 
 
 def test_load_corpus_argument_errors():

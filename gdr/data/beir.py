@@ -43,8 +43,8 @@ def _folder(path: str | os.PathLike | None) -> Path:
         raise ValueError("a BEIR corpus needs path= the folder holding corpus.jsonl, queries.jsonl and qrels/")
     p = Path(path)
     if not p.is_dir():
-        raise FileNotFoundError(f"{p}: BEIR folder does not exist; pass path= the folder holding corpus.jsonl, "
-                                "queries.jsonl and qrels/")
+        raise FileNotFoundError(f"{p}: BEIR folder does not exist; pass data.path= (path= in Python) the folder "
+                                "holding corpus.jsonl, queries.jsonl and qrels/")
     return p
 
 

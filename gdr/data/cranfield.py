@@ -43,7 +43,8 @@ NONRELEVANT_CODE = -1
 GAIN_OF_CODE = 5  # a relevant code's grade is GAIN_OF_CODE - code: higher = more relevant, as TREC grades
 _ID_LINE = re.compile(r"^\.I\s+(\d+)\s*$")
 _FIELD = re.compile(r"^\.([TABW])\s*$")
-_FIX = "pass path= the folder holding cran.all.1400, cran.qry and cranqrel, or set GDR_DATA_DIR"
+_FIX = ("pass data.path= (path= in Python) the folder holding cran.all.1400, cran.qry and cranqrel, "
+        "or set GDR_DATA_DIR")
 
 
 def _folder(path: str | os.PathLike | None) -> Path:

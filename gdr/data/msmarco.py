@@ -152,7 +152,7 @@ def load_msmarco_lite(path: str | os.PathLike | None = None, docs_tsv: str | os.
     """
     folder = _folder(path)
     id_file = require_file(folder / "docids.tsv", "MS MARCO Lite doc id list",
-                           "pass path= the msmarco-lite folder, or set GDR_DATA_DIR")
+                           "pass data.path= (path= in Python) the msmarco-lite folder, or set GDR_DATA_DIR")
     ids = read_id_list(id_file)
     file = find_docs_tsv(folder, docs_tsv)
     found = _scan_docs_tsv(file, set(ids))
@@ -178,10 +178,11 @@ def load_msmarco_lite_queries(path: str | os.PathLike | None = None, split: str 
     available = sorted(p.name.split(".")[1] for p in folder.glob("query2docid.*.tsv"))
     splits = available if split is None else [split]
     if not splits:
-        raise FileNotFoundError(f"{folder}: no query2docid.<split>.tsv files; pass path= the msmarco-lite folder")
+        raise FileNotFoundError(f"{folder}: no query2docid.<split>.tsv files; pass data.path= (path= in Python) "
+                                "the msmarco-lite folder")
     known = set(doc_ids) if doc_ids is not None else set(
         read_id_list(require_file(folder / "docids.tsv", "MS MARCO Lite doc id list",
-                                  "pass path= the msmarco-lite folder")))
+                                  "pass data.path= (path= in Python) the msmarco-lite folder")))
     parts = []
     for s in splits:
         file = folder / f"query2docid.{s}.tsv"

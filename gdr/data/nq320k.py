@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "dev")
 DOC_FILES = ("docs.tsv", "NQ_doc_content.tsv", "nq_title_abs.tsv")
 _FLOAT_ID = re.compile(r"^(\d+)\.0$")
-_FIX = ("pass path= a folder with NCI's NQ_doc_content.tsv (or nq_title_abs.tsv) and nq_{train,dev}_doc_newid.tsv, "
-        "or with docs.tsv (doc_id, title, text) and query2docid.{train,dev}.tsv (query, doc_id)")
+_FIX = ("pass data.path= (path= in Python) a folder with NCI's NQ_doc_content.tsv (or nq_title_abs.tsv) and "
+        "nq_{train,dev}_doc_newid.tsv, or with docs.tsv (doc_id, title, text) and query2docid.{train,dev}.tsv "
+        "(query, doc_id)")
 
 
 def _folder(path: str | os.PathLike | None) -> Path:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 R2_TOPICS = ("earn", "acq")
 R5_TOPICS = ("earn", "acq", "crude", "trade", "money-fx")
 N_FILES = 22
+N_STORIES = 21_578
 
 _STORY = re.compile(r"<REUTERS([^>]*)>(.*?)</REUTERS>", re.S)
 _ATTR = re.compile(r'([A-Z]+)="([^"]*)"')
@@ -33,9 +34,11 @@ _TOPICS = re.compile(r"<TOPICS>(.*?)</TOPICS>", re.S)
 _D = re.compile(r"<D>(.*?)</D>", re.S)
 _TITLE = re.compile(r"<TITLE>(.*?)</TITLE>", re.S)
 _BODY = re.compile(r"<BODY>(.*?)</BODY>", re.S)
-# The wire trailer: "Reuter", "REUTER...", "reuter^M" (a literal caret-M) before the &#3; end-of-text mark.
-# It must start a line or follow a sentence end, so "... told Reuters" stays.
-_TRAILER = re.compile(r"(?:(?<=[\n.!?\"])\s*reuters?\b(?:\.\.\.|\^M|\s)*)?\s*(?:&#3;)?\s*$", re.I)
+# The wire trailer: "Reuter", "REUTER...", "reuter^M" (a literal caret-M), "REUTER E" (a stray desk letter) before
+# the &#3; end-of-text mark. It must start a line, follow a sentence end or end a table's row of figures
+# ("...17 REUTER"), so "... told Reuters" stays.
+_TRAILER = re.compile(r"(?:(?:(?<=[\n.!?\"])|(?<=[\d)])(?=\s))\s*reuters?\b(?:\s[a-z](?!\w))?(?:\.\.\.|\^M|\s)*)?"
+                      r"\s*(?:&#3;)?\s*$", re.I)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _PARA = re.compile(r"\n\s{2,}")  # paragraphs start on an indented line
 
@@ -107,6 +110,9 @@ def load_reuters(
         "definition": ("stories with a BODY and exactly one TOPICS label in `topics`" if topics is not None
                        else "every story with a BODY (any TOPICS, no labels)"),
     }
+    if n_stories != N_STORIES:
+        raise DataError(f"{folder}: {n_stories:,} stories in its reut2-*.sgm files, expected {N_STORIES:,}; a file "
+                        "is truncated or edited: restore the Reuters-21578 Distribution 1.0 files")
     corpus = table.build(name, str(folder), info)
     missing = [t for t in topics or () if t not in corpus.info["label_counts"]]
     if missing:
@@ -118,11 +124,12 @@ def load_reuters(
 def _sgm_files(path: str | os.PathLike | None) -> tuple[Path, list[Path]]:
     """The Reuters folder and its 22 ``reut2-*.sgm`` files in order; an incomplete copy is refused."""
     folder = require_dir(path or data_dir() / "reuters21578", "Reuters-21578",
-                          "pass path= the folder holding reut2-000.sgm .. reut2-021.sgm, or set GDR_DATA_DIR")
+                          "pass data.path= (path= in Python) the folder holding reut2-000.sgm .. reut2-021.sgm, "
+                          "or set GDR_DATA_DIR")
     files = sorted(folder.glob("reut2-*.sgm"))
     if len(files) != N_FILES:
         raise FileNotFoundError(f"{folder}: found {len(files)} reut2-*.sgm files, expected {N_FILES}; "
-                                "point path= at a complete Reuters-21578 Distribution 1.0 copy")
+                                "point data.path= (path= in Python) at a complete Reuters-21578 Distribution 1.0 copy")
     return folder, files
 
 
@@ -132,16 +139,26 @@ def _stories(files: Sequence[Path]) -> Iterator[tuple[str, str, dict[str, str], 
     for f in files:
         # latin-1 maps every byte, so decoding cannot fail
         text = f.read_text(encoding="latin-1")
-        line, pos = 1, 0  # line number of `pos`, advanced incrementally for error messages
+        line, pos, end = 1, 0, 0  # line number of `pos`, advanced incrementally for error messages
         for m in _STORY.finditer(text):
             line += text.count("\n", pos, m.start())
-            pos = m.start()
+            pos, end = m.start(), m.end()
             attrs = dict(_ATTR.findall(m.group(1)))
             doc_id = attrs.get("NEWID")
             if not doc_id:
                 raise DataError(f"{f}:{line}: <REUTERS> tag without NEWID; this is not an original "
                                 "Reuters-21578 file, restore it from the distribution")
-            yield f"{f}:{line} (NEWID {doc_id})", doc_id, attrs, m.group(2)
+            story = m.group(2)
+            for tag, problem in (("<REUTERS", "holds the start of another story: its </REUTERS> is missing"),
+                                 ("<BODY>", "opens <BODY> without closing it")):
+                if tag in story and (tag == "<REUTERS" or "</BODY>" not in story):
+                    raise DataError(f"{f}:{line}: the story of NEWID {doc_id} {problem}; the file is damaged, "
+                                    "restore it from the Reuters-21578 distribution")
+            yield f"{f}:{line} (NEWID {doc_id})", doc_id, attrs, story
+        cut = text.find("<REUTERS", end)
+        if cut >= 0:
+            raise DataError(f"{f}:{text.count(chr(10), 0, cut) + 1}: <REUTERS> without </REUTERS>: the file is "
+                            "truncated or damaged; restore it from the Reuters-21578 distribution")
 
 
 def _verdict(attrs: dict[str, str], story: str, topics: tuple[str, ...] | None,

@@ -11,10 +11,14 @@ the seed only (blake2b of ``f"{seed}:{doc_id}"`` mapped to [0, 1) and cut at the
 fractions), so subsampling a corpus (``n_docs=``) never moves a document to another split.
 
 Ambiguous known items (measured on the real data; see :func:`title_queries`): a title shared by
-several documents (BBC: 129 titles on 258 articles; R5: 153 titles on 308 stories) or a body
-shared by several documents (BBC: 133 bodies on 266 articles, mostly the same repeated
-article) does not point at one document. By default such documents get no query; they stay in
-the corpus as distractors. Checked on the real files: no BBC or Reuters body starts with its
+several documents, its case, spacing and punctuation aside (BBC: 260 articles; R5: 314 stories),
+a body shared by several documents (BBC: 133 bodies on 266 articles, mostly the same repeated
+article) or a body that is another's with a word or a sentence changed (word 5-grams overlapping
+by >= 90%: 3 more BBC pairs, e.g. "Federer claims Dubai crown" and "Dogged Federer claims Dubai
+crown"; 12 more R5 stories) does not point at one document, and a twin's title trained on would
+all but name a test article. By default such documents get no query (BBC keeps 1,891 of its
+2,225 articles as queries, R5 6,461 of 6,807); they stay in the corpus as distractors.
+Checked on the real files: no BBC or Reuters body starts with its
 title (one R5 story, NEWID 5692, opens with a sentence that reads like its headline in lower
 case; it is the lead sentence, not a repeated title, and is left as is).
 """
@@ -28,6 +32,7 @@ from collections import Counter
 from typing import Sequence
 
 import numpy as np
+from scipy import sparse
 
 from gdr.data.core import Corpus, DataError, QuerySet
 from gdr.logs import log_once
@@ -37,6 +42,13 @@ __all__ = ["title_queries", "drop_titles", "split_of", "unit_hash", "TITLE_SPLIT
 log = logging.getLogger(__name__)
 
 TITLE_SPLITS = ("train", "dev", "test")
+NEAR_SHINGLE_WORDS = 5  # words an n-gram of the near-duplicate test
+NEAR_JACCARD = 0.9  # two texts whose word 5-grams overlap this much are one article: 3 BBC pairs, 7 in R5
+_COMMON_NGRAM_DOCS = 64
+_HASH_BASE = 1_000_003
+_MIX = 0x9E3779B97F4A7C15
+_WORD = re.compile(r"[^\W_]+")
+_ALNUM = re.compile(r"[^\W_]")  # a letter or digit, of any script
 # the train/dev/test shares of title queries, which have no split of their own, where queries.fractions is null
 TITLE_FRACTIONS = (0.8, 0.1, 0.1)
 DUPLICATES = ("drop", "keep")
@@ -74,6 +86,50 @@ def _shared(values: Sequence[str | None]) -> np.ndarray:
     return np.fromiter((bool(v) and counts[v] > 1 for v in values), dtype=bool, count=len(values))
 
 
+def _title_key(title: str | None) -> str | None:
+    """What a title says, its case, spacing and punctuation aside (R5's ``GENCORP <GY>`` and ``GENCORP<GY>``)."""
+    return "".join(_ALNUM.findall(title.casefold())) or None if title else None
+
+
+def _near_identical(texts: Sequence[str], n: int = NEAR_SHINGLE_WORDS,
+                    threshold: float = NEAR_JACCARD) -> np.ndarray:
+    """Boolean mask of shape (len(texts),): the text's word ``n``-grams (case folded) overlap another text's with a
+    Jaccard index >= ``threshold``: the same article with a word or a sentence changed (BBC's ``sports/425`` and
+    ``sports/433``, 0.96). A text of fewer than ``n`` words is left to the exact comparison.
+
+    The n-grams are 64-bit polynomial hashes of word ids over all texts at once; an n-gram in more than
+    :data:`_COMMON_NGRAM_DOCS` texts is boilerplate and counts in the sizes but not in the overlaps, so that the
+    sparse product of texts by n-grams stays small on large corpora (it can only lower an index)."""
+    vocab: dict[str, int] = {}
+    words = [[vocab.setdefault(w, len(vocab)) for w in _WORD.findall(t.casefold())] for t in texts]  # once at load
+    lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+    ids = np.fromiter((w for ws in words for w in ws), dtype=np.uint64, count=int(lengths.sum()))
+    doc = np.repeat(np.arange(len(texts)), lengths)
+    starts = np.arange(ids.size - n + 1) if ids.size >= n else np.arange(0)
+    starts = starts[doc[starts] == doc[starts + n - 1]]  # n-grams inside one text
+    h = np.zeros(starts.size, dtype=np.uint64)
+    with np.errstate(over="ignore"):  # arithmetic modulo 2**64 is the hash
+        for k in range(n):  # n steps of a polynomial hash over every n-gram at once
+            h = h * np.uint64(_HASH_BASE) + ids[starts + k] + np.uint64(1)
+    near = np.zeros(len(texts), dtype=bool)
+    if h.size == 0:
+        return near
+    rows = doc[starts]
+    with np.errstate(over="ignore"):  # each text's distinct n-grams: (text, hash) hashed once more
+        first = np.unique(h ^ (rows.astype(np.uint64) * np.uint64(_MIX)), return_index=True)[1]
+    rows, h = rows[first], h[first]
+    cols = np.unique(h, return_inverse=True)[1].ravel()
+    size = np.bincount(rows, minlength=len(texts))
+    rare = np.bincount(cols)[cols] <= _COMMON_NGRAM_DOCS
+    x = sparse.csr_matrix((np.ones(int(rare.sum()), dtype=np.float32), (rows[rare], cols[rare])),
+                          shape=(len(texts), int(cols.max()) + 1))
+    overlap = sparse.triu(x @ x.T, k=1).tocoo()
+    a, b, shared = overlap.row, overlap.col, overlap.data
+    hit = shared >= threshold * (size[a] + size[b] - shared)
+    near[a[hit]] = near[b[hit]] = True
+    return near
+
+
 def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = TITLE_FRACTIONS,
                   duplicates: str = "drop") -> QuerySet:
     """One query per document with a title: the title is the text, the document the one relevant item.
@@ -83,9 +139,11 @@ def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = TI
     corpus : a Corpus with titles (load it without ``drop_title``).
     seed : split seed; a document's split depends on its doc id and ``seed`` only (see :func:`split_of`).
     fractions : expected shares of train, dev, test; the realised counts are binomial around them.
-    duplicates : ``"drop"`` (default) gives no query to a document whose title or whose text is
-        identical to another document's in ``corpus``, since neither the query nor the article
-        would single it out (counted in ``info["filtered"]["shared_title"]`` and ``["shared_text"]``;
+    duplicates : ``"drop"`` (default) gives no query to a document whose title is another document's in
+        ``corpus`` (case, spacing and punctuation aside), whose text is identical to another's, or whose
+        text is near-identical to another's (:func:`_near_identical`), since neither the query nor the
+        article would single it out, and a title trained on would all but name its twin's test article
+        (counted in ``info["filtered"]["shared_title"]``, ``["shared_text"]`` and ``["near_text"]``;
         the documents stay in the corpus). ``"keep"`` keeps them: identical query texts then
         each name their own document as the only relevant one, and may fall in different splits.
         Which documents are dropped depends on the corpus passed (a subsample may lose a twin).
@@ -107,11 +165,14 @@ def title_queries(corpus: Corpus, seed: int = 0, fractions: Sequence[float] = TI
     keep = has_title.copy()
     filtered = {"no_title": int((~has_title).sum())}
     if duplicates == "drop":
-        shared_title = _shared(titles) & keep
+        shared_title = _shared([_title_key(t) for t in titles]) & keep
         keep &= ~shared_title
         shared_text = _shared(corpus.texts) & keep
         keep &= ~shared_text
-        filtered.update(shared_title=int(shared_title.sum()), shared_text=int(shared_text.sum()))
+        near_text = _near_identical(corpus.texts) & keep
+        keep &= ~near_text
+        filtered.update(shared_title=int(shared_title.sum()), shared_text=int(shared_text.sum()),
+                        near_text=int(near_text.sum()))
     if not keep.any():
         raise DataError(f"corpus {corpus.name!r}: no document has a title of its own; nothing to query")
     sub = corpus.select(keep)
@@ -159,7 +220,7 @@ def _strip_repeated_titles(titles: Sequence[str | None], texts: Sequence[str]) -
     out, n = [], 0
     for title, text in zip(titles, texts):  # one anchored match a document, once at load
         chars = _ALNUM.findall(title or "")
-        m = re.match(_SEP.join(map(re.escape, chars)) + r"(?![A-Za-z0-9])[\W_]*", text) if chars else None
+        m = re.match(_SEP.join(map(re.escape, chars)) + r"(?![^\W_])[\W_]*", text) if chars else None
         rest = text[m.end():] if m else ""
         if rest:
             out.append(rest)
@@ -168,6 +229,4 @@ def _strip_repeated_titles(titles: Sequence[str | None], texts: Sequence[str]) -
             out.append(text)
     return out, n
 
-
-_ALNUM = re.compile(r"[A-Za-z0-9]")
 _SEP = r"[\W_]*"  # what may stand between two of a title's letters or digits in its repeat
