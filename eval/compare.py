@@ -391,11 +391,18 @@ def _needed(t: SeedQueryTest, target_se: float) -> dict:
     return out
 
 
+def min_queries(confidence: float = 0.95) -> int:
+    """The fewest paired queries whose sign flips can reach a two-sided p-value below ``1 - confidence`` (6 at
+    95%): ``2 ** (1 - n) < 1 - confidence``."""
+    return int(np.floor(1 - np.log2(1 - confidence))) + 1
+
+
 def primary_verdict(t: SeedQueryTest, margin: float, names: Mapping[str, str] | None = None,
                     confidence: float = 0.95) -> dict:
     """The run's verdict on its primary test ``t``, by rules fixed before the run: ``decided`` when the two-noise
     interval excludes 0; ``equivalent`` (within +-``margin``) when it lies inside [-margin, margin]; else
-    ``undecided``, with the seeds or test queries that would decide it, had the difference stayed as measured:
+    ``undecided``, as it is with fewer queries than any test could decide on (:func:`min_queries`) or values that do
+    not vary (an interval of width 0 measures no noise), with the seeds or test queries that would decide it, had the difference stayed as measured:
     the standard error that would put the interval off 0 (|diff| / z) or inside the margin ((margin - |diff|) / z),
     the easier of the two. Returns ``{"status", "line", "needed"}``."""
     names = names or {}
@@ -404,6 +411,14 @@ def primary_verdict(t: SeedQueryTest, margin: float, names: Mapping[str, str] | 
     what = (f"{metric_name(t.metric)} {a} - {b} {t.diff:+.1f} points, 95% interval over seeds and queries "
             f"[{lo:+.1f}, {hi:+.1f}] ({t.n_seeds_a} / {t.n_seeds_b} seeds, {t.n_queries} queries; detectable "
             f"difference {t.detectable:.1f})")
+    fewest = min_queries(confidence)
+    if t.n_queries < fewest or t.se == 0.0:
+        # a bootstrap of a few queries, or of values that do not vary, gives an interval narrower than any test
+        # could: sign flips of n queries reach no two-sided p below 2 ** (1 - n)
+        why = (f"{t.n_queries} test queries are too few for any test at this level (at least {fewest})"
+               if t.n_queries < fewest else "the per-query values do not vary, so their noise cannot be estimated")
+        return {"status": "undecided", "needed": {"seeds": None, "queries": max(fewest, t.n_queries + 1)},
+                "line": f"Undecided: {a} vs {b} ({what}); {why}: run more test queries or seeds."}
     if lo > 0 or hi < 0:
         word = "beats" if t.diff > 0 else "is beaten by"
         return {"status": "decided", "needed": None, "line": f"Decided: {a} {word} {b} ({what})."}

@@ -156,6 +156,18 @@ def test_identical_schemes_with_little_noise_are_equivalent_within_the_margin():
     assert v["status"] == "equivalent" and "+-2 points" in v["line"]
 
 
+@pytest.mark.parametrize("a, b, why", [
+    (np.full((1, 3), 100.0), np.zeros((1, 3)), "3 test queries are too few for any test at this level (at least 6)"),
+    (np.zeros((1, 50)), np.zeros((1, 50)), "the per-query values do not vary"),
+])
+def test_no_verdict_from_a_few_queries_or_values_that_do_not_vary(a, b, why):
+    """A bootstrap of 3 queries all won by a gives the interval [+100, +100], yet no sign-flip test of 3 pairs goes
+    below p = 0.25; 50 queries failed by both give an interval of width 0 that measures no noise."""
+    from gdr.eval.compare import primary_verdict, seed_query_test
+    v = primary_verdict(seed_query_test(a, b, ("gc", "hkmi"), "recall@1"), margin=2.0)
+    assert v["status"] == "undecided" and why in v["line"] and v["line"].startswith("Undecided: gc vs hkmi")
+
+
 def test_seed_noise_widens_the_interval_and_asks_for_more_seeds():
     from gdr.eval.compare import primary_verdict, seed_query_test
     a, b = _schemes(3.0, 6.0, n_seeds=3, n=2000)

@@ -256,6 +256,18 @@ def test_beir_splits_and_nonrelevant(tmp_path, toy):
         load_beir_queries(folder, split="dev")
 
 
+def test_beir_rewritten_with_other_queries_holds_those_only(tmp_path, toy):
+    folder = tmp_path / "b"
+    write_beir(toy, QuerySet("t", ["t1", "e1"], ["one", "two"], [["a"], ["b"]], ["train", "test"]), folder)
+    # the train topics now scored as test topics: the first write's train.tsv must not stay to be trained on
+    write_beir(toy, QuerySet("t", ["t1"], ["one"], [["a"]], ["test"]), folder)
+    assert sorted(p.name for p in (folder / "qrels").iterdir()) == ["test.tsv"]
+    q = load_beir_queries(folder)
+    assert (q.qids, q.splits) == (["t1"], ["test"])
+    write_beir(toy, None, folder)  # documents only: no query file of the earlier writes is left
+    assert not (folder / "queries.jsonl").exists() and not any((folder / "qrels").iterdir())
+
+
 def _beir(tmp_path: Path, corpus: str, queries: str = '{"_id": "q1", "text": "a query"}\n',
           qrels: str = "query-id\tcorpus-id\tscore\nq1\td1\t1\n") -> Path:
     folder = tmp_path / "bad"

@@ -14,7 +14,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from gdr.data.core import (
     Corpus,
@@ -312,11 +312,14 @@ def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLi
     """Write ``corpus`` (and ``queries``, if given) as a BEIR folder; returns the folder.
 
     Files are written atomically. Queries that occur in several splits must have the same
-    text there; relevance scores are the ``grades`` when present, else 1.
+    text there; relevance scores are the ``grades`` when present, else 1. The folder then holds these queries
+    only: a ``queries.jsonl`` or ``qrels/<split>.tsv`` of an earlier write that they do not replace is removed,
+    so that a split of other queries is never read with them.
     """
     folder = Path(folder)
     atomic_write_text(folder / "corpus.jsonl", corpus_jsonl(corpus))
     if queries is None:
+        _remove_stale(folder, keep=())
         return folder
     text_of: dict[str, str] = {}
     for q, t in zip(queries.qids, queries.texts):
@@ -333,5 +336,14 @@ def write_beir(corpus: Corpus, queries: QuerySet | None, folder: str | os.PathLi
         lines.extend(f"{q}\t{_one_line(d, f'doc id {d!r}')}\t{int(x)}" for d, x in zip(queries.relevant[i], g))
     for s, lines in by_split.items():
         atomic_write_text(folder / "qrels" / f"{s}.tsv", "\n".join(lines) + "\n")
+    _remove_stale(folder, keep=("queries.jsonl", *(f"qrels/{s}.tsv" for s in by_split)))
     log.info("wrote BEIR folder %s: %d documents, %d queries", folder, len(corpus), len(text_of))
     return folder
+
+
+def _remove_stale(folder: Path, keep: Sequence[str]) -> None:
+    """Remove the query files of ``folder`` (``queries.jsonl``, ``qrels/<split>.tsv``) not in ``keep``, naming each."""
+    for name in ("queries.jsonl", *(f"qrels/{s}.tsv" for s in SPLIT_ORDER)):
+        if name not in keep and (folder / name).exists():
+            (folder / name).unlink()
+            log.info("%s: removed, left by an earlier write of other queries", folder / name)
