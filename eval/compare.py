@@ -402,9 +402,9 @@ def primary_verdict(t: SeedQueryTest, margin: float, names: Mapping[str, str] | 
     """The run's verdict on its primary test ``t``, by rules fixed before the run: ``decided`` when the two-noise
     interval excludes 0; ``equivalent`` (within +-``margin``) when it lies inside [-margin, margin]; else
     ``undecided``, as it is with fewer queries than any test could decide on (:func:`min_queries`) or values that do
-    not vary (an interval of width 0 measures no noise), with the seeds or test queries that would decide it, had the difference stayed as measured:
-    the standard error that would put the interval off 0 (|diff| / z) or inside the margin ((margin - |diff|) / z),
-    the easier of the two. Returns ``{"status", "line", "needed"}``."""
+    not vary (an interval of width 0 measures no noise), with the seeds or test queries that would decide it, had
+    the difference stayed as measured: the standard error that would put the interval off 0 (|diff| / z) or inside
+    the margin ((margin - |diff|) / z), the easier of the two. Returns ``{"status", "line", "needed"}``."""
     names = names or {}
     a, b = names.get(t.a, t.a), names.get(t.b, t.b)
     lo, hi = t.ci95
