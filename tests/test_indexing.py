@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import zlib
 from pathlib import Path
 
@@ -425,6 +426,71 @@ def test_add_rejects_other_queries(planted, tmp_path):
     new = write_run(tmp_path / "new", x[:2], doc_ids=["a", "b"], qids=[f"other{j}" for j in range(x.shape[1])])
     with pytest.raises(ValueError, match="scored against other queries"):
         add_to_index(out, new, plot=False)
+
+
+@pytest.mark.parametrize("cut_in", ["write_docids", "_update_tree_json", "refresh_manifest_files", "write_manifest"])
+def test_an_add_cut_short_is_undone_by_the_next_which_equals_one_whole_add(planted, tmp_path, monkeypatch, cut_in):
+    """A kill between the rewrites of an add (here: an exception at one of its steps) leaves files of two states;
+    the next add puts the old ones back and adds again, to the bytes of an add never cut."""
+    import gdr.stages.index_add as index_add
+
+    _, x = planted
+    _, whole = _cli_index(tmp_path, x[:200], K=4, c=4)
+    cut = Path(shutil.copytree(whole, tmp_path / "cut"))
+    new = write_run(tmp_path / "new", x[[3, 50, 120]], doc_ids=["n0", "n1", "n2"])
+    index_add.add_to_index(whole, new, plot=False)
+    real = getattr(index_add, cut_in)
+
+    def killed(*args, **kwargs):
+        if cut_in != "write_manifest" or "name" in kwargs:  # write_manifest: the add's own record
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(index_add, cut_in, killed)
+    with pytest.raises(KeyboardInterrupt):
+        index_add.add_to_index(cut, new, plot=False)
+    monkeypatch.setattr(index_add, cut_in, real)
+    index_add.add_to_index(cut, new, plot=False)
+    for name in ("docids.tsv", "tree.json"):
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+    with np.load(cut / "tree_state.npz") as a, np.load(whole / "tree_state.npz") as b:  # a zip stamps its time
+        assert sorted(a.files) == sorted(b.files)
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert sorted(p.name for p in cut.glob("manifest.add-*.json")) == ["manifest.add-1.json"]
+    assert not (cut / index_add.BACKUP_DIR).exists()
+
+
+def test_an_index_folder_of_other_inputs_or_grown_by_an_add_is_refused(planted, tmp_path):
+    from gdr.stages.index import build_index
+    from gdr.stages.index_add import add_to_index
+    from gdr.stages.settings import IndexSettings
+
+    _, x = planted
+    run, out = _cli_index(tmp_path, x[:100], K=4, c=4)
+    gc = {"gc": {"n_init": 2, "n_init_inner": 1}}
+    build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=run)  # as it was
+    with pytest.raises(FileExistsError, match=r"holds an index of other inputs or settings \(leaf_size \(4 -> 5\)\)"):
+        build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 5, **gc}), out, run=run)
+    with pytest.raises(FileExistsError, match="holds a gc index, not a random one"):
+        build_index(IndexSettings.from_config({"method": "random", "n_clusters": 4, "leaf_size": 4}), out, run=run)
+    other = write_run(tmp_path / "other", x[100:150])
+    with pytest.raises(FileExistsError, match=r"other inputs or settings \(doc_ids, queries\)|\(doc_ids\)"):
+        build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=other)
+    add_to_index(out, write_run(tmp_path / "new", x[:2], doc_ids=["a", "b"]), plot=False)
+    with pytest.raises(FileExistsError, match="gdr index add has placed documents into this index"):
+        build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=run)
+    assert len(read_docids(out / "docids.tsv")[0]) == 102
+    (out / "stage.json").write_text("{}")  # a stage of gdr run: grown there, a rerun would drop the additions
+    more = write_run(tmp_path / "more", x[2:4], doc_ids=["c", "d"])
+    with pytest.raises(ValueError, match=r"is a stage of `gdr run`.*out=<new folder>"):
+        add_to_index(out, more, plot=False)
+    add_to_index(out, more, plot=False, out=tmp_path / "grown")  # a copy grows; the stage stays as it was
+    grown = tmp_path / "grown"
+    assert len(read_docids(grown / "docids.tsv")[0]) == 104 and not (grown / "stage.json").exists()
+    assert len(read_docids(out / "docids.tsv")[0]) == 102
+    with pytest.raises(FileExistsError, match="holds files that are not a copy of"):
+        add_to_index(tmp_path / "grown", more, plot=False, out=out)
 
 
 # --- baselines --------------------------------------------------------------------------------------------

@@ -78,12 +78,14 @@ def test_readme_own_corpus_recipes(setup, tmp_path, capsys, monkeypatch):
     index = next((tmp_path / "runs/mine").glob("index-gc-*"))
     assert main(["score", "data=jsonl", "data.path=new.jsonl", "queries_from=runs/mine", "out=runs/mine-new",
                  "progress=false", "threads=1"]) == 0
-    assert main(["index", "add", "run=runs/mine-new", f"index={index.relative_to(tmp_path)}", "plot=false"]) == 0
+    assert main(["index", "add", "run=runs/mine-new", f"index={index.relative_to(tmp_path)}", "out=runs/mine-gc",
+                 "plot=false"]) == 0
     said = capsys.readouterr().out
     assert "added 6 documents" in said
     train = re.search(r"`(gdr train [^`]+)`", said).group(1)  # the command it ends with, on every document
-    assert train == (f"gdr train data=jsonl data.path={index.relative_to(tmp_path)}/documents.jsonl "
-                     f"docids={index.relative_to(tmp_path)}/docids.tsv out_dir=runs/mine-new-train")
+    assert train == ("gdr train data=jsonl data.path=runs/mine-gc/documents.jsonl docids=runs/mine-gc/docids.tsv "
+                     "out_dir=runs/mine-new-train")
+    assert len((index / "docids.tsv").read_text().splitlines()) == 24  # the run's own stage is as it was
     assert main(shlex.split(train)[1:] + _flat(TINY_TRAIN)) == 0
     trained = (tmp_path / "runs/mine-new-train/docids.tsv").read_text().splitlines()
     assert len(trained) == 30 and {x.split("\t")[0] for x in trained} >= {d for d, _ in new}

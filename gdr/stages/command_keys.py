@@ -73,7 +73,8 @@ class IndexKeys:
 
     run: str | None = setting(None, "P-matrix run folder (P.npy, queries.jsonl, doc_ids.json): required for gc; "
                                     "else gives doc ids")
-    out: str | None = setting(None, "output folder (required)")
+    out: str | None = setting(None, "output folder (required); `gdr index add`: a new folder to grow a copy of the "
+                                    "index in (as a `gdr run` stage must be)")
     index: str | None = setting(None, "`gdr index add`: the GC index folder to grow")
 
 

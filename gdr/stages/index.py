@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from gdr.indexing.kmeans import (
 )
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
-from gdr.io import read_jsonl, write_manifest
+from gdr.io import hash_strings, read_jsonl, read_manifest, write_manifest
 from gdr.stages.settings import IndexSettings, index_keys
 from gdr.store import load_run
 
@@ -109,6 +110,8 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
         prun = load_run(run, require_manifest=False).first_queries(cfg.gc.n_queries)
         doc_ids, query_texts = prun.doc_ids, prun.query_texts
+        queries = {k: v for k, v in prun.query_identity().items() if k != "source"}
+        identity = _claim_index_folder(out, _identity(cfg, doc_ids, queries=queries))
         tree = build_gc_index(prun.pmatrix, n_clusters=K, leaf_size=c, options=cfg.gc,
                               seed=int(cfg.seed), workers=int(cfg.workers), progress=bool(cfg.progress))
         tree.meta["queries"] = prun.query_identity()  # what `gdr index add` checks new documents' P against
@@ -131,6 +134,7 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                 if missing:
                     raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")
                 doc_ids, texts = run_ids, [texts[pos[d]] for d in run_ids]
+            identity = _claim_index_folder(out, _identity(cfg, doc_ids, texts=hash_strings(texts)))
             if km.embedding == "tfidf-svd":
                 emb = tfidf_svd_embeddings(texts, int(km.svd_dim), seed=int(cfg.seed))
             else:
@@ -140,6 +144,8 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                 raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
             doc_queries = read_doc_queries(km.doc_queries)
             doc_ids = _doc_ids(cfg, run, load) if (run or load is not None or km.docs) else list(doc_queries)
+            identity = _claim_index_folder(out, _identity(cfg, doc_ids, doc_queries=hash_strings(
+                q for d in doc_ids for q in doc_queries.get(d, ()))))
             emb = query_mean_embeddings(doc_ids, doc_queries, embed_fn)
         tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km.n_init),
                                   max_iter=int(km.max_iter), spherical=bool(km.spherical),
@@ -148,9 +154,11 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         extra.update(embed_model="tfidf-svd" if tfidf else km.embed_model, embedding_dim=int(emb.shape[1]))
     elif cfg.method == "random":
         doc_ids = _doc_ids(cfg, run, load)
+        identity = _claim_index_folder(out, _identity(cfg, doc_ids))
         tree = random_tree(len(doc_ids), K, c, seed=int(cfg.seed), progress=bool(cfg.progress))
     else:
         doc_ids = _doc_ids(cfg, run, load)
+        identity = _claim_index_folder(out, _identity(cfg, doc_ids))
         tree = atomic_codes(len(doc_ids), warn_above=int(cfg.atomic.warn_above))
 
     summary = write_index(out, tree, doc_ids, method=cfg.method, query_texts=query_texts,
@@ -159,5 +167,52 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                           plot=bool(cfg.plot))
     write_manifest(out, command="index", method=cfg.method, n_docs=len(doc_ids), seconds=round(time.time() - t0, 2),
                    depth=summary["depth_max"], n_fallback=summary["n_fallback"],
-                   files=("docids.tsv", "tree.json", "tree_state.npz"), **extra)
+                   files=("docids.tsv", "tree.json", "tree_state.npz"), identity=identity, **extra)
     return summary
+
+
+_INPUTS = ("doc_ids", "queries", "texts", "doc_queries")  # named without their hashes when they differ
+
+
+def _identity(settings: IndexSettings, doc_ids: Sequence[str], **inputs) -> dict:
+    """What an index's ids are a function of: its method, the settings of that method (:func:`index_keys`) and its
+    inputs by content (the documents' ids, and the P columns', texts' or generated queries' hashes)."""
+    c = settings.to_dict()
+    if "kmeans" in c:  # the files it names count by their content, in ``inputs``
+        c["kmeans"] = {k: v for k, v in c["kmeans"].items() if k not in ("docs", "doc_queries")}
+    return json.loads(json.dumps({"method": settings.method,
+                                  "settings": {k: c[k] for k in index_keys()[settings.method]},
+                                  "doc_ids": hash_strings(doc_ids), **inputs}, default=str))
+
+
+def _claim_index_folder(out: Path, identity: dict) -> dict:
+    """Refuse, in one line and before the index is computed, to build into ``out`` over an index of other inputs
+    or settings (naming what differs) or over one that ``gdr index add`` has grown (a rebuild would drop the
+    documents it placed); returns ``identity``, recorded in the manifest. An index of the same identity is rebuilt
+    as it was."""
+    grown = sorted(out.glob("manifest.add-*.json"))
+    if grown:
+        raise FileExistsError(f"{out}: gdr index add has placed documents into this index ({len(grown)} addition(s), "
+                              f"{grown[-1].name}); building over it would drop them: pass another out=, or delete "
+                              f"{out} to build this index there")
+    old = read_manifest(out)
+    if old is None:
+        return identity
+    if old.get("command") != "index":
+        raise FileExistsError(f"{out}/manifest.json is the manifest of `gdr {old.get('command')}`, not of an index: "
+                              "pass another out=")
+    was = old.get("identity")
+    if was is None:
+        log.warning("%s: an index of an earlier gdr, which recorded no identity; building over it", out)
+        return identity
+    if was.get("method") != identity["method"]:
+        raise FileExistsError(f"{out}: holds a {was.get('method')} index, not a {identity['method']} one; pass another "
+                              f"out=, or delete {out} to build this one there")
+    if was != identity:
+        flat = {**{k: v for k, v in was.items() if k != "settings"}, **(was.get("settings") or {})}
+        now = {**{k: v for k, v in identity.items() if k != "settings"}, **identity["settings"]}
+        changed = ", ".join(k if k in _INPUTS else f"{k} ({flat.get(k)!r} -> {now.get(k)!r})"
+                            for k in sorted(set(flat) | set(now)) if flat.get(k) != now.get(k))
+        raise FileExistsError(f"{out}: holds an index of other inputs or settings ({changed}); pass another out=, "
+                              f"or delete {out} to build this one there")
+    return identity

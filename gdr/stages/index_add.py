@@ -12,10 +12,13 @@ import json
 import logging
 import os
 import shlex
+import shutil
 from pathlib import Path
 
 from gdr.data import Corpus, corpus_from_config
 from gdr.data.beir import corpus_jsonl
+from gdr.formats import STAGE_FILE
+from gdr.guard import LOCK_FILE
 from gdr.indexing.add import AddResult, place_documents
 from gdr.indexing.docids import format_code, read_docids, write_docids
 from gdr.indexing.options import GCOptions
@@ -136,14 +139,79 @@ def next_steps(index_dir: str | os.PathLike, run_dir: str | os.PathLike) -> str:
     return f"{head} ({docs.name}, written by this command): `{cmd}`"
 
 
+COPIED_FROM = "copied_from.json"  # written last into a copy an add grows (``out=``): the copy is whole
+
+
+def _copy_index(index_dir: Path, out: Path) -> Path:
+    """``out``, holding a copy of the index in ``index_dir`` (its files but a ``gdr run`` stage's record and lock),
+    made here unless an earlier add made it (a rerun continues in it); a folder holding anything else is refused."""
+    source = str(index_dir.resolve())
+    mark = read_manifest(out, COPIED_FROM) if (out / COPIED_FROM).is_file() else None
+    if mark is not None and mark.get("index") == source:
+        return out
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+        raise FileExistsError(f"out={out} holds files that are not a copy of {index_dir}: pass a new folder")
+    if not (index_dir / "docids.tsv").is_file():
+        raise FileNotFoundError(f"index={index_dir}: no docids.tsv; point index= at a GC index folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in index_dir.iterdir():
+        if f.name not in (STAGE_FILE, LOCK_FILE, BACKUP_DIR) and f.is_file():
+            shutil.copy2(f, out / f.name)
+    atomic_write_json(out / COPIED_FROM, {"index": source})
+    log.info("copied the index %s to %s, which grows", index_dir, out)
+    return out
+
+
+BACKUP_DIR = ".add-backup"  # the files an add rewrites, as they were before it, until it is whole
+_REWRITTEN = ("docids.tsv", "tree_state.npz", "tree.json", "manifest.json")
+_COPIED = "copied"  # written last into BACKUP_DIR: the copies are whole
+
+
+def _back_up(index_dir: Path) -> None:
+    """Copy the files an add rewrites into ``BACKUP_DIR``, then mark the copies whole."""
+    backup = index_dir / BACKUP_DIR
+    shutil.rmtree(backup, ignore_errors=True)
+    backup.mkdir()
+    for name in _REWRITTEN:
+        if (index_dir / name).exists():
+            shutil.copy2(index_dir / name, backup / name)
+    atomic_write_text(backup / _COPIED, "\n".join(n for n in _REWRITTEN if (backup / n).exists()) + "\n")
+
+
+def _undo_interrupted_add(index_dir: Path) -> None:
+    """Put back the files of an add cut short (``BACKUP_DIR`` marked whole), so the index is as it was before it;
+    copies not marked whole are dropped: the add stopped before it rewrote anything."""
+    backup = index_dir / BACKUP_DIR
+    if not backup.is_dir():
+        return
+    if (backup / _COPIED).is_file():
+        for name in (backup / _COPIED).read_text().split():
+            os.replace(backup / name, index_dir / name)
+        for extra in index_dir.glob("manifest.add-*.json"):  # the cut add's own record, if it got that far
+            if read_manifest(index_dir, extra.name).get("n_total") != len(read_docids(index_dir / "docids.tsv")[0]):
+                extra.unlink()
+        log.warning("%s: a gdr index add was cut short; its files are put back as they were before it", index_dir)
+    shutil.rmtree(backup)
+
+
 def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = GCOptions.chunk_rows,
-                 plot: bool = True) -> AddResult:
+                 plot: bool = True, out: str | os.PathLike | None = None) -> AddResult:
     """Add the documents of P-matrix run ``run_dir`` to the GC index in ``index_dir``.
 
     Rewrites ``docids.tsv`` (old lines, then the new ones), ``tree_state.npz``, ``tree.json`` and the
-    summary, each atomically, and writes ``manifest.add-<n>.json``.
+    summary, each atomically, and writes ``manifest.add-<n>.json``. Those files are copied first
+    (:data:`BACKUP_DIR`): an add cut short (a kill) is undone by the next one, which then runs whole.
+
+    ``out``: grow a copy of the index there instead (:func:`_copy_index`), as a ``gdr run`` stage folder must be
+    grown: ``gdr run`` rebuilds a stage whose files changed, which would drop the added documents.
     """
     index_dir = Path(index_dir)
+    if out is not None and Path(out).resolve() != index_dir.resolve():
+        index_dir = _copy_index(index_dir, Path(out))
+    if (index_dir / STAGE_FILE).exists():
+        raise ValueError(f"{index_dir} is a stage of `gdr run`, which rebuilds it (dropping added documents) once its "
+                         f"files change: grow a copy of it, `gdr index add ... index={index_dir} out=<new folder>`")
+    _undo_interrupted_add(index_dir)
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")  # of the current format (gdr.upgrade.refuse_format_0_gc_index)
     run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
@@ -155,7 +223,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
         raise ValueError(f"doc id {dup!r} of {run.path / 'doc_ids.json'} is already in {index_dir / 'docids.tsv'}; "
                          "drop already indexed documents from the new run")
     codes, stats = place_documents(st, run.pmatrix, chunk_rows=chunk_rows)
-    # state first: if we die before docids.tsv is rewritten, a retry uses fresh positions (gaps, no clashes)
+    _back_up(index_dir)
     save_tree_state(index_dir / "tree_state.npz", st)
     write_docids(index_dir / "docids.tsv", old_ids + run.doc_ids, old_codes + codes)
     nodes = _update_tree_json(index_dir / "tree.json", codes)
@@ -165,6 +233,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     n_prev = len(list(index_dir.glob("manifest.add-*.json")))
     write_manifest(index_dir, name=f"manifest.add-{n_prev + 1}.json", command="index add", run=str(run.path),
                    n_added=len(codes), n_total=len(old_codes) + len(codes), **stats)
+    shutil.rmtree(index_dir / BACKUP_DIR)  # the add is whole: nothing to undo
     log.info("added %d documents to %s (%d redirected from a full leaf, %d new leaves)", len(codes), index_dir,
              stats["n_redirected"], stats["n_new_leaves"])
     return AddResult(doc_ids=list(run.doc_ids), codes=codes, **stats)

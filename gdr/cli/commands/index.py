@@ -43,17 +43,19 @@ def index_main(argv: list[str]) -> int:
 
 
 def add_main(argv: list[str]) -> int:
-    """``gdr index add run=<P-matrix run of new documents> index=<GC index folder>``."""
+    """``gdr index add run=<P-matrix run of new documents> index=<GC index folder> [out=<folder for a grown copy>]``."""
     cfg, show = _compose(list(argv))
     if show:
         return 0
     if not cfg.run or not cfg.index:
-        raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder>")
-    claim_out("index add", cfg)  # the index folder is rewritten
+        raise ValueError("usage: gdr index add run=<P-matrix run of the new documents> index=<GC index folder> "
+                         "[out=<a new folder: grow a copy of the index there>]")
+    claim_out("index" if cfg.out else "index add", cfg)  # the folder that is rewritten: the copy, or the index
     refuse_format_0_gc_index(cfg.index)
 
-    res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot))
-    print(f"added {len(res.codes)} documents to {cfg.index} ({res.n_redirected} redirected from full leaves, "
+    res = add_to_index(cfg.index, cfg.run, chunk_rows=int(cfg.gc.chunk_rows), plot=bool(cfg.plot), out=cfg.out)
+    grown = cfg.out or cfg.index
+    print(f"added {len(res.codes)} documents to {grown} ({res.n_redirected} redirected from full leaves, "
           f"{res.n_new_leaves} new leaves)")
-    print(next_steps(cfg.index, cfg.run))
+    print(next_steps(grown, cfg.run))
     return 0
