@@ -102,6 +102,20 @@ def test_gdr_score_refuses_the_queries_of_a_model_changed_in_place(setup, tmp_pa
     assert "queries.manifest.json was written with different settings (lm)" in err
 
 
+def test_a_refused_score_or_sample_leaves_the_folders_config_as_its_files_were_made(setup, tmp_path, capsys):
+    model, folder = setup
+    out = tmp_path / "p"
+    common = [f"data.name={folder}", f"model.name={model}", "sample.n_queries=8", "sample.max_new_tokens=6",
+              "progress=false", "threads=1", f"out={out}"]
+    assert main(["score", *common, "model.max_doc_tokens=24"]) == 0
+    for command, name in (("score", "score.config.yaml"), ("sample", "sample.config.yaml")):
+        saved = (out / name).read_bytes() if (out / name).exists() else None
+        assert main([command, *common, "model.max_doc_tokens=32"]) != 0  # the folder's P is of 24 tokens
+        assert "was written with different settings" in capsys.readouterr().err
+        assert ((out / name).read_bytes() if (out / name).exists() else None) == saved, command
+    assert "max_doc_tokens: 24" in (out / "score.config.yaml").read_text()
+
+
 def test_moving_a_collection_and_its_model_reruns_no_stage(setup, tmp_path, capsys):
     model, folder = setup
     out = tmp_path / "run"

@@ -2,20 +2,21 @@
 the composed config's sections into the stages' settings."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from gdr.config import command_config, save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.data.splits import split_queries
-from gdr.guard import claim_out
+from gdr.guard import LOCK_FILE, claim_out
 from gdr.stages.settings import LMSettings
 from gdr.validate import validate
 
-__all__ = ["compose", "corpus_and_queries", "lm_settings", "section", "override_keys", "in_section",
+__all__ = ["compose", "config_saved", "corpus_and_queries", "lm_settings", "section", "override_keys", "in_section",
            "without_section"]
 
 
@@ -44,15 +45,26 @@ def lm_settings(cfg):
                                 threads=cfg.get("threads"))
 
 
-def corpus_and_queries(cfg, save: bool = True):
-    """``gdr train`` / ``gdr evaluate``: make ``out_dir`` and save the config into it (unless not ``save``), then
-    load the corpus and the query split the command names. Returns (config as a dict, out folder, corpus, queries
-    or None)."""
+@contextlib.contextmanager
+def config_saved(cfg, out: str | Path, name: str = "config.yaml", write: bool = True) -> Iterator[None]:
+    """Save ``cfg`` into ``out`` as ``name`` around a command's work that may be refused (a folder of other inputs):
+    at once only into a new folder (nothing in it but its lock), so that it says what it is being built from, and
+    again when the work is done. A refused command leaves the folder's configs as they were, still those its files
+    were made with. ``write``: False on a process that writes no config (a launched rank > 0)."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if write and all(p.name == LOCK_FILE for p in Path(out).iterdir()):
+        save_config(cfg, out, name)
+    yield
+    if write:
+        save_config(cfg, out, name)
+
+
+def corpus_and_queries(cfg):
+    """``gdr train`` / ``gdr evaluate``: make ``out_dir``, then load the corpus and the query split the command names.
+    Returns (config as a dict, out folder, corpus, queries or None)."""
     c = to_container(cfg)
     out = Path(c["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    if save:
-        save_config(cfg, out)
     corpus = corpus_from_config(c["data"])
     qs = split_queries(c["queries"], c["data"], set(corpus.doc_ids), c["data"].get("docs_tsv"))
     return c, out, corpus, qs

@@ -1,7 +1,7 @@
 """``gdr evaluate``: :func:`gdr.stages.evaluate.evaluate_model` on a trained retriever and a query set."""
 from __future__ import annotations
 
-from gdr.cli.common import compose, corpus_and_queries
+from gdr.cli.common import compose, config_saved, corpus_and_queries
 from gdr.stages.evaluate import evaluate_model
 from gdr.stages.settings import EvaluateSettings
 from gdr.stages.train import check_not_trained_on, trained_splits
@@ -23,8 +23,10 @@ def evaluate_main(argv: list[str]) -> int:
     if qs is None or len(qs) == 0:
         raise SystemExit(f"gdr evaluate: no {c['queries']['split']!r} queries with relevant documents "
                          f"for {c['data']['name']}; set queries.name / queries.split")
-    _, table = evaluate_model(c["run_dir"], corpus, qs, out, EvaluateSettings.from_config({k: c[k] for k in _SETTINGS}),
-                              split=c["queries"]["split"],
-                              on_train_split=allow and c["queries"]["split"] in trained_splits(c["run_dir"]))
+    with config_saved(cfg, out):
+        _, table = evaluate_model(c["run_dir"], corpus, qs, out,
+                                  EvaluateSettings.from_config({k: c[k] for k in _SETTINGS}),
+                                  split=c["queries"]["split"],
+                                  on_train_split=allow and c["queries"]["split"] in trained_splits(c["run_dir"]))
     print(table, end="")
     return 0

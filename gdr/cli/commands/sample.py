@@ -6,8 +6,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from gdr.cli.common import compose, in_section, lm_settings, override_keys, section, without_section
-from gdr.config import save_config, to_container
+from gdr.cli.common import compose, config_saved, in_section, lm_settings, override_keys, section, without_section
+from gdr.config import to_container
 from gdr.data import corpus_from_config
 from gdr.device import dist_info
 from gdr.stages import score
@@ -24,14 +24,14 @@ def sample_main(argv: list[str]) -> int:
     cfg = compose("sample", argv)
     corpus = corpus_from_config(to_container(cfg.data))
     lm = lm_settings(cfg).build()
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    save_config(cfg, cfg.out, "sample.config.yaml")
     s = SampleSettings.from_config(section(cfg, "sample"))
     if s.per_doc:
-        path = sample_doc_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
+        with config_saved(cfg, cfg.out, "sample.config.yaml"):
+            path = sample_doc_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
         log.info("%d queries per document in %s", s.per_doc, path)
         return 0
-    rows = sample_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
+    with config_saved(cfg, cfg.out, "sample.config.yaml"):
+        rows = sample_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
     for r in rows[:5]:
         log.info("sample query from %s: %s", r["source_doc_id"], r["text"])
     log.info("%d queries in %s", len(rows), Path(cfg.out) / "queries.jsonl")
@@ -44,14 +44,12 @@ def score_main(argv: list[str]) -> int:
         _model_of_run(cfg)
     corpus = corpus_from_config(to_container(cfg.data))
     check_corpus("score", cfg, corpus)  # P's size, before the model loads
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    if dist_info()[0] == 0:
-        save_config(cfg, cfg.out, "score.config.yaml")
-    score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_config(section(cfg, "sample")),
-                       ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress,
-                       queries_from=cfg.get("queries_from"),
-                       resample=score.sample_command(cfg.out, without_section(argv, "score")),
-                       reuse_from=_reuse_from(cfg))
+    with config_saved(cfg, cfg.out, "score.config.yaml", write=dist_info()[0] == 0):
+        score.score_corpus(corpus, lm_settings(cfg), cfg.out, SampleSettings.from_config(section(cfg, "sample")),
+                           ScoreSettings.from_config(section(cfg, "score")), progress=cfg.progress,
+                           queries_from=cfg.get("queries_from"),
+                           resample=score.sample_command(cfg.out, without_section(argv, "score")),
+                           reuse_from=_reuse_from(cfg))
     return 0
 
 

@@ -11,7 +11,7 @@ from gdr.upgrade import refuse_format_0_training
 def train_main(argv: list[str]) -> int:
     # a bad docids.tsv or generated-queries file is refused before out_dir is made (it held only config.yaml)
     cfg = compose("train", argv, before_claim=lambda cfg: check_train_inputs(cfg.docids, cfg.get("generated")))
-    c, out, corpus, qs = corpus_and_queries(cfg, save=False)
+    c, out, corpus, qs = corpus_and_queries(cfg)
     settings = TrainSettings.from_config({k: c[k] for k in ("examples", "model", "model_presets", "optim", "trainer",
                                                           "seed")})
     refuse_format_0_training(out, bool(settings.trainer.resume))
