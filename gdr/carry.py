@@ -23,6 +23,7 @@ import gzip
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tarfile
@@ -216,6 +217,20 @@ class _Pieces:
         return self.pieces
 
 
+NEW_PACK = ".gdr-pack.new"  # a pack being written, inside OUTDIR until it is whole
+
+
+def _refuse_another_runs_pack(out: Path, root: Path) -> None:
+    """Refuse ``out`` when it holds the pack of a run of another name: a new pack replaces only its own run's."""
+    try:
+        old = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):  # none (or damaged: one of this run's, cut short, is replaced)
+        return
+    if isinstance(old, dict) and old.get("run") not in (None, root.name):
+        raise ValueError(f"{out}: holds the pack of run {old['run']!r}, not of {root.name!r}; pass another OUTDIR, "
+                         f"or delete its {MANIFEST} and {PIECE_PREFIX}* files first")
+
+
 def _clear_pack(outdir: Path) -> None:
     """Remove an earlier pack's manifest and pieces from ``outdir`` (nothing else)."""
     (outdir / MANIFEST).unlink(missing_ok=True)
@@ -233,9 +248,10 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
     out = Path(outdir).expanduser()
     if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
         raise ValueError(f"{outdir}: the pack goes outside the run folder {run}; pass another OUTDIR")
+    if not (math.isfinite(piece_mib) and piece_mib * _MIB >= 1 and int(max_pieces) > 0):
+        raise ValueError(f"piece_mib={piece_mib} (--piece-mib), max_pieces={max_pieces} (--max-pieces): both must be "
+                         "positive (a piece of at least a byte)")
     piece, n_max = int(piece_mib * _MIB), int(max_pieces)
-    if piece <= 0 or n_max <= 0:
-        raise ValueError(f"piece_mib={piece_mib}, max_pieces={max_pieces}: both must be positive")
     with holding(root, "RUN"):
         left = prunable(root)
         if left and not prune:
@@ -249,9 +265,11 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
             log.info("gdr pack: pruned %d evaluated retrievers first (--prune)", len(pruned))
         files = _pack_files(root)
         total = sum(p.stat().st_size for p in files)
-        out.mkdir(parents=True, exist_ok=True)
-        _clear_pack(out)
-        stream = _Pieces(out, piece, n_max)
+        _refuse_another_runs_pack(out, root)
+        new = out / NEW_PACK  # the pack is written here, and replaces an earlier one only once it is whole
+        shutil.rmtree(new, ignore_errors=True)
+        new.mkdir(parents=True)
+        stream = _Pieces(new, piece, n_max)
         try:
             with gzip.GzipFile(fileobj=stream, mode="wb", compresslevel=6, mtime=0) as gz, \
                     tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -260,7 +278,7 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
             pieces = stream.close()
         except _PackTooLarge:
             stream.close()
-            _clear_pack(out)
+            shutil.rmtree(new)
             raise ValueError(f"{run}: its pack does not fit in {n_max} pieces of {piece_mib:g} MiB "
                              f"({n_max * piece / _MIB:.0f} MiB): the run's files hold {total / _MIB:.1f} MiB "
                              f"({_largest(root, files)}); prune it (`gdr prune`), pack a run of fewer stages, or "
@@ -268,7 +286,11 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
         manifest = {"format": FORMAT, "kind": "gdr pack", "run": root.name, "files": len(files), "bytes": total,
                     "piece_bytes": piece, "pieces": pieces, "pruned_first": pruned,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        atomic_write_json(out / MANIFEST, manifest)
+        _clear_pack(out)
+        for p in sorted(new.iterdir()):
+            os.replace(p, out / p.name)
+        new.rmdir()
+        atomic_write_json(out / MANIFEST, manifest)  # last: the pack is whole
     packed = sum(p["bytes"] for p in pieces)
     log.info("gdr pack: %s: %d files, %.1f MiB, in %d pieces (%.1f MiB) and %s in %s", run, len(files), total / _MIB,
              len(pieces), packed / _MIB, MANIFEST, out)

@@ -142,6 +142,25 @@ def test_pack_refuses_an_unpruned_run_and_one_too_large(tiny_run, seed0, tmp_pat
     assert not (tmp_path / "dest").exists()
 
 
+def test_a_refused_pack_leaves_the_earlier_pack_whole_and_another_runs_pack_is_refused(seed0, tmp_path, capsys):
+    out = _copy(seed0, tmp_path)
+    prune_run(out)
+    man = pack_run(out, tmp_path / "p", piece_mib=0.25, max_pieces=64)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "p").iterdir()}
+    with pytest.raises(ValueError, match="does not fit in 2 pieces"):
+        pack_run(out, tmp_path / "p", piece_mib=0.01, max_pieces=2)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "p").iterdir()} == before  # still unpacks
+    other = out.parent / "other-run"
+    shutil.copytree(out, other)
+    with pytest.raises(ValueError, match=f"holds the pack of run {out.name!r}, not of 'other-run'"):
+        pack_run(other, tmp_path / "p")
+    assert json.loads((tmp_path / "p" / MANIFEST).read_text()) == man
+    capsys.readouterr()
+    for bad in ("inf", "nan", "0"):
+        assert main(["pack", str(out), str(tmp_path / "q"), "--piece-mib", bad]) == 2
+        assert f"argument --piece-mib: {bad}: must be a number > 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_run_carried_to_another_folder_trains_only_its_new_seeds(tiny_run, seed0, tmp_path, capsys, monkeypatch):
     """Done when (issue 47): seeds [0], prune, pack (every piece <= 16 MiB), unpack elsewhere, seeds [0, 1]: only

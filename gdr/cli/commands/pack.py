@@ -7,6 +7,7 @@ import argparse
 
 from gdr.carry import MANIFEST, MAX_PIECES, PIECE_MIB, pack_run, unpack_run
 from gdr.cli import HELP
+from gdr.rules import POSITIVE, number, option_type
 
 
 def pack_main(argv: list[str]) -> int:
@@ -19,8 +20,10 @@ def pack_main(argv: list[str]) -> int:
     ap.add_argument("target", help="the folder the pieces go to (with --unpack: DEST, a new or empty folder)")
     ap.add_argument("--prune", action="store_true", help="prune the run first (gdr prune) instead of refusing it")
     ap.add_argument("--unpack", action="store_true", help="check the pieces in SOURCE and rebuild the run at TARGET")
-    ap.add_argument("--piece-mib", type=float, default=PIECE_MIB, help="the most MiB of one piece")
-    ap.add_argument("--max-pieces", type=int, default=MAX_PIECES, help="the most pieces; a larger run is refused")
+    ap.add_argument("--piece-mib", type=option_type(number(0), float), default=PIECE_MIB,
+                    help="the most MiB of one piece")
+    ap.add_argument("--max-pieces", type=option_type(POSITIVE), default=MAX_PIECES,
+                    help="the most pieces; a larger run is refused")
     args = ap.parse_args(argv)
     if args.unpack:
         man = unpack_run(args.source, args.target)
