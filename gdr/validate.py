@@ -371,12 +371,21 @@ def _hydra_line(exc: BaseException) -> str:
 
 
 def _with_override(line: str, argv: Sequence[str]) -> str:
-    """Name the command-line argument a message quotes (`'[1'`, `'nope'`) when the message does not."""
-    for quoted in re.findall(r"'([^']+)'", line):
-        arg = next((a for a in argv if quoted in a), None)
-        if arg is not None:
-            return line if arg in line else f"{arg}: {line}"
-    return line
+    """Name the command-line argument a message quotes (`'[1'`, `'nope'`, `'experiment/bcc'`) when the message does
+    not: an argument whose key, value or ``group/value`` is a quoted word first, else one that holds a quoted word
+    (so `In 'run': Could not find 'experiment/bcc'` names `+experiment=bcc`, not `out=runs/x`)."""
+    quoted = re.findall(r"'([^']+)'", line)
+
+    def names(a: str) -> set[str]:
+        key, _, value = a.partition("=")
+        key = key.lstrip("+~")
+        return {a, key, value, f"{key}/{value}"}
+
+    arg = next((a for q in quoted for a in argv if q in names(a)), None)
+    arg = arg or next((a for q in quoted for a in argv if q in a), None)
+    if arg is None:
+        return line
+    return line if arg in line else f"{arg}: {line}"
 
 
 def error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,20 @@ def test_run_help_lists_every_setting_of_the_chosen_data_group(capsys, option):
     if option == "trec":
         lines = {ln.split(" = ")[0].strip(): ln for ln in out.splitlines() if " = " in ln}
         assert "= [TEXT]" in lines["data.text_fields"] and "= trec" in lines["data.name"]
+
+
+def test_a_misspelt_experiment_is_named_not_the_argument_whose_path_holds_a_quoted_word(capsys):
+    """Hydra's message quotes 'run' (the config) and 'experiment/bcc': the argument named is +experiment=bcc, not
+    out=runs/bbc, which holds 'run'."""
+    assert main(["run", "+experiment=bcc", "out=runs/bbc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gdr run: error: +experiment=bcc: In 'run': Could not find 'experiment/bcc'"), err
+
+
+def test_the_help_example_runs(capsys):
+    assert main(["--help"]) == 0
+    command, *overrides = re.search(r"e\.g\. `gdr (cluster [^`]+)`", capsys.readouterr().out).group(1).split()
+    assert load_config(command, overrides).sample.n_queries == 64  # every key exists (Hydra refuses one that does not)
 
 
 def test_help_with_an_option_that_does_not_exist_says_so_in_one_line(capsys):

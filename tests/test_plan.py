@@ -346,6 +346,9 @@ def test_free_gb_resolves_the_batch_and_the_retrievers_at_once_as_the_run_did(ca
     assert "batch 1024 (auto)" in basis and "1 at once" not in basis
     assert main(["plan", "+experiment=bbc", "free_gb=lots"]) == 2
     assert "free_gb='lots'" in capsys.readouterr().err
+    for bad in ("-3", "0", "nan", "inf"):  # no plan for memory that cannot be
+        assert main(["plan", "+experiment=bbc", f"free_gb={bad}"]) == 2
+        assert f"free_gb='{bad}': must be a number > 0" in capsys.readouterr().err
 
 
 def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_its_fold(tmp_path):

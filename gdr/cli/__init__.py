@@ -1,7 +1,7 @@
 """The ``gdr`` command: one sub-command per pipeline stage.
 
 Each sub-command is ``module:function`` (:mod:`gdr.cli.commands`); the function takes the remaining argv
-(Hydra-style overrides such as ``data=r5 score.n_queries=64``), composes its config
+(Hydra-style overrides such as ``data=r5 sample.n_queries=64``), composes its config
 from ``conf/``, validates it (:mod:`gdr.validate`) and calls the library (:mod:`gdr.stages`,
 :mod:`gdr.pipeline`) with plain typed settings. Modules are imported lazily so ``gdr --help`` stays fast.
 
@@ -62,7 +62,7 @@ HELP = {
 def _usage() -> str:
     lines = ["usage: gdr <command> [key=value ...]", "", "commands:"]
     lines += [f"  {name:<9} {HELP[name]}" for name in COMMANDS]
-    lines += ["", "Overrides use Hydra's grammar, e.g. `gdr cluster data=r5 score.n_queries=64`;",
+    lines += ["", "Overrides use Hydra's grammar, e.g. `gdr cluster data=r5 sample.n_queries=64`;",
               "`gdr <command> --cfg` prints the composed config and exits;",
               "`--debug` shows the full traceback of an error instead of its one-line message;",
               "`--verbose` shows other libraries' INFO lines (faiss, Lightning, transformers' load reports)."]

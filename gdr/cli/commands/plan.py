@@ -17,6 +17,7 @@ copy when installed), which the plan of that device reads."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -54,7 +55,10 @@ def plan_main(argv: list[str]) -> int:
             try:
                 free = float(value) * 1e9
             except ValueError:
-                raise SystemExit(f"free_gb={value!r}: the GB of device memory free when training starts") from None
+                free = None
+            if free is None or not math.isfinite(free) or free <= 0:
+                raise SystemExit(f"free_gb={value!r}: must be a number > 0, the GB of device memory free when training "
+                                 "starts")
         elif key == "gpus":
             gpus = value
         else:
