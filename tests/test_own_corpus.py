@@ -76,6 +76,20 @@ def test_files_of_documents_load_the_same_way_everywhere(files, capsys):
     assert split_queries({"name": "jsonl", "split": "train"}, data, set(a.doc_ids)) is None
 
 
+def test_a_spreadsheets_tsv_a_qrels_file_of_any_name_and_a_missing_file_of_documents(tmp_path):
+    from gdr.data.files import load_file_queries
+
+    tsv = tmp_path / "bom.tsv"
+    tsv.write_text("id\ttext\nd1\thello world\nd2\tgood bye\n", encoding="utf-8-sig")  # Excel's "CSV UTF-8"
+    assert load_corpus(str(tsv)).doc_ids == ["d1", "d2"]
+    (tmp_path / "q.jsonl").write_text('{"_id": "q0", "text": "hello"}\n')
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td1\t1\n")  # BEIR's form, not a split's name
+    qs = load_file_queries(tmp_path / "q.jsonl", tmp_path / "qrels.tsv", doc_ids=["d1", "d2"])
+    assert (qs.qids, qs.splits, qs.relevant) == (["q0"], ["test"], [["d1"]])
+    with pytest.raises(ValueError, match=r"corpus '.*nofile\.jsonl': no such file"):
+        load_corpus(str(tmp_path / "nofile.jsonl"))
+
+
 def test_in_memory_corpora_from_texts_pandas_and_datasets():
     import datasets
     import pandas as pd

@@ -236,7 +236,8 @@ def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.P
         what = (f"corpus {name!r} is a file, but not a .jsonl or .tsv file of documents nor TREC SGML"
                 f"{format_hint(name)}" if Path(name).is_file() else
                 f"corpus {name!r} is a folder without corpus.jsonl (not a BEIR folder) nor TREC SGML files"
-                if Path(name).is_dir() else f"unknown corpus {name!r}")
+                if Path(name).is_dir() else
+                f"corpus {name!r}: no such file" if file_format(name) else f"unknown corpus {name!r}")
         raise ValueError(f"{what}; choose one of {', '.join(CORPORA)}, or pass the path of a BEIR folder, of a "
                          ".jsonl / .tsv file of documents or of TREC SGML documents")
     return name, path

@@ -55,6 +55,7 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
         cols = line.split("\t")
         if header is None:
             header = [c.strip() for c in cols]
+            header[0] = header[0].removeprefix("\ufeff")  # the byte order mark of a spreadsheet's "UTF-8" export
             continue
         if len(cols) != len(header):
             raise DataError(f"{path}:{lineno}: {len(cols)} tab-separated columns, the header line has {len(header)} "
@@ -145,8 +146,8 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
     else:
         q = require_file(q, "qrels file", "pass data.qrels=<split>.tsv (e.g. test.tsv) or a folder of them")
         stem = q.name.removesuffix(".gz").rsplit(".", 1)[0]
-        if stem not in SPLIT_ORDER and sniff(q) == "trec-qrels":
-            log.info("%s: trec_eval qrels not named after a split (train, dev, test): read as the test split", q)
+        if stem not in SPLIT_ORDER:  # one file of judgements, in either format, is the test split
+            log.info("%s: qrels not named after a split (train, dev, test): read as the test split", q)
             stem = "test"
         files = {stem: q}
     if split is not None:
