@@ -157,6 +157,21 @@ def test_query_ids_add_their_splits_and_their_judged_documents(toy):
         validate("run", load_config("run", ["data=irds", f"data.id={toy}", f"data.query_ids=[{TOY}/tset]"]))
 
 
+def test_files_that_do_not_come_are_one_line_naming_the_id(toy, tmp_path):
+    """ir_datasets fetches a collection's files on first use: without a network that is an OSError deep in requests
+    (here, a local file that is not there), which is said in one line naming the id and the way out."""
+    from ir_datasets.datasets.base import Dataset
+    from ir_datasets.formats import TsvDocs
+    from ir_datasets.util import LocalDownload
+
+    gone = f"{TOY}-unreachable"
+    if gone not in ir_datasets.registry._registered:
+        ir_datasets.registry.register(gone, Dataset(TsvDocs(LocalDownload(tmp_path / "nowhere.tsv"), doc_cls=ToyDoc)))
+    with pytest.raises(DataError, match=rf"ir_datasets id '{gone}': its files could not be read or downloaded "
+                                        r"\(\w+Error: .*IR_DATASETS_HOME"):
+        gdr.load_corpus(f"irds:{gone}")
+
+
 def test_without_ir_datasets_the_error_names_the_extra(toy, monkeypatch):
     monkeypatch.setitem(sys.modules, "ir_datasets", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"data=irds needs ir_datasets: pip install 'gdr\[irds\]'"):

@@ -18,6 +18,7 @@ reads it from there; gdr reads its documents, queries and qrels through it and k
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 from typing import Any
 
@@ -97,6 +98,22 @@ def _judged(datasets, min_relevance: int) -> tuple[set[str], set[str]]:
     return relevant, judged
 
 
+def _fetched(load):
+    """``load`` with its collection's files failing to come (ir_datasets downloads them on first use; without a
+    network, or with the server down, that is an OSError, as requests' errors are) as one line naming the id."""
+    @functools.wraps(load)
+    def inner(dataset_id: str, *args, **kwargs):
+        try:
+            return load(dataset_id, *args, **kwargs)
+        except OSError as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise DataError(f"ir_datasets id {dataset_id!r}: its files could not be read or downloaded "
+                            f"({type(e).__name__}: {first}); check the network, or fetch them on a machine that has "
+                            "one and copy its $IR_DATASETS_HOME (default ~/.ir_datasets) here") from e
+    return inner
+
+
+@_fetched
 def load_irds(dataset_id: str, *, n_docs: int | None = None, seed: int = DataOptions.seed, on_empty: str = "error",
               min_relevance: int = DataOptions.min_relevance, judged_by: tuple[str, ...] | list[str] = ()) -> Corpus:
     """The documents of ir_datasets' ``dataset_id`` (all, or ``n_docs`` of them, judged ones first: judged by the
@@ -176,6 +193,7 @@ def load_irds_query_sets(dataset_id: str, query_ids=(), *, query_field: str | No
                           "filtered": {"no_relevant": sum(qs.info["filtered"]["no_relevant"] for qs in sets)}})
 
 
+@_fetched
 def load_irds_queries(dataset_id: str, *, query_field: str | None = None,
                       min_relevance: int = DataOptions.min_relevance) -> QuerySet:
     """The queries of ``dataset_id`` that have a relevant judgement, in the split the id names (:func:`irds_split`),
