@@ -109,6 +109,11 @@ def test_in_memory_corpora_from_texts_pandas_and_datasets():
         Corpus.from_texts(["x", "y"], ids=["a", "a"])
     with pytest.raises(TypeError, match="texts: got str; pass a list of document strings"):
         Corpus.from_texts("one long string")
+    # what is given in memory is fixed there: no option of a loader, no path to check
+    with pytest.raises(DataError, match=r"^texts row 1: document '1' has empty text; give it a text or leave it out"):
+        Corpus.from_texts(["a b", " "])
+    with pytest.raises(DataError, match=r"^texts: no documents given; pass at least one$"):
+        Corpus.from_texts([])
 
 
 def test_api_refuses_what_is_not_a_corpus_before_a_model_loads(nothing_loads, tmp_path):

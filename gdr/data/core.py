@@ -197,12 +197,14 @@ class DocTable:
         (counted in ``info["filtered"]["empty_text"]``), keep it as is (ids listed in
         ``info["empty_text"]``) or use its title as text (ids in ``info["text_from_title"]``;
         an error when the title is empty too).
+    in_memory : the documents were given as Python objects (``Corpus.from_texts`` ...), not read from files: the
+        errors say to fix the list, not the path or the loader's options.
     """
 
-    def __init__(self, on_empty: str = "error"):
+    def __init__(self, on_empty: str = "error", in_memory: bool = False):
         if on_empty not in ON_EMPTY:
             raise ValueError(f"on_empty={on_empty!r}; use one of {ON_EMPTY}")
-        self.on_empty = on_empty
+        self.on_empty, self.in_memory = on_empty, in_memory
         self.doc_ids: list[str] = []
         self.texts: list[str] = []
         self.titles: list[str | None] = []
@@ -239,6 +241,9 @@ class DocTable:
                 self.text_from_title.append(doc_id)
             else:
                 extra = " and no title" if self.on_empty == "title" else ""
+                if self.in_memory:
+                    raise DataError(f"{where}: document {doc_id!r} has empty text{extra}; give it a text or leave it "
+                                    "out of what you pass")
                 raise DataError(
                     f"{where}: document {doc_id!r} has empty text{extra}; fill it in or delete the record, "
                     "or add ++data.on_empty=drop to the command to skip such documents (counted in "
@@ -254,7 +259,8 @@ class DocTable:
     def build(self, name: str, source: str, info: dict | None = None) -> "Corpus":
         """The finished :class:`Corpus`; empty title/label columns become ``None``."""
         if not self.doc_ids:
-            raise DataError(f"{source}: no documents were read; check that the path points at the data")
+            raise DataError(f"{source}: no documents given; pass at least one" if self.in_memory else
+                            f"{source}: no documents were read; check that the path points at the data")
         info = dict(info or {})
         info.setdefault("source", source)
         filtered = Counter(info.get("filtered", {}))
@@ -612,7 +618,7 @@ class Corpus:
     def _checked(cls, name, ids, texts, titles, labels, info) -> "Corpus":
         """Through :class:`DocTable`, so that an empty id, a duplicate or an empty text is refused as a loader
         refuses it, naming the row."""
-        table = DocTable(on_empty="error")
+        table = DocTable(on_empty="error", in_memory=True)
         for i, d in enumerate(ids):
             table.add(d, texts[i], title=None if titles is None else titles[i],
                       label=None if labels is None else labels[i], where=f"{name} row {i}")
