@@ -105,6 +105,8 @@ def test_trec_documents_with_real_quirks(collection, caplog):
     ("<DOC>\n<DOCNO>a</DOCNO><TEXT>x</TEXT></DOC>\n<DOC><DOCNO>a</DOCNO><TEXT>y</TEXT></DOC>\n",
      r"bad\.sgml:3: duplicate doc_id 'a' \(first seen at .*bad\.sgml:1\)"),
     ("<DOC><DOCNO>a</DOCNO><TEXT>caf\xe9</TEXT></DOC>\n", r"bad\.sgml:1: byte .* data\.encoding=latin-1"),
+    ("<DOC>\n<DOCNO> A1 </DOCNO>\n<TEXT>hello world\n</DOC>\n",  # not an empty document: its field is unclosed
+     r"bad\.sgml:1: document 'A1' opens <TEXT> 1 time\(s\) and closes it 0; close each field \(</TEXT>\)"),
 ])
 def test_bad_trec_documents_name_the_line_and_the_fix(tmp_path, text, message):
     (tmp_path / "bad.sgml").write_bytes(text.encode("latin-1"))

@@ -236,6 +236,7 @@ def load_trec(path: str | os.PathLike | Sequence[str | os.PathLike], *, text_fie
                          f"{problem}")
     text_fields, title_fields = list(text_fields), list(title_fields or ())
     has_field = re.compile(rf"<({'|'.join(map(re.escape, text_fields))})[\s>]", re.I)
+    closes = re.compile(rf"</({'|'.join(map(re.escape, text_fields))})\s*>", re.I)
     table = DocTable(on_empty=on_empty)
     files = trec_files(path)
     from_body = 0
@@ -246,6 +247,11 @@ def load_trec(path: str | os.PathLike | Sequence[str | os.PathLike], *, text_fie
             where = f"{file}:{line}"
             doc_id = _docno(file, line, body)
             if has_field.search(body):
+                opened, closed = len(has_field.findall(body)), len(closes.findall(body))
+                if opened != closed:
+                    raise DataError(f"{where}: document {doc_id!r} opens <{'>, <'.join(text_fields)}> {opened} "
+                                    f"time(s) and closes it {closed}; close each field (</{text_fields[0]}>) before "
+                                    "</DOC>")
                 text = " ".join(_fields(body, text_fields))
             else:
                 text, from_body = _body(body, title_fields), from_body + 1
