@@ -716,6 +716,14 @@ def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, cap
     assert len(lines) == 20 * 10 and lines[0].split()[1] == "Q0"
     assert (ev / "qrels.txt").exists() and (ev / "metrics.md").exists() and (ev / "manifest.json").exists()
     assert "trained_on_this_split" not in m
+    # the same evaluation again is written over; one of other settings or queries into that folder is refused, and the
+    # folder keeps its figures and its config
+    assert main(["evaluate", *common, f"run_dir={run}", f"out_dir={ev}", "k=10", "beam=10"]) == 0
+    metrics, config = (ev / "metrics.json").read_bytes(), (ev / "config.yaml").read_bytes()
+    capsys.readouterr()
+    assert main(["evaluate", *common, f"run_dir={run}", f"out_dir={ev}", "k=5", "beam=10"]) == 2
+    assert f"out_dir={ev} holds an evaluation of other inputs (k; of run_dir={run})" in capsys.readouterr().err
+    assert (ev / "metrics.json").read_bytes() == metrics and (ev / "config.yaml").read_bytes() == config
     # the split trained on is refused before the corpus loads, unless asked for, and then the report says so
     capsys.readouterr()
     on_train = [*common, f"run_dir={run}", f"out_dir={tmp_path / 'eval-train'}", "k=10", "beam=10",

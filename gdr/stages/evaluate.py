@@ -22,7 +22,8 @@ from gdr.eval.retrieval import (
     write_trec_run,
 )
 from gdr.guard import holding
-from gdr.io import atomic_write_json, atomic_write_text, write_manifest
+from gdr.io import atomic_write_json, atomic_write_text, hash_strings, read_manifest, write_manifest
+from gdr.models import model_digest
 from gdr.stages.command_keys import EvaluateQueries
 from gdr.stages.settings import EvaluateSettings
 from gdr.training.search import Retriever
@@ -60,11 +61,38 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
         raise ValueError("no queries with relevant documents in this corpus to evaluate on")
     qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr evaluate`
-        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split, unknown, on_train_split)
+        identity = _claim_evaluation_folder(Path(out), _identity(run_dir, corpus, qs, split, c))
+        return _evaluate_model(run_dir, corpus, qs, Path(out), c, split, unknown, on_train_split, identity)
 
 
-def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int, on_train_split: bool
-                    ) -> tuple[dict, str]:
+def _identity(run_dir, corpus, qs, split: str, c: dict) -> dict:
+    """What an evaluation's figures are a function of, by content: the retriever's files, the documents, the queries
+    and their judgements, the split and the search settings."""
+    return {"retriever": model_digest(str(Path(run_dir) / "model")),
+            "documents": hash_strings([*corpus.doc_ids, *corpus.model_inputs()]),
+            "queries": hash_strings([f"{q}\t{t}\t{' '.join(r)}" for q, t, r in zip(qs.qids, qs.texts, qs.relevant)]),
+            "split": split, **{k: c[k] for k in ("k", "beam", "length_penalty", "bm25")}}
+
+
+def _claim_evaluation_folder(out: Path, identity: dict) -> dict:
+    """Refuse, in one line, to evaluate into ``out`` over an evaluation of another retriever, corpus, query set or
+    search settings (naming what differs); the same evaluation again is written over. Returns ``identity``."""
+    old = read_manifest(out)
+    if old is None:
+        return identity
+    if old.get("command") != "evaluate":
+        raise FileExistsError(f"out_dir={out} holds the output of `gdr {old.get('command')}`, not an evaluation: "
+                              "pass another out_dir")
+    was = old.get("identity")
+    if was is not None and was != identity:
+        changed = ", ".join(k for k in identity if was.get(k) != identity[k])
+        raise FileExistsError(f"out_dir={out} holds an evaluation of other inputs ({changed}; of run_dir="
+                              f"{old.get('run_dir')}): pass another out_dir, or delete {out} to evaluate there")
+    return identity
+
+
+def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown: int, on_train_split: bool,
+                    identity: dict) -> tuple[dict, str]:
     t0 = time.time()
     qrels = {q: list(rel) for q, rel in zip(qs.qids, qs.relevant)}
     retriever = Retriever.load(str(run_dir), device=c.get("device"), beam=c["beam"],
@@ -96,6 +124,7 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
     atomic_write_text(out / "metrics.md", table)
     write_manifest(out, command="evaluate", run_dir=str(run_dir), corpus=corpus.name, split=split,
                    n_queries=len(qs), seconds=round(time.time() - t0, 1), search_seconds=round(search_s, 2),
+                   identity=identity,
                    files=("metrics.json", "metrics.md", "run.trec", "bm25.trec", "qrels.txt", PER_QUERY_FILE,
                           f"bm25.{PER_QUERY_FILE}"))
     return metrics_json, table
