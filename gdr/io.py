@@ -30,6 +30,7 @@ __all__ = [
     "hash_strings",
     "write_manifest",
     "read_manifest",
+    "what_differs",
     "file_digest",
     "bytes_digest",
     "record_files",
@@ -175,6 +176,33 @@ def write_manifest(out_dir: str | os.PathLike, name: str = "manifest.json", file
     }
     atomic_write_json(Path(out_dir) / name, manifest)
     return manifest
+
+
+_INPUT_WORDS = {"doc_ids_hash": "the documents (their ids)", "texts_hash": "the documents' texts",
+                "queries_hash": "the queries' texts", "doc_texts_hash": "the documents' texts"}
+
+
+def what_differs(old: dict, new: dict, keys) -> str:
+    """The entries of ``keys`` in which manifest ``old`` and identity ``new`` differ, as a reader names them: an
+    input hash by what it hashes (``the documents' texts``), a setting with both values (``n_queries (8 -> 12)``),
+    a section such as ``lm`` by its own differing keys (``lm.max_doc_tokens (32 -> 64)``)."""
+    def short(v) -> str:
+        text = repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    out = []
+    for k in keys:
+        a, b = old.get(k), json.loads(json.dumps(new.get(k)))
+        if a == b:
+            continue
+        if k in _INPUT_WORDS:
+            out.append(_INPUT_WORDS[k])
+        elif isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}.{x} ({short(a.get(x))} -> {short(b.get(x))})" for x in sorted(set(a) | set(b))
+                    if a.get(x) != b.get(x)]
+        else:
+            out.append(f"{k} ({short(a)} -> {short(b)})")
+    return ", ".join(out)
 
 
 def read_manifest(out_dir: str | os.PathLike, name: str = "manifest.json") -> dict | None:

@@ -16,7 +16,15 @@ from tqdm.auto import tqdm
 
 from gdr.formats import FORMAT, require_format
 from gdr.guard import holding
-from gdr.io import check_manifest_files, hash_strings, read_jsonl, read_manifest, write_jsonl, write_manifest
+from gdr.io import (
+    check_manifest_files,
+    hash_strings,
+    read_jsonl,
+    read_manifest,
+    what_differs,
+    write_jsonl,
+    write_manifest,
+)
 from gdr.lm import compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.models import SamplingOptions
@@ -77,8 +85,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
         changed = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if changed:
             raise FileExistsError(f"{out / DOCQ_MANIFEST} was written with different settings "
-                                  f"({', '.join(changed)}); use another out= folder or delete {path} and "
-                                  f"{out / DOCQ_MANIFEST}")
+                                  f"({what_differs(old, ident, changed)}); use another out= folder or delete "
+                                  f"{path} and {out / DOCQ_MANIFEST}")
     if old is not None and old.get("status") == "complete":
         check_manifest_files(out, name=DOCQ_MANIFEST, fix=RerunCommand("sample", out, f"re-sample: delete {path} and "
                                                                        f"{out / DOCQ_MANIFEST}, then run `{{}}`"))

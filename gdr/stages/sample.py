@@ -23,6 +23,7 @@ from gdr.io import (
     hash_strings,
     read_jsonl,
     read_manifest,
+    what_differs,
     write_jsonl,
     write_manifest,
 )
@@ -175,9 +176,8 @@ def _check_folder(out: Path, old: dict | None, ident: dict, numerics: dict) -> N
     check_sampler(out, Q_MANIFEST, old, "queries.* (and P.*, scored on them)")
     check_numerics(out, Q_MANIFEST, old, numerics, "queries.* (and P.*, scored on them)")
     if old is not None and {k: old.get(k) for k in ident} != json.loads(json.dumps(ident)):
-        changed = [k for k in ident if old.get(k) != json.loads(json.dumps(ident[k]))]
         raise FileExistsError(
-            f"{out / Q_MANIFEST} was written with different settings ({', '.join(changed)}); "
+            f"{out / Q_MANIFEST} was written with different settings ({what_differs(old, ident, ident)}); "
             f"use another out= folder, or delete {out / Q_FILE} and {out / Q_MANIFEST} (and any {P_FILE}, "
             f"{P_MANIFEST}, P.shards/ scored from them) to sample again")
 
