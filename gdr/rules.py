@@ -319,7 +319,17 @@ def show(v) -> str:
         v = OmegaConf.to_container(v)
     if isinstance(v, (list, dict)):
         return str(v).replace("'", "")
+    if isinstance(v, str) and _reads_as_number(v):  # the text '8' is no integer: shown so, quoted
+        return repr(v)
     return str(v) if str(v) else "''"
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def matches(node, parts: list[str], done: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:

@@ -40,6 +40,8 @@ def read_docids(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, ...
     doc_ids, codes = [], []
     id_line: dict[str, int] = {}
     code_line: dict[tuple[int, ...], tuple[int, str]] = {}
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file; pass the docids.tsv of `gdr index` (gdr.build_index)")
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\n")

@@ -202,6 +202,7 @@ def test_a_number_out_of_range_is_refused_naming_the_argument(no_loading, tmp_pa
     (lambda t: gdr.evaluate(t / "tr", _corpus(), _queries(), t, k=30, beam=20), r"^k=30: must be <= beam=20"),
     (lambda t: gdr.bm25(_corpus(), _queries(), t, k=0), r"^k=0: must be a positive integer"),
     (lambda t: gdr.load_corpus("bbc", n_docs=0), r"^n_docs=0: must be null or a positive integer"),
+    (lambda t: gdr.load_corpus("bbc", n_docs="8"), r"^n_docs='8': must be null or a positive integer"),  # text
 ])
 def test_bad_api_values_are_refused_before_anything_loads(no_loading, tmp_path, call, match):
     """Each value, unchecked, gives junk (identical rows of P, gibberish queries, R@1 of another beam, all-zero
@@ -752,3 +753,16 @@ def test_every_stage_key_holds_content_never_a_path_and_the_device_where_it_deci
         kind = "doc-queries" if name == "doc-queries" else name.split("-")[0]
         if kind in DEVICE_STAGES:
             assert "device" in inputs and inputs["device"], f"{name}'s key has no device"
+
+
+def test_the_apis_missing_folders_are_named_as_the_commands_name_them(tmp_path):
+    """gdr.evaluate and gdr.train_retriever say what is wrong with the path, as the command does."""
+    from gdr.indexing.docids import read_docids
+    from gdr.training.search import Retriever
+
+    with pytest.raises(FileNotFoundError, match=r"nope: no such folder; pass the out_dir of `gdr train`"):
+        Retriever.load(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"has no model/retriever.json: not the out_dir of a finished"):
+        Retriever.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"nofile.tsv: no such file; pass the docids.tsv of `gdr index`"):
+        read_docids(tmp_path / "nofile.tsv")

@@ -208,7 +208,12 @@ class Retriever:
     def load(cls, path: str | os.PathLike, device: str | torch.device | None = None, **kw) -> "Retriever":
         """Load from a ``gdr train`` run folder (or its ``model/`` folder): ``model/`` + ``docids.tsv``."""
         path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such folder; pass the out_dir of `gdr train` (gdr.train_retriever)")
         model_dir = path / "model" if (path / "model" / "retriever.json").exists() else path
+        if not (model_dir / "retriever.json").exists():
+            raise FileNotFoundError(f"{path} has no model/retriever.json: not the out_dir of a finished `gdr train` "
+                                    "(gdr.train_retriever)")
         docids = next((p for p in (path / "docids.tsv", model_dir / "docids.tsv", model_dir.parent / "docids.tsv")
                        if p.exists()), None)
         if docids is None:
