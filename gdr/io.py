@@ -30,6 +30,7 @@ __all__ = [
     "hash_strings",
     "write_manifest",
     "read_manifest",
+    "recorded_identity",
     "what_differs",
     "file_digest",
     "bytes_digest",
@@ -203,6 +204,19 @@ def what_differs(old: dict, new: dict, keys) -> str:
         else:
             out.append(f"{k} ({short(a)} -> {short(b)})")
     return ", ".join(out)
+
+
+def recorded_identity(out: Path, command: str, option: str = "out") -> dict | None:
+    """The ``identity`` (what its outputs are a function of) that ``out``'s manifest records of an earlier
+    ``gdr <command>`` there; None where there is no manifest or it records none (an earlier gdr's). A manifest of
+    another command is refused, naming it."""
+    old = read_manifest(out)
+    if old is None:
+        return None
+    if old.get("command") != command:
+        raise FileExistsError(f"{option}={out} holds the output of `gdr {old.get('command')}`, not of `gdr {command}`: "
+                              f"pass another {option}")
+    return old.get("identity")
 
 
 def read_manifest(out_dir: str | os.PathLike, name: str = "manifest.json") -> dict | None:

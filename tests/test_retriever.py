@@ -722,7 +722,7 @@ def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, cap
     metrics, config = (ev / "metrics.json").read_bytes(), (ev / "config.yaml").read_bytes()
     capsys.readouterr()
     assert main(["evaluate", *common, f"run_dir={run}", f"out_dir={ev}", "k=5", "beam=10"]) == 2
-    assert f"out_dir={ev} holds an evaluation of other inputs (k; of run_dir={run})" in capsys.readouterr().err
+    assert f"out_dir={ev} holds an evaluation of other inputs (k): pass another out_dir" in capsys.readouterr().err
     assert (ev / "metrics.json").read_bytes() == metrics and (ev / "config.yaml").read_bytes() == config
     # the split trained on is refused before the corpus loads, unless asked for, and then the report says so
     capsys.readouterr()

@@ -22,7 +22,7 @@ from gdr.eval.retrieval import (
     write_trec_run,
 )
 from gdr.guard import holding
-from gdr.io import atomic_write_json, atomic_write_text, hash_strings, read_manifest, write_manifest
+from gdr.io import atomic_write_json, atomic_write_text, hash_strings, recorded_identity, write_manifest
 from gdr.models import model_digest
 from gdr.stages.command_keys import EvaluateQueries
 from gdr.stages.settings import EvaluateSettings
@@ -77,17 +77,11 @@ def _identity(run_dir, corpus, qs, split: str, c: dict) -> dict:
 def _claim_evaluation_folder(out: Path, identity: dict) -> dict:
     """Refuse, in one line, to evaluate into ``out`` over an evaluation of another retriever, corpus, query set or
     search settings (naming what differs); the same evaluation again is written over. Returns ``identity``."""
-    old = read_manifest(out)
-    if old is None:
-        return identity
-    if old.get("command") != "evaluate":
-        raise FileExistsError(f"out_dir={out} holds the output of `gdr {old.get('command')}`, not an evaluation: "
-                              "pass another out_dir")
-    was = old.get("identity")
+    was = recorded_identity(out, "evaluate", "out_dir")
     if was is not None and was != identity:
         changed = ", ".join(k for k in identity if was.get(k) != identity[k])
-        raise FileExistsError(f"out_dir={out} holds an evaluation of other inputs ({changed}; of run_dir="
-                              f"{old.get('run_dir')}): pass another out_dir, or delete {out} to evaluate there")
+        raise FileExistsError(f"out_dir={out} holds an evaluation of other inputs ({changed}): pass another out_dir, "
+                              f"or delete {out} to evaluate there")
     return identity
 
 

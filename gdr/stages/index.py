@@ -25,7 +25,7 @@ from gdr.indexing.kmeans import (
 )
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
-from gdr.io import hash_strings, read_jsonl, read_manifest, write_manifest
+from gdr.io import hash_strings, read_jsonl, recorded_identity, write_manifest
 from gdr.stages.settings import IndexSettings, index_keys
 from gdr.store import load_run
 
@@ -195,15 +195,8 @@ def _claim_index_folder(out: Path, identity: dict) -> dict:
         raise FileExistsError(f"{out}: gdr index add has placed documents into this index ({len(grown)} addition(s), "
                               f"{grown[-1].name}); building over it would drop them: pass another out=, or delete "
                               f"{out} to build this index there")
-    old = read_manifest(out)
-    if old is None:
-        return identity
-    if old.get("command") != "index":
-        raise FileExistsError(f"{out}/manifest.json is the manifest of `gdr {old.get('command')}`, not of an index: "
-                              "pass another out=")
-    was = old.get("identity")
-    if was is None:
-        log.warning("%s: an index of an earlier gdr, which recorded no identity; building over it", out)
+    was = recorded_identity(out, "index")
+    if was is None:  # a new folder, or an index of an earlier gdr, which recorded none: built over
         return identity
     if was.get("method") != identity["method"]:
         raise FileExistsError(f"{out}: holds a {was.get('method')} index, not a {identity['method']} one; pass another "
