@@ -477,6 +477,9 @@ def test_an_index_folder_of_other_inputs_or_grown_by_an_add_is_refused(planted, 
     other = write_run(tmp_path / "other", x[100:150])
     with pytest.raises(FileExistsError, match=r"other inputs or settings \(doc_ids, queries\)|\(doc_ids\)"):
         build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=other)
+    with pytest.raises(ValueError, match=rf"^gc.n_queries=999: more than the {x.shape[1]} queries of the P of run="):
+        build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, "gc": {"n_queries": 999}}), out,
+                    run=run)
     add_to_index(out, write_run(tmp_path / "new", x[:2], doc_ids=["a", "b"]), plot=False)
     with pytest.raises(FileExistsError, match="gdr index add has placed documents into this index"):
         build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=run)

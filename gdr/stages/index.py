@@ -108,7 +108,7 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     if cfg.method == "gc":
         if not run:
             raise ValueError("method=gc needs run=<P-matrix run folder> (P.npy, queries.jsonl, doc_ids.json)")
-        prun = load_run(run, require_manifest=False).first_queries(cfg.gc.n_queries)
+        prun = _gc_input(run, cfg.gc.n_queries)
         doc_ids, query_texts = prun.doc_ids, prun.query_texts
         queries = {k: v for k, v in prun.query_identity().items() if k != "source"}
         identity = _claim_index_folder(out, _identity(cfg, doc_ids, queries=queries))
@@ -169,6 +169,16 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                    depth=summary["depth_max"], n_fallback=summary["n_fallback"],
                    files=("docids.tsv", "tree.json", "tree_state.npz"), identity=identity, **extra)
     return summary
+
+
+def _gc_input(run, n_queries: int | None):
+    """The P run ``run`` over its first ``n_queries`` columns (``gc.n_queries``; all when None), more than it has
+    refused by that key."""
+    full = load_run(run, require_manifest=False)
+    if n_queries is not None and n_queries > full.pmatrix.n_cols:
+        raise ValueError(f"gc.n_queries={n_queries}: more than the {full.pmatrix.n_cols} queries of the P of "
+                         f"run={run}; pass at most {full.pmatrix.n_cols}, or null for all of them")
+    return full.first_queries(n_queries)
 
 
 _INPUTS = ("doc_ids", "queries", "texts", "doc_queries")  # named without their hashes when they differ
