@@ -249,3 +249,10 @@ def test_a_gc_index_that_recorded_only_its_query_ids_is_refused_by_index_add(old
     assert (f"{index / 'tree_state.npz'}: a GC index of format 0, from before gdr recorded the texts of the queries "
             "it was built on") in err and "build the index again with `gdr index" in err
     assert _files(index) == before
+
+
+def test_upgrade_of_a_path_that_is_no_folder_says_which_it_is(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    for path, what in ((tmp_path / "afile", "is a file, not a folder"), (tmp_path / "nowhere", "no such folder")):
+        assert main(["upgrade", str(path)]) == 2
+        assert f"{path}: {what}; pass a `gdr run` or `gdr score` output folder" in capsys.readouterr().err

@@ -22,7 +22,8 @@ def upgrade_main(argv: list[str]) -> int:
     ap.add_argument("folder", help="a `gdr run` folder (with its <stage>-<key>/ folders) or a `gdr score` folder")
     args = ap.parse_args(argv)
     if not Path(args.folder).is_dir():
-        raise SystemExit(f"{args.folder}: no such folder; pass a `gdr run` or `gdr score` output folder")
+        what = "is a file, not a folder" if Path(args.folder).exists() else "no such folder"
+        raise SystemExit(f"{args.folder}: {what}; pass a `gdr run` or `gdr score` output folder")
     claim_folder(args.folder, "folder")  # one writer: a run of this folder elsewhere is refused (released at exit)
     done = upgrade(args.folder)
     print("\n".join(done) if done else f"{args.folder}: already format {FORMAT}, nothing to upgrade")
