@@ -264,6 +264,9 @@ def test_beir_rewritten_with_other_queries_holds_those_only(tmp_path, toy):
     assert sorted(p.name for p in (folder / "qrels").iterdir()) == ["test.tsv"]
     q = load_beir_queries(folder)
     assert (q.qids, q.splits) == (["t1"], ["test"])
+    (folder / "qrels" / "test.tsv").write_text("")  # emptied: named, not "no split 'test'"
+    with pytest.raises(DataError, match=r"qrels/test\.tsv: no judgements \(the file is empty\)"):
+        load_beir_queries(folder)
     write_beir(toy, None, folder)  # documents only: no query file of the earlier writes is left
     assert not (folder / "queries.jsonl").exists() and not any((folder / "qrels").iterdir())
 

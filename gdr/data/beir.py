@@ -194,6 +194,9 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
         grd: dict[str, list[int]] = {}
         judged: dict[tuple[str, str], int] = {}
         form = None
+        if not any(line.strip() for _, line in iter_lines(file)):
+            raise DataError(f"{file}: no judgements (the file is empty); fill it in, or delete it to have no {s!r} "
+                            "split")
         for lineno, line in iter_lines(file):
             if not line.strip():
                 continue
