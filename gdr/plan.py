@@ -51,6 +51,7 @@ from gdr import cost
 from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.config import load_config
 from gdr.data import corpus_from_config
+from gdr.data.core import iter_lines
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.formats import STAGE_FILE, read_stage_record
 from gdr.lm.compiling import want_compile
@@ -95,6 +96,7 @@ def gpus_problem(device: str, gpus: str) -> str | None:
 # Corpus and query-split sizes of the known data sets, for a config with data.n_docs null (the whole corpus)
 CORPUS_DOCS = {"bbc": 2225, "cranfield": 1400, "nq320k": 109_739, "msmarco-lite": 138_457, "reuters": 10_788}
 TEST_QUERIES = {"cranfield": 225, "nq320k": 7830, "msmarco-lite": 2792}
+ASSUMED_TEST_QUERIES = 1000  # a collection of neither the table nor query files gdr plan can count
 TRAIN_QUERIES = {"nq320k": 307_373, "msmarco-lite": 0, "cranfield": 0}
 # The LMs' architectures (their config.json), so that no model file is needed to plan
 LM_CONFIGS = {
@@ -614,7 +616,25 @@ def _split_sizes(cfg) -> tuple[int, int, int]:
         kept = TITLES_TEST_KEPT.get(name, 1.0)
         return n_docs, int(fr[0] * n_docs * kept), max(1, round(fr[2] * n_docs * kept))
     scale = n_docs / CORPUS_DOCS.get(name, n_docs)
-    return n_docs, int(TRAIN_QUERIES.get(name, 0) * scale), int(TEST_QUERIES.get(name, 1000) * scale)
+    n_test = TEST_QUERIES.get(name) or _own_test_queries(cfg) or ASSUMED_TEST_QUERIES
+    return n_docs, int(TRAIN_QUERIES.get(name, 0) * scale), int(n_test * scale)
+
+
+def _own_test_queries(cfg) -> int | None:
+    """The test queries of a run's own query files: the distinct query ids of its test qrels (``data.qrels``, a file
+    or a folder of ``<split>.tsv``, or a BEIR folder's ``qrels/test.tsv``), judged relevant or not; None where there
+    is no such file."""
+    data = cfg.data
+    given = data.get("qrels") or (Path(str(data.path)) / "qrels" if str(data.name) == "beir" and data.get("path")
+                                  else None)
+    if not given:
+        return None
+    f = Path(str(given)).expanduser()
+    f = f / "test.tsv" if f.is_dir() else f
+    if not f.is_file():
+        return None
+    ids = {line.split()[0] for _, line in iter_lines(f) if line.strip()} - {"query-id"}
+    return len(ids) or None
 
 
 def plan_run(cfg, device: str = "h200", gpus: int = 1, folder: Path = GPU_RUNS,

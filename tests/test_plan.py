@@ -364,6 +364,25 @@ def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_
     assert five["scoring"].seconds == one["scoring"].seconds  # P does not depend on the split
 
 
+@pytest.mark.parametrize("form", ["tsv", "trec", "beir"])
+def test_a_collection_of_ones_own_is_planned_with_the_test_queries_of_its_qrels(tmp_path, form):
+    """Six judged test topics (one judged twice, one not relevant): six searched, not an assumed 1,000."""
+    lines = [("q1", "d1", 1), ("q1", "d2", 1), ("q2", "d3", 0), *((f"q{i}", f"d{i}", 1) for i in range(3, 7))]
+    text = ("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, d, r in lines) if form != "trec"
+            else "".join(f"{q} 0 {d} {r}\n" for q, d, r in lines))
+    if form == "beir":
+        (tmp_path / "beir" / "qrels").mkdir(parents=True)
+        (tmp_path / "beir" / "qrels" / "test.tsv").write_text(text)
+        data = ["data=beir", f"data.path={tmp_path / 'beir'}"]
+    else:
+        (tmp_path / "judged.txt").write_text(text)
+        data = ["data=jsonl", f"data.path={tmp_path / 'docs.jsonl'}", f"data.queries={tmp_path / 'q.jsonl'}",
+                f"data.qrels={tmp_path / 'judged.txt'}"]
+    cfg = load_config("run", [*data, "data.n_docs=30", "seeds=[0]"])
+    evaluation = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}["evaluation"]
+    assert re.search(r"\b6 test queries", evaluation.basis), evaluation.basis
+
+
 def test_cranfield_plans_its_generator_on_the_corpus_title_pairs(tmp_path):
     """+experiment=cranfield fine-tunes its generator on (abstract, title) pairs (qg.pairs=titles): one a document
     with a title of its own (1,350 of 1,400), less the held-out documents' (qg.dev_fraction 5%: 68), with or
