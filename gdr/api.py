@@ -22,6 +22,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
 from gdr import guard
 from gdr.carry import MAX_PIECES, PIECE_MIB, pack_run, prune_run, unpack_run
 from gdr.config import conf_dir, load_config
@@ -32,7 +35,7 @@ from gdr.guard import claim_folder
 from gdr.lm import GenerativeLM
 from gdr.models import DEVICE_RULE
 from gdr.pipeline import run_pipeline
-from gdr.rules import Rule, boolean, check_values
+from gdr.rules import ConfigError, Rule, boolean, check_values
 from gdr.stages import doc_queries as doc_queries_stage
 from gdr.stages import index as index_stage
 from gdr.stages import report as report_stage
@@ -57,7 +60,7 @@ from gdr.stages.settings import (
 from gdr.stages.train import check_not_trained_on, trained_splits
 from gdr.store import PRun, load_run
 from gdr.upgrade import refuse_format_0_retriever, refuse_format_0_training
-from gdr.validate import validate
+from gdr.validate import error_line, validate
 
 __all__ = ["load_lm", "sample_queries", "sample_doc_queries", "score", "split_queries", "evaluate_clusters",
            "build_index", "train_retriever", "evaluate", "bm25", "run", "headline", "prune", "pack", "unpack"]
@@ -335,9 +338,15 @@ def _run(settings: dict, overrides: list[str], corpus, queries) -> dict:
             settings.pop(k)
             if rest:
                 settings[k] = rest
-    base = load_config("run", overrides + groups)  # the defaults the changes apply to
-    overrides += groups + hydra_overrides(settings, known=base)
-    cfg = load_config("run", overrides)
+    try:  # Hydra's refusals (an unknown key or experiment) in the commands' one line, with its did-you-mean
+        base = load_config("run", overrides + groups)  # the defaults the changes apply to
+        overrides += groups + hydra_overrides(settings, known=base)
+        cfg = load_config("run", overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        line = error_line(e, overrides + groups)
+        if line is None:
+            raise
+        raise ConfigError(line) from None
     validate("run", cfg)
     guard.claim_out("run", cfg)
     return run_pipeline(cfg, overrides)

@@ -766,3 +766,12 @@ def test_the_apis_missing_folders_are_named_as_the_commands_name_them(tmp_path):
         Retriever.load(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"nofile.tsv: no such file; pass the docids.tsv of `gdr index`"):
         read_docids(tmp_path / "nofile.tsv")
+
+
+def test_gdr_run_says_an_unknown_key_or_experiment_in_the_commands_one_line(tmp_path):
+    """Hydra's refusals (a multi-line exception of its own) come as the command's line, with its did-you-mean."""
+    with pytest.raises(ConfigError, match=r"^unknown key sample\.n_querys; did you mean sample\.n_queries\?"):
+        gdr.run({"sample": {"n_querys": 8}, "out": str(tmp_path / "out")})
+    with pytest.raises(ConfigError, match=r"Could not find 'experiment/nosuch'; Available options in 'experiment': "):
+        gdr.run({"out": str(tmp_path / "out")}, experiment="nosuch")
+    assert not (tmp_path / "out").exists()
