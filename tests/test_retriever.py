@@ -742,6 +742,9 @@ def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, cap
     assert main(["search", texts[0], f"run_dir={run}", "k=3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["query"] == texts[0] and len(out["results"]) == 3
+    # a beam given holds at most its width of results, as in gdr evaluate (a k alone widens the default beam)
+    assert main(["search", texts[0], f"run_dir={run}", "k=10", "beam=5"]) == 2
+    assert "k=10: must be <= beam=5: beam search returns at most beam docids" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- GPU-path pieces, checked on the CPU

@@ -18,9 +18,9 @@ from gdr.cli import HELP
 from gdr.cli.common import in_section, override_keys
 from gdr.config import load_config, to_container
 from gdr.data import corpus_from_config
-from gdr.stages.settings import EVALUATE_RULES, EvaluateSettings
+from gdr.stages.settings import EVALUATE_RULES, EvaluateSettings, k_within_beam
 from gdr.training.search import Retriever
-from gdr.validate import validate
+from gdr.validate import ConfigError, validate
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,10 @@ def search_main(argv: list[str]) -> int:
     cfg = load_config("evaluate", [a for a in overrides if a not in data])
     validate("search", cfg)
     c = to_container(cfg)
+    if "beam" in keys and "k" in keys:  # as gdr evaluate: a beam given holds no more than its width of results
+        problem = k_within_beam(c["k"], cfg)
+        if problem:
+            raise ConfigError(f"k={c['k']}: {problem}")
     retriever = Retriever.load(c["run_dir"], device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
     k = int(c["k"]) if "k" in keys else SHOWN_K
