@@ -436,7 +436,9 @@ def test_an_add_cut_short_is_undone_by_the_next_which_equals_one_whole_add(plant
 
     _, x = planted
     _, whole = _cli_index(tmp_path, x[:200], K=4, c=4)
-    cut = Path(shutil.copytree(whole, tmp_path / "cut"))
+    index_add.add_to_index(whole, write_run(tmp_path / "first", x[[7, 70]], doc_ids=["f0", "f1"]), plot=False)
+    index_add.add_to_index(whole, write_run(tmp_path / "second", x[[9]], doc_ids=["s0"]), plot=False)
+    cut = Path(shutil.copytree(whole, tmp_path / "cut"))  # both grown twice; the third add is cut in one
     new = write_run(tmp_path / "new", x[[3, 50, 120]], doc_ids=["n0", "n1", "n2"])
     index_add.add_to_index(whole, new, plot=False)
     real = getattr(index_add, cut_in)
@@ -457,7 +459,7 @@ def test_an_add_cut_short_is_undone_by_the_next_which_equals_one_whole_add(plant
         assert sorted(a.files) == sorted(b.files)
         for k in a.files:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-    assert sorted(p.name for p in cut.glob("manifest.add-*.json")) == ["manifest.add-1.json"]
+    assert sorted(p.name for p in cut.glob("manifest.add-*.json")) == [f"manifest.add-{i}.json" for i in (1, 2, 3)]
     assert not (cut / index_add.BACKUP_DIR).exists()
 
 

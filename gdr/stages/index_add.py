@@ -187,9 +187,10 @@ def _undo_interrupted_add(index_dir: Path) -> None:
     if (backup / _COPIED).is_file():
         for name in (backup / _COPIED).read_text().split():
             os.replace(backup / name, index_dir / name)
-        for extra in index_dir.glob("manifest.add-*.json"):  # the cut add's own record, if it got that far
-            if read_manifest(index_dir, extra.name).get("n_total") != len(read_docids(index_dir / "docids.tsv")[0]):
-                extra.unlink()
+        n_docs = len(read_docids(index_dir / "docids.tsv")[0])
+        for record in index_dir.glob("manifest.add-*.json"):  # the cut add's own, if it got that far: the one record
+            if read_manifest(index_dir, record.name).get("n_total", 0) > n_docs:  # of more documents than are back
+                record.unlink()
         log.warning("%s: a gdr index add was cut short; its files are put back as they were before it", index_dir)
     shutil.rmtree(backup)
 
