@@ -194,9 +194,6 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
         grd: dict[str, list[int]] = {}
         judged: dict[tuple[str, str], int] = {}
         form = None
-        if not any(line.strip() for _, line in iter_lines(file)):
-            raise DataError(f"{file}: no judgements (the file is empty); fill it in, or delete it to have no {s!r} "
-                            "split")
         for lineno, line in iter_lines(file):
             if not line.strip():
                 continue
@@ -225,6 +222,9 @@ def read_qrels(query_text: dict[str, str], qfile: Path, split_files: dict[str, P
                 continue
             rel[qid].append(did)
             grd[qid].append(score)
+        if form is None:  # not one line to read
+            raise DataError(f"{file}: no judgements (the file is empty); fill it in, or delete it to have no {s!r} "
+                            "split")
         for qid, r in rel.items():
             if not r:
                 filtered["no_relevant"] += 1
