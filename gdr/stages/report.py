@@ -382,7 +382,7 @@ def primary_lines(primary: dict | None) -> list[str]:
         lines.append(f"| {SCHEME_NAMES.get(s, s)} | {r['seeds']} | {r['mean']:.1f} | {sd} |")
     lo, hi = t["ci95"]
     lines += ["", f"{SCHEME_NAMES.get(t['a'], t['a'])} - {SCHEME_NAMES.get(t['b'], t['b'])}: {t['diff']:+.1f} points; "
-              f"95% interval over seeds and queries (two-level bootstrap) [{lo:+.1f}, {hi:+.1f}]"
+              f"95% interval over seeds and queries (t at {t['df']:.0f} degrees of freedom) [{lo:+.1f}, {hi:+.1f}]"
               + (f", over queries alone (seeds averaged, as the table below) [{q['ci95'][0]:+.1f}, {q['ci95'][1]:+.1f}]"
                  if q else "")
               + f"; standard error {t['se']:.2f} (queries {np.sqrt(t['var_query'] / t['n_queries']):.2f}, seeds "
