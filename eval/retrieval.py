@@ -213,6 +213,7 @@ def evaluate_run(run: Run, qrels: Mapping[str, Iterable[str]], ks: Sequence[int]
     rows = np.repeat(np.arange(len(eval_q)), lens)
     cols = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
     doc_idx[rows, cols] = run_inv
+    _refuse_repeats(doc_idx, eval_q, vocab)
     ranks[rows, cols] = np.fromiter((r for q in eval_q if q in run_pos for r in rank_lists[run_pos[q]]),
                                     dtype=np.int64, count=int(lens.sum()))
     qpos = {q: i for i, q in enumerate(eval_q)}
@@ -224,15 +225,28 @@ def evaluate_run(run: Run, qrels: Mapping[str, Iterable[str]], ks: Sequence[int]
     return metrics, dict(zip(eval_q, first.tolist()))
 
 
+def _refuse_repeats(doc_idx: np.ndarray, qids: Sequence[str], vocab: np.ndarray) -> None:
+    """Refuse a run that lists a document twice for a query (``doc_idx`` as in :func:`first_relevant_rank`): R@k
+    would count it twice."""
+    s = np.sort(doc_idx, axis=1)
+    twice = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    if twice.any():
+        q, j = np.argwhere(twice)[0]
+        raise ValueError(f"the run lists document {str(vocab[s[q, j + 1]])!r} twice for query {qids[q]!r} "
+                         f"({int(twice.sum())} repeats in all); a run ranks each document once a query")
+
+
 def write_trec_run(path: str | os.PathLike, run: Run, tag: str = RankingOptions.tag, depth: int = 100) -> None:
     """TREC run file: ``qid Q0 docid rank score tag``, the top ``depth`` entries of each query.
 
-    Ranks are positions (1, 2, ...) as TREC requires; documents sharing a docid carry equal scores.
+    Ranks are positions (1, 2, ...) as TREC requires; documents sharing a docid carry equal scores. Scores are
+    written in full (the shortest text that reads back as the same float): trec_eval ignores the rank column and
+    orders by score, so scores rounded into ties would be reordered by document id.
     """
     lines = []
     for q, docs, scores in zip(run.qids, run.doc_ids, run.scores):
         for i, (d, s) in enumerate(zip(docs[:depth], scores[:depth]), 1):
-            lines.append(f"{q} Q0 {d} {i} {float(s):.6f} {tag}\n")
+            lines.append(f"{q} Q0 {d} {i} {float(s)!r} {tag}\n")
     atomic_write_text(path, "".join(lines))
 
 
@@ -242,8 +256,11 @@ def write_qrels(path: str | os.PathLike, qrels: Mapping[str, Iterable[str]]) -> 
 
 
 def read_trec_run(path: str | os.PathLike) -> Run:
-    """Read a TREC run file (entries sorted by rank per query)."""
-    by_q: dict[str, list[tuple[int, str, float]]] = {}
+    """Read a TREC run file, each query's entries in trec_eval's order: by score, highest first, ties by document
+    id, the later in string order first (trec_eval ignores the rank column). A document listed twice for a query
+    is refused, as trec_eval refuses it."""
+    by_q: dict[str, list[tuple[float, str]]] = {}
+    seen: dict[tuple[str, str], int] = {}
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             parts = line.split()
@@ -251,10 +268,18 @@ def read_trec_run(path: str | os.PathLike) -> Run:
                 continue
             if len(parts) != 6:
                 raise ValueError(f"{path}:{lineno}: expected `qid Q0 docid rank score tag`, got {line.strip()!r}")
-            by_q.setdefault(parts[0], []).append((int(parts[3]), parts[2], float(parts[4])))
+            q, d = parts[0], parts[2]
+            if (q, d) in seen:
+                raise ValueError(f"{path}:{lineno}: document {d!r} is listed twice for query {q!r} (first at line "
+                                 f"{seen[q, d]}); a run ranks each document once a query: keep its best entry")
+            seen[q, d] = lineno
+            try:
+                by_q.setdefault(q, []).append((float(parts[4]), d))
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: the score {parts[4]!r} is not a number") from None
     qids = list(by_q)
-    rows = [sorted(by_q[q]) for q in qids]
-    return Run(qids, [[d for _, d, _ in r] for r in rows], [[s for _, _, s in r] for r in rows])
+    rows = [sorted(by_q[q], reverse=True) for q in qids]
+    return Run(qids, [[d for _, d in r] for r in rows], [[s for s, _ in r] for r in rows])
 
 
 def markdown_table(rows: Mapping[str, Mapping[str, float]], columns: Sequence[str] | None = None) -> str:

@@ -285,7 +285,7 @@ class BM25(pt.Transformer):
 
     def __init__(self, corpus, k: int = EvaluateSettings.k, name: str = "bm25"):
         self.doc_ids = np.asarray(corpus.doc_ids, dtype=object)
-        self.index = BM25Index(corpus.model_inputs())
+        self.index = BM25Index(corpus.model_inputs(), doc_ids=corpus.doc_ids)
         self.k, self.name = int(k), name
 
     @classmethod

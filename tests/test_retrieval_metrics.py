@@ -136,7 +136,7 @@ def test_trec_files_round_trip_and_table(tmp_path):
     run = Run(["q1", "q2"], [["a", "b"], ["c"]], [[2.5, 1.0], [0.25]])
     write_trec_run(tmp_path / "r.trec", run, tag="x")
     lines = (tmp_path / "r.trec").read_text().splitlines()
-    assert lines[0] == "q1 Q0 a 1 2.500000 x" and lines[2] == "q2 Q0 c 1 0.250000 x"
+    assert lines[0] == "q1 Q0 a 1 2.5 x" and lines[2] == "q2 Q0 c 1 0.25 x"
     back = read_trec_run(tmp_path / "r.trec")
     assert back.qids == run.qids and back.doc_ids == run.doc_ids and back.scores == run.scores
     write_qrels(tmp_path / "q.txt", {"q1": ["b"]})
@@ -160,3 +160,45 @@ def test_bm25_ranks_the_matching_document_first():
     assert run.doc_ids[0][0] == "B" and set(run.doc_ids[1]) == {"A", "C"}
     m, _ = evaluate_run(run, {"q1": ["B"], "q2": ["C"]})
     assert m.recall[10] == 1.0
+
+
+def test_bm25_ties_are_evaluated_in_trec_evals_order(tmp_path):
+    """Two identical articles tie in BM25: the run is evaluated in the order trec_eval reads its file (score, then
+    document id, the later first), and its scores are written in full, so close scores are not rounded into ties
+    that trec_eval would reorder. gdr's figures equal pytrec_eval's on the file it writes."""
+    import pytrec_eval
+
+    from gdr.eval.bm25 import bm25_run
+
+    docs = ["the bank raised rates", "the bank raised rates", "a bank holiday was announced today",
+            "rates on the bank loans rose sharply at the bank"]
+    ids = ["a", "b", "c", "d"]
+    run = bm25_run(ids, docs, ["q1", "q2"], ["bank rates", "bank holiday"], k=10)
+    assert run.doc_ids[0][:2] == ["b", "a"] and run.scores[0][0] == run.scores[0][1]
+    qrels = {"q1": ["b"], "q2": ["a"]}
+    ours, _ = evaluate_run(run, qrels)
+    write_trec_run(tmp_path / "bm25.trec", run, tag="bm25")
+    back = read_trec_run(tmp_path / "bm25.trec")
+    assert back.doc_ids == run.doc_ids and back.scores == run.scores  # full scores: read back as written
+    ev = pytrec_eval.RelevanceEvaluator({q: {d: 1 for d in ds} for q, ds in qrels.items()}, {"success_1", "recip_rank"})
+    ref = ev.evaluate({q: dict(zip(d, s)) for q, d, s in zip(back.qids, back.doc_ids, back.scores)})
+    assert ours.recall[1] == pytest.approx(np.mean([r["success_1"] for r in ref.values()]))
+    assert ours.mrr == pytest.approx(np.mean([r["recip_rank"] for r in ref.values()]))
+
+
+def test_a_document_listed_twice_is_refused_in_a_run_and_in_a_trec_file(tmp_path):
+    """R@k would count a document listed twice twice (R@10 = 2.0 on one relevant document): trec_eval refuses such a
+    run, and so does gdr, naming the query and document (and the file's line)."""
+    with pytest.raises(ValueError, match="document 'x' twice for query 'q2'"):
+        evaluate_run(_run({"q1": ["a", "b"], "q2": ["x", "y", "x"]}), {"q1": ["a"], "q2": ["x"]})
+    (tmp_path / "r.trec").write_text("q1 Q0 a 1 2.0 t\nq1 Q0 b 2 1.5 t\nq1 Q0 a 3 1.0 t\n")
+    with pytest.raises(ValueError, match=r"r.trec:3: document 'a' is listed twice for query 'q1' \(first at line 1\)"):
+        read_trec_run(tmp_path / "r.trec")
+
+
+def test_a_trec_file_is_read_in_score_order_not_rank_order(tmp_path):
+    """trec_eval ignores the rank column: a file whose ranks disagree with its scores is read by score, ties by
+    document id (the later first)."""
+    (tmp_path / "r.trec").write_text("q1 Q0 a 1 1.0 t\nq1 Q0 b 2 3.0 t\nq1 Q0 c 3 1.0 t\n")
+    back = read_trec_run(tmp_path / "r.trec")
+    assert back.doc_ids == [["b", "c", "a"]] and back.scores == [[3.0, 1.0, 1.0]]
