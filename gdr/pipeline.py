@@ -957,6 +957,11 @@ def index_spec(run: RunContext, method: str, seed: int | None = None) -> StageSp
     return StageSpec(index_stage_name(method, seed), inputs, build, after=after, outputs=("docids.tsv",))
 
 
+# The form of the TREC run files an evaluation writes, in its stage key: 2 = scores in full, BM25's equal scores in
+# trec_eval's order (gdr.eval.bm25.BM25Index)
+TREC_FILES = 2
+
+
 def bm25_spec(run: RunContext) -> StageSpec | None:
     """5. BM25 on the test queries, once: the reference every retriever is compared with."""
     cfg, test_q = run.cfg, run.test_q
@@ -968,7 +973,7 @@ def bm25_spec(run: RunContext) -> StageSpec | None:
                              split=test_q["split"])
 
     inputs = {"corpus": run.corpus_sig, "queries": run.queries_sig[test_q["split"]], "k": int(cfg.evaluate.k),
-              "per_query": 1}
+              "per_query": 1, "trec_files": TREC_FILES}
     return StageSpec("bm25", inputs, build)
 
 
@@ -1036,7 +1041,7 @@ def eval_spec(run: RunContext, method: str, seed: int, train: StageRecord, fold:
     the topics of the fold it was trained without."""
     cfg = run.cfg
     test_q = run.test_q if fold is None else queries_section(cfg, cfg.queries.test_split, fold)
-    inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1,
+    inputs = {"train": train.key, "queries": _queries_key(run, test_q), "per_query": 1, "trec_files": TREC_FILES,
               "evaluate": keyed_values(EvaluateSettings, config_dict(run.settings.evaluate))}
     settings = run.settings.evaluate.resolved(bm25=False)  # BM25 is the run's own stage
 
