@@ -10,6 +10,7 @@ import torch
 
 from gdr.cluster import (
     GenerativeClustering,
+    NotFittedError,
     _kmeanspp_probs,
     centroid_update,
     clip_bounds,
@@ -251,6 +252,7 @@ def test_empty_clusters_are_reseeded():
 def test_estimator_attributes_match_the_equations_and_predict_reproduces_labels():
     lp, y = planted(n=90, j=30, k=3, sep=4.0, seed=6)
     lp[0, 0] += 80.0                                        # an outlier for Eq. clip
+    lp -= lp.max() + 1.0                                    # log-probabilities: <= 0 (a shift changes no W)
     gc = GenerativeClustering(3, n_init=3, dtype=F64).fit(lp)
     c, lw = pipeline(lp)
     np.testing.assert_allclose(gc.clip_upper_, clip_bounds(lp))
@@ -450,11 +452,58 @@ def test_errors_are_clear():
         GenerativeClustering(2, split_merge="yes").fit(lp)
     with pytest.raises(ValueError, match="log_w has shape"):
         fit_generative(lp, lp[:, :2], 2)
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):  # scikit-learn's kind: a ValueError, an AttributeError
         GenerativeClustering(2).predict(lp)
     gc = GenerativeClustering(2, n_init=1).fit(np.random.default_rng(0).normal(-10, 1, (6, 4)))
     with pytest.raises(ValueError, match="fitted on 4 queries"):
         gc.predict(lp[:, :3])
+
+
+def test_what_cannot_be_log_probabilities_is_refused_with_what_to_pass():
+    """Probabilities given for their logarithms (all in [0, 1]) clustered 28/1/1 at chance (ARI -0.002) without a
+    word; a value above 0, a sparse matrix, a device without CUDA: each one line saying what to pass."""
+    import scipy.sparse
+
+    lp, _ = planted(n=30, j=16, k=3, sep=4.0, seed=1)
+    lp -= lp.max() + 1.0
+    with pytest.raises(ValueError, match=r"logp has no value below 0 .*looks like probabilities.*np.log\(logp\)"):
+        GenerativeClustering(3).fit(np.exp(lp))
+    up = lp.copy()
+    up[4, 7] = 0.5
+    with pytest.raises(ValueError, match=r"logp\[4, 7\] = 0.5 > 0: logp holds log-probabilities"):
+        GenerativeClustering(3).fit(up)
+    gc = GenerativeClustering(3, n_init=1).fit(lp)
+    with pytest.raises(ValueError, match="logp_rows has no value below 0"):
+        gc.predict(np.exp(lp[:3]))
+    with pytest.raises(ValueError, match=r"logp is a sparse matrix; .*logp.toarray\(\)"):
+        GenerativeClustering(3).fit(scipy.sparse.csr_matrix(lp))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device=cuda: CUDA is not available on this machine; use cpu"):
+            GenerativeClustering(3, device="cuda").fit(lp)
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(lp).astype("Float64")  # nullable floats: an object array to numpy
+    np.testing.assert_array_equal(GenerativeClustering(3, n_init=1).fit(frame).labels_, gc.labels_)
+
+
+def test_the_estimator_speaks_scikit_learns_protocol():
+    """get_params / set_params, so clone and a Pipeline take it; fit(X, y=None); NotFittedError before fit."""
+    from sklearn.base import clone
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    lp, y = planted(n=60, j=20, k=3, sep=4.0, seed=2)
+    lp -= lp.max() + 1.0
+    gc = GenerativeClustering(3, n_init=2, seed=5)
+    params = gc.get_params()
+    assert params["n_clusters"] == 3 and params["seed"] == 5 and params["n_init"] == 2
+    twin = clone(gc).set_params(n_clusters=3)
+    assert twin is not gc and twin.get_params() == params
+    np.testing.assert_array_equal(twin.fit_predict(lp, y), gc.fit(lp, y).labels_)
+    pipe = make_pipeline(FunctionTransformer(), GenerativeClustering(3, n_init=2, seed=5))
+    np.testing.assert_array_equal(pipe.fit(lp).predict(lp), gc.labels_)
+    with pytest.raises(ValueError, match="has no parameter 'random_state'; its parameters: n_clusters, alpha"):
+        gc.set_params(random_state=0)
+    assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
 
 
 # ---------------------------------------------------------------- CUDA

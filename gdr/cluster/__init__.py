@@ -100,6 +100,7 @@ from gdr.cluster.equations import (
 from gdr.cluster.estimator import (
     GCResult,
     GenerativeClustering,
+    NotFittedError,
     describe_clusters,
     fit_generative,
     fit_prepared,
@@ -111,6 +112,7 @@ from gdr.cluster.split_merge import _merge_costs, _split_gains, _split_merge  # 
 __all__ = [
     "GCResult",
     "GenerativeClustering",
+    "NotFittedError",
     "auto_alpha",
     "effective_sample_size",
     "resolve_alpha",

@@ -25,7 +25,14 @@ def as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
     """``x`` as a float32/float64 ndarray of shape (n, J); clear errors otherwise."""
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
+    if hasattr(x, "tocsr"):  # a scipy.sparse matrix: np.asarray would make a 0-d object array of it
+        raise ValueError(f"{name} is a sparse matrix; pass a dense array of log-probabilities ({name}.toarray())")
     x = np.asarray(x)
+    if x.dtype == object:  # e.g. pandas' nullable Float64 columns: numbers unless a value is not one
+        try:
+            x = x.astype(np.float64)
+        except (TypeError, ValueError):
+            pass
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of shape (n_docs, n_queries); got shape {x.shape}")
     if x.dtype not in (np.float32, np.float64):
@@ -54,6 +61,19 @@ def _check_finite(x: np.ndarray, name: str) -> None:
                 f"{int((~np.isfinite(x[bad_rows])).sum())} non-finite value(s) in all): log-probabilities "
                 "must be finite. Re-score that pair, drop the row/column, or floor -inf, e.g. "
                 "np.maximum(logp, -1e4).")
+
+
+def check_log_probabilities(x: np.ndarray, name: str, tol: float = 1e-3) -> None:
+    """Refuse a matrix that cannot be log-probabilities: a value above 0 (``tol`` allows a scorer's rounding), or
+    no value below 0, as probabilities in [0, 1] given where their logarithms are expected would be."""
+    hi, lo = float(x.max()), float(x.min())
+    if lo >= 0:
+        raise ValueError(f"{name} has no value below 0 (all in [{lo:g}, {hi:g}]): it looks like probabilities; "
+                         f"{name} holds log-probabilities log p(query | doc): pass np.log({name})")
+    if hi > tol:
+        i, j = np.unravel_index(int(np.argmax(x)), x.shape)
+        raise ValueError(f"{name}[{i}, {j}] = {hi:g} > 0: {name} holds log-probabilities log p(query | doc), which "
+                         f"are <= 0; pass np.log of probabilities, or scores as log-probabilities")
 
 
 def check_n_clusters(n_clusters: int, n_docs: int) -> None:

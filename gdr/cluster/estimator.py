@@ -2,6 +2,7 @@
 :func:`init_centroids`, :class:`GenerativeClustering` (scikit-learn style) and :func:`describe_clusters`."""
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from gdr.cluster.equations import (
     _distortion_matrix,
     _row_blocks,
     as_2d_float,
+    check_log_probabilities,
     check_n_clusters,
     clip_bounds_unchecked,
     log_proposal_unchecked,
@@ -26,6 +28,7 @@ from gdr.cluster.equations import (
 )
 from gdr.cluster.split_merge import _split_merge
 from gdr.options import GCFitOptions
+from gdr.rules import check_values, rule_of
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +186,14 @@ def init_centroids(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init
 # ----------------------------------------------------------------------------------------------
 # estimator
 
+class NotFittedError(ValueError, AttributeError):
+    """A model used before ``fit``: a ValueError and an AttributeError, as scikit-learn's ``NotFittedError`` is."""
+
+
 class GenerativeClustering:
-    """Generative clustering (Algorithm 1), scikit-learn style.
+    """Generative clustering (Algorithm 1), a scikit-learn estimator by its protocol (``get_params`` /
+    ``set_params``, so ``sklearn.base.clone`` and ``Pipeline`` take it; ``fit(X, y=None)``; ``NotFittedError`` before
+    ``fit``), without depending on scikit-learn. The randomness is ``seed`` (scikit-learn's ``random_state``).
 
     Parameters
     ----------
@@ -240,15 +249,39 @@ class GenerativeClustering:
             raise ValueError(f"seed must be an integer in [0, 2^32) or a numpy Generator; got {self.seed!r}")
         _check_fit_params(self.init, self.n_init, self.max_iter, self.tol)
         _check_split_merge(self.split_merge)
+        device = str(self.device) if isinstance(self.device, torch.device) else self.device
+        check_values({"device": device}, (rule_of(GCFitOptions.__dataclass_fields__["device"], "device"),))
 
-    def fit(self, logp: np.ndarray) -> "GenerativeClustering":
-        """Cluster documents from ``logp`` = log P of shape (n_docs, n_queries).
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor's arguments by name (scikit-learn's protocol: ``clone``, grid searches)."""
+        return {name: getattr(self, name) for name in _PARAMS}
+
+    def set_params(self, **params) -> "GenerativeClustering":
+        """Set constructor arguments by name (checked at the next ``fit``); an unknown name is refused."""
+        unknown = sorted(set(params) - set(_PARAMS))
+        if unknown:
+            raise ValueError(f"GenerativeClustering has no parameter {', '.join(map(repr, unknown))}; "
+                             f"its parameters: {', '.join(_PARAMS)}")
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __sklearn_tags__(self):
+        """scikit-learn's tags, which its ``Pipeline`` and searches read from version 1.6 on: a clusterer."""
+        from sklearn.utils import Tags, TargetTags  # optional: gdr[eval] (only scikit-learn calls this)
+
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False))
+
+    def fit(self, logp: np.ndarray, y=None) -> "GenerativeClustering":
+        """Cluster documents from ``logp`` = log P of shape (n_docs, n_queries) (``y`` is ignored: scikit-learn's
+        signature).
 
         Clipping, phi and W are streamed in row blocks: besides ``logp`` only one N x J array
         (V, kernel dtype) is held.
         """
         self._check_params()
         logp = as_2d_float(logp, "logp", min_rows=2)
+        check_log_probabilities(logp, "logp")
         check_n_clusters(self.n_clusters, logp.shape[0])
         self.clip_upper_ = None if self.clip_sigma is None else clip_bounds_unchecked(logp, float(self.clip_sigma))
         self.alpha_ = alpha = resolve_alpha(self.alpha, logp, ess_target=self.ess_target, phi=self.phi,
@@ -272,8 +305,9 @@ class GenerativeClustering:
 
     def _check_fitted(self, x, name: str) -> np.ndarray:
         if not hasattr(self, "log_centroids_"):
-            raise RuntimeError("GenerativeClustering is not fitted yet; call fit(logp) first")
+            raise NotFittedError("GenerativeClustering is not fitted yet; call fit(logp) first")
         x = as_2d_float(x, name)
+        check_log_probabilities(x, name)
         if x.shape[1] != self.n_features_in_:
             raise ValueError(f"{name} has {x.shape[1]} columns but the model was fitted on "
                              f"{self.n_features_in_} queries; score the same sampled queries")
@@ -294,8 +328,12 @@ class GenerativeClustering:
         """Cluster of new documents (rows of log P over the same queries), int64 of shape (n,)."""
         return self.transform(logp_rows).argmin(axis=1).astype(np.int64)
 
-    def fit_predict(self, logp: np.ndarray) -> np.ndarray:
+    def fit_predict(self, logp: np.ndarray, y=None) -> np.ndarray:
+        """``fit(logp)``, then the documents' clusters ``labels_``."""
         return self.fit(logp).labels_
+
+
+_PARAMS = tuple(n for n in inspect.signature(GenerativeClustering.__init__).parameters if n != "self")
 
 
 # ----------------------------------------------------------------------------------------------
