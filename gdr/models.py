@@ -121,8 +121,8 @@ class SamplingOptions:
     """How the query generator samples a query (:mod:`gdr.lm.sampling`): the ``sample:`` keys of one draw."""
 
     batch_size: int | str = setting("auto", "queries per decode batch, or auto: the largest that fits a GPU (<= 1024), "
-                                            "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone "
-                                            "(sampler gdr-decode-1)", effect="speed",
+                                            "64 on a CPU. Only the speed changes: query j depends on (seed, j) alone",
+                                    effect="speed",
                                     rule=auto_or(POSITIVE),
                                     rule_help="queries per decode batch (changes speed, not the queries); auto = "
                                               "fits the GPU / fastest on a CPU")

@@ -4,6 +4,7 @@ offline, CPU."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,13 @@ def test_a_spreadsheets_tsv_a_qrels_file_of_any_name_and_a_missing_file_of_docum
     assert (qs.qids, qs.splits, qs.relevant) == (["q0"], ["test"], [["d1"]])
     with pytest.raises(ValueError, match=r"corpus '.*nofile\.jsonl': no such file"):
         load_corpus(str(tmp_path / "nofile.jsonl"))
+    # JSON Lines read as a .tsv (data=tsv data.path=docs.jsonl) said "no id field" of a one-column header
+    from gdr.data.files import load_docs_file
+
+    (tmp_path / "docs.jsonl").write_text('{"id": "d0", "text": "a"}\n{"id": "d1", "text": "b"}\n')
+    with pytest.raises(ValueError, match=r"docs\.jsonl:1: a JSON object where a \.tsv file has its header line: the "
+                                         r"file is JSON Lines; load it with data=jsonl"):
+        load_docs_file(tmp_path / "docs.jsonl", fmt="tsv")
 
 
 def test_in_memory_corpora_from_texts_pandas_and_datasets():
@@ -243,3 +251,18 @@ def test_no_empty_progress_bar_when_p_is_reused(llama, tmp_path, capfd):
     assert "score" in capfd.readouterr().err
     score_run(llama, **kw)  # every shard finished: nothing to show
     assert "pair" not in capfd.readouterr().err
+
+
+def test_n_docs_above_the_corpus_size_says_it_kept_them_all(tmp_path, caplog):
+    (tmp_path / "docs.jsonl").write_text("".join(f'{{"id": "d{i}", "text": "t {i}"}}\n' for i in range(3)))
+    with caplog.at_level(logging.INFO, logger="gdr"):
+        assert len(load_corpus(str(tmp_path / "docs.jsonl"), n_docs=50)) == 3
+    assert "n_docs=50 asked, the corpus has 3 documents: all of them are kept" in caplog.text
+
+
+def test_a_folder_without_p_is_not_answered_with_a_command_that_scores_the_default_corpus(tmp_path):
+    """A folder of no saved config has no `gdr score` of its own: the default command would score all of BBC into
+    it (hours on a CPU), or into the user's data folder."""
+    with pytest.raises(FileNotFoundError, match=r"P.manifest.json not found: score a corpus into it first \(`gdr "
+                                                 r"score data=<your corpus> out=.*nothing`\)"):
+        gdr.load_run(tmp_path / "nothing")

@@ -502,6 +502,8 @@ class Corpus:
 
         ``n=None`` or ``n >= len(self)`` returns the whole corpus.
         """
+        if n is not None and n > len(self):
+            log.info("%s: n_docs=%d asked, the corpus has %d documents: all of them are kept", self.name, n, len(self))
         if n is None or n >= len(self):
             return self
         if n < 0:

@@ -54,6 +54,9 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
             continue
         cols = line.split("\t")
         if header is None:
+            if line.lstrip("\ufeff \t").startswith("{"):
+                raise DataError(f"{path}:{lineno}: a JSON object where a .tsv file has its header line: the file is "
+                                f"JSON Lines; load it with data=jsonl")
             header = [c.strip() for c in cols]
             header[0] = header[0].removeprefix("\ufeff")  # the byte order mark of a spreadsheet's "UTF-8" export
             continue

@@ -449,7 +449,10 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True, require_
     if man is not None:
         require_format(man, out / P_MANIFEST, out)
     if man is None and require_manifest:
-        raise FileNotFoundError(f"{out / P_MANIFEST} not found: run `{RerunCommand('score', out)}` first")
+        # a folder of no saved config has no command of its own: the default one would score the default corpus
+        how = RerunCommand("score", out, "run `{}` first", fallback=f"score a corpus into it first (`gdr score "
+                           f"data=<your corpus> out={out}`), or pass the folder of a `gdr score` run")
+        raise FileNotFoundError(f"{out / P_MANIFEST} not found: {how}")
     if man is None and not out.is_dir():
         raise FileNotFoundError(f"P-matrix run folder {out} does not exist; pass run=<folder of `gdr score`>")
     man = man or {}
