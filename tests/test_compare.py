@@ -179,6 +179,14 @@ def test_seed_noise_widens_the_interval_and_asks_for_more_seeds():
     v = primary_verdict(t, margin=1.0)
     assert v["status"] == "undecided"
     assert v["needed"]["seeds"] is not None and v["needed"]["seeds"] > 3 and "seeds a scheme" in v["line"]
+    # the counts named decide it by the same interval: at them, t(df) x se reaches the goal, one fewer does not
+    # (advice that named the run's own counts, when a bootstrap and a normal-quantile SE disagreed, is not possible)
+    from gdr.eval.compare import _parts, _t
+    goal = max(abs(t.diff), 1.0 - abs(t.diff))
+    s = v["needed"]["seeds"]
+    half = [float(_t(0.95, df) * se) for se, df in (_parts(t.var_query, t.var_seed_a, t.var_seed_b, 2000, c, c)
+                                                    for c in (s - 1, s))]
+    assert half[1] <= goal < half[0]
 
 
 def test_the_standard_error_adds_the_query_and_the_seed_parts_with_their_degrees_of_freedom():
