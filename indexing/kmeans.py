@@ -53,9 +53,9 @@ class KMeansSplitter:
 
     embeddings: np.ndarray
     seed: int = 0
-    n_init: int = 1
-    max_iter: int = 25
-    spherical: bool = False
+    n_init: int = IndexKMeans.n_init
+    max_iter: int = IndexKMeans.max_iter
+    spherical: bool = IndexKMeans.spherical
 
     def __call__(self, rows: np.ndarray, path: tuple[int, ...], n_children: int) -> SplitResult:
         x = np.ascontiguousarray(self.embeddings[rows], dtype=np.float32)   # (n, d)

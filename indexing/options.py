@@ -159,14 +159,17 @@ class IndexKMeans:
     embed_model: str = setting(EMBED_MODEL, "hkmi (embedding=model) and bmi: any sentence-transformers model "
                                           "(bundled minilm-l6 works offline)", effect="result",
                                rule=any_value)
-    embedding: str = setting("model", "hkmi's document vectors: model = embed_model | tfidf-svd = tf-idf of the "
-                                      "texts reduced by TruncatedSVD (no neural model, so not the retriever's "
-                                      "encoder); bmi always embeds its queries with embed_model", effect="result",
-                             rule=one_of("model", "tfidf-svd"), rule_help="hkmi's document vectors")
+    embedding: str = setting("model", "the vectors hkmi clusters (of the documents) and bmi averages (of each "
+                                      "document's generated queries): model = embed_model | tfidf-svd = tf-idf of "
+                                      "the texts reduced by TruncatedSVD (no neural model, so not the retriever's "
+                                      "encoder)", effect="result",
+                             rule=one_of("model", "tfidf-svd"), rule_help="hkmi's and bmi's vectors")
     svd_dim: int = setting(256, "embedding=tfidf-svd: SVD components (at most n_docs - 1 and the vocabulary - 1)",
                            effect="result", rule=POSITIVE, rule_help="SVD components of embedding=tfidf-svd")
     batch_size: int = setting(EMBED_BATCH, "texts per encoder batch", effect="result", rule=POSITIVE)
-    n_init: int = setting(1, "faiss nredo", effect="result", rule=POSITIVE)
+    n_init: int = setting(10, "k-means runs a node (faiss nredo), each from its own random centroids, the lowest "
+                              "inertia kept: NCI keeps the best of 100 k-means++ runs, GC the best of 10 at the root",
+                          effect="result", rule=POSITIVE)
     max_iter: int = setting(25, "faiss niter", effect="result", rule=POSITIVE)
     spherical: bool = setting(False, effect="result", rule=boolean)
 

@@ -600,3 +600,31 @@ def test_hkmi_on_tfidf_svd_gives_prefix_codes_the_same_under_a_seed(tmp_path):
     check_prefix_code(read_docids(c / "docids.tsv")[1], 4)
     man = json.loads((a / "manifest.json").read_text())
     assert man["embed_model"] == "tfidf-svd" and man["embedding_dim"] == 6
+
+
+def test_bmi_on_tfidf_svd_averages_its_queries_vectors_without_a_neural_model(tmp_path, monkeypatch):
+    """``kmeans.embedding=tfidf-svd`` is BMI's too (the BBC protocol keeps both k-means schemes off the retriever's
+    own encoder): its per-document vectors are the means of tf-idf + SVD vectors of the documents' queries, and no
+    sentence encoder is loaded."""
+    from gdr.cli.commands.index import index_main
+    from gdr.indexing.kmeans import query_mean_embeddings, tfidf_svd_embeddings
+    from gdr.stages import index as index_stage
+
+    def no_model(*a, **k):
+        raise AssertionError("tfidf-svd loads no sentence encoder")
+
+    monkeypatch.setattr(index_stage, "default_embed_fn", no_model)
+    texts = topic_texts(40)
+    queries = {f"d{i}": [" ".join(t.split()[j:j + 4]) for j in (0, 2, 4)] for i, t in enumerate(texts)}
+    dq = tmp_path / "doc_queries.jsonl"
+    dq.write_text("".join(json.dumps({"doc_id": d, "queries": q}) + "\n" for d, q in queries.items()))
+    out = tmp_path / "bmi"
+    assert index_main(["method=bmi", f"kmeans.doc_queries={dq}", "kmeans.embedding=tfidf-svd", "kmeans.svd_dim=6",
+                       "n_clusters=4", "leaf_size=4", f"out={out}", "progress=false", "plot=false"]) == 0
+    ids, codes = read_docids(out / "docids.tsv")
+    check_prefix_code(codes, 4)
+    assert sorted(ids) == sorted(queries)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["embed_model"] == "tfidf-svd" and man["embedding_dim"] == 6
+    emb = query_mean_embeddings(list(queries), queries, lambda t: tfidf_svd_embeddings(t, dim=6, seed=0))
+    assert emb.shape == (40, 6) and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)

@@ -230,8 +230,7 @@ def stage_jobs(root: Path, corpus: Corpus, queries: QuerySet, score: Path, doc_q
         return {"n_docs": result["n_docs"]}
 
     def index_build(method: str) -> Callable[[Path], dict]:
-        km = IndexKMeans(embedding="tfidf-svd" if method == "hkmi" else "model",
-                         doc_queries=str(doc_queries) if method == "bmi" else None)
+        km = IndexKMeans(embedding="tfidf-svd", doc_queries=str(doc_queries) if method == "bmi" else None)  # as bbc
         settings = IndexSettings(method=method, n_clusters=k, leaf_size=k, kmeans=km)
 
         def build(folder: Path) -> dict:

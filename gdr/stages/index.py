@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -118,7 +119,9 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         extra.update(run=str(prun.path), n_queries=prun.pmatrix.n_cols, p_matrix_dtype=str(prun.pmatrix.dtype))
     elif cfg.method in ("hkmi", "bmi"):
         km = cfg.kmeans
-        embed_fn = default_embed_fn(km.embed_model, int(km.batch_size))
+        tfidf = km.embedding == "tfidf-svd"
+        embed_fn = (functools.partial(tfidf_svd_embeddings, dim=int(km.svd_dim), seed=int(cfg.seed)) if tfidf
+                    else default_embed_fn(km.embed_model, int(km.batch_size)))
         if cfg.method == "hkmi":
             if load is not None:
                 corpus = load()
@@ -135,10 +138,7 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                     raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")
                 doc_ids, texts = run_ids, [texts[pos[d]] for d in run_ids]
             identity = _claim_index_folder(out, _identity(cfg, doc_ids, texts=hash_strings(texts)))
-            if km.embedding == "tfidf-svd":
-                emb = tfidf_svd_embeddings(texts, int(km.svd_dim), seed=int(cfg.seed))
-            else:
-                emb = document_embeddings(texts, embed_fn)
+            emb = document_embeddings(texts, embed_fn)
         else:
             if not km.doc_queries:
                 raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
@@ -150,7 +150,6 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km.n_init),
                                   max_iter=int(km.max_iter), spherical=bool(km.spherical),
                                   workers=int(cfg.workers), progress=bool(cfg.progress), method=cfg.method)
-        tfidf = cfg.method == "hkmi" and km.embedding == "tfidf-svd"
         extra.update(embed_model="tfidf-svd" if tfidf else km.embed_model, embedding_dim=int(emb.shape[1]))
     elif cfg.method == "random":
         doc_ids = _doc_ids(cfg, run, load)
