@@ -167,9 +167,9 @@ class IndexKMeans:
     svd_dim: int = setting(256, "embedding=tfidf-svd: SVD components (at most n_docs - 1 and the vocabulary - 1)",
                            effect="result", rule=POSITIVE, rule_help="SVD components of embedding=tfidf-svd")
     batch_size: int = setting(EMBED_BATCH, "texts per encoder batch", effect="result", rule=POSITIVE)
-    n_init: int = setting(10, "k-means runs a node (faiss nredo), each from its own random centroids, the lowest "
-                              "inertia kept: NCI keeps the best of 100 k-means++ runs, GC the best of 10 at the root",
-                          effect="result", rule=POSITIVE)
+    n_init: int = same_setting(GCFitOptions, "n_init", "k-means runs a node (faiss nredo), each from its own random "
+                                                       "centroids, the lowest inertia kept: as many as GC's runs at "
+                                                       "its root (NCI keeps the best of 100 k-means++ runs)")
     max_iter: int = setting(25, "faiss niter", effect="result", rule=POSITIVE)
     spherical: bool = setting(False, effect="result", rule=boolean)
 
