@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import re
 from collections import Counter
@@ -218,10 +219,9 @@ def _strip_repeated_titles(titles: Sequence[str | None], texts: Sequence[str]) -
     a title is ``3. 5`` in its abstract), ending at a word boundary; the punctuation after it goes too. A text
     that would be left empty stays as it was."""
     out, n = [], 0
-    for title, text in zip(titles, texts):  # one anchored match a document, once at load
-        chars = _ALNUM.findall(title or "")
-        m = re.match(_SEP.join(map(re.escape, chars)) + r"(?![^\W_])[\W_]*", text) if chars else None
-        rest = text[m.end():] if m else ""
+    for title, text in zip(titles, texts):  # once at load: the title's letters against the text's first ones
+        end = _repeat_end(_ALNUM.findall(title or ""), text)
+        rest = text[_SEPARATORS.match(text, end).end():] if end else ""
         if rest:
             out.append(rest)
             n += 1
@@ -229,4 +229,18 @@ def _strip_repeated_titles(titles: Sequence[str | None], texts: Sequence[str]) -
             out.append(text)
     return out, n
 
-_SEP = r"[\W_]*"  # what may stand between two of a title's letters or digits in its repeat
+
+def _repeat_end(chars: list[str], text: str) -> int:
+    """Where the copy of the letters and digits ``chars`` that opens ``text`` ends (0: it opens with none): the
+    text's first ``len(chars)`` letters and digits are ``chars``, the first at position 0, and no letter or digit
+    follows the last. No pattern is compiled per document (Cranfield's 1,400 took 1.9 s that way)."""
+    if not chars:
+        return 0
+    found = list(itertools.islice(_ALNUM.finditer(text), len(chars)))
+    if len(found) < len(chars) or found[0].start() != 0 or any(m.group() != c for m, c in zip(found, chars)):
+        return 0
+    end = found[-1].end()
+    return 0 if _ALNUM.match(text, end) else end
+
+
+_SEPARATORS = re.compile(r"[\W_]*")  # what may follow a repeated title, and stand between its letters
