@@ -265,3 +265,41 @@ def _logged_steps(out) -> list[tuple[str, str]]:
 
     with open(out / "logs" / "metrics.csv", newline="") as f:
         return sorted((r["step"], k) for r in csv.DictReader(f) for k, v in r.items() if v != "" and k != "step")
+
+
+def test_the_token_nll_scores_only_the_query_tokens_and_equals_the_full_log_softmax_bit_for_bit():
+    """The fine-tune's loss takes the log-softmax at the scored tokens alone: the per-sequence sums and every
+    gradient equal those of the log-softmax over every position, masked, to the bit."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gdr.training.qg import QGModule
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    module = QGModule(model, lr=1e-3, weight_decay=0.0, warmup_steps=1, seq2seq=False)
+    ids = torch.randint(0, 500, (4, 30))
+    mask = torch.ones(4, 30, dtype=torch.long)
+    mask[1, 25:] = 0
+    labels = torch.full((4, 30), -100)
+    labels[:, 20:] = ids[:, 20:]
+    labels[1, 25:] = -100
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def every_position(batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        tgt = batch["labels"][:, 1:]
+        valid = tgt != -100
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, tgt.clamp_min(0)[..., None])[..., 0]
+        return -(lp * valid).sum(-1), valid.sum(-1)
+
+    out = []
+    for nll_of in (every_position, module._token_nll):
+        model.zero_grad()
+        nll, n = nll_of(batch)
+        (nll.sum() / n.sum()).backward()
+        out.append((nll.detach(), n, [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    assert out[1][1].tolist() == [10, 5, 10, 10]
+    assert all(torch.equal(a, b) for a, b in zip(out[0][2], out[1][2]))
