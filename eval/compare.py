@@ -363,14 +363,15 @@ def seed_query_test(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("a",
     var_b = float(mb.var(ddof=1)) if sb > 1 else 0.0
     se, df = (float(x) for x in _parts(var_q, var_a, var_b, n, sa, sb))
     diff = float(d_q.mean())
-    half = _t(confidence, df) * se
+    t_conf = _t(confidence, df)
+    half = t_conf * se
     return SeedQueryTest(names[0], names[1], metric, n, sa, sb, round(diff, 4),
                          [round(diff - half, 4), round(diff + half, 4)], round(se, 4),
                          round(df, 2) if np.isfinite(df) else float(n - 1), round(var_q, 6), round(var_a, 6),
                          round(var_b, 6), round(float(ma.mean()), 4),
                          round(float(ma.std(ddof=1)), 4) if sa > 1 else None, round(float(mb.mean()), 4),
                          round(float(mb.std(ddof=1)), 4) if sb > 1 else None,
-                         round((_t(confidence, df) + _t(2 * POWER - 1, df)) * se, 4))
+                         round((t_conf + _t(2 * POWER - 1, df)) * se, 4))
 
 
 def _t(confidence: float, df: np.ndarray | float) -> np.ndarray | float:

@@ -480,7 +480,8 @@ def test_what_cannot_be_log_probabilities_is_refused_with_what_to_pass():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device=cuda: CUDA is not available on this machine; use cpu"):
             GenerativeClustering(3, device="cuda").fit(lp)
-    pd = pytest.importorskip("pandas")
+    import pandas as pd  # the test extra has it (PyTerrier's, datasets')
+
     frame = pd.DataFrame(lp).astype("Float64")  # nullable floats: an object array to numpy
     np.testing.assert_array_equal(GenerativeClustering(3, n_init=1).fit(frame).labels_, gc.labels_)
 

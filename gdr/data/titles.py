@@ -233,7 +233,7 @@ def _strip_repeated_titles(titles: Sequence[str | None], texts: Sequence[str]) -
 def _repeat_end(chars: list[str], text: str) -> int:
     """Where the copy of the letters and digits ``chars`` that opens ``text`` ends (0: it opens with none): the
     text's first ``len(chars)`` letters and digits are ``chars``, the first at position 0, and no letter or digit
-    follows the last. No pattern is compiled per document (Cranfield's 1,400 took 1.9 s that way)."""
+    follows the last. It compares characters, compiling no pattern per document."""
     if not chars:
         return 0
     found = list(itertools.islice(_ALNUM.finditer(text), len(chars)))
@@ -243,4 +243,4 @@ def _repeat_end(chars: list[str], text: str) -> int:
     return 0 if _ALNUM.match(text, end) else end
 
 
-_SEPARATORS = re.compile(r"[\W_]*")  # what may follow a repeated title, and stand between its letters
+_SEPARATORS = re.compile(r"[\W_]*")  # the spacing and punctuation after a repeated title, removed with it
