@@ -66,12 +66,11 @@ from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, p
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
 from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings, section_from
 from gdr.stages.train import model_config_from, retriever_folds, retriever_name, training_threads
-from gdr.training.concurrent import concurrent_for_memory
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
 from gdr.training.options import ExampleOptions, TrainerOptions
 from gdr.training.stopping import effective_min_steps, patience_checks, steps_per_check
-from gdr.training.train import CPU_BATCH, cuda_batch_size
+from gdr.training.train import CPU_BATCH, concurrent_for_memory, cuda_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -536,7 +535,7 @@ def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates
 def _concurrent(setting, rc, batch: int, rates: _Rates, n_ret: int, gpus: int, memory: float, passes: int) -> int:
     """``train.concurrent`` for ``n_ret`` retrievers, as :func:`gdr.stages.train.retrievers_at_once` resolves it: 1
     where each retriever trains data-parallel over several ``gpus``; a number is kept (at most ``n_ret``); ``auto``
-    is 1 on the CPU and on a GPU what :func:`gdr.training.concurrent.concurrent_for_memory` fits in ``memory``."""
+    is 1 on the CPU and on a GPU what :func:`gdr.training.train.concurrent_for_memory` fits in ``memory``."""
     if gpus > 1:
         return 1
     if str(setting) != "auto":

@@ -164,10 +164,10 @@ def _model_bytes(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_retriever_trains_to_the_same_bytes_alone_after_another_and_concurrently(setup, tmp_path, capsys):
+def test_a_retriever_trains_to_the_same_bytes_alone_and_after_another(setup, tmp_path, capsys):
     """The retriever `mini` (whose CPU sums depend on the thread count) trained after another in one process, after
-    the query generator set `threads`; alone in a rerun in a process whose thread count an earlier stage left
-    (or a fresh process's default); and two at once (`train.concurrent=2`)."""
+    the query generator set `threads`, and alone in a rerun in a process whose thread count an earlier stage left
+    (or a fresh process's default). Two at once (`train.concurrent=2`): tests/test_train_speed.py."""
     model, folder = setup
     args = ["indexers=[random,atomic]", "train.model.size=mini", "train.trainer.max_steps=2", "threads=2"]
     out = tmp_path / "run"
@@ -180,5 +180,3 @@ def test_a_retriever_trains_to_the_same_bytes_alone_after_another_and_concurrent
     assert main(_args(model, folder, out, *args)) == 0
     assert _ran(out, capsys) == {"train-atomic-s0", "eval-atomic-s0"}
     assert _model_bytes(out) == both
-    assert main(_args(model, folder, tmp_path / "two", *args, "train.concurrent=2")) == 0
-    assert _model_bytes(tmp_path / "two") == both

@@ -10,7 +10,7 @@ import pytest
 from gdr import cost
 from gdr.config import load_config
 from gdr.plan import DEVICES, LM_LOAD_S, StagePlan, _meta_lm, format_plan, measured_figures, plan_run, predict
-from gdr.training.concurrent import concurrent_for_memory
+from gdr.training.train import concurrent_for_memory
 
 STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexing", "bm25", "training", "evaluation",
           "reports"]
@@ -196,7 +196,7 @@ def test_retrievers_at_once_multiply_the_single_rate_up_to_the_limit_and_say_it_
 
 
 def test_auto_concurrency_is_what_the_device_memory_holds(tmp_path, monkeypatch):
-    """``train.concurrent: auto`` (bbc.yaml's) takes the run's rule, gdr.training.concurrent.concurrent_for_memory, at
+    """``train.concurrent: auto`` (bbc.yaml's) takes the run's rule, gdr.training.train.concurrent_for_memory, at
     the device's memory and R-drop's two forward passes: more retrievers at once on an H200 than on an H100, each
     with its own memory."""
     import gdr.plan

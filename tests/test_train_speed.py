@@ -3,8 +3,10 @@ retrievers trained at once, the compiled step and length-bucketed batches."""
 from __future__ import annotations
 
 from dataclasses import asdict
+from functools import partial
 
 import pytest
+import slot_jobs
 from test_pipeline import _args, _last_json, setup  # noqa: F401 (a fixture)
 from test_retriever import tiny_config, toy_corpus, word_tokenizer  # noqa: F401 (a fixture)
 
@@ -66,14 +68,17 @@ def _lock_pid(folder) -> int:
 @pytest.mark.slow
 def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_path, capsys, caplog):
     """`gdr run` with train.concurrent=2 trains its two retrievers in two processes of their own, and each equals,
-    byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move."""
+    byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move. The
+    retriever is `mini`, whose CPU sums depend on the thread count, at `threads=2`: each process trains at the
+    parent's count."""
     import logging
     import os
 
     from gdr.cli import main
 
     root, folder = setup
-    common = ["indexers=[hkmi,random]", "bm25=false", "train.trainer.log_every_n_steps=1"]
+    common = ["indexers=[hkmi,random]", "bm25=false", "train.trainer.log_every_n_steps=1", "train.model.size=mini",
+              "train.trainer.max_steps=2", "threads=2"]
     alone, both = tmp_path / "alone", tmp_path / "both"
     assert main(_args(root, folder, alone, *common, "train.concurrent=1")) == 0
     with caplog.at_level(logging.INFO, logger="gdr.stages.train"):
@@ -100,55 +105,35 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     from gdr.cost import TRAIN_BYTES_PER_PARAM
     from gdr.stages.settings import TrainSettings
     from gdr.stages.train import model_config_from
-    from gdr.training import concurrent
+    from gdr.training import train as training
     from gdr.training.model import meta_param_count
-    from gdr.training.train import train_memory_per_example
 
     s = TrainSettings()
     config = model_config_from({**asdict(s.model), "size": "small30m"}, s.model_presets)
     config.n_digits, config.max_code_len = 11, 5
-    assert concurrent.resolve_concurrent("auto", 15, "cpu", config) == 1
-    assert concurrent.resolve_concurrent(3, 15, "cpu") == 3 and concurrent.resolve_concurrent(20, 15) == 15
-    monkeypatch.setattr(concurrent, "uses_cuda", lambda accelerator: True)
-    monkeypatch.setattr("gdr.training.train.uses_cuda", lambda accelerator: True)
+    assert training.resolve_concurrent("auto", 15, "cpu", config) == 1
+    assert training.resolve_concurrent(3, 15, "cpu") == 3 and training.resolve_concurrent(20, 15) == 15
+    monkeypatch.setattr(training, "uses_cuda", lambda accelerator: True)
     free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
-    n = concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
-    per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * train_memory_per_example(config)
-    need = concurrent.CUDA_CONTEXT_BYTES + per_model / 0.6
+    n = training.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
+    per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * training.train_memory_per_example(config)
+    need = training.CUDA_CONTEXT_BYTES + per_model / 0.6
     assert n == int(free // need) and 2 <= n < 15
-    assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n
-    assert concurrent.resolve_concurrent("auto", 15, "auto", config, 64, n_train=29_000, free_bytes=free) == 15
-    assert concurrent.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=1e9) == 1
-
-
-def _square(x: int) -> int:
-    return x * x
-
-
-def _fail(x: int) -> int:
-    raise ValueError(f"job {x}: bad input")
-
-
-def _killed(x: int) -> int:
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)
-    return x
+    assert training.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n
+    assert training.resolve_concurrent("auto", 15, "auto", config, 64, n_train=29_000, free_bytes=free) == 15
+    assert training.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=1e9) == 1
 
 
 @pytest.mark.slow
 def test_a_killed_training_slot_is_one_line_saying_to_rerun():
     """kill -9 of one training worker under train.concurrent=2 is one line naming the job, the signal and the way
     on, not a traceback."""
-    from functools import partial
-
     from gdr.signals import WorkerDied
     from gdr.training.concurrent import run_concurrently
     from gdr.validate import error_line
 
     with pytest.raises(WorkerDied) as e:
-        run_concurrently([partial(_square, 0), partial(_killed, 1)], 2)
+        run_concurrently([partial(slot_jobs.square_and_pid, 0), partial(slot_jobs.killed, 1)], 2)
     assert str(e.value) == ("the training process of job 1 was killed by SIGKILL (kill -9, or the kernel's "
                             "out-of-memory killer) before it finished; the other jobs stopped at their resume points: "
                             "rerun the same command to continue")
@@ -156,17 +141,22 @@ def test_a_killed_training_slot_is_one_line_saying_to_rerun():
 
 
 @pytest.mark.slow
-def test_run_concurrently_returns_results_in_order_and_raises_a_jobs_error():
-    from functools import partial
+def test_run_concurrently_returns_results_in_order_from_one_worker_per_slot_and_raises_a_jobs_error():
+    """Five jobs in two slots: their results in the jobs' order, from two processes (a spawn per slot, not per
+    job); ``on_done`` of each job runs in this process. The first job that fails raises its exception here."""
+    import os
 
     from gdr.training.concurrent import run_concurrently
 
     done = []
-    squares = run_concurrently([partial(_square, i) for i in range(3)], 2, on_done=lambda i, r: done.append(i))
-    assert squares == [0, 1, 4]
-    assert sorted(done) == [0, 1, 2]
+    results = run_concurrently([partial(slot_jobs.square_and_pid, i) for i in range(5)], 2,
+                               on_done=lambda i, r: done.append(i))
+    assert [square for square, _ in results] == [0, 1, 4, 9, 16]
+    pids = {pid for _, pid in results}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert sorted(done) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="job 1: bad input"):
-        run_concurrently([partial(_square, 0), partial(_fail, 1)], 2)
+        run_concurrently([partial(slot_jobs.square_and_pid, 0), partial(slot_jobs.fail, 1)], 2)
 
 
 @pytest.mark.slow
@@ -355,24 +345,3 @@ def test_retrievers_at_once_keeps_a_number_and_is_one_when_each_uses_several_dev
     assert retrievers_at_once(TrainSettings(concurrent=3), 2) == 2
     assert retrievers_at_once(TrainSettings(), 15) == 1  # auto on the CPU
     assert retrievers_at_once(TrainSettings.merged(concurrent=3, trainer={"devices": 2}), 15) == 1
-
-
-def _pid(_: int) -> int:
-    import os
-
-    return os.getpid()
-
-
-@pytest.mark.slow
-def test_run_concurrently_spawns_one_worker_per_slot_and_hands_each_result_on_while_the_others_work():
-    """Five jobs in two slots run in two processes (a spawn per slot, not per job); ``on_done`` of a job runs in
-    this process once its slot has taken the next job."""
-    import os
-    from functools import partial
-
-    from gdr.training.concurrent import run_concurrently
-
-    done = []
-    pids = run_concurrently([partial(_pid, i) for i in range(5)], 2, on_done=lambda i, r: done.append(i))
-    assert len(set(pids)) == 2 and os.getpid() not in pids
-    assert sorted(done) == [0, 1, 2, 3, 4]

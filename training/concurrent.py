@@ -9,14 +9,16 @@ Processes sharing the device rather than one process stepping several models:
   retriever trained beside others takes the code path it takes alone: the same seed gives the same model (on the
   CPU exactly, at the same thread count; on CUDA within the kernels' own non-determinism). One process stepping
   several models would share one global RNG and one Lightning loop between them.
-- The price: a CUDA context per process (~500 MB; :data:`CUDA_CONTEXT_BYTES` in the memory plan) and a few seconds
-  of imports per process.
+- The price: a CUDA context per process (~500 MB; :data:`gdr.training.train.CUDA_CONTEXT_BYTES` in the memory
+  plan, where :func:`gdr.training.train.resolve_concurrent` decides how many fit) and a few seconds of imports per
+  process.
 
 One worker per slot (``concurrent`` of them), each training the jobs it is handed one after another: a spawn's
 imports and CUDA context are paid once per slot, not once per retriever. Workers start with ``spawn`` (a forked
 child cannot use CUDA once the parent did), die with their parent (:func:`gdr.guard.die_with_parent`), and hand
-back each result as it finishes. A stop (SIGTERM, Ctrl-C, a failed
-job) sends SIGTERM to the running workers, which write their resume point and exit.
+back each result as it finishes. A stop (SIGTERM, Ctrl-C, a failed job) sends SIGTERM to the running workers, which
+write their resume point and exit. This module imports torch and gdr's ground floor only: a slot pays for the
+imports of the jobs it runs, not for the training code's when its jobs do not need it.
 """
 from __future__ import annotations
 
@@ -29,54 +31,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from gdr import cost, signals
-from gdr.device import free_memory
+from gdr import signals
 from gdr.guard import die_with_parent
-from gdr.training.model import RetrieverConfig, meta_param_count
-from gdr.training.options import TrainerOptions
-from gdr.training.train import resolve_batch_size, train_memory_per_example, uses_cuda
 
-log = logging.getLogger(__name__)
-
-__all__ = ["CUDA_CONTEXT_BYTES", "concurrent_for_memory", "resolve_concurrent", "run_concurrently", "slot_threads"]
-
-CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDNN workspaces
-
-
-def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: float, n_jobs: int,
-                          passes: int = 1) -> int:
-    """How many retrievers training at ``batch_size`` (``passes`` forward passes a step) fit in ``free_bytes`` at once
-    (at least 1, at most ``n_jobs``).
-
-    Each needs its CUDA context and what the batch rule plans for it
-    (:func:`gdr.training.train.train_batch_for_memory`):
-    :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the
-    activations of ``batch_size`` examples, within 60% of the memory left to it. So the last one to start still
-    finds the memory its batch was sized for, and a retriever trained beside others gets the batch it would get
-    alone."""
-    fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
-    need = CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config, passes)) / 0.6
-    return int(max(1, min(n_jobs, free_bytes // need)))
-
-
-def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = TrainerOptions.accelerator,
-                       config: RetrieverConfig | None = None, batch_size: int | str = TrainerOptions.batch_size,
-                       n_train: int | None = None, free_bytes: float | None = None, passes: int = 1) -> int:
-    """``train.concurrent``: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the CPU and on CUDA what
-    :func:`concurrent_for_memory` fits at the batch each retriever will train at (``config``, ``n_train``: an upper
-    bound on its training examples, ``passes``: forward passes a step, as
-    :func:`gdr.training.train.resolve_batch_size` takes them)."""
-    if concurrent != "auto":
-        return max(1, min(int(concurrent), n_jobs))
-    if not uses_cuda(accelerator) or config is None or n_jobs <= 1:
-        return 1
-    if free_bytes is None:
-        free_bytes = free_memory()
-    batch = resolve_batch_size(batch_size, accelerator, config=config, n_train=n_train, free_bytes=free_bytes,
-                               passes=passes)
-    n = concurrent_for_memory(config, batch, free_bytes, n_jobs, passes)
-    log.info("train.concurrent=auto: %d retrievers at once (batch %d, %.1f GB free)", n, batch, free_bytes / 1e9)
-    return n
+__all__ = ["run_concurrently", "slot_threads"]
 
 
 def _slot(conn, parent: int, threads: int, level: int) -> None:

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
            "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory",
-           "train_memory_per_example", "cuda_batch_size"]
+           "train_memory_per_example", "cuda_batch_size", "CUDA_CONTEXT_BYTES", "concurrent_for_memory",
+           "resolve_concurrent"]
 
 
 LR_SCALINGS = ("sqrt", "linear", "none")
@@ -143,6 +144,45 @@ def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | N
         by_data = 2 ** int(np.log2(max(n_train // MIN_STEPS_PER_EPOCH, 1)))
         bs = min(bs, max(GPU_BATCH, by_data))
     return bs
+
+
+CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDNN workspaces
+
+
+def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: float, n_jobs: int,
+                          passes: int = 1) -> int:
+    """How many retrievers training at ``batch_size`` (``passes`` forward passes a step) fit in ``free_bytes`` at once
+    (at least 1, at most ``n_jobs``).
+
+    Each needs its CUDA context and what the batch rule plans for it
+    (:func:`train_batch_for_memory`):
+    :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the
+    activations of ``batch_size`` examples, within 60% of the memory left to it. So the last one to start still
+    finds the memory its batch was sized for, and a retriever trained beside others gets the batch it would get
+    alone."""
+    fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
+    need = CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config, passes)) / 0.6
+    return int(max(1, min(n_jobs, free_bytes // need)))
+
+
+def resolve_concurrent(concurrent: int | str, n_jobs: int, accelerator: str = TrainerOptions.accelerator,
+                       config: RetrieverConfig | None = None, batch_size: int | str = TrainerOptions.batch_size,
+                       n_train: int | None = None, free_bytes: float | None = None, passes: int = 1) -> int:
+    """``train.concurrent``: a number is kept (at most ``n_jobs``); ``auto`` is 1 on the CPU and on CUDA what
+    :func:`concurrent_for_memory` fits at the batch each retriever will train at (``config``, ``n_train``: an upper
+    bound on its training examples, ``passes``: forward passes a step, as
+    :func:`gdr.training.train.resolve_batch_size` takes them)."""
+    if concurrent != "auto":
+        return max(1, min(int(concurrent), n_jobs))
+    if not uses_cuda(accelerator) or config is None or n_jobs <= 1:
+        return 1
+    if free_bytes is None:
+        free_bytes = free_memory()
+    batch = resolve_batch_size(batch_size, accelerator, config=config, n_train=n_train, free_bytes=free_bytes,
+                               passes=passes)
+    n = concurrent_for_memory(config, batch, free_bytes, n_jobs, passes)
+    log.info("train.concurrent=auto: %d retrievers at once (batch %d, %.1f GB free)", n, batch, free_bytes / 1e9)
+    return n
 
 
 def resolve_train_batch(trainer_opts: TrainerOptions, config: RetrieverConfig, n_train: int, passes: int = 1) -> int:

@@ -43,12 +43,13 @@ from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings, resumable
 from gdr.training.callbacks import learning_curve
-from gdr.training.concurrent import resolve_concurrent, run_concurrently, slot_threads
+from gdr.training.concurrent import run_concurrently, slot_threads
 from gdr.training.data import read_generated_queries
 from gdr.training.model import RetrieverConfig
 from gdr.training.train import (
     TrainerOptions,
     TrainResult,
+    resolve_concurrent,
     resolve_fused,
     resolve_train_batch,
     train,

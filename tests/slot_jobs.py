@@ -1,0 +1,21 @@
+"""Jobs for the tests of :func:`gdr.training.concurrent.run_concurrently`, in a module of their own: a spawned slot
+imports the module of each job it unpickles, and this one imports the standard library only."""
+from __future__ import annotations
+
+import os
+import signal
+
+
+def square_and_pid(x: int) -> tuple[int, int]:
+    """``x`` squared and the process that computed it."""
+    return x * x, os.getpid()
+
+
+def fail(x: int) -> int:
+    raise ValueError(f"job {x}: bad input")
+
+
+def killed(x: int) -> int:
+    """kill -9 of the slot that runs it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
