@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from gdr.config import load_config, to_container
+from gdr.eval.compare import _paired_test
 from gdr.eval.retrieval import write_per_query
 from gdr.pipeline import StageRecord
 from gdr.stages.report import write_report
@@ -77,6 +78,16 @@ def bbc_inputs(root: Path, n_retrievers: int | None = None) -> dict:
             "cluster": None, "seconds": 751.0, "eval_dirs": eval_dirs}
 
 
+def _timed_rewrite(inputs: dict) -> float:
+    """Seconds of one ``write_report``, every paired test computed afresh: the comparisons a process keeps
+    (gdr.eval.compare's cache of paired tests of unchanged values) are dropped first, as if every scheme had
+    changed since the last rewrite (a run's rewrite recomputes only the scheme whose retriever just finished)."""
+    _paired_test.cache_clear()
+    t0 = time.perf_counter()
+    write_report(**inputs)
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rewrites", type=int, default=3, help="rewrites timed (default 3)")
@@ -90,20 +101,17 @@ def main(argv: list[str] | None = None) -> int:
             inputs = bbc_inputs(Path(tmp), n)
             times = []
             for _ in range(args.rewrites):
-                t0 = time.perf_counter()
-                write_report(**inputs)
-                times.append(time.perf_counter() - t0)
+                times.append(_timed_rewrite(inputs))
             by_n[n] = round(min(times), 3)
             print(f"report rewrite after {n} retrievers: best {by_n[n]:.3f} s of {args.rewrites}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         inputs = bbc_inputs(Path(tmp))
         seconds = []
         for _ in range(args.rewrites):
-            t0 = time.perf_counter()
-            write_report(**inputs)
-            seconds.append(round(time.perf_counter() - t0, 3))
+            seconds.append(round(_timed_rewrite(inputs), 3))
             print(f"report rewrite: {seconds[-1]:.3f} s", flush=True)
         if args.profile:
+            _paired_test.cache_clear()
             prof = cProfile.Profile()
             prof.runcall(write_report, **inputs)
             out = io.StringIO()

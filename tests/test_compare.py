@@ -189,6 +189,56 @@ def test_seed_noise_widens_the_interval_and_asks_for_more_seeds():
     assert half[1] <= goal < half[0]
 
 
+def test_the_counts_that_would_decide_are_the_fewest_of_an_exhaustive_search():
+    """_needed searches the counts in growing blocks and gives a level up when even infinitely many cannot reach
+    the goal: the same answers as t(df) x se evaluated at every count from the run's own up to the limit."""
+    from scipy import stats
+
+    from gdr.eval.compare import _needed, _parts, seed_query_test
+
+    def exhaustive(t, goal, most):
+        out = {}
+        for level, counts in (("seeds", np.arange(max(t.n_seeds_a, t.n_seeds_b, 2), most + 1)),
+                              ("queries", np.arange(t.n_queries, most + 1))):
+            n, sa, sb = (t.n_queries, counts, counts) if level == "seeds" else (counts, t.n_seeds_a, t.n_seeds_b)
+            se, df = _parts(t.var_query, t.var_seed_a, t.var_seed_b, n, sa, sb)
+            ok = np.flatnonzero(stats.t.ppf(0.975, df) * se <= goal)
+            out[level] = int(counts[ok[0]]) if ok.size else None
+        return out
+
+    rng = np.random.default_rng(3)
+    answers = set()
+    for _ in range(40):
+        sa, sb = (int(x) for x in rng.integers(1, 6, 2))
+        n = int(rng.integers(5, 400))
+        a = (rng.random((sa, n)) < rng.random()) + rng.normal(0, rng.random() * 0.1, (sa, 1))
+        b = (rng.random((sb, n)) < rng.random()) + rng.normal(0, rng.random() * 0.1, (sb, 1))
+        t = seed_query_test(a, b)
+        for goal in (0.003, 0.03, 0.1, 0.3):
+            found = _needed(t, goal, 0.95, most=20_000)
+            assert found == exhaustive(t, goal, 20_000), (t, goal)
+            answers |= {(level, x is None, x == first) for level, x, first in
+                        (("seeds", found["seeds"], max(sa, sb, 2)), ("queries", found["queries"], n))}
+    # every kind of answer was met: none, the run's own count, and a count found further on, at both levels
+    assert answers == {(level, none, own) for level in ("seeds", "queries")
+                       for none, own in ((True, False), (False, True), (False, False))}
+
+
+def test_a_rewritten_report_computes_only_the_comparisons_whose_values_changed():
+    from gdr.eval.compare import _paired_test
+
+    rng = np.random.default_rng(0)
+    systems = {name: {"recall@1": (rng.random((2, 50)) < 0.5).astype(float)} for name in ("gc", "hkmi", "random")}
+    qids = {name: [f"q{i}" for i in range(50)] for name in systems}
+    _paired_test.cache_clear()
+    first = compare_systems(systems, qids, "gc", metrics=["recall@1"])
+    assert _paired_test.cache_info().misses == 2
+    systems["random"] = {"recall@1": np.vstack([systems["random"]["recall@1"], rng.random((1, 50)) < 0.5])}
+    again = compare_systems(systems, qids, "gc", metrics=["recall@1"])
+    assert (_paired_test.cache_info().misses, _paired_test.cache_info().hits) == (3, 1)  # random's seed 2 only
+    assert again[0] == first[0] and again[1] != first[1]
+
+
 def test_the_standard_error_adds_the_query_and_the_seed_parts_with_their_degrees_of_freedom():
     from scipy import stats
 
