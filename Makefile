@@ -61,7 +61,8 @@ test-all: install
 
 # The compatibility lane: the oldest versions we support (pyproject.toml's lower bounds; transformers and
 # Lightning as on the GPU image) in a second virtual environment, running the LM, sampling, scoring, training,
-# pipeline and GPU-bench tests of the fast lane (their `slow` ones run in `make test-slow`, on the current versions).
+# pipeline and GPU-bench tests of the fast lane (their `slow` ones run in `make test-slow`, on the current versions),
+# test by test over the workers (`--dist load`: two large files of 40 s would leave a worker idle under loadfile).
 # torch stays the CPU wheel (2.13.0): the GPU image's 2.11 exists on PyPI only as a CUDA build (530 MB plus GBs
 # of CUDA libraries).
 COMPAT_VENV ?= .venv-compat
@@ -84,7 +85,7 @@ $(COMPAT_VENV)/.installed: $(VENV)/.installed Makefile
 test-compat: $(COMPAT_VENV)/.installed
 	@$(COMPAT_VENV)/bin/python -c "import torch, transformers, pytorch_lightning as pl; \
 	print(f'test-compat: torch {torch.__version__}, transformers {transformers.__version__}, pytorch-lightning {pl.__version__}')"
-	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q $(XDIST) --dist loadfile $(COMPAT_TESTS)
+	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q $(XDIST) --dist load $(COMPAT_TESTS)
 
 # GPU benchmarks (gdr/bench/gpu.py): no `make install` needed, so they run on a bare CUDA image with the
 # dependencies on the path. Exit 2 with one line without CUDA.
