@@ -444,6 +444,7 @@ def search_bytes_per_query(model: torch.nn.Module, query_tokens: float, beam: in
 
 # ---------------------------------------------------------------------------- memory, and what fits
 TRAIN_BYTES_PER_PARAM = 20  # fp32 weight, gradient and two AdamW moments, and a bf16 copy of the weight
+CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDNN workspaces
 
 
 def train_memory_per_example(enc: Dims, dec: Dims, query_len: int, code_len: int, n_digits: int,

@@ -102,7 +102,7 @@ def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_pa
 
 
 def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypatch):
-    from gdr.cost import TRAIN_BYTES_PER_PARAM
+    from gdr import cost
     from gdr.stages.settings import TrainSettings
     from gdr.stages.train import model_config_from
     from gdr.training import train as training
@@ -116,8 +116,8 @@ def test_concurrent_auto_is_one_on_the_cpu_and_fills_a_gpus_free_memory(monkeypa
     monkeypatch.setattr(training, "uses_cuda", lambda accelerator: True)
     free = 139e9  # an H200; BBC's ~29,000 examples a retriever resolve batch auto to 1,024
     n = training.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free)
-    per_model = TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * training.train_memory_per_example(config)
-    need = training.CUDA_CONTEXT_BYTES + per_model / 0.6
+    per_model = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config) + 1024 * training.train_memory_per_example(config)
+    need = cost.CUDA_CONTEXT_BYTES + per_model / 0.6
     assert n == int(free // need) and 2 <= n < 15
     assert training.resolve_concurrent("auto", 15, "auto", config, "auto", n_train=29_000, free_bytes=free / 2) < n
     assert training.resolve_concurrent("auto", 15, "auto", config, 64, n_train=29_000, free_bytes=free) == 15

@@ -9,7 +9,7 @@ Processes sharing the device rather than one process stepping several models:
   retriever trained beside others takes the code path it takes alone: the same seed gives the same model (on the
   CPU exactly, at the same thread count; on CUDA within the kernels' own non-determinism). One process stepping
   several models would share one global RNG and one Lightning loop between them.
-- The price: a CUDA context per process (~500 MB; :data:`gdr.training.train.CUDA_CONTEXT_BYTES` in the memory
+- The price: a CUDA context per process (with its workspaces, :data:`gdr.cost.CUDA_CONTEXT_BYTES` in the memory
   plan, where :func:`gdr.training.train.resolve_concurrent` decides how many fit) and a few seconds of imports per
   process.
 

@@ -49,8 +49,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "TrainResult", "train", "scaled_optim",
            "resolve_batch_size", "resolve_train_batch", "resolve_fused", "train_batch_for_memory",
-           "train_memory_per_example", "cuda_batch_size", "CUDA_CONTEXT_BYTES", "concurrent_for_memory",
-           "resolve_concurrent"]
+           "train_memory_per_example", "cuda_batch_size", "concurrent_for_memory", "resolve_concurrent"]
 
 
 LR_SCALINGS = ("sqrt", "linear", "none")
@@ -146,22 +145,19 @@ def cuda_batch_size(config: RetrieverConfig, free_bytes: float, n_train: int | N
     return bs
 
 
-CUDA_CONTEXT_BYTES = 600 << 20  # one process's CUDA context and its cuBLAS/cuDNN workspaces
-
-
 def concurrent_for_memory(config: RetrieverConfig, batch_size: int, free_bytes: float, n_jobs: int,
                           passes: int = 1) -> int:
     """How many retrievers training at ``batch_size`` (``passes`` forward passes a step) fit in ``free_bytes`` at once
     (at least 1, at most ``n_jobs``).
 
-    Each needs its CUDA context and what the batch rule plans for it
+    Each needs its CUDA context (:data:`gdr.cost.CUDA_CONTEXT_BYTES`) and what the batch rule plans for it
     (:func:`train_batch_for_memory`):
     :data:`gdr.cost.TRAIN_BYTES_PER_PARAM` a parameter (weights, gradients, AdamW states, bf16 copies) and the
     activations of ``batch_size`` examples, within 60% of the memory left to it. So the last one to start still
     finds the memory its batch was sized for, and a retriever trained beside others gets the batch it would get
     alone."""
     fixed = cost.TRAIN_BYTES_PER_PARAM * meta_param_count(config)
-    need = CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config, passes)) / 0.6
+    need = cost.CUDA_CONTEXT_BYTES + (fixed + batch_size * train_memory_per_example(config, passes)) / 0.6
     return int(max(1, min(n_jobs, free_bytes // need)))
 
 
