@@ -36,6 +36,31 @@ def test_config_composition_and_overrides(tmp_path):
         load_config("cluster", ["data=does-not-exist"])
 
 
+def test_a_composed_config_is_kept_handed_out_as_a_copy_and_composed_again_when_a_file_changes(tmp_path,
+                                                                                                monkeypatch):
+    import os
+    import shutil
+
+    from gdr.config import conf_dir
+    from gdr.rerun import _composed
+
+    shutil.copytree(conf_dir(), tmp_path / "conf")
+    monkeypatch.setenv("GDR_CONF_DIR", str(tmp_path / "conf"))
+    _composed.cache_clear()
+    first = load_config("cluster", ["cluster.gc.alpha=0.5"])
+    first.cluster.gc.alpha = 9.0  # the caller's copy
+    again = load_config("cluster", ["cluster.gc.alpha=0.5"])
+    assert again.cluster.gc.alpha == 0.5 and (_composed.cache_info().hits, _composed.cache_info().misses) == (1, 1)
+    # an edited file (the same size, a later time) is read again
+    stage = tmp_path / "conf" / "stage" / "cluster.yaml"
+    text = stage.read_text()
+    assert "repeats: 10" in text
+    stage.write_text(text.replace("repeats: 10", "repeats: 11"))
+    os.utime(stage, ns=(stage.stat().st_atime_ns, stage.stat().st_mtime_ns + 10**9))
+    assert load_config("cluster", ["cluster.gc.alpha=0.5"]).cluster.repeats == 11
+    assert _composed.cache_info().misses == 2
+
+
 def test_restrict_keeps_rows_and_their_queries():
     labels = ["earn", "acq", "crude", "earn"]
     source = np.array([0, 2, 3, 1, 2])
