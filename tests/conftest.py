@@ -163,6 +163,17 @@ def repeat_kv_calls(monkeypatch):
     return calls
 
 
+# The slow lane deals its tests to the workers in order, a few at a time (`--dist load`): a long test dealt last
+# keeps one worker busy while the other has nothing left. A test marked `slow(seconds=N)`, N its rough seconds in
+# the slow lane on 2 cores, goes first, the longest first; the rest keep their order and fill in behind.
+def pytest_collection_modifyitems(config, items):
+    def seconds(item) -> float:
+        mark = item.get_closest_marker("slow")
+        return mark.kwargs.get("seconds", 0) if mark is not None else 0
+
+    items.sort(key=lambda item: -seconds(item))  # stable
+
+
 # Each test file starts with a full collection, then freezes what survives (gc.freeze): the modules torch,
 # transformers and Lightning loaded, the session's fixtures and caches, ~millions of objects that live to the end.
 # Without it, every collection of the oldest generation walks them all again: ~0.9 s each, a quarter of a worker's

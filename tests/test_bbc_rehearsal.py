@@ -39,7 +39,7 @@ def _stages(out: Path) -> dict[str, dict]:
     return {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
 
 
-@pytest.mark.slow  # the protocol's rehearsal: 12 retrievers, 12 indexes (the slow lane's)
+@pytest.mark.slow(seconds=35)  # the protocol's rehearsal: 12 retrievers, 12 indexes (the slow lane's)
 def test_a_cut_bbc_run_keeps_what_finished_and_resumes_from_a_copy(lm_path, tmp_path, monkeypatch, capsys):
     out = tmp_path / "lease1"
     real = gdr.pipeline.train_spec
@@ -130,7 +130,7 @@ CUDA_CHOICES = ["score.compute_dtype=bfloat16", "qg.train.precision=bf16-mixed",
                 "train.optim.fused=true", "train.concurrent=2", "overlap=true"]
 
 
-@pytest.mark.slow  # one seed, two schemes, the retrievers in two spawned processes
+@pytest.mark.slow(seconds=30)  # one seed, two schemes, the retrievers in two spawned processes
 def test_the_protocol_in_cudas_configuration_runs_on_the_cpu(lm_path, tmp_path):
     """`+experiment=bbc` (the fine-tuned generator, PAWA and R-drop retrievers) through `gdr run` with every choice
     CUDA makes that the CPU can run: it finishes, each choice took effect where the run records it, and each

@@ -364,7 +364,7 @@ def test_cuda_profile_table_counts_each_kernel_once(tmp_path):
     assert "Optimizer.step" not in text and "75.0%" in text and "top 2 operators" in text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=25)
 def test_smoke_search_step_end_to_end(tmp_path):
     """One real step of `make bench-gpu-smoke`: its figures, its warm-up apart, its profile in the archive."""
     p = subprocess.run([sys.executable, "-m", "gdr.bench.gpu", "--smoke", "--only", "search", "--out",

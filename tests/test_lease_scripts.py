@@ -110,7 +110,7 @@ def lm_path(tmp_path_factory):
     return saved_tiny_llama(tmp_path_factory.mktemp("lease-lm") / "tiny-llama")
 
 
-@pytest.mark.slow  # two leases of +experiment=bbc at test size through bash: ~40 s on 2 cores
+@pytest.mark.slow(seconds=55)  # two leases of +experiment=bbc at test size through bash
 def test_two_leases_through_the_scripts_carry_the_run_and_train_only_the_new_seed(lm_path, tmp_path):
     tiny = [f"model.name={lm_path}", *TINY]
     lease1, lease2 = tmp_path / "lease1", tmp_path / "lease2"  # each machine's /tmp

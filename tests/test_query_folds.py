@@ -249,7 +249,7 @@ def test_a_slice_of_the_corpus_keeps_the_grade_of_each_judgement_it_keeps():
     assert qs.grades == [[grade[(q, d)] for d in rel] for q, rel in zip(qs.qids, qs.relevant)]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_the_cranfield_protocol_rehearsed_on_a_slice(setup, tmp_path, capsys):  # noqa: F811
     """`gdr run +experiment=cranfield` at test size (80 of the 1,400 documents, the topics judged on them, tiny
     models, one seed): the generator fine-tuned on the abstracts' titles (qg.pairs=titles, no query), 5 folds x the

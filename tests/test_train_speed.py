@@ -65,7 +65,7 @@ def _lock_pid(folder) -> int:
     return int((folder / LOCK_FILE).read_text().split()[0])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_retrievers_trained_at_once_equal_those_trained_one_by_one(setup, tmp_path, capsys, caplog):
     """`gdr run` with train.concurrent=2 trains its two retrievers in two processes of their own, and each equals,
     byte for byte (model and metrics.csv), the one the same run trains alone; the stage keys do not move. The
@@ -159,7 +159,7 @@ def test_run_concurrently_returns_results_in_order_from_one_worker_per_slot_and_
         run_concurrently([partial(slot_jobs.square_and_pid, 0), partial(slot_jobs.fail, 1)], 2)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys):
     import json
 
@@ -278,7 +278,7 @@ def _count_graphs():
     return int(counters["stats"]["unique_graphs"])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)
 def test_the_compiled_training_step_traces_a_few_fixed_shapes_once(tmp_path, word_tokenizer):
     """trainer.compile on the CPU through train(), with length buckets: batches padded to their bucket's width trace
     at most one graph per (width, batch size), none after the second epoch; the losses are the eager step's."""
