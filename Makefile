@@ -32,7 +32,7 @@ demo: install
 
 # The lanes run their tests over one worker per core (pytest-xdist; each test's torch on one thread, tests/conftest.py).
 # A file's tests share a worker in the fast lane (its module fixtures, a built wheel or tiny models, are built once);
-# the slow lane's few long tests are dealt one at a time.
+# the slow lane's few long tests are dealt one at a time, the longest first (`slow(seconds=N)`, tests/conftest.py).
 XDIST := -n auto
 
 # The fast lane: everything but the tests marked `slow` (compiling, concurrent or multi-process training and
