@@ -163,13 +163,18 @@ def repeat_kv_calls(monkeypatch):
     return calls
 
 
-# The slow lane deals its tests to the workers in order, a few at a time (`--dist load`): a long test dealt last
-# keeps one worker busy while the other has nothing left. A test marked `slow(seconds=N)`, N its rough seconds in
-# the slow lane on 2 cores, goes first, the longest first; the rest keep their order and fill in behind.
+# The lanes deal their tests to the workers in order, a few at a time (the slow lane, `--dist load`) or a file at a
+# time (the fast lane, `--dist loadfile`): a long test or file dealt last keeps one worker busy while the other has
+# nothing left. What is marked with its rough seconds on 2 cores goes first, the longest first: a slow test by
+# `slow(seconds=N)`, a fast-lane file by `pytestmark = pytest.mark.cost(seconds=N)` (its tests in all); the rest keep
+# their order and fill in behind.
 def pytest_collection_modifyitems(config, items):
     def seconds(item) -> float:
-        mark = item.get_closest_marker("slow")
-        return mark.kwargs.get("seconds", 0) if mark is not None else 0
+        for name in ("slow", "cost"):
+            mark = item.get_closest_marker(name)
+            if mark is not None and "seconds" in mark.kwargs:
+                return mark.kwargs["seconds"]
+        return 0
 
     items.sort(key=lambda item: -seconds(item))  # stable
 

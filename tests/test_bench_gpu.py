@@ -18,6 +18,8 @@ import torch
 
 from gdr.bench import gpu
 
+pytestmark = pytest.mark.cost(seconds=39)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 REPO = Path(__file__).resolve().parents[1]
 
 

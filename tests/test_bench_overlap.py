@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gdr.bench.overlap import CONTROLS, STAGES
+
+pytestmark = pytest.mark.cost(seconds=24)  # the file's tests in all, fast lane, 2 cores: dealt first
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,6 +23,8 @@ import gdr.stages
 from gdr.cli import main
 from gdr.validate import ConfigError
 
+pytestmark = pytest.mark.cost(seconds=24)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -22,6 +22,8 @@ from test_pipeline import _args, setup  # noqa: F401  (the module fixture: a tin
 from gdr.cli import main
 from gdr.io import file_digest
 
+pytestmark = pytest.mark.cost(seconds=27)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 HERE = Path(__file__).parent
 # gc reads P, bmi reads the generated queries: every kind of stage, the smallest run that has them all
 EXTRA = ("indexers=[gc,bmi]", "score.shard_size=8", "train.trainer.checkpoint_every_n_steps=2", "plot=false")

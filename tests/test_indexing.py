@@ -27,6 +27,8 @@ from gdr.indexing.synthetic import planted_hierarchy, planted_logp, write_plante
 from gdr.indexing.tree import atomic_codes, balanced_labels, build_tree, check_prefix_code, densify_labels, random_tree
 from gdr.store.rows import PMatrix
 
+pytestmark = pytest.mark.cost(seconds=27)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 FAST = dict(n_init=2, n_init_inner=1, max_iter=30)
 
 

@@ -20,6 +20,8 @@ from gdr.data import Corpus, QuerySet
 from gdr.data.beir import write_beir
 from gdr.stages.overlap import HostStages, Priority
 
+pytestmark = pytest.mark.cost(seconds=22)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 INDEXERS = "indexers=[gc,hkmi,bmi,random]"
 # the flat clustering too (the toy corpus is labelled), its tf-idf and log P baselines (no embedding model here)
 CLUSTER = ("cluster.baselines=[tfidf,logp]", "cluster.repeats=1", "cluster.n_init=1")

@@ -11,6 +11,8 @@ from tiny_models import saved_tiny_llama
 from gdr.cli import main
 from gdr.data import Corpus, QuerySet, write_beir
 
+pytestmark = pytest.mark.cost(seconds=24)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 TOPICS = ["cat mat rat", "stock market earnings", "central bank rates", "oil prices supply", "football striker club"]
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")
 

@@ -9,6 +9,8 @@ from gdr.cost import param_count, scoring_flops_per_pair
 from gdr.device import local_device
 from gdr.lm.scoring import CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS, auto_score_sizes, token_logprobs
 
+pytestmark = pytest.mark.cost(seconds=25)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 # Ragged on both sides: prompts of different lengths, queries of 2 to 5 tokens (with EOS).
 RAGGED_QUERIES = QUERIES + ["a much longer query about the central bank and europe", "rat"]
 

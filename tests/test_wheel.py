@@ -19,6 +19,8 @@ from gdr.config import conf_dir
 from gdr.data import Corpus, QuerySet, write_beir
 from gdr.paths import KERNELS, SHIPPED, checkout, shipped_dir
 
+pytestmark = pytest.mark.cost(seconds=24)  # the file's tests in all, fast lane, 2 cores: dealt first
+
 ROOT = Path(__file__).resolve().parents[1]
 _NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.npy")
 
