@@ -80,7 +80,7 @@ def test_retrievers_are_trained_seed_by_seed_and_each_is_reported_as_it_finishes
     assert [(x["indexer"], x["seed"]) for x in lines] == [("hkmi", 0), ("random", 0), ("hkmi", 1), ("random", 1)]
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=50)
 def test_sigterm_during_concurrent_training_keeps_each_finished_retriever_and_the_rerun_reuses_it(
         setup, tmp_path):  # noqa: F811
     """`gdr run` with train.concurrent=2 (one worker per slot), SIGTERM once the first retriever is in
@@ -88,8 +88,10 @@ def test_sigterm_during_concurrent_training_keeps_each_finished_retriever_and_th
     (one at a time) reuses them and trains only the rest (its report says which ran)."""
     root, folder = setup
     out = tmp_path / "run"
-    args = _args(root, folder, out, "indexers=[hkmi,random]", "seeds=[0,1]", "bm25=false", "train.concurrent=2",
-                 "train.trainer.max_steps=40", "train.trainer.min_steps=40")
+    # six retrievers of 80 steps, two at a time: after the first is listed, two rounds or more are left to train, so
+    # the signal strikes while the slots work however late this process sees the partial report on a busy machine
+    args = _args(root, folder, out, "indexers=[hkmi,random]", "seeds=[0,1,2]", "bm25=false", "train.concurrent=2",
+                 "train.trainer.max_steps=80", "train.trainer.min_steps=80")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "-m", "gdr.cli", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -107,17 +109,17 @@ def test_sigterm_during_concurrent_training_keeps_each_finished_retriever_and_th
     assert proc.returncode == 143, err[-2000:]
     assert "stopped by SIGTERM" in err
     first = [(x["indexer"], x["seed"]) for x in map(json.loads, listed.read_text().splitlines())]
-    assert 1 <= len(first) < 4
+    assert 1 <= len(first) < 6
     report = json.loads((out / "report.json").read_text())
-    assert report["partial"] == {"retrievers_done": len(first), "retrievers": 4}
+    assert report["partial"] == {"retrievers_done": len(first), "retrievers": 6}
 
     finished = {f.parent.name.rsplit("-", 1)[0] for f in out.glob("train-*/stage.json")
                 if json.loads(f.read_text())["status"] == "complete"}  # listed, or trained as the signal came
-    assert {f"train-{m}-s{s}" for m, s in first} <= finished and len(finished) < 4
+    assert {f"train-{m}-s{s}" for m, s in first} <= finished and len(finished) < 6
 
     # the rerun here, one retriever at a time: train.concurrent only changes the speed (no stage key holds it), and
     # the retrievers left train in this process rather than in two more spawned ones
     assert main([*args, "train.concurrent=1"]) == 0
     stages = {s["name"]: s for s in json.loads((out / "report.json").read_text())["stages"]}
     assert {n for n, s in stages.items() if n.startswith("train-") and s["reused"]} == finished
-    assert len(listed.read_text().splitlines()) == 4
+    assert len(listed.read_text().splitlines()) == 6
