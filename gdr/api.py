@@ -217,9 +217,11 @@ def build_index(out: PathLike, *, method: str = IndexSettings.method, run: PRun 
 
     ``method``: ``gc`` (hierarchical generative clustering, Algorithm 2: needs ``run``, a scored corpus),
     ``hkmi`` (hierarchical k-means on sentence embeddings: needs ``corpus``), ``bmi`` (k-means on the mean
-    embedding of generated queries: ``kmeans={"doc_queries": <doc_queries.jsonl>}``), ``random``, ``atomic``.
-    ``settings``: the fields of :class:`~gdr.stages.settings.IndexSettings` (``n_clusters``, ``leaf_size``,
-    ``seed``; ``gc`` and ``kmeans`` dicts are merged onto their defaults). Returns the summary (depth,
+    embedding of generated queries: ``kmeans={"doc_queries": <doc_queries.jsonl>}``; BMI's own vector averages
+    real training queries and text segments too: ``bmi={"inputs": "realq_genq_docseg", "real_queries": <jsonl>}``
+    with ``corpus``), ``random``, ``atomic``. ``settings``: the fields of
+    :class:`~gdr.stages.settings.IndexSettings` (``n_clusters``, ``leaf_size``, ``seed``; ``gc``, ``kmeans`` and
+    ``bmi`` dicts are merged onto their defaults). Returns the summary (depth,
     balance, leaves) with ``docids``: the path of ``docids.tsv``."""
     _need_path(out, "out", "the folder to write into")
     _need_corpus(corpus, optional=True)

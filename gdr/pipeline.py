@@ -87,6 +87,7 @@ from gdr.io import (
     read_manifest,
     record_files,
     verify_files,
+    write_jsonl,
 )
 from gdr.lm import PromptConfig
 from gdr.lm.compiling import release_compiled
@@ -100,7 +101,7 @@ from gdr.stages.cluster import cluster_run
 from gdr.stages.command_keys import DocQueries, RunQG
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.evaluate import evaluate_model
-from gdr.stages.index import build_index, index_stage_name, index_stages
+from gdr.stages.index import BMI_REAL_QUERIES, build_index, index_stage_name, index_stages, queries_by_document
 from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs, run_title_pairs
@@ -116,7 +117,7 @@ from gdr.stages.settings import (
     ScoreSettings,
     TrainSettings,
     config_dict,
-    index_keys,
+    index_key_values,
     keyed_values,
     section_from,
 )
@@ -390,6 +391,23 @@ def check_dev_split(cfg: DictConfig, splits: QuerySplits) -> None:
     log.info("queries.dev_split=%s: the retrievers' dev split is its %d queries", section["split"], len(dev))
 
 
+def bmi_real_queries(cfg: DictConfig) -> dict | None:
+    """The ``queries`` section whose real queries BMI's document vector averages (``index.bmi.inputs=realq_*``, an
+    indexer of the run): the training split's; None when BMI takes none."""
+    if "bmi" not in cfg.indexers or not str(cfg.index.bmi.inputs).startswith("realq"):
+        return None
+    return queries_section(cfg, cfg.queries.train_split)
+
+
+def check_bmi_real_queries(cfg: DictConfig, splits: QuerySplits) -> None:
+    """``index.bmi.inputs=realq_*``, read before the first stage: the training split holds queries to average."""
+    section = bmi_real_queries(cfg)
+    if section is not None and not len(splits(section) or ()):
+        raise ConfigError(f"index.bmi.inputs={cfg.index.bmi.inputs}: BMI's vector averages the real queries of the "
+                          f"{section['split']!r} split, and queries.name={section['name']} has none with a relevant "
+                          "document in this corpus; set index.bmi.inputs=genq_docseg")
+
+
 def _folds(cfg: DictConfig) -> list[int | None]:
     """The held-out folds of a run (:func:`gdr.stages.train.retriever_folds`)."""
     return train_stage.retriever_folds(cfg.queries.get("folds"))
@@ -638,6 +656,7 @@ def open_run(cfg: DictConfig, argv: Sequence[str] = ()) -> RunContext:
     check_query_splits([queries_section(cfg, s) for s in (cfg.queries.train_split, cfg.queries.test_split)],
                        splits, need=cfg.queries.test_split)
     check_dev_split(cfg, splits)
+    check_bmi_real_queries(cfg, splits)
     check_corpus("run", cfg, corpus)  # refused before the folder changes: its report and config stay
     pipe = Pipeline(cfg.out)
     upgrade_run(pipe.root)  # a folder of an older gdr brought to the current format, or refused in one line
@@ -938,12 +957,19 @@ def index_spec(run: RunContext, method: str, seed: int | None = None) -> StageSp
     values = config_dict(settings)
     upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
     inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
-              "index": {k: _embed_by_digest(values[k]) for k in index_keys()[method]}}
+              "index": {k: _embed_by_digest(v) for k, v in index_key_values(method, values).items()}}
+    real_q = bmi_real_queries(run.cfg) if method == "bmi" else None
+    if real_q is not None:
+        inputs["real_queries"] = _queries_key(run, real_q)
 
     def build(folder: Path) -> dict:
         index = settings
         if method == "bmi":  # its input: the generated queries of this run
             index = index.resolved(kmeans=replace(index.kmeans, doc_queries=str(doc_q.path / "doc_queries.jsonl")))
+        if real_q is not None:  # and the training split's real queries, by relevant document
+            path = folder / BMI_REAL_QUERIES
+            write_jsonl(path, queries_by_document(run.splits(real_q)))
+            index = index.resolved(bmi=replace(index.bmi, real_queries=str(path)))
         p_run = str(score.path) if method == "gc" else None
         summary = build_index(index, folder, corpus=run.corpus, run=p_run)
         # `gdr index`'s config: its settings with the method after them, as the command composes it

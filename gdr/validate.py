@@ -111,6 +111,13 @@ def index_inputs(v, sec):
         return "needs run=<P-matrix run folder of `gdr score`>"
     if v == "bmi" and not km.get("doc_queries"):
         return "needs kmeans.doc_queries=<jsonl of {doc_id, queries} from `gdr sample sample.per_doc=N`>"
+    bmi = get(sec, "bmi") or {}
+    bmi_inputs = str(bmi.get("inputs") or "")
+    if v == "bmi" and bmi_inputs.startswith("realq") and not bmi.get("real_queries"):
+        return (f"with bmi.inputs={bmi_inputs} needs bmi.real_queries=<jsonl of {{doc_id, queries}}> of real training "
+                "queries, or bmi.inputs=genq_docseg")
+    if v == "bmi" and bmi_inputs.endswith("docseg") and not (sec.get("data") or km.get("docs")):
+        return f"with bmi.inputs={bmi_inputs} needs the document texts: data=<corpus> or kmeans.docs=<jsonl>"
     if v == "hkmi" and not (sec.get("data") or km.get("docs")):
         return "needs the document texts: data=<corpus> or kmeans.docs=<jsonl>"
     if v in ("random", "atomic") and not (sec.get("run") or sec.get("data") or km.get("docs")
@@ -281,6 +288,14 @@ def check_run(cfg: DictConfig) -> None:
                           f"(queries.test_split={cfg.queries.test_split}); choose another split, or null")
     if cfg.get("qg") is not None and cfg.qg.enabled:
         check_qg_pairs(cfg)
+    bmi_inputs = str(cfg.index.bmi.inputs)
+    if "bmi" in cfg.indexers and cfg.index.bmi.get("real_queries"):
+        raise ConfigError(f"index.bmi.real_queries={cfg.index.bmi.real_queries}: `gdr run` gives BMI the real queries "
+                          "of its training split (index.bmi.inputs=realq_genq_docseg); leave it null")
+    if "bmi" in cfg.indexers and bmi_inputs.startswith("realq") and folds is not None:
+        raise ConfigError(f"index.bmi.inputs={bmi_inputs} with queries.folds={folds}: one BMI index serves every fold, "
+                          "so its vectors would average each fold's test topics as the other folds' training queries; "
+                          "set index.bmi.inputs=genq_docseg")
     if "bmi" in cfg.indexers and int(cfg.doc_queries.per_doc) < 1:
         raise ValueError("indexer bmi needs generated queries: set doc_queries.per_doc to 1 or more, "
                          "or drop bmi from indexers")

@@ -2,7 +2,9 @@
 
 * HKmI (DSI, NCI): embeddings of the documents themselves, by a sentence encoder or by tf-idf reduced with a
   truncated SVD (:func:`tfidf_svd_embeddings`: no neural model, so not the retriever's own encoder).
-* BMI (Du et al. 2024): each document is the mean embedding of its generated queries.
+* BMI (Du et al. 2024): each document is the mean embedding of its generated queries, and with
+  ``bmi.inputs=realq_genq_docseg`` (BMI's own) of its real training queries and random segments of its text too
+  (:func:`bmi_document_texts`, :func:`document_segments`).
 
 Embeddings come from any ``embed_fn(texts) -> (n, d) float32`` (default
 :func:`gdr.embed.embed_texts` with the bundled ``minilm-l6``), so tests inject a tiny one.
@@ -18,7 +20,7 @@ import faiss
 import numpy as np
 
 from gdr.embed import embed_texts
-from gdr.indexing.options import IndexKMeans, TreeOptions
+from gdr.indexing.options import IndexBMI, IndexKMeans, TreeOptions
 from gdr.indexing.tree import IndexTree, SplitResult, build_tree, node_seed_sequence
 from gdr.io import read_jsonl
 from gdr.models import EMBED_MODEL
@@ -31,6 +33,8 @@ __all__ = [
     "document_embeddings",
     "tfidf_svd_embeddings",
     "query_mean_embeddings",
+    "bmi_document_texts",
+    "document_segments",
     "read_doc_queries",
 ]
 
@@ -124,15 +128,16 @@ def tfidf_svd_embeddings(texts: Sequence[str], dim: int = IndexKMeans.svd_dim, s
 
 def query_mean_embeddings(doc_ids: Sequence[str], doc_queries: Mapping[str, Sequence[str]], embed_fn: EmbedFn,
                           normalize: bool = True) -> np.ndarray:
-    """BMI input: mean embedding of each document's generated queries, float32 of shape (n_docs, d).
+    """BMI input: the mean embedding of each document's texts (:func:`bmi_document_texts`: its generated queries,
+    and its real queries and text segments where BMI's vector holds them), float32 of shape (n_docs, d).
 
-    All query texts are embedded in one call; the per-document mean is a segment sum
-    (``np.add.reduceat``), not a loop over documents.
+    All texts are embedded in one call; the per-document mean is a segment sum (``np.add.reduceat``), not a loop
+    over documents.
     """
     missing = [d for d in doc_ids if not doc_queries.get(d)]
     if missing:
-        raise ValueError(f"{len(missing)} document(s) have no generated queries (first: {missing[0]!r}); BMI needs "
-                         "at least one query per document: sample queries for them or drop them")
+        raise ValueError(f"{len(missing)} document(s) have no text to average (first: {missing[0]!r}); BMI needs "
+                         "at least one generated query per document: sample queries for them or drop them")
     counts = np.array([len(doc_queries[d]) for d in doc_ids], dtype=np.int64)
     flat = [q for d in doc_ids for q in doc_queries[d]]
     emb = np.asarray(embed_fn(flat), dtype=np.float64)                     # (sum counts, d)
@@ -141,6 +146,40 @@ def query_mean_embeddings(doc_ids: Sequence[str], doc_queries: Mapping[str, Sequ
     if normalize:
         mean /= np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
     return mean.astype(np.float32)
+
+
+# BMI's docseg: one segment more per this many words beyond it (``nsegs = 10 + max(0, len(tokens) - 3000) // 3000``)
+SEGMENT_EXTRA_WORDS = 3000
+
+
+def document_segments(doc_ids: Sequence[str], texts: Sequence[str], *, words: int = IndexBMI.segment_words,
+                      per_doc: int = IndexBMI.segments, seed: int = 0) -> dict[str, list[str]]:
+    """BMI's ``docseg``: per document, ``per_doc`` segments of ``words`` whitespace-separated words (one more per
+    3,000 words beyond 3,000), each starting uniformly in ``[0, max(1, n - words))`` as BMI's ``get_seg``, so a text
+    of at most ``words`` words gives itself ``per_doc`` times; a text without words gives none. The starts are drawn
+    at once from one generator seeded by ``seed``: the same segments for the same texts and seed."""
+    tokens = [t.split() for t in texts]
+    n = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+    count = np.where(n > 0, per_doc + np.maximum(n - SEGMENT_EXTRA_WORDS, 0) // SEGMENT_EXTRA_WORDS, 0)
+    owner = np.repeat(np.arange(len(n)), count)
+    starts = np.random.default_rng(seed).integers(0, np.maximum(n[owner] - words, 1))
+    flat = [" ".join(tokens[o][s:s + words]) for o, s in zip(owner.tolist(), starts.tolist())]
+    bounds = np.concatenate([[0], np.cumsum(count)]).tolist()
+    return {d: flat[bounds[i]:bounds[i + 1]] for i, d in enumerate(doc_ids)}
+
+
+def bmi_document_texts(doc_ids: Sequence[str], generated: Mapping[str, Sequence[str]],
+                       real: Mapping[str, Sequence[str]] | None = None,
+                       segments: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[str]]:
+    """The texts BMI averages per document, in the order of BMI's centroid (real training queries, generated
+    queries, text segments: ``doc_emb.centroid.realq_genq_docseg``): ``real`` and ``segments`` where given (a
+    document without real queries has its others). Every document needs a generated query, as in BMI."""
+    missing = [d for d in doc_ids if not generated.get(d)]
+    if missing:
+        raise ValueError(f"{len(missing)} document(s) have no generated queries (first: {missing[0]!r}); BMI needs "
+                         "at least one query per document: sample queries for them or drop them")
+    real, segments = real or {}, segments or {}
+    return {d: [*real.get(d, ()), *generated[d], *segments.get(d, ())] for d in doc_ids}
 
 
 def read_doc_queries(path: str | os.PathLike) -> dict[str, list[str]]:

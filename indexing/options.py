@@ -25,7 +25,7 @@ from gdr.rules import (
     setting,
 )
 
-__all__ = ["GCOptions", "TreeOptions", "IndexGC", "IndexKMeans", "IndexAtomic"]
+__all__ = ["GCOptions", "TreeOptions", "IndexGC", "IndexKMeans", "IndexBMI", "BMI_INPUTS", "bmi_keyed", "IndexAtomic"]
 
 
 @dataclass
@@ -172,6 +172,39 @@ class IndexKMeans:
                                                        "its root (NCI keeps the best of 100 k-means++ runs)")
     max_iter: int = setting(25, "faiss niter", effect="result", rule=POSITIVE)
     spherical: bool = setting(False, effect="result", rule=boolean)
+
+
+# BMI's document vector: the texts whose embeddings are averaged per document, named as BMI's preprocessing names
+# its centroid files (``doc_emb.centroid.realq_genq_docseg.h5``, scripts/NQ320K/preprocess_NQ320K.ipynb)
+BMI_INPUTS = ("genq", "genq_docseg", "realq_genq_docseg")
+
+
+@dataclass
+class IndexBMI:
+    """``bmi``: what BMI's document vector averages (the k-means itself is ``kmeans``)."""
+
+    inputs: str = setting("genq", "the texts each document's vector is the mean embedding of: genq = its generated "
+                                  "queries (kmeans.doc_queries) | genq_docseg = and random segments of its text | "
+                                  "realq_genq_docseg = and its real training queries too (BMI's own)",
+                          effect="result", rule=one_of(*BMI_INPUTS), rule_help="bmi's document vector")
+    real_queries: str | None = setting(None, "inputs=realq_*: jsonl {\"doc_id\", \"queries\": [...]} of real "
+                                             "training queries (`gdr run`: its training split's), never a test query; "
+                                             "a document without any keeps the other inputs",
+                                       effect="result", rule=FILE, rule_help="jsonl of {doc_id, queries}")
+    segments: int = setting(10, "inputs=*docseg: random segments a document, one more per 3,000 words beyond 3,000 "
+                                "(BMI's 10 + max(0, n - 3000) // 3000)", effect="result", rule=POSITIVE,
+                            rule_help="text segments per document")
+    segment_words: int = setting(64, "inputs=*docseg: words a segment (BMI's 64 whitespace tokens)", effect="result",
+                                 rule=POSITIVE, rule_help="words per text segment")
+
+
+def bmi_keyed(bmi: dict) -> dict | None:
+    """The values of a ``bmi`` section that decide BMI's vectors besides its input files: None for ``genq`` (the
+    generated queries alone, which key the index by content), else ``inputs`` and the segments' shape;
+    ``real_queries`` counts by its content, never its path."""
+    if bmi["inputs"] == "genq":
+        return None
+    return {k: bmi[k] for k in ("inputs", "segments", "segment_words")}
 
 
 @dataclass

@@ -78,6 +78,15 @@ CASES = {
         (["index", "method=bmi", "kmeans.doc_queries={tmp}/dq.jsonl"], "kmeans.doc_queries=", "no such file"),
         (["sample", "data.path={tmp}/nope"], "data.path=", "no such"),
     ],
+    "input a choice needs": [
+        (["index", "method=bmi", "kmeans.doc_queries={docids}", "bmi.inputs=realq_genq_docseg"], "method=bmi",
+         "needs bmi.real_queries="),
+        (["index", "method=bmi", "kmeans.doc_queries={docids}", "bmi.inputs=genq_docseg"], "method=bmi",
+         "needs the document texts"),
+        (["run", "+experiment=cranfield", "index.bmi.inputs=realq_genq_docseg"], "index.bmi.inputs=realq_genq_docseg",
+         "each fold's test topics"),
+        (["run", "+experiment=bbc", "index.bmi.real_queries={docids}"], "index.bmi.real_queries=", "leave it null"),
+    ],
     "unknown key": [
         (["sample", "sample.nqueries=3"], "sample.nqueries", "did you mean sample.n_queries"),
         (["train", "docids={docids}", "trainer.batchsize=3"], "trainer.batchsize", "did you mean trainer.batch_size"),

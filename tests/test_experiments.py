@@ -109,7 +109,7 @@ def test_bbc_protocol_follows_nci_and_bmi(tmp_path):
     assert t.patience == 0 and t.patience_steps is None and t.min_steps == 0
     assert t.check_val_every_n_epoch == 1 and t.val_check_interval is None  # 40 points of the curve, at any batch
     assert cfg.index.n_clusters == 30 and cfg.index.leaf_size == 30
-    assert cfg.index.kmeans.embedding == "tfidf-svd"
+    assert cfg.index.kmeans.embedding == "tfidf-svd" and cfg.index.bmi.inputs == "realq_genq_docseg"
     base = to_container(cfg)
     for name, changed in (("bbc-k10", {("index", "n_clusters"): 10, ("index", "leaf_size"): 10}),
                           ("bbc-minilm", {("index", "kmeans", "embedding"): "model"})):
@@ -130,10 +130,11 @@ def test_cranfield_runs_the_bbc_protocol_with_a_generator_that_sees_no_query(tmp
     flat_c, flat_b = _flat(to_container(cran)), _flat(to_container(bbc))
     same = [k for k in flat_b if k[0] in ("train", "index", "doc_queries", "model", "sample", "indexers", "seeds",
                                           "index_seed")]
-    # the one difference: BBC's dev is its 96 dev titles alone, Cranfield's trainer tops its ~18 held-out topics up
-    # with held-out generated queries to a curve of 100 points
+    # the two differences: BBC's dev is its 96 dev titles alone, Cranfield's trainer tops its ~18 held-out topics up
+    # with held-out generated queries to a curve of 100 points; BMI's vector leaves the real queries out, as one
+    # index serves all five folds
     assert {k: (flat_c.get(k), flat_b[k]) for k in same if flat_c.get(k) != flat_b[k]} == {
-        ("train", "examples", "dev_min"): (100, 0)}
+        ("train", "examples", "dev_min"): (100, 0), ("index", "bmi", "inputs"): ("genq_docseg", "realq_genq_docseg")}
 
 
 def _flat(d: dict, prefix: tuple = ()) -> dict:

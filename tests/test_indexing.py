@@ -539,7 +539,7 @@ def test_hkmi_and_bmi_on_tiny_inputs():
     check_prefix_code(tb.codes, 4)
     for n in (1, 2, 5):
         check_prefix_code(build_kmeans_index(emb[:n], n_clusters=4, leaf_size=4, progress=False).codes, 4)
-    with pytest.raises(ValueError, match="no generated queries"):
+    with pytest.raises(ValueError, match="no text to average"):
         query_mean_embeddings(["d0", "zz"], dq, tiny_embed)
 
 
@@ -630,3 +630,75 @@ def test_bmi_on_tfidf_svd_averages_its_queries_vectors_without_a_neural_model(tm
     assert man["embed_model"] == "tfidf-svd" and man["embedding_dim"] == 6
     emb = query_mean_embeddings(list(queries), queries, lambda t: tfidf_svd_embeddings(t, dim=6, seed=0))
     assert emb.shape == (40, 6) and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_document_segments_are_bmis_docseg():
+    """BMI's ``get_seg``: 10 segments a document, one more per 3,000 words beyond 3,000, each 64 consecutive words
+    starting in [0, n - 64); a text of at most 64 words is its own segments, one without words gives none; the same
+    seed gives the same segments, another seed others."""
+    from gdr.indexing.kmeans import document_segments
+
+    ids = ["long", "short", "empty", "mid"]
+    texts = [" ".join(f"w{i}" for i in range(9500)), "a b  c", "", " ".join(f"x{i}" for i in range(100))]
+    segs = document_segments(ids, texts, seed=0)
+    assert [len(segs[d]) for d in ids] == [12, 10, 0, 10]
+    assert segs["short"] == ["a b c"] * 10
+    for d, text in zip(ids, texts):
+        words = text.split()
+        for seg in segs[d]:
+            got = seg.split()
+            start = words.index(got[0])  # every word of these texts is unique
+            assert got == words[start:start + min(64, len(words))] and start < max(1, len(words) - 64)
+    assert len({s.split()[0] for s in segs["long"]}) > 6  # drawn over the text, not from one place
+    assert segs == document_segments(ids, texts, seed=0)
+    assert segs["long"] != document_segments(ids, texts, seed=1)["long"]
+    assert [len(s.split()) for s in document_segments(ids, texts, words=8, per_doc=3)["mid"]] == [8, 8, 8]
+
+
+def test_bmi_document_texts_pool_real_generated_and_segments_in_bmis_order():
+    from gdr.indexing.kmeans import bmi_document_texts
+
+    got = bmi_document_texts(["d0", "d1"], {"d0": ["g0"], "d1": ["g1", "g2"]}, real={"d0": ["r0"], "zz": ["r9"]},
+                             segments={"d0": ["s0"], "d1": ["s1"]})
+    assert got == {"d0": ["r0", "g0", "s0"], "d1": ["g1", "g2", "s1"]}
+    assert bmi_document_texts(["d1"], {"d1": ["g1"]}) == {"d1": ["g1"]}
+    with pytest.raises(ValueError, match="no generated queries.*'zz'"):
+        bmi_document_texts(["d0", "zz"], {"d0": ["g0"]}, segments={"zz": ["s"]})
+
+
+def test_bmi_with_bmis_own_vector_clusters_by_the_texts_its_generated_queries_lack(tmp_path):
+    """``bmi.inputs``: generated queries that say nothing of a document's topic give BMI ids unrelated to the
+    topics; with its real training queries and text segments averaged in (BMI's realq_genq_docseg) the first digit
+    is the topic. The manifest counts what was averaged, and a folder built from other real queries is refused."""
+    from gdr.cli.commands.index import index_main
+
+    n = 48
+    texts = topic_texts(n)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"doc_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    dq = tmp_path / "doc_queries.jsonl"  # a word of its own a document: no topic
+    dq.write_text("".join(json.dumps({"doc_id": f"d{i}", "queries": [f"item{i} alpha", f"item{i} beta"]}) + "\n"
+                          for i in range(n)))
+    real = tmp_path / "real.jsonl"  # a training query for half the documents, and one of a document not indexed
+    rows = [{"doc_id": f"d{i}", "queries": [" ".join(TOPIC_WORDS[i % 4][:2])]} for i in range(0, n, 2)]
+    real.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"doc_id": "elsewhere", "queries": ["x"]}]))
+    common = [f"kmeans.docs={docs}", f"kmeans.doc_queries={dq}", "kmeans.embedding=tfidf-svd", "kmeans.svd_dim=8",
+              "n_clusters=4", "leaf_size=4", "progress=false", "plot=false"]
+
+    def first_digit_ari(out: Path) -> float:
+        ids, codes = read_docids(out / "docids.tsv")
+        check_prefix_code(codes, 4)
+        return adjusted_rand_score([int(d[1:]) % 4 for d in ids], [c[0] for c in codes])
+
+    assert index_main(["method=bmi", *common, f"out={tmp_path / 'genq'}"]) == 0
+    assert index_main(["method=bmi", *common, "bmi.inputs=realq_genq_docseg", f"bmi.real_queries={real}",
+                       f"out={tmp_path / 'bmi'}"]) == 0
+    assert first_digit_ari(tmp_path / "genq") < 0.3 and first_digit_ari(tmp_path / "bmi") == 1.0
+    man = json.loads((tmp_path / "bmi" / "manifest.json").read_text())
+    assert man["bmi_texts"] == {"inputs": "realq_genq_docseg", "real_queries": n // 2,
+                                "documents_with_real_queries": n // 2, "segments": 10 * n}
+    assert "bmi_texts" in json.loads((tmp_path / "genq" / "manifest.json").read_text())
+    real.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    with pytest.raises(FileExistsError, match=r"other inputs or settings \(real_queries\)"):
+        index_main(["method=bmi", *common, "bmi.inputs=realq_genq_docseg", f"bmi.real_queries={real}",
+                    f"out={tmp_path / 'bmi'}"])

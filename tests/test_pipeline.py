@@ -228,6 +228,28 @@ def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(
     assert "Learning curves" in md and "HKmI seed 0: val/recall@1 peaked at" in md
 
 
+def test_bmi_averages_the_training_split_queries_never_a_test_query(setup, tmp_path, capsys):
+    """``index.bmi.inputs=realq_genq_docseg`` in a run: BMI's index folder holds the real queries its vectors
+    averaged, which are the training split's (20 of the 30; none of the 10 test queries), under the documents they
+    are relevant to; its stage is keyed by that split and its texts were segmented."""
+    root, folder = setup
+    out = tmp_path / "run"
+    assert main(_args(root, folder, out, "indexers=[bmi]", "bm25=false", "index.kmeans.embedding=tfidf-svd",
+                      "index.kmeans.svd_dim=8", "index.bmi.inputs=realq_genq_docseg")) == 0
+    capsys.readouterr()
+    index = out / _stages(out)["index-bmi"]["folder"]
+    rows = [json.loads(x) for x in (index / "real_queries.jsonl").read_text().splitlines()]
+    got = {(r["doc_id"], q) for r in rows for q in r["queries"]}
+    topic = [t.split()[0] for t in TOPICS]
+    assert got == {(f"d{i}", f"{topic[i % 5]} item{i}") for i in range(30) if i % 3}  # the toy's train split
+    man = json.loads((index / "manifest.json").read_text())
+    assert man["bmi_texts"] == {"inputs": "realq_genq_docseg", "real_queries": 20, "documents_with_real_queries": 20,
+                                "segments": 300}
+    key = json.loads((index / "stage.json").read_text())["inputs"]
+    assert key["real_queries"]["split"] == "train" and key["real_queries"]["n"] == 20
+    assert key["index"]["bmi"] == {"inputs": "realq_genq_docseg", "segments": 10, "segment_words": 64}
+
+
 @pytest.mark.slow
 def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     root, folder = setup

@@ -13,6 +13,8 @@ from gdr.stages.settings import (
     IndexSettings,
     SampleSettings,
     TrainSettings,
+    config_dict,
+    index_key_values,
     index_keys,
     keyed_values,
     settings_classes,
@@ -50,9 +52,16 @@ def test_speed_settings_key_no_stage_but_the_result_ones_do():
 def test_each_indexer_is_keyed_by_the_settings_its_ids_depend_on():
     assert index_keys() == {"gc": ("seed", "n_clusters", "leaf_size", "gc"),
                             "hkmi": ("seed", "n_clusters", "leaf_size", "kmeans"),
-                            "bmi": ("seed", "n_clusters", "leaf_size", "kmeans"),
+                            "bmi": ("seed", "n_clusters", "leaf_size", "kmeans", "bmi"),
                             "random": ("seed", "n_clusters", "leaf_size"),
                             "atomic": ("atomic",)}
+    # bmi's own section keys it as far as its inputs read it: not at all for its generated queries alone
+    values = config_dict(IndexSettings())
+    assert "bmi" not in index_key_values("bmi", values)
+    values["bmi"].update(inputs="realq_genq_docseg", real_queries="/any/path.jsonl")
+    assert index_key_values("bmi", values)["bmi"] == {"inputs": "realq_genq_docseg", "segments": 10,
+                                                      "segment_words": 64}
+    assert index_key_values("hkmi", values) == {k: values[k] for k in index_keys()["hkmi"]}
 
 
 def test_a_dict_section_becomes_its_dataclass_at_the_door():

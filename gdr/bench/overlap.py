@@ -17,7 +17,8 @@ it) does not. ``gdr plan`` assumes the latter. This benchmark measures it on the
   (:meth:`gdr.pipeline.Pipeline.stage` of the stage's build: :func:`gdr.stages.cluster.cluster_run`,
   :func:`gdr.stages.index.build_index`, :func:`gdr.stages.bm25.bm25_baseline`), on a few hundred BBC articles
   (titles dropped; their titles are BM25's queries), P of random numbers with the labels' structure planted (the
-  shape of the score stage's), and 15 generated queries a document drawn from its own words (BMI's input);
+  shape of the score stage's), and 15 generated queries a document drawn from its own words (BMI's input, with
+  the titles of half the articles as its real queries and segments of the texts, as in +experiment=bbc);
 - for each stage, interleaved ``alone, beside, alone, beside, ..., alone`` so that a change in the machine's load
   moves both: the proxy's rate beside the stage over its rate alone in the windows on either side (``ratio``). The
   scheduler's account of the main thread (``/proc/self/task/<tid>/schedstat``) splits each window into seconds on a
@@ -60,12 +61,13 @@ import torch.nn.functional as F
 from gdr.bench.common import emit
 from gdr.data import Corpus, QuerySet, load_corpus
 from gdr.device import machine_record
-from gdr.indexing.options import IndexKMeans
+from gdr.indexing.options import IndexBMI, IndexKMeans
+from gdr.io import write_jsonl
 from gdr.pipeline import Pipeline
 from gdr.rules import POSITIVE, number, option_type, seed
 from gdr.stages.bm25 import bm25_baseline
 from gdr.stages.cluster import cluster_run
-from gdr.stages.index import build_index
+from gdr.stages.index import build_index, queries_by_document
 from gdr.stages.overlap import HostStages, Priority
 from gdr.stages.settings import ClusterSettings, IndexSettings
 from gdr.store import load_run
@@ -229,9 +231,13 @@ def stage_jobs(root: Path, corpus: Corpus, queries: QuerySet, score: Path, doc_q
         result, _ = cluster_run(corpus, load_run(score, require_manifest=False), folder, cluster, device="cpu")
         return {"n_docs": result["n_docs"]}
 
+    real = root / "real_queries.jsonl"  # BMI's real queries as bbc's: the titles of half the articles, its train share
+    write_jsonl(real, queries_by_document(queries.select(np.arange(0, len(queries), 2))))
+
     def index_build(method: str) -> Callable[[Path], dict]:
         km = IndexKMeans(embedding="tfidf-svd", doc_queries=str(doc_queries) if method == "bmi" else None)  # as bbc
-        settings = IndexSettings(method=method, n_clusters=k, leaf_size=k, kmeans=km)
+        bmi = IndexBMI(inputs="realq_genq_docseg", real_queries=str(real))
+        settings = IndexSettings(method=method, n_clusters=k, leaf_size=k, kmeans=km, bmi=bmi)
 
         def build(folder: Path) -> dict:
             s = build_index(settings, folder, corpus=corpus, run=str(score) if method == "gc" else None)

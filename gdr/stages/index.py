@@ -17,9 +17,11 @@ from typing import Callable, Sequence
 from gdr.guard import holding
 from gdr.indexing.gc import build_gc_index
 from gdr.indexing.kmeans import (
+    bmi_document_texts,
     build_kmeans_index,
     default_embed_fn,
     document_embeddings,
+    document_segments,
     query_mean_embeddings,
     read_doc_queries,
     tfidf_svd_embeddings,
@@ -27,14 +29,17 @@ from gdr.indexing.kmeans import (
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
 from gdr.io import hash_strings, read_jsonl, recorded_identity, write_manifest
-from gdr.stages.settings import IndexSettings, index_keys
+from gdr.stages.settings import IndexSettings, index_key_values, index_keys
 from gdr.store import load_run
 
-__all__ = ["build_index", "METHODS", "index_seeds", "index_stage_name", "index_stages"]
+__all__ = ["build_index", "METHODS", "BMI_REAL_QUERIES", "index_seeds", "index_stage_name", "index_stages",
+           "queries_by_document"]
 
 log = logging.getLogger(__name__)
 
 METHODS = ("gc", "hkmi", "bmi", "random", "atomic")
+# in a `gdr run`'s BMI index folder (``bmi.inputs=realq_*``): the training split's queries its vector averages
+BMI_REAL_QUERIES = "real_queries.jsonl"
 
 
 def index_seeds(mode: str, method: str, seeds: Sequence[int]) -> list[int | None]:
@@ -52,6 +57,16 @@ def index_stages(indexers: Sequence[str], mode: str, seeds: Sequence[int]) -> li
     order of ``indexers``: one an indexer (seed None), or with ``index_seed=retriever`` (``mode``) one per retriever
     seed for an indexer whose ids depend on a seed (:func:`index_seeds`)."""
     return [(m, s) for m in indexers for s in index_seeds(mode, m, seeds)]
+
+
+def queries_by_document(qs) -> list[dict]:
+    """``bmi.real_queries`` rows of a :class:`gdr.data.QuerySet`: ``{"doc_id", "queries"}`` per document with a
+    query, each query under every document judged relevant to it, documents in the order first judged."""
+    by_doc: dict[str, list[str]] = {}
+    for text, rel in zip(qs.texts, qs.relevant):
+        for d in rel:
+            by_doc.setdefault(d, []).append(text)
+    return [{"doc_id": d, "queries": q} for d, q in by_doc.items()]
 
 
 def index_stage_name(method: str, seed: int | None) -> str:
@@ -144,9 +159,13 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
                 raise ValueError("method=bmi needs kmeans.doc_queries=<jsonl of {doc_id, queries}>")
             doc_queries = read_doc_queries(km.doc_queries)
             doc_ids = _doc_ids(cfg, run, load) if (run or load is not None or km.docs) else list(doc_queries)
+            real, segments, inputs = _bmi_extra_inputs(cfg, doc_ids, load)
             identity = _claim_index_folder(out, _identity(cfg, doc_ids, doc_queries=hash_strings(
-                q for d in doc_ids for q in doc_queries.get(d, ()))))
-            emb = query_mean_embeddings(doc_ids, doc_queries, embed_fn)
+                q for d in doc_ids for q in doc_queries.get(d, ())), **inputs))
+            emb = query_mean_embeddings(doc_ids, bmi_document_texts(doc_ids, doc_queries, real, segments), embed_fn)
+            extra.update(bmi_texts={"inputs": cfg.bmi.inputs, "real_queries": sum(map(len, real.values())),
+                                    "documents_with_real_queries": sum(1 for d in doc_ids if real.get(d)),
+                                    "segments": sum(map(len, segments.values()))})
         tree = build_kmeans_index(emb, n_clusters=K, leaf_size=c, seed=int(cfg.seed), n_init=int(km.n_init),
                                   max_iter=int(km.max_iter), spherical=bool(km.spherical),
                                   workers=int(cfg.workers), progress=bool(cfg.progress), method=cfg.method)
@@ -170,6 +189,40 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     return summary
 
 
+def _bmi_extra_inputs(settings: IndexSettings, doc_ids: Sequence[str], load) -> tuple[dict, dict, dict]:
+    """What BMI's vector averages besides the generated queries (``bmi.inputs``): the real training queries of
+    ``bmi.real_queries`` by document (those of other documents are ignored) and the random segments of the
+    documents' texts (``data=`` or ``kmeans.docs``), with their hashes for the index's identity."""
+    bmi, real, segments, inputs = settings.bmi, {}, {}, {}
+    if bmi.inputs.startswith("realq"):
+        if not bmi.real_queries:
+            raise ValueError(f"bmi.inputs={bmi.inputs} needs bmi.real_queries=<jsonl of {{doc_id, queries}}> of real "
+                             "training queries, or bmi.inputs=genq_docseg")
+        kept = set(doc_ids)
+        real = {d: q for d, q in read_doc_queries(bmi.real_queries).items() if d in kept}
+        inputs["real_queries"] = hash_strings(q for d in doc_ids for q in real.get(d, ()))
+    if bmi.inputs.endswith("docseg"):
+        if load is not None:
+            corpus = load()
+            pos = {d: i for i, d in enumerate(corpus.doc_ids)}
+            texts = corpus.model_inputs()
+        elif settings.kmeans.docs:
+            ids, texts = _docs_jsonl(settings.kmeans.docs)
+            pos = {d: i for i, d in enumerate(ids)}
+        else:
+            raise ValueError(f"bmi.inputs={bmi.inputs} segments the document texts: pass data=<corpus> or "
+                             "kmeans.docs=<jsonl of {doc_id, text}>, or bmi.inputs=genq")
+        missing = [d for d in doc_ids if d not in pos]
+        if missing:
+            raise ValueError(f"{len(missing)} document(s) of the generated queries have no text (first "
+                             f"{missing[0]!r}): bmi.inputs={bmi.inputs} segments every document's text")
+        texts = [texts[pos[d]] for d in doc_ids]
+        segments = document_segments(doc_ids, texts, words=int(bmi.segment_words), per_doc=int(bmi.segments),
+                                     seed=int(settings.seed))
+        inputs["texts"] = hash_strings(texts)
+    return real, segments, inputs
+
+
 def _gc_input(run, n_queries: int | None):
     """The P run ``run`` over its first ``n_queries`` columns (``gc.n_queries``; all when None), more than it has
     refused by that key."""
@@ -180,17 +233,17 @@ def _gc_input(run, n_queries: int | None):
     return full.first_queries(n_queries)
 
 
-_INPUTS = ("doc_ids", "queries", "texts", "doc_queries")  # named without their hashes when they differ
+_INPUTS = ("doc_ids", "queries", "texts", "doc_queries", "real_queries")  # named without their hashes when they differ
 
 
 def _identity(settings: IndexSettings, doc_ids: Sequence[str], **inputs) -> dict:
-    """What an index's ids are a function of: its method, the settings of that method (:func:`index_keys`) and its
-    inputs by content (the documents' ids, and the P columns', texts' or generated queries' hashes)."""
+    """What an index's ids are a function of: its method, the settings of that method (:func:`index_key_values`) and
+    its inputs by content (the documents' ids, and the P columns', texts', generated or real queries' hashes)."""
     c = settings.to_dict()
     if "kmeans" in c:  # the files it names count by their content, in ``inputs``
         c["kmeans"] = {k: v for k, v in c["kmeans"].items() if k not in ("docs", "doc_queries")}
     return json.loads(json.dumps({"method": settings.method,
-                                  "settings": {k: c[k] for k in index_keys()[settings.method]},
+                                  "settings": index_key_values(settings.method, c),
                                   "doc_ids": hash_strings(doc_ids), **inputs}, default=str))
 
 

@@ -29,7 +29,7 @@ import yaml
 
 from gdr.config import override_value
 from gdr.data.options import DATA_OPTIONS, DataOptions
-from gdr.indexing.options import GCOptions, IndexAtomic, IndexGC, IndexKMeans, TreeOptions
+from gdr.indexing.options import GCOptions, IndexAtomic, IndexBMI, IndexGC, IndexKMeans, TreeOptions, bmi_keyed
 from gdr.models import DEVICE_RULE, EMBED_MODEL, MODEL_OPTIONS, ModelOptions, SamplingOptions
 from gdr.options import GCFitOptions, RankingOptions
 from gdr.rules import (
@@ -432,7 +432,7 @@ TREE_INDEXERS = ("gc", "hkmi", "bmi", "random")
 class IndexSettings(Settings):
     """``conf/stage/index.yaml``: one docid indexer (``method``) and its settings."""
 
-    typed: ClassVar = {"gc": IndexGCSettings, "kmeans": IndexKMeans, "atomic": IndexAtomic}
+    typed: ClassVar = {"gc": IndexGCSettings, "kmeans": IndexKMeans, "bmi": IndexBMI, "atomic": IndexAtomic}
 
     method: str = setting("gc", "gc | hkmi | bmi | random | atomic", effect="result",
                           rule=one_of(*INDEXERS), rule_help="the indexer")
@@ -444,6 +444,7 @@ class IndexSettings(Settings):
     plot: bool = setting(True, "summary.png", effect="speed", rule=boolean)
     gc: IndexGCSettings = setting(factory=IndexGCSettings, effect="result", indexers=("gc",))
     kmeans: IndexKMeans = setting(help="hkmi and bmi", factory=IndexKMeans, effect="result", indexers=("hkmi", "bmi"))
+    bmi: IndexBMI = setting(factory=IndexBMI, effect="result", indexers=("bmi",))
     atomic: IndexAtomic = setting(factory=IndexAtomic, effect="result", indexers=("atomic",))
 
 
@@ -547,7 +548,8 @@ class EvaluateSettings(Settings):
 # ---------------------------------------------------------------------------- conf/stage/*.yaml, generated
 # the nested sections of the dict-valued fields: their keys' help (and, for the defaults, their fields)
 SECTIONS = {(ClusterSettings, "gc"): ClusterGC, (IndexSettings, "gc"): (IndexGC, GCOptions),
-            (IndexSettings, "kmeans"): IndexKMeans, (IndexSettings, "atomic"): IndexAtomic,
+            (IndexSettings, "kmeans"): IndexKMeans, (IndexSettings, "bmi"): IndexBMI,
+            (IndexSettings, "atomic"): IndexAtomic,
             (TrainSettings, "examples"): ExampleOptions, (TrainSettings, "model"): TrainModel,
             (TrainSettings, "optim"): OptimOptions, (TrainSettings, "trainer"): TrainerOptions,
             (TrainKeys, "queries"): TrainQueries, (EvaluateKeys, "queries"): EvaluateQueries,
@@ -638,6 +640,17 @@ def index_keys() -> dict[str, tuple[str, ...]]:
     """Indexer -> the settings of ``gdr index`` (:class:`IndexSettings`) its ids depend on, from their fields'
     ``indexers``."""
     return {m: tuple(f.name for f in fields(IndexSettings) if m in f.metadata.get("indexers", ())) for m in INDEXERS}
+
+
+def index_key_values(method: str, values: dict) -> dict:
+    """What of ``values`` (an :class:`IndexSettings` dict) keys an index of ``method``: its :func:`index_keys`, the
+    ``bmi`` section as far as its ``inputs`` read it (:func:`gdr.indexing.options.bmi_keyed`; nothing for genq)."""
+    out = {k: values[k] for k in index_keys()[method]}
+    if "bmi" in out:
+        bmi = bmi_keyed(out.pop("bmi"))
+        if bmi is not None:
+            out["bmi"] = bmi
+    return out
 
 
 def settings_classes() -> list[type]:
