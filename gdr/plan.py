@@ -64,7 +64,14 @@ from gdr.stages.index import index_stage_name, index_stages
 from gdr.stages.overlap import Priority, overlap_on
 from gdr.stages.plan_file import DEVICES, RUN_GROUPS, TWO_SHOT, plan_identity, planned_names, run_device, write_plan
 from gdr.stages.plan_file import stage_seconds as _stage_seconds
-from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings, TrainSettings, section_from
+from gdr.stages.settings import (
+    ClusterSettings,
+    IndexSettings,
+    SampleSettings,
+    ScoreSettings,
+    TrainSettings,
+    section_from,
+)
 from gdr.stages.train import model_config_from, retriever_folds, retriever_name, training_threads
 from gdr.training.data import dev_sizes
 from gdr.training.model import meta_retriever
@@ -122,6 +129,8 @@ TITLES_TEST_KEPT = {name: k["kept"] / (k["test_fraction"] * k["documents"])
                     for name, k in _C["TITLES_TEST_KEPT"].items()}
 # Host stages' seconds per unit (clustering, indexing, BM25) on the BBC run's machine
 HOST_S = {name: h["seconds"] / h["units"] for name, h in _C["HOST_S"].items()}
+# BMI's index seconds by index.bmi.inputs, over those of its generated queries alone (what index_bmi_doc measured)
+BMI_INPUTS_COST: dict[str, float] = _C["BMI_INPUTS_COST"]
 # One report rewrite after n retrievers (tests/bench_report.py --retrievers, the development CPU): n -> best seconds
 REPORT_REWRITE_S = {int(n): float(v) for n, v in _C["REPORT_REWRITE_S"]["best_s_by_retrievers"].items()}
 # The 2026-11-27 run's seconds outside stages: all, its report rewrites (from run.log), the rest ("other")
@@ -784,6 +793,8 @@ def _indexing(cfg, n_docs: int, J: int, rates: _Rates) -> StagePlan:
     retriever seed (:func:`gdr.stages.index.index_seeds`). ``parts``: the seconds of one index of each scheme."""
     per = {i: HOST_S["index_gc_entry"] * n_docs * J if i == "gc" else HOST_S.get(f"index_{i}_doc", 0.0) * n_docs
            for i in cfg.indexers}
+    if "bmi" in per:  # BMI's measured seconds are of its generated queries alone
+        per["bmi"] *= BMI_INPUTS_COST[_typed(IndexSettings, cfg.index).bmi.inputs]
     count = {i: sum(m == i for m, _ in _index_stages(cfg)) for i in cfg.indexers}
     st = _host("indexing", sum(v * count[i] for i, v in per.items()), rates,
                ", ".join(f"{i} {v:.1f} s" + (f" x {count[i]} seeds" if count[i] > 1 else "") for i, v in per.items()))

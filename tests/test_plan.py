@@ -9,7 +9,17 @@ import pytest
 
 from gdr import cost
 from gdr.config import load_config
-from gdr.plan import DEVICES, LM_LOAD_S, StagePlan, _meta_lm, format_plan, measured_figures, plan_run, predict
+from gdr.plan import (
+    BMI_INPUTS_COST,
+    DEVICES,
+    LM_LOAD_S,
+    StagePlan,
+    _meta_lm,
+    format_plan,
+    measured_figures,
+    plan_run,
+    predict,
+)
 from gdr.training.train import concurrent_for_memory
 
 STAGES = ["lm_load", "sampling", "scoring", "clustering", "doc_queries", "indexing", "bm25", "training", "evaluation",
@@ -156,6 +166,11 @@ def test_an_index_per_retriever_seed_is_planned_and_each_index_stage_predicted(t
     assert "gc" in each.basis and "x 3 seeds" in each.basis and "x 3 seeds" not in shared.basis
     got = stage_seconds({"indexing": each.seconds}, each.parts, ["index-gc-s2", "index-atomic", "index-hkmi"], 1)
     assert got == {"index-gc-s2": one["gc"], "index-atomic": one["atomic"], "index-hkmi": one["hkmi"]}
+    # BMI's own vector (bbc's realq_genq_docseg) embeds its segments and real queries too: the measured ratio over
+    # its generated queries alone (the 2026-11-27 run's genq, whose index_bmi_doc the plan holds)
+    own, genq = (indexing("indexers=[bmi]", f"index.bmi.inputs={i}").parts["bmi"]
+                 for i in ("realq_genq_docseg", "genq"))
+    assert own == pytest.approx(genq * BMI_INPUTS_COST["realq_genq_docseg"]) and own > 2 * genq
 
 
 def test_a_dev_split_of_the_query_set_holds_no_training_title_out_in_the_plan():
