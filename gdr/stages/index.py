@@ -138,20 +138,10 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
         embed_fn = (functools.partial(tfidf_svd_embeddings, dim=int(km.svd_dim), seed=int(cfg.seed)) if tfidf
                     else default_embed_fn(km.embed_model, int(km.batch_size)))
         if cfg.method == "hkmi":
-            if load is not None:
-                corpus = load()
-                doc_ids, texts = corpus.doc_ids, corpus.model_inputs()
-            elif km.docs:
-                doc_ids, texts = _docs_jsonl(km.docs)
-            else:
-                raise ValueError("method=hkmi needs document texts: data=<corpus> or kmeans.docs=<jsonl>")
+            doc_ids, texts = _document_texts(cfg, load, "method=hkmi needs document texts")
             if run:  # index exactly the documents of the P-matrix run (comparable with gc)
-                pos = {d: i for i, d in enumerate(doc_ids)}
                 run_ids = load_run(run, require_manifest=False).doc_ids
-                missing = [d for d in run_ids if d not in pos]
-                if missing:
-                    raise ValueError(f"{len(missing)} doc ids of run={run} have no text (first {missing[0]!r})")
-                doc_ids, texts = run_ids, [texts[pos[d]] for d in run_ids]
+                doc_ids, texts = run_ids, _texts_of(run_ids, doc_ids, texts, f"doc ids of run={run}")
             identity = _claim_index_folder(out, _identity(cfg, doc_ids, texts=hash_strings(texts)))
             emb = document_embeddings(texts, embed_fn)
         else:
@@ -189,6 +179,26 @@ def _build_index(settings: IndexSettings, out: Path, load, run) -> dict:
     return summary
 
 
+def _document_texts(settings: IndexSettings, load, need: str) -> tuple[list[str], list[str]]:
+    """(doc ids, the texts the models read) of the corpus (``data=``) or of ``kmeans.docs``; ``need`` heads the
+    error when neither is given."""
+    if load is not None:
+        corpus = load()
+        return corpus.doc_ids, corpus.model_inputs()
+    if settings.kmeans.docs:
+        return _docs_jsonl(settings.kmeans.docs)
+    raise ValueError(f"{need}: data=<corpus> or kmeans.docs=<jsonl of {{doc_id, text}}>")
+
+
+def _texts_of(wanted: Sequence[str], doc_ids: Sequence[str], texts: Sequence[str], what: str) -> list[str]:
+    """The texts of ``wanted`` ids, from ``doc_ids``' ``texts``; an error naming the first without one."""
+    pos = {d: i for i, d in enumerate(doc_ids)}
+    missing = [d for d in wanted if d not in pos]
+    if missing:
+        raise ValueError(f"{len(missing)} {what} have no text (first {missing[0]!r})")
+    return [texts[pos[d]] for d in wanted]
+
+
 def _bmi_extra_inputs(settings: IndexSettings, doc_ids: Sequence[str], load) -> tuple[dict, dict, dict]:
     """What BMI's vector averages besides the generated queries (``bmi.inputs``): the real training queries of
     ``bmi.real_queries`` by document (those of other documents are ignored) and the random segments of the
@@ -202,21 +212,9 @@ def _bmi_extra_inputs(settings: IndexSettings, doc_ids: Sequence[str], load) -> 
         real = {d: q for d, q in read_doc_queries(bmi.real_queries).items() if d in kept}
         inputs["real_queries"] = hash_strings(q for d in doc_ids for q in real.get(d, ()))
     if bmi.inputs.endswith("docseg"):
-        if load is not None:
-            corpus = load()
-            pos = {d: i for i, d in enumerate(corpus.doc_ids)}
-            texts = corpus.model_inputs()
-        elif settings.kmeans.docs:
-            ids, texts = _docs_jsonl(settings.kmeans.docs)
-            pos = {d: i for i, d in enumerate(ids)}
-        else:
-            raise ValueError(f"bmi.inputs={bmi.inputs} segments the document texts: pass data=<corpus> or "
-                             "kmeans.docs=<jsonl of {doc_id, text}>, or bmi.inputs=genq")
-        missing = [d for d in doc_ids if d not in pos]
-        if missing:
-            raise ValueError(f"{len(missing)} document(s) of the generated queries have no text (first "
-                             f"{missing[0]!r}): bmi.inputs={bmi.inputs} segments every document's text")
-        texts = [texts[pos[d]] for d in doc_ids]
+        texts = _texts_of(doc_ids, *_document_texts(settings, load, f"bmi.inputs={bmi.inputs} segments the "
+                                                                    "document texts (or bmi.inputs=genq)"),
+                          f"documents of bmi.inputs={bmi.inputs}")
         segments = document_segments(doc_ids, texts, words=int(bmi.segment_words), per_doc=int(bmi.segments),
                                      seed=int(settings.seed))
         inputs["texts"] = hash_strings(texts)
