@@ -206,19 +206,33 @@ def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path
 def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(setup, tmp_path, capsys):
     """The protocol's training (no early stop, the final weights kept) validated every 2 steps: each train stage
     folder holds curve.json, a point per validation, the same in the retriever's retrievers.jsonl line; the report
-    draws them (curves.png) and says where each peaked; HKmI's docids come from tf-idf + SVD vectors."""
+    draws them (curves.png) and says where each peaked. The protocol's docids: HKmI's from tf-idf + SVD vectors,
+    BMI's from its own vector (``index.bmi.inputs=realq_genq_docseg``), whose real queries are the training split's
+    (20 of the 30; none of the 10 test queries), kept in its index folder under the documents they are relevant to,
+    the split in its stage key."""
     root, folder = setup
     out = tmp_path / "run"
-    assert main(_args(root, folder, out, "indexers=[hkmi,random]", "bm25=false", "index.kmeans.embedding=tfidf-svd",
-                      "index.kmeans.svd_dim=8", "train.trainer.check_val_every_n_epoch=null",
+    assert main(_args(root, folder, out, "indexers=[hkmi,bmi,random]", "bm25=false",
+                      "index.kmeans.embedding=tfidf-svd", "index.kmeans.svd_dim=8",
+                      "index.bmi.inputs=realq_genq_docseg", "train.trainer.check_val_every_n_epoch=null",
                       "train.trainer.val_check_interval=2", "train.trainer.patience=0",
                       "train.trainer.weights=final")) == 0
     capsys.readouterr()
     stages = _stages(out)
     index = json.loads((out / stages["index-hkmi"]["folder"] / "manifest.json").read_text())
     assert index["embed_model"] == "tfidf-svd" and index["embedding_dim"] == 8
+    bmi = out / stages["index-bmi"]["folder"]
+    rows = [json.loads(x) for x in (bmi / "real_queries.jsonl").read_text().splitlines()]
+    topic = [t.split()[0] for t in TOPICS]
+    assert {(r["doc_id"], q) for r in rows for q in r["queries"]} == {
+        (f"d{i}", f"{topic[i % 5]} item{i}") for i in range(30) if i % 3}  # the toy's train split
+    assert json.loads((bmi / "manifest.json").read_text())["bmi_texts"] == {
+        "inputs": "realq_genq_docseg", "real_queries": 20, "documents_with_real_queries": 20, "segments": 300}
+    key = json.loads((bmi / "stage.json").read_text())["inputs"]
+    assert (key["real_queries"]["split"], key["real_queries"]["n"]) == ("train", 20)
+    assert key["index"]["bmi"] == {"inputs": "realq_genq_docseg", "segments": 10, "segment_words": 64}
     lines = [json.loads(x) for x in (out / "retrievers.jsonl").read_text().splitlines()]
-    assert [x["indexer"] for x in lines] == ["hkmi", "random"]
+    assert [x["indexer"] for x in lines] == ["hkmi", "bmi", "random"]
     for line in lines:
         curve = json.loads((out / line["train"] / "curve.json").read_text())
         assert [s for s, _ in curve] == [2, 4, 6] and all(0.0 <= v <= 1.0 for _, v in curve)
@@ -226,28 +240,6 @@ def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(
     assert (out / "curves.png").is_file()
     md = (out / "report.md").read_text()
     assert "Learning curves" in md and "HKmI seed 0: val/recall@1 peaked at" in md
-
-
-def test_bmi_averages_the_training_split_queries_never_a_test_query(setup, tmp_path, capsys):
-    """``index.bmi.inputs=realq_genq_docseg`` in a run: BMI's index folder holds the real queries its vectors
-    averaged, which are the training split's (20 of the 30; none of the 10 test queries), under the documents they
-    are relevant to; its stage is keyed by that split and its texts were segmented."""
-    root, folder = setup
-    out = tmp_path / "run"
-    assert main(_args(root, folder, out, "indexers=[bmi]", "bm25=false", "index.kmeans.embedding=tfidf-svd",
-                      "index.kmeans.svd_dim=8", "index.bmi.inputs=realq_genq_docseg")) == 0
-    capsys.readouterr()
-    index = out / _stages(out)["index-bmi"]["folder"]
-    rows = [json.loads(x) for x in (index / "real_queries.jsonl").read_text().splitlines()]
-    got = {(r["doc_id"], q) for r in rows for q in r["queries"]}
-    topic = [t.split()[0] for t in TOPICS]
-    assert got == {(f"d{i}", f"{topic[i % 5]} item{i}") for i in range(30) if i % 3}  # the toy's train split
-    man = json.loads((index / "manifest.json").read_text())
-    assert man["bmi_texts"] == {"inputs": "realq_genq_docseg", "real_queries": 20, "documents_with_real_queries": 20,
-                                "segments": 300}
-    key = json.loads((index / "stage.json").read_text())["inputs"]
-    assert key["real_queries"]["split"] == "train" and key["real_queries"]["n"] == 20
-    assert key["index"]["bmi"] == {"inputs": "realq_genq_docseg", "segments": 10, "segment_words": 64}
 
 
 @pytest.mark.slow
