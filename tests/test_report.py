@@ -90,3 +90,26 @@ def test_the_demo_line_keeps_its_keys_and_values_at_the_default_depth(tmp_path):
     assert set(report["retrieval"]["gc"]) >= {"recall@1", "recall@10", "recall@100", "R@10", "R@100", "mrr@100"}
     head = headline(report)
     assert (head["recall_at_1"], head["rr_at_100"], head["hkmi_recall_at_1"]) == (25.0, 40.0, 25.0)
+
+
+def test_the_report_says_what_each_schemes_docids_are_computed_from(tmp_path):
+    """A reader of report.md learns what the ids of each scheme it reports come from: BMI's vector by
+    ``index.bmi.inputs``, the
+    k-means schemes' vectors by ``index.kmeans.embedding``; a config of an earlier gdr without the bmi section is
+    BMI on its generated queries alone."""
+    from gdr.stages.report import docid_sources
+
+    cfg = to_container(load_config("run", ["+experiment=bbc"]))
+    assert docid_sources(cfg, cfg["indexers"]) == (
+        "Docids (K = 30, leaf 30): gc: generative clustering of P; hkmi: k-means on tf-idf + SVD vectors of the "
+        "documents; bmi: k-means on the mean tf-idf + SVD vector of each document's training queries, generated "
+        "queries and text segments (BMI's own); random: a random tree.")
+    old = to_container(load_config("run", ["+experiment=bbc", "index.kmeans.embedding=model"]))
+    del old["index"]["bmi"]
+    assert docid_sources(old, ["bmi"]) == ("Docids (K = 30, leaf 30): bmi: k-means on the mean `minilm-l6` vector "
+                                           "of each document's generated queries.")
+    rows = {m: {"seed": 0, "recall@1": 0.25, "recall@10": 0.5, "recall@100": 0.75, "R@10": 0.5, "R@100": 0.7,
+                "mrr@100": 0.4, "n_queries": 12} for m in ("gc", "hkmi")}
+    _report(tmp_path, 100, rows)
+    assert "Docids (K = 30, leaf 30): gc: generative clustering of P; hkmi: k-means on `minilm-l6` vectors of the " \
+           "documents." in (tmp_path / "report.md").read_text()

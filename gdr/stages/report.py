@@ -24,12 +24,14 @@ from gdr.eval.compare import (
 )
 from gdr.eval.retrieval import metric_keys, metric_name
 from gdr.guard import replace_together
+from gdr.indexing.options import IndexBMI
 from gdr.stages.command_keys import Verdict
 from gdr.stages.plan_file import planned_names
 from gdr.stages.settings import EvaluateSettings, section_from
 
 __all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
-           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth", "pooled_index_facts"]
+           "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth", "pooled_index_facts",
+           "docid_sources"]
 
 # the keys of the evaluation rows at the default 100 results per query (:func:`gdr.eval.retrieval.metric_keys` at
 # another ``evaluate.k``): ``recall@d`` is Success@d (hit@d), ``R@d`` recall, ``mrr@100`` RR@100
@@ -144,6 +146,24 @@ def _sampled(sample: dict) -> str:
     return f"{per_doc} sampled queries per document" if per_doc else f"J = {sample['n_queries']} sampled queries"
 
 
+# what each docid scheme's ids are computed from, by its settings in the run's config (``index:``)
+_BMI_TEXTS = {"genq": "generated queries", "genq_docseg": "generated queries and text segments",
+              "realq_genq_docseg": "training queries, generated queries and text segments (BMI's own)"}
+
+
+def docid_sources(cfg: dict, methods: Sequence[str]) -> str:
+    """One sentence: what the ids of each scheme of ``methods`` are computed from, by the run's config ``cfg``."""
+    index = cfg["index"]
+    km = index.get("kmeans") or {}
+    vectors = "tf-idf + SVD" if km.get("embedding") == "tfidf-svd" else f"`{km.get('embed_model')}`"
+    bmi = (index.get("bmi") or {}).get("inputs", IndexBMI.inputs)  # a config of an earlier gdr has no bmi section
+    what = {"gc": "generative clustering of P", "hkmi": f"k-means on {vectors} vectors of the documents",
+            "bmi": f"k-means on the mean {vectors} vector of each document's {_BMI_TEXTS[bmi]}",
+            "random": "a random tree", "atomic": "one position a document"}
+    parts = "; ".join(f"{m}: {what[m]}" for m in methods)
+    return f"Docids (K = {index['n_clusters']}, leaf {index['leaf_size']}): {parts}." if parts else ""
+
+
 @dataclass
 class Report:
     """A run's report: ``data``, what ``report.json`` holds, and what ``report.md`` says beside it: the run's
@@ -222,6 +242,8 @@ def render_markdown(report: Report) -> str:
     lines += [*report.table, "", f"{r['n_test_queries']} test queries of `{queries_name}`, {k} results each. "
               f"{MEASURES_NOTE} The largest child share is the mean, over internal nodes, of the fraction of a "
               "node's documents in its largest child (1/K is perfectly balanced).", ""]
+    sources = docid_sources(cfg, list(r["retrieval"]))
+    lines += [sources, ""] if sources else []
     if r["unknown_qrels"]:
         lines += [f"{r['unknown_qrels']} relevant judgement(s) of `{queries_name}` name documents not in the corpus "
                   "and were dropped (data.drop_unknown_qrels=true): the figures are over the judgements left.", ""]
