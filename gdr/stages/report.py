@@ -151,9 +151,9 @@ _BMI_TEXTS = {"genq": "generated queries", "genq_docseg": "generated queries and
               "realq_genq_docseg": "training queries, generated queries and text segments (BMI's own)"}
 
 
-def docid_sources(cfg: dict, methods: Sequence[str]) -> str:
-    """One sentence: what the ids of each scheme of ``methods`` are computed from, by the run's config ``cfg``."""
-    index = cfg["index"]
+def docid_sources(settings: dict, methods: Sequence[str]) -> str:
+    """One sentence: what the ids of each scheme of ``methods`` are computed from, by the run's config ``settings``."""
+    index = settings["index"]
     km = index.get("kmeans") or {}
     vectors = "tf-idf + SVD" if km.get("embedding") == "tfidf-svd" else f"`{km.get('embed_model')}`"
     bmi = (index.get("bmi") or {}).get("inputs", IndexBMI.inputs)  # a config of an earlier gdr has no bmi section
