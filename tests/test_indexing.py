@@ -702,3 +702,27 @@ def test_bmi_with_bmis_own_vector_clusters_by_the_texts_its_generated_queries_la
     with pytest.raises(FileExistsError, match=r"other inputs or settings \(real_queries\)"):
         index_main(["method=bmi", *common, "bmi.inputs=realq_genq_docseg", f"bmi.real_queries={real}",
                     f"out={tmp_path / 'bmi'}"])
+
+
+def test_an_index_loads_its_corpus_once_whatever_reads_it(tmp_path):
+    """BMI with text segments reads the corpus for its doc ids and for its texts: one load (`gdr index data=...`
+    hands the stage a loader)."""
+    from gdr.data import Corpus
+    from gdr.indexing.options import IndexBMI, IndexKMeans
+    from gdr.stages.index import build_index
+    from gdr.stages.settings import IndexSettings
+
+    texts, loads = topic_texts(20), []
+
+    def corpus():
+        loads.append(1)
+        return Corpus(name="topics", doc_ids=[f"d{i}" for i in range(20)], texts=texts)
+
+    dq = tmp_path / "doc_queries.jsonl"
+    dq.write_text("".join(json.dumps({"doc_id": f"d{i}", "queries": [f"item{i}"]}) + "\n" for i in range(20)))
+    settings = IndexSettings(method="bmi", n_clusters=4, leaf_size=4, progress=False, plot=False,
+                             kmeans=IndexKMeans(doc_queries=str(dq), embedding="tfidf-svd", svd_dim=4),
+                             bmi=IndexBMI(inputs="genq_docseg"))
+    build_index(settings, tmp_path / "bmi", corpus=corpus)
+    assert len(loads) == 1
+    assert len(read_docids(tmp_path / "bmi" / "docids.tsv")[0]) == 20

@@ -105,7 +105,8 @@ def build_index(settings: IndexSettings, out: str | Path, *, corpus=None, run: s
     folder (P.npy, queries.jsonl, doc_ids.json): the input of gc, and the documents of the others.
     ``settings.kmeans`` may name ``docs`` (jsonl of doc_id/text) and ``doc_queries`` (bmi's input)."""
     cfg = settings
-    load = corpus if callable(corpus) or corpus is None else (lambda: corpus)
+    # the corpus loaded once, however many of the method's inputs read it (bmi: its doc ids and its texts)
+    load = None if corpus is None else functools.cache(corpus if callable(corpus) else (lambda: corpus))
     if cfg.method not in METHODS:
         raise ValueError(f"method={cfg.method!r}: choose one of {', '.join(METHODS)}")
     if not out:
