@@ -182,6 +182,7 @@ class Pipeline:
         (P.npy: only damaged shards are re-scored). ``outputs``: patterns of the files later stages read; only
         their checksums count as this stage's content for them (manifests with times, logs and checkpoints differ
         between identical rebuilds)."""
+        signals.check()  # a stop whose raise was lost in the stage before: none starts after it
         inputs = json.loads(json.dumps(inputs, default=str))
         folder, key = self.folder(name, inputs)
         marker = folder / STAGE_FILE

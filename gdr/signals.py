@@ -9,7 +9,8 @@ command unwinds through its ``finally`` blocks (locks released, workers terminat
     gdr run: stopped by SIGTERM in stage train-gc-s0; rerun the same command to resume
 
 and returns 143 (SIGTERM) or 130 (SIGINT). Every stage resumes on a rerun: P by shard, sampling by batch,
-training from ``checkpoints/last.ckpt``.
+training from ``checkpoints/last.ckpt``. A signal whose raise Python dropped (it came while a ``__del__`` or a
+weakref callback ran) is raised at the next :func:`check`, which the long loops call at each step.
 
 Training is the one place where stopping at an arbitrary bytecode would waste work: inside
 :func:`deferred` (``gdr.training.train`` wraps the fit in it) a signal is only recorded, and the trainer's
@@ -26,8 +27,8 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["Stopped", "WorkerDied", "install", "reclaim", "uninstall", "received", "pending", "take", "deferred",
-           "stop_line", "exit_code", "set_where", "name", "SIGNALS", "BACKGROUND_THREAD", "background_busy"]
+__all__ = ["Stopped", "WorkerDied", "install", "reclaim", "uninstall", "received", "check", "pending", "take",
+           "deferred", "stop_line", "exit_code", "set_where", "name", "SIGNALS", "BACKGROUND_THREAD", "background_busy"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 BACKGROUND_THREAD = "gdr-host-stages"  # the thread of gdr run's host stages (gdr.stages.overlap)
@@ -116,6 +117,16 @@ def _cancel_timer() -> None:
 def received() -> int | None:
     """The signal number received since :func:`install`, or None."""
     return _state["signum"]
+
+
+def check() -> None:
+    """Raise :class:`Stopped` for a signal received since :func:`install` whose raise was lost (main thread, outside
+    :func:`deferred`). Python drops an exception that a handler raises while the main thread runs a ``__del__`` or a
+    weakref callback (it prints "Exception ignored in ..." and goes on): the handler has recorded the signal first,
+    so the loops that run long (a stage, a batch of queries or documents, a training slot's finished job) call this
+    at each step and stop there, not when the command ends."""
+    if _state["signum"] is not None and not _state["defer"] and threading.current_thread() is threading.main_thread():
+        raise Stopped(_state["signum"])
 
 
 def pending() -> int | None:

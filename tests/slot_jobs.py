@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 
 def square_and_pid(x: int) -> tuple[int, int]:
@@ -18,4 +19,10 @@ def fail(x: int) -> int:
 def killed(x: int) -> int:
     """kill -9 of the slot that runs it."""
     os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def nap(x: int, seconds: float) -> int:
+    """``x``, after ``seconds`` asleep."""
+    time.sleep(seconds)
     return x

@@ -410,6 +410,35 @@ def test_a_signal_while_sampling_or_between_stages_stops_with_one_line(finished,
     assert "Traceback" not in err and _stop(point, tmp_path)[1] == "at once", _stop(point, tmp_path)
 
 
+def test_a_stop_whose_raise_python_dropped_in_a_stage_starts_no_later_stage(tmp_path, monkeypatch):
+    """A SIGTERM handled while a stage's build runs a ``__del__`` (Python drops the raise there and goes on): the
+    stage finishes, and the next one is refused at its start with :class:`Stopped`, its build never run."""
+    from gdr import guard, signals
+    from gdr.pipeline import Pipeline
+
+    class StopInFinaliser:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)
+
+    dropped, built = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+
+    def first(folder):
+        StopInFinaliser()
+        built.append("first")
+
+    signals.install()
+    try:
+        pipe = Pipeline(tmp_path / "run")
+        assert not pipe.stage("first", {}, first).reused
+        with pytest.raises(signals.Stopped):
+            pipe.stage("second", {}, lambda folder: built.append("second"))
+    finally:
+        signals.uninstall()
+        guard.release_all()
+    assert dropped == [signals.Stopped] and built == ["first"]
+
+
 @pytest.mark.slow
 def test_sigint_during_gdr_train_stops_with_one_line(finished, tmp_path):
     """Ctrl-C during `gdr train` exits 130 (not Lightning's own exit 1) with the one line and a resume point."""

@@ -154,7 +154,7 @@ def test_no_module_imports_in_a_loop():
 
 
 # modules that import nothing of gdr
-GROUND = ("gdr.rules", "gdr.cost", "gdr.logs", "gdr.device", "gdr.gguf_llama", "gdr.paths")
+GROUND = ("gdr.rules", "gdr.cost", "gdr.logs", "gdr.device", "gdr.gguf_llama", "gdr.paths", "gdr.signals")
 
 
 def test_rules_import_nothing_of_gdr_and_lm_nothing_above_it():

@@ -2,6 +2,7 @@
 retrievers trained at once, the compiled step and length-bucketed batches."""
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from functools import partial
 
@@ -157,6 +158,39 @@ def test_run_concurrently_returns_results_in_order_from_one_worker_per_slot_and_
     assert sorted(done) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="job 1: bad input"):
         run_concurrently([partial(slot_jobs.square_and_pid, 0), partial(slot_jobs.fail, 1)], 2)
+
+
+@pytest.mark.slow
+def test_a_stop_whose_raise_python_dropped_still_stops_the_slots_before_the_next_job(monkeypatch):
+    """A SIGTERM handled while the parent runs a ``__del__`` (Python prints "Exception ignored" and goes on) is not
+    lost: the slots get no further job and :class:`Stopped` is raised here, not after every job has run (a `gdr run`
+    under train.concurrent went on to train all its retrievers, then exited 143)."""
+    import signal
+
+    from gdr import signals
+    from gdr.training.concurrent import run_concurrently
+
+    class StopInFinaliser:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)  # the handler raises Stopped inside __del__, where Python drops it
+
+    done, dropped = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+
+    def on_done(i, _):
+        if not done:
+            StopInFinaliser()
+        done.append(i)  # reached: the stop did not propagate from the finaliser
+
+    signals.install()
+    try:
+        with pytest.raises(signals.Stopped):
+            run_concurrently([partial(slot_jobs.nap, i, 0.5) for i in range(6)], 2, on_done=on_done)
+        assert signals.received() == signal.SIGTERM
+    finally:
+        signals.uninstall()
+    assert dropped == [signals.Stopped]  # Python dropped the handler's raise in __del__
+    assert len(done) == 1  # the loop stopped at its next check: no other finished job's work ran here
 
 
 @pytest.mark.slow(seconds=40)

@@ -36,6 +36,8 @@ from gdr.guard import die_with_parent
 
 __all__ = ["run_concurrently", "slot_threads"]
 
+_POLL_S = 1.0  # the longest the parent waits on its slots before it looks for a stop whose raise was lost
+
 
 def _slot(conn, parent: int, threads: int, level: int) -> None:
     """One slot in a spawned process: it runs the jobs the parent sends, one after another, and hands back each
@@ -113,6 +115,7 @@ def run_concurrently(jobs: Sequence[Callable[[], Any]], concurrent: int,
     try:
         finished: list[int] = []
         while True:
+            signals.check()  # a stop whose raise was lost (gdr.signals): no job more is handed out
             for conn, (proc, job) in list(slots.items()):  # an idle slot takes the next job
                 if job is None and todo:
                     i = todo.pop(0)
@@ -120,12 +123,13 @@ def run_concurrently(jobs: Sequence[Callable[[], Any]], concurrent: int,
                     slots[conn] = (proc, i)
             for i in finished:  # each finished job's own work here, while the slots train
                 if on_done is not None:
+                    signals.check()
                     on_done(i, results[i])
             finished = []
             busy = [conn for conn, (_, job) in slots.items() if job is not None]
             if not busy:
                 break
-            for conn in wait(busy):
+            for conn in wait(busy, timeout=_POLL_S):
                 proc, i = slots[conn]
                 try:
                     status, value = conn.recv()

@@ -16,6 +16,7 @@ from gdr.lm.decode import Decoder
 from gdr.lm.prompts import clean_query
 from gdr.logs import on_terminal
 from gdr.models import SamplingOptions
+from gdr.signals import check as check_stop
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,7 @@ class SamplingMixin:
         bar = tqdm(total=n, initial=n - len(todo), desc="sample queries", unit="q", disable=not progress,
                    mininterval=0.1 if on_terminal() else 10.0)
         for b in range(0, len(todo), bs):
+            check_stop()  # a stop whose raise was lost (gdr.signals): the next batch does not start
             qid = todo[b:b + bs]
             idx = source[qid]
             b0 = n - len(todo) + b  # queries finished before this batch

@@ -40,6 +40,7 @@ from gdr.lm.compiling import compile_cache_dir
 from gdr.lm.hostsync import upload
 from gdr.lm.numerics import score_compute_dtype
 from gdr.lm.precision import cast_copy
+from gdr.signals import check as check_stop
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +276,7 @@ class ScoringMixin:
         bar = tqdm(total=len(docs) * len(queries), desc="score", unit="pair", unit_scale=True,
                    disable=not progress)
         for b0 in range(0, len(docs), doc_batch_size):
+            check_stop()  # a stop whose raise was lost (gdr.signals): the next batch does not start
             rows = order[b0:b0 + doc_batch_size]
             batch = [p_ids[i] for i in rows]
             if fixed:  # the last, smaller batch: copies of its last prompt, dropped below
