@@ -34,6 +34,7 @@ from gdr.io import check_manifest_files
 from gdr.lm.hostsync import upload
 from gdr.options import RankingOptions
 from gdr.rerun import RerunCommand
+from gdr.signals import check as check_stop
 from gdr.training.model import PAD, GenerativeRetriever, RetrieverConfig, decoder_dims, encoder_dims, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -268,6 +269,7 @@ class Retriever:
         # every query tokenised once, not per batch: no tokenizer work between GPU batches
         ids = self._token_ids(queries) if len(queries) else []
         for s in tqdm(starts, desc="search", unit="batch", disable=not progress):
+            check_stop()  # a stop whose raise was lost (gdr.signals): the next batch does not start
             batch = self._batch(ids[s:s + bs])
             with amp:
                 out = constrained_beam_search(self.model, batch["input_ids"], batch["attention_mask"], self.trie,

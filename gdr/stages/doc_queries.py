@@ -29,6 +29,7 @@ from gdr.lm import compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.models import SamplingOptions
 from gdr.rerun import RerunCommand
+from gdr.signals import check as check_stop
 from gdr.stages.sample import check_numerics, check_sampler, check_texts, decode_numerics
 from gdr.stages.settings import SampleSettings
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST
@@ -105,6 +106,7 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
                disable=not progress or done >= len(texts))
     with open(path, "a", encoding="utf-8") as f:
         for b0 in range(done, len(texts), docs_per_batch):
+            check_stop()  # a stop whose raise was lost (gdr.signals): the next batch does not start
             batch = list(texts[b0:b0 + docs_per_batch])
             gen = lm.sample_per_doc(batch, n_per_doc, first=b0, seed=seed, max_new_tokens=max_new_tokens,
                                     top_k=top_k, top_p=top_p, temperature=temperature,
