@@ -1012,7 +1012,7 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     settings = _train_settings(run).resolved(seed=seed)  # the resolved batch keys the stage: `auto` hides none
     keyed = {k: v for k, v in keyed_values(TrainSettings, config_dict(settings)).items()
              if k not in ("model_presets", "seed")}  # the seed keys the stage beside them
-    keyed["model"] = train_stage.keyed_model(settings)
+    keyed["model"], keyed["optim"] = train_stage.keyed_model(settings), train_stage.keyed_optim(keyed["optim"])
     inputs = {"index": idx.key, "doc_queries": doc_q.key if use_gen else None, "corpus": run.corpus_sig,
               "queries": _queries_key(run, train_q), "train": keyed, "seed": seed,
               "device": train_stage.training_numerics(settings)}

@@ -655,6 +655,83 @@ def test_consistency_regulariser_and_pawa_train(word_tokenizer):
     assert mod.model.pawa_a.weight.grad is not None and mod.model.pawa_a.weight.grad.abs().sum() > 0
 
 
+def test_the_corrupted_view_is_a_random_span_of_each_query_moved_to_the_front():
+    """NCI's corrupted query in tokens: each row a contiguous run of its own tokens from a uniform start (every
+    start drawn over many steps), at most the span long, at the front, the rest padding; the same seed, the same
+    spans."""
+    from gdr.training.module import corrupted_view
+
+    lens = torch.tensor([1, 5, 12, 30])  # (B,) right-padded rows of 30 positions
+    mask = (torch.arange(30)[None, :] < lens[:, None]).long()
+    ids = torch.where(mask.bool(), torch.arange(100, 130).expand(4, 30), torch.zeros(4, 30, dtype=torch.long))
+    starts = [set() for _ in lens]
+    for step in range(400):
+        torch.manual_seed(step)
+        view, kept = corrupted_view(ids, mask, pad_id=0, span=8)
+        torch.manual_seed(step)
+        again, _ = corrupted_view(ids, mask, pad_id=0, span=8)
+        assert torch.equal(view, again) and view.shape == ids.shape and kept.dtype == mask.dtype
+        for r, n in enumerate(lens.tolist()):
+            k = int(kept[r].sum())
+            start = int(view[r, 0]) - 100
+            assert 0 <= start < n and k == min(8, n - start)
+            assert kept[r, :k].all() and not kept[r, k:].any()
+            assert view[r, :k].tolist() == list(range(100 + start, 100 + start + k)) and not view[r, k:].any()
+            starts[r].add(start)
+    assert [len(s) for s in starts] == [1, 5, 12, 30]
+
+
+def test_input_dropout_pads_a_tenth_of_both_views_on_half_the_steps():
+    """NCI's input dropout: one coin a step for both views; when it drops, about 10% of the tokens become padding,
+    drawn apart for each view."""
+    from gdr.training.module import input_dropout
+
+    a, b = torch.full((50, 40), 7), torch.full((50, 40), 9)
+    dropped = []
+    for step in range(200):
+        torch.manual_seed(step)
+        x, y = input_dropout((a, b), pad_id=0)
+        assert set(x.unique().tolist()) <= {0, 7} and set(y.unique().tolist()) <= {0, 9}
+        fx, fy = (x == 0).float().mean().item(), (y == 0).float().mean().item()
+        assert (fx == 0) == (fy == 0)  # one coin for the step
+        if fx:
+            assert 0.07 < fx < 0.13 and 0.07 < fy < 0.13 and not torch.equal(x == 0, y == 0)
+        dropped.append(fx > 0)
+    assert 70 < sum(dropped) < 130  # half the steps
+
+
+def test_the_corrupted_consistency_view_trains_on_a_span_of_each_query(word_tokenizer):
+    """``consistency_view=corrupted``: the step's second forward pass sees the corrupted spans, the loss adds a
+    positive KL and its gradient reaches the model; ``dropout`` passes the same input twice."""
+    from gdr.training.module import RetrieverModule
+
+    cfg = tiny_config(word_tokenizer, K=4, L=3, pawa=True, dropout=0.1)
+    batch = {"input_ids": torch.randint(2, 30, (6, 9)), "attention_mask": torch.ones(6, 9, dtype=torch.long),
+             "labels": torch.tensor([[0, 1, 2, 4]] * 3 + [[3, 3, 0, 4]] * 3)}
+    for view in ("dropout", "corrupted"):
+        mod = RetrieverModule(cfg.to_dict(), consistency_weight=0.15, consistency_view=view).train()
+        mod.log = lambda *a, **k: None  # no trainer attached
+        seen, forward = [], mod.model.forward
+        mod.model.forward = lambda ids, mask, labels, seen=seen, forward=forward: (seen.append((ids, mask))
+                                                                                  or forward(ids, mask, labels))
+        torch.manual_seed(3)
+        loss = mod._step(batch, "train")
+        loss.backward()
+        assert torch.isfinite(loss) and len(seen) == 2
+        (ids1, mask1), (ids2, mask2) = seen
+        if view == "dropout":
+            assert ids1 is ids2 is batch["input_ids"] and mask2 is batch["attention_mask"]
+        else:
+            assert (mask2.sum(1) < 9).any()  # spans shorter than the queries
+            kept = mask2.bool()
+            for r in range(6):  # each row of the second view a run of its query's tokens (or padding put there)
+                k = int(kept[r].sum())
+                start = next(s for s in range(9) if all(ids2[r, j] in (0, batch["input_ids"][r, s + j])
+                                                         for j in range(k)))
+                assert k == min(20, 9 - start)
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in mod.model.parameters())
+
+
 @pytest.fixture(scope="module")
 def cli_training(tmp_path_factory, word_tokenizer):
     """`gdr train` on a 20-document BEIR folder (20 train and 20 test queries), run once per monitored metric and

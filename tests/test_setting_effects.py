@@ -64,6 +64,16 @@ def test_each_indexer_is_keyed_by_the_settings_its_ids_depend_on():
     assert index_key_values("hkmi", values) == {k: values[k] for k in index_keys()["hkmi"]}
 
 
+def test_the_consistency_view_keys_a_training_only_when_it_is_not_r_drops_own():
+    """``optim.consistency_view: dropout`` is what every training did before the choice: it keys nothing, so their
+    stages and `gdr train` folders stay; NCI's corrupted view keys the retriever it trains."""
+    from gdr.stages.train import keyed_optim
+
+    optim = config_dict(TrainSettings(optim={"consistency_weight": 0.15}))["optim"]
+    assert optim["consistency_view"] == "dropout" and "consistency_view" not in keyed_optim(optim)
+    assert keyed_optim({**optim, "consistency_view": "corrupted"}) == {**optim, "consistency_view": "corrupted"}
+
+
 def test_a_dict_section_becomes_its_dataclass_at_the_door():
     """A script may give a section as a dict: it is converted to the section's dataclass (the rest at the class's
     defaults; merged keeps the stage's), and an unknown key is refused by name."""

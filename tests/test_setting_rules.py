@@ -125,6 +125,14 @@ def test_cross_field_rules_see_their_section():
     cfg = OmegaConf.create({"trainer": {"min_steps": 9, "max_steps": 3}})
     with pytest.raises(ConfigError, match=r"^train\.trainer\.min_steps=9: must be <="):
         check_rules(cfg, TRAIN_RULES, "train")
+    # NCI's corrupted view is the regulariser's second view: refused where the regulariser is off
+    with pytest.raises(ConfigError, match=r"^optim\.consistency_view=corrupted: corrupted is the second view of the "
+                                          r"consistency regulariser, which optim\.consistency_weight=0 turns off"):
+        TrainSettings(optim={"consistency_view": "corrupted"})
+    with pytest.raises(ConfigError, match=r"^optim\.consistency_view=mask: must be one of dropout, corrupted"):
+        TrainSettings(optim={"consistency_view": "mask", "consistency_weight": 0.15})
+    assert TrainSettings(optim={"consistency_view": "corrupted", "consistency_weight": 0.15}).optim.consistency_view \
+        == "corrupted"
 
 
 def test_a_training_setting_is_checked_by_its_fields_rule():

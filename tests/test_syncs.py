@@ -116,12 +116,13 @@ def test_a_scoring_doc_batch_makes_one_host_sync_its_results(family, attention, 
     assert per_batch == 1, f"{per_batch} syncs per scoring doc batch, want 1 (its results): {c}"
 
 
-@pytest.mark.parametrize("protocol", [False, True], ids=["default", "pawa-rdrop"])
+@pytest.mark.parametrize("protocol", [False, True], ids=["default", "pawa-rdrop-corrupted"])
 def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer, protocol):  # noqa: F811 - the fixture
     """train() with what CUDA chooses (bf16-mixed autocast, fused AdamW, gradient clipping), on the CPU: no sync
     in a steady-state step (forward, backward, clipping, optimizer step), so none from transformers reading the
     2D padding mask in the encoder or in the decoder's cross-attention; also for the retriever the BBC protocol
-    trains (the PAWA decoder, R-drop 0.15: its KL over the labelled docid positions is masked, not indexed)."""
+    trains (the PAWA decoder, R-drop 0.15: its KL over the labelled docid positions is masked, not indexed; its
+    second view NCI's corrupted query, with input dropout decided by a coin on the device)."""
     import pytorch_lightning as pl
 
     from gdr.training.train import ExampleOptions, OptimOptions, TrainerOptions, train
@@ -142,7 +143,8 @@ def test_a_training_step_makes_no_host_sync(tmp_path, word_tokenizer, protocol):
     train(tmp_path, tiny_config(word_tokenizer, pawa=protocol, dropout=0.1 if protocol else 0.0), doc_ids, codes,
           train_queries=texts * 2, train_rel=[[i] for i in range(20)] * 2,
           examples=ExampleOptions(dev_fraction=0.0, doc_first=False, doc_windows=0),
-          optim=OptimOptions(warmup_steps=2, fused=True, consistency_weight=0.15 if protocol else 0.0),
+          optim=OptimOptions(warmup_steps=2, fused=True, consistency_weight=0.15 if protocol else 0.0,
+                             consistency_view="corrupted" if protocol else "dropout"),
           trainer_opts=TrainerOptions(max_steps=4, batch_size=20, accelerator="cpu", precision="bf16-mixed",
                                       gradient_clip_val=1.0, enable_progress_bar=False, tensorboard=False,
                                       resume=False), callbacks=[count])

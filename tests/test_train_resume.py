@@ -37,13 +37,15 @@ def installed_signals():
 
 def _fit(out, tok, trainer_kw: dict, stop_at: int | None = None):
     ids, texts, codes = toy_corpus(20)
+    optim = trainer_kw.get("optim", {})
     return train(out, tiny_config(tok, dropout=0.1), ids, codes, train_queries=texts * 3,
                  train_rel=[[i] for i in range(20)] * 3,
                  examples=ExampleOptions(dev_fraction=0.2, dev_max=8, doc_first=False, doc_windows=0),
-                 optim=OptimOptions(lr_encoder=3e-3, lr_decoder=3e-3, warmup_steps=2),
+                 optim=OptimOptions(lr_encoder=3e-3, lr_decoder=3e-3, warmup_steps=2, **optim),
                  trainer_opts=TrainerOptions(batch_size=16, enable_progress_bar=False, tensorboard=False,
                                              log_every_n_steps=1, val_beam=4, monitor="val/mrr",
-                                             num_sanity_val_steps=0, **trainer_kw),
+                                             num_sanity_val_steps=0,
+                                             **{k: v for k, v in trainer_kw.items() if k != "optim"}),
                  seed=0, callbacks=[_SignalAt(stop_at)] if stop_at is not None else [])
 
 
@@ -54,10 +56,13 @@ def _rows(out) -> list[dict]:
         return [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(fh)]
 
 
-# 4 steps an epoch; the first run stops early at step 12 (patience 1), before its max_steps
+# 4 steps an epoch; the first run stops early at step 12 (patience 1), before its max_steps; the second trains with
+# the BBC protocol's regulariser (R-drop on NCI's corrupted view: random spans and input dropout, drawn each step)
 RUNS = {
     "validated each epoch, early stopped": dict(max_steps=14, patience=1),
-    "validated every 2 steps across epochs": dict(max_steps=10, check_val_every_n_epoch=None, val_check_interval=2),
+    "validated every 2 steps across epochs, corrupted view": dict(
+        max_steps=10, check_val_every_n_epoch=None, val_check_interval=2,
+        optim=dict(consistency_weight=0.15, consistency_view="corrupted")),
 }
 
 
@@ -113,7 +118,7 @@ def test_a_resumed_training_has_one_metrics_csv_without_rows_past_its_checkpoint
     """Stopped at step 4 and resumed, a training keeps one ``logs/metrics.csv`` (no ``logs/version_N`` per start)
     holding the unbroken run's rows. Rows a run killed without a stop (kill -9) flushed after its last checkpoint are
     dropped on resume, as the resumed run logs those steps again."""
-    kw = RUNS["validated every 2 steps across epochs"]
+    kw = RUNS["validated every 2 steps across epochs, corrupted view"]
     _fit(tmp_path / "full", word_tokenizer, kw)
     want = _rows(tmp_path / "full")
     out = tmp_path / "run"

@@ -28,6 +28,38 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
     return f
 
 
+# NCI's corrupted query (NCI_model/main_utils.py `augment`) keeps 100 characters of the query from a uniform start:
+# about 20 wordpiece tokens of English
+CORRUPTED_SPAN_TOKENS = 20
+# NCI's input dropout (NCI_model/main_models.py `forward`, --input_dropout 1): on half the steps, each input token of
+# both views replaced by padding with this probability (its attention mask kept)
+INPUT_DROPOUT = 0.1
+
+
+def corrupted_view(ids: torch.Tensor, mask: torch.Tensor, pad_id: int,
+                   span: int = CORRUPTED_SPAN_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """NCI's corrupted query in tokens: each row of ``ids`` (B, T), right-padded with ``mask`` (B, T), becomes its
+    tokens from a start drawn uniformly among its own, at most ``span`` of them, moved to the front and padded; returns
+    (ids, mask) of the same shape. Drawn on the device from torch's generator, which the training step seeds (a
+    resumed run draws the same spans); no host sync."""
+    B, T = ids.shape
+    n = mask.sum(1)  # (B,) tokens a row, >= 1
+    start = (torch.rand(B, device=ids.device) * n).long()  # (B,) uniform in [0, n)
+    pos = torch.arange(T, device=ids.device)  # (T,)
+    src = start[:, None] + pos  # (B, T) where each kept token comes from
+    keep = (pos < span) & (src < n[:, None])  # (B, T)
+    view = torch.where(keep, ids.gather(1, src.clamp(max=T - 1)), torch.full_like(ids, pad_id))
+    return view, keep.to(mask.dtype)
+
+
+def input_dropout(views: tuple[torch.Tensor, ...], pad_id: int, p: float = INPUT_DROPOUT) -> tuple[torch.Tensor, ...]:
+    """NCI's input dropout over both views of a step: one coin for the step (heads: no change), then each token
+    padded with probability ``p``. The coin is a device tensor folded into the mask, so no host sync decides it."""
+    heads = torch.rand((), device=views[0].device) < 0.5
+    return tuple(torch.where((torch.rand(v.shape, device=v.device) < p) & ~heads, torch.full_like(v, pad_id), v)
+                 for v in views)
+
+
 class RetrieverModule(pl.LightningModule):
     """Trains a :class:`~gdr.training.model.GenerativeRetriever`.
 
@@ -40,6 +72,8 @@ class RetrieverModule(pl.LightningModule):
     warmup_steps : linear warmup; then linear decay to 0 at the trainer's last step
     consistency_weight : NCI's consistency regulariser (0 = off): two dropout views of each batch,
         loss = mean CE + w * symmetric KL of their slot distributions
+    consistency_view : the second view: ``dropout``, the same input (R-drop); ``corrupted``, NCI's corrupted query
+        and input dropout (:func:`corrupted_view`, :func:`input_dropout`)
     val_beam, val_k, length_penalty : validation beam search
     seed : dropout masks are drawn from (seed, global step, rank), so a run resumed from a
         checkpoint continues exactly as an uninterrupted one
@@ -54,12 +88,14 @@ class RetrieverModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], lr_encoder: float = OptimOptions.lr_encoder,
                  lr_decoder: float = OptimOptions.lr_decoder, weight_decay: float = OptimOptions.weight_decay,
                  warmup_steps: int = OptimOptions.warmup_steps,
-                 consistency_weight: float = OptimOptions.consistency_weight, val_beam: int = TrainerOptions.val_beam,
+                 consistency_weight: float = OptimOptions.consistency_weight,
+                 consistency_view: str = OptimOptions.consistency_view, val_beam: int = TrainerOptions.val_beam,
                  val_k: int = 10, length_penalty: float = TrainerOptions.length_penalty, seed: int = 0,
                  fused: bool | None = None, trie: DocidTrie | None = None, batch_size: int | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["trie"])
         self.model = GenerativeRetriever.build(RetrieverConfig.from_dict(dict(model_config)))
+        self._pad_id = int(getattr(self.model.encoder.config, "pad_token_id", None) or 0)  # what input dropout puts
         self.trie = trie
         self._trie_dev: DocidTrie | None = None
         self._val_first: list[torch.Tensor] = []
@@ -70,11 +106,16 @@ class RetrieverModule(pl.LightningModule):
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        w = self.hparams.consistency_weight
+        regularised = w > 0 and stage == "train"
+        ids2, mask2 = ids, mask  # the second view: the same input under another dropout mask
+        if regularised and self.hparams.consistency_view == "corrupted":
+            ids2, mask2 = corrupted_view(ids, mask, self._pad_id)
+            ids, ids2 = input_dropout((ids, ids2), self._pad_id)
         logits = self.model(ids, mask, labels)  # (B, T, K+1)
         loss = ce = self._slot_ce(logits, labels)
-        w = self.hparams.consistency_weight
-        if w > 0 and stage == "train":
-            logits2 = self.model(ids, mask, labels)  # a second dropout view
+        if regularised:
+            logits2 = self.model(ids2, mask2, labels)
             ce = (ce + self._slot_ce(logits2, labels)) / 2
             # the symmetric KL of the two views' slot distributions, (KL(p1||p2) + KL(p2||p1)) / 2 = sum over slots of
             # (p1 - p2)(log p1 - log p2) / 2, averaged over the docid positions that have a label: a mask, not a

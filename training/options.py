@@ -36,6 +36,9 @@ __all__ = ["ExampleOptions", "OptimOptions", "TrainerOptions", "QGOptions", "QGD
 # AdamW moves each weight by about lr a step: above 1 every step overshoots, and the batch scaling of lr_scaling
 # can take a huge value to inf, which fails only in training, after sampling, scoring and indexing
 LR_LIMIT = "AdamW moves each weight by about lr a step: at most 1"
+# the consistency regulariser's second view of a batch: the same input under another dropout mask (R-drop), or NCI's
+# (NCI_model/train.sh: --aug_query 1 --aug_query_type corrupted_query --input_dropout 1) corrupted input
+CONSISTENCY_VIEWS = ("dropout", "corrupted")
 
 
 # The cross-field rules of the training settings: their section is ``gdr train``'s config (``trainer.*``, ``optim.*``)
@@ -48,6 +51,17 @@ def fused(v, sec):
     if v is True and scaled and get(sec, "trainer.gradient_clip_val"):
         return ("cannot be true with trainer.precision=16-mixed and gradient clipping (a fused AdamW unscales "
                 "float16 gradients itself); use false, bf16-mixed or trainer.gradient_clip_val=null")
+    return None
+
+
+def consistency_view(v, sec):
+    """``optim.consistency_view``: dropout or corrupted; corrupted only with the regulariser on (its second view)."""
+    if v not in CONSISTENCY_VIEWS:
+        return f"must be one of {', '.join(CONSISTENCY_VIEWS)}"
+    weight = get(sec, "optim.consistency_weight")
+    if v != "dropout" and isinstance(weight, (int, float)) and weight <= 0:
+        return (f"{v} is the second view of the consistency regulariser, which optim.consistency_weight=0 turns off; "
+                "set optim.consistency_weight > 0 (0.15 in NCI's train.sh) or consistency_view=dropout")
     return None
 
 
@@ -113,6 +127,10 @@ class OptimOptions:
     warmup_steps: int = setting(1000, effect="result", rule=NON_NEGATIVE)
     consistency_weight: float = setting(0.0, "NCI's consistency regulariser (two dropout views), 0 = off",
                                         effect="result", rule=number(0, lo_open=False), rule_help="0 = off")
+    consistency_view: str = setting("dropout", "the regulariser's second view: dropout = the same input (R-drop) | "
+                                               "corrupted = NCI's: a random span of the input, and on half the steps "
+                                               "10% of both views' tokens padded (training/module.py)",
+                                    effect="result", rule=consistency_view, rule_help="dropout | corrupted")
     base_batch_size: int = setting(64, effect="result",
                                    rule=POSITIVE, rule_help="the batch size the learning rates are stated at")
     lr_scaling: str = setting("none", effect="result",

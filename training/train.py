@@ -305,7 +305,8 @@ def _build_module(data: _Data, run: _Run, t: TrainerOptions, seed: int) -> Retri
     o = run.optim
     module = RetrieverModule(data.cfg.to_dict(), lr_encoder=o.lr_encoder, lr_decoder=o.lr_decoder,
                              weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
-                             consistency_weight=o.consistency_weight, val_beam=t.val_beam,
+                             consistency_weight=o.consistency_weight, consistency_view=o.consistency_view,
+                             val_beam=t.val_beam,
                              length_penalty=t.length_penalty, seed=seed, fused=run.fused, trie=data.trie,
                              batch_size=run.batch_size)
     log.info("retriever parameters: %s", module.model.n_params())

@@ -46,6 +46,7 @@ from gdr.training.callbacks import learning_curve
 from gdr.training.concurrent import run_concurrently, slot_threads
 from gdr.training.data import read_generated_queries
 from gdr.training.model import RetrieverConfig
+from gdr.training.options import OptimOptions
 from gdr.training.train import (
     TrainerOptions,
     TrainResult,
@@ -134,7 +135,8 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     (``model.*`` as resolved from its preset, ``examples.*``, ``optim.*``, ``seed``, the trainer's other than
     :data:`RESUMABLE`, and :func:`training_numerics`)."""
     c = settings.to_dict()
-    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
+    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": keyed_optim(c["optim"]),
+             "seed": c["seed"],
              "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
              "device": training_numerics(settings)}
     inputs = {
@@ -171,6 +173,14 @@ def check_dev_apart(train, dev, key: str = "queries.dev_split") -> None:
                               f"{train.splits[0] if train.splits else '?'!r}); the dev split must be apart from what "
                               "the retrievers train on: fix the query set's splits, or set queries.dev_split=null (the "
                               "trainer then holds its dev split out of the training queries)")
+
+
+def keyed_optim(optim: dict) -> dict:
+    """``optim.*`` (a dict) as it keys a training: ``consistency_view`` only when it is not R-drop's own view, which
+    every training had before the choice existed (their keys, and their folders, stay)."""
+    if optim.get("consistency_view") == OptimOptions.consistency_view:
+        return {k: v for k, v in optim.items() if k != "consistency_view"}
+    return optim
 
 
 # The retriever's settings that name a model: keyed by the digest of its files, not by the name or path.
