@@ -79,7 +79,7 @@ from gdr.training.concurrent import run_concurrently
 from gdr.training.data import RetrievalDataModule, RetrievalExamples, TokenStore
 from gdr.training.model import meta_param_count
 from gdr.training.module import RetrieverModule
-from gdr.training.options import OptimOptions
+from gdr.training.options import CONSISTENCY_VIEWS, OptimOptions, consistency_view
 from gdr.training.train import resolve_batch_size, resolve_fused, train_memory_per_example, trainer_precision
 
 log = logging.getLogger(__name__)
@@ -196,10 +196,12 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
                  depth: int, n_docs: int, compile: bool, seed: int = 0, fused: str | bool = OptimOptions.fused,
                  precision: str | None = None, profile: str | None = None, profile_steps: int = 3,
                  seconds: float | None = None, deadline: float | None = None, report=lambda figures: None,
-                 pawa: bool = False, consistency_weight: float = OptimOptions.consistency_weight) -> dict:
+                 pawa: bool = False, consistency_weight: float = OptimOptions.consistency_weight,
+                 consistency_view: str = OptimOptions.consistency_view) -> dict:
     """Train ``warmup + steps`` steps of preset ``name`` (fewer timed ones after ``seconds`` or near
     ``deadline``, see :class:`_Timer`); returns its figures. ``report(figures)`` gets the warm-up's seconds.
-    ``pawa`` and ``consistency_weight``: the retriever the BBC protocol trains (NCI's PAWA decoder, R-drop)."""
+    ``pawa``, ``consistency_weight`` and ``consistency_view``: the retriever the BBC protocol trains (NCI's PAWA
+    decoder, R-drop on NCI's corrupted view)."""
     cfg = replace(preset_config(name, K, depth), pawa=pawa)
     passes = OptimOptions(consistency_weight=consistency_weight).forward_passes
     rng = np.random.default_rng(seed)
@@ -213,7 +215,7 @@ def bench_preset(name: str, device: torch.device, batch: int, steps: int, warmup
     dm = RetrievalDataModule(ex, trie, pad_token_id=0, batch_size=batch, pin_memory=cuda, seed=seed)
     prec = trainer_precision(precision, "auto" if cuda else "cpu")
     module = RetrieverModule(cfg.to_dict(), warmup_steps=warmup, seed=seed, fused=resolve_fused(fused, cuda, prec),
-                             consistency_weight=consistency_weight)
+                             consistency_weight=consistency_weight, consistency_view=consistency_view)
     if compile and cuda:
         module.model.compile()
     timer = _Timer(warmup, steps, device, batch, profile, title=f"training {name}", seconds=seconds,
@@ -334,8 +336,12 @@ def main(argv: list[str] | None = None) -> int:
                     default=OptimOptions.consistency_weight,
                     help="R-drop's weight (train.optim.consistency_weight; 0.15 in +experiment=bbc): > 0 makes two "
                          "forward passes a step")
+    ap.add_argument("--consistency-view", default=OptimOptions.consistency_view, choices=CONSISTENCY_VIEWS,
+                    help="R-drop's second view (train.optim.consistency_view; corrupted in +experiment=bbc)")
     add_time_args(ap)
     args = ap.parse_args(argv)
+    if problem := consistency_view(args.consistency_view, {"optim": {"consistency_weight": args.consistency_weight}}):
+        ap.error(f"--consistency-view: {args.consistency_view}: {problem}")  # the setting's rule
     check_docid_space(ap, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
@@ -362,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"device": device_name(device), "batch": batch, "seq_len": args.seq_len, "steps": steps,
                  "precision": trainer_precision(args.precision, "auto" if cuda else "cpu"),
                  "compile": bool(args.compile and cuda), "pawa": args.pawa,
-                 "consistency_weight": args.consistency_weight}
+                 "consistency_weight": args.consistency_weight, "consistency_view": args.consistency_view}
     fused = {"auto": "auto", "true": True, "false": False}[args.fused]
     presets = [p for p in args.presets.split(",") if p]
     for name in presets:
@@ -375,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_preset(name, device, batches[name], steps, warmup, args.seq_len, args.K, args.depth, args.docs,
                          args.compile, args.seed, fused=fused, precision=args.precision, profile=prof,
                          seconds=args.seconds, deadline=args.deadline, pawa=args.pawa,
-                         consistency_weight=args.consistency_weight,
+                         consistency_weight=args.consistency_weight, consistency_view=args.consistency_view,
                          report=lambda r, name=name: emit({**out, name: r, "partial": True}))
         print(f"{name}: {r['examples_per_s']:,.0f} examples/s, {r['tokens_per_s']:,.0f} tokens/s, "
               f"{r['tflops_per_s']} TFLOP/s, MFU {r['mfu']}, {r['params'] / 1e6:.1f}M parameters", flush=True)
@@ -385,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.concurrent, r, partial(bench_preset, name, device, batches[name], steps, warmup, args.seq_len,
                                             args.K, args.depth, args.docs, args.compile, args.seed, fused=fused,
                                             precision=args.precision, seconds=args.seconds, deadline=args.deadline,
-                                            pawa=args.pawa, consistency_weight=args.consistency_weight))
+                                            pawa=args.pawa, consistency_weight=args.consistency_weight,
+                                            consistency_view=args.consistency_view))
         if name != presets[-1]:
             emit({**out, "partial": True})  # a step stopped at its limit keeps the presets it finished
     emit({**out, "partial": False})
