@@ -1,8 +1,9 @@
 """`gdr run` that pauses at one point so a test can SIGKILL it there (used by tests/test_faults.py).
 
 Environment: ``GDR_TEST_PAUSE`` is ``sample`` (after the first checkpoint of the sampled queries),
-``score`` (after the first finished shard), ``train`` (after the first ``last.ckpt``) or ``stage:<name>``
-(right after stage ``<name>`` is marked complete); ``GDR_TEST_READY`` is a file touched when the process
+``score`` (after the first finished shard), ``train`` (after the first ``last.ckpt``), ``report:partial`` (after
+the first partial report, which follows the first finished retriever) or ``stage:<name>`` (right after stage
+``<name>`` is marked complete); ``GDR_TEST_READY`` is a file touched when the process
 reaches that point (then it sleeps until killed). ``train-slow`` does not stop there: it touches the file
 after the first ``last.ckpt`` and goes on training with every batch slowed to 0.2 s, so a signal lands
 in the middle of training; its grace period (:func:`gdr.signals.deferred`) is 10 minutes, so that only the
@@ -87,6 +88,18 @@ def install(point: str) -> None:
 
         real_deferred = signals.deferred
         signals.deferred = lambda grace_s=10.0: real_deferred(grace_s=600.0)
+    elif point == "report:partial":
+        import gdr.pipeline as run
+
+        real_report = run._report
+
+        def report(r, partial=None):
+            written = real_report(r, partial)
+            if partial is not None:
+                pause()
+            return written
+
+        run._report = report
     elif point.startswith("stage:"):
         import gdr.pipeline as run
 

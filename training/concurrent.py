@@ -47,18 +47,23 @@ def _slot(conn, parent: int, threads: int, level: int) -> None:
     signals.install()  # SIGTERM: the training writes its resume point at the batch end, then stops
     logging.basicConfig(level=level, format=f"[pid {os.getpid()}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(threads)  # a CPU matmul's sums depend on it: the parent's count on the CPU
-    while (job := conn.recv()) is not None:
-        try:
-            result = ("ok", job())
-        except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
-            result = ("error", e)
-        try:
-            conn.send(result)
-        except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its type and message
-            conn.send(("error", RuntimeError(f"{type(result[1]).__name__}: {result[1]}" if result[0] == "error" else
-                                             f"the job's result could not be sent back: {e}")))
-        if result[0] == "error":
-            break
+    try:
+        while (job := conn.recv()) is not None:
+            try:
+                result = ("ok", job())
+            except BaseException as e:  # noqa: BLE001 - handed to the parent, which raises it
+                result = ("error", e)
+            try:
+                conn.send(result)
+            except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its type and message
+                conn.send(("error", RuntimeError(f"{type(result[1]).__name__}: {result[1]}" if result[0] == "error"
+                                                 else f"the job's result could not be sent back: {e}")))
+            if result[0] == "error":
+                break
+    except signals.Stopped:
+        # the parent's stop reached this slot between jobs (its last one finished, its record on disk, before the
+        # parent read the result): nothing to keep, so it ends quietly, not with a traceback in the run's log
+        pass
     conn.close()
 
 
