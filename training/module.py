@@ -48,16 +48,14 @@ def corrupted_view(ids: torch.Tensor, mask: torch.Tensor, pad_id: int,
     pos = torch.arange(T, device=ids.device)  # (T,)
     src = start[:, None] + pos  # (B, T) where each kept token comes from
     keep = (pos < span) & (src < n[:, None])  # (B, T)
-    view = torch.where(keep, ids.gather(1, src.clamp(max=T - 1)), torch.full_like(ids, pad_id))
-    return view, keep.to(mask.dtype)
+    return ids.gather(1, src.clamp(max=T - 1)).masked_fill(~keep, pad_id), keep.to(mask.dtype)
 
 
 def input_dropout(views: tuple[torch.Tensor, ...], pad_id: int, p: float = INPUT_DROPOUT) -> tuple[torch.Tensor, ...]:
     """NCI's input dropout over both views of a step: one coin for the step (heads: no change), then each token
     padded with probability ``p``. The coin is a device tensor folded into the mask, so no host sync decides it."""
     heads = torch.rand((), device=views[0].device) < 0.5
-    return tuple(torch.where((torch.rand(v.shape, device=v.device) < p) & ~heads, torch.full_like(v, pad_id), v)
-                 for v in views)
+    return tuple(v.masked_fill((torch.rand(v.shape, device=v.device) < p) & ~heads, pad_id) for v in views)
 
 
 class RetrieverModule(pl.LightningModule):
