@@ -158,6 +158,25 @@ def test_a_training_folder_of_another_device_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_a_training_folder_of_the_other_consistency_view_is_refused(tmp_path):
+    """`gdr train` into a folder trained on R-drop's other second view is refused, naming the view; a record of an
+    earlier gdr, without the setting, is compared without it (it trained on the dropout view)."""
+    corpus = Corpus(name="c", doc_ids=["a", "b"], texts=["x", "y"])
+
+    def record(view: str) -> dict:
+        return trained_on(corpus, "docids.tsv", [(0,), (1,)], TrainSettings.from_dict(
+            {"model": {"size": "tiny"}, "optim": {"consistency_weight": 0.15, "consistency_view": view}}))
+
+    corrupted, dropout = record("corrupted"), record("dropout")
+    (tmp_path / "trained_on.json").write_text(json.dumps(corrupted))
+    with pytest.raises(ConfigError, match=r"optim\.consistency_view \(corrupted -> dropout\)"):
+        check_trained_on(tmp_path, dropout)
+    check_trained_on(tmp_path, corrupted)  # the same training: resumed
+    earlier = {k: v for k, v in dropout["settings"].items() if k != "optim.consistency_view"}
+    (tmp_path / "trained_on.json").write_text(json.dumps({**dropout, "settings": earlier}))
+    check_trained_on(tmp_path, dropout)
+
+
 def _model_bytes(out: Path) -> dict[str, str]:
     return {p.parent.parent.name.split("-")[1]: hashlib.md5(p.read_bytes()).hexdigest()
             for p in out.glob("train-*/model/model.pt")}

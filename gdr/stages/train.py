@@ -135,8 +135,7 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     (``model.*`` as resolved from its preset, ``examples.*``, ``optim.*``, ``seed``, the trainer's other than
     :data:`RESUMABLE`, and :func:`training_numerics`)."""
     c = settings.to_dict()
-    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": keyed_optim(c["optim"]),
-             "seed": c["seed"],
+    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
              "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
              "device": training_numerics(settings)}
     inputs = {
@@ -176,8 +175,10 @@ def check_dev_apart(train, dev, key: str = "queries.dev_split") -> None:
 
 
 def keyed_optim(optim: dict) -> dict:
-    """``optim.*`` (a dict) as it keys a training: ``consistency_view`` only when it is not R-drop's own view, which
-    every training had before the choice existed (their keys, and their folders, stay)."""
+    """``optim.*`` (a dict) as it keys a `gdr run` training stage: ``consistency_view`` only when it is not R-drop's
+    own view, which every training had before the choice existed (their stage keys, and their folders, stay).
+    ``trained_on.json`` records it always: a record without it, of an earlier gdr, is compared without it
+    (:func:`_differences`)."""
     if optim.get("consistency_view") == OptimOptions.consistency_view:
         return {k: v for k, v in optim.items() if k != "consistency_view"}
     return optim
