@@ -163,8 +163,7 @@ def test_run_concurrently_returns_results_in_order_from_one_worker_per_slot_and_
 @pytest.mark.slow
 def test_a_stop_whose_raise_python_dropped_still_stops_the_slots_before_the_next_job(monkeypatch):
     """A SIGTERM handled while the parent runs a ``__del__`` (Python prints "Exception ignored" and goes on) is not
-    lost: the slots get no further job and :class:`Stopped` is raised here, not after every job has run (a `gdr run`
-    under train.concurrent went on to train all its retrievers, then exited 143)."""
+    lost: the slots get no further job and :class:`Stopped` is raised here, not after every job has run."""
     import signal
 
     from gdr import signals
