@@ -160,7 +160,8 @@ def test_a_training_folder_of_another_device_is_refused_in_one_line(tmp_path):
 
 def test_a_training_folder_of_the_other_consistency_view_is_refused(tmp_path):
     """`gdr train` into a folder trained on R-drop's other second view is refused, naming the view; a record of an
-    earlier gdr, without the setting, is compared without it (it trained on the dropout view)."""
+    earlier gdr, without the setting, trained on the dropout view (the default the setting was added with): it is
+    resumed by a dropout-view training and refused by a corrupted-view one."""
     corpus = Corpus(name="c", doc_ids=["a", "b"], texts=["x", "y"])
 
     def record(view: str) -> dict:
@@ -175,6 +176,8 @@ def test_a_training_folder_of_the_other_consistency_view_is_refused(tmp_path):
     earlier = {k: v for k, v in dropout["settings"].items() if k != "optim.consistency_view"}
     (tmp_path / "trained_on.json").write_text(json.dumps({**dropout, "settings": earlier}))
     check_trained_on(tmp_path, dropout)
+    with pytest.raises(ConfigError, match=r"optim\.consistency_view \(not recorded: default dropout -> corrupted\)"):
+        check_trained_on(tmp_path, corrupted)
 
 
 def _model_bytes(out: Path) -> dict[str, str]:

@@ -135,8 +135,7 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     (``model.*`` as resolved from its preset, ``examples.*``, ``optim.*``, ``seed``, the trainer's other than
     :data:`RESUMABLE`, and :func:`training_numerics`)."""
     c = settings.to_dict()
-    keyed = {"model": keyed_model(settings), "examples": c["examples"], "optim": c["optim"], "seed": c["seed"],
-             "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE},
+    keyed = {"model": keyed_model(settings), **_own_settings(c), "seed": c["seed"],
              "device": training_numerics(settings)}
     inputs = {
         "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
@@ -177,8 +176,8 @@ def check_dev_apart(train, dev, key: str = "queries.dev_split") -> None:
 def keyed_optim(optim: dict) -> dict:
     """``optim.*`` (a dict) as it keys a `gdr run` training stage: ``consistency_view`` only when it is not R-drop's
     own view, which every training had before the choice existed (their stage keys, and their folders, stay).
-    ``trained_on.json`` records it always: a record without it, of an earlier gdr, is compared without it
-    (:func:`_differences`)."""
+    ``trained_on.json`` records it always: a record without it, of an earlier gdr, is compared as if it held the
+    default (:func:`_differences`)."""
     if optim.get("consistency_view") == OptimOptions.consistency_view:
         return {k: v for k, v in optim.items() if k != "consistency_view"}
     return optim
@@ -231,7 +230,9 @@ def _torch_threads(n: int | None):
 
 def _differences(old: dict, new: dict) -> list[str]:
     """What differs between two :func:`trained_on` records: ``name (old -> new)`` for each input and setting. A
-    setting only one of them has (added or dropped by another gdr version) is not a difference."""
+    setting only the new record has was added by a later gdr, whose default is what the earlier one did: it differs
+    when it is not that default (``name (not recorded: default X -> Y)``). A setting only the old record has, or one
+    without a default (``model.*`` resolved from a preset, ``device.*``), is not compared."""
     out = []
     for name, now in new["inputs"].items():
         was, now = old.get("inputs", {}).get(name) or {}, now or {}
@@ -242,7 +243,21 @@ def _differences(old: dict, new: dict) -> list[str]:
             out.append(f"{name} ({a} -> {b})")
     was_s, now_s = old.get("settings", {}), new["settings"]
     out += [f"{k} ({was_s[k]} -> {now_s[k]})" for k in sorted(set(was_s) & set(now_s)) if was_s[k] != now_s[k]]
+    defaults = _recorded_defaults()
+    out += [f"{k} (not recorded: default {defaults[k]} -> {now_s[k]})" for k in sorted(set(now_s) - set(was_s))
+            if k in defaults and defaults[k] != now_s[k]]
     return out
+
+
+def _own_settings(c: dict) -> dict:
+    """The settings of :func:`trained_on` that have a default of their own, from ``TrainSettings.to_dict()``."""
+    return {"examples": c["examples"], "optim": c["optim"],
+            "trainer": {k: v for k, v in c["trainer"].items() if k not in RESUMABLE}}
+
+
+def _recorded_defaults() -> dict:
+    """:func:`_own_settings` at their defaults, flat as :func:`trained_on` records them."""
+    return json.loads(json.dumps(flat_leaves(_own_settings(TrainSettings().to_dict())), default=str))
 
 
 def holds_training(out: Path) -> bool:
