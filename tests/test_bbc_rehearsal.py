@@ -23,7 +23,7 @@ SCALED = ["data.n_docs=40", "sample.n_queries=16", "sample.batch_size=16", "samp
           "train.trainer.min_steps=0", "train.trainer.batch_size=32", "train.trainer.val_check_interval=1",
           "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false", "train.trainer.val_beam=4",
           "train.trainer.num_sanity_val_steps=0", "train.optim.warmup_steps=1", "evaluate.k=10", "evaluate.beam=10",
-          "progress=false", "threads=1", "plot=false", "device=cpu"]
+          "progress=false", "threads=1", "plot=false", "index.plot=false", "device=cpu"]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.cost(seconds=22)  # the file's tests in all, fast lane,
 INDEXERS = "indexers=[gc,hkmi,bmi,random]"
 # the flat clustering too (the toy corpus is labelled), its tf-idf and log P baselines (no embedding model here)
 CLUSTER = ("cluster.baselines=[tfidf,logp]", "cluster.repeats=1", "cluster.n_init=1")
+# the figures drawn (test_pipeline's runs leave them out): a figure drawn in the background thread is compared too
+FIGURES = ("plot=true", "index.plot=true")
 # the files that hold seconds, rates, times or the run folder's path (their figures are compared through the stages'
 # info); every other file of every stage is compared by its checksum
 TIMED = {"metrics.json", "results.md", "trained_on.json", "tree_state.npz"}
@@ -81,7 +83,7 @@ def without_overlap(labelled, tmp_path_factory) -> Path:
     """The tiny labelled run with overlap off: the reference."""
     root, folder = labelled
     out = tmp_path_factory.mktemp("reference") / "run"
-    assert main(_args(root, folder, out, INDEXERS, *CLUSTER, "overlap=false")) == 0
+    assert main(_args(root, folder, out, INDEXERS, *CLUSTER, *FIGURES, "overlap=false")) == 0
     return out
 
 
@@ -110,7 +112,7 @@ def test_overlap_leaves_every_stage_and_figure_as_without_it(labelled, without_o
     report says which stages ran in the background."""
     root, folder = labelled
     out = tmp_path / "run"
-    assert main(_args(root, folder, out, INDEXERS, *CLUSTER, "overlap=true")) == 0
+    assert main(_args(root, folder, out, INDEXERS, *CLUSTER, *FIGURES, "overlap=true")) == 0
     _same_run(out, without_overlap)
     report = json.loads((out / "report.json").read_text())
     assert json.loads((without_overlap / "report.json").read_text())["overlapped"] is None
@@ -126,7 +128,7 @@ def test_a_sigterm_beside_host_stages_stops_with_one_line_and_resumes_to_the_sam
     one stop line and 143, as without overlap; the rerun finishes the same run as one without a stop."""
     root, folder = labelled
     out = tmp_path / "run"
-    args = _args(root, folder, out, INDEXERS, *CLUSTER, "overlap=true")
+    args = _args(root, folder, out, INDEXERS, *CLUSTER, *FIGURES, "overlap=true")
     rc, err = _signalled_at("stage:doc-queries", signal.SIGTERM, args[1:], tmp_path)
     assert rc == 128 + signal.SIGTERM, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("gdr run: stopped by SIGTERM"), err[-2000:]
@@ -150,7 +152,7 @@ def test_a_failing_host_stage_is_raised_with_its_name_and_the_rerun_reuses_what_
         return real(settings, folder, **kw)
 
     monkeypatch.setattr("gdr.pipeline.build_index", build)
-    args = _args(root, folder, out, INDEXERS, *CLUSTER, "overlap=true")
+    args = _args(root, folder, out, INDEXERS, *CLUSTER, *FIGURES, "overlap=true")
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "stage index-hkmi (run in the background): no good clusters for this test" in err

@@ -47,7 +47,7 @@ def _settings(root: Path, out: Path) -> list[str]:
             "train.trainer.max_epochs=100", "train.trainer.batch_size=16", "train.trainer.enable_progress_bar=false",
             "train.trainer.tensorboard=false", "train.trainer.val_beam=4", "train.trainer.check_val_every_n_epoch=50",
             "train.trainer.num_sanity_val_steps=0", "train.optim.warmup_steps=1", "evaluate.k=10", "evaluate.beam=10",
-            "seeds=[0]", "progress=false", "threads=1", "plot=false", f"out={out}"]
+            "seeds=[0]", "progress=false", "threads=1", "plot=false", "index.plot=false", f"out={out}"]
 
 
 def _stages(out: Path) -> dict[str, dict]:

@@ -47,7 +47,7 @@ def _args(root: Path, folder: Path, out: Path, *extra: str) -> list[str]:
         "train.trainer.batch_size=16", "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false",
         "train.trainer.val_beam=4", "train.trainer.check_val_every_n_epoch=50", "train.trainer.num_sanity_val_steps=0",
         "train.optim.warmup_steps=2", "evaluate.k=10", "evaluate.beam=10", "seeds=[0]", "progress=false",
-        "threads=1", f"out={out}", *extra,
+        "threads=1", "plot=false", "index.plot=false", f"out={out}", *extra,
     ]
 
 
@@ -62,7 +62,7 @@ def _stages(out: Path) -> dict[str, dict]:
 def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypatch):
     root, folder = setup
     out = tmp_path / "run"
-    assert main(_args(root, folder, out)) == 0
+    assert main(_args(root, folder, out, "plot=true", "index.plot=true")) == 0
     head = _last_json(capsys)
     assert {"seconds", "recall_at_1", "bm25_recall_at_1"} <= set(head)
     for m in INDEXERS:
@@ -89,6 +89,7 @@ def test_pipeline_end_to_end_cache_and_resume(setup, tmp_path, capsys, monkeypat
     assert (sq["top_k"], sq["top_p"], sq["temperature"]) == (50, 0.99, 1.0)
     for m in INDEXERS:
         assert len((out / stages[f"index-{m}"]["folder"] / "docids.tsv").read_text().splitlines()) == 30
+        assert (out / stages[f"index-{m}"]["folder"] / "summary.png").is_file()
         ev = json.loads((out / stages[f"eval-{m}-s0"]["folder"] / "metrics.json").read_text())
         r = ev["systems"]["gdr"]
         assert r["n_queries"] == 10 and 0.0 <= r["recall@1"] <= r["recall@10"] <= 1.0
@@ -216,7 +217,7 @@ def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(
                       "index.kmeans.embedding=tfidf-svd", "index.kmeans.svd_dim=8",
                       "index.bmi.inputs=realq_genq_docseg", "train.trainer.check_val_every_n_epoch=null",
                       "train.trainer.val_check_interval=2", "train.trainer.patience=0",
-                      "train.trainer.weights=final")) == 0
+                      "train.trainer.weights=final", "plot=true")) == 0
     capsys.readouterr()
     stages = _stages(out)
     index = json.loads((out / stages["index-hkmi"]["folder"] / "manifest.json").read_text())

@@ -99,7 +99,7 @@ def _args(root: Path, folder: Path, out: Path, *extra: str) -> list[str]:
         "train.trainer.batch_size=16", "train.trainer.enable_progress_bar=false", "train.trainer.tensorboard=false",
         "train.trainer.val_beam=4", "train.trainer.check_val_every_n_epoch=50", "train.trainer.num_sanity_val_steps=0",
         "train.optim.warmup_steps=0", "evaluate.k=10", "evaluate.beam=10", "seeds=[0]", "progress=false",
-        "threads=1", "bm25=false", "plot=false", f"out={out}", *extra,
+        "threads=1", "bm25=false", "plot=false", "index.plot=false", f"out={out}", *extra,
     ]
 
 
