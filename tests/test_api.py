@@ -76,7 +76,7 @@ def test_run_from_a_dict_is_the_command(tiny_run, tmp_path):
     assert {k: v for k, v in head.items() if k != "seconds"} == {k: v for k, v in cli.items() if k != "seconds"}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 def test_example_runs_at_tiny_sizes(setup, tmp_path):
     """examples/demo_api.py, as README runs it, at tiny sizes: every step of the demo through the API."""
     root, _ = setup

@@ -287,7 +287,7 @@ def _killed_at(point: str, root, folder, out: Path, tmp_path: Path) -> None:
     _signalled_at(point, signal.SIGKILL, _args(root, folder, out, *EXTRA)[1:], tmp_path)
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=45)
 def test_kill_9_at_a_boundary_and_inside_each_stage_resumes_to_the_same_result(finished, tmp_path, capsys, caplog):
     root, folder, ref, head = finished
     out = tmp_path / "run"

@@ -151,7 +151,7 @@ def _after_first_shard(proc: subprocess.Popen, parent, out: Path) -> list:
     return parent.children(recursive=True)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=20)
 def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
     """kill -9 of gdr during scoring with score.processes=2 takes both workers (and the resource tracker) with
     it, so nothing keeps writing into the folder, and a rerun's P equals an uninterrupted run's."""
@@ -182,7 +182,7 @@ def test_kill_9_of_the_parent_kills_its_scoring_workers(toy, tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-@pytest.mark.slow
+@pytest.mark.slow(seconds=20)
 def test_a_signal_to_the_process_group_during_scoring_stops_every_process(toy, tmp_path, sig):
     """SIGTERM to the whole job (a scheduler) or Ctrl-C (SIGINT to the terminal's process group)
     while score.processes=2 workers score: the parent prints one line and exits 143 / 130, no worker prints

@@ -47,7 +47,7 @@ def test_the_gguf_header_is_read_and_string_arrays_skipped(tmp_path):
     assert read_gguf(path, skip=())[0]["tokenizer.ggml.tokens"] == strings
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=25)
 def test_the_fast_conversion_equals_transformers(tmp_path, monkeypatch):
     """The bundled SmolLM2 converted by gdr (vectorised, one header read) against transformers' own GGUF loader:
     every weight bit for bit, the same config, and the tokenizer files byte for byte."""

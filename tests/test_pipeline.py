@@ -243,7 +243,7 @@ def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(
     assert "Learning curves" in md and "HKmI seed 0: val/recall@1 peaked at" in md
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 def test_score_processes_give_the_same_p_as_one(setup, tmp_path, monkeypatch):
     root, folder = setup
     common = ["score", f"data.name={folder}", f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24",

@@ -75,7 +75,7 @@ def test_retrievers_are_trained_seed_by_seed_and_each_is_reported_as_it_finishes
     assert [(x["indexer"], x["seed"]) for x in lines] == [("hkmi", 0), ("random", 0), ("hkmi", 1), ("random", 1)]
 
 
-@pytest.mark.slow(seconds=50)
+@pytest.mark.slow(seconds=35)
 def test_sigterm_during_concurrent_training_keeps_each_finished_retriever_and_the_rerun_reuses_it(
         setup, tmp_path):  # noqa: F811
     """`gdr run` with train.concurrent=2 (one worker per slot), SIGTERM once the first retriever is in

@@ -156,7 +156,7 @@ def _script(out, *extra):
     return [sys.executable, str(HERE / "score_script.py"), str(out), *extra], env
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=20)
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     cmd, env = _script(ref)
@@ -176,7 +176,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert json.loads((killed / "P.manifest.json").read_text())["status"] == "complete"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 def test_two_processes_equal_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     cmd, env = _script(one)
