@@ -432,6 +432,36 @@ def test_cpu_peaks_are_measured():
     assert p.flops > 1e8 and p.bytes_per_s > 1e8
 
 
+def test_cpu_peaks_time_each_dtype_at_the_first_size_whose_call_is_long_enough(monkeypatch):
+    """On a clock where a matmul takes what it takes on an AVX2 core (fp32 29 ms at 1,024, bf16 2.3 s: emulated),
+    fp32 is timed at 1,024 and bf16 at 256, the first size whose call takes 10 ms; the peak is fp32's."""
+    import torch
+
+    from gdr.bench import common
+
+    clock, calls = [0.0], []
+    ms_at_1024 = {torch.float32: 29.0, torch.bfloat16: 2300.0}
+
+    def mm(a, b):
+        calls.append((a.dtype, a.shape[0]))
+        clock[0] += ms_at_1024[a.dtype] / 1e3 * (a.shape[0] / 1024) ** 3
+        return a
+
+    def perf_counter():
+        clock[0] += 1e-6  # a copy takes a microsecond
+        return clock[0]
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(common.time, "perf_counter", perf_counter)
+    p = common.cpu_peaks.__wrapped__(copy_mib=1)
+    sizes = {dtype: [n for d, n in calls if d == dtype] for dtype in ms_at_1024}
+    assert sorted(set(sizes[torch.float32])) == [128, 256, 512, 1024]
+    assert sorted(set(sizes[torch.bfloat16])) == [128, 256]
+    # at its size, each dtype: the set-up call, the probe, the warm-up and the best of 5
+    assert sizes[torch.float32].count(1024) == sizes[torch.bfloat16].count(256) == 2 + 1 + 5
+    assert p.flops == pytest.approx(2 * 1024 ** 3 / (0.029 + 1e-6), rel=1e-3)
+
+
 def test_bytes_and_flops_per_unit_hand_checked():
     """A known tiny Llama (GQA: 4 query heads, 2 KV heads) and a known tiny retriever, counted by hand."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -67,10 +67,15 @@ class SavedBytes:
 
 # ---------------------------------------------------------------------------- peaks and the roofline
 @cache
-def cpu_peaks(n: int = 1024, copy_mib: int = 64, repeats: int = 5) -> cost.DevicePeaks:
-    """This CPU's peaks, measured once per process: the best of ``repeats`` timed ``n`` x ``n`` matmuls in fp32
-    and in bf16 (FLOP/s, the larger of the two) and of timed copies of ``copy_mib`` MiB (read + write bytes/s).
-    The best, not the median: on a machine shared with other jobs the peak is what the chip did when it could."""
+def cpu_peaks(max_n: int = 1024, copy_mib: int = 64, repeats: int = 5, min_call_s: float = 0.01) -> cost.DevicePeaks:
+    """This CPU's peaks, measured once per process: the best of ``repeats`` timed square matmuls in fp32 and in
+    bf16 (FLOP/s, the larger of the two) and of timed copies of ``copy_mib`` MiB (read + write bytes/s).
+    The best, not the median: on a machine shared with other jobs the peak is what the chip did when it could.
+
+    Each dtype's matmul is timed at the smallest size ``n`` (128, doubled up to ``max_n``) whose call takes
+    ``min_call_s``: a dtype the chip runs fast reaches ``max_n``, one it emulates stays small. bf16 without AMX or
+    AVX512-BF16 runs at ~1 GFLOP/s, 2.3 s a 1,024 x 1,024 call on an AVX2 core (fp32: 29 ms), so its six calls
+    at 1,024 would add ~14 s to every CPU benchmark for a figure the max drops."""
     def best(fn) -> float:
         fn()  # warm-up
         times = []
@@ -80,13 +85,21 @@ def cpu_peaks(n: int = 1024, copy_mib: int = 64, repeats: int = 5) -> cost.Devic
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    flops = []
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(n, n).to(dtype)
-        flops.append(2.0 * n ** 3 / best(lambda a=a: a @ a))
+    def matmul_flops(dtype: torch.dtype) -> float:
+        n = 128
+        while True:
+            a = torch.randn(n, n).to(dtype)
+            torch.mm(a, a)  # the first call of a size pays its set-up
+            t0 = time.perf_counter()
+            torch.mm(a, a)
+            if time.perf_counter() - t0 >= min_call_s or n >= max_n:
+                return 2.0 * n ** 3 / best(lambda a=a: torch.mm(a, a))
+            n *= 2
+
+    flops = max(matmul_flops(dtype) for dtype in (torch.float32, torch.bfloat16))
     src = torch.ones(copy_mib * 2 ** 18)  # fp32: 4 bytes each
     dst = torch.empty_like(src)
-    return cost.DevicePeaks("cpu", max(flops), 2.0 * src.numel() * 4 / best(lambda: dst.copy_(src)))
+    return cost.DevicePeaks("cpu", flops, 2.0 * src.numel() * 4 / best(lambda: dst.copy_(src)))
 
 
 def roofline(flops_per_unit: float, bytes_per_unit: float, measured_per_s: float | None, device) -> dict:
