@@ -192,7 +192,7 @@ def test_a_stop_whose_raise_python_dropped_still_stops_the_slots_before_the_next
     assert len(done) == 1  # the loop stopped at its next check: no other finished job's work ran here
 
 
-@pytest.mark.slow(seconds=55)
+@pytest.mark.slow(seconds=15)
 def test_bench_training_concurrent_prints_the_aggregate_against_one_alone(capsys):
     import json
 
