@@ -39,9 +39,10 @@ def word_tokenizer(tmp_path_factory) -> str:
     return str(path)
 
 
-def tiny_config(tokenizer: str, K: int = 0, L: int = 0, pawa: bool = False, dropout: float = 0.0) -> RetrieverConfig:
-    return RetrieverConfig(encoder=None, encoder_config=dict(d_model=32, num_layers=2, num_heads=4, d_ff=64),
-                           tokenizer=tokenizer, n_digits=K, max_code_len=L, d_model=32, num_layers=2,
+def tiny_config(tokenizer: str, K: int = 0, L: int = 0, pawa: bool = False, dropout: float = 0.0,
+                layers: int = 2) -> RetrieverConfig:
+    return RetrieverConfig(encoder=None, encoder_config=dict(d_model=32, num_layers=layers, num_heads=4, d_ff=64),
+                           tokenizer=tokenizer, n_digits=K, max_code_len=L, d_model=32, num_layers=layers,
                            num_heads=4, d_ff=64, dropout=dropout, pawa=pawa, pawa_rank=4)
 
 
