@@ -150,7 +150,12 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     if dev is not None:  # its checkpoint choice (or curve) reads it; absent, the dev split is held out as before
         inputs["dev"] = {"hash": _queries_hash(dev), "what": f"{len(dev)} dev queries",
                          "splits": list(dict.fromkeys(dev.splits))}
-    return {"inputs": inputs, "settings": json.loads(json.dumps(flat_leaves(keyed), default=str))}
+    return {"inputs": inputs, "settings": _as_recorded(keyed)}
+
+
+def _as_recorded(settings: dict) -> dict:
+    """``settings`` flat (``a.b`` keys) and in JSON's types, as ``trained_on.json`` holds them."""
+    return json.loads(json.dumps(flat_leaves(settings), default=str))
 
 
 def _queries_hash(qs) -> str:
@@ -257,7 +262,7 @@ def _own_settings(c: dict) -> dict:
 
 def _recorded_defaults() -> dict:
     """:func:`_own_settings` at their defaults, flat as :func:`trained_on` records them."""
-    return json.loads(json.dumps(flat_leaves(_own_settings(TrainSettings().to_dict())), default=str))
+    return _as_recorded(_own_settings(TrainSettings().to_dict()))
 
 
 def holds_training(out: Path) -> bool:
