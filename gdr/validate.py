@@ -26,7 +26,16 @@ from typing import Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gdr.carry import was_pruned
-from gdr.data import DATA_RULES, FOLD_RULE, FOLDS_RULE, FRACTIONS_RULE, QUERY_RULES, SPLIT_RULE, DataError
+from gdr.data import (
+    DATA_RULES,
+    FOLD_RULE,
+    FOLDS_RULE,
+    FRACTIONS_RULE,
+    QUERY_NAME_RULE,
+    QUERY_RULES,
+    SPLIT_RULE,
+    DataError,
+)
 from gdr.guard import OutputError
 from gdr.rules import (
     FILE,
@@ -66,6 +75,7 @@ from gdr.stages.settings import (
     RunQG,
     SampleSettings,
     ScoreSettings,
+    Verdict,
     field_help,
     section_classes,
 )
@@ -137,11 +147,20 @@ def indexers(v, sec):
 
 
 def verdict_pair(v, sec):
-    """``verdict.pair``: two different indexers, a and b of the primary test a - b."""
+    """``verdict.pair``: two different indexers, a and b of the primary test a - b. A pair other than the default
+    names a test fixed before the run, so both must be among the run's ``indexers``; the default pair of a run
+    without one of them gives no primary test (the report says so) rather than a refusal."""
     if not isinstance(v, (list, ListConfig)) or len(v) != 2 or v[0] == v[1]:
         return "must be two different indexers, e.g. [gc, hkmi]"
     bad = next((n for n in v if n not in INDEXERS), None)
-    return f"unknown indexer {bad!r}; choose from {' | '.join(INDEXERS)}" if bad is not None else None
+    if bad is not None:
+        return f"unknown indexer {bad!r}; choose from {' | '.join(INDEXERS)}"
+    run = list(get(sec, "indexers") or ())
+    absent = [n for n in v if n not in run]
+    if absent and list(v) != Verdict().pair:
+        return (f"{absent[0]} is not in indexers={show(run)}, so this run cannot make the test; add it to "
+                f"indexers or name two of them")
+    return None
 
 
 def seeds(v, sec):
@@ -185,6 +204,7 @@ TRAIN_COMMAND = (
     FOLDS_RULE,
     FOLD_RULE,
     Rule("generated", FILE, "jsonl of {doc_id, queries} from `gdr sample`"),
+    QUERY_NAME_RULE,
     Rule("queries.path", optional(existing())),
     Rule("queries.split", optional(SPLIT_RULE.check), "the split trained on; its dev part is held out"),
     *QUERY_RULES[1:],
@@ -194,6 +214,7 @@ EVALUATE_COMMAND = (
     FRACTIONS_RULE,
     FOLDS_RULE,
     FOLD_RULE,
+    QUERY_NAME_RULE,
     Rule("queries.path", optional(existing())),
     Rule("queries.split", SPLIT_RULE.check,
          "the split scored; never the one the model was trained on (unless --allow-train-split)"),
@@ -202,6 +223,7 @@ RUN_HELP = field_help(RunKeys)
 RUN = (
     Rule("indexers", indexers, RUN_HELP["indexers"]),
     Rule("seeds", seeds, "one retriever per (indexer, seed)"),
+    QUERY_NAME_RULE,
     Rule("queries.path", optional(existing())),
     Rule("queries.train_split", SPLIT_RULE.check, "the split trained on; its dev part is held out"),
     Rule("queries.test_split", other_than("queries.train_split")),

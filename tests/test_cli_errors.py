@@ -77,6 +77,9 @@ CASES = {
         (["index", "run={tmp}"], "run=", "P.npy"),
         (["index", "method=bmi", "kmeans.doc_queries={tmp}/dq.jsonl"], "kmeans.doc_queries=", "no such file"),
         (["sample", "data.path={tmp}/nope"], "data.path=", "no such"),
+        # a misspelt query set: refused by name, not read as "no queries" and reported as an empty test split
+        (["run", "+experiment=demo", "queries.name=titels"], "queries.name=titels", "titles, a BEIR folder"),
+        (["evaluate", "run_dir={train}", "queries.name={tmp}/nope"], "queries.name=", "no folder holding"),
     ],
     "input a choice needs": [
         (["index", "method=bmi", "kmeans.doc_queries={docids}", "bmi.inputs=realq_genq_docseg"], "method=bmi",
@@ -86,6 +89,9 @@ CASES = {
         (["run", "+experiment=cranfield", "index.bmi.inputs=realq_genq_docseg"], "index.bmi.inputs=realq_genq_docseg",
          "each fold's test topics"),
         (["run", "+experiment=bbc", "index.bmi.real_queries={docids}"], "index.bmi.real_queries=", "leave it null"),
+        # a primary test named before the run that the run cannot make: refused, not swapped for another pair
+        (["run", "+experiment=demo", "verdict.pair=[gc,bmi]"], "verdict.pair=[gc, bmi]",
+         "bmi is not in indexers=[gc, hkmi]"),
     ],
     "unknown key": [
         (["sample", "sample.nqueries=3"], "sample.nqueries", "did you mean sample.n_queries"),

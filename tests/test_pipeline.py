@@ -201,7 +201,10 @@ def test_a_run_without_gc_skips_p_and_still_compares_its_schemes(setup, tmp_path
     assert "score" not in _stages(out) and not list(out.glob("score-*"))  # nothing reads P
     report = json.loads((out / "report.json").read_text())
     assert {(c["a"], c["b"]) for c in report["comparisons"]} == {("hkmi", "random")}
-    assert "gc_vs_hkmi_recall_at_1_p" not in head and report["verdict"] == ""
+    assert "gc_vs_hkmi_recall_at_1_p" not in head and report["primary"] is None
+    # the default primary test (GC - HKmI) cannot be made, and the verdict line says why instead of another pair's
+    assert report["verdict"] == ("No primary test: verdict.pair=[gc, hkmi] needs a retriever of gc, which "
+                                 "indexers=[hkmi, random] does not train.")
 
 
 def test_each_retrievers_learning_curve_is_in_its_stage_its_line_and_the_report(setup, tmp_path, capsys):

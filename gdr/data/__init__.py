@@ -205,7 +205,24 @@ DATA_RULES = (
                                                    "default_text()"),
     DROP_UNKNOWN_RULE,
 )
+def reads_query_set(name: str) -> bool:
+    """Whether ``queries.name`` names queries to read: a query set, a BEIR folder with ``queries.jsonl``, the
+    titles, an ir_datasets id, or the query files of a corpus read from a file of documents."""
+    return (name in (*QUERY_SETS, *DOC_FORMATS, "trec", "irds", "titles") or name.startswith(IRDS_PREFIX)
+            or (Path(name) / "queries.jsonl").is_file())
+
+
+def query_set_name(v, sec):
+    """``queries.name``: queries to read, or the corpus's own name (``${data.name}``: a corpus without a query set,
+    r2, r5, bbc, simply has none)."""
+    if v is None or v == get(sec, "data.name") or reads_query_set(str(v)):
+        return None
+    return (f"no query set of that name and no folder holding queries.jsonl; choose {' | '.join(QUERY_SETS)}, "
+            "titles, a BEIR folder, irds:<id>, or null for none")
+
+
 # ``queries:`` split by a setting (gdr.data.splits): shares or folds of the topics, seeded by topic id
+QUERY_NAME_RULE = Rule("queries.name", query_set_name, "the query set: its train split trains, its test split scores")
 FRACTIONS_RULE = Rule("queries.fractions", optional(fractions),
                       "train/dev/test shares of the topics, split by a seeded hash of the topic id; null = the query "
                       "set's own splits (titles, which have none: 0.8/0.1/0.1)")

@@ -28,13 +28,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from gdr.data import (
-    QUERY_SETS,
     file_format,
     load_docs_file,
     load_file_queries,
     load_queries,
     load_title_queries,
     load_trec,
+    reads_query_set,
 )
 from gdr.data.core import QuerySet
 from gdr.data.irds import PREFIX as IRDS_PREFIX
@@ -97,7 +97,7 @@ def _query_set(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], do
     if name == "titles":  # each title is the query of its own article (bbc, r2, r5)
         return load_title_queries(data["name"], path=data.get("path"), seed=int(q.get("seed") or 0),
                                   fractions=tuple(q.get("fractions") or TITLE_FRACTIONS))
-    if name not in QUERY_SETS and not (Path(name) / "queries.jsonl").exists():
+    if not reads_query_set(name):
         log.info("%s has no query set; no real queries", name)
         return None
     kw = {"path": q.get("path")} if q.get("path") else {}

@@ -197,7 +197,7 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
     comparisons = compare_read(systems, qids, "gc", paired)
     query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     primary = primary_section(v, systems, qids, k, comparisons)
-    said = primary["line"] if primary else query_only
+    said = primary["line"] if primary else _no_primary(v, cfg["indexers"])
     corpus_name = corpus_name or cfg['data']['name']
     trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
     shown = metric_keys(k)
@@ -389,6 +389,16 @@ def primary_section(v: Verdict, systems: dict, qids: dict, k: int, comparisons: 
     return {**said, "test": test.to_dict(), "margin": margin, "schemes": schemes, "query_only": query_only}
 
 
+def _no_primary(v: Verdict, indexers: Sequence[str]) -> str:
+    """The verdict line of a run without its primary test: why, where the run cannot make it (a scheme of
+    ``verdict.pair`` not among its ``indexers``); empty while it can but is not there yet (a partial report)."""
+    absent = [s for s in v.pair if s not in indexers]
+    if not absent:
+        return ""
+    return (f"No primary test: verdict.pair=[{', '.join(v.pair)}] needs a retriever of {' and '.join(absent)}, "
+            f"which indexers=[{', '.join(indexers)}] does not train.")
+
+
 def primary_lines(primary: dict | None) -> list[str]:
     """The report's section on the primary test: the verdict line, per scheme mean and SD over seeds, the interval
     over seeds and queries beside the query-only one, and the smallest difference the run could have detected."""
@@ -404,7 +414,7 @@ def primary_lines(primary: dict | None) -> list[str]:
         lines.append(f"| {SCHEME_NAMES.get(s, s)} | {r['seeds']} | {r['mean']:.1f} | {sd} |")
     lo, hi = t["ci95"]
     lines += ["", f"{SCHEME_NAMES.get(t['a'], t['a'])} - {SCHEME_NAMES.get(t['b'], t['b'])}: {t['diff']:+.1f} points; "
-              f"95% interval over seeds and queries (t at {t['df']:.0f} degrees of freedom) [{lo:+.1f}, {hi:+.1f}]"
+              f"95% interval over seeds and queries (t at {t['df']:.1f} degrees of freedom) [{lo:+.1f}, {hi:+.1f}]"
               + (f", over queries alone (seeds averaged, as the table below) [{q['ci95'][0]:+.1f}, {q['ci95'][1]:+.1f}]"
                  if q else "")
               + f"; standard error {t['se']:.2f} (queries {np.sqrt(t['var_query'] / t['n_queries']):.2f}, seeds "
