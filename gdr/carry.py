@@ -162,9 +162,14 @@ def prune_run(run: str | os.PathLike) -> dict:
 
 
 def _pack_files(root: Path) -> list[Path]:
-    """Every file of the run folder but hidden ones (locks, temporary files), in a stable order."""
-    return sorted(p for p in root.rglob("*")
-                  if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts))
+    """Every file of the run folder but hidden ones (locks, temporary files), in a stable order. A symbolic link
+    is refused by name: the pack carries the run's own files, and unpacking writes regular files only."""
+    found = [p for p in root.rglob("*") if not any(x.startswith(".") for x in p.relative_to(root).parts)]
+    link = next((p for p in found if p.is_symlink()), None)
+    if link is not None:
+        raise ValueError(f"{link}: a symbolic link in the run folder; a pack carries the run's own files only: "
+                         "replace it by the file it points to, or move it out of the run folder")
+    return sorted(p for p in found if p.is_file())
 
 
 class _PackTooLarge(Exception):
@@ -251,8 +256,12 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
     if not (math.isfinite(piece_mib) and piece_mib * _MIB >= 1 and int(max_pieces) > 0):
         raise ValueError(f"piece_mib={piece_mib} (--piece-mib), max_pieces={max_pieces} (--max-pieces): both must be "
                          "positive (a piece of at least a byte)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{outdir}: exists and is not a folder; pass a new or existing folder as OUTDIR")
     piece, n_max = int(piece_mib * _MIB), int(max_pieces)
     with holding(root, "RUN"):
+        _refuse_another_runs_pack(out, root)  # every refusal that needs no packing comes before --prune drops files
+        _pack_files(root)
         left = prunable(root)
         if left and not prune:
             size = sum(t.bytes for t in left)
@@ -265,7 +274,6 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
             log.info("gdr pack: pruned %d evaluated retrievers first (--prune)", len(pruned))
         files = _pack_files(root)
         total = sum(p.stat().st_size for p in files)
-        _refuse_another_runs_pack(out, root)
         new = out / NEW_PACK  # the pack is written here, and replaces an earlier one only once it is whole
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir(parents=True)
@@ -276,12 +284,14 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
                 for p in files:
                     tar.add(p, arcname=p.relative_to(root).as_posix(), recursive=False)
             pieces = stream.close()
-        except _PackTooLarge:
+        except BaseException as e:  # too large, or stopped: no partial pack is left behind
             stream.close()
-            shutil.rmtree(new)
+            shutil.rmtree(new, ignore_errors=True)
+            if not isinstance(e, _PackTooLarge):
+                raise
             raise ValueError(f"{run}: its pack does not fit in {n_max} pieces of {piece_mib:g} MiB "
                              f"({n_max * piece / _MIB:.0f} MiB): the run's files hold {total / _MIB:.1f} MiB "
-                             f"({_largest(root, files)}); prune it (`gdr prune`), pack a run of fewer stages, or "
+                             f"({_largest(root, files)}){_pruned_note(pruned)}; {_too_large_advice(root)}, or "
                              f"allow more (--piece-mib, --max-pieces)") from None
         manifest = {"format": FORMAT, "kind": "gdr pack", "run": root.name, "files": len(files), "bytes": total,
                     "piece_bytes": piece, "pieces": pieces, "pruned_first": pruned,
@@ -295,6 +305,23 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
     log.info("gdr pack: %s: %d files, %.1f MiB, in %d pieces (%.1f MiB) and %s in %s", run, len(files), total / _MIB,
              len(pieces), packed / _MIB, MANIFEST, out)
     return manifest
+
+
+def _pruned_note(pruned: Sequence[str]) -> str:
+    return f" after pruning {len(pruned)} evaluated retrievers (--prune)" if pruned else ""
+
+
+def _too_large_advice(root: Path) -> str:
+    """What would make the pack of ``root`` smaller: the stages :func:`prune_run` keeps with their weights (a
+    training stopped midway or not evaluated, a generator a stage still needs), which a rerun makes again, else
+    pruning and fewer stages."""
+    held = {d: w for d in sorted([*root.glob("train-*/"), *root.glob("qg-*/")]) if (w := _weight_files(d))}
+    if held:
+        size = sum(p.stat().st_size for w in held.values() for p in w)
+        names = ", ".join(d.name for d in list(held)[:3]) + (" ..." if len(held) > 3 else "")
+        return (f"stages that no finished evaluation stands on hold {size / _MIB:.1f} MiB of weights ({names}), "
+                "which `gdr prune` keeps: delete their folders (a rerun trains them again under their keys)")
+    return "prune it (`gdr prune`), pack a run of fewer stages"
 
 
 def _largest(root: Path, files: Sequence[Path], n: int = 3) -> str:
@@ -366,7 +393,7 @@ def unpack_run(outdir: str | os.PathLike, dest: str | os.PathLike) -> dict:
             raise ValueError(f"{p}: its size or SHA-256 differs from {MANIFEST}'s (damaged or cut short in "
                              "transit); copy it again from where it was packed")
         paths.append(p)
-    target = Path(dest).expanduser()
+    target = Path(dest).expanduser().absolute()  # "." too: its name is the folder's
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise FileExistsError(f"{dest}: exists and is not an empty folder; unpack into a new or empty folder")
     tmp = target.with_name(f".{target.name}.unpacking-{os.getpid()}")
@@ -376,9 +403,16 @@ def unpack_run(outdir: str | os.PathLike, dest: str | os.PathLike) -> dict:
     try:
         with gzip.GzipFile(fileobj=stream, mode="rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
             tar.extractall(tmp, filter="data")  # relative regular files only: nothing lands outside ``dest``
-        if target.exists():
-            target.rmdir()
-        os.replace(tmp, target)
+        if target.exists():  # an empty folder stays (a shell may stand in it): the run's entries move into it
+            for p in sorted(tmp.iterdir()):
+                os.replace(p, target / p.name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, target)
+    except tarfile.TarError as e:  # a member unpacking refuses (a link, a path outside), or a cut-short stream
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"{src}: the pack cannot be unpacked ({e.__class__.__name__}: {e}); pack the run again "
+                         "with this gdr") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import re
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -1244,7 +1245,7 @@ def _run_config(run_dir: Path, rep: dict):
     saved = run_dir / "run.config.yaml"
     if saved.is_file():
         return OmegaConf.load(saved)
-    words = str(rep.get("command", "")).split()
+    words = shlex.split(str(rep.get("command", "")))  # the command as gdr run wrote it, each word shell-quoted
     if words[:2] != ["gdr", "run"]:
         raise ValueError(f"{run_dir}: no run.config.yaml and report.json's command {rep.get('command')!r} is not "
                          f"a gdr run")

@@ -161,6 +161,58 @@ def test_a_refused_pack_leaves_the_earlier_pack_whole_and_another_runs_pack_is_r
         assert f"argument --piece-mib: {bad}: must be a number > 0" in capsys.readouterr().err
 
 
+def test_every_refusal_of_a_pack_comes_before_prune_drops_anything(seed0, tmp_path, capsys, monkeypatch):
+    """`gdr pack --prune` prunes only a run it will pack: an OUTDIR that is a file or holds another run's pack, or a
+    symbolic link in the run, is refused (one line each) with every weight still there. A pack stopped midway
+    leaves no pieces; a pack too large after pruning names the stages that still hold weights."""
+    out = _copy(seed0, tmp_path).rename(tmp_path / "mine")
+    weights = {t.folder.name: _weights(t.folder) for t in prunable(out)}
+    assert len(weights) == 2
+    (tmp_path / "file").write_text("")
+    other = _copy(seed0, tmp_path / "o")
+    prune_run(other)
+    pack_run(other, tmp_path / "theirs", piece_mib=0.25, max_pieces=64)
+    (out / "link.jsonl").symlink_to(tmp_path / "file")
+    capsys.readouterr()
+    for outdir, said in ((tmp_path / "file", "exists and is not a folder"),
+                         (tmp_path / "theirs", "holds the pack of run 'run', not of"),
+                         (tmp_path / "p", "link.jsonl: a symbolic link in the run folder")):
+        assert main(["pack", str(out), str(outdir), "--prune"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], lines
+        assert {t.folder.name: _weights(t.folder) for t in prunable(out)} == weights
+    (out / "link.jsonl").unlink()
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr("tarfile.TarFile.add", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            pack_run(out, tmp_path / "p", prune=True)
+    assert list((tmp_path / "p").iterdir()) == []  # no partial pack left
+    kept = next(out.glob("train-gc-*"))
+    (kept / STAGE_FILE).write_text(json.dumps({**json.loads((kept / STAGE_FILE).read_text()), "status": "running"}))
+    (kept / "checkpoints").mkdir(exist_ok=True)
+    (kept / "checkpoints" / "last.ckpt").write_bytes(bytes(200_000))  # a training stopped midway
+    with pytest.raises(ValueError, match=rf"no finished evaluation stands on hold 0.2 MiB of weights \({kept.name}\)"):
+        pack_run(out, tmp_path / "p", piece_mib=0.01, max_pieces=2)
+
+
+def test_unpacking_into_the_current_folder_keeps_the_folder(seed0, tmp_path, monkeypatch):
+    """`gdr unpack PACK .` in an empty folder: the run's entries land in it, and the folder itself (where a shell
+    stands) is the same one."""
+    out = _copy(seed0, tmp_path)
+    pack_run(out, tmp_path / "p", prune=True, piece_mib=0.25, max_pieces=64)
+    here = tmp_path / "here"
+    here.mkdir()
+    inode = here.stat().st_ino
+    monkeypatch.chdir(here)
+    assert main(["unpack", str(tmp_path / "p"), "."]) == 0
+    assert here.stat().st_ino == inode and sorted(p.name for p in here.iterdir()) == sorted(
+        p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert not list(tmp_path.glob(".here.unpacking-*"))
+
+
 @pytest.mark.slow
 def test_a_run_carried_to_another_folder_trains_only_its_new_seeds(tiny_run, seed0, tmp_path, capsys, monkeypatch):
     """Done when (issue 47): seeds [0], prune, pack (every piece <= 16 MiB), unpack elsewhere, seeds [0, 1]: only

@@ -661,3 +661,15 @@ def test_gdr_plan_on_a_run_folder_prints_what_is_left_and_a_fresh_one_prints_non
     assert 0 < left["seconds_wall"] < json.loads(lines[-1])["seconds_wall"]
     assert any(x.startswith("remaining wall") and f"{left['seconds_wall']:.1f}" in x for x in lines)
     assert any("1 of 12 retrievers evaluated" in x for x in lines)
+
+
+def test_a_run_folder_with_only_its_report_is_planned_from_the_command_as_written(tmp_path):
+    """A lease brings back report.json without run.config.yaml: the check composes the config from the report's
+    command, whose overrides gdr run shell-quoted (`'seeds=[0,1]'`), as the shell would split them."""
+    from gdr.pipeline import _command
+    from gdr.plan import _run_config
+
+    (tmp_path / "report.json").write_text(json.dumps({"command": _command(["+experiment=demo", "seeds=[0,1]",
+                                                                           "indexers=[gc, random]", "out=x y"])}))
+    cfg = _run_config(tmp_path, json.loads((tmp_path / "report.json").read_text()))
+    assert list(cfg.seeds) == [0, 1] and list(cfg.indexers) == ["gc", "random"]
