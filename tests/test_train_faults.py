@@ -90,6 +90,8 @@ def test_a_run_shorter_than_its_first_validation_validates_once_and_exits_0(toy,
     man = json.loads((out / "manifest.json").read_text())
     assert man["global_step"] == 3 and man["best_val_recall1"] is not None
     assert _loads(Path(man["best_checkpoint"])) and "validated the final weights once" in logs
+    # the learning curve's one point is at the step of the weights validated, the last one
+    assert [s for s, _ in json.loads((out / "curve.json").read_text())] == [3]
     # the default warmup (1,000 steps at batch 64: 4,000 at 16) is longer than the run: adjusted, with a line
     assert "optim.warmup_steps: 4000 warmup steps" in logs and "warming up over the first 0 steps" in logs
 

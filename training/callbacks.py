@@ -253,15 +253,18 @@ class _ResumedWriter(ExperimentWriter):
             os.replace(tmp, path)
 
 
-def learning_curve(out_dir: str | os.PathLike, metric: str) -> list[list[float]]:
+def learning_curve(out_dir: str | os.PathLike, metric: str, steps: int | None = None) -> list[list[float]]:
     """``[[step, value], ...]`` of ``metric`` (e.g. ``val/recall@1``) from a training's ``out_dir/logs/metrics.csv``,
     one point per validation in step order, ``step`` the optimiser steps taken before it (Lightning logs a
-    validation under the index of the step it follows, one less); a step validated twice (the end-of-run
-    validation) keeps its last value; [] when the file or the column is missing (a training without a dev split)."""
+    validation within fit under the index of the step it follows, one less). ``steps``: the steps the training
+    took, which no validation comes after (a validation of the final weights after fit, which Lightning logs under
+    the step count itself, is at ``steps``); a step validated twice keeps its last value; [] when the file or the
+    column is missing (a training without a dev split)."""
     path = Path(out_dir) / "logs" / "metrics.csv"
     if not path.is_file():
         return []
+    last = float("inf") if steps is None else int(steps)
     with path.open(newline="", encoding="utf-8") as f:
-            points = {int(r["step"]) + 1: float(r[metric]) for r in csv.DictReader(f)
+        points = {min(int(r["step"]) + 1, last): float(r[metric]) for r in csv.DictReader(f)
                   if r.get(metric) not in (None, "") and str(r.get("step", "")).isdigit()}
-    return [[step, points[step]] for step in sorted(points)]
+    return [[int(step), points[step]] for step in sorted(points)]

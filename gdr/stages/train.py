@@ -412,7 +412,7 @@ def _train(corpus, docids, codes, out: Path, settings: TrainSettings, queries, g
         dev_rel=[] if dev is None else [[pos[d] for d in rel] for rel in dev.relevant],
         examples=settings.examples, optim=settings.optim, trainer_opts=settings.trainer, seed=settings.seed,
     )
-    atomic_write_json(out / CURVE, learning_curve(out, res.monitor))
+    atomic_write_json(out / CURVE, learning_curve(out, res.monitor, res.global_step))
     write_manifest(out, command="train", corpus=corpus.name, n_docs=len(corpus), docids=str(docids),
                    generated=str(generated) if generated else None, examples=res.counts, n_params=res.n_params,
                    best_checkpoint=res.best_checkpoint, **best_record(res.monitor, res.best_score),
