@@ -240,7 +240,14 @@ def test_run_figures_read_the_report(tmp_path):
     figures, missing = gpu.run_figures(step)
     assert missing == []
     assert figures["run_seconds"] == 123.4 and figures["run_gc_recall_at_1"] == 40.0
-    assert figures["run_random_mrr_at_100"] == 30.0 and figures["run_bm25_mrr_at_100"] == 45.0
+    assert figures["run_random_rr_at_100"] == 30.0 and figures["run_bm25_rr_at_100"] == 45.0
+    # RR is named at the run's depth (a run of evaluate.k=10 has no RR@100)
+    rep = {**rep, "results_per_query": 10, "retrieval": {"gc": {"recall@1": 40.0, "mrr@10": 48.0}},
+           "bm25": {"recall@1": 35.0, "mrr@10": 44.0}}
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    figures, _ = gpu.run_figures(step)
+    assert figures["run_gc_rr_at_10"] == 48.0 and figures["run_bm25_rr_at_10"] == 44.0
+    assert not any(key.endswith("_at_100") for key in figures)
     assert figures["run_stages"] == {"score": 9.0}
     empty, missing = gpu.run_figures(gpu.Step("run", ["true"], 1, run_out=tmp_path / "absent"))
     assert empty == {"run_seconds": None, "run_stage_seconds": {}, "run_unfinished_stages": []}

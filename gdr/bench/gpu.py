@@ -361,8 +361,8 @@ def run_stages(run_out: Path) -> tuple[dict[str, float], list[str]]:
 
 
 def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
-    """Seconds (in all and per stage), Recall@1 and MRR@100 (in %) per indexer and of BM25 from a ``gdr run``'s
-    report.json; the stage seconds also when the run did not finish."""
+    """Seconds (in all and per stage), Recall@1 and RR at the run's depth k (``_rr_at_<k>``, in %) per indexer and
+    of BM25 from a ``gdr run``'s report.json; the stage seconds also when the run did not finish."""
     name = step.name
     stages, unfinished = run_stages(step.run_out)
     base = {f"{name}_stage_seconds": stages, f"{name}_unfinished_stages": unfinished}
@@ -371,13 +371,10 @@ def run_figures(step: Step) -> tuple[dict[str, Any], list[str]]:
         return {f"{name}_seconds": None, **base}, [f"{path} not written"]
     rep = json.loads(path.read_text())
     out: dict[str, Any] = {f"{name}_seconds": rep.get("seconds"), f"{name}_n_docs": rep.get("n_docs"), **base}
-    rr = f"mrr@{rep.get('results_per_query') or 100}"  # RR at the run's depth, under the figures' key of 100
-    for method, m in (rep.get("retrieval") or {}).items():
+    k = int(rep.get("results_per_query") or 100)  # a report of an earlier gdr without it ranked 100
+    for method, m in {**(rep.get("retrieval") or {}), "bm25": rep.get("bm25") or {}}.items():
         out[f"{name}_{method}_recall_at_1"] = m.get("recall@1")
-        out[f"{name}_{method}_mrr_at_100"] = m.get(rr, m.get("mrr@100"))
-    bm25 = rep.get("bm25") or {}
-    out[f"{name}_bm25_recall_at_1"] = bm25.get("recall@1")
-    out[f"{name}_bm25_mrr_at_100"] = bm25.get(rr, bm25.get("mrr@100"))
+        out[f"{name}_{method}_rr_at_{k}"] = m.get(f"mrr@{k}")
     out[f"{name}_stages"] = {s["name"]: s["seconds"] for s in rep.get("stages", [])}
     return out, []
 
