@@ -157,6 +157,12 @@ def test_run_fine_tunes_its_generator_on_the_train_split_and_keys_the_lm_stages_
     assert set(gen["cluster"]["fine_tuned"]) >= {"gc_acc", "gc_nmi", "gc_ari"}
     md = (out / "report.md").read_text()
     assert "## Query generator" in md and "Held-out loss on the run's dev split" in md
+    # the pairs it trained on, apart from those held out to pick its checkpoint; the header names it fine-tuned
+    picked = f" ({info['n_checkpoint_dev']} more of them held out to pick the checkpoint)" if info["n_checkpoint_dev"] \
+        else ""
+    assert f"Fine-tuned in the run on {info['n_train']} (document, query) pairs" in md and picked in md
+    assert info["n_train"] + info["n_checkpoint_dev"] == info["pairs"]["pairs"]
+    assert f"Query generator `{root / 'tiny-llama'}` fine-tuned in the run (Query generator, below)" in md
 
     # a second run reuses every stage
     capsys.readouterr()

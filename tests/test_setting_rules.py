@@ -60,7 +60,7 @@ def test_the_qg_train_rules_are_its_fields_in_both_commands(command):
 @pytest.mark.parametrize("command", ["qg", "run"])
 @pytest.mark.parametrize("name, value, problem", [
     ("lr", "2", r"must be a number in \(0, 1\] \(AdamW learning rate"),
-    ("max_steps", "-2", r"must be an integer >= -1 \(-1 = by max_epochs\)"),
+    ("max_steps", "0", r"must be -1 \(no limit\) or a positive integer"),  # 0 would train no step
     ("precision", "fp8", r"must be null, auto or one of bf16-mixed"),
     ("gradient_clip_val", "-1", r"must be null or a number >= 0"),
 ])

@@ -256,9 +256,8 @@ class QGOptions:
     batch_size: int = setting(16, rule=POSITIVE, rule_help="pairs per step")
     eval_batch_size: int = same_setting(TrainerOptions, "eval_batch_size")
     max_epochs: int = setting(1, rule=POSITIVE)
-    # 0 passes too (as it did before the rule sat here): Lightning then trains no step
     max_steps: int = same_setting(TrainerOptions, "max_steps", "> 0: stop after this many optimiser steps",
-                                  rule=int_at_least(-1), rule_help="-1 = by max_epochs")
+                                  rule_help="-1 = by max_epochs")
     val_check_interval: float | int | None = setting(None, "null = once per epoch; an integer = every that many steps",
                                                      rule=optional(number(0)))
     patience: int = setting(0, "> 0: early stop on the dev loss after that many validations without gain",

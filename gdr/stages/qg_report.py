@@ -23,6 +23,7 @@ def generator_summary(qg: dict, cluster_tuned: dict | None, cluster_two_shot: di
         return None if c is None else {k: c[k] for k in _CLUSTER_KEYS if k in c}
 
     return {"pairs": qg.get("pairs"), "held_out": qg.get("held_out"), "global_step": qg.get("global_step"),
+            "n_train": qg.get("n_train"), "n_checkpoint_dev": qg.get("n_checkpoint_dev"),
             "cluster": {"fine_tuned": pick(cluster_tuned), "two_shot": pick(cluster_two_shot)}}
 
 
@@ -34,8 +35,10 @@ def generator_lines(summary: dict) -> list[str]:
             "without its title; no query of the run)" if titles else
             f"(document, query) pairs of the training split only ({pairs.get('documents', '?')} documents; no dev or "
             "test query, nor its pairing)")
+    n_train, n_pick = summary.get("n_train"), summary.get("n_checkpoint_dev") or 0
+    picked = f" ({n_pick} more of them held out to pick the checkpoint)" if n_pick else ""
     lines = ["## Query generator", "",
-             f"Fine-tuned in the run on {pairs.get('pairs', '?')} {what}, "
+             f"Fine-tuned in the run on {n_train if n_train is not None else pairs.get('pairs', '?')} {what}{picked}, "
              f"{summary.get('global_step', '?')} steps. P's queries, P and the retrievers' generated training "
              "queries come from it.", ""]
     held = summary.get("held_out") or {}

@@ -229,7 +229,8 @@ def render_markdown(report: Report) -> str:
         lines += [f"**Partial: {r['partial']['retrievers_done']} of {r['partial']['retrievers']} retrievers "
                   "finished; every figure below (means, intervals, tests) is over those. The run goes on, or resumes "
                   "with the same command.**", ""]
-    lines += [f"Query generator `{cfg['model']['name']}`, {_sampled(cfg['sample'])}, "
+    tuned = " fine-tuned in the run (Query generator, below)" if (cfg.get("qg") or {}).get("enabled") else ""
+    lines += [f"Query generator `{cfg['model']['name']}`{tuned}, {_sampled(cfg['sample'])}, "
               f"{cfg['doc_queries']['per_doc']} generated training queries per document; retriever "
               f"`{cfg['train']['model']['size']}`, seeds {list(cfg['seeds'])}; queries `{queries_name}` "
               f"(trained on {r['trained_on']}, scored on `{cfg['queries']['test_split']}`).", ""]
