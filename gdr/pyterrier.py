@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -233,14 +234,17 @@ class GenerativeRetriever(pt.Transformer):
             else:
                 folders, fold_of = [run.stage_folder(f"{stage}-f{f}") for f in range(n_folds)], run.topic_folds()
         search = ev if ev is not None else EvaluateSettings.from_config()  # a train folder: gdr evaluate's defaults
-        k = int(k if k is not None else search.k)
+        k = k if k is not None else search.k
         # a train folder searches as deep as the results asked for, a run as its evaluate.beam
-        beam = int(beam if beam is not None else k if ev is None else search.beam)
-        batch_size = batch_size if batch_size is not None else search.batch_size
-        retrievers = [Retriever.load(f, device=device if device is not None else search.device, beam=beam,
-                                     length_penalty=float(search.length_penalty), batch_size=batch_size)
+        beam = beam if beam is not None else k if ev is None else search.beam
+        # the door: the arguments checked by gdr evaluate's rules (1 <= k <= beam ...), before any model loads
+        search = replace(search, k=k, beam=beam, batch_size=batch_size if batch_size is not None else search.batch_size,
+                         device=device if device is not None else search.device)
+        retrievers = [Retriever.load(f, device=search.device, beam=search.beam,
+                                     length_penalty=float(search.length_penalty), batch_size=search.batch_size)
                       for f in folders]
-        return cls(retrievers if fold_of is not None else retrievers[0], k=k, beam=beam, name=name, fold_of=fold_of)
+        return cls(retrievers if fold_of is not None else retrievers[0], k=search.k, beam=search.beam, name=name,
+                   fold_of=fold_of)
 
     def transform(self, topics: pd.DataFrame) -> pd.DataFrame:
         topics = _topics(self, topics)

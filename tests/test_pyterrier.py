@@ -20,7 +20,9 @@ from test_pipeline import _args, setup  # noqa: F401  (the 30-document BEIR fold
 from gdr.cli import main
 from gdr.eval.retrieval import read_per_query, read_trec_run
 from gdr.pyterrier import BM25, GenerativeRetriever, RunFolder, topics_and_qrels
+from gdr.rules import ConfigError
 from gdr.stages.settings import EvaluateSettings
+from gdr.training.search import Retriever
 
 
 @pytest.fixture
@@ -153,6 +155,16 @@ def test_a_cross_validated_run_searches_each_topic_with_the_fold_that_held_it_ou
         GenerativeRetriever.from_run(out, indexer="gc", seed=0, fold=3)
     with pytest.raises(FileNotFoundError, match=r"no finished stage train-gc-s1-f0 .*train-gc-s0-f0, train-gc-s0-f1"):
         GenerativeRetriever.from_run(out, indexer="gc", seed=1)
+
+
+def test_k_and_beam_are_checked_by_gdr_evaluates_rules(run_dir, monkeypatch):
+    """from_run refuses what `gdr evaluate` refuses, naming the argument, before any retriever loads: a beam
+    narrower than the results asked for (it would search at k, not at the beam said), k of 0."""
+    monkeypatch.setattr(Retriever, "load", lambda *a, **k: pytest.fail("a retriever loaded before the check"))
+    with pytest.raises(ConfigError, match=r"k=50: .*beam=5"):
+        GenerativeRetriever.from_run(run_dir, indexer="gc", seed=0, k=50, beam=5)
+    with pytest.raises(ConfigError, match=r"k=0"):
+        GenerativeRetriever.from_run(run_dir, indexer="gc", seed=0, k=0)
 
 
 def test_fold_is_refused_where_the_run_has_no_folds(run_dir):
