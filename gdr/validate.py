@@ -36,6 +36,7 @@ from gdr.data import (
     SPLIT_RULE,
     DataError,
 )
+from gdr.data.options import DATA_OPTIONS
 from gdr.guard import OutputError
 from gdr.rules import (
     FILE,
@@ -367,6 +368,10 @@ def check_corpus(command: str, cfg: DictConfig, corpus) -> None:
     if leaf is not None and int(leaf) >= len(corpus):
         log.warning("index.leaf_size=%d holds all %d documents: every docid tree is one leaf of flat positions (the "
                     "indexers do not differ); lower index.leaf_size", int(leaf), len(corpus))
+    k = get(cfg, "evaluate.k") if command == "run" else None
+    if k is not None and int(k) > len(corpus):
+        log.warning("evaluate.k=%d is more than the corpus's %d documents: a ranking holds at most %d, and RR@%d and "
+                    "Success@%d are those at %d", int(k), len(corpus), len(corpus), int(k), int(k), len(corpus))
 
 
 # ---------------------------------------------------------------------------- one-line errors
@@ -389,6 +394,10 @@ def _hydra_line(exc: BaseException) -> str:
             close = difflib.get_close_matches(leaf[2], [str(k) for k in parent.keys() if k != "hydra"], n=1)
             if close:
                 msg += f"; did you mean {leaf[0] + '.' if leaf[0] else ''}{close[0]}?"
+        groups = [g for g, o in DATA_OPTIONS.items() if leaf[0] == "data" and leaf[2] in o.keys]
+        if groups:  # a key of other data= options than the one composed (a file given as data.name composes none)
+            return (f"{msg}: {unknown} is a key of {' | '.join(f'data={g}' for g in groups)}; name the option, e.g. "
+                    f"data={groups[0]} data.path=<file or folder> {m.group(1)}=...")
         plus = re.search(r"use (\+\S+)", text)
         return msg + (f" (a new key needs a leading +: {plus.group(1)})" if plus else "")
     parts: list[str] = []

@@ -1,9 +1,12 @@
 """Command-line errors: one line ``gdr <command>: error: ...``, exit 2, before any model or corpus loads."""
+import logging
+
 import pytest
 
 from gdr.cli import main
 from gdr.config import load_config
-from gdr.validate import ConfigError, validate
+from gdr.data import Corpus
+from gdr.validate import ConfigError, check_corpus, validate
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +101,9 @@ CASES = {
         (["train", "docids={docids}", "trainer.batchsize=3"], "trainer.batchsize", "did you mean trainer.batch_size"),
         (["index", "gc.alpa=1"], "gc.alpa", "did you mean gc.alpha"),
         (["cluster", "data=r6"], "data/r6", "r5"),
+        # a key of data=jsonl|tsv|trec given with a corpus composed without it: the option to name, not a "+"
+        (["run", "data=bbc", "data.queries={docids}"], "unknown key data.queries",
+         "a key of data=jsonl | data=trec | data=tsv; name the option, e.g. data=jsonl data.path="),
     ],
     "missing mandatory": [
         (["train"], "docids=???", "set docids="),
@@ -208,3 +214,14 @@ def test_run_sections_use_the_stage_rules():
     assert "bmi" in error("doc_queries.per_doc=0")
     validate("run", load_config("run", ["doc_queries.per_doc=0", "indexers=[gc,random]"]))
     assert error("+cluster.variants.x.clip_sigma=0").startswith("cluster.variants.x.clip_sigma=0:")
+
+
+def test_a_run_deeper_or_a_leaf_larger_than_the_corpus_is_warned_before_any_stage(caplog):
+    """Settings that are valid but mean less than they say on this corpus: each is one warning naming the key."""
+    corpus = Corpus.from_texts([f"document {i}" for i in range(12)])
+    cfg = load_config("run", ["+experiment=demo", "evaluate.k=20", "evaluate.beam=20", "index.leaf_size=12"])
+    with caplog.at_level(logging.WARNING, logger="gdr.validate"):
+        check_corpus("run", cfg, corpus)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("evaluate.k=20 is more than the corpus's 12 documents") for m in said), said
+    assert any(m.startswith("index.leaf_size=12 holds all 12 documents") for m in said), said

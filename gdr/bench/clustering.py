@@ -118,7 +118,7 @@ def _rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.bench.clustering", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gdr bench clustering", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=option_type(POSITIVE), default=20_000)
     ap.add_argument("--queries", type=option_type(POSITIVE), default=1024)
     ap.add_argument("--clusters", type=option_type(POSITIVE), default=30)

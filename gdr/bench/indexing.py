@@ -107,7 +107,7 @@ def _planted_file(folder: Path, h, args, cache: bool) -> tuple[Path, bool]:
 
 
 def _args(argv: list[str] | None):
-    ap = argparse.ArgumentParser(prog="python -m gdr.bench.indexing", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gdr bench indexing", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=option_type(POSITIVE),
                     default=138_457, help="N documents (default: MS MARCO Lite size)")
     ap.add_argument("--queries", type=option_type(POSITIVE), default=4096, help="J sampled queries (default 4096)")

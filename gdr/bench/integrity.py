@@ -55,7 +55,7 @@ def _verify_run(root: Path) -> tuple[float, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="gdr bench integrity", description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=option_type(POSITIVE),
                     default=256, help="size of the hashed test file in MiB (default 256)")
     ap.add_argument("--repeats", type=option_type(POSITIVE), default=3)

@@ -212,7 +212,7 @@ def bench_model(name: str, args, report=lambda res: None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdr.bench.sampling", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="gdr bench sampling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,t5-base-random",
                     help="comma-separated: bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--doc-tokens", type=option_type(POSITIVE), default=128, help="documents cut to this many tokens")

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 def _args(argv: list[str] | None):
-    ap = argparse.ArgumentParser(prog="python -m gdr.bench.scoring", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="gdr bench scoring", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m",
                     help="bundled name, hub id/path, t5-base-random or smollm2-135m-random")
     ap.add_argument("--pairs", type=option_type(POSITIVE),

@@ -47,7 +47,7 @@ HELP = {
     "train": "train an NCI-style seq2seq retriever on docids",
     "evaluate": "Success@k, R@k and RR@k of a trained retriever (and BM25), k = the results per query",
     "search": "search a trained retriever from the command line",
-    "bench": ("benchmarks: scoring | clustering | indexing | decoding | sampling | training | overlap | "
+    "bench": ("benchmarks: scoring | clustering | indexing | decoding | sampling | training | integrity | overlap | "
               "gpu (every GPU figure)"),
     "run": "the whole pipeline: sample, score, cluster, index, train, evaluate, report (cached by stage)",
     "plan": "each stage's predicted seconds of a `gdr run` (device=h200|cpu.. free_gb=GB); --check RUN_DIR",

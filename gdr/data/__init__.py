@@ -179,7 +179,8 @@ DROP_UNKNOWN_RULE = Rule("data.drop_unknown_qrels", boolean,
 # ``data:`` (conf/data/*.yaml): the keyword arguments of load_corpus and corpus_from_config, and of the query side
 DATA_RULES = (
     Rule("data.name", corpus_name, "the corpus"),
-    Rule("data.path", optional(existing()), "the corpus's data folder; null = the default location"),
+    Rule("data.path", optional(existing()), "the corpus's file or folder: data=jsonl|tsv|beir|trec need it, a named "
+                                             "corpus reads its default location when null"),
     Rule("data.docs_tsv", FILE, "the document TSV of msmarco-lite / nq320k"),
     Rule("data.n_docs", OPT_POSITIVE, "documents kept; null = all"),
     Rule("data.seed", seed),
