@@ -51,7 +51,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from gdr import cost
 from gdr.calibrate import calibrate_cpu, calibration_path
 from gdr.config import load_config
-from gdr.data import corpus_from_config
+from gdr.data import corpus_from_config, resolve_corpus
 from gdr.data.core import iter_lines
 from gdr.data.titles import TITLE_FRACTIONS
 from gdr.formats import STAGE_FILE, read_stage_record
@@ -634,8 +634,8 @@ def _own_test_queries(cfg) -> int | None:
     or a folder of ``<split>.tsv``, or a BEIR folder's ``qrels/test.tsv``), judged relevant or not; None where there
     is no such file."""
     data = cfg.data
-    given = data.get("qrels") or (Path(str(data.path)) / "qrels" if str(data.name) == "beir" and data.get("path")
-                                  else None)
+    kind, path = resolve_corpus(str(data.name), data.get("path"))  # a BEIR folder given as data.name too
+    given = data.get("qrels") or (Path(str(path)) / "qrels" if kind == "beir" and path else None)
     if not given:
         return None
     f = Path(str(given)).expanduser()

@@ -379,16 +379,18 @@ def test_cross_validation_plans_k_retrievers_per_scheme_and_seed_each_searching_
     assert five["scoring"].seconds == one["scoring"].seconds  # P does not depend on the split
 
 
-@pytest.mark.parametrize("form", ["tsv", "trec", "beir"])
+@pytest.mark.parametrize("form", ["tsv", "trec", "beir", "beir as data.name"])
 def test_a_collection_of_ones_own_is_planned_with_the_test_queries_of_its_qrels(tmp_path, form):
-    """Six judged test topics (one judged twice, one not relevant): six searched, not an assumed 1,000."""
+    """Six judged test topics (one judged twice, one not relevant): six searched, not an assumed 1,000; a BEIR
+    folder named by data=beir data.path=<folder> or by data.name=<folder>."""
     lines = [("q1", "d1", 1), ("q1", "d2", 1), ("q2", "d3", 0), *((f"q{i}", f"d{i}", 1) for i in range(3, 7))]
     text = ("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, d, r in lines) if form != "trec"
             else "".join(f"{q} 0 {d} {r}\n" for q, d, r in lines))
-    if form == "beir":
+    if form.startswith("beir"):
         (tmp_path / "beir" / "qrels").mkdir(parents=True)
         (tmp_path / "beir" / "qrels" / "test.tsv").write_text(text)
-        data = ["data=beir", f"data.path={tmp_path / 'beir'}"]
+        (tmp_path / "beir" / "corpus.jsonl").write_text('{"_id": "d1", "text": "a document"}\n')
+        data = ["data=beir", f"data.path={tmp_path / 'beir'}"] if form == "beir" else [f"data.name={tmp_path / 'beir'}"]
     else:
         (tmp_path / "judged.txt").write_text(text)
         data = ["data=jsonl", f"data.path={tmp_path / 'docs.jsonl'}", f"data.queries={tmp_path / 'q.jsonl'}",

@@ -237,7 +237,7 @@ QUERY_RULES = (FRACTIONS_RULE, Rule("seed", seed))
 SPLIT_RULE = Rule("split", one_of(*SPLITS), "the query split")
 
 
-def _resolve(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
+def resolve_corpus(name: str, path: str | os.PathLike | None) -> tuple[str, str | os.PathLike | None]:
     """A path given as the name means a BEIR folder, a documents file (``.jsonl``, ``.tsv``), or TREC SGML (a file
     whose first line is ``<DOC>``, or a folder holding such files)."""
     if not isinstance(name, (str, os.PathLike)):
@@ -308,7 +308,7 @@ def load_corpus(
                                  on_empty=on_empty, drop_title=drop_title, query_ids=query_ids, others=(
                                      id_field, text_field, title_field, label_field, text_fields, title_fields,
                                      encoding))
-    name, path = _resolve(name, path)
+    name, path = resolve_corpus(name, path)
     fields = {k: v for k, v in (("id_field", id_field), ("text_field", text_field), ("title_field", title_field),
                                 ("label_field", label_field)) if v is not None}
     trec = {k: v for k, v in (("text_fields", text_fields), ("title_fields", title_fields), ("encoding", encoding))
@@ -393,7 +393,7 @@ def load_queries(
     """
     if isinstance(name, str) and name.startswith(IRDS_PREFIX):  # an ir_datasets id: its own queries and qrels
         return load_irds_queries(name[len(IRDS_PREFIX):]).filter(split)
-    name, path = _resolve(name, path)
+    name, path = resolve_corpus(name, path)
     if name not in QUERY_SETS:
         hint = f"; load_title_queries({name!r}) gives its title queries" if name in TITLE_CORPORA else ""
         raise ValueError(f"{name!r} has no query set (it is evaluated by its labels{hint}); "
