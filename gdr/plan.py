@@ -1288,6 +1288,14 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
         notes.append(f"plan: with the factors of {ffile}" + (
             " (measured on this run: in-sample; 'plan, no factors' is the out-of-sample prediction)"
             if ffile.startswith(run_dir.resolve().name) else ""))
+    reused = sum(bool(st.get("reused")) for st in rep["stages"])
+    if reused:  # each stage row holds that stage's own seconds; the invocation's clock covers only what it did
+        notes.append(f"resumed: {reused} of {len(rep['stages'])} stages were made by an earlier invocation; the "
+                     f"report's seconds ({float(rep['seconds']):.1f} s) and outside accounts are of the last one "
+                     "alone, so the total and outside rows are not compared with the whole run's plan")
+    if rep.get("partial"):
+        notes.append(f"partial: {rep['partial']['retrievers_done']} of {rep['partial']['retrievers']} retrievers "
+                     "finished; the plan is of the whole run")
     names = planned_names([st["name"] for st in rep["stages"]])
     measured: dict[str, float] = {}
     for name, st in zip(names, rep["stages"]):  # a name repeated past the two-shot pass: summed
@@ -1317,13 +1325,14 @@ def check_run(run_dir: Path, device: str | None = None, gpus: int = 1, folder: P
         sel = [n for n in names if n.startswith(kind)]
         rows.append((f"{label} {len(sel)}", sum(p_raw[n] or 0 for n in sel), sum(p_cal[n] or 0 for n in sel),
                      sum(measured[n] for n in sel)))
+    outside = None if reused else outside
     rows.append(("outside stages", by_raw["reports"].seconds if "reports" in by_raw else None,
                  by_cal["reports"].seconds if "reports" in by_cal else None, outside))
     if accounts and "reports" in by_raw:
         for part, label in (("report_rewrites", "  report rewrites"), ("other", "  other outside")):
             rows.append((label, (by_raw["reports"].parts or {}).get(part), (by_cal["reports"].parts or {}).get(part),
-                         float(accounts[part])))
-    rows.append(("total", wall_raw.seconds, wall_cal.seconds, float(rep["seconds"])))
+                         None if reused else float(accounts[part])))
+    rows.append(("total", wall_raw.seconds, wall_cal.seconds, None if reused else float(rep["seconds"])))
     factors = _factors(run_dir, raw, measured, names, outside, n_ret, notes)
     return RunCheck(run_dir, device, rows, factors, notes, cfg, cal, wall_cal)
 
@@ -1349,14 +1358,14 @@ def _recorded_device(run_dir: Path, log_text: str) -> str:
     return device
 
 
-def _factors(run_dir: Path, raw: list[StagePlan], measured: dict[str, float], names: list[str], outside: float,
-             n_ret: int, notes: list[str]) -> dict[str, float]:
+def _factors(run_dir: Path, raw: list[StagePlan], measured: dict[str, float], names: list[str],
+             outside: float | None, n_ret: int, notes: list[str]) -> dict[str, float]:
     """Measured / predicted seconds of each plan stage (``raw``: the plan before any factors); training at the
     steps the retrievers took (``stages.json``'s ``global_step``, else the plan's central stop)."""
     by = {s.name: s for s in raw}
 
-    def ratio(meas: float, pred: float | None) -> float | None:
-        return None if not pred else meas / pred
+    def ratio(meas: float | None, pred: float | None) -> float | None:
+        return None if not pred or meas is None else meas / pred
 
     out: dict[str, float | None] = {}
     for run_name, plan_names in RUN_GROUPS.items():
@@ -1399,8 +1408,8 @@ def format_check(check: RunCheck) -> str:
     lines = [f"gdr plan --check {check.run} on {DEVICES[check.device]}:", *(f"  {n}" for n in check.notes),
              f"{'stage':<22} {'plan, no factors':>16} {'plan':>9} {'measured':>9} {'plan/measured':>14}"]
     for name, raw, cal, meas in check.rows:
-        ratio = "n/a" if cal is None or meas <= 0 else f"{cal / meas:.2f}"
-        lines.append(f"{name:<22} {cell(raw):>16} {cell(cal):>9} {meas:>9.1f} {ratio:>14}")
+        ratio = "n/a" if cal is None or meas is None or meas <= 0 else f"{cal / meas:.2f}"
+        lines.append(f"{name:<22} {cell(raw):>16} {cell(cal):>9} {cell(meas):>9} {ratio:>14}")
     lines.append("factors (measured / plan without factors): "
                  + ", ".join(f"{k} {v:.2f}" for k, v in check.factors.items()))
     return "\n".join(lines)

@@ -675,3 +675,33 @@ def test_a_run_folder_with_only_its_report_is_planned_from_the_command_as_writte
                                                                            "indexers=[gc, random]", "out=x y"])}))
     cfg = _run_config(tmp_path, json.loads((tmp_path / "report.json").read_text()))
     assert list(cfg.seeds) == [0, 1] and list(cfg.indexers) == ["gc", "random"]
+
+
+def test_a_resumed_run_is_checked_stage_by_stage_and_its_total_is_not_compared(tmp_path):
+    """A run carried to a second lease: its report's seconds and outside accounts are the last invocation's, the
+    stages an earlier one made are marked reused. Each stage row keeps its own seconds; the total and outside rows
+    are not set against the whole run's plan (n/a), and a note says why; no reports factor comes of them."""
+    from omegaconf import OmegaConf
+
+    from gdr.plan import check_run, format_check
+
+    (tmp_path / "runs").mkdir()
+    runs = _runs(tmp_path / "runs", 0.2)
+    cfg = load_config("run", ["+experiment=demo", "seeds=[0]"])
+    names = ["score", "cluster", "index-gc-s0", "index-hkmi-s0", "bm25", "doc-queries",
+             *(f"{k}-{m}-s0" for m in cfg.indexers for k in ("train", "eval"))]
+    stages = [{"name": n, "seconds": 10.0, "reused": not n.endswith("-s0") or n.startswith("index")} for n in names]
+    run = tmp_path / "run"
+    run.mkdir()
+    OmegaConf.save(cfg, run / "run.config.yaml")
+    (run / "report.json").write_text(json.dumps({
+        "command": "gdr run +experiment=demo seeds=[0]", "seconds": 45.0, "n_docs": 80, "stages": stages,
+        "outside_stages": {"seconds": 5.0, "lm_load": 0.0, "report_rewrites": 2.0, "other": 3.0},
+        "partial": {"retrievers_done": 1, "retrievers": 2}}))
+    check = check_run(run, "h200", folder=runs)
+    rows = {r[0]: r for r in check.rows}
+    assert rows["total"][3] is None and rows["outside stages"][3] is None and rows["score"][3] == 10.0
+    assert any(n.startswith("resumed: 6 of 10 stages were made by an earlier invocation") for n in check.notes)
+    assert any(n.startswith("partial: 1 of 2 retrievers finished") for n in check.notes)
+    assert "reports" not in check.factors and "scoring" in check.factors
+    assert "n/a" in next(line for line in format_check(check).splitlines() if line.startswith("total"))
