@@ -391,7 +391,8 @@ def unpack_run(outdir: str | os.PathLike, dest: str | os.PathLike) -> dict:
                                     "copy every piece gdr-pack.NN beside it")
         if p.stat().st_size != piece["bytes"] or _sha256(p) != piece["sha256"]:
             raise ValueError(f"{p}: its size or SHA-256 differs from {MANIFEST}'s (damaged or cut short in "
-                             "transit); copy it again from where it was packed")
+                             f"transit, or of another pack than this one of run {manifest.get('run')!r}); copy it "
+                             "again from where this manifest was packed")
         paths.append(p)
     target = Path(dest).expanduser().absolute()  # "." too: its name is the folder's
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
