@@ -28,7 +28,17 @@ from omegaconf.errors import OmegaConfBaseException
 from gdr import guard
 from gdr.carry import MAX_PIECES, PIECE_MIB, pack_run, prune_run, unpack_run
 from gdr.config import conf_dir, load_config
-from gdr.data import DROP_UNKNOWN_RULE, FOLD_RULE, FOLDS_RULE, QUERY_RULES, SPLIT_RULE, Corpus, QuerySet, write_beir
+from gdr.data import (
+    DROP_UNKNOWN_RULE,
+    FOLD_RULE,
+    FOLDS_RULE,
+    QUERY_RULES,
+    SPLIT_RULE,
+    Corpus,
+    DataError,
+    QuerySet,
+    write_beir,
+)
 from gdr.data import splits as query_splits
 from gdr.data.options import DataOptions
 from gdr.guard import claim_folder
@@ -58,7 +68,7 @@ from gdr.stages.settings import (
     TrainSettings,
 )
 from gdr.stages.train import check_not_trained_on, trained_splits
-from gdr.store import PRun, load_run
+from gdr.store import TEXTS_FILE, PRun, load_run, text_digests
 from gdr.upgrade import refuse_format_0_retriever, refuse_format_0_training
 from gdr.validate import error_line, validate
 
@@ -205,8 +215,8 @@ def evaluate_clusters(corpus: Corpus, run: PRun | PathLike, out: PathLike, *, de
     check_values({"device": device}, (DEVICE_RULE,))
     settings = ClusterSettings.merged(settings)
     settings.check_corpus(corpus)
-    prun = load_run(run) if isinstance(run, (str, os.PathLike)) else run
-    corpus.check_same_ids(prun.doc_ids, f"run {getattr(prun, 'path', run)}")
+    prun = _p_run(run)
+    _need_same_documents(corpus, prun)
     result, _ = cluster_run(corpus, prun, out, settings, device=device)
     return result
 
@@ -404,6 +414,17 @@ def _in_memory_data(settings: dict, corpus, queries) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ argument types
+def _p_run(run: Any) -> PRun:
+    """``run``: what :func:`score` returned or its folder, as a P run; a TypeError naming what to pass otherwise
+    (a matrix: :class:`gdr.GenerativeClustering` clusters one)."""
+    if isinstance(run, (str, os.PathLike)):
+        return load_run(run)
+    if isinstance(run, PRun):
+        return run
+    raise TypeError(f"run: got {type(run).__name__}; pass what gdr.score returned or its folder (for GC alone on a "
+                    "matrix of log-probabilities, use gdr.GenerativeClustering(n_clusters).fit(logp))")
+
+
 def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: str = "") -> None:
     """A TypeError naming ``arg`` and the constructor to call, unless ``value`` is a :class:`gdr.Corpus`
     (checked before any model loads)."""
@@ -427,12 +448,22 @@ def _need_corpus(value: Any, arg: str = "corpus", optional: bool = False, hint: 
 
 def _need_same_documents(corpus: Corpus, run: Any) -> None:
     """Refuse a corpus that is not the documents of ``run`` (a :class:`PRun` or a ``gdr score`` folder), naming
-    the count or the first row that differs; a folder without ``doc_ids.json`` is left to the stage to refuse."""
+    the count or the first row that differs in id or in text (the model input each row was scored on, as the run's
+    ``doc_texts.json`` records its digest); a folder without ``doc_ids.json`` is left to the stage to refuse."""
+    folder = Path(getattr(run, "path", run))
     doc_ids = getattr(run, "doc_ids", None)
-    if doc_ids is None and isinstance(run, (str, os.PathLike)) and (Path(run) / "doc_ids.json").is_file():
-        doc_ids = json.loads((Path(run) / "doc_ids.json").read_text(encoding="utf-8"))
-    if doc_ids is not None:
-        corpus.check_same_ids(doc_ids, f"run {getattr(run, 'path', run)}")
+    if doc_ids is None and isinstance(run, (str, os.PathLike)) and (folder / "doc_ids.json").is_file():
+        doc_ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
+    if doc_ids is None:
+        return
+    corpus.check_same_ids(doc_ids, f"run {folder}")
+    if (folder / TEXTS_FILE).is_file():
+        scored = json.loads((folder / TEXTS_FILE).read_text(encoding="utf-8"))
+        row = next((i for i, (a, b) in enumerate(zip(scored, text_digests(corpus.model_inputs()))) if a != b), None)
+        if row is not None:
+            raise DataError(f"run {folder}: document {corpus.doc_ids[row]!r} (row {row}) was scored on another text "
+                            f"than corpus {corpus.name!r} holds: pass the corpus the run was scored on, or score "
+                            "this one")
 
 
 def _need_queries(value: Any, arg: str = "queries", optional: bool = False) -> None:

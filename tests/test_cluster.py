@@ -486,6 +486,37 @@ def test_what_cannot_be_log_probabilities_is_refused_with_what_to_pass():
     np.testing.assert_array_equal(GenerativeClustering(3, n_init=1).fit(frame).labels_, gc.labels_)
 
 
+def test_inputs_a_user_hands_in_are_taken_or_refused_by_what_they_are():
+    """-inf replaced by np.nan_to_num (-1.8e308) overflowed the clip bounds to NaN and gave near-random labels with a
+    NaN distortion: refused naming the entry. A bfloat16 tensor (a GPU scorer's) is taken; ragged rows, a missing
+    pandas value, a parameter given as a string or a bool: each one line saying what is wrong."""
+    import pandas as pd  # the test extra has it (PyTerrier's, datasets')
+
+    lp, _ = planted(n=30, j=16, k=3, sep=4.0, seed=1)
+    lp -= lp.max() + 1.0
+    x = lp.copy()
+    x[0, 0] = x[5, 0] = -np.inf
+    with pytest.raises(ValueError, match=r"logp\[0, 0\] = -1.79769e\+308: no model scores .*np.maximum\(logp, -1e4\)"):
+        GenerativeClustering(3).fit(np.nan_to_num(x))
+    gc = GenerativeClustering(3, n_init=1).fit(lp)
+    bf = torch.tensor(lp).bfloat16()
+    np.testing.assert_array_equal(GenerativeClustering(3, n_init=1).fit(bf).labels_,
+                                  GenerativeClustering(3, n_init=1).fit(bf.float().numpy()).labels_)
+    with pytest.raises(ValueError, match="every row as long"):
+        GenerativeClustering(2).fit([[-1.0, -2.0], [-1.0]])
+    frame = pd.DataFrame(lp).astype("Float64")
+    frame.iloc[2, 3] = pd.NA
+    with pytest.raises(ValueError, match="not numbers \\(a missing value such as pd.NA"):
+        GenerativeClustering(3).fit(frame.astype(object))
+    for bad in ({"clip_sigma": "5"}, {"tol": "1e-4"}, {"alpha": True}, {"ess_target": "0.5"}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+            GenerativeClustering(3, **bad).fit(lp)
+    with pytest.raises(ValueError, match="n_clusters must be a positive integer; got True"):
+        GenerativeClustering(True).fit(lp)
+    assert gc.predict(lp[:0]).shape == (0,) and gc.transform(lp[:0]).shape == (0, 3)  # an empty batch
+    np.testing.assert_array_equal(GenerativeClustering(3, n_init=1).fit_transform(lp), gc.transform(lp))
+
+
 def test_the_estimator_speaks_scikit_learns_protocol():
     """get_params / set_params, so clone and a Pipeline take it; fit(X, y=None); NotFittedError before fit."""
     from sklearn.base import clone
@@ -505,6 +536,7 @@ def test_the_estimator_speaks_scikit_learns_protocol():
     with pytest.raises(ValueError, match="has no parameter 'random_state'; its parameters: n_clusters, alpha"):
         gc.set_params(random_state=0)
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
+    assert gc.__sklearn_tags__().transformer_tags is not None  # its checks take a clusterer with transform
 
 
 # ---------------------------------------------------------------- CUDA

@@ -21,6 +21,7 @@ from test_pipeline import _args, setup  # noqa: F401  (module fixture: a saved t
 import gdr
 import gdr.stages
 from gdr.cli import main
+from gdr.store import TEXTS_FILE, text_digests
 from gdr.validate import ConfigError
 
 pytestmark = pytest.mark.cost(seconds=24)  # the file's tests in all, fast lane, 2 cores: dealt first
@@ -382,6 +383,10 @@ def _p_run(doc_ids):
      r"run elsewhere holds 2 documents, corpus 'toy' 6"),
     (lambda t: gdr.evaluate_clusters(_corpus(), _p_run([f"d{i}" for i in (0, 1, 2, 3, 5, 4)]), t), gdr.DataError,
      r"row 4 is document 'd5', corpus 'toy' has 'd4' there"),
+    (lambda t: gdr.evaluate_clusters(_corpus(), np.zeros((6, 2)), t), TypeError,
+     r"^run: got ndarray; pass what gdr.score returned or its folder \(for GC alone on a matrix"),
+    (lambda t: gdr.evaluate_clusters(gdr.Corpus.from_texts(["a b", "c d"]), _p_run(["0", "1"]), t), ConfigError,
+     r"^n_clusters=null takes K from the labels, and corpus .* has none; set n_clusters=<K>"),
 ])
 def test_arguments_that_would_run_wrong_or_fail_late_are_refused_first(no_loading, tmp_path, call, error, match):
     """Unchecked, each of these runs (inf, a split that filters nothing or does not exist, a relevant id scored as
@@ -703,6 +708,12 @@ def test_api_arguments_that_failed_late_are_refused_first(no_loading, tmp_path):
     run.mkdir()
     (run / "doc_ids.json").write_text(json.dumps([f"d{i}" for i in range(30)]))
     with pytest.raises(gdr.DataError, match=r"run .*score holds 30 documents, corpus 'toy' 6"):
+        gdr.build_index(tmp_path / "out", method="gc", run=run, corpus=_corpus())
+    # the same ids, another text in a row: not the documents the run scored
+    (run / "doc_ids.json").write_text(json.dumps(_corpus().doc_ids))
+    texts = _corpus().model_inputs()
+    (run / TEXTS_FILE).write_text(json.dumps(text_digests([*texts[:2], "edited", *texts[3:]])))
+    with pytest.raises(gdr.DataError, match=r"document 'd2' \(row 2\) was scored on another text than corpus 'toy'"):
         gdr.build_index(tmp_path / "out", method="gc", run=run, corpus=_corpus())
     train = tmp_path / "train"
     train.mkdir()

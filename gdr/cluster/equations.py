@@ -14,6 +14,8 @@ log = logging.getLogger(__name__)
 
 
 _CHUNK_ELEMS = 1 << 21  # elements per row block in the streamed passes (16 MB of float64)
+# the lowest log-probability taken: a query of 10^8 tokens at -100 nats each; what is below is a stand-in for -inf
+LOGP_FLOOR = -1e10
 INITS = ("random", "k-means++", "greedy-k-means++")
 _PHIS = ("power", "naive")
 
@@ -24,15 +26,20 @@ _PHIS = ("power", "naive")
 def as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
     """``x`` as a float32/float64 ndarray of shape (n, J); clear errors otherwise."""
     if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        x = (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bfloat16
     if hasattr(x, "tocsr"):  # a scipy.sparse matrix: np.asarray would make a 0-d object array of it
         raise ValueError(f"{name} is a sparse matrix; pass a dense array of log-probabilities ({name}.toarray())")
-    x = np.asarray(x)
+    try:
+        x = np.asarray(x)
+    except ValueError as e:  # rows of unequal length
+        raise ValueError(f"{name} must be a 2-D array of shape (n_docs, n_queries), every row as long: {e}") from None
     if x.dtype == object:  # e.g. pandas' nullable Float64 columns: numbers unless a value is not one
         try:
             x = x.astype(np.float64)
         except (TypeError, ValueError):
-            pass
+            raise ValueError(f"{name} holds values that are not numbers (a missing value such as pd.NA, or text); "
+                             "fill or drop them: log-probabilities are finite numbers") from None
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of shape (n_docs, n_queries); got shape {x.shape}")
     if x.dtype not in (np.float32, np.float64):
@@ -67,6 +74,11 @@ def check_log_probabilities(x: np.ndarray, name: str, tol: float = 1e-3) -> None
     """Refuse a matrix that cannot be log-probabilities: a value above 0 (``tol`` allows a scorer's rounding), or
     no value below 0, as probabilities in [0, 1] given where their logarithms are expected would be."""
     hi, lo = float(x.max()), float(x.min())
+    if lo < LOGP_FLOOR:
+        i, j = np.unravel_index(int(np.argmin(x)), x.shape)
+        raise ValueError(f"{name}[{i}, {j}] = {lo:g}: no model scores a query below {LOGP_FLOOR:g} nats, and "
+                         f"values this large overflow the clip bounds (np.nan_to_num writes -1.8e308 for -inf); "
+                         f"floor -inf at a finite value, e.g. np.maximum({name}, -1e4)")
     if lo >= 0:
         raise ValueError(f"{name} has no value below 0 (all in [{lo:g}, {hi:g}]): it looks like probabilities; "
                          f"{name} holds log-probabilities log p(query | doc): pass np.log({name})")
@@ -77,7 +89,7 @@ def check_log_probabilities(x: np.ndarray, name: str, tol: float = 1e-3) -> None
 
 
 def check_n_clusters(n_clusters: int, n_docs: int) -> None:
-    if not isinstance(n_clusters, (int, np.integer)) or n_clusters < 1:
+    if not isinstance(n_clusters, (int, np.integer)) or isinstance(n_clusters, bool) or n_clusters < 1:
         raise ValueError(f"n_clusters must be a positive integer; got {n_clusters!r}")
     if n_clusters > n_docs:
         raise ValueError(f"n_clusters={n_clusters} is larger than the number of documents ({n_docs}); "
@@ -85,8 +97,13 @@ def check_n_clusters(n_clusters: int, n_docs: int) -> None:
 
 
 def _check_alpha(alpha: float) -> None:
-    if not (isinstance(alpha, (int, float, np.floating)) and math.isfinite(alpha) and alpha >= 0):
+    if not (_is_number(alpha) and math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be a finite number >= 0 (the paper uses 0.25); got {alpha!r}")
+
+
+def _is_number(v) -> bool:
+    """A real number given as one (not a bool, not a string)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 def _row_blocks(n_rows: int, n_cols: int):

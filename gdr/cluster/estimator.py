@@ -18,6 +18,7 @@ from gdr.cluster.equations import (
     INITS,
     _check_alpha,
     _distortion_matrix,
+    _is_number,
     _row_blocks,
     as_2d_float,
     check_log_probabilities,
@@ -121,7 +122,7 @@ def _check_fit_params(init: str, n_init: int, max_iter: int, tol: float) -> None
         raise ValueError(f"n_init must be a positive integer; got {n_init!r}")
     if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
         raise ValueError(f"max_iter must be a positive integer; got {max_iter!r}")
-    if not (0 <= tol < math.inf):
+    if not (_is_number(tol) and 0 <= tol < math.inf):
         raise ValueError(f"tol must be >= 0; got {tol!r}")
 
 
@@ -239,9 +240,9 @@ class GenerativeClustering:
             _check_alpha(self.alpha)
         if self.phi not in _PHIS:
             raise ValueError(f"phi must be one of {_PHIS}; got {self.phi!r}")
-        if self.clip_sigma is not None and not (0 < self.clip_sigma < math.inf):
+        if self.clip_sigma is not None and not (_is_number(self.clip_sigma) and 0 < self.clip_sigma < math.inf):
             raise ValueError(f"clip_sigma must be > 0 or None (no clipping); got {self.clip_sigma!r}")
-        if not (isinstance(self.ess_target, (int, float, np.floating)) and 0 < self.ess_target < 1):
+        if not (_is_number(self.ess_target) and 0 < self.ess_target < 1):
             raise ValueError(f"ess_target must be in (0, 1) (the mean effective sample size as a fraction of J); "
                              f"got {self.ess_target!r}")
         integer = isinstance(self.seed, (int, np.integer))
@@ -267,10 +268,13 @@ class GenerativeClustering:
         return self
 
     def __sklearn_tags__(self):
-        """scikit-learn's tags, which its ``Pipeline`` and searches read from version 1.6 on: a clusterer."""
-        from sklearn.utils import Tags, TargetTags  # optional: gdr[eval] (only scikit-learn calls this)
+        """scikit-learn's tags, which its ``Pipeline`` and searches read from version 1.6 on: a clusterer that
+        transforms."""
+        # optional: gdr[eval] (only scikit-learn calls this)
+        from sklearn.utils import Tags, TargetTags, TransformerTags
 
-        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False))
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags())  # transform: the distortion to each cluster
 
     def fit(self, logp: np.ndarray, y=None) -> "GenerativeClustering":
         """Cluster documents from ``logp`` = log P of shape (n_docs, n_queries) (``y`` is ignored: scikit-learn's
@@ -306,8 +310,9 @@ class GenerativeClustering:
     def _check_fitted(self, x, name: str) -> np.ndarray:
         if not hasattr(self, "log_centroids_"):
             raise NotFittedError("GenerativeClustering is not fitted yet; call fit(logp) first")
-        x = as_2d_float(x, name)
-        check_log_probabilities(x, name)
+        x = as_2d_float(x, name, min_rows=0)  # no rows in, none out (scikit-learn's predict of an empty batch)
+        if len(x):
+            check_log_probabilities(x, name)
         if x.shape[1] != self.n_features_in_:
             raise ValueError(f"{name} has {x.shape[1]} columns but the model was fitted on "
                              f"{self.n_features_in_} queries; score the same sampled queries")
@@ -327,6 +332,10 @@ class GenerativeClustering:
     def predict(self, logp_rows: np.ndarray) -> np.ndarray:
         """Cluster of new documents (rows of log P over the same queries), int64 of shape (n,)."""
         return self.transform(logp_rows).argmin(axis=1).astype(np.int64)
+
+    def fit_transform(self, logp: np.ndarray, y=None) -> np.ndarray:
+        """``fit(logp)``, then the documents' distortion to each cluster, float64 of shape (n_docs, K)."""
+        return self.fit(logp).transform(logp)
 
     def fit_predict(self, logp: np.ndarray, y=None) -> np.ndarray:
         """``fit(logp)``, then the documents' clusters ``labels_``."""

@@ -403,6 +403,9 @@ class ClusterSettings(Settings):
         n_docs = len(corpus) if labels is None else int(np.isin(np.asarray(labels), list(kept)).sum())
         what = f"the {n_docs} documents" + (f" with labels {sorted(kept)}" if self.restrict_labels
                                             else " of the corpus")
+        if self.n_clusters is None and labels is None:
+            raise ConfigError(f"{prefix}n_clusters=null takes K from the labels, and corpus {corpus.name!r} has none; "
+                              f"set {prefix}n_clusters=<K>")
         if self.n_clusters is not None and self.n_clusters > n_docs:
             raise ConfigError(f"{prefix}n_clusters={self.n_clusters}: must be <= {what} (the flat clustering's K; the "
                               f"docid tree's is index.n_clusters); lower {prefix}n_clusters")
