@@ -106,7 +106,7 @@ def sample_queries(lm: GenerativeLM, corpus: Corpus, out: PathLike, *, n_queries
         raise TypeError(f"sample_queries: per_doc={sampling['per_doc']} is not a setting of J sampled queries; "
                         f"for {sampling['per_doc']} queries of every document call "
                         f"gdr.sample_doc_queries(lm, corpus, out, per_doc={sampling['per_doc']})")
-    settings = SampleSettings(n_queries=n_queries, seed=seed, **sampling)
+    settings = _sample_settings(sampling, n_queries=n_queries, seed=seed)
     return sample_stage.sample_queries(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
@@ -122,7 +122,7 @@ def sample_doc_queries(lm: GenerativeLM | LMSettings | str, corpus: Corpus, out:
     _need_corpus(corpus)
     _need_path(out, "out", "the folder to write into")
     check_values({"per_doc": per_doc}, (PER_DOC_RULE,), nest="sample")
-    settings = SampleSettings(per_doc=per_doc, seed=seed, **sampling)
+    settings = _sample_settings(sampling, per_doc=per_doc, seed=seed)
     return doc_queries_stage.sample_doc_queries(_built_lm(lm), corpus, out, settings, progress=progress)
 
 
@@ -158,7 +158,7 @@ def score(corpus: Corpus, lm: GenerativeLM | LMSettings | str, out: PathLike, *,
         lm = LMSettings(name=lm)
     sampling = _need_mapping(sampling, "sampling", '{"temperature": 1.0}')
     scoring = _need_mapping(scoring, "scoring", '{"dtype": "float16"}')
-    sample = SampleSettings(n_queries=n_queries, seed=seed, **sampling)
+    sample = _sample_settings(sampling, n_queries=n_queries, seed=seed)
     settings = ScoreSettings(**{"processes": processes, **scoring})
     J, key = sample.n_total(len(corpus))
     settings.check_size(len(corpus), J, key="n_queries" if key == "sample.n_queries" else 'sampling["p_per_doc"]')
@@ -414,6 +414,15 @@ def _in_memory_data(settings: dict, corpus, queries) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ argument types
+def _sample_settings(sampling: Mapping[str, Any], **given: Any) -> SampleSettings:
+    """The sampling settings of a function's ``sampling`` keywords and its own arguments ``given``: an unknown
+    name refused with the known ones, a name given twice refused."""
+    twice = sorted(set(sampling) & set(given))
+    if twice:
+        raise TypeError(f"sampling: {twice[0]} is an argument of its own; pass {twice[0]}=... once")
+    return SampleSettings.from_dict(sampling, **given)
+
+
 def _p_run(run: Any) -> PRun:
     """``run``: what :func:`score` returned or its folder, as a P run; a TypeError naming what to pass otherwise
     (a matrix: :class:`gdr.GenerativeClustering` clusters one)."""

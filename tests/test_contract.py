@@ -361,6 +361,10 @@ def _p_run(doc_ids):
     (lambda t: gdr.score(_corpus(), "smollm2-135m", t, sampling=[1, 2]), TypeError,
      r"^sampling: got list \[1, 2\]; pass a dict"),
     (lambda t: gdr.score(_corpus(), "smollm2-135m", t, scoring=[1, 2]), TypeError, r"^scoring: got list"),
+    (lambda t: gdr.score(_corpus(), "smollm2-135m", t, sampling={"temprature": 1.0}), TypeError,
+     r"^SampleSettings: unknown setting\(s\) temprature; known: .*temperature"),
+    (lambda t: gdr.score(_corpus(), "smollm2-135m", t, sampling={"seed": 3}), TypeError,
+     r"^sampling: seed is an argument of its own; pass seed=\.\.\. once"),
     (lambda t: gdr.run([1, 2]), TypeError, r"^settings: got list \[1, 2\]; pass a dict"),
     (lambda t: gdr.load_lm(prompt=[1]), TypeError, r"^prompt: got list"),
     (lambda t: gdr.bm25(_corpus(), _queries().select([]), t), ValueError, r"^queries: the gdr.QuerySet 'toy' holds "
