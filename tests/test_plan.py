@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from gdr import cost
 from gdr.config import load_config
@@ -553,12 +554,18 @@ def test_a_second_score_and_cluster_are_the_two_shot_generators_in_the_plan_and_
     assert [r["predicted_seconds"] for r in rows] == [9.0, 6.0, 4.0, 5.0, 60.0, 40.0, 7.0]
 
 
+def _finished_run(run: Path, cfg, report: dict) -> Path:
+    """A run folder as `gdr plan --check` reads it: the run's config and its report.json."""
+    run.mkdir()
+    OmegaConf.save(cfg, run / "run.config.yaml")
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
 def test_check_sums_repeated_stages_in_order_and_reads_the_overlapped_accounts(tmp_path):
     """A synthetic run of +experiment=bbc on the H200 with overlap: the first score took 2x its plan, the second
     (two-shot) 3x, the two-shot clustering half; the report's outside accounts (LM loads apart) and the total against
     the plan's wall with the host stages overlapped."""
-    from omegaconf import OmegaConf
-
     from gdr.plan import check_run, plan_wall
     from gdr.stages.plan_file import planned_names, stage_seconds
 
@@ -572,14 +579,11 @@ def test_check_sums_repeated_stages_in_order_and_reads_the_overlapped_accounts(t
     times = {"score": 2.0, "score (two-shot)": 3.0, "cluster (two-shot)": 0.5}
     stages = [{"name": n, "seconds": round(pred[k] * times.get(k, 1.0), 2)}
               for n, k in zip(names, planned_names(names))]
-    run = tmp_path / "run"
-    run.mkdir()
-    OmegaConf.save(cfg, run / "run.config.yaml")
-    (run / "report.json").write_text(json.dumps({
+    run = _finished_run(tmp_path / "run", cfg, {
         "command": "gdr run +experiment=bbc seeds=[0]", "seconds": 999.0, "n_docs": 2225, "stages": stages,
         "outside_stages": {"seconds": 40.0, "lm_load": 30.0, "report_rewrites": 4.0, "other": 6.0},
         "overlapped": {"stages": {"cluster": {"seconds": 70.0, "waited": 0.0}}, "seconds": 70.0, "waited": 0.0},
-        "training": {"peak_gb": 40.0, "estimate_gb": 80.0}}))
+        "training": {"peak_gb": 40.0, "estimate_gb": 80.0}})
     check = check_run(run, "h200", folder=runs)
     assert ("training memory: one retriever's measured peak 40.0 GB against the batch rule's 80.0 GB (0.50x; the rule "
             "fills 60% of the free memory with its estimate)") in check.notes
@@ -681,8 +685,6 @@ def test_a_resumed_run_is_checked_stage_by_stage_and_its_total_is_not_compared(t
     """A run carried to a second lease: its report's seconds and outside accounts are the last invocation's, the
     stages an earlier one made are marked reused. Each stage row keeps its own seconds; the total and outside rows
     are not set against the whole run's plan (n/a), and a note says why; no reports factor comes of them."""
-    from omegaconf import OmegaConf
-
     from gdr.plan import check_run, format_check
 
     (tmp_path / "runs").mkdir()
@@ -691,13 +693,10 @@ def test_a_resumed_run_is_checked_stage_by_stage_and_its_total_is_not_compared(t
     names = ["score", "cluster", "index-gc-s0", "index-hkmi-s0", "bm25", "doc-queries",
              *(f"{k}-{m}-s0" for m in cfg.indexers for k in ("train", "eval"))]
     stages = [{"name": n, "seconds": 10.0, "reused": not n.endswith("-s0") or n.startswith("index")} for n in names]
-    run = tmp_path / "run"
-    run.mkdir()
-    OmegaConf.save(cfg, run / "run.config.yaml")
-    (run / "report.json").write_text(json.dumps({
+    run = _finished_run(tmp_path / "run", cfg, {
         "command": "gdr run +experiment=demo seeds=[0]", "seconds": 45.0, "n_docs": 80, "stages": stages,
         "outside_stages": {"seconds": 5.0, "lm_load": 0.0, "report_rewrites": 2.0, "other": 3.0},
-        "partial": {"retrievers_done": 1, "retrievers": 2}}))
+        "partial": {"retrievers_done": 1, "retrievers": 2}})
     check = check_run(run, "h200", folder=runs)
     rows = {r[0]: r for r in check.rows}
     assert rows["total"][3] is None and rows["outside stages"][3] is None and rows["score"][3] == 10.0
