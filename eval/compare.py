@@ -101,6 +101,8 @@ def _paired_test(a_bytes: bytes, b_bytes: bytes, n_resamples: int, seed: int,
         return float("nan"), float("nan"), float("nan"), float("nan")
     d = a - b
     diff = float(d.mean())
+    if n == 1:  # its two sign flips, d and -d, are as extreme: p = 1; every bootstrap draw is the query itself
+        return diff, diff, diff, 1.0
     if n < 64 and 2 ** n <= n_resamples:
         return _exact_paired_test(a, b, d, diff, n_resamples, seed, confidence)
     null, boot = zip(*((signs @ d / n, counts @ d / n) for signs, counts in _draws(n, n_resamples, seed)))

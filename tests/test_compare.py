@@ -24,6 +24,12 @@ def test_no_difference_gives_p_one_and_a_zero_interval():
     assert paired_test(x, x) == (0.0, 0.0, 0.0, 1.0)
 
 
+def test_one_query_is_compared_without_a_test_that_needs_two():
+    """A run of one test query (a tiny collection) ended its report in scipy's "two or more observations": its
+    sign flips, d and -d, are as extreme, so p = 1, and the interval is the one difference."""
+    assert paired_test(np.array([1.0]), np.array([0.0])) == (1.0, 1.0, 1.0, 1.0)
+
+
 def test_the_permutation_test_is_paired_and_exact_for_few_queries():
     # 5 queries, a wins each by 1: of the 2^5 sign flips only all-plus and all-minus reach |mean| = 1
     diff, lo, hi, p = paired_test(np.ones(5), np.zeros(5))
