@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import gdr
+from gdr.config import load_config
 from gdr.data import (
     Corpus,
     DataError,
@@ -23,6 +24,7 @@ from gdr.data import (
     write_beir,
 )
 from gdr.data.reuters import _body_text
+from gdr.data.splits import QuerySplits
 
 FIX = Path(__file__).parent / "fixtures" / "data"
 SHARED = data_dir()
@@ -254,6 +256,23 @@ def test_beir_splits_and_nonrelevant(tmp_path, toy):
     assert load_beir_queries(folder, split="train").qids == ["q1"]
     with pytest.raises(FileNotFoundError, match=r"no qrels for split 'dev'.*available splits: \['train', 'test'\]"):
         load_beir_queries(folder, split="dev")
+
+
+def test_a_beir_folders_graded_qrels_take_min_relevance_on_every_route(tmp_path, toy):
+    """data.min_relevance was refused for data=beir and, given with ++, read at 1: 2 keeps the highly relevant
+    judgement alone, by gdr.load_queries and by the run's query splits (data=beir and data.name=<folder>)."""
+    qs = QuerySet("t", ["q1", "q2"], ["one", "two"], [["a"], ["b"]], ["test", "test"])
+    folder = write_beir(toy, qs, tmp_path / "b")
+    with open(folder / "qrels" / "test.tsv", "a") as f:
+        f.write("q1\tc\t2\n")  # q1: a is relevant (1), c highly relevant (2); q2: b relevant (1)
+    assert load_queries(str(folder)).relevant == [["a", "c"], ["b"]]
+    high = load_queries(str(folder), min_relevance=2)
+    assert (high.qids, high.relevant) == (["q1"], [["c"]])
+    for data in (["data=beir", f"data.path={folder}", "data.min_relevance=2"],
+                 [f"data.name={folder}", "++data.min_relevance=2"]):
+        cfg = OmegaConf.to_container(load_config("run", [*data, "queries.test_split=test"]), resolve=True)
+        split = QuerySplits(cfg["data"], toy.doc_ids)({**cfg["queries"], "split": "test"})
+        assert (split.qids, split.relevant) == (["q1"], [["c"]]), data
 
 
 def test_beir_rewritten_with_other_queries_holds_those_only(tmp_path, toy):

@@ -382,8 +382,10 @@ def load_queries(
     path: str | os.PathLike | None = None,
     docs_tsv: str | os.PathLike | None = None,
     drop_unknown_qrels: bool = DataOptions.drop_unknown_qrels,
+    min_relevance: int = DataOptions.min_relevance,
 ) -> QuerySet:
-    """Load the query set of a corpus; ``split=None`` gives every split that exists.
+    """Load the query set of a corpus; ``split=None`` gives every split that exists. ``min_relevance``: the
+    lowest grade of a relevant judgement of a BEIR folder (the other sets keep their own threshold).
 
     Relevant doc ids are checked against the corpus's id list (read from the raw files,
     or from ``docs_tsv`` for ``nq320k``). Reuters and BBC have labels, not queries; their title
@@ -406,7 +408,7 @@ def load_queries(
     if name == "nq320k":
         doc_ids = file_doc_ids(nq320k_docs_file(path, docs_tsv)) if docs_tsv is not None else None
         return load_nq320k_queries(path, split=split, doc_ids=doc_ids)
-    return load_beir_queries(path, split=split, drop_unknown=drop_unknown_qrels)
+    return load_beir_queries(path, split=split, drop_unknown=drop_unknown_qrels, min_relevance=min_relevance)
 
 
 def load_title_queries(

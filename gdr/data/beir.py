@@ -125,8 +125,10 @@ def load_beir_queries(
     doc_ids: Iterable[str] | None = None,
     name: str | None = None,
     drop_unknown: bool = False,
+    min_relevance: int = DataOptions.min_relevance,
 ) -> QuerySet:
-    """Read ``queries.jsonl`` and ``qrels/<split>.tsv`` (all splits when ``split`` is None).
+    """Read ``queries.jsonl`` and ``qrels/<split>.tsv`` (all splits when ``split`` is None); a judgement of
+    ``min_relevance`` or more is relevant (graded qrels: 2 keeps the highly relevant).
 
     Parameters
     ----------
@@ -154,7 +156,8 @@ def load_beir_queries(
     known = set(doc_ids) if doc_ids is not None else set(beir_doc_ids(folder))
     query_text = read_query_texts(qfile, jsonl_records(qfile), "_id")
     return read_qrels(query_text, qfile, {s: qdir / f"{s}.tsv" for s in splits}, known,
-                      name or folder.resolve().name, str(folder), drop_unknown=drop_unknown)
+                      name or folder.resolve().name, str(folder), min_relevance=min_relevance,
+                      drop_unknown=drop_unknown)
 
 
 def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str, text_key: str = "text"

@@ -75,8 +75,8 @@ def _corpus(name: str, about: str, keys: str, required: tuple[str, ...] = (), **
 
 
 _TITLED = "path n_docs seed drop_title"
-_FILES = "path id_field text_field title_field label_field queries qrels n_docs seed on_empty drop_title " \
-         "drop_unknown_qrels"
+_FILES = "path id_field text_field title_field label_field queries qrels min_relevance n_docs seed on_empty " \
+         "drop_title drop_unknown_qrels"
 _LOAD = "gdr.data.load_corpus(name, path=path, n_docs=n_docs, seed=seed"
 _LOAD_TSV = "gdr.data.load_corpus(name, path=path, docs_tsv=docs_tsv, n_docs=n_docs, seed=seed"
 DATA_OPTIONS = {
@@ -86,7 +86,7 @@ DATA_OPTIONS = {
                               "queries: gdr.data.load_title_queries)"),
     "beir": _corpus("beir", f"Corpus for `data=beir`: {_LOAD}, on_empty=on_empty)\n"
                             "  gdr score data=beir data.path=/data/beir/scifact",
-                    "path n_docs seed on_empty drop_unknown_qrels", ("path",),
+                    "path min_relevance n_docs seed on_empty drop_unknown_qrels", ("path",),
                     path="required: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv); no default "
                          "exists"),
     "cranfield": _corpus("cranfield", f"Corpus for `data=cranfield`: {_LOAD}, on_empty=on_empty, "

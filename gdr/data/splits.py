@@ -103,6 +103,8 @@ def _query_set(q: dict[str, Any], data: dict[str, Any], corpus_ids: set[str], do
     kw = {"path": q.get("path")} if q.get("path") else {}
     if data.get("drop_unknown_qrels"):  # a BEIR folder whose corpus.jsonl is a subset of its judgements'
         kw["drop_unknown_qrels"] = True
+    if data.get("min_relevance") is not None:  # a BEIR folder's graded qrels (the other sets keep their own)
+        kw["min_relevance"] = int(data["min_relevance"])
     if docs_tsv:
         kw["docs_tsv"] = docs_tsv
     return load_queries(name, **kw)
