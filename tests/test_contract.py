@@ -75,7 +75,8 @@ SETTINGS_OF = {
 }
 # Where -1 means something (no limit, all), a value out of range is another one.
 BAD = {"trainer.max_steps": -2, "trainer.num_sanity_val_steps": -2, "gc.centroid_json_depth": -2,
-       "length_penalty": math.nan, "trainer.length_penalty": math.nan, "fractions": (0.5, 0.5, 0.5)}
+       "length_penalty": math.nan, "trainer.length_penalty": math.nan, "fractions": (0.5, 0.5, 0.5),
+       "min_relevance": 1.5}  # a grade: any integer, negative too (some qrels mark spam -2)
 
 
 def _numeric(value) -> bool:
@@ -174,6 +175,7 @@ def _call(name: str, where: str, value, tmp_path: Path):
         "pack": lambda: fn(tmp_path / "run", out, **kw),
         "load_corpus": lambda: fn("bbc", **kw),
         "load_title_queries": lambda: fn("bbc", **kw),
+        "load_queries": lambda: fn("cranfield", **kw),
         "GenerativeLM": lambda: fn("smollm2-135m", **kw),
         "GenerativeClustering": lambda: fn(**{"n_clusters": 2, **kw}).fit(np.log(np.full((4, 3), 0.5))),
     }

@@ -2,11 +2,13 @@
 Lite, NQ320K), a BEIR round trip, and one error message per kind of bad input."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -576,3 +578,20 @@ def test_conf_n_docs_feeds_load_corpus():
     cfg = OmegaConf.load(CONF / "cranfield.yaml")
     c = load_corpus(cfg.name, path=cfg.path, n_docs=50, seed=cfg.seed)
     assert len(c) == 50 and c.doc_ids == load_corpus("cranfield", n_docs=50, seed=0).doc_ids
+
+
+def test_a_dataframe_gives_the_corpus_its_records_give_as_a_file(tmp_path):
+    """The same records by from_pandas and by data=jsonl: the id the reader takes first (_id before doc_id), titles
+    stripped; a label missing in one row is refused as the reader refuses it, not made a class "None", and a float
+    column of integer labels (pandas' with a gap) keeps the integers."""
+    rows = [{"_id": "b1", "doc_id": "orig1", "text": "alpha", "title": " Title one ", "label": 1},
+            {"_id": "b2", "doc_id": "orig2", "text": "beta", "title": "Two", "label": 2}]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from_file = load_corpus("jsonl", path=tmp_path / "docs.jsonl")
+    frame = Corpus.from_pandas(pd.DataFrame(rows))
+    assert (frame.doc_ids, frame.titles, frame.labels) == (from_file.doc_ids, from_file.titles, from_file.labels)
+    assert frame.doc_ids == ["b1", "b2"] and frame.titles == ["Title one", "Two"] and frame.labels == ["1", "2"]
+    gap = pd.DataFrame({"id": ["1", "2", "3"], "text": ["a", "b", "c"], "label": [1, None, 2]})
+    with pytest.raises(DataError, match=r"document '2' has no label while others do"):
+        Corpus.from_pandas(gap)
+    assert Corpus.from_pandas(gap.dropna()).labels == ["1", "2"]

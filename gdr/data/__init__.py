@@ -385,7 +385,7 @@ def load_queries(
     min_relevance: int = DataOptions.min_relevance,
 ) -> QuerySet:
     """Load the query set of a corpus; ``split=None`` gives every split that exists. ``min_relevance``: the
-    lowest grade of a relevant judgement of a BEIR folder (the other sets keep their own threshold).
+    lowest grade of a relevant judgement of a BEIR folder or an ``irds:`` id (the other sets keep their own).
 
     Relevant doc ids are checked against the corpus's id list (read from the raw files,
     or from ``docs_tsv`` for ``nq320k``). Reuters and BBC have labels, not queries; their title
@@ -393,8 +393,9 @@ def load_queries(
     subset of its judgements' drops those of other documents (:func:`gdr.data.beir.read_qrels`) instead of
     refusing them.
     """
+    check_values({"min_relevance": min_relevance}, DATA_RULES, {"min_relevance": "data.min_relevance"})
     if isinstance(name, str) and name.startswith(IRDS_PREFIX):  # an ir_datasets id: its own queries and qrels
-        return load_irds_queries(name[len(IRDS_PREFIX):]).filter(split)
+        return load_irds_queries(name[len(IRDS_PREFIX):], min_relevance=min_relevance).filter(split)
     name, path = resolve_corpus(name, path)
     if name not in QUERY_SETS:
         hint = f"; load_title_queries({name!r}) gives its title queries" if name in TITLE_CORPORA else ""

@@ -363,11 +363,19 @@ def _column(values, what: str, n: int, optional: bool = False) -> list | None:
     return out
 
 
+ID_FIELDS = ("_id", "id", "doc_id")  # a document's id field or column, the first present (BEIR's first)
+
+
+def _label(x) -> str:
+    """A label as a string: an integral float (pandas' int column with a gap) as the integer."""
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
 def _id_column(cols: list[str], id_column: str | None, who: str, option: str) -> str | None:
     if id_column is None:
         return None
     if id_column == "auto":
-        return next((c for c in ("doc_id", "_id", "id") if c in cols), None)
+        return next((c for c in ID_FIELDS if c in cols), None)
     if id_column not in cols:
         raise DataError(f"{who}: no id column {id_column!r} (columns: {', '.join(cols)}); pass {option}=<column>, "
                         "or None to number the rows")
@@ -570,7 +578,8 @@ class Corpus:
                     name: str = "dataframe") -> "Corpus":
         """A Corpus from a ``pandas.DataFrame``: one row per document.
 
-        ``id_column``: ``auto`` = the first of ``doc_id``, ``_id``, ``id`` among the columns, else the DataFrame's
+        ``id_column``: ``auto`` = the first of ``_id``, ``id``, ``doc_id`` among the columns (as a file's reader
+        takes them), else the DataFrame's
         index; None = the index. ``title_column`` and ``label_column`` are used where the column exists (None: never).
         """
         if not (hasattr(df, "columns") and hasattr(df, "index") and hasattr(df, "__getitem__")):
@@ -588,7 +597,7 @@ class Corpus:
                      text_column: str = "text", title_column: str | None = "title",
                      label_column: str | None = "label") -> "Corpus":
         """A Corpus from a ``datasets.Dataset``, one row per document: columns as in :meth:`from_pandas`
-        (``auto`` id: ``doc_id``, ``_id`` or ``id``; None: the row numbers)."""
+        (``auto`` id: ``_id``, ``id`` or ``doc_id``; None: the row numbers)."""
         if not hasattr(ds, "column_names"):
             raise TypeError(f"from_dataset: ds is a {type(ds).__name__}; pass a datasets.Dataset (or use "
                             "Corpus.from_pandas for a DataFrame, Corpus.from_texts for a list of strings)")
@@ -608,13 +617,16 @@ class Corpus:
             return [None if v is None or v != v else v for v in get(col)] if col and col in cols else None
 
         titles, labels = optional(title_column), optional(label_column)
+        if titles is not None:  # stripped, as a file's reader strips them: the same rows, the same corpus
+            titles = [None if t is None else str(t).strip() or None for t in titles]
         if titles is not None and all(t is None for t in titles):
             titles = None
         if labels is not None and all(lab is None for lab in labels):
             labels = None
         texts = _strings(get(text_column), f"{who}: column {text_column!r}", "strings (one document text each)")
+        # a label missing in some rows is refused by the table; 1.0 (a float column with a gap) is the label 1
         return cls._checked(name, _id_strings(ids, f"{who}: id column"), texts, titles,
-                            None if labels is None else [str(x) for x in labels], info)
+                            None if labels is None else [None if x is None else _label(x) for x in labels], info)
 
     @classmethod
     def _checked(cls, name, ids, texts, titles, labels, info) -> "Corpus":

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from gdr.data.beir import SPLIT_ORDER, available_splits, read_qrels, read_query_texts
-from gdr.data.core import Corpus, DataError, DocTable, QuerySet, id_value_problem, iter_lines, require_file
+from gdr.data.core import ID_FIELDS, Corpus, DataError, DocTable, QuerySet, id_value_problem, iter_lines, require_file
 from gdr.data.options import QUERY_TOPIC_FIELDS, DataOptions
 from gdr.data.trec import format_hint, read_trec_topics, sniff
 
@@ -31,7 +31,6 @@ __all__ = ["DOC_FORMATS", "file_format", "load_docs_file", "load_file_queries", 
 log = logging.getLogger(__name__)
 
 DOC_FORMATS = ("jsonl", "tsv")
-ID_FIELDS = ("_id", "id", "doc_id")
 QUERY_ID_FIELDS = ("_id", "id", "qid", "query_id")
 
 
