@@ -2,6 +2,7 @@
 Lite, NQ320K), a BEIR round trip, and one error message per kind of bad input."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -595,3 +596,28 @@ def test_a_dataframe_gives_the_corpus_its_records_give_as_a_file(tmp_path):
     with pytest.raises(DataError, match=r"document '2' has no label while others do"):
         Corpus.from_pandas(gap)
     assert Corpus.from_pandas(gap.dropna()).labels == ["1", "2"]
+
+
+def test_a_byte_order_mark_or_a_gzip_without_its_suffix_reads_as_the_plain_file(tmp_path):
+    """An editor's UTF-8 byte-order mark opening a BEIR folder's files or a TREC file (which a folder then left out
+    as "no TREC SGML"), and a gzip file named .jsonl: each read as the plain file is. A score of 0.7 is refused,
+    not read as a non-relevant 0."""
+    bom = "\ufeff"
+    b = tmp_path / "b"
+    (b / "qrels").mkdir(parents=True)
+    records = '{"_id": "d1", "text": "alpha beta"}\n{"_id": "d2", "text": "gamma"}\n'
+    (b / "corpus.jsonl").write_text(bom + records, encoding="utf-8")
+    (b / "queries.jsonl").write_text(bom + '{"_id": "q1", "text": "alpha"}\n', encoding="utf-8")
+    (b / "qrels" / "test.tsv").write_text(bom + "query-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
+    assert load_corpus("beir", path=b).doc_ids == ["d1", "d2"]
+    assert load_queries(str(b)).relevant == [["d1"]]
+    trec = tmp_path / "trec"
+    trec.mkdir()
+    (trec / "x.sgml").write_text(bom + "<DOC><DOCNO>B1</DOCNO><TEXT>hello world</TEXT></DOC>\n", encoding="utf-8")
+    (trec / "y.sgml").write_text("<DOC><DOCNO>B2</DOCNO><TEXT>bye world</TEXT></DOC>\n", encoding="utf-8")
+    assert load_corpus("trec", path=trec).doc_ids == ["B1", "B2"]
+    (tmp_path / "zipped.jsonl").write_bytes(gzip.compress(records.encode()))
+    assert load_corpus("jsonl", path=tmp_path / "zipped.jsonl").doc_ids == ["d1", "d2"]
+    (b / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t0.7\n")
+    with pytest.raises(DataError, match=r"test.tsv:2: score '0.7' is not an integer grade"):
+        load_queries(str(b))

@@ -289,10 +289,14 @@ def _qrels_row(form: str, line: str, file: Path, lineno: int) -> tuple[str, str,
                             f"score) as on the first line, got {len(parts)}; fix that line")
         qid, did, score_s = (p.strip() for p in parts)
     try:
-        return qid, did, int(float(score_s))
+        score = float(score_s)
     except ValueError:
         hint = " (the first line must be the header 'query-id<TAB>corpus-id<TAB>score')" if lineno == 1 else ""
         raise DataError(f"{file}:{lineno}: score {score_s!r} is not a number{hint}; fix that line") from None
+    if not score.is_integer():  # int() would make 0.7 a 0, a relevant judgement read as non-relevant
+        raise DataError(f"{file}:{lineno}: score {score_s!r} is not an integer grade; qrels grade relevance in "
+                        "integers (0 non-relevant, 1 relevant, 2 ...): fix that line")
+    return qid, did, int(score)
 
 
 def _one_line(s: str, what: str) -> str:

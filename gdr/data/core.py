@@ -138,14 +138,20 @@ def require_dir(path: str | os.PathLike, what: str, fix: str = "") -> Path:
 
 # ---------------------------------------------------------------------------- readers
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of a gzip file
+BOM = "\ufeff"  # a byte-order mark, as some editors (and Excel) open a UTF-8 file
+
+
 def iter_lines(path: str | os.PathLike, encoding: str = DataOptions.encoding) -> Iterator[tuple[int, str]]:
-    """Yield ``(lineno, line)`` (1-based, line ending stripped); ``.gz`` files are read transparently.
+    """Yield ``(lineno, line)`` (1-based, line ending stripped); a gzip file (by its first bytes, whatever its
+    name) is read transparently, and a byte-order mark opening the file is dropped.
 
     Each line is decoded strictly, so undecodable bytes raise a :class:`DataError`
     naming the file, line and column instead of turning into replacement characters.
     """
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
+    with open(path, "rb") as f:
+        opener = gzip.open if f.read(2) == GZIP_MAGIC else open
     with opener(path, "rb") as f:
         for lineno, raw in enumerate(checked_lines(f, path), 1):
             try:
@@ -156,7 +162,7 @@ def iter_lines(path: str | os.PathLike, encoding: str = DataOptions.encoding) ->
                     f"valid {encoding}; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`) "
                     "or fix that line"
                 ) from None
-            yield lineno, line.rstrip("\r\n")
+            yield lineno, (line.removeprefix(BOM) if lineno == 1 else line).rstrip("\r\n")
 
 
 def gzip_damage(path: Path, line: int, error: Exception) -> DataError:

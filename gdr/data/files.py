@@ -53,11 +53,10 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
             continue
         cols = line.split("\t")
         if header is None:
-            if line.lstrip("\ufeff \t").startswith("{"):
+            if line.lstrip(" \t").startswith("{"):
                 raise DataError(f"{path}:{lineno}: a JSON object where a .tsv file has its header line: the file is "
                                 f"JSON Lines; load it with data=jsonl")
             header = [c.strip() for c in cols]
-            header[0] = header[0].removeprefix("\ufeff")  # the byte order mark of a spreadsheet's "UTF-8" export
             continue
         if len(cols) != len(header):
             raise DataError(f"{path}:{lineno}: {len(cols)} tab-separated columns, the header line has {len(header)} "

@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from gdr.data.core import DataError, DocTable, gzip_damage, normalize_space
+from gdr.data.core import BOM, GZIP_MAGIC, DataError, DocTable, gzip_damage, normalize_space
 from gdr.data.options import QUERY_TOPIC_FIELDS, TEXT_FIELDS, TITLE_FIELDS, DataOptions
 
 __all__ = ["TEXT_FIELDS", "TITLE_FIELDS", "TOPIC_FIELDS", "sniff", "is_trec_folder", "load_trec", "read_trec_topics",
@@ -73,7 +73,7 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
 def _read(path: Path, encoding: str) -> str:
     """The whole text of ``path`` (gzip by its magic bytes), decoded strictly: a bad byte names its line."""
     raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
+    if raw[:2] == GZIP_MAGIC:
         raw = _gunzip(raw, path)
     try:
         return raw.decode(encoding)
@@ -90,12 +90,12 @@ def _head(path: Path) -> str:
             raw = f.read(_SNIFF_BYTES)
     except OSError:
         return ""
-    if raw[:2] == b"\x1f\x8b":  # what the start decompresses to, even where the archive is cut short later
+    if raw[:2] == GZIP_MAGIC:  # what the start decompresses to, even where the archive is cut short later
         try:
             raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, _SNIFF_BYTES)
         except zlib.error:
             return ""
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace").removeprefix(BOM)  # a byte-order mark is no content
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
@@ -153,7 +153,7 @@ def trec_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Pa
     files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
     docs = [f for f in files if sniff(f) == "trec-docs"]
     for f in files:  # a damaged archive is refused, not left out as if it held something else
-        if f not in docs and f.read_bytes()[:2] == b"\x1f\x8b":
+        if f not in docs and f.read_bytes()[:2] == GZIP_MAGIC:
             _gunzip(f.read_bytes(), f)
     if not docs:
         raise DataError(f"{p}: no file in this folder starts with <DOC>; pass the folder or file of TREC SGML "
