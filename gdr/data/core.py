@@ -662,7 +662,7 @@ class QuerySet:
     splits : list[str] of length n_queries
         ``"train"``, ``"dev"``, ``"test"``, ...
     grades : list[list[int]] aligned with ``relevant``, or None
-        The source's relevance code for each relevant doc (Cranfield: 1 = most relevant ... 4).
+        The grade of each relevant doc, higher more relevant (Cranfield: 5 - its code, 4 = most relevant).
     info : dict
         What the loader did (``source``, ``filtered``, ...).
     """
