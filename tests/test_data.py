@@ -346,8 +346,12 @@ def test_beir_on_empty_options(tmp_path):
         ('{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n', None,
          r"queries\.jsonl:2: duplicate query _id 'q1' \(first on line 1\)"),
         ('{"_id": "q1", "text": ""}\n', None, r"queries\.jsonl:1: query 'q1' has empty text"),
+        ('{"_id": "q1", "query": "a"}\n', None, r"queries\.jsonl:1: query 'q1' has no 'text' field \(fields: _id, "
+                                                r"query\); name its text field 'text'"),
+        (None, "query-id\tcorpus-id\tscore\nq1\td1\t0.5\n", r"test\.tsv:2: score '0.5' is not an integer grade"),
     ],
-    ids=["unknown-doc", "unknown-query", "columns", "double-judgement", "bad-header", "duplicate-query", "empty-query"],
+    ids=["unknown-doc", "unknown-query", "columns", "double-judgement", "bad-header", "duplicate-query", "empty-query",
+         "no-text-field", "fractional-score"],
 )
 def test_beir_bad_queries(tmp_path, queries, qrels, pattern):
     kw = {k: v for k, v in {"queries": queries, "qrels": qrels}.items() if v is not None}

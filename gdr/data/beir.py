@@ -170,6 +170,9 @@ def read_query_texts(qfile: Path, rows: Iterable[tuple[int, dict]], id_key: str,
         if qid in query_text:
             raise DataError(f"{qfile}:{lineno}: duplicate query {id_key} {qid!r} (first on line {query_line[qid]}); "
                             f"give each query a unique {id_key}")
+        if text_key not in row:
+            raise DataError(f"{qfile}:{lineno}: query {qid!r} has no {text_key!r} field (fields: "
+                            f"{', '.join(map(str, row))}); name its text field {text_key!r}")
         text = _str_field(row, text_key, qfile, lineno)
         if not text.strip():
             raise DataError(f"{qfile}:{lineno}: query {qid!r} has empty text; fill it in or delete the record")

@@ -64,8 +64,9 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
         yield lineno, dict(zip(header, cols))
 
 
-def _pick(first: dict, wanted: str, choices: Sequence[str], path: Path, lineno: int, option: str) -> str:
-    """The field name ``wanted`` (``auto``: the first of ``choices`` in the first record)."""
+def _pick(first: dict, wanted: str, choices: Sequence[str], path: Path, lineno: int, option: str | None) -> str:
+    """The field name ``wanted`` (``auto``: the first of ``choices`` in the first record); ``option``: the setting
+    that names another, None where there is none (the queries' id: rename the field)."""
     if wanted != "auto":
         if wanted not in first:
             raise DataError(f"{path}:{lineno}: no field {wanted!r} (fields: {', '.join(map(str, first))}); "
@@ -73,8 +74,9 @@ def _pick(first: dict, wanted: str, choices: Sequence[str], path: Path, lineno: 
         return wanted
     found = next((c for c in choices if c in first), None)
     if found is None:
+        fix = f"name yours with {option}=<field>" if option else f"name the id field one of {', '.join(choices)}"
         raise DataError(f"{path}:{lineno}: no id field ({', '.join(choices)}; fields: {', '.join(map(str, first))}); "
-                        f"name yours with {option}=<field>")
+                        f"{fix}")
     return found
 
 
@@ -160,7 +162,6 @@ def load_file_queries(queries: str | os.PathLike, qrels: str | os.PathLike, *, s
         id_key = "_id"
     else:
         rows = list(_records(qfile, fmt))
-        id_key = (_pick(rows[0][1], "auto", QUERY_ID_FIELDS, qfile, rows[0][0], "the queries' id field") if rows
-                  else "_id")
+        id_key = (_pick(rows[0][1], "auto", QUERY_ID_FIELDS, qfile, rows[0][0], None) if rows else "_id")
     return read_qrels(read_query_texts(qfile, rows, id_key), qfile, files, set(doc_ids), name, str(qfile),
                       min_relevance, drop_unknown)
