@@ -96,6 +96,22 @@ def test_a_run_shorter_than_its_first_validation_validates_once_and_exits_0(toy,
     assert "optim.warmup_steps: 4000 warmup steps" in logs and "warming up over the first 0 steps" in logs
 
 
+def test_a_rerun_with_more_steps_that_starts_afresh_exports_its_own_weights(toy, tmp_path):
+    """3 steps validated once at the end, no validation due within fit and no last.ckpt left, then the same folder
+    with max_steps=4: the second training starts afresh and must export its own weights, validated at its end, not
+    the first's best checkpoint (it exported that one, with no score and an empty learning curve)."""
+    out = tmp_path / "run"
+    rare = ("trainer.check_val_every_n_epoch=50", "trainer.max_epochs=100", "trainer.num_sanity_val_steps=0")
+    assert main(_args(toy, out, *rare)) == 0
+    first = (out / "model" / "model.pt").read_bytes()
+    assert main(_args(toy, out, *rare, "trainer.max_steps=4")) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["global_step"] == 4 and man["best_val_recall1"] is not None
+    assert Path(man["best_checkpoint"]).name.endswith("-4.ckpt"), man["best_checkpoint"]
+    assert [s for s, _ in json.loads((out / "curve.json").read_text())] == [4]
+    assert (out / "model" / "model.pt").read_bytes() != first
+
+
 def test_the_best_checkpoint_is_printed_and_stored_under_the_metric_that_picked_it(toy, tmp_path, capsys):
     """`gdr train trainer.monitor=val/mrr` prints `best val/mrr: <its value>` and its manifest keeps that value as
     `best_val_score` of `best_val_metric: val/mrr`, never as a recall@1; a rerun reusing the training says the

@@ -528,6 +528,9 @@ def train(
     module = _build_module(data, run, t, seed)
     trainer, best_ckpt, recorder = _build_trainer(out, t, run, data, callbacks)
     ckpt_path = _resume(trainer, module, dm, t, ckpt_dir, len(data.examples.train), run.batch_size)
+    if ckpt_path is None and trainer.is_global_zero:  # a fresh start: a best checkpoint here is another training's
+        for stale in ckpt_dir.glob("best-*.ckpt"):
+            stale.unlink()
     for logger in trainer.loggers:
         if isinstance(logger, TrainingCSVLogger):  # rows up to the resume point kept, later ones logged again
             logger.resume_step = checkpoint_step(Path(ckpt_path)) if ckpt_path else None
