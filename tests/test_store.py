@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tiny_models import DOCS, QUERIES, tiny_llama
 
+from gdr.cli import main
 from gdr.formats import FORMAT, FormatError
 from gdr.stages.sample import sample_run
 from gdr.stages.score import score_run
@@ -56,14 +57,19 @@ def test_float16_storage(lm, tmp_path):
     np.testing.assert_allclose(run.logp.astype(np.float32), lm.score(DOCS, QUERIES, progress=False), rtol=2e-3)
 
 
-def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path):
+def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path, capsys):
     ref = tmp_path / "ref"
     score_run(lm, DOCS, DOC_IDS, QUERIES, ref, shard_size=2, progress=False)
     part = tmp_path / "part"
     score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False, max_shards=2)
     assert json.loads((part / "P.manifest.json").read_text())["status"] == "partial"
-    with pytest.raises(RuntimeError, match="partial"):
+    with pytest.raises(ValueError, match=r"P.npy is partial, not finished: rerun the `gdr score` command that wrote "
+                                         r"it, with its settings, to finish it"):  # no score.config.yaml to rebuild
         load_run(part)
+    capsys.readouterr()
+    assert main(["index", "method=gc", f"run={part}", "n_clusters=2", "leaf_size=2", f"out={tmp_path / 'ix'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is partial, not finished" in err[0], err  # one line, no traceback
     with _scored_batches(lm) as calls:
         score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False)
     assert sum(calls) == len(DOCS) - 4  # finished shards were not redone

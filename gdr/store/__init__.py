@@ -457,7 +457,9 @@ def load_run(out_dir: str | os.PathLike, require_complete: bool = True, require_
         raise FileNotFoundError(f"P-matrix run folder {out} does not exist; pass run=<folder of `gdr score`>")
     man = man or {}
     if require_complete and man.get("status", "complete") != "complete":
-        raise RuntimeError(f"{out / P_FILE} is {man.get('status')}: rerun `{RerunCommand('score', out)}` to finish it")
+        how = RerunCommand("score", out, "rerun `{}` to finish it", fallback="rerun the `gdr score` command that "
+                           "wrote it, with its settings, to finish it")
+        raise ValueError(f"{out / P_FILE} is {man.get('status')}, not finished: {how}")
     if "shape" in man:
         check_p(out, man)  # header, size and checksum
     pm = PMatrix(out / P_FILE)
