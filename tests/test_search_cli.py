@@ -30,6 +30,8 @@ def test_search_refuses_what_it_cannot_read_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == "gdr search: error: unknown option --top; see gdr search --help"
     assert main(["search", "run_dir=x"]) == 2  # no query: the usage
     assert capsys.readouterr().err.startswith("usage: gdr search")
+    assert main(["search", "a query", "  ", "run_dir=x"]) == 2  # a blank query: searched, it ranked anything
+    assert capsys.readouterr().err.strip() == "gdr search: error: query 2 is empty; pass the text to search for"
 
 
 def test_the_api_loads_a_model_without_transformers_bars(llama_path, capfd):

@@ -100,6 +100,9 @@ def search_main(argv: list[str]) -> int:
     if not queries:
         parser().print_usage(sys.stderr)
         return 2
+    blank = next((i for i, q in enumerate(queries) if not q.strip()), None)
+    if blank is not None:
+        raise SystemExit(f"gdr search: query {blank + 1} is empty; pass the text to search for")
     keys = override_keys(overrides)
     data = [a for a, key in zip(overrides, keys) if in_section(key, "data")]
     cfg = load_config("evaluate", [a for a in overrides if a not in data])
