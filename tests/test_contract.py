@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
 import math
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -794,3 +796,22 @@ def test_gdr_run_says_an_unknown_key_or_experiment_in_the_commands_one_line(tmp_
     with pytest.raises(ConfigError, match=r"Could not find 'experiment/nosuch'; Available options in 'experiment': "):
         gdr.run({"out": str(tmp_path / "out")}, experiment="nosuch")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_retriever_is_evaluated_only_on_the_corpus_it_was_trained_on(tiny_run, tmp_path, capsys):
+    """`gdr evaluate` of a run's retriever with a part of its corpus (data.n_docs=20: 10 of its docids name no
+    document) or the same ids with an edited text: one line each, naming what it was trained on (it warned and
+    scored 0, or said nothing)."""
+    train = next(tiny_run.out.glob("train-gc-s0-*"))
+    edited = tmp_path / "edited"
+    shutil.copytree(tiny_run.folder, edited)
+    lines = (edited / "corpus.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({**first, "text": first["text"] + " edited"})
+    (edited / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    for data in ([f"data.name={tiny_run.folder}", "data.n_docs=20"], [f"data.name={edited}"]):
+        capsys.readouterr()
+        assert main(["evaluate", f"run_dir={train}", *data, "k=10", "beam=10", f"out_dir={tmp_path / 'ev'}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "its retriever was trained on toy, 30 documents; corpus" in err[0], err
+        assert not (tmp_path / "ev" / "metrics.json").exists()  # nothing scored

@@ -2,11 +2,13 @@
 named at the depth it was measured at (``k``: the results per query)."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Sequence
 
+from gdr.data.core import DataError
 from gdr.data.options import DataOptions
 from gdr.eval.bm25 import bm25_run
 from gdr.eval.retrieval import (
@@ -26,6 +28,7 @@ from gdr.io import atomic_write_json, atomic_write_text, hash_strings, recorded_
 from gdr.models import model_digest
 from gdr.stages.command_keys import EvaluateQueries
 from gdr.stages.settings import EvaluateSettings
+from gdr.stages.train import TRAINED_ON
 from gdr.training.search import Retriever
 
 log = logging.getLogger(__name__)
@@ -57,12 +60,26 @@ def evaluate_model(run_dir: str | Path, corpus, queries, out: str | Path, settin
     trained on, allowed by the caller (``--allow-train-split``): ``metrics.json`` and ``metrics.md`` say so. Returns
     (the ``metrics.json`` content, its markdown table)."""
     c = settings.to_dict()
+    _check_trained_corpus(Path(run_dir), corpus)
     if queries is None or len(queries) == 0:
         raise ValueError("no queries with relevant documents in this corpus to evaluate on")
     qs, unknown = queries.scored_split(corpus, split, drop_unknown_qrels)
     with holding(out, "out_dir"):  # one writer per folder, as with `gdr evaluate`
         identity = _claim_evaluation_folder(Path(out), _identity(run_dir, corpus, qs, split, c))
         return _evaluate_model(run_dir, corpus, qs, Path(out), c, split, unknown, on_train_split, identity)
+
+
+def _check_trained_corpus(run_dir: Path, corpus) -> None:
+    """Refuse a corpus other than the one the retriever in ``run_dir`` was trained on (its ids and texts, as
+    ``trained_on.json`` hashes them): its docids name those documents, so scores on another corpus mean nothing."""
+    path = run_dir / TRAINED_ON
+    if not path.is_file():  # a retriever of format 0: its docids are checked against the corpus at load
+        return
+    was = (json.loads(path.read_text(encoding="utf-8")).get("inputs") or {}).get("corpus") or {}
+    if was.get("hash") and was["hash"] != hash_strings([*corpus.doc_ids, "\0", *corpus.model_inputs()]):
+        raise DataError(f"run_dir={run_dir}: its retriever was trained on {was.get('what')}; corpus {corpus.name!r} "
+                        f"({len(corpus)} documents) is another, or holds other texts: pass the corpus it was trained "
+                        "on (the same data settings, e.g. data.n_docs, data.drop_title)")
 
 
 def _identity(run_dir, corpus, qs, split: str, c: dict) -> dict:
@@ -93,7 +110,8 @@ def _evaluate_model(run_dir, corpus, qs, out: Path, c: dict, split: str, unknown
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
     foreign = set(retriever.doc_ids.tolist()) - set(corpus.doc_ids)
     if foreign:
-        log.warning("%d docids of the model are not in this corpus (e.g. %s)", len(foreign), next(iter(foreign)))
+        raise DataError(f"run_dir={run_dir}: {len(foreign)} docids of the retriever name documents this corpus does "
+                        f"not hold (e.g. {sorted(foreign)[0]!r}): pass the corpus it was trained on")
     t1 = time.time()
     run, metrics, first = evaluate_retriever(retriever, qs.qids, qs.texts, qrels, k=c["k"], beam=c["beam"])
     search_s = time.time() - t1
