@@ -476,6 +476,10 @@ def test_an_index_folder_of_other_inputs_or_grown_by_an_add_is_refused(planted, 
     build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=run)  # as it was
     with pytest.raises(FileExistsError, match=r"holds an index of other inputs or settings \(leaf_size \(4 -> 5\)\)"):
         build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 5, **gc}), out, run=run)
+    # a key of a nested section is named with its values, not the section dumped whole
+    with pytest.raises(FileExistsError, match=r"settings \(gc.alpha \(0.25 -> 0.5\)\); pass another out="):
+        build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4,
+                                               "gc": {**gc["gc"], "alpha": 0.5}}), out, run=run)
     with pytest.raises(FileExistsError, match="holds a gc index, not a random one"):
         build_index(IndexSettings.from_config({"method": "random", "n_clusters": 4, "leaf_size": 4}), out, run=run)
     other = write_run(tmp_path / "other", x[100:150])

@@ -29,6 +29,7 @@ from gdr.indexing.kmeans import (
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
 from gdr.io import hash_strings, read_jsonl, recorded_identity, write_manifest
+from gdr.rerun import flat_leaves
 from gdr.stages.settings import IndexSettings, index_key_values, index_keys
 from gdr.store import load_run
 
@@ -263,8 +264,8 @@ def _claim_index_folder(out: Path, identity: dict) -> dict:
         raise FileExistsError(f"{out}: holds a {was.get('method')} index, not a {identity['method']} one; pass another "
                               f"out=, or delete {out} to build this one there")
     if was != identity:
-        flat = {**{k: v for k, v in was.items() if k != "settings"}, **(was.get("settings") or {})}
-        now = {**{k: v for k, v in identity.items() if k != "settings"}, **identity["settings"]}
+        flat = {**{k: v for k, v in was.items() if k != "settings"}, **flat_leaves(was.get("settings") or {})}
+        now = {**{k: v for k, v in identity.items() if k != "settings"}, **flat_leaves(identity["settings"])}
         changed = ", ".join(k if k in _INPUTS else f"{k} ({flat.get(k)!r} -> {now.get(k)!r})"
                             for k in sorted(set(flat) | set(now)) if flat.get(k) != now.get(k))
         raise FileExistsError(f"{out}: holds an index of other inputs or settings ({changed}); pass another out=, "
