@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,7 @@ def test_example_runs_at_tiny_sizes(setup, tmp_path):
     assert "LOAD REPORT" not in p.stderr and "faiss.loader" not in p.stderr and "Tip:" not in p.stderr
 
 
-def test_sample_and_cluster_commands_call_the_stages(setup, tmp_path, capsys):
+def test_sample_and_cluster_commands_call_the_stages(setup, tmp_path, capsys, caplog):
     """`gdr sample` (J queries, and per_doc) and `gdr cluster` end to end on the tiny LM: the command layer
     composes the settings the stages take, and the API's score gives the same P as the command."""
     root, folder = setup
@@ -113,6 +114,12 @@ def test_sample_and_cluster_commands_call_the_stages(setup, tmp_path, capsys):
     labels = (tmp_path / "c" / "labels.tsv").read_text().splitlines()
     assert len(labels) == 30 and {x.split("\t")[1] for x in labels} <= {"0", "1", "2"}
     assert (tmp_path / "c" / "cluster.config.yaml").is_file()
+    # again with K = 2 in the same folder: P is reused, the clustering replaced, and a line says what changed
+    with caplog.at_level(logging.WARNING, logger="gdr.cli.commands.cluster"):
+        assert main(["cluster", *common, "cluster.n_clusters=2", "cluster.baselines=[logp]", "cluster.repeats=1",
+                     "cluster.n_init=1", f"out={tmp_path / 'c'}"]) == 0
+    assert "replacing the clustering of other settings (cluster.n_clusters (3 -> 2))" in caplog.text
+    assert {x.split("\t")[1] for x in (tmp_path / "c" / "labels.tsv").read_text().splitlines()} <= {"0", "1"}
 
     corpus = gdr.load_corpus(str(folder))
     p = gdr.score(corpus, gdr.LMSettings(name=str(root / "tiny-llama"), max_doc_tokens=24, threads=1),

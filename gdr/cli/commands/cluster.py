@@ -5,17 +5,36 @@ then clusters and evaluates it (:func:`gdr.stages.cluster.cluster_run`) into the
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from gdr.cli.common import compose, lm_settings, section
 from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
+from gdr.rerun import flat_leaves
 from gdr.stages.cluster import cluster_run
 from gdr.stages.sample import sample_queries
 from gdr.stages.score import queries_of_run, score_queries
 from gdr.stages.settings import ClusterSettings, SampleSettings, ScoreSettings
 from gdr.store import load_run, score_folder
 from gdr.validate import check_corpus
+
+log = logging.getLogger(__name__)
+
+
+def _say_replaced(saved: Path, now: dict) -> None:
+    """A clustering of other settings in the folder is replaced (its P is reused): said, naming what changed."""
+    if not saved.is_file():
+        return
+    was = flat_leaves(to_container(OmegaConf.load(saved)).get("cluster") or {})
+    now = flat_leaves(now)
+    changed = [f"cluster.{k} ({was.get(k)!r} -> {now.get(k)!r})" for k in sorted(set(was) | set(now))
+               if was.get(k) != now.get(k)]
+    if changed:
+        log.warning("%s: replacing the clustering of other settings (%s); P and its queries are reused",
+                    saved.parent, ", ".join(changed))
 
 
 def cluster_main(argv: list[str]) -> int:
@@ -26,6 +45,8 @@ def cluster_main(argv: list[str]) -> int:
     if corpus.labels is None and c.n_clusters is None:
         raise SystemExit(f"corpus {corpus.name!r} has no labels: set cluster.n_clusters=K")
     check_corpus("cluster", cfg, corpus)  # before sampling and scoring, naming the full key
+    suffix = f".{'-'.join(c.restrict_labels)}" if c.restrict_labels else ""
+    _say_replaced(out / f"cluster{suffix}.config.yaml", section(cfg, "cluster"))
     out.mkdir(parents=True, exist_ok=True)
     lm = lm_settings(cfg).build()
     # an older run's unchanged queries and P entries (gdr score's reuse_from, else queries_from's run)
@@ -40,7 +61,6 @@ def cluster_main(argv: list[str]) -> int:
                   reuse_from=reuse)
     del lm
     result, table = cluster_run(corpus, load_run(out), out, c, device=str(cfg.device))
-    suffix = f".{'-'.join(c.restrict_labels)}" if c.restrict_labels else ""
     save_config(cfg, out, f"cluster{suffix}.config.yaml")
     print()
     if result["labels"] is not None:
