@@ -103,7 +103,7 @@ def test_an_unfinished_p_matrix(scored, tmp_path, require_manifest):
     man = json.loads((out / "P.manifest.json").read_text())
     man["status"] = "running"
     (out / "P.manifest.json").write_text(json.dumps(man))
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ValueError) as e:
         load_run(out, require_manifest=require_manifest)
     _run_advised(str(e.value))
     assert np.array_equal(load_run(out).logp, np.load(scored[0] / "P.npy"))

@@ -275,7 +275,7 @@ def test_conf_data_composes(name):
     # every key is a load_corpus keyword, so corpus_from_config can pass them through (but the query files of a
     # file of documents, which the query side reads)
     files = name in ("jsonl", "tsv", "trec", "irds")
-    query_side = set(QUERY_KEYS) if files else {"drop_unknown_qrels"} if name == "beir" else set()
+    query_side = set(QUERY_KEYS) if files else {"drop_unknown_qrels", "min_relevance"} if name == "beir" else set()
     query_side |= {"id"} if name == "irds" else set()  # data.id: corpus_from_config makes it the name irds:<id>
     assert set(data) - {"name"} <= set(inspect.signature(load_corpus).parameters) | query_side
     assert ("drop_title" in data) == (name in ("bbc", "cranfield", "r2", "r5", "reuters") or files)
