@@ -96,6 +96,10 @@ def test_a_spreadsheets_tsv_a_qrels_file_of_any_name_and_a_missing_file_of_docum
     with pytest.raises(ValueError, match=r"docs\.jsonl:1: a JSON object where a \.tsv file has its header line: the "
                                          r"file is JSON Lines; load it with data=jsonl"):
         load_docs_file(tmp_path / "docs.jsonl", fmt="tsv")
+    # a header naming a column twice: the last one of that name was read, silently
+    (tmp_path / "twice.tsv").write_text("id\ttext\ttext\nd1\tfirst\tsecond\n")
+    with pytest.raises(ValueError, match=r"twice\.tsv:1: the header names column 'text' twice"):
+        load_docs_file(tmp_path / "twice.tsv", fmt="tsv")
 
 
 def test_in_memory_corpora_from_texts_pandas_and_datasets():

@@ -794,6 +794,7 @@ def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, cap
     assert len(lines) == 20 * 10 and lines[0].split()[1] == "Q0"
     assert (ev / "qrels.txt").exists() and (ev / "metrics.md").exists() and (ev / "manifest.json").exists()
     assert "trained_on_this_split" not in m
+    assert f"results in {ev} (metrics.json" in capsys.readouterr().out  # where the files went, said
     # the same evaluation again is written over; one of other settings or queries into that folder is refused, and the
     # folder keeps its figures and its config
     assert main(["evaluate", *common, f"run_dir={run}", f"out_dir={ev}", "k=10", "beam=10"]) == 0

@@ -57,6 +57,10 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
                 raise DataError(f"{path}:{lineno}: a JSON object where a .tsv file has its header line: the file is "
                                 f"JSON Lines; load it with data=jsonl")
             header = [c.strip() for c in cols]
+            twice = next((c for i, c in enumerate(header) if c in header[:i]), None)
+            if twice is not None:  # dict(zip()) would keep the last column of that name, silently
+                raise DataError(f"{path}:{lineno}: the header names column {twice!r} twice; give each column its "
+                                "own name")
             continue
         if len(cols) != len(header):
             raise DataError(f"{path}:{lineno}: {len(cols)} tab-separated columns, the header line has {len(header)} "

@@ -29,4 +29,5 @@ def evaluate_main(argv: list[str]) -> int:
                                   split=c["queries"]["split"],
                                   on_train_split=allow and c["queries"]["split"] in trained_splits(c["run_dir"]))
     print(table, end="")
+    print(f"results in {out} (metrics.json, metrics.md, run.trec, qrels.txt)")
     return 0
