@@ -261,7 +261,7 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
     piece, n_max = int(piece_mib * _MIB), int(max_pieces)
     with holding(root, "RUN"):
         _refuse_another_runs_pack(out, root)  # every refusal that needs no packing comes before --prune drops files
-        _pack_files(root)
+        files = _pack_files(root)
         left = prunable(root)
         if left and not prune:
             size = sum(t.bytes for t in left)
@@ -272,7 +272,7 @@ def pack_run(run: str | os.PathLike, outdir: str | os.PathLike, *, prune: bool =
         pruned = prune_run(root)["pruned"] if left else []
         if pruned:
             log.info("gdr pack: pruned %d evaluated retrievers first (--prune)", len(pruned))
-        files = _pack_files(root)
+        files = [p for p in files if p.exists()]  # less the weight files pruning dropped
         total = sum(p.stat().st_size for p in files)
         new = out / NEW_PACK  # the pack is written here, and replaces an earlier one only once it is whole
         shutil.rmtree(new, ignore_errors=True)

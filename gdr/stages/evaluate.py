@@ -28,7 +28,7 @@ from gdr.io import atomic_write_json, atomic_write_text, hash_strings, recorded_
 from gdr.models import model_digest
 from gdr.stages.command_keys import EvaluateQueries
 from gdr.stages.settings import EvaluateSettings
-from gdr.stages.train import TRAINED_ON
+from gdr.stages.train import TRAINED_ON, corpus_hash
 from gdr.training.search import Retriever
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _check_trained_corpus(run_dir: Path, corpus) -> None:
     if not path.is_file():  # a retriever of format 0: its docids are checked against the corpus at load
         return
     was = (json.loads(path.read_text(encoding="utf-8")).get("inputs") or {}).get("corpus") or {}
-    if was.get("hash") and was["hash"] != hash_strings([*corpus.doc_ids, "\0", *corpus.model_inputs()]):
+    if was.get("hash") and was["hash"] != corpus_hash(corpus):
         raise DataError(f"run_dir={run_dir}: its retriever was trained on {was.get('what')}; corpus {corpus.name!r} "
                         f"({len(corpus)} documents) is another, or holds other texts: pass the corpus it was trained "
                         "on (the same data settings, e.g. data.n_docs, data.drop_title)")

@@ -62,7 +62,7 @@ from gdr.training.train import (
 log = logging.getLogger(__name__)
 
 __all__ = ["train_retriever", "train_retrievers", "retrievers_at_once", "resolve_run_batch", "training_device",
-           "training_numerics", "training_threads", "keyed_model",
+           "training_numerics", "training_threads", "keyed_model", "corpus_hash",
            "model_config_from", "read_checked_docids",
            "check_train_inputs", "trained_on", "check_trained_on", "TRAINED_ON", "trained_splits",
            "check_not_trained_on", "CURVE", "read_curve", "check_dev_apart", "retriever_folds", "retriever_name"]
@@ -128,6 +128,11 @@ def _align_docids(path: str, corpus_ids: list[str]) -> list[tuple[int, ...]]:
     return [by_id[d] for d in corpus_ids]
 
 
+def corpus_hash(corpus) -> str:
+    """The hash ``trained_on.json`` records of the documents a retriever was trained on: their ids and texts."""
+    return hash_strings([*corpus.doc_ids, "\0", *corpus.model_inputs()])
+
+
 def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], settings: TrainSettings, queries=None,
                generated: str | Path | None = None, dev=None) -> dict:
     """What a model trained on these inputs is trained on (``trained_on.json``): a hash and a description of each
@@ -140,7 +145,7 @@ def trained_on(corpus, docids: str | Path, codes: Sequence[Sequence[int]], setti
     inputs = {
         "docids": {"hash": hash_strings(f"{d}\t{format_code(x)}" for d, x in zip(corpus.doc_ids, codes)),
                    "what": str(docids)},
-        "corpus": {"hash": hash_strings([*corpus.doc_ids, "\0", *corpus.model_inputs()]),
+        "corpus": {"hash": corpus_hash(corpus),
                    "what": f"{corpus.name}, {len(corpus)} documents"},
         "queries": None if queries is None else {
             "hash": _queries_hash(queries),
