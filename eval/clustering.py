@@ -183,9 +183,9 @@ def repeated_best_of(fit_fn: Callable[[int], Any], y_true: Sequence, n_repeats: 
             if labels.shape != y_true.shape:
                 raise ValueError(f"fit_fn returned {labels.shape[0]} labels for {y_true.shape[0]} documents")
             dists[r, i] = dist
+            dist = np.inf if np.isnan(dist) else dist  # a failed run (NaN distortion) is never the best
             if dist < best or best_labels is None:
-                best_labels, best = labels, dist
-        selected[r] = int(np.argmin(dists[r]))
+                best_labels, best, selected[r] = labels, dist, i
         scores.append(clustering_scores(y_true, best_labels, percent=percent))
         if first_labels is None:
             first_labels = best_labels

@@ -25,7 +25,7 @@ corrected for multiple comparisons.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -87,7 +87,19 @@ def paired_test(a: np.ndarray, b: np.ndarray, n_resamples: int = 9999, seed: int
     b = np.ascontiguousarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired samples must be two 1-d arrays of the same length, got {a.shape} and {b.shape}")
+    _check_finite_values(a, "a")
+    _check_finite_values(b, "b")
     return _paired_test(a.tobytes(), b.tobytes(), n_resamples, seed, confidence)
+
+
+def _check_finite_values(x: np.ndarray, name: str) -> None:
+    """Refuse a NaN or an infinity among per-query values, naming where it sits: every comparison with it is false,
+    so a test would report a significant p-value for it."""
+    bad = np.argwhere(~np.isfinite(x))
+    if len(bad):
+        at = ", ".join(map(str, bad[0])) if x.ndim > 1 else str(bad[0][0])
+        raise ValueError(f"{name}[{at}] = {x[tuple(bad[0])]}: per-query values must be finite numbers ({len(bad)} "
+                         "are not); drop those queries from both systems, or score them (a miss is 0)")
 
 
 @functools.lru_cache(maxsize=256)  # a report's comparisons; 256 x 2 x 8 bytes x the queries at most
@@ -220,6 +232,15 @@ def find(comparisons: Sequence[Comparison | dict], a: str, b: str, metric: str) 
     return None
 
 
+def points(x: float, sign: bool = True) -> str:
+    """A difference in points at one decimal, or at two significant digits where one decimal would round it to 0
+    (an interval [+0.04, +0.06] excludes 0; ``[+0.0, +0.1]`` would seem not to)."""
+    text = f"{x:+.1f}" if sign else f"{x:.1f}"
+    if x != 0 and float(text) == 0:
+        text = f"{x:+.2g}" if sign else f"{x:.2g}"
+    return text
+
+
 def verdict(c: Comparison | dict | None, alpha: float = 0.05, names: Mapping[str, str] | None = None) -> str:
     """One sentence: whether ``a`` beats ``b`` on the metric (interval excluding 0 and p < alpha), or not."""
     if c is None:
@@ -228,8 +249,8 @@ def verdict(c: Comparison | dict | None, alpha: float = 0.05, names: Mapping[str
     names = names or {}
     a, b = names.get(c["a"], c["a"]), names.get(c["b"], c["b"])
     lo, hi = c["ci95"]
-    stats_txt = (f"{metric_name(c['metric'])} {c['diff']:+.1f} points over {c['n_queries']} queries, 95% CI "
-                 f"[{lo:+.1f}, {hi:+.1f}], paired permutation p = {c['p_value']:.3g}")
+    stats_txt = (f"{metric_name(c['metric'])} {points(c['diff'])} points over {c['n_queries']} queries, 95% CI "
+                 f"[{points(lo)}, {points(hi)}], paired permutation p = {c['p_value']:.3g}")
     if c["p_value"] < alpha and (lo > 0 or hi < 0):
         word = "beats" if c["diff"] > 0 else "is beaten by"
         return f"{a} {word} {b} at this size ({stats_txt})."
@@ -244,8 +265,8 @@ def comparison_table(comparisons: Sequence[Comparison | dict]) -> list[str]:
         c = c.to_dict() if isinstance(c, Comparison) else c
         lo, hi = c["ci95"]
         lines.append(f"| {c['a']} | {c['b']} | {metric_name(c['metric'])} | {c['n_queries']} | "
-                     f"{c.get('n_seeds_a', 1)} / {c.get('n_seeds_b', 1)} | {c['diff']:+.1f} | "
-                     f"[{lo:+.1f}, {hi:+.1f}] | {c['p_value']:.3g} |")
+                     f"{c.get('n_seeds_a', 1)} / {c.get('n_seeds_b', 1)} | {points(c['diff'])} | "
+                     f"[{points(lo)}, {points(hi)}] | {c['p_value']:.3g} |")
     return lines
 
 
@@ -367,6 +388,8 @@ def seed_query_test(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("a",
     (sa, n), sb = a.shape, b.shape[0]
     if n == 0:
         raise ValueError("no common queries to compare")
+    _check_finite_values(a, "a")
+    _check_finite_values(b, "b")
     d_q = a.mean(axis=0) - b.mean(axis=0)
     ma, mb = a.mean(axis=1), b.mean(axis=1)  # per-seed means
     var_q = float(d_q.var(ddof=1)) if n > 1 else 0.0
@@ -433,17 +456,35 @@ def primary_verdict(t: SeedQueryTest, margin: float, names: Mapping[str, str] | 
     names = names or {}
     a, b = names.get(t.a, t.a), names.get(t.b, t.b)
     lo, hi = t.ci95
-    what = (f"{metric_name(t.metric)} {a} - {b} {t.diff:+.1f} points, 95% interval over seeds and queries "
-            f"[{lo:+.1f}, {hi:+.1f}] ({t.n_seeds_a} / {t.n_seeds_b} seeds, {t.n_queries} queries; detectable "
-            f"difference {t.detectable:.1f})")
+    what = (f"{metric_name(t.metric)} {a} - {b} {points(t.diff)} points, 95% interval over seeds and queries "
+            f"[{points(lo)}, {points(hi)}] ({t.n_seeds_a} / {t.n_seeds_b} seeds, {t.n_queries} queries; detectable "
+            f"difference {points(t.detectable, sign=False)})")
     fewest = min_queries(confidence)
-    if t.n_queries < fewest or t.se == 0.0:
-        # an interval from a few queries, or from values that do not vary, claims more than any test could: sign
-        # flips of n queries reach no two-sided p below 2 ** (1 - n)
-        why = (f"{t.n_queries} test queries are too few for any test at this level (at least {fewest})"
-               if t.n_queries < fewest else "the per-query values do not vary, so their noise cannot be estimated")
-        return {"status": "undecided", "needed": {"seeds": None, "queries": max(fewest, t.n_queries + 1)},
-                "line": f"Undecided: {a} vs {b} ({what}); {why}: run more test queries or seeds."}
+    if t.n_queries < fewest:  # sign flips of n queries reach no two-sided p below 2 ** (1 - n)
+        return {"status": "undecided", "needed": {"seeds": None, "queries": fewest},
+                "line": f"Undecided: {a} vs {b} ({what}); {t.n_queries} test queries are too few for any test at "
+                        f"this level (at least {fewest}): run more test queries."}
+    single = [name for name, s in ((a, t.n_seeds_a), (b, t.n_seeds_b)) if s < 2]
+    if single:  # a seed variance of 0 is not a measured one: the interval would leave that noise out
+        pooled = max(t.var_seed_a, t.var_seed_b)  # the other scheme's, where it ran several seeds
+        goal = max(abs(t.diff), margin - abs(t.diff))
+        needed = (_needed(replace(t, var_seed_a=pooled, var_seed_b=pooled), goal, confidence) if pooled > 0
+                  else {"seeds": 2, "queries": None})
+        needed["seeds"] = max(needed["seeds"] or 2, 2)
+        return {"status": "undecided", "needed": needed,
+                "line": f"Undecided: {a} vs {b} ({what}); {' and '.join(single)} ran one seed, so the seed noise "
+                        f"that could flip this difference is not measured: run at least {needed['seeds']} seeds a "
+                        "scheme (the query-only test stands beside it)."}
+    if t.se == 0.0:  # the same difference on every query and seed: its sign flips reach p = 2 ** (1 - n)
+        if t.diff == 0.0:  # e.g. both miss every query: an interval of width 0 measures no noise
+            return {"status": "undecided", "needed": {"seeds": None, "queries": None},
+                    "line": f"Undecided: {a} vs {b} ({what}); the two schemes score alike on every query and seed, "
+                            "so the noise of their difference cannot be estimated: run test queries on which their "
+                            "values vary."}
+        word = "beats" if t.diff > 0 else "is beaten by"
+        return {"status": "decided", "needed": None,
+                "line": f"Decided: {a} {word} {b} ({what}; the same difference on every query and seed, sign-flip "
+                        f"p = {2.0 ** (1 - t.n_queries):.2g})."}
     if lo > 0 or hi < 0:
         word = "beats" if t.diff > 0 else "is beaten by"
         return {"status": "decided", "needed": None, "line": f"Decided: {a} {word} {b} ({what})."}

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from gdr import __version__
 from gdr.paths import checkout
+from gdr.rerun import flat_leaves
 
 __all__ = [
     "NoSpace",
@@ -183,26 +184,32 @@ _INPUT_WORDS = {"doc_ids_hash": "the documents (their ids)", "texts_hash": "the 
                 "queries_hash": "the queries' texts", "doc_texts_hash": "the documents' texts"}
 
 
-def what_differs(old: dict, new: dict, keys) -> str:
-    """The entries of ``keys`` in which manifest ``old`` and identity ``new`` differ, as a reader names them: an
-    input hash by what it hashes (``the documents' texts``), a setting with both values (``n_queries (8 -> 12)``),
-    a section such as ``lm`` by its own differing keys (``lm.max_doc_tokens (32 -> 64)``)."""
+def what_differs(old: dict, new: dict, keys=None, inputs: dict | None = None) -> str:
+    """The entries of ``keys`` (default: all of both) in which manifest ``old`` and identity ``new`` differ, as a
+    reader names them: an input hash by what it hashes (``the documents' texts``; ``inputs`` maps a key to those
+    words, else the manifests' hash keys are named), a setting with both values (``n_queries (8 -> 12)``), a nested
+    section by the full dotted name of each leaf that differs (``lm.prompt.prefix ('a' -> 'b')``)."""
     def short(v) -> str:
         text = repr(v)
         return text if len(text) <= 40 else text[:37] + "..."
 
+    def leaves(k: str, v, other) -> dict:  # a section flattened where both sides have one
+        return flat_leaves(v, f"{k}.") if isinstance(v, dict) and isinstance(other, dict) else {k: v}
+
+    words = _INPUT_WORDS if inputs is None else inputs
+    keys = sorted(set(old) | set(new)) if keys is None else list(keys)
+    new = json.loads(json.dumps({k: new.get(k) for k in keys}, default=str))
     out = []
     for k in keys:
-        a, b = old.get(k), json.loads(json.dumps(new.get(k)))
+        a, b = old.get(k), new[k]
         if a == b:
             continue
-        if k in _INPUT_WORDS:
-            out.append(_INPUT_WORDS[k])
-        elif isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{k}.{x} ({short(a.get(x))} -> {short(b.get(x))})" for x in sorted(set(a) | set(b))
-                    if a.get(x) != b.get(x)]
-        else:
-            out.append(f"{k} ({short(a)} -> {short(b)})")
+        if k in words:
+            out.append(words[k])
+            continue
+        la, lb = leaves(k, a, b), leaves(k, b, a)
+        out += [f"{x} ({short(la.get(x))} -> {short(lb.get(x))})" for x in sorted(set(la) | set(lb))
+                if la.get(x) != lb.get(x)]
     return ", ".join(out)
 
 

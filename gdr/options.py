@@ -25,7 +25,7 @@ class GCFitOptions:
     alpha: float | str = setting(0.25, "the weights' regularisation (Eq. ris / vmp; the paper uses 0.25); auto = the "
                                        "largest alpha whose weights keep a mean effective sample size of "
                                        "ess_target * J", effect="result",
-                                 rule=auto_or(number(0)),
+                                 rule=auto_or(number(0, 1)),
                                  rule_help="GC's regularisation; the paper uses 0.25; auto = by effective sample size")
     ess_target: float = setting(0.5, "alpha=auto: the mean ESS of the importance weights as a fraction of J",
                                 effect="result", rule=number(0, 1, hi_open=True),

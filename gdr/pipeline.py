@@ -71,6 +71,7 @@ import torch
 from omegaconf import DictConfig
 
 from gdr import signals
+from gdr.cluster import GC_KERNEL
 from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.data.splits import QuerySplits, check_query_splits
@@ -91,7 +92,7 @@ from gdr.io import (
 )
 from gdr.lm import PromptConfig
 from gdr.lm.compiling import release_compiled
-from gdr.lm.decode import SAMPLER_VERSION
+from gdr.lm.decode import PER_DOC_SAMPLER, SAMPLER_VERSION
 from gdr.lm.scoring import score_compute_dtype
 from gdr.models import ModelOptions, model_digest
 from gdr.rules import ConfigError
@@ -122,6 +123,7 @@ from gdr.stages.settings import (
     section_from,
 )
 from gdr.store import DOCQ_FILE, DOCQ_MANIFEST, P_MANIFEST, Q_FILE, Q_MANIFEST, load_run, read_queries
+from gdr.training.module import VAL_K, VALIDATION_SEARCH
 from gdr.training.qg import fine_tune_qg, pairs_loss
 from gdr.upgrade import upgrade_run
 from gdr.validate import check_corpus
@@ -760,7 +762,7 @@ def cluster_spec(run: RunContext) -> StageSpec | None:
 
     settings = _embed_by_digest({k: v for k, v in config_dict(cluster).items() if k != "enabled"})
     # P is keyed by the documents alone: the labels it is scored against key this stage
-    inputs = {"score": score.key, "labels": hash_strings(run.corpus.labels), "cluster": settings}
+    inputs = {"score": score.key, "labels": hash_strings(run.corpus.labels), "cluster": settings, "kernel": GC_KERNEL}
     return StageSpec("cluster", inputs, build, after=[score])
 
 
@@ -959,6 +961,8 @@ def index_spec(run: RunContext, method: str, seed: int | None = None) -> StageSp
     upstream = {"gc": score.key if score else None, "bmi": doc_q.key if doc_q else None}.get(method, "corpus")
     inputs = {"method": method, "corpus": run.corpus_sig, "upstream": upstream,
               "index": {k: _embed_by_digest(v) for k, v in index_key_values(method, values).items()}}
+    if method == "gc":
+        inputs["kernel"] = GC_KERNEL
     real_q = bmi_real_queries(run.cfg) if method == "bmi" else None
     if real_q is not None:
         inputs["real_queries"] = _queries_key(run, real_q)
@@ -1019,6 +1023,8 @@ def train_spec(run: RunContext, method: str, seed: int, fold: int | None = None)
     dev_q = dev_section(cfg)
     if dev_q is not None:  # only then: the keys of a run without queries.dev_split stay as they were
         inputs["dev"] = queries_signature(run.splits(dev_q), dev_q["split"])
+    if settings.trainer.val_beam < VAL_K:  # only there is a search at val_beam not one at VAL_K: other keys stay
+        inputs["validation"] = VALIDATION_SEARCH
     build = _TrainBuild(run.corpus, settings, run.settings.data, train_q, run.splits(train_q),
                         str(idx.path / "docids.tsv"), str(doc_q.path / "doc_queries.jsonl") if use_gen else None,
                         None if dev_q is None else run.splits(dev_q))
@@ -1469,6 +1475,7 @@ def doc_queries_inputs(settings: RunSettings, corpus_sig: dict, lm: dict | None 
     :func:`score_inputs`, the documents, the LM (``lm``, as there), the decoding settings and the device kind."""
     return {"documents": _documents(corpus_sig), "lm": lm or lm_key(settings.lm),
             "doc_queries": keyed_values(DocQueries, config_dict(settings.doc_queries)), "sampler": _sampler(),
+            "per_doc_sampler": PER_DOC_SAMPLER,
             "device": device_key(settings)}
 
 

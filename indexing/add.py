@@ -11,13 +11,15 @@ documents end in distinct final positions, and nothing is below a leaf).
 
 Full leaves. Positions must stay < K, so a leaf holds at most K documents (the clustering
 limit c only bounds leaves it built). We never change an existing code (a trained retriever
-depends on them) and never split a leaf. Instead, the descent is capacity-aware: at each node
-the children are ranked by distortion and the best one *with room* is taken (a leaf with < K
-documents, or an internal node with room below it); if no child has room and the node has
-m < K children, a new leaf child m is opened (its centroid = the document's own normalised W
-row, Eq. init) and the document gets code ``path + (m, 0)``. Only if the whole tree is full
-is it an error. Documents whose greedy leaf has room (the usual case) are placed in batches;
-only overflowing ones take the per-document capacity-aware path.
+depends on them) and never split a leaf. A document whose closest leaf is full stays under its
+closest path: the deepest node of that path with m < K children opens a new leaf child m (its
+centroid = the document's own normalised W row, Eq. init), and the document gets code
+``path + (m, 0)``. Only where every node of that path has K children does the descent turn
+capacity-aware: at each node the children are ranked by distortion and the best one *with room*
+is taken (a leaf with < K documents, or an internal node with room below it), a new leaf opened
+where none has. Only if the whole tree is full is it an error. Documents whose greedy
+leaf has room (the usual case) are placed in batches; only overflowing ones take the
+per-document path.
 """
 from __future__ import annotations
 
@@ -80,14 +82,35 @@ class _Placer:
         self.st.leaves[leaf] = pos + 1
         return leaf + (pos,)
 
+    def open_leaf(self, x: np.ndarray, path: tuple[int, ...]) -> tuple[int, ...]:
+        """A new leaf child of internal node ``path`` (< K children), its centroid ``x``'s normalised W row."""
+        node = self.st.nodes[path]
+        _, lw = _node_weights(x, node, self.st.alpha)
+        c = lw[0].astype(np.float64)
+        node.log_centroids = np.vstack([node.log_centroids, (c - logsumexp(c))[None].astype(np.float32)])
+        child = path + (node.n_children - 1,)
+        self.st.leaves[child] = 0
+        self.n_new_leaves += 1
+        return child
+
     def place_one(self, x: np.ndarray) -> tuple[int, ...]:
-        """Capacity-aware descent of one clipped row ``x`` (1, J)."""
+        """One clipped row ``x`` (1, J) whose closest leaf is full: a new leaf under the deepest node of its closest
+        path that has room for a child, else the capacity-aware descent."""
         st, path = self.st, ()
         if path in st.leaves:
             if not self.has_room(path):
                 raise ValueError(f"the index is full: its root is a leaf with K = {self.K} documents and existing "
                                  "codes never change; rebuild the index over all documents")
             return self.take(path)
+        closest = [path]
+        while closest[-1] in st.nodes:  # the greedy path, root to leaf
+            node = st.nodes[closest[-1]]
+            closest.append(closest[-1] + (int(_node_distortion(x, node, st.alpha)[0].argmin()),))
+        if self.has_room(closest[-1]):
+            return self.take(closest[-1])
+        opener = next((q for q in reversed(closest[:-1]) if st.nodes[q].n_children < self.K), None)
+        if opener is not None:
+            return self.take(self.open_leaf(x, opener))
         while True:
             node = st.nodes[path]
             order = np.argsort(_node_distortion(x, node, st.alpha)[0], kind="stable")
@@ -96,12 +119,7 @@ class _Placer:
                 if node.n_children >= self.K:
                     raise ValueError(f"the index is full below node {format_code(path) or 'root'} (every leaf "
                                      f"holds K = {self.K} documents); rebuild the index over all documents")
-                _, lw = _node_weights(x, node, st.alpha)
-                c = lw[0].astype(np.float64)
-                node.log_centroids = np.vstack([node.log_centroids, (c - logsumexp(c))[None].astype(np.float32)])
-                child = path + (node.n_children - 1,)
-                st.leaves[child] = 0
-                self.n_new_leaves += 1
+                child = self.open_leaf(x, path)
             if child in st.leaves:
                 return self.take(child)
             path = child

@@ -184,11 +184,13 @@ def row_groups(x: np.ndarray, block_rows: int = 1024) -> tuple[np.ndarray, np.nd
     """Identical rows of ``x`` (float32, C-contiguous, shape (n, J)).
 
     Returns ``first`` (u,) index of the first row of each distinct row, ``inverse`` (n,) group of
-    each row, ``counts`` (u,). Rows are hashed exactly (bit patterns, a polynomial hash mod 2^64,
-    vectorized over blocks); a collision of distinct rows has probability about n^2 / 2^64.
+    each row, ``counts`` (u,). Rows are grouped by a hash of their bit patterns (a polynomial hash
+    mod 2^64, one coefficient per column, vectorized over blocks), and every row is then compared
+    with its group's first row: distinct rows whose hashes collide are never merged (an exact
+    grouping by the rows' bytes is taken instead).
     """
     n, J = x.shape
-    coef = _HASH_COEF[:J] if J <= len(_HASH_COEF) else np.resize(_HASH_COEF, J)
+    coef = _HASH_COEF[:J] if J <= len(_HASH_COEF) else _hash_coefficients(J)
     h = np.empty(n, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for a in range(0, n, block_rows):
@@ -196,11 +198,28 @@ def row_groups(x: np.ndarray, block_rows: int = 1024) -> tuple[np.ndarray, np.nd
             bits *= coef
             h[a:a + block_rows] = bits.sum(axis=1, dtype=np.uint64)
     _, first, inverse, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
-    # np.unique orders groups by hash; renumber them by first occurrence (deterministic, row order)
+    inverse = inverse.reshape(-1)
+    if len(first) < n and not _same_as_first(x, first, inverse, block_rows):
+        rows = np.ascontiguousarray(x).view(np.dtype((np.void, x.dtype.itemsize * J))).reshape(-1)
+        _, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True, return_counts=True)
+        inverse = inverse.reshape(-1)
+    # np.unique orders groups by hash (or bytes); renumber them by first occurrence (deterministic, row order)
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    return first[order], rank[inverse.reshape(-1)], counts[order]
+    return first[order], rank[inverse], counts[order]
+
+
+def _hash_coefficients(n_cols: int) -> np.ndarray:
+    """Odd 64-bit coefficients, one per column, for rows wider than :data:`_HASH_COEF`."""
+    return np.random.default_rng(0x5EED).integers(1, 2**63, size=n_cols, dtype=np.uint64) | np.uint64(1)
+
+
+def _same_as_first(x: np.ndarray, first: np.ndarray, inverse: np.ndarray, block_rows: int) -> bool:
+    """Whether every row of ``x`` equals (bit for bit) the first row of its hash group."""
+    bits = x.view(np.uint32) if x.flags.c_contiguous else np.ascontiguousarray(x).view(np.uint32)
+    return all(np.array_equal(bits[a:a + block_rows], bits[first[inverse[a:a + block_rows]]])
+               for a in range(0, len(x), block_rows))
 
 
 @dataclass

@@ -61,7 +61,9 @@ class GCOptions:
                                                                         "sigma_j); null = no clipping",
                                             rule_help="clipping at mu + n sigma; null = none")
     proposal: str = same_setting(GCFitOptions, "phi", "power (Eq. vmp) | naive (column mean of P)")
-    localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\")",
+    localized: bool = setting(True, "phi~ re-estimated on each node's documents (Appendix \"Localized proposal\"); "
+                                    "false: the root's phi at every node, whose columns gc.bootstrap then resamples "
+                                    "uniformly (Algorithm 1 at every node: false with gc.bootstrap=false)",
                               effect="result", rule=boolean)
     bootstrap: bool = setting(True, "resample the J columns per node by Eq. resampling", effect="result", rule=boolean)
     bootstrap_root: bool = setting(False, "also resample at the root (uniformly: phi~ = phi there)", effect="result",
@@ -90,8 +92,8 @@ class GCOptions:
         from gdr.cluster import INITS  # gdr.cluster imports torch; these options are read without it
 
         if self.alpha != "auto" and not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)
-                                         and self.alpha > 0):
-            raise ValueError(f"gc.alpha must be > 0 or 'auto' (the paper uses 0.25); got {self.alpha!r}")
+                                         and 0 < self.alpha <= 1):
+            raise ValueError(f"gc.alpha must be in the paper's (0, 1] (it uses 0.25) or 'auto'; got {self.alpha!r}")
         if not 0 < self.ess_target < 1:
             raise ValueError(f"gc.ess_target must be in (0, 1); got {self.ess_target}")
         if self.clip_sigma is not None and not self.clip_sigma > 0:

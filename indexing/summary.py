@@ -67,6 +67,7 @@ def summarize(codes: Sequence[Sequence[int]], nodes: Sequence[dict], n_clusters:
         "leaf_size_mean": float(leaf_sizes.mean()) if len(leaf_sizes) else 0.0,
         "leaf_size_median": float(np.median(leaf_sizes)) if len(leaf_sizes) else 0.0,
         "leaf_size_max": int(leaf_sizes.max()) if len(leaf_sizes) else 0,
+        "leaves_over_c": int((leaf_sizes > leaf_size).sum()),  # only gdr index add grows a leaf past c (up to K)
         "leaf_size_hist": {int(k): int(v) for k, v in sorted(Counter(leaf_sizes.tolist()).items())},
         "branching_mean": float(np.mean([n["children"] for n in internal])) if internal else 0.0,
         "root_children": int(root["children"]) if root and root.get("children") else 0,
@@ -87,7 +88,8 @@ def format_summary(s: dict) -> str:
         f"nodes: {s['n_internal']} internal (mean {s['branching_mean']:.2f} children, root {s['root_children']}), "
         f"{s['n_leaves']} leaves",
         f"leaf sizes: min {s['leaf_size_min']}, median {s['leaf_size_median']:g}, mean {s['leaf_size_mean']:.2f}, "
-        f"max {s['leaf_size_max']}",
+        f"max {s['leaf_size_max']}" + (f"; {s['leaves_over_c']} leaves hold more than c (grown by gdr index add, up "
+                                        "to K)" if s.get("leaves_over_c") else ""),
         f"balance (normalised entropy of child sizes, 1 = even): root {s['balance_root']:.3f}, "
         f"mean {s['balance_mean']:.3f}; largest child holds {100 * s['largest_child_frac_mean']:.1f}% on average",
         f"fallback balanced splits: {s['n_fallback']} ({100 * s['fallback_frac']:.2f}% of internal nodes)",

@@ -28,7 +28,8 @@ SITES = {
                               "test_doc_ids_json_damaged"],
     "gdr/store/rows.py": ["test_a_truncated_p_matrix_given_to_gdr_index"],
     "gdr/stages/doc_queries.py": ["test_finished_doc_queries_damaged"],
-    "gdr/stages/index_add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_index_add_advice_pastes"],
+    "gdr/stages/index_add.py": ["test_a_damaged_gc_index_given_to_index_add", "test_index_add_advice_pastes",
+                                "test_index_add_advice_pastes (a P of fewer queries)"],
     "gdr/upgrade.py": ["test_a_gc_index_of_format_0_given_to_index_add"],
     "gdr/cli/commands/index.py": ["test_index_add_advice_pastes"],
     "training/data.py": ["test_the_advised_resample_command_works_as_printed (test_faults)",
@@ -275,6 +276,16 @@ def test_index_add_advice_pastes(setup, tmp_path, capsys):  # noqa: F811
     cmd = re.search(r"`(gdr score [^`]+)`", line).group(1)
     assert "<" not in cmd and f"queries_from={run.resolve()}" in cmd and f"out={resampled}-rescored" in cmd, cmd
     _run_advised(line)
+    # a P of fewer queries than the index's J: the same advice, which scores against all of them
+    narrow = tmp_path / "narrow"
+    assert main(["score", f"data.name={new}", *[a for a in lm if not a.startswith("sample.n_queries")],
+                 "sample.n_queries=8", f"out={narrow}"]) == 0
+    capsys.readouterr()
+    line = error_of(capsys, ["index", "add", f"run={narrow}", f"index={idx}", "plot=false"])
+    assert "P has 8 query columns, but the index" in line and f"out={narrow}-rescored" in line, line
+    _run_advised(line)
+    from gdr.store import load_run
+    assert load_run(f"{narrow}-rescored").pmatrix.n_cols == 16
     assert main(["index", "add", f"run={resampled}-rescored", f"index={idx}", "plot=false"]) == 0
     said = capsys.readouterr().out
     cmd = re.search(r"`(gdr train [^`]+)`", said).group(1)

@@ -172,3 +172,14 @@ def test_help_with_an_option_that_does_not_exist_says_so_in_one_line(capsys):
     out = capsys.readouterr().out
     assert "data=nosuch: " in out and "Could not find 'data/nosuch' (the defaults follow)" in out
     assert "bbc (default)" in out and "Traceback" not in out
+
+
+def test_a_next_line_repeats_the_corpus_the_user_named_and_quotes_what_it_adds():
+    from gdr.cli.common import next_command
+
+    argv = ["data=r5", "data.n_docs=800", "sample.n_queries=64", "out=runs/r 5"]
+    assert next_command(argv, "train", "docids=runs/r 5-gc/docids.tsv") == \
+        "gdr train data=r5 data.n_docs=800 'docids=runs/r 5-gc/docids.tsv'"
+    assert next_command(argv, "cluster", keep=("data", "sample", "out")) == \
+        "gdr cluster data=r5 data.n_docs=800 sample.n_queries=64 'out=runs/r 5'"
+    assert next_command(["method=gc", "run=runs/r5"], "train", "docids=x") == "gdr train data=<your corpus> docids=x"

@@ -50,7 +50,7 @@ CASES = {
     "out of range": [
         (["sample", "sample.top_p=1.5"], "sample.top_p=1.5", "(0, 1]"),
         (["score", "sample.temperature=0"], "sample.temperature=0", "> 0"),
-        (["cluster", "cluster.gc.alpha=0"], "cluster.gc.alpha=0", "> 0"),
+        (["cluster", "cluster.gc.alpha=0"], "cluster.gc.alpha=0", "(0, 1]"),
         (["cluster", "cluster.n_clusters=1"], "cluster.n_clusters=1", ">= 2"),
         (["index", "run={run}", "n_clusters=4", "leaf_size=5"], "leaf_size=5", "n_clusters=4"),
         (["train", "docids={docids}", "examples.dev_fraction=1.0"], "examples.dev_fraction=1.0", "[0, 1)"),

@@ -23,6 +23,7 @@ from gdr.cluster import (
     log_weights,
 )
 from gdr.eval.clustering import ari
+from gdr.indexing.options import GCOptions
 
 F64 = torch.float64
 
@@ -284,6 +285,45 @@ def test_extreme_log_probs_float32(alpha):
     assert g32.distortion_ == pytest.approx(g64.distortion_, rel=1e-4)
 
 
+def test_a_small_alpha_in_float32_keeps_the_partition_float64_finds():
+    # at alpha 1e-4 every centroid lies within ~1e-4 nats of the others: a float32 product of log c itself (~ -log J)
+    # rounds those differences away, the product of their offsets from a common reference keeps them
+    lp, y = planted(n=150, j=60, k=5, sep=1.5, seed=11)
+    lp -= lp.max() + 1.0
+    for alpha in (1e-3, 1e-4):
+        g32 = GenerativeClustering(5, alpha=alpha, seed=0).fit(lp.astype(np.float32))
+        g64 = GenerativeClustering(5, alpha=alpha, seed=0, dtype=F64).fit(lp)
+        assert ari(y, g64.labels_) > 0.9, alpha
+        assert ari(g32.labels_, g64.labels_) == 1.0, alpha
+        np.testing.assert_array_equal(g32.predict(lp), g32.labels_)
+        assert g32.distortion_ == pytest.approx(g64.distortion_, rel=1e-9)
+
+
+def test_alpha_outside_the_papers_range_and_a_single_query_are_refused_at_the_door():
+    lp, _ = planted(n=30, j=8, k=3, seed=2)
+    lp -= lp.max() + 1.0
+    for alpha in (0.0, 1.5, 300.0):  # 0: every W is 1, any partition as good; > 1 overflows W
+        with pytest.raises(ValueError, match=rf"^alpha={alpha}: must be auto or a number in \(0, 1\]"):
+            GenerativeClustering(3, alpha=alpha).fit(lp)
+    with pytest.raises(ValueError, match="logp has a single column .query.; clustering needs at least 2 queries"):
+        GenerativeClustering(3).fit(lp[:, :1])
+    with pytest.raises(ValueError, match="gc.alpha must be in the paper's"):
+        GCOptions(alpha=2.0).validate()
+
+
+def test_more_clusters_than_distinct_documents_warns_that_labels_and_predict_may_differ(caplog):
+    lp, _ = planted(n=5, j=8, k=1, seed=3)
+    lp = np.repeat(lp - lp.max() - 1.0, 2, axis=0)              # 10 documents, 5 distinct
+    with caplog.at_level("WARNING", logger="gdr.cluster"):
+        gc = GenerativeClustering(10, init="random", seed=0).fit(lp)
+    assert "would leave a cluster empty" in caplog.text and "n_clusters=10" in caplog.text
+    assert (gc.predict(lp) != gc.labels_).any()                 # what the warning says can happen
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gdr.cluster"):
+        GenerativeClustering(5, init="random", seed=0).fit(lp)
+    assert "would leave a cluster empty" not in caplog.text
+
+
 # ---------------------------------------------------------------- default fit: greedy k-means++, split/merge
 
 @pytest.fixture
@@ -509,7 +549,7 @@ def test_inputs_a_user_hands_in_are_taken_or_refused_by_what_they_are():
     with pytest.raises(ValueError, match="not numbers \\(a missing value such as pd.NA"):
         GenerativeClustering(3).fit(frame.astype(object))
     for bad in ({"clip_sigma": "5"}, {"tol": "1e-4"}, {"alpha": True}, {"ess_target": "0.5"}):
-        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}(=true:)? must be"):
             GenerativeClustering(3, **bad).fit(lp)
     with pytest.raises(ValueError, match="n_clusters must be a positive integer; got True"):
         GenerativeClustering(True).fit(lp)

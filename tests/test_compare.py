@@ -162,15 +162,41 @@ def test_identical_schemes_with_little_noise_are_equivalent_within_the_margin():
 
 
 @pytest.mark.parametrize("a, b, why", [
-    (np.full((1, 3), 100.0), np.zeros((1, 3)), "3 test queries are too few for any test at this level (at least 6)"),
-    (np.zeros((1, 50)), np.zeros((1, 50)), "the per-query values do not vary"),
+    (np.full((2, 3), 100.0), np.zeros((2, 3)), "3 test queries are too few for any test at this level (at least 6)"),
+    (np.zeros((2, 50)), np.zeros((2, 50)), "score alike on every query and seed, so the noise of their difference "
+                                           "cannot be estimated"),
+    (np.full((1, 50), 100.0), np.zeros((3, 50)), "gc ran one seed, so the seed noise that could flip this difference "
+                                                 "is not measured: run at least 2 seeds a scheme"),
 ])
-def test_no_verdict_from_a_few_queries_or_values_that_do_not_vary(a, b, why):
+def test_no_verdict_from_a_few_queries_values_that_do_not_vary_or_one_seed(a, b, why):
     """A bootstrap of 3 queries all won by a gives the interval [+100, +100], yet no sign-flip test of 3 pairs goes
-    below p = 0.25; 50 queries failed by both give an interval of width 0 that measures no noise."""
+    below p = 0.25; 50 queries failed by both give an interval of width 0 that measures no noise; a scheme of one
+    seed has a seed variance of 0 that is not a measured one (its interval covered 0.58-0.87 of simulated runs)."""
     from gdr.eval.compare import primary_verdict, seed_query_test
     v = primary_verdict(seed_query_test(a, b, ("gc", "hkmi"), "recall@1"), margin=2.0)
     assert v["status"] == "undecided" and why in v["line"] and v["line"].startswith("Undecided: gc vs hkmi")
+
+
+def test_the_same_difference_on_every_query_and_seed_is_decided_by_its_sign_flips():
+    from gdr.eval.compare import primary_verdict, seed_query_test
+    v = primary_verdict(seed_query_test(np.full((2, 50), 100.0), np.zeros((2, 50)), ("gc", "hkmi"), "recall@1"), 2.0)
+    assert v["status"] == "decided" and v["line"].startswith("Decided: gc beats hkmi") and "p = 1.8e-15" in v["line"]
+
+
+def test_a_nan_among_per_query_values_is_refused_not_found_significant():
+    from gdr.eval.compare import paired_test, seed_query_test
+    a, b = np.ones(50), np.zeros(50)
+    a[7] = np.nan
+    with pytest.raises(ValueError, match=r"^a\[7\] = nan: per-query values must be finite numbers \(1 are not\)"):
+        paired_test(a, b)
+    with pytest.raises(ValueError, match=r"^a\[0, 7\] = nan: per-query values must be finite"):
+        seed_query_test(a[None, :], b[None, :])
+
+
+def test_a_difference_that_rounds_to_zero_at_one_decimal_is_shown_with_two_digits():
+    from gdr.eval.compare import points
+    assert [points(x) for x in (0.0376, -0.04, 0.0, 1.26)] == ["+0.038", "-0.04", "+0.0", "+1.3"]
+    assert points(0.02, sign=False) == "0.02"
 
 
 def test_seed_noise_widens_the_interval_and_asks_for_more_seeds():

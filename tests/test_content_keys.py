@@ -19,6 +19,7 @@ from tiny_models import saved_tiny_llama
 import gdr.models
 from gdr.cli import main
 from gdr.data import Corpus
+from gdr.io import what_differs
 from gdr.models import model_digest
 from gdr.rules import ConfigError
 from gdr.stages.settings import TrainSettings
@@ -100,6 +101,15 @@ def test_gdr_score_refuses_the_queries_of_a_model_changed_in_place(setup, tmp_pa
     assert main([*common, f"model.name={moved}"]) != 0
     err = capsys.readouterr().err
     assert "queries.manifest.json was written with different settings (lm.weights ('sha256:" in err
+
+
+def test_what_differs_names_each_nested_leaf_that_differs_and_inputs_by_what_they_hash():
+    old = {"lm": {"prompt": {"prefix": "a", "shots": [1, 2]}, "max_doc_tokens": 24}, "texts_hash": "x", "n": 8}
+    new = {"lm": {"prompt": {"prefix": "b", "shots": (1, 2)}, "max_doc_tokens": 24}, "texts_hash": "y", "n": 8}
+    assert what_differs(old, new) == "lm.prompt.prefix ('a' -> 'b'), the documents' texts"
+    assert what_differs(old, {**new, "n": 9}, ["n"]) == "n (8 -> 9)"
+    assert what_differs({"c": {"k": 3}}, {"c": None}) == "c ({'k': 3} -> None)"  # a section dropped: whole
+    assert what_differs({"c": {"k": 3}}, {"c": {}}) == "c.k (3 -> None)"
 
 
 def test_a_refused_score_or_sample_leaves_the_folders_config_as_its_files_were_made(setup, tmp_path, capsys):

@@ -99,6 +99,13 @@ def test_repeated_best_of_selects_by_distortion():
     np.testing.assert_array_equal(again.seeds, res.seeds)
 
 
+def test_repeated_best_of_never_selects_a_failed_run_of_nan_distortion():
+    y = np.array([0, 0, 1, 1])
+    runs = iter([(np.array([0, 1, 0, 1]), float("nan")), (np.array([1, 1, 0, 0]), 1.0), (np.array([0, 1, 1, 0]), 2.0)])
+    res = repeated_best_of(lambda seed: next(runs), y, n_repeats=1, n_init=3, seed=0, progress=False)
+    assert res.selected.tolist() == [1] and res.scores[0]["acc"] == 100.0
+
+
 def test_gc_under_the_protocol():
     rng = np.random.default_rng(1)
     y = np.arange(60) % 3

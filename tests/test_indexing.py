@@ -189,6 +189,20 @@ def test_row_groups_finds_identical_rows():
     assert first.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2] and counts.tolist() == [2, 1, 1]
 
 
+def test_row_groups_never_merges_distinct_rows_whose_hashes_collide(monkeypatch):
+    import gdr.indexing.gc as gc_mod
+
+    # every coefficient 1: the hash is the sum of the bit patterns, so a row and its permutation collide
+    monkeypatch.setattr(gc_mod, "_HASH_COEF", np.ones(1 << 16, dtype=np.uint64))
+    x = np.array([[-1, -2, -3], [-2, -1, -3], [-1, -2, -3], [-3, -2, -1]], dtype=np.float32)
+    first, inverse, counts = row_groups(x, block_rows=2)
+    assert first.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2] and counts.tolist() == [2, 1, 1]
+    # wider than the table of coefficients: columns j and j + 65,536 no longer share one
+    wide = np.full((2, (1 << 16) + 1), -5.0, dtype=np.float32)
+    wide[0, [0, -1]], wide[1, [0, -1]] = (-1.0, -2.0), (-2.0, -1.0)
+    assert row_groups(wide)[2].tolist() == [1, 1]
+
+
 def test_root_statistics_match_kernels_streamed(planted):
     _, x = planted
     for method in ("power", "naive"):
@@ -420,6 +434,103 @@ def test_add_overflowing_a_leaf_keeps_codes_valid(planted, tmp_path):
         add_to_index(out, new, plot=False)
 
 
+def test_add_keeps_a_document_whose_leaf_is_full_under_its_own_branch(planted, tmp_path):
+    from gdr.stages.index_add import add_to_index
+
+    _, x = planted
+    two = np.repeat(x[[0, 250]], 50, axis=0)                   # 50 copies of each of two documents of other topics
+    _, out = _cli_index(tmp_path, two, K=4, c=4)
+    ids, codes = read_docids(out / "docids.tsv")
+    branch_a, branch_b = codes[0][0], codes[50][0]
+    assert branch_a != branch_b and len({c[0] for c in codes}) == 2  # two root children of four: room for two more
+    # 20 more of the first: its branch has 14 free positions, and the root room for two more children
+    more = write_run(tmp_path / "more", np.repeat(x[:1], 20, axis=0), doc_ids=[f"n{i}" for i in range(20)])
+    res = add_to_index(out, more, plot=False)
+    ids, codes = read_docids(out / "docids.tsv")
+    check_prefix_code(codes, 4)
+    assert res.n_new_leaves > 0 and not [c for c in codes[100:] if c[0] == branch_b]  # none into the other topic
+
+
+def test_an_undo_cut_short_is_done_again_whole_by_the_next_add(planted, tmp_path, monkeypatch):
+    import gdr.stages.index_add as index_add
+
+    _, x = planted
+    _, out = _cli_index(tmp_path, x[:100], K=4, c=4)
+    before = {n: (out / n).read_bytes() for n in index_add._REWRITTEN}
+    index_add._back_up(out)
+    for n in index_add._REWRITTEN:  # an add cut short midway through its rewrites
+        (out / n).write_bytes(b"half-written")
+    real, calls = index_add.os.replace, []
+
+    def killed_at_the_second(a, b):
+        calls.append(a)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(a, b)
+
+    monkeypatch.setattr(index_add.os, "replace", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        index_add._undo_interrupted_add(out)  # the undo itself cut short: one file back, the copies kept
+    monkeypatch.undo()
+    index_add._undo_interrupted_add(out)
+    assert {n: (out / n).read_bytes() for n in index_add._REWRITTEN} == before
+    assert not (out / index_add.BACKUP_DIR).exists()
+
+
+def test_an_add_takes_only_its_own_keys_and_names_a_p_of_fewer_queries(planted, tmp_path):
+    from gdr.cli.commands.index import index_main
+    from gdr.stages.index_add import add_to_index
+
+    _, x = planted
+    _, out = _cli_index(tmp_path, x[:100], K=4, c=4)
+    new = write_run(tmp_path / "new", x[100:105], doc_ids=[f"n{i}" for i in range(5)])
+    with pytest.raises(ValueError, match=r"^gdr index add: n_clusters= is a key of building an index"):
+        index_main(["add", f"run={new}", f"index={out}", "n_clusters=3"])
+    narrow = write_run(tmp_path / "narrow", x[100:105, :50], doc_ids=[f"m{i}" for i in range(5)])
+    with pytest.raises(ValueError, match=rf"P has 50 query columns, but the index in {out} was built on "
+                                         rf"J={x.shape[1]} queries"):
+        add_to_index(out, narrow, plot=False)
+
+
+def test_a_copy_cut_short_is_made_again_and_leaves_grown_past_c_are_counted(planted, tmp_path, monkeypatch):
+    import gdr.stages.index_add as index_add
+
+    _, x = planted
+    _, out = _cli_index(tmp_path, x[:100], K=8, c=4)
+    new = write_run(tmp_path / "new", np.repeat(x[:1], 12, axis=0), doc_ids=[f"n{i}" for i in range(12)])
+    real, calls = index_add.shutil.copy2, []
+
+    def killed_at_the_third(a, b):
+        calls.append(a)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(a, b)
+
+    monkeypatch.setattr(index_add.shutil, "copy2", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        index_add.add_to_index(out, new, plot=False, out=tmp_path / "grown")
+    monkeypatch.undo()
+    index_add.add_to_index(out, new, plot=False, out=tmp_path / "grown")  # not refused as another folder's files
+    assert len(read_docids(tmp_path / "grown" / "docids.tsv")[0]) == 112
+    assert not (tmp_path / "grown" / index_add.COPYING).exists()
+    summary = json.loads((tmp_path / "grown" / "summary.json").read_text())
+    assert summary["leaves_over_c"] > 0 and summary["leaf_size_max"] > 4
+    assert f"{summary['leaves_over_c']} leaves hold more than c (grown by gdr index add" in \
+        (tmp_path / "grown" / "summary.txt").read_text()
+
+
+def test_kmeans_docs_with_an_id_given_twice_is_refused(tmp_path):
+    from gdr.stages.index import build_index
+    from gdr.stages.settings import IndexSettings
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"doc_id": d, "text": f"text {i}"}) + "\n"
+                            for i, d in enumerate(["t0", "t1", "t2", "t0"])))
+    with pytest.raises(ValueError, match=r"docs.jsonl: record 4: duplicate doc_id 't0' \(first seen at record 1\)"):
+        build_index(IndexSettings.from_config({"method": "random", "n_clusters": 4, "leaf_size": 2,
+                                               "kmeans": {"docs": str(docs)}}), tmp_path / "out")
+
+
 def test_add_rejects_other_queries(planted, tmp_path):
     from gdr.stages.index_add import add_to_index
 
@@ -483,7 +594,8 @@ def test_an_index_folder_of_other_inputs_or_grown_by_an_add_is_refused(planted, 
     with pytest.raises(FileExistsError, match="holds a gc index, not a random one"):
         build_index(IndexSettings.from_config({"method": "random", "n_clusters": 4, "leaf_size": 4}), out, run=run)
     other = write_run(tmp_path / "other", x[100:150])
-    with pytest.raises(FileExistsError, match=r"other inputs or settings \(doc_ids, queries\)|\(doc_ids\)"):
+    with pytest.raises(FileExistsError, match=r"other inputs or settings \(the documents \(their ids\)(, the P "
+                                              r"columns' queries)?\)"):
         build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, **gc}), out, run=other)
     with pytest.raises(ValueError, match=rf"^gc.n_queries=999: more than the {x.shape[1]} queries of the P of run="):
         build_index(IndexSettings.from_config({"n_clusters": 4, "leaf_size": 4, "gc": {"n_queries": 999}}), out,
@@ -703,7 +815,7 @@ def test_bmi_with_bmis_own_vector_clusters_by_the_texts_its_generated_queries_la
                                 "documents_with_real_queries": n // 2, "segments": 10 * n}
     assert "bmi_texts" in json.loads((tmp_path / "genq" / "manifest.json").read_text())
     real.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
-    with pytest.raises(FileExistsError, match=r"other inputs or settings \(real_queries\)"):
+    with pytest.raises(FileExistsError, match=r"other inputs or settings \(the real queries\)"):
         index_main(["method=bmi", *common, "bmi.inputs=realq_genq_docseg", f"bmi.real_queries={real}",
                     f"out={tmp_path / 'bmi'}"])
 

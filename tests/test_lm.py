@@ -154,3 +154,31 @@ def test_token_and_score_caches_belong_to_their_model():
     lm.model = copy.deepcopy(lm.model)
     lm.score(DOCS[:1], QUERIES[:2], compute_dtype=torch.bfloat16, progress=False)
     assert lm.score_copy.model is not first and lm.score_copy.source is lm.model
+
+
+def test_a_model_object_is_identified_by_its_weights_not_its_class():
+    from tiny_models import tiny_llama
+
+    a, b, a_again = tiny_llama(seed=0), tiny_llama(seed=1), tiny_llama(seed=0)
+    assert a.describe()["weights"].startswith("sha256:")
+    assert a.describe() != b.describe()  # two random-init models of one class: another P
+    assert a.describe() == a_again.describe()
+    with torch.no_grad():
+        a.model.lm_head.weight.add_(1.0)  # changed in memory
+    from gdr.lm.model import object_digest
+    assert object_digest(a.model, a.tokenizer) != a_again.describe()["weights"]
+
+
+def test_per_doc_sampling_redraws_an_empty_generation_as_sample_queries_does(monkeypatch):
+    from tiny_models import tiny_llama
+
+    lm = tiny_llama()
+    real = lm.decode_queries
+
+    def every_third_empty_at_first(docs, rows, qid, attempt, **kw):
+        out = real(docs, rows, qid, attempt, **kw)
+        return ["" if attempt == 0 and q % 3 == 0 else g for q, g in zip(np.asarray(qid).tolist(), out)]
+
+    monkeypatch.setattr(lm, "decode_queries", every_third_empty_at_first)
+    got = lm.sample_per_doc(DOCS[:4], 3, seed=0, max_new_tokens=5)
+    assert [len(q) for q in got] == [3, 3, 3, 3] and all(all(q) for q in got)

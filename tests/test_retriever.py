@@ -139,7 +139,7 @@ def test_beam_search_equals_brute_force(word_tokenizer, length_penalty):
     torch.nn.init.normal_(model.pawa_a.weight)
     ids = torch.randint(2, 30, (3, 5))
     mask = torch.ones_like(ids)
-    # beam >= trie width at every depth: the search is exhaustive
+    # beam >= the number of docids: the search is exhaustive
     out = constrained_beam_search(model, ids, mask, trie, beam=200, k=10, length_penalty=length_penalty)
     for q, (codes_bf, scores_bf) in enumerate(brute_force_topk(model, ids, mask, trie, 10, length_penalty)):
         assert [trie.code_of(int(n)) for n in out.nodes[q]] == codes_bf
@@ -361,6 +361,22 @@ def test_shared_docid_returns_every_document(word_tokenizer):
         assert score["a"] == score["c"]
     docs, scores, ranks = expand_nodes(trie, np.array([[int(trie.doc_node[0]), -1]]), np.array([[-1.0, -np.inf]]))
     assert sorted(docs[0].tolist()) == [0, 2] and ranks[0].tolist() == [1, 1]
+
+
+def test_search_pads_queries_on_the_right_as_training_does_and_takes_no_empty_query(word_tokenizer):
+    from transformers import AutoTokenizer
+
+    trie = build_trie([(0, 1), (1, 0), (1, 1)])
+    tok = AutoTokenizer.from_pretrained(word_tokenizer)
+    tok.padding_side = "left"  # a tokenizer's own side: an encoder of absolute positions would read the query shifted
+    r = Retriever(GenerativeRetriever.build(tiny_config(word_tokenizer, K=2, L=2)).eval(), tok, trie, ["a", "b", "c"],
+                  device="cpu", beam=5)
+    batch = r.tokenize(["apple river stone", "apple"])
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["input_ids"][1, 0] == batch["input_ids"][0, 0] != tok.pad_token_id
+    assert r.search([], k=2) == []
+    with pytest.raises(ValueError, match=r"^query 1 \(' '\) has no token for this retriever's tokenizer"):
+        r.search(["apple", " "], k=2)
 
 
 def test_search_under_the_cuda_bf16_autocast_on_the_cpu(word_tokenizer):
@@ -824,6 +840,9 @@ def test_cli_evaluate_and_search_a_trained_retriever(cli_training, tmp_path, cap
     # a beam given holds at most its width of results, as in gdr evaluate (a k alone widens the default beam)
     assert main(["search", texts[0], f"run_dir={run}", "k=10", "beam=5"]) == 2
     assert "k=10: must be <= beam=5: beam search returns at most beam docids" in capsys.readouterr().err
+    # a beam alone shows what a search of that width returns (the default 10 results would have widened it)
+    assert main(["search", texts[0], f"run_dir={run}", "beam=2", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]) == 2
 
 
 # ----------------------------------------------------------------------------- GPU-path pieces, checked on the CPU

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tiny_models import DOCS, QUERIES, tiny_llama
 
 from gdr.cli import main
@@ -74,6 +75,19 @@ def test_partial_run_resumes_to_the_same_matrix(lm, tmp_path, capsys):
         score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False)
     assert sum(calls) == len(DOCS) - 4  # finished shards were not redone
     assert np.array_equal(np.load(ref / "P.npy"), np.load(part / "P.npy"))
+
+
+def test_a_p_resumed_on_a_machine_that_rounds_otherwise_says_so_and_lists_both(lm, tmp_path, caplog):
+    part = tmp_path / "part"
+    score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False, max_shards=2)
+    man = json.loads((part / "P.manifest.json").read_text())
+    man["machine"] = {**man["machine"], "cpu_capability": "AVX512", "torch": "2.4.0"}  # scored elsewhere
+    (part / "P.manifest.json").write_text(json.dumps(man))
+    with caplog.at_level("WARNING", logger="gdr.stages.score"):
+        score_run(lm, DOCS, DOC_IDS, QUERIES, part, shard_size=2, progress=False)
+    assert "finished shards were scored on another machine (cpu_capability AVX512 there" in caplog.text
+    done = json.loads((part / "P.manifest.json").read_text())
+    assert done["status"] == "complete" and [m["torch"] for m in done["machines"]] == ["2.4.0", torch.__version__]
 
 
 def test_small_shards_are_scored_in_groups_that_fill_a_doc_batch(lm, tmp_path):

@@ -96,7 +96,10 @@ def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old,
 
     assert main(fx.run_args(root)) == 0
     stages = _stages(run)
-    assert stages["score"]["reused"] and stages["doc-queries"]["reused"]  # no rescoring, no resampling
+    assert stages["score"]["reused"]  # no rescoring
+    # per-document queries are drawn again: that gdr dropped an empty generation, this one re-draws it
+    # (gdr.lm.decode.PER_DOC_SAMPLER keys the stage)
+    assert not stages["doc-queries"]["reused"]
     assert stages["score"]["folder"] == score.name
     assert not stages["index-gc"]["reused"]  # keyed by paths at 101d818: built again under its content key
     assert (score / "P.npy").read_bytes() == p_before
@@ -106,7 +109,7 @@ def test_gdr_run_upgrades_an_old_folder_when_it_opens_it(old, old_run):
     root, fx = old_run
     assert main(fx.run_args(root)) == 0
     stages = _stages(root / "run")
-    assert stages["score"]["reused"] and stages["doc-queries"]["reused"]
+    assert stages["score"]["reused"] and not stages["doc-queries"]["reused"]  # PER_DOC_SAMPLER: drawn again
     assert (root / "run" / stages["score"]["folder"] / "P.npy").read_bytes() == \
         (old.path / old.score / "P.npy").read_bytes()
 

@@ -58,6 +58,10 @@ def input_dropout(views: tuple[torch.Tensor, ...], pad_id: int, p: float = INPUT
     return tuple(v.masked_fill((torch.rand(v.shape, device=v.device) < p) & ~heads, pad_id) for v in views)
 
 
+VAL_K = 10  # the dev search's depth: val/recall@10, val/mrr@10 (fewer where trainer.val_beam is narrower)
+VALIDATION_SEARCH = 2  # its version, in a train stage's key where val_beam < VAL_K: 2 = at val_beam itself
+
+
 class RetrieverModule(pl.LightningModule):
     """Trains a :class:`~gdr.training.model.GenerativeRetriever`.
 
@@ -72,7 +76,8 @@ class RetrieverModule(pl.LightningModule):
         loss = mean CE + w * symmetric KL of their slot distributions
     consistency_view : the second view: ``dropout``, the same input (R-drop); ``corrupted``, NCI's corrupted query
         and input dropout (:func:`corrupted_view`, :func:`input_dropout`)
-    val_beam, val_k, length_penalty : validation beam search
+    val_beam, val_k, length_penalty : validation beam search at ``val_beam``, scored on its top ``min(val_k,
+        val_beam)`` (``val/recall@k``, ``val/mrr@k``)
     seed : dropout masks are drawn from (seed, global step, rank), so a run resumed from a
         checkpoint continues exactly as an uninterrupted one
     fused : fused AdamW (one kernel for every parameter's update); None = on CUDA only (``optim.fused: auto``).
@@ -88,7 +93,7 @@ class RetrieverModule(pl.LightningModule):
                  warmup_steps: int = OptimOptions.warmup_steps,
                  consistency_weight: float = OptimOptions.consistency_weight,
                  consistency_view: str = OptimOptions.consistency_view, val_beam: int = TrainerOptions.val_beam,
-                 val_k: int = 10, length_penalty: float = TrainerOptions.length_penalty, seed: int = 0,
+                 val_k: int = VAL_K, length_penalty: float = TrainerOptions.length_penalty, seed: int = 0,
                  fused: bool | None = None, trie: DocidTrie | None = None, batch_size: int | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["trie"])
@@ -144,7 +149,7 @@ class RetrieverModule(pl.LightningModule):
         if self.trie is None:
             return
         out = constrained_beam_search(self.model, batch["input_ids"], batch["attention_mask"], self._trie_on_device(),
-                                      beam=max(self.hparams.val_beam, self.hparams.val_k), k=self.hparams.val_k,
+                                      beam=self.hparams.val_beam, k=self._val_depth(),
                                       length_penalty=self.hparams.length_penalty)
         rel = batch["rel_nodes"]  # (B, R), -1 padding
         hit = (out.nodes[:, :, None] == rel[:, None, :]) & (rel[:, None, :] >= 0)  # (B, k, R)
@@ -154,13 +159,17 @@ class RetrieverModule(pl.LightningModule):
         first = torch.where(hit_at, pos, torch.full_like(pos, k + 1)).min(1).values  # (B,), k+1 = miss
         self._val_first.append(first)
 
+    def _val_depth(self) -> int:
+        """The dev search's results: ``val_k``, or fewer where ``val_beam`` is narrower (a beam holds no more)."""
+        return min(self.hparams.val_k, self.hparams.val_beam)
+
     def on_validation_epoch_end(self):
         if not self._val_first:
             return
         first = torch.cat(self._val_first).float()
         self._val_first.clear()
         first = self.all_gather(first).flatten() if self.trainer.world_size > 1 else first
-        k = self.hparams.val_k
+        k = self._val_depth()
         self.log("val/recall@1", (first <= 1).float().mean(), prog_bar=True, sync_dist=False)
         self.log(f"val/recall@{k}", (first <= k).float().mean(), sync_dist=False)
         mrr = torch.where(first <= k, 1.0 / first, torch.zeros_like(first)).mean()

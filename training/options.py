@@ -191,8 +191,9 @@ class TrainerOptions:
                                          rule_help="steps without improvement before stopping; null = `patience`")
     min_steps: int = setting(0, "no early stop before this many steps (batch 512 and 64 train comparable amounts)",
                              effect="resume", rule=min_steps, rule_help="steps before any early stop")
-    monitor: str = setting("val/recall@1", "picks the exported checkpoint: val/recall@1 (NCI) | val/mrr (MRR@val_beam: "
-                                           "a small dev set ties recall@1 at 0, and the first epoch would be kept)",
+    monitor: str = setting("val/recall@1", "picks the exported checkpoint: val/recall@1 (NCI) | val/mrr (MRR at "
+                                           "min(10, val_beam): a small dev set ties recall@1 at 0, and the first epoch "
+                                           "would be kept)",
                                            effect="result",
                            rule=one_of("val/recall@1", "val/mrr"), rule_help="the dev metric that picks the checkpoint")
     weights: str = setting("best", "the exported weights: best = the checkpoint of the best `monitor` on the dev split "
@@ -265,7 +266,7 @@ class QGOptions:
     gradient_clip_val: float = same_setting(TrainerOptions, "gradient_clip_val")
     accelerator: str = same_setting(TrainerOptions, "accelerator")
     devices: Any = same_setting(TrainerOptions, "devices", rule=trainer_devices_at("qg.train"))
-    strategy: str = same_setting(TrainerOptions, "strategy", "")
+    strategy: str = same_setting(TrainerOptions, "strategy")
     precision: str | None = same_setting(TrainerOptions, "precision", "null = bf16-mixed on a GPU, 32-true on CPU")
     log_every_n_steps: int = setting(10, effect="speed", rule=NON_NEGATIVE)  # 0: Lightning logs nothing
     checkpoint_every_n_steps: int | None = setting(50, rule=optional(NON_NEGATIVE),

@@ -11,8 +11,9 @@ without renormalising, as HF's ``prefix_allowed_tokens_fn`` does). Hypotheses ar
 ``score / length**length_penalty`` (length counts the EOS), which only matters when codes have
 different lengths. A hypothesis that has emitted EOS keeps its beam slot with a frozen score and
 competes with the unfinished ones at every later step; the final list is the best ``k`` finished
-hypotheses. With ``beam`` at least the number of trie nodes at every depth the search is exhaustive
-and returns exactly the top ``k`` docids by score.
+hypotheses. With ``beam`` at least the number of docids the search is exhaustive and returns exactly
+the top ``k`` docids by score; a narrower beam can drop one that belongs there (finished hypotheses
+keep their slots, so even a beam as wide as the trie at every depth is not enough).
 """
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ def expand_nodes(trie: DocidTrie, nodes: np.ndarray,
     share its rank). Vectorised with the trie's CSR arrays; only the final split is per query.
     """
     n_q, k = nodes.shape
+    if n_q == 0:
+        return [], [], []
     valid = nodes >= 0
     safe = np.where(valid, nodes, 0)
     counts = np.where(valid, trie.node_ptr[safe + 1] - trie.node_ptr[safe], 0)  # (n_q, k)
@@ -239,7 +242,7 @@ class Retriever:
         return search_batch_for_memory(self.model.config, free, beam)
 
     def tokenize(self, queries: Sequence[str]) -> dict[str, torch.Tensor]:
-        """``input_ids`` and ``attention_mask`` (B, S) on the device, padded as the tokenizer pads."""
+        """``input_ids`` and ``attention_mask`` (B, S) on the device, padded on the right as training pads."""
         return self._batch(self._token_ids(queries))
 
     def _token_ids(self, queries: Sequence[str]) -> list[list[int]]:
@@ -247,12 +250,13 @@ class Retriever:
         return self.tokenizer(list(queries), truncation=True, max_length=self.model.config.max_query_len)["input_ids"]
 
     def _batch(self, ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        """A batch of token ids padded to its longest on the tokenizer's padding side, as ``tokenizer(...,
-        padding=True)`` pads it, and uploaded without a host sync."""
+        """A batch of token ids padded on the right to its longest, as training pads its queries
+        (:func:`gdr.training.data.pad_batch`) whatever the tokenizer's ``padding_side``: an encoder that takes
+        positions from token order (BERT's absolute ones) reads a query as training showed it, whatever else shares
+        its batch. Uploaded without a host sync."""
         lens = np.array([len(q) for q in ids])
         width = int(lens.max(initial=0))
-        cols = np.arange(width)[None, :]
-        real = cols >= (width - lens)[:, None] if self.tokenizer.padding_side == "left" else cols < lens[:, None]
+        real = np.arange(width)[None, :] < lens[:, None]
         tok = np.full((len(ids), width), self.tokenizer.pad_token_id, dtype=np.int64)
         tok[real] = np.concatenate([np.asarray(q, dtype=np.int64) for q in ids]) if len(ids) else []
         return {"input_ids": upload(tok, self.device), "attention_mask": upload(real.astype(np.int64), self.device)}
@@ -268,6 +272,10 @@ class Retriever:
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         # every query tokenised once, not per batch: no tokenizer work between GPU batches
         ids = self._token_ids(queries) if len(queries) else []
+        empty = [i for i, q in enumerate(ids) if not len(q)]
+        if empty:
+            raise ValueError(f"query {empty[0]} ({queries[empty[0]]!r}) has no token for this retriever's tokenizer "
+                             f"({len(empty)} such queries): give it words, or leave it out")
         for s in tqdm(starts, desc="search", unit="batch", disable=not progress):
             check_stop()  # a stop whose raise was lost (gdr.signals): the next batch does not start
             batch = self._batch(ids[s:s + bs])

@@ -3,6 +3,7 @@ the composed config's sections into the stages' settings."""
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -17,7 +18,7 @@ from gdr.stages.settings import LMSettings
 from gdr.validate import validate
 
 __all__ = ["compose", "config_saved", "corpus_and_queries", "lm_settings", "section", "override_keys", "in_section",
-           "without_section"]
+           "without_section", "next_command"]
 
 
 def compose(name: str, argv: list[str], lock: str | None = None, before_claim=None):
@@ -84,3 +85,12 @@ def in_section(key: str, section: str) -> bool:
 def without_section(argv: Sequence[str], section: str) -> list[str]:
     """``argv`` without the overrides that set something in ``section``."""
     return [a for a, k in zip(argv, override_keys(argv)) if not in_section(k, section)]
+
+
+def next_command(argv: Sequence[str], command: str, *extra: str, keep: Sequence[str] = ("data",)) -> str:
+    """The ``gdr <command> ...`` line to type next, as a printed ``next:`` line shows it: the overrides of ``argv``
+    that set a section of ``keep`` (the corpus: ``data=r5 data.n_docs=800``), else ``data=<your corpus>`` where
+    ``data`` is kept but none was given, then ``extra`` (``key=value``), each shell-quoted."""
+    kept = [(a, k) for a, k in zip(argv, override_keys(argv)) if any(in_section(k, s) for s in keep)]
+    corpus = [] if "data" not in keep or any(in_section(k, "data") for _, k in kept) else ["data=<your corpus>"]
+    return " ".join(["gdr", command, *corpus, *(shlex.quote(a) for a, _ in kept), *map(shlex.quote, extra)])

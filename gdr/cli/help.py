@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gdr.config import conf_dir, flat_leaves
 from gdr.rules import get, show
+from gdr.stages.command_keys import PLAN_DEVICE
 from gdr.stages.settings import generated_help
 from gdr.validate import TABLES
 
@@ -37,6 +38,18 @@ USAGE = {
     "plan": "gdr plan [+experiment=<name>] [key=value ...] device=h200|h100|a100|cpu [gpus=N]",
 }
 _SKIP = ("model_presets", "hydra")  # tables of presets, not settings one sets one key at a time
+_HIDDEN = {"plan": ("device",)}  # the run's own device= is not what gdr plan's device= names (PLAN_OWN)
+# `gdr plan`'s own keys and flags (gdr/cli/commands/plan.py), listed before the settings of the run it plans
+PLAN_OWN = [
+    (f"device = {PLAN_DEVICE}", "the device the run is planned for: h200 | h100 | a100 | cpu (not the run's "
+                                "device=)"),
+    ("gpus = 1", "GPUs of that kind the run uses"),
+    ("free_gb = null", "GB of device memory free when training starts (resolves the retrievers' auto batch and how "
+                       "many train at once); null = the device's own"),
+    ("--recalibrate", "time this machine's CPU batches again before planning (gdr/calibrate.py)"),
+    ("--check RUN_DIR", "a finished run's measured seconds beside its plan (device= from run.json)"),
+    ("--write-factors", "with --check: keep the measured / predicted factors for later plans"),
+]
 
 
 class _Invalid:
@@ -142,6 +155,14 @@ def _compose(cdir: Path, name: str, chosen: list[str]) -> tuple[DictConfig, list
             return compose(config_name=name, return_hydra_config=True), [], note
 
 
+def _plan_own_lines() -> list[str]:
+    lines = ["", "gdr plan's own keys and flags:"]
+    for head, text in PLAN_OWN:
+        body = textwrap.wrap(text, width=110 - 46)
+        lines += [f"  {head:<44}{body[0]}", *(" " * 46 + x for x in body[1:])]
+    return lines
+
+
 def command_help(command: str, summary: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
     """The text of ``gdr <command> --help``; ``summary``: the command's one-line description; ``overrides``: the
     command line's other arguments, whose group choices (``data=trec``) pick the settings listed, with their
@@ -184,9 +205,11 @@ def command_help(command: str, summary: str, overrides: list[str] | tuple[str, .
             shown = " | ".join(f"{o} {mark}" if o == choice else o for o in options)
             lines.append(f"  {('+' if grp == 'experiment' else '') + grp:<12} {shown}")
 
+    lines += _plan_own_lines() if command == "plan" else []
     lines += ["", "settings (key = default: meaning; the values the check before any work accepts):"]
     raw = OmegaConf.to_container(cfg, resolve=False)
-    for key, value in _leaves(raw).items():
+    hidden = _HIDDEN.get(command, ())
+    for key, value in ((k, v) for k, v in _leaves(raw).items() if k not in hidden):
         meaning = comments.get(key, "")
         rule = next((r for pat, r in rules.items() if _matches(key, pat)), None)
         if rule:

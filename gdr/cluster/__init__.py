@@ -71,6 +71,7 @@ split/merge moves), :mod:`~gdr.cluster.estimator` (``fit_generative``, ``Generat
 from __future__ import annotations
 
 from gdr.cluster.engine import (  # noqa: F401  (the _private ones: the tests read them)
+    GC_KERNEL,
     _greedy_probs,
     _init_greedy_kmeanspp,
     _kmeanspp_probs,
@@ -110,6 +111,7 @@ from gdr.cluster.estimator import (
 from gdr.cluster.split_merge import _merge_costs, _split_gains, _split_merge  # noqa: F401  (the tests read them)
 
 __all__ = [
+    "GC_KERNEL",
     "GCResult",
     "GenerativeClustering",
     "NotFittedError",

@@ -12,6 +12,10 @@ import torch
 from gdr.cluster.equations import _row_blocks
 from gdr.options import GCFitOptions
 
+# The kernel's version, in the keys of the stages that cluster (gdr run's cluster and GC index stages): bump it
+# whenever a change alters the labels a seed gives for the same inputs (e.g. how its float32 products round).
+GC_KERNEL = "gdr-gc-2"
+
 
 def torch_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
@@ -37,6 +41,8 @@ class _Prepared:
     r_max: float             # max_i r_i (global shift, undone when reporting distortions)
     a_total: float           # sum_i exp(r_i - r_max) a_i
     s_self: torch.Tensor     # (N,) float64, V_i . log(V_i / sum_j V_ij): V_i . log c at its own row
+    ref: torch.Tensor        # (J,) float64, log of V's normalised column sum: a log centroid close to every other
+    v_ref: torch.Tensor      # (N,) float64, V_i . ref (V as the kernel holds it, summed in float64)
 
     @property
     def n(self) -> int:
@@ -59,6 +65,7 @@ def prepare_fit(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | N
     r = np.empty(n)
     a = np.empty(n)
     s_self = np.empty(n)
+    col = np.zeros(j)
     for s, e in _row_blocks(n, j):
         lp = logp[s:e].astype(np.float64)
         if upper is not None:
@@ -71,11 +78,27 @@ def prepare_fit(logp: np.ndarray, *, alpha: float = 0.0, log_phi: np.ndarray | N
         s_self[s:e] = np.einsum("ij,ij->i", vv, lw) - tot * np.log(tot)   # V_i . log(V_i / sum V_i)
         r[s:e] = rr
         a[s:e] = np.einsum("ij,ij->i", vv, lp)
+        col += vv.sum(axis=0)
         v[s:e].copy_(torch.from_numpy(vv))
     r_max = float(r.max())
     a_total = float(np.dot(np.exp(r - r_max), a))
+    ref = torch.from_numpy(np.log(np.maximum(col, np.finfo(np.float64).tiny) / col.sum())).to(device)
+    v_ref = torch.empty(n, dtype=torch.float64, device=device)
+    for s, e in _row_blocks(n, j):
+        v_ref[s:e] = v[s:e].double() @ ref
     return _Prepared(v=v, r=torch.from_numpy(r).to(device), a=torch.from_numpy(a).to(device),
-                     r_max=r_max, a_total=a_total, s_self=torch.from_numpy(s_self).to(device))
+                     r_max=r_max, a_total=a_total, s_self=torch.from_numpy(s_self).to(device), ref=ref, v_ref=v_ref)
+
+
+def scores(p: _Prepared, log_c64: torch.Tensor) -> torch.Tensor:
+    """``V @ log c^T``, float64 of shape (N, L), for (L, J) float64 log centroids.
+
+    The kernel-dtype product takes the centroids' offsets from the common reference ``p.ref`` and ``V . ref`` is
+    added back in float64: the differences between centroids, which decide the assignment, keep the kernel's
+    relative precision even where a small alpha puts every centroid close to the others (a float32 product of
+    ``log c`` itself, of size log J, would round them away).
+    """
+    return (p.v @ (log_c64 - p.ref).to(p.v.dtype).T).double() + p.v_ref[:, None]
 
 
 def log_normalise(w: torch.Tensor) -> torch.Tensor:
@@ -142,9 +165,8 @@ def _init_kmeanspp(p: _Prepared, k: int, rng: np.random.Generator) -> np.ndarray
     chosen[0] = rng.integers(p.n)
     dmin = None
     for step in range(1, k + 1):
-        row = p.v[int(chosen[step - 1])]
-        log_c = log_normalise(row[None, :])[0]                       # (J,)
-        d = _doc_distortion(p, p.v @ log_c).cpu().numpy()             # (N,) up to exp(r_max)/J
+        log_c = log_normalise(p.v[int(chosen[step - 1])][None, :].double())      # (1, J)
+        d = _doc_distortion(p, scores(p, log_c)[:, 0]).cpu().numpy()             # (N,) up to exp(r_max)/J
         dmin = d if dmin is None else np.minimum(dmin, d)
         if step == k:
             break
@@ -157,9 +179,8 @@ def _seed_distortions(p: _Prepared, idx, scale: torch.Tensor) -> torch.Tensor:
 
     ``scale`` = exp(r - r_max), shape (N,).
     """
-    log_c = log_normalise(p.v[torch.as_tensor(idx, device=p.v.device)].double()).to(p.v.dtype)   # (L, J)
-    s = p.v @ log_c.T                                                                            # (N, L)
-    return scale[:, None] * (p.a[:, None] - s.double())
+    log_c = log_normalise(p.v[torch.as_tensor(idx, device=p.v.device)].double())   # (L, J)
+    return scale[:, None] * (p.a[:, None] - scores(p, log_c))
 
 
 def _greedy_probs(excess: np.ndarray, chosen: np.ndarray) -> np.ndarray:
@@ -224,6 +245,7 @@ class _Run:
     n_iter: int
     history: list[float]
     converged: bool
+    settled: bool = True     # labels are every document's closest centroid (the final assignment emptied no cluster)
 
 
 def _lloyd(p: _Prepared, init_idx: np.ndarray, max_iter: int, tol: float) -> _Run:
@@ -241,7 +263,7 @@ def _lloyd_from(p: _Prepared, log_c64: torch.Tensor, max_iter: int, tol: float) 
     converged = False
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007 - read after the loop: the number of iterations run
-        s = p.v @ log_c64.to(p.v.dtype).T                                 # (N, K) = V @ log c^T
+        s = scores(p, log_c64)                                            # (N, K) = V @ log c^T
         s_best, new = s.max(dim=1)                                        # argmin_k d = argmax_k V.log c_k
         counts = torch.bincount(new, minlength=k)
         if bool((counts == 0).any()):
@@ -258,7 +280,7 @@ def _lloyd_from(p: _Prepared, log_c64: torch.Tensor, max_iter: int, tol: float) 
             break
         prev = dist
     # final assignment: labels consistent with the returned centroids (unless it empties a cluster)
-    s = p.v @ log_c64.to(p.v.dtype).T
+    s = scores(p, log_c64)
     s_best, final = s.max(dim=1)
     if int(torch.bincount(final, minlength=k).min()) > 0:
         labels = final
@@ -266,7 +288,8 @@ def _lloyd_from(p: _Prepared, log_c64: torch.Tensor, max_iter: int, tol: float) 
         s_best = s.gather(1, labels[:, None])[:, 0]
     d = _doc_distortion(p, s_best)
     dist = math.exp(p.r_max) * float(d.sum()) / p.j
-    return _Run(labels=labels, log_c64=log_c64, distortion=dist, n_iter=it, history=hist, converged=converged)
+    return _Run(labels=labels, log_c64=log_c64, distortion=dist, n_iter=it, history=hist, converged=converged,
+                settled=bool(torch.equal(labels, final)))
 
 
 

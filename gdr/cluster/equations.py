@@ -23,7 +23,7 @@ _PHIS = ("power", "naive")
 # ----------------------------------------------------------------------------------------------
 # validation (public edge only; kernels assume valid input)
 
-def as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
+def as_2d_float(x, name: str, min_rows: int = 1, min_cols: int = 1) -> np.ndarray:
     """``x`` as a float32/float64 ndarray of shape (n, J); clear errors otherwise."""
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu()
@@ -51,6 +51,9 @@ def as_2d_float(x, name: str, min_rows: int = 1) -> np.ndarray:
         raise ValueError(f"{name} has {what}; clustering needs at least {min_rows} documents (rows)")
     if x.shape[1] < 1:
         raise ValueError(f"{name} has no columns (queries); shape {x.shape}")
+    if x.shape[1] < min_cols:  # one query: every centroid is the same point, any partition as good as another
+        raise ValueError(f"{name} has a single column (query); clustering needs at least {min_cols} queries, each "
+                         "document's log-probability of every one")
     _check_finite(x, name)
     return x
 

@@ -16,7 +16,6 @@ from gdr.cluster.engine import _INIT_FNS, _cpu_threads, _lloyd, _Prepared, _Run,
 from gdr.cluster.equations import (
     _PHIS,
     INITS,
-    _check_alpha,
     _distortion_matrix,
     _is_number,
     _row_blocks,
@@ -108,6 +107,11 @@ def _fit_runs(p: _Prepared, n_clusters: int, *, init: str, n_init: int, max_iter
         total_iter += refined.n_iter - best.n_iter
         log.debug("gc split/merge: %d move(s), distortion %.6g -> %.6g", n_moves, before, refined.distortion)
         best = refined
+    if not best.settled:
+        log.warning("generative clustering: assigning every document to its closest centroid would leave a cluster "
+                    "empty (identical documents, or n_clusters=%d above the number of distinct rows): the labels keep "
+                    "the loop's last assignment, and predict() may put some of these documents in another cluster",
+                    n_clusters)
     return GCResult(
         labels=best.labels.cpu().numpy().astype(np.int64), log_centroids=best.log_c64.cpu().numpy(),
         distortion=best.distortion, n_iter=best.n_iter, distortion_history=best.history,
@@ -156,7 +160,7 @@ def fit_generative(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init
     device : torch device of the kernel (``"cpu"``, ``"cuda"``).
     dtype : kernel dtype, float32 (default; safe thanks to the per-row factorisation) or float64.
     """
-    logp = as_2d_float(logp, "logp", min_rows=2)
+    logp = as_2d_float(logp, "logp", min_rows=2, min_cols=2)
     log_w = as_2d_float(log_w, "log_w", min_rows=2)
     if log_w.shape != logp.shape:
         raise ValueError(f"log_w has shape {log_w.shape} but logp has {logp.shape}; they must match")
@@ -174,7 +178,7 @@ def init_centroids(logp: np.ndarray, log_w: np.ndarray, n_clusters: int, *, init
 
     Returns ``(log_c, indices)``: (K, J) float64 normalised log W rows and the (K,) chosen rows.
     """
-    logp = as_2d_float(logp, "logp", min_rows=2)
+    logp = as_2d_float(logp, "logp", min_rows=2, min_cols=2)
     log_w = as_2d_float(log_w, "log_w", min_rows=2)
     check_n_clusters(n_clusters, logp.shape[0])
     _check_fit_params(init, 1, 1, 0.0)
@@ -236,8 +240,6 @@ class GenerativeClustering:
         self.split_merge = split_merge
 
     def _check_params(self) -> None:
-        if self.alpha != "auto":
-            _check_alpha(self.alpha)
         if self.phi not in _PHIS:
             raise ValueError(f"phi must be one of {_PHIS}; got {self.phi!r}")
         if self.clip_sigma is not None and not (_is_number(self.clip_sigma) and 0 < self.clip_sigma < math.inf):
@@ -251,7 +253,8 @@ class GenerativeClustering:
         _check_fit_params(self.init, self.n_init, self.max_iter, self.tol)
         _check_split_merge(self.split_merge)
         device = str(self.device) if isinstance(self.device, torch.device) else self.device
-        check_values({"device": device}, (rule_of(GCFitOptions.__dataclass_fields__["device"], "device"),))
+        fields = GCFitOptions.__dataclass_fields__
+        check_values({"alpha": self.alpha, "device": device}, tuple(rule_of(fields[k], k) for k in ("alpha", "device")))
 
     def get_params(self, deep: bool = True) -> dict:
         """The constructor's arguments by name (scikit-learn's protocol: ``clone``, grid searches)."""
@@ -284,7 +287,7 @@ class GenerativeClustering:
         (V, kernel dtype) is held.
         """
         self._check_params()
-        logp = as_2d_float(logp, "logp", min_rows=2)
+        logp = as_2d_float(logp, "logp", min_rows=2, min_cols=2)
         check_log_probabilities(logp, "logp")
         check_n_clusters(self.n_clusters, logp.shape[0])
         self.clip_upper_ = None if self.clip_sigma is None else clip_bounds_unchecked(logp, float(self.clip_sigma))

@@ -73,11 +73,13 @@ def _pick_per_group(groups: np.ndarray, weights: np.ndarray, k: int, rng: np.ran
 
 
 def _rowdot(p: _Prepared, log_c: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``V_i . log_c[idx_i]`` for every document, float64 of shape (N,); row blocks, no N x J temporary."""
+    """``V_i . log_c[idx_i]`` for every document, float64 of shape (N,); row blocks, no N x J temporary. As
+    :func:`gdr.cluster.engine.scores`, the kernel-dtype product takes the offsets from ``p.ref``, and ``V . ref``
+    is added in float64."""
     out = torch.empty(p.n, dtype=torch.float64, device=p.v.device)
-    lc = log_c.to(p.v.dtype)
+    lc = (log_c.double() - p.ref).to(p.v.dtype)
     for s, e in _row_blocks(p.n, p.j):
-        out[s:e] = (p.v[s:e] * lc[idx[s:e]]).sum(dim=1).double()
+        out[s:e] = (p.v[s:e] * lc[idx[s:e]]).sum(dim=1).double() + p.v_ref[s:e]
     return out
 
 
@@ -212,6 +214,6 @@ def _split_merge(p: _Prepared, run: _Run, max_moves: int, max_iter: int, tol: fl
             break
         run = _Run(labels=kept.labels, log_c64=kept.log_c64, distortion=kept.distortion,
                    n_iter=run.n_iter + kept.n_iter, history=run.history + [kept.distortion],
-                   converged=kept.converged)
+                   converged=kept.converged, settled=kept.settled)
         moves += 1
     return run, moves

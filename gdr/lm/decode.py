@@ -46,14 +46,15 @@ from gdr.models import SamplingOptions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLER_VERSION", "GREEDY_BELOW", "Decoder", "filter_logits", "gumbel_noise", "sample_next",
-           "stop_check_every"]
+__all__ = ["SAMPLER_VERSION", "PER_DOC_SAMPLER", "GREEDY_BELOW", "Decoder", "filter_logits", "gumbel_noise",
+           "sample_next", "stop_check_every"]
 
 # Which queries a (seed, settings) pair gives, recorded in each query manifest. "hf-generate" (a manifest without a
 # version) is transformers' batch-seeded `generate`. "gdr-decode-1" decodes CUDA's bf16 copy with bf16 rotary
 # frequencies and transformers' repeat_kv attention; "gdr-decode-2" keeps the rotary frequencies fp32 and folds the
 # grouped heads (the same tokens in fp32 on a CPU, other near-ties and so other queries in bf16 on CUDA).
 SAMPLER_VERSION = "gdr-decode-2"
+PER_DOC_SAMPLER = 2  # queries per document (``sample.per_doc``): 2 = an empty generation re-drawn, not dropped
 
 _MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}
 _C1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 constants, as signed int64

@@ -18,6 +18,8 @@ under exactly the prompt used for sampling.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import asdict
 from typing import Sequence
@@ -37,6 +39,19 @@ from gdr.rules import check_values
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerativeLM"]
+
+
+def object_digest(model: torch.nn.Module, tokenizer) -> str:
+    """``sha256:<hex>`` over a model object's state (each tensor's name, dtype, shape and bytes) and its tokenizer's
+    vocabulary: what identifies a generator handed in as objects, which no files name (two random-init models of
+    one class, or a model changed in memory before it is wrapped, must not share a folder's queries and P)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"{name}:{t.dtype}:{t.numel()};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    return "sha256:" + h.hexdigest()
 
 
 class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
@@ -59,11 +74,10 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
                      {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
         self.device = resolve_device(device)
         saved = None
-        self.weights = None  # the digest of a model loaded by name (gdr.models.model_digest): its identity
         if isinstance(model, str):
             self.name = model
             path = resolve_model(model)
-            self.weights = model_digest(model)
+            self.weights = model_digest(model)  # its identity: the digest of its files
             saved = saved_generator(path)
             cfg = pretrained_config(path, model)
             cls = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
@@ -75,6 +89,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
                 raise ValueError("pass tokenizer= together with a model object")
             self.model, self.tokenizer = model, tokenizer
             self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+            self.weights = object_digest(model, tokenizer)  # its identity: the digest of its tensors
         self.model.eval().to(self.device)
         self.is_seq2seq = bool(self.model.config.is_encoder_decoder)
         if isinstance(prompt, dict):
@@ -107,9 +122,8 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
 
     def describe(self) -> dict:
         """What identifies this scorer in a manifest: a model loaded by name by the digest of its files, never its
-        path (a model object by its name)."""
-        who = {"weights": self.weights} if self.weights else {"model": self.name}
-        return {**who, "family": "seq2seq" if self.is_seq2seq else "causal",
+        path; a model object by the digest of its weights and vocabulary (:func:`object_digest`)."""
+        return {"weights": self.weights, "family": "seq2seq" if self.is_seq2seq else "causal",
                 "prompt": asdict(self.prompt), "max_doc_tokens": self.max_doc_tokens}
 
     def _pad(self, seqs: Sequence[Sequence[int]], left: bool = False, length: int | None = None

@@ -187,20 +187,10 @@ class SamplingMixin:
             # the bar moves with the decode steps of a batch (a batch may be every query), not only at its end
             step = partial(_advance, bar, b0, len(idx), max_new_tokens) if progress else None
             gen = self.decode_queries([docs[i] for i in uniq], inv, stream[qid], 0, on_step=step, **kw)
-            for attempt in range(1, max_redraws + 1):
-                empty = np.array([k for k, g in enumerate(gen) if not g], dtype=np.int64)
-                if not len(empty):
-                    break
-                redrawn += len(empty)
-                uniq, inv = np.unique(idx[empty], return_inverse=True)
-                again = self.decode_queries([docs[i] for i in uniq], inv, stream[qid[empty]], attempt,
-                                            new_graphs=False, **kw)
-                for k, g in zip(empty, again):
-                    gen[k] = g
-            else:
-                empty = [int(idx[k]) for k, g in enumerate(gen) if not g]
-                if empty:
-                    raise RuntimeError(f"documents {empty} gave empty queries {max_redraws} times; check the prompt")
+            redrawn += self._redraw_empty(gen, docs, idx, stream[qid], max_redraws, **kw)
+            empty = [int(idx[k]) for k, g in enumerate(gen) if not g]
+            if empty:
+                raise RuntimeError(f"documents {empty} gave empty queries {max_redraws} times; check the prompt")
             if given is None:
                 texts.extend(gen)
             else:
@@ -214,19 +204,43 @@ class SamplingMixin:
             log.info("re-drew %d empty generations", redrawn)
         return SampledQueries(texts, source.astype(np.int64), redrawn, self.decoder().compile_record())
 
+    def _redraw_empty(self, gen: list[str], docs: Sequence[str], rows: np.ndarray, qid: np.ndarray,
+                      max_redraws: int, **kw) -> int:
+        """Re-draw, in place, each empty query ``gen[k]`` (of document ``docs[rows[k]]``, random stream ``qid[k]``)
+        with the next attempt number of its stream, up to ``max_redraws`` times, compiling no new graph; returns
+        the re-draws made. What is still empty after them is left empty."""
+        redrawn = 0
+        for attempt in range(1, max_redraws + 1):
+            empty = np.array([k for k, g in enumerate(gen) if not g], dtype=np.int64)
+            if not len(empty):
+                break
+            redrawn += len(empty)
+            uniq, inv = np.unique(rows[empty], return_inverse=True)
+            again = self.decode_queries([docs[i] for i in uniq], inv, qid[empty], attempt, new_graphs=False, **kw)
+            for k, g in zip(empty, again):
+                gen[k] = g
+        return redrawn
+
     def sample_per_doc(self, docs: Sequence[str], n_per_doc: int, first: int = 0, seed: int = 0,
                        max_new_tokens: int = SamplingOptions.max_new_tokens, top_k: int = SamplingOptions.top_k,
                        top_p: float = SamplingOptions.top_p, temperature: float = SamplingOptions.temperature,
-                       max_rows: int | None = None) -> list[list[str]]:
+                       max_rows: int | None = None, max_redraws: int = 10) -> list[list[str]]:
         """``n_per_doc`` queries for each document, each prompt prefilled once and shared by its queries.
 
         ``docs`` are corpus rows ``first, first + 1, ...``: query k of row i uses the random stream
         ``j = i * n_per_doc + k``, so the result does not depend on how the corpus is cut into batches.
-        Empty generations are dropped (as before). ``max_rows``: the caller's batch size (row buckets); whether
-        the decode is compiled is the caller's choice (``self.decoder().set_compile``).
+        An empty generation is re-drawn from its document with the next attempt number of its stream, as
+        :meth:`sample_queries` re-draws; one still empty after ``max_redraws`` is left out, with a warning
+        naming its document. ``max_rows``: the caller's batch size (row buckets); whether the decode is compiled
+        is the caller's choice (``self.decoder().set_compile``).
         """
         rows = np.repeat(np.arange(len(docs)), n_per_doc)
         qid = first * n_per_doc + np.arange(len(rows))
-        gen = self.decode_queries(docs, rows, qid, 0, seed=seed, max_new_tokens=max_new_tokens, top_k=top_k,
-                                  top_p=top_p, temperature=temperature, max_rows=max_rows)
+        kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
+                  max_rows=max_rows)
+        gen = self.decode_queries(docs, rows, qid, 0, **kw)
+        self._redraw_empty(gen, docs, rows, qid, max_redraws, **kw)
+        left = sorted({first + int(rows[k]) for k, g in enumerate(gen) if not g})
+        if left:
+            log.warning("corpus rows %s gave an empty query %d times; their other queries are kept", left, max_redraws)
         return [[q for q in gen[i * n_per_doc:(i + 1) * n_per_doc] if q] for i in range(len(docs))]

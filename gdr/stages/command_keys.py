@@ -43,13 +43,14 @@ __all__ = ["INDEXERS", "SampleKeys", "ScoreKeys", "IndexKeys", "TrainKeys", "Tra
            "RunQG"]
 
 INDEXERS = ("gc", "hkmi", "bmi", "random", "atomic")  # the docid indexers, in the order `gdr run` builds them
+PLAN_DEVICE = "h200"  # the device `gdr plan` plans for unless its device= names one
 
 
 @dataclass
 class SampleKeys:
     """``gdr sample``'s own keys (``gdr score``, ``cluster`` and ``run`` include them)."""
 
-    out: str = setting("runs/${data.name}")
+    out: str = setting("runs/${data.name}", "output folder: queries, P and their manifests (a rerun resumes there)")
     progress: bool = setting(True)
 
 
@@ -92,7 +93,8 @@ class TrainKeys:
     """``gdr train``'s own keys: the docids, the output folder and the training queries."""
 
     docids: str = setting(MISSING, "docids.tsv from `gdr index` (doc_id<TAB>12-3-27)")
-    out_dir: str = setting("runs/train/${data.name}")
+    out_dir: str = setting("runs/train/${data.name}", "output folder: the retriever (model/), its docids, config "
+                                                      "and checkpoints (a rerun resumes there)")
     queries: dict = setting(help="real training queries (gdr.data.load_queries); null name = none",
                             factory=lambda: asdict(TrainQueries()))
     generated: str | None = setting(None, "jsonl {\"doc_id\": ..., \"queries\": [...]} from `gdr sample`")
@@ -112,7 +114,8 @@ class EvaluateKeys:
     """``gdr evaluate``'s (and ``gdr search``'s) own keys: the retriever and where its scores go."""
 
     run_dir: str = setting(MISSING, "a `gdr train` run folder (model/ + docids.tsv)")
-    out_dir: str = setting("${run_dir}/eval/${queries.split}")
+    out_dir: str = setting("${run_dir}/eval/${queries.split}", "output folder: metrics, run.trec, qrels, per-query "
+                                                               "values")
     queries: dict = setting(factory=lambda: asdict(EvaluateQueries()))
 
 
@@ -172,7 +175,8 @@ class QGQueries:
 class QGKeys:
     """``gdr qg``'s own keys (the query generator's ``device`` and ``threads`` are :class:`LMSettings`')."""
 
-    out: str = setting("runs/qg/${data.name}", rule=any_value)  # the out folder: gdr.guard claims it
+    out: str = setting("runs/qg/${data.name}", "output folder: the fine-tuned generator (model/) and its report",
+                       rule=any_value)  # gdr.guard claims it
     progress: bool = setting(True, rule=boolean)
     seed: int = setting(0, rule=seed)
     qg: dict = setting(help=(
@@ -286,7 +290,8 @@ class RunQG:
 class RunKeys:
     """``gdr run``'s own keys: the indexers and seeds compared, the query set, the generated training queries."""
 
-    out: str = setting("runs/run-${data.name}")
+    out: str = setting("runs/run-${data.name}", "output folder: one folder per stage, the report (a rerun reuses "
+                                                "finished stages)")
     indexers: list = setting(help="one docid index per name", factory=lambda: list(INDEXERS))
     seeds: list = setting(help="one retriever per (indexer, seed); the report gives mean (std) over seeds",
                           factory=lambda: [0, 1, 2])

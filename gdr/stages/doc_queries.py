@@ -26,7 +26,7 @@ from gdr.io import (
     write_manifest,
 )
 from gdr.lm import compiling
-from gdr.lm.decode import SAMPLER_VERSION
+from gdr.lm.decode import PER_DOC_SAMPLER, SAMPLER_VERSION
 from gdr.models import SamplingOptions
 from gdr.rerun import RerunCommand
 from gdr.signals import check as check_stop
@@ -72,7 +72,8 @@ def sample_per_doc_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / DOCQ_FILE
-    ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
+    ident = {"sampler": SAMPLER_VERSION, "per_doc_sampler": PER_DOC_SAMPLER, "lm": lm.describe(),
+             "doc_ids_hash": hash_strings(doc_ids),
              "texts_hash": hash_strings(texts), "n_per_doc": n_per_doc, "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature}
     old = read_manifest(out, DOCQ_MANIFEST)

@@ -28,8 +28,7 @@ from gdr.indexing.kmeans import (
 )
 from gdr.indexing.output import write_index
 from gdr.indexing.tree import atomic_codes, random_tree
-from gdr.io import hash_strings, read_jsonl, recorded_identity, write_manifest
-from gdr.rerun import flat_leaves
+from gdr.io import hash_strings, read_jsonl, recorded_identity, what_differs, write_manifest
 from gdr.stages.settings import IndexSettings, index_key_values, index_keys
 from gdr.store import load_run
 
@@ -77,10 +76,18 @@ def index_stage_name(method: str, seed: int | None) -> str:
 
 
 def _docs_jsonl(path: str) -> tuple[list[str], list[str]]:
+    """``kmeans.docs``: ``{"doc_id", "text"}`` records; an id given twice is refused (a docids.tsv with it would be
+    refused by every reader)."""
     rows = read_jsonl(path)
+    first: dict[str, int] = {}
     for i, r in enumerate(rows, 1):
         if "doc_id" not in r or "text" not in r:
             raise ValueError(f"{path}: record {i} needs 'doc_id' and 'text'; got keys {sorted(r)}")
+        d = str(r["doc_id"])
+        if d in first:
+            raise ValueError(f"{path}: record {i}: duplicate doc_id {d!r} (first seen at record {first[d]}); give "
+                             "each document a unique id or delete the duplicate")
+        first[d] = i
     return [str(r["doc_id"]) for r in rows], [str(r["text"]) for r in rows]
 
 
@@ -233,7 +240,9 @@ def _gc_input(run, n_queries: int | None):
     return full.first_queries(n_queries)
 
 
-_INPUTS = ("doc_ids", "queries", "texts", "doc_queries", "real_queries")  # named without their hashes when they differ
+# an index's inputs, named by what their hashes hash
+_INPUTS = {"doc_ids": "the documents (their ids)", "queries": "the P columns' queries", "texts": "the documents' texts",
+           "doc_queries": "the generated queries", "real_queries": "the real queries"}
 
 
 def _identity(settings: IndexSettings, doc_ids: Sequence[str], **inputs) -> dict:
@@ -264,10 +273,10 @@ def _claim_index_folder(out: Path, identity: dict) -> dict:
         raise FileExistsError(f"{out}: holds a {was.get('method')} index, not a {identity['method']} one; pass another "
                               f"out=, or delete {out} to build this one there")
     if was != identity:
-        flat = {**{k: v for k, v in was.items() if k != "settings"}, **flat_leaves(was.get("settings") or {})}
-        now = {**{k: v for k, v in identity.items() if k != "settings"}, **flat_leaves(identity["settings"])}
-        changed = ", ".join(k if k in _INPUTS else f"{k} ({flat.get(k)!r} -> {now.get(k)!r})"
-                            for k in sorted(set(flat) | set(now)) if flat.get(k) != now.get(k))
+        def unnest(ident: dict) -> dict:  # the settings named as the command's keys (``gc.alpha``)
+            return {**{k: v for k, v in ident.items() if k != "settings"}, **(ident.get("settings") or {})}
+
+        changed = what_differs(unnest(was), unnest(identity), inputs=_INPUTS)
         raise FileExistsError(f"{out}: holds an index of other inputs or settings ({changed}); pass another out=, "
                               f"or delete {out} to build this one there")
     return identity

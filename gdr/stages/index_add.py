@@ -140,6 +140,7 @@ def next_steps(index_dir: str | os.PathLike, run_dir: str | os.PathLike) -> str:
 
 
 COPIED_FROM = "copied_from.json"  # written last into a copy an add grows (``out=``): the copy is whole
+COPYING = ".copying_from.json"  # written first into it, removed once it is whole: a copy cut short is made again
 
 
 def _copy_index(index_dir: Path, out: Path) -> Path:
@@ -149,15 +150,22 @@ def _copy_index(index_dir: Path, out: Path) -> Path:
     mark = read_manifest(out, COPIED_FROM) if (out / COPIED_FROM).is_file() else None
     if mark is not None and mark.get("index") == source:
         return out
-    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
+    copying = read_manifest(out, COPYING) if (out / COPYING).is_file() else None
+    if copying is not None and copying.get("index") == source:  # a copy of this index cut short: made again
+        for f in out.iterdir():
+            if f.name not in (LOCK_FILE, COPYING) and f.is_file():
+                f.unlink()
+    elif out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise FileExistsError(f"out={out} holds files that are not a copy of {index_dir}: pass a new folder")
     if not (index_dir / "docids.tsv").is_file():
         raise FileNotFoundError(f"index={index_dir}: no docids.tsv; point index= at a GC index folder")
     out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / COPYING, {"index": source})
     for f in index_dir.iterdir():
         if f.name not in (STAGE_FILE, LOCK_FILE, BACKUP_DIR) and f.is_file():
             shutil.copy2(f, out / f.name)
     atomic_write_json(out / COPIED_FROM, {"index": source})
+    (out / COPYING).unlink()
     log.info("copied the index %s to %s, which grows", index_dir, out)
     return out
 
@@ -185,14 +193,27 @@ def _undo_interrupted_add(index_dir: Path) -> None:
     if not backup.is_dir():
         return
     if (backup / _COPIED).is_file():
-        for name in (backup / _COPIED).read_text().split():
-            os.replace(backup / name, index_dir / name)
+        names = (backup / _COPIED).read_text().split()
+        missing = [n for n in names if not (backup / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index_dir}: the copy of {missing[0]} that would undo a gdr index add cut short "
+                                    f"is gone from {backup}; rebuild the index with gdr index into a new folder")
+        for name in names:  # copied back, each in one replace: the copies stay until every file is back
+            tmp = index_dir / f".{name}.restoring"
+            shutil.copy2(backup / name, tmp)
+            os.replace(tmp, index_dir / name)
         n_docs = len(read_docids(index_dir / "docids.tsv")[0])
         for record in index_dir.glob("manifest.add-*.json"):  # the cut add's own, if it got that far: the one record
             if read_manifest(index_dir, record.name).get("n_total", 0) > n_docs:  # of more documents than are back
                 record.unlink()
         log.warning("%s: a gdr index add was cut short; its files are put back as they were before it", index_dir)
-    shutil.rmtree(backup)
+    _drop_backup(index_dir)
+
+
+def _drop_backup(index_dir: Path) -> None:
+    """Remove ``BACKUP_DIR``: its mark first, so that a kill midway leaves copies no later add puts back."""
+    (index_dir / BACKUP_DIR / _COPIED).unlink(missing_ok=True)
+    shutil.rmtree(index_dir / BACKUP_DIR)
 
 
 def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, chunk_rows: int = GCOptions.chunk_rows,
@@ -215,7 +236,11 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     _undo_interrupted_add(index_dir)
     check_manifest_files(index_dir, fix=RerunCommand("index", index_dir, "rebuild the index with `{}`"))
     st = load_tree_state(index_dir / "tree_state.npz")  # of the current format (gdr.upgrade.refuse_format_0_gc_index)
-    run = load_run(run_dir, require_manifest=False).first_queries(st.n_queries)
+    run = load_run(run_dir, require_manifest=False)
+    if run.pmatrix.n_cols < st.n_queries:
+        raise ValueError(f"{run.path}: P has {run.pmatrix.n_cols} query columns, but the index in {index_dir} was "
+                         f"built on J={st.n_queries} queries; {_RescoreAdvice(run.path, st.meta['queries']['source'])}")
+    run = run.first_queries(st.n_queries)
     check_same_queries(st, run, index_dir)
     old_ids, old_codes = read_docids(index_dir / "docids.tsv")
     known = set(old_ids)
@@ -234,7 +259,7 @@ def add_to_index(index_dir: str | os.PathLike, run_dir: str | os.PathLike, *, ch
     n_prev = len(list(index_dir.glob("manifest.add-*.json")))
     write_manifest(index_dir, name=f"manifest.add-{n_prev + 1}.json", command="index add", run=str(run.path),
                    n_added=len(codes), n_total=len(old_codes) + len(codes), **stats)
-    shutil.rmtree(index_dir / BACKUP_DIR)  # the add is whole: nothing to undo
+    _drop_backup(index_dir)  # the add is whole: nothing to undo
     log.info("added %d documents to %s (%d redirected from a full leaf, %d new leaves)", len(codes), index_dir,
              stats["n_redirected"], stats["n_new_leaves"])
     return AddResult(doc_ids=list(run.doc_ids), codes=codes, **stats)

@@ -195,8 +195,10 @@ def build_report(settings: dict, command: str, records: Sequence, n_docs: int, r
     metrics = tuple(dict.fromkeys([*paired, _primary_metric(v, k)]))
     systems, qids = read_systems(eval_dirs, metrics, k) if eval_dirs and len(eval_dirs) > 1 else ({}, {})
     comparisons = compare_read(systems, qids, "gc", paired)
-    query_only = verdict(find(comparisons, "gc", "hkmi", "recall@1"), names=SCHEME_NAMES)
     primary = primary_section(v, systems, qids, k, comparisons)
+    # the primary pair's query-only test, from the comparisons while the primary test lacks a scheme's retriever
+    query_only = verdict(primary["query_only"] if primary else find(comparisons, *v.pair, _primary_metric(v, k)),
+                         names=SCHEME_NAMES)
     said = primary["line"] if primary else _no_primary(v, cfg["indexers"])
     corpus_name = corpus_name or cfg['data']['name']
     trained_on = trained_on or f"`{cfg['queries']['train_split']}`"
@@ -380,8 +382,6 @@ def primary_section(v: Verdict, systems: dict, qids: dict, k: int, comparisons: 
     vb = systems[b][metric][:, [pos_b[qids[a][i]] for i in common]] * 100.0
     test = seed_query_test(va, vb, (a, b), metric)
     said = primary_verdict(test, margin, names=SCHEME_NAMES)
-    if min(test.n_seeds_a, test.n_seeds_b) < 2:
-        said["line"] = said["line"][:-1] + "; one seed: the seed noise is not estimated, so it is not counted."
     per_seed = {s: (vals[metric].mean(axis=1) * 100.0) for s, vals in systems.items()}
     schemes = {s: {"mean": round(float(x.mean()), 2), "sd": round(float(x.std(ddof=1)), 2) if len(x) > 1 else None,
                    "seeds": len(x)} for s, x in per_seed.items()}

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from gdr.device import dist_info, local_device, machine_record
+from gdr.device import dist_info, local_device, machine_differences, machine_record
 from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
@@ -333,9 +333,11 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     order = np.argsort(prompt_len, kind="stable")
     n_shards = -(-len(order) // shard_size)
     digests = text_digests(texts)
+    earlier = read_manifest(out, P_MANIFEST) if rank == 0 else None
     if rank == 0:
         prepare_p(out, ident, doc_ids, (len(doc_ids), len(queries)), dtype, order, shard_size, world, digests)
     _barrier(world)
+    scored_on = _scored_on(out, earlier) if rank == 0 else []
     reuse = None
     if reuse_from is not None and Path(reuse_from).resolve() != out.resolve() and _rows_apart(lm, doc_batch_size,
                                                                                             reuse_from):
@@ -359,9 +361,26 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     if rank == 0:
         extra = {"reused_from": str(reuse.path)} if reuse is not None else {}
         finish_p(out, ident, n_shards, world, seconds_last_call=round(time.perf_counter() - t0, 2),
-                 pairs_scored_last_call=pairs, doc_texts_hash=hash_strings(digests), machine=machine_record(),
-                 **extra)
+                 pairs_scored_last_call=pairs, doc_texts_hash=hash_strings(digests), machine=scored_on[-1],
+                 **({"machines": scored_on} if len(scored_on) > 1 else {}), **extra)
     return p_path
+
+
+def _scored_on(out: Path, earlier: dict | None) -> list[dict]:
+    """The machines whose shards P holds: those of an unfinished P in ``out`` (``earlier``, its manifest before this
+    call), then this one where its kernels round otherwise, said in a warning (each machine's shards are kept; the
+    manifest lists them all as ``machines``)."""
+    now = machine_record()
+    if not earlier or earlier.get("status") == "complete" or not earlier.get("machine"):
+        return [now]
+    before = earlier.get("machines") or [earlier["machine"]]
+    differ = machine_differences(before[-1], now)
+    if differ:
+        log.warning("%s: resuming a P whose finished shards were scored on another machine (%s): their last bits may "
+                    "differ from shards scored here; the manifest lists both machines (delete %s to score all here)",
+                    out / P_FILE, "; ".join(differ), out)
+        return [*before, now]
+    return before
 
 
 def _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,

@@ -376,7 +376,8 @@ class ClusterSettings(Settings):
                                            rule=optional(non_empty_list), rule_help="the labels evaluated; null = all")
     gc: ClusterGC = setting(help="GC settings; each variant overrides some of `gc` (the paper's ablations)",
                             factory=ClusterGC, effect="result")
-    variants: dict = setting(factory=lambda: {"gc": {}}, effect="result", rule=Each(ClusterGC))
+    variants: dict = setting(help="named GC variants, each a dict of gc keys it changes, clustered beside gc",
+                             factory=lambda: {"gc": {}}, effect="result", rule=Each(ClusterGC))
     baselines: list = setting(help="k-means baselines (only when labels exist)",
                               factory=lambda: ["tfidf", "embedding", "logp"], effect="result",
                               rule=string_list("tfidf", "embedding", "logp"))
@@ -457,11 +458,15 @@ class TrainModel:
 
     size: str = setting("small30m", "a preset below; any non-null key here overrides it", effect="result",
                         rule=preset, rule_help="the retriever preset")
-    encoder: str | None = setting(None, effect="result", rule=any_value)
-    encoder_config: dict | None = setting(None, effect="result", rule=any_value)
+    encoder: str | None = setting(None, "a pretrained encoder (a name or folder; null = the preset's)",
+                                  effect="result", rule=any_value)
+    encoder_config: dict | None = setting(None, "T5Config keys (d_model, num_layers, ...) of a randomly initialised "
+                                                "encoder, built where encoder is null", effect="result",
+                                          rule=any_value)
     encoder_layers: int | None = setting(None, "first N layers of a pretrained encoder (null = all)", effect="result",
                                          rule=OPT_POSITIVE)
-    tokenizer: str | None = setting(None, effect="result", rule=any_value)
+    tokenizer: str | None = setting(None, "the queries' tokenizer (null = the encoder's)", effect="result",
+                                    rule=any_value)
     n_digits: int | None = setting(None, "null = from the docids (max digit + 1)", effect="result", rule=OPT_POSITIVE)
     max_code_len: int | None = setting(None, "null = from the docids (longest code)", effect="result",
                                        rule=OPT_POSITIVE)

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from gdr.cli.common import compose, lm_settings, section
 from gdr.config import save_config, to_container
 from gdr.data import corpus_from_config
-from gdr.rerun import flat_leaves
+from gdr.io import what_differs
 from gdr.stages.cluster import cluster_run
 from gdr.stages.sample import sample_queries
 from gdr.stages.score import queries_of_run, score_queries
@@ -28,13 +28,10 @@ def _say_replaced(saved: Path, now: dict) -> None:
     """A clustering of other settings in the folder is replaced (its P is reused): said, naming what changed."""
     if not saved.is_file():
         return
-    was = flat_leaves(to_container(OmegaConf.load(saved)).get("cluster") or {})
-    now = flat_leaves(now)
-    changed = [f"cluster.{k} ({was.get(k)!r} -> {now.get(k)!r})" for k in sorted(set(was) | set(now))
-               if was.get(k) != now.get(k)]
+    changed = what_differs(to_container(OmegaConf.load(saved)), {"cluster": now}, ["cluster"])
     if changed:
         log.warning("%s: replacing the clustering of other settings (%s); P and its queries are reused",
-                    saved.parent, ", ".join(changed))
+                    saved.parent, changed)
 
 
 def cluster_main(argv: list[str]) -> int:
@@ -68,4 +65,5 @@ def cluster_main(argv: list[str]) -> int:
     for kk, desc in enumerate(result["methods"]["GC"]["descriptions"]):
         print(f"cluster {kk}: " + " | ".join(q for q, _ in desc[:3]))
     print(f"\nresults in {out}")
+    print(f"next: build GC docids from its P, `gdr index method=gc run={out} out={out}-gc`")
     return 0

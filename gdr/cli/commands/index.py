@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gdr.cli.common import next_command, override_keys
 from gdr.config import command_config, save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.guard import claim_out
@@ -39,11 +40,21 @@ def index_main(argv: list[str]) -> int:
     build_index(settings, cfg.out, corpus=corpus if data else None, run=cfg.run)
     save_config(cfg, cfg.out)
     print(open(Path(cfg.out) / "summary.txt", encoding="utf-8").read(), end="")
+    docids = Path(cfg.out) / "docids.tsv"
+    train = next_command(argv, "train", f"docids={docids}", f"out_dir={cfg.out}-train")
+    print(f"next: train a retriever on these docids, `{train}`")
     return 0
+
+
+_ADD_KEYS = ("run", "index", "out", "gc.chunk_rows", "plot", "progress")  # what gdr index add reads
 
 
 def add_main(argv: list[str]) -> int:
     """``gdr index add run=<P-matrix run of new documents> index=<GC index folder> [out=<folder for a grown copy>]``."""
+    unused = [k for k in override_keys([a for a in argv if not a.startswith("-")]) if k not in _ADD_KEYS]
+    if unused:  # the index's own K, c, seed and method decide where documents go
+        raise ValueError(f"gdr index add: {unused[0]}= is a key of building an index (gdr index), which an add keeps "
+                         f"as the index has it; an add takes {', '.join(k + '=' for k in _ADD_KEYS)}")
     cfg, show = _compose(list(argv))
     if show:
         return 0

@@ -37,13 +37,14 @@ from gdr.plan import (
     write_factors,
     write_run_plan,
 )
+from gdr.stages.command_keys import PLAN_DEVICE
 from gdr.validate import validate
 
 
 def plan_main(argv: list[str]) -> int:
     if "--check" in argv:
         return _check(argv)
-    device, gpus, free, rest = "h200", "1", None, []
+    device, gpus, free, rest = PLAN_DEVICE, "1", None, []
     calibrate = "refresh" if "--recalibrate" in argv else "run"
     for a in argv:
         key, _, value = a.partition("=")

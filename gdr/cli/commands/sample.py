@@ -6,7 +6,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from gdr.cli.common import compose, config_saved, in_section, lm_settings, override_keys, section, without_section
+from gdr.cli.common import (
+    compose,
+    config_saved,
+    in_section,
+    lm_settings,
+    next_command,
+    override_keys,
+    section,
+    without_section,
+)
 from gdr.config import to_container
 from gdr.data import corpus_from_config
 from gdr.device import dist_info
@@ -29,13 +38,19 @@ def sample_main(argv: list[str]) -> int:
         with config_saved(cfg, cfg.out, "sample.config.yaml"):
             path = sample_doc_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
         log.info("%d queries per document in %s", s.per_doc, path)
+        print(f"next: train on them, `{next_command(argv, 'train', 'docids=<docids.tsv>', f'generated={path}')}`, or "
+              f"index by them, `{next_command(argv, 'index', 'method=bmi', f'kmeans.doc_queries={path}')}`")
         return 0
     with config_saved(cfg, cfg.out, "sample.config.yaml"):
         rows = sample_queries(lm, corpus, cfg.out, s, progress=cfg.progress)
     for r in rows[:5]:
         log.info("sample query from %s: %s", r["source_doc_id"], r["text"])
     log.info("%d queries in %s", len(rows), Path(cfg.out) / "queries.jsonl")
+    print(f"next: score them against every document, `{next_command(argv, 'score', keep=_LM_KEYS)}`")
     return 0
+
+
+_LM_KEYS = ("data", "model", "sample", "score", "out", "device")  # what a P made in the same folder is keyed by
 
 
 def score_main(argv: list[str]) -> int:
@@ -50,6 +65,8 @@ def score_main(argv: list[str]) -> int:
                            queries_from=cfg.get("queries_from"),
                            resample=score.sample_command(cfg.out, without_section(argv, "score")),
                            reuse_from=_reuse_from(cfg))
+    print(f"P in {Path(cfg.out)}; next: cluster it, `{next_command(argv, 'cluster', keep=_LM_KEYS)}` (P reused), or "
+          f"build GC docids, `gdr index method=gc run={cfg.out} out={cfg.out}-gc`")
     return 0
 
 

@@ -114,7 +114,8 @@ def search_main(argv: list[str]) -> int:
             raise ConfigError(f"k={c['k']}: {problem}")
     retriever = Retriever.load(c["run_dir"], device=c.get("device"), beam=c["beam"],
                                length_penalty=c["length_penalty"], batch_size=c["batch_size"])
-    k = int(c["k"]) if "k" in keys else SHOWN_K
+    # shown: k, or SHOWN_K cut to a beam given alone (its search holds no more; a wider one is not what was asked)
+    k = int(c["k"]) if "k" in keys else min(SHOWN_K, int(c["beam"])) if "beam" in keys else SHOWN_K
     results = retriever.search(queries, k=k)
     label = _doc_labels(c["run_dir"], data) or {}
     for q, res in zip(queries, results):

@@ -1,7 +1,9 @@
 """``gdr train``: compose ``conf/train.yaml``, call :func:`gdr.stages.train.train_retriever`."""
 from __future__ import annotations
 
-from gdr.cli.common import compose, corpus_and_queries
+import shlex
+
+from gdr.cli.common import compose, corpus_and_queries, next_command
 from gdr.config import save_config
 from gdr.stages.settings import TrainSettings
 from gdr.stages.train import check_train_inputs, train_retriever
@@ -19,4 +21,7 @@ def train_main(argv: list[str]) -> int:
     res = train_retriever(corpus, c["docids"], out, settings, queries=qs, generated=c.get("generated"),
                           write_config=lambda folder: save_config(cfg, folder))
     print(f"model: {res.model_dir}  best {res.monitor}: {res.best_score}  steps: {res.global_step}")
+    evaluate = next_command(argv, "evaluate", f"run_dir={out}", keep=("data", "queries"))
+    print(f"next: evaluate it on the test queries, `{evaluate}`, or search it, "
+          f"`gdr search \"a query\" run_dir={shlex.quote(str(out))}`")
     return 0
