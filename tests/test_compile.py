@@ -112,13 +112,13 @@ def _blank_first_draws(lm, monkeypatch, n: int = 3):
     them through the real path: the decode of a few rows at attempt 1."""
     import numpy as np
 
-    real = lm.decode_queries
+    real = lm.decode_ended
 
-    def decode_queries(docs, rows, qid, attempt, **kw):
-        out = real(docs, rows, qid, attempt, **kw)
-        return [""] * n + out[n:] if np.all(np.asarray(attempt) == 0) else out
+    def decode_ended(docs, rows, qid, attempt, **kw):
+        out, ended = real(docs, rows, qid, attempt, **kw)
+        return ([""] * n + out[n:] if np.all(np.asarray(attempt) == 0) else out), ended
 
-    monkeypatch.setattr(lm, "decode_queries", decode_queries)
+    monkeypatch.setattr(lm, "decode_ended", decode_ended)
 
 
 def _counting(lm, backend="eager"):

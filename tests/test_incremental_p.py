@@ -60,7 +60,7 @@ def test_a_query_groups_columns_depend_only_on_its_own_queries(make):
 def _counting(lm, monkeypatch):
     """Counters of the queries decoded and the (document, query) pairs scored through ``lm``."""
     seen = {"decoded": 0, "scored": 0}
-    decode, score = lm.decode_queries, lm.score
+    decode, score = lm.decode_ended, lm.score
 
     def decoding(docs, rows, *a, **k):
         seen["decoded"] += len(rows)
@@ -70,7 +70,7 @@ def _counting(lm, monkeypatch):
         seen["scored"] += len(docs) * len(queries)
         return score(docs, queries, *a, **k)
 
-    monkeypatch.setattr(lm, "decode_queries", decoding)
+    monkeypatch.setattr(lm, "decode_ended", decoding)
     monkeypatch.setattr(lm, "score", scoring)
     return seen
 

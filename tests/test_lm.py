@@ -19,23 +19,50 @@ def test_engine_equals_naive(family, doc_batch_size, max_query_tokens, llama, t5
     assert (fast < 0).all()
 
 
-def test_score_counts_eos(llama):
-    """Eq. (1) includes the end-of-sequence token: the same query without EOS scores strictly higher."""
-    ids = llama.query_ids(["cat mat"])[0]
-    assert ids[-1] == llama.eos_id
-    full = llama.score(DOCS[:1], ["cat mat"], progress=False)[0, 0]
-    # Score without EOS by hand through the naive path with the EOS dropped.
-    import torch
-
-    p = llama.prompt_ids(DOCS[:1])[0]
-    q = ids[:-1]
+def _by_hand(lm, doc: str, query: str, stop: list[int], ended: bool) -> float:
+    """log p(query | doc) from the model's own logits: its tokens' log-probs, then, if it ended, log of the summed
+    probability of the stop ids."""
+    p = lm.prompt_ids([doc])[0]
+    q = lm.tokenizer(query, add_special_tokens=False)["input_ids"]
     with torch.inference_mode():
-        logits = llama.model(input_ids=torch.tensor([p + q])).logits[0].float()
-    lp = logits.log_softmax(-1)
-    no_eos = float(sum(lp[len(p) - 1 + t, q[t]] for t in range(len(q))))
-    eos_term = float(lp[len(p) + len(q) - 1, llama.eos_id])
-    assert full == pytest.approx(no_eos + eos_term, abs=1e-4)
-    assert full < no_eos
+        lp = lm.model(input_ids=torch.tensor([p + q])).logits[0].double().log_softmax(-1)
+    total = sum(float(lp[len(p) - 1 + t, q[t]]) for t in range(len(q)))
+    return total + (float(torch.logsumexp(lp[len(p) + len(q) - 1, stop], 0)) if ended else 0.0)
+
+
+def test_score_counts_the_end_token(llama):
+    """Eq. (1) includes the query's end: with the end-of-sequence token as the only stop id, its log-prob; the
+    same query cut before its end (ended False) scores strictly higher, its tokens alone."""
+    assert llama.query_ids(["cat mat"])[0][-1] == llama.eos_id and llama._stop_ids() == [llama.eos_id]
+    full, cut = llama.score(DOCS[:1], ["cat mat"] * 2, progress=False, ended=[True, False])[0]
+    assert full == pytest.approx(_by_hand(llama, DOCS[0], "cat mat", [llama.eos_id], True), abs=1e-4)
+    assert cut == pytest.approx(_by_hand(llama, DOCS[0], "cat mat", [], False), abs=1e-4)
+    assert full < cut
+
+
+@pytest.mark.parametrize("attention,doc_batch_size,max_query_tokens", [("dense", 1, 2048), ("dense", 3, 5),
+                                                                       ("flex", 2, 2048), ("flex", 7, 4)])
+def test_an_ended_querys_end_is_any_stop_id_and_a_cut_querys_is_none(llama, monkeypatch, attention, doc_batch_size,
+                                                                       max_query_tokens):
+    """A model that stops at a second id (SmolLM2: its end token and a newline) ends a query with either: the end
+    term is log(p(end) + p(newline)), whichever the sampler stopped on; a query cut at max_new_tokens has none.
+    Checked against the model's own logits and the naive reference, on both attention paths and in chunks, an
+    empty ended query (its one token, its end, scored from the prompt) included."""
+    period = llama.tokenizer.convert_tokens_to_ids(".")
+    stop = [llama.eos_id, period]
+    monkeypatch.setattr(llama, "_stop_ids", lambda: sorted(stop))
+    queries = ["cat mat", "stock market fall today", "x", "oil", "", "new striker signed", "x"]
+    ended = np.array([True, False, True, False, True, True, False])
+    fast = llama.score(DOCS, queries, doc_batch_size=doc_batch_size, max_query_tokens=max_query_tokens,
+                       progress=False, attention=attention, ended=ended)
+    want = np.array([[_by_hand(llama, d, q, stop, e) for q, e in zip(queries, ended)] for d in DOCS])
+    np.testing.assert_allclose(fast, want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(llama.score_naive(DOCS, queries, ended=ended), want, atol=1e-4, rtol=0)
+    only_eos = llama.score(DOCS, queries, progress=False, ended=ended, attention=attention)
+    monkeypatch.setattr(llama, "_stop_ids", lambda: [llama.eos_id])
+    assert (fast[:, ended] > llama.score(DOCS, queries, progress=False, ended=ended)[:, ended]).all()
+    np.testing.assert_array_equal(only_eos[:, ~ended], llama.score(DOCS, queries, progress=False,
+                                                                   ended=ended, attention=attention)[:, ~ended])
 
 
 def test_document_truncation(llama):
@@ -66,14 +93,14 @@ def test_sampling_resume_equals_uninterrupted(llama):
 
 def test_empty_generations_are_redrawn(llama, monkeypatch):
     calls = []
-    orig = llama.decode_queries
+    orig = llama.decode_ended
 
     def flaky(docs, rows, qid, attempt, **kw):
         calls.append((len(qid), int(np.max(attempt))))
-        out = orig(docs, rows, qid, attempt, **kw)
-        return ["" if len(calls) == 1 and k == 0 else t for k, t in enumerate(out)]
+        out, ended = orig(docs, rows, qid, attempt, **kw)
+        return ["" if len(calls) == 1 and k == 0 else t for k, t in enumerate(out)], ended
 
-    monkeypatch.setattr(llama, "decode_queries", flaky)
+    monkeypatch.setattr(llama, "decode_ended", flaky)
     res = llama.sample_queries(DOCS, 4, seed=0, batch_size=4, max_new_tokens=6, progress=False)
     assert res.n_redrawn == 1 and calls == [(4, 0), (1, 1)]  # the redraw uses the next attempt's stream
     assert all(res.texts)
@@ -173,12 +200,12 @@ def test_per_doc_sampling_redraws_an_empty_generation_as_sample_queries_does(mon
     from tiny_models import tiny_llama
 
     lm = tiny_llama()
-    real = lm.decode_queries
+    real = lm.decode_ended
 
     def every_third_empty_at_first(docs, rows, qid, attempt, **kw):
-        out = real(docs, rows, qid, attempt, **kw)
-        return ["" if attempt == 0 and q % 3 == 0 else g for q, g in zip(np.asarray(qid).tolist(), out)]
+        out, ended = real(docs, rows, qid, attempt, **kw)
+        return ["" if attempt == 0 and q % 3 == 0 else g for q, g in zip(np.asarray(qid).tolist(), out)], ended
 
-    monkeypatch.setattr(lm, "decode_queries", every_third_empty_at_first)
+    monkeypatch.setattr(lm, "decode_ended", every_third_empty_at_first)
     got = lm.sample_per_doc(DOCS[:4], 3, seed=0, max_new_tokens=5)
     assert [len(q) for q in got] == [3, 3, 3, 3] and all(all(q) for q in got)

@@ -112,8 +112,13 @@ class PromptMixin:
         return self._cached_ids("prompt", docs, lambda new: self.tokenizer(
             self.prompt_texts(new), add_special_tokens=self.is_seq2seq)["input_ids"])
 
-    def query_ids(self, queries: Sequence[str]) -> list[list[int]]:
-        """Token ids of each query, ending with the end-of-sequence token (Eq. 1 scores it too); tokenised once
-        per query text (:class:`TokenCache`)."""
-        return self._cached_ids("query", queries, lambda new: [
-            list(q) + [self.eos_id] for q in self.tokenizer(new, add_special_tokens=False)["input_ids"]])
+    def query_ids(self, queries: Sequence[str], ended: Sequence[bool] | np.ndarray | None = None
+                  ) -> list[list[int]]:
+        """Token ids of each query, tokenised once per query text (:class:`TokenCache`), followed by the
+        end-of-sequence token where the query ended (Eq. 1 scores its end too): ``ended`` (n_queries,) bool, None
+        for all; False for a query cut at ``max_new_tokens`` before the model ended it (its sampled event has no
+        end)."""
+        ids = self._cached_ids("query", queries, lambda new: self.tokenizer(new, add_special_tokens=False)["input_ids"])
+        if ended is None:
+            return [q + [self.eos_id] for q in ids]
+        return [q + [self.eos_id] if e else q for q, e in zip(ids, ended, strict=True)]

@@ -28,12 +28,15 @@ CPU_BATCH = 64
 
 @dataclass
 class SampledQueries:
-    """Queries sampled from a corpus: ``texts[j]`` was generated from document ``source_index[j]``."""
+    """Queries sampled from a corpus: ``texts[j]`` was generated from document ``source_index[j]``; ``ended[j]``:
+    whether the model ended it (wrote a stop id) before ``max_new_tokens``, else it was cut there (P scores no
+    end for it, :data:`gdr.lm.scoring.QUERY_END`)."""
 
     texts: list[str]
     source_index: np.ndarray  # (n_queries,) int64, row of the source document
     n_redrawn: int = 0
     compile: dict | None = None  # what the decode compiled (gdr.lm.decode.Decoder.compile_record)
+    ended: np.ndarray | None = None  # (n_queries,) bool; None: all ended (queries not sampled here)
 
 
 def _advance(bar, first: int, rows: int, max_new_tokens: int, step: int) -> None:
@@ -81,11 +84,15 @@ class SamplingMixin:
             dec = self._decoder = Decoder(self)
         return dec
 
-    def decode_queries(self, docs: Sequence[str], rows: np.ndarray, qid: np.ndarray, attempt: np.ndarray | int,
-                       seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
-                       top_k: int = SamplingOptions.top_k, top_p: float = SamplingOptions.top_p,
-                       temperature: float = SamplingOptions.temperature, max_rows: int | None = None,
-                       new_graphs: bool = True, on_step=None) -> list[str]:
+    def decode_queries(self, *args, **kw) -> list[str]:
+        """The texts of :meth:`decode_ended`'s queries (same arguments)."""
+        return self.decode_ended(*args, **kw)[0]
+
+    def decode_ended(self, docs: Sequence[str], rows: np.ndarray, qid: np.ndarray, attempt: np.ndarray | int,
+                     seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
+                     top_k: int = SamplingOptions.top_k, top_p: float = SamplingOptions.top_p,
+                     temperature: float = SamplingOptions.temperature, max_rows: int | None = None,
+                     new_graphs: bool = True, on_step=None) -> tuple[list[str], np.ndarray]:
         """One query per row with our decode loop: row r continues ``docs[rows[r]]`` with the random stream
         of query ``qid[r]`` (redraw ``attempt[r]``), so its text does not depend on the other rows.
 
@@ -93,7 +100,8 @@ class SamplingMixin:
         max_rows : the batch size of the caller (the largest row bucket of a compiled decode).
         new_graphs : False (re-draws): a compiled decode compiles no new graph, see ``Decoder.decode``.
         on_step : called with the tokens decoded so far after each decode step (``Decoder.decode``).
-        Returns B cleaned queries.
+        Returns B cleaned queries and (B,) bool: whether each ended at a stop id (else it was cut at
+        ``max_new_tokens``).
         """
         rows_t = torch.as_tensor(np.asarray(rows, dtype=np.int64))
         qid_t = torch.as_tensor(np.asarray(qid, dtype=np.int64))
@@ -101,8 +109,9 @@ class SamplingMixin:
         out = self.decoder().decode(self.prompt_ids(docs), rows_t, qid_t, att_t, seed=seed,
                                     max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
                                     temperature=temperature, max_rows=max_rows, new_graphs=new_graphs,
-                                    on_step=on_step)
-        return [clean_query(t) for t in self.tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)]
+                                    on_step=on_step).cpu()
+        ended = np.isin(out.numpy(), self._stop_ids()).any(1)  # (B,) the decode keeps a row's stop id
+        return [clean_query(t) for t in self.tokenizer.batch_decode(out, skip_special_tokens=True)], ended
 
     def auto_batch_size(self, max_new_tokens: int = SamplingOptions.max_new_tokens) -> int:
         """``sample.batch_size: auto``: queries per decode batch.
@@ -142,7 +151,7 @@ class SamplingMixin:
                        max_redraws: int = 10, progress: bool = True, start: "SampledQueries | None" = None,
                        on_batch=None, compile: bool | str = SamplingOptions.compile,
                        compile_min_queries: int | str = SamplingOptions.compile_min_queries,
-                       given: "Sequence[str | None] | None" = None,
+                       given: "Sequence[tuple[str, bool] | None] | None" = None,
                        draws: "tuple[np.ndarray, np.ndarray] | None" = None) -> SampledQueries:
         """Algorithm 1 line 1 / Section 4.3: draw ``n`` documents uniformly (with replacement, i.i.d. from
         the prior) and generate one query from each.
@@ -154,8 +163,9 @@ class SamplingMixin:
         ``on_batch(partial)`` is called after every batch (used to checkpoint). ``compile`` (auto | true |
         false) and ``compile_min_queries`` decide whether the decode step is compiled, for all ``n`` queries
         (:func:`gdr.lm.compiling.want_compile`): a resumed call decodes on the same path as the first.
-        ``given``: (n,) the texts of queries known already (from an older run over the same documents, their
-        source unchanged), None where a query is to be decoded; only those are (no ``start``, no ``on_batch``).
+        ``given``: (n,) the (text, ended) of queries known already (from an older run over the same documents,
+        their source unchanged), None where a query is to be decoded; only those are (no ``start``, no
+        ``on_batch``).
         ``draws``: (source, stream), each (n,) int64: query j from document ``source[j]`` with random stream
         ``stream[j]`` (:func:`gdr.lm.decode.row_keys`); None: ``n`` documents drawn uniformly with ``seed``,
         query j on stream j.
@@ -163,11 +173,15 @@ class SamplingMixin:
         source, stream = draws if draws is not None else (np.random.default_rng(seed).integers(0, len(docs), size=n),
                                                           np.arange(n))
         texts = list(start.texts) if start is not None else []
+        ended = np.ones(n, dtype=bool)  # (n,) filled as queries are decoded
+        if start is not None and start.ended is not None:
+            ended[:len(texts)] = start.ended
         redrawn = start.n_redrawn if start is not None else 0
         done = len(texts)
         if given is not None:
-            texts = list(given)
-            todo = np.flatnonzero(np.array([t is None for t in given], dtype=bool))  # (n_left,) queries to decode
+            texts = [None if g is None else g[0] for g in given]
+            ended[:] = [g is None or g[1] for g in given]
+            todo = np.flatnonzero(np.array([g is None for g in given], dtype=bool))  # (n_left,) queries to decode
         else:
             todo = np.arange(done, n)
         bs = self.auto_batch_size(max_new_tokens) if batch_size == "auto" else int(batch_size)
@@ -186,8 +200,9 @@ class SamplingMixin:
             uniq, inv = np.unique(idx, return_inverse=True)
             # the bar moves with the decode steps of a batch (a batch may be every query), not only at its end
             step = partial(_advance, bar, b0, len(idx), max_new_tokens) if progress else None
-            gen = self.decode_queries([docs[i] for i in uniq], inv, stream[qid], 0, on_step=step, **kw)
-            redrawn += self._redraw_empty(gen, docs, idx, stream[qid], max_redraws, **kw)
+            gen, ends = self.decode_ended([docs[i] for i in uniq], inv, stream[qid], 0, on_step=step, **kw)
+            redrawn += self._redraw_empty(gen, docs, idx, stream[qid], max_redraws, ends, **kw)
+            ended[qid] = ends
             empty = [int(idx[k]) for k, g in enumerate(gen) if not g]
             if empty:
                 raise RuntimeError(f"documents {empty} gave empty queries {max_redraws} times; check the prompt")
@@ -198,17 +213,20 @@ class SamplingMixin:
                     texts[j] = g
             bar.update(b0 + len(idx) - bar.n)
             if on_batch is not None and given is None:
-                on_batch(SampledQueries(texts, source[:len(texts)], redrawn))
+                on_batch(SampledQueries(texts, source[:len(texts)], redrawn, ended=ended[:len(texts)].copy()))
         bar.close()
         if redrawn:
             log.info("re-drew %d empty generations", redrawn)
-        return SampledQueries(texts, source.astype(np.int64), redrawn, self.decoder().compile_record())
+        if n and not ended.all():
+            log.info("%d of %d queries reached max_new_tokens=%d before the model ended them (scored without an "
+                     "end)", int((~ended).sum()), n, max_new_tokens)
+        return SampledQueries(texts, source.astype(np.int64), redrawn, self.decoder().compile_record(), ended)
 
     def _redraw_empty(self, gen: list[str], docs: Sequence[str], rows: np.ndarray, qid: np.ndarray,
-                      max_redraws: int, **kw) -> int:
+                      max_redraws: int, ended: np.ndarray | None = None, **kw) -> int:
         """Re-draw, in place, each empty query ``gen[k]`` (of document ``docs[rows[k]]``, random stream ``qid[k]``)
-        with the next attempt number of its stream, up to ``max_redraws`` times, compiling no new graph; returns
-        the re-draws made. What is still empty after them is left empty."""
+        with the next attempt number of its stream, up to ``max_redraws`` times, compiling no new graph, and its
+        ``ended[k]`` with it; returns the re-draws made. What is still empty after them is left empty."""
         redrawn = 0
         for attempt in range(1, max_redraws + 1):
             empty = np.array([k for k, g in enumerate(gen) if not g], dtype=np.int64)
@@ -216,9 +234,11 @@ class SamplingMixin:
                 break
             redrawn += len(empty)
             uniq, inv = np.unique(rows[empty], return_inverse=True)
-            again = self.decode_queries([docs[i] for i in uniq], inv, qid[empty], attempt, new_graphs=False, **kw)
+            again, ends = self.decode_ended([docs[i] for i in uniq], inv, qid[empty], attempt, new_graphs=False, **kw)
             for k, g in zip(empty, again):
                 gen[k] = g
+            if ended is not None:
+                ended[empty] = ends
         return redrawn
 
     def sample_per_doc(self, docs: Sequence[str], n_per_doc: int, first: int = 0, seed: int = 0,
@@ -238,7 +258,7 @@ class SamplingMixin:
         qid = first * n_per_doc + np.arange(len(rows))
         kw = dict(seed=seed, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
                   max_rows=max_rows)
-        gen = self.decode_queries(docs, rows, qid, 0, **kw)
+        gen = self.decode_ended(docs, rows, qid, 0, **kw)[0]
         self._redraw_empty(gen, docs, rows, qid, max_redraws, **kw)
         left = sorted({first + int(rows[k]) for k, g in enumerate(gen) if not g})
         if left:

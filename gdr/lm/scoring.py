@@ -13,6 +13,11 @@ batch; all queries of a chunk are scored in one forward pass over it:
   document into one sequence over that document's encoder states, so the encoder states and their
   key/value projections are neither copied nor recomputed per query.
 
+A query's end (Eq. 1 scores it too) is the event the sampler stopped on: the model writing any of its stop ids
+(:meth:`gdr.lm.sampling.SamplingMixin._stop_ids`: the end-of-sequence token, and for a causal model a newline too),
+so its term is log of the summed probability of the stop ids, :data:`QUERY_END`. A query cut at ``max_new_tokens``
+before the model ended it (``ended`` False) has no end term: its sampled event is its tokens alone.
+
 Token log-probs never materialise (tokens x vocabulary) logits at once: :func:`token_logprobs` does the
 output projection in token (and optionally vocabulary) chunks with an online logsumexp and the target
 gather fused, accumulating in fp32 (the Liger-Kernel fused-linear-cross-entropy idea); on CUDA the chunk
@@ -45,11 +50,15 @@ from gdr.signals import check as check_stop
 log = logging.getLogger(__name__)
 
 __all__ = ["ScoringCopy", "ScoringKernels", "ScoringMixin", "token_logprobs", "auto_score_sizes",
-           "score_compute_dtype", "CPU_DOC_BATCH_SIZE", "CPU_MAX_QUERY_TOKENS"]
+           "score_compute_dtype", "CPU_DOC_BATCH_SIZE", "CPU_MAX_QUERY_TOKENS", "QUERY_END"]
 
 # Measured best on a 2-core CPU (SmolLM2, `python -m gdr.bench.scoring`): one document per pass, the
 # whole query set (up to 2,048 tokens) per chunk.
 CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS = 1, 2048
+
+# How P scores a query's end (the module docstring): recorded in P's and the sampled queries' manifests, whose
+# bytes it decides. "stop-set": log p(any stop id) after an ended query, no term after a cut one.
+QUERY_END = "stop-set"
 
 
 # ----------------------------------------------------------------------------------------- log-probs
@@ -131,6 +140,16 @@ class ScoringKernels:
     def flex(self, device: torch.device) -> tuple[object, bool]:
         """(flex attention, whether it is compiled), passed to the attention function (``gdr_flex``)."""
         return (compiled_flex(self._key()), True) if self.compiled(device) else (eager_flex(), False)
+
+
+@dataclass
+class QueryEnds:
+    """The end term of a causal ``score`` call (:data:`QUERY_END`), on the device: ``stop`` (S,) the stop ids, the
+    end-of-sequence token first (None when it is the only one: its log-prob is the term, nothing to add);
+    ``first`` (J,) bool, the queries whose one token is their end (scored from the prompt's last state)."""
+
+    stop: torch.Tensor | None
+    first: torch.Tensor | None
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None,
@@ -229,8 +248,9 @@ class ScoringMixin:
     @torch.inference_mode()
     def score(self, docs: Sequence[str], queries: Sequence[str], doc_batch_size: int | str = 4,
               max_query_tokens: int | str = 2048, progress: bool = True, compute_dtype: torch.dtype | None = None,
-              attention: str = "auto", groups: np.ndarray | None = None) -> np.ndarray:
-        """log p(query_j | doc_i) for every pair (Eq. 1).
+              attention: str = "auto", groups: np.ndarray | None = None,
+              ended: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+        """log p(query_j | doc_i) for every pair (Eq. 1), a query's end included (:data:`QUERY_END`).
 
         Parameters
         ----------
@@ -246,13 +266,16 @@ class ScoringMixin:
             documents), so that with ``doc_batch_size=1`` entry (i, j) depends only on document i and the
             queries of j's group, not on the other queries scored beside them (incremental P). None: all
             queries are packed together (fewer, fuller passes).
+        ended : (n_queries,) bool or None (all): False for a query cut at ``max_new_tokens`` before the model
+            ended it (``SampledQueries.ended``): no end term.
 
         Returns
         -------
         logp : float32 ndarray of shape (n_docs, n_queries)
         """
         p_ids = self.prompt_ids(docs)
-        q_ids = self.query_ids(queries)
+        ended = np.ones(len(queries), dtype=bool) if ended is None else np.asarray(ended, dtype=bool)
+        q_ids = self.query_ids(queries, ended)
         if "auto" in (doc_batch_size, max_query_tokens):
             bs, mq = auto_score_sizes(self.model, self.device, max(map(len, p_ids), default=1))
             doc_batch_size = bs if doc_batch_size == "auto" else int(doc_batch_size)
@@ -267,9 +290,11 @@ class ScoringMixin:
         q_order = np.lexsort((np.array([len(q) for q in q_ids], dtype=np.int64),
                               np.zeros(len(q_ids), dtype=np.int64) if groups is None else np.asarray(groups)))
         q_sorted, g_sorted = [q_ids[j] for j in q_order], None if groups is None else np.asarray(groups)[q_order]
+        e_sorted = ended[q_order]
         # causal: the query chunks are the same for every doc batch: packed and uploaded once
         flex, fixed = attention == "flex", self.kernels.compiled(self.device)
-        packs = {} if self.is_seq2seq else {flex: self._pack_causal(q_sorted, max_query_tokens, flex, fixed, g_sorted)}
+        packs = {} if self.is_seq2seq else {
+            flex: self._pack_causal(q_sorted, max_query_tokens, flex, fixed, g_sorted, e_sorted)}
         # compiled: every batch padded to one shape (rows, prompt length), so no batch compiles a graph of its own
         prompt_len = self.longest_prompt_tokens() if fixed else None
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
@@ -286,8 +311,8 @@ class ScoringMixin:
                 if self.is_seq2seq:
                     lp = self._score_seq2seq(model, batch, q_sorted, max_query_tokens, prompt_len, g_sorted)
                 else:
-                    lp = self._score_causal_batch(model, batch, packs, (q_sorted, g_sorted), max_query_tokens, flex,
-                                                  prompt_len)
+                    lp = self._score_causal_batch(model, batch, packs, (q_sorted, g_sorted, e_sorted),
+                                                  max_query_tokens, flex, prompt_len)
             out[rows[:, None], q_order[None, :]] = lp[:len(rows)].float().cpu().numpy()  # the batch's one host sync
             bar.update(len(rows) * len(queries))
         bar.close()
@@ -321,7 +346,7 @@ class ScoringMixin:
         compiled flex attention fails, the batch (and every later one of this scorer) is scored on the dense
         path, with one log line (``self.kernels.flex_failed``). ``packs``: this ``score`` call's packings by
         ``flex`` (flex pads each chunk to its block size); the dense one is added the first time it is needed, from
-        ``queries`` (the sorted query ids and their groups, as :meth:`_pack_causal` takes them).
+        ``queries`` (the sorted query ids, their groups and ends, as :meth:`_pack_causal` takes them).
         ``prompt_len``: pad the prompts to at least this many tokens (compiled: one shape for every batch)."""
         if flex and not self.kernels.flex_failed:
             try:
@@ -330,7 +355,7 @@ class ScoringMixin:
                 log.warning("compiled flex attention failed (%s); scoring on the dense path from now on", e)
                 self.kernels.flex_failed = True
         if False not in packs:  # the flex packing's block padding is not what the dense path expects
-            packs[False] = self._pack_causal(queries[0], max_query_tokens, False, groups=queries[1])
+            packs[False] = self._pack_causal(queries[0], max_query_tokens, False, groups=queries[1], ended=queries[2])
         return self._score_causal(model, prompts, *packs[False], False, prompt_len)
 
     def _query_chunks(self, q_ids: list[list[int]], max_tokens: int, groups: np.ndarray | None = None
@@ -352,19 +377,28 @@ class ScoringMixin:
         return token_logprobs(hidden, head.weight, targets, getattr(head, "bias", None), kernels=self.kernels)
 
     def _pack_causal(self, q_ids: list[list[int]], max_query_tokens: int, flex: bool, fixed: bool = False,
-                     groups: np.ndarray | None = None) -> tuple[torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
+                     groups: np.ndarray | None = None, ended: np.ndarray | None = None
+                     ) -> tuple[torch.Tensor, QueryEnds, list[tuple[int, int, torch.Tensor, torch.Tensor | None]]]:
         """The queries as :meth:`_score_causal` reads them, built on the host and uploaded without a host sync
         (:func:`gdr.lm.hostsync.upload`) once per ``score`` call.
 
-        Returns the (J,) first token of every query and, per chunk of queries ``c0:c1`` (at most
-        ``max_query_tokens`` tokens) with a token to predict after its first, a (4, T) int64 tensor: the packed
-        input (every query without its last token), the targets (without its first), the query of each token
-        (0..Q-1; Q for the padding) and its position inside its query. Flex pads a chunk to a multiple of its
+        Returns the (J,) first token of every query, their :class:`QueryEnds` (``ended`` (J,) bool: which queries'
+        last token is their end; None: all) and, per chunk of queries ``c0:c1`` (at most ``max_query_tokens``
+        tokens) with a token to predict after its first, a (4, T) int64 tensor: the packed input (every query
+        without its last token), the targets (without its first), the query of each token (0..Q-1; Q for the
+        padding) and its position inside its query; and a (2, E) int64 tensor (None when E = 0, or when the end
+        token is the only stop id): the packed position of each ended query's end and that query (0..Q-1). Flex pads a chunk to a multiple of its
         128-token block (shapes repeat across chunks), or with ``fixed`` (compiled scoring) every chunk to the
         longest one's: the padding is one more query whose sums are dropped. ``groups`` (J,): a chunk holds the
         queries of one group only (:meth:`_query_chunks`).
         """
         first = upload([q[0] for q in q_ids], self.device)  # (J,)
+        ended = np.ones(len(q_ids), dtype=bool) if ended is None else np.asarray(ended, dtype=bool)
+        stop = self._stop_ids()
+        many = len(stop) > 1  # other stop ids than the end token: a term to add at each end
+        only_end = ended & (np.array([len(q) for q in q_ids]) == 1)  # (J,) the end is the query's one token
+        ends = QueryEnds(upload([self.eos_id] + [s for s in stop if s != self.eos_id], self.device) if many else None,
+                         upload(only_end, self.device) if many and only_end.any() else None)
         bounds = self._query_chunks(q_ids, max_query_tokens, groups)
         tokens = [sum(len(q) - 1 for q in q_ids[c0:c1]) for c0, c1 in bounds]
         width = max(-(-T // 128) * 128 for T in tokens) if flex and fixed else 0
@@ -380,14 +414,16 @@ class ScoringMixin:
             tgt = [t for q in chunk for t in q[1:]] + [self.pad_id] * pad
             qid = np.repeat(np.arange(len(chunk) + 1), lens)  # (T + pad,) query of each token
             off = np.arange(T + pad) - np.repeat(np.cumsum(lens) - lens, lens)  # position inside its query
-            chunks.append((c0, c1, upload(np.stack([inp, tgt, qid, off]), self.device)))
-        return first, chunks
+            at_end = np.flatnonzero(ended[c0:c1] & (lens[:-1] > 0)) if many else np.zeros(0, dtype=np.int64)
+            end_pos = upload(np.stack([np.cumsum(lens)[at_end] - 1, at_end]), self.device) if len(at_end) else None
+            chunks.append((c0, c1, upload(np.stack([inp, tgt, qid, off]), self.device), end_pos))
+        return first, ends, chunks
 
-    def _score_causal(self, model, prompts: list[list[int]], first: torch.Tensor,
-                      chunks: list[tuple[int, int, torch.Tensor]], flex: bool, prompt_len: int | None = None
-                      ) -> torch.Tensor:
-        """(B, n_queries) log-probs of every query after every prompt of the batch; ``first`` and ``chunks``:
-        the queries from :meth:`_pack_causal`; prompts right-padded to at least ``prompt_len``."""
+    def _score_causal(self, model, prompts: list[list[int]], first: torch.Tensor, ends: QueryEnds,
+                      chunks: list[tuple[int, int, torch.Tensor, torch.Tensor | None]], flex: bool,
+                      prompt_len: int | None = None) -> torch.Tensor:
+        """(B, n_queries) log-probs of every query after every prompt of the batch; ``first``, ``ends`` and
+        ``chunks``: the queries from :meth:`_pack_causal`; prompts right-padded to at least ``prompt_len``."""
         dev = self.device
         B = len(prompts)
         plen_h = [len(p) for p in prompts]
@@ -409,8 +445,8 @@ class ScoringMixin:
                  use_cache=True).last_hidden_state  # (B, Lp, d)
         h_last = h[torch.arange(B, device=dev), plen - 1]  # (B, d): predicts each query's first token
         # First tokens: one log-softmax row per document, gathered for every query.
-        out = self._first_token_logprobs(model, h_last, first)  # (B, J)
-        for c0, c1, packed in chunks:
+        out = self._first_token_logprobs(model, h_last, first, ends)  # (B, J)
+        for c0, c1, packed, end_pos in chunks:
             inp, tgt, qid, off = packed  # (T,) each
             T, Q = packed.shape[1], c1 - c0
             if flex:
@@ -424,15 +460,36 @@ class ScoringMixin:
             cache.crop(-T)  # drop this chunk, keep the prompt for the next one
             lp = self._token_logprobs(hq.reshape(B * T, -1), tgt.repeat(B), model).view(B, T)
             out[:, c0:c1] += torch.zeros((B, Q + 1), device=dev).index_add_(1, qid, lp)[:, :Q]
+            if end_pos is not None:  # each ended query once: a plain indexed add
+                pos, q = end_pos
+                out[:, c0 + q] += self._other_stops(model, hq[:, pos].reshape(-1, hq.shape[-1]), ends.stop
+                                                    ).view(B, -1)
         return out
 
-    def _first_token_logprobs(self, model, h_last: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """(B, J) log p(first token of query j | prompt b): one full log-softmax row per document."""
+    @staticmethod
+    def _other_stops(model, h: torch.Tensor, stop: torch.Tensor) -> torch.Tensor:
+        """(N,) what turns log p(end token) into log p(any stop id) (:data:`QUERY_END`) at hidden states h (N, d)
+        whose target is the end token: logsumexp of the stop ids' (S,) logits less the end token's (``stop[0]``),
+        the logits computed as the log-prob tile computes them."""
+        head = model.get_output_embeddings()
+        logits = _logits(h, head.weight.index_select(0, stop), fp32_out_mm(h.device))  # (N, S)
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.index_select(0, stop).float()
+        return torch.logsumexp(logits, -1) - logits[:, 0]
+
+    def _first_token_logprobs(self, model, h_last: torch.Tensor, first: torch.Tensor, ends: QueryEnds
+                              ) -> torch.Tensor:
+        """(B, J) log p(first token of query j | prompt b): one full log-softmax row per document; for a query
+        whose one token is its end, log p(any stop id) (``ends``)."""
         head = model.get_output_embeddings()
         logits = _logits(h_last, head.weight, fp32_out_mm(h_last.device))  # (B, V)
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.float()
-        return logits.log_softmax(-1)[:, first]
+        logp = logits.log_softmax(-1)
+        out = logp[:, first]
+        if ends.first is not None:
+            out = torch.where(ends.first[None, :], torch.logsumexp(logp[:, ends.stop], -1, keepdim=True), out)
+        return out
 
     @staticmethod
     def _dense_mask(plen, Lp, qid, off, dtype) -> torch.Tensor:
@@ -522,26 +579,30 @@ class ScoringMixin:
             torch.set_float32_matmul_precision(before)
 
     @torch.inference_mode()
-    def score_naive(self, docs: Sequence[str], queries: Sequence[str]) -> np.ndarray:
-        """Reference: one full forward pass of prompt + query per pair, as ``model(ids, labels=...)`` would, in
-        fp32 with autocast off (:meth:`_fp32_reference`), also on CUDA.
+    def score_naive(self, docs: Sequence[str], queries: Sequence[str],
+                    ended: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+        """Reference: one full forward pass of prompt + query per pair, the log-softmax of the model's logits
+        summed over the query's tokens, an ended query's end as log p(any stop id) (:data:`QUERY_END`), in fp32
+        with autocast off (:meth:`_fp32_reference`), also on CUDA.
 
         Used by the benchmark (its ``max_abs_diff``) and the tests; never in a hot path.
         """
+        ended = np.ones(len(queries), dtype=bool) if ended is None else np.asarray(ended, dtype=bool)
         p_ids = self.prompt_ids(docs)
-        q_ids = self.query_ids(queries)
+        q_ids = self.query_ids(queries, ended)
+        stop = self._stop_ids()
         out = np.empty((len(docs), len(queries)), dtype=np.float32)
         with self._fp32_reference() as model:
             for i, p in enumerate(p_ids):
                 for j, q in enumerate(q_ids):
                     if self.is_seq2seq:
-                        r = model(input_ids=torch.tensor([p], device=self.device),
-                                  labels=torch.tensor([q], device=self.device))
+                        logits = model(input_ids=torch.tensor([p], device=self.device),
+                                       labels=torch.tensor([q], device=self.device)).logits[0]  # (len(q), V)
                     else:
-                        ids = torch.tensor([p + q], device=self.device)
-                        labels = ids.clone()
-                        labels[0, :len(p)] = -100
-                        r = model(input_ids=ids, labels=labels)
-                    # labels= gives the mean token NLL over the scored tokens.
-                    out[i, j] = -float(r.loss) * len(q)
+                        logits = model(input_ids=torch.tensor([p + q], device=self.device)).logits[0, len(p) - 1:-1]
+                    logp = logits.float().log_softmax(-1)
+                    terms = logp[torch.arange(len(q)), torch.tensor(q)]
+                    if ended[j]:
+                        terms[-1] = torch.logsumexp(logp[-1, stop], 0)
+                    out[i, j] = float(terms.sum())
         return out

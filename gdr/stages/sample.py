@@ -30,6 +30,7 @@ from gdr.io import (
 from gdr.lm import SampledQueries, compiling
 from gdr.lm.decode import SAMPLER_VERSION
 from gdr.lm.numerics import describe_numerics
+from gdr.lm.scoring import QUERY_END
 from gdr.models import SamplingOptions
 from gdr.stages.settings import MAX_P_PER_DOC, SampleSettings
 from gdr.store import (
@@ -108,8 +109,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     n_queries = p_per_doc * len(texts) if p_per_doc else n_queries
-    ident = {"sampler": SAMPLER_VERSION, "lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids),
-             "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
+    ident = {"sampler": SAMPLER_VERSION, "query_end": QUERY_END, "lm": lm.describe(),
+             "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature,
              **({"p_per_doc": p_per_doc} if p_per_doc else {})}  # absent when 0: older manifests stay valid
     old = read_manifest(out, Q_MANIFEST)
@@ -131,11 +132,11 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         if rows:
             log.info("resuming sampling after %d queries", len(rows))
             start = SampledQueries([r["text"] for r in rows], np.array([r["source_index"] for r in rows]),
-                                   int(rows[-1].get("n_redrawn", 0)))
+                                   int(rows[-1].get("n_redrawn", 0)), ended=np.array([not r.get("cut") for r in rows]))
 
     def checkpoint(sq: SampledQueries) -> None:
-        write_jsonl(partial, ({"text": t, "source_index": int(s), "n_redrawn": sq.n_redrawn}
-                              for t, s in zip(sq.texts, sq.source_index)))
+        write_jsonl(partial, ({"text": t, "source_index": int(s), "n_redrawn": sq.n_redrawn, **_cut(e)}
+                              for t, s, e in zip(sq.texts, sq.source_index, sq.ended)))
 
     t0 = time.perf_counter()
     sq = lm.sample_queries(texts, n_queries, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -143,19 +144,25 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
                            start=start, on_batch=checkpoint, compile=compile,
                            compile_min_queries=compile_min_queries, given=given,
                            draws=per_doc_draws(digests, p_per_doc) if p_per_doc else None)
-    rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s)}
-            for j, (t, s) in enumerate(zip(sq.texts, sq.source_index))]
+    rows = [{"qid": f"q{j}", "text": t, "source_doc_id": doc_ids[int(s)], "source_index": int(s), **_cut(e)}
+            for j, (t, s, e) in enumerate(zip(sq.texts, sq.source_index, sq.ended))]
     write_jsonl(out / Q_FILE, rows)
     atomic_write_json(out / TEXTS_FILE, digests)  # what a later, edited corpus reuses these queries by
     reused = {} if given is None else {"reused_from": str(reuse_from),
                                        "queries_reused": sum(t is not None for t in given)}
     write_manifest(out, Q_MANIFEST, **ident, format=FORMAT, numerics=numerics, status="complete",
-                   queries_hash=hash_strings(sq.texts),
+                   queries_hash=hash_strings(sq.texts), n_cut=int((~sq.ended).sum()),
                    n_redrawn=sq.n_redrawn, file=file_digest(out / Q_FILE),
                    seconds_last_call=round(time.perf_counter() - t0, 2), compile_last_call=sq.compile,
                    doc_texts_hash=hash_strings(digests), machine=machine_record(), **reused)
     partial.unlink(missing_ok=True)
     return rows
+
+
+def _cut(ended: bool) -> dict:
+    """A query record's ``cut`` key: present (True) only for a query cut at ``max_new_tokens`` before the model
+    ended it (P scores no end for it, :data:`gdr.lm.scoring.QUERY_END`)."""
+    return {} if ended else {"cut": True}
 
 
 def _check_folder(out: Path, old: dict | None, ident: dict, numerics: dict) -> None:
@@ -183,9 +190,9 @@ def _check_folder(out: Path, old: dict | None, ident: dict, numerics: dict) -> N
 
 
 def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, digests: list[str]
-                     ) -> list[str | None] | None:
-    """(n_queries,) the texts of ``old_dir``'s queries that this sampling would decode again, byte for byte, None
-    for the others; None when nothing there can be taken (with one log line why): unfinished, sampled with other
+                     ) -> list[tuple[str, bool] | None] | None:
+    """(n_queries,) the (text, ended) of ``old_dir``'s queries that this sampling would decode again, byte for
+    byte, None for the others; None when nothing there can be taken (with one log line why): unfinished, sampled with other
     settings, sampler or numerics, or without its documents' digests (``digests``: this corpus's,
     :func:`gdr.store.text_digests`).
 
@@ -215,7 +222,8 @@ def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, di
     if hash_strings(old_digests) != man.get("doc_texts_hash"):
         log.warning("not reusing the queries of %s: %s does not match %s", old_dir, TEXTS_FILE, Q_MANIFEST)
         return None
-    texts = np.asarray([r["text"] for r in rows], dtype=object)  # (n_old_queries,)
+    texts = np.empty(len(rows), dtype=object)  # (n_old_queries,) (text, ended)
+    texts[:] = [(r["text"], not r.get("cut")) for r in rows]
     if per_doc:  # query k of row i: the k-th of the older row of the same text
         old_row = match_strings(old_digests, digests)  # (n_docs,)
         take = (old_row.clip(min=0)[:, None] * per_doc + np.arange(per_doc)).ravel()  # (n_queries,)

@@ -38,7 +38,7 @@ from gdr.device import dist_info, local_device, machine_differences, machine_rec
 from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
-from gdr.lm.scoring import auto_score_sizes
+from gdr.lm.scoring import QUERY_END, auto_score_sizes
 from gdr.logs import setup_logging
 from gdr.rerun import RerunCommand
 from gdr.stages.sample import check_texts, sample_queries
@@ -93,6 +93,7 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
     per_doc = (read_manifest(Path(out), Q_MANIFEST) or {}).get("p_per_doc")
     groups = np.array([int(q["source_index"]) for q in queries], dtype=np.int64) if per_doc else None
     return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
+                     ended=np.array([not q.get("cut") for q in queries], dtype=bool),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
                      max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype,
                      reuse_from=reuse_from, query_groups=groups)
@@ -291,7 +292,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
               out_dir: str | os.PathLike, dtype: str = ScoreSettings.dtype, shard_size: int = ScoreSettings.shard_size,
               doc_batch_size: int = 1, max_query_tokens: int = 2048, progress: bool = True,
               max_shards: int | None = None, compute_dtype: str = ScoreSettings.compute_dtype,
-              reuse_from: str | os.PathLike | None = None, query_groups: np.ndarray | None = None) -> Path:
+              reuse_from: str | os.PathLike | None = None, query_groups: np.ndarray | None = None,
+              ended: np.ndarray | None = None) -> Path:
     """Score every (document, query) pair into ``out_dir/P.npy``; resumes unfinished runs.
 
     ``query_groups`` (n_queries,) int, e.g. each query's source document: a packed chunk of queries never mixes two
@@ -311,6 +313,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     ----------
     texts, doc_ids : the corpus, length n_docs, in row order.
     queries : query texts, length n_queries, in column order.
+    ended : (n_queries,) bool, or None (all): False for a query cut at ``max_new_tokens`` before the model ended it
+        (the ``cut`` of its record): no end term (:data:`gdr.lm.scoring.QUERY_END`).
     dtype : ``float32`` or ``float16`` storage.
     compute_dtype : ``auto`` | ``bfloat16`` | ``float32``: the dtype the passes run in
         (:func:`gdr.lm.numerics.score_compute_dtype`); the manifest records what it resolved to.
@@ -325,7 +329,9 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     numerics = scoring_numerics(lm.device, compute_dtype, next(lm.model.parameters()).dtype)
     out = Path(out_dir)
     rank, world = dist_info()
-    ident = _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens, numerics)
+    ended = np.ones(len(queries), dtype=bool) if ended is None else np.asarray(ended, dtype=bool)
+    ident = _p_identity(lm, texts, doc_ids, queries, ended, dtype, shard_size, doc_batch_size, max_query_tokens,
+                        numerics)
     if query_groups is not None:
         ident["query_chunks"] = BY_SOURCE  # absent otherwise: the P manifests of all queries packed together stay
     p_path, shard_dir = out / P_FILE, out / SHARD_DIR
@@ -341,7 +347,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     reuse = None
     if reuse_from is not None and Path(reuse_from).resolve() != out.resolve() and _rows_apart(lm, doc_batch_size,
                                                                                             reuse_from):
-        reuse = reuse_map(reuse_from, ident, digests, queries, query_groups)
+        reuse = reuse_map(reuse_from, ident, digests, queries, query_groups, ended)
         if reuse is not None and rank == 0:
             log.info("reusing %s: %d of %d documents and %d of %d queries found there", reuse.path / P_FILE,
                      int((reuse.row_src >= 0).sum()), len(doc_ids), int((reuse.col_src >= 0).sum()), len(queries))
@@ -354,7 +360,7 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         mine = mine[:max(1, max_shards // per_call)]
     t0 = time.perf_counter()
     score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
-             "compute_dtype": getattr(torch, numerics["compute_dtype"]), "groups": query_groups}
+             "compute_dtype": getattr(torch, numerics["compute_dtype"]), "groups": query_groups, "ended": ended}
     pairs = _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress,
                           reuse)
     _barrier(world)
@@ -383,12 +389,15 @@ def _scored_on(out: Path, earlier: dict | None) -> list[dict]:
     return before
 
 
-def _p_identity(lm, texts, doc_ids, queries, dtype, shard_size, doc_batch_size, max_query_tokens,
+def _p_identity(lm, texts, doc_ids, queries, ended: np.ndarray, dtype, shard_size, doc_batch_size, max_query_tokens,
                 numerics: dict) -> dict:
-    """What P's bytes depend on: the model and prompt, the inputs, the sizes (their resolved values) and the
-    numerics (device kind and compute dtype, :func:`gdr.lm.numerics.scoring_numerics`)."""
-    return {"lm": lm.describe(), "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts),
-            "queries_hash": hash_strings(queries), "shape": [len(doc_ids), len(queries)], "dtype": dtype,
+    """What P's bytes depend on: the model and prompt, how a query's end is scored, the inputs (which queries were
+    cut before their end among them), the sizes (their resolved values) and the numerics (device kind and compute
+    dtype, :func:`gdr.lm.numerics.scoring_numerics`)."""
+    return {"lm": lm.describe(), "query_end": QUERY_END, "doc_ids_hash": hash_strings(doc_ids),
+            "texts_hash": hash_strings(texts), "queries_hash": hash_strings(queries),
+            "cut_hash": hash_strings([str(j) for j in np.flatnonzero(~ended)]),
+            "shape": [len(doc_ids), len(queries)], "dtype": dtype,
             "shard_size": shard_size, "doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens,
             **numerics}
 
@@ -470,7 +479,8 @@ def _score_group_reusing(lm, texts: Sequence[str], queries: Sequence[str], rows:
     if have.any() and len(new_cols):
         groups = score["groups"]
         lp = lm.score([texts[i] for i in rows[have]], [queries[j] for j in new_cols],
-                      **{**score, "groups": None if groups is None else groups[new_cols]})
+                      **{**score, "groups": None if groups is None else groups[new_cols],
+                         "ended": score["ended"][new_cols]})
         block[np.ix_(have, new_cols)] = lp
         n += lp.size
     return block, n

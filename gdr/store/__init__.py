@@ -91,6 +91,11 @@ class PRun:
     def query_texts(self) -> list[str]:
         return [str(q.get("text", q.get("qid", ""))) for q in self.queries]
 
+    @property
+    def query_keys(self) -> list[str]:
+        """What each column of P was scored as (:func:`scored_as`)."""
+        return scored_as(self.query_texts, [not q.get("cut") for q in self.queries])
+
     def first_queries(self, n_queries: int | None) -> PRun:
         """This run with its rows read over the first ``n_queries`` columns of P (all when None): GC's J."""
         if n_queries is None:
@@ -145,7 +150,7 @@ def copy_run_queries(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> 
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / Q_FILE, rows)
     keep = {k: man[k] for k in ("sampler", "lm", "n_queries", "seed", "max_new_tokens", "top_k", "top_p",
-                                "temperature", "n_redrawn", "numerics", "p_per_doc") if k in man}
+                                "temperature", "n_redrawn", "numerics", "p_per_doc", "query_end", "n_cut") if k in man}
     write_manifest(out, Q_MANIFEST, **keep, format=FORMAT, from_run=origin, status="complete", queries_hash=texts_hash,
                    file=file_digest(out / Q_FILE))
     log.info("scoring against the %d queries of %s (copied into %s)", len(rows), origin, out / Q_FILE)
@@ -293,7 +298,7 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
 # ------------------------------------------------------------------------------ reusing an older P
 # What a P's entries depend on besides its rows' and columns' texts: an older P agreeing on all of these
 # holds, at an entry whose row and query group it shares (:func:`reuse_map`), the bytes a full rescore writes.
-_INPUT_KEYS = {"doc_ids_hash", "texts_hash", "queries_hash", "shape"}
+_INPUT_KEYS = {"doc_ids_hash", "texts_hash", "queries_hash", "cut_hash", "shape"}
 # P.manifest.json's ``query_chunks`` when the scorer packed each source document's queries apart (absent: all
 # queries packed together)
 BY_SOURCE = "by_source"
@@ -344,6 +349,14 @@ def query_groups(texts: Sequence[str], groups: np.ndarray | None) -> tuple[list[
     return cols, [hash_strings([texts[j] for j in c]) for c in cols]
 
 
+def scored_as(texts: Sequence[str], ended: Sequence[bool] | np.ndarray | None) -> list[str]:
+    """The key a P column was scored by: its query's text, and a NUL after it for a query cut before its end (P
+    scores no end for it, :data:`gdr.lm.scoring.QUERY_END`; a query's text holds no NUL). ``ended`` None: all."""
+    if ended is None:
+        return list(texts)
+    return [t if e else t + "\0" for t, e in zip(texts, ended, strict=True)]
+
+
 def _column_map(old_texts: Sequence[str], old_groups: np.ndarray | None, texts: Sequence[str],
                 groups: np.ndarray | None) -> np.ndarray:
     """(n_queries,) int64: for each column, its column in the older P's group of the same key, -1 when none."""
@@ -357,9 +370,10 @@ def _column_map(old_texts: Sequence[str], old_groups: np.ndarray | None, texts: 
 
 
 def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], queries: Sequence[str],
-              groups: np.ndarray | None = None) -> Reuse | None:
+              groups: np.ndarray | None = None, ended: np.ndarray | None = None) -> Reuse | None:
     """How much of the finished P in ``old_dir`` a P of identity ``ident`` (rows with text ``digests``, columns
-    ``queries`` in chunk groups ``groups``, (n_queries,) or None) can take as it is, when a row's entries depend
+    ``queries`` in chunk groups ``groups``, (n_queries,) or None, ended or cut as ``ended``, :func:`scored_as`) can
+    take as it is, when a row's entries depend
     only on its document's text and the queries of their group (the caller's part: one document per pass).
 
     None, with one log line why, when nothing: that P was scored by another model, prompt, dtype, sizes, numerics
@@ -389,7 +403,7 @@ def reuse_map(old_dir: str | os.PathLike, ident: dict, digests: Sequence[str], q
     if len(old_digests) != run.logp.shape[0] or hash_strings(old_digests) != man.get("doc_texts_hash"):
         log.warning("not reusing %s: %s does not match %s", old_dir / P_FILE, TEXTS_FILE, P_MANIFEST)
         return None
-    col_src = _column_map(run.query_texts, old_groups, list(queries), groups)
+    col_src = _column_map(run.query_keys, old_groups, scored_as(queries, ended), groups)
     if not (col_src >= 0).any():
         log.info("not reusing %s: no query group of it is this P's (all queries packed together: other queries)",
                  old_dir / P_FILE)
