@@ -93,7 +93,7 @@ from gdr.io import (
 from gdr.lm import PromptConfig
 from gdr.lm.compiling import release_compiled
 from gdr.lm.decode import PER_DOC_SAMPLER, SAMPLER_VERSION
-from gdr.lm.scoring import score_compute_dtype
+from gdr.lm.scoring import QUERY_END, score_compute_dtype
 from gdr.models import ModelOptions, model_digest
 from gdr.rules import ConfigError
 from gdr.stages import train as train_stage
@@ -1432,12 +1432,13 @@ def documents_signature(corpus) -> dict:
 
 def score_inputs(settings: RunSettings, corpus_sig: dict, lm: dict | None = None) -> dict:
     """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
-    :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings and
-    the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings.
+    :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings, how P
+    scores a query's end (:data:`gdr.lm.scoring.QUERY_END`) and the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings.
     ``lm``: the generator's key in place of :func:`lm_key` (a fine-tuned one: :func:`generator_key`)."""
     return {"documents": _documents(corpus_sig), "lm": lm or lm_key(settings.lm),
             "sample": keyed_values(SampleSettings, config_dict(settings.sample)),
-            "sampler": _sampler(), "score": _score_key(settings.score), "device": device_key(settings, scoring=True)}
+            "sampler": _sampler(), "query_end": QUERY_END, "score": _score_key(settings.score),
+            "device": device_key(settings, scoring=True)}
 
 
 def lm_key(lm: LMSettings) -> dict:

@@ -419,3 +419,50 @@ def test_the_sampling_bar_moves_within_a_batch(llama, monkeypatch):
     assert got.texts == llama.sample_queries(DOCS, 12, seed=5, batch_size=64, progress=False, **kw).texts
     assert shown[-1] == 12 and [x for x in shown if 0 < x < 12], shown  # positions inside the one batch
     assert shown == sorted(shown)
+
+
+def test_queries_cut_at_max_new_tokens_are_recorded_kept_on_resume_and_scored_without_an_end(tmp_path, monkeypatch):
+    """A query the model ended (a stop id within max_new_tokens) and one cut there are told apart in queries.jsonl
+    (``cut``), across a kill and resume, and P scores the cut ones without an end term; a P scored with every
+    query taken as ended is another P (refused in that folder)."""
+    from gdr.stages.score import score_run
+
+    lm = tiny_llama()
+    stop = [lm.eos_id, *range(2000, 5000)]  # ~10% of the vocabulary: a mix of ended and cut 6-token queries
+    monkeypatch.setattr(lm, "_stop_ids", lambda: sorted(stop))
+    run = dict(n_queries=24, seed=3, progress=False, **KW)
+    full = sample_run(lm, DOCS, DOC_IDS, tmp_path / "a", batch_size=8, **run)
+    cut = np.array([bool(r.get("cut")) for r in full])
+    assert 0 < cut.sum() < len(cut) and set().union(*full) <= {"qid", "text", "source_doc_id", "source_index", "cut"}
+    # the decode loop's own tokens (query j: a uniform draw of its document, random stream j): a cut query's row
+    # holds no stop id, an ended one's does
+    src = np.random.default_rng(3).integers(0, len(DOCS), size=24)
+    raw = lm.decoder().decode(lm.prompt_ids(DOCS), torch.as_tensor(src), torch.arange(24),
+                              torch.zeros(24, dtype=torch.long), seed=3, **KW).numpy()
+    assert np.array_equal(cut, ~np.isin(raw, stop).any(1))
+    assert json.loads((tmp_path / "a" / "queries.manifest.json").read_text())["n_cut"] == cut.sum()
+
+    orig = lm.sample_queries
+
+    def killed(*args, on_batch=None, **kw):
+        def once(partial):
+            on_batch(partial)
+            raise KeyboardInterrupt
+
+        return orig(*args, on_batch=once, **kw)
+
+    monkeypatch.setattr(lm, "sample_queries", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sample_run(lm, DOCS, DOC_IDS, tmp_path / "b", batch_size=8, **run)
+    monkeypatch.setattr(lm, "sample_queries", orig)
+    assert sample_run(lm, DOCS, DOC_IDS, tmp_path / "b", batch_size=5, **run) == full
+
+    texts = [r["text"] for r in full]
+    score_run(lm, DOCS, DOC_IDS, texts, tmp_path / "a", progress=False, ended=~cut)
+    P = np.load(tmp_path / "a" / "P.npy")
+    np.testing.assert_array_equal(P, lm.score(DOCS, texts, doc_batch_size=1, progress=False, ended=~cut))
+    as_ended = lm.score(DOCS, texts, doc_batch_size=1, progress=False)
+    assert (P[:, cut] > as_ended[:, cut]).all()
+    np.testing.assert_allclose(P[:, ~cut], as_ended[:, ~cut], atol=1e-4, rtol=0)  # packed beside shorter queries
+    with pytest.raises(FileExistsError, match="belongs to a different P matrix .*cut_hash"):
+        score_run(lm, DOCS, DOC_IDS, texts, tmp_path / "a", progress=False)
