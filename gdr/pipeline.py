@@ -1432,8 +1432,9 @@ def documents_signature(corpus) -> dict:
 
 def score_inputs(settings: RunSettings, corpus_sig: dict, lm: dict | None = None) -> dict:
     """The inputs that key the score stage (sampled queries and P): the documents (of ``corpus_sig``, a
-    :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings, how P
-    scores a query's end (:data:`gdr.lm.scoring.QUERY_END`) and the machine's part (:func:`device_key`); not the paths of the files nor the query or judgement settings.
+    :func:`documents_signature` or a :func:`corpus_signature`), the LM, the sampling and scoring settings, how P scores
+    a query's end (:data:`gdr.lm.scoring.QUERY_END`) and the machine's part (:func:`device_key`); not the paths of the
+    files nor the query or judgement settings.
     ``lm``: the generator's key in place of :func:`lm_key` (a fine-tuned one: :func:`generator_key`)."""
     return {"documents": _documents(corpus_sig), "lm": lm or lm_key(settings.lm),
             "sample": keyed_values(SampleSettings, config_dict(settings.sample)),

@@ -13,8 +13,9 @@ One interface, two model families (the paper's Section 2.2):
   one packed forward pass over that cache (each query attends to the prompt and to its own earlier
   tokens only, through a 4D attention mask), so the prompt is never recomputed or copied per pair.
 
-log p(y | x) is Eq. (1): the sum of the token log-probs of the query including its end-of-sequence token,
-under exactly the prompt used for sampling.
+log p(y | x) is Eq. (1): the sum of the token log-probs of the query and of its end as the sampler ends a
+query (any stop id; none for a query cut at ``max_new_tokens``: :data:`gdr.lm.scoring.QUERY_END`), under exactly
+the prompt used for sampling.
 """
 from __future__ import annotations
 

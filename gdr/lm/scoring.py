@@ -382,15 +382,15 @@ class ScoringMixin:
         """The queries as :meth:`_score_causal` reads them, built on the host and uploaded without a host sync
         (:func:`gdr.lm.hostsync.upload`) once per ``score`` call.
 
-        Returns the (J,) first token of every query, their :class:`QueryEnds` (``ended`` (J,) bool: which queries'
-        last token is their end; None: all) and, per chunk of queries ``c0:c1`` (at most ``max_query_tokens``
-        tokens) with a token to predict after its first, a (4, T) int64 tensor: the packed input (every query
-        without its last token), the targets (without its first), the query of each token (0..Q-1; Q for the
-        padding) and its position inside its query; and a (2, E) int64 tensor (None when E = 0, or when the end
-        token is the only stop id): the packed position of each ended query's end and that query (0..Q-1). Flex pads a chunk to a multiple of its
-        128-token block (shapes repeat across chunks), or with ``fixed`` (compiled scoring) every chunk to the
-        longest one's: the padding is one more query whose sums are dropped. ``groups`` (J,): a chunk holds the
-        queries of one group only (:meth:`_query_chunks`).
+        Returns the (J,) first token of every query, their :class:`QueryEnds` (``ended`` (J,) bool: which queries' last
+        token is their end; None: all) and, per chunk of queries ``c0:c1`` (at most ``max_query_tokens`` tokens) with a
+        token to predict after its first, a (4, T) int64 tensor: the packed input (every query without its last token),
+        the targets (without its first), the query of each token (0..Q-1; Q for the padding) and its position inside its
+        query; and a (2, E) int64 tensor (None when E = 0, or when the end token is the only stop id): the packed
+        position of each ended query's end and that query (0..Q-1). Flex pads a chunk to a multiple of its 128-token
+        block (shapes repeat across chunks), or with ``fixed`` (compiled scoring) every chunk to the longest one's: the
+        padding is one more query whose sums are dropped. ``groups`` (J,): a chunk holds the queries of one group only
+        (:meth:`_query_chunks`).
         """
         first = upload([q[0] for q in q_ids], self.device)  # (J,)
         ended = np.ones(len(q_ids), dtype=bool) if ended is None else np.asarray(ended, dtype=bool)

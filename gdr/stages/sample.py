@@ -110,7 +110,8 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     out.mkdir(parents=True, exist_ok=True)
     n_queries = p_per_doc * len(texts) if p_per_doc else n_queries
     ident = {"sampler": SAMPLER_VERSION, "query_end": QUERY_END, "lm": lm.describe(),
-             "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts), "n_queries": n_queries, "seed": seed,
+             "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts), "n_queries": n_queries,
+             "seed": seed,
              "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature,
              **({"p_per_doc": p_per_doc} if p_per_doc else {})}  # absent when 0: older manifests stay valid
     old = read_manifest(out, Q_MANIFEST)
@@ -191,8 +192,8 @@ def _check_folder(out: Path, old: dict | None, ident: dict, numerics: dict) -> N
 
 def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, digests: list[str]
                      ) -> list[tuple[str, bool] | None] | None:
-    """(n_queries,) the (text, ended) of ``old_dir``'s queries that this sampling would decode again, byte for
-    byte, None for the others; None when nothing there can be taken (with one log line why): unfinished, sampled with other
+    """(n_queries,) the (text, ended) of ``old_dir``'s queries that this sampling would decode again, byte for byte,
+    None for the others; None when nothing there can be taken (with one log line why): unfinished, sampled with other
     settings, sampler or numerics, or without its documents' digests (``digests``: this corpus's,
     :func:`gdr.store.text_digests`).
 
