@@ -265,8 +265,8 @@ def test_the_block_mask_allows_what_the_dense_mask_allows(llama):
     from torch.nn.attention.flex_attention import create_mask
 
     q_ids = llama.query_ids(RAGGED_QUERIES)
-    _, chunks = llama._pack_causal(q_ids, 64, flex=True)
-    _, _, packed = chunks[0]
+    _, _, chunks = llama._pack_causal(q_ids, 64, flex=True)
+    _, _, packed, _ = chunks[0]
     qid, off = packed[2], packed[3]
     plen, Lp, T = torch.tensor([5, 9, 7]), 9, packed.shape[1]
     block = llama._block_mask(plen, Lp, off)

@@ -75,7 +75,10 @@ def _stages(run: Path) -> dict[str, dict]:
     return {s["name"]: s for s in json.loads((run / "report.json").read_text())["stages"]}
 
 
-def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old, old_run, capsys):
+def test_a_run_folder_of_101d818_is_upgraded_and_its_p_kept_but_scored_again_under_the_end_rule(old, old_run, capsys):
+    """Upgraded in place; its P scored every query's end as the end-of-sequence token, today's P scores the end as
+    the sampler stopped (gdr.lm.scoring.QUERY_END keys the stage): the run scores a new P under a new key and leaves
+    the upgraded one's bytes as they were."""
     root, fx = old_run
     run = root / "run"
     p_before = (old.path / old.score / "P.npy").read_bytes()
@@ -96,11 +99,10 @@ def test_a_run_folder_of_101d818_is_upgraded_and_its_p_reused_byte_for_byte(old,
 
     assert main(fx.run_args(root)) == 0
     stages = _stages(run)
-    assert stages["score"]["reused"]  # no rescoring
+    assert not stages["score"]["reused"] and stages["score"]["folder"] != score.name  # QUERY_END keys it
     # per-document queries are drawn again: that gdr dropped an empty generation, this one re-draws it
     # (gdr.lm.decode.PER_DOC_SAMPLER keys the stage)
     assert not stages["doc-queries"]["reused"]
-    assert stages["score"]["folder"] == score.name
     assert not stages["index-gc"]["reused"]  # keyed by paths at 101d818: built again under its content key
     assert (score / "P.npy").read_bytes() == p_before
 
@@ -109,9 +111,11 @@ def test_gdr_run_upgrades_an_old_folder_when_it_opens_it(old, old_run):
     root, fx = old_run
     assert main(fx.run_args(root)) == 0
     stages = _stages(root / "run")
-    assert stages["score"]["reused"] and not stages["doc-queries"]["reused"]  # PER_DOC_SAMPLER: drawn again
-    assert (root / "run" / stages["score"]["folder"] / "P.npy").read_bytes() == \
-        (old.path / old.score / "P.npy").read_bytes()
+    # QUERY_END keys the score stage and PER_DOC_SAMPLER the doc-queries one: both built again
+    assert not stages["score"]["reused"] and not stages["doc-queries"]["reused"]
+    upgraded = next(d for d in (root / "run").glob("score-*") if d.name != stages["score"]["folder"])
+    assert json.loads((upgraded / "stage.json").read_text())["format"] == FORMAT
+    assert (upgraded / "P.npy").read_bytes() == (old.path / old.score / "P.npy").read_bytes()
 
 
 def test_a_newer_format_is_refused_in_one_line_naming_it(old, old_run, capsys):
@@ -185,10 +189,10 @@ def _files(folder: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".gdr.lock"}
 
 
-def test_p_s_shard_markers_without_a_checksum_are_dropped_and_the_finished_p_reused(old, old_run, capsys):
+def test_p_s_shard_markers_without_a_checksum_are_dropped_and_the_finished_p_kept(old, old_run, capsys):
     """A score stage of format 0 from before its files or its shard markers carried checksums: the markers (whose
     rows need the documents' prompt-length order) are dropped in one line, P's bytes stay, the stage's files are
-    checked and recorded, and the run reuses the finished P without scoring it again."""
+    checked and recorded; the run scores under today's end rule in a stage of its own, leaving them."""
     root, fx = old_run
     run = root / "run"
     score = run / old.score
@@ -210,7 +214,7 @@ def test_p_s_shard_markers_without_a_checksum_are_dropped_and_the_finished_p_reu
 
     assert main(fx.run_args(root)) == 0
     stages = _stages(run)
-    assert stages["score"]["reused"] and stages["score"]["folder"] == now.name
+    assert not stages["score"]["reused"] and stages["score"]["folder"] != now.name
     assert (now / "P.npy").read_bytes() == p_before
 
 

@@ -120,6 +120,7 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
         self.kernels = ScoringKernels()  # compiled or eager scoring kernels, and which compiled ones failed here
         self.score_copy = None  # the weights cast to the scoring dtype (ScoringMixin._scoring_model)
         self._decoder = None  # the decode loop, built on first use (SamplingMixin.decoder)
+        self._stops = None  # (tokenizer, eos id, the stop ids), made on first use (SamplingMixin._stop_ids)
 
     def describe(self) -> dict:
         """What identifies this scorer in a manifest: a model loaded by name by the digest of its files, never its

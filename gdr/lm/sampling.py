@@ -51,12 +51,16 @@ class SamplingMixin:
     """Query sampling for :class:`gdr.lm.GenerativeLM` (holds its decode loop in ``_decoder``, None until used)."""
 
     def _stop_ids(self) -> list[int]:
-        stop = {self.eos_id}
-        if not self.is_seq2seq:
-            # A query is one line: stop at the first newline the model writes.
-            for tok_id in self.tokenizer("\n", add_special_tokens=False)["input_ids"]:
-                stop.add(int(tok_id))
-        return sorted(stop)
+        """The ids a sampled query stops at (its end, as P scores it: :data:`gdr.lm.scoring.QUERY_END`): the
+        end-of-sequence token and, for a causal model, a newline's (a query is one line); tokenised once per
+        tokenizer."""
+        held = self._stops
+        if held is None or held[0] is not self.tokenizer or held[1] != self.eos_id:
+            stop = {self.eos_id}
+            if not self.is_seq2seq:
+                stop.update(int(t) for t in self.tokenizer("\n", add_special_tokens=False)["input_ids"])
+            held = self._stops = (self.tokenizer, self.eos_id, sorted(stop))
+        return list(held[2])
 
     @torch.inference_mode()
     def generate(self, docs: Sequence[str], seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
