@@ -443,15 +443,7 @@ def test_queries_cut_at_max_new_tokens_are_recorded_kept_on_resume_and_scored_wi
     assert json.loads((tmp_path / "a" / "queries.manifest.json").read_text())["n_cut"] == cut.sum()
 
     orig = lm.sample_queries
-
-    def killed(*args, on_batch=None, **kw):
-        def once(partial):
-            on_batch(partial)
-            raise KeyboardInterrupt
-
-        return orig(*args, on_batch=once, **kw)
-
-    monkeypatch.setattr(lm, "sample_queries", killed)
+    _killed_after_first_batch(lm, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         sample_run(lm, DOCS, DOC_IDS, tmp_path / "b", batch_size=8, **run)
     monkeypatch.setattr(lm, "sample_queries", orig)
