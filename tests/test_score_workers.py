@@ -40,9 +40,9 @@ def test_workers_score_with_the_sizes_the_parent_resolved(saved, tmp_path, monke
                                    ScoreSettings(shard_size=2, processes=2), progress=False)
     man = json.loads((tmp_path / "two" / "P.manifest.json").read_text())
     assert (man["doc_batch_size"], man["max_query_tokens"], man["status"]) == (3, 7, "complete")
-    queries = [q["text"] for q in read_queries(tmp_path / "two")]
-    one = score_run(lm, CORPUS.texts, CORPUS.doc_ids, queries, tmp_path / "one", shard_size=2, doc_batch_size=3,
-                    max_query_tokens=7, progress=False)
+    rows = read_queries(tmp_path / "two")
+    one = score_run(lm, CORPUS.texts, CORPUS.doc_ids, [q["text"] for q in rows], tmp_path / "one", shard_size=2,
+                    doc_batch_size=3, max_query_tokens=7, progress=False, ended=[not q.get("cut") for q in rows])
     assert np.array_equal(np.load(one), np.load(two))
 
 
@@ -53,11 +53,11 @@ def test_shards_left_unscored_by_disagreeing_workers_fail_the_stage(saved, tmp_p
     lm = saved.build()
 
     def disagreeing(corpus, spec, out, settings, n_proc, progress=True, reuse_from=None):
-        queries = [q["text"] for q in read_queries(out)]
+        rows = read_queries(out)
         for rank, bs in ((0, 4), (1, 2)):
             monkeypatch.setattr(score_stage, "dist_info", lambda rank=rank: (rank, 2))
-            score_run(lm, corpus.texts, corpus.doc_ids, queries, out, shard_size=2, doc_batch_size=bs,
-                      max_query_tokens=7, progress=False)
+            score_run(lm, corpus.texts, corpus.doc_ids, [q["text"] for q in rows], out, shard_size=2,
+                      doc_batch_size=bs, max_query_tokens=7, progress=False, ended=[not q.get("cut") for q in rows])
         monkeypatch.undo()
         return out / "P.npy"
 
