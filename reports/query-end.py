@@ -1,0 +1,54 @@
+"""How a sampled query ends, and what P's end term was worth (reports/query-end.md).
+
+Samples 4 queries from each of 12 BBC articles (seed 0) with the bundled SmolLM2 and its two-shot prompt, reads
+from the decode loop's own tokens whether each stopped at the end-of-sequence token, at a newline, or at
+max_new_tokens, then computes from the model's logits, for every (document, query) pair, log p(end-of-sequence)
+and log p(any stop id) after the query: their mean under the query's own document and their spread over documents.
+
+    python reports/query-end.py MAX_NEW_TOKENS MAX_DOC_TOKENS      # 12 64 (the demo), 32 64 (the default)
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import numpy as np
+import torch
+
+from gdr.data.bbc import load_bbc
+from gdr.lm import GenerativeLM, clean_query
+
+torch.set_num_threads(1)
+corpus = load_bbc()
+idx = np.random.default_rng(0).choice(len(corpus.texts), 12, replace=False)
+docs = [corpus.texts[i] for i in idx]
+max_new, max_doc = int(sys.argv[1]), int(sys.argv[2])
+lm = GenerativeLM("smollm2-135m", max_doc_tokens=max_doc, device="cpu")
+stop = lm._stop_ids()
+print("stop ids", stop, [lm.tokenizer.decode([s]) for s in stop], "eos", lm.eos_id)
+rows = np.repeat(np.arange(len(docs)), 4)
+out = lm.decoder().decode(lm.prompt_ids(docs), torch.as_tensor(rows), torch.arange(len(rows)),
+                          torch.zeros(len(rows), dtype=torch.long), seed=0, max_new_tokens=max_new)
+first_stop = [torch.nonzero(torch.isin(r, torch.tensor(stop))).flatten() for r in out]
+reason = ["length" if not len(w) else ("eos" if int(r[w[0]]) == lm.eos_id else "newline")
+          for r, w in zip(out, first_stop)]
+queries = [clean_query(t) for t in lm.tokenizer.batch_decode(out, skip_special_tokens=True)]
+print("reasons", Counter(reason))
+p_ids = lm.prompt_ids(docs)
+q_ids = lm.tokenizer(queries, add_special_tokens=False)["input_ids"]
+eos_term = np.zeros((len(docs), len(rows)))
+stop_term = np.zeros_like(eos_term)
+with torch.inference_mode():
+    for i in range(len(docs)):  # a reference computation: one forward pass per pair
+        for j in range(len(rows)):
+            lp = lm.model(torch.tensor([p_ids[i] + q_ids[j]])).logits[0, -1].float().log_softmax(-1)
+            eos_term[i, j], stop_term[i, j] = float(lp[lm.eos_id]), float(torch.logsumexp(lp[stop], 0))
+own = np.arange(len(rows)), rows
+for name in ("eos", "newline", "length"):
+    m = np.array([r == name for r in reason])
+    if m.any():
+        e, s = eos_term[own[1], own[0]][m], stop_term[own[1], own[0]][m]
+        spread = eos_term[:, m].std(0).mean(), stop_term[:, m].std(0).mean()
+        print(f"{name:8s} n={m.sum():3d} own-doc log p(eos) mean {e.mean():7.2f} min {e.min():7.2f} | "
+              f"log p(stop set) mean {s.mean():7.2f} min {s.min():7.2f} | across-doc SD: eos {spread[0]:.2f} "
+              f"stop set {spread[1]:.2f}")
