@@ -41,6 +41,7 @@ from gdr.store import (
     Q_PARTIAL,
     TEXTS_FILE,
     match_strings,
+    query_ended,
     read_queries,
     text_digests,
 )
@@ -111,8 +112,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
     n_queries = p_per_doc * len(texts) if p_per_doc else n_queries
     ident = {"sampler": SAMPLER_VERSION, "query_end": QUERY_END, "lm": lm.describe(),
              "doc_ids_hash": hash_strings(doc_ids), "texts_hash": hash_strings(texts), "n_queries": n_queries,
-             "seed": seed,
-             "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature,
+             "seed": seed, "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "temperature": temperature,
              **({"p_per_doc": p_per_doc} if p_per_doc else {})}  # absent when 0: older manifests stay valid
     old = read_manifest(out, Q_MANIFEST)
     numerics = decode_numerics(lm, compiling.want_compile(compile, lm.device, n_queries, compile_min_queries))
@@ -133,7 +133,7 @@ def sample_run(lm, texts: Sequence[str], doc_ids: Sequence[str], out_dir: str | 
         if rows:
             log.info("resuming sampling after %d queries", len(rows))
             start = SampledQueries([r["text"] for r in rows], np.array([r["source_index"] for r in rows]),
-                                   int(rows[-1].get("n_redrawn", 0)), ended=np.array([not r.get("cut") for r in rows]))
+                                   int(rows[-1].get("n_redrawn", 0)), ended=query_ended(rows))
 
     def checkpoint(sq: SampledQueries) -> None:
         write_jsonl(partial, ({"text": t, "source_index": int(s), "n_redrawn": sq.n_redrawn, **_cut(e)}
@@ -223,8 +223,8 @@ def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, di
     if hash_strings(old_digests) != man.get("doc_texts_hash"):
         log.warning("not reusing the queries of %s: %s does not match %s", old_dir, TEXTS_FILE, Q_MANIFEST)
         return None
-    texts = np.empty(len(rows), dtype=object)  # (n_old_queries,) (text, ended)
-    texts[:] = [(r["text"], not r.get("cut")) for r in rows]
+    old_queries = np.empty(len(rows), dtype=object)  # (n_old_queries,) (text, ended)
+    old_queries[:] = list(zip((r["text"] for r in rows), query_ended(rows).tolist()))
     if per_doc:  # query k of row i: the k-th of the older row of the same text
         old_row = match_strings(old_digests, digests)  # (n_docs,)
         take = (old_row.clip(min=0)[:, None] * per_doc + np.arange(per_doc)).ravel()  # (n_queries,)
@@ -238,7 +238,7 @@ def reusable_queries(old_dir: str | os.PathLike, ident: dict, numerics: dict, di
         take, same = np.arange(len(rows)), np.asarray(old_digests, dtype=object)[src] == np.asarray(
             digests, dtype=object)[src]
     log.info("reusing %d of %d queries of %s (their documents are unchanged)", int(same.sum()), len(same), old_dir)
-    return [t if k else None for t, k in zip(texts[take], same)]
+    return [q if k else None for q, k in zip(old_queries[take], same)]
 
 
 def per_doc_draws(digests: Sequence[str], p_per_doc: int) -> tuple[np.ndarray, np.ndarray]:

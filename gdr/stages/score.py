@@ -55,6 +55,7 @@ from gdr.store import (
     finish_p,
     pending_shards,
     prepare_p,
+    query_ended,
     reuse_map,
     score_folder,
     shard_rows,
@@ -93,7 +94,7 @@ def score_queries(lm, corpus, queries: list[dict], out: str | os.PathLike, setti
     per_doc = (read_manifest(Path(out), Q_MANIFEST) or {}).get("p_per_doc")
     groups = np.array([int(q["source_index"]) for q in queries], dtype=np.int64) if per_doc else None
     return score_run(lm, corpus.model_inputs(), corpus.doc_ids, [q["text"] for q in queries], Path(out),
-                     ended=np.array([not q.get("cut") for q in queries], dtype=bool),
+                     ended=query_ended(queries),
                      dtype=sc.dtype, shard_size=sc.shard_size, doc_batch_size=int(sc.doc_batch_size),
                      max_query_tokens=int(sc.max_query_tokens), progress=progress, compute_dtype=sc.compute_dtype,
                      reuse_from=reuse_from, query_groups=groups)

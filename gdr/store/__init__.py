@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 __all__ = ["PRun", "PMatrix", "load_run", "check_p", "read_queries",
            "score_folder", "copy_run_queries", "prepare_p", "shard_rows", "pending_shards", "write_shard",
            "finish_p", "Reuse", "reuse_map", "text_digests", "match_strings", "query_groups", "TEXTS_FILE",
-           "BY_SOURCE"]
+           "BY_SOURCE", "query_ended", "scored_as"]
 
 P_FILE, P_MANIFEST, SHARD_DIR = "P.npy", "P.manifest.json", "P.shards"
 Q_FILE, Q_MANIFEST, Q_PARTIAL = "queries.jsonl", "queries.manifest.json", "queries.partial.jsonl"
@@ -94,7 +94,7 @@ class PRun:
     @property
     def query_keys(self) -> list[str]:
         """What each column of P was scored as (:func:`scored_as`)."""
-        return scored_as(self.query_texts, [not q.get("cut") for q in self.queries])
+        return scored_as(self.query_texts, query_ended(self.queries))
 
     def first_queries(self, n_queries: int | None) -> PRun:
         """This run with its rows read over the first ``n_queries`` columns of P (all when None): GC's J."""
@@ -347,6 +347,12 @@ def query_groups(texts: Sequence[str], groups: np.ndarray | None) -> tuple[list[
     order = np.argsort(g, kind="stable")
     cols = np.split(order, np.flatnonzero(np.diff(g[order])) + 1) if len(g) else []
     return cols, [hash_strings([texts[j] for j in c]) for c in cols]
+
+
+def query_ended(rows: Sequence[dict]) -> np.ndarray:
+    """(n_queries,) bool: whether each query record (of ``queries.jsonl``) ended at a stop id, i.e. is not marked
+    ``cut`` at ``max_new_tokens`` (records of given queries carry no mark: ended)."""
+    return np.array([not r.get("cut") for r in rows], dtype=bool)
 
 
 def scored_as(texts: Sequence[str], ended: Sequence[bool] | np.ndarray | None) -> list[str]:
