@@ -65,6 +65,24 @@ def test_an_ended_querys_end_is_any_stop_id_and_a_cut_querys_is_none(llama, monk
                                                                    ended=ended, attention=attention)[:, ~ended])
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+def test_the_bf16_scoring_copy_ends_a_query_at_any_stop_id(llama, monkeypatch, attention):
+    """The CUDA configuration (a bf16 copy of the weights, fp32 log-softmax sums), run on the CPU through
+    ``score``: its end correction over a second stop id lands within bf16's rounding of the fp32 reference, and is
+    there at all (without it an ended query would be off by log(1 + p(".") / p(end)), far more than the rounding)."""
+    stop = [llama.eos_id, llama.tokenizer.convert_tokens_to_ids(".")]
+    monkeypatch.setattr(llama, "_stop_ids", lambda: sorted(stop))
+    queries = ["cat mat", "stock market fall today", "", "oil", "new striker signed"]
+    ended = np.array([True, False, True, True, False])
+    got = llama.score(DOCS, queries, doc_batch_size=3, max_query_tokens=4, attention=attention, ended=ended,
+                      compute_dtype=torch.bfloat16, progress=False)
+    want = np.array([[_by_hand(llama, d, q, stop, e) for q, e in zip(queries, ended)] for d in DOCS])
+    eos_only = np.array([[_by_hand(llama, d, q, [llama.eos_id], e) for q, e in zip(queries, ended)] for d in DOCS])
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=0)
+    assert np.abs(got - want).max() > 1e-6  # it ran in bf16, not silently in fp32
+    assert (np.abs(want - eos_only)[:, ended] > 0.1).all()  # the correction is far larger than the rounding
+
+
 def test_document_truncation(llama):
     long_doc = " ".join(["word"] * 500)
     (short,) = llama.truncate([long_doc])
