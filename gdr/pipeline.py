@@ -93,6 +93,7 @@ from gdr.io import (
 from gdr.lm import PromptConfig
 from gdr.lm.compiling import release_compiled
 from gdr.lm.decode import PER_DOC_SAMPLER, SAMPLER_VERSION
+from gdr.lm.prompts import PROMPT_LEAD
 from gdr.lm.scoring import QUERY_END, score_compute_dtype
 from gdr.models import ModelOptions, model_digest
 from gdr.rules import ConfigError
@@ -1445,9 +1446,10 @@ def score_inputs(settings: RunSettings, corpus_sig: dict, lm: dict | None = None
 def lm_key(lm: LMSettings) -> dict:
     """The query generator as it keys a stage: its ``model:`` settings with the name replaced by the digest of the
     model's files (:func:`gdr.models.model_digest`), so a model changed in place re-runs what it made and a moved
-    one re-runs nothing."""
+    one re-runs nothing. A prefix prompt keys how it starts too (:data:`gdr.lm.prompts.PROMPT_LEAD`)."""
     model = {f.name: config_dict(getattr(lm, f.name)) for f in fields(ModelOptions)}
-    return {**{k: v for k, v in model.items() if k != "name"}, "weights": model_digest(lm.name)}
+    lead = {"prompt_lead": PROMPT_LEAD} if (model["prompt"] or {}).get("style") == "prefix" else {}
+    return {**{k: v for k, v in model.items() if k != "name"}, "weights": model_digest(lm.name), **lead}
 
 
 def _documents(corpus_sig: dict) -> dict:

@@ -212,3 +212,17 @@ def test_a_retriever_trains_to_the_same_bytes_alone_and_after_another(setup, tmp
     assert main(_args(model, folder, out, *args)) == 0
     assert _ran(out, capsys) == {"train-atomic-s0", "eval-atomic-s0"}
     assert _model_bytes(out) == both
+
+
+def test_a_prefix_prompt_keys_how_it_starts(tmp_path):
+    """A causal model's prefix prompt starts with its tokenizer's leading special tokens
+    (:data:`gdr.lm.prompts.PROMPT_LEAD`): the LM stages of a prefix prompt carry that rule in their key, a chat
+    prompt's key is what it was."""
+    from gdr.lm.prompts import PROMPT_LEAD
+    from gdr.pipeline import lm_key
+    from gdr.stages.settings import LMSettings
+
+    model = str(saved_tiny_llama(tmp_path / "llama"))
+    chat, prefix = (lm_key(LMSettings(name=model, prompt=p)) for p in (None, {"style": "prefix", "prefix": "q: "}))
+    assert "prompt_lead" not in chat and prefix["prompt_lead"] == PROMPT_LEAD
+    assert chat["weights"] == prefix["weights"] == model_digest(model)

@@ -83,6 +83,35 @@ def test_the_bf16_scoring_copy_ends_a_query_at_any_stop_id(llama, monkeypatch, a
     assert (np.abs(want - eos_only)[:, ended] > 0.1).all()  # the correction is far larger than the rounding
 
 
+def test_a_causal_prefix_prompt_starts_as_its_tokenizer_starts_a_text(llama, t5):
+    """A causal base model given a prefix prompt reads it after the special tokens its tokenizer puts before a text
+    (Llama's <s>; the tiny models' WordPiece tokenizer: [CLS]), never those after it (the query follows): sampled and
+    scored so, keyed so. A chat template and T5's prompt are tokenised as before."""
+    from tiny_models import tiny_llama
+
+    from gdr.lm import GenerativeLM
+
+    base = tiny_llama()
+    prefix = PromptConfig(style="prefix", prefix="query for: ", system=None, shots=[])
+    lm = GenerativeLM(base.model, base.tokenizer, prompt=prefix, max_doc_tokens=24, device="cpu")
+    cls, sep = lm.tokenizer.cls_token_id, lm.tokenizer.sep_token_id
+    texts = lm.prompt_texts(DOCS)
+    bare = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert lm.prompt_ids(DOCS) == [[cls] + ids for ids in bare] and lm.describe()["lead"] == [cls]
+    q = lm.tokenizer("oil prices", add_special_tokens=False)["input_ids"] + [lm.eos_id]
+    with torch.inference_mode():
+        lp = lm.model(input_ids=torch.tensor([[cls] + bare[4] + q])).logits[0].double().log_softmax(-1)
+    want = sum(float(lp[len(bare[4]) + t, q[t]]) for t in range(len(q)))
+    assert lm.score([DOCS[4]], ["oil prices"], progress=False)[0, 0] == pytest.approx(want, abs=1e-4)
+    assert all(sep not in ids[1:] for ids in lm.prompt_ids(DOCS))
+    assert lm.sample_queries(DOCS[:2], 2, seed=0, batch_size=2, max_new_tokens=4, progress=False).texts
+    # the chat template holds its own special tokens; T5 keeps its tokenizer's (</s> after the input)
+    chat = llama.tokenizer(llama.prompt_texts(DOCS[:1]), add_special_tokens=False)["input_ids"]
+    assert llama.prompt_ids(DOCS[:1]) == chat and "lead" not in llama.describe()
+    assert t5.prompt_ids(DOCS[:1]) == t5.tokenizer(t5.prompt_texts(DOCS[:1]))["input_ids"]
+    assert "lead" not in t5.describe()
+
+
 def test_document_truncation(llama):
     long_doc = " ".join(["word"] * 500)
     (short,) = llama.truncate([long_doc])

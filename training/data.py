@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gdr.indexing.trie import DocidTrie
 from gdr.io import check_manifest_files, read_jsonl
+from gdr.lm.prompts import special_wrap
 from gdr.rerun import RerunCommand
 from gdr.training.options import ExampleOptions, TrainerOptions
 
@@ -145,21 +146,10 @@ def _tokenize(tokenizer, texts: Sequence[str], max_len: int, chunk: int = 4096) 
     return TokenStore.concat(stores)
 
 
-def _special_wrap(tokenizer) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after a text (e.g. [CLS] ... [SEP], ... </s>)."""
-    for probe in ("hello world", "a", "the"):
-        bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
-        full = tokenizer(probe, add_special_tokens=True)["input_ids"]
-        for i in range(len(full) - len(bare) + 1):
-            if bare and full[i:i + len(bare)] == bare:
-                return list(full[:i]), list(full[i + len(bare):])
-    return [], []
-
-
 def _doc_windows(tokenizer, doc_texts: Sequence[str], window: int, n_windows: int, first: bool, max_doc_tokens: int,
                  rng: np.random.Generator, chunk: int = 2048) -> tuple[TokenStore, np.ndarray, np.ndarray]:
     """First-``window`` and random-window inputs per document; returns (store, doc index, is_first)."""
-    pre, post = _special_wrap(tokenizer)
+    pre, post = special_wrap(tokenizer)
     body = max(window - len(pre) - len(post), 1)
     seqs, docs, is_first = [], [], []
     for s in range(0, len(doc_texts), chunk):

@@ -124,9 +124,12 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
 
     def describe(self) -> dict:
         """What identifies this scorer in a manifest: a model loaded by name by the digest of its files, never its
-        path; a model object by the digest of its weights and vocabulary (:func:`object_digest`)."""
+        path; a model object by the digest of its weights and vocabulary (:func:`object_digest`); the ids a prompt
+        starts with where it has any (:meth:`prompt_lead`)."""
+        lead = self.prompt_lead()
         return {"weights": self.weights, "family": "seq2seq" if self.is_seq2seq else "causal",
-                "prompt": asdict(self.prompt), "max_doc_tokens": self.max_doc_tokens}
+                "prompt": asdict(self.prompt), "max_doc_tokens": self.max_doc_tokens,
+                **({"lead": lead} if lead else {})}
 
     def _pad(self, seqs: Sequence[Sequence[int]], left: bool = False, length: int | None = None
              ) -> dict[str, torch.Tensor]:

@@ -10,7 +10,12 @@ import numpy as np
 
 from gdr.models import PromptConfig
 
-__all__ = ["PromptConfig", "PromptMixin", "TokenCache", "clean_query", "saved_generator", "GENERATOR_FILE"]
+__all__ = ["PromptConfig", "PromptMixin", "TokenCache", "clean_query", "saved_generator", "special_wrap",
+           "GENERATOR_FILE", "PROMPT_LEAD"]
+
+# How a causal model's prefix prompt starts (PromptMixin.prompt_lead): with the special tokens its tokenizer puts
+# before a text. Keys the LM stages of a prefix prompt.
+PROMPT_LEAD = "tokenizer-lead"
 
 # Written by `gdr qg` next to a fine-tuned generator: the prompt (and document length) it was trained with.
 GENERATOR_FILE = "gdr_generator.json"
@@ -43,6 +48,16 @@ def saved_generator(path: str) -> dict | None:
     return meta
 
 
+def special_wrap(tokenizer) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a text (e.g. [CLS] ... [SEP], <s> ..., ... </s>)."""
+    for probe in ("hello world", "a", "the"):
+        bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
+        full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+        for i in range(len(full) - len(bare) + 1):
+            if bare and full[i:i + len(bare)] == bare:
+                return list(full[:i]), list(full[i + len(bare):])
+    return [], []
+
 
 class TokenCache:
     """Token ids already computed, by text, for one tokenizer and one tokenisation setting (prompt, document
@@ -54,13 +69,24 @@ class TokenCache:
         self._tokenizer = None
         self._stamp: tuple | None = None
         self._ids: dict[str, dict[str, np.ndarray]] = {"prompt": {}, "query": {}}
+        self._lead: list[int] | None = None
 
     def table(self, kind: str, tokenizer, stamp: tuple) -> dict[str, np.ndarray]:
         """The ids by text of ``kind`` ("prompt" or "query") for ``tokenizer`` under ``stamp``."""
+        self._check(tokenizer, stamp)
+        return self._ids[kind]
+
+    def lead(self, tokenizer, stamp: tuple) -> list[int]:
+        """The special tokens ``tokenizer`` puts before a text (:func:`special_wrap`), probed once."""
+        self._check(tokenizer, stamp)
+        if self._lead is None:
+            self._lead = special_wrap(tokenizer)[0]
+        return self._lead
+
+    def _check(self, tokenizer, stamp: tuple) -> None:
         if tokenizer is not self._tokenizer or stamp != self._stamp:
             self._tokenizer, self._stamp = tokenizer, stamp
-            self._ids = {"prompt": {}, "query": {}}
-        return self._ids[kind]
+            self._ids, self._lead = {"prompt": {}, "query": {}}, None
 
 
 class PromptMixin:
@@ -96,11 +122,22 @@ class PromptMixin:
         scoring pad every batch to (a longer prompt, rare, pads further), and the auto sizes plan for."""
         return len(self.prompt_ids([""])[0]) + self.max_doc_tokens
 
+    def _token_stamp(self) -> tuple:
+        return repr(self.prompt), self.max_doc_tokens, self.is_seq2seq, self.eos_id
+
+    def prompt_lead(self) -> list[int]:
+        """The ids a prompt starts with before its text: for a causal model's prefix prompt the special tokens its
+        tokenizer puts before a text (Llama's <s>: a base model reads its text after them, as in pre-training; none
+        for SmolLM2's or GPT-2's tokenizer), never those after it (the query follows); none for a chat template
+        (it holds its own) or a seq2seq model (its tokenizer's own, T5's </s> after the input)."""
+        if self.is_seq2seq or self.prompt.style != "prefix":
+            return []
+        return list(self.tokens.lead(self.tokenizer, self._token_stamp()))
+
     def _cached_ids(self, kind: str, texts: Sequence[str], tokenize) -> list[list[int]]:
         """``tokenize(new_texts)`` for the distinct texts not seen before (one batched call), the rest from
         ``self.tokens`` (:class:`TokenCache`)."""
-        stamp = (repr(self.prompt), self.max_doc_tokens, self.is_seq2seq, self.eos_id)
-        cache = self.tokens.table(kind, self.tokenizer, stamp)
+        cache = self.tokens.table(kind, self.tokenizer, self._token_stamp())
         new = list(dict.fromkeys(t for t in texts if t not in cache))
         if new:
             cache.update(zip(new, (np.asarray(ids, dtype=np.int32) for ids in tokenize(new))))
@@ -108,9 +145,9 @@ class PromptMixin:
 
     def prompt_ids(self, docs: Sequence[str]) -> list[list[int]]:
         """Token ids of each document's prompt (tokenised once per document text, :class:`TokenCache`)."""
-        # Chat templates already hold their special tokens; T5 wants its </s> after the input.
-        return self._cached_ids("prompt", docs, lambda new: self.tokenizer(
-            self.prompt_texts(new), add_special_tokens=self.is_seq2seq)["input_ids"])
+        lead = self.prompt_lead()
+        return self._cached_ids("prompt", docs, lambda new: [lead + ids for ids in self.tokenizer(
+            self.prompt_texts(new), add_special_tokens=self.is_seq2seq)["input_ids"]])
 
     def query_ids(self, queries: Sequence[str], ended: Sequence[bool] | np.ndarray | None = None
                   ) -> list[list[int]]:
