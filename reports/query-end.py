@@ -25,7 +25,7 @@ docs = [corpus.texts[i] for i in idx]
 max_new, max_doc = int(sys.argv[1]), int(sys.argv[2])
 lm = GenerativeLM("smollm2-135m", max_doc_tokens=max_doc, device="cpu")
 stop = lm._stop_ids()
-print("stop ids", stop, [lm.tokenizer.decode([s]) for s in stop], "eos", lm.eos_id)
+print(f"{len(stop)} stop ids, eos {lm.eos_id}:", [lm.tokenizer.decode([s]) for s in stop[:8]], "...")
 rows = np.repeat(np.arange(len(docs)), 4)
 out = lm.decoder().decode(lm.prompt_ids(docs), torch.as_tensor(rows), torch.arange(len(rows)),
                           torch.zeros(len(rows), dtype=torch.long), seed=0, max_new_tokens=max_new)

@@ -9,6 +9,7 @@ from tiny_models import DOCS, tiny_llama
 
 from gdr.io import read_jsonl, write_manifest
 from gdr.lm.decode import SAMPLER_VERSION, filter_logits
+from gdr.lm.sampling import line_end_ids
 from gdr.stages.doc_queries import sample_per_doc_run
 from gdr.stages.sample import sample_run
 
@@ -458,3 +459,25 @@ def test_queries_cut_at_max_new_tokens_are_recorded_kept_on_resume_and_scored_wi
     np.testing.assert_allclose(P[:, ~cut], as_ended[:, ~cut], atol=1e-4, rtol=0)  # packed beside shorter queries
     with pytest.raises(FileExistsError, match="belongs to a different P matrix .*cut_hash"):
         score_run(lm, DOCS, DOC_IDS, texts, tmp_path / "a", progress=False)
+
+
+def test_a_causal_query_ends_at_any_token_that_ends_a_line(monkeypatch):
+    """A query is one line: a causal model's stop ids are its end token and every token whose text is white space
+    up to a line break ("\\n\\n", " \\n", "\\r\\n", ...), not "\\n" alone; a token with text before its break is
+    part of the query. A seq2seq model stops at its end token only."""
+    texts = ["a", "\n", "\n\n", " \n", "x\n", "\r\n", "\t\n  ", "b c", "\n.", "", " "]
+
+    class Vocab:
+        def __len__(self):
+            return len(texts)
+
+        def batch_decode(self, ids):
+            return [texts[int(i[0])] for i in ids]
+
+    assert line_end_ids(Vocab()) == [1, 2, 3, 5, 6, 8]
+    lm = tiny_llama()
+    monkeypatch.setattr(lm, "tokenizer", Vocab())
+    assert lm._stop_ids() == sorted({lm.eos_id, 1, 2, 3, 5, 6, 8})
+    monkeypatch.setattr(lm, "is_seq2seq", True)
+    lm._stops = None
+    assert lm._stop_ids() == [lm.eos_id]

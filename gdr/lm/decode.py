@@ -21,7 +21,8 @@ The model forward is transformers'; the loop, the cache handling and the samplin
   So query j's tokens do not depend on which batch, process or resume computed it: the same seed gives the
   same queries at any batch size (up to floating-point near-ties of two candidates' scores; on CUDA bf16 makes
   such near-ties likelier than on the CPU's fp32).
-- each row stops at EOS or a newline token; finished rows keep running (static shapes) but emit padding.
+- each row stops at a stop id (EOS; for a causal model any token that ends a line); finished rows keep running
+  (static shapes) but emit padding.
 
 Bump :data:`SAMPLER_VERSION` whenever a change alters which queries a seed gives: run folders record it.
 """
@@ -52,8 +53,9 @@ __all__ = ["SAMPLER_VERSION", "PER_DOC_SAMPLER", "GREEDY_BELOW", "Decoder", "fil
 # Which queries a (seed, settings) pair gives, recorded in each query manifest. "hf-generate" (a manifest without a
 # version) is transformers' batch-seeded `generate`. "gdr-decode-1" decodes CUDA's bf16 copy with bf16 rotary
 # frequencies and transformers' repeat_kv attention; "gdr-decode-2" keeps the rotary frequencies fp32 and folds the
-# grouped heads (the same tokens in fp32 on a CPU, other near-ties and so other queries in bf16 on CUDA).
-SAMPLER_VERSION = "gdr-decode-2"
+# grouped heads (the same tokens in fp32 on a CPU, other near-ties and so other queries in bf16 on CUDA);
+# "gdr-decode-3" stops a causal model's query at any token that ends a line ("\n\n", " \n", ...), not "\n" alone.
+SAMPLER_VERSION = "gdr-decode-3"
 PER_DOC_SAMPLER = 2  # queries per document (``sample.per_doc``): 2 = an empty generation re-drawn, not dropped
 
 _MASK = {s: (1 << (64 - s)) - 1 for s in (27, 30, 31, 40)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from functools import partial
 from typing import Sequence
@@ -17,6 +18,8 @@ from gdr.lm.prompts import clean_query
 from gdr.logs import on_terminal
 from gdr.models import SamplingOptions
 from gdr.signals import check as check_stop
+
+_LINE_END = re.compile(r"[^\S\r\n]*[\r\n]")  # white space up to a line break
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,15 @@ class SampledQueries:
     ended: np.ndarray | None = None  # (n_queries,) bool; None: all ended (queries not sampled here)
 
 
+def line_end_ids(tokenizer) -> list[int]:
+    """The ids of the vocabulary's tokens that end a line with nothing but white space before the break (SmolLM2:
+    131 of 49,152, "\\n", "\\n\\n", " \\n", "\\r\\n", "\\n" followed by indentation, ...): a query that reaches
+    any of them has ended, and its text, the line before the break, is the same whichever it was. A token with
+    text before its break ("abc\\n") is not one: that text is part of the query."""
+    texts = tokenizer.batch_decode(np.arange(len(tokenizer))[:, None])
+    return [i for i, t in enumerate(texts) if _LINE_END.match(t)]
+
+
 def _advance(bar, first: int, rows: int, max_new_tokens: int, step: int) -> None:
     """Move ``bar`` (queries) to the share of a batch of ``rows`` queries from query ``first`` that ``step`` of its
     ``max_new_tokens`` decode steps stands for; the batch's end moves it to the batch's last query."""
@@ -52,13 +64,13 @@ class SamplingMixin:
 
     def _stop_ids(self) -> list[int]:
         """The ids a sampled query stops at (its end, as P scores it: :data:`gdr.lm.scoring.QUERY_END`): the
-        end-of-sequence token and, for a causal model, a newline's (a query is one line); tokenised once per
-        tokenizer."""
+        end-of-sequence token and, for a causal model, every token that ends a line (:func:`line_end_ids`: a
+        query is one line); found once per tokenizer."""
         held = self._stops
         if held is None or held[0] is not self.tokenizer or held[1] != self.eos_id:
             stop = {self.eos_id}
             if not self.is_seq2seq:
-                stop.update(int(t) for t in self.tokenizer("\n", add_special_tokens=False)["input_ids"])
+                stop.update(line_end_ids(self.tokenizer))
             held = self._stops = (self.tokenizer, self.eos_id, sorted(stop))
         return list(held[2])
 

@@ -14,7 +14,8 @@ batch; all queries of a chunk are scored in one forward pass over it:
   key/value projections are neither copied nor recomputed per query.
 
 A query's end (Eq. 1 scores it too) is the event the sampler stopped on: the model writing any of its stop ids
-(:meth:`gdr.lm.sampling.SamplingMixin._stop_ids`: the end-of-sequence token, and for a causal model a newline too),
+(:meth:`gdr.lm.sampling.SamplingMixin._stop_ids`: the end-of-sequence token, and for a causal model every token
+that ends a line),
 so its term is log of the summed probability of the stop ids, :data:`QUERY_END`. A query cut at ``max_new_tokens``
 before the model ended it (``ended`` False) has no end term: its sampled event is its tokens alone.
 
@@ -57,8 +58,9 @@ __all__ = ["ScoringCopy", "ScoringKernels", "ScoringMixin", "token_logprobs", "a
 CPU_DOC_BATCH_SIZE, CPU_MAX_QUERY_TOKENS = 1, 2048
 
 # How P scores a query's end (the module docstring): recorded in P's and the sampled queries' manifests, whose
-# bytes it decides. "stop-set": log p(any stop id) after an ended query, no term after a cut one.
-QUERY_END = "stop-set"
+# bytes it decides: log p(any stop id) after an ended query, no term after a cut one; "line-end": a causal model's
+# stop ids are its end token and every token that ends a line ("stop-set": its end token and "\n").
+QUERY_END = "line-end"
 
 
 # ----------------------------------------------------------------------------------------- log-probs
