@@ -1,7 +1,7 @@
 """How a sampled query ends, and what P's end term was worth (reports/query-end.md).
 
 Samples 4 queries from each of 12 BBC articles (seed 0) with the bundled SmolLM2 and its two-shot prompt, reads
-from the decode loop's own tokens whether each stopped at the end-of-sequence token, at a newline, or at
+from the decode loop's own tokens whether each stopped at the end-of-sequence token, at a token that ends a line, or at
 max_new_tokens, then computes from the model's logits, for every (document, query) pair, log p(end-of-sequence)
 and log p(any stop id) after the query: their mean under the query's own document and their spread over documents.
 
@@ -14,23 +14,16 @@ from collections import Counter
 
 import numpy as np
 import torch
+from sampled_queries import draw
 
-from gdr.data.bbc import load_bbc
-from gdr.lm import GenerativeLM, clean_query
+from gdr.lm import clean_query
 
-torch.set_num_threads(1)
-corpus = load_bbc()
-idx = np.random.default_rng(0).choice(len(corpus.texts), 12, replace=False)
-docs = [corpus.texts[i] for i in idx]
 max_new, max_doc = int(sys.argv[1]), int(sys.argv[2])
-lm = GenerativeLM("smollm2-135m", max_doc_tokens=max_doc, device="cpu")
-stop = lm._stop_ids()
+sample = draw(max_new, max_doc)
+lm, docs, rows, out, stop = sample.lm, sample.docs, sample.rows, sample.out, sample.stop
 print(f"{len(stop)} stop ids, eos {lm.eos_id}:", [lm.tokenizer.decode([s]) for s in stop[:8]], "...")
-rows = np.repeat(np.arange(len(docs)), 4)
-out = lm.decoder().decode(lm.prompt_ids(docs), torch.as_tensor(rows), torch.arange(len(rows)),
-                          torch.zeros(len(rows), dtype=torch.long), seed=0, max_new_tokens=max_new)
 first_stop = [torch.nonzero(torch.isin(r, torch.tensor(stop))).flatten() for r in out]
-reason = ["length" if not len(w) else ("eos" if int(r[w[0]]) == lm.eos_id else "newline")
+reason = ["length" if not len(w) else ("eos" if int(r[w[0]]) == lm.eos_id else "line-end")
           for r, w in zip(out, first_stop)]
 queries = [clean_query(t) for t in lm.tokenizer.batch_decode(out, skip_special_tokens=True)]
 print("reasons", Counter(reason))
@@ -44,7 +37,7 @@ with torch.inference_mode():
             lp = lm.model(torch.tensor([p_ids[i] + q_ids[j]])).logits[0, -1].float().log_softmax(-1)
             eos_term[i, j], stop_term[i, j] = float(lp[lm.eos_id]), float(torch.logsumexp(lp[stop], 0))
 own = np.arange(len(rows)), rows
-for name in ("eos", "newline", "length"):
+for name in ("eos", "line-end", "length"):
     m = np.array([r == name for r in reason])
     if m.any():
         e, s = eos_term[own[1], own[0]][m], stop_term[own[1], own[0]][m]

@@ -17,23 +17,14 @@ from collections import Counter
 
 import numpy as np
 import torch
+from sampled_queries import draw
 
-from gdr.data.bbc import load_bbc
-from gdr.lm import GenerativeLM, clean_query
+from gdr.lm import clean_query
 
-torch.set_num_threads(1)
-corpus = load_bbc()
-idx = np.random.default_rng(0).choice(len(corpus.texts), 12, replace=False)
-docs = [corpus.texts[i] for i in idx]
 max_new, max_doc = int(sys.argv[1]), int(sys.argv[2])
-lm = GenerativeLM("smollm2-135m", max_doc_tokens=max_doc, device="cpu")
-stop = torch.tensor(lm._stop_ids())
-rows = np.repeat(np.arange(len(docs)), 4)
-out = lm.decoder().decode(lm.prompt_ids(docs), torch.as_tensor(rows), torch.arange(len(rows)),
-                          torch.zeros(len(rows), dtype=torch.long), seed=0, max_new_tokens=max_new).cpu()
-stops = torch.isin(out, stop)
-first = torch.where(stops.any(1), stops.int().argmax(1), out.shape[1])
-drawn = [r[:n].tolist() for r, n in zip(out, first.tolist())]
+sample = draw(max_new, max_doc)
+lm, docs, rows, out = sample.lm, sample.docs, sample.rows, sample.out
+drawn = [r[:n].tolist() for r, n in zip(out, sample.first_stop.tolist())]
 raw = lm.tokenizer.batch_decode(out, skip_special_tokens=True)
 texts = [clean_query(t) for t in raw]
 scored = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]

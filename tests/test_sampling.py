@@ -462,9 +462,8 @@ def test_queries_cut_at_max_new_tokens_are_recorded_kept_on_resume_and_scored_wi
 
 
 def test_a_causal_query_ends_at_any_token_that_ends_a_line(monkeypatch):
-    """A query is one line: a causal model's stop ids are its end token and every token whose text is white space
-    up to a line break ("\\n\\n", " \\n", "\\r\\n", ...), not "\\n" alone; a token with text before its break is
-    part of the query. A seq2seq model stops at its end token only."""
+    """A query is one line: a causal model's stop ids are its end token and every token that holds a line break
+    ("\\n\\n", " \\n", "\\r\\n", "x\\n", ...), not "\\n" alone. A seq2seq model stops at its end token only."""
     texts = ["a", "\n", "\n\n", " \n", "x\n", "\r\n", "\t\n  ", "b c", "\n.", "", " "]
 
     class Vocab:
@@ -474,10 +473,10 @@ def test_a_causal_query_ends_at_any_token_that_ends_a_line(monkeypatch):
         def batch_decode(self, ids):
             return [texts[int(i[0])] for i in ids]
 
-    assert line_end_ids(Vocab()) == [1, 2, 3, 5, 6, 8]
+    assert line_end_ids(Vocab()) == [1, 2, 3, 4, 5, 6, 8]
     lm = tiny_llama()
     monkeypatch.setattr(lm, "tokenizer", Vocab())
-    assert lm._stop_ids() == sorted({lm.eos_id, 1, 2, 3, 5, 6, 8})
+    assert lm._stop_ids() == sorted({lm.eos_id, 1, 2, 3, 4, 5, 6, 8})
     monkeypatch.setattr(lm, "is_seq2seq", True)
     lm._stops = None
     assert lm._stop_ids() == [lm.eos_id]

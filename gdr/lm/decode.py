@@ -54,7 +54,7 @@ __all__ = ["SAMPLER_VERSION", "PER_DOC_SAMPLER", "GREEDY_BELOW", "Decoder", "fil
 # version) is transformers' batch-seeded `generate`. "gdr-decode-1" decodes CUDA's bf16 copy with bf16 rotary
 # frequencies and transformers' repeat_kv attention; "gdr-decode-2" keeps the rotary frequencies fp32 and folds the
 # grouped heads (the same tokens in fp32 on a CPU, other near-ties and so other queries in bf16 on CUDA);
-# "gdr-decode-3" stops a causal model's query at any token that ends a line ("\n\n", " \n", ...), not "\n" alone.
+# "gdr-decode-3" stops a causal model's query at any token that holds a line break ("\n\n", " \n", ...), not "\n" alone.
 SAMPLER_VERSION = "gdr-decode-3"
 PER_DOC_SAMPLER = 2  # queries per document (``sample.per_doc``): 2 = an empty generation re-drawn, not dropped
 

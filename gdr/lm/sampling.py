@@ -19,7 +19,7 @@ from gdr.logs import on_terminal
 from gdr.models import SamplingOptions
 from gdr.signals import check as check_stop
 
-_LINE_END = re.compile(r"[^\S\r\n]*[\r\n]")  # white space up to a line break
+_LINE_BREAK = re.compile(r"[\r\n]")
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,12 @@ class SampledQueries:
 
 
 def line_end_ids(tokenizer) -> list[int]:
-    """The ids of the vocabulary's tokens that end a line with nothing but white space before the break (SmolLM2:
-    131 of 49,152, "\\n", "\\n\\n", " \\n", "\\r\\n", "\\n" followed by indentation, ...): a query that reaches
-    any of them has ended, and its text, the line before the break, is the same whichever it was. A token with
-    text before its break ("abc\\n") is not one: that text is part of the query."""
+    """The ids of the vocabulary's tokens that hold a line break (SmolLM2: 131 of 49,152, "\\n", "\\n\\n", " \\n",
+    "\\r\\n", "\\n" followed by indentation, ..., each with nothing but white space before its break): a query is one
+    line, so one that reaches any of them has ended; its text is the line before the break (:func:`clean_query`),
+    the same whichever it was (in a vocabulary with tokens such as "abc\\n", "abc" ends the query's text)."""
     texts = tokenizer.batch_decode(np.arange(len(tokenizer))[:, None])
-    return [i for i, t in enumerate(texts) if _LINE_END.match(t)]
+    return [i for i, t in enumerate(texts) if _LINE_BREAK.search(t)]
 
 
 def _advance(bar, first: int, rows: int, max_new_tokens: int, step: int) -> None:
