@@ -2,6 +2,7 @@
 imports the module of each job it unpickles, and this one imports the standard library only."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -25,4 +26,13 @@ def killed(x: int) -> int:
 def nap(x: int, seconds: float) -> int:
     """``x``, after ``seconds`` asleep."""
     time.sleep(seconds)
+    return x
+
+
+def log_as_libraries(x: int) -> int:
+    """``x``, after logging as gdr and as the libraries a training loads (transformers' LOAD REPORT table,
+    Lightning's device lines) do."""
+    logging.getLogger("gdr.training.train").info("gdr line %d", x)
+    logging.getLogger("transformers.modeling_utils").warning("BertModel LOAD REPORT from: somewhere")
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").info("GPU available: False, used: False")
     return x

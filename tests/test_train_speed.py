@@ -160,6 +160,22 @@ def test_run_concurrently_returns_results_in_order_from_one_worker_per_slot_and_
         run_concurrently([partial(slot_jobs.square_and_pid, 0), partial(slot_jobs.fail, 1)], 2)
 
 
+def test_a_slot_logs_as_quietly_as_the_command_that_started_it(capfd):
+    """A slot's log keeps gdr's lines and drops what a command drops (transformers' LOAD REPORT table of every
+    encoder a training loads, Lightning's device lines): a run training retrievers at once logs as one alone."""
+    import logging
+
+    from gdr.logs import setup_logging
+    from gdr.training.concurrent import run_concurrently
+
+    setup_logging("INFO")
+    logging.getLogger().setLevel(logging.INFO)
+    assert run_concurrently([partial(slot_jobs.log_as_libraries, i) for i in range(2)], 2) == [0, 1]
+    err = capfd.readouterr().err
+    assert "gdr line 0" in err and "gdr line 1" in err
+    assert "LOAD REPORT" not in err and "GPU available" not in err
+
+
 @pytest.mark.slow
 def test_a_stop_whose_raise_python_dropped_still_stops_the_slots_before_the_next_job(monkeypatch):
     """A SIGTERM handled while the parent runs a ``__del__`` (Python prints "Exception ignored" and goes on) is not

@@ -33,6 +33,7 @@ import torch
 
 from gdr import signals
 from gdr.guard import die_with_parent
+from gdr.logs import setup_logging
 
 __all__ = ["run_concurrently", "slot_threads"]
 
@@ -46,6 +47,7 @@ def _slot(conn, parent: int, threads: int, level: int) -> None:
     die_with_parent(parent)
     signals.install()  # SIGTERM: the training writes its resume point at the batch end, then stops
     logging.basicConfig(level=level, format=f"[pid {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.getLevelName(level))  # as quiet as the parent: no LOAD REPORT tables, Lightning's tips
     torch.set_num_threads(threads)  # a CPU matmul's sums depend on it: the parent's count on the CPU
     try:
         while (job := conn.recv()) is not None:
