@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from tiny_models import DOCS, tiny_llama
+from tiny_models import DOCS, tiny_llama, tokenizer
+from tokenizers import AddedToken
 
 from gdr.io import read_jsonl, write_manifest
 from gdr.lm.decode import SAMPLER_VERSION, filter_logits
@@ -474,6 +475,12 @@ def test_a_causal_query_ends_at_any_token_that_ends_a_line(monkeypatch):
             return [texts[int(i[0])] for i in ids]
 
     assert line_end_ids(Vocab()) == [1, 2, 3, 4, 5, 6, 8]
+    # a fast tokenizer is read by its own decoder: the same ids as transformers' decode
+    fast = tokenizer()
+    fast.add_tokens([AddedToken(t, normalized=False) for t in ("\n\n", " \n", "x\n")])
+    added = fast.convert_tokens_to_ids(["\n\n", " \n", "x\n"])
+    assert line_end_ids(fast) == added == [i for i, t in enumerate(fast.batch_decode(
+        [[i] for i in range(len(fast))])) if "\n" in t or "\r" in t]
     lm = tiny_llama()
     monkeypatch.setattr(lm, "tokenizer", Vocab())
     assert lm._stop_ids() == sorted({lm.eos_id, 1, 2, 3, 4, 5, 6, 8})

@@ -47,7 +47,9 @@ def line_end_ids(tokenizer) -> list[int]:
     "\\r\\n", "\\n" followed by indentation, ..., each with nothing but white space before its break): a query is one
     line, so one that reaches any of them has ended; its text is the line before the break (:func:`clean_query`),
     the same whichever it was (in a vocabulary with tokens such as "abc\\n", "abc" ends the query's text)."""
-    texts = tokenizer.batch_decode(np.arange(len(tokenizer))[:, None])
+    ids = np.arange(len(tokenizer))[:, None].tolist()
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's own decoder: ~10x faster
+    texts = tokenizer.batch_decode(ids) if backend is None else backend.decode_batch(ids, skip_special_tokens=False)
     return [i for i, t in enumerate(texts) if _LINE_BREAK.search(t)]
 
 
