@@ -482,6 +482,13 @@ def test_a_causal_query_ends_at_any_token_that_ends_a_line(monkeypatch):
     assert line_end_ids(fast) == added == [i for i, t in enumerate(fast.batch_decode(
         [[i] for i in range(len(fast))])) if "\n" in t or "\r" in t]
     lm = tiny_llama()
+    # a line-break token the tokenizer added past the model's vocabulary is never drawn: not a stop id, and P's end
+    # term (the stop ids' logits) is computed without it
+    lm.tokenizer.add_tokens([AddedToken("\n\n", normalized=False)])
+    assert lm.tokenizer.convert_tokens_to_ids("\n\n") == lm.model.config.vocab_size
+    assert lm._stop_ids() == [lm.eos_id]
+    assert np.isfinite(lm.score(DOCS[:2], ["cat", "oil prices"], ended=[True, True], progress=False)).all()
+    lm._stops = None
     monkeypatch.setattr(lm, "tokenizer", Vocab())
     assert lm._stop_ids() == sorted({lm.eos_id, 1, 2, 3, 4, 5, 6, 8})
     monkeypatch.setattr(lm, "is_seq2seq", True)

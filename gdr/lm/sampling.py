@@ -67,12 +67,14 @@ class SamplingMixin:
     def _stop_ids(self) -> list[int]:
         """The ids a sampled query stops at (its end, as P scores it: :data:`gdr.lm.scoring.QUERY_END`): the
         end-of-sequence token and, for a causal model, every token that ends a line (:func:`line_end_ids`: a
-        query is one line); found once per tokenizer."""
+        query is one line) that the model can write (a token the tokenizer added past the model's output
+        vocabulary is never drawn); found once per tokenizer."""
         held = self._stops
         if held is None or held[0] is not self.tokenizer or held[1] != self.eos_id:
             stop = {self.eos_id}
             if not self.is_seq2seq:
-                stop.update(line_end_ids(self.tokenizer))
+                vocab = self.model.get_output_embeddings().weight.shape[0]
+                stop.update(i for i in line_end_ids(self.tokenizer) if i < vocab)
             held = self._stops = (self.tokenizer, self.eos_id, sorted(stop))
         return list(held[2])
 
