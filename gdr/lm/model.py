@@ -116,11 +116,10 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
             raise ValueError(f"tokenizer of {self.name!r} has no eos token; cannot score queries with Eq. (1)")
         self.eos_id = int(eos)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos)
-        self.tokens = TokenCache()  # token ids by text, for this tokenizer and prompt
+        self.tokens = TokenCache()  # token ids by text, and the stop ids and prompt lead, for this tokenizer and prompt
         self.kernels = ScoringKernels()  # compiled or eager scoring kernels, and which compiled ones failed here
         self.score_copy = None  # the weights cast to the scoring dtype (ScoringMixin._scoring_model)
         self._decoder = None  # the decode loop, built on first use (SamplingMixin.decoder)
-        self._stops = None  # (tokenizer, eos id, the stop ids), made on first use (SamplingMixin._stop_ids)
 
     def describe(self) -> dict:
         """What identifies this scorer in a manifest: a model loaded by name by the digest of its files, never its

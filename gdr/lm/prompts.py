@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -60,33 +60,34 @@ def special_wrap(tokenizer) -> tuple[list[int], list[int]]:
 
 
 class TokenCache:
-    """Token ids already computed, by text, for one tokenizer and one tokenisation setting (prompt, document
-    length, model family, end-of-sequence id): sampling asks for a document's prompt in every batch that draws
-    it, scoring for every prompt and query in every shard; each is tokenised once. Owned by a
-    :class:`gdr.lm.GenerativeLM` (``lm.tokens``); emptied when its tokenizer or setting changes."""
+    """Token ids already computed for one tokenizer and one tokenisation setting (prompt, document length, model
+    family, end-of-sequence id): by text, as sampling asks for a document's prompt in every batch that draws it and
+    scoring for every prompt and query in every shard, each tokenised once; and the ids read off the tokenizer
+    itself (a prompt's lead, the stop ids), each found once. Owned by a :class:`gdr.lm.GenerativeLM`
+    (``lm.tokens``); emptied when its tokenizer or setting changes."""
 
     def __init__(self):
         self._tokenizer = None
         self._stamp: tuple | None = None
         self._ids: dict[str, dict[str, np.ndarray]] = {"prompt": {}, "query": {}}
-        self._lead: list[int] | None = None
+        self._found: dict[str, list[int]] = {}
 
     def table(self, kind: str, tokenizer, stamp: tuple) -> dict[str, np.ndarray]:
         """The ids by text of ``kind`` ("prompt" or "query") for ``tokenizer`` under ``stamp``."""
         self._check(tokenizer, stamp)
         return self._ids[kind]
 
-    def lead(self, tokenizer, stamp: tuple) -> list[int]:
-        """The special tokens ``tokenizer`` puts before a text (:func:`special_wrap`), probed once."""
+    def found(self, name: str, tokenizer, stamp: tuple, find: Callable[[], list[int]]) -> list[int]:
+        """A copy of the ids ``name`` that ``find()`` reads off ``tokenizer``, called once under ``stamp``."""
         self._check(tokenizer, stamp)
-        if self._lead is None:
-            self._lead = special_wrap(tokenizer)[0]
-        return self._lead
+        if name not in self._found:
+            self._found[name] = find()
+        return list(self._found[name])
 
     def _check(self, tokenizer, stamp: tuple) -> None:
         if tokenizer is not self._tokenizer or stamp != self._stamp:
             self._tokenizer, self._stamp = tokenizer, stamp
-            self._ids, self._lead = {"prompt": {}, "query": {}}, None
+            self._ids, self._found = {"prompt": {}, "query": {}}, {}
 
 
 class PromptMixin:
@@ -132,7 +133,7 @@ class PromptMixin:
         (it holds its own) or a seq2seq model (its tokenizer's own, T5's </s> after the input)."""
         if self.is_seq2seq or self.prompt.style != "prefix":
             return []
-        return list(self.tokens.lead(self.tokenizer, self._token_stamp()))
+        return self.tokens.found("lead", self.tokenizer, self._token_stamp(), lambda: special_wrap(self.tokenizer)[0])
 
     def _cached_ids(self, kind: str, texts: Sequence[str], tokenize) -> list[list[int]]:
         """``tokenize(new_texts)`` for the distinct texts not seen before (one batched call), the rest from

@@ -68,15 +68,16 @@ class SamplingMixin:
         """The ids a sampled query stops at (its end, as P scores it: :data:`gdr.lm.scoring.QUERY_END`): the
         end-of-sequence token and, for a causal model, every token that ends a line (:func:`line_end_ids`: a
         query is one line) that the model can write (a token the tokenizer added past the model's output
-        vocabulary is never drawn); found once per tokenizer."""
-        held = self._stops
-        if held is None or held[0] is not self.tokenizer or held[1] != self.eos_id:
+        vocabulary is never drawn); found once per tokenizer (``self.tokens``, :class:`gdr.lm.prompts.TokenCache`)."""
+
+        def find() -> list[int]:
             stop = {self.eos_id}
             if not self.is_seq2seq:
                 vocab = self.model.get_output_embeddings().weight.shape[0]
                 stop.update(i for i in line_end_ids(self.tokenizer) if i < vocab)
-            held = self._stops = (self.tokenizer, self.eos_id, sorted(stop))
-        return list(held[2])
+            return sorted(stop)
+
+        return self.tokens.found("stop", self.tokenizer, self._token_stamp(), find)
 
     @torch.inference_mode()
     def generate(self, docs: Sequence[str], seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
