@@ -22,9 +22,8 @@ max_new, max_doc = int(sys.argv[1]), int(sys.argv[2])
 sample = draw(max_new, max_doc)
 lm, docs, rows, out, stop = sample.lm, sample.docs, sample.rows, sample.out, sample.stop
 print(f"{len(stop)} stop ids, eos {lm.eos_id}:", [lm.tokenizer.decode([s]) for s in stop[:8]], "...")
-first_stop = [torch.nonzero(torch.isin(r, torch.tensor(stop))).flatten() for r in out]
-reason = ["length" if not len(w) else ("eos" if int(r[w[0]]) == lm.eos_id else "line-end")
-          for r, w in zip(out, first_stop)]
+reason = ["length" if w == out.shape[1] else ("eos" if int(r[w]) == lm.eos_id else "line-end")
+          for r, w in zip(out, sample.first_stop.tolist())]
 queries = [clean_query(t) for t in lm.tokenizer.batch_decode(out, skip_special_tokens=True)]
 print("reasons", Counter(reason))
 p_ids = lm.prompt_ids(docs)

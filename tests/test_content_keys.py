@@ -20,9 +20,11 @@ import gdr.models
 from gdr.cli import main
 from gdr.data import Corpus
 from gdr.io import what_differs
+from gdr.lm.prompts import PROMPT_LEAD
 from gdr.models import model_digest
+from gdr.pipeline import lm_key
 from gdr.rules import ConfigError
-from gdr.stages.settings import TrainSettings
+from gdr.stages.settings import LMSettings, TrainSettings
 from gdr.stages.train import check_trained_on, trained_on
 
 
@@ -218,10 +220,6 @@ def test_a_prefix_prompt_keys_how_it_starts(tmp_path):
     """A causal model's prefix prompt starts with its tokenizer's leading special tokens
     (:data:`gdr.lm.prompts.PROMPT_LEAD`): the LM stages of a prefix prompt carry that rule in their key, a chat
     prompt's key is what it was."""
-    from gdr.lm.prompts import PROMPT_LEAD
-    from gdr.pipeline import lm_key
-    from gdr.stages.settings import LMSettings
-
     model = str(saved_tiny_llama(tmp_path / "llama"))
     chat, prefix = (lm_key(LMSettings(name=model, prompt=p)) for p in (None, {"style": "prefix", "prefix": "q: "}))
     assert "prompt_lead" not in chat and prefix["prompt_lead"] == PROMPT_LEAD
