@@ -488,6 +488,9 @@ def test_a_causal_query_ends_at_any_token_that_ends_a_line(monkeypatch):
     assert lm.tokenizer.convert_tokens_to_ids("\n\n") == lm.model.config.vocab_size
     assert lm._stop_ids() == [lm.eos_id]
     assert np.isfinite(lm.score(DOCS[:2], ["cat", "oil prices"], ended=[True, True], progress=False)).all()
+    # the same tokenizer with a model whose output layer holds that token: it stops there
+    lm.model.resize_token_embeddings(lm.model.config.vocab_size + 1)
+    assert lm._stop_ids() == sorted({lm.eos_id, lm.tokenizer.convert_tokens_to_ids("\n\n")})
     monkeypatch.setattr(lm, "tokenizer", Vocab())
     assert lm._stop_ids() == sorted({lm.eos_id, 1, 2, 3, 4, 5, 6, 8})
     monkeypatch.setattr(lm, "is_seq2seq", True)

@@ -68,16 +68,17 @@ class SamplingMixin:
         """The ids a sampled query stops at (its end, as P scores it: :data:`gdr.lm.scoring.QUERY_END`): the
         end-of-sequence token and, for a causal model, every token that ends a line (:func:`line_end_ids`: a
         query is one line) that the model can write (a token the tokenizer added past the model's output
-        vocabulary is never drawn); found once per tokenizer (``self.tokens``, :class:`gdr.lm.prompts.TokenCache`)."""
+        vocabulary is never drawn); found once per tokenizer and output vocabulary size (``self.tokens``,
+        :class:`gdr.lm.prompts.TokenCache`), so a model of another vocabulary under the same tokenizer finds its own."""
+        vocab = self.model.get_output_embeddings().weight.shape[0]
 
         def find() -> list[int]:
             stop = {self.eos_id}
             if not self.is_seq2seq:
-                vocab = self.model.get_output_embeddings().weight.shape[0]
                 stop.update(i for i in line_end_ids(self.tokenizer) if i < vocab)
             return sorted(stop)
 
-        return self.tokens.found("stop", self.tokenizer, self._token_stamp(), find)
+        return self.tokens.found(f"stop-{vocab}", self.tokenizer, self._token_stamp(), find)
 
     @torch.inference_mode()
     def generate(self, docs: Sequence[str], seed: int, max_new_tokens: int = SamplingOptions.max_new_tokens,
