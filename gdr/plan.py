@@ -532,9 +532,11 @@ def _training(t: TrainSettings, model, n_ret: int, per_epoch: int, rates: _Rates
         together = (f"{concurrent} at once" + (": assumed: as fast together as one with all the threads"
                                               if concurrent > 1 else "")
                     + f"; a validation every {check:g} steps: {dev} dev queries at val_beam, {val_s:.1f} s")
+    span = (f"{steps:,} steps ({t.trainer.max_epochs} epochs; {stop})" if low_steps == mid_steps == steps
+            else f"{mid_steps:,} steps (assumed: the dev score best at the floor, then the patience) from "
+                 f"{low_steps:,} ({stop}) to {steps:,} ({t.trainer.max_epochs} epochs, the cap)")
     return StagePlan("training", at(mid_steps), mem,
-                     f"{n_ret} retrievers x {mid_steps:,} steps (assumed: the dev score best at the floor, then the "
-                     f"patience) from {low_steps:,} ({stop}) to {steps:,} ({t.trainer.max_epochs} epochs, the cap) "
+                     f"{n_ret} retrievers x {span} "
                      f"x batch {batch}{auto}{', two passes each' if passes == 2 else ''}; {width_note}; {together}: "
                      f"{_rate(rate)} examples/s ("
                      + (f"{agg:.1%} of the limit; one: {frac:.1%}, " if not per else "") + f"{src}) + "

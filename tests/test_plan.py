@@ -149,6 +149,10 @@ def test_the_bbc_plan_trains_the_four_schemes_three_seeds_each(tmp_path):
     assert _training(tmp_path).basis.startswith("12 retrievers x 500 steps (assumed: the dev score best at the floor, "
                                                 "then the patience) from 300 ")
     assert "to 900 (30 epochs, the cap)" in _training(tmp_path).basis
+    # the protocol's fixed budget: one figure, the cap, and no early stop assumed
+    cfg = load_config("run", ["+experiment=bbc", "train.trainer.batch_size=1024"])
+    fixed = {s.name: s for s in plan_run(cfg, "h200", 1, _runs(tmp_path, 0.2))}["training"]
+    assert re.match(r"12 retrievers x [\d,]+ steps \(40 epochs; no early stopping: the cap\) x batch 1024", fixed.basis)
 
 
 def test_an_index_per_retriever_seed_is_planned_and_each_index_stage_predicted(tmp_path):
