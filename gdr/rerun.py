@@ -71,8 +71,10 @@ def _composed(cdir: str, state: tuple, name: str, overrides: tuple[str, ...]) ->
 # ------------------------------------------------------------------------------------- advice that works
 # The command -> its conf/<name>.yaml, the option naming its output folder, the config it saves there.
 _SAVED = {"sample": ("sample", "out", "sample.config.yaml"), "score": ("score", "out", "score.config.yaml"),
-          "index": ("index", "out", "config.yaml"), "train": ("train", "out_dir", "config.yaml")}
-_OWN_KEY = {"sample": "sample", "score": "score", "index": "method", "train": "docids"}  # a saved config is its
+          "cluster": ("cluster", "out", "cluster.config.yaml"), "index": ("index", "out", "config.yaml"),
+          "train": ("train", "out_dir", "config.yaml")}
+# a key only each command's saved config holds: a config file of that name saved by another command is not read
+_OWN_KEY = {"sample": "sample", "score": "score", "cluster": "cluster", "index": "method", "train": "docids"}
 
 
 def _saved_config(command: str, folder: Path) -> dict | None:
@@ -158,14 +160,24 @@ def _overrides(name: str, saved: dict, skip: str | None = None) -> list[str]:
 
 
 def saved_data(folder: str | os.PathLike) -> dict | None:
-    """The ``data:`` section of the config a gdr command saved in ``folder`` (``gdr index``, ``score``, ``sample``
-    or ``train``; the first that names a corpus; an index made from ``run=`` that run's), or None."""
-    for command in ("index", "score", "sample", "train"):
+    """The ``data:`` section of the config a gdr command saved in ``folder`` (``gdr index``, ``score``, ``cluster``,
+    ``sample`` or ``train``; the first that names a corpus; an index made from ``run=`` that run's), or None."""
+    for command in ("index", "score", "cluster", "sample", "train"):
         saved = _saved_config(command, Path(folder))
         if saved is not None and isinstance(saved.get("data"), dict) and saved["data"].get("name"):
             return saved["data"]
         if command == "index" and saved is not None and saved.get("run"):  # a GC index made from a P folder
             return saved_data(saved["run"])
+    return None
+
+
+def saved_model(folder: str | os.PathLike) -> dict | None:
+    """The ``model:`` section (the query generator) of the config that sampled and scored the P in ``folder``
+    (``gdr score``, ``cluster`` or ``sample``, or a ``gdr run`` score stage's), or None."""
+    for command in ("score", "cluster", "sample"):
+        saved = _saved_config(command, Path(folder))
+        if saved is not None and isinstance(saved.get("model"), dict):
+            return saved["model"]
     return None
 
 

@@ -78,3 +78,26 @@ def test_index_add_takes_only_p_of_the_runs_own_queries(setup, tmp_path, capsys)
     assert main(["score", f"data.name={new}", *lm, "model.max_doc_tokens=20", f"queries_from={run}",
                  f"out={other}"]) == 2
     assert "scored by another model (max_doc_tokens=24)" in capsys.readouterr().err
+
+
+def test_a_cluster_folder_serves_as_the_run_of_new_documents(setup, tmp_path, capsys):
+    """README's stages one by one: `gdr cluster ... out=R`, `gdr index method=gc run=R`, then `gdr score
+    queries_from=R` without model settings takes R's (saved by `gdr cluster`), and `gdr index add` finds R's corpus
+    for the documents.jsonl of every document."""
+    root, folder = setup
+    old, new, _ = _split(folder, tmp_path)
+    lm = [f"model.name={root / 'tiny-llama'}", "model.max_doc_tokens=24", "sample.n_queries=16",
+          "sample.max_new_tokens=6"]
+    quiet = ["progress=false", "threads=1"]
+    run, idx, added = tmp_path / "clustered", tmp_path / "idx", tmp_path / "new-p"
+    assert main(["cluster", f"data.name={old}", *lm, *quiet, "cluster.n_clusters=3", "cluster.repeats=1", "cluster.n_init=2",
+                 f"out={run}"]) == 0
+    assert main(["index", "method=gc", f"run={run}", f"out={idx}", "n_clusters=4", "leaf_size=4", "gc.n_init=2",
+                 "gc.n_init_inner=1", "plot=false", *quiet[:1]]) == 0
+    capsys.readouterr()
+    assert main(["score", f"data.name={new}", f"queries_from={run}", f"out={added}", *quiet]) == 0
+    assert np.load(added / "P.npy").shape == (6, 16)
+    assert main(["index", "add", f"run={added}", f"index={idx}", "plot=false"]) == 0
+    printed = capsys.readouterr().out
+    documents = [json.loads(x)["_id"] for x in (idx / "documents.jsonl").read_text().splitlines()]
+    assert documents == [f"d{i}" for i in range(30)] and f"data.path={idx / 'documents.jsonl'}" in printed

@@ -4,8 +4,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from gdr.cli.common import (
     compose,
     config_saved,
@@ -19,6 +17,7 @@ from gdr.cli.common import (
 from gdr.config import to_container
 from gdr.data import corpus_from_config
 from gdr.device import dist_info
+from gdr.rerun import saved_model
 from gdr.stages import score
 from gdr.stages.doc_queries import sample_doc_queries
 from gdr.stages.sample import sample_queries
@@ -80,8 +79,8 @@ def _reuse_from(cfg):
 def _model_of_run(cfg) -> None:
     """``gdr score queries_from=<run>`` without ``model.*`` overrides scores with the model settings of that run (from
     the config it saved), since only a P of the same model compares with the run's."""
-    saved = score_folder(cfg.queries_from) / "score.config.yaml"
-    model = OmegaConf.load(saved).get("model") if saved.is_file() else None
+    folder = score_folder(cfg.queries_from)
+    model = saved_model(folder)
     if model is not None:
         cfg.model = model
-        log.info("scoring with the model settings of %s: %s", saved, OmegaConf.to_container(model, resolve=True))
+        log.info("scoring with the model settings of %s: %s", folder, model)
