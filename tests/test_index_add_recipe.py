@@ -90,8 +90,8 @@ def test_a_cluster_folder_serves_as_the_run_of_new_documents(setup, tmp_path, ca
           "sample.max_new_tokens=6"]
     quiet = ["progress=false", "threads=1"]
     run, idx, added = tmp_path / "clustered", tmp_path / "idx", tmp_path / "new-p"
-    assert main(["cluster", f"data.name={old}", *lm, *quiet, "cluster.n_clusters=3", "cluster.repeats=1", "cluster.n_init=2",
-                 f"out={run}"]) == 0
+    assert main(["cluster", f"data.name={old}", *lm, *quiet, "cluster.n_clusters=3", "cluster.repeats=1",
+                 "cluster.n_init=2", f"out={run}"]) == 0
     assert main(["index", "method=gc", f"run={run}", f"out={idx}", "n_clusters=4", "leaf_size=4", "gc.n_init=2",
                  "gc.n_init_inner=1", "plot=false", *quiet[:1]]) == 0
     capsys.readouterr()
