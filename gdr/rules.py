@@ -310,6 +310,14 @@ def get(node, path: str, default=None):
     return node
 
 
+def key_of(node, path: str) -> str:
+    """The full override key of ``path`` under the section ``node`` (``train.trainer.max_steps`` for
+    ``trainer.max_steps`` under ``train``), as a message names another setting; ``path`` where ``node`` is the root or
+    no config node."""
+    prefix = node._get_full_key(None) if isinstance(node, DictConfig) else ""
+    return f"{prefix}.{path}" if prefix else path
+
+
 def show(v) -> str:
     if v is None:
         return "null"

@@ -18,6 +18,7 @@ from gdr.rules import (
     get,
     int_at_least,
     is_int,
+    key_of,
     number,
     one_of,
     optional,
@@ -120,7 +121,8 @@ def leaf_size(v, sec):
     if not is_int(v) or v < 1:
         return "must be a positive integer"
     if is_int(k) and v > k:
-        return f"must be <= n_clusters={k}: a leaf's documents take positions 0..c-1, which must be < K"
+        return (f"must be <= {key_of(sec, 'n_clusters')}={k}: a leaf's documents take positions 0..c-1, which must "
+                "be < K")
     return None
 
 

@@ -203,9 +203,19 @@ def test_run_sections_use_the_stage_rules():
             validate("run", load_config("run", list(overrides)))
         return str(e.value)
 
-    assert error("index.leaf_size=31").startswith("index.leaf_size=31: must be <= n_clusters=30")
+    # a rule that names another setting names it by its full key, as the user would override it
+    assert error("index.leaf_size=31").startswith("index.leaf_size=31: must be <= index.n_clusters=30")
     assert error("train.trainer.max_epochs=0").startswith("train.trainer.max_epochs=0:")
-    assert error("evaluate.k=200").startswith("evaluate.k=200: must be <= beam=100")
+    assert error("evaluate.k=200").startswith("evaluate.k=200: must be <= evaluate.beam=100")
+    assert error("train.trainer.max_steps=5", "train.trainer.min_steps=9").startswith(
+        "train.trainer.min_steps=9: must be <= train.trainer.max_steps=5")
+    # the final weights of a fixed budget, which early stopping would cut short
+    said = error("train.trainer.weights=final", "train.trainer.patience=3")
+    assert said.startswith("train.trainer.weights=final: ") and "(train.trainer.patience=3)" in said
+    assert "set train.trainer.patience=0 and train.trainer.patience_steps=null" in said
+    assert "(train.trainer.patience_steps=400)" in error("train.trainer.weights=final", "train.trainer.patience=0",
+                                                         "train.trainer.patience_steps=400")
+    validate("run", load_config("run", ["train.trainer.weights=final", "train.trainer.patience=0"]))
     assert error("sample.n_queries=0").startswith("sample.n_queries=0:")
     assert "listed twice" in error("indexers=[gc,hkmi,gc]")
     assert "unknown indexer 'kmeans'" in error("indexers=[gc,kmeans]")

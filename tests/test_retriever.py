@@ -6,6 +6,8 @@ so a training run takes a second or two on one CPU thread (conftest sets one thr
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -542,10 +544,11 @@ def test_patience_in_steps_becomes_validation_checks():
         patience_checks(0, 10)
 
 
-def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_size(tmp_path, word_tokenizer):
+def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_size(tmp_path, word_tokenizer,
+                                                                                    caplog):
     """A dev score that never improves (learning rate 0): epoch patience stops batch 20 after a few steps,
     step patience lets both batch sizes run the same number of steps past the first check, and no stop
-    comes before min_steps."""
+    comes before min_steps. An early stop says so in one line."""
     doc_ids, texts, codes = toy_corpus(20)
 
     def steps(batch, **trainer):
@@ -559,7 +562,11 @@ def test_early_stopping_counted_in_steps_trains_comparable_amounts_at_any_batch_
         return res.global_step
 
     # 30 training queries: batch 3 is 10 steps per epoch, batch 15 is 2
-    assert steps(15, patience=2) == 6  # per epoch: best at epoch 1, two epochs without gain
+    with caplog.at_level(logging.INFO, logger="gdr.training.train"):
+        assert steps(15, patience=2) == 6  # per epoch: best at epoch 1, two epochs without gain
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("early stop at")]
+    assert len(said) == 1 and re.fullmatch(r"early stop at step 6 of 2000: no better val/mrr in 2 validations "
+                                           r"\(best \d\.\d{4}\); trainer.patience=0 trains every step", said[0]), said
     assert steps(3, patience=2) == 30
     assert steps(15, patience_steps=20) == 22 and steps(3, patience_steps=20) == 30
     assert steps(15, patience_steps=4, min_steps=12) == 12

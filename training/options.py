@@ -22,6 +22,7 @@ from gdr.rules import (
     get,
     int_at_least,
     is_int,
+    key_of,
     number,
     one_of,
     optional,
@@ -70,7 +71,21 @@ def min_steps(v, sec):
     problem = NON_NEGATIVE(v, sec)
     most = get(sec, "trainer.max_steps")
     if problem is None and is_int(most) and most > 0 and v > most:
-        return f"must be <= trainer.max_steps={most}: training stops there; lower it or raise trainer.max_steps"
+        key = key_of(sec, "trainer.max_steps")
+        return f"must be <= {key}={most}: training stops there; lower it or raise {key}"
+    return problem
+
+
+def final_weights(v, sec):
+    """``trainer.weights``: ``final`` keeps the last step of a fixed budget, which early stopping would cut short."""
+    problem = one_of("best", "final")(v, sec)
+    patience, steps = get(sec, "trainer.patience"), get(sec, "trainer.patience_steps")
+    if problem is None and v == "final" and (steps or (is_int(patience) and patience > 0)):
+        patience_key, steps_key = key_of(sec, "trainer.patience"), key_of(sec, "trainer.patience_steps")
+        on = f"{steps_key}={steps}" if steps else f"{patience_key}={patience}"
+        return (f"final keeps the last step of a fixed budget (the learning rate decayed to 0 there), but early "
+                f"stopping is on ({on}) and would end training before it: set {patience_key}=0 and "
+                f"{steps_key}=null too, or keep weights=best")
     return problem
 
 
@@ -197,10 +212,11 @@ class TrainerOptions:
                                            effect="result",
                            rule=one_of("val/recall@1", "val/mrr"), rule_help="the dev metric that picks the checkpoint")
     weights: str = setting("best", "the exported weights: best = the checkpoint of the best `monitor` on the dev split "
-                                   "(NCI's ckpt_monitor) | final = the weights of the last step (a fixed budget, the "
-                                   "learning rate decayed to 0 there; the dev split only draws the learning curve)",
+                                   "(NCI's ckpt_monitor) | final = the weights of the last step (a fixed budget, with "
+                                   "patience=0: the learning rate decayed to 0 there; the dev split only draws the "
+                                   "learning curve)",
                            effect="result",
-                           rule=one_of("best", "final"),
+                           rule=final_weights,
                            rule_help="the exported weights: the best dev checkpoint or the last step's")
     val_beam: int = setting(10, effect="result", rule=POSITIVE)
     length_penalty: float = same_setting(RankingOptions, "length_penalty", "the dev beam search's length penalty")

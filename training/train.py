@@ -344,6 +344,16 @@ def _early_stopping(t: TrainerOptions, run: _Run, n_train: int, min_steps: int) 
                                       check_on_train_epoch_end=False)
 
 
+def _say_early_stop(trainer: pl.Trainer, monitor: str) -> None:
+    """One log line when early stopping ended the training before the steps its epochs or ``max_steps`` allow."""
+    stopper = next((c for c in trainer.callbacks if isinstance(c, pl.callbacks.EarlyStopping)), None)
+    planned = trainer.estimated_stepping_batches
+    if stopper is None or stopper.wait_count < stopper.patience or trainer.global_step >= planned:
+        return
+    log.info("early stop at step %d of %d: no better %s in %d validations (best %.4f); trainer.patience=0 trains "
+             "every step", trainer.global_step, planned, monitor, stopper.wait_count, float(stopper.best_score))
+
+
 def _loggers(out: Path, tensorboard: bool) -> list:
     # one folder per training, whatever its starts: logs/metrics.csv continued by a resumed run (TrainingCSVLogger),
     # tensorboard/ with an event file per start, which TensorBoard reads as one run
@@ -539,6 +549,7 @@ def train(
         torch.cuda.reset_peak_memory_stats()
     with signals.deferred():  # a signal stops where a rerun resumes exactly, after writing last.ckpt (StopOnSignal)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    _say_early_stop(trainer, t.monitor)
     memory = {"estimate_bytes": int(cost.TRAIN_BYTES_PER_PARAM * meta_param_count(data.cfg) + run.batch_size
                                     * train_memory_per_example(data.cfg, optim.forward_passes)),
               "peak_bytes": int(torch.cuda.max_memory_allocated()) if peak else None}

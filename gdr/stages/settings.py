@@ -49,6 +49,7 @@ from gdr.rules import (
     get,
     int_at_least,
     is_int,
+    key_of,
     non_empty_list,
     number,
     one_of,
@@ -107,7 +108,7 @@ def k_within_beam(v, sec):
     if not is_int(v) or v < 1:
         return "must be a positive integer"
     fits = not (is_int(beam) and beam >= 1) or v <= beam
-    return None if fits else f"must be <= beam={beam}: beam search returns at most beam docids"
+    return None if fits else f"must be <= {key_of(sec, 'beam')}={beam}: beam search returns at most beam docids"
 
 
 def p_per_doc(v, sec):
