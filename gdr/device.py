@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import platform
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["free_memory", "local_device", "dist_info", "available_memory", "machine_record", "machine_differences"]
+__all__ = ["free_memory", "local_device", "dist_info", "available_memory", "machine_record", "machine_differences",
+           "cpu_threads", "torch_threads"]
 
 # What of a machine record decides the last bits of CPU and GPU kernels' results (the instruction set the CPU
 # kernels dispatch to, the GPU model, the torch build); the rest (memory, CPU model name) is information
@@ -41,6 +43,28 @@ def available_memory() -> int:
         return int(line.split()[1]) * 1024
     except (OSError, StopIteration, ValueError):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_threads() -> int:
+    """The torch threads a CPU stage runs with unless told otherwise: one per core this process may use (shared
+    with the other local processes of a launcher, ``LOCAL_WORLD_SIZE``), whatever an earlier stage of the process
+    left set. A CPU result's last bits depend on the count (MKL computes a product of a few rows by another kernel
+    at another count: on the development CPU 5-11 rows differ between 1 and 2 threads), so the stages that compute
+    on the CPU key it (a retriever's training, P's scoring)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's CPU threads set to ``n`` for the block (None: left as they are), then restored."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def local_device(device: str | None) -> str:

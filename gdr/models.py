@@ -28,6 +28,7 @@ from pathlib import Path
 from gdr.paths import cache_dir
 from gdr.rules import (
     NON_NEGATIVE,
+    OPT_POSITIVE,
     POSITIVE,
     GroupOption,
     Rule,
@@ -72,6 +73,7 @@ def model_name(v, sec):
 
 # The query generator's device (gdr.lm.GenerativeLM's argument, gdr.stages.settings.LMSettings's field)
 DEVICE_RULE = Rule("device", device("auto", "cpu"))
+THREADS_RULE = Rule("threads", OPT_POSITIVE, "torch CPU threads; null = one per core")
 
 
 @dataclass

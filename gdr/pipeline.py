@@ -1464,13 +1464,16 @@ def _score_key(score: ScoreSettings) -> dict:
 def device_key(settings: RunSettings, scoring: bool = False) -> dict:
     """What of the machine decides sampled queries and P: the device kind the LM runs on (CUDA decodes a bf16
     copy, the CPU fp32) and, for scoring, the dtype its passes compute in (``score.compute_dtype`` resolved
-    for that device, :func:`gdr.lm.scoring.score_compute_dtype`)."""
+    for that device, :func:`gdr.lm.scoring.score_compute_dtype`) and on a CPU the threads it scores with
+    (:meth:`gdr.stages.settings.LMSettings.scoring_threads`)."""
     device = settings.lm.device
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     out = {"kind": kind}
     if scoring:
         dtype = score_compute_dtype(settings.score.compute_dtype, torch.device(kind))
         out["compute_dtype"] = str(dtype).removeprefix("torch.")
+        if kind == "cpu":
+            out["threads"] = settings.lm.scoring_threads(settings.score.processes)
     return out
 
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import torch
 
-from gdr import pipeline
+from gdr import device, pipeline
 from gdr.config import conf_dir, load_config
 from gdr.formats import stage_key
 from gdr.stages import train as train_stage
@@ -119,6 +119,7 @@ def stand_ins(patch=setattr) -> None:
     patch(train_stage, "model_digest", _digest)
     patch(pipeline, "_qg_pairs", lambda run: (_Pairs(), _Pairs()))  # the training split's pairs need the corpus
     patch(train_stage, "training_threads", lambda: 1)  # a CPU retriever is keyed by this machine's cores
+    patch(device, "cpu_threads", lambda: 1)  # ... and a CPU P (gdr.stages.settings.LMSettings.scoring_threads)
     patch(torch.cuda, "is_available", lambda: False)  # keyed as on a CPU-only machine, whatever this one has
 
 

@@ -78,6 +78,10 @@ def test_a_model_changed_in_place_reruns_what_it_made_and_a_moved_one_reruns_not
     assert len(second) == 1
     assert not np.array_equal(np.load(second[0] / "P.npy"), p_before)
     assert (second[0] / "queries.jsonl").read_text() != q_before
+    # a CPU P is keyed by the threads it is scored with (`threads=1` here), as its manifest records them
+    assert json.loads((second[0] / "stage.json").read_text())["inputs"]["device"] == {
+        "kind": "cpu", "compute_dtype": "float32", "threads": 1}
+    assert json.loads((second[0] / "P.manifest.json").read_text())["threads"] == 1
 
     moved = _move(model, tmp_path / "elsewhere" / "lm")  # the same files at another path
     assert main(_args(moved, folder, out)) == 0

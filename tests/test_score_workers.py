@@ -3,6 +3,7 @@ whose processes leave shards unscored is never reported finished."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,3 +71,25 @@ def test_shards_left_unscored_by_disagreeing_workers_fail_the_stage(saved, tmp_p
         score_stage.score_corpus(docs, (lm, saved), tmp_path, SAMPLE, settings, progress=False)
     assert "\n" not in str(e.value)
     assert json.loads((tmp_path / "P.manifest.json").read_text())["status"] == "partial"
+
+
+def test_a_cpu_p_is_keyed_by_the_threads_each_scoring_process_has(saved, monkeypatch):
+    """`gdr run` keys a CPU P by the threads it will be scored with, as each scoring process sets them: `threads`,
+    else one per core in one process, one in each of score.processes > 1 (their P equals one process's of one
+    thread, not one of more threads); a GPU P by no thread count."""
+    import torch
+
+    from gdr import pipeline
+    from gdr.config import load_config
+    from gdr.device import cpu_threads
+
+    def key(*overrides):
+        return pipeline.device_key(pipeline.run_settings(load_config("run", list(overrides))), scoring=True)
+
+    assert replace(saved, threads=None).scoring_threads(1) == cpu_threads()
+    assert replace(saved, threads=None).scoring_threads(2) == 1 and replace(saved, threads=3).scoring_threads(2) == 3
+    assert key("device=cpu") == {"kind": "cpu", "compute_dtype": "float32", "threads": cpu_threads()}
+    assert key("device=cpu", "score.processes=2")["threads"] == 1
+    assert key("device=cpu", "score.processes=2", "threads=2")["threads"] == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert key() == {"kind": "cuda", "compute_dtype": "bfloat16"}

@@ -141,6 +141,35 @@ def test_compute_dtype_is_chosen_recorded_and_checked(lm, tmp_path):
         score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "x", progress=False, compute_dtype="float16")
 
 
+def test_a_cpu_p_is_scored_with_the_threads_that_key_it(lm, tmp_path, monkeypatch):
+    """A CPU P's last bits depend on torch's thread count (MKL computes a product of a few rows by another kernel
+    at another count), so it is scored with a set count, whatever the process had set before: ``threads``, else one
+    per core; its manifest records it, the count is restored after, and a P of another count is not resumed."""
+    from gdr.device import cpu_threads
+
+    seen = []
+    original = type(lm).score
+
+    def score(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(lm), "score", score)
+    monkeypatch.setattr(lm, "threads", None)
+    torch.set_num_threads(1)  # what an earlier stage (or conftest) left set
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False, max_shards=2)
+    assert set(seen) == {cpu_threads()} and torch.get_num_threads() == 1
+    assert json.loads((tmp_path / "P.manifest.json").read_text())["threads"] == cpu_threads()
+    before = np.load(tmp_path / "P.npy").copy()
+    monkeypatch.setattr(lm, "threads", cpu_threads() + 1)
+    with pytest.raises(FileExistsError, match=f"threads {cpu_threads()} there, {cpu_threads() + 1} here"):
+        score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path, shard_size=2, progress=False)
+    assert np.array_equal(before, np.load(tmp_path / "P.npy"))
+    seen.clear()
+    score_run(lm, DOCS, DOC_IDS, QUERIES, tmp_path / "more", shard_size=2, progress=False)
+    assert set(seen) == {cpu_threads() + 1} and torch.get_num_threads() == 1
+
+
 def test_p_of_another_device_is_refused_and_its_numerics_recorded(lm, tmp_path):
     """P records the device kind and compute dtype that made it (gdr.lm.numerics.scoring_numerics, what a stage
     key can hold before the model loads); a partial P from another device (a GPU's, here its manifest) is not

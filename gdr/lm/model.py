@@ -28,13 +28,14 @@ from typing import Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
+from gdr.device import cpu_threads
 from gdr.lm.hostsync import upload
 from gdr.lm.numerics import resolve_device
 from gdr.lm.prompts import GENERATOR_FILE, PromptConfig, PromptMixin, TokenCache, saved_generator
 from gdr.lm.sampling import SamplingMixin
 from gdr.lm.scoring import ScoringKernels, ScoringMixin
 from gdr.logs import quiet_loading
-from gdr.models import MAX_DOC_TOKENS_RULE, ModelOptions, model_digest, pretrained_config, resolve_model
+from gdr.models import MAX_DOC_TOKENS_RULE, THREADS_RULE, ModelOptions, model_digest, pretrained_config, resolve_model
 from gdr.rules import check_values
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,12 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
     """
 
     def __init__(self, model, tokenizer=None, prompt: PromptConfig | dict | None = None,
-                 max_doc_tokens: int = ModelOptions.max_doc_tokens, device: str | None = None):
-        check_values({"max_doc_tokens": max_doc_tokens}, (MAX_DOC_TOKENS_RULE,),
+                 max_doc_tokens: int = ModelOptions.max_doc_tokens, device: str | None = None,
+                 threads: int | None = None):
+        check_values({"max_doc_tokens": max_doc_tokens, "threads": threads}, (MAX_DOC_TOKENS_RULE, THREADS_RULE),
                      {"max_doc_tokens": "model.max_doc_tokens"})  # before the model loads
         self.device = resolve_device(device)
+        self.threads = threads  # torch threads P is scored with on a CPU (scoring_threads); None: one per core
         saved = None
         if isinstance(model, str):
             self.name = model
@@ -120,6 +123,11 @@ class GenerativeLM(PromptMixin, SamplingMixin, ScoringMixin):
         self.kernels = ScoringKernels()  # compiled or eager scoring kernels, and which compiled ones failed here
         self.score_copy = None  # the weights cast to the scoring dtype (ScoringMixin._scoring_model)
         self._decoder = None  # the decode loop, built on first use (SamplingMixin.decoder)
+
+    def scoring_threads(self) -> int | None:
+        """The torch threads P is scored with: on a CPU ``threads``, else one per core (:func:`gdr.device.cpu_threads`,
+        whatever an earlier stage of the process set: they decide a CPU P's last bits); None on a GPU."""
+        return (int(self.threads) if self.threads else cpu_threads()) if self.device.type == "cpu" else None
 
     def describe(self) -> dict:
         """What identifies this scorer in a manifest: a model loaded by name by the digest of its files, never its

@@ -65,10 +65,12 @@ def sampling_numerics(device: str | torch.device | None, n_queries: int, compile
 
 
 def scoring_numerics(device: str | torch.device | None, compute_dtype: str,
-                     model_dtype: torch.dtype = torch.float32) -> dict:
-    """{"device": kind, "compute_dtype": name} of scoring under ``score.compute_dtype``."""
+                     model_dtype: torch.dtype = torch.float32, threads: int | None = None) -> dict:
+    """{"device": kind, "compute_dtype": name} of scoring under ``score.compute_dtype``, and on a CPU the torch
+    ``threads`` it scores with where given (:func:`gdr.device.cpu_threads`: they decide a CPU P's last bits)."""
     dev = resolve_device(device)
-    return {"device": dev.type, "compute_dtype": _name(score_compute_dtype(compute_dtype, dev, model_dtype))}
+    out = {"device": dev.type, "compute_dtype": _name(score_compute_dtype(compute_dtype, dev, model_dtype))}
+    return {**out, "threads": int(threads)} if dev.type == "cpu" and threads is not None else out
 
 
 def describe_numerics(numerics: dict) -> str:

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from gdr.device import dist_info, local_device, machine_differences, machine_record
+from gdr.device import dist_info, local_device, machine_differences, machine_record, torch_threads
 from gdr.guard import die_with_parent, holding
 from gdr.io import hash_strings, read_jsonl, read_manifest
 from gdr.lm.numerics import scoring_numerics
@@ -240,8 +240,7 @@ def _score_worker(rank: int, world: int, port: int, corpus, lm_settings: dict, s
                       MASTER_PORT=str(port))
     setup_logging()
     spec = LMSettings.from_config(lm_settings)  # the parent's settings, checked at its door
-    if not spec.threads:
-        spec.threads = 1
+    spec.threads = spec.scoring_threads(world)  # one a process unless told: as the parent keyed P
     if torch.cuda.is_available() and str(spec.device or LMSettings.device) in ("auto", "cuda"):
         spec.device = local_device(spec.device)  # before the process group: NCCL binds each rank to the current device
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo", rank=rank, world_size=world)
@@ -327,7 +326,8 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
         raise ValueError(f"score.dtype={dtype!r}: use float32 or float16")
     if len(texts) != len(doc_ids):
         raise ValueError(f"{len(texts)} texts but {len(doc_ids)} doc ids")
-    numerics = scoring_numerics(lm.device, compute_dtype, next(lm.model.parameters()).dtype)
+    threads = lm.scoring_threads()  # on a CPU: set for the scoring below, whatever the process had (None: a GPU)
+    numerics = scoring_numerics(lm.device, compute_dtype, next(lm.model.parameters()).dtype, threads)
     out = Path(out_dir)
     rank, world = dist_info()
     ended = np.ones(len(queries), dtype=bool) if ended is None else np.asarray(ended, dtype=bool)
@@ -362,8 +362,9 @@ def score_run(lm, texts: Sequence[str], doc_ids: Sequence[str], queries: Sequenc
     t0 = time.perf_counter()
     score = {"doc_batch_size": doc_batch_size, "max_query_tokens": max_query_tokens, "progress": False,
              "compute_dtype": getattr(torch, numerics["compute_dtype"]), "groups": query_groups, "ended": ended}
-    pairs = _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress,
-                          reuse)
+    with torch_threads(threads):
+        pairs = _score_shards(lm, texts, queries, p_path, shard_dir, order, shard_size, mine, dtype, score, progress,
+                              reuse)
     _barrier(world)
     if rank == 0:
         extra = {"reused_from": str(reuse.path)} if reuse is not None else {}

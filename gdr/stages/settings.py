@@ -30,7 +30,7 @@ import yaml
 from gdr.config import override_value
 from gdr.data.options import DATA_OPTIONS, DataOptions
 from gdr.indexing.options import GCOptions, IndexAtomic, IndexBMI, IndexGC, IndexKMeans, TreeOptions, bmi_keyed
-from gdr.models import DEVICE_RULE, EMBED_MODEL, MODEL_OPTIONS, ModelOptions, SamplingOptions
+from gdr.models import DEVICE_RULE, EMBED_MODEL, MODEL_OPTIONS, THREADS_RULE, ModelOptions, SamplingOptions
 from gdr.options import GCFitOptions, RankingOptions
 from gdr.rules import (
     NON_NEGATIVE,
@@ -247,8 +247,18 @@ class LMSettings(Settings, ModelOptions):
 
     # cuda:N too; under torchrun auto is cuda:LOCAL_RANK
     device: str = setting("auto", "auto | cpu | cuda", effect="result", rule=DEVICE_RULE.check)
-    threads: int | None = setting(None, "torch CPU threads (null = torch default)", effect="speed",
-                                  rule=OPT_POSITIVE, rule_help="torch CPU threads; null = torch's default")
+    threads: int | None = setting(None, "torch CPU threads (null = one per core; a scoring process of "
+                                        "score.processes > 1: one); a CPU P's last bits depend on it, so there it "
+                                        "keys the score stage", effect="speed",
+                                  rule=THREADS_RULE.check, rule_help=THREADS_RULE.what)
+
+    def scoring_threads(self, processes: int) -> int:
+        """The torch threads P is scored with on a CPU: ``threads``, else 1 in each of ``processes`` > 1 scoring
+        processes, else one per core (:func:`gdr.device.cpu_threads`): what keys a CPU P (P's manifest records it as
+        scored, ``threads``)."""
+        from gdr.device import cpu_threads  # lazy: `gdr --help`, `import gdr` stay light
+
+        return int(self.threads) if self.threads else 1 if processes > 1 else cpu_threads()
 
     def build(self):
         """The :class:`gdr.lm.GenerativeLM` on this process's device (see :func:`gdr.device.local_device`)."""
@@ -261,7 +271,7 @@ class LMSettings(Settings, ModelOptions):
             torch.set_num_threads(int(self.threads))
         prompt = PromptConfig(**self.prompt) if self.prompt else None
         return GenerativeLM(self.name, prompt=prompt, max_doc_tokens=self.max_doc_tokens,
-                            device=local_device(self.device))
+                            device=local_device(self.device), threads=self.threads)
 
 
 @dataclass
@@ -322,7 +332,8 @@ class ScoreSettings(Settings):
                                           effect="result",
                                           rule=auto_or(POSITIVE), rule_help="query tokens per packed chunk")
     processes: int = setting(1, "> 1: that many scoring processes on this machine (CPU: one single-thread process per "
-                                "core is fastest); the same P as one process. Started by spawn, which imports the "
+                                "core is fastest); the same P as one process of as many threads (threads=1). "
+                                "Started by spawn, which imports the "
                                 "calling script again: a script calls gdr.score(processes=N) under "
                                 "`if __name__ == \"__main__\":`", effect="speed",
                              rule=POSITIVE, rule_help="scoring processes on this machine")

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import torch
 
 from gdr.config import flat_leaves
 from gdr.cost import device_name
+from gdr.device import cpu_threads, torch_threads
 from gdr.guard import holding
 from gdr.indexing.docids import format_code, read_docids, rebuild_advice
 from gdr.io import (
@@ -219,23 +217,10 @@ def training_numerics(settings: TrainSettings) -> dict:
 
 
 def training_threads() -> int:
-    """The torch threads a retriever trains with on the CPU: one per core this process may use, by every entry point
-    (``gdr run``, ``gdr train``, a training worker). A CPU matmul's sums depend on the count, so each training sets it
-    at its start rather than inherit what an earlier stage of the process left (the query generator sets
-    ``threads``)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@contextmanager
-def _torch_threads(n: int | None):
-    """torch's CPU threads set to ``n`` for the block (None: left as they are), then restored."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    """The torch threads a retriever trains with on the CPU, by every entry point (``gdr run``, ``gdr train``, a
+    training worker): :func:`gdr.device.cpu_threads`, set at the training's start rather than inherited from what
+    an earlier stage of the process left (the query generator sets ``threads``)."""
+    return cpu_threads()
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -358,7 +343,7 @@ def train_retriever(corpus, docids: str | Path, out: str | Path, settings: Train
             log.info("%s: a finished training on these inputs and settings (step %d, best %s %s); reused",
                      out, done.global_step, done.monitor, done.best_score)
             return done
-        with _torch_threads(fingerprint["settings"].get("device.threads")):
+        with torch_threads(fingerprint["settings"].get("device.threads")):
             return _train(corpus, docids, codes, out, settings, queries, generated, dev)
 
 

@@ -264,7 +264,7 @@ def prepare_p(out: Path, ident: dict, doc_ids: Sequence[str], shape: tuple[int, 
         require_format(old, out / P_MANIFEST, out)
         stale = [k for k in ident if json.loads(json.dumps(old.get(k))) != json.loads(json.dumps(ident[k]))]
         if stale:
-            said = [f"{k} {old.get(k)} there, {ident[k]} here" if k in ("device", "compute_dtype") else k
+            said = [f"{k} {old.get(k)} there, {ident[k]} here" if k in ("device", "compute_dtype", "threads") else k
                     for k in stale]
             raise FileExistsError(
                 f"{out / P_MANIFEST} belongs to a different P matrix (differs in: {', '.join(said)}); "
