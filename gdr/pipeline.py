@@ -108,7 +108,7 @@ from gdr.stages.overlap import HostStages, Priority, overlap_on
 from gdr.stages.plan_file import plan_identity, predicted_from_plan, read_plan, run_device
 from gdr.stages.qg import run_pairs, run_title_pairs
 from gdr.stages.qg_report import add_generator_section, generator_summary
-from gdr.stages.report import cluster_headline, mark_in_progress, pooled_index_facts, write_report
+from gdr.stages.report import cluster_headline, mark_in_progress, mark_stopped, pooled_index_facts, write_report
 from gdr.stages.score import score_corpus
 from gdr.stages.settings import (
     ClusterSettings,
@@ -541,18 +541,22 @@ def run_pipeline(cfg: DictConfig, argv: Sequence[str] = ()) -> dict:
     run = open_run(cfg, argv)
     run.host = HostStages(run.pipe.records, overlap_on(cfg.overlap, device_key(run.settings)["kind"]),
                           part=lambda: run.clock.part("stages"))
-    with run.host.running():  # the host stages beside the device stages (gdr.stages.overlap)
-        run_generator(run)
-        run.score = run.stage(score_spec(run))
-        _note_other_machine(run.score)
-        start_host_stages(run, generated=False)  # the indexes on P or the corpus, the clustering, BM25
-        run.doc_queries = run.stage(doc_queries_spec(run))
-        start_host_stages(run, generated=True)  # BMI's index, on the generated queries
-        compare_two_shot(run)
-        run.drop_lm()  # the generator is not needed from here on
-        take_indexes(run)
-        train_and_evaluate(run)
-        return _report(run)
+    try:
+        with run.host.running():  # the host stages beside the device stages (gdr.stages.overlap)
+            run_generator(run)
+            run.score = run.stage(score_spec(run))
+            _note_other_machine(run.score)
+            start_host_stages(run, generated=False)  # the indexes on P or the corpus, the clustering, BM25
+            run.doc_queries = run.stage(doc_queries_spec(run))
+            start_host_stages(run, generated=True)  # BMI's index, on the generated queries
+            compare_two_shot(run)
+            run.drop_lm()  # the generator is not needed from here on
+            take_indexes(run)
+            train_and_evaluate(run)
+            return _report(run)
+    except BaseException as e:  # the previous run's report, if still the folder's, says this run stopped
+        mark_stopped(run.pipe.root, f"stopped by {e}" if isinstance(e, signals.Stopped) else type(e).__name__)
+        raise
 
 
 TWO_SHOT_CLUSTER = "cluster (two-shot)"  # the host stage of qg.compare_two_shot's clustering (:func:`compare_two_shot`)

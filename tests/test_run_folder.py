@@ -77,6 +77,32 @@ def test_the_previous_report_is_kept_and_marked_in_progress(tmp_path):
     assert not mark_in_progress(tmp_path / "none", "gdr run")
 
 
+def test_a_run_that_stops_before_its_report_marks_the_previous_one_stopped(tmp_path, monkeypatch):
+    """A run stopped (a signal, an error) before its own report replaced the previous run's turns that report's
+    in-progress mark into a stopped one, naming why; a run without such a report marks nothing."""
+    from gdr import pipeline, signals
+    from gdr.stages.report import mark_stopped
+
+    (tmp_path / "report.md").write_text("# gdr run: toy\n\nfigures\n")
+    (tmp_path / "report.json").write_text(json.dumps({"seconds": 1.0}))
+    assert not mark_stopped(tmp_path, "stopped by SIGTERM")  # no run in progress: nothing to say
+    corpus = gdr.Corpus.from_texts(["a cat", "a dog"], ids=["d0", "d1"])
+    qs = gdr.QuerySet(name="q", qids=["q0"], texts=["cat"], relevant=[["d0"]], splits=["test"])
+
+    def stop(run):
+        raise signals.Stopped(15)
+
+    monkeypatch.setattr(pipeline, "run_generator", stop)
+    with pytest.raises(signals.Stopped):
+        gdr.run({"out": str(tmp_path), "indexers": ["atomic"], "bm25": False}, corpus=corpus, queries=qs)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "in_progress" not in report and report["stopped"]["why"] == "stopped by SIGTERM"
+    assert report["stopped"]["command"] and report["seconds"] == 1.0
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("> **Stopped at ") and "(stopped by SIGTERM; `" in md and md.count("> **") == 1
+    assert md.endswith("# gdr run: toy\n\nfigures\n")
+
+
 def test_the_readme_says_what_an_unfinished_run_leaves():
     """README describes the report an unfinished run leaves as above (kept, marked `in_progress`), not as withdrawn."""
     readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())

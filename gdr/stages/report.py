@@ -30,6 +30,7 @@ from gdr.stages.plan_file import planned_names
 from gdr.stages.settings import EvaluateSettings, section_from
 
 __all__ = ["write_report", "Report", "build_report", "render_markdown", "write_report_files", "mark_in_progress",
+           "mark_stopped",
            "headline", "cluster_headline", "METRICS", "query_set_name", "at_depth", "pooled_index_facts",
            "docid_sources"]
 
@@ -520,25 +521,55 @@ def _stage_rows(records: Sequence, predicted: dict[str, float | None]) -> list[d
              "reused": r.reused} for r, key in zip(records, keys)]
 
 
+_MARKS = ("in_progress", "stopped")  # what a later run notes on the report of an earlier one
+_MARK_LINES = ("> **In progress since", "> **Stopped at")
+
+
 def mark_in_progress(root: Path, command: str) -> bool:
     """Mark the report of an earlier run in ``root`` as the previous one while a new run is in progress: kept
     (an interrupted run leaves it) until the new run's own report replaces it. Returns whether there was one."""
-    path = root / "report.json"
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    report = _read_report(root)
+    if report is None:
         return False
     since = time.strftime("%Y-%m-%dT%H:%M:%S")
-    report["in_progress"] = {"since": since, "command": command}
-    note = (f"> **In progress since {since}** (`{command}`): this is the report of the previous run of this folder, "
-            "kept until this run's own replaces it.\n\n")
+    _mark(root, report, "in_progress", {"since": since, "command": command},
+          f"> **In progress since {since}** (`{command}`): this is the report of the previous run of this folder, "
+          "kept until this run's own replaces it.")
+    return True
+
+
+def mark_stopped(root: Path, why: str) -> bool:
+    """Turn the in-progress mark of :func:`mark_in_progress` into a stopped one when the run ends (a signal, an
+    error: ``why``) before its own report replaced the previous run's. Returns whether there was such a mark."""
+    report = _read_report(root)
+    if report is None or not isinstance(report.get("in_progress"), dict):
+        return False
+    ran = report["in_progress"]
+    at = time.strftime("%Y-%m-%dT%H:%M:%S")
+    _mark(root, report, "stopped", {"at": at, "why": why, **ran},
+          f"> **Stopped at {at}** ({why}; `{ran.get('command')}` ran from {ran.get('since')}): this is the report of "
+          "the previous run of this folder; the same command continues where that run stopped.")
+    return True
+
+
+def _read_report(root: Path) -> dict | None:
+    try:
+        return json.loads((root / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _mark(root: Path, report: dict, key: str, value: dict, line: str) -> None:
+    """``report.json`` with ``key: value`` (in place of any earlier mark) and ``report.md`` with ``line`` first
+    (in place of any earlier mark's line), written together."""
+    report = {k: v for k, v in report.items() if k not in _MARKS}
+    report[key] = value
     md = root / "report.md"
     old_md = md.read_text(encoding="utf-8") if md.exists() else ""
-    old_md = old_md.split("\n\n", 1)[1] if old_md.startswith("> **In progress since") else old_md
-    replace_together({md: lambda p: p.write_text(note + old_md, encoding="utf-8"),
-                      path: lambda p: p.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str)
-                                                   + "\n", encoding="utf-8")})
-    return True
+    old_md = old_md.split("\n\n", 1)[1] if old_md.startswith(_MARK_LINES) else old_md
+    replace_together({md: lambda p: p.write_text(line + "\n\n" + old_md, encoding="utf-8"),
+                      root / "report.json": lambda p: p.write_text(json.dumps(report, indent=2, ensure_ascii=False,
+                                                                              default=str) + "\n", encoding="utf-8")})
 
 
 def _plot(summary: dict, bm25: dict | None, path: Path, title: str, k: int = EvaluateSettings.k) -> None:
