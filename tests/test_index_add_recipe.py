@@ -94,7 +94,8 @@ def test_a_cluster_folder_serves_as_the_run_of_new_documents(setup, tmp_path, ca
                  "cluster.n_init=2", f"out={run}"]) == 0
     assert main(["index", "method=gc", f"run={run}", f"out={idx}", "n_clusters=4", "leaf_size=4", "gc.n_init=2",
                  "gc.n_init_inner=1", "plot=false", *quiet[:1]]) == 0
-    capsys.readouterr()
+    # its next: line trains on the corpus that P scored, read from the cluster folder's saved config
+    assert f"`gdr train data.name={old} docids={idx / 'docids.tsv'}" in capsys.readouterr().out
     assert main(["score", f"data.name={new}", f"queries_from={run}", f"out={added}", *quiet]) == 0
     assert np.load(added / "P.npy").shape == (6, 16)
     assert main(["index", "add", f"run={added}", f"index={idx}", "plot=false"]) == 0

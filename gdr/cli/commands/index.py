@@ -2,12 +2,14 @@
 (grow a GC index: :func:`gdr.stages.index_add.add_to_index`)."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from gdr.cli.common import next_command, override_keys
 from gdr.config import command_config, save_config, to_container
 from gdr.data import corpus_from_config
 from gdr.guard import claim_out
+from gdr.rerun import data_overrides, saved_data
 from gdr.stages.index import build_index
 from gdr.stages.index_add import add_to_index, next_steps
 from gdr.stages.settings import IndexSettings
@@ -41,7 +43,10 @@ def index_main(argv: list[str]) -> int:
     save_config(cfg, cfg.out)
     print(open(Path(cfg.out) / "summary.txt", encoding="utf-8").read(), end="")
     docids = Path(cfg.out) / "docids.tsv"
-    train = next_command(argv, "train", f"docids={docids}", f"out_dir={cfg.out}-train")
+    own = [f"docids={docids}", f"out_dir={cfg.out}-train"]
+    run_data = saved_data(cfg.run) if not data and cfg.get("run") else None  # GC on a P: the corpus that P scored
+    train = (" ".join(["gdr", "train", *data_overrides("train", run_data), *map(shlex.quote, own)]) if run_data
+             else next_command(argv, "train", *own))
     print(f"next: train a retriever on these docids, `{train}`")
     return 0
 
