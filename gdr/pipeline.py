@@ -1122,7 +1122,7 @@ class _TrainBuild:
                                           generated=self.generated, stale="restart", dev=self.dev,
                                           write_config=lambda f: save_config(sub, f))
         return {**train_stage.best_record(res.monitor, res.best_score), "global_step": res.global_step,
-                "n_params": res.n_params, "memory": res.memory}
+                "start_step": res.start_step, "n_params": res.n_params, "memory": res.memory}
 
 
 def _train_stage(root: Path, name: str, inputs: dict, build: _TrainBuild, after: list) -> StageRecord:
@@ -1344,13 +1344,14 @@ def _training_started(run: RunContext, settings, at_once: int, n_todo: int) -> N
 
 
 def _trained(run: RunContext, train: StageRecord, alone: bool) -> None:
-    """Count a retriever trained by this invocation in its training phase: its examples (steps x batch), the most
-    device memory one held (CUDA's allocator peak) and the batch rule planned for one, and, when it trained alone,
-    its seconds (a concurrent phase counts its wall time once)."""
+    """Count a retriever trained by this invocation in its training phase: its examples (the steps it trained here,
+    from the step it resumed at, x batch), the most device memory one held (CUDA's allocator peak) and the batch
+    rule planned for one, and, when it trained alone, its seconds (a concurrent phase counts its wall time once)."""
     if train.reused or not run.training:
         return
     run.training["retrievers"] += 1
-    run.training["examples"] += int(train.info.get("global_step") or 0) * int(run.training["batch"])
+    steps = int(train.info.get("global_step") or 0) - int(train.info.get("start_step") or 0)
+    run.training["examples"] += steps * int(run.training["batch"])
     memory = train.info.get("memory") or {}
     for key, part in (("peak_gb", "peak_bytes"), ("estimate_gb", "estimate_bytes")):
         if memory.get(part) is not None:

@@ -627,6 +627,7 @@ def test_resume_from_checkpoint_gives_the_same_next_step_loss(tmp_path, word_tok
     resumed = _train(tmp_path / "part", word_tokenizer, doc_ids, texts, codes, steps=-1, epochs=3, dropout=0.1,
                      resume=True)
     assert len(full.losses) == 12 and len(resumed.losses) == 4
+    assert (full.start_step, resumed.start_step, resumed.global_step) == (0, 8, 12)  # 4 steps trained by this start
     assert resumed.losses[0] == pytest.approx(full.losses[8], rel=1e-5)
     assert resumed.losses == pytest.approx(full.losses[8:], rel=1e-4)
 

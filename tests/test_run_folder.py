@@ -110,3 +110,18 @@ def test_the_readme_says_what_an_unfinished_run_leaves():
     assert ("the previous run's `report.json` and `report.md` are kept but marked in progress (`report.json` gains "
             "`\"in_progress\": {\"since\": ..., \"command\": ...}`, `report.md` a first line `> **In progress since "
             "...**`)") in readme
+
+
+def test_a_resumed_training_counts_only_the_steps_this_invocation_trained():
+    """The report's training rate: a retriever resumed at step 6 of 10 adds the 4 steps it trained over this
+    attempt's seconds, not 10 steps over them; a reused one adds nothing."""
+    from types import SimpleNamespace
+
+    from gdr import pipeline
+
+    run = SimpleNamespace(training={"retrievers": 0, "examples": 0, "batch": 8, "seconds": 0.0, "peak_gb": None,
+                                    "estimate_gb": None})
+    resumed = SimpleNamespace(reused=False, info={"global_step": 10, "start_step": 6}, last_seconds=2.0, seconds=9.0)
+    pipeline._trained(run, resumed, alone=True)
+    pipeline._trained(run, SimpleNamespace(reused=True, info={"global_step": 10}), alone=True)
+    assert (run.training["retrievers"], run.training["examples"], run.training["seconds"]) == (1, 32, 2.0)

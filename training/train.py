@@ -214,6 +214,7 @@ class TrainResult:
     # bf16 copies and the activations of a batch, :func:`train_batch_for_memory`'s sum) and, on one CUDA device, the
     # allocator's peak over the fit, validations included (``peak_bytes``; None on the CPU and over several devices)
     memory: dict[str, int | None] | None = None
+    start_step: int = 0  # the step this start resumed from: global_step - start_step steps were trained by it
 
     @property
     def best_val_recall1(self) -> float | None:
@@ -560,4 +561,4 @@ def train(
                                      global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
                        global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu",
-                       t.monitor, memory)
+                       t.monitor, memory, checkpoint_step(Path(ckpt_path)) if ckpt_path else 0)

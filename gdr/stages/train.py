@@ -368,7 +368,7 @@ def _finished(out: Path, settings: TrainSettings):
     return TrainResult(out, out / "model", man.get("best_checkpoint"), score,
                        man.get("examples") or {}, man.get("n_params") or {}, int(man.get("global_step") or 0),
                        batch_size=man.get("batch_size"), precision=man.get("precision"), device=man.get("device"),
-                       monitor=monitor, memory=man.get("memory"))
+                       monitor=monitor, memory=man.get("memory"), start_step=int(man.get("global_step") or 0))
 
 
 def best_of_manifest(man: dict) -> tuple[str, float | None]:
