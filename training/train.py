@@ -542,9 +542,10 @@ def train(
     if ckpt_path is None and trainer.is_global_zero:  # a fresh start: a best checkpoint here is another training's
         for stale in ckpt_dir.glob("best-*.ckpt"):
             stale.unlink()
+    start_step = checkpoint_step(Path(ckpt_path)) if ckpt_path else 0  # read before fit() writes last.ckpt again
     for logger in trainer.loggers:
         if isinstance(logger, TrainingCSVLogger):  # rows up to the resume point kept, later ones logged again
-            logger.resume_step = checkpoint_step(Path(ckpt_path)) if ckpt_path else None
+            logger.resume_step = start_step if ckpt_path else None
     peak = run.cuda and run.world_size == 1  # one device: this process's allocator holds the whole training
     if peak:
         torch.cuda.reset_peak_memory_stats()
@@ -561,4 +562,4 @@ def train(
                                      global_step)
     return TrainResult(out, out / "model", best, score, dict(data.examples.counts), module.model.n_params(),
                        global_step, recorder.losses, run.batch_size, run.precision, "cuda" if run.cuda else "cpu",
-                       t.monitor, memory, checkpoint_step(Path(ckpt_path)) if ckpt_path else 0)
+                       t.monitor, memory, start_step)
